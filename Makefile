@@ -1,0 +1,33 @@
+# Two commands on a fresh machine (only Python 3.10+ needed):
+#   make run    set up, analyze the bundled sample trace, predict, open the dashboard
+#   make test   set up, run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+WHATIF := $(VENV)/bin/whatif
+SAMPLE ?= sample_traces/llm_serve
+STAMP := $(VENV)/.installed
+
+.PHONY: run test setup bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch is pinned: any other spec downloads a multi-GB CUDA build on this project's machines
+	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[dev,record,ui]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(WHATIF) analyze $(SAMPLE)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info

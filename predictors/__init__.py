@@ -1,0 +1,1 @@
+"""whatif.predictors."""

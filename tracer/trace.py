@@ -1,0 +1,195 @@
+"""The normalized event table: one row per complete trace event, all ranks together.
+
+The table is the source of truth (as in HolisticTraceAnalysis); the dependency graph's tasks
+hold integer row ids into it. Columns (all times integer nanoseconds on the rank's own clock):
+
+============== ======= =========================================================
+column         dtype   meaning
+============== ======= =========================================================
+rank           int32   rank of the file the event came from
+ts_ns          int64   start, absolute (``baseTimeNanoseconds`` applied)
+dur_ns         int64   duration (0 for 2021 kernels shorter than 1 us)
+kind           int8    :class:`~whatif.tracer.kinds.EventKind`
+name           category event name
+pid, tid       int64   process/thread (GPU events: device/stream as in the file)
+device         int32   GPU device index, -1 on CPU events
+stream         int64   GPU stream id, -1 on CPU events
+correlation    int64   CUPTI/roctracer correlation id, -1 when absent
+external_id    int64   ``External id`` linking ops, runtime calls and GPU work, -1 when absent
+args           object  the event's ``args`` dict (shapes, collective metadata), or None
+============== ======= =========================================================
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .errors import TraceError
+from .kineto import FileTrace, Flow, parse_file
+from .kinds import EventKind
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+NOT_TRACES = frozenset({"meta.json"})
+LAUNCH_NAMES = ("LaunchKernel", "GraphLaunch", "LaunchCooperativeKernel", "ModuleLaunchKernel")
+
+
+@dataclass
+class RankInfo:
+    """Per-file facts: where it came from, what ran it."""
+
+    rank: int
+    path: Path
+    world_size: int | None
+    device_names: list[str]
+    metadata: dict[str, Any]
+    thread_names: dict[tuple[int, int], str]
+    process_names: dict[int, str]
+    category_counts: dict[str, int]
+    skipped: dict[str, int]
+
+    @property
+    def gpu_name(self) -> str | None:
+        """Name of the recorded GPU (first listed device with a name)."""
+        return next((n for n in self.device_names if n), None)
+
+
+@dataclass
+class Trace:
+    """Events of one run (one or several ranks) with per-rank information."""
+
+    events: pd.DataFrame
+    ranks: list[RankInfo]
+    flows: list[tuple[int, Flow]] = field(default_factory=list)  # (rank, flow end)
+
+    @property
+    def source(self) -> str:
+        paths = sorted({str(r.path) for r in self.ranks})
+        return paths[0] if len(paths) == 1 else f"{Path(paths[0]).parent} ({len(paths)} files)"
+
+    def rank_info(self, rank: int) -> RankInfo:
+        return next(r for r in self.ranks if r.rank == rank)
+
+    def count(self, kind: EventKind) -> int:
+        return int((self.events["kind"].to_numpy() == kind).sum())
+
+
+def find_trace_files(path: Path) -> list[Path]:
+    """Trace files in a folder (non-recursive, HTA's per-rank layout), sorted."""
+    files = [p for p in sorted(path.iterdir())
+             if p.is_file() and p.name.endswith(TRACE_SUFFIXES) and p.name not in NOT_TRACES]
+    if not files:
+        raise TraceError(path, "folder holds no trace files (*.json, *.json.gz)")
+    return files
+
+
+def _device_names(metadata: dict[str, Any]) -> list[str]:
+    props = metadata.get("deviceProperties") or metadata.get("computeProperties") or []
+    if not isinstance(props, list):
+        return []
+    return [str(p.get("name", "")) for p in props if isinstance(p, dict)]
+
+
+def check_usable(ft: FileTrace) -> None:
+    """Refuse, with the reason, a file whose activity cannot be analyzed."""
+    cats = {k.lower(): v for k, v in ft.category_counts.items()}
+    if any(c.startswith("mtia") for c in cats):
+        raise TraceError(ft.path, "not a GPU trace: MTIA accelerator events (mtia_runtime/mtia_ccp_events) "
+                                  "are not supported")
+    kinds = np.asarray(ft.columns.kind, dtype=np.int8)
+    if kinds.size == 0:
+        raise TraceError(ft.path, "trace has no complete (ph 'X') events")
+    gpu = np.isin(kinds, [EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET]).sum()
+    if gpu:
+        return
+    calls = [n for n, k in zip(ft.columns.name, ft.columns.kind)
+             if k in (EventKind.RUNTIME, EventKind.DRIVER)
+             and (any(s in n for s in LAUNCH_NAMES) or "Memcpy" in n or "Memset" in n)]
+    if calls:
+        why = "the CUPTI range profiler was on" if cats.get("cuda_profiler_range") else \
+            "GPU activity tracing was off or its buffers were lost"
+        raise TraceError(ft.path, f"no GPU activity recorded: {len(calls)} kernel launches/copies but no "
+                                  f"kernel, memcpy or memset events ({why})")
+
+
+def _assign_ranks(files: list[FileTrace]) -> list[int]:
+    hints = [f.rank_hint() for f in files]
+    if len(files) == 1:
+        return [hints[0] if hints[0] is not None else 0]
+    if all(h is None for h in hints):
+        return list(range(len(files)))
+    if any(h is None for h in hints):
+        missing = next(f.path.name for f, h in zip(files, hints) if h is None)
+        raise TraceError(files[0].path.parent, f"mixed ranks: {missing} names no rank while other files do")
+    seen: dict[int, Path] = {}
+    for f, h in zip(files, hints):
+        if h in seen:
+            raise TraceError(f.path.parent, f"mixed ranks: {seen[h].name} and {f.path.name} both claim rank {h}")
+        seen[h] = f.path
+    sizes = {f.world_size_hint() for f in files} - {None}
+    if len(sizes) > 1:
+        raise TraceError(files[0].path.parent, f"mixed ranks: files disagree on world size {sorted(sizes)}")
+    return [h for h in hints if h is not None]
+
+
+def _to_frame(files: list[FileTrace], ranks: list[int]) -> pd.DataFrame:
+    parts = []
+    for ft, rank in zip(files, ranks):
+        c = ft.columns
+        n = len(c.ts_ns)
+        parts.append({
+            "rank": np.full(n, rank, dtype=np.int32),
+            "ts_ns": np.asarray(c.ts_ns, dtype=np.int64),
+            "dur_ns": np.asarray(c.dur_ns, dtype=np.int64),
+            "kind": np.asarray(c.kind, dtype=np.int8),
+            "name": c.name,
+            "pid": np.asarray(c.pid, dtype=np.int64),
+            "tid": np.asarray(c.tid, dtype=np.int64),
+            "device": np.asarray(c.device, dtype=np.int32),
+            "stream": np.asarray(c.stream, dtype=np.int64),
+            "correlation": np.asarray(c.correlation, dtype=np.int64),
+            "external_id": np.asarray(c.external_id, dtype=np.int64),
+            "args": c.args,
+        })
+    cols = {}
+    for key in parts[0]:
+        if key in ("name", "args"):
+            cols[key] = [x for p in parts for x in p[key]]
+        else:
+            cols[key] = np.concatenate([p[key] for p in parts])
+    # Sort by (rank, start, longer first) so that parents precede the events they enclose.
+    order = np.lexsort((-cols["dur_ns"], cols["ts_ns"], cols["rank"]))
+    frame = pd.DataFrame({k: (v[order] if isinstance(v, np.ndarray) else None) for k, v in cols.items()
+                          if k not in ("name", "args")})
+    names = np.asarray(cols["name"], dtype=object)[order]
+    frame["name"] = pd.Categorical(names)
+    args = np.empty(len(order), dtype=object)
+    args[:] = cols["args"]
+    frame["args"] = args[order]
+    return frame[["rank", "ts_ns", "dur_ns", "kind", "name", "pid", "tid", "device", "stream",
+                  "correlation", "external_id", "args"]]
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Load a trace file, a folder of per-rank trace files, or a ``whatif record`` run folder.
+
+    Raises :class:`~whatif.tracer.errors.TraceError` naming the file and the problem.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(path, "no such file or folder")
+    paths = find_trace_files(path) if path.is_dir() else [path]
+    files = [parse_file(p) for p in paths]
+    for ft in files:
+        check_usable(ft)
+    ranks = _assign_ranks(files)
+    infos = [RankInfo(rank=r, path=ft.path, world_size=ft.world_size_hint(), device_names=_device_names(ft.metadata),
+                      metadata=ft.metadata, thread_names=ft.thread_names, process_names=ft.process_names,
+                      category_counts=ft.category_counts, skipped=ft.skipped)
+             for ft, r in zip(files, ranks)]
+    flows = [(r, fl) for ft, r in zip(files, ranks) for fl in ft.flows]
+    events = _to_frame(files, ranks)
+    return Trace(events=events, ranks=sorted(infos, key=lambda i: i.rank), flows=flows)

@@ -1,0 +1,59 @@
+"""The ``whatif`` command: one sub-command per module in :mod:`whatif.commands`.
+
+Exit codes (like pytest's): 0 success, 1 a threshold or check failed, 2 bad input or usage,
+130 interrupted. Errors are printed as one line: ``whatif: <file>: <problem>``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from whatif import __version__
+from whatif.tracer.errors import WhatifError
+
+# name -> module in whatif.commands; each module has ``add_arguments(parser)`` and ``run(args) -> int``
+COMMANDS: dict[str, str] = {
+    "analyze": "Replay a trace and summarize measured vs predicted step times",
+    "export": "Write the predicted timeline as a Chrome/Kineto trace (Perfetto, HTA)",
+    "record": "Run a PyTorch script under tracing and write a run folder",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        self.exit(2, f"whatif: {message} (see 'whatif {self.prog.split()[-1]} --help')\n"
+                  if " " in self.prog else f"whatif: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="whatif", description="What-if analysis of GPU traces of LLM and DiT programs.")
+    parser.add_argument("--version", action="version", version=f"whatif {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, help_text in COMMANDS.items():
+        module = importlib.import_module(f"whatif.commands.{name}")
+        cmd = sub.add_parser(name, help=help_text, description=module.__doc__)
+        module.add_arguments(cmd)
+        cmd.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except WhatifError as exc:
+        print(f"whatif: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("whatif: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
