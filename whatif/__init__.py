@@ -2,4 +2,7 @@
 
 The public API lives in :mod:`whatif.api`; the most used names are re-exported here.
 """
+from whatif.tracer.markers import phase, step
+
 __version__ = "0.1.0"
+__all__ = ["phase", "step", "__version__"]
