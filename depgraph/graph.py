@@ -1,0 +1,171 @@
+"""The task graph: tasks are integer ids whose ``event`` column points into the trace's
+event table (HTA's split: the table is the source of truth, the graph indexes it).
+
+Edge semantics (Daydream, Lumos): for every edge ``u -> v`` of kind other than
+:attr:`EdgeKind.SYNC`, ``start(v) >= end(u) + lat_ns``; a ``SYNC`` edge bounds the *end*
+of ``v`` instead, ``end(v) >= end(u) + lat_ns``: a synchronizing CPU call returns only
+after the GPU work it waits on is done, and that wait is recomputed in every replay.
+Tasks on an *ordered* resource (a CPU thread, a GPU stream) run in the order their
+THREAD/STREAM edges give; tasks on a *shared* resource (a link, a copy engine, a PIM unit)
+are served in ready-time order, one at a time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import TYPE_CHECKING
+
+import networkx as nx
+import numpy as np
+import pandas as pd
+
+from whatif.tracer.errors import WhatifError
+
+if TYPE_CHECKING:
+    from whatif.tracer.trace import Trace
+
+
+class TaskKind(IntEnum):
+    ORIGIN = 0    # a rank's time origin (its first measured timestamp)
+    MARKER = 1    # zero-length step boundary on a CPU thread
+    CPU_CALL = 2  # CUDA/HIP runtime or driver API call
+    CPU_WORK = 3  # CPU operator work that launches nothing
+    KERNEL = 4
+    MEMCPY = 5
+    MEMSET = 6
+    COMM = 7      # collective kernel (NCCL/RCCL)
+    ARRIVE = 8    # zero-length arrival of a rank at a collective (multi-rank graphs)
+    BARRIER = 9   # virtual: a collective starts when every rank has arrived
+    WAIT = 10     # the blocking part of a synchronous copy call: returns once its copy is done
+
+    @property
+    def on_gpu(self) -> bool:
+        return self in (TaskKind.KERNEL, TaskKind.MEMCPY, TaskKind.MEMSET, TaskKind.COMM, TaskKind.ARRIVE)
+
+
+class EdgeKind(IntEnum):
+    ANCHOR = 0      # origin -> a task with no other predecessor (lat = measured offset)
+    THREAD = 1      # CPU program order (lat = CPU gap between calls)
+    STREAM = 2      # GPU stream order (lat = measured idle between queued kernels)
+    LAUNCH = 3      # launch call -> kernel/copy/memset (lat = launch latency after the call ends)
+    SYNC = 4        # GPU work -> synchronizing CPU call: bounds the call's END
+    EVENT_WAIT = 5  # cudaEventRecord'ed work -> first work after cudaStreamWaitEvent on another stream
+    COLLECTIVE = 6  # arrival -> barrier -> collective transfer, across ranks
+    FLOW = 7        # cross-thread dependency shown by the trace (fwdbwd flows)
+
+
+class ResourceKind(IntEnum):
+    THREAD = 0
+    STREAM = 1
+    VIRTUAL = 2      # no capacity limit (origins, barriers)
+    LINK = 3
+    COPY_ENGINE = 4
+    PIM = 5
+
+
+class GraphError(WhatifError):
+    """The graph violates an invariant (e.g. it has a cycle)."""
+
+
+TASK_COLUMNS = ("event", "kind", "resource", "rank", "dur_ns", "measured_start_ns", "measured_end_ns",
+                "step", "phase", "layer", "op", "name")
+EDGE_COLUMNS = ("src", "dst", "lat_ns", "kind")
+
+
+@dataclass
+class TaskGraph:
+    """Tasks, edges and resources of one run (all ranks).
+
+    ``tasks`` columns: ``event`` (row in ``trace.events``, -1 for synthetic tasks), ``kind``
+    (:class:`TaskKind`), ``resource`` (row in ``resources``), ``rank``, ``dur_ns`` (duration
+    used by replay), ``measured_start_ns``/``measured_end_ns`` (from the trace, aligned across
+    ranks; -1 for tasks a transform inserted), ``step`` (-1 if outside every step), ``phase``,
+    ``layer`` (innermost nn.Module or annotation), ``op`` (innermost aten op), ``name``.
+    ``edges`` columns: ``src``, ``dst``, ``lat_ns``, ``kind`` (:class:`EdgeKind`).
+    ``resources`` columns: ``rank``, ``kind`` (:class:`ResourceKind`), ``device``, ``key``
+    (thread id or stream id), ``name``, ``ordered``.
+    ``steps`` columns: ``rank``, ``step``, ``begin_task``, ``end_task``, ``measured_begin_ns``,
+    ``measured_end_ns``.
+    """
+
+    tasks: pd.DataFrame
+    edges: pd.DataFrame
+    resources: pd.DataFrame
+    steps: pd.DataFrame
+    trace: Trace | None = None
+    report: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def num_edges(self) -> int:
+        return len(self.edges)
+
+    def copy(self) -> TaskGraph:
+        """A deep copy of tasks, edges, resources and steps (the trace is shared, read-only)."""
+        return TaskGraph(tasks=self.tasks.copy(), edges=self.edges.copy(), resources=self.resources.copy(),
+                         steps=self.steps.copy(), trace=self.trace, report=dict(self.report))
+
+
+def to_networkx(graph: TaskGraph) -> nx.MultiDiGraph:
+    """A networkx view of the graph for algorithms; node ids are task ids.
+
+    Node attributes: ``kind``, ``resource``, ``dur_ns``, ``name``; edge attributes ``kind``, ``lat_ns``.
+
+    >>> import pandas as pd
+    >>> g = TaskGraph(
+    ...     tasks=pd.DataFrame({"kind": [2, 4], "resource": [0, 1], "dur_ns": [5, 10], "name": ["launch", "k"]}),
+    ...     edges=pd.DataFrame({"src": [0], "dst": [1], "lat_ns": [3], "kind": [3]}),
+    ...     resources=pd.DataFrame(), steps=pd.DataFrame())
+    >>> nxg = to_networkx(g)
+    >>> list(nxg.edges(data="lat_ns"))
+    [(0, 1, 3)]
+    """
+    nxg = nx.MultiDiGraph()
+    t = graph.tasks
+    nxg.add_nodes_from(
+        (i, {"kind": TaskKind(k), "resource": int(r), "dur_ns": int(d), "name": str(n)})
+        for i, k, r, d, n in zip(range(len(t)), t["kind"], t["resource"], t["dur_ns"], t["name"]))
+    e = graph.edges
+    nxg.add_edges_from(
+        (int(s), int(d), {"kind": EdgeKind(k), "lat_ns": int(lat)})
+        for s, d, lat, k in zip(e["src"], e["dst"], e["lat_ns"], e["kind"]))
+    return nxg
+
+
+def topological_order(num_tasks: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Task ids in a topological order (Kahn, smallest id first among ready ones: deterministic).
+
+    Raises :class:`GraphError` naming a task on a cycle.
+
+    >>> topological_order(3, np.array([2, 0]), np.array([0, 1])).tolist()
+    [2, 0, 1]
+    """
+    import heapq
+
+    indeg = np.bincount(dst, minlength=num_tasks).tolist()
+    order_idx = np.argsort(src, kind="stable")
+    succ_ptr = np.concatenate(([0], np.cumsum(np.bincount(src, minlength=num_tasks)))).tolist()
+    succ = dst[order_idx].tolist()
+    ready = [i for i in range(num_tasks) if indeg[i] == 0]
+    heapq.heapify(ready)
+    out: list[int] = []
+    while ready:
+        v = heapq.heappop(ready)
+        out.append(v)
+        for j in range(succ_ptr[v], succ_ptr[v + 1]):
+            w = succ[j]
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                heapq.heappush(ready, w)
+    if len(out) != num_tasks:
+        stuck = next(i for i in range(num_tasks) if indeg[i] > 0)
+        raise GraphError(f"the task graph has a cycle through task {stuck}")
+    return np.asarray(out, dtype=np.int64)
+
+
+def check_acyclic(graph: TaskGraph) -> None:
+    """Raise :class:`GraphError` if the graph has a cycle."""
+    topological_order(graph.num_tasks, graph.edges["src"].to_numpy(np.int64), graph.edges["dst"].to_numpy(np.int64))

@@ -1,0 +1,381 @@
+"""Kernel understanding as pure functions: what class a GPU kernel is, and how much work an op does.
+
+``classify_kernel`` reads kernel names as they appear in real Kineto traces (cuBLAS/cuBLASLt,
+CUTLASS, cuDNN, nvjet, FlashAttention, PyTorch's ATen kernels, Triton/Inductor, NCCL/RCCL,
+hipBLASLt/Tensile ``Cijk_*``, Composable Kernel, MIOpen) and, when given, the aten op that
+launched the kernel. ``op_flops_bytes`` counts FLOPs and DRAM bytes of common aten ops from the
+``Input Dims``/``Input type`` a trace records with ``record_shapes=True``.
+
+>>> classify_kernel("sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x32_stage4")
+<KernelClass.GEMM: 'gemm'>
+>>> classify_kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)")
+<KernelClass.COLLECTIVE: 'collective'>
+>>> classify_kernel("triton_poi_fused_add_mul_0")
+<KernelClass.ELEMENTWISE: 'elementwise'>
+>>> op_flops_bytes("aten::mm", [[128, 256], [256, 512]], ["c10::BFloat16", "c10::BFloat16"])
+(33554432, 458752)
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from enum import Enum
+
+
+class KernelClass(str, Enum):
+    GEMM = "gemm"
+    CONV = "conv"
+    ATTENTION = "attention"
+    ELEMENTWISE = "elementwise"
+    REDUCTION = "reduction"
+    NORMALIZATION = "normalization"
+    COPY = "copy"
+    MEMSET = "memset"
+    COLLECTIVE = "collective"
+    OTHER = "other"
+
+    @property
+    def compute_bound(self) -> bool:
+        """Classes that usually run on matrix engines (priced by FLOPs first)."""
+        return self in (KernelClass.GEMM, KernelClass.CONV, KernelClass.ATTENTION)
+
+
+# Name rules, first match wins. Applied to the lower-cased name with C++ templates kept: order
+# matters (collectives before everything, attention before gemm, conv before gemm, norm before
+# reduce, ...). Patterns are searched anywhere in the name.
+_NAME_RULES: list[tuple[KernelClass, str]] = [
+    (KernelClass.ELEMENTWISE, r"quantize|dequant"),
+    (KernelClass.COLLECTIVE, r"nccl|rccl|multimem_all_reduce|cross_device_reduce|all_?reduce|"
+                             r"all_?gather|reduce_?scatter|alltoall|all_to_all|\bmscclpp"),
+    (KernelClass.MEMSET, r"^memset|\bmemset|fillfunctor|_combined_routing_memset|zero_kernel"),
+    (KernelClass.COPY, r"^memcpy|\bmemcpy|direct_copy_kernel|copy_kernel|catarraybatchedcopy|"
+                       r"copy_device_to_device|batched_transpose|transpose_|nchwtonhwc|nhwctonchw|"
+                       r"recat_copy|reshape_and_cache|store_kvcache|gather_kernel|index_select|"
+                       r"indexselect|scatter_gather|_to_copy_\d+$|copy_page_indices|embedding_codegen_forward|"
+                       r"to_dense_representation"),
+    (KernelClass.ATTENTION, r"flash_fwd|flash_bwd|flash_attn|fmha|attn_fwd|attn_bwd|attention|"
+                            r"_fwd_kernel_stage|paged_attention|mha_fwd|mha_bwd|sdpa|"
+                            r"efficient_attention|cutlass_.*attention|unified_attention|"
+                            r"flashinfer|sage_?attn|sage_fwd|decode_attention"),
+    (KernelClass.CONV, r"conv|fprop|dgrad|wgrad|winograd|implicit_gemm|igemm_(fwd|bwd|wrw)|"
+                       r"scudnn|hcudnn|fft2d|fft1d|im2col|miopen.*(conv|gtc)|naive_conv|"
+                       r"flip_filter|implicit_convolve|im2d2col|col2im"),
+    (KernelClass.NORMALIZATION, r"layer_?norm|rms_?norm|rmsnorm|group_?norm|groupnorm|batch_?norm|"
+                                r"bn_fw|bn_bw|welford|instance_?norm|gammabeta|rowwisemoments|"
+                                r"computefusedparams|computebackwardfusedparams|computeinternalgradients|"
+                                r"cucomputepartgradgammabeta|cucomputegradgammabeta|"
+                                r"softmax|log_softmax|normalize"),
+    (KernelClass.GEMM, r"gemm|gemv|\bcijk_|^cijk_|cublas|cutlass|nvjet|xmma|\bbmm_|^bmm|matmul|"
+                       r"_mm_|\bmm_kernel|hipblaslt|ck_tile.*gemm|wvsplitk|splitkreduce|"
+                       r"dot_kernel|magma_"),
+    (KernelClass.REDUCTION, r"reduce|reduction|sum_kernel|mean_kernel|argmax|argmin|topk|"
+                            r"_topk|cumsum|scan|radixsort|sort|amax|norm_kernel|"
+                            r"nll|criterion|cross_entropy|triton_red_|triton_per_|_sum_bitmatrix|bitmatrix"),
+    (KernelClass.ELEMENTWISE, r"elementwise|triton_poi_|triton_|functor|_kernel_impl|"
+                              r"act_and_mul|silu|gelu|relu|sigmoid|tanh|dropout|rotary|rope|"
+                              r"pointwise|unary|binary|multi_tensor_apply|adam|sgd|clamp|"
+                              r"quant|fused_add|where|pool|upsample|distribution|"
+                              r"subtensorop|add_kernel|mul_kernel|scalepackedtensor|scal_kernel"),
+]
+_COMPILED = [(c, re.compile(p)) for c, p in _NAME_RULES]
+
+# aten op (without namespace) -> class, for kernels whose name says little (e.g. Triton
+# ``triton__0d1d2d``, ``Kernel2``) or to break ties.
+_OP_CLASSES: dict[str, KernelClass] = {
+    **{op: KernelClass.GEMM for op in ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear",
+                                       "_scaled_mm", "addmv", "mv", "einsum", "_int_mm")},
+    **{op: KernelClass.CONV for op in ("conv1d", "conv2d", "conv3d", "convolution", "_convolution",
+                                       "cudnn_convolution", "miopen_convolution",
+                                       "convolution_backward", "cudnn_convolution_backward",
+                                       "conv_transpose2d", "cudnn_convolution_backward_input",
+                                       "cudnn_convolution_backward_weight")},
+    **{op: KernelClass.ATTENTION for op in ("scaled_dot_product_attention",
+                                            "_scaled_dot_product_flash_attention",
+                                            "_scaled_dot_product_efficient_attention",
+                                            "_scaled_dot_product_cudnn_attention",
+                                            "_flash_attention_forward", "_flash_attention_backward",
+                                            "_efficient_attention_forward",
+                                            "_scaled_dot_product_flash_attention_backward")},
+    **{op: KernelClass.NORMALIZATION for op in ("layer_norm", "native_layer_norm", "rms_norm",
+                                                "_fused_rms_norm", "group_norm", "batch_norm",
+                                                "native_batch_norm", "cudnn_batch_norm",
+                                                "softmax", "_softmax", "log_softmax",
+                                                "_log_softmax", "native_layer_norm_backward",
+                                                "cudnn_batch_norm_backward", "native_group_norm")},
+    **{op: KernelClass.REDUCTION for op in ("sum", "mean", "max", "min", "amax", "argmax", "norm",
+                                            "topk", "sort", "cumsum", "nll_loss",
+                                            "cross_entropy_loss", "var", "std")},
+    **{op: KernelClass.COPY for op in ("copy_", "_to_copy", "to", "contiguous", "clone", "cat",
+                                       "index_select", "gather", "index", "embedding",
+                                       "_copy_from")},
+    **{op: KernelClass.MEMSET for op in ("zero_", "fill_", "zeros", "zeros_like", "ones")},
+    **{op: KernelClass.COLLECTIVE for op in ("record_param_comms", "allreduce_", "all_reduce",
+                                             "allgather_", "_allgather_base_", "reduce_scatter_",
+                                             "_reduce_scatter_base_", "alltoall_base_",
+                                             "broadcast_", "send", "recv_")},
+}
+_OP_CLASSES.update({op: KernelClass.ELEMENTWISE for op in (
+    "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "relu", "relu_", "gelu", "silu",
+    "silu_", "sigmoid", "tanh", "exp", "neg", "rsqrt", "pow", "threshold_backward", "dropout",
+    "where", "clamp", "clamp_min", "clamp_min_", "masked_fill", "_foreach_add_", "_foreach_mul_",
+    "_fused_adam_", "_fused_adamw_", "addcmul_", "addcdiv_", "lerp_", "sqrt", "abs")})
+
+_GENERIC = re.compile(r"^(triton__[0-9d]+|kernel2?|void cutlass::kernel2?)$")
+
+
+def _op_key(op_name: str) -> str:
+    name = op_name.split("::")[-1].strip().lower()
+    return name
+
+
+_INDUCTOR = re.compile(r"^triton_(poi|red|per|tem)_fused_?(.*?)(_\d+)?$")
+_COPY_OPS = {"", "to", "copy", "clone", "cat", "view", "unsafe", "transpose", "permute", "expand",
+             "slice", "select", "stack", "unbind", "unsqueeze", "squeeze", "split", "empty", "like",
+             "zeros", "constant", "pad", "nd", "reshape", "alias", "index", "as", "strided"}
+
+
+def _inductor_class(low: str) -> KernelClass | None:
+    """TorchInductor names kernels ``triton_{poi,red,per,tem}_fused_<ops>_<n>``."""
+    m = _INDUCTOR.match(low)
+    if m is None:
+        return None
+    kind, ops = m.group(1), set(m.group(2).replace("__", "_").split("_"))
+    if kind == "tem":
+        return KernelClass.GEMM
+    if kind == "poi":
+        return KernelClass.COPY if ops <= _COPY_OPS else KernelClass.ELEMENTWISE
+    if {"layer", "norm"} <= ops or "rsqrt" in ops or "softmax" in ops:
+        return KernelClass.NORMALIZATION
+    return KernelClass.REDUCTION
+
+
+def classify_kernel(name: str, op_name: str | None = None) -> KernelClass:
+    """Kernel class from its name, falling back to (or, for generic names, using) the aten op.
+
+    >>> classify_kernel("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>")
+    <KernelClass.ELEMENTWISE: 'elementwise'>
+    >>> classify_kernel("Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT96x96x128_MI16x16x1")
+    <KernelClass.GEMM: 'gemm'>
+    >>> classify_kernel("triton__0d1d2d", "aten::layer_norm")
+    <KernelClass.NORMALIZATION: 'normalization'>
+    """
+    low = (name or "").lower()
+    inductor = _inductor_class(low)
+    if inductor is not None:
+        return inductor
+    op_cls = _OP_CLASSES.get(_op_key(op_name)) if op_name else None
+    if _GENERIC.match(low.strip()) and op_cls is not None:
+        return op_cls
+    for cls, pattern in _COMPILED:
+        if pattern.search(low):
+            return cls
+    return op_cls if op_cls is not None else KernelClass.OTHER
+
+
+# -- dtypes -----------------------------------------------------------------------------------
+
+_TYPE_BYTES: dict[str, int] = {
+    "float": 4, "float32": 4, "c10::float": 4, "double": 8, "float64": 8,
+    "c10::half": 2, "half": 2, "float16": 2, "c10::bfloat16": 2, "bfloat16": 2,
+    "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1, "c10::float8_e4m3fnuz": 1,
+    "c10::float8_e5m2fnuz": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "long": 8, "long int": 8, "int64": 8, "int": 4, "int32": 4, "short": 2, "int16": 2,
+    "signed char": 1, "unsigned char": 1, "int8": 1, "uint8": 1, "bool": 1,
+    "c10::complex<float>": 8, "c10::complex<double>": 16,
+}
+DEFAULT_DTYPE_BYTES = 4  # traces without 'Input type' (Jan-2021 ones) are fp32 models
+
+
+def dtype_bytes(type_name: str | None) -> int | None:
+    """Bytes per element of a trace's ``Input type`` string, None for non-tensors.
+
+    >>> dtype_bytes("c10::BFloat16"), dtype_bytes("float"), dtype_bytes("Scalar")
+    (2, 4, None)
+    """
+    if not type_name:
+        return None
+    return _TYPE_BYTES.get(type_name.strip().lower())
+
+
+def _numel(dims: Sequence[int]) -> int:
+    return math.prod(int(d) for d in dims)
+
+
+def _tensors(dims: Sequence, types: Sequence | None) -> list[tuple[list[int], int] | None]:
+    """(shape, bytes per element) of each argument that looks like a tensor, else None."""
+    out: list[tuple[list[int], int] | None] = []
+    for i, d in enumerate(dims):
+        if not isinstance(d, (list, tuple)) or any(not isinstance(x, (int, float)) for x in d):
+            out.append(None)
+            continue
+        t = types[i] if types and i < len(types) else None
+        size = dtype_bytes(t)
+        if len(d) == 0 and size is None:     # Scalar, ScalarList, None, optional args
+            out.append(None)
+            continue
+        out.append(([int(x) for x in d], size or DEFAULT_DTYPE_BYTES))
+    return out
+
+
+def _gemm(m: int, n: int, k: int, batch: int, esz: int, out_esz: int | None = None,
+          bias: int = 0) -> tuple[int, int]:
+    out_esz = out_esz or esz
+    flops = 2 * batch * m * n * k
+    nbytes = batch * (m * k + k * n) * esz + batch * m * n * out_esz + bias
+    return flops, nbytes
+
+
+_ELEMENTWISE_FLOPS: dict[str, int] = {
+    "add": 1, "add_": 1, "sub": 1, "sub_": 1, "mul": 1, "mul_": 1, "div": 1, "div_": 1,
+    "relu": 1, "relu_": 1, "threshold_backward": 1, "neg": 1, "clamp": 1, "clamp_min": 1,
+    "clamp_min_": 1, "where": 1, "masked_fill": 1, "abs": 1, "copy_": 0, "_to_copy": 0,
+    "gelu": 8, "silu": 4, "silu_": 4, "sigmoid": 4, "tanh": 4, "exp": 4, "rsqrt": 2, "pow": 2,
+    "sqrt": 2, "dropout": 2, "addcmul_": 2, "addcdiv_": 2, "lerp_": 2, "fill_": 0, "zero_": 0,
+}
+
+
+def op_flops_bytes(op_name: str, input_dims: Sequence | None,
+                   input_types: Sequence | None = None) -> tuple[int, int] | None:
+    """(FLOPs, DRAM bytes) of one aten op call from recorded shapes, or None when unknown.
+
+    Bytes count each input once and the output once (ideal reuse, as a roofline wants). Without
+    ``input_types`` tensors are taken as fp32. Attention assumes a fused (flash) kernel: Q, K, V
+    and O move once; FLOPs are 4·B·H·Sq·Sk·D (non-causal: traces do not record the flag's value
+    in ``Input Dims``). Convolution stride/padding come from the recorded int lists when present
+    (defaults 1/0 otherwise, as 2021 traces record them empty).
+
+    >>> op_flops_bytes("aten::addmm", [[512], [64, 256], [256, 512], [], []],
+    ...                ["float", "float", "float", "Scalar", "Scalar"])
+    (16777216, 722944)
+    >>> op_flops_bytes("aten::add", [[1024, 1024], [1024, 1024], []], ["float", "float", "Scalar"])
+    (1048576, 12582912)
+    >>> op_flops_bytes("aten::conv2d", [[32, 3, 224, 224], [64, 3, 7, 7], [], [2, 2], [3, 3], [], []], [])
+    (7552892928, 122065664)
+    """
+    if not input_dims:
+        return None
+    op = _op_key(op_name)
+    try:
+        args = _tensors(input_dims, input_types)
+        return _dispatch(op, args, input_dims, input_types)
+    except (ValueError, TypeError, IndexError, ZeroDivisionError):
+        return None
+
+
+def _dispatch(op: str, args, dims, types) -> tuple[int, int] | None:
+    if op in ("mm", "_int_mm", "_scaled_mm"):
+        (a, ea), (b, eb) = args[0], args[1]
+        if len(a) != 2 or len(b) != 2 or a[1] != b[0]:
+            return None
+        return _gemm(a[0], b[1], a[1], 1, ea)
+    if op == "addmm":
+        (c, ec), (a, ea), (b, eb) = args[0], args[1], args[2]
+        if len(a) != 2 or len(b) != 2 or a[1] != b[0]:
+            return None
+        return _gemm(a[0], b[1], a[1], 1, ea, bias=_numel(c) * ec)
+    if op in ("bmm", "baddbmm"):
+        off = 1 if op == "baddbmm" else 0
+        (a, ea), (b, eb) = args[off], args[off + 1]
+        if len(a) != 3 or len(b) != 3 or a[2] != b[1] or a[0] != b[0]:
+            return None
+        return _gemm(a[1], b[2], a[2], a[0], ea)
+    if op == "linear":
+        (x, ex), (w, ew) = args[0], args[1]
+        if len(w) != 2 or x[-1] != w[1] or len(args) > 3:
+            return None
+        bias = args[2][0] if len(args) > 2 and args[2] is not None else None
+        m = _numel(x[:-1])
+        return _gemm(m, w[0], w[1], 1, ex, bias=_numel(bias) * ex if bias else 0)
+    if op == "matmul":
+        if len(args) != 2 or args[0] is None or args[1] is None:
+            return None
+        (a, ea), (b, eb) = args
+        if len(b) == 1:
+            if a[-1] != b[0]:
+                return None
+            return _gemm(_numel(a[:-1]), 1, a[-1], 1, ea)
+        if len(a) == 1:
+            return _gemm(1, b[-1], a[0], _numel(b[:-2]), ea)
+        if a[-1] != b[-2]:
+            return None
+        if len(b) == 2:
+            return _gemm(_numel(a[:-1]), b[1], a[-1], 1, ea)
+        batch = max(_numel(a[:-2]), _numel(b[:-2]))
+        return _gemm(a[-2], b[-1], a[-1], batch, ea)
+    if op in ("conv1d", "conv2d", "conv3d", "convolution", "_convolution", "cudnn_convolution",
+              "miopen_convolution"):
+        return _conv(args, dims)
+    if op in ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"):
+        return _attention(args, heads_dim=1)
+    if op in ("_flash_attention_forward", "_efficient_attention_forward"):
+        return _attention(args, heads_dim=2)
+    if op in ("layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm", "group_norm",
+              "native_group_norm", "batch_norm", "native_batch_norm", "cudnn_batch_norm"):
+        (x, ex) = args[0]
+        n = _numel(x)
+        params = sum(_numel(a[0]) * a[1] for a in args[1:] if a is not None and len(a[0]) > 0)
+        return 8 * n, 2 * n * ex + params
+    if op in ("softmax", "_softmax", "log_softmax", "_log_softmax"):
+        (x, ex) = args[0]
+        n = _numel(x)
+        return 5 * n, 2 * n * ex
+    if op in ("sum", "mean", "amax", "max", "min", "norm", "var", "std"):
+        (x, ex) = args[0]
+        n = _numel(x)
+        return n, n * ex + ex
+    if op in _ELEMENTWISE_FLOPS:
+        tensors = [a for a in args if a is not None]
+        if not tensors:
+            return None
+        out = max(_numel(t[0]) for t in tensors)
+        out_size = tensors[0][1]
+        if op in ("fill_", "zero_"):
+            return 0, out * out_size
+        reads = sum(_numel(t[0]) * t[1] for t in tensors)
+        return _ELEMENTWISE_FLOPS[op] * out, reads + out * out_size
+    return None
+
+
+def _conv(args, dims) -> tuple[int, int] | None:
+    (x, ex), (w, ew) = args[0], args[1]
+    nd = len(x) - 2
+    if nd < 1 or len(w) != len(x):
+        return None
+    batch, spatial = x[0], x[2:]
+    cout, cin_g, kernel = w[0], w[1], w[2:]
+
+    def param(i: int, default: int) -> list[int]:
+        v = dims[i] if i < len(dims) else None
+        if isinstance(v, (list, tuple)) and len(v) == nd:
+            return [int(t) for t in v]
+        if isinstance(v, (list, tuple)) and len(v) == 1:
+            return [int(v[0])] * nd
+        return [default] * nd
+
+    stride, padding, dilation = param(3, 1), param(4, 0), param(5, 1)
+    out_sp = [(s + 2 * p - d * (k - 1) - 1) // st + 1
+              for s, p, d, k, st in zip(spatial, padding, dilation, kernel, stride)]
+    if any(o <= 0 for o in out_sp):
+        return None
+    out_numel = batch * cout * _numel(out_sp)
+    flops = 2 * out_numel * cin_g * _numel(kernel)
+    bias = args[2] if len(args) > 2 else None
+    nbytes = (_numel(x) + _numel(w) + out_numel) * ex + (_numel(bias[0]) * ex if bias else 0)
+    return flops, nbytes
+
+
+def _attention(args, heads_dim: int) -> tuple[int, int] | None:
+    (q, eq), (k, ek), (v, ev) = args[0], args[1], args[2]
+    if len(q) != 4 or len(k) != 4:
+        return None
+    if heads_dim == 1:                       # (B, H, S, D)
+        b, h, sq, d = q
+        sk, dv = k[2], v[3]
+    else:                                    # (B, S, H, D)
+        b, sq, h, d = q
+        sk, dv = k[1], v[3]
+    flops = 2 * b * h * sq * sk * d + 2 * b * h * sq * sk * dv
+    nbytes = (_numel(q) + _numel(k) + _numel(v)) * eq + b * h * sq * dv * eq
+    return flops, nbytes

@@ -1,0 +1,170 @@
+"""Roofline kernel times and a roofline calibrated on a trace's own measured kernels.
+
+Plain roofline (Williams, Waterman, Patterson, CACM 2009): ``t = max(flops / peak, bytes / bw)``.
+Matrix-engine classes (GEMM, convolution, attention) use the dtype's tensor-core peak; the other
+classes run on the vector units and use the fp32 (CUDA-core) peak.
+
+The calibrated roofline learns, per kernel class, how far measured kernels sit above their ideal
+roofline time as a function of that ideal time (small kernels reach a lower fraction of peak than
+large ones: launch latency, tail waves). A new or changed kernel is then priced like its measured
+peers of the same class and size on the same GPU.
+
+>>> from whatif.predictors.devices import get_device, DType
+>>> a100 = get_device("A100_SXM_80GB")
+>>> roofline_time_ns(312e12, 0, a100, DType.BF16)      # 312 TFLOP at 312 TFLOP/s
+1000000000.0
+>>> roofline_time_ns(0, 2039e6, a100, DType.BF16)      # 2.039 GB at 2039 GB/s
+1000000.0
+>>> cal = CalibratedRoofline.fit(a100, ["gemm"] * 3, [1e12, 2e12, 4e12], [1e6] * 3,
+...                              [4e6, 8e6, 16e6], DType.BF16)
+>>> round(cal.kernel_time_ns("gemm", 3e12, 1e6) / 1e6, 2)   # ms, like its peers: 3.2 ms x 1.25
+12.0
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from whatif.depgraph.kernels import KernelClass
+
+from .devices import Device, DType
+
+MIN_PEERS = 3
+
+
+def compute_peak(device: Device, dtype: DType | str, kernel_class: KernelClass | str | None = None
+                 ) -> float:
+    """FLOP/s a kernel of this class can reach: tensor-core peak for matrix classes, else fp32."""
+    cls = KernelClass(kernel_class) if kernel_class is not None else KernelClass.GEMM
+    if cls.compute_bound:
+        return device.peak_flops(dtype)
+    return device.peak_flops(DType.FP32)
+
+
+def roofline_time_ns(flops: float, nbytes: float, device: Device, dtype: DType | str = DType.BF16,
+                     kernel_class: KernelClass | str | None = None) -> float:
+    """Ideal time in ns: ``max(flops / peak, bytes / mem_bw)``."""
+    peak = compute_peak(device, dtype, kernel_class)
+    return max(flops / peak, nbytes / device.mem_bw_bytes_per_s) * 1e9
+
+
+def arithmetic_intensity(flops: float, nbytes: float) -> float:
+    """FLOP per byte (inf when no bytes move)."""
+    return flops / nbytes if nbytes > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class ClassEfficiency:
+    """measured/ideal ratio of one kernel class as a piecewise-linear curve in log-log space.
+
+    ``knots`` are log10 ideal ns, ``log_ratio`` log10(measured / ideal) at those knots; beyond the
+    measured range the end ratios hold. ``floor_ns`` is the shortest measured kernel of the class
+    (a new kernel is never priced below what the GPU needed for the smallest peer).
+    """
+
+    knots: tuple[float, ...]
+    log_ratio: tuple[float, ...]
+    floor_ns: float
+    samples: int
+
+    def time_ns(self, ideal_ns: float) -> float:
+        if ideal_ns <= 0:
+            return self.floor_ns
+        r = float(np.interp(np.log10(ideal_ns), self.knots, self.log_ratio))
+        return max(ideal_ns * 10.0 ** r, self.floor_ns)
+
+    @property
+    def peak_fraction(self) -> float:
+        """Achieved fraction of the roofline reached by the class's largest kernels."""
+        return float(10.0 ** -self.log_ratio[-1])
+
+
+def fit_efficiency(ideal_ns: np.ndarray, dur_ns: np.ndarray, bins: int = 12) -> ClassEfficiency:
+    """Fit a :class:`ClassEfficiency` from ideal and measured times of one class's kernels."""
+    ok = (ideal_ns > 0) & (dur_ns > 0)
+    x = np.log10(ideal_ns[ok])
+    y = np.log10(dur_ns[ok] / ideal_ns[ok])
+    if len(x) == 0:
+        raise ValueError("no kernels with positive ideal and measured time")
+    order = np.argsort(x, kind="stable")
+    x, y = x[order], y[order]
+    nbins = int(max(1, min(bins, len(x) // MIN_PEERS)))
+    groups = np.array_split(np.arange(len(x)), nbins)
+    knots = [float(np.median(x[g])) for g in groups]
+    vals = [float(np.median(y[g])) for g in groups]
+    # merge knots that coincide (many kernels of identical size)
+    kx, ky = [knots[0]], [vals[0]]
+    for a, b in zip(knots[1:], vals[1:]):
+        if a - kx[-1] < 1e-9:
+            ky[-1] = (ky[-1] + b) / 2
+        else:
+            kx.append(a)
+            ky.append(b)
+    return ClassEfficiency(tuple(kx), tuple(ky), float(np.min(dur_ns[ok])), int(len(x)))
+
+
+@dataclass(frozen=True)
+class CalibratedRoofline:
+    """Per-class efficiency curves of one device and dtype, fitted on measured kernels."""
+
+    device: Device
+    dtype: DType
+    classes: dict[KernelClass, ClassEfficiency] = field(default_factory=dict)
+    overall: ClassEfficiency | None = None
+
+    @classmethod
+    def fit(cls, device: Device, kernel_classes: Sequence[KernelClass | str],
+            flops: Sequence[float], nbytes: Sequence[float], dur_ns: Sequence[float],
+            dtype: DType | str = DType.BF16, bins: int = 12) -> CalibratedRoofline:
+        """Fit from arrays of class, FLOPs, bytes and measured duration (ns) on ``device``."""
+        kcls = np.array([KernelClass(c).value for c in kernel_classes])
+        f = np.asarray(flops, dtype=float)
+        b = np.asarray(nbytes, dtype=float)
+        d = np.asarray(dur_ns, dtype=float)
+        if not (len(kcls) == len(f) == len(b) == len(d)):
+            raise ValueError("class, flops, bytes and dur_ns must have the same length")
+        ideal = np.array([roofline_time_ns(fi, bi, device, dtype, c)
+                          for fi, bi, c in zip(f, b, kcls)])
+        curves = {}
+        for c in sorted(set(kcls)):
+            m = kcls == c
+            if m.sum() >= 1 and ((ideal[m] > 0) & (d[m] > 0)).any():
+                curves[KernelClass(c)] = fit_efficiency(ideal[m], d[m], bins)
+        good = (ideal > 0) & (d > 0)
+        overall = fit_efficiency(ideal[good], d[good], bins) if good.any() else None
+        return cls(device, DType(dtype), curves, overall)
+
+    def kernel_time_ns(self, kernel_class: KernelClass | str, flops: float, nbytes: float) -> float:
+        """Predicted ns of a kernel of ``kernel_class`` doing ``flops`` and moving ``nbytes``."""
+        cls = KernelClass(kernel_class)
+        ideal = roofline_time_ns(flops, nbytes, self.device, self.dtype, cls)
+        curve = self.classes.get(cls)
+        if curve is None or curve.samples < MIN_PEERS:
+            curve = self.overall if curve is None else curve
+        if curve is None:
+            return ideal
+        return curve.time_ns(ideal)
+
+    def efficiency(self, kernel_class: KernelClass | str, flops: float, nbytes: float) -> float:
+        """Fraction of the roofline the kernel is predicted to reach (0..1]."""
+        ideal = roofline_time_ns(flops, nbytes, self.device, self.dtype, kernel_class)
+        return ideal / self.kernel_time_ns(kernel_class, flops, nbytes)
+
+
+def kernel_time_ns(flops: float, nbytes: float, device: Device, dtype: DType | str = DType.BF16,
+                   kernel_class: KernelClass | str | None = None,
+                   calibration: CalibratedRoofline | None = None) -> float:
+    """Price one kernel on ``device``: calibrated when a calibration is given, else ideal roofline.
+
+    >>> from whatif.predictors.devices import get_device
+    >>> kernel_time_ns(2e9, 4e6, get_device("H100_SXM"), "bf16", "gemm") > 0
+    True
+    """
+    if calibration is not None:
+        if calibration.device.name != device.name:
+            raise ValueError(f"calibration is for {calibration.device.name.value}, "
+                             f"not {device.name.value}")
+        return calibration.kernel_time_ns(kernel_class or KernelClass.OTHER, flops, nbytes)
+    return roofline_time_ns(flops, nbytes, device, dtype, kernel_class)

@@ -1,0 +1,151 @@
+"""Step times and critical paths of a replay.
+
+A step spans from its ``ProfilerStep#N`` begin to the later of the annotation's end and the end
+of the GPU work the step launched; measured and predicted step times use this same definition
+(on measured and on replayed task times). A trace without step annotations has one step per
+rank spanning its window.
+
+The critical path of a step is walked backwards from the task that ends it, following the edge
+that set each task's start (or end, for a wait). Every nanosecond of the step is attributed to
+one category (HTA's breakdown, refined):
+
+=========  ===============================================================
+cpu        CPU work: operator time between calls, non-launch API calls
+launch     kernel-launch API calls and launch latency (CPU/launch-bound)
+gpu        kernels, copies and memsets
+comm       collective kernels and waiting for other ranks at a collective
+sync       CPU waiting for the GPU, cross-stream event waits
+idle       GPU idle between queued kernels, offsets of tasks with no predecessor
+=========  ===============================================================
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from whatif.depgraph.graph import EdgeKind, TaskKind
+
+from .replay import RESOURCE_BOUND, Replay
+
+CATEGORIES = ("cpu", "launch", "gpu", "comm", "sync", "idle")
+_EDGE_CATEGORY = {EdgeKind.ANCHOR: "idle", EdgeKind.THREAD: "cpu", EdgeKind.STREAM: "idle", EdgeKind.LAUNCH: "launch",
+                  EdgeKind.SYNC: "sync", EdgeKind.EVENT_WAIT: "sync", EdgeKind.COLLECTIVE: "comm", EdgeKind.FLOW: "cpu"}
+_TASK_CATEGORY = {TaskKind.CPU_WORK: "cpu", TaskKind.CPU_CALL: "cpu", TaskKind.WAIT: "sync", TaskKind.KERNEL: "gpu",
+                  TaskKind.MEMCPY: "gpu", TaskKind.MEMSET: "gpu", TaskKind.COMM: "comm"}
+
+
+def step_end_tasks(replay: Replay, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``graph.steps``: (begin time, the task that ends the step) under the given times.
+
+    The step ends with the latest-ending task attributed to it (its end marker, its GPU work,
+    work of other threads in its window); ties go to the lowest task id.
+    """
+    g = replay.graph
+    t = g.tasks
+    steps = g.steps
+    key = t["rank"].to_numpy().astype(np.int64) * (1 << 32) + (t["step"].to_numpy().astype(np.int64) & 0xFFFFFFFF)
+    frame = pd.DataFrame({"key": key, "end": -end, "id": np.arange(len(t))})
+    first = frame.sort_values(["key", "end", "id"], kind="stable").groupby("key").head(1).set_index("key")["id"]
+    step_keys = steps["rank"].to_numpy().astype(np.int64) * (1 << 32) + (steps["step"].to_numpy().astype(np.int64)
+                                                                       & 0xFFFFFFFF)
+    finisher = first.reindex(step_keys).fillna(-1).to_numpy().astype(np.int64)
+    begin_task = steps["begin_task"].to_numpy()
+    finisher = np.where(finisher >= 0, finisher, begin_task)
+    return start[begin_task], finisher
+
+
+def step_times(replay: Replay) -> pd.DataFrame:
+    """Measured and predicted time of every step: columns ``rank``, ``step``, ``measured_ns``,
+    ``predicted_ns``, ``error`` (predicted / measured - 1)."""
+    g = replay.graph
+    steps = g.steps
+    begin, finisher = step_end_tasks(replay, replay.start_ns, replay.end_ns)
+    predicted = replay.end_ns[finisher] - begin
+    measured = (steps["measured_end_ns"] - steps["measured_begin_ns"]).to_numpy()
+    out = pd.DataFrame({"rank": steps["rank"].to_numpy(), "step": steps["step"].to_numpy(),
+                        "measured_ns": measured, "predicted_ns": predicted})
+    out["error"] = np.where(measured > 0, predicted / np.maximum(measured, 1) - 1.0, 0.0)
+    return out
+
+
+@dataclass
+class CriticalPath:
+    """The chain of tasks that set a step's length, and where its time went (ns per category)."""
+
+    rank: int
+    step: int
+    tasks: list[int]
+    breakdown_ns: dict[str, int]
+
+    @property
+    def length_ns(self) -> int:
+        return sum(self.breakdown_ns.values())
+
+
+def critical_path(replay: Replay, step_row: int) -> CriticalPath:
+    """Walk the critical path of row ``step_row`` of ``graph.steps`` backwards."""
+    g = replay.graph
+    t = g.tasks
+    kinds = t["kind"].to_numpy()
+    src = g.edges["src"].to_numpy()
+    ekind = g.edges["kind"].to_numpy()
+    launches = np.zeros(len(t), dtype=bool)
+    launches[src[ekind == int(EdgeKind.LAUNCH)]] = True
+    begin, finisher = step_end_tasks(replay, replay.start_ns, replay.end_ns)
+    floor = int(begin[step_row])
+    start, end = replay.start_ns, replay.end_ns
+    acc = dict.fromkeys(CATEGORIES, 0)
+
+    def add(category: str, lo: int, hi: int) -> bool:
+        """Attribute [lo, hi] clipped at the step begin; False once the walk passed the begin."""
+        if hi > floor:
+            acc[category] += hi - max(lo, floor)
+        return lo > floor
+
+    path: list[int] = []
+    v = int(finisher[step_row])
+    while v >= 0:
+        path.append(v)
+        k = TaskKind(int(kinds[v]))
+        sync_edge = int(replay.end_by[v])
+        if sync_edge >= 0:
+            u = int(src[sync_edge])
+            if not add("sync", int(end[u]), int(end[v])):
+                break
+            v = u
+            continue
+        category = "launch" if k == TaskKind.CPU_CALL and launches[v] else _TASK_CATEGORY.get(k, "idle")
+        if not add(category, int(start[v]), int(end[v])):
+            break
+        by = int(replay.start_by[v])
+        if by == RESOURCE_BOUND:
+            v = int(replay.resource_prev[v])
+        elif by >= 0:
+            u = int(src[by])
+            if not add(_EDGE_CATEGORY[EdgeKind(int(ekind[by]))], int(end[u]), int(start[v])):
+                break
+            v = u
+        else:
+            break
+    steps = g.steps
+    return CriticalPath(rank=int(steps["rank"].iloc[step_row]), step=int(steps["step"].iloc[step_row]),
+                        tasks=path[::-1], breakdown_ns=acc)
+
+
+def utilization(replay: Replay) -> pd.DataFrame:
+    """Busy time of every resource over the replayed window: ``resource``, ``name``, ``busy_ns``,
+    ``window_ns``, ``utilization``."""
+    g = replay.graph
+    t = g.tasks
+    busy = pd.Series(replay.end_ns - replay.start_ns).groupby(t["resource"].to_numpy()).sum()
+    ranks = t["rank"].to_numpy()
+    window = {int(r): int(replay.end_ns[ranks == r].max() - replay.start_ns[ranks == r].min()) for r in np.unique(ranks)}
+    res = g.resources
+    out = pd.DataFrame({"resource": busy.index.to_numpy(), "busy_ns": busy.to_numpy()})
+    out["name"] = res["name"].to_numpy()[out["resource"]]
+    out["rank"] = res["rank"].to_numpy()[out["resource"]]
+    out["window_ns"] = [window[int(r)] for r in out["rank"]]
+    out["utilization"] = out["busy_ns"] / out["window_ns"].clip(lower=1)
+    return out
