@@ -1,0 +1,31 @@
+"""Replay a trace through its dependency graph and summarize measured vs predicted step times,
+the critical path of each step, and the top kernels, ops and layers."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import orjson
+from rich.console import Console
+
+from whatif.api import analyze
+from whatif.summary import analysis_document, render_text
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", type=Path, help="trace file (.json/.json.gz), folder of per-rank traces, or run folder")
+    parser.add_argument("--json", type=Path, metavar="OUT", help="also write the whatif.analysis JSON document here")
+    parser.add_argument("--top", type=int, default=10, help="rows in the top kernels/ops/layers tables (default 10)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json)")
+
+
+def run(args: argparse.Namespace) -> int:
+    doc = analysis_document(analyze(args.path), top=args.top)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    if not args.quiet:
+        render_text(doc, Console())
+        if args.json:
+            print(f"wrote {args.json}")
+    return 0

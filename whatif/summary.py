@@ -1,0 +1,113 @@
+"""The analysis summary: a versioned JSON document (``docs/analysis-schema.md``) and its text form."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from whatif.api import Analysis
+from whatif.depgraph.graph import TaskKind
+
+SCHEMA = "whatif.analysis"
+VERSION = 1
+GPU_KINDS = (int(TaskKind.KERNEL), int(TaskKind.MEMCPY), int(TaskKind.MEMSET), int(TaskKind.COMM))
+CPU_KINDS = (int(TaskKind.CPU_CALL), int(TaskKind.CPU_WORK), int(TaskKind.WAIT))
+
+
+def _top(tasks: pd.DataFrame, by: str, limit: int) -> list[dict[str, Any]]:
+    """Measured time per value of ``by``: GPU and CPU time, task count; largest first."""
+    sel = tasks[tasks[by].notna() & (tasks["measured_start_ns"] >= 0)]
+    if sel.empty:
+        return []
+    dur = (sel["measured_end_ns"] - sel["measured_start_ns"]).to_numpy()
+    kinds = sel["kind"].to_numpy()
+    frame = pd.DataFrame({"key": sel[by].astype(str).to_numpy(),
+                          "gpu_ns": np.where(np.isin(kinds, GPU_KINDS), dur, 0),
+                          "cpu_ns": np.where(np.isin(kinds, CPU_KINDS), dur, 0)})
+    agg = frame.groupby("key", sort=False).agg(tasks=("gpu_ns", "size"), gpu_ns=("gpu_ns", "sum"),
+                                               cpu_ns=("cpu_ns", "sum"))
+    agg["total_ns"] = agg["gpu_ns"] + agg["cpu_ns"]
+    agg = agg.sort_values(["total_ns", "tasks"], ascending=False, kind="stable").head(limit)
+    return [{"name": k, "count": int(r.tasks), "gpu_ns": int(r.gpu_ns), "cpu_ns": int(r.cpu_ns)}
+            for k, r in agg.iterrows()]
+
+
+def analysis_document(analysis: Analysis, top: int = 10) -> dict[str, Any]:
+    """The ``whatif.analysis`` v1 document of an analysis (stable key order)."""
+    g = analysis.graph
+    steps = analysis.steps
+    t = g.tasks
+    kernels = t[t["kind"].isin(GPU_KINDS)]
+    abs_err = steps["error"].abs()
+    return {
+        "schema": SCHEMA,
+        "version": VERSION,
+        "source": analysis.trace.source,
+        "ranks": [{"rank": r.rank, "path": str(r.path), "gpu": r.gpu_name, "world_size": r.world_size}
+                  for r in analysis.trace.ranks],
+        "tasks": g.num_tasks,
+        "edges": g.num_edges,
+        "resources": len(g.resources),
+        "graph_report": {k: int(v) for k, v in sorted(g.report.items())},
+        "steps": [{"rank": int(r.rank), "step": int(r.step), "measured_ns": int(r.measured_ns),
+                   "predicted_ns": int(r.predicted_ns), "error": round(float(r.error), 6)}
+                  for r in steps.itertuples()],
+        "fidelity": {"median_abs_error": round(float(abs_err.median()), 6) if len(steps) else None,
+                     "max_abs_error": round(float(abs_err.max()), 6) if len(steps) else None},
+        "critical_path": [{"rank": cp.rank, "step": cp.step, "length_ns": cp.length_ns,
+                           "tasks": len(cp.tasks), "breakdown_ns": cp.breakdown_ns}
+                          for cp in (analysis.critical_path(i) for i in range(len(steps)))],
+        "top_kernels": _top(kernels, "name", top),
+        "top_ops": _top(t, "op", top),
+        "top_layers": _top(t, "layer", top),
+        "utilization": [{"rank": int(u.rank), "resource": str(u.name), "busy_ns": int(u.busy_ns),
+                         "utilization": round(float(u.utilization), 4)}
+                        for u in analysis.utilization.itertuples() if u.busy_ns > 0],
+    }
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:,.3f}"
+
+
+def render_text(doc: dict[str, Any], console: Any) -> None:
+    """Print the summary with rich tables on ``console`` (a :class:`rich.console.Console`)."""
+    from rich.table import Table
+
+    ranks = ", ".join(f"rank {r['rank']} ({r['gpu'] or 'GPU unknown'})" for r in doc["ranks"])
+    console.print(f"[bold]{doc['source']}[/bold]: {ranks}; {doc['tasks']:,} tasks, {doc['edges']:,} edges")
+    table = Table(title="Steps: measured vs replayed", title_justify="left")
+    for col in ("rank", "step", "measured ms", "replayed ms", "error"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for s in doc["steps"]:
+        table.add_row(str(s["rank"]), str(s["step"]), _ms(s["measured_ns"]), _ms(s["predicted_ns"]),
+                      f"{s['error'] * 100:+.2f}%")
+    console.print(table)
+    fid = doc["fidelity"]
+    if fid["median_abs_error"] is not None:
+        console.print(f"replay error: median {fid['median_abs_error'] * 100:.2f}%, "
+                      f"worst {fid['max_abs_error'] * 100:.2f}%")
+    cp = Table(title="Critical path breakdown (ms)", title_justify="left")
+    cp.add_column("rank", justify="right")
+    cp.add_column("step", justify="right")
+    cats = list(doc["critical_path"][0]["breakdown_ns"]) if doc["critical_path"] else []
+    for c in cats:
+        cp.add_column(c, justify="right", no_wrap=True)
+    for p in doc["critical_path"]:
+        cp.add_row(str(p["rank"]), str(p["step"]), *(_ms(p["breakdown_ns"][c]) for c in cats))
+    console.print(cp)
+    for key, title in (("top_kernels", "Top kernels"), ("top_ops", "Top ops"), ("top_layers", "Top layers")):
+        rows = doc[key]
+        if not rows:
+            continue
+        tab = Table(title=title, title_justify="left")
+        tab.add_column("name", overflow="ellipsis", no_wrap=True, max_width=44)
+        for col in ("count", "GPU ms", "CPU ms"):
+            tab.add_column(col, justify="right", no_wrap=True)
+        for r in rows[:8]:
+            tab.add_row(r["name"], str(r["count"]), _ms(r["gpu_ns"]), _ms(r["cpu_ns"]))
+        console.print(tab)
+    notable = {k: v for k, v in doc["graph_report"].items() if v and k not in ("roots_anchored",)}
+    if notable:
+        console.print("graph: " + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in notable.items()))
