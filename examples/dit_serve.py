@@ -1,0 +1,462 @@
+"""A small Diffusion Transformer server: adaLN-Zero DiT, CFG, Euler sampler, batched requests.
+
+Random weights, pure torch, seedable; runs on CPU in seconds and on a GPU unchanged::
+
+    python examples/dit_serve.py --log dit.json                  # 8 images, 10 steps each
+    python examples/dit_serve.py --frames 4 --resolution 16      # video: 4 x 64 tokens
+    whatif record examples/dit_serve.py -- --log dit.json
+
+Model (DiT, Peebles & Xie 2023): the latent ``[C, H, W]`` (or ``[C, F, H, W]`` for video,
+``--frames F``) is cut into ``--patch`` x ``--patch`` patches per frame by a strided conv
+(tokens = F x (H/p) x (W/p)), plus a learned position embedding; the conditioning vector is
+a sinusoidal timestep embedding (MLP) plus a class embedding (one extra "null" class for
+classifier-free guidance); ``--layers`` adaLN-Zero blocks (LayerNorm modulated by shift /
+scale and a gate on each residual branch, self-attention over all tokens, GELU MLP); a
+modulated final layer; unpatchify back to the latent shape. Weights are random (not the
+zero init of training, which would make every block an identity).
+
+Sampler: rectified-flow Euler (as SD3 / Flux / video DiTs): x starts as Gaussian noise at
+t = 1, ``--steps`` uniform steps to t = 0, ``x += (t_next - t) * v``. With
+``--cfg-scale`` > 1 every model call runs the batch twice (conditional and null class,
+concatenated, so the model batch is 2 x the request batch) and mixes
+``v = v_null + s * (v_cond - v_null)``.
+
+Serving: requests arrive in wall-clock time (Poisson at ``--rate`` req/s, first one at
+0 s; ``inf`` = all at once); when the server is idle it takes up to ``--batch`` waiting
+requests (FCFS) and denoises them together, one ``whatif.phase("denoise")`` and one
+``whatif.step()`` per denoising step, so a run has ceil-per-batch x ``--steps`` steps.
+The device is synchronized before every timestamp.
+
+Log (``--log OUT.json``); every ``*_s`` is seconds since the server started, every
+``*_ms`` a duration in milliseconds::
+
+    {"schema": "whatif.examples.dit_serve/1",
+     "config": {<every CLI option>, "device", "dtype", "num_params", "tokens",
+                "latent_shape", "torch_version"},
+     "clock": {"t0_unix_s", "t0_perf_counter_s"},
+     "requests": [{"id", "class_label", "batch_index", "arrival_s", "start_s", "end_s",
+                   "queue_ms", "service_ms", "latency_ms"}],
+     "batches": [{"index", "request_ids", "batch_size", "model_batch", "start_s", "end_s",
+                  "duration_ms", "step_ms": [...]}],
+     "steps": [{"index", "batch_index", "step", "t", "model_batch", "start_s", "end_s",
+                "duration_ms"}],
+     "summary": {"num_requests", "num_batches", "num_steps", "duration_s",
+                 "throughput_req_s", "latency_ms"|"queue_ms"|"service_ms"|"step_ms":
+                 {"mean", "p50", "p90", "p99"}}}
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import whatif
+
+SCHEMA = "whatif.examples.dit_serve/1"
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """Sinusoidal embedding ``[N, dim]`` of (possibly fractional) timesteps ``t``: ``[N]``."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, device=t.device) / half)
+    args = t.float()[:, None] * freqs[None]
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x * (1 + scale[:, None]) + shift[:, None]
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"d_model {dim} is not a multiple of heads {heads}")
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Bidirectional self-attention over all tokens; ``x``: ``[N, tokens, dim]``."""
+        q, k, v = self.qkv(x).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)
+        o = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(o.transpose(1, 2).flatten(2))
+
+
+class DiTBlock(nn.Module):
+    """adaLN-Zero block: modulated LayerNorm, gated attention and MLP residuals."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: float = 4.0) -> None:
+        super().__init__()
+        hidden = int(dim * mlp_ratio)
+        self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.attn = Attention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(approximate="tanh"),
+                                 nn.Linear(hidden, dim))
+        self.ada = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(c).chunk(6, dim=-1)
+        x = x + gate1[:, None] * self.attn(modulate(self.norm1(x), shift1, scale1))
+        return x + gate2[:, None] * self.mlp(modulate(self.norm2(x), shift2, scale2))
+
+
+class DiT(nn.Module):
+    """Latent ``[N, C, H, W]`` (image) or ``[N, C, F, H, W]`` (video) -> velocity of the same shape."""
+
+    def __init__(self, channels: int, resolution: int, frames: int, patch: int, dim: int,
+                 layers: int, heads: int, num_classes: int) -> None:
+        super().__init__()
+        if resolution % patch:
+            raise ValueError(f"--resolution {resolution} is not a multiple of --patch {patch}")
+        self.channels, self.patch, self.frames = channels, patch, frames
+        self.grid = resolution // patch
+        self.num_tokens = frames * self.grid ** 2
+        self.num_classes = num_classes  # index num_classes is the null class
+        self.patchify = nn.Conv2d(channels, dim, kernel_size=patch, stride=patch)
+        self.pos = nn.Parameter(torch.randn(1, self.num_tokens, dim) * 0.02)
+        self.t_mlp = nn.Sequential(nn.Linear(256, dim), nn.SiLU(), nn.Linear(dim, dim))
+        self.y_embed = nn.Embedding(num_classes + 1, dim)
+        self.blocks = nn.ModuleList(DiTBlock(dim, heads) for _ in range(layers))
+        self.final_norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.final_ada = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
+        self.final = nn.Linear(dim, patch * patch * channels)
+
+    def latent_shape(self) -> tuple[int, ...]:
+        side = self.grid * self.patch
+        if self.frames > 1:
+            return (self.channels, self.frames, side, side)
+        return (self.channels, side, side)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``t``: ``[N]`` in [0, 1] (noise level), ``y``: ``[N]`` class ids (``num_classes`` = null)."""
+        n = x.shape[0]
+        frames = x.transpose(1, 2).flatten(0, 1) if self.frames > 1 else x  # [N*F, C, H, W]
+        h = self.patchify(frames).flatten(2).transpose(1, 2).reshape(n, self.num_tokens, -1) + self.pos
+        c = self.t_mlp(timestep_embedding(t * 1000, 256).to(h.dtype)) + self.y_embed(y)
+        for block in self.blocks:
+            h = block(h, c)
+        shift, scale = self.final_ada(c).chunk(2, dim=-1)
+        return self.unpatchify(self.final(modulate(self.final_norm(h), shift, scale)))
+
+    def unpatchify(self, h: torch.Tensor) -> torch.Tensor:
+        """``[N, tokens, p*p*C]`` -> ``[N, C, H, W]`` or ``[N, C, F, H, W]``."""
+        n, g, p, c = h.shape[0], self.grid, self.patch, self.channels
+        h = h.reshape(n, self.frames, g, g, p, p, c)
+        x = torch.einsum("nfhwpqc->ncfhpwq", h).reshape(n, c, self.frames, g * p, g * p)
+        return x if self.frames > 1 else x[:, :, 0]
+
+
+def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> DiT:
+    """Random weights from ``--seed`` (drawn on the CPU, so identical on every device)."""
+    torch.manual_seed(args.seed)
+    model = DiT(args.channels, args.resolution, args.frames, args.patch, args.d_model,
+                args.layers, args.heads, args.num_classes)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+# ----------------------------------------------------------------------------- sampler
+
+
+def guided_velocity(model: DiT, x: torch.Tensor, t: float, y: torch.Tensor,
+                    cfg_scale: float) -> torch.Tensor:
+    """Model velocity at time ``t``; with ``cfg_scale`` > 1 one call on the doubled batch."""
+    tt = torch.full((x.shape[0],), t, device=x.device)
+    if cfg_scale <= 1.0:
+        return model(x, tt, y)
+    null = torch.full_like(y, model.num_classes)
+    v = model(torch.cat([x, x]), torch.cat([tt, tt]), torch.cat([y, null]))
+    v_cond, v_null = v.chunk(2)
+    return v_null + cfg_scale * (v_cond - v_null)
+
+
+def sample(model: DiT, noise: torch.Tensor, labels: torch.Tensor, steps: int, cfg_scale: float,
+           on_step: Callable[[int, float], None] | None = None) -> torch.Tensor:
+    """Euler integration of the flow from t=1 (``noise``) to t=0; returns a latent of ``noise``'s shape.
+
+    Each step runs under ``whatif.phase("denoise")``; ``on_step(step, t)`` is called after it.
+    """
+    x = noise
+    ts = torch.linspace(1.0, 0.0, steps + 1).tolist()
+    for i in range(steps):
+        with whatif.phase("denoise"):
+            v = guided_velocity(model, x, ts[i], labels, cfg_scale)
+            x = x + (ts[i + 1] - ts[i]) * v
+        if on_step is not None:
+            on_step(i, ts[i])
+    return x
+
+
+# ----------------------------------------------------------------------------- server
+
+
+@dataclass
+class Request:
+    id: int
+    arrival_s: float
+    class_label: int
+    batch_index: int = -1
+    start_s: float | None = None
+    end_s: float | None = None
+
+
+def poisson_schedule(n: int, rate: float, rng: random.Random) -> list[float]:
+    """``n`` arrival times in seconds: first at 0, then exponential gaps of mean ``1/rate``."""
+    times, t = [], 0.0
+    for i in range(n):
+        if i and rate > 0 and math.isfinite(rate):
+            t += rng.expovariate(rate)
+        times.append(t)
+    return times
+
+
+def make_requests(args: argparse.Namespace) -> list[Request]:
+    rng = random.Random(args.seed)
+    arrivals = poisson_schedule(args.num_requests, args.rate, rng)
+    return [Request(i, a, rng.randrange(args.num_classes)) for i, a in enumerate(arrivals)]
+
+
+def request_noise(req_id: int, seed: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """Per-request initial noise, drawn on the CPU from ``(seed, request id)``."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + req_id)
+    return torch.randn(shape, generator=g)
+
+
+class Server:
+    """Dynamic batching in wall-clock time: idle server takes up to ``max_batch`` waiting requests."""
+
+    def __init__(self, model: DiT, requests: list[Request], args: argparse.Namespace,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        self.model, self.requests, self.args = model, requests, args
+        self.device, self.dtype = device, dtype
+        self.batches: list[dict[str, Any]] = []
+        self.steps: list[dict[str, Any]] = []
+        self.t0 = self.t0_unix = 0.0
+
+    def now(self) -> float:
+        """Seconds since start, after the device finished all queued work."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - self.t0
+
+    def run(self) -> None:
+        pending = collections.deque(self.requests)
+        waiting: collections.deque[Request] = collections.deque()
+        self.t0, self.t0_unix = time.perf_counter(), time.time()
+        while pending or waiting:
+            now = self.now()
+            while pending and pending[0].arrival_s <= now:
+                waiting.append(pending.popleft())
+            if not waiting:
+                sleep_until(pending[0].arrival_s, self.now)
+                continue
+            batch = [waiting.popleft() for _ in range(min(self.args.batch, len(waiting)))]
+            self.serve(batch)
+
+    def serve(self, batch: list[Request]) -> torch.Tensor:
+        index = len(self.batches)
+        start = self.now()
+        shape = self.model.latent_shape()
+        noise = torch.stack([request_noise(r.id, self.args.seed, shape) for r in batch])
+        noise = noise.to(self.device, self.dtype)
+        labels = torch.tensor([r.class_label for r in batch], device=self.device)
+        model_batch = len(batch) * (2 if self.args.cfg_scale > 1.0 else 1)
+        step_ms: list[float] = []
+        last = [start]
+
+        def on_step(step: int, t: float) -> None:
+            end = self.now()
+            step_ms.append((end - last[0]) * 1e3)
+            self.steps.append({"index": len(self.steps), "batch_index": index, "step": step, "t": t,
+                               "model_batch": model_batch, "start_s": last[0], "end_s": end,
+                               "duration_ms": step_ms[-1]})
+            last[0] = end
+            whatif.step()
+
+        latents = sample(self.model, noise, labels, self.args.steps, self.args.cfg_scale, on_step)
+        latents.sum().item()  # the result leaves the device: the request is done
+        end = self.now()
+        for r in batch:
+            r.batch_index, r.start_s, r.end_s = index, start, end
+        self.batches.append({"index": index, "request_ids": [r.id for r in batch],
+                             "batch_size": len(batch), "model_batch": model_batch, "start_s": start,
+                             "end_s": end, "duration_ms": (end - start) * 1e3, "step_ms": step_ms})
+        return latents
+
+
+def warm_up(model: DiT, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> None:
+    """One untimed guided model call so one-time initialization is not charged to the first batch."""
+    x = torch.zeros((1, *model.latent_shape()), device=device, dtype=dtype)
+    guided_velocity(model, x, 1.0, torch.zeros(1, dtype=torch.long, device=device), args.cfg_scale).sum().item()
+
+
+def sleep_until(target_s: float, clock: Callable[[], float]) -> None:
+    """Sleep until ``clock() >= target_s`` (seconds); busy-waits the last millisecond."""
+    while (left := target_s - clock()) > 0:
+        if left > 2e-3:
+            time.sleep(left - 1e-3)
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated ``q``-th percentile (0..100) of a non-empty list."""
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def stats(xs: list[float]) -> dict[str, float | None]:
+    if not xs:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    return {"mean": sum(xs) / len(xs), "p50": percentile(xs, 50), "p90": percentile(xs, 90),
+            "p99": percentile(xs, 99)}
+
+
+def request_record(r: Request) -> dict[str, Any]:
+    assert r.start_s is not None and r.end_s is not None
+    return {"id": r.id, "class_label": r.class_label, "batch_index": r.batch_index,
+            "arrival_s": r.arrival_s, "start_s": r.start_s, "end_s": r.end_s,
+            "queue_ms": (r.start_s - r.arrival_s) * 1e3, "service_ms": (r.end_s - r.start_s) * 1e3,
+            "latency_ms": (r.end_s - r.arrival_s) * 1e3}
+
+
+def summarize(reqs: list[dict[str, Any]], batches: list[dict[str, Any]],
+              steps: list[dict[str, Any]]) -> dict[str, Any]:
+    duration = max(r["end_s"] for r in reqs) - min(r["arrival_s"] for r in reqs)
+    return {
+        "num_requests": len(reqs), "num_batches": len(batches), "num_steps": len(steps),
+        "duration_s": duration, "throughput_req_s": len(reqs) / duration if duration > 0 else None,
+        **{k: stats([r[k] for r in reqs]) for k in ("latency_ms", "queue_ms", "service_ms")},
+        "step_ms": stats([s["duration_ms"] for s in steps]),
+    }
+
+
+def one_line(s: dict[str, Any]) -> str:
+    lat, step = s["latency_ms"], s["step_ms"]
+    return (f"dit_serve: {s['num_requests']} requests in {s['num_batches']} batches, "
+            f"{s['num_steps']} denoise steps in {s['duration_s']:.2f} s | latency mean "
+            f"{lat['mean']:.1f} p50 {lat['p50']:.1f} p99 {lat['p99']:.1f} ms | step mean "
+            f"{step['mean']:.1f} ms | {s['throughput_req_s'] or 0.0:.2f} req/s")
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def pick_device(name: str | None) -> torch.device:
+    if name is None:
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def set_threads(threads: int | None, device: torch.device) -> None:
+    """``torch.set_num_threads``: ``threads`` if > 0, else 1 on cpu when not given."""
+    if threads is None and device.type == "cpu":
+        threads = 1
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def json_safe(d: dict[str, Any]) -> dict[str, Any]:
+    """Non-finite floats (``--rate inf``) as strings, so the log is strict JSON."""
+    return {k: str(v) if isinstance(v, float) and not math.isfinite(v) else v for k, v in d.items()}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--seed", type=int, default=0, help="seeds weights, arrivals, labels, noise")
+    p.add_argument("--device", default=None, help="cpu or cuda[:N]; None: cuda if available")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads; None: 1 on cpu (intra-op threads make timings erratic "
+                        "on small shared machines), unchanged on cuda; 0: torch's default")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: bfloat16 on cuda, float32 on cpu")
+    m = p.add_argument_group("model")
+    m.add_argument("--layers", type=int, default=4)
+    m.add_argument("--d-model", type=int, default=192)
+    m.add_argument("--heads", type=int, default=4)
+    m.add_argument("--patch", type=int, default=2, help="patch side (latent pixels)")
+    m.add_argument("--channels", type=int, default=4, help="latent channels")
+    m.add_argument("--num-classes", type=int, default=10)
+    g = p.add_argument_group("generation")
+    g.add_argument("--resolution", type=int, default=16, help="latent side (latent pixels)")
+    g.add_argument("--frames", type=int, default=1, help="video frames (tokens = frames x patches)")
+    g.add_argument("--steps", type=int, default=10, help="denoising steps per request")
+    g.add_argument("--cfg-scale", type=float, default=4.0, help="guidance scale; <= 1 disables CFG")
+    w = p.add_argument_group("serving")
+    w.add_argument("--num-requests", type=int, default=8)
+    w.add_argument("--rate", type=float, default=10.0, help="Poisson arrival rate (req/s); inf: all at 0")
+    w.add_argument("--batch", type=int, default=4, help="max requests denoised together")
+    w.add_argument("--warmup", type=int, default=1, help="untimed warm-up model calls before serving")
+    p.add_argument("--log", default=None, help="write the JSON log here")
+    args = p.parse_args(argv)
+    for name in ("layers", "d_model", "heads", "patch", "channels", "num_classes", "resolution",
+                 "frames", "steps", "num_requests", "batch"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = pick_device(args.device)
+    set_threads(args.threads, device)
+    dtype = pick_dtype(args.dtype, device)
+    try:
+        model = build_model(args, device, dtype)
+    except ValueError as e:
+        print(f"dit_serve: error: {e}", file=sys.stderr)
+        return 2
+    requests = make_requests(args)
+    with torch.inference_mode():
+        for _ in range(args.warmup):
+            warm_up(model, args, device, dtype)
+        server = Server(model, requests, args, device, dtype)
+        server.run()
+    records = [request_record(r) for r in requests]
+    summary = summarize(records, server.batches, server.steps)
+    print(one_line(summary))
+    if args.log:
+        log = {
+            "schema": SCHEMA,
+            "config": {**json_safe(vars(args)), "device": str(device),
+                       "dtype": str(dtype).removeprefix("torch."),
+                       "num_params": sum(p.numel() for p in model.parameters()),
+                       "tokens": model.num_tokens, "latent_shape": list(model.latent_shape()),
+                       "torch_version": torch.__version__},
+            "clock": {"t0_unix_s": server.t0_unix, "t0_perf_counter_s": server.t0},
+            "requests": records, "batches": server.batches, "steps": server.steps,
+            "summary": summary,
+        }
+        Path(args.log).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.log).write_text(json.dumps(log, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,300 @@
+"""The example workloads (examples/): they run on CPU, log what they claim, and are correct.
+
+Tiny configs, in-process (one subprocess run checks the ``__main__`` entry point). Timing
+values are only checked for ordering, never for magnitude.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
+
+from whatif.tracer import markers  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def load(name: str) -> ModuleType:
+    """Import ``examples/<name>.py`` (examples/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"examples_{name}", EXAMPLES / f"{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses need the module registered
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def llm() -> ModuleType:
+    return load("llm_serve")
+
+
+@pytest.fixture(scope="module")
+def dit() -> ModuleType:
+    return load("dit_serve")
+
+
+@pytest.fixture(scope="module")
+def train() -> ModuleType:
+    return load("train")
+
+
+@pytest.fixture
+def step_counter():
+    """Counts ``whatif.step()`` calls while the test runs."""
+    calls: list[int] = []
+
+    def hook() -> None:
+        calls.append(1)
+
+    markers.add_step_hook(hook)
+    yield calls
+    markers.remove_step_hook(hook)
+
+
+LLM_TINY = ["--device", "cpu", "--threads", "1", "--layers", "1", "--d-model", "32", "--heads", "2",
+            "--vocab", "64", "--max-seq", "64", "--warmup", "1"]
+
+
+def run_llm(llm: ModuleType, tmp_path: Path, *extra: str, name: str = "llm.json") -> dict[str, Any]:
+    log = tmp_path / name
+    assert llm.main([*LLM_TINY, "--log", str(log), *extra]) == 0
+    return json.loads(log.read_text())
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+# ----------------------------------------------------------------------------- llm_serve
+
+
+def test_llm_serves_every_request_and_logs_it(llm, tmp_path, step_counter):
+    args = ["--num-requests", "6", "--rate", "200", "--prompt-min", "4", "--prompt-max", "9",
+            "--output-min", "2", "--output-max", "6", "--max-batch", "4"]
+    log = run_llm(llm, tmp_path, *args)
+    wanted = llm.make_requests(llm.parse_args([*LLM_TINY, *args]))
+    assert log["schema"] == llm.SCHEMA and log["config"]["max_batch"] == 4
+    reqs = log["requests"]
+    assert [r["id"] for r in reqs] == list(range(6))
+    for r, w in zip(reqs, wanted):
+        assert r["output_tokens"] == w.output_tokens == len(r["output_token_ids"]) == len(r["token_times_s"])
+        assert r["prompt_tokens"] == len(w.prompt)
+        assert r["arrival_s"] == pytest.approx(w.arrival_s)
+        assert r["ttft_ms"] > 0
+        assert r["arrival_s"] <= r["admitted_s"] < r["first_token_s"] <= r["finish_s"]
+        assert r["e2e_ms"] >= r["ttft_ms"]
+        assert r["token_times_s"] == sorted(r["token_times_s"])
+        assert all(0 <= t < 64 for t in r["output_token_ids"])
+        assert (r["tpot_ms"] is None) == (r["output_tokens"] == 1)
+    its = log["iterations"]
+    assert {it["phase"] for it in its} <= {"prefill", "decode"}
+    assert all(it["start_s"] <= it["end_s"] for it in its)
+    assert all(it["batch_size"] <= 4 for it in its)
+    # every output token comes from exactly one iteration: prefill gives the first, decode the rest
+    assert sum(it["batch_size"] for it in its) == sum(r["output_tokens"] for r in reqs)
+    assert sum(it["phase"] == "prefill" for it in its) >= 1
+    s = log["summary"]
+    assert s["num_requests"] == 6 and s["num_iterations"] == len(its) == len(step_counter)
+    assert s["num_prefill_iterations"] + s["num_decode_iterations"] == len(its)
+    assert s["output_tokens"] == sum(r["output_tokens"] for r in reqs)
+    assert s["ttft_ms"]["p50"] <= s["ttft_ms"]["p99"] and s["output_throughput_tok_s"] > 0
+
+
+def test_llm_kv_cache_decode_matches_full_forward(llm):
+    args = llm.parse_args(LLM_TINY + ["--layers", "2"])
+    model = llm.build_model(args, torch.device("cpu"), torch.float32)
+    g = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(64, (n,), generator=g).tolist() for n in (12, 9)]
+    prompt_lens = [5, 7]
+    slots = [2, 0]  # not in order: the cache must be addressed by slot
+    with torch.inference_mode():
+        cache = model.new_cache(3)
+        full = [model(torch.tensor([s]))[0] for s in seqs]
+        logits = model.prefill([s[:n] for s, n in zip(seqs, prompt_lens)], slots, cache)
+        for i, n in enumerate(prompt_lens):
+            torch.testing.assert_close(logits[i], full[i][n - 1], rtol=1e-4, atol=1e-4)
+        # decode both sequences together, one token per step, until the shorter one ends
+        for step in range(min(len(s) - n for s, n in zip(seqs, prompt_lens))):
+            pos = [n + step for n in prompt_lens]
+            logits = model.decode([s[p] for s, p in zip(seqs, pos)], pos, slots, cache)
+            for i, p in enumerate(pos):
+                torch.testing.assert_close(logits[i], full[i][p], rtol=1e-4, atol=1e-4)
+        # the decode path really reads the cache: with it wiped, the logits change
+        for k, v in zip(cache.k, cache.v):
+            k.zero_(), v.zero_()
+        wiped = model.decode([seqs[0][5]], [5], [2], cache)
+        assert not torch.allclose(wiped[0], full[0][5], atol=1e-3)
+
+
+def test_llm_continuous_batching_admits_while_decoding(llm, tmp_path):
+    workload = write_jsonl(tmp_path / "w.jsonl", [
+        {"arrival_s": 0.0, "prompt_tokens": 8, "output_tokens": 200},
+        {"arrival_s": 0.005, "prompt_tokens": 6, "output_tokens": 4},
+    ])
+    log = run_llm(llm, tmp_path, "--workload", str(workload), "--max-seq", "256")
+    its = log["iterations"]
+    assert its[0]["phase"] == "prefill" and its[0]["request_ids"] == [0]
+    late = [it for it in its if it["phase"] == "prefill" and it["request_ids"] == [1]]
+    assert len(late) == 1 and late[0]["num_running"] == 1  # admitted while request 0 runs
+    shared = [it for it in its if it["phase"] == "decode" and it["request_ids"] == [0, 1]]
+    assert len(shared) == 3  # request 1's 3 decode tokens are batched with request 0
+    r0, r1 = log["requests"]
+    assert r1["finish_s"] < r0["finish_s"] and r0["output_tokens"] == 200 and r1["output_tokens"] == 4
+
+
+def test_llm_respects_batch_and_token_limits(llm, tmp_path):
+    rows = [{"arrival_s": 0.0, "prompt_tokens": 6, "output_tokens": 3} for _ in range(5)]
+    workload = write_jsonl(tmp_path / "w.jsonl", rows)
+    log = run_llm(llm, tmp_path, "--workload", str(workload), "--max-batch", "3",
+                  "--max-batched-tokens", "12")
+    its = log["iterations"]
+    assert max(it["num_tokens"] for it in its if it["phase"] == "prefill") <= 12
+    assert max(it["batch_size"] for it in its) <= 3
+    assert max(it["num_running"] + it["batch_size"] * (it["phase"] == "prefill") for it in its) <= 3
+    assert its[0]["request_ids"] == [0, 1] and its[1]["request_ids"] == [2]  # 12-token budget
+    assert all(r["output_tokens"] == 3 for r in log["requests"])
+
+
+def test_llm_reads_csv_workload_and_rejects_bad_lengths(llm, tmp_path, capsys):
+    csv = tmp_path / "w.csv"
+    csv.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,5,2\n0.01,3,1\n")
+    log = run_llm(llm, tmp_path, "--workload", str(csv))
+    assert [(r["prompt_tokens"], r["output_tokens"]) for r in log["requests"]] == [(5, 2), (3, 1)]
+    assert log["requests"][1]["tpot_ms"] is None
+    csv.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,60,10\n")
+    assert llm.main([*LLM_TINY, "--workload", str(csv)]) == 2
+    assert "exceeds --max-seq" in capsys.readouterr().err
+
+
+def test_llm_seed_determinism(llm, tmp_path):
+    args = ["--num-requests", "5", "--rate", "100", "--prompt-min", "3", "--prompt-max", "8",
+            "--output-min", "2", "--output-max", "5"]
+
+    def fingerprint(log: dict[str, Any]) -> list[tuple]:
+        return [(r["arrival_s"], r["prompt_tokens"], r["output_tokens"], r["output_token_ids"])
+                for r in log["requests"]]
+
+    a = run_llm(llm, tmp_path, *args, "--seed", "7", name="a.json")
+    b = run_llm(llm, tmp_path, *args, "--seed", "7", name="b.json")
+    c = run_llm(llm, tmp_path, *args, "--seed", "8", name="c.json")
+    assert fingerprint(a) == fingerprint(b)
+    assert [r["arrival_s"] for r in a["requests"]] != [r["arrival_s"] for r in c["requests"]]
+    assert fingerprint(a) != fingerprint(c)
+
+
+def test_poisson_schedule_shape(llm):
+    import random
+    times = llm.poisson_schedule(200, 50.0, random.Random(0))
+    assert times[0] == 0.0 and times == sorted(times)
+    assert 2.0 < times[-1] < 6.0  # 199 gaps of mean 20 ms
+    assert llm.poisson_schedule(4, float("inf"), random.Random(0)) == [0.0] * 4
+
+
+# ----------------------------------------------------------------------------- dit_serve
+
+
+DIT_TINY = ["--device", "cpu", "--threads", "1", "--layers", "1", "--d-model", "32", "--heads", "2",
+            "--resolution", "8", "--patch", "2", "--steps", "3"]
+
+
+@pytest.mark.parametrize("frames", [1, 3])
+def test_dit_sample_keeps_latent_shape(dit, frames):
+    args = dit.parse_args([*DIT_TINY, "--frames", str(frames)])
+    model = dit.build_model(args, torch.device("cpu"), torch.float32)
+    shape = (4, 8, 8) if frames == 1 else (4, frames, 8, 8)
+    assert model.latent_shape() == shape and model.num_tokens == frames * 16
+    noise = torch.randn(2, *shape)
+    with torch.inference_mode():
+        out = dit.sample(model, noise, torch.tensor([1, 2]), steps=3, cfg_scale=4.0)
+    assert out.shape == noise.shape and torch.isfinite(out).all()
+    assert not torch.equal(out, noise)
+
+
+def test_dit_unpatchify_inverts_patch_layout(dit):
+    model = dit.build_model(dit.parse_args([*DIT_TINY, "--frames", "2"]), torch.device("cpu"),
+                            torch.float32)
+    x = torch.randn(1, 4, 2, 8, 8)
+    # patches as the conv sees them: per frame, row-major patches, each (p, q, c)
+    p = x.reshape(1, 4, 2, 4, 2, 4, 2).permute(0, 2, 3, 5, 4, 6, 1).reshape(1, 32, 16)
+    assert torch.equal(model.unpatchify(p), x)
+
+
+@pytest.mark.parametrize("cfg_scale,factor", [(4.0, 2), (1.0, 1)])
+def test_dit_cfg_doubles_the_model_batch(dit, cfg_scale, factor):
+    model = dit.build_model(dit.parse_args(DIT_TINY), torch.device("cpu"), torch.float32)
+    seen: list[int] = []
+    model.register_forward_pre_hook(lambda m, inputs: seen.append(inputs[0].shape[0]))
+    with torch.inference_mode():
+        dit.sample(model, torch.randn(3, 4, 8, 8), torch.tensor([0, 1, 2]), 2, cfg_scale)
+    assert seen == [3 * factor] * 2
+
+
+def test_dit_serves_and_logs_latency_per_request(dit, tmp_path, step_counter):
+    log_path = tmp_path / "dit.json"
+    assert dit.main([*DIT_TINY, "--num-requests", "5", "--rate", "inf", "--batch", "2",
+                     "--log", str(log_path)]) == 0
+    log = json.loads(log_path.read_text())
+    assert log["schema"] == dit.SCHEMA and log["config"]["latent_shape"] == [4, 8, 8]
+    reqs, batches = log["requests"], log["batches"]
+    assert [r["id"] for r in reqs] == list(range(5))
+    for r in reqs:
+        assert r["arrival_s"] <= r["start_s"] <= r["end_s"]
+        assert r["latency_ms"] >= r["service_ms"] > 0 and r["queue_ms"] >= 0
+    assert [b["batch_size"] for b in batches] == [2, 2, 1]  # all arrive at 0: FCFS batches of 2
+    assert all(b["model_batch"] == 2 * b["batch_size"] and len(b["step_ms"]) == 3 for b in batches)
+    steps = log["steps"]
+    assert len(steps) == 9 == len(step_counter) == log["summary"]["num_steps"]
+    assert [s["step"] for s in steps[:3]] == [0, 1, 2] and steps[0]["t"] == 1.0
+    assert log["summary"]["latency_ms"]["p50"] <= log["summary"]["latency_ms"]["p99"]
+
+
+def test_dit_denoise_phase_is_recorded(dit):
+    model = dit.build_model(dit.parse_args(DIT_TINY), torch.device("cpu"), torch.float32)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with torch.inference_mode():
+            dit.sample(model, torch.randn(1, 4, 8, 8), torch.tensor([0]), 2, 4.0)
+    names = [e.name for e in prof.events()]
+    assert names.count("phase:denoise") == 2
+
+
+# ----------------------------------------------------------------------------- train
+
+
+def test_train_loss_is_finite_and_changes(train, tmp_path, step_counter):
+    opt_steps: list[int] = []
+    handle = register_optimizer_step_post_hook(
+        lambda opt, args, kwargs: opt_steps.append(1))
+    try:
+        log_path = tmp_path / "train.json"
+        assert train.main(["--device", "cpu", "--steps", "6", "--batch-size", "2", "--seq-len", "16",
+                           "--d-model", "32", "--layers", "1", "--vocab", "64",
+                           "--log", str(log_path)]) == 0
+    finally:
+        handle.remove()
+    log = json.loads(log_path.read_text())
+    losses = [s["loss"] for s in log["steps"]]
+    assert len(losses) == 6 == len(opt_steps)
+    assert not step_counter  # train.py leaves step detection to the recorder
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] != losses[0] and min(losses[1:]) < losses[0]
+    assert log["summary"]["first_loss"] == losses[0] and log["summary"]["last_loss"] == losses[-1]
+
+
+def test_train_runs_as_a_script(tmp_path):
+    out = subprocess.run([sys.executable, str(EXAMPLES / "train.py"), "--device", "cpu", "--steps", "2",
+                          "--batch-size", "2", "--seq-len", "8", "--d-model", "16", "--layers", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("train: 2 steps")
