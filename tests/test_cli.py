@@ -1,0 +1,97 @@
+"""The analyze/export commands: outputs, the JSON document, and one-line errors on bad input."""
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from tracegen import KinetoTrace
+
+from whatif.cli import main
+from whatif.tracer import load_trace
+
+
+def small_trace(path: Path) -> Path:
+    tr = KinetoTrace()
+    for n in range(2):
+        t0 = n * 100
+        tr.step(n, t0, 90)
+        tr.op("aten::mm", t0 + 2, 20)
+        tr.runtime("cudaLaunchKernel", t0 + 5, 5, corr=n + 1)
+        tr.gpu("gemm", t0 + 12, 60, corr=n + 1)
+    return tr.write(path)
+
+
+def test_analyze_writes_the_documented_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "a.json"
+    assert main(["analyze", str(small_trace(tmp_path / "t.json.gz")), "--json", str(out)]) == 0
+    doc = orjson.loads(out.read_bytes())
+    assert (doc["schema"], doc["version"]) == ("whatif.analysis", 1)
+    assert [(s["rank"], s["step"]) for s in doc["steps"]] == [(0, 0), (0, 1)]
+    assert all(s["measured_ns"] == s["predicted_ns"] == 90_000 for s in doc["steps"])
+    assert doc["tasks"] > 0 and doc["edges"] > 0
+    assert doc["top_kernels"][0]["name"] == "gemm" and doc["top_kernels"][0]["gpu_ns"] == 120_000
+    assert sum(doc["critical_path"][0]["breakdown_ns"].values()) == 90_000
+    text = capsys.readouterr().out
+    assert "measured vs replayed" in text and "gemm" in text
+
+
+def test_export_is_a_readable_trace_without_overlaps(tmp_path: Path) -> None:
+    out = tmp_path / "predicted.pt.trace.json.gz"
+    assert main(["export", str(small_trace(tmp_path / "t.json.gz")), "-o", str(out)]) == 0
+    doc = orjson.loads(gzip.decompress(out.read_bytes()))
+    slices = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e["cat"] != "user_annotation"]
+    by_track: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for e in slices:
+        by_track.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in by_track.values():
+        spans.sort()
+        assert all(b[0] >= a[1] - 1e-3 for a, b in zip(spans, spans[1:]))
+    again = load_trace(out)
+    assert again.count(__import__("whatif.tracer", fromlist=["EventKind"]).EventKind.KERNEL) == 2
+    assert main(["analyze", str(out), "-q"]) == 0
+
+
+BAD_INPUTS = {
+    "empty.json": b"",
+    "truncated.json.gz": gzip.compress(b'{"traceEvents": [' + b'{"ph": "X"},' * 200 + b"]}")[:60],
+    "invalid.json": b'{"traceEvents": [',
+    "not_a_trace.json": b'{"hello": 1}',
+    "a_list.json": b"[1, 2, 3]",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_INPUTS))
+def test_bad_input_exits_2_with_one_line(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(BAD_INPUTS[name])
+    proc = subprocess.run([sys.executable, "-m", "whatif.cli", "analyze", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and name in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_folder_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["analyze", str(empty)]) == 2
+    assert "no trace files" in capsys.readouterr().err
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for name in ("a.json", "b.json"):
+        tr = KinetoTrace(rank=0, world_size=2)
+        tr.runtime("cudaLaunchKernel", 0, 5, corr=1)
+        tr.gpu("k", 10, 5, corr=1)
+        tr.write(mixed / name)
+    assert main(["analyze", str(mixed)]) == 2
+    assert "both claim rank 0" in capsys.readouterr().err
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["analyze"])
+    assert exc.value.code == 2
+    assert main([]) == 2

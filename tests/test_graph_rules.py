@@ -1,0 +1,234 @@
+"""One small hand-written trace per dependency rule: the edge exists, the replay reproduces the
+measured times, and changing a duration moves exactly what the rule says it moves."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from tracegen import MAIN_TID, KinetoTrace
+
+from whatif.api import analyze
+from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind, check_acyclic
+from whatif.predictors.replay import replay
+from whatif.predictors.steps import step_times
+
+US = 1000  # ns per microsecond
+
+
+def task_named(graph: TaskGraph, name: str, nth: int = 0) -> int:
+    ids = np.flatnonzero(graph.tasks["name"].astype(str).to_numpy() == name)
+    assert len(ids) > nth, f"no task {name!r}"
+    return int(ids[nth])
+
+
+def edges_of(graph: TaskGraph, kind: EdgeKind) -> set[tuple[int, int]]:
+    e = graph.edges[graph.edges["kind"] == int(kind)]
+    return set(zip(e["src"].tolist(), e["dst"].tolist()))
+
+
+def with_duration(graph: TaskGraph, task: int, dur_ns: int) -> TaskGraph:
+    g = graph.copy()
+    g.tasks.loc[task, "dur_ns"] = dur_ns
+    return g
+
+
+def assert_exact(analysis) -> None:
+    steps = analysis.steps
+    assert (steps["predicted_ns"] == steps["measured_ns"]).all(), steps
+
+
+def test_launch_edges_and_queued_kernels(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.step(0, 0, 100)
+    tr.runtime("cudaLaunchKernel", 10, 5, corr=1)
+    tr.gpu("k1", 20, 30, corr=1)          # stream idle: starts 5 us after its launch returns
+    tr.runtime("cudaLaunchKernel", 20, 5, corr=2)
+    tr.gpu("k2", 50, 10, corr=2)          # launched at 25 but the stream is busy until 50: queued
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    call1, call2 = task_named(g, "cudaLaunchKernel", 0), task_named(g, "cudaLaunchKernel", 1)
+    k1, k2 = task_named(g, "k1"), task_named(g, "k2")
+    assert {(call1, k1), (call2, k2)} <= edges_of(g, EdgeKind.LAUNCH)
+    assert (k1, k2) in edges_of(g, EdgeKind.STREAM)
+    assert (call1, call2) in edges_of(g, EdgeKind.THREAD)
+    assert g.report["gpu_tasks_queued"] == 1 and g.report["gpu_tasks_launch_bound"] == 1
+    assert_exact(a)
+    # A slower k1 delays the queued k2 by the same amount.
+    r = replay(with_duration(g, k1, 60 * US))
+    assert r.start_ns[k2] - a.replay.start_ns[k2] == 30 * US
+
+
+def test_stream_synchronize_wait_is_recomputed(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.step(0, 0, 130)
+    tr.runtime("cudaLaunchKernel", 0, 5, corr=1)
+    tr.gpu("gemm", 10, 100, corr=1)
+    tr.runtime("cudaStreamSynchronize", 10, 102, corr=2)  # returns 2 us after the kernel ends
+    tr.cuda_sync("Stream Sync", 10, 102, corr=2, stream=7)
+    tr.op("aten::item", 115, 5)
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    k, sync, item = task_named(g, "gemm"), task_named(g, "cudaStreamSynchronize"), task_named(g, "aten::item")
+    assert (k, sync) in edges_of(g, EdgeKind.SYNC)
+    assert g.tasks.at[sync, "dur_ns"] == 2 * US  # the wake-up, not the measured wait
+    assert_exact(a)
+    r = replay(with_duration(g, k, 50 * US))
+    assert r.end_ns[sync] == r.end_ns[k] + 2 * US
+    assert a.replay.start_ns[item] - r.start_ns[item] == 50 * US
+
+
+def test_stream_synchronize_without_sync_record_uses_thread_stream(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.runtime("cudaLaunchKernel", 0, 5, corr=1)
+    tr.gpu("gemm", 10, 100, corr=1, stream=13)
+    tr.runtime("cudaStreamSynchronize", 10, 102, corr=2)
+    g = analyze(tr.write(tmp_path / "t.json.gz")).graph
+    assert (task_named(g, "gemm"), task_named(g, "cudaStreamSynchronize")) in edges_of(g, EdgeKind.SYNC)
+    assert g.report["stream_syncs_stream_inferred"] == 1
+
+
+def test_device_synchronize_waits_for_every_stream(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.runtime("cudaLaunchKernel", 0, 5, corr=1)
+    tr.gpu("a", 10, 50, corr=1, stream=7)
+    tr.runtime("cudaLaunchKernel", 6, 5, corr=2)
+    tr.gpu("b", 15, 80, corr=2, stream=20)
+    tr.runtime("cudaDeviceSynchronize", 12, 85, corr=3)
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    sync = task_named(g, "cudaDeviceSynchronize")
+    assert {(task_named(g, "a"), sync), (task_named(g, "b"), sync)} <= edges_of(g, EdgeKind.SYNC)
+    assert_exact(a)
+    r = replay(with_duration(g, task_named(g, "a"), 200 * US))  # now stream 7 finishes last
+    assert r.end_ns[sync] == r.end_ns[task_named(g, "a")] + g.tasks.at[sync, "dur_ns"]
+
+
+def test_event_record_and_stream_wait_link_two_streams(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.runtime("cudaLaunchKernel", 0, 5, corr=1)
+    tr.gpu("producer", 10, 50, corr=1, stream=7)
+    tr.runtime("cudaEventRecord", 6, 1, corr=2)
+    tr.runtime("cudaStreamWaitEvent", 8, 1, corr=3)
+    tr.cuda_sync("Stream Wait Event", 8, 1, corr=3, stream=20, wait_on_stream=7,
+                 wait_on_cuda_event_record_corr_id=2, wait_on_cuda_event_id=1)
+    tr.runtime("cudaLaunchKernel", 10, 5, corr=4)
+    tr.gpu("consumer", 60, 20, corr=4, stream=20)
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    prod, cons = task_named(g, "producer"), task_named(g, "consumer")
+    assert (prod, cons) in edges_of(g, EdgeKind.EVENT_WAIT)
+    assert_exact(a)
+    r = replay(with_duration(g, prod, 100 * US))
+    assert r.start_ns[cons] == r.end_ns[prod]
+
+
+def test_blocking_copy_waits_for_its_own_copy(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.runtime("cudaMemcpyAsync", 0, 60, corr=1)
+    tr.gpu("Memcpy DtoH (Device -> Pageable)", 10, 40, corr=1, cat="gpu_memcpy")
+    tr.op("aten::add", 65, 5)
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    copy = task_named(g, "Memcpy DtoH (Device -> Pageable)")
+    wait = int(np.flatnonzero(g.tasks["kind"].to_numpy() == int(TaskKind.WAIT))[0])
+    assert (copy, wait) in edges_of(g, EdgeKind.SYNC)
+    assert g.report["blocking_copies"] == 1
+    check_acyclic(g)
+    assert_exact(a)
+    add = task_named(g, "aten::add")
+    r = replay(with_duration(g, copy, 80 * US))
+    assert r.start_ns[add] - a.replay.start_ns[add] == 40 * US
+
+
+def test_graph_launch_reaches_all_its_kernels(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.runtime("cudaGraphLaunch", 0, 10, corr=1)
+    for i in range(3):
+        tr.gpu(f"graph_kernel_{i}", 12 + 10 * i, 9, corr=1)
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    call = task_named(g, "cudaGraphLaunch")
+    launched = {d for s, d in edges_of(g, EdgeKind.LAUNCH) if s == call}
+    assert launched == {task_named(g, f"graph_kernel_{i}") for i in range(3)}
+    assert g.report["graph_launches"] == 1
+    assert_exact(a)
+
+
+def test_collective_links_ranks_and_aligns_clocks(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    # True time: rank 0 arrives at 10, rank 1 at 60; both finish at 100. Rank 1's clock reads +1000 us.
+    for rank, arrive, skew in ((0, 10, 0), (1, 60, 1000)):
+        tr = KinetoTrace(rank=rank, world_size=2)
+        tr.step(0, skew + 0, 120)
+        tr.op("aten::mul", skew + 1, arrive - 6)
+        tr.runtime("cudaLaunchKernel", skew + arrive - 4, 3, corr=7)
+        tr.gpu("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)", skew + arrive, 100 - arrive, corr=7,
+               stream=20, **{"Collective name": "allreduce", "Process Group Name": "0"})
+        tr.write(run / f"rank{rank}.pt.trace.json.gz")
+    a = analyze(run)
+    g = a.graph
+    assert g.report["collectives_matched"] == 1
+    assert g.report["clock_offsets_ns_max_abs"] == 1000 * US
+    comm = np.flatnonzero(g.tasks["kind"].to_numpy() == int(TaskKind.COMM))
+    assert sorted(g.tasks.loc[comm, "dur_ns"].tolist()) == [40 * US, 40 * US]  # transfer after the last arrival
+    assert_exact(a)
+    # Rank 1 arrives 30 us later: rank 0's collective (which waits for it) ends 30 us later too.
+    late = int(np.flatnonzero((g.tasks["name"].astype(str) == "aten::mul").to_numpy()
+                              & (g.tasks["rank"].to_numpy() == 1))[0])
+    r = replay(with_duration(g, late, g.tasks.at[late, "dur_ns"] + 30 * US))
+    comm0 = int(comm[g.tasks.loc[comm, "rank"].to_numpy() == 0][0])
+    assert r.end_ns[comm0] - a.replay.end_ns[comm0] == 30 * US
+
+
+def test_fwdbwd_flow_links_threads(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.op("aten::mm", 0, 10)
+    tr.flow("fwdbwd", 5, "s", 0, MAIN_TID)
+    tr.op("MmBackward0", 50, 10, tid=2)
+    tr.flow("fwdbwd", 5, "f", 50, 2)
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    fwd, bwd = task_named(g, "aten::mm"), task_named(g, "MmBackward0")
+    assert (fwd, bwd) in edges_of(g, EdgeKind.FLOW)
+    assert_exact(a)
+    r = replay(with_duration(g, fwd, 30 * US))
+    assert r.start_ns[bwd] - a.replay.start_ns[bwd] == 20 * US
+
+
+def test_steps_phases_and_layers_are_attributed(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    for n, t0 in ((3, 0), (4, 100)):
+        tr.step(n, t0, 90)
+        tr.annotation("phase:prefill" if n == 3 else "phase:decode", t0 + 1, 80)
+        tr.annotation("Attention", t0 + 2, 60)
+        tr.op("aten::mm", t0 + 3, 20)
+        tr.runtime("cudaLaunchKernel", t0 + 5, 5, corr=n)
+        tr.gpu(f"gemm{n}", t0 + 12, 30, corr=n)
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    t = a.graph.tasks
+    for n, ph in ((3, "prefill"), (4, "decode")):
+        k = task_named(a.graph, f"gemm{n}")
+        assert (t.at[k, "step"], t.at[k, "phase"], t.at[k, "layer"], t.at[k, "op"]) == (n, ph, "Attention", "aten::mm")
+    assert a.steps["step"].tolist() == [3, 4]
+    assert a.steps["measured_ns"].tolist() == [90 * US, 90 * US]
+
+
+def test_trace_without_steps_gets_one_step(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.runtime("cudaLaunchKernel", 0, 5, corr=1)
+    tr.gpu("k", 10, 40, corr=1)
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    assert a.steps[["step", "measured_ns", "predicted_ns"]].values.tolist() == [[0, 50 * US, 50 * US]]
+
+
+def test_anomalies_are_counted_not_dropped(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.gpu("orphan_kernel", 0, 10, corr=99)                 # no launch in the window
+    tr.runtime("cudaStreamSynchronize", 20, 1, corr=5)       # nothing launched before it
+    tr.runtime("cudaLaunchKernel", 30, 5, corr=6)            # its kernel was not recorded
+    g = analyze(tr.write(tmp_path / "t.json.gz")).graph
+    assert g.report["gpu_tasks_without_launch"] == 1
+    assert g.report["launch_calls_without_gpu_task"] == 1
+    assert g.report["syncs_with_nothing_to_wait_for"] >= 1
+    assert task_named(g, "orphan_kernel") >= 0

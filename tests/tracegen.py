@@ -1,0 +1,63 @@
+"""Write small hand-made Kineto traces for tests (times in microseconds, as in Kineto)."""
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+CPU_PID, MAIN_TID = 100, 1
+
+
+class KinetoTrace:
+    """Accumulates Kineto events; ``write`` produces a ``.json.gz`` our reader and HTA accept."""
+
+    def __init__(self, rank: int | None = None, world_size: int | None = None, base_us: int = 1_000_000) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.rank = rank
+        self.world_size = world_size
+        self.base = base_us
+
+    def _x(self, cat: str, name: str, ts: float, dur: float, pid: int, tid: int, **args: Any) -> dict[str, Any]:
+        ev = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": self.base + ts, "dur": dur,
+              "args": args}
+        self.events.append(ev)
+        return ev
+
+    def step(self, n: int, ts: float, dur: float, tid: int = MAIN_TID) -> None:
+        self._x("user_annotation", f"ProfilerStep#{n}", ts, dur, CPU_PID, tid)
+
+    def annotation(self, name: str, ts: float, dur: float, tid: int = MAIN_TID) -> None:
+        self._x("user_annotation", name, ts, dur, CPU_PID, tid)
+
+    def op(self, name: str, ts: float, dur: float, tid: int = MAIN_TID) -> None:
+        self._x("cpu_op", name, ts, dur, CPU_PID, tid)
+
+    def runtime(self, name: str, ts: float, dur: float, corr: int, tid: int = MAIN_TID) -> None:
+        self._x("cuda_runtime", name, ts, dur, CPU_PID, tid, correlation=corr)
+
+    def gpu(self, name: str, ts: float, dur: float, corr: int, stream: int = 7, device: int = 0,
+            cat: str = "kernel", **args: Any) -> None:
+        self._x(cat, name, ts, dur, device, stream, correlation=corr, device=device, stream=stream, **args)
+
+    def cuda_sync(self, kind: str, ts: float, dur: float, corr: int, stream: int = -1, device: int = 0,
+                  **args: Any) -> None:
+        self._x("cuda_sync", kind, ts, dur, device, stream, correlation=corr, cuda_sync_kind=kind, device=device,
+                stream=stream, **args)
+
+    def flow(self, cat: str, fid: int, ph: str, ts: float, tid: int) -> None:
+        self.events.append({"ph": ph, "cat": cat, "name": cat, "id": fid, "pid": CPU_PID, "tid": tid,
+                            "ts": self.base + ts, **({"bp": "e"} if ph == "f" else {})})
+
+    def document(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}],
+                               "traceEvents": self.events}
+        if self.rank is not None:
+            doc["distributedInfo"] = {"backend": "nccl", "rank": self.rank, "world_size": self.world_size or 1}
+        return doc
+
+    def write(self, path: Path) -> Path:
+        data = orjson.dumps(self.document())
+        path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
+        return path
