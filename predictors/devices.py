@@ -174,7 +174,7 @@ def get_device(name: DeviceName | str) -> Device:
 _NAME_RULES: list[tuple[str, DeviceName]] = [
     (r"a100.*pg509-2[1-9]0", DeviceName.A100_SXM_80GB),   # Meta OAM boards: -200 is 40 GB
     (r"a100.*pg509", DeviceName.A100_SXM_40GB),
-    (r"a100.*pcie.*80", DeviceName.A100_PCIE_80GB),
+    (r"a100.*(pcie.*80|80.*pcie)", DeviceName.A100_PCIE_80GB),
     (r"a100.*pcie", DeviceName.A100_PCIE_40GB),
     (r"a100.*80", DeviceName.A100_SXM_80GB),
     (r"a100", DeviceName.A100_SXM_40GB),

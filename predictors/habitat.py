@@ -22,7 +22,7 @@ Two refinements, both documented in docs/cost-models.md:
 >>> habitat_gamma(1.0, 1.0)
 0.5
 >>> round(move_kernel_time_ns(100_000, 1e6, 1e8, a100, h100, "bf16", fixed_ns=0))  # memory-bound
-60946
+60854
 """
 from __future__ import annotations
 

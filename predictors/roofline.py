@@ -60,19 +60,24 @@ class ClassEfficiency:
     """measured/ideal ratio of one kernel class as a piecewise-linear curve in log-log space.
 
     ``knots`` are log10 ideal ns, ``log_ratio`` log10(measured / ideal) at those knots; beyond the
-    measured range the end ratios hold. ``floor_ns`` is the shortest measured kernel of the class
-    (a new kernel is never priced below what the GPU needed for the smallest peer).
+    measured range the end ratios hold. ``floor_ns`` is the shortest kernel measured on the device
+    (no kernel is priced below it: launch and ramp-up latency).
     """
 
     knots: tuple[float, ...]
     log_ratio: tuple[float, ...]
     floor_ns: float
     samples: int
+    axis: str = "ideal"
 
-    def time_ns(self, ideal_ns: float) -> float:
+    def time_ns(self, ideal_ns: float, intensity: float | None = None) -> float:
+        """Predicted ns from the ideal time (and arithmetic intensity on the intensity axis)."""
         if ideal_ns <= 0:
             return self.floor_ns
-        r = float(np.interp(np.log10(ideal_ns), self.knots, self.log_ratio))
+        x = ideal_ns if self.axis == "ideal" else intensity
+        if x is None or not np.isfinite(x) or x <= 0:
+            x = ideal_ns if self.axis == "ideal" else 10.0 ** self.knots[-1]
+        r = float(np.interp(np.log10(x), self.knots, self.log_ratio))
         return max(ideal_ns * 10.0 ** r, self.floor_ns)
 
     @property
@@ -81,10 +86,16 @@ class ClassEfficiency:
         return float(10.0 ** -self.log_ratio[-1])
 
 
-def fit_efficiency(ideal_ns: np.ndarray, dur_ns: np.ndarray, bins: int = 12) -> ClassEfficiency:
-    """Fit a :class:`ClassEfficiency` from ideal and measured times of one class's kernels."""
+def fit_efficiency(ideal_ns: np.ndarray, dur_ns: np.ndarray, bins: int = 12,
+                   floor_ns: float | None = None,
+                   intensity: np.ndarray | None = None) -> ClassEfficiency:
+    """Fit a :class:`ClassEfficiency` from ideal and measured times of one class's kernels;
+    ``floor_ns`` defaults to the shortest of them. With ``intensity`` (FLOP/byte per kernel) the
+    curve runs along arithmetic intensity instead of ideal time."""
     ok = (ideal_ns > 0) & (dur_ns > 0)
-    x = np.log10(ideal_ns[ok])
+    if intensity is not None:
+        ok &= np.isfinite(intensity) & (intensity > 0)
+    x = np.log10(ideal_ns[ok] if intensity is None else intensity[ok])
     y = np.log10(dur_ns[ok] / ideal_ns[ok])
     if len(x) == 0:
         raise ValueError("no kernels with positive ideal and measured time")
@@ -102,17 +113,34 @@ def fit_efficiency(ideal_ns: np.ndarray, dur_ns: np.ndarray, bins: int = 12) -> 
         else:
             kx.append(a)
             ky.append(b)
-    return ClassEfficiency(tuple(kx), tuple(ky), float(np.min(dur_ns[ok])), int(len(x)))
+    floor = float(np.min(dur_ns[ok])) if floor_ns is None else float(floor_ns)
+    return ClassEfficiency(tuple(kx), tuple(ky), floor, int(len(x)),
+                           "ideal" if intensity is None else "intensity")
+
+
+def memory_bound(flops: float, nbytes: float, device: Device, dtype: DType | str,
+                 kernel_class: KernelClass | str | None = None) -> bool:
+    """True when the kernel's byte time exceeds its FLOP time (left of the ridge point)."""
+    peak = compute_peak(device, dtype, kernel_class)
+    return nbytes / device.mem_bw_bytes_per_s >= flops / peak
 
 
 @dataclass(frozen=True)
 class CalibratedRoofline:
-    """Per-class efficiency curves of one device and dtype, fitted on measured kernels."""
+    """Per-class efficiency curves of one device and dtype, fitted on measured kernels.
+
+    Each class has one curve per roofline regime (memory-bound, compute-bound) when both have
+    enough peers (a weight-streaming GEMV and a large GEMM of equal ideal time are not peers),
+    one curve for the whole class, and one over all kernels as the last fallback. Compute-bound
+    matrix kernels are placed on their curve by arithmetic intensity (a tall-skinny GEMM is less
+    efficient than a square one of equal FLOPs), everything else by ideal time.
+    """
 
     device: Device
     dtype: DType
     classes: dict[KernelClass, ClassEfficiency] = field(default_factory=dict)
     overall: ClassEfficiency | None = None
+    regimes: dict[tuple[KernelClass, bool], ClassEfficiency] = field(default_factory=dict)
 
     @classmethod
     def fit(cls, device: Device, kernel_classes: Sequence[KernelClass | str],
@@ -127,25 +155,36 @@ class CalibratedRoofline:
             raise ValueError("class, flops, bytes and dur_ns must have the same length")
         ideal = np.array([roofline_time_ns(fi, bi, device, dtype, c)
                           for fi, bi, c in zip(f, b, kcls)])
-        curves = {}
-        for c in sorted(set(kcls)):
-            m = kcls == c
-            if m.sum() >= 1 and ((ideal[m] > 0) & (d[m] > 0)).any():
-                curves[KernelClass(c)] = fit_efficiency(ideal[m], d[m], bins)
+        mem = np.array([memory_bound(fi, bi, device, dtype, c) for fi, bi, c in zip(f, b, kcls)],
+                       dtype=bool)
+        intensity = np.divide(f, b, out=np.full_like(f, np.inf), where=b > 0)
         good = (ideal > 0) & (d > 0)
+        floor = float(d[good].min()) if good.any() else 0.0
+        curves, regimes = {}, {}
+        for c in sorted(set(kcls)):
+            m = (kcls == c) & good
+            if m.any():
+                curves[KernelClass(c)] = fit_efficiency(ideal[m], d[m], bins, floor)
+            for regime in (True, False):
+                mr = m & (mem == regime)
+                if mr.sum() >= MIN_PEERS:
+                    inten = intensity[mr] if (KernelClass(c).compute_bound and not regime) else None
+                    regimes[(KernelClass(c), regime)] = fit_efficiency(ideal[mr], d[mr], bins,
+                                                                       floor, inten)
         overall = fit_efficiency(ideal[good], d[good], bins) if good.any() else None
-        return cls(device, DType(dtype), curves, overall)
+        return cls(device, DType(dtype), curves, overall, regimes)
 
     def kernel_time_ns(self, kernel_class: KernelClass | str, flops: float, nbytes: float) -> float:
         """Predicted ns of a kernel of ``kernel_class`` doing ``flops`` and moving ``nbytes``."""
         cls = KernelClass(kernel_class)
         ideal = roofline_time_ns(flops, nbytes, self.device, self.dtype, cls)
-        curve = self.classes.get(cls)
+        regime = memory_bound(flops, nbytes, self.device, self.dtype, cls)
+        curve = self.regimes.get((cls, regime)) or self.classes.get(cls)
         if curve is None or curve.samples < MIN_PEERS:
             curve = self.overall if curve is None else curve
         if curve is None:
             return ideal
-        return curve.time_ns(ideal)
+        return curve.time_ns(ideal, arithmetic_intensity(flops, nbytes))
 
     def efficiency(self, kernel_class: KernelClass | str, flops: float, nbytes: float) -> float:
         """Fraction of the roofline the kernel is predicted to reach (0..1]."""

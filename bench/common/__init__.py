@@ -1,0 +1,1 @@
+"""Helpers shared by the bench scripts (not benches themselves)."""
