@@ -1,0 +1,39 @@
+"""The run folder: checking it is free (or ``--force``) before the program starts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import OutputExistsError, RecordError
+from .trace_file import trace_file_name
+
+META_NAME = "meta.json"
+_RECORDING_SUFFIXES = (".json", ".json.gz")
+
+
+def _recording_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(_RECORDING_SUFFIXES))
+
+
+def prepare_output(folder: Path, rank: int, world_size: int, force: bool) -> None:
+    """Create ``folder`` or check it is free for this rank; with ``force`` delete what a previous
+    recording left there (trace files and ``meta.json``; nothing else is touched).
+
+    One process: the folder must not exist or be empty. Several ranks share one folder, so each
+    rank only checks for its own trace file (and rank 0 for ``meta.json``).
+    """
+    if folder.exists() and not folder.is_dir():
+        raise RecordError(f"{folder}: output path exists and is not a folder")
+    if folder.is_dir():
+        if world_size > 1:
+            own = [folder / trace_file_name(rank)] + ([folder / META_NAME] if rank == 0 else [])
+            taken = [p for p in own if p.exists()]
+            if taken and not force:
+                raise OutputExistsError(folder, f"{taken[0].name} of an earlier recording")
+        else:
+            entries = sorted(folder.iterdir())
+            if entries and not force:
+                raise OutputExistsError(folder, f"{len(entries)} file(s), e.g. {entries[0].name}")
+            taken = _recording_files(folder)
+        for path in taken:
+            path.unlink()
+    folder.mkdir(parents=True, exist_ok=True)

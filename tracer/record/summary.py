@@ -1,0 +1,127 @@
+"""The short report printed after a recording: steps, step times, phases, top ops or kernels."""
+from __future__ import annotations
+
+import re
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..markers import PHASE_PREFIX
+
+_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+TOP_N = 5
+
+
+@dataclass
+class RunSummary:
+    """Facts about one rank's trace; durations in milliseconds."""
+
+    step_numbers: list[int] = field(default_factory=list)
+    step_ms: list[float] = field(default_factory=list)
+    phase_ms: dict[str, list[float]] = field(default_factory=dict)
+    top: list[tuple[str, float, int]] = field(default_factory=list)  # (name, total ms, calls)
+    top_is_gpu: bool = False
+    event_count: int = 0
+    gpu_event_count: int = 0
+
+
+def _self_times_us(ops: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Self time (duration minus enclosed ops on the same thread) per op name, in us."""
+    by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = defaultdict(list)
+    for ev in ops:
+        by_thread[(ev.get("pid"), ev.get("tid"))].append(ev)
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for events in by_thread.values():
+        events.sort(key=lambda e: (e["ts"], -e.get("dur", 0)))
+        stack: list[tuple[float, int]] = []  # (end us, index of the enclosing op)
+        selfs: list[float] = []
+        names: list[str] = []
+        for ev in events:
+            ts, dur = float(ev["ts"]), float(ev.get("dur", 0))
+            while stack and stack[-1][0] <= ts:
+                stack.pop()
+            if stack:
+                selfs[stack[-1][1]] -= dur
+            selfs.append(dur)
+            names.append(str(ev.get("name")))
+            stack.append((ts + dur, len(selfs) - 1))
+        for name, self_us in zip(names, selfs):
+            entry = totals[name]
+            entry[0] += max(0.0, self_us)
+            entry[1] += 1
+    return totals
+
+
+def summarize(doc: dict[str, Any]) -> RunSummary:
+    """Summarize a Kineto document (the one whatif writes for one rank)."""
+    out = RunSummary()
+    steps: list[tuple[int, float]] = []
+    phases: dict[str, list[float]] = defaultdict(list)
+    cpu_ops: list[dict[str, Any]] = []
+    gpu: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for ev in doc.get("traceEvents", []):
+        if ev.get("ph") != "X" or not isinstance(ev.get("ts"), (int, float)):
+            continue
+        out.event_count += 1
+        cat = str(ev.get("cat", "")).lower()
+        name = str(ev.get("name", ""))
+        dur_us = float(ev.get("dur", 0))
+        if cat in GPU_CATEGORIES:
+            out.gpu_event_count += 1
+            if cat == "kernel":
+                gpu[name][0] += dur_us
+                gpu[name][1] += 1
+        elif cat == "cpu_op":
+            cpu_ops.append(ev)
+        elif cat == "user_annotation":
+            match = _STEP_RE.match(name)
+            if match:
+                steps.append((int(match.group(1)), dur_us / 1000.0))
+            elif name.startswith(PHASE_PREFIX):
+                phases[name[len(PHASE_PREFIX):]].append(dur_us / 1000.0)
+    steps.sort()
+    out.step_numbers = [n for n, _ in steps]
+    out.step_ms = [ms for _, ms in steps]
+    out.phase_ms = dict(phases)
+    totals = gpu if gpu else _self_times_us(cpu_ops)
+    out.top_is_gpu = bool(gpu)
+    ranked = sorted(totals.items(), key=lambda kv: kv[1][0], reverse=True)[:TOP_N]
+    out.top = [(name, total_us / 1000.0, int(calls)) for name, (total_us, calls) in ranked]
+    return out
+
+
+def _ms(value: float) -> str:
+    return f"{value:.2f} ms" if value < 100 else f"{value:.0f} ms"
+
+
+def format_summary(s: RunSummary, *, rank: int, gpu_note: str | None) -> list[str]:
+    """Lines of the printed report for one rank."""
+    lines: list[str] = []
+    if s.step_ms:
+        first, last = s.step_numbers[0], s.step_numbers[-1]
+        line = f"steps recorded: {len(s.step_ms)} (ProfilerStep#{first}..#{last})"
+        body = s.step_ms[1:-1] if len(s.step_ms) >= 4 else s.step_ms
+        line += (f"; step time median {_ms(statistics.median(body))}, min {_ms(min(body))}, "
+                 f"max {_ms(max(body))}")
+        if body is not s.step_ms:
+            line += (f" (left out: the first step, {_ms(s.step_ms[0])}, holds start-up; the last, "
+                     f"{_ms(s.step_ms[-1])}, runs to the end of recording)")
+        lines.append(line)
+    else:
+        lines.append("steps recorded: 0 (no step boundary was seen; mark steps with whatif.step() "
+                     "or use --step-on module:function)")
+    if s.phase_ms:
+        parts = [f"{name} {len(v)}x {_ms(sum(v))}" for name, v in sorted(s.phase_ms.items())]
+        lines.append("phases: " + ", ".join(parts))
+    if s.top:
+        what = "top GPU kernels (total time)" if s.top_is_gpu else "top CPU ops (self time)"
+        lines.append(f"{what}:")
+        width = min(60, max(len(n) for n, _, _ in s.top))
+        for name, total_ms, calls in s.top:
+            shown = name if len(name) <= width else name[: width - 1] + "…"
+            lines.append(f"  {shown:<{width}}  {_ms(total_ms):>10}  {calls:>7} calls")
+    if gpu_note:
+        lines.append(gpu_note)
+    return [f"[rank {rank}] {ln}" if rank else ln for ln in lines]

@@ -1,0 +1,123 @@
+"""The program to record: a script path or a module, run in this process as ``__main__``.
+
+:func:`run_target` returns the exit status the program would have had when run by ``python``:
+0 on normal end, ``n`` for ``sys.exit(n)``, 1 for an uncaught exception (traceback printed),
+130 for Ctrl-C (``KeyboardInterrupt``).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import runpy
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from .errors import ScriptNotFoundError
+
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class Target:
+    """A script (``path``) or a module (``module``) with the arguments it receives."""
+
+    args: tuple[str, ...]
+    path: Path | None = None
+    module: str | None = None
+
+    @property
+    def name(self) -> str:
+        """Short name for folders and messages: the script's file name or the module name."""
+        return self.path.name if self.path is not None else str(self.module)
+
+    @property
+    def argv(self) -> list[str]:
+        """``sys.argv`` as the program sees it."""
+        first = str(self.path) if self.path is not None else str(self.module)
+        return [first, *self.args]
+
+    @property
+    def source_dir(self) -> Path:
+        """Folder of the program's source (for the git commit in ``meta.json``)."""
+        if self.path is not None:
+            return self.path.resolve().parent
+        spec = importlib.util.find_spec(str(self.module))
+        origin = spec.origin if spec is not None else None
+        return Path(origin).resolve().parent if origin else Path.cwd()
+
+
+def resolve_target(script: str | None, module: str | None, args: list[str]) -> Target:
+    """Check that the script exists (or the module can be found) and build a :class:`Target`."""
+    if module is not None:
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError) as exc:
+            raise ScriptNotFoundError(module, f"cannot find module ({exc})") from None
+        if spec is None:
+            raise ScriptNotFoundError(module, "no such module")
+        return Target(args=tuple(args), module=module)
+    if script is None:
+        raise ScriptNotFoundError("whatif record", "no script given (usage: whatif record [options] script.py [args...])")
+    path = Path(script)
+    if not path.exists():
+        raise ScriptNotFoundError(path)
+    if not path.is_file():
+        raise ScriptNotFoundError(path, "is not a file")
+    return Target(args=tuple(args), path=path)
+
+
+def _exit_status(code: object) -> int:
+    """Exit status of ``sys.exit(code)``, printing a message code as Python does."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF if code >= 0 else (256 + code) & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _print_user_traceback(exc: BaseException, origin: str | None) -> None:
+    """Print the traceback without whatif's own frames (those before the program's file)."""
+    tb: TracebackType | None = exc.__traceback__
+    if origin is not None:
+        cursor = tb
+        while cursor is not None and os.path.abspath(cursor.tb_frame.f_code.co_filename) != origin:
+            cursor = cursor.tb_next
+        tb = cursor or tb
+    traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
+
+
+def run_target(target: Target) -> int:
+    """Run the program as ``__main__`` with its own ``sys.argv`` and return its exit status."""
+    saved_argv = sys.argv[:]
+    sys.argv = target.argv
+    origin: str | None = None
+    if target.path is not None:
+        origin = os.path.abspath(target.path)
+        search_dir = os.path.dirname(origin)
+    else:
+        search_dir = os.getcwd()
+    sys.path.insert(0, search_dir)
+    try:
+        if target.path is not None:
+            runpy.run_path(str(target.path), run_name="__main__")
+        else:
+            spec = importlib.util.find_spec(str(target.module))
+            origin = os.path.abspath(spec.origin) if spec is not None and spec.origin else None
+            runpy.run_module(str(target.module), run_name="__main__", alter_sys=True)
+        return 0
+    except SystemExit as exc:
+        return _exit_status(exc.code)
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BaseException as exc:  # the program's own failure: report it like python would
+        _print_user_traceback(exc, origin)
+        return 1
+    finally:
+        sys.argv = saved_argv
+        if sys.path and sys.path[0] == search_dir:
+            sys.path.pop(0)
