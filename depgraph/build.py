@@ -6,11 +6,14 @@ rank. Edges: thread order, stream order, launch -> GPU work by correlation (CUDA
 launches reach all their kernels), synchronization (:mod:`.syncs`), cross-stream event waits,
 cross-thread flows, and cross-rank collectives (:mod:`.collectives`).
 
-Every anomaly is counted in ``graph.report`` rather than dropped silently.
+Every anomaly is counted in ``graph.report`` rather than dropped silently. The graph is acyclic
+by construction; every replay verifies it (and :func:`~whatif.depgraph.graph.check_acyclic` does
+on demand), naming a task on the cycle if a transform ever creates one.
 """
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,7 +24,7 @@ from whatif.tracer.kinds import EventKind
 from whatif.tracer.trace import Trace
 
 from .collectives import link_collectives
-from .graph import EdgeKind, ResourceKind, TaskGraph, TaskKind, check_acyclic
+from .graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
 from .hierarchy import build_hierarchy
 from .syncs import add_sync_edges
 
@@ -50,7 +53,7 @@ class TaskColumns:
         out = {}
         for key, part in self.parts.items():
             if key in ("phase", "layer", "op", "name"):
-                out[key] = [x for p in part for x in p]
+                out[key] = np.concatenate([np.asarray(p, dtype=object) for p in part]) if part else []
             else:
                 out[key] = np.concatenate([np.asarray(p) for p in part]) if part else np.empty(0)
         return pd.DataFrame(out)
@@ -107,11 +110,10 @@ def build_graph(trace: Trace) -> TaskGraph:
     h_rows = hier.rows
     h_kind = kinds[h_rows]
     h_parent = hier.parent
-    h_names = names.iloc[h_rows].astype(str).tolist()
+    h_names = np.asarray(names.cat.categories.astype(str), dtype=object)[names.cat.codes.to_numpy()[h_rows]]
     pid_col = ev["pid"].to_numpy()
     tid_col = ev["tid"].to_numpy()
-    h_res = np.fromiter((thread_resource(int(r), int(p), int(t)) for r, p, t in
-                         zip(rank_col[h_rows], pid_col[h_rows], tid_col[h_rows])), dtype=np.int64, count=len(h_rows))
+    h_res = _resource_ids(lambda r, p, t: thread_resource(r, p, t), rank_col[h_rows], pid_col[h_rows], tid_col[h_rows])
 
     is_call = np.isin(h_kind, [int(EventKind.RUNTIME), int(EventKind.DRIVER)])
     # A call nested in another call (e.g. a driver call inside a runtime call) is part of it.
@@ -141,16 +143,15 @@ def build_graph(trace: Trace) -> TaskGraph:
     work_pos = np.flatnonzero(np.isin(h_kind, [int(EventKind.CPU_OP), int(EventKind.ANNOTATION)])
                               & ~hier.has_call & ~hier.has_structure & parent_ok)
 
-    is_step = np.fromiter((step_number(n) is not None for n in h_names), dtype=bool, count=len(h_rows))
+    is_step = _per_name(names, lambda n: step_number(n) is not None)[h_rows]
     step_ann = np.flatnonzero(is_step & (h_kind == int(EventKind.ANNOTATION)))
 
     def cpu_cols(pos: np.ndarray, kind: TaskKind, start: np.ndarray, stop: np.ndarray, tie: int) -> dict:
         rows = h_rows[pos]
         return dict(event=rows, kind=np.full(len(pos), int(kind), dtype=np.int8), resource=h_res[pos],
                     rank=rank_col[rows], dur_ns=stop - start, measured_start_ns=start, measured_end_ns=stop,
-                    step=hier.step[pos], phase=[hier.phase[i] for i in pos.tolist()],
-                    layer=[hier.layer[i] for i in pos.tolist()], op=[hier.op[i] for i in pos.tolist()],
-                    name=[h_names[i] for i in pos.tolist()], tie=np.full(len(pos), tie, dtype=np.int8))
+                    step=hier.step[pos], phase=hier.phase[pos], layer=hier.layer[pos], op=hier.op[pos],
+                    name=h_names[pos], tie=np.full(len(pos), tie, dtype=np.int8))
 
     s_rows = h_rows[step_ann]
     begin_ids = tasks.add(**cpu_cols(step_ann, TaskKind.MARKER, ts[s_rows], ts[s_rows], 1))
@@ -170,13 +171,12 @@ def build_graph(trace: Trace) -> TaskGraph:
     g_rows = np.flatnonzero(np.isin(kinds, [int(EventKind.KERNEL), int(EventKind.MEMCPY), int(EventKind.MEMSET)]))
     device_col = ev["device"].to_numpy()
     stream_col = ev["stream"].to_numpy()
-    g_res = np.fromiter((res.get(int(r), ResourceKind.STREAM, int(d), int(s), f"GPU {d} stream {s}")
-                         for r, d, s in zip(rank_col[g_rows], device_col[g_rows], stream_col[g_rows])),
-                        dtype=np.int64, count=len(g_rows))
+    g_res = _resource_ids(lambda r, d, s: res.get(r, ResourceKind.STREAM, d, s, f"GPU {d} stream {s}"),
+                          rank_col[g_rows], device_col[g_rows], stream_col[g_rows])
     g_names = names.iloc[g_rows].astype(str).tolist()
     g_kind = np.select([kinds[g_rows] == int(EventKind.MEMCPY), kinds[g_rows] == int(EventKind.MEMSET)],
                        [int(TaskKind.MEMCPY), int(TaskKind.MEMSET)], int(TaskKind.KERNEL)).astype(np.int8)
-    is_comm = np.fromiter((any(m in n.lower() for m in COMM_MARKERS) for n in g_names), dtype=bool, count=len(g_rows))
+    is_comm = _per_name(names, lambda n: any(m in n.lower() for m in COMM_MARKERS))[g_rows]
     g_kind[is_comm & (g_kind == int(TaskKind.KERNEL))] = int(TaskKind.COMM)
     ng = len(g_rows)
     gpu_ids = tasks.add(event=g_rows, kind=g_kind, resource=g_res, rank=rank_col[g_rows],
@@ -226,6 +226,7 @@ def build_graph(trace: Trace) -> TaskGraph:
                            step=np.full(no, -1, dtype=np.int64), phase=[None] * no, layer=[None] * no, op=[None] * no,
                            name=["origin"] * no, tie=np.zeros(no, dtype=np.int8))
     t = tasks.frame()
+    t["name"] = pd.Categorical(t["name"])
     origin_of_rank = dict(zip(ranks, origin_ids.tolist()))
 
     start_m = t["measured_start_ns"].to_numpy().astype(np.int64)
@@ -263,8 +264,11 @@ def build_graph(trace: Trace) -> TaskGraph:
     phase = t["phase"].tolist()
     layer = t["layer"].tolist()
     op = t["op"].tolist()
-    for g, c in zip(gpu_ids[has_launch].tolist(), launcher[has_launch].tolist()):
-        step_arr[g], phase[g], layer[g], op[g] = step_arr[c], phase[c], layer[c], op[c]
+    g_l, c_l = gpu_ids[has_launch], launcher[has_launch]
+    step_arr[g_l] = step_arr[c_l]
+    phase, layer, op = (np.asarray(x, dtype=object) for x in (phase, layer, op))
+    for col in (phase, layer, op):
+        col[g_l] = col[c_l]
 
     # ---- stream order and launch latencies ------------------------------------------------
     order = gpu_ids[np.lexsort((end_m[gpu_ids], start_m[gpu_ids], resource[gpu_ids]))]
@@ -320,7 +324,6 @@ def build_graph(trace: Trace) -> TaskGraph:
     tasks_frame["phase"] = pd.Categorical(phase)
     tasks_frame["layer"] = pd.Categorical(layer)
     tasks_frame["op"] = pd.Categorical(op)
-    tasks_frame["name"] = pd.Categorical(tasks_frame["name"])
 
     graph = TaskGraph(tasks=tasks_frame, edges=edge_frame, resources=res.frame(), steps=pd.DataFrame(),
                       trace=trace, report=dict(report))
@@ -329,8 +332,25 @@ def build_graph(trace: Trace) -> TaskGraph:
     graph.tasks["step"] = _window_steps(graph, begin_ids, end_ids)
     graph.steps = _steps_table(graph, begin_ids, end_ids, origin_of_rank)
     _anchor_roots(graph, origin_of_rank)
-    check_acyclic(graph)
     return graph
+
+
+def _resource_ids(make: Callable[[int, int, int], int], a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Resource id per row of the key columns (a, b, c), calling ``make`` once per distinct key."""
+    if len(a) == 0:
+        return np.empty(0, dtype=np.int64)
+    frame = pd.DataFrame({"a": a, "b": b, "c": c})
+    codes = frame.groupby(["a", "b", "c"], sort=True).ngroup().to_numpy()  # sorted keys: deterministic ids
+    first = np.unique(codes, return_index=True)[1]
+    ids = np.asarray([make(int(x), int(y), int(z)) for x, y, z in zip(a[first], b[first], c[first])], dtype=np.int64)
+    return ids[codes]
+
+
+def _per_name(names: pd.Series, predicate: Callable[[str], bool]) -> np.ndarray:
+    """``predicate`` of every event's name, evaluated once per distinct name (names are categorical)."""
+    cat = names.cat
+    per_category = np.fromiter((predicate(str(n)) for n in cat.categories), dtype=bool, count=len(cat.categories))
+    return per_category[cat.codes.to_numpy()]
 
 
 def _event_to_task(num_events: int, event_rows: np.ndarray, task_ids: np.ndarray) -> np.ndarray:

@@ -135,8 +135,8 @@ def to_networkx(graph: TaskGraph) -> nx.MultiDiGraph:
     return nxg
 
 
-def topological_order(num_tasks: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Task ids in a topological order (Kahn, smallest id first among ready ones: deterministic).
+def topological_order(num_tasks: int, src: np.ndarray, dst: np.ndarray, deterministic: bool = True) -> np.ndarray:
+    """Task ids in a topological order (Kahn; with ``deterministic``, smallest id first among ready ones).
 
     Raises :class:`GraphError` naming a task on a cycle.
 
@@ -149,17 +149,18 @@ def topological_order(num_tasks: int, src: np.ndarray, dst: np.ndarray) -> np.nd
     order_idx = np.argsort(src, kind="stable")
     succ_ptr = np.concatenate(([0], np.cumsum(np.bincount(src, minlength=num_tasks)))).tolist()
     succ = dst[order_idx].tolist()
-    ready = [i for i in range(num_tasks) if indeg[i] == 0]
+    ready = np.flatnonzero(np.asarray(indeg) == 0).tolist()
     heapq.heapify(ready)
     out: list[int] = []
+    pop, push = (heapq.heappop, heapq.heappush) if deterministic else (list.pop, list.append)
     while ready:
-        v = heapq.heappop(ready)
+        v = pop(ready)
         out.append(v)
         for j in range(succ_ptr[v], succ_ptr[v + 1]):
             w = succ[j]
             indeg[w] -= 1
             if indeg[w] == 0:
-                heapq.heappush(ready, w)
+                push(ready, w)
     if len(out) != num_tasks:
         stuck = next(i for i in range(num_tasks) if indeg[i] > 0)
         raise GraphError(f"the task graph has a cycle through task {stuck}")
@@ -168,4 +169,5 @@ def topological_order(num_tasks: int, src: np.ndarray, dst: np.ndarray) -> np.nd
 
 def check_acyclic(graph: TaskGraph) -> None:
     """Raise :class:`GraphError` if the graph has a cycle."""
-    topological_order(graph.num_tasks, graph.edges["src"].to_numpy(np.int64), graph.edges["dst"].to_numpy(np.int64))
+    topological_order(graph.num_tasks, graph.edges["src"].to_numpy(np.int64), graph.edges["dst"].to_numpy(np.int64),
+                      deterministic=False)

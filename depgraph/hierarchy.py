@@ -44,9 +44,9 @@ class CpuHierarchy:
     rows: np.ndarray          # event rows, grouped by thread, in (ts, -dur) order
     parent: np.ndarray        # position in ``rows`` of the parent, -1 at top level
     step: np.ndarray          # step number, -1 outside steps
-    phase: list[str | None]
-    layer: list[str | None]
-    op: list[str | None]
+    phase: np.ndarray         # object: phase name or None
+    layer: np.ndarray         # object: layer name or None
+    op: np.ndarray            # object: aten op name or None
     has_call: np.ndarray      # a runtime/driver call is this event or below it
     has_structure: np.ndarray  # a step or phase annotation is this event or below it
     is_structure: np.ndarray  # this event is a step or phase annotation
@@ -67,18 +67,10 @@ def build_hierarchy(events: pd.DataFrame) -> CpuHierarchy:
     end = (sub["ts_ns"].to_numpy() + sub["dur_ns"].to_numpy()).tolist()
     thread = (sub["rank"].to_numpy().astype(np.int64) * 0x1000003 + sub["pid"].to_numpy() * 0x10001
               + sub["tid"].to_numpy()).tolist()
-    kind_list = sub["kind"].to_numpy().tolist()
-    names = sub["name"].astype(str).tolist()
 
     parent = [-1] * n
-    step = [-1] * n
-    phase: list[str | None] = [None] * n
-    layer: list[str | None] = [None] * n
-    op: list[str | None] = [None] * n
-    is_structure = [False] * n
     stack: list[int] = []
     prev_thread = None
-    k_op, k_ann, k_py = int(EventKind.CPU_OP), int(EventKind.ANNOTATION), int(EventKind.PYTHON)
     for i in range(n):
         if thread[i] != prev_thread:
             stack.clear()
@@ -87,34 +79,41 @@ def build_hierarchy(events: pd.DataFrame) -> CpuHierarchy:
         while stack and end[stack[-1]] <= t:
             stack.pop()
         if stack:
-            p = stack[-1]
-            parent[i] = p
-            step[i], phase[i], layer[i], op[i] = step[p], phase[p], layer[p], op[p]
-        k = kind_list[i]
-        name = names[i]
-        if k == k_ann:
-            num = step_number(name)
-            ph = phase_name(name) if num is None else None
-            if num is not None:
-                step[i] = num
-                is_structure[i] = True
-            elif ph is not None:
-                phase[i] = ph
-                is_structure[i] = True
-            else:
-                layer[i] = name
-        elif k == k_op:
-            op[i] = name
-        elif k == k_py and name.startswith("nn.Module: "):
-            layer[i] = name[len("nn.Module: "):]
+            parent[i] = stack[-1]
         stack.append(i)
-
-    has_call = np.isin(np.asarray(kind_list, dtype=np.int8), [int(EventKind.RUNTIME), int(EventKind.DRIVER)])
-    has_structure = np.asarray(is_structure, dtype=bool).copy()
     parent_arr = np.asarray(parent, dtype=np.int64)
+
+    # What each event itself defines (per distinct name: names are categorical).
+    kind_arr = sub["kind"].to_numpy()
+    codes = sub["name"].cat.codes.to_numpy()
+    cats = [str(c) for c in sub["name"].cat.categories]
+    step_of_name = np.asarray([step_number(c) if step_number(c) is not None else -1 for c in cats], dtype=np.int64)
+    phase_of_name = np.asarray([phase_name(c) for c in cats], dtype=object)
+    module_of_name = np.asarray([c[len("nn.Module: "):] if c.startswith("nn.Module: ") else None for c in cats],
+                                dtype=object)
+    is_ann = kind_arr == int(EventKind.ANNOTATION)
+    own_step = np.where(is_ann, step_of_name[codes], -1)
+    own_phase = is_ann & (own_step < 0) & (phase_of_name[codes] != None)  # noqa: E711
+    own_layer = (is_ann & (own_step < 0) & ~own_phase) | ((kind_arr == int(EventKind.PYTHON))
+                                                          & (module_of_name[codes] != None))  # noqa: E711
+    own_op = kind_arr == int(EventKind.CPU_OP)
+    idx = np.arange(n, dtype=np.int64)
+    step_src = _inherit(np.where(own_step >= 0, idx, -1), parent_arr)
+    phase_src = _inherit(np.where(own_phase, idx, -1), parent_arr)
+    layer_src = _inherit(np.where(own_layer, idx, -1), parent_arr)
+    op_src = _inherit(np.where(own_op, idx, -1), parent_arr)
+    names_arr = np.asarray(cats, dtype=object)[codes]
+    layer_name = np.where(kind_arr == int(EventKind.PYTHON), module_of_name[codes], names_arr)
+    step = np.where(step_src >= 0, own_step[np.maximum(step_src, 0)], -1)
+    phase = np.where(phase_src >= 0, phase_of_name[codes][np.maximum(phase_src, 0)], None)
+    layer = np.where(layer_src >= 0, layer_name[np.maximum(layer_src, 0)], None)
+    op = np.where(op_src >= 0, names_arr[np.maximum(op_src, 0)], None)
+    is_structure = (own_step >= 0) | own_phase
+
+    has_call = np.isin(kind_arr, [int(EventKind.RUNTIME), int(EventKind.DRIVER)])
     # Children come after parents in this order, so one reverse sweep propagates flags upward.
     hc = has_call.tolist()
-    hs = has_structure.tolist()
+    hs = is_structure.tolist()
     for i in range(n - 1, -1, -1):
         p = parent[i]
         if p >= 0:
@@ -122,6 +121,23 @@ def build_hierarchy(events: pd.DataFrame) -> CpuHierarchy:
                 hc[p] = True
             if hs[i]:
                 hs[p] = True
-    return CpuHierarchy(rows=rows, parent=parent_arr, step=np.asarray(step, dtype=np.int64), phase=phase,
-                        layer=layer, op=op, has_call=np.asarray(hc, dtype=bool),
-                        has_structure=np.asarray(hs, dtype=bool), is_structure=np.asarray(is_structure, dtype=bool))
+    return CpuHierarchy(rows=rows, parent=parent_arr, step=step.astype(np.int64), phase=phase, layer=layer, op=op,
+                        has_call=np.asarray(hc, dtype=bool), has_structure=np.asarray(hs, dtype=bool),
+                        is_structure=is_structure)
+
+
+def _inherit(source: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """For every event, the nearest event at or above it (itself first) whose ``source`` is set
+    (>= 0), by pointer jumping: O(log depth) vectorized passes.
+
+    >>> _inherit(np.array([0, -1, -1, 3]), np.array([-1, 0, 1, 1])).tolist()
+    [0, 0, 0, 3]
+    """
+    val = source.copy()
+    up = parent.copy()
+    while True:
+        need = (val < 0) & (up >= 0)
+        if not need.any():
+            return val
+        val[need] = val[up[need]]
+        up[need] = up[up[need]]

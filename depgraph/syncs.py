@@ -115,7 +115,7 @@ def add_sync_edges(ctx: SyncContext) -> list[tuple[np.ndarray, np.ndarray, np.nd
     """SYNC edges into waiting calls and EVENT_WAIT edges between streams; shortens the replay
     duration of calls that waited (see the module docstring)."""
     t = ctx.tasks
-    names = t["name"].astype(str).to_numpy()
+    names = t["name"].to_numpy()
     ranks = t["rank"].to_numpy()
     resource = t["resource"].to_numpy()
     events = t["event"].to_numpy()
@@ -125,7 +125,12 @@ def add_sync_edges(ctx: SyncContext) -> list[tuple[np.ndarray, np.ndarray, np.nd
     records = _sync_records(ctx)
     launches = _last_launch_stream(ctx)
     corr = ev["correlation"].to_numpy()
-    call_by_corr = {(int(ranks[c]), int(corr[events[c]])): int(c) for c in ctx.call_ids.tolist() if corr[events[c]] >= 0}
+    name_col = t["name"]
+    codes = name_col.cat.codes.to_numpy()[ctx.call_ids]
+    categories = name_col.cat.categories
+    records_calls = ctx.call_ids[np.asarray(categories.str.contains("EventRecord"), dtype=bool)[codes]]
+    call_corr = corr[events[records_calls]]
+    call_by_corr = dict(zip(zip(ranks[records_calls].tolist(), call_corr.tolist()), records_calls.tolist()))
     rep = ctx.report
     sync_src: list[int] = []
     sync_dst: list[int] = []
@@ -150,10 +155,9 @@ def add_sync_edges(ctx: SyncContext) -> list[tuple[np.ndarray, np.ndarray, np.nd
         stream_res = index.find(rank, int(rec.get("device", -1)), ws)
         return index.last_before(stream_res, int(ctx.start_m[record_call])) if stream_res is not None else -1
 
-    for c in ctx.call_ids.tolist():
+    is_wait_call = np.asarray(categories.str.contains("Synchronize|WaitEvent", regex=True), dtype=bool)[codes]
+    for c in ctx.call_ids[is_wait_call].tolist():
         name = names[c]
-        if "Synchronize" not in name and "WaitEvent" not in name:
-            continue
         rank = int(ranks[c])
         rec = records.get((rank, int(corr[events[c]])))
         deps: list[int] = []
