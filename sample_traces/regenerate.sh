@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Re-record the sample traces with `whatif record` (CPU, seeded workloads; a few seconds each).
+# Usage: sample_traces/regenerate.sh   (from anywhere; uses .venv/bin/python of this checkout)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+
+"$PY" -m whatif.cli record -f -o sample_traces/llm_serve --no-summary \
+  examples/llm_serve.py -- --device cpu --seed 0 --num-requests 8 --rate 20 --output-max 48
+
+"$PY" -m whatif.cli record -f -o sample_traces/dit_serve --no-summary \
+  examples/dit_serve.py -- --device cpu --seed 0 --num-requests 4 --steps 6 --rate inf
+
+du -sh sample_traces/llm_serve sample_traces/dit_serve
