@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import TraceError
-from .kineto import FileTrace, Flow, parse_file
+from .kineto import FileTrace, Flow, gc_paused, parse_file
 from .kinds import EventKind
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -99,19 +99,20 @@ def check_usable(ft: FileTrace) -> None:
     if any(c.startswith("mtia") for c in cats):
         raise TraceError(ft.path, "not a GPU trace: MTIA accelerator events (mtia_runtime/mtia_ccp_events) "
                                   "are not supported")
-    kinds = np.asarray(ft.columns.kind, dtype=np.int8)
+    kinds = ft.columns.kind
     if kinds.size == 0:
         raise TraceError(ft.path, "trace has no complete (ph 'X') events")
     gpu = np.isin(kinds, [EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET]).sum()
     if gpu:
         return
-    calls = [n for n, k in zip(ft.columns.name, ft.columns.kind)
-             if k in (EventKind.RUNTIME, EventKind.DRIVER)
-             and (any(s in n for s in LAUNCH_NAMES) or "Memcpy" in n or "Memset" in n)]
+    launching = [i for i, n in enumerate(ft.columns.names)
+                 if any(s in n for s in LAUNCH_NAMES) or "Memcpy" in n or "Memset" in n]
+    host = np.isin(kinds, [EventKind.RUNTIME, EventKind.DRIVER])
+    calls = int((host & np.isin(ft.columns.name_code, launching)).sum()) if launching else 0
     if calls:
         why = "the CUPTI range profiler was on" if cats.get("cuda_profiler_range") else \
             "GPU activity tracing was off or its buffers were lost"
-        raise TraceError(ft.path, f"no GPU activity recorded: {len(calls)} kernel launches/copies but no "
+        raise TraceError(ft.path, f"no GPU activity recorded: {calls} kernel launches/copies but no "
                                   f"kernel, memcpy or memset events ({why})")
 
 
@@ -135,42 +136,31 @@ def _assign_ranks(files: list[FileTrace]) -> list[int]:
     return [h for h in hints if h is not None]
 
 
+COLUMNS = ("rank", "ts_ns", "dur_ns", "kind", "name", "pid", "tid", "device", "stream",
+           "correlation", "external_id", "args")
+_NUMERIC = ("ts_ns", "dur_ns", "kind", "pid", "tid", "device", "stream", "correlation", "external_id")
+
+
 def _to_frame(files: list[FileTrace], ranks: list[int]) -> pd.DataFrame:
-    parts = []
-    for ft, rank in zip(files, ranks):
-        c = ft.columns
-        n = len(c.ts_ns)
-        parts.append({
-            "rank": np.full(n, rank, dtype=np.int32),
-            "ts_ns": np.asarray(c.ts_ns, dtype=np.int64),
-            "dur_ns": np.asarray(c.dur_ns, dtype=np.int64),
-            "kind": np.asarray(c.kind, dtype=np.int8),
-            "name": c.name,
-            "pid": np.asarray(c.pid, dtype=np.int64),
-            "tid": np.asarray(c.tid, dtype=np.int64),
-            "device": np.asarray(c.device, dtype=np.int32),
-            "stream": np.asarray(c.stream, dtype=np.int64),
-            "correlation": np.asarray(c.correlation, dtype=np.int64),
-            "external_id": np.asarray(c.external_id, dtype=np.int64),
-            "args": c.args,
-        })
-    cols = {}
-    for key in parts[0]:
-        if key in ("name", "args"):
-            cols[key] = [x for p in parts for x in p[key]]
-        else:
-            cols[key] = np.concatenate([p[key] for p in parts])
+    """All files' columns in one frame, sorted by (rank, ts_ns, longer first), stable."""
+    cols = [f.columns for f in files]
+    data: dict[str, np.ndarray] = {
+        "rank": np.concatenate([np.full(len(c), r, dtype=np.int32) for c, r in zip(cols, ranks)])}
+    for key in _NUMERIC:
+        data[key] = np.concatenate([getattr(c, key) for c in cols])
+    # Names: one sorted category list for all files (pandas' own order), codes remapped.
+    categories = sorted({n for c in cols for n in c.names})
+    index = {n: i for i, n in enumerate(categories)}
+    codes = np.concatenate([np.array([index[n] for n in c.names], dtype=np.int32)[c.name_code]
+                            if len(c) else np.zeros(0, dtype=np.int32) for c in cols])
+    args = np.empty(len(codes), dtype=object)
+    args[:] = [a for c in cols for a in c.args]
     # Sort by (rank, start, longer first) so that parents precede the events they enclose.
-    order = np.lexsort((-cols["dur_ns"], cols["ts_ns"], cols["rank"]))
-    frame = pd.DataFrame({k: (v[order] if isinstance(v, np.ndarray) else None) for k, v in cols.items()
-                          if k not in ("name", "args")})
-    names = np.asarray(cols["name"], dtype=object)[order]
-    frame["name"] = pd.Categorical(names)
-    args = np.empty(len(order), dtype=object)
-    args[:] = cols["args"]
-    frame["args"] = args[order]
-    return frame[["rank", "ts_ns", "dur_ns", "kind", "name", "pid", "tid", "device", "stream",
-                  "correlation", "external_id", "args"]]
+    order = np.lexsort((-data["dur_ns"], data["ts_ns"], data["rank"]))
+    data["name"] = pd.Categorical.from_codes(codes[order], categories=categories if categories else
+                                             pd.Index([], dtype=object))
+    data["args"] = args
+    return pd.DataFrame({k: data[k] if k == "name" else data[k][order] for k in COLUMNS}, copy=False)
 
 
 def load_trace(path: str | Path) -> Trace:
@@ -182,6 +172,11 @@ def load_trace(path: str | Path) -> Trace:
     if not path.exists():
         raise TraceError(path, "no such file or folder")
     paths = find_trace_files(path) if path.is_dir() else [path]
+    with gc_paused():
+        return _load_files(paths)
+
+
+def _load_files(paths: list[Path]) -> Trace:
     files = [parse_file(p) for p in paths]
     for ft in files:
         check_usable(ft)
