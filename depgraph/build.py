@@ -314,8 +314,10 @@ def build_graph(trace: Trace) -> TaskGraph:
     # A thread woken by a flow (the autograd thread starting backward) was idle, not working:
     # its wait is the flow's measured offset, and its thread gap becomes 0.
     thread_src, thread_dst, thread_lat, _ = edges[0]
-    thread_lat[np.isin(thread_dst, flows[2])] = 0
+    thread_lat[np.isin(thread_dst, flows[1])] = 0
     edges.append(flows)
+    edges.append(_fork_joins(thread_src, thread_dst, thread_lat, start_m, end_m, resource,
+                             t["rank"].to_numpy(), report))
 
     edge_frame = _edge_frame(edges)
     tasks_frame = t.drop(columns=["tie"])
@@ -423,6 +425,56 @@ def _flow_edges(trace: Trace, t: pd.DataFrame, cpu_ids: np.ndarray, start_m: np.
     s, d = s[keep][last], d[keep][last]
     report["flows_cross_thread"] = len(s)
     return s, d, start_m[d] - end_m[s], EdgeKind.FLOW
+
+
+def _fork_joins(src: np.ndarray, dst: np.ndarray, lat: np.ndarray, start_m: np.ndarray, end_m: np.ndarray,
+                resource: np.ndarray, ranks: np.ndarray, report: Counter) -> tuple[np.ndarray, np.ndarray,
+                                                                                 np.ndarray, int]:
+    """Cross-thread waits the trace shows by timing (Lumos's CPU inter-thread dependencies).
+
+    When thread A sits idle between tasks ``u`` and ``v`` while thread B runs a burst of tasks
+    ``f..l`` entirely inside that gap (e.g. the main thread blocked in ``backward()`` while
+    autograd's thread runs the backward ops), A was waiting for B: ``u`` forks ``f`` and ``l``
+    joins ``v``. Both edges carry their measured offsets; A's gap keeps only the part before the
+    burst and B's idle gap before ``f`` becomes 0, so the waits are recomputed in every replay.
+    ``lat`` (the THREAD latencies) is updated in place.
+    """
+    fork_s, fork_d, join_s, join_d = [], [], [], []
+    threads = np.unique(resource[src]) if len(src) else np.empty(0, dtype=np.int64)
+    by_thread = {}
+    for th in threads.tolist():
+        sel = np.flatnonzero(resource[src] == th)
+        order = sel[np.argsort(start_m[dst[sel]], kind="stable")]
+        tasks = np.concatenate([src[order][:1], dst[order]])
+        by_thread[th] = (order, tasks)
+    thread_rank = {th: int(ranks[by_thread[th][1][0]]) for th in by_thread}
+    pred_edge = np.full(len(start_m), -1, dtype=np.int64)
+    pred_edge[dst] = np.arange(len(dst))
+    for a, (a_edges, _) in by_thread.items():
+        gap_lo, gap_hi = end_m[src[a_edges]], start_m[dst[a_edges]]
+        for b, (_, b_tasks) in by_thread.items():
+            if a == b or thread_rank[a] != thread_rank[b]:
+                continue
+            b_start, b_end = start_m[b_tasks], np.maximum.accumulate(end_m[b_tasks])
+            first = np.searchsorted(b_start, gap_lo, side="left")
+            last = np.searchsorted(b_end, gap_hi, side="right") - 1
+            hit = np.flatnonzero((last >= first) & (first < len(b_tasks)))
+            if not len(hit):
+                continue
+            e_idx = a_edges[hit]
+            f, l = b_tasks[first[hit]], b_tasks[last[hit]]
+            fork_s.append(src[e_idx]), fork_d.append(f), join_s.append(l), join_d.append(dst[e_idx])
+            lat[e_idx] = np.maximum(np.minimum(lat[e_idx], start_m[f] - end_m[src[e_idx]]), 0)
+            woken = pred_edge[f]
+            lat[woken[woken >= 0]] = 0
+    if not fork_s:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty, empty, EdgeKind.FLOW
+    fs, fd = np.concatenate(fork_s), np.concatenate(fork_d)
+    js, jd = np.concatenate(join_s), np.concatenate(join_d)
+    report["thread_forks_joins"] = len(fs)
+    s_all, d_all = np.concatenate([fs, js]), np.concatenate([fd, jd])
+    return s_all, d_all, np.maximum(start_m[d_all] - end_m[s_all], 0), EdgeKind.FLOW
 
 
 def _edge_frame(edges: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]]) -> pd.DataFrame:

@@ -94,6 +94,8 @@ class TaskGraph:
     steps: pd.DataFrame
     trace: Trace | None = None
     report: dict[str, int] = field(default_factory=dict)
+    changes: list[Change] = field(default_factory=list)
+    cache: dict[str, object] = field(default_factory=dict, repr=False)
 
     @property
     def num_tasks(self) -> int:
@@ -104,9 +106,30 @@ class TaskGraph:
         return len(self.edges)
 
     def copy(self) -> TaskGraph:
-        """A deep copy of tasks, edges, resources and steps (the trace is shared, read-only)."""
+        """A deep copy of tasks, edges, resources, steps and the change log (the trace is shared,
+        read-only; the cache of derived per-task values is carried over)."""
         return TaskGraph(tasks=self.tasks.copy(), edges=self.edges.copy(), resources=self.resources.copy(),
-                         steps=self.steps.copy(), trace=self.trace, report=dict(self.report))
+                         steps=self.steps.copy(), trace=self.trace, report=dict(self.report),
+                         changes=list(self.changes), cache=dict(self.cache))
+
+
+@dataclass(frozen=True)
+class Change:
+    """One entry of a graph's change log: which transform did what to how many tasks, and why.
+
+    ``before_ns``/``after_ns``: total duration of the affected tasks before and after.
+    """
+
+    transform: str
+    action: str
+    tasks: int
+    before_ns: int
+    after_ns: int
+    reason: str
+
+    def __str__(self) -> str:
+        delta = (self.after_ns - self.before_ns) / 1e6
+        return f"{self.transform}: {self.action} {self.tasks:,} tasks ({delta:+.3f} ms of task time): {self.reason}"
 
 
 def to_networkx(graph: TaskGraph) -> nx.MultiDiGraph:

@@ -93,7 +93,8 @@ def chrome_trace(replay: Replay) -> dict[str, Any]:
         out.append({"ph": "X", "cat": cat, "name": names[i], "pid": int(pids[res[i]]), "tid": int(tids[res[i]]),
                     "ts": us(int(start[i])), "dur": round((int(end[i]) - int(start[i])) / 1000.0, 3), "args": args})
 
-    begin, finisher = step_end_tasks(replay, start, end)
+    _, finisher = step_end_tasks(replay, start, end)
+    begin = start[g.steps["begin_task"].to_numpy()]
     for row, (b, f) in enumerate(zip(g.steps["begin_task"].to_numpy(), finisher)):
         r = int(res[b])
         if ResourceKind(int(g.resources["kind"].iat[r])) != ResourceKind.THREAD:

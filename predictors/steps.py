@@ -1,7 +1,11 @@
 """Step times and critical paths of a replay.
 
-A step spans from its ``ProfilerStep#N`` begin to the later of the annotation's end and the end
-of the GPU work the step launched; measured and predicted step times use this same definition
+A step *completes* when the last task attributed to it ends (its end marker, the GPU work it
+launched, other threads' work in its window). A step's time is the spacing of completions: from
+the previous step's completion (on the same rank) to its own, and for a rank's first step from
+its ``ProfilerStep#N`` begin. Steps of a pipelined program overlap (the CPU runs ahead of the
+GPU), so a window per step would count the overlap twice; completion spacing sums to the wall
+time and is the iteration time a user sees. Measured and predicted times use this same rule
 (on measured and on replayed task times). A trace without step annotations has one step per
 rank spanning its window.
 
@@ -36,12 +40,24 @@ _TASK_CATEGORY = {TaskKind.CPU_WORK: "cpu", TaskKind.CPU_CALL: "cpu", TaskKind.W
                   TaskKind.MEMCPY: "gpu", TaskKind.MEMSET: "gpu", TaskKind.COMM: "comm"}
 
 
-def step_end_tasks(replay: Replay, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row of ``graph.steps``: (begin time, the task that ends the step) under the given times.
+def _completion_floor(ranks: np.ndarray, begin: np.ndarray, done: np.ndarray) -> np.ndarray:
+    """Per step row: where its time starts: the previous step's completion on the same rank
+    (running max, rows in begin order), or its own begin for a rank's first step."""
+    floor = begin.astype(np.int64).copy()
+    order = np.lexsort((begin, ranks))
+    prev_rank, running = None, 0
+    for i in order.tolist():
+        if ranks[i] != prev_rank:
+            prev_rank, running = ranks[i], int(done[i])
+            continue
+        floor[i] = running
+        running = max(running, int(done[i]))
+    return floor
 
-    The step ends with the latest-ending task attributed to it (its end marker, its GPU work,
-    work of other threads in its window); ties go to the lowest task id.
-    """
+
+def step_end_tasks(replay: Replay, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``graph.steps`` under the given task times: (where the step's time starts, the
+    task that completes it). See the module docstring."""
     g = replay.graph
     t = g.tasks
     steps = g.steps
@@ -53,7 +69,8 @@ def step_end_tasks(replay: Replay, start: np.ndarray, end: np.ndarray) -> tuple[
     finisher = first.reindex(step_keys).fillna(-1).to_numpy().astype(np.int64)
     begin_task = steps["begin_task"].to_numpy()
     finisher = np.where(finisher >= 0, finisher, begin_task)
-    return start[begin_task], finisher
+    floor = _completion_floor(steps["rank"].to_numpy(), start[begin_task], end[finisher])
+    return floor, finisher
 
 
 def step_times(replay: Replay) -> pd.DataFrame:
@@ -61,9 +78,11 @@ def step_times(replay: Replay) -> pd.DataFrame:
     ``predicted_ns``, ``error`` (predicted / measured - 1)."""
     g = replay.graph
     steps = g.steps
-    begin, finisher = step_end_tasks(replay, replay.start_ns, replay.end_ns)
-    predicted = replay.end_ns[finisher] - begin
-    measured = (steps["measured_end_ns"] - steps["measured_begin_ns"]).to_numpy()
+    floor, finisher = step_end_tasks(replay, replay.start_ns, replay.end_ns)
+    predicted = replay.end_ns[finisher] - floor
+    m_begin = steps["measured_begin_ns"].to_numpy()
+    m_done = steps["measured_end_ns"].to_numpy()
+    measured = m_done - _completion_floor(steps["rank"].to_numpy(), m_begin, m_done)
     out = pd.DataFrame({"rank": steps["rank"].to_numpy(), "step": steps["step"].to_numpy(),
                         "measured_ns": measured, "predicted_ns": predicted})
     out["error"] = np.where(measured > 0, predicted / np.maximum(measured, 1) - 1.0, 0.0)

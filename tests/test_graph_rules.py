@@ -211,7 +211,8 @@ def test_steps_phases_and_layers_are_attributed(tmp_path: Path) -> None:
         k = task_named(a.graph, f"gemm{n}")
         assert (t.at[k, "step"], t.at[k, "phase"], t.at[k, "layer"], t.at[k, "op"]) == (n, ph, "Attention", "aten::mm")
     assert a.steps["step"].tolist() == [3, 4]
-    assert a.steps["measured_ns"].tolist() == [90 * US, 90 * US]
+    # step 3 spans its own window; step 4 runs from step 3's completion (90 us) to its own (190 us)
+    assert a.steps["measured_ns"].tolist() == [90 * US, 100 * US]
 
 
 def test_trace_without_steps_gets_one_step(tmp_path: Path) -> None:

@@ -18,8 +18,11 @@ from whatif.predictors.export import write_chrome_trace
 from whatif.predictors.replay import Replay, replay
 from whatif.predictors.steps import CriticalPath, critical_path, step_times, utilization
 from whatif.tracer.trace import Trace, load_trace
+from whatif.transforms.base import Transform, TransformContext
+from whatif.transforms.scenario import Scenario, load_scenario
 
-__all__ = ["Analysis", "analyze", "build_graph", "load_trace", "replay"]
+__all__ = ["Analysis", "Prediction", "ScenarioResult", "analyze", "build_graph", "load_scenario", "load_trace",
+           "make_context", "predict", "replay"]
 
 
 @dataclass
@@ -57,3 +60,59 @@ def analyze(path: str | Path) -> Analysis:
     trace = load_trace(path)
     graph = build_graph(trace)
     return Analysis(trace=trace, graph=graph, replay=replay(graph))
+
+
+def make_context(trace: Trace) -> TransformContext:
+    """The context transforms get for ``trace``: the recorded GPU and the trace-calibrated cost models."""
+    from whatif.predictors.costs import TraceCostModel
+
+    gpu = next((r.gpu_name for r in trace.ranks if r.gpu_name), None)
+    return TransformContext(device=gpu, cost=TraceCostModel(trace))
+
+
+@dataclass
+class ScenarioResult:
+    """One scenario's graphs (after each transform) and the replay of the final one."""
+
+    scenario: Scenario
+    graphs: list[TaskGraph]
+    replays: list[Replay]
+
+    @property
+    def graph(self) -> TaskGraph:
+        return self.graphs[-1]
+
+    @property
+    def replay(self) -> Replay:
+        return self.replays[-1]
+
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        return step_times(self.replay)
+
+
+@dataclass
+class Prediction:
+    """A baseline analysis and the predictions of one or more scenarios on it."""
+
+    baseline: Analysis
+    scenarios: list[ScenarioResult]
+
+
+def predict(path_or_analysis: str | Path | Analysis, scenarios: list[Scenario | str | Path | Transform],
+            ctx: TransformContext | None = None) -> Prediction:
+    """Apply each scenario (a :class:`Scenario`, a TOML file, or a single transform) to the
+    baseline graph and replay after every transform (for the per-transform waterfall)."""
+    base = path_or_analysis if isinstance(path_or_analysis, Analysis) else analyze(path_or_analysis)
+    ctx = ctx or make_context(base.trace)
+    results = []
+    for item in scenarios:
+        if isinstance(item, Transform):
+            scenario = Scenario(name=item.label(), transforms=[item])
+        elif isinstance(item, Scenario):
+            scenario = item
+        else:
+            scenario = load_scenario(item)
+        graphs = scenario.apply(base.graph, ctx)
+        results.append(ScenarioResult(scenario=scenario, graphs=graphs, replays=[replay(g) for g in graphs]))
+    return Prediction(baseline=base, scenarios=results)

@@ -17,6 +17,8 @@ from whatif.tracer.errors import WhatifError
 COMMANDS: dict[str, str] = {
     "analyze": "Replay a trace and summarize measured vs predicted step times",
     "export": "Write the predicted timeline as a Chrome/Kineto trace (Perfetto, HTA)",
+    "predict": "Predict step times under what-if scenarios (TOML files of transforms)",
+    "transforms": "List the registered transforms and their parameters",
     "record": "Run a PyTorch script under tracing and write a run folder",
 }
 

@@ -6,7 +6,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from whatif.api import Analysis
+from whatif.api import Analysis, Prediction, ScenarioResult
+from whatif.predictors.steps import critical_path, step_times
 from whatif.depgraph.graph import TaskKind
 
 SCHEMA = "whatif.analysis"
@@ -111,3 +112,87 @@ def render_text(doc: dict[str, Any], console: Any) -> None:
     notable = {k: v for k, v in doc["graph_report"].items() if v and k not in ("roots_anchored",)}
     if notable:
         console.print("graph: " + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in notable.items()))
+
+
+PREDICTION_SCHEMA = "whatif.prediction"
+
+
+def _speedup(base_ns: float, new_ns: float) -> float:
+    return round(base_ns / new_ns, 6) if new_ns > 0 else float("inf")
+
+
+def _scenario_document(base_steps: pd.DataFrame, result: ScenarioResult) -> dict[str, Any]:
+    steps = result.steps
+    base_total = float(base_steps["predicted_ns"].sum())
+    waterfall = []
+    for t, r in zip(result.scenario.transforms, result.replays):
+        total = float(step_times(r)["predicted_ns"].sum())
+        waterfall.append({"transform": t.label(), "mean_step_ns": int(total / max(len(steps), 1)),
+                          "speedup": _speedup(base_total, total)})
+    total = float(steps["predicted_ns"].sum())
+    return {
+        "name": result.scenario.name,
+        "source": result.scenario.source,
+        "transforms": [t.label() for t in result.scenario.transforms],
+        "mean_step_ns": int(total / max(len(steps), 1)),
+        "speedup": _speedup(base_total, total),
+        "steps": [{"rank": int(b.rank), "step": int(b.step), "baseline_ns": int(b.predicted_ns),
+                   "predicted_ns": int(p), "speedup": _speedup(b.predicted_ns, p)}
+                  for b, p in zip(base_steps.itertuples(), steps["predicted_ns"].to_numpy())],
+        "waterfall": waterfall,
+        "changes": [{"transform": c.transform, "action": c.action, "tasks": c.tasks, "before_ns": c.before_ns,
+                     "after_ns": c.after_ns, "reason": c.reason} for c in result.graph.changes],
+        "critical_path": [{"rank": cp.rank, "step": cp.step, "breakdown_ns": cp.breakdown_ns}
+                          for cp in (critical_path(result.replay, i) for i in range(len(steps)))],
+    }
+
+
+def prediction_document(pred: Prediction) -> dict[str, Any]:
+    """The ``whatif.prediction`` v1 document (docs/prediction-schema.md)."""
+    base = pred.baseline
+    steps = base.steps
+    return {
+        "schema": PREDICTION_SCHEMA,
+        "version": VERSION,
+        "source": base.trace.source,
+        "device": next((r.gpu_name for r in base.trace.ranks if r.gpu_name), None),
+        "baseline": {
+            "mean_step_ns": int(steps["predicted_ns"].mean()) if len(steps) else 0,
+            "steps": [{"rank": int(s.rank), "step": int(s.step), "measured_ns": int(s.measured_ns),
+                       "predicted_ns": int(s.predicted_ns)} for s in steps.itertuples()],
+            "critical_path": [{"rank": cp.rank, "step": cp.step, "breakdown_ns": cp.breakdown_ns}
+                              for cp in (base.critical_path(i) for i in range(len(steps)))],
+        },
+        "scenarios": [_scenario_document(steps, r) for r in pred.scenarios],
+    }
+
+
+def render_prediction(doc: dict[str, Any], console: Any) -> None:
+    """Print a prediction document: one table of scenarios, then what each changed."""
+    from rich.table import Table
+
+    console.print(f"[bold]{doc['source']}[/bold] ({doc['device'] or 'GPU unknown'}): baseline mean step "
+                  f"{_ms(doc['baseline']['mean_step_ns'])} ms over {len(doc['baseline']['steps'])} steps")
+    table = Table(title="Predicted step time per scenario", title_justify="left")
+    table.add_column("scenario", overflow="ellipsis", no_wrap=True, max_width=40)
+    for col in ("mean step ms", "speedup"):
+        table.add_column(col, justify="right", no_wrap=True)
+    cats = list(doc["baseline"]["critical_path"][0]["breakdown_ns"]) if doc["baseline"]["critical_path"] else []
+    for c in cats:
+        table.add_column(f"{c} ms", justify="right", no_wrap=True)
+
+    def breakdown(paths: list[dict[str, Any]]) -> list[str]:
+        n = max(len(paths), 1)
+        return [_ms(sum(p["breakdown_ns"][c] for p in paths) / n) for c in cats]
+
+    table.add_row("baseline", _ms(doc["baseline"]["mean_step_ns"]), "1.000x", *breakdown(doc["baseline"]["critical_path"]))
+    for s in doc["scenarios"]:
+        table.add_row(s["name"], _ms(s["mean_step_ns"]), f"{s['speedup']:.3f}x", *breakdown(s["critical_path"]))
+    console.print(table)
+    for s in doc["scenarios"]:
+        console.print(f"[bold]{s['name']}[/bold]")
+        for w in s["waterfall"]:
+            console.print(f"  after {w['transform']}: {_ms(w['mean_step_ns'])} ms ({w['speedup']:.3f}x)")
+        for c in s["changes"]:
+            delta = (c["after_ns"] - c["before_ns"]) / 1e6
+            console.print(f"    {c['action']} {c['tasks']:,} tasks, task time {delta:+,.3f} ms")

@@ -1,0 +1,85 @@
+"""What a transform is: a small dataclass with typed parameters, ``match()`` (the tasks it would
+change, like a torch.profiler pattern) and ``apply()`` (a new graph, built with the primitives
+of :mod:`whatif.transforms.edit`).
+
+Cost models live in ``predictors/`` (right of ``transforms/`` in the data flow), so a transform
+receives them through :class:`TransformContext` instead of importing them: the front door builds
+the context from the trace (recorded GPU, calibrations) and passes it in.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from whatif.depgraph.graph import TaskGraph
+from whatif.tracer.errors import WhatifError
+
+
+class TransformError(WhatifError):
+    """A transform cannot apply (bad parameter, nothing to change where something must)."""
+
+
+class CostModel(Protocol):
+    """Prices of GPU work that optimizations need; implemented by ``whatif.predictors``."""
+
+    def kernel_facts(self, graph: TaskGraph, tasks: np.ndarray) -> dict[str, np.ndarray]:
+        """Per task: ``kernel_class`` (str), ``flops``, ``bytes`` (estimated where shapes are missing),
+        ``dtype`` (str)."""
+        ...
+
+    def memory_bandwidth_bytes_per_s(self, graph: TaskGraph) -> float:
+        """Achieved DRAM bandwidth of memory-bound kernels, calibrated on the trace's own kernels."""
+        ...
+
+    def precision_factor(self, graph: TaskGraph, tasks: np.ndarray, to_dtype: str) -> np.ndarray:
+        """Per task: time multiplier when its math and data move to ``to_dtype``."""
+        ...
+
+    def move_to_device(self, graph: TaskGraph, tasks: np.ndarray, device: str) -> np.ndarray:
+        """Per task: its duration (ns) on GPU ``device`` instead of the recorded one."""
+        ...
+
+
+@dataclass
+class TransformContext:
+    """What transforms may use besides the graph: the recorded device and the cost models."""
+
+    device: str | None = None
+    cost: CostModel | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def require_cost(self, transform: str) -> CostModel:
+        if self.cost is None:
+            raise TransformError(f"{transform} needs cost models; run it through whatif.api.predict or pass "
+                                 f"TransformContext(cost=whatif.predictors.costs.TraceCostModel(trace))")
+        return self.cost
+
+
+class Transform:
+    """Base of every transform. Subclasses are dataclasses whose fields are the parameters.
+
+    Set ``name`` (the registry and scenario-file key) and ``description`` (one line), implement
+    ``match`` and ``apply``; register with :func:`whatif.transforms.registry.register`.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+
+    def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
+        """Ids of the tasks this transform would change."""
+        raise NotImplementedError
+
+    def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
+        """A new graph with the optimization applied (the input graph is left unchanged)."""
+        raise NotImplementedError
+
+    def params(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)} if dataclasses.is_dataclass(self) \
+            else {}
+
+    def label(self) -> str:
+        shown = ", ".join(f"{k}={v}" for k, v in self.params().items() if v not in (None, {}, []))
+        return f"{self.name}({shown})"

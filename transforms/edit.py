@@ -1,0 +1,387 @@
+"""Graph-transformation primitives (Daydream's Scale / Insert / Remove / Schedule, extended).
+
+Every primitive is a free function ``f(graph, ..., reason=...) -> TaskGraph`` that returns a new
+graph and never mutates its input, and appends one :class:`~whatif.depgraph.graph.Change` to the
+new graph's change log. Task ids are positions in ``graph.tasks``; primitives that delete tasks
+renumber the rest (the ``event`` column still points into the trace).
+
+>>> import pandas as pd
+>>> from whatif.depgraph.graph import TaskGraph
+>>> tasks = pd.DataFrame({"kind": [0, 4, 4], "resource": [0, 1, 1], "rank": 0, "dur_ns": [0, 100, 50],
+...                       "measured_start_ns": [0, 0, 100], "measured_end_ns": [0, 100, 150], "event": -1,
+...                       "step": 0, "phase": None, "layer": None, "op": None, "name": ["origin", "a", "b"]})
+>>> edges = pd.DataFrame({"src": [0, 1], "dst": [1, 2], "lat_ns": [0, 5], "kind": [0, 2]})
+>>> g = TaskGraph(tasks=tasks, edges=edges, resources=pd.DataFrame({"kind": [2, 1], "ordered": [False, True]}),
+...               steps=pd.DataFrame({"begin_task": [0], "end_task": [-1]}))
+>>> h = scale(g, [1], 0.5, reason="faster gemm")
+>>> h.tasks["dur_ns"].tolist(), g.tasks["dur_ns"].tolist()
+([0, 50, 50], [0, 100, 50])
+>>> str(h.changes[-1])
+'scale: scale x0.5 1 tasks (-0.000 ms of task time): faster gemm'
+>>> r = remove(g, [1], reason="gone")
+>>> r.tasks["name"].tolist(), r.edges[["src", "dst", "lat_ns"]].values.tolist()
+(['origin', 'b'], [[0, 1, 5]])
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from whatif.depgraph.graph import Change, EdgeKind, GraphError, ResourceKind, TaskGraph, TaskKind
+
+ORDER_KINDS = (int(EdgeKind.THREAD), int(EdgeKind.STREAM))
+Tasks = Sequence[int] | np.ndarray
+
+
+def _ids(graph: TaskGraph, tasks: Tasks | Iterable[int]) -> np.ndarray:
+    ids = np.unique(np.asarray(list(tasks) if not isinstance(tasks, np.ndarray) else tasks, dtype=np.int64))
+    if len(ids) and (ids[0] < 0 or ids[-1] >= len(graph.tasks)):
+        raise GraphError(f"task id out of range: {ids[0] if ids[0] < 0 else ids[-1]} "
+                         f"(the graph has {len(graph.tasks)} tasks)")
+    return ids
+
+
+def _log(graph: TaskGraph, transform: str, action: str, n: int, before: int, after: int, reason: str) -> None:
+    graph.changes.append(Change(transform=transform, action=action, tasks=int(n), before_ns=int(before),
+                                after_ns=int(after), reason=reason))
+
+
+def set_duration(graph: TaskGraph, tasks: Tasks, dur_ns: int | np.ndarray, *, reason: str,
+                 transform: str = "set_duration") -> TaskGraph:
+    """Set the replay duration of ``tasks`` (one value, or one per task in sorted id order)."""
+    ids = _ids(graph, tasks)
+    out = graph.copy()
+    new = np.broadcast_to(np.asarray(dur_ns, dtype=np.int64), ids.shape)
+    if (new < 0).any():
+        raise GraphError("durations must be >= 0 ns")
+    before = int(out.tasks["dur_ns"].to_numpy()[ids].sum())
+    out.tasks.loc[ids, "dur_ns"] = new
+    _log(out, transform, "set duration of", len(ids), before, int(new.sum()), reason)
+    return out
+
+
+def scale(graph: TaskGraph, tasks: Tasks, factor: float | np.ndarray, *, reason: str,
+          transform: str = "scale") -> TaskGraph:
+    """Multiply the duration of ``tasks`` by ``factor`` (one value or one per task)."""
+    ids = _ids(graph, tasks)
+    factor_arr = np.asarray(factor, dtype=float)
+    if (factor_arr < 0).any():
+        raise GraphError("scale factors must be >= 0")
+    dur = graph.tasks["dur_ns"].to_numpy()[ids]
+    new = np.rint(dur * factor_arr).astype(np.int64)
+    label = f"scale x{float(factor_arr):g}" if factor_arr.ndim == 0 else "scale"
+    out = set_duration(graph, ids, new, reason=reason, transform=transform)
+    last = out.changes.pop()
+    _log(out, transform, label, last.tasks, last.before_ns, last.after_ns, reason)
+    return out
+
+
+def add_edges(graph: TaskGraph, src: Tasks, dst: Tasks, lat_ns: int | Sequence[int] = 0,
+              kind: EdgeKind = EdgeKind.FLOW, *, reason: str, transform: str = "add_edges") -> TaskGraph:
+    """Add dependencies ``src[i] -> dst[i]`` (``dst.start >= src.end + lat``; SYNC bounds the end)."""
+    s = np.asarray(src, dtype=np.int64)
+    d = np.asarray(dst, dtype=np.int64)
+    if s.shape != d.shape:
+        raise GraphError("src and dst must have the same length")
+    _ids(graph, np.concatenate([s, d]))
+    out = graph.copy()
+    new = pd.DataFrame({"src": s, "dst": d, "lat_ns": np.broadcast_to(np.asarray(lat_ns, dtype=np.int64), s.shape),
+                        "kind": np.full(len(s), int(kind), dtype=np.int8)})
+    out.edges = pd.concat([out.edges, new], ignore_index=True)
+    _log(out, transform, f"add {len(s):,} {EdgeKind(kind).name} edges to", len(np.unique(d)), 0, 0, reason)
+    return out
+
+
+def remove_edges(graph: TaskGraph, mask: np.ndarray, *, reason: str, transform: str = "remove_edges") -> TaskGraph:
+    """Drop the edges where ``mask`` (aligned with ``graph.edges``) is True."""
+    mask = np.asarray(mask, dtype=bool)
+    out = graph.copy()
+    n = int(mask.sum())
+    out.edges = out.edges[~mask].reset_index(drop=True)
+    _log(out, transform, f"remove {n:,} edges of", len(np.unique(graph.edges["dst"].to_numpy()[mask])), 0, 0, reason)
+    return out
+
+
+def _order_kind(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
+    """STREAM for tasks on a GPU stream, THREAD otherwise: the order-edge kind of their resource."""
+    res_kind = graph.resources["kind"].to_numpy()[graph.tasks["resource"].to_numpy()[tasks]]
+    return np.where(res_kind == int(ResourceKind.STREAM), int(EdgeKind.STREAM), int(EdgeKind.THREAD)).astype(np.int8)
+
+
+def _order_links(edges: pd.DataFrame, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per task: its order (thread/stream) predecessor and successor and those edges' latencies."""
+    order = edges[edges["kind"].isin(ORDER_KINDS)]
+    pred = np.full(n, -1, dtype=np.int64)
+    pred_lat = np.zeros(n, dtype=np.int64)
+    succ = np.full(n, -1, dtype=np.int64)
+    succ_lat = np.zeros(n, dtype=np.int64)
+    s, d, lat = order["src"].to_numpy(), order["dst"].to_numpy(), order["lat_ns"].to_numpy()
+    pred[d], pred_lat[d] = s, lat
+    succ[s], succ_lat[s] = d, lat
+    return pred, pred_lat, succ, succ_lat
+
+
+def _jump(start: np.ndarray, step: np.ndarray, step_lat: np.ndarray, removed: np.ndarray) -> tuple[np.ndarray,
+                                                                                                   np.ndarray]:
+    """From each node in ``start``: if it is removed, follow ``step`` until a surviving node,
+    summing ``step_lat`` of the removed nodes passed; return (that node or -1, the sum).
+    Synchronous pointer doubling: O(log chain length) vectorized passes.
+
+    >>> step = np.array([-1, 0, 1, 2]); lat = np.array([0, 1, 2, 3]); gone = np.array([False, True, True, False])
+    >>> [x.tolist() for x in _jump(np.array([2, 3, -1]), step, lat, gone)]
+    [[0, 3, -1], [3, 0, 0]]
+    """
+    jump, acc = step.copy(), step_lat.copy()
+    rem = np.flatnonzero(removed)
+    while len(rem):
+        j = jump[rem]
+        need = (j >= 0) & removed[np.maximum(j, 0)]
+        if not need.any():
+            break
+        x = rem[need]
+        jx = jump[x]
+        acc[x], jump[x] = acc[x] + acc[jx], jump[jx]
+        rem = x
+    valid = start >= 0
+    is_removed = valid & removed[np.maximum(start, 0)]
+    safe = np.maximum(start, 0)
+    node = np.where(is_removed, jump[safe], start)
+    total = np.where(is_removed, acc[safe], 0)
+    return np.where(valid, node, -1), np.where(valid, total, 0)
+
+
+def remove(graph: TaskGraph, tasks: Tasks, *, reason: str, transform: str = "remove") -> TaskGraph:
+    """Delete ``tasks`` while keeping the order they enforced (Daydream's Remove).
+
+    The time of a removed task disappears; the latencies around it (CPU gaps, stream idles)
+    are kept: along a thread or stream, ``u -gap1-> v -gap2-> w`` becomes ``u -(gap1+gap2)-> w``;
+    other edges into ``v`` move to its next surviving task on the same resource, edges out of
+    ``v`` start from its previous surviving task; SYNC edges into ``v`` are dropped (a removed
+    wait no longer waits). Step markers and origins cannot be removed.
+    """
+    ids = _ids(graph, tasks)
+    kinds = graph.tasks["kind"].to_numpy()
+    if np.isin(kinds[ids], [int(TaskKind.MARKER), int(TaskKind.ORIGIN)]).any():
+        raise GraphError("step markers and origins cannot be removed")
+    n = len(graph.tasks)
+    removed = np.zeros(n, dtype=bool)
+    removed[ids] = True
+    e = graph.edges
+    src, dst = e["src"].to_numpy(), e["dst"].to_numpy()
+    lat, ekind = e["lat_ns"].to_numpy(), e["kind"].to_numpy()
+    pred, pred_lat, succ, succ_lat = _order_links(e, n)
+    is_order = np.isin(ekind, ORDER_KINDS)
+    keep = ~removed[src] & ~removed[dst]
+    new_src, new_dst, new_lat, new_kind = [src[keep]], [dst[keep]], [lat[keep]], [ekind[keep]]
+
+    # Order edges: a surviving task whose order predecessor was removed links to the first
+    # surviving predecessor, with the latencies in between summed.
+    w = np.flatnonzero(~removed & (pred >= 0) & removed[np.maximum(pred, 0)])
+    p, acc = _jump(pred[w], pred, pred_lat, removed)
+    ok = p >= 0
+    new_src.append(p[ok])
+    new_dst.append(w[ok])
+    new_lat.append(acc[ok] + pred_lat[w][ok])
+    new_kind.append(_order_kind(graph, w[ok]))
+
+    # Other edges into a removed task move forward to its next surviving task on the resource.
+    into = ~is_order & removed[dst] & ~removed[src] & (ekind != int(EdgeKind.SYNC))
+    fwd, fwd_acc = _jump(dst[into], succ, succ_lat, removed)
+    ok = fwd >= 0
+    new_src.append(src[into][ok])
+    new_dst.append(fwd[ok])
+    new_lat.append(lat[into][ok] + fwd_acc[ok])
+    new_kind.append(ekind[into][ok])
+    # Edges out of a removed task start from its previous surviving task on the resource.
+    out_mask = ~is_order & removed[src] & ~removed[dst]
+    back, back_acc = _jump(src[out_mask], pred, pred_lat, removed)
+    ok = back >= 0
+    new_src.append(back[ok])
+    new_dst.append(dst[out_mask][ok])
+    new_lat.append(lat[out_mask][ok] + back_acc[ok])
+    new_kind.append(ekind[out_mask][ok])
+
+    out = graph.copy()
+    before = int(graph.tasks["dur_ns"].to_numpy()[ids].sum())
+    remap = np.cumsum(~removed) - 1
+    out.tasks = graph.tasks[~removed].reset_index(drop=True)
+    edges = pd.DataFrame({"src": remap[np.concatenate(new_src)], "dst": remap[np.concatenate(new_dst)],
+                          "lat_ns": np.concatenate(new_lat).astype(np.int64),
+                          "kind": np.concatenate(new_kind).astype(np.int8)})
+    out.edges = edges.drop_duplicates().reset_index(drop=True)
+    steps = out.steps.copy()
+    if len(steps):
+        steps["begin_task"] = remap[steps["begin_task"].to_numpy()]
+        end = steps["end_task"].to_numpy()
+        steps["end_task"] = np.where(end >= 0, remap[np.maximum(end, 0)], -1)
+    out.steps = steps
+    out.cache.clear()
+    _log(out, transform, "remove", len(ids), before, 0, reason)
+    return out
+
+
+def insert(graph: TaskGraph, *, name: str, kind: TaskKind, resource: int, dur_ns: int,
+           after: Iterable[int] = (), before: Iterable[int] = (), lat_ns: int = 0, splice_after: int | None = None,
+           step: int | None = None, reason: str, transform: str = "insert") -> tuple[TaskGraph, int]:
+    """Add one task; return the new graph and the new task's id.
+
+    ``after``/``before``: tasks it depends on / that depend on it (edges of kind FLOW, latency
+    ``lat_ns`` on the incoming ones). ``splice_after``: a task on the same ordered resource after
+    which the new task runs; the resource's order edge out of it is split around the new task.
+    """
+    if dur_ns < 0:
+        raise GraphError("durations must be >= 0 ns")
+    if not 0 <= resource < len(graph.resources):
+        raise GraphError(f"resource {resource} does not exist")
+    out = graph.copy()
+    new_id = len(out.tasks)
+    anchor_rank = int(out.resources["rank"].iat[resource]) if "rank" in out.resources else 0
+    row: dict[str, Any] = {c: None for c in out.tasks.columns}
+    row.update(event=-1, kind=int(kind), resource=resource, rank=anchor_rank, dur_ns=int(dur_ns),
+               measured_start_ns=-1, measured_end_ns=-1, step=-1 if step is None else step, name=name)
+    for col in ("phase", "layer", "op", "name"):
+        if col in out.tasks and isinstance(out.tasks[col].dtype, pd.CategoricalDtype):
+            out.tasks[col] = out.tasks[col].astype(object)
+    out.tasks = pd.concat([out.tasks, pd.DataFrame([row])], ignore_index=True)
+    src, dst, lats, kinds = [], [], [], []
+    for a in after:
+        src.append(int(a)), dst.append(new_id), lats.append(lat_ns), kinds.append(int(EdgeKind.FLOW))
+    for b in before:
+        src.append(new_id), dst.append(int(b)), lats.append(0), kinds.append(int(EdgeKind.FLOW))
+    edges = out.edges
+    if splice_after is not None:
+        order_kind = int(EdgeKind.STREAM) if int(out.resources["kind"].iat[resource]) == int(ResourceKind.STREAM) \
+            else int(EdgeKind.THREAD)
+        out_edge = (edges["src"] == splice_after) & edges["kind"].isin(ORDER_KINDS)
+        if out_edge.any():
+            i = int(np.flatnonzero(out_edge.to_numpy())[0])
+            nxt, gap = int(edges["dst"].iat[i]), int(edges["lat_ns"].iat[i])
+            edges = edges.drop(index=edges.index[i])
+            src += [int(splice_after), new_id]
+            dst += [new_id, nxt]
+            lats += [gap, 0]
+            kinds += [order_kind, order_kind]
+        else:
+            src.append(int(splice_after)), dst.append(new_id), lats.append(0), kinds.append(order_kind)
+    if not src:
+        origin = np.flatnonzero((out.tasks["kind"].to_numpy() == int(TaskKind.ORIGIN))
+                                & (out.tasks["rank"].to_numpy() == anchor_rank))
+        if len(origin):
+            src.append(int(origin[0])), dst.append(new_id), lats.append(0), kinds.append(int(EdgeKind.ANCHOR))
+    add = pd.DataFrame({"src": np.asarray(src, dtype=np.int64), "dst": np.asarray(dst, dtype=np.int64),
+                        "lat_ns": np.asarray(lats, dtype=np.int64), "kind": np.asarray(kinds, dtype=np.int8)})
+    out.edges = pd.concat([edges, add], ignore_index=True)
+    out.cache.clear()
+    _log(out, transform, "insert", 1, 0, int(dur_ns), reason)
+    return out, new_id
+
+
+def fuse(graph: TaskGraph, tasks: Tasks, dur_ns: int, *, name: str | None = None, drop_launches: bool = True,
+         reason: str, transform: str = "fuse") -> TaskGraph:
+    """Fuse ``tasks`` (on one ordered resource) into the first of them, which takes ``dur_ns``.
+
+    The others are removed; edges that reached them from outside the set now reach the fused
+    task, and edges that left them leave it. With ``drop_launches``, the launch calls of the
+    other members are removed too (one launch instead of many).
+    """
+    ids = _ids(graph, tasks)
+    if len(ids) < 2:
+        raise GraphError("fuse needs at least two tasks")
+    res = graph.tasks["resource"].to_numpy()[ids]
+    if len(np.unique(res)) != 1:
+        raise GraphError("fused tasks must run on one resource")
+    head, others = int(ids[0]), ids[1:]
+    before = int(graph.tasks["dur_ns"].to_numpy()[ids].sum())
+    e = graph.edges
+    src, dst, ekind = e["src"].to_numpy(), e["dst"].to_numpy(), e["kind"].to_numpy()
+    member = np.zeros(len(graph.tasks), dtype=bool)
+    member[ids] = True
+    launches = ekind == int(EdgeKind.LAUNCH)
+    drop_calls = np.unique(src[launches & np.isin(dst, others)]) if drop_launches else np.empty(0, np.int64)
+    # Edges from outside into other members -> head; from other members to outside -> from head.
+    new = e.copy()
+    into = member[dst] & ~member[src] & np.isin(dst, others) & ~(launches & drop_launches)
+    new.loc[into, "dst"] = head
+    leave = member[src] & ~member[dst] & np.isin(src, others)
+    new.loc[leave, "src"] = head
+    internal = member[src] & member[dst]
+    new = new[~internal & ~(np.isin(dst, others) & launches & drop_launches)]
+    staged = graph.copy()
+    staged.edges = new.reset_index(drop=True)
+    staged.tasks.loc[head, "dur_ns"] = int(dur_ns)
+    if name is not None:
+        staged.tasks["name"] = staged.tasks["name"].astype(object)
+        staged.tasks.loc[head, "name"] = name
+    out = remove(staged, np.concatenate([others, drop_calls]).astype(np.int64), reason=reason, transform=transform)
+    out.changes.pop()
+    _log(out, transform, f"fuse {len(ids)} tasks into 1 (and drop {len(drop_calls)} launches) for", len(ids),
+         before, int(dur_ns), reason)
+    return out
+
+
+def move(graph: TaskGraph, tasks: Tasks, resource: int, *, reason: str, transform: str = "move") -> TaskGraph:
+    """Move ``tasks`` to another ordered resource (a stream, a thread): they leave their old
+    chains (which close up around them) and join the new one in measured start order."""
+    ids = _ids(graph, tasks)
+    if not 0 <= resource < len(graph.resources):
+        raise GraphError(f"resource {resource} does not exist")
+    t = graph.tasks
+    n = len(t)
+    moved = np.zeros(n, dtype=bool)
+    moved[ids] = True
+    e = graph.edges
+    is_order = e["kind"].isin(ORDER_KINDS).to_numpy()
+    pred, pred_lat, succ, succ_lat = _order_links(e, n)
+    src, dst = e["src"].to_numpy(), e["dst"].to_numpy()
+    # close up the old chains: a staying task whose order pred moved links to the first staying pred
+    w = np.flatnonzero(~moved & (pred >= 0) & moved[np.maximum(pred, 0)])
+    p, acc = _jump(pred[w], pred, pred_lat, moved)
+    keep = ~(is_order & (moved[src] | moved[dst]))
+    kinds_keep = e[keep]
+    old_kind = _order_kind(graph, w)
+    closed = pd.DataFrame({"src": p[p >= 0], "dst": w[p >= 0], "lat_ns": (acc + pred_lat[w])[p >= 0],
+                           "kind": old_kind[p >= 0].astype(np.int8)})
+    # join the new chain by measured start (tasks a transform inserted sort by id at the end)
+    out = graph.copy()
+    out.tasks.loc[ids, "resource"] = resource
+    on_new = np.flatnonzero(out.tasks["resource"].to_numpy() == resource)
+    start = out.tasks["measured_start_ns"].to_numpy()[on_new]
+    order = on_new[np.lexsort((on_new, np.where(start < 0, np.iinfo(np.int64).max, start)))]
+    new_kind = int(_order_kind(out, on_new[:1])[0]) if len(on_new) else int(EdgeKind.THREAD)
+    rest = pd.concat([kinds_keep, closed], ignore_index=True)
+    rest = rest[~(rest["kind"].isin(ORDER_KINDS) & np.isin(rest["dst"], on_new) & np.isin(rest["src"], on_new))]
+    chain = pd.DataFrame({"src": order[:-1], "dst": order[1:], "lat_ns": 0, "kind": new_kind})
+    out.edges = pd.concat([rest, chain.astype({"lat_ns": np.int64, "kind": np.int8})], ignore_index=True)
+    _log(out, transform, f"move to {graph.resources['name'].iat[resource]}", len(ids),
+         int(t["dur_ns"].to_numpy()[ids].sum()), int(t["dur_ns"].to_numpy()[ids].sum()), reason)
+    return out
+
+
+def duplicate(graph: TaskGraph, tasks: Tasks, *, reason: str, transform: str = "duplicate") -> tuple[TaskGraph,
+                                                                                                     np.ndarray]:
+    """Copy ``tasks`` and the edges among them (a subgraph), return the graph and the new ids
+    (aligned with the sorted input ids). Edges from outside into the subgraph are copied too,
+    so the copy depends on what the original depended on; nothing depends on the copy yet."""
+    ids = _ids(graph, tasks)
+    out = graph.copy()
+    base = len(out.tasks)
+    new_ids = np.arange(base, base + len(ids), dtype=np.int64)
+    mapping = np.full(base, -1, dtype=np.int64)
+    mapping[ids] = new_ids
+    for col in ("phase", "layer", "op", "name"):
+        if isinstance(out.tasks[col].dtype, pd.CategoricalDtype):
+            out.tasks[col] = out.tasks[col].astype(object)
+    out.tasks = pd.concat([out.tasks, out.tasks.iloc[ids]], ignore_index=True)
+    e = out.edges
+    d_in = mapping[e["dst"].to_numpy()] >= 0
+    copy = e[d_in].copy()
+    s_map = mapping[copy["src"].to_numpy()]
+    copy["src"] = np.where(s_map >= 0, s_map, copy["src"].to_numpy())
+    copy["dst"] = mapping[copy["dst"].to_numpy()]
+    out.edges = pd.concat([e, copy], ignore_index=True)
+    out.cache.clear()
+    _log(out, transform, "duplicate", len(ids), 0, int(out.tasks["dur_ns"].to_numpy()[new_ids].sum()), reason)
+    return out, new_ids

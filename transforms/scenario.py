@@ -1,0 +1,160 @@
+"""Scenarios: a named, ordered list of transforms with parameters, from a TOML file or Python.
+
+```toml
+name = "fused and bf16"          # optional; defaults to the file name
+
+[[transform]]
+name = "fuse"
+
+[[transform]]
+name = "scale"
+factor = 0.5
+select = { kind = "kernel", name = "gemm" }
+```
+
+Every problem is reported as ``FILE:LINE: problem`` (unknown transform, unknown or mistyped
+parameter, bad selection).
+"""
+from __future__ import annotations
+
+import re
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from whatif.depgraph.graph import TaskGraph
+from whatif.tracer.errors import WhatifError
+
+from . import registry
+from .base import Transform, TransformContext, TransformError
+from .select import SelectionError, Selector
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ScenarioError(WhatifError):
+    """A scenario file that cannot be used; the message names the file and line."""
+
+
+@dataclass
+class Scenario:
+    name: str
+    transforms: list[Transform] = field(default_factory=list)
+    source: str | None = None
+
+    def apply(self, graph: TaskGraph, ctx: TransformContext | None = None) -> list[TaskGraph]:
+        """The graph after each transform in turn (the input graph is left unchanged)."""
+        ctx = ctx or TransformContext()
+        out, g = [], graph
+        for t in self.transforms:
+            try:
+                g = t.apply(g, ctx)
+            except (TransformError, SelectionError) as exc:
+                raise TransformError(f"scenario {self.name!r}, {t.label()}: {exc}") from None
+            out.append(g)
+        return out
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None:
+            return None
+        errors = []
+        for a in args:
+            try:
+                return _coerce(value, a, where)
+            except ScenarioError as exc:
+                errors.append(str(exc))
+        raise ScenarioError(errors[0])
+    if hint is Selector:
+        if not isinstance(value, dict):
+            raise ScenarioError(f"{where}: expected a table like {{ kind = \"kernel\" }}, got {value!r}")
+        try:
+            return Selector.from_mapping(value)
+        except SelectionError as exc:
+            raise ScenarioError(f"{where}: {exc}") from None
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, str, bool) and type(value) is hint:
+        return value
+    if origin is list and isinstance(value, list):
+        (inner,) = typing.get_args(hint) or (Any,)
+        return [_coerce(v, inner, where) for v in value]
+    if origin is dict and isinstance(value, dict):
+        return value
+    if hint is Any:
+        return value
+    name = getattr(hint, "__name__", str(hint))
+    raise ScenarioError(f"{where}: expected {name}, got {type(value).__name__} {value!r}")
+
+
+def build_transform(name: str, params: dict[str, Any], where: str = "") -> Transform:
+    """A transform from its registry name and parameters (as read from TOML), validated."""
+    prefix = f"{where}: " if where else ""
+    try:
+        cls = registry.get(name)
+    except TransformError as exc:
+        raise ScenarioError(f"{prefix}{exc}") from None
+    specs = {p.name: p for p in registry.parameters(name)}
+    unknown = sorted(set(params) - set(specs))
+    if unknown:
+        raise ScenarioError(f"{prefix}{name}: unknown parameter {unknown[0]!r} (parameters: "
+                            f"{', '.join(specs) or 'none'})")
+    missing = [p for p, s in specs.items() if s.required and p not in params]
+    if missing:
+        raise ScenarioError(f"{prefix}{name}: missing parameter {missing[0]!r}")
+    kwargs = {k: _coerce(v, specs[k].type, f"{where or name}: {name}.{k}".lstrip(": ")) for k, v in params.items()}
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError, TransformError) as exc:
+        raise ScenarioError(f"{prefix}{name}: {exc}") from None
+
+
+def _transform_lines(text: str) -> list[int]:
+    """Line numbers (1-based) of each ``[[transform]]`` header."""
+    return [i + 1 for i, line in enumerate(text.splitlines()) if re.match(r"\s*\[\[\s*transform\s*\]\]", line)]
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file. Raises :class:`ScenarioError` (``FILE:LINE: problem``)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: no such scenario file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{path}: cannot be read ({exc})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{path}: not valid TOML ({exc})") from None
+    return scenario_from_dict(data, source=str(path), default_name=path.stem, lines=_transform_lines(text))
+
+
+def scenario_from_dict(data: dict[str, Any], *, source: str = "<scenario>", default_name: str = "scenario",
+                       lines: list[int] | None = None) -> Scenario:
+    unknown = sorted(set(data) - {"name", "description", "transform"})
+    if unknown:
+        raise ScenarioError(f"{source}: unknown top-level key {unknown[0]!r} (expected name, description, "
+                            f"[[transform]] tables)")
+    items = data.get("transform", [])
+    if not isinstance(items, list) or not items:
+        raise ScenarioError(f"{source}: no [[transform]] tables")
+    transforms = []
+    for i, item in enumerate(items):
+        line = lines[i] if lines and i < len(lines) else None
+        where = f"{source}:{line}" if line else f"{source}: transform #{i + 1}"
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise ScenarioError(f"{where}: a [[transform]] needs name = \"<transform>\"")
+        params = {k: v for k, v in item.items() if k != "name"}
+        transforms.append(build_transform(item["name"], params, where))
+    name = data.get("name", default_name)
+    return Scenario(name=str(name), transforms=transforms, source=source)

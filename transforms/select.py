@@ -1,0 +1,164 @@
+"""Select tasks of a graph (Daydream's *Select*): by kind, name, layer, op, phase, step, rank,
+resource, kernel class, or any predicate over the tasks table. Returns sorted task ids.
+
+>>> import pandas as pd
+>>> from whatif.depgraph.graph import TaskGraph
+>>> tasks = pd.DataFrame({"kind": [2, 4, 4], "name": ["cudaLaunchKernel", "gemm_a", "relu"],
+...                       "rank": 0, "step": [0, 0, 1], "phase": ["decode"] * 3, "layer": None, "op": None,
+...                       "resource": [0, 1, 1]})
+>>> g = TaskGraph(tasks=tasks, edges=pd.DataFrame(), resources=pd.DataFrame(), steps=pd.DataFrame())
+>>> select(g, kind="kernel", name="gemm").tolist()
+[1]
+>>> select(g, step=1, phase="decode").tolist()
+[2]
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from whatif.depgraph.graph import TaskGraph, TaskKind
+from whatif.depgraph.kernels import KernelClass, classify_kernel
+from whatif.tracer.errors import WhatifError
+
+KIND_ALIASES: dict[str, tuple[TaskKind, ...]] = {
+    "kernel": (TaskKind.KERNEL,),
+    "gpu": (TaskKind.KERNEL, TaskKind.MEMCPY, TaskKind.MEMSET, TaskKind.COMM),
+    "memcpy": (TaskKind.MEMCPY,),
+    "memset": (TaskKind.MEMSET,),
+    "comm": (TaskKind.COMM,),
+    "collective": (TaskKind.COMM,),
+    "cpu": (TaskKind.CPU_CALL, TaskKind.CPU_WORK, TaskKind.WAIT),
+    "call": (TaskKind.CPU_CALL,),
+    "cpu_work": (TaskKind.CPU_WORK,),
+}
+
+
+class SelectionError(WhatifError):
+    """A selection names something that does not exist (a kind, a class, a bad pattern)."""
+
+
+@dataclass(frozen=True)
+class Selector:
+    """A reusable selection, as written in scenario files (every field optional, all must hold).
+
+    ``name``, ``layer`` and ``op`` are regular expressions searched in the task's value;
+    ``kind`` is a task kind (``kernel``, ``gpu``, ``cpu``, ``call``, ``comm``…) and
+    ``kernel_class`` a :class:`~whatif.depgraph.kernels.KernelClass` name (``gemm``,
+    ``elementwise``…); ``step``, ``rank`` accept a number or a list.
+    """
+
+    kind: str | list[str] | None = None
+    name: str | None = None
+    layer: str | None = None
+    op: str | None = None
+    phase: str | list[str] | None = None
+    step: int | list[int] | None = None
+    rank: int | list[int] | None = None
+    resource: str | None = None
+    kernel_class: str | list[str] | None = None
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items())
+        return f"Selector({shown})"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields that are set (what a scenario file would write)."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if getattr(self, k) is not None}
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any] | None) -> Selector:
+        data = dict(data or {})
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SelectionError(f"unknown selection key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+        return cls(**data)
+
+    def __call__(self, graph: TaskGraph) -> np.ndarray:
+        return select(graph, kind=self.kind, name=self.name, layer=self.layer, op=self.op, phase=self.phase,
+                      step=self.step, rank=self.rank, resource=self.resource, kernel_class=self.kernel_class)
+
+
+def _as_list(value: Any) -> list:
+    return list(value) if isinstance(value, (list, tuple, set)) else [value]
+
+
+def _regex(column: pd.Series, pattern: str) -> np.ndarray:
+    try:
+        rx = re.compile(pattern)
+    except re.error as exc:
+        raise SelectionError(f"bad pattern {pattern!r}: {exc}") from None
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        cats = column.cat.categories
+        hit = np.fromiter((bool(rx.search(str(c))) for c in cats), dtype=bool, count=len(cats))
+        codes = column.cat.codes.to_numpy()
+        return np.where(codes >= 0, hit[np.maximum(codes, 0)], False)
+    return column.map(lambda v: v is not None and v == v and bool(rx.search(str(v)))).to_numpy(bool)
+
+
+def kernel_classes(graph: TaskGraph) -> np.ndarray:
+    """The :class:`KernelClass` value of every task (``other`` for CPU tasks), per distinct
+    (name, op) pair, cached on the graph."""
+    cached = graph.cache.get("kernel_class")
+    if cached is not None and len(cached) == len(graph.tasks):
+        return cached
+    t = graph.tasks
+    gpu = t["kind"].isin([int(k) for k in KIND_ALIASES["gpu"]]).to_numpy()
+    out = np.full(len(t), KernelClass.OTHER.value, dtype=object)
+    pairs = pd.DataFrame({"name": t["name"].astype(str).to_numpy()[gpu],
+                          "op": t["op"].astype(object).to_numpy()[gpu]})
+    codes, uniques = pd.MultiIndex.from_frame(pairs.fillna("")).factorize() if len(pairs) else (np.empty(0, int), [])
+    values = np.asarray([classify_kernel(n, o or None).value for n, o in uniques], dtype=object)
+    out[gpu] = values[codes] if len(values) else out[gpu]
+    graph.cache["kernel_class"] = out
+    return out
+
+
+def select(graph: TaskGraph, *, kind: str | Iterable[str] | None = None, name: str | None = None,
+           layer: str | None = None, op: str | None = None, phase: str | Iterable[str] | None = None,
+           step: int | Iterable[int] | None = None, rank: int | Iterable[int] | None = None,
+           resource: str | None = None, kernel_class: str | Iterable[str] | None = None,
+           where: Callable[[pd.DataFrame], np.ndarray] | None = None) -> np.ndarray:
+    """Ids of the tasks that satisfy every given condition (all tasks when none is given)."""
+    t = graph.tasks
+    mask = np.ones(len(t), dtype=bool)
+    if kind is not None:
+        kinds: list[int] = []
+        for k in _as_list(kind):
+            key = str(k).lower()
+            if key in KIND_ALIASES:
+                kinds += [int(x) for x in KIND_ALIASES[key]]
+            elif key.upper() in TaskKind.__members__:
+                kinds.append(int(TaskKind[key.upper()]))
+            else:
+                raise SelectionError(f"unknown task kind {k!r} (known: {', '.join(sorted(KIND_ALIASES))})")
+        mask &= t["kind"].isin(kinds).to_numpy()
+    for column, pattern in (("name", name), ("layer", layer), ("op", op)):
+        if pattern is not None:
+            mask &= _regex(t[column], pattern)
+    if phase is not None:
+        mask &= t["phase"].astype(object).isin(_as_list(phase)).to_numpy()
+    if step is not None:
+        mask &= t["step"].isin(_as_list(step)).to_numpy()
+    if rank is not None:
+        mask &= t["rank"].isin(_as_list(rank)).to_numpy()
+    if resource is not None:
+        names = graph.resources["name"].astype(str)
+        hit = _regex(names, resource)
+        mask &= hit[t["resource"].to_numpy()]
+    if kernel_class is not None:
+        wanted = [str(c).lower() for c in _as_list(kernel_class)]
+        valid = {c.value for c in KernelClass}
+        bad = [c for c in wanted if c not in valid]
+        if bad:
+            raise SelectionError(f"unknown kernel class {bad[0]!r} (known: {', '.join(sorted(valid))})")
+        mask &= np.isin(kernel_classes(graph), wanted)
+    if where is not None:
+        mask &= np.asarray(where(t), dtype=bool)
+    return np.flatnonzero(mask).astype(np.int64)

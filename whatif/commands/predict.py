@@ -1,0 +1,33 @@
+"""Predict step times under what-if scenarios: replay the baseline graph and the graph each
+scenario (a TOML file of transforms, see docs/writing-a-transform.md) produces, and report the
+predicted step time, the speedup after every transform, what changed, and the new critical path."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import orjson
+from rich.console import Console
+
+from whatif.api import predict
+from whatif.summary import prediction_document, render_prediction
+from whatif.transforms.scenario import load_scenario
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", type=Path, help="trace file, folder of per-rank traces, or run folder")
+    parser.add_argument("-s", "--scenario", type=Path, action="append", required=True, metavar="FILE",
+                        help="scenario TOML file (repeatable)")
+    parser.add_argument("--json", type=Path, metavar="OUT", help="also write the whatif.prediction JSON document")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json)")
+
+
+def run(args: argparse.Namespace) -> int:
+    scenarios = [load_scenario(p) for p in args.scenario]  # validate every file before the slow part
+    doc = prediction_document(predict(args.path, scenarios))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    if not args.quiet:
+        render_prediction(doc, Console())
+    return 0
