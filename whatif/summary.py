@@ -118,7 +118,7 @@ PREDICTION_SCHEMA = "whatif.prediction"
 
 
 def _speedup(base_ns: float, new_ns: float) -> float:
-    return round(base_ns / new_ns, 6) if new_ns > 0 else float("inf")
+    return round(float(base_ns) / float(new_ns), 6) if new_ns > 0 else float("inf")
 
 
 def _scenario_document(base_steps: pd.DataFrame, result: ScenarioResult) -> dict[str, Any]:
