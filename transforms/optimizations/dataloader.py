@@ -1,0 +1,224 @@
+"""``dataloader``: PyTorch DataLoader worker processes (``num_workers=N``).
+
+Model (sources: the PyTorch ``torch.utils.data`` docs, "Single- and Multi-process Data Loading"
+and the ``DataLoader`` parameters ``num_workers`` and ``prefetch_factor``; the method is
+Daydream's (Zhu et al., USENIX ATC 2020): data loading is CPU work on the training thread, and
+the optimization is a graph edit (Insert on new threads, Schedule edges) that the replay prices):
+
+* In a ``num_workers=0`` trace each batch is loaded inside the training thread: one CPU task
+  per step, ``enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__`` (its dataset
+  ``__getitem__`` calls, transforms and collation are nested in it, so it is one ``CPU_WORK``
+  task of duration ``L_b``, ns).
+* With ``workers=N``, batch ``b`` is loaded by worker ``b mod N`` (PyTorch's round-robin
+  ``_worker_queue_idx_cycle``) on its own ordered CPU resource, one batch after another, taking
+  ``L_b · load_scale`` (``load_scale`` > 1 models workers contending for cores or memory
+  bandwidth; default 1: each worker as fast as the in-thread loader was).
+* Prefetch window: PyTorch keeps at most ``prefetch_factor · N`` batches requested ahead of the
+  consumer, so the load of batch ``b`` may start only once batch ``b − N·prefetch_factor`` was
+  consumed (a FLOW edge from that batch's fetch).
+* The training thread's ``__next__`` becomes a fetch: it waits (FLOW edge) for batch ``b``'s load
+  to end, then takes ``fetch_us``: a queue get, unpickling, and rebuilding each tensor from the
+  shared-memory handle the worker sent (torch.multiprocessing moves tensors put on a queue to
+  shared memory and sends only a handle; with the Linux ``file_descriptor`` strategy each
+  storage's descriptor is passed over a Unix socket, then mapped). :data:`DEFAULT_FETCH_US`
+  = 1 ms is our order-of-magnitude estimate of that hand-over for a batch of two tensors on an
+  idle host (two descriptor passes and mmaps, a pipe read, unpickling); it is not read from any
+  trace. It is host-dependent: ``python bench/whatif_dataloader.py --measure-fetch`` times it with
+  torch on the local machine (4.7–17 ms on our loaded 2-core VM). On the ResNet50 pair it does not
+  matter: the training thread waits for the GPU at the batch's H2D copy right after ``__next__``,
+  so even 5 ms only moves the first step.
+* ``warm=True`` (default): the trace window is mid-epoch (a profiler schedule skips the first
+  steps), so the worker queues are full at the window's start: the first ``N·prefetch_factor``
+  batches of the window were loaded before it and get no load task. ``warm=False`` models an
+  iterator created just before the window's first ``__next__`` (epoch start): every worker starts
+  then and the first fetch waits a whole load.
+
+The replay, not this module, then yields the steady state: step ≈ max(training-thread critical
+path, L / N) (data-bound when the workers cannot keep up). Loading tasks are grouped per
+(rank, thread), each group with its own N workers (one DataLoader per rank).
+
+``workers=0`` is refused: it is in-thread loading, which is what a ``num_workers=0`` trace
+already shows. A trace whose loader already uses workers (``_MultiProcessingDataLoaderIter``)
+is refused too: its ``__next__`` holds only the fetch, the load time is not in the trace.
+
+>>> DataLoaderWorkers(workers=4).label()
+'dataloader(workers=4, prefetch_factor=2, load_scale=1.0, warm=True)'
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from whatif.depgraph.graph import Change, EdgeKind, ResourceKind, TaskGraph, TaskKind
+
+from ..base import Transform, TransformContext, TransformError
+from ..edit import add_edges, duplicate, move, remove_edges, scale, set_duration
+from ..registry import register
+from ..select import Selector
+
+DEFAULT_FETCH_US = 1000.0
+"""Training-thread cost of taking one ready batch from a worker (µs); see the module docstring."""
+DEFAULT_SELECT = Selector(kind="cpu_work", name="DataLoader")
+MULTIPROCESS_MARK = "_MultiProcessingDataLoaderIter"
+
+
+@register
+@dataclass
+class DataLoaderWorkers(Transform):
+    name = "dataloader"
+    description = "DataLoader worker processes: batch loading leaves the training thread (workers=N)"
+
+    workers: int = field(metadata={"help": "number of worker processes (PyTorch num_workers), >= 1"})
+    prefetch_factor: int = field(default=2, metadata={"help": "batches each worker loads ahead (PyTorch default 2)"})
+    fetch_us: float | None = field(default=None, metadata={
+        "help": f"training-thread time to take a ready batch from a worker, µs (default {DEFAULT_FETCH_US:g})"})
+    load_scale: float = field(default=1.0, metadata={
+        "help": "multiplier on each batch's load time on a worker (> 1: workers contend for CPU)"})
+    warm: bool = field(default=True, metadata={
+        "help": "the window is mid-epoch: its first workers*prefetch_factor batches were loaded before it"})
+    select: Selector | None = field(default=None, metadata={
+        "help": "the loading tasks, one per batch (default: CPU work named like DataLoader)"})
+
+    def _check(self) -> None:
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise TransformError(f"dataloader: workers must be an integer >= 1, got {self.workers!r} (workers=0 is "
+                                 "loading in the training thread, which is what a num_workers=0 trace shows)")
+        if isinstance(self.prefetch_factor, bool) or not isinstance(self.prefetch_factor, int) \
+                or self.prefetch_factor < 1:
+            raise TransformError(f"dataloader: prefetch_factor must be an integer >= 1, got {self.prefetch_factor!r}")
+        if self.fetch_us is not None and not self.fetch_us >= 0:
+            raise TransformError(f"dataloader: fetch_us must be >= 0, got {self.fetch_us!r}")
+        if not self.load_scale > 0:
+            raise TransformError(f"dataloader: load_scale must be > 0, got {self.load_scale!r}")
+
+    def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
+        """The per-batch loading tasks (sorted ids); raises :class:`TransformError` when none."""
+        sel = self.select or DEFAULT_SELECT
+        ids = sel(graph)
+        names = graph.tasks["name"].astype(str).to_numpy()[ids]
+        multi = np.char.find(names.astype(str), MULTIPROCESS_MARK) >= 0 if len(ids) else np.zeros(0, bool)
+        if multi.any():
+            raise TransformError(f"dataloader: {int(multi.sum())} selected tasks are {names[multi][0]!r}: this "
+                                 "trace's DataLoader already uses worker processes, so its load time is not in "
+                                 "the trace (only the fetch); record with num_workers=0")
+        if len(ids) == 0:
+            what = repr(sel) if self.select else (f"{sel!r}, i.e. CPU work named like "
+                                                  "'enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__'")
+            raise TransformError(f"dataloader: no data-loading task in this trace (looked for {what}); pass select= "
+                                 "to name the loading op")
+        return ids
+
+    def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
+        self._check()
+        loads = self.match(graph, ctx)
+        t = graph.tasks
+        n_workers, window = self.workers, self.workers * self.prefetch_factor
+        fetch_ns = round((DEFAULT_FETCH_US if self.fetch_us is None else self.fetch_us) * 1000)
+        why = self.label()
+        start = t["measured_start_ns"].to_numpy()
+        res = t["resource"].to_numpy()
+        rank = t["rank"].to_numpy()
+
+        # Batches per loading thread, in measured order; which batches get a worker load task.
+        groups: list[np.ndarray] = []
+        for r in np.unique(res[loads]).tolist():
+            g = loads[res[loads] == r]
+            groups.append(g[np.argsort(start[g], kind="stable")])
+        first_loaded = window if self.warm else 0
+        out = graph.copy()
+        new_res: list[dict] = []
+        plan: list[tuple[np.ndarray, np.ndarray, int]] = []  # (batches with a load, their worker, group)
+        for gi, g in enumerate(groups):
+            b = np.arange(first_loaded, len(g))
+            plan.append((g[b], b % n_workers, gi))
+        used = sorted({(gi, int(w)) for _, ws, gi in plan for w in np.unique(ws).tolist()})
+        res_of: dict[tuple[int, int], int] = {}
+        for gi, w in used:
+            thread = int(res[groups[gi][0]])
+            res_of[(gi, w)] = len(out.resources) + len(new_res)
+            new_res.append({"rank": int(rank[groups[gi][0]]), "kind": int(ResourceKind.THREAD), "device": -1,
+                            "key": -1 - (len(out.resources) + len(new_res)), "ordered": True,
+                            "name": f"DataLoader worker {w} of {out.resources['name'].iat[thread]} (modeled)"})
+        if new_res:
+            out.resources = pd.concat([out.resources, pd.DataFrame(new_res)], ignore_index=True)
+
+        to_load = np.concatenate([p[0] for p in plan]) if plan else np.empty(0, np.int64)
+        if len(to_load):
+            # Worker copies of the loads: same duration and step (the consumer's), no inherited edges.
+            out, copies = duplicate(out, to_load, reason=f"{why}: a worker loads each batch", transform=self.name)
+            copy_of = dict(zip(np.sort(to_load).tolist(), copies.tolist()))
+            out = remove_edges(out, np.isin(out.edges["dst"].to_numpy(), copies),
+                               reason=f"{why}: worker loads depend only on the prefetch window", transform=self.name)
+            for (gi, w), r in res_of.items():
+                batch_ids, ws, _ = plan[gi]
+                mine = np.asarray([copy_of[int(x)] for x in batch_ids[ws == w]], dtype=np.int64)
+                out = move(out, mine, r, reason=f"{why}: batches b with b mod {n_workers} = {w}",
+                           transform=self.name)
+            if self.load_scale != 1.0:
+                out = scale(out, copies, self.load_scale, reason=f"{why}: worker contention", transform=self.name)
+            src, dst = [], []
+            for g in groups:
+                pos = {int(x): i for i, x in enumerate(g.tolist())}
+                for x in g[first_loaded:].tolist():
+                    d, b = copy_of[x], pos[x]
+                    src.append(d), dst.append(x)  # fetch of b waits for its load
+                    if b >= window:  # load of b starts once batch b - N*prefetch_factor was consumed
+                        src.append(int(g[b - window])), dst.append(d)
+            out = add_edges(out, src, dst, 0, EdgeKind.FLOW, reason=f"{why}: fetch waits for its load; prefetch "
+                            f"window of {window} batches", transform=self.name)
+            if not self.warm:
+                out = self._cold_start(out, groups, copy_of, window, why)
+            tasks = out.tasks
+            if isinstance(tasks["name"].dtype, pd.CategoricalDtype):
+                tasks["name"] = tasks["name"].astype(object)
+            pos_in = {int(x): i for g in groups for i, x in enumerate(g.tolist())}
+            inv = {c: o for o, c in copy_of.items()}
+            tasks.loc[copies, "name"] = [f"load batch {pos_in[inv[int(c)]]} (modeled DataLoader worker)"
+                                         for c in copies.tolist()]
+            tasks.loc[copies, ["measured_start_ns", "measured_end_ns"]] = -1
+
+        out = set_duration(out, loads, fetch_ns, reason=f"{why}: __next__ only takes a ready batch from a worker",
+                           transform=self.name)
+        tasks = out.tasks
+        if isinstance(tasks["name"].dtype, pd.CategoricalDtype):
+            tasks["name"] = tasks["name"].astype(object)
+        tasks.loc[loads, "name"] = f"enumerate(DataLoader){MULTIPROCESS_MARK}.__next__ (modeled fetch)"
+        before = int(t["dur_ns"].to_numpy()[loads].sum())
+        prefetched = sum(min(window, len(g)) for g in groups) if self.warm else 0
+        out.changes.append(Change(
+            transform=self.name, action=f"move batch loading to {n_workers} worker processes per loader "
+            f"({len(to_load)} loads on workers, {prefetched} prefetched before the window) for", tasks=len(loads),
+            before_ns=before, after_ns=fetch_ns * len(loads), reason=why))
+        out.cache.clear()
+        return out
+
+    def _cold_start(self, out: TaskGraph, groups: list[np.ndarray], copy_of: dict[int, int], window: int,
+                    why: str) -> TaskGraph:
+        """The iterator is created just before the first ``__next__``: the first prefetch window's loads
+        start then (after that task's thread predecessor, or at its measured offset from the rank's origin)."""
+        e = out.edges
+        order = e[(e["kind"] == int(EdgeKind.THREAD)).to_numpy()]
+        pred = dict(zip(order["dst"].tolist(), order["src"].tolist()))
+        kinds = out.tasks["kind"].to_numpy()
+        ranks = out.tasks["rank"].to_numpy()
+        m_start = out.tasks["measured_start_ns"].to_numpy()
+        flow: tuple[list[int], list[int]] = ([], [])
+        anchor: tuple[list[int], list[int], list[int]] = ([], [], [])
+        for g in groups:
+            first = int(g[0])
+            heads = [copy_of[int(x)] for x in g[:window].tolist()]
+            if first in pred:
+                flow[0].extend([pred[first]] * len(heads)), flow[1].extend(heads)
+            else:
+                origin = int(np.flatnonzero((kinds == int(TaskKind.ORIGIN)) & (ranks == ranks[first]))[0])
+                anchor[0].extend([origin] * len(heads)), anchor[1].extend(heads)
+                anchor[2].extend([int(m_start[first] - m_start[origin])] * len(heads))
+        if flow[0]:
+            out = add_edges(out, flow[0], flow[1], 0, EdgeKind.FLOW, reason=f"{why}: iterator created before the "
+                            "first __next__; every worker starts loading", transform=self.name)
+        if anchor[0]:
+            out = add_edges(out, anchor[0], anchor[1], anchor[2], EdgeKind.ANCHOR, reason=f"{why}: iterator created "
+                            "at the first __next__", transform=self.name)
+        return out
