@@ -284,6 +284,13 @@ def test_no_gpu_activity_refused(tmp_path: Path) -> None:
     assert "no GPU activity recorded: 1 kernel launches/copies" in message
 
 
+def test_concatenated_gzip_members(tmp_path: Path) -> None:
+    text = json.dumps(minimal()).encode()
+    path = tmp_path / "two.json.gz"
+    path.write_bytes(gzip.compress(text[:100]) + gzip.compress(text[100:]))
+    assert len(load_trace(path).events) == 3
+
+
 # --- ranks --------------------------------------------------------------------------------------
 
 def test_folder_of_ranks(tmp_path: Path) -> None:
@@ -293,3 +300,36 @@ def test_folder_of_ranks(tmp_path: Path) -> None:
     assert [r.rank for r in trace.ranks] == [0, 1] and [r.world_size for r in trace.ranks] == [2, 2]
     assert list(trace.events["rank"]) == [0, 0, 0, 1, 1, 1]
     assert trace.events["name"].cat.categories.tolist() == sorted({"aten::mm", "cudaLaunchKernel", "gemm"})
+
+
+def test_rank_from_file_name_when_distributed_info_is_missing(tmp_path: Path) -> None:
+    for rank in (3, 2):
+        write(tmp_path / f"job_rank{rank}.json", minimal())
+    assert [r.rank for r in load_trace(tmp_path).ranks] == [2, 3]
+    write(tmp_path / "extra.json", minimal())
+    assert "mixed ranks: extra.json names no rank" in one_line_error(tmp_path)
+
+
+@pytest.mark.parametrize("layout", ["events-first", "events-last", "lists-after", "ph-last", "compact"])
+def test_top_level_layouts(tmp_path: Path, layout: str) -> None:
+    """Metadata before or after the events, lists of objects after them, "ph" as the last key of
+    the last event, no whitespace: the reader finds the events array and every top-level key."""
+    events = minimal()["traceEvents"]
+    if layout == "ph-last":
+        events = [{k: v for k, v in ev.items() if k != "ph"} | {"ph": ev["ph"]} for ev in events]
+    meta = {"deviceProperties": [{"id": 0, "name": "GPU A"}], "distributedInfo": {"rank": 0, "world_size": 1},
+            "ERROR": ["[W] profiler said [something]"], "traceName": "t.json"}
+    if layout == "events-first":
+        doc = {"traceEvents": events, **meta}
+    elif layout == "lists-after":
+        doc = {"traceName": "t.json", "traceEvents": events, "deviceProperties": meta["deviceProperties"],
+               "ERROR": meta["ERROR"], "distributedInfo": meta["distributedInfo"]}
+    else:
+        doc = {**meta, "traceEvents": events}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc, indent=None if layout == "compact" else 2,
+                               separators=(",", ":") if layout == "compact" else None))
+    trace = load_trace(path)
+    info = trace.ranks[0]
+    assert len(trace.events) == 3 and info.gpu_name == "GPU A" and info.world_size == 1
+    assert {k: info.metadata[k] for k in meta} == meta and "traceEvents" not in info.metadata
