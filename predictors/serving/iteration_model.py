@@ -1,0 +1,286 @@
+"""Iteration-time models fitted on a trace's replayed serving iterations.
+
+One step (``ProfilerStep#N``) is one serving iteration. Per step the replay gives its *cycle*:
+from the first task of its phase (``phase:prefill`` / ``decode`` / ``denoise``) to the task that
+completes the step, plus the loop's work before the phase (the median gap between a step's begin
+and its first phase task; the median leaves out the idle sleeps before some prefills). A scenario
+changes the replay, hence the cycles, hence the model.
+
+LLM (:func:`fit_llm_model`): per phase, a least-squares linear model of iteration time (ns) in features of the
+batch composition, Vidur-style; candidate feature sets are compared by leave-one-out relative
+error and the best one with non-negative slopes is kept:
+
+* prefill: ``tokens`` (new tokens), ``tokens2`` (tokens², dense attention over the packed batch),
+  ``attn`` (Σ new·(cached+new) per sequence, block-diagonal attention), ``seqs``;
+* decode: ``seqs``, ``context`` (Σ context tokens), ``padded`` (seqs · max context: attention over a
+  padded batch, as the example's decode does).
+
+DiT (:func:`fit_dit_model`): per denoising step, attention time and the rest are each fitted
+linearly in the model batch; another token count ``T'`` scales the attention slope by (T'/T)² and
+the rest's slope by T'/T (intercepts are per-call overheads and stay).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from whatif.predictors.replay import Replay
+from whatif.predictors.steps import step_end_tasks
+
+from .logs import LLMBatch, ServingLogError
+
+ATTENTION = re.compile(r"scaled_dot_product|attention|flash|fmha|sdpa", re.IGNORECASE)
+
+PREFILL_CANDIDATES: list[tuple[str, ...]] = [("tokens",), ("tokens", "tokens2"), ("tokens", "attn"), ("seqs", "tokens"),
+                                             ("seqs", "tokens", "tokens2"), ("seqs", "tokens", "attn")]
+DECODE_CANDIDATES: list[tuple[str, ...]] = [("seqs",), ("seqs", "context"), ("seqs", "padded"),
+                                            ("seqs", "context", "padded")]
+
+
+def replayed_iterations(replay: Replay) -> pd.DataFrame:
+    """Per step that ran a phase, in step order: ``rank``, ``step``, ``phase``, ``cycle_ns`` (first phase
+    task to step completion), ``pre_gap_ns`` (step begin to first phase task), ``attn_ns`` (replayed time
+    of attention ops/kernels in the step). Multi-rank: the slowest rank per step."""
+    g = replay.graph
+    t = g.tasks
+    floor, finisher = step_end_tasks(replay, replay.start_ns, replay.end_ns)
+    steps = g.steps
+    has_phase = t["phase"].notna().to_numpy()
+    if not has_phase.any():
+        raise ServingLogError("the trace has no phase annotations (phase:prefill/decode/denoise): "
+                              "mark serving iterations with whatif.phase(...)")
+    start, end = replay.start_ns, replay.end_ns
+    ph = t.loc[has_phase, ["rank", "step", "phase"]].copy()
+    ph["start"] = start[has_phase]
+    ph["attn"] = np.where(t.loc[has_phase, "name"].astype(str).str.contains(ATTENTION).to_numpy(),
+                          (end - start)[has_phase], 0)
+    ph["phase"] = ph["phase"].astype(str)
+    agg = ph.groupby(["rank", "step"], sort=False).agg(first=("start", "min"), phase=("phase", "first"),
+                                                         attn_ns=("attn", "sum")).reset_index()
+    rows = pd.DataFrame({"rank": steps["rank"].to_numpy(), "step": steps["step"].to_numpy(), "floor": floor,
+                         "done": end[finisher]})
+    m = agg.merge(rows, on=["rank", "step"], how="inner")
+    m["cycle_ns"] = m["done"] - m["first"]
+    m["pre_gap_ns"] = m["first"] - m["floor"]
+    m = m.sort_values(["step", "rank"])
+    per_step = m.groupby("step", sort=True).agg(rank=("rank", "first"), phase=("phase", "first"),
+                                                cycle_ns=("cycle_ns", "max"), pre_gap_ns=("pre_gap_ns", "max"),
+                                                attn_ns=("attn_ns", "max")).reset_index()
+    return per_step[["rank", "step", "phase", "cycle_ns", "pre_gap_ns", "attn_ns"]]
+
+
+def loop_overhead_ns(iters: pd.DataFrame) -> float:
+    """The serving loop's work before an iteration's phase: median pre-phase gap, first step left out
+    (it holds start-up) and so are idle sleeps (rare next to the many back-to-back iterations)."""
+    gaps = iters["pre_gap_ns"].to_numpy()[1:] if len(iters) > 1 else iters["pre_gap_ns"].to_numpy()
+    return float(np.median(gaps)) if len(gaps) else 0.0
+
+
+def llm_features(batch: LLMBatch) -> dict[str, float]:
+    """Feature values of a batch (tokens, or token products for attention terms)."""
+    new = np.asarray(batch.prefill_tokens, dtype=float)
+    cached = np.asarray(batch.prefill_cached or (0,) * len(new), dtype=float)
+    ctx = np.asarray(batch.decode_context, dtype=float)
+    if len(new):
+        tok = float(new.sum())
+        return {"seqs": float(len(new)), "tokens": tok, "tokens2": tok * tok, "attn": float((new * (cached + new)).sum())}
+    return {"seqs": float(len(ctx)), "context": float(ctx.sum()), "padded": float(len(ctx) * ctx.max()) if len(ctx) else 0.0}
+
+
+@dataclass
+class PhaseFit:
+    """A fitted linear model ``time_ns = intercept_ns + Σ coef[f] · feature f`` and its quality."""
+
+    phase: str
+    features: tuple[str, ...]
+    intercept_ns: float
+    coef: dict[str, float]
+    n: int
+    r2: float
+    mape: float        # in-sample mean |relative error|
+    loo_mape: float    # leave-one-out mean |relative error|
+    candidates: dict[str, float] = field(default_factory=dict)  # feature set -> LOO MAPE
+
+    def predict_ns(self, feats: dict[str, float]) -> float:
+        return self.intercept_ns + sum(c * feats[f] for f, c in self.coef.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"phase": self.phase, "features": list(self.features), "intercept_ns": self.intercept_ns,
+                "coef": self.coef, "n": self.n, "r2": self.r2, "mape": self.mape, "loo_mape": self.loo_mape,
+                "candidates": self.candidates}
+
+
+def _fit_one(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ordinary least squares with intercept (the conditional *mean*, so a run's total busy time is
+    kept even when other jobs slow some iterations); returns (coefficients, LOO relative errors)."""
+    a = np.column_stack([np.ones(len(y)), x])
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    resid = y - a @ coef
+    pinv = np.linalg.pinv(a.T @ a)
+    h = np.einsum("ij,jk,ik->i", a, pinv, a)
+    loo = resid / np.clip(1 - h, 1e-9, None) / y
+    return coef, loo
+
+
+def fit_phase(phase: str, feats: list[dict[str, float]], y_ns: np.ndarray,
+              candidates: list[tuple[str, ...]]) -> PhaseFit:
+    """Best candidate feature set by leave-one-out relative error among fits with non-negative slopes."""
+    y = np.asarray(y_ns, dtype=float)
+    tried: dict[str, float] = {}
+    best: tuple[float, tuple[str, ...], np.ndarray] | None = None
+    for cand in candidates:
+        x = np.array([[f[c] for c in cand] for f in feats], dtype=float)
+        if len(y) <= len(cand) + 1 or np.linalg.matrix_rank(np.column_stack([np.ones(len(y)), x])) < len(cand) + 1:
+            continue
+        coef, loo = _fit_one(x, y)
+        score = float(np.mean(np.abs(loo)))
+        tried["+".join(cand)] = score
+        if (coef[1:] < 0).any():
+            continue
+        if best is None or score < best[0] * 0.98:  # a bigger set must earn its keep
+            best = (score, cand, coef)
+    if best is None:  # too few or identical iterations: a constant
+        mean = float(np.mean(y))
+        return PhaseFit(phase, (), mean, {}, len(y), 0.0, float(np.mean(np.abs(y / mean - 1))), float("nan"), tried)
+    score, cand, coef = best
+    x = np.array([[f[c] for c in cand] for f in feats], dtype=float)
+    pred = coef[0] + x @ coef[1:]
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    r2 = 1 - float(((y - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
+    return PhaseFit(phase, cand, float(coef[0]), {c: float(v) for c, v in zip(cand, coef[1:])}, len(y), r2,
+                    float(np.mean(np.abs(pred / y - 1))), score, tried)
+
+
+@dataclass
+class IterationModel:
+    """Time (ns) of an LLM serving iteration of any composition; ``factor[phase]`` rescales a phase
+    (profiler-overhead correction, 1.0 = the recorded, profiled speed)."""
+
+    fits: dict[str, PhaseFit]
+    loop_overhead_ns: float
+    factor: dict[str, float] = field(default_factory=lambda: {"prefill": 1.0, "decode": 1.0})
+
+    def time_ns(self, batch: LLMBatch) -> float:
+        """Iteration time (ns). A mixed batch (chunked prefill) costs its prefill plus the decode
+        part's marginal time (the decode fit without its intercept): one forward pass, one overhead."""
+        if not batch.prefill_tokens and not batch.decode_context:
+            return 0.0
+        if batch.prefill_tokens:
+            p = LLMBatch(batch.prefill_tokens, batch.prefill_cached)
+            t = self._phase("prefill").predict_ns(llm_features(p)) * self.factor.get("prefill", 1.0)
+            if batch.decode_context:
+                d = self._phase("decode")
+                marg = d.predict_ns(llm_features(LLMBatch(decode_context=batch.decode_context))) - d.intercept_ns
+                t += marg * self.factor.get("decode", 1.0)
+            return max(t, 1.0)
+        d = self._phase("decode")
+        return max(d.predict_ns(llm_features(batch)) * self.factor.get("decode", 1.0), 1.0)
+
+    def _phase(self, phase: str) -> PhaseFit:
+        if phase not in self.fits:
+            raise ServingLogError(f"the trace has no {phase} iterations: cannot price a {phase} batch")
+        return self.fits[phase]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"loop_overhead_ns": self.loop_overhead_ns, "profiler_factor": self.factor,
+                "phases": {p: f.to_dict() for p, f in self.fits.items()}}
+
+
+def fit_llm_model(iters: pd.DataFrame, compositions: list[tuple[str, LLMBatch]]) -> IterationModel:
+    """Fit per phase on replayed iterations (:func:`replayed_iterations`) matched in order to the
+    log's compositions; the phase sequences must agree."""
+    trace_phases = iters["phase"].tolist()
+    log_phases = [p for p, _ in compositions]
+    if trace_phases != log_phases:
+        n = next((i for i, (a, b) in enumerate(zip(trace_phases, log_phases)) if a != b), min(len(trace_phases), len(log_phases)))
+        raise ServingLogError(f"trace and serving log disagree: {len(trace_phases)} phase steps vs "
+                              f"{len(log_phases)} logged iterations, first difference at iteration {n} "
+                              "(is the log from this recording?)")
+    over = loop_overhead_ns(iters)
+    y = iters["cycle_ns"].to_numpy(float) + over
+    fits = {}
+    for phase, cands in (("prefill", PREFILL_CANDIDATES), ("decode", DECODE_CANDIDATES)):
+        idx = [i for i, p in enumerate(log_phases) if p == phase]
+        if idx:
+            fits[phase] = fit_phase(phase, [llm_features(compositions[i][1]) for i in idx], y[idx], cands)
+    return IterationModel(fits=fits, loop_overhead_ns=over)
+
+
+def profiler_factor(model: IterationModel, profiled: list[tuple[str, LLMBatch, float]],
+                    plain: list[tuple[str, LLMBatch, float]]) -> dict[str, float]:
+    """Per phase: how much faster the un-profiled program runs, from two logs of the same program
+    ((phase, batch, logged duration ms) per iteration): median(plain / model) / median(profiled / model),
+    so different compositions in the two runs cancel out."""
+    out = {}
+    for phase in model.fits:
+        def ratio(rows: list[tuple[str, LLMBatch, float]]) -> float:
+            r = [d * 1e6 / model.time_ns(b) for p, b, d in rows if p == phase]
+            return float(np.median(r)) if r else float("nan")
+        a, b = ratio(plain), ratio(profiled)
+        out[phase] = a / b if np.isfinite(a) and np.isfinite(b) and b > 0 else 1.0
+    return out
+
+
+@dataclass
+class DitStepModel:
+    """Time (ns) of one denoising step at a model batch and token count, fitted at ``tokens_ref``."""
+
+    tokens_ref: int
+    attn: tuple[float, float]   # intercept_ns, ns per model-batch element at tokens_ref
+    rest: tuple[float, float]
+    batch_overhead_ns: float    # per served batch, outside the steps (noise, result copy)
+    n: int
+    mape: float
+    loo_mape: float
+    batches_seen: list[int] = field(default_factory=list)
+    factor: float = 1.0
+
+    def step_ns(self, model_batch: int, tokens: int) -> float:
+        r = tokens / self.tokens_ref
+        t = self.attn[0] + self.attn[1] * model_batch * r * r + self.rest[0] + self.rest[1] * model_batch * r
+        return max(t, 1.0) * self.factor
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tokens_ref": self.tokens_ref, "attention_ns": list(self.attn), "rest_ns": list(self.rest),
+                "batch_overhead_ns": self.batch_overhead_ns, "n": self.n, "mape": self.mape,
+                "loo_mape": self.loo_mape, "model_batches_seen": self.batches_seen, "profiler_factor": self.factor}
+
+
+def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Least-squares line (intercept, slope); a constant's slope is 0, a single x goes through 0."""
+    if len(np.unique(x)) < 2:
+        return 0.0, float(np.mean(y) / np.mean(x))
+    slope, icpt = np.polyfit(x, y, 1)
+    if slope < 0:
+        return float(np.mean(y)), 0.0
+    return float(icpt), float(slope)
+
+
+def fit_dit_model(iters: pd.DataFrame, compositions: list[tuple[int, int]], batch_overhead_ns: float = 0.0) -> DitStepModel:
+    """Fit on replayed denoising steps matched in order to the log's (model batch, tokens)."""
+    if len(iters) != len(compositions):
+        raise ServingLogError(f"trace and serving log disagree: {len(iters)} denoise steps vs "
+                              f"{len(compositions)} logged steps (is the log from this recording?)")
+    tokens = {t for _, t in compositions}
+    if len(tokens) != 1:
+        raise ServingLogError("the DiT log mixes token counts; record one resolution")
+    over = loop_overhead_ns(iters)
+    mb = np.array([b for b, _ in compositions], dtype=float)
+    y = iters["cycle_ns"].to_numpy(float) + over
+    attn = iters["attn_ns"].to_numpy(float)
+    a, r = _line(mb, attn), _line(mb, y - attn)
+    pred = a[0] + a[1] * mb + r[0] + r[1] * mb
+    loo = []
+    for i in range(len(y)):
+        keep = np.arange(len(y)) != i
+        if len(np.unique(mb[keep])) < 1:
+            continue
+        ai, ri = _line(mb[keep], attn[keep]), _line(mb[keep], (y - attn)[keep])
+        loo.append(abs(ai[0] + ai[1] * mb[i] + ri[0] + ri[1] * mb[i] - y[i]) / y[i])
+    return DitStepModel(tokens_ref=tokens.pop(), attn=a, rest=r, batch_overhead_ns=batch_overhead_ns, n=len(y),
+                        mape=float(np.mean(np.abs(pred / y - 1))), loo_mape=float(np.mean(loo)) if loo else float("nan"),
+                        batches_seen=sorted({int(b) for b in mb}))

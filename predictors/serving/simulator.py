@@ -1,0 +1,245 @@
+"""Request-level discrete-event serving simulator (LLM and DiT).
+
+Events come off a heap keyed ``(time_ns, priority, sequence number)``: arrivals (0) before KV
+hand-offs (1) before iteration ends (2) before idle-replica kicks (3) at the same instant, so a
+request arriving exactly when an iteration ends is seen by the next one (as the example server's
+loop does), and simultaneous arrivals at an idle replica start one iteration together. Same
+inputs, same result: nothing is random here (arrivals are drawn, seeded, in :mod:`.arrivals`).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .arrivals import RequestSpec, WorkloadError
+from .iteration_model import DitStepModel
+from .kvcache import KVCache
+from .logs import LLMBatch
+from .metrics import RequestResult, stats, summarize
+from .scheduler import POLICIES, ReplicaState, Seq, Work
+
+ARRIVE, HANDOFF, DONE, KICK = 0, 1, 2, 3
+
+
+@dataclass
+class SchedulerConfig:
+    """Serving system: policy, limits, KV cache and replicas (token counts in tokens)."""
+
+    policy: str = "vllm"
+    max_seqs: int = 8
+    max_batched_tokens: int = 512
+    chunk_tokens: int | None = None         # chunked: token budget per iteration (default max_batched_tokens)
+    kv_capacity_tokens: int | None = None   # per replica; None = unlimited (slots are the only limit)
+    kv_block_tokens: int = 16
+    replicas: int = 1                       # disagg: decode replicas
+    prefill_replicas: int = 1               # disagg only
+    kv_transfer_ns_per_token: float = 0.0   # disagg: prefill -> decode hand-off
+    router: str = "least_loaded"            # or round_robin
+
+    def check(self) -> None:
+        if self.policy not in POLICIES:
+            raise WorkloadError(f"unknown policy {self.policy!r} (policies: {', '.join(POLICIES)})")
+        if self.router not in ("least_loaded", "round_robin"):
+            raise WorkloadError(f"unknown router {self.router!r} (least_loaded, round_robin)")
+        for name in ("max_seqs", "max_batched_tokens", "replicas", "prefill_replicas", "kv_block_tokens"):
+            if getattr(self, name) < 1:
+                raise WorkloadError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class SimResult:
+    """Per-request rows (``RequestResult.to_dict``), the aggregate summary, iteration counts."""
+
+    requests: list[dict[str, Any]]
+    summary: dict[str, Any]
+    iterations: dict[str, int] = field(default_factory=dict)
+
+
+class _Router:
+    def __init__(self, kind: str, replicas: list[ReplicaState]) -> None:
+        self.kind, self.replicas, self._rr = kind, replicas, itertools.cycle(range(len(replicas)))
+
+    def pick(self) -> ReplicaState:
+        if self.kind == "round_robin":
+            return self.replicas[next(self._rr)]
+        return min(self.replicas, key=lambda r: (r.load, r.index))
+
+
+def simulate_llm(requests: list[RequestSpec], time_ns: Callable[[LLMBatch], float], cfg: SchedulerConfig,
+                 slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None) -> SimResult:
+    """Serve ``requests`` with iteration times from ``time_ns`` (e.g. ``IterationModel.time_ns``)."""
+    cfg.check()
+    if not requests:
+        raise WorkloadError("no requests to simulate")
+    chunk = cfg.chunk_tokens or cfg.max_batched_tokens
+
+    def replica(i: int, role: str) -> ReplicaState:
+        return ReplicaState(i, role, cfg.policy, cfg.max_seqs, cfg.max_batched_tokens, chunk,
+                            KVCache(cfg.kv_capacity_tokens, cfg.kv_block_tokens))
+
+    if cfg.policy == "disagg":
+        front = [replica(i, "prefill") for i in range(cfg.prefill_replicas)]
+        back = [replica(cfg.prefill_replicas + i, "decode") for i in range(cfg.replicas)]
+    else:
+        front = back = [replica(i, "mixed") for i in range(cfg.replicas)]
+    everyone = front + ([] if back is front else back)
+    for r in requests:
+        need = r.prompt_tokens + r.output_tokens
+        if cfg.policy != "chunked" and r.prompt_tokens > cfg.max_batched_tokens:
+            raise WorkloadError(f"request {r.id}: prompt_tokens {r.prompt_tokens} exceeds max batched tokens "
+                                f"{cfg.max_batched_tokens} (it could never be scheduled)")
+        if not everyone[0].kv.fits_ever(need):
+            raise WorkloadError(f"request {r.id}: {need} tokens do not fit in the KV cache "
+                                f"({cfg.kv_capacity_tokens} tokens)")
+    route_in, route_out = _Router(cfg.router, front), _Router(cfg.router, back)
+    results = [RequestResult(r.id, r.arrival_s * 1e9, r.prompt_tokens, r.output_tokens) for r in requests]
+    heap: list[tuple[float, int, int, int, Any]] = []
+    counter = itertools.count()
+
+    def push(t: float, kind: int, data: Any) -> None:
+        heapq.heappush(heap, (t, kind, next(counter), kind, data))
+
+    for res, spec in zip(results, requests):
+        push(res.arrival_ns, ARRIVE, Seq(res, spec.prompt_tokens, spec.output_tokens, target=spec.prompt_tokens))
+    busy = dict.fromkeys(range(len(everyone)), 0.0)
+    current: dict[int, Work] = {}
+    kicked: set[int] = set()
+    counts = {"prefill": 0, "decode": 0, "mixed": 0}
+
+    def start(rep: ReplicaState, now: float) -> None:
+        work = rep.next_work()
+        for s in rep.preempted:  # disagg decode replicas send preempted sequences back to prefill
+            (route_in.pick() if rep.role == "decode" else rep).waiting.appendleft(s)
+        rep.preempted.clear()
+        if work is None:
+            return
+        for s, _ in work.prefill:
+            if s.res.admitted_ns is None:
+                s.res.admitted_ns, s.res.replica = now, rep.index
+        batch = work.batch()
+        dur = max(float(time_ns(batch)), 1.0)
+        counts[batch.phase] += 1
+        busy[rep.index] += dur
+        current[rep.index] = work
+        push(now + dur, DONE, rep)
+
+    def finish(rep: ReplicaState, now: float) -> None:
+        work = current.pop(rep.index)
+        emitted = [s for s in work.decode if not s.padding]
+        for s, n in work.prefill:
+            s.prefilled += n
+            if not s.in_prefill:
+                emitted.append(s)
+        for s in emitted:
+            s.generated += 1
+            s.res.token_ns.append(now)
+        for s in emitted:
+            if s.done:
+                rep.kv.free(s.id)
+                if cfg.policy == "static":
+                    s.padding = True
+                else:
+                    rep.running.remove(s)
+            elif rep.role == "prefill":
+                rep.kv.free(s.id)
+                rep.running.remove(s)
+                push(now + cfg.kv_transfer_ns_per_token * s.prefilled, HANDOFF, s)
+        if cfg.policy == "static" and all(s.padding for s in rep.running):
+            rep.running.clear()
+
+    while heap:
+        now, _, _, kind, data = heapq.heappop(heap)
+        if kind == ARRIVE:
+            rep = route_in.pick()
+            rep.waiting.append(data)
+        elif kind == HANDOFF:
+            rep = route_out.pick()
+            rep.waiting.append(data)
+        elif kind == DONE:
+            rep = data
+            finish(rep, now)
+            start(rep, now)
+            continue
+        else:
+            kicked.discard(data.index)
+            if data.index not in current:
+                start(data, now)
+            continue
+        if rep.index not in current and rep.index not in kicked:
+            kicked.add(rep.index)
+            push(now, KICK, rep)
+    unfinished = [r.id for r in results if len(r.token_ns) < r.output_tokens]
+    if unfinished:
+        raise WorkloadError(f"{len(unfinished)} requests never finished (first: {unfinished[0]}); "
+                            "check max_seqs / KV capacity")
+    rows = [r.to_dict() for r in results]
+    summary = summarize(rows, list(busy.values()), slo_ttft_ms, slo_tpot_ms)
+    summary["iterations"] = counts
+    return SimResult(rows, summary, counts)
+
+
+@dataclass
+class DitRequest:
+    id: int
+    arrival_s: float
+
+
+def simulate_dit(arrivals_s: list[float], model: DitStepModel, steps: int, tokens: int, max_batch: int,
+                 cfg_guidance: bool = True, replicas: int = 1) -> SimResult:
+    """Dynamic batching as examples/dit_serve.py: an idle replica takes up to ``max_batch`` waiting
+    requests (FCFS) and runs ``steps`` denoising steps on them (model batch doubled with CFG); every
+    request of a batch finishes when the batch does."""
+    if max_batch < 1 or steps < 1 or replicas < 1:
+        raise WorkloadError("max_batch, steps and replicas must be >= 1")
+    heap: list[tuple[float, int, int, int, Any]] = []
+    counter = itertools.count()
+    for i, a in enumerate(sorted(arrivals_s)):
+        heapq.heappush(heap, (a * 1e9, ARRIVE, next(counter), ARRIVE, i))
+    waiting: list[int] = []
+    free = list(range(replicas))
+    busy = [0.0] * replicas
+    start_ns: dict[int, float] = {}
+    end_ns: dict[int, float] = {}
+    arrival = {i: a * 1e9 for i, a in enumerate(sorted(arrivals_s))}
+    batches = 0
+
+    def launch(now: float) -> None:
+        nonlocal batches
+        while waiting and free:
+            rep = free.pop(0)
+            batch = waiting[:max_batch]
+            del waiting[:max_batch]
+            mb = len(batch) * (2 if cfg_guidance else 1)
+            dur = steps * model.step_ns(mb, tokens) + model.batch_overhead_ns
+            busy[rep] += dur
+            batches += 1
+            for i in batch:
+                start_ns[i], end_ns[i] = now, now + dur
+            heapq.heappush(heap, (now + dur, DONE, next(counter), DONE, rep))
+
+    while heap:
+        now, _, _, kind, data = heapq.heappop(heap)
+        if kind == ARRIVE:
+            waiting.append(data)
+            heapq.heappush(heap, (now, KICK, next(counter), KICK, None))
+        elif kind == DONE:
+            free.append(data)
+            free.sort()
+            launch(now)
+        else:
+            launch(now)
+    rows = [{"id": i, "arrival_s": arrival[i] / 1e9, "queue_ms": (start_ns[i] - arrival[i]) / 1e6,
+             "service_ms": (end_ns[i] - start_ns[i]) / 1e6, "latency_ms": (end_ns[i] - arrival[i]) / 1e6}
+            for i in sorted(arrival)]
+    dur = max(end_ns.values()) / 1e9 - min(arrival.values()) / 1e9
+    summary = {"num_requests": len(rows), "num_batches": batches, "duration_s": dur,
+               "throughput_req_per_s": len(rows) / dur if dur > 0 else None,
+               **{k: stats([r[k] for r in rows]) for k in ("latency_ms", "queue_ms", "service_ms")},
+               "step_ms_at_full_batch": model.step_ns(max_batch * (2 if cfg_guidance else 1), tokens) / 1e6,
+               "busy_fraction": sum(busy) / 1e9 / (replicas * dur) if dur > 0 else None}
+    return SimResult(rows, summary, {"denoise": batches * steps})

@@ -1,0 +1,85 @@
+"""Latency-vs-throughput curves of a serving loop: the `whatif serve` simulation repeated over
+arrival rates, for the baseline and each --scenario. Writes a whatif.serving-sweep JSON document
+and, with --html, the plotly figure (whatif.figures.serving_curves_figure)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from whatif.predictors.serving.arrivals import WorkloadError
+
+from .serve import Fitted, add_common_arguments, dit_settings, scheduler_config, simulate, workload_doc
+
+SCHEMA = "whatif.serving-sweep/1"
+POINT_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms", "latency_ms", "queue_ms", "throughput_tokens_per_s",
+              "throughput_req_per_s", "busy_fraction", "slo")
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated rates, got {text!r}") from None
+    if not rates or any(r <= 0 for r in rates):
+        raise argparse.ArgumentTypeError("rates must be > 0")
+    return rates
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser, rate_required=False)
+    parser.add_argument("--rates", type=_rates, required=True, metavar="R1,R2,...", help="arrival rates (req/s)")
+    parser.add_argument("--json", type=Path, metavar="OUT", help="write the whatif.serving-sweep JSON document")
+    parser.add_argument("--html", type=Path, metavar="OUT", help="write the latency-vs-throughput figure (HTML)")
+    parser.add_argument("-q", "--quiet", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.workload:
+        raise WorkloadError("sweep draws arrivals at each --rates value; --workload is for `whatif serve`")
+    fitted = Fitted(args)
+    curves = []
+    for name, model in fitted.models:
+        points = []
+        for rate in args.rates:
+            s = simulate(fitted, model, args, rate).summary
+            points.append({"rate_req_per_s": rate, **{k: s[k] for k in POINT_KEYS if k in s}})
+            if "latency_ms" in s:
+                points[-1]["e2e_ms"] = s["latency_ms"]
+        curves.append({"name": name, "iteration_model": model.to_dict(), "points": points})
+    doc = {"schema": SCHEMA, "source": str(args.path), "kind": fitted.kind, "workload": workload_doc(args, None),
+           "scheduler": scheduler_config(args).to_dict() if fitted.kind == "llm" else dit_settings(args, fitted.log),
+           "profiler_factor": fitted.factor, "curves": curves}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    if args.html:
+        from whatif.figures import serving_curves_figure
+
+        args.html.parent.mkdir(parents=True, exist_ok=True)
+        serving_curves_figure(doc).write_html(str(args.html), include_plotlyjs="cdn")
+    if not args.quiet:
+        render(doc, Console())
+    return 0
+
+
+def render(doc: dict[str, Any], console: Console) -> None:
+    llm = doc["kind"] == "llm"
+    table = Table(title=f"{doc['source']}: latency vs load", title_justify="left")
+    for c in ["scenario", "rate req/s", "req/s"] + (["out tok/s", "TTFT mean ms", "TTFT p99 ms", "TPOT mean ms",
+                                                    "TPOT p99 ms"] if llm else ["latency mean ms", "latency p99 ms"]) \
+            + ["busy"]:
+        table.add_column(c, justify="left" if c == "scenario" else "right", no_wrap=True)
+    for c in doc["curves"]:
+        for p in c["points"]:
+            f = (lambda v, fmt="{:.2f}": "-" if v is None else fmt.format(v))
+            vals = ([f(p["throughput_tokens_per_s"], "{:.0f}"), f(p["ttft_ms"]["mean"]), f(p["ttft_ms"]["p99"]),
+                     f(p["tpot_ms"]["mean"]), f(p["tpot_ms"]["p99"])] if llm
+                    else [f(p["latency_ms"]["mean"]), f(p["latency_ms"]["p99"])])
+            table.add_row(c["name"], f"{p['rate_req_per_s']:g}", f(p["throughput_req_per_s"]), *vals,
+                          f(p["busy_fraction"], "{:.0%}"))
+    console.print(table)
