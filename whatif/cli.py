@@ -22,8 +22,6 @@ COMMANDS: dict[str, str] = {
     "record": "Run a PyTorch script under tracing and write a run folder",
     "serve": "Predict TTFT, TPOT, latency and throughput of a serving loop under a workload and scenarios",
     "sweep": "Latency-vs-throughput curves of a serving loop over arrival rates (and scenarios)",
-    "serve": "Predict TTFT, TPOT, latency and throughput of a serving loop under a workload and scenarios",
-    "sweep": "Latency-vs-throughput curves of a serving loop over arrival rates (and scenarios)",
 }
 
 

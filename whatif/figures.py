@@ -128,31 +128,3 @@ def serving_curves_figure(sweep: dict[str, Any], metric: str = "") -> go.Figure:
                       xaxis_title="output tokens/s" if llm else "requests/s", yaxis_title="ms",
                       legend_orientation="h")
     return fig
-
-
-def serving_curves_figure(sweep: dict[str, Any], metric: str = "") -> go.Figure:
-    """Latency vs throughput, one line per scenario, from a ``whatif.serving-sweep`` document:
-    x = achieved throughput (output tokens/s for LLMs, requests/s for DiTs), y = mean and p99 of
-    ``metric`` (default TPOT for LLMs, request latency for DiTs), in ms; points labelled by rate.
-
-    >>> doc = {"kind": "dit", "curves": [{"name": "baseline", "points": [
-    ...     {"rate_req_per_s": 1.0, "throughput_req_per_s": 0.9, "latency_ms": {"mean": 50.0, "p99": 80.0}}]}]}
-    >>> [t.name for t in serving_curves_figure(doc).data]
-    ['baseline mean', 'baseline p99']
-    """
-    llm = sweep.get("kind") == "llm"
-    metric = metric or ("tpot_ms" if llm else "latency_ms")
-    xkey = "throughput_tokens_per_s" if llm else "throughput_req_per_s"
-    fig = go.Figure()
-    for curve in sweep["curves"]:
-        pts = curve["points"]
-        x = [p[xkey] for p in pts]
-        text = [f"{p['rate_req_per_s']:g} req/s" for p in pts]
-        fig.add_trace(go.Scatter(x=x, y=[p[metric]["mean"] for p in pts], mode="lines+markers", text=text,
-                                 name=f"{curve['name']} mean"))
-        fig.add_trace(go.Scatter(x=x, y=[p[metric]["p99"] for p in pts], mode="lines+markers", text=text,
-                                 line_dash="dot", name=f"{curve['name']} p99"))
-    fig.update_layout(title=f"{metric.removesuffix('_ms')} vs throughput",
-                      xaxis_title="output tokens/s" if llm else "requests/s", yaxis_title="ms",
-                      legend_orientation="h")
-    return fig
