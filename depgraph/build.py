@@ -285,7 +285,9 @@ def build_graph(trace: Trace) -> TaskGraph:
     rank_t = t["rank"].to_numpy().astype(np.int64)
     l_floor = {r: (int(np.quantile(launch_gap[rank_t[lg] == r], LAUNCH_QUANTILE)) if (rank_t[lg] == r).any() else 0)
                for r in ranks}
-    floor_of = np.asarray([l_floor.get(int(r), 0) for r in rank_t[lg]], dtype=np.int64)
+    rank_keys = np.asarray(sorted(l_floor), dtype=np.int64)
+    floors = np.asarray([l_floor[r] for r in sorted(l_floor)], dtype=np.int64)
+    floor_of = floors[np.searchsorted(rank_keys, rank_t[lg])] if len(lg) else np.empty(0, dtype=np.int64)
     p = prev_of[lg]
     has_prev = p >= 0
     queued = np.zeros(len(lg), dtype=bool)
