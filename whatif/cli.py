@@ -22,6 +22,8 @@ COMMANDS: dict[str, str] = {
     "record": "Run a PyTorch script under tracing and write a run folder",
     "serve": "Predict TTFT, TPOT, latency and throughput of a serving loop under a workload and scenarios",
     "sweep": "Latency-vs-throughput curves of a serving loop over arrival rates (and scenarios)",
+    "report": "Write a prediction report for CI (Markdown, JSON, HTML, JUnit) with pass/fail thresholds",
+    "diff": "Compare two traces (steps, kernels, critical path) and check a prediction against the after one",
 }
 
 

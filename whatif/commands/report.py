@@ -1,0 +1,61 @@
+"""Predict every scenario on a trace and write a report for CI: Markdown (also appended to
+$GITHUB_STEP_SUMMARY when set), JSON (docs/report-schema.md), self-contained HTML, JUnit XML.
+
+--fail-if EXPR fails the run when EXPR holds, e.g. "speedup(fuse) < 1.10", "step_ms > 120",
+"replay_error > 1%"; metrics: step_ms, mean_step_ms, p50_step_ms, p90_step_ms, max_step_ms,
+speedup, measured_step_ms, replay_error, ttft_ms, p99_ttft_ms, tpot_ms, p99_tpot_ms; a bare
+metric is the baseline's (speedup: the only scenario's), metric(NAME) a scenario's.
+
+Exit codes: 0 all checks passed, 1 a check failed (one line per failure on stderr), 2 bad
+input or usage (one line)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from whatif.api import predict
+from whatif.report.api import FORMATS, parse_formats, parse_percent, write_report
+from whatif.report.document import load_report
+from whatif.report.thresholds import parse
+from whatif.transforms.scenario import load_scenario
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", type=Path, help="trace file, folder of per-rank traces, or run folder")
+    parser.add_argument("-s", "--scenario", type=Path, action="append", default=[], metavar="FILE",
+                        help="scenario TOML file (repeatable)")
+    parser.add_argument("-o", "--out", type=Path, default=Path("whatif-report"), metavar="DIR",
+                        help="output folder (default whatif-report/)")
+    parser.add_argument("-f", "--format", default=",".join(FORMATS), metavar="LIST",
+                        help=f"comma-separated formats among {','.join(FORMATS)} (default all)")
+    parser.add_argument("--fail-if", action="append", default=[], metavar="EXPR",
+                        help="fail (exit 1) when EXPR holds, e.g. \"speedup(fuse) < 1.10\" (repeatable)")
+    parser.add_argument("--baseline", type=Path, metavar="REPORT.json", help="an earlier report.json to compare with")
+    parser.add_argument("--max-regression", metavar="PCT",
+                        help="fail when a mean step time grew by more than PCT (e.g. 5%%) over --baseline")
+    parser.add_argument("--no-step-summary", action="store_true", help="do not append to $GITHUB_STEP_SUMMARY")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only failures")
+
+
+def run(args: argparse.Namespace) -> int:
+    # every usage error before the slow part
+    formats = parse_formats(args.format)
+    thresholds = [parse(t) for t in args.fail_if]
+    limit = None if args.max_regression is None else parse_percent(args.max_regression)
+    if limit is not None and args.baseline is None:
+        print("whatif: --max-regression needs --baseline REPORT.json", file=sys.stderr)
+        return 2
+    if args.baseline:
+        load_report(args.baseline)
+    scenarios = [load_scenario(p) for p in args.scenario]
+    report = write_report(predict(args.path, scenarios), args.out, formats, thresholds, args.baseline, limit,
+                          step_summary=not args.no_step_summary)
+    if not args.quiet:
+        for row in report.document["rows"]:
+            print(f"{row['name']}: {row['mean_step_ns'] / 1e6:,.3f} ms, {row['speedup']:.3f}x")
+        for fmt, path in report.files.items():
+            print(f"wrote {path}")
+    for line in report.failures:
+        print(f"whatif: check failed: {line}", file=sys.stderr)
+    return 0 if report.passed else 1

@@ -1,0 +1,64 @@
+"""The text form of a ``whatif.diff`` document (rich tables)."""
+from __future__ import annotations
+
+from typing import Any
+
+from .markdown import ms
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:+.1f}%"
+
+
+def render_diff(doc: dict[str, Any], console: Any, top: int = 8) -> None:
+    """Print steps, kernel changes, kernel classes, critical path and the prediction check."""
+    from rich.table import Table
+
+    b, a = doc["before"], doc["after"]
+    console.print(f"[bold]before[/bold] {b['source']} ({b['device'] or 'GPU unknown'}): {b['count']} steps, "
+                  f"mean {ms(b['mean_ns'])} ms, median {ms(b['median_ns'])} ms")
+    console.print(f"[bold]after[/bold]  {a['source']} ({a['device'] or 'GPU unknown'}): {a['count']} steps, "
+                  f"mean {ms(a['mean_ns'])} ms, median {ms(a['median_ns'])} ms")
+    console.print(f"measured speedup {doc['speedup']:.3f}x (median {doc['median_speedup']:.3f}x); GPU time per step "
+                  f"{ms(doc['gpu_ns_per_step']['before'])} -> {ms(doc['gpu_ns_per_step']['after'])} ms")
+    k = doc["kernels"]
+    console.print("kernels by name (GPU ms per step): " + ", ".join(
+        f"{c} {k[c]['names']} ({ms(k[c]['delta_ns'], True)})" for c in ("added", "removed", "slower", "faster", "same")))
+    for change in ("slower", "faster", "added", "removed"):
+        rows = k[change]["top"][:top]
+        if not rows:
+            continue
+        tab = Table(title=f"{change} kernels (per step)", title_justify="left")
+        tab.add_column("name", overflow="ellipsis", no_wrap=True, max_width=60)
+        for col in ("calls before", "calls after", "ms before", "ms after", "change ms"):
+            tab.add_column(col, justify="right", no_wrap=True)
+        for r in rows:
+            tab.add_row(r["name"], f"{r['count_before']:g}", f"{r['count_after']:g}", ms(r["ns_before"]),
+                        ms(r["ns_after"]), ms(r["delta_ns"], True))
+        console.print(tab)
+    cls = Table(title="GPU time per step by kernel class (ms)", title_justify="left")
+    for col in ("class", "before", "after", "change"):
+        cls.add_column(col, justify="right" if col != "class" else "left")
+    for r in doc["kernel_classes"]:
+        cls.add_row(r["class"], ms(r["ns_before"]), ms(r["ns_after"]), ms(r["delta_ns"], True))
+    console.print(cls)
+    cp = Table(title="Critical path, mean per step (ms)", title_justify="left")
+    for col in ("category", "before", "after", "change"):
+        cp.add_column(col, justify="right" if col != "category" else "left")
+    for r in doc["critical_path"]:
+        cp.add_row(r["category"], ms(r["before_ns"]), ms(r["after_ns"]), ms(r["delta_ns"], True))
+    console.print(cp)
+    pred = doc["prediction"]
+    if pred is None:
+        return
+    if not pred["same_trace_as_before"]:
+        console.print(f"note: the prediction was made on {pred['source']} (mean step "
+                      f"{ms(pred['baseline_measured_ns'])} ms), not on the before trace; compared by speedup")
+    tab = Table(title="Prediction vs actual (predicted step = before mean / predicted speedup)", title_justify="left")
+    tab.add_column("scenario", overflow="ellipsis", no_wrap=True, max_width=40)
+    for col in ("predicted ms", "actual ms", "predicted speedup", "actual speedup", "error"):
+        tab.add_column(col, justify="right", no_wrap=True)
+    for s in pred["scenarios"]:
+        tab.add_row(s["name"], ms(s["predicted_step_ns"]), ms(s["actual_step_ns"]), f"{s['predicted_speedup']:.3f}x",
+                    "-" if s["actual_speedup"] is None else f"{s['actual_speedup']:.3f}x", _pct(s["error"]))
+    console.print(tab)
