@@ -1,53 +1,182 @@
 """The cost models transforms use, calibrated on the trace itself (implements
-:class:`whatif.transforms.base.CostModel`).
+:class:`whatif.transforms.base.CostModel`). Everything is vectorized over tasks; per-task facts
+of a graph are computed once and cached on it (``graph.cache``, validated against its ``event``
+column, so graphs whose tasks were added or removed recompute them).
 
-* Kernel facts: class from the kernel and op names (:mod:`whatif.depgraph.kernels`); FLOPs and
-  bytes from the launching aten op's recorded shapes (``record_shapes``), shared among that op's
-  kernels by duration. Without shapes they are *estimated* from the duration: memory-bound
-  kernels at the trace's calibrated bandwidth, matrix kernels at ``ASSUMED_MATRIX_EFFICIENCY``
-  of the device's peak (the ``estimated`` fact says which).
-* Bandwidth: the median achieved DRAM bandwidth of the trace's memory-bound kernels with known
-  bytes (>= ``MIN_PEERS`` kernels of >= 5 us), else ``ASSUMED_BW_EFFICIENCY`` of the device peak.
-* Precision: matrix kernels scale by the ratio of the device's peak FLOP/s in the two dtypes,
-  memory-bound kernels by the ratio of element sizes (Daydream's AMP model: x1/3 and x1/2 on a
-  V100 fp32 -> fp16); a fixed ``FIXED_NS`` per kernel does not scale.
-* Another GPU: Habitat's wave scaling per kernel (:func:`whatif.predictors.habitat.move_kernel_time_ns`).
+**Kernel facts.** Class from the kernel and op names (:mod:`whatif.depgraph.kernels`). FLOPs
+and bytes from the launching aten op's recorded shapes (``record_shapes``), shared among that
+op's kernels in proportion to their recorded durations. Weight bytes of a GEMM/conv: the weight
+operand (``linear``: arg 1, ``addmm``: arg 2, ``mm``/2-D ``matmul``: arg 1, conv: arg 1; ``bmm``
+has none). Without shapes they are *estimated* from the recorded duration ``d`` minus the fixed
+latency ``F`` (``estimated`` says which): memory-bound kernels move ``(d−F)·BW`` bytes at the
+trace's calibrated bandwidth BW (fp32 intensity 1/4 FLOP/byte); matrix kernels do
+``(d−F)·P·ASSUMED_MATRIX_EFFICIENCY`` FLOPs at the device peak P of their dtype and sit at the
+ridge point (bytes = FLOPs/R), all bytes counted as weights. dtype: the op's first recognized
+``Input type``; else from the kernel name (bf16/half/fp8/int8/tf32 spellings, ``h884``-style
+Volta/Turing fp16 tensor-core names); else fp32 (Daydream-era traces). An fp32 op whose kernel
+name says tf32 (cuDNN on Ampere) is tf32.
+
+**Bandwidth.** The median achieved DRAM bandwidth of the trace's memory-bound kernels with
+known bytes (>= ``MIN_PEERS`` kernels of >= 5 us), else ``ASSUMED_BW_EFFICIENCY`` of the peak.
+
+**Precision** (``precision_factor``; the ``precision`` transform). A spec is a dtype (tf32, bf16,
+fp16, fp8, int8 = W8A8) or ``<dtype>_weight`` (weight-only: int4/int8/fp8 weights, 16-bit
+activations and math). Applying a spec to a kernel of recorded dtype ``r`` gives its new
+activation dtype ``a`` and weight dtype ``w``:
+
+* matrix classes (GEMM, conv, attention) compute in the spec's dtype; attention has no int8
+  or tf32 path (it stays/goes 16-bit under int8, unchanged under tf32);
+* other (vector-unit) kernels store data in the spec's dtype but never below 16 bits: vector
+  units have no fp8/int8 arithmetic and W8A8/fp8 recipes keep norms, activations and residuals
+  in 16-bit (tf32 changes only matrix math);
+* weight-only specs set ``w`` (GEMM/conv only) and move fp32 activations to 16-bit;
+* a kernel already at or below the target (16-bit for bf16/fp16, 8-bit for fp8/int8) is unchanged.
+
+The time above a fixed per-kernel latency ``F = FIXED_NS`` (launch, ramp, drain; never scales)
+then scales Habitat-style with the *precision change as the destination*:
+``T' = F' + (T − F')·m^γ·c^(1−γ)`` with ``F' = min(T, F)``, memory ratio
+``m = bytes'/bytes`` (``bytes' = act·b(a)/b(r) + weights·b(w)/b(r)``), compute ratio
+``c = P(r)/P(a)`` (tensor-core peaks of the device for matrix classes, 1 for vector kernels:
+they compute in fp32 whatever they store), and ``γ = 1 − 0.5·I'/R'`` for ``I' ≤ R'`` else
+``0.5·R'/I'`` (Habitat, Yu et al. ATC'21) with the new intensity ``I' = FLOPs/bytes'`` and the
+new ridge ``R' = P(a)/BW_peak``. A pure memory-bound kernel (γ→1) scales by the byte ratio, a
+large GEMM (γ→0) by the peak ratio, a decode GEMV (I≈1) by the weight-byte ratio.
+Daydream's AMP model (Zhu et al. ATC'20) uses ×1/3 compute-bound, ×1/2 memory-bound on
+V100 fp32→fp16; ``bench/whatif_precision.py`` compares the two on a V100 ResNet-50 trace.
+
+**Another GPU** (``move_to_device``; the ``gpu`` transform). Kernels and memsets: Habitat's
+scaling (:mod:`whatif.predictors.habitat`, ``compute="peak"``) of the time above ``F``:
+``(B_o/B_d)^γ·(P_o/P_d)^(1−γ)``, P the peak of the kernel's current dtype and class, γ from its
+intensity and the destination ridge. Memcpys: H2D/D2H by the PCIe ratio ``pcie_o/pcie_d``,
+D2D by the DRAM ratio, P2P by the peer-link ratio. Collectives: by the peer-link ratio
+(``link_o/link_d``; PCIe for a GPU without peer links). A device without a native rate for the
+dtype falls back bf16→fp16→fp32, fp8/int8→fp16 (what frameworks do).
+
+**State carried by transformed graphs** (optional ``tasks`` columns the transforms write, read
+here): ``cost_precision`` — the specs applied to the task, ``+``-joined; ``cost_device`` — the
+catalog name of the GPU the task now runs on. They survive every primitive (tasks a transform
+inserts get None: recorded state).
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from whatif.depgraph.graph import TaskGraph
-from whatif.depgraph.kernels import KernelClass, classify_kernel, dtype_bytes, op_flops_bytes
+from whatif.depgraph.graph import TaskGraph, TaskKind
+from whatif.depgraph.kernels import KernelClass, dtype_bytes, op_flops_bytes
 from whatif.tracer.kinds import EventKind
 from whatif.tracer.trace import Trace
 from whatif.transforms.base import TransformError
+from whatif.transforms.select import kernel_classes
 
-from .devices import Device, DType, find_device, get_device
-from .habitat import DEFAULT_FIXED_NS, move_kernel_time_ns
+from .devices import DEVICES, Device, DType, find_device, get_device
+from .habitat import DEFAULT_FIXED_NS
+from .roofline import compute_peak
 
 MIN_PEERS = 5
 ASSUMED_BW_EFFICIENCY = 0.7      # of peak DRAM bandwidth, when the trace cannot calibrate it
 ASSUMED_MATRIX_EFFICIENCY = 0.5  # of peak FLOP/s, to estimate FLOPs of a matrix kernel without shapes
 FIXED_NS = DEFAULT_FIXED_NS      # per-kernel latency that no precision or bandwidth change removes
 DEFAULT_BW_BYTES_PER_S = 1.0e12  # when neither the trace nor the device tells
-_TYPE_DTYPE = {"c10::bfloat16": "bf16", "bfloat16": "bf16", "c10::half": "fp16", "half": "fp16", "float": "fp32",
-               "double": "fp32", "c10::float8_e4m3fn": "fp8", "c10::float8_e5m2": "fp8", "signed char": "int8",
-               "int8": "int8"}
+PRECISION_COLUMN = "cost_precision"
+DEVICE_COLUMN = "cost_device"
+
+_TYPE_DTYPE = {"c10::bfloat16": "bf16", "bfloat16": "bf16", "c10::half": "fp16", "half": "fp16",
+               "float16": "fp16", "float": "fp32", "float32": "fp32", "double": "fp32",
+               "c10::float8_e4m3fn": "fp8", "c10::float8_e5m2": "fp8", "c10::float8_e4m3fnuz": "fp8",
+               "c10::float8_e5m2fnuz": "fp8", "signed char": "int8", "int8": "int8"}
+ELEM_BYTES: dict[str, float] = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0,
+                                "int4": 0.5}
+# how far a dtype is from fp32 (a change only applies when it moves a kernel further)
+_RANK = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 2, "fp8": 3, "int8": 3, "int4": 4}
+PRECISIONS = ("tf32", "bf16", "fp16", "fp8", "int8")
+WEIGHT_ONLY = ("int4", "int8", "fp8")
+MATRIX = {KernelClass.GEMM.value, KernelClass.CONV.value, KernelClass.ATTENTION.value}
+WEIGHTED = {KernelClass.GEMM.value, KernelClass.CONV.value}
 MEMORY_BOUND = {KernelClass.ELEMENTWISE.value, KernelClass.REDUCTION.value, KernelClass.NORMALIZATION.value,
                 KernelClass.COPY.value, KernelClass.MEMSET.value}
+_GPU_KINDS = (int(TaskKind.KERNEL), int(TaskKind.MEMCPY), int(TaskKind.MEMSET), int(TaskKind.COMM))
+_FACTS_KEY = "trace_cost_facts"
+# weight operand position per aten op (GEMM/conv); bmm/baddbmm multiply two activations
+_WEIGHT_ARG = {"linear": 1, "addmm": 2, "mm": 1, "matmul": 1, "conv1d": 1, "conv2d": 1, "conv3d": 1,
+               "convolution": 1, "_convolution": 1, "cudnn_convolution": 1, "miopen_convolution": 1,
+               "_int_mm": 1, "_scaled_mm": 1}
 
 
 def _name_dtype(name: str) -> str:
+    """dtype spelled in a kernel name, or '' when it says none.
+
+    >>> [_name_dtype(n) for n in ("sm80_xmma_gemm_bf16bf16_bf16f32", "volta_h884gemm_64x64", "volta_sgemm_128x64",
+    ...                           "sm80_xmma_fprop_implicit_gemm_tf32f32", "elementwise_kernel<c10::Half>", "relu")]
+    ['bf16', 'fp16', 'fp32', 'tf32', 'fp16', '']
+    """
     low = name.lower()
     if "bf16" in low or "bfloat16" in low:
         return "bf16"
-    if "half" in low or "f16" in low or "fp16" in low:
-        return "fp16"
-    if "fp8" in low or "e4m3" in low:
+    if "fp8" in low or "e4m3" in low or "e5m2" in low:
         return "fp8"
-    return "fp32"
+    if "tf32" in low:
+        return "tf32"
+    if any(s in low for s in ("half", "fp16", "f16", "h884", "h1688", "h16816", "hgemm", "hmma")):
+        return "fp16"
+    if "int8" in low or "imma" in low or "i8i8" in low:
+        return "int8"
+    if any(s in low for s in ("sgemm", "s884", "s1688", "float")):
+        return "fp32"
+    return ""
+
+
+def _lookup(values: np.ndarray, table: dict[str, Any]) -> np.ndarray:
+    """``table[v]`` for every value, one dict lookup per distinct value.
+
+    >>> _lookup(np.array(["bf16", "fp32", "bf16"], dtype=object), ELEM_BYTES).tolist()
+    [2.0, 4.0, 2.0]
+    """
+    codes, uniques = pd.factorize(np.asarray(values, dtype=object))
+    if not len(uniques):
+        return np.empty(len(values))
+    return np.asarray([table[u] for u in uniques])[codes]
+
+
+def habitat_gamma_array(intensity: np.ndarray, ridge: np.ndarray) -> np.ndarray:
+    """Vectorized :func:`whatif.predictors.habitat.habitat_gamma`: γ = 1 − 0.5·I/R for I ≤ R,
+    else 0.5·R/I (I = inf gives 0).
+
+    >>> habitat_gamma_array(np.array([0.0, 1.0, 4.0, np.inf]), np.array([2.0, 2.0, 2.0, 2.0])).tolist()
+    [1.0, 0.75, 0.25, 0.0]
+    """
+    i = np.asarray(intensity, dtype=float)
+    r = np.asarray(ridge, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(i <= r, 1.0 - 0.5 * i / r, 0.5 * r / i)
+
+
+def resolve_device(name: str) -> Device:
+    """A catalog entry from a catalog name (``H100_SXM``) or a trace-style name (``NVIDIA H100
+    80GB HBM3``); TransformError naming the catalog otherwise."""
+    try:
+        return get_device(name)
+    except (KeyError, ValueError):
+        raise TransformError(f"unknown GPU {name!r}; use a catalog name ({', '.join(d.value for d in DEVICES)}) "
+                             f"or a name as traces write it ('NVIDIA H100 80GB HBM3'); 'whatif devices' lists "
+                             f"the catalog") from None
+
+
+@dataclass(frozen=True)
+class _State:
+    """Per task: activation/compute dtype and weight dtype after the applied precision specs."""
+
+    act: np.ndarray     # object: dtype names
+    weight: np.ndarray  # object
+
+
+def sixteen_bit(device: Device) -> str:
+    """The 16-bit dtype a device computes natively: bf16 when it has bf16 tensor cores, else fp16."""
+    return "bf16" if device.peak.get(DType.BF16) else "fp16"
 
 
 class TraceCostModel:
@@ -66,122 +195,340 @@ class TraceCostModel:
                                                                      ops["external_id"].to_numpy()]))
         self._op_by_ext = self._op_by_ext[~self._op_by_ext.index.duplicated(keep="last")]
         self._bw: float | None = None
+        self._op_memo: dict[tuple[str, str, str], tuple[float, float, float, str]] = {}
 
-    # -- facts --------------------------------------------------------------------------------
-    def kernel_facts(self, graph: TaskGraph, tasks: np.ndarray) -> dict[str, np.ndarray]:
-        tasks = np.asarray(tasks, dtype=np.int64)
-        facts = self._recorded_facts(graph, tasks)
-        cls, flops, nbytes, dtype = facts["kernel_class"], facts["flops"], facts["bytes"], facts["dtype"]
-        dur = graph.tasks["dur_ns"].to_numpy()[tasks].astype(float)
-        estimated = np.isnan(flops) | np.isnan(nbytes)
-        if estimated.any():
-            bw = self.memory_bandwidth_bytes_per_s(graph)
-            mem = np.isin(cls, list(MEMORY_BOUND)) | (cls == KernelClass.OTHER.value)
-            for i in np.flatnonzero(estimated):
-                busy = max(dur[i] - FIXED_NS, 0.0)
-                if mem[i] or self.device is None:
-                    nbytes[i], flops[i] = busy * 1e-9 * bw, busy * 1e-9 * bw / 4
-                else:
-                    flops[i] = busy * 1e-9 * self.device.peak_flops(dtype[i]) * ASSUMED_MATRIX_EFFICIENCY
-                    nbytes[i] = flops[i] / max(self.device.ridge_point(dtype[i]), 1.0)
-        facts["estimated"] = estimated
+    # -- recorded facts, all tasks of a graph, cached ------------------------------------------
+    def _base(self, graph: TaskGraph) -> dict[str, np.ndarray]:
+        """Facts of every task as recorded (before any transform's precision/device change)."""
+        events = graph.tasks["event"].to_numpy()
+        hit = graph.cache.get(_FACTS_KEY)
+        if isinstance(hit, tuple) and hit[0] is self.trace and len(hit[1]) == len(events) \
+                and np.array_equal(hit[1], events):
+            return hit[2]
+        facts = self._compute_base(graph)
+        graph.cache[_FACTS_KEY] = (self.trace, events, facts)
         return facts
 
-    def _recorded_facts(self, graph: TaskGraph, tasks: np.ndarray) -> dict[str, np.ndarray]:
-        """Class and dtype of every task; FLOPs and bytes where the op's shapes were recorded, else NaN."""
+    def _op_facts(self, op_name: str, args: dict[str, Any] | None) -> tuple[float, float, float, str]:
+        """(FLOPs, bytes, weight bytes, dtype) of one recorded op; NaN/'' when unknown. Memoized by shape."""
+        a = args or {}
+        dims = a.get("Input Dims", a.get("Input dims"))
+        types = a.get("Input type")
+        key = (op_name, repr(dims), repr(types))
+        got = self._op_memo.get(key)
+        if got is not None:
+            return got
+        flops = nbytes = wbytes = np.nan
+        fb = op_flops_bytes(op_name, dims, types) if dims is not None else None
+        if fb is not None:
+            flops, nbytes = float(fb[0]), float(fb[1])
+            wbytes = 0.0
+            w = _WEIGHT_ARG.get(op_name.split("::")[-1].lower())
+            if w is not None and dims is not None and w < len(dims) and isinstance(dims[w], (list, tuple)) \
+                    and (op_name.split("::")[-1].lower() != "matmul" or len(dims[w]) == 2):
+                esz = dtype_bytes(types[w] if types and w < len(types) else None) or 4
+                wbytes = float(np.prod([int(x) for x in dims[w]] or [0])) * esz
+                wbytes = min(wbytes, nbytes)
+        dtype = next((_TYPE_DTYPE[str(x).lower()] for x in (types or []) if str(x).lower() in _TYPE_DTYPE), "")
+        got = (flops, nbytes, wbytes, dtype)
+        self._op_memo[key] = got
+        return got
+
+    def _compute_base(self, graph: TaskGraph) -> dict[str, np.ndarray]:
         t = graph.tasks
+        n = len(t)
         ev = self.trace.events
-        rows = t["event"].to_numpy()[tasks]
-        names = t["name"].astype(str).to_numpy()[tasks]
-        ops = t["op"].astype(object).to_numpy()[tasks]
-        dur = t["dur_ns"].to_numpy()[tasks].astype(float)
-        n = len(tasks)
-        cls = np.asarray([classify_kernel(nm, op if isinstance(op, str) else None).value
-                          for nm, op in zip(names, ops)], dtype=object)
+        cls = kernel_classes(graph)
+        kinds = t["kind"].to_numpy()
+        gpu = np.isin(kinds, _GPU_KINDS)
+        rows = t["event"].to_numpy().astype(np.int64)
+        valid = gpu & (rows >= 0) & (rows < len(ev))
+        # dtype from kernel names, once per distinct name
+        codes, uniques = pd.factorize(t["name"].astype(object).to_numpy())
+        name_dtype = np.asarray([_name_dtype(str(u)) for u in uniques], dtype=object)
+        dtype = np.where(codes >= 0, name_dtype[np.maximum(codes, 0)], "") if n else np.empty(0, dtype=object)
+        dtype = dtype.astype(object)
+        # recorded duration (stable across transforms) for sharing an op's work among its kernels
+        rec_dur = t["dur_ns"].to_numpy().astype(float)
+        rec_dur[valid] = ev["dur_ns"].to_numpy()[rows[valid]]
         flops = np.full(n, np.nan)
         nbytes = np.full(n, np.nan)
-        dtype = np.asarray([_name_dtype(nm) for nm in names], dtype=object)
-        valid = rows >= 0
-        ext = np.full(n, -1, dtype=np.int64)
-        ext[valid] = ev["external_id"].to_numpy()[rows[valid]]
-        rank = np.full(n, -1, dtype=np.int64)
-        rank[valid] = ev["rank"].to_numpy()[rows[valid]]
-        op_row = self._op_by_ext.reindex(pd.MultiIndex.from_arrays([rank, ext])).to_numpy()
-        linked = np.flatnonzero(~np.isnan(op_row))
-        args = ev["args"].to_numpy()
-        op_names = ev["name"].astype(str).to_numpy()
-        share: dict[int, float] = {}
-        for i in linked:
-            share[int(op_row[i])] = share.get(int(op_row[i]), 0.0) + max(dur[i], 1.0)
-        for i in linked:
-            r = int(op_row[i])
-            a = args[r] or {}
-            dims = a.get("Input Dims", a.get("Input dims"))
-            types = a.get("Input type")
-            fb = op_flops_bytes(op_names[r], dims, types) if dims is not None else None
-            if fb is not None:
-                frac = max(dur[i], 1.0) / share[r]
-                flops[i], nbytes[i] = fb[0] * frac, fb[1] * frac
-            if types:
-                first = next((_TYPE_DTYPE[str(x).lower()] for x in types if str(x).lower() in _TYPE_DTYPE), None)
-                if first:
-                    dtype[i] = first
-        return {"kernel_class": cls, "flops": flops, "bytes": nbytes, "dtype": dtype}
+        wbytes = np.full(n, np.nan)
+        vi = np.flatnonzero(valid)
+        if len(vi):
+            ext = ev["external_id"].to_numpy()[rows[vi]]
+            rank = ev["rank"].to_numpy()[rows[vi]]
+            op_row = self._op_by_ext.reindex(pd.MultiIndex.from_arrays([rank, ext])).to_numpy()
+            linked = ~np.isnan(op_row)
+            li = vi[linked]
+            op_rows = op_row[linked].astype(np.int64)
+            uniq_rows, inv = np.unique(op_rows, return_inverse=True)
+            args = ev["args"].to_numpy()
+            op_names = ev["name"].astype(str).to_numpy()
+            per_op = np.asarray([self._op_facts(op_names[r], args[r]) for r in uniq_rows], dtype=object)
+            if len(per_op):
+                of = per_op[:, 0].astype(float)[inv]
+                ob = per_op[:, 1].astype(float)[inv]
+                ow = per_op[:, 2].astype(float)[inv]
+                odt = per_op[:, 3][inv]
+                w = np.maximum(rec_dur[li], 1.0)
+                share = w / np.bincount(inv, weights=w)[inv]
+                flops[li], nbytes[li], wbytes[li] = of * share, ob * share, ow * share
+                has = odt != ""
+                # an fp32 op whose kernel runs tf32 tensor cores (cuDNN/cuBLAS with allow_tf32)
+                odt = np.where((odt == "fp32") & (dtype[li] == "tf32"), "tf32", odt)
+                dtype[li[has]] = odt[has]
+        dtype[dtype == ""] = "fp32"
+        # estimates where shapes are missing
+        estimated = gpu & (np.isnan(flops) | np.isnan(nbytes))
+        if self._bw is None:
+            self._calibrate(graph, {"kernel_class": cls, "bytes": nbytes})
+        if estimated.any():
+            bw = self._bw
+            busy = np.maximum(rec_dur - FIXED_NS, 0.0)
+            matrix = np.isin(cls, list(MATRIX)) & (self.device is not None)
+            mem = estimated & ~matrix
+            nbytes[mem] = busy[mem] * 1e-9 * bw
+            flops[mem] = nbytes[mem] / 4
+            wbytes[mem] = 0.0
+            mat = np.flatnonzero(estimated & matrix)
+            if len(mat):
+                dev = self.device
+                assert dev is not None
+                for d in np.unique(dtype[mat]):
+                    sel = mat[dtype[mat] == d]
+                    flops[sel] = busy[sel] * 1e-9 * dev.peak_flops(d) * ASSUMED_MATRIX_EFFICIENCY
+                    nbytes[sel] = flops[sel] / max(dev.ridge_point(d), 1.0)
+                wbytes[mat] = np.where(np.isin(cls[mat], list(WEIGHTED)), nbytes[mat], 0.0)
+        wbytes = np.where(np.isin(cls, list(WEIGHTED)), np.nan_to_num(wbytes), 0.0)
+        return {"kernel_class": cls, "flops": flops, "bytes": nbytes, "weight_bytes": wbytes, "dtype": dtype,
+                "estimated": estimated}
+
+    # -- current facts (after the transforms' precision and device changes) ---------------------
+    def _devices(self, graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
+        """Per task: the catalog name of the GPU it runs on now (None when unknown)."""
+        rec = self.device.name.value if self.device is not None else None
+        out = np.full(len(tasks), rec, dtype=object)
+        if DEVICE_COLUMN in graph.tasks:
+            cur = graph.tasks[DEVICE_COLUMN].to_numpy()[tasks]
+            set_ = pd.notna(cur)
+            out[set_] = cur[set_]
+        return out
+
+    def _specs(self, graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
+        if PRECISION_COLUMN not in graph.tasks:
+            return np.full(len(tasks), None, dtype=object)
+        return graph.tasks[PRECISION_COLUMN].to_numpy()[tasks]
+
+    @staticmethod
+    def _apply_spec(act: np.ndarray, weight: np.ndarray, cls: np.ndarray, spec: str, half: np.ndarray) -> None:
+        """Apply one precision spec in place (``half``: each task's device 16-bit dtype)."""
+        if not len(act):
+            return
+
+        def rank(x: np.ndarray) -> np.ndarray:
+            return _lookup(x, _RANK)
+        if spec.endswith("_weight"):
+            w = spec[: -len("_weight")]
+            low = rank(act) < 2
+            act[low] = half[low]
+            weighted = np.isin(cls, list(WEIGHTED)) & (rank(weight) < _RANK[w])
+            weight[weighted] = w
+            return
+        matrix = np.isin(cls, list(MATRIX))
+        new = np.full(len(act), spec, dtype=object)
+        if spec in ("fp8", "int8"):
+            vec_or_int8_attn = ~matrix | ((cls == KernelClass.ATTENTION.value) & (spec == "int8"))
+            new[vec_or_int8_attn] = half[vec_or_int8_attn]
+        if spec == "tf32":
+            new[~np.isin(cls, list(WEIGHTED))] = "fp32"
+        better = rank(new) > rank(act)
+        act[better] = new[better]
+        wbetter = rank(new) > rank(weight)
+        weight[wbetter] = new[wbetter]
+
+    def _state(self, graph: TaskGraph, tasks: np.ndarray, base: dict[str, np.ndarray], devices: np.ndarray,
+               extra: str | None = None) -> _State:
+        act = base["dtype"][tasks].copy()
+        weight = act.copy()
+        cls = base["kernel_class"][tasks]
+        half = _lookup(np.asarray([d or "" for d in devices], dtype=object),
+                       {d.value: sixteen_bit(dev) for d, dev in DEVICES.items()} | {"": "bf16"}).astype(object)
+        specs = self._specs(graph, tasks)
+        for joined in pd.unique(specs[pd.notna(specs)]):
+            sel = np.flatnonzero(specs == joined)
+            for spec in str(joined).split("+"):
+                a, w = act[sel], weight[sel]
+                self._apply_spec(a, w, cls[sel], spec, half[sel])
+                act[sel], weight[sel] = a, w
+        if extra is not None:
+            self._apply_spec(act, weight, cls, extra, half)
+        return _State(act=act, weight=weight)
+
+    @staticmethod
+    def _bytes(base: dict[str, np.ndarray], tasks: np.ndarray, state: _State) -> np.ndarray:
+        rec = base["dtype"][tasks]
+        rb = _lookup(rec, ELEM_BYTES)
+        total, w = base["bytes"][tasks], base["weight_bytes"][tasks]
+        return (total - w) * _lookup(state.act, ELEM_BYTES) / rb + w * _lookup(state.weight, ELEM_BYTES) / rb
+
+    def kernel_facts(self, graph: TaskGraph, tasks: np.ndarray) -> dict[str, np.ndarray]:
+        """Per task: ``kernel_class``, ``flops``, ``bytes`` and ``weight_bytes`` (DRAM bytes now),
+        ``dtype`` (compute/storage dtype now), ``weight_dtype``, ``device`` (catalog name now),
+        ``estimated`` (no recorded shapes: FLOPs/bytes estimated from the duration)."""
+        tasks = np.asarray(tasks, dtype=np.int64)
+        base = self._base(graph)
+        devices = self._devices(graph, tasks)
+        state = self._state(graph, tasks, base, devices)
+        nbytes = self._bytes(base, tasks, state)
+        rec = base["dtype"][tasks]
+        wb = base["weight_bytes"][tasks] * _lookup(state.weight, ELEM_BYTES) / _lookup(rec, ELEM_BYTES)
+        return {"kernel_class": base["kernel_class"][tasks], "flops": base["flops"][tasks].copy(), "bytes": nbytes,
+                "weight_bytes": wb, "dtype": state.act, "weight_dtype": state.weight, "device": devices,
+                "estimated": base["estimated"][tasks]}
 
     def memory_bandwidth_bytes_per_s(self, graph: TaskGraph) -> float:
-        if self._bw is not None:
-            return self._bw
-        t = graph.tasks
-        gpu = np.flatnonzero(t["kind"].isin([4, 5, 6]).to_numpy() & (t["dur_ns"].to_numpy() >= 5_000)
-                             & (t["event"].to_numpy() >= 0))
-        measured: list[float] = []
-        if len(gpu):
-            facts = self._recorded_facts(graph, gpu)
-            mem = np.isin(facts["kernel_class"], list(MEMORY_BOUND)) & ~np.isnan(facts["bytes"])
-            dur = t["dur_ns"].to_numpy()[gpu][mem].astype(float)
-            measured = list(facts["bytes"][mem] / (dur * 1e-9))
-        if len(measured) >= MIN_PEERS:
-            self._bw = float(np.median(measured))
+        """Median achieved DRAM bandwidth (bytes/s) of the trace's memory-bound kernels of >= 5 us
+        with recorded shapes, when >= ``MIN_PEERS``; else ``ASSUMED_BW_EFFICIENCY`` of the peak."""
+        if self._bw is None:
+            self._base(graph)   # computing the facts calibrates the bandwidth
+        if self._bw is None:    # facts came from the graph's cache
+            self._calibrate(graph, self._base(graph))
+        assert self._bw is not None
+        return self._bw
+
+    def _calibrate(self, graph: TaskGraph, facts: dict[str, np.ndarray]) -> None:
+        ev = self.trace.events
+        rows = graph.tasks["event"].to_numpy()
+        ok = (rows >= 0) & np.isin(facts["kernel_class"], list(MEMORY_BOUND)) & ~np.isnan(facts["bytes"])
+        if "estimated" in facts:
+            ok &= ~facts["estimated"]
+        ok &= graph.tasks["kind"].to_numpy() == int(TaskKind.KERNEL)
+        dur = np.zeros(len(rows))
+        dur[ok] = ev["dur_ns"].to_numpy()[rows[ok]]
+        ok &= dur >= 5_000
+        if ok.sum() >= MIN_PEERS:
+            self._bw = float(np.median(facts["bytes"][ok] / (dur[ok] * 1e-9)))
         elif self.device is not None:
             self._bw = self.device.mem_bw_bytes_per_s * ASSUMED_BW_EFFICIENCY
         else:
             self._bw = DEFAULT_BW_BYTES_PER_S
-        return self._bw
 
     # -- what-ifs -------------------------------------------------------------------------------
+    @staticmethod
+    def device_name(name: str) -> str:
+        """The catalog name of a GPU given by catalog or trace-style name (TransformError if unknown)."""
+        return resolve_device(name).name.value
+
+    def check_precision(self, graph: TaskGraph, tasks: np.ndarray, spec: str) -> None:
+        """TransformError when a task's GPU is unknown or has no native rate for ``spec``."""
+        dtype, weight_only = (spec[: -len("_weight")], True) if spec.endswith("_weight") else (spec, False)
+        if weight_only and dtype not in WEIGHT_ONLY:
+            raise TransformError(f"precision: weight-only {dtype!r} is not supported (choose one of "
+                                 f"{', '.join(w + '_weight' for w in WEIGHT_ONLY)})")
+        if not weight_only and dtype not in PRECISIONS:
+            hint = " (int4 is weight-only: use dtype='int4_weight')" if dtype == "int4" else ""
+            raise TransformError(f"precision: unknown dtype {dtype!r}{hint}; choose one of "
+                                 f"{', '.join(PRECISIONS)}, int4_weight, or weight_only=true with int8/fp8")
+        for name in pd.unique(self._devices(graph, np.asarray(tasks, dtype=np.int64))):
+            if name is None:
+                raise TransformError(f"precision: the recorded GPU ({self.gpu_name or 'not named in the trace'}) "
+                                     f"is not in the device catalog, so its tensor-core rates are unknown; "
+                                     f"apply gpu(device=...) first or add it to whatif.predictors.devices")
+            dev = get_device(name)
+            need = DType(sixteen_bit(dev)) if weight_only else DType(dtype)
+            if not dev.peak.get(need):
+                alt = {DType.BF16: " (use dtype='fp16')", DType.FP8: " (use int8, or fp8_weight / int4_weight)",
+                       DType.TF32: ""}.get(need, "")
+                raise TransformError(f"precision: {dev.name.value} has no native {need.value} rate{alt}; "
+                                     f"its native dtypes: {', '.join(d.value for d in dev.peak)}")
+
     def precision_factor(self, graph: TaskGraph, tasks: np.ndarray, to_dtype: str) -> np.ndarray:
-        to = DType(to_dtype if to_dtype != "int4" else "int8")
-        facts = self.kernel_facts(graph, tasks)
-        dur = graph.tasks["dur_ns"].to_numpy()[tasks].astype(float)
-        factor = np.ones(len(tasks))
-        to_bytes = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}[to.value]
+        """Per task: time multiplier when the spec ``to_dtype`` (``bf16``, ``fp8``,
+        ``int4_weight``… see the module docstring) is applied on top of the task's current state."""
+        tasks = np.asarray(tasks, dtype=np.int64)
         if to_dtype == "int4":
-            to_bytes = 0.5
-        for i, (c, src) in enumerate(zip(facts["kernel_class"], facts["dtype"])):
-            src_bytes = dtype_bytes({"bf16": "c10::BFloat16", "fp16": "c10::Half", "fp32": "float",
-                                     "fp8": "c10::Float8_e4m3fn", "int8": "signed char"}.get(src, "float")) or 4
-            if c in (KernelClass.GEMM.value, KernelClass.CONV.value, KernelClass.ATTENTION.value):
-                if self.device is None:
-                    raise TransformError("precision: the recorded GPU is unknown, so its tensor-core rates are too")
-                ratio = self.device.peak_flops(src) / self.device.peak_flops(to)
-            else:
-                ratio = to_bytes / src_bytes
-            busy = max(dur[i] - FIXED_NS, 0.0)
-            factor[i] = (min(dur[i], FIXED_NS) + busy * ratio) / dur[i] if dur[i] > 0 else 1.0
-        return factor
+            to_dtype = "int4_weight"
+        self.check_precision(graph, tasks, to_dtype)
+        base = self._base(graph)
+        devices = self._devices(graph, tasks)
+        old = self._state(graph, tasks, base, devices)
+        new = self._state(graph, tasks, base, devices, extra=to_dtype)
+        b_old, b_new = self._bytes(base, tasks, old), self._bytes(base, tasks, new)
+        flops = base["flops"][tasks]
+        cls = base["kernel_class"][tasks]
+        comp = np.ones(len(tasks))
+        ridge = np.ones(len(tasks))
+        keys = pd.DataFrame({"d": devices, "o": old.act, "n": new.act, "c": cls}).astype(str)
+        for (d, o, nw, c), idx in keys.groupby(["d", "o", "n", "c"]).indices.items():
+            dev = get_device(d)
+            p_new = compute_peak(dev, nw, c)
+            comp[idx] = compute_peak(dev, o, c) / p_new
+            ridge[idx] = p_new / dev.mem_bw_bytes_per_s
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mem = np.where(b_old > 0, b_new / b_old, 1.0)
+            intensity = np.where(b_new > 0, flops / b_new, np.inf)
+        gamma = habitat_gamma_array(intensity, ridge)
+        busy_factor = mem ** gamma * comp ** (1.0 - gamma)
+        changed = (new.act != old.act) | (new.weight != old.weight)
+        busy_factor = np.where(changed & np.isfinite(busy_factor), busy_factor, 1.0)
+        dur = graph.tasks["dur_ns"].to_numpy()[tasks].astype(float)
+        fixed = np.minimum(dur, FIXED_NS)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(dur > 0, (fixed + (dur - fixed) * busy_factor) / dur, 1.0)
 
     def move_to_device(self, graph: TaskGraph, tasks: np.ndarray, device: str) -> np.ndarray:
-        if self.device is None:
-            raise TransformError(f"gpu: the recorded GPU ({self.gpu_name or 'not in the trace'}) is not in the "
-                                 f"device catalog (whatif devices)")
-        try:
-            dst = get_device(device)
-        except (KeyError, ValueError):
-            dst = find_device(device)
-        if dst is None:
-            raise TransformError(f"gpu: unknown device {device!r} (whatif devices lists them)")
+        """Per task: its duration (ns) on GPU ``device`` instead of the one it runs on now."""
+        tasks = np.asarray(tasks, dtype=np.int64)
+        dst = resolve_device(device)
         facts = self.kernel_facts(graph, tasks)
-        dur = graph.tasks["dur_ns"].to_numpy()[tasks].astype(float)
-        return np.asarray([move_kernel_time_ns(d, f, b, self.device, dst, dt, c)
-                           for d, f, b, dt, c in zip(dur, facts["flops"], facts["bytes"], facts["dtype"],
-                                                     facts["kernel_class"])])
+        if len(tasks) and any(d is None for d in facts["device"]):
+            raise TransformError(f"gpu: the recorded GPU ({self.gpu_name or 'not named in the trace'}) is not in "
+                                 f"the device catalog ('whatif devices' lists it), so there is nothing to scale from")
+        t = graph.tasks
+        dur = t["dur_ns"].to_numpy()[tasks].astype(float)
+        kinds = t["kind"].to_numpy()[tasks]
+        names = t["name"].astype(str).to_numpy()[tasks]
+        factor = np.ones(len(tasks))
+        keys = pd.DataFrame({"d": facts["device"], "t": facts["dtype"], "c": facts["kernel_class"], "k": kinds})
+        keys = keys.astype({"d": str, "t": str, "c": str})
+        with np.errstate(divide="ignore", invalid="ignore"):
+            intensity = np.where(facts["bytes"] > 0, facts["flops"] / facts["bytes"], np.inf)
+        for (d, dt, c, k), idx in keys.groupby(["d", "t", "c", "k"]).indices.items():
+            src = get_device(d)
+            if src.name == dst.name:
+                continue
+            if k == int(TaskKind.MEMCPY):
+                factor[idx] = _copy_ratio(names[idx], src, dst)
+            elif k == int(TaskKind.COMM) or c == KernelClass.COLLECTIVE.value:
+                factor[idx] = _link(src) / _link(dst)
+            elif k == int(TaskKind.MEMSET) or c == KernelClass.MEMSET.value:
+                factor[idx] = src.mem_bw_bytes_per_s / dst.mem_bw_bytes_per_s
+            else:
+                p_src, p_dst = compute_peak(src, dt, c), compute_peak(dst, dt, c)
+                gamma = habitat_gamma_array(intensity[idx], np.full(len(idx), p_dst / dst.mem_bw_bytes_per_s))
+                factor[idx] = (src.mem_bw_bytes_per_s / dst.mem_bw_bytes_per_s) ** gamma \
+                    * (p_src / p_dst) ** (1.0 - gamma)
+        fixed = np.minimum(dur, FIXED_NS)
+        return fixed + (dur - fixed) * factor
+
+    # -- multi-GPU (whatif.transforms.parallel, docs/multi-gpu.md) -------------------------------
+
+
+def _link(device: Device) -> float:
+    """Peer-to-peer bandwidth (bytes/s per direction): its links, or PCIe when it has none."""
+    return device.link_bw_bytes_per_s or device.pcie_bw_bytes_per_s
+
+
+def _copy_ratio(names: Sequence[str], src: Device, dst: Device) -> np.ndarray:
+    """T'/T of memcpys by direction: host copies by PCIe, device copies by DRAM, peer copies by link."""
+    out = np.empty(len(names))
+    for i, n in enumerate(names):
+        low = n.lower()
+        if "dtod" in low or "d2d" in low:
+            out[i] = src.mem_bw_bytes_per_s / dst.mem_bw_bytes_per_s
+        elif "ptop" in low or "p2p" in low or "peer" in low:
+            out[i] = _link(src) / _link(dst)
+        else:
+            out[i] = src.pcie_bw_bytes_per_s / dst.pcie_bw_bytes_per_s
+    return out

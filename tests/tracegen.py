@@ -13,8 +13,10 @@ CPU_PID, MAIN_TID = 100, 1
 class KinetoTrace:
     """Accumulates Kineto events; ``write`` produces a ``.json.gz`` our reader and HTA accept."""
 
-    def __init__(self, rank: int | None = None, world_size: int | None = None, base_us: int = 1_000_000) -> None:
+    def __init__(self, rank: int | None = None, world_size: int | None = None, base_us: int = 1_000_000,
+                 gpu_name: str = "NVIDIA A100-SXM4-80GB") -> None:
         self.events: list[dict[str, Any]] = []
+        self.gpu_name = gpu_name
         self.rank = rank
         self.world_size = world_size
         self.base = base_us
@@ -31,8 +33,9 @@ class KinetoTrace:
     def annotation(self, name: str, ts: float, dur: float, tid: int = MAIN_TID) -> None:
         self._x("user_annotation", name, ts, dur, CPU_PID, tid)
 
-    def op(self, name: str, ts: float, dur: float, tid: int = MAIN_TID) -> None:
-        self._x("cpu_op", name, ts, dur, CPU_PID, tid)
+    def op(self, name: str, ts: float, dur: float, tid: int = MAIN_TID, args: dict[str, Any] | None = None) -> None:
+        """A cpu_op; ``args`` as record_shapes writes them (``External id``, ``Input Dims``, ``Input type``)."""
+        self._x("cpu_op", name, ts, dur, CPU_PID, tid, **(args or {}))
 
     def runtime(self, name: str, ts: float, dur: float, corr: int, tid: int = MAIN_TID) -> None:
         self._x("cuda_runtime", name, ts, dur, CPU_PID, tid, correlation=corr)
@@ -51,7 +54,7 @@ class KinetoTrace:
                             "ts": self.base + ts, **({"bp": "e"} if ph == "f" else {})})
 
     def document(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}],
+        doc: dict[str, Any] = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": self.gpu_name}],
                                "traceEvents": self.events}
         if self.rank is not None:
             doc["distributedInfo"] = {"backend": "nccl", "rank": self.rank, "world_size": self.world_size or 1}

@@ -1,0 +1,112 @@
+"""``gpu``: run the selected GPU work on another GPU of the catalog (Habitat-style, per task).
+
+* Kernels and memsets: Habitat's wave scaling (Yu et al., USENIX ATC 2021) of the time above a
+  fixed 2 µs latency: ``T' = F' + (T − F')·(B_o/B_d)^γ·(P_o/P_d)^(1−γ)``, ``F' = min(T, 2 µs)``,
+  ``B`` DRAM bandwidth, ``P`` the peak FLOP/s of the kernel's dtype on the unit it uses (tensor
+  cores for GEMM/conv/attention, fp32 vector units otherwise; whatif's refinement of Habitat's
+  clock×SM term), ``γ = 1 − 0.5·I/R`` for ``I ≤ R`` else ``0.5·R/I`` with the kernel's
+  arithmetic intensity ``I`` (recorded shapes, or estimated) and the destination ridge ``R``.
+* Memcpys: host↔device by the PCIe bandwidth ratio, device↔device by the DRAM ratio, peer
+  copies by the peer-link ratio; collectives by the peer-link ratio (NVLink / Infinity Fabric
+  per direction; PCIe for a GPU without peer links). Topology changes are not modeled.
+* CPU tasks are unchanged (the host, driver and launch path are not part of the GPU) unless
+  ``host_speed`` is given: then CPU calls, CPU work and the CPU gaps between them (thread-order
+  edge latencies) take ``1/host_speed`` of their time. Launch latencies and GPU idle stay.
+
+Not modeled: a different vendor's kernel library picks other kernels (cuBLAS vs hipBLASLt tile
+shapes, more or fewer helper kernels), and per-kernel fixed costs differ by platform.
+
+>>> Gpu(device="H100_SXM").label()
+"gpu(device=H100_SXM, host_speed=1.0, select=Selector(kind='gpu'))"
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from whatif.depgraph.graph import Change, EdgeKind, TaskGraph, TaskKind
+
+from ..base import Transform, TransformContext, TransformError
+from ..edit import set_duration
+from ..registry import register
+from ..select import Selector, select
+
+COLUMN = "cost_device"   # read by whatif.predictors.costs
+_CPU_KINDS = (int(TaskKind.CPU_CALL), int(TaskKind.CPU_WORK))
+
+
+@register
+@dataclass
+class Gpu(Transform):
+    name = "gpu"
+    description = "Run on another GPU of the catalog (Habitat scaling per kernel; CPU unchanged unless host_speed)"
+
+    device: str = field(default="", metadata={"help": "catalog name (H100_SXM, MI300X…) or a trace-style GPU name"})
+    host_speed: float = field(default=1.0, metadata={"help": "CPU speed relative to the recorded host (2 = CPU "
+                                                             "tasks and gaps take half the time)"})
+    select: Selector = field(default_factory=lambda: Selector(kind="gpu"),
+                             metadata={"help": "which GPU work moves (default: all)"})
+
+    def _check(self) -> None:
+        if not str(self.device).strip():
+            raise TransformError("gpu: name the destination, e.g. device = \"H100_SXM\" ('whatif devices' lists them)")
+        if not self.host_speed > 0:
+            raise TransformError(f"gpu: host_speed must be > 0 (1 = the recorded host), not {self.host_speed!r}")
+
+    def _gpu_ids(self, graph: TaskGraph) -> np.ndarray:
+        ids = self.select(graph)
+        on_gpu = np.isin(graph.tasks["kind"].to_numpy()[ids], [int(TaskKind.KERNEL), int(TaskKind.MEMCPY),
+                                                               int(TaskKind.MEMSET), int(TaskKind.COMM)])
+        return ids[on_gpu]
+
+    def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
+        self._check()
+        ids = self._gpu_ids(graph)
+        if self.host_speed != 1.0:
+            ids = np.union1d(ids, select(graph, where=lambda t: t["kind"].isin(_CPU_KINDS).to_numpy()))
+        return ids
+
+    def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
+        self._check()
+        cost = ctx.require_cost(self.name)
+        ids = self._gpu_ids(graph)
+        if not len(ids) and self.host_speed == 1.0:
+            raise TransformError(f"gpu: the selection matches no GPU task ({self.select})")
+        new = np.rint(cost.move_to_device(graph, ids, self.device)).astype(np.int64)
+        dest = _catalog_name(cost, self.device)
+        out = set_duration(graph, ids, new, transform=self.name,
+                           reason=f"to {dest}: Habitat scaling per kernel (bandwidth^γ·peak^(1−γ)), copies "
+                                  f"by PCIe/DRAM/link ratios, collectives by link ratio")
+        col = out.tasks[COLUMN].astype(object).to_numpy().copy() if COLUMN in out.tasks \
+            else np.full(len(out.tasks), None, dtype=object)
+        col[ids] = dest
+        out.tasks[COLUMN] = col
+        if self.host_speed != 1.0:
+            out = _scale_host(out, 1.0 / self.host_speed, self.name, self.label())
+        return out
+
+
+def _catalog_name(cost: object, device: str) -> str:
+    from_cost = getattr(cost, "device_name", None)
+    return str(from_cost(device)) if callable(from_cost) else device
+
+
+def _scale_host(graph: TaskGraph, factor: float, transform: str, reason: str) -> TaskGraph:
+    """CPU calls, CPU work and thread-order gaps x ``factor`` (the graph is owned by the caller)."""
+    cpu = np.flatnonzero(np.isin(graph.tasks["kind"].to_numpy(), _CPU_KINDS))
+    dur = graph.tasks["dur_ns"].to_numpy()
+    out = set_duration(graph, cpu, np.rint(dur[cpu] * factor).astype(np.int64), transform=transform,
+                       reason=f"host x{factor:.3g} time: {reason}")
+    e = out.edges
+    thread = e["kind"].to_numpy() == int(EdgeKind.THREAD)
+    lat = e["lat_ns"].to_numpy().copy()
+    before = int(lat[thread].sum())
+    lat[thread] = np.rint(lat[thread] * factor).astype(np.int64)
+    e = e.copy()
+    e["lat_ns"] = lat
+    out.edges = e
+    out.changes.append(Change(transform=transform, action="scale CPU gaps (thread-order edges) after",
+                              tasks=len(np.unique(e["dst"].to_numpy()[thread])), before_ns=before,
+                              after_ns=int(lat[thread].sum()), reason=f"host x{factor:.3g} time"))
+    return out

@@ -1,0 +1,101 @@
+"""``precision``: run the selected kernels in a lower precision — bf16/fp16 AMP, tf32, fp8,
+int8 (W8A8), or weight-only quantization (``int4_weight``, or ``weight_only=true`` with int8/fp8).
+
+Each selected kernel's duration ``T`` becomes ``F' + (T − F')·m^γ·c^(1−γ)`` with ``F' =
+min(T, 2 µs)`` a fixed latency that never scales, ``m`` the ratio of DRAM bytes after/before,
+``c`` the ratio of the recorded device's peak FLOP/s before/after (``Device.peak_flops``;
+vector-unit kernels compute in fp32 whatever they store: ``c = 1``), and Habitat's memory
+weight ``γ`` (Yu et al., USENIX ATC 2021) from the kernel's new arithmetic intensity and the
+ridge point of the new dtype. So a memory-bound kernel scales by the byte ratio, a large GEMM
+by the tensor-core peak ratio, a decode GEMV by its weight-byte ratio (weight-only: activations
+and math stay 16-bit, only GEMM/conv weight bytes shrink). fp8/int8 keep vector kernels
+(norms, activations, residuals) in 16-bit; a kernel already at or below the target is
+unchanged. The model and its sources: :mod:`whatif.predictors.costs`. Reference point:
+Daydream's AMP (Zhu et al., ATC 2020) ×1/3 compute-bound, ×1/2 memory-bound on V100
+fp32→fp16 (compared in ``bench/whatif_precision.py``).
+
+The recorded GPU must be in the catalog and have a native rate for the dtype (fp8 on a V100 or
+A100 is refused). The graph remembers what was applied (tasks column ``cost_precision``), so a
+later ``gpu`` or ``precision`` transform prices the kernels in their new dtype.
+
+>>> Precision(dtype="int4_weight").label()
+"precision(dtype=int4_weight, select=Selector(kind='kernel'), weight_only=False)"
+>>> Precision(dtype="int8", weight_only=True).spec()
+'int8_weight'
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from whatif.depgraph.graph import TaskGraph
+
+from ..base import Transform, TransformContext, TransformError
+from ..edit import scale
+from ..registry import register
+from ..select import Selector
+
+COLUMN = "cost_precision"   # read by whatif.predictors.costs
+DTYPES = ("tf32", "bf16", "fp16", "fp8", "int8", "int4_weight")
+
+
+def record_spec(graph: TaskGraph, tasks: np.ndarray, spec: str) -> None:
+    """Append ``spec`` to the ``cost_precision`` column of ``tasks`` (in place, on a graph the
+    caller owns)."""
+    t = graph.tasks
+    col = t[COLUMN].astype(object).to_numpy().copy() if COLUMN in t else np.full(len(t), None, dtype=object)
+    cur = col[tasks]
+    joined = {old: spec if pd.isna(old) else f"{old}+{spec}" for old in pd.unique(cur)}
+    col[tasks] = [joined[c] for c in cur]
+    t[COLUMN] = col
+
+
+@register
+@dataclass
+class Precision(Transform):
+    name = "precision"
+    description = "Lower precision: bf16/fp16 AMP, tf32, fp8, int8 (W8A8), int4 weight-only (by peak and byte ratios)"
+
+    dtype: str = field(default="bf16", metadata={"help": "tf32, bf16, fp16, fp8, int8 (W8A8) or int4_weight"})
+    select: Selector = field(default_factory=lambda: Selector(kind="kernel"),
+                             metadata={"help": "which kernels (default: all GPU kernels)"})
+    weight_only: bool = field(default=False, metadata={"help": "quantize only GEMM/conv weights (int8, fp8; "
+                                                               "int4 is always weight-only)"})
+
+    def spec(self) -> str:
+        """The cost model's spec: ``bf16``…, or ``<dtype>_weight`` for weight-only."""
+        d = str(self.dtype).lower().strip()
+        if d not in DTYPES:
+            raise TransformError(f"precision: unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        if d == "int4_weight":
+            return d
+        if self.weight_only:
+            if d not in ("int8", "fp8"):
+                raise TransformError(f"precision: weight_only needs dtype int8 or fp8 (or dtype='int4_weight'), "
+                                     f"not {d!r}")
+            return f"{d}_weight"
+        return d
+
+    def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
+        ids = self.select(graph)
+        if not len(ids):
+            return ids
+        factor = ctx.require_cost(self.name).precision_factor(graph, ids, self.spec())
+        return ids[factor != 1.0]
+
+    def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
+        spec = self.spec()
+        cost = ctx.require_cost(self.name)
+        ids = self.select(graph)
+        if not len(ids):
+            raise TransformError(f"precision: the selection matches no task ({self.select})")
+        factor = cost.precision_factor(graph, ids, spec)
+        changed = factor != 1.0
+        out = scale(graph, ids[changed], factor[changed], transform=self.name,
+                    reason=f"{spec}: {int(changed.sum()):,} of {len(ids):,} selected kernels change "
+                           f"(tensor-core peak and byte ratios, Habitat γ); the rest are already at or below "
+                           f"{spec} or are fixed latency")
+        record_spec(out, ids, spec)
+        return out
