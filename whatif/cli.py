@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "predict": "Predict step times under what-if scenarios (TOML files of transforms)",
     "transforms": "List the registered transforms and their parameters",
     "record": "Run a PyTorch script under tracing and write a run folder",
+    "dashboard": "Open the web dashboard on traces and run folders",
     "devices": "List the GPU catalog with peak rates and bandwidths",
     "serve": "Predict TTFT, TPOT, latency and throughput of a serving loop under a workload and scenarios",
     "sweep": "Latency-vs-throughput curves of a serving loop over arrival rates (and scenarios)",

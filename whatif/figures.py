@@ -102,6 +102,132 @@ def top_table_figure(rows: list[dict[str, Any]], title: str) -> go.Figure:
     return fig
 
 
+TIMELINE_COLORS = {"cpu": CATEGORY_COLORS["cpu"], "launch": CATEGORY_COLORS["launch"], "gpu": CATEGORY_COLORS["gpu"],
+                   "comm": CATEGORY_COLORS["comm"], "sync": CATEGORY_COLORS["sync"]}
+
+
+def _exact_traces(panel: dict[str, Any], row: int) -> list[go.Scattergl]:
+    """WebGL line segments, one trace per category; each task is start, middle, end, gap (the
+    middle point makes long slices clickable anywhere); ``customdata`` = [task id, panel row]."""
+    out = []
+    for cat, seg in panel["segments"].items():
+        n = len(seg["id"])
+        x: list[float | None] = [None] * (4 * n)
+        y: list[int | None] = [None] * (4 * n)
+        x[0::4], x[1::4], x[2::4] = seg["start"], [(a + b) / 2 for a, b in zip(seg["start"], seg["end"])], seg["end"]
+        y[0::4] = y[1::4] = y[2::4] = seg["lane"]
+        custom = [[i, row - 1] for i in seg["id"] for _ in range(4)]
+        text = [f"{name}<br>{(e - s) * 1e3:,.1f} us" for name, s, e in zip(seg["name"], seg["start"], seg["end"])
+                for _ in range(4)]
+        out.append(go.Scattergl(x=x, y=y, mode="lines", name=cat, legendgroup=cat, showlegend=row == 1,
+                                line={"color": TIMELINE_COLORS.get(cat, "#888"), "width": 14},
+                                customdata=custom, text=text, hovertemplate="%{text}<extra>" + cat + "</extra>",
+                                connectgaps=False))
+    return out
+
+
+def timeline_figure(view: dict[str, Any], height_per_lane: int = 26) -> go.Figure:
+    """Stacked timelines (e.g. measured above, predicted below) of a time window, in ms.
+
+    ``view``: ``lanes`` (labels), ``range_ms``, ``panels`` (each ``name`` and either ``mode="bins"``
+    with ``x``/``z``, the busy fraction per lane and bin, drawn as a heatmap, or ``mode="exact"``
+    with ``segments`` per category, drawn as WebGL line segments). Built by
+    :func:`whatif.dashboard.timeline.view`.
+
+    >>> v = {"lanes": ["stream 7"], "range_ms": [0, 1], "panels": [
+    ...     {"name": "measured", "mode": "bins", "x": [0.25, 0.75], "z": [[1.0, 0.5]]},
+    ...     {"name": "predicted", "mode": "exact", "segments": {"gpu": {"start": [0.1], "end": [0.4],
+    ...      "lane": [0], "id": [3], "name": ["gemm"]}}}]}
+    >>> [type(t).__name__ for t in timeline_figure(v).data]
+    ['Heatmap', 'Scattergl']
+    """
+    from plotly.subplots import make_subplots
+
+    panels = view["panels"]
+    lanes = view["lanes"]
+    rows = max(len(panels), 1)
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=min(0.25, 60 / (rows * (len(lanes) * height_per_lane + 110))),
+                        subplot_titles=[f"{p['name']} ({p['mode']}, {p.get('tasks', 0):,} tasks)" for p in panels])
+    for row, p in enumerate(panels, start=1):
+        if p["mode"] == "bins":
+            fig.add_trace(go.Heatmap(x=p["x"], y=list(range(len(lanes))), z=p["z"], zmin=0, zmax=1,
+                                     colorscale=[[0, "#ffffff"], [1, PREDICTED if row > 1 else MEASURED]],
+                                     showscale=False, hovertemplate="%{x:.3f} ms: busy %{z:.0%}<extra></extra>"),
+                          row=row, col=1)
+        else:
+            for trace in _exact_traces(p, row):
+                fig.add_trace(trace, row=row, col=1)
+        fig.update_yaxes(tickvals=list(range(len(lanes))), ticktext=lanes, range=[len(lanes) - 0.5, -0.5],
+                         fixedrange=True, row=row, col=1)
+    fig.update_xaxes(range=view["range_ms"], row=rows, col=1, title_text="ms")
+    fig.update_layout(height=max(300, rows * (len(lanes) * height_per_lane + 110)), margin={"l": 10, "r": 10, "t": 40,
+                      "b": 40}, dragmode="zoom", hovermode="closest", uirevision="timeline", legend_orientation="h",
+                      legend_y=-0.12, plot_bgcolor="#fafafa")
+    return fig
+
+
+def phase_breakdown_figure(rows: list[dict[str, Any]]) -> go.Figure:
+    """Mean critical-path breakdown of the steps of each phase, in ms per step.
+
+    ``rows``: ``phase``, ``steps`` (how many), ``breakdown_ns`` (mean per step).
+
+    >>> fig = phase_breakdown_figure([{"phase": "decode", "steps": 3, "breakdown_ns": {"cpu": 2e6, "gpu": 1e6}}])
+    >>> [t.name for t in fig.data], list(fig.data[0].x)
+    (['cpu', 'gpu'], ['decode (3)'])
+    """
+    x = [f"{r['phase']} ({r['steps']})" for r in rows]
+    cats = list(rows[0]["breakdown_ns"]) if rows else list(CATEGORY_COLORS)
+    fig = go.Figure([go.Bar(name=c, x=x, y=[r["breakdown_ns"][c] / 1e6 for r in rows],
+                            marker_color=CATEGORY_COLORS.get(c)) for c in cats])
+    fig.update_layout(barmode="stack", title="Critical path per step, by phase (mean)", xaxis_title="phase (steps)",
+                      yaxis_title="ms per step", legend_orientation="h")
+    return fig
+
+
+def _mean_breakdown(paths: list[dict[str, Any]]) -> dict[str, float]:
+    cats = list(paths[0]["breakdown_ns"]) if paths else []
+    n = max(len(paths), 1)
+    return {c: sum(p["breakdown_ns"][c] for p in paths) / n for c in cats}
+
+
+def scenario_breakdown_figure(prediction: dict[str, Any]) -> go.Figure:
+    """Mean critical-path breakdown per step of the baseline and of every scenario (stacked, ms).
+
+    >>> doc = {"baseline": {"critical_path": [{"breakdown_ns": {"cpu": 4e6, "gpu": 2e6}}]},
+    ...        "scenarios": [{"name": "s", "critical_path": [{"breakdown_ns": {"cpu": 1e6, "gpu": 2e6}}]}]}
+    >>> [list(t.y) for t in scenario_breakdown_figure(doc).data]
+    [[4.0, 1.0], [2.0, 2.0]]
+    """
+    names = ["baseline"] + [s["name"] for s in prediction["scenarios"]]
+    means = [_mean_breakdown(prediction["baseline"]["critical_path"])] + \
+            [_mean_breakdown(s["critical_path"]) for s in prediction["scenarios"]]
+    cats = list(means[0]) or list(CATEGORY_COLORS)
+    fig = go.Figure([go.Bar(name=c, x=names, y=[m.get(c, 0) / 1e6 for m in means],
+                            marker_color=CATEGORY_COLORS.get(c)) for c in cats])
+    fig.update_layout(barmode="stack", title="Critical path per step (mean)", yaxis_title="ms per step",
+                      legend_orientation="h")
+    return fig
+
+
+def step_compare_figure(prediction: dict[str, Any]) -> go.Figure:
+    """Predicted time of every step: the baseline replay and each scenario, one line each (ms).
+
+    >>> doc = {"baseline": {"steps": [{"rank": 0, "step": 0, "predicted_ns": 2e6}]},
+    ...        "scenarios": [{"name": "s", "steps": [{"rank": 0, "step": 0, "predicted_ns": 1e6}]}]}
+    >>> [(t.name, list(t.y)) for t in step_compare_figure(doc).data]
+    [('baseline', [2.0]), ('s', [1.0])]
+    """
+    base = prediction["baseline"]["steps"]
+    x = _step_labels(base)
+    fig = go.Figure([go.Scatter(name="baseline", x=x, y=[s["predicted_ns"] / 1e6 for s in base], mode="lines",
+                                line={"color": MEASURED})])
+    for sc in prediction["scenarios"]:
+        fig.add_trace(go.Scatter(name=sc["name"], x=x, y=[s["predicted_ns"] / 1e6 for s in sc["steps"]],
+                                 mode="lines"))
+    fig.update_layout(title="Predicted time per step", xaxis_title="step", yaxis_title="ms", legend_orientation="h")
+    return fig
+
+
 def serving_curves_figure(sweep: dict[str, Any], metric: str = "") -> go.Figure:
     """Latency vs throughput, one line per scenario, from a ``whatif.serving-sweep`` document:
     x = achieved throughput (output tokens/s for LLMs, requests/s for DiTs), y = mean and p99 of

@@ -1,0 +1,35 @@
+"""The Dash app: a multi-page app (``use_pages``) whose pages register explicitly (the package
+is installed under ``whatif.dashboard``, so no pages folder is scanned)."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import dash
+
+from .layout import INDEX, shell
+from .pages import builder, compare, graph, overview, runs, timeline
+from .state import RunStore, set_store
+
+PAGES = (runs, overview, timeline, builder, compare, graph)
+
+
+def create_app(paths: list[str | Path] = (), *, store: RunStore | None = None,
+               max_upload_mb: int = 200) -> dash.Dash:
+    """A dashboard on ``paths`` (trace files, run folders, folders of them), or on ``store``."""
+    store = store or RunStore(list(paths), max_upload_bytes=max_upload_mb * 1024 * 1024)
+    set_store(store)
+    app = dash.Dash(__name__, use_pages=True, pages_folder="", title="whatif", suppress_callback_exceptions=True,
+                    update_title=None, assets_folder=str(Path(__file__).parent / "assets"), serve_locally=True)
+    app.index_string = INDEX
+    # Uploads travel base64-encoded inside a callback request: cap the request body accordingly.
+    app.server.config["MAX_CONTENT_LENGTH"] = int(store.max_upload_bytes * 1.4) + (1 << 20)
+    for order, page in enumerate(PAGES):
+        dash.register_page(f"whatif.dashboard.pages.{page.__name__.rsplit('.', 1)[-1]}", path=page.PATH,
+                           name=page.NAME, title=f"whatif · {page.NAME}", order=order, layout=page.layout)
+    first = next(iter(store.runs), None)
+    app.layout = lambda: shell(store.options(), first)
+    for page in PAGES:
+        page.register(app)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    return app

@@ -1,0 +1,120 @@
+"""Layout helpers shared by the pages: the app shell, cards, sortable tables, error boxes, and
+``guarded``, which turns any exception of a callback into a readable message in the page."""
+from __future__ import annotations
+
+import functools
+import logging
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import dash
+from dash import dash_table, dcc, html
+
+log = logging.getLogger("whatif.dashboard")
+
+PAGES = (("/", "Runs"), ("/overview", "Overview"), ("/timeline", "Timeline"), ("/whatif", "What-if"),
+         ("/compare", "Compare"), ("/graph", "Graph"))
+
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #222; background: #f4f5f7; }
+.nav { display: flex; gap: 18px; align-items: center; padding: 8px 18px; background: #1f2a44; color: #fff; }
+.nav a { color: #dfe6f5; text-decoration: none; font-weight: 500; }
+.nav a:hover { color: #fff; text-decoration: underline; }
+.nav .brand { font-weight: 700; font-size: 18px; margin-right: 12px; color: #fff; }
+.nav .run { margin-left: auto; width: 360px; color: #222; }
+.page { padding: 14px 18px; }
+.cards { display: flex; flex-wrap: wrap; gap: 10px; margin-bottom: 10px; }
+.card { background: #fff; border-radius: 6px; padding: 8px 14px; box-shadow: 0 1px 2px #0002; min-width: 120px; }
+.card .label { font-size: 12px; color: #667; } .card .value { font-size: 20px; font-weight: 600; }
+.panel { background: #fff; border-radius: 6px; padding: 10px; box-shadow: 0 1px 2px #0002; margin-bottom: 12px; }
+.row { display: flex; gap: 12px; flex-wrap: wrap; } .row > * { flex: 1 1 420px; min-width: 0; }
+.error { background: #fdecea; color: #8a1c12; border: 1px solid #f5c2bd; padding: 8px 12px; border-radius: 6px;
+         margin: 6px 0; white-space: pre-wrap; }
+.note { color: #556; font-size: 13px; }
+label { font-size: 13px; color: #445; }
+fieldset { border: 1px solid #dde; border-radius: 6px; margin: 6px 0; }
+input[type=text], input[type=number] { padding: 4px 6px; border: 1px solid #ccd; border-radius: 4px; }
+button { padding: 5px 12px; border-radius: 4px; border: 1px solid #3b5b9a; background: #3b5b9a; color: #fff;
+         cursor: pointer; margin: 4px 4px 4px 0; }
+button.secondary { background: #fff; color: #3b5b9a; }
+pre { background: #f7f7fa; padding: 8px; border-radius: 4px; font-size: 12px; overflow-x: auto; }
+"""
+
+INDEX = """<!DOCTYPE html>
+<html><head>{%metas%}<title>{%title%}</title>{%favicon%}{%css%}<style>""" + CSS + """</style></head>
+<body>{%app_entry%}<footer>{%config%}{%scripts%}{%renderer%}</footer></body></html>"""
+
+
+def shell(run_options: list[dict[str, str]], run_value: str | None) -> html.Div:
+    """Navigation bar (page links and the run menu) above the current page."""
+    links = [dcc.Link(name, href=path, id=f"nav-{name.lower().replace('-', '')}") for path, name in PAGES]
+    return html.Div([
+        html.Div([html.Span("whatif", className="brand"), *links,
+                  dcc.Dropdown(id="run", options=run_options, value=run_value, clearable=False,
+                               placeholder="pick a run", className="run", persistence=True)], className="nav"),
+        html.Div(dash.page_container, className="page"),
+    ])
+
+
+def card(label: str, value: Any, id: str | None = None) -> html.Div:
+    kw = {"id": id} if id else {}
+    return html.Div([html.Div(label, className="label"), html.Div(value, className="value", **kw)], className="card")
+
+
+def error(message: str) -> html.Div:
+    return html.Div(message, className="error", role="alert")
+
+
+def error_box(id: str) -> html.Div:
+    """Where a guarded callback writes its error message."""
+    return html.Div(id=id)
+
+
+def table(id: str, rows: list[dict[str, Any]], columns: Sequence[str] | None = None, page_size: int = 12,
+          **kwargs: Any) -> dash_table.DataTable:
+    """A sortable, filterable table of ``rows`` (numbers stay numbers, so sorting is numeric)."""
+    cols = list(columns or (rows[0].keys() if rows else []))
+    return dash_table.DataTable(
+        id=id, data=rows, columns=[{"name": c, "id": c, "type": "numeric" if rows and isinstance(rows[0].get(c),
+                                   (int, float)) else "text"} for c in cols],
+        sort_action="native", filter_action="native", page_size=page_size,
+        style_table={"overflowX": "auto"}, style_cell={"fontSize": 12, "padding": "3px 6px", "maxWidth": 420,
+                                                       "overflow": "hidden", "textOverflow": "ellipsis"},
+        style_header={"fontWeight": 600, "backgroundColor": "#eef1f6"}, **kwargs)
+
+
+def loading(*children: Any, id: str | None = None) -> dcc.Loading:
+    kw = {"id": id} if id else {}
+    return dcc.Loading(list(children), type="default", delay_show=150, **kw)
+
+
+def guarded(n_outputs: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a callback whose last output is an error box: any exception becomes a message
+    there (the other outputs are left as they were), so the app never dies on bad input."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def inner(*args: Any) -> Any:
+            try:
+                out = fn(*args)
+            except dash.exceptions.PreventUpdate:
+                raise
+            except Exception as exc:  # noqa: BLE001 - shown to the user, logged in full
+                log.warning("callback %s failed:\n%s", fn.__name__, traceback.format_exc())
+                message = str(exc) or type(exc).__name__
+                if isinstance(exc, KeyError) and exc.args:
+                    message = str(exc.args[0])
+                rest = [dash.no_update] * (n_outputs - 1)
+                return (*rest, error(f"{type(exc).__name__}: {message}")) if n_outputs > 1 else \
+                    error(f"{type(exc).__name__}: {message}")
+            if n_outputs == 1:
+                return out
+            return (*out, None) if len(out) == n_outputs - 1 else out
+        return inner
+    return wrap
+
+
+def ms(ns: float) -> float:
+    """Nanoseconds to milliseconds, rounded for tables."""
+    return round(float(ns) / 1e6, 3)

@@ -1,0 +1,129 @@
+"""Timeline: one lane per resource, measured above and replayed (baseline or a scenario) below;
+zoom and pan re-render the window on the server (bins when it holds many tasks, exact WebGL
+slices when few); clicking a slice shows the task, its dependencies and criticality."""
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+from dash import Input, Output, State, dcc, html
+
+from whatif import figures
+
+from .. import timeline as tl
+from ..derive import task_details
+from ..layout import error_box, guarded, loading
+from ..state import Run, get_store
+
+PATH, NAME = "/timeline", "Timeline"
+BASELINE = "__baseline__"
+
+
+def layout(**_: Any) -> html.Div:
+    return html.Div([
+        html.H2("Timeline"),
+        html.Div([
+            html.Label("replayed timeline: "),
+            dcc.Dropdown(id="tl-predicted", options=[{"label": "baseline replay", "value": BASELINE}], value=BASELINE,
+                         clearable=False, style={"width": 320, "display": "inline-block", "verticalAlign": "middle"}),
+            html.Button("Reset zoom", id="tl-reset", className="secondary"),
+            html.Span(id="tl-info", className="note", style={"marginLeft": 12}),
+        ]),
+        error_box("tl-error"),
+        html.Div(loading(dcc.Graph(id="tl-graph", config={"scrollZoom": True, "displaylogo": False},
+                                   figure=figures.timeline_figure({"lanes": [], "range_ms": [0, 1], "panels": []}))),
+                 className="panel"),
+        dcc.Store(id="tl-window"),
+        html.Div([html.H4("Task"), error_box("tl-details-error"),
+                  html.Div("Click a slice (zoom in until slices are exact) to see the task.", id="tl-details",
+                           className="note")], className="panel"),
+    ])
+
+
+def timelines(run: Run, scenario: str | None) -> tuple[list[tl.Timeline], tl.Lanes, Any]:
+    """Measured and replayed timelines of a run (cached on the run), and the replay shown."""
+    key = f"tl:{scenario or BASELINE}"
+    if key not in run.cache:
+        a = run.analysis
+        if scenario and scenario != BASELINE:
+            if scenario not in run.scenarios:
+                raise KeyError(f"no scenario {scenario!r} on this run (save one in the What-if builder)")
+            res = run.result(run.scenarios[scenario])
+            graph, rep, label = res.graph, res.replay, f"predicted: {scenario}"
+        else:
+            graph, rep, label = a.graph, a.replay, "replayed (baseline)"
+        lanes = tl.lanes(graph)
+        t0 = tl.origin_ns(a.graph)
+        run.cache[key] = ([tl.build("measured", a.graph, lanes, t0), tl.build(label, graph, lanes, t0, rep)], lanes, rep)
+    return run.cache[key]
+
+
+def register(app: dash.Dash) -> None:
+    @app.callback(Output("tl-predicted", "options"), Input("run", "value"))
+    def options(run_id: str | None) -> list[dict[str, str]]:
+        store = get_store()
+        names = list(store.runs[run_id].scenarios) if run_id in store.runs else []
+        return [{"label": "baseline replay", "value": BASELINE}] + [{"label": n, "value": n} for n in names]
+
+    @app.callback(Output("tl-graph", "figure"), Output("tl-window", "data"), Output("tl-info", "children"),
+                  Output("tl-error", "children"),
+                  Input("run", "value"), Input("tl-predicted", "value"), Input("tl-graph", "relayoutData"),
+                  Input("tl-reset", "n_clicks"), State("tl-window", "data"))
+    @guarded(4)
+    def draw(run_id: str | None, scenario: str | None, relayout: dict[str, Any] | None, _reset: int | None,
+             window: list[int] | None) -> tuple[Any, ...]:
+        trigger = dash.ctx.triggered_id
+        current = tuple(window) if window else None
+        if trigger == "tl-graph":
+            new = tl.window_from_relayout(relayout, current)
+            if new == current and not (relayout or {}).get("xaxis.autorange"):
+                raise dash.exceptions.PreventUpdate
+            current = new
+        elif trigger in ("tl-reset", "run", "tl-predicted"):
+            current = None if trigger != "tl-predicted" else current
+        run = get_store().get(run_id)
+        lines, lanes, _ = timelines(run, scenario)
+        v = tl.view(lines, lanes, current)
+        info = " · ".join(f"{p['name']}: {p['tasks']:,} tasks in view ({p['mode']})" for p in v["panels"])
+        return figures.timeline_figure(v), list(current) if current else None, info
+
+    @app.callback(Output("tl-details", "children"), Output("tl-details-error", "children"),
+                  Input("tl-graph", "clickData"), State("run", "value"), State("tl-predicted", "value"),
+                  prevent_initial_call=True)
+    @guarded(2)
+    def details(click: dict[str, Any] | None, run_id: str | None, scenario: str | None) -> tuple[Any]:
+        points = (click or {}).get("points") or []
+        custom = points[0].get("customdata") if points else None
+        if not custom:
+            raise dash.exceptions.PreventUpdate
+        task, panel = int(custom[0]), int(custom[1])
+        run = get_store().get(run_id)
+        lines, _, rep = timelines(run, scenario)
+        graph = lines[panel].graph
+        d = task_details(graph, rep if graph is rep.graph else run.analysis.replay, task, run.cache,
+                         t0_ns=tl.origin_ns(run.analysis.graph))
+        return (render_details(d, run_id),)
+
+
+def render_details(d: dict[str, Any], run_id: str | None) -> html.Div:
+    """A task's details as a small definition list with its dependencies."""
+    fields = [(k, d.get(k)) for k in ("name", "kind", "resource", "rank", "step", "phase", "layer", "op",
+                                       "measured_us", "duration_us", "predicted_start_ms", "predicted_us")
+              if d.get(k) is not None]
+    crit = d.get("critical")
+
+    def deps(title: str, items: list[dict[str, Any]], total: int) -> html.Div:
+        return html.Div([html.B(f"{title} ({total})"),
+                         html.Ul([html.Li(f"{x['edge']} (+{x['lat_us']} us): {x['label']}") for x in items])])
+
+    return html.Div([
+        html.Div([html.B(f"task #{d['task']}"),
+                  html.Span(" on the critical path of its step" if crit else " not on the critical path"
+                            if crit is not None else "", id="tl-critical",
+                            style={"color": "#c0392b" if crit else "#556"}),
+                  dcc.Link(" · show its neighbourhood in the Graph page", href=f"/graph?task={d['task']}")]),
+        html.Table([html.Tr([html.Td(k, style={"color": "#667", "paddingRight": 10}), html.Td(str(v))])
+                    for k, v in fields]),
+        html.Div([deps("depends on", d["predecessors"], d["n_predecessors"]),
+                  deps("needed by", d["successors"], d["n_successors"])], className="row"),
+    ], id="tl-task")

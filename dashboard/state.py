@@ -1,0 +1,234 @@
+"""Server-side state: the loaded runs and their analyses, scenarios and predictions.
+
+Everything heavy (graphs, replays, 100 k-task timelines) stays in this process, keyed by run
+id; the browser only holds run ids and small scenario specs. Analyses are computed on first
+use, once per run (a lock per run), and predictions are kept in a small LRU per run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tempfile
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from whatif.api import Analysis, Prediction, ScenarioResult, analyze, make_context, predict
+from whatif.predictors.steps import step_times
+from whatif.summary import analysis_document, prediction_document
+from whatif.transforms.base import TransformContext
+from whatif.transforms.scenario import Scenario, scenario_from_dict
+from whatif.tracer.trace import NOT_TRACES, TRACE_SUFFIXES
+
+from .guard import PathGuard
+
+RANK_FILE = re.compile(r"rank[-_]?\d+", re.IGNORECASE)
+MAX_PREDICTIONS = 8  # per run
+
+
+def _is_trace(p: Path) -> bool:
+    return p.is_file() and p.name.endswith(TRACE_SUFFIXES) and p.name not in NOT_TRACES
+
+
+def discover(path: Path) -> list[Path]:
+    """The runs at ``path``: a trace file; a run folder (``meta.json`` or ``rank<k>`` files) or a
+    folder of per-rank files; otherwise each trace file and each run folder inside it."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        return []
+    traces = sorted(p for p in path.iterdir() if _is_trace(p))
+    if (path / "meta.json").is_file() or (traces and all(RANK_FILE.search(p.name) for p in traces)):
+        return [path]
+    runs = list(traces)
+    for sub in sorted(p for p in path.iterdir() if p.is_dir()):
+        inner = [p for p in sub.iterdir() if _is_trace(p)]
+        if (sub / "meta.json").is_file() or (inner and all(RANK_FILE.search(p.name) for p in inner)):
+            runs.append(sub)
+    return runs
+
+
+def spec_key(spec: dict[str, Any]) -> str:
+    """A canonical key of a scenario spec (``{"name":…, "transform": […]}``)."""
+    return json.dumps(spec, sort_keys=True, default=str)
+
+
+@dataclass
+class Run:
+    """One loaded run: its source, and (once computed) its analysis and derived data."""
+
+    id: str
+    path: Path | None
+    label: str
+    _analysis: Analysis | None = None
+    error: str | None = None
+    scenarios: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> spec
+    _doc: dict[str, Any] | None = None
+    _ctx: TransformContext | None = None
+    _baseline_doc: dict[str, Any] | None = None
+    _results: OrderedDict[str, ScenarioResult] = field(default_factory=OrderedDict)
+    _docs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cache: dict[str, Any] = field(default_factory=dict)  # derived views (timeline arrays, phase table…)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    @property
+    def loaded(self) -> bool:
+        return self._analysis is not None
+
+    @property
+    def analysis(self) -> Analysis:
+        """The analysis, computed on first use (raises the reader's error, also kept in ``error``)."""
+        with self.lock:
+            if self._analysis is None:
+                if self.path is None:
+                    raise RuntimeError(f"run {self.id} has no source")
+                try:
+                    self._analysis = analyze(self.path)
+                except Exception as exc:
+                    self.error = str(exc)
+                    raise
+                self.error = None
+            return self._analysis
+
+    @property
+    def doc(self) -> dict[str, Any]:
+        """The ``whatif.analysis`` document (the same one ``whatif analyze --json`` writes)."""
+        with self.lock:
+            if self._doc is None:
+                self._doc = analysis_document(self.analysis)
+            return self._doc
+
+    def summary(self) -> dict[str, Any]:
+        """One row of the Runs table (without forcing an analysis)."""
+        row: dict[str, Any] = {"id": self.id, "run": self.label, "path": str(self.path or ""),
+                               "status": f"error: {self.error}" if self.error else ("loaded" if self.loaded else "not loaded")}
+        if self.loaded:
+            a = self._analysis
+            assert a is not None
+            row.update(device=next((r.gpu_name for r in a.trace.ranks if r.gpu_name), None) or "unknown",
+                       ranks=len(a.trace.ranks), steps=len(a.steps), tasks=a.graph.num_tasks)
+        return row
+
+    @property
+    def context(self) -> TransformContext:
+        with self.lock:
+            if self._ctx is None:
+                self._ctx = make_context(self.analysis.trace)
+            return self._ctx
+
+    def scenario(self, spec: dict[str, Any]) -> Scenario:
+        return scenario_from_dict(spec, source=f"<{spec.get('name', 'scenario')}>",
+                                  default_name=str(spec.get("name") or "scenario"))
+
+    def result(self, spec: dict[str, Any]) -> ScenarioResult:
+        """The prediction of a scenario spec on this run (cached, LRU of :data:`MAX_PREDICTIONS`)."""
+        key = spec_key(spec)
+        with self.lock:
+            if key in self._results:
+                self._results.move_to_end(key)
+                return self._results[key]
+            pred = predict(self.analysis, [self.scenario(spec)], self.context)
+            self._results[key] = pred.scenarios[0]
+            while len(self._results) > MAX_PREDICTIONS:
+                old, _ = self._results.popitem(last=False)
+                self._docs.pop(old, None)
+            return self._results[key]
+
+    def quick_document(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Headline numbers of a scenario (speedup, per-transform waterfall, change log) without the
+        per-step critical paths, which take seconds on 100 k-task graphs."""
+        res = self.result(spec)
+        base = float(self.analysis.steps["predicted_ns"].sum())
+        n = max(len(self.analysis.steps), 1)
+        waterfall = []
+        for t, r in zip(res.scenario.transforms, res.replays):
+            total = float(step_times(r)["predicted_ns"].sum())
+            waterfall.append({"transform": t.label(), "mean_step_ns": int(total / n),
+                              "speedup": round(base / total, 6) if total > 0 else float("inf")})
+        total = float(res.steps["predicted_ns"].sum())
+        return {"name": res.scenario.name, "transforms": [t.label() for t in res.scenario.transforms],
+                "mean_step_ns": int(total / n), "baseline_mean_step_ns": int(base / n),
+                "speedup": round(base / total, 6) if total > 0 else float("inf"), "waterfall": waterfall,
+                "changes": [{"transform": c.transform, "action": c.action, "tasks": c.tasks,
+                             "before_ns": c.before_ns, "after_ns": c.after_ns, "reason": c.reason}
+                            for c in res.graph.changes]}
+
+    def prediction(self, specs: list[dict[str, Any]]) -> dict[str, Any]:
+        """The ``whatif.prediction`` document of several scenario specs (each scenario cached)."""
+        with self.lock:
+            if self._baseline_doc is None:
+                self._baseline_doc = prediction_document(Prediction(baseline=self.analysis, scenarios=[]))
+            scenarios = []
+            for spec in specs:
+                key = spec_key(spec)
+                if key not in self._docs:
+                    doc = prediction_document(Prediction(baseline=self.analysis, scenarios=[self.result(spec)]))
+                    self._docs[key] = doc["scenarios"][0]
+                scenarios.append(self._docs[key])
+            return {**self._baseline_doc, "scenarios": scenarios}
+
+
+class RunStore:
+    """All runs of one dashboard, the path guard, and the upload folder."""
+
+    def __init__(self, paths: list[str | Path] = (), upload_dir: str | Path | None = None,
+                 max_upload_bytes: int = 200 * 1024 * 1024) -> None:
+        self.upload_dir = Path(upload_dir or tempfile.mkdtemp(prefix="whatif-dashboard-")).resolve()
+        self.upload_dir.mkdir(parents=True, exist_ok=True)
+        self.guard = PathGuard.for_paths(paths, extra=[self.upload_dir])
+        self.max_upload_bytes = max_upload_bytes
+        self.runs: dict[str, Run] = {}
+        self._lock = threading.Lock()
+        for p in paths:
+            self.add_path(p)
+
+    def add_path(self, path: str | Path) -> list[Run]:
+        """Add the runs at ``path`` (must lie inside the allowed folders)."""
+        resolved = self.guard.check(path)
+        if not resolved.exists():
+            raise FileNotFoundError(f"{path}: no such file or folder")
+        found = discover(resolved)
+        if not found:
+            raise ValueError(f"{path}: no trace files (*.json, *.json.gz) or run folders here")
+        return [self._add(p) for p in found]
+
+    def _add(self, path: Path) -> Run:
+        rid = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+        with self._lock:
+            if rid not in self.runs:
+                label = path.name if path.parent.name in ("", "/") else f"{path.parent.name}/{path.name}"
+                self.runs[rid] = Run(id=rid, path=path, label=label)
+            return self.runs[rid]
+
+    def add_analysis(self, label: str, analysis: Analysis) -> Run:
+        """Add an analysis built in Python (benchmarks, notebooks): no file behind it."""
+        rid = hashlib.sha1(f"mem:{label}".encode()).hexdigest()[:8]
+        with self._lock:
+            self.runs[rid] = Run(id=rid, path=None, label=label, _analysis=analysis)
+            return self.runs[rid]
+
+    def get(self, run_id: str | None) -> Run:
+        if not run_id or run_id not in self.runs:
+            raise KeyError("no run selected: pick one in the run menu, or add one on the Runs page")
+        return self.runs[run_id]
+
+    def options(self) -> list[dict[str, str]]:
+        return [{"label": r.label, "value": r.id} for r in self.runs.values()]
+
+
+_STORE: RunStore | None = None
+
+
+def set_store(store: RunStore) -> None:
+    global _STORE
+    _STORE = store
+
+
+def get_store() -> RunStore:
+    """The store of the running dashboard (page layouts are module functions, so they look it up)."""
+    if _STORE is None:
+        raise RuntimeError("the dashboard has no run store (use whatif.dashboard.create_app)")
+    return _STORE

@@ -1,0 +1,41 @@
+"""Open the web dashboard on trace files, run folders or folders of them.
+
+Serves on 127.0.0.1:8050 by default (only this machine can connect) and opens a browser tab.
+The app reads files only inside the given paths, their parent folders and its upload folder.
+"""
+from __future__ import annotations
+
+import argparse
+import threading
+import webbrowser
+
+from whatif.tracer.errors import WhatifError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="*", metavar="PATH", help="trace files, run folders, or folders of them")
+    p.add_argument("--port", type=int, default=8050, help="port (default 8050)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="interface to bind (default 127.0.0.1; anything else exposes your traces to the network)")
+    p.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
+    p.add_argument("--max-upload-mb", type=int, default=200, help="largest trace upload accepted (default 200 MiB)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from whatif.dashboard.app import create_app
+    except ModuleNotFoundError as exc:
+        raise WhatifError(f"the dashboard needs the ui extra ({exc.name} is missing): "
+                          f"pip install 'whatif[ui]'") from None
+    from pathlib import Path
+
+    for p in args.paths:
+        if not Path(p).exists():
+            raise WhatifError(f"{p}: no such file or folder")
+    app = create_app(args.paths, max_upload_mb=args.max_upload_mb)
+    url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}/"
+    print(f"whatif dashboard on {url} (Ctrl+C to stop)", flush=True)
+    if not args.no_browser:
+        threading.Timer(1.0, webbrowser.open, args=(url,)).start()
+    app.run(host=args.host, port=args.port, debug=False)
+    return 0
