@@ -182,7 +182,7 @@ def test_serving_columns_and_thresholds_when_present(prediction: Prediction) -> 
     assert [c["status"] for c in doc["checks"]] == ["passed", "failed"]
     md = render(doc, "md")
     assert "| TTFT ms | TPOT ms |" in md and "| 60.00 | 15.00 |" in md
-    with pytest.raises(ReportError, match="unknown scenario 'fsue'"):
+    with pytest.raises(ReportError, match="name none of the report's rows"):
         build_report(prediction, serving={"fsue": {}})
 
 
@@ -235,3 +235,16 @@ def test_report_runs_as_a_subprocess_with_one_line_errors(tmp_path: Path) -> Non
                            "-o", str(tmp_path / "out")], capture_output=True, text=True)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "missing.json.gz" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_serving_file(trace: Path, tmp_path: Path) -> None:
+    sc = write(tmp_path / "fuse.toml", SCENARIO)
+    stats = {"mean": 50.0, "p50": 45.0, "p90": 70.0, "p99": 90.0}
+    serving = tmp_path / "serve.json"
+    serving.write_bytes(orjson.dumps({"schema": "whatif.serving/1", "scenarios": [
+        {"name": "baseline", "ttft_ms": stats, "tpot_ms": stats}, {"name": "fuse", "ttft_ms": stats, "tpot_ms": None}]}))
+    args = ["report", str(trace), "-s", str(sc), "-o", str(tmp_path / "o"), "-f", "json", "-q", "--serving", str(serving)]
+    assert main(args + ["--fail-if", "p99_ttft_ms(fuse) > 100"]) == 0
+    assert main(args + ["--fail-if", "ttft_ms > 40"]) == 1
+    assert main(args + ["--fail-if", "tpot_ms(fuse) > 40"]) == 2  # no TPOT for fuse: a usage error
+    assert main(args[:-1] + [str(sc)]) == 2

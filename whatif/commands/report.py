@@ -4,7 +4,8 @@ $GITHUB_STEP_SUMMARY when set), JSON (docs/report-schema.md), self-contained HTM
 --fail-if EXPR fails the run when EXPR holds, e.g. "speedup(fuse) < 1.10", "step_ms > 120",
 "replay_error > 1%"; metrics: step_ms, mean_step_ms, p50_step_ms, p90_step_ms, max_step_ms,
 speedup, measured_step_ms, replay_error, ttft_ms, p99_ttft_ms, tpot_ms, p99_tpot_ms; a bare
-metric is the baseline's (speedup: the only scenario's), metric(NAME) a scenario's.
+metric is the baseline's (speedup: the only scenario's), metric(NAME) a scenario's. TTFT/TPOT
+come from --serving (the JSON of 'whatif serve' run with the same scenarios).
 
 Exit codes: 0 all checks passed, 1 a check failed (one line per failure on stderr), 2 bad
 input or usage (one line)."""
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from whatif.api import predict
 from whatif.report.api import FORMATS, parse_formats, parse_percent, write_report
-from whatif.report.document import load_report
+from whatif.report.document import load_report, load_serving
 from whatif.report.thresholds import parse
 from whatif.transforms.scenario import load_scenario
 
@@ -34,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", type=Path, metavar="REPORT.json", help="an earlier report.json to compare with")
     parser.add_argument("--max-regression", metavar="PCT",
                         help="fail when a mean step time grew by more than PCT (e.g. 5%%) over --baseline")
+    parser.add_argument("--serving", type=Path, metavar="SERVING.json",
+                        help="TTFT/TPOT per scenario from 'whatif serve --json' run with the same scenarios")
     parser.add_argument("--no-step-summary", action="store_true", help="do not append to $GITHUB_STEP_SUMMARY")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only failures")
 
@@ -48,9 +51,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.baseline:
         load_report(args.baseline)
+    serving = load_serving(args.serving) if args.serving else None
     scenarios = [load_scenario(p) for p in args.scenario]
     report = write_report(predict(args.path, scenarios), args.out, formats, thresholds, args.baseline, limit,
-                          step_summary=not args.no_step_summary)
+                          step_summary=not args.no_step_summary, serving=serving)
     if not args.quiet:
         for row in report.document["rows"]:
             print(f"{row['name']}: {row['mean_step_ns'] / 1e6:,.3f} ms, {row['speedup']:.3f}x")

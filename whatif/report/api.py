@@ -18,7 +18,7 @@ import orjson
 from whatif.api import Prediction
 from whatif.summary import analysis_document, prediction_document
 
-from .document import ReportError, failures, load_report, report_document
+from .document import ReportError, failures, load_report, load_serving, report_document
 from .html import render_html
 from .junit import render_junit
 from .markdown import render_markdown
@@ -74,13 +74,16 @@ def parse_percent(text: str | float) -> float:
 def build_report(prediction: Prediction | dict[str, Any], fail_if: Sequence[str | Threshold] = (),
                  baseline: str | Path | dict[str, Any] | None = None,
                  max_regression: str | float | None = None, top: int = 10,
-                 serving: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                 serving: str | Path | dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The ``whatif.report`` document of a prediction (a :class:`Prediction` or a
     ``whatif.prediction`` document), with the ``fail_if`` thresholds and, given a baseline report
     (path or document) and ``max_regression`` (``"5%"``), the regression checks. ``serving``:
-    TTFT/TPOT statistics per row name, ``{"baseline": {"ttft_ms": {"mean": ..., "p99": ...}}}``."""
+    TTFT/TPOT statistics per row name, ``{"baseline": {"ttft_ms": {"mean": ..., "p99": ...}}}``, or
+    the path of a ``whatif serve --json`` document made with the same scenarios."""
     thresholds = [parse(t) if isinstance(t, str) else t for t in fail_if]  # usage errors before any work
     limit = None if max_regression is None else parse_percent(max_regression)
+    if isinstance(serving, (str, Path)):
+        serving = load_serving(serving)
     base_path = str(baseline) if isinstance(baseline, (str, Path)) else None
     base_doc = load_report(baseline) if isinstance(baseline, (str, Path)) else baseline
     if isinstance(prediction, Prediction):
@@ -100,7 +103,7 @@ def render(report: dict[str, Any], fmt: str) -> str:
 def write_report(prediction: Prediction | dict[str, Any], out_dir: str | Path = "whatif-report",
                  formats: str | Iterable[str] = FORMATS, fail_if: Sequence[str | Threshold] = (),
                  baseline: str | Path | dict[str, Any] | None = None, max_regression: str | float | None = None,
-                 step_summary: bool = True, serving: dict[str, dict[str, Any]] | None = None) -> Report:
+                 step_summary: bool = True, serving: str | Path | dict[str, dict[str, Any]] | None = None) -> Report:
     """Build the report and write ``report.md``, ``report.json``, ``report.html`` and/or
     ``junit.xml`` into ``out_dir``. With ``step_summary`` and ``$GITHUB_STEP_SUMMARY`` set, the
     Markdown is appended there too. Returns the document and the paths; check ``.passed``."""

@@ -85,6 +85,20 @@ def load_report(path: str | Path) -> dict[str, Any]:
     return doc
 
 
+def load_serving(path: str | Path) -> dict[str, dict[str, Any]]:
+    """TTFT/TPOT per scenario name (``"baseline"`` included) from a ``whatif serve --json`` document."""
+    path = Path(path)
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise ReportError(f"{path}: no such serving file") from None
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise ReportError(f"{path}: not a JSON document ({exc})") from None
+    if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("whatif.serving"):
+        raise ReportError(f"{path}: not a whatif.serving document (write one with whatif serve --json)")
+    return {s["name"]: {k: s.get(k) for k in ("ttft_ms", "tpot_ms")} for s in doc.get("scenarios", [])}
+
+
 def prediction_of(doc: dict[str, Any]) -> dict[str, Any]:
     """The ``whatif.prediction`` document inside a report (or the document itself)."""
     return doc["prediction"] if doc.get("schema") == SCHEMA else doc
@@ -116,11 +130,12 @@ def regression_checks(prediction: dict[str, Any], baseline_report: dict[str, Any
 
 def with_serving(prediction: dict[str, Any], serving: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """A copy of ``prediction`` whose baseline/scenarios carry ``serving`` metrics, given by row name
-    (``"baseline"`` or a scenario name) as ``{"ttft_ms": {"mean", "p50", "p90", "p99"}, "tpot_ms": {...}}``."""
+    (``"baseline"`` or a scenario name) as ``{"ttft_ms": {"mean", "p50", "p90", "p99"}, "tpot_ms": {...}}``
+    (the statistics of ``whatif serve``). Names that are not rows are ignored; none matching is an error."""
     names = ["baseline"] + [s["name"] for s in prediction["scenarios"]]
-    unknown = sorted(set(serving) - set(names))
-    if unknown:
-        raise ReportError(f"serving metrics for unknown scenario {unknown[0]!r} (rows: {', '.join(names)})")
+    if not set(serving) & set(names):
+        raise ReportError(f"the serving metrics name none of the report's rows ({', '.join(names)}); "
+                          f"they have {', '.join(sorted(serving)) or 'none'}")
 
     def add(name: str, entry: dict[str, Any]) -> dict[str, Any]:
         return {**entry, "serving": serving[name]} if name in serving else entry
