@@ -513,6 +513,78 @@ class TraceCostModel:
         return fixed + (dur - fixed) * factor
 
     # -- multi-GPU (whatif.transforms.parallel, docs/multi-gpu.md) -------------------------------
+    def collective_time_ns(self, kind: str, message_bytes: float, ranks: int, topology_name: str,
+                           ranks_per_machine: int | None = None) -> float:
+        """ns of one collective over ``ranks`` GPUs of the preset ``topology_name``, packed onto as
+        many machines as needed (:func:`whatif.predictors.collectives.collective_time_ns`). When the
+        trace's GPU is of the preset's family, calibrated on the trace's collective kernels of that
+        kind (fastest occurrence per size: the one that waited least for its peers)."""
+        from whatif.transforms.parallel.nccl import collective_points, fastest_per_size
+
+        from .collectives import calibrate, collective_time_ns
+        from .topology import TopologyName, preset
+        try:
+            base = preset(topology_name)
+        except ValueError:
+            raise TransformError(f"unknown topology {topology_name!r} (presets: "
+                                 f"{', '.join(t.value for t in TopologyName)})") from None
+        per = min(ranks_per_machine or ranks, base.gpus_per_machine)
+        topo = base.with_machines(max(1, -(-ranks // per)))
+        key = ("collective_calibration", base.name)
+        memo = self.__dict__.setdefault("_parallel_memo", {})
+        if key not in memo:
+            family = (lambda d: d.name.value.split("_")[0] if d is not None else None)
+            same = self.device is not None and base.device is not None \
+                and family(self.device) == base.device.value.split("_")[0]
+            pts = fastest_per_size(collective_points(self.trace)) if same else []
+            memo[key] = calibrate(pts, topo, residual=False) if pts else None
+        return float(collective_time_ns(kind, message_bytes, ranks, topo, ranks_per_machine=per,
+                                        calibration=memo[key]))
+
+    def kernel_time_ns(self, graph: TaskGraph, tasks: np.ndarray, flops: np.ndarray,
+                       nbytes: np.ndarray) -> np.ndarray:
+        """Per task: its time at new work, :func:`anchored_time_ns` on the GPU it runs on now."""
+        tasks = np.asarray(tasks, dtype=np.int64)
+        facts = self.kernel_facts(graph, tasks)
+        dur = graph.tasks["dur_ns"].to_numpy()[tasks].astype(float)
+        out = dur.copy()
+        keys = pd.DataFrame({"d": facts["device"], "t": facts["dtype"]}).astype(str)
+        for (d, dt), idx in keys.groupby(["d", "t"]).indices.items():
+            dev = get_device(d) if d != "None" else None
+            out[idx] = anchored_time_ns(dev, dur[idx], facts["kernel_class"][idx], facts["flops"][idx],
+                                        facts["bytes"][idx], np.asarray(flops, dtype=float)[idx],
+                                        np.asarray(nbytes, dtype=float)[idx], dt)
+        return out
+
+
+def anchored_time_ns(device: Device | None, dur_ns: np.ndarray, classes: np.ndarray, flops: np.ndarray,
+                     nbytes: np.ndarray, new_flops: np.ndarray, new_bytes: np.ndarray, dtype: str = "bf16",
+                     fixed_ns: float = FIXED_NS, calibration: Any = None) -> np.ndarray:
+    """Measured ``dur_ns`` moved to new work (FLOPs, DRAM bytes):
+    ``T' = F' + (T − F')·roofline(f', b')/roofline(f, b)``, ``F' = min(T, F)``: the time above a
+    fixed latency F scales like the ideal roofline time (Williams et al. 2009; F as in Habitat's
+    small-kernel rule). ``calibration`` (a :class:`~whatif.predictors.roofline.CalibratedRoofline`)
+    prices the ratio on its curves instead; without a device, the FLOP ratio for matrix classes and
+    the byte ratio otherwise. Used by ``tensor_parallel`` and the other parallel transforms;
+    ``bench/parallel_tp.py`` measures it (and the calibrated variant) on Vidur's TP profiles."""
+    from .roofline import roofline_time_ns
+    classes = np.asarray(classes, dtype=object)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if calibration is not None:
+            old = np.array([calibration.kernel_time_ns(c, f, b) for c, f, b in zip(classes, flops, nbytes)])
+            new = np.array([calibration.kernel_time_ns(c, f, b) for c, f, b in zip(classes, new_flops, new_bytes)])
+            ratio = new / old
+        elif device is not None:
+            old = np.array([roofline_time_ns(f, b, device, dtype, c) for c, f, b in zip(classes, flops, nbytes)])
+            new = np.array([roofline_time_ns(f, b, device, dtype, c)
+                            for c, f, b in zip(classes, new_flops, new_bytes)])
+            ratio = new / old
+        else:
+            ratio = np.where(np.isin(classes, list(MATRIX)), new_flops / flops, new_bytes / nbytes)
+    ratio = np.where(np.isfinite(ratio) & (ratio >= 0), ratio, 1.0)
+    dur = np.asarray(dur_ns, dtype=float)
+    fixed = np.minimum(dur, fixed_ns) if calibration is None else np.zeros_like(dur)
+    return fixed + (dur - fixed) * ratio
 
 
 def _link(device: Device) -> float:

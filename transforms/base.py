@@ -42,6 +42,19 @@ class CostModel(Protocol):
         """Per task: its duration (ns) on GPU ``device`` instead of the recorded one."""
         ...
 
+    def collective_time_ns(self, kind: str, message_bytes: float, ranks: int, topology_name: str,
+                           ranks_per_machine: int | None = None) -> float:
+        """ns of one collective (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``,
+        ``send_recv``, ``broadcast``) of ``message_bytes`` (the full buffer) over ``ranks`` GPUs of a
+        preset topology, calibrated on the trace's own collective kernels when it has some."""
+        ...
+
+    def kernel_time_ns(self, graph: TaskGraph, tasks: np.ndarray, flops: np.ndarray,
+                       nbytes: np.ndarray) -> np.ndarray:
+        """Per task: its duration (ns) if it did ``flops`` FLOPs and moved ``nbytes`` DRAM bytes
+        instead (its class's roofline calibrated on the trace, anchored on its current time)."""
+        ...
+
 
 @dataclass
 class TransformContext:

@@ -18,7 +18,7 @@ from typing import Any
 from .base import Transform, TransformError
 
 ENTRY_POINT_GROUP = "whatif.transforms"
-BUILTIN_MODULES = ("whatif.transforms.generic", "whatif.transforms.optimizations")
+BUILTIN_MODULES = ("whatif.transforms.generic", "whatif.transforms.optimizations", "whatif.transforms.parallel")
 _REGISTRY: dict[str, type[Transform]] = {}
 _loaded = False
 
