@@ -1,0 +1,119 @@
+"""Validate `whatif serve` against real runs of examples/llm_serve.py on this machine.
+
+1. record one configuration with `whatif record` (its --log goes into the run folder, where
+   `whatif serve` finds it through meta.json), and run the same configuration once without the
+   profiler (its log gives the profiler-overhead factor, --unprofiled-log);
+2. for each other configuration (rate, max batch, prompt/output lengths): predict with
+   `whatif serve --json` (same seed, so the very same request list), and run the example for real,
+   un-profiled, --repeats times, interleaved across configurations, recording os.getloadavg();
+3. compare predicted mean/p99 TTFT and TPOT with the median over repeats of the measured ones.
+
+Nothing is stored or assumed: every figure comes from this run.
+
+  .venv/bin/python bench/serving_llm.py [--repeats 3] [--out bench/results/serving_llm.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+EXAMPLE = ROOT / "examples" / "llm_serve.py"
+COMMON = ["--device", "cpu", "--threads", "1", "--seed", "0"]
+
+# (name, rate req/s, max batch, num requests, prompt min:max, output min:max)
+RECORDED = ("recorded", 20.0, 8, 40, (16, 128), (16, 96))
+CONFIGS = [
+    ("A rate5 b8 short", 5.0, 8, 30, (16, 64), (32, 128)),
+    ("B rate20 b4", 20.0, 4, 40, (16, 128), (16, 96)),
+    ("C rate10 b16", 10.0, 16, 40, (32, 96), (16, 64)),
+    ("D burst b8 long-prompt", float("inf"), 8, 24, (64, 128), (16, 48)),
+]
+METRICS = [("ttft_ms", "mean"), ("ttft_ms", "p99"), ("tpot_ms", "mean"), ("tpot_ms", "p99"), ("e2e_ms", "mean"),
+           ("e2e_ms", "p99")]
+
+
+def example_args(cfg: tuple, log: Path) -> list[str]:
+    _, rate, batch, n, (pmin, pmax), (omin, omax) = cfg
+    return [*COMMON, "--rate", str(rate), "--max-batch", str(batch), "--num-requests", str(n),
+            "--prompt-min", str(pmin), "--prompt-max", str(pmax), "--output-min", str(omin),
+            "--output-max", str(omax), "--log", str(log)]
+
+
+def run_plain(cfg: tuple, log: Path) -> dict:
+    load = os.getloadavg()[0]
+    subprocess.run([PY, str(EXAMPLE), *example_args(cfg, log)], check=True, capture_output=True, cwd=ROOT)
+    doc = json.loads(log.read_text())
+    return {"load1": load, "load1_after": os.getloadavg()[0], **{f"{k}.{q}": doc["summary"][k][q] for k, q in METRICS},
+            "output_tok_s": doc["summary"]["output_throughput_tok_s"]}
+
+
+def predict(run: Path, plain_log: Path, cfg: tuple, out: Path) -> dict:
+    _, rate, batch, n, (pmin, pmax), (omin, omax) = cfg
+    subprocess.run([PY, "-m", "whatif.cli", "serve", str(run), "--unprofiled-log", str(plain_log),
+                    "--rate", str(rate), "--max-seqs", str(batch), "--num-requests", str(n), "--seed", "0",
+                    "--prompt-tokens", f"{pmin}:{pmax}", "--output-tokens", f"{omin}:{omax}",
+                    "--json", str(out), "-q"], check=True, cwd=ROOT)
+    s = json.loads(out.read_text())["scenarios"][0]
+    return {**{f"{k}.{q}": s[k][q] for k, q in METRICS}, "output_tok_s": s["throughput_tokens_per_s"],
+            "model": s["iteration_model"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--run", type=Path, help="reuse this recording (run folder with its log) instead of recording")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "serving_llm.json")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="serving_llm_"))
+    run = args.run or tmp / "rec"
+    if args.run is None:
+        load = os.getloadavg()[0]
+        subprocess.run([PY, "-m", "whatif.cli", "record", "-f", "-o", str(run), "--no-summary", str(EXAMPLE), "--",
+                        *example_args(RECORDED, run / "llm_serve.log")], check=True, capture_output=True, cwd=ROOT)
+        print(f"recorded {RECORDED[0]} (load {load:.2f})", file=sys.stderr)
+    plain_log = run / "unprofiled.log"
+    twin = run_plain(RECORDED, plain_log)
+    print(f"un-profiled twin: TTFT mean {twin['ttft_ms.mean']:.1f} ms (load {twin['load1']:.2f})", file=sys.stderr)
+    measured: dict[str, list[dict]] = {c[0]: [] for c in CONFIGS}
+    for rep in range(args.repeats):
+        for cfg in CONFIGS:
+            measured[cfg[0]].append(run_plain(cfg, tmp / f"m{rep}.log"))
+            print(f"  ran {cfg[0]} #{rep}: TTFT {measured[cfg[0]][-1]['ttft_ms.mean']:.1f} ms", file=sys.stderr)
+    rows = []
+    for cfg in CONFIGS:
+        pred = predict(run, plain_log, cfg, tmp / "pred.json")
+        reps = measured[cfg[0]]
+        med = {k: statistics.median(r[k] for r in reps) for k in reps[0]}
+        err = {f"{k}.{q}": pred[f"{k}.{q}"] / med[f"{k}.{q}"] - 1 for k, q in METRICS}
+        rows.append({"config": cfg[0], "rate": cfg[1], "max_batch": cfg[2], "num_requests": cfg[3],
+                     "prompt_tokens": cfg[4], "output_tokens": cfg[5], "predicted": {k: v for k, v in pred.items() if k != "model"},
+                     "measured_median": med, "measured_runs": reps, "error": err,
+                     "load1_range": [min(r["load1"] for r in reps), max(r["load1_after"] for r in reps)]})
+    model = pred["model"]
+    doc = {"recorded": {"config": RECORDED, "unprofiled_twin": twin}, "iteration_model": model, "rows": rows,
+           "repeats": args.repeats, "date": time.strftime("%Y-%m-%d %H:%M")}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1, default=str))
+    print(f"profiler factor {model['profiler_factor']}")
+    for p, f in model["phases"].items():
+        print(f"{p}: {'+'.join(f['features'])}, n={f['n']}, R2={f['r2']:.2f}, MAPE {f['mape']:.1%}, LOO {f['loo_mape']:.1%}")
+    print(f"{'config':24} {'metric':10} {'pred':>9} {'meas':>9} {'err':>7}   load")
+    for r in rows:
+        for k, q in METRICS:
+            key = f"{k}.{q}"
+            print(f"{r['config']:24} {key:10} {r['predicted'][key]:9.2f} {r['measured_median'][key]:9.2f} "
+                  f"{r['error'][key]:+7.1%}   {r['load1_range'][0]:.2f}-{r['load1_range'][1]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,230 @@
+"""Serving predictions: simulator mechanics on hand-computable cases, arrivals, workload files,
+the iteration-model fit on a hand-made trace, and the `whatif serve`/`sweep` JSON."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import orjson
+import pytest
+from tracegen import KinetoTrace
+
+from whatif.cli import main
+from whatif.predictors.serving import (LLMBatch, RequestSpec, SchedulerConfig, WorkloadError, gamma_arrivals,
+                                       poisson_arrivals, read_workload, simulate_llm, synthetic_workload)
+
+PREFILL_NS, DECODE_NS = 10e6, 2e6
+
+
+def flat(batch: LLMBatch) -> float:
+    """Prefill 10 ms, decode 2 ms, whatever the batch (a mixed batch costs both)."""
+    return (PREFILL_NS if batch.prefill_tokens else 0.0) + (DECODE_NS if batch.decode_context else 0.0)
+
+
+def run(reqs: list[tuple[float, int, int]], **cfg: object) -> list[dict]:
+    specs = [RequestSpec(i, a, p, o) for i, (a, p, o) in enumerate(reqs)]
+    return simulate_llm(specs, flat, SchedulerConfig(**cfg)).requests  # type: ignore[arg-type]
+
+
+def test_one_request_ttft_is_the_prefill_and_tpot_the_decode() -> None:
+    (r,) = run([(0.0, 10, 3)])
+    assert (r["queue_ms"], r["ttft_ms"], r["tpot_ms"], r["e2e_ms"]) == (0.0, 10.0, 2.0, 14.0)
+
+
+def test_two_requests_contend_prefill_first() -> None:
+    # r1 arrives during r0's prefill; its prefill runs next (prefill-prioritizing), stalling r0's decode
+    r0, r1 = run([(0.0, 10, 3), (0.001, 10, 3)])
+    assert (r0["ttft_ms"], r0["tpot_ms"], r0["e2e_ms"]) == (10.0, 7.0, 24.0)  # tokens at 10, 22, 24
+    assert (r1["queue_ms"], r1["ttft_ms"], r1["tpot_ms"]) == (9.0, 19.0, 2.0)  # tokens at 20, 22, 24
+
+
+def test_simultaneous_arrivals_share_one_prefill() -> None:
+    r0, r1 = run([(0.0, 10, 2), (0.0, 10, 2)])
+    assert r0["ttft_ms"] == r1["ttft_ms"] == 10.0 and r0["e2e_ms"] == r1["e2e_ms"] == 12.0
+
+
+def test_max_seqs_makes_the_second_request_wait() -> None:
+    r0, r1 = run([(0.0, 10, 2), (0.0, 10, 2)], max_seqs=1)
+    assert r0["e2e_ms"] == 12.0 and r1["ttft_ms"] == 22.0
+
+
+def test_preemption_when_the_kv_cache_is_full() -> None:
+    # 6 blocks of 8 tokens; two 24-token prompts fill them; r0's first decode needs a 4th block:
+    # r1 (admitted last) is preempted, waits for r0 to finish, then recomputes 24 + 1 tokens.
+    r0, r1 = run([(0.0, 24, 3), (0.0, 24, 3)], kv_capacity_tokens=48, kv_block_tokens=8)
+    assert (r0["e2e_ms"], r0["preemptions"]) == (14.0, 0)            # 10, 12, 14
+    assert (r1["ttft_ms"], r1["e2e_ms"], r1["preemptions"]) == (10.0, 26.0, 1)  # 10, 24, 26
+
+
+def test_a_request_larger_than_the_kv_cache_is_refused() -> None:
+    with pytest.raises(WorkloadError, match="do not fit in the KV cache"):
+        run([(0.0, 100, 3)], kv_capacity_tokens=64)
+
+
+def test_static_batching_waits_for_the_batch_continuous_does_not() -> None:
+    reqs = [(0.0, 10, 5), (0.001, 10, 2)]
+    cont = run(reqs, policy="vllm")
+    static = run(reqs, policy="static")
+    assert cont[1]["ttft_ms"] == 19.0           # joins at the next iteration
+    assert static[0]["e2e_ms"] == 18.0          # r0 alone: 10 + 4 x 2
+    assert static[1]["ttft_ms"] == 27.0         # r1 waits for r0's batch to end (18 ms), then 10 ms
+
+
+def test_chunked_prefill_splits_a_long_prompt_and_mixes_decodes() -> None:
+    # chunk budget 40 tokens: a 100-token prompt takes 3 iterations (40, 40, 20)
+    (r,) = run([(0.0, 100, 2)], policy="chunked", chunk_tokens=40, max_batched_tokens=40)
+    assert r["ttft_ms"] == 30.0 and r["e2e_ms"] == 32.0
+    # a decode that shares an iteration with a chunk pays for both (10 + 2 ms)
+    r0, r1 = run([(0.0, 10, 3), (0.005, 10, 2)], policy="chunked")
+    assert (r0["ttft_ms"], r0["e2e_ms"]) == (10.0, 24.0)  # tokens at 10, 22 (mixed iteration), 24
+    assert r1["ttft_ms"] == 17.0
+
+
+def test_disaggregation_hands_the_kv_cache_to_a_decode_replica() -> None:
+    (r,) = run([(0.0, 10, 3)], policy="disagg", kv_transfer_ns_per_token=100_000.0)  # 1 ms for 10 tokens
+    assert (r["ttft_ms"], r["e2e_ms"]) == (10.0, 15.0)  # 10 prefill, 1 transfer, 2 x 2 decode
+
+
+def test_replicas_serve_in_parallel() -> None:
+    r0, r1 = run([(0.0, 10, 2), (0.0, 10, 2)], replicas=2, max_seqs=1)
+    assert r0["e2e_ms"] == r1["e2e_ms"] == 12.0 and {r0["replica"], r1["replica"]} == {0, 1}
+
+
+def test_summary_throughput_and_goodput() -> None:
+    specs = [RequestSpec(0, 0.0, 10, 3)]
+    s = simulate_llm(specs, flat, SchedulerConfig(), slo_ttft_ms=5.0).summary
+    assert s["throughput_tokens_per_s"] == pytest.approx(3 / 0.014)
+    assert s["slo"]["attainment"] == 0.0 and s["busy_fraction"] == pytest.approx(1.0)
+    assert set(s["ttft_ms"]) == {"mean", "p50", "p90", "p99"}
+
+
+def test_arrivals_are_deterministic_with_a_seed() -> None:
+    a = poisson_arrivals(50, 10.0, random.Random(3))
+    assert a == poisson_arrivals(50, 10.0, random.Random(3)) != poisson_arrivals(50, 10.0, random.Random(4))
+    assert a[0] == 0.0 and a == sorted(a)
+    g = gamma_arrivals(2000, 10.0, 3.0, random.Random(1))
+    assert g == gamma_arrivals(2000, 10.0, 3.0, random.Random(1))
+    gaps = [y - x for x, y in zip(g, g[1:])]
+    mean = sum(gaps) / len(gaps)
+    cv = (sum((x - mean) ** 2 for x in gaps) / len(gaps)) ** 0.5 / mean
+    assert mean == pytest.approx(0.1, rel=0.15) and cv == pytest.approx(3.0, rel=0.2)
+    assert poisson_arrivals(3, float("inf"), random.Random(0)) == [0.0, 0.0, 0.0]
+
+
+def test_synthetic_workload_draws_what_the_example_draws() -> None:
+    # examples/llm_serve.py: Random(seed); Poisson arrivals; then randint(prompt), randint(output) per request
+    rng = random.Random(7)
+    arrivals = poisson_arrivals(5, 4.0, rng)
+    expected = [(a, rng.randint(16, 64), rng.randint(32, 128)) for a in arrivals]
+    got = synthetic_workload(5, 4.0, (16, 64), (32, 128), seed=7)
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in got] == expected
+
+
+@pytest.mark.parametrize("name,text,message", [
+    ("w.csv", "arrival_s,prompt_tokens\n0,10\n", "w.csv:1: no column 'output_tokens'"),
+    ("w.csv", "arrival_s,prompt_tokens,output_tokens\n0,ten,3\n", "w.csv:2: prompt_tokens = 'ten' is not a number"),
+    ("w.csv", "arrival_s,prompt_tokens,output_tokens\n-1,10,3\n", "w.csv:2: arrival_s = '-1' must be finite"),
+    ("w.csv", "arrival_s,prompt_tokens,output_tokens\n0,10.5,3\n", "w.csv:2: prompt_tokens = '10.5' is not a whole"),
+    ("w.jsonl", '{"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1}\n{oops\n', "w.jsonl:2: not a JSON object"),
+    ("w.jsonl", '{"arrival_s": 0, "prompt_tokens": 1}\n', "w.jsonl:1: missing 'output_tokens'"),
+    ("w.csv", "", "w.csv: empty CSV file"),
+])
+def test_workload_file_errors_are_one_line(tmp_path: Path, name: str, text: str, message: str) -> None:
+    (tmp_path / name).write_text(text)
+    with pytest.raises(WorkloadError) as exc:
+        read_workload(tmp_path / name)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_workload_file_column_mapping_and_units(tmp_path: Path) -> None:
+    (tmp_path / "w.csv").write_text("ts,in,out\n1500,10,3\n500,20,4\n")
+    reqs = read_workload(tmp_path / "w.csv", {"arrival_s": "ts", "prompt_tokens": "in", "output_tokens": "out"}, 1e-3)
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in reqs] == [(0.0, 20, 4), (1.0, 10, 3)]
+
+
+# ----------------------------------------------------------------------------- fit on a hand-made trace
+# Each iteration: step begins, 6 us later its phase op starts, the step ends 3 us after the op ->
+# iteration time = op + 9 us. Decode op = 100 + 20 us per sequence - 1, prefill op = 200 + 2 us per token - 1.
+
+PROMPTS = [10, 20, 30, 40, 25]
+SCHEDULE = [("prefill", [0]), ("decode", [0]), ("prefill", [1, 2]), ("decode", [0, 1, 2]), ("decode", [0, 1, 2]),
+            ("prefill", [3]), ("decode", [0, 1, 2, 3]), ("decode", [0, 1, 2, 3]), ("prefill", [4]),
+            ("decode", [1, 2, 3, 4]), ("decode", [2, 3, 4]), ("decode", [4])]
+
+
+def iteration_us(phase: str, ids: list[int]) -> float:
+    return 208 + 2 * sum(PROMPTS[i] for i in ids) if phase == "prefill" else 108 + 20 * len(ids)
+
+
+def serving_run(tmp_path: Path) -> tuple[Path, Path]:
+    tr, t = KinetoTrace(gpu_name=""), 0.0
+    iterations = []
+    for n, (phase, ids) in enumerate(SCHEDULE):
+        total = iteration_us(phase, ids)
+        tr.step(n, t, total)
+        tr.annotation(f"phase:{phase}", t + 5, total - 7)
+        tr.op("aten::linear", t + 6, total - 9)
+        iterations.append({"index": n, "phase": phase, "request_ids": ids, "batch_size": len(ids),
+                           "duration_ms": (total - 7) / 1e3})
+        t += total
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    tr.write(run_dir / "rank0.pt.trace.json.gz")
+    log = tmp_path / "serve.log"
+    log.write_text(json.dumps({"schema": "whatif.examples.llm_serve/1", "config": {},
+                               "requests": [{"id": i, "prompt_tokens": p} for i, p in enumerate(PROMPTS)],
+                               "iterations": iterations}))
+    return run_dir, log
+
+
+def test_fit_recovers_the_iteration_law(tmp_path: Path) -> None:
+    from whatif.api import analyze
+    from whatif.predictors.serving import fit_llm_model
+    from whatif.predictors.serving.iteration_model import replayed_iterations
+    from whatif.predictors.serving.logs import llm_compositions, read_log
+
+    run_dir, log = serving_run(tmp_path)
+    model = fit_llm_model(replayed_iterations(analyze(run_dir).replay), llm_compositions(read_log(log)))
+    assert model.loop_overhead_ns == 6_000
+    dec, pre = model.fits["decode"], model.fits["prefill"]
+    assert dec.features == ("seqs",) and dec.coef["seqs"] == pytest.approx(20_000) and dec.r2 == pytest.approx(1.0)
+    assert pre.features == ("tokens",) and pre.coef["tokens"] == pytest.approx(2_000)
+    assert model.time_ns(LLMBatch(decode_context=(50,) * 7)) == pytest.approx((108 + 140) * 1e3)
+    assert model.time_ns(LLMBatch(prefill_tokens=(100,), prefill_cached=(0,))) == pytest.approx(408e3)
+
+
+def test_serve_cli_json_keys_and_hand_computed_latency(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir, log = serving_run(tmp_path)
+    out = tmp_path / "serve.json"
+    assert main(["serve", str(run_dir), "--iterations-log", str(log), "--rate", "inf", "--num-requests", "1",
+                 "--prompt-tokens", "100", "--output-tokens", "3", "--json", str(out), "--requests"]) == 0
+    doc = orjson.loads(out.read_bytes())
+    assert doc["schema"] == "whatif.serving/1" and doc["kind"] == "llm"
+    (s,) = doc["scenarios"]
+    for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        assert {"mean", "p50", "p99"} <= set(s[key])
+    assert s["ttft_ms"]["mean"] == pytest.approx(0.408)   # prefill of 100 tokens: 208 + 200 us
+    assert s["tpot_ms"]["mean"] == pytest.approx(0.128)   # decode of one sequence: 108 + 20 us
+    assert s["throughput_tokens_per_s"] == pytest.approx(3 / (0.408 + 2 * 0.128) * 1e3)
+    assert len(s["requests"]) == 1 and "TTFT" in capsys.readouterr().out
+
+
+def test_sweep_cli_gives_one_point_per_rate(tmp_path: Path) -> None:
+    run_dir, log = serving_run(tmp_path)
+    out, html = tmp_path / "sweep.json", tmp_path / "sweep.html"
+    assert main(["sweep", str(run_dir), "--iterations-log", str(log), "--rates", "10,100,1000", "--num-requests", "30",
+                 "--prompt-tokens", "10:40", "--output-tokens", "2:8", "--json", str(out), "--html", str(html),
+                 "-q"]) == 0
+    doc = orjson.loads(out.read_bytes())
+    (curve,) = doc["curves"]
+    assert [p["rate_req_per_s"] for p in curve["points"]] == [10.0, 100.0, 1000.0]
+    ttft = [p["ttft_ms"]["mean"] for p in curve["points"]]
+    assert ttft[0] <= ttft[1] <= ttft[2] and html.stat().st_size > 0
+
+
+def test_serve_without_a_log_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir, _ = serving_run(tmp_path)
+    assert main(["serve", str(run_dir), "--rate", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("whatif: ") and "--iterations-log" in err and err.count("\n") == 1
