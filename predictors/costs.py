@@ -82,6 +82,7 @@ ASSUMED_BW_EFFICIENCY = 0.7      # of peak DRAM bandwidth, when the trace cannot
 ASSUMED_MATRIX_EFFICIENCY = 0.5  # of peak FLOP/s, to estimate FLOPs of a matrix kernel without shapes
 FIXED_NS = DEFAULT_FIXED_NS      # per-kernel latency that no precision or bandwidth change removes
 DEFAULT_BW_BYTES_PER_S = 1.0e12  # when neither the trace nor the device tells
+MAX_WAIT_RATIO = 4.0             # a collective kernel longer than this x the model mostly waited for peers
 PRECISION_COLUMN = "cost_precision"
 DEVICE_COLUMN = "cost_device"
 
@@ -518,7 +519,10 @@ class TraceCostModel:
         """ns of one collective over ``ranks`` GPUs of the preset ``topology_name``, packed onto as
         many machines as needed (:func:`whatif.predictors.collectives.collective_time_ns`). When the
         trace's GPU is of the preset's family, calibrated on the trace's collective kernels of that
-        kind (fastest occurrence per size: the one that waited least for its peers)."""
+        kind (fastest occurrence per size: the one that waited least for its peers); a kernel more
+        than ``MAX_WAIT_RATIO`` times the uncalibrated model's time is taken as dominated by waiting
+        for peers and not used (bench/collectives_traces.py: single-rank kernels of 2.4 ms for a
+        40 us all-reduce)."""
         from whatif.transforms.parallel.nccl import collective_points, fastest_per_size
 
         from .collectives import calibrate, collective_time_ns
@@ -537,6 +541,8 @@ class TraceCostModel:
             same = self.device is not None and base.device is not None \
                 and family(self.device) == base.device.value.split("_")[0]
             pts = fastest_per_size(collective_points(self.trace)) if same else []
+            pts = [p for p in pts if p[3] <= MAX_WAIT_RATIO * collective_time_ns(
+                p[0], p[1], p[2], base.with_machines(max(1, -(-p[2] // base.gpus_per_machine))))]
             memo[key] = calibrate(pts, topo, residual=False) if pts else None
         return float(collective_time_ns(kind, message_bytes, ranks, topo, ranks_per_machine=per,
                                         calibration=memo[key]))
