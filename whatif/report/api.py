@@ -71,6 +71,17 @@ def parse_percent(text: str | float) -> float:
     return value
 
 
+def _prediction_doc(prediction: Prediction) -> dict[str, Any]:
+    """``prediction_document(prediction)``, computed once per prediction (the critical paths of
+    every scenario step are the slow part) and returned as a fresh copy each time."""
+    key = tuple(id(r) for r in prediction.scenarios)
+    cached = prediction.__dict__.get("_report_document")
+    if cached is None or cached[0] != key:
+        cached = (key, orjson.dumps(prediction_document(prediction)))
+        prediction.__dict__["_report_document"] = cached
+    return orjson.loads(cached[1])
+
+
 def build_report(prediction: Prediction | dict[str, Any], fail_if: Sequence[str | Threshold] = (),
                  baseline: str | Path | dict[str, Any] | None = None,
                  max_regression: str | float | None = None, top: int = 10,
@@ -87,7 +98,7 @@ def build_report(prediction: Prediction | dict[str, Any], fail_if: Sequence[str 
     base_path = str(baseline) if isinstance(baseline, (str, Path)) else None
     base_doc = load_report(baseline) if isinstance(baseline, (str, Path)) else baseline
     if isinstance(prediction, Prediction):
-        pred_doc, analysis = prediction_document(prediction), analysis_document(prediction.baseline, top=top)
+        pred_doc, analysis = _prediction_doc(prediction), analysis_document(prediction.baseline, top=top)
     else:
         pred_doc, analysis = prediction, None
     return report_document(pred_doc, analysis, thresholds, base_doc, limit, base_path, serving)

@@ -6,6 +6,16 @@ from typing import Any
 from .markdown import ms
 
 
+def short_name(name: str, width: int = 64) -> str:
+    """A kernel name that fits ``width``: ``void `` dropped, the middle elided so templated names
+    that differ only in their functor stay distinct."""
+    name = name[5:] if name.startswith("void ") else name
+    if len(name) <= width:
+        return name
+    half = (width - 1) // 2
+    return name[:half] + "…" + name[-(width - 1 - half):]
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x * 100:+.1f}%"
 
@@ -29,11 +39,11 @@ def render_diff(doc: dict[str, Any], console: Any, top: int = 8) -> None:
         if not rows:
             continue
         tab = Table(title=f"{change} kernels (per step)", title_justify="left")
-        tab.add_column("name", overflow="ellipsis", no_wrap=True, max_width=60)
+        tab.add_column("name", no_wrap=True)
         for col in ("calls before", "calls after", "ms before", "ms after", "change ms"):
             tab.add_column(col, justify="right", no_wrap=True)
         for r in rows:
-            tab.add_row(r["name"], f"{r['count_before']:g}", f"{r['count_after']:g}", ms(r["ns_before"]),
+            tab.add_row(short_name(r["name"]), f"{r['count_before']:g}", f"{r['count_after']:g}", ms(r["ns_before"]),
                         ms(r["ns_after"]), ms(r["delta_ns"], True))
         console.print(tab)
     cls = Table(title="GPU time per step by kernel class (ms)", title_justify="left")
