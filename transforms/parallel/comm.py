@@ -87,6 +87,8 @@ def insert_tasks(graph: TaskGraph, *, resource: int, after: Sequence[int], befor
     Returns the new graph and the new task ids (aligned with the inputs).
     """
     n_new = len(dur_ns)
+    if n_new == 0:
+        return graph, np.empty(0, dtype=np.int64)
     if not (len(after) == len(before) == len(names) == n_new):
         raise TransformError("after, before, dur_ns and names must have one entry per task")
     dur = np.asarray(dur_ns, dtype=np.int64)
@@ -140,3 +142,59 @@ def next_on_resource(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
     succ = np.full(len(graph.tasks), -1, dtype=np.int64)
     succ[order["src"].to_numpy()] = order["dst"].to_numpy()
     return succ[np.asarray(tasks, dtype=np.int64)]
+
+
+def splice_tasks(graph: TaskGraph, *, anchors: Sequence[int], durs: Sequence[Sequence[int]], name: str,
+                 deps: Sequence[Sequence[int]], reason: str, transform: str,
+                 kind: TaskKind = TaskKind.KERNEL) -> tuple[TaskGraph, list[np.ndarray]]:
+    """After each ``anchors[i]`` on its ordered resource, splice a chain of new tasks with
+    durations ``durs[i]``; the j-th new task also depends on ``deps[i][j]`` (FLOW, -1: none).
+    Returns the graph and, per anchor, the new ids."""
+    out = graph.copy()
+    t = out.tasks
+    e = out.edges
+    order = e["kind"].isin([int(EdgeKind.STREAM), int(EdgeKind.THREAD)]).to_numpy()
+    src_e = e["src"].to_numpy()
+    base = len(t)
+    rows, new_ids, drop = [], [], np.zeros(len(e), dtype=bool)
+    src, dst, lat, kinds = [], [], [], []
+    nxt = base
+    for a, ds, dep in zip(anchors, durs, deps):
+        ids = np.arange(nxt, nxt + len(ds), dtype=np.int64)
+        nxt += len(ds)
+        new_ids.append(ids)
+        if not len(ids):
+            continue
+        res = int(t["resource"].iat[a])
+        okind = int(EdgeKind.STREAM) if int(out.resources["kind"].iat[res]) == int(ResourceKind.STREAM) \
+            else int(EdgeKind.THREAD)
+        hit = np.flatnonzero(order & (src_e == a))
+        chain = [a, *ids.tolist()]
+        gaps = [0] * len(ids)
+        if len(hit):
+            drop[hit[0]] = True
+            chain.append(int(e["dst"].iat[hit[0]]))
+            gaps.append(int(e["lat_ns"].iat[hit[0]]))
+        src += chain[:-1]
+        dst += chain[1:]
+        lat += gaps
+        kinds += [okind] * (len(chain) - 1)
+        for j, (i, d) in enumerate(zip(ids, ds)):
+            rows.append({"event": -1, "kind": int(kind), "resource": res, "rank": int(t["rank"].iat[a]),
+                         "dur_ns": int(d), "measured_start_ns": -1, "measured_end_ns": -1,
+                         "step": int(t["step"].iat[a]), "phase": t["phase"].iat[a], "layer": t["layer"].iat[a],
+                         "op": t["op"].iat[a], "name": f"{name} {j + 1}/{len(ds)}"})
+            if dep[j] >= 0:
+                src.append(int(dep[j])), dst.append(int(i)), lat.append(0), kinds.append(int(EdgeKind.FLOW))
+    for c in _CAT:
+        if c in t and isinstance(t[c].dtype, pd.CategoricalDtype):
+            t[c] = t[c].astype(object)
+    new = pd.DataFrame(rows, columns=list(t.columns)) if rows else t.iloc[:0]
+    out.tasks = pd.concat([t, new], ignore_index=True)
+    add = pd.DataFrame({"src": np.asarray(src, np.int64), "dst": np.asarray(dst, np.int64),
+                        "lat_ns": np.asarray(lat, np.int64), "kind": np.asarray(kinds, np.int8)})
+    out.edges = pd.concat([e[~drop], add], ignore_index=True)
+    out.cache.clear()
+    out.changes.append(Change(transform=transform, action="splice", tasks=len(rows), before_ns=0,
+                              after_ns=int(sum(r["dur_ns"] for r in rows)), reason=reason))
+    return out, new_ids

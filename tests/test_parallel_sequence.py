@@ -1,0 +1,85 @@
+"""sequence_parallel (Ulysses, Ring, Torus): published volumes and graph changes on a DiT-like trace."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_parallel import step_ns, transformer_trace
+
+from whatif.api import analyze, make_context
+from whatif.depgraph.graph import EdgeKind, TaskKind
+from whatif.predictors.replay import replay
+from whatif.transforms.base import TransformError
+from whatif.transforms.parallel.layers import find_blocks
+from whatif.transforms.parallel.sequence import (SequenceParallel, ring_block_bytes, ring_block_flops,
+                                                 ring_hidden, ring_min_block_tokens, ulysses_elements_per_gpu)
+
+N, H = 32768, 3072     # DiT-like: 32k tokens (e.g. video latents), hidden 3072 = 24 heads x 128
+
+
+def test_published_volumes() -> None:
+    assert ulysses_elements_per_gpu(N, H, 8) == 4 * N * H / 8
+    f, b = 989e12, 450e9                 # H100 bf16 peak, NVLink per direction
+    c = ring_min_block_tokens(f, b)
+    assert c == pytest.approx(f / b)     # block size c >= F/B for 2-byte elements
+    assert ring_hidden(int(c) + 1, H, f, b) and not ring_hidden(int(c) - 1, H, f, b)
+    assert ring_block_flops(1024, H) / ring_block_bytes(1024, H) == pytest.approx(1024 / 1)
+
+
+@pytest.fixture(scope="module")
+def dit(tmp_path_factory):
+    return analyze(transformer_trace(tmp_path_factory.mktemp("sp") / "dit.json.gz", layers=2, tokens=N, hidden=H,
+                                     ffn=4 * H))
+
+
+def comm_names(g) -> list[str]:
+    return g.tasks.loc[g.tasks["kind"] == int(TaskKind.COMM), "name"].astype(str).tolist()
+
+
+def test_ulysses_graph(dit) -> None:
+    g, ctx = dit.graph, make_context(dit.trace)
+    h = SequenceParallel(mode="ulysses", degree=8, topology="dgx_h100").apply(g, ctx)
+    names = comm_names(h)
+    assert len(names) == 4          # two all-to-alls per block
+    qkv_mib = N * 3 * H * 2 / 8 / 2**20
+    assert sum(f"qkv ({qkv_mib:.2f} MiB x8)" in n for n in names) == 2
+    assert sum(f"out ({N * H * 2 / 8 / 2**20:.2f} MiB x8)" in n for n in names) == 2
+    # Q,K,V + O per GPU = 4·N·h/P elements: the published Ulysses volume
+    assert (qkv_mib + N * H * 2 / 8 / 2**20) * 2**20 / 2 == ulysses_elements_per_gpu(N, H, 8)
+    r = replay(h)
+    attn = find_blocks(g).query("part == 'attention'")["task"].to_numpy()
+    comm = np.flatnonzero(h.tasks["kind"].to_numpy() == int(TaskKind.COMM))
+    assert r.start_ns[attn[0]] >= r.end_ns[comm[0]] and r.start_ns[comm[1]] >= r.end_ns[attn[0]]
+    assert step_ns(h) < step_ns(g) / 4
+    with pytest.raises(TransformError, match="heads"):
+        SequenceParallel(mode="ulysses", degree=32, heads=24).apply(g, ctx)
+
+
+def test_ring_graph_hides_transfer_on_nvlink(dit) -> None:
+    g, ctx = dit.graph, make_context(dit.trace)
+    h = SequenceParallel(mode="ring", degree=8, topology="dgx_h100").apply(g, ctx)
+    names = comm_names(h)
+    assert len(names) == 2 * 7 and all("ring hops" in n for n in names)
+    blocks = h.tasks["name"].astype(str).str.contains("ring attention block").to_numpy()
+    assert blocks.sum() == 2 * 7
+    hop = np.flatnonzero(h.tasks["kind"].to_numpy() == int(TaskKind.COMM))
+    e = h.edges
+    assert all(((e["src"] == x) & (e["kind"] == int(EdgeKind.FLOW))).any() for x in hop)   # each hop feeds a block
+    # 4k-token blocks on H100/NVLink: compute >= transfer, so the ring costs about T/P
+    blk = int(h.tasks.loc[blocks, "dur_ns"].iat[0])
+    assert max(int(h.tasks["dur_ns"].iat[x]) for x in hop) < blk
+    assert step_ns(h) < step_ns(g) / 4
+
+
+def test_three_modes_across_two_machines(dit) -> None:
+    g, ctx = dit.graph, make_context(dit.trace)
+    t = {m: step_ns(SequenceParallel(mode=m, degree=16, topology="dgx_h100").apply(g, ctx))
+         for m in ("ulysses", "ring", "torus")}
+    h = SequenceParallel(mode="torus", degree=16, topology="dgx_h100").apply(g, ctx)
+    names = comm_names(h)
+    assert sum("all_to_all" in n for n in names) == 4 and sum("one-sided" in n for n in names) == 2
+    assert all(v < step_ns(g) for v in t.values())
+    assert t["torus"] <= min(t["ulysses"], t["ring"])          # StreamFusion's point
+    with pytest.raises(TransformError, match="mode"):
+        SequenceParallel(mode="spiral").apply(g, ctx)
+    with pytest.raises(TransformError, match="multiple"):
+        SequenceParallel(mode="ring", degree=12).apply(g, ctx)

@@ -1,0 +1,214 @@
+"""``sequence_parallel``: Ulysses, Ring and Torus (StreamFusion) attention for DiT / long context.
+
+Sequence parallelism of degree P splits the N tokens of every block over P GPUs: token-wise
+work (GEMMs, norms, elementwise) of a block runs on N/P tokens (weights whole), and attention
+needs every token, which the three modes get differently (one representative rank modeled):
+
+* **ulysses** (DeepSpeed-Ulysses, Jacobs et al. 2023): an all-to-all turns the sequence shards
+  of Q, K, V into head shards before attention and one turns the output back after it; per GPU
+  per layer ``4·N·h/P`` elements (:func:`ulysses_elements_per_gpu`); P ≤ heads. Attention runs
+  on H/P heads of the full sequence: T/P. The all-to-alls are on the critical path.
+* **ring** (Ring Attention, Liu et al. 2023): each GPU keeps its Q block and passes K, V blocks
+  of N/P tokens around a ring in P−1 hops, each hop overlapped with attention on the block it
+  holds; the step takes ``t_blk + (P−1)·max(t_blk, t_hop)`` with ``t_blk = T/P²``. Transfer is
+  hidden when block compute ≥ block transfer, i.e. block size ``c ≥ e·F/(2·B)`` (= F/B for 2-byte
+  elements; :func:`ring_min_block_tokens`). Across machines every hop is paced by the slowest link
+  (the NIC).
+* **torus** (StreamFusion, arXiv 2601.20273): topology-aware — Ulysses all-to-all inside each
+  machine (G GPUs on NVLink), and across the M machines the K, V chunks of the other machines
+  arrive by one-sided transfers (no sender/receiver handshake: only the first pays the message
+  latency) overlapped with attention on the chunks already present:
+  ``a2a_intra + t_c + (M−1)·max(t_c, t_x) + a2a_intra(O)``, ``t_c = T/(P·M)``.
+
+All three are graph edits: collectives and transfers are COMM tasks on their own streams with
+FLOW dependencies, block computations are tasks on the compute stream, so overlap is simulated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from whatif.depgraph.graph import TaskGraph
+from whatif.depgraph.kernels import KernelClass
+
+from ..base import Transform, TransformContext, TransformError
+from ..edit import set_duration
+from ..registry import register
+from .comm import comm_stream, insert_tasks, next_on_resource, splice_tasks
+from .layers import find_blocks, gemm_io_bytes
+from .tensor import prev_on_resource
+
+MODES = ("ulysses", "ring", "torus")
+GPUS_PER_MACHINE = {"dgx_a100": 8, "hgx_a100": 8, "dgx_h100": 8, "hgx_h100": 8, "mi300x_8": 8,
+                    "pcie_a100_8": 8, "pcie_l40s_8": 8, "a100_pairwise_nvlink": 4, "a40_pairwise_nvlink": 8}
+
+
+def ulysses_elements_per_gpu(seq_len: int, hidden: int, degree: int) -> float:
+    """Elements one GPU sends per layer in Ulysses: all-to-alls of Q, K, V and the output, each
+    ``N·h/P`` per GPU (the DeepSpeed-Ulysses paper's ``4Nh/P``, counting the local share too)."""
+    return 4 * seq_len * hidden / degree
+
+
+def ring_block_flops(block_tokens: int, hidden: int) -> float:
+    """FLOPs of attention of one Q block against one K/V block of ``c`` tokens: ``4·c²·h``."""
+    return 4.0 * block_tokens ** 2 * hidden
+
+
+def ring_block_bytes(block_tokens: int, hidden: int, elem_bytes: int = 2) -> float:
+    """Bytes of one K and V block: ``2·c·h·e``."""
+    return 2.0 * block_tokens * hidden * elem_bytes
+
+
+def ring_min_block_tokens(flops_per_s: float, link_bytes_per_s: float, elem_bytes: int = 2) -> float:
+    """Smallest block size ``c`` (tokens) whose compute hides its transfer:
+    ``4c²h/F ≥ 2chE/B`` ⇔ ``c ≥ E·F/(2B)`` (``F/B`` for 2-byte elements)."""
+    return elem_bytes * flops_per_s / (2.0 * link_bytes_per_s)
+
+
+def ring_hidden(block_tokens: int, hidden: int, flops_per_s: float, link_bytes_per_s: float,
+                elem_bytes: int = 2) -> bool:
+    """True when one block's attention takes at least as long as its K/V transfer."""
+    return ring_block_flops(block_tokens, hidden) / flops_per_s >= \
+        ring_block_bytes(block_tokens, hidden, elem_bytes) / link_bytes_per_s
+
+
+@register
+@dataclass
+class SequenceParallel(Transform):
+    name = "sequence_parallel"
+    description = "Ulysses / Ring / Torus (StreamFusion) sequence-parallel attention of degree P"
+
+    mode: str = field(default="ulysses", metadata={"help": "ulysses | ring | torus"})
+    degree: int = field(default=8, metadata={"help": "GPUs sharing the sequence (P)"})
+    topology: str = field(default="dgx_h100", metadata={"help": "topology preset; P > GPUs per machine spans machines"})
+    heads: int = field(default=0, metadata={"help": "attention (KV) heads, to check P <= heads for ulysses; 0 = skip"})
+
+    def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
+        return find_blocks(graph)["task"].to_numpy(np.int64)
+
+    def _layout(self) -> tuple[int, int]:
+        if self.topology not in GPUS_PER_MACHINE:
+            raise TransformError(f"{self.name}: unknown topology {self.topology!r} (presets: "
+                                 f"{', '.join(GPUS_PER_MACHINE)})")
+        g = min(self.degree, GPUS_PER_MACHINE[self.topology])
+        if self.degree % g:
+            raise TransformError(f"{self.name}: degree {self.degree} is not a multiple of the {g} GPUs per machine")
+        return self.degree // g, g
+
+    def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
+        if self.mode not in MODES:
+            raise TransformError(f"{self.name}: unknown mode {self.mode!r} (modes: {', '.join(MODES)})")
+        if self.degree < 1:
+            raise TransformError(f"{self.name}: degree must be >= 1 (got {self.degree})")
+        if self.mode == "ulysses" and self.heads and self.degree > self.heads:
+            raise TransformError(f"{self.name}: ulysses splits heads, so degree {self.degree} must be <= "
+                                 f"heads {self.heads} (use ring or torus)")
+        machines, per = self._layout()
+        blocks = find_blocks(graph)
+        if blocks.empty:
+            raise TransformError(f"{self.name}: found no transformer block (an attention kernel followed by a "
+                                 f"GEMM); see docs/multi-gpu.md for the heuristic")
+        if self.degree == 1:
+            return graph
+        cost = ctx.require_cost(self.name)
+        p = self.degree
+        tasks = blocks["task"].to_numpy(np.int64)
+        facts = cost.kernel_facts(graph, tasks)
+        nbytes = np.nan_to_num(np.asarray(facts["bytes"], dtype=float))
+        gemm = facts["kernel_class"] == KernelClass.GEMM.value
+        weight = np.where(gemm, np.nan_to_num(np.asarray(facts.get("weight_bytes", np.zeros(len(tasks))), float)), 0)
+        inp, w, out = gemm_io_bytes(graph, tasks, nbytes, weight)
+        flops = np.nan_to_num(np.asarray(facts["flops"], dtype=float))
+        # token-wise work on N/P tokens (weights whole); attention: T/P for the whole core
+        new_dur = cost.kernel_time_ns(graph, tasks, flops / p, inp / p + w + out / p)
+        g = set_duration(graph, tasks, np.rint(new_dur).astype(np.int64),
+                         reason=f"{self.label()}: block work on 1/{p} of the tokens", transform=self.name)
+        b = blocks.assign(in_bytes=inp, out_bytes=out, dur=np.rint(new_dur).astype(np.int64))
+        return self._attention(g, ctx, b, machines, per)
+
+    def _price(self, ctx: TransformContext, kind: str, nbytes: float, ranks: int, per: int | None) -> int:
+        cost = ctx.require_cost(self.name)
+        return int(round(cost.collective_time_ns(kind, float(nbytes), ranks, self.topology, per)))
+
+    def _attention(self, g: TaskGraph, ctx: TransformContext, b: pd.DataFrame, machines: int, per: int) -> TaskGraph:
+        p = self.degree
+        every = np.arange(len(g.tasks))
+        succ, pred = next_on_resource(g, every), prev_on_resource(g, every)
+        a2a_plan: list[tuple[int, int, int, int, str]] = []   # (key, after, before, dur, name)
+        splice_anchor, splice_durs, splice_deps_hops = [], [], []
+        core_dur: dict[int, int] = {}
+        for (rank, _), blk in b.groupby(["rank", "block"]):
+            core = blk[blk["part"] == "attention"]
+            if core.empty:
+                continue
+            first, last = int(core["task"].min()), int(core["task"].max())
+            t_attn = int(core["dur"].sum())                                  # T/P on this GPU
+            qkv = float(blk.loc[blk["part"] == "qkv", "out_bytes"].sum()) / p   # Q, K, V per GPU
+            o = float(blk.loc[blk["part"] == "attn_out", "in_bytes"].sum()) / p
+            kv = qkv * 2 / 3
+            before, after = int(pred[first]), int(succ[last])
+            if self.mode == "ulysses":
+                a2a_plan.append((first * 2, before, first, self._price(ctx, "all_to_all", qkv, p, per),
+                                 f"qkv ({qkv / 2**20:.2f} MiB x{p})"))
+                a2a_plan.append((last * 2 + 1, last, after, self._price(ctx, "all_to_all", o, p, per),
+                                 f"out ({o / 2**20:.2f} MiB x{p})"))
+                continue
+            if self.mode == "ring":
+                steps = p
+                hop = self._price(ctx, "send_recv", kv, 2, 1 if machines > 1 else 2)
+                hops = [hop] * (p - 1)
+            else:   # torus: intra-machine all-to-all, inter-machine one-sided chunks
+                steps = machines
+                a2a_plan.append((first * 2, before, first, self._price(ctx, "all_to_all", qkv, per, per),
+                                 f"qkv ({qkv / 2**20:.2f} MiB x{per})"))
+                a2a_plan.append((last * 2 + 1, last, after, self._price(ctx, "all_to_all", o, per, per),
+                                 f"out ({o / 2**20:.2f} MiB x{per})"))
+                chunk = kv   # K, V of the other machine's N/M tokens for this GPU's H/G heads: 2·N·h·e/P
+                full = self._price(ctx, "send_recv", chunk, 2, 1) if machines > 1 else 0
+                latency = self._price(ctx, "send_recv", 0.0, 2, 1) if machines > 1 else 0
+                hops = [full] + [max(full - latency, 0)] * (machines - 2) if machines > 1 else []
+            share = max(t_attn // steps, 1)
+            for tk in core["task"]:
+                core_dur[int(tk)] = int(g.tasks["dur_ns"].iat[int(tk)]) // steps
+            splice_anchor.append((int(rank), last, before, share, hops))
+        if core_dur:
+            g = set_duration(g, list(core_dur), np.asarray([core_dur[k] for k in sorted(core_dur)]),
+                             reason=f"{self.label()}: attention on the local block", transform=self.name)
+        if a2a_plan:
+            for rank in b["rank"].unique():
+                g, res = comm_stream(g, int(rank), f"sp {self.mode} all-to-all")
+                plan = sorted(a2a_plan)
+                g, _ = insert_tasks(g, resource=res, after=[x[1] for x in plan], before=[x[2] for x in plan],
+                                    dur_ns=[x[3] for x in plan], names=[f"sp all_to_all {x[4]}" for x in plan],
+                                    reason=f"{self.label()}: {len(plan)} all-to-alls", transform=self.name)
+        if any(x[4] for x in splice_anchor):
+            g = self._blocks_and_hops(g, splice_anchor)
+        return g
+
+    def _blocks_and_hops(self, g: TaskGraph, plan: list[tuple[int, int, int, int, list[int]]]) -> TaskGraph:
+        """Hop transfers chained on a stream; block computations spliced after the local one,
+        each waiting for its hop."""
+        label = "sp ring hops" if self.mode == "ring" else "sp torus one-sided"
+        hop_ids: list[np.ndarray] = [np.empty(0, np.int64)] * len(plan)
+        for rank in sorted({x[0] for x in plan}):
+            mine = [i for i, x in enumerate(plan) if x[0] == rank]
+            g, res = comm_stream(g, rank, label)
+            after, durs, names = [], [], []
+            for i in mine:
+                hops, pre = plan[i][4], plan[i][2]
+                after += [pre] + [-1] * (len(hops) - 1) if hops else []
+                durs += hops
+                names += [f"{label} {j + 1}/{len(hops)}" for j in range(len(hops))]
+            g, ids = insert_tasks(g, resource=res, after=after, before=[-1] * len(durs), dur_ns=durs, names=names,
+                                  reason=f"{self.label()}: {len(durs)} transfers", transform=self.name)
+            k = 0
+            for i in mine:
+                hop_ids[i] = ids[k:k + len(plan[i][4])]
+                k += len(plan[i][4])
+        g, _ = splice_tasks(g, anchors=[x[1] for x in plan], durs=[[x[3]] * len(x[4]) for x in plan],
+                            name=f"{self.mode} attention block", deps=[h.tolist() for h in hop_ids],
+                            reason=f"{self.label()}: attention on the received blocks", transform=self.name)
+        return g
+
