@@ -202,3 +202,16 @@ def test_trace_collectives_calibrate_pricing(tmp_path: Path) -> None:
     got = Collective("all_reduce", pts[0].message_bytes, 8, "dgx_a100").time_ns(ctx, "t")
     model = collective_time_ns("all_reduce", pts[0].message_bytes, 8, preset("dgx_a100"))
     assert got == pytest.approx(1.2 * model, rel=0.02)      # the trace ran 20 % slower than the preset
+
+
+@pytest.mark.shared
+def test_tensor_parallel_on_shared_decode_trace(shared_traces: Path) -> None:
+    a = analyze(shared_traces / "tracelens" / "sglang_qwen3_8b_decode_mi300x.json.gz")
+    b = find_blocks(a.graph)
+    counts = b.groupby("part").size()
+    assert counts["attn_out"] == 37 and counts["mlp_down"] >= 36 and counts["qkv"] >= 35
+    ctx = make_context(a.trace)
+    h = TensorParallel(degree=8, topology="mi300x_8").apply(a.graph, ctx)
+    comm = h.tasks[h.tasks["kind"] == int(TaskKind.COMM)]
+    assert len(comm) == counts["attn_out"] + counts["mlp_down"]
+    assert step_ns(h) < step_ns(a.graph)
