@@ -128,10 +128,16 @@ def write_report(prediction: Prediction | dict[str, Any], out_dir: str | Path = 
     files = {}
     for fmt in fmts:
         path = out / FILE_NAMES[fmt]
-        path.write_text(render(doc, fmt), encoding="utf-8")
+        try:
+            path.write_text(render(doc, fmt), encoding="utf-8")
+        except OSError as exc:
+            raise ReportError(f"{path}: cannot be written ({exc.strerror})") from None
         files[fmt] = path
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary and summary:
-        with open(summary, "a", encoding="utf-8") as fh:
-            fh.write(render(doc, "md") + "\n")
+        try:
+            with open(summary, "a", encoding="utf-8") as fh:
+                fh.write(render(doc, "md") + "\n")
+        except OSError as exc:
+            raise ReportError(f"{summary}: cannot append the step summary ({exc.strerror})") from None
     return Report(document=doc, files=files)

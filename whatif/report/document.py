@@ -4,6 +4,7 @@ baseline's top kernels/ops/layers. Key order and list order are fixed so CI can 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +146,7 @@ def with_serving(prediction: dict[str, Any], serving: dict[str, dict[str, Any]])
 
 
 def report_document(prediction: dict[str, Any], analysis: dict[str, Any] | None = None,
-                    thresholds: list[Threshold | str] = (), baseline_report: dict[str, Any] | None = None,
+                    thresholds: Sequence[Threshold | str] = (), baseline_report: dict[str, Any] | None = None,
                     max_regression: float | None = None, baseline_path: str | None = None,
                     serving: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The ``whatif.report`` v1 document.
