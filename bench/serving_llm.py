@@ -6,7 +6,10 @@
 2. for each other configuration (rate, max batch, prompt/output lengths): predict with
    `whatif serve --json` (same seed, so the very same request list), and run the example for real,
    un-profiled, --repeats times, interleaved across configurations, recording os.getloadavg();
-3. compare predicted mean/p99 TTFT and TPOT with the median over repeats of the measured ones.
+3. compare predicted mean/p99 TTFT and TPOT with the median over repeats of the measured ones;
+4. diagnostic ("oracle"): the same simulator fed with an iteration model fitted on each measured
+   run's *own* logged iteration times, which separates the simulator's error from the error of
+   the iteration times (other jobs on the shared cores change those from run to run).
 
 Nothing is stored or assumed: every figure comes from this run.
 
@@ -56,6 +59,30 @@ def run_plain(cfg: tuple, log: Path) -> dict:
             "output_tok_s": doc["summary"]["output_throughput_tok_s"]}
 
 
+def oracle(log: Path) -> dict:
+    """Simulate the run's configuration with iteration times fitted on its own log (duration_ms plus
+    the median gap between back-to-back iterations)."""
+    import numpy as np
+
+    from whatif.predictors.serving import SchedulerConfig, logs, simulate_llm, synthetic_workload
+    from whatif.predictors.serving.iteration_model import (DECODE_CANDIDATES, PREFILL_CANDIDATES, IterationModel,
+                                                           fit_phase, llm_features)
+    doc = json.loads(log.read_text())
+    comp, its = logs.llm_compositions(doc), doc["iterations"]
+    over = float(np.median([b["start_s"] - a["end_s"] for a, b in zip(its, its[1:]) if b["phase"] == "decode"])) * 1e9
+    y = np.array([it["duration_ms"] * 1e6 + over for it in its])
+    fits = {}
+    for ph, cands in (("prefill", PREFILL_CANDIDATES), ("decode", DECODE_CANDIDATES)):
+        idx = [i for i, (p, _) in enumerate(comp) if p == ph]
+        fits[ph] = fit_phase(ph, [llm_features(comp[i][1]) for i in idx], y[idx], cands)
+    c = doc["config"]
+    reqs = synthetic_workload(c["num_requests"], float(c["rate"]), (c["prompt_min"], c["prompt_max"]),
+                              (c["output_min"], c["output_max"]), c["seed"])
+    s = simulate_llm(reqs, IterationModel(fits, over).time_ns,
+                     SchedulerConfig(max_seqs=c["max_batch"], max_batched_tokens=c["max_batched_tokens"])).summary
+    return {f"{k}.{q}": s[k][q] / doc["summary"][k][q] - 1 for k, q in METRICS}
+
+
 def predict(run: Path, plain_log: Path, cfg: tuple, out: Path) -> dict:
     _, rate, batch, n, (pmin, pmax), (omin, omax) = cfg
     subprocess.run([PY, "-m", "whatif.cli", "serve", str(run), "--unprofiled-log", str(plain_log),
@@ -86,17 +113,21 @@ def main() -> int:
     measured: dict[str, list[dict]] = {c[0]: [] for c in CONFIGS}
     for rep in range(args.repeats):
         for cfg in CONFIGS:
-            measured[cfg[0]].append(run_plain(cfg, tmp / f"m{rep}.log"))
+            log = tmp / f"m{rep}.log"
+            measured[cfg[0]].append(run_plain(cfg, log))
+            measured[cfg[0]][-1]["oracle_error"] = oracle(log)
             print(f"  ran {cfg[0]} #{rep}: TTFT {measured[cfg[0]][-1]['ttft_ms.mean']:.1f} ms", file=sys.stderr)
     rows = []
     for cfg in CONFIGS:
         pred = predict(run, plain_log, cfg, tmp / "pred.json")
         reps = measured[cfg[0]]
-        med = {k: statistics.median(r[k] for r in reps) for k in reps[0]}
+        med = {k: statistics.median(r[k] for r in reps) for k in reps[0] if k != "oracle_error"}
+        oracle_err = {m: statistics.median(r["oracle_error"][m] for r in reps) for m in reps[0]["oracle_error"]}
         err = {f"{k}.{q}": pred[f"{k}.{q}"] / med[f"{k}.{q}"] - 1 for k, q in METRICS}
         rows.append({"config": cfg[0], "rate": cfg[1], "max_batch": cfg[2], "num_requests": cfg[3],
                      "prompt_tokens": cfg[4], "output_tokens": cfg[5], "predicted": {k: v for k, v in pred.items() if k != "model"},
                      "measured_median": med, "measured_runs": reps, "error": err,
+                     "oracle_error_median": oracle_err,
                      "load1_range": [min(r["load1"] for r in reps), max(r["load1_after"] for r in reps)]})
     model = pred["model"]
     doc = {"recorded": {"config": RECORDED, "unprofiled_twin": twin}, "iteration_model": model, "rows": rows,
@@ -106,12 +137,13 @@ def main() -> int:
     print(f"profiler factor {model['profiler_factor']}")
     for p, f in model["phases"].items():
         print(f"{p}: {'+'.join(f['features'])}, n={f['n']}, R2={f['r2']:.2f}, MAPE {f['mape']:.1%}, LOO {f['loo_mape']:.1%}")
-    print(f"{'config':24} {'metric':10} {'pred':>9} {'meas':>9} {'err':>7}   load")
+    print(f"{'config':24} {'metric':10} {'pred':>9} {'meas':>9} {'err':>7} {'oracle':>7}   load")
     for r in rows:
         for k, q in METRICS:
             key = f"{k}.{q}"
             print(f"{r['config']:24} {key:10} {r['predicted'][key]:9.2f} {r['measured_median'][key]:9.2f} "
-                  f"{r['error'][key]:+7.1%}   {r['load1_range'][0]:.2f}-{r['load1_range'][1]:.2f}")
+                  f"{r['error'][key]:+7.1%} {r['oracle_error_median'][key]:+7.1%}   "
+                  f"{r['load1_range'][0]:.2f}-{r['load1_range'][1]:.2f}")
     return 0
 
 
