@@ -146,6 +146,7 @@ def run_child(python: Path, which: str, folder: Path, extra: list[str]) -> dict:
 
 
 def measure(items: list[str], repeat: int, baseline: str | None) -> list[Row]:
+    """Time every reader on every trace, ``repeat`` interleaved rounds."""
     hta_python = ensure_hta_venv()
     work = Path(tempfile.mkdtemp(prefix="whatif-parse-speed-"))
     try:
@@ -181,7 +182,7 @@ def measure(items: list[str], repeat: int, baseline: str | None) -> list[Row]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def markdown(rows: list[Row], repeat: int, baseline: str | None) -> str:
+def markdown(rows: list[Row], repeat: int, baseline: str | None, load: tuple[float, float]) -> str:
     """The results as a markdown section (header line, table, summary)."""
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
@@ -191,7 +192,9 @@ def markdown(rows: list[Row], repeat: int, baseline: str | None) -> str:
         head += [f"whatif@{baseline} s", "before / after"]
     lines = [f"Measured {dt.date.today().isoformat()} by `bench/parse_speed.py --repeat {repeat}` on "
              f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}; "
-             f"median of {repeat} interleaved runs, each in a fresh process, import time excluded.", "",
+             f"median of {repeat} interleaved runs, each in a fresh process, import time excluded; "
+             f"1-minute load average {load[0]:.1f} before, {load[1]:.1f} after (the machine is shared, "
+             "so absolute times vary between runs more than the ratios do).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     ratios = []
     for r in rows:
@@ -230,8 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     if not TRACES.is_dir():
         print(f"bench/parse_speed.py: {TRACES} not found, nothing to measure", file=sys.stderr)
         return 0
+    load_before = os.getloadavg()[0]
     rows = measure(args.traces or DEFAULT_SET, args.repeat, args.baseline)
-    section = markdown(rows, args.repeat, args.baseline)
+    section = markdown(rows, args.repeat, args.baseline, (load_before, os.getloadavg()[0]))
     print(section)
     if args.update_docs:
         update_docs(section)

@@ -130,9 +130,15 @@ def _assign_ranks(files: list[FileTrace]) -> list[int]:
         if h in seen:
             raise TraceError(f.path.parent, f"mixed ranks: {seen[h].name} and {f.path.name} both claim rank {h}")
         seen[h] = f.path
-    sizes = {f.world_size_hint() for f in files} - {None}
+    sizes: dict[int, str] = {}  # world size -> first file that says so
+    for f in files:
+        size = f.world_size_hint()
+        if size is not None:
+            sizes.setdefault(size, f.path.name)
     if len(sizes) > 1:
-        raise TraceError(files[0].path.parent, f"mixed ranks: files disagree on world size {sorted(sizes)}")
+        (a, file_a), (b, file_b) = list(sizes.items())[:2]
+        raise TraceError(files[0].path.parent, f"mixed ranks: files disagree on world size "
+                                               f"({file_a} says {a}, {file_b} says {b})")
     return [h for h in hints if h is not None]
 
 
@@ -154,7 +160,7 @@ def _to_frame(files: list[FileTrace], ranks: list[int]) -> pd.DataFrame:
     codes = np.concatenate([np.array([index[n] for n in c.names], dtype=np.int32)[c.name_code]
                             if len(c) else np.zeros(0, dtype=np.int32) for c in cols])
     args = np.empty(len(codes), dtype=object)
-    args[:] = [a for c in cols for a in c.args]
+    args[:] = cols[0].args if len(cols) == 1 else [a for c in cols for a in c.args]
     # Sort by (rank, start, longer first) so that parents precede the events they enclose.
     order = np.lexsort((-data["dur_ns"], data["ts_ns"], data["rank"]))
     data["name"] = pd.Categorical.from_codes(codes[order], categories=categories if categories else
