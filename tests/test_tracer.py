@@ -159,6 +159,29 @@ def test_graph_launch_one_correlation_many_kernels(tmp_path: Path) -> None:
     assert list(ev.loc[ev["kind"] == EventKind.KERNEL, "external_id"]) == [-1, -1, -1]
 
 
+def test_hip_runtime_names_and_amd_pid(tmp_path: Path) -> None:
+    """AMD: HIP calls under cat cuda_runtime, GPU pid = device index 2 (not the rank), stream 0."""
+    events = [x("cuda_runtime", "hipExtModuleLaunchKernel", BASE_US, 6, correlation=9, kernel="k"),
+              x("kernel", "Cijk_gemm", BASE_US + 20, 30, pid=2, tid=0, device=2, stream=0, correlation=9,
+                kind="Dispatch Kernel")]
+    trace = load_trace(write(tmp_path / "t.json", {"traceEvents": events, "distributedInfo": {"rank": 0}}))
+    ev = trace.events
+    assert list(ev["kind"]) == [EventKind.RUNTIME, EventKind.KERNEL] and trace.ranks[0].rank == 0
+    assert (ev["device"].iloc[1], ev["stream"].iloc[1]) == (2, 0)
+    no_kernels = {"traceEvents": [x("cuda_runtime", "hipGraphLaunch", BASE_US, 6, correlation=9)]}
+    assert "1 kernel launches/copies" in one_line_error(write(tmp_path / "hip.json", no_kernels))
+
+
+def test_collective_metadata_and_overlap_kept(tmp_path: Path) -> None:
+    """NCCL kernels keep their args; same-stream GPU events that overlap are kept as recorded."""
+    nccl = {"Collective name": "allreduce", "In msg nelems": 1024, "Group size": 8, "dtype": "Float"}
+    events = [x("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", BASE_US, 50, pid=0, tid=STREAM, device=0,
+                stream=STREAM, correlation=1, **nccl),
+              x("kernel", "gemm", BASE_US + 48, 10, pid=0, tid=STREAM, device=0, stream=STREAM, correlation=2)]
+    ev = load_trace(write(tmp_path / "t.json", {"traceEvents": events})).events
+    assert {k: ev["args"].iloc[0][k] for k in nccl} == nccl and len(ev) == 2
+
+
 def test_zero_duration_and_missing_duration(tmp_path: Path) -> None:
     events = [x("Kernel", "tiny", BASE_US, 0, pid=GPU_PID, tid="stream 7"),
               {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": CPU_PID, "tid": CPU_TID,

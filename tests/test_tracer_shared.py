@@ -1,8 +1,8 @@
 """The trace reader on every third-party trace in ../shared/traces (skipped when absent).
 
 Each file loads, or is refused with a one-line reason; the refused ones are exactly the three
-traces that hold no GPU work we could analyze. Counts are checked against the README's table,
-which was made by a different counter than ours.
+traces that hold no GPU work we could analyze. Counts (steps, kernels, copies, streams, NCCL
+kernels) are checked against the README's table, which was made by a different counter.
 """
 from __future__ import annotations
 
@@ -54,13 +54,13 @@ def outcome(rel: str) -> Trace | str:
 
 
 def readme_counts() -> dict[str, dict[str, int]]:
-    """Steps and GPU event counts per file, from the README's files table."""
+    """Steps, GPU event counts, streams and NCCL kernels per file, from the README's files table."""
+    columns = {"steps": 6, "kernel": 10, "memcpy": 11, "memset": 12, "streams": 14, "nccl": 15}
     counts = {}
     for line in (SHARED_TRACES / "README.md").read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) > 12 and cells[0].startswith("`") and all(c.isdigit() for c in cells[10:13] + [cells[6]]):
-            counts[cells[0].strip("`")] = {"steps": int(cells[6]), "kernel": int(cells[10]),
-                                           "memcpy": int(cells[11]), "memset": int(cells[12])}
+        if len(cells) > 15 and cells[0].startswith("`") and all(cells[i].isdigit() for i in columns.values()):
+            counts[cells[0].strip("`")] = {k: int(cells[i]) for k, i in columns.items()}
     return counts
 
 
@@ -100,8 +100,12 @@ def test_counts_match_the_readme() -> None:
             continue
         ev = trace.events
         names = ev.loc[ev["kind"] == EventKind.ANNOTATION, "name"].astype(str)
+        work = ev["kind"].isin([EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET])
+        kernels = ev.loc[ev["kind"] == EventKind.KERNEL, "name"].astype(str).str.lower()
         got = {"steps": names[names.str.match(step)].nunique(), "kernel": trace.count(EventKind.KERNEL),
-               "memcpy": trace.count(EventKind.MEMCPY), "memset": trace.count(EventKind.MEMSET)}
+               "memcpy": trace.count(EventKind.MEMCPY), "memset": trace.count(EventKind.MEMSET),
+               "streams": len(ev.loc[work, ["device", "stream"]].drop_duplicates()),
+               "nccl": int(kernels.str.contains("nccl|rccl").sum())}
         assert got == want, rel
 
 
