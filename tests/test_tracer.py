@@ -182,6 +182,17 @@ def test_collective_metadata_and_overlap_kept(tmp_path: Path) -> None:
     assert {k: ev["args"].iloc[0][k] for k in nccl} == nccl and len(ev) == 2
 
 
+def test_device_names_from_either_key_and_syncs_off_stream(tmp_path: Path) -> None:
+    sync = x("cuda_sync", "Event Sync", BASE_US + 50, 3, pid=0, tid=-1, device=0, stream=-1, correlation=12,
+             wait_on_cuda_event_record_corr_id=11)
+    old = load_trace(write(tmp_path / "old.json", minimal(sync, computeProperties=[{"name": "Tesla V100"}])))
+    assert old.ranks[0].gpu_name == "Tesla V100"
+    row = old.events[old.events["kind"] == EventKind.GPU_SYNC].iloc[0]
+    assert (row.device, row.stream) == (0, -1)  # waits on no stream of its own
+    blank = load_trace(write(tmp_path / "blank.json", minimal(deviceProperties=[{"name": ""}, {"name": ""}])))
+    assert blank.ranks[0].device_names == ["", ""] and blank.ranks[0].gpu_name is None
+
+
 def test_zero_duration_and_missing_duration(tmp_path: Path) -> None:
     events = [x("Kernel", "tiny", BASE_US, 0, pid=GPU_PID, tid="stream 7"),
               {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": CPU_PID, "tid": CPU_TID,
