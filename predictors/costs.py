@@ -547,6 +547,15 @@ class TraceCostModel:
         return float(collective_time_ns(kind, message_bytes, ranks, topo, ranks_per_machine=per,
                                         calibration=memo[key]))
 
+    def pim_device(self, name: str, link: str | None = None) -> Any:
+        """The PIM device ``name`` of :mod:`whatif.predictors.pim` (on GPU link ``link`` when given)."""
+        from .pim import PIM_DEVICES, get_pim
+        try:
+            dev = get_pim(name)
+            return dev.with_link(link) if link else dev
+        except (KeyError, ValueError) as exc:
+            raise TransformError(f"pim_offload: {exc.args[0]} (devices: {', '.join(PIM_DEVICES)})") from None
+
     def kernel_time_ns(self, graph: TaskGraph, tasks: np.ndarray, flops: np.ndarray,
                        nbytes: np.ndarray) -> np.ndarray:
         """Per task: its time at new work, :func:`anchored_time_ns` on the GPU it runs on now."""

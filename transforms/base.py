@@ -55,6 +55,11 @@ class CostModel(Protocol):
         instead (its class's roofline calibrated on the trace, anchored on its current time)."""
         ...
 
+    def pim_device(self, name: str, link: str | None = None) -> Any:
+        """A PIM device model (``whatif.predictors.pim.PimDevice``: internal bandwidth and FLOP/s per
+        level, GPU link, rearrangement and kernel times) by catalog name, on ``link`` when given."""
+        ...
+
 
 @dataclass
 class TransformContext:

@@ -182,12 +182,13 @@ def gemm_io_bytes(graph: TaskGraph, tasks: np.ndarray, nbytes: np.ndarray,
     return inp, w, out
 
 
-def _output_elems(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
-    """Per task: (output elements, bytes per element) of its GEMM op, NaN when unknown."""
-    res = np.full((len(tasks), 2), np.nan)
+def linked_op_rows(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
+    """Per task: the trace row of the CPU op that launched it (same rank and ``External id``), NaN
+    when there is none (no trace, synthetic task, or no op recorded)."""
+    tasks = np.asarray(tasks, dtype=np.int64)
     tr = graph.trace
     if tr is None or not len(tasks):
-        return res
+        return np.full(len(tasks), np.nan)
     ev = tr.events
     rows = graph.tasks["event"].to_numpy()[tasks]
     ops = ev[(ev["kind"].to_numpy() == int(EventKind.CPU_OP)) & (ev["external_id"].to_numpy() >= 0)]
@@ -197,7 +198,17 @@ def _output_elems(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
     valid = rows >= 0
     keys = pd.MultiIndex.from_arrays([np.where(valid, ev["rank"].to_numpy()[np.maximum(rows, 0)], -1),
                                       np.where(valid, ev["external_id"].to_numpy()[np.maximum(rows, 0)], -1)])
-    op_rows = index.reindex(keys).to_numpy()
+    return index.reindex(keys).to_numpy().astype(float)
+
+
+def _output_elems(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
+    """Per task: (output elements, bytes per element) of its GEMM op, NaN when unknown."""
+    res = np.full((len(tasks), 2), np.nan)
+    tr = graph.trace
+    if tr is None or not len(tasks):
+        return res
+    ev = tr.events
+    op_rows = linked_op_rows(graph, tasks)
     names, args = ev["name"].astype(str).to_numpy(), ev["args"].to_numpy()
     for i, r in enumerate(op_rows):
         if np.isnan(r):

@@ -1,0 +1,69 @@
+"""Hand-made decoder-only LLM forward passes (prefill or decode) with recorded shapes, for the
+PIM and parallel tests: per layer norm, QKV GEMM, SDPA, out-proj, add, norm, gate/up, SiLU, down, add."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tracegen import KinetoTrace
+
+PEAK, BW, FIXED_US, ELEM = 700e12, 3.0e12, 3.0, 2     # H100-like achieved rates, bf16
+BF16 = "c10::BFloat16"
+
+
+def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int = 2048, layers: int = 2,
+              hidden: int = 4096, heads: int = 32, ffn: int = 11008, steps: int = 2,
+              phases: tuple[str, ...] = ()) -> Path:
+    """One forward per step of ``batch`` sequences of ``new_tokens`` tokens (1 = decode) attending
+    to ``kv_tokens`` cached tokens. ``phases``: a ``phase:<name>`` annotation per step (cycled), in
+    which case the tokens of a ``prefill`` step are ``kv_tokens`` and of a ``decode`` step 1."""
+    tr = KinetoTrace(gpu_name="NVIDIA H100 80GB HBM3")
+    corr, ts, gpu_t = 0, 0.0, 0.0
+    d = hidden // heads
+
+    def kernel(name: str, flops: float, nbytes: float, op: str, dims, types) -> None:
+        nonlocal corr, ts, gpu_t
+        corr += 1
+        tr._x("cpu_op", op, ts, 6, 100, 1, **{"Input Dims": dims, "Input type": types, "External id": corr})
+        tr.runtime("cudaLaunchKernel", ts + 1, 4, corr=corr)
+        us = FIXED_US + max(flops / PEAK, nbytes / BW) * 1e6
+        start = max(gpu_t, ts + 8)
+        tr.gpu(name, start, us, corr=corr, **{"External id": corr})
+        gpu_t = start + us + 1
+        ts += 8
+
+    for s in range(steps):
+        phase = phases[s % len(phases)] if phases else None
+        m_tok = (kv_tokens if phase == "prefill" else 1) if phase else new_tokens
+        m = batch * m_tok
+        step_start = ts
+
+        def gemm(tag: str, n: int, k: int) -> None:
+            kernel(f"sm90_xmma_gemm_bf16bf16_bf16f32_{tag}", 2.0 * m * k * n, ELEM * (m * k + k * n + m * n),
+                   "aten::mm", [[m, k], [k, n]], [BF16, BF16])
+
+        def mem(name: str, nbytes: float, op: str) -> None:
+            kernel(name, nbytes / ELEM, nbytes, op, [[m, hidden]], [BF16])
+
+        for _ in range(layers):
+            mem("void at::native::rms_norm_kernel<bf16>", 2 * m * hidden * ELEM, "aten::rms_norm")
+            gemm("qkv", 3 * hidden, hidden)
+            kv = kv_tokens
+            kernel("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>",
+                   4.0 * batch * heads * m_tok * kv * d, ELEM * batch * heads * d * (2 * m_tok + 2 * kv),
+                   "aten::scaled_dot_product_attention",
+                   [[batch, heads, m_tok, d], [batch, heads, kv, d], [batch, heads, kv, d]], [BF16] * 3)
+            gemm("out", hidden, hidden)
+            mem("void at::native::vectorized_elementwise_kernel<4, add_kernel>", 3 * m * hidden * ELEM, "aten::add")
+            mem("void at::native::rms_norm_kernel<bf16>", 2 * m * hidden * ELEM, "aten::rms_norm")
+            gemm("gate_up", 2 * ffn, hidden)
+            mem("void at::native::silu_and_mul_kernel<bf16>", 3 * m * ffn * ELEM, "aten::silu")
+            gemm("down", hidden, ffn)
+            mem("void at::native::vectorized_elementwise_kernel<4, add_kernel>", 3 * m * hidden * ELEM, "aten::add")
+        tr.runtime("cudaDeviceSynchronize", ts, max(gpu_t, ts) - ts + 5, corr=100_000 + s)
+        ts = max(gpu_t, ts) + 10
+        if phase:
+            tr.annotation(f"phase:{phase}", step_start - 0.5, ts - step_start)
+        tr.step(s, step_start - 1, ts - step_start + 1)
+        ts += 30
+        gpu_t = ts
+    return tr.write(path)
