@@ -6,10 +6,11 @@ relative to ``baseTimeNanoseconds``, missing metadata events, HIP runtime names.
 All times become integer nanoseconds (``ts`` and ``dur`` are always microseconds in Kineto,
 whatever ``displayTimeUnit`` says).
 
-Speed (see ``bench/parse_speed.py``): gzip is inflated with ISA-L when ``isal`` is installed;
-msgspec decodes each event straight into a slotted struct holding only the keys the reader
-uses (``args`` stays a plain dict); columns are then pulled out with C-level ``map`` calls and
-converted with numpy, so no Python code runs per event except two list comprehensions.
+Speed (see ``bench/parse_speed.py`` and ``docs/traces.md``): gzip is inflated with ISA-L when
+``isal`` is installed; msgspec decodes each event straight into a slotted struct holding only
+the keys the reader uses (``args`` stays a plain dict), in one scan of the text; one tight loop
+appends each event's fields to lists, converted with numpy afterwards; the cyclic GC is paused
+meanwhile (see :func:`gc_paused`).
 """
 from __future__ import annotations
 
