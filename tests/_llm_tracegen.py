@@ -12,10 +12,13 @@ BF16 = "c10::BFloat16"
 
 def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int = 2048, layers: int = 2,
               hidden: int = 4096, heads: int = 32, ffn: int = 11008, steps: int = 2,
-              phases: tuple[str, ...] = ()) -> Path:
+              phases: tuple[str, ...] = (), backward: bool = False) -> Path:
     """One forward per step of ``batch`` sequences of ``new_tokens`` tokens (1 = decode) attending
     to ``kv_tokens`` cached tokens. ``phases``: a ``phase:<name>`` annotation per step (cycled), in
-    which case the tokens of a ``prefill`` step are ``kv_tokens`` and of a ``decode`` step 1."""
+    which case the tokens of a ``prefill`` step are ``kv_tokens`` and of a ``decode`` step 1.
+    ``backward``: a training step — after the forward, the loss backward, each layer's backward in reverse (two GEMMs
+    per forward GEMM under ``aten::mm``, flash-attention backward, SiLU backward), the embedding
+    backward, then an optimizer kernel."""
     tr = KinetoTrace(gpu_name="NVIDIA H100 80GB HBM3")
     corr, ts, gpu_t = 0, 0.0, 0.0
     d = hidden // heads
@@ -59,6 +62,21 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
             mem("void at::native::silu_and_mul_kernel<bf16>", 3 * m * ffn * ELEM, "aten::silu")
             gemm("down", hidden, ffn)
             mem("void at::native::vectorized_elementwise_kernel<4, add_kernel>", 3 * m * hidden * ELEM, "aten::add")
+        if backward:
+            mem("void at::native::nll_loss_backward_kernel<bf16>", 2 * m * hidden * ELEM, "aten::nll_loss_backward")
+            for _ in range(layers):
+                for tag, n, k in (("down", hidden, ffn), ("gate_up", 2 * ffn, hidden)):
+                    gemm(f"{tag}_dgrad", k, n), gemm(f"{tag}_wgrad", n, k)
+                    if tag == "down":
+                        mem("void at::native::silu_backward_kernel<bf16>", 3 * m * ffn * ELEM, "aten::silu_backward")
+                gemm("out_dgrad", hidden, hidden), gemm("out_wgrad", hidden, hidden)
+                kernel("void pytorch_flash::flash_bwd_kernel<128>", 10.0 * batch * heads * m_tok * kv_tokens * d,
+                       ELEM * batch * heads * d * 8 * kv_tokens, "aten::_flash_attention_backward",
+                       [[batch, m_tok, heads, d]] * 3, [BF16] * 3)
+                gemm("qkv_dgrad", hidden, 3 * hidden), gemm("qkv_wgrad", 3 * hidden, hidden)
+            mem("void at::native::embedding_backward_kernel<bf16>", 2 * m * hidden * ELEM, "aten::embedding_dense_backward")
+            mem("void at::native::multi_tensor_apply_kernel<adam>", 4 * layers * 8 * hidden * hidden * ELEM,
+                "aten::_foreach_add_")
         tr.runtime("cudaDeviceSynchronize", ts, max(gpu_t, ts) - ts + 5, corr=100_000 + s)
         ts = max(gpu_t, ts) + 10
         if phase:

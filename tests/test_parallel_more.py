@@ -1,0 +1,157 @@
+"""pipeline_parallel, data_parallel, overlap and reshard on hand-made traces (and shared ones)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _llm_tracegen import llm_trace
+
+from whatif.api import analyze, make_context
+from whatif.depgraph.graph import EdgeKind, TaskKind
+from whatif.predictors.replay import replay
+from whatif.predictors.steps import step_times
+from whatif.transforms import registry
+from whatif.transforms.base import TransformError
+from whatif.transforms.parallel.data import DataParallel, bucket_sizes
+from whatif.transforms.parallel.layers import find_blocks
+from whatif.transforms.parallel.overlap import DEFAULT_INTERFERENCE, Overlap, interference_from_trace
+from whatif.transforms.parallel.pipeline import PipelineParallel, bubble_fraction, pipelined_step_ns
+from whatif.transforms.parallel.reshard import plans, search_reshard, step_phases
+from whatif.transforms.parallel.tensor import TensorParallel
+
+
+def step_ns(graph) -> int:
+    return int(step_times(replay(graph))["predicted_ns"].sum())
+
+
+def kinds(graph, kind: TaskKind) -> np.ndarray:
+    return np.flatnonzero(graph.tasks["kind"].to_numpy() == int(kind))
+
+
+@pytest.fixture(scope="module")
+def train(tmp_path_factory):
+    return analyze(llm_trace(tmp_path_factory.mktemp("pp") / "train.json.gz", new_tokens=1024, kv_tokens=1024,
+                             layers=4, backward=True, steps=1))
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory):
+    return analyze(llm_trace(tmp_path_factory.mktemp("pp") / "serve.json.gz", new_tokens=512, layers=4, steps=1))
+
+
+def test_formulas() -> None:
+    assert bubble_fraction(4, 4) == pytest.approx(3 / 7) and bubble_fraction(1, 8) == 0
+    assert pipelined_step_ns(100.0, 4, 4) == pytest.approx(175.0)
+    assert pipelined_step_ns(100.0, 4, 4) * (1 - bubble_fraction(4, 4)) == pytest.approx(100.0)
+    assert bucket_sizes(60 * 2**20, 25 * 2**20) == [25 * 2**20, 25 * 2**20, 10 * 2**20]
+    assert plans(8) == [(1, 8), (2, 4), (4, 2), (8, 1)]
+
+
+def test_pipeline_keeps_one_stage_and_bubbles_shrink(train) -> None:
+    g0, ctx = train.graph, make_context(train.trace)
+    blocks0 = find_blocks(g0)["block"].nunique()
+    steps = {}
+    for m in (1, 4, 16):
+        g = PipelineParallel(degree=4, micro_batches=m).apply(g0, ctx)
+        assert find_blocks(g)["block"].nunique() == blocks0 // 4
+        bubble = g.tasks[g.tasks["name"].astype(str).str.startswith("pipeline bubble")]
+        assert len(bubble) == 1
+        steps[m] = step_ns(g)
+    assert steps[1] > steps[4] > steps[16]                                   # bubbles shrink with m
+    g = PipelineParallel(degree=4, micro_batches=4, stage=1).apply(g0, ctx)  # a middle stage: recv+send, both ways
+    comm = g.tasks.iloc[kinds(g, TaskKind.COMM)]["name"].astype(str)
+    assert len(comm) == 4 and comm.str.contains("recv activation").sum() == 1 and comm.str.contains("send gradient").sum() == 1
+    last = PipelineParallel(degree=4, micro_batches=4).apply(g0, ctx)
+    assert len(kinds(last, TaskKind.COMM)) == 2                              # last stage: recv act, send grad
+    with pytest.raises(TransformError, match="schedule"):
+        PipelineParallel(schedule="zigzag").apply(g0, ctx)
+    with pytest.raises(TransformError, match="empty"):
+        PipelineParallel(degree=8).apply(g0, ctx)
+
+
+def test_pipeline_serving_has_no_bubble(serve) -> None:
+    ctx = make_context(serve.trace)
+    g = PipelineParallel(degree=2, schedule="serving").apply(serve.graph, ctx)
+    assert not g.tasks["name"].astype(str).str.startswith("pipeline bubble").any()
+    assert step_ns(g) < 0.75 * step_ns(serve.graph) and "latency" in g.changes[-1].reason
+
+
+def test_data_parallel_buckets(train) -> None:
+    g0, ctx = train.graph, make_context(train.trace)
+    g = DataParallel(degree=8, bucket_mb=25).apply(g0, ctx)
+    comm = kinds(g, TaskKind.COMM)
+    names = g.tasks["name"].astype(str).to_numpy()[comm]
+    # 4 layers of (3h^2 + h^2 + 3*h*ffn) bf16 weights
+    grads = 4 * (4 * 4096 ** 2 + 3 * 4096 * 11008) * 2
+    assert len(comm) == len(bucket_sizes(grads, 25 * 2**20)) and all("all_reduce" in n and "x8" in n for n in names)
+    # the optimizer (first kernel after the backward) waits for the last bucket
+    opt = np.flatnonzero(g.tasks["name"].astype(str).str.contains("multi_tensor_apply").to_numpy())[0]
+    e = g.edges
+    assert ((e["src"] == comm[-1]) & (e["dst"] == opt) & (e["kind"] == int(EdgeKind.FLOW))).any()
+    r = replay(g)
+    assert r.start_ns[opt] >= r.end_ns[comm].max()
+    assert step_ns(g) > step_ns(g0)
+    assert step_ns(g) < step_ns(g0) + int(g.tasks["dur_ns"].to_numpy()[comm].sum())   # overlapped with backward
+    with pytest.raises(TransformError, match="backward"):
+        DataParallel(degree=2).apply(analyze(train.trace.ranks[0].path).graph if False else _fwd(train), ctx)
+    assert DataParallel(degree=4, mode="serving").apply(g0, ctx).tasks.equals(g0.tasks)
+
+
+def _fwd(train):
+    from whatif.transforms.edit import remove
+    from whatif.transforms.parallel.pipeline import backward_mask
+    g = train.graph
+    return remove(g, np.flatnonzero(backward_mask(g)), reason="forward only")
+
+
+def test_overlap_splits_and_bounds(serve) -> None:
+    ctx = make_context(serve.trace)
+    tp = TensorParallel(degree=8, topology="dgx_a100").apply(serve.graph, ctx)
+    n_comm = len(kinds(tp, TaskKind.COMM))
+    base = step_ns(tp)
+    got = {}
+    for phi in (1.0, 1.15):
+        g = Overlap(nano_batches=2, interference=phi, topology="dgx_a100").apply(tp, ctx)
+        assert len(kinds(g, TaskKind.COMM)) == 2 * n_comm
+        assert len(g.tasks[g.tasks["name"].astype(str).str.startswith("nano-batch compute")]) == n_comm
+        comp = g.tasks["dur_ns"].to_numpy()[kinds(g, TaskKind.KERNEL)].sum()
+        comm = g.tasks["dur_ns"].to_numpy()[kinds(g, TaskKind.COMM)].sum()
+        got[phi] = step_ns(g)
+        assert got[phi] >= max(comp, comm)                   # never below max(compute, communication)
+    assert got[1.0] < base and got[1.0] < got[1.15]          # overlap helps; interference costs
+    with pytest.raises(TransformError, match="no collective"):
+        Overlap().apply(serve.graph, ctx)
+    with pytest.raises(TransformError, match="interference"):
+        Overlap(interference=0.5).apply(tp, ctx)
+    assert Overlap().factor(tp) == DEFAULT_INTERFERENCE     # no measured overlap in a hand-made trace
+
+
+@pytest.mark.shared
+def test_interference_calibrated_on_shared_traces(shared_traces: Path) -> None:
+    phi, names = interference_from_trace(analyze(shared_traces / "hta" / "nccl_data_a100_rank0of2.json.gz").graph)
+    assert phi is not None and 1.0 <= phi < 1.5 and names >= 5
+
+
+def test_reshard_search(tmp_path: Path) -> None:
+    a = analyze(llm_trace(tmp_path / "phased.json.gz", kv_tokens=1024, layers=8, batch=8, steps=5,
+                          phases=("prefill", "decode", "decode", "decode", "decode")))
+    ctx = make_context(a.trace)
+    assert step_phases(a.graph, ctx).tolist() == ["prefill"] + ["decode"] * 4
+    s = search_reshard(a.graph, ctx, gpus=8, prefill_batch=8, decode_batch=8, prompt_tokens=1024)
+    assert len(s.table) == 16 and s.table["throughput_rps"].is_monotonic_decreasing
+    same = s.table[s.table["prefill_plan"] == s.table["decode_plan"]]
+    assert (same["transition_ms"] == 0).all() and (s.table.loc[s.table["prefill_plan"] != s.table["decode_plan"],
+                                                               "transition_ms"] > 0).all()
+    assert "req/s" in s.why and s.best["throughput_rps"] >= same["throughput_rps"].max()
+    # transition: 2 x (W/G) / PCIe (H100: 64 GB/s); W = 8 layers of forward weights
+    w = 8 * (4 * 4096 ** 2 + 3 * 4096 * 11008) * 2
+    diff = s.table[s.table["prefill_plan"] != s.table["decode_plan"]].iloc[0]
+    assert diff["transition_ms"] == pytest.approx(2 * w / 8 / 64e9 * 1e3, rel=1e-6)
+    assert "reshard" in registry.names() and "pipeline_parallel" in registry.names()
+
+
+def test_reshard_one_phase_trace_states_assumption(serve) -> None:
+    s = search_reshard(serve.graph, make_context(serve.trace), gpus=4)
+    assert any("one phase" in x for x in s.assumptions)
+    assert s.best["prefill_plan"] == s.best["decode_plan"]

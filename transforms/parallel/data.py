@@ -1,0 +1,113 @@
+"""``data_parallel``: d replicas of the traced program; gradient all-reduce buckets for training.
+
+**Training** (PyTorch DDP, Li et al., VLDB 2020): gradients are grouped into buckets of
+``bucket_mb`` (DDP's default 25 MB) in reverse parameter order; a bucket's all-reduce starts as
+soon as its last gradient is produced, overlapping the rest of the backward, and the optimizer
+waits for all of them. Here: gradient bytes = the weight bytes of the step's forward GEMM/conv
+kernels (``CostModel.kernel_facts``; or ``grad_bytes``), split into ``ceil(G/bucket)`` buckets;
+the gradients are taken as produced uniformly over the backward's GPU time, so bucket k's
+all-reduce (``CostModel.collective_time_ns``, d ranks) follows the backward kernel where
+``(k+1)/n`` of that time has elapsed, on a ``dp comm`` stream, and the first kernel after the
+backward (the optimizer) waits for the last bucket. Backward kernels: launched by an op whose
+name contains ``backward``. **Serving**: replicas do not change a replica's step; throughput ×d.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from whatif.depgraph.graph import Change, TaskGraph, TaskKind
+from whatif.depgraph.kernels import KernelClass
+
+from ..base import Transform, TransformContext, TransformError
+from ..registry import register
+from .comm import Collective, comm_stream, insert_tasks
+from .pipeline import backward_mask
+
+MB = 1 << 20
+
+
+def bucket_sizes(grad_bytes: float, bucket_bytes: float) -> list[float]:
+    """Bucket sizes (bytes): full buckets, the remainder last."""
+    n = max(1, math.ceil(grad_bytes / bucket_bytes))
+    return [min(bucket_bytes, grad_bytes - i * bucket_bytes) for i in range(n)]
+
+
+@register
+@dataclass
+class DataParallel(Transform):
+    name = "data_parallel"
+    description = "data parallelism: d replicas; DDP gradient all-reduce buckets overlapped with backward"
+
+    degree: int = field(default=2, metadata={"help": "replicas d"})
+    bucket_mb: float = field(default=25.0, metadata={"help": "gradient bucket size in MiB (PyTorch DDP: 25)"})
+    grad_bytes: int = field(default=0, metadata={"help": "gradient bytes per step; 0 = forward GEMM/conv weight bytes"})
+    topology: str = field(default="dgx_h100", metadata={"help": "topology preset for the all-reduces"})
+    mode: str = field(default="training", metadata={"help": "training | serving"})
+
+    def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
+        return np.flatnonzero(backward_mask(graph) & (graph.tasks["kind"].to_numpy() == int(TaskKind.KERNEL)))
+
+    def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
+        if self.degree < 1 or self.bucket_mb <= 0 or self.mode not in ("training", "serving"):
+            raise TransformError(f"{self.name}: degree >= 1, bucket_mb > 0 and mode training|serving are required")
+        if self.degree == 1:
+            return graph
+        if self.mode == "serving":
+            out = graph.copy()
+            out.changes.append(Change(transform=self.name, action="replicate", tasks=0, before_ns=0, after_ns=0,
+                                      reason=f"{self.label()}: {self.degree} independent replicas: each replica's step "
+                                             f"is unchanged, throughput x{self.degree}"))
+            return out
+        t = graph.tasks
+        kern = t["kind"].to_numpy() == int(TaskKind.KERNEL)
+        bw = backward_mask(graph) & kern
+        if not bw.any():
+            raise TransformError(f"{self.name}: training mode needs backward kernels (ops named *backward*); this "
+                                 f"trace has none — use mode=serving for inference replicas")
+        cost = ctx.require_cost(self.name)
+        g = graph
+        for rank in np.unique(t["rank"].to_numpy()[bw]).tolist():
+            plan = []
+            for step in np.unique(t["step"].to_numpy()[bw & (t["rank"].to_numpy() == rank)]).tolist():
+                plan += self._plan(graph, cost, ctx, rank, step)
+            g, res = comm_stream(g, rank, "dp comm")
+            g, _ = insert_tasks(g, resource=res, after=[p[0] for p in plan], before=[p[1] for p in plan],
+                                dur_ns=[p[2] for p in plan], names=[p[3] for p in plan],
+                                reason=f"{self.label()}: {len(plan)} gradient all-reduce buckets", transform=self.name)
+        return g
+
+    def _plan(self, graph: TaskGraph, cost, ctx: TransformContext, rank: int, step: int) -> list[tuple]:
+        t = graph.tasks
+        sel = (t["kind"].to_numpy() == int(TaskKind.KERNEL)) & (t["rank"].to_numpy() == rank) \
+            & (t["step"].to_numpy() == step)
+        k = np.flatnonzero(sel)
+        k = k[np.argsort(t["measured_start_ns"].to_numpy()[k], kind="stable")]
+        bw = backward_mask(graph)[k]
+        if not bw.any():
+            return []
+        grads = float(self.grad_bytes)
+        if grads <= 0:
+            fwd = k[~bw]
+            f = cost.kernel_facts(graph, fwd)
+            heavy = np.isin(f["kernel_class"], [KernelClass.GEMM.value, KernelClass.CONV.value])
+            grads = float(np.nan_to_num(f["weight_bytes"])[heavy].sum())
+        if grads <= 0:
+            raise TransformError(f"{self.name}: no weight bytes found in step {step}'s forward GEMM/conv kernels "
+                                 f"(record with record_shapes=True) — pass grad_bytes")
+        bk = k[bw]
+        last_bw = int(np.flatnonzero(bw)[-1])
+        opt = int(k[last_bw + 1]) if last_bw + 1 < len(k) else -1
+        dur = t["dur_ns"].to_numpy()[bk].astype(float)
+        cum = np.cumsum(dur) / max(dur.sum(), 1.0)
+        sizes = bucket_sizes(grads, self.bucket_mb * MB)
+        done = np.cumsum(sizes) / grads
+        out = []
+        for i, (size, frac) in enumerate(zip(sizes, done)):
+            after = int(bk[min(int(np.searchsorted(cum, frac - 1e-9)), len(bk) - 1)])
+            ns = Collective("all_reduce", size, self.degree, self.topology).time_ns(ctx, self.name)
+            out.append((after, opt if i == len(sizes) - 1 else -1, ns,
+                        f"dp all_reduce bucket {i + 1}/{len(sizes)} ({size / MB:.1f} MiB x{self.degree})"))
+        return out

@@ -1,0 +1,194 @@
+"""``overlap``: split compute→collective regions into n nano-batches so one nano-batch's
+communication overlaps the next one's compute (NanoFlow, OSDI 2025; TokenWeave, MLSys 2026).
+
+A *region* is a collective inserted after a kernel (a ``COMM`` task with a FLOW edge from its
+producer kernel and one to its consumer kernel: what ``tensor_parallel``/``sequence_parallel``
+insert) together with the compute *segment* that feeds it: the kernels on the producer's stream
+from the previous region's consumer (or the step's first kernel) to the producer. With n
+nano-batches:
+
+* each segment kernel is re-priced at ``1/n`` of its activations (weights are read by every
+  nano-batch: FLOPs/n, bytes ``(B − W)/n + W``; ``CostModel.kernel_time_ns``): the original kernels
+  become nano-batch 1, and n−1 tasks of the segment's nano-batch time follow them on the stream;
+* the collective becomes n collectives of ``bytes/n`` (``CostModel.collective_time_ns``: each pays
+  the latency again), chained on the comm stream, collective j after compute nano-batch j;
+* nano-batch j of the next segment waits for collective j (nano-batch 1 is the original consumer);
+  after the last region the consumer waits for all of them;
+* concurrent compute and communication contend for SMs and memory bandwidth: compute nano-batches
+  2..n and every collective part are slowed by the **interference factor** φ ≥ 1. Default: φ
+  calibrated from the trace (:func:`interference_from_trace`: median slowdown of kernels that
+  overlap a collective vs the same kernels alone) when it has such pairs, else ``DEFAULT_INTERFERENCE``
+  (1.15, an assumption: BACKGROUND's "more than the max, less than the sum").
+
+Since compute stays on one stream and communication on another, the replay never predicts less
+than ``max(compute, communication)``; with φ > 1 and per-part latencies it can be worse than not
+splitting, which is the trade-off NanoFlow's and TokenWeave's auto-search make.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
+from whatif.depgraph.kernels import KernelClass
+
+from ..base import Transform, TransformContext, TransformError
+from ..edit import add_edges, set_duration
+from ..registry import register
+from ..select import kernel_classes
+from .comm import KINDS, Collective, splice_tasks
+from .tensor import prev_on_resource
+
+DEFAULT_INTERFERENCE = 1.15
+MIN_SAMPLES = 3
+
+
+def interference_from_trace(graph: TaskGraph) -> tuple[float | None, int]:
+    """(median over kernel names of median(duration overlapping a collective) / median(duration
+    alone), number of names used) from the measured intervals; (None, 0) without such pairs. Only
+    names with ≥ 3 samples on each side count; the factor is clipped to [1, 3]."""
+    t = graph.tasks
+    ms, me = t["measured_start_ns"].to_numpy(), t["measured_end_ns"].to_numpy()
+    cls = kernel_classes(graph)
+    kinds = t["kind"].to_numpy()
+    comm = ((kinds == int(TaskKind.COMM)) | (cls == KernelClass.COLLECTIVE.value)) & (ms >= 0)
+    kern = (kinds == int(TaskKind.KERNEL)) & (cls != KernelClass.COLLECTIVE.value) & (ms >= 0)
+    if not comm.any() or not kern.any():
+        return None, 0
+    ratios = []
+    rank = t["rank"].to_numpy()
+    over = np.zeros(len(t), dtype=bool)
+    for r in np.unique(rank[comm]).tolist():
+        c = np.flatnonzero(comm & (rank == r))
+        cs, ce = ms[c], me[c]
+        o = np.argsort(cs)
+        cs, ce = cs[o], np.maximum.accumulate(ce[o])
+        k = np.flatnonzero(kern & (rank == r))
+        j = np.searchsorted(cs, me[k], side="left") - 1   # last collective starting before the kernel ends
+        over[k] = (j >= 0) & (ce[np.maximum(j, 0)] > ms[k])
+    names = t["name"].astype(str).to_numpy()
+    df = pd.DataFrame({"name": names[kern], "dur": (me - ms)[kern], "over": over[kern]})
+    for _, d in df.groupby("name"):
+        a, b = d.loc[d["over"], "dur"], d.loc[~d["over"], "dur"]
+        if len(a) >= MIN_SAMPLES and len(b) >= MIN_SAMPLES and b.median() > 0:
+            ratios.append(a.median() / b.median())
+    if not ratios:
+        return None, 0
+    return float(np.clip(np.median(ratios), 1.0, 3.0)), len(ratios)
+
+
+def _regions(graph: TaskGraph) -> pd.DataFrame:
+    """One row per region: ``comm``, ``producer``, ``consumer``, ``segment`` (kernel ids)."""
+    t, e = graph.tasks, graph.edges
+    kinds = t["kind"].to_numpy()
+    flow = e[e["kind"] == int(EdgeKind.FLOW)]
+    is_comm = kinds[flow["dst"].to_numpy()] == int(TaskKind.COMM)
+    src_k = kinds[flow["src"].to_numpy()] == int(TaskKind.KERNEL)
+    into = flow[is_comm & src_k].drop_duplicates("dst")
+    outof = flow[(kinds[flow["src"].to_numpy()] == int(TaskKind.COMM))
+                 & (kinds[flow["dst"].to_numpy()] == int(TaskKind.KERNEL))].drop_duplicates("src")
+    reg = into.rename(columns={"dst": "comm", "src": "producer"})[["comm", "producer"]].merge(
+        outof.rename(columns={"src": "comm", "dst": "consumer"})[["comm", "consumer"]], on="comm")
+    if reg.empty:
+        return reg
+    start = t["measured_start_ns"].to_numpy()
+    reg = reg.assign(start=start[reg["producer"].to_numpy()], res=t["resource"].to_numpy()[reg["producer"].to_numpy()],
+                     step=t["step"].to_numpy()[reg["producer"].to_numpy()])
+    reg = reg.sort_values(["res", "start", "comm"], ignore_index=True)
+    prev = prev_on_resource(graph, np.arange(len(t)))
+    segs = []
+    for i, row in enumerate(reg.itertuples()):
+        stop = int(reg["consumer"].iat[i - 1]) if i and reg["res"].iat[i - 1] == row.res \
+            and reg["step"].iat[i - 1] == row.step else -1
+        seg, cur = [], int(row.producer)
+        while cur >= 0 and kinds[cur] == int(TaskKind.KERNEL) and int(t["step"].iat[cur]) == row.step:
+            seg.append(cur)
+            if cur == stop:
+                break
+            cur = int(prev[cur])
+        segs.append(np.asarray(seg[::-1], dtype=np.int64))
+    return reg.assign(segment=segs)
+
+
+@register
+@dataclass
+class Overlap(Transform):
+    name = "overlap"
+    description = "nano-batch compute/communication overlap (NanoFlow, TokenWeave) with an interference factor"
+
+    nano_batches: int = field(default=2, metadata={"help": "nano-batches n per region (TokenWeave: 2)"})
+    interference: float = field(default=0.0, metadata={
+        "help": "slowdown of concurrent compute and communication (>= 1); 0 = calibrated from the trace, else 1.15"})
+    topology: str = field(default="dgx_h100", metadata={"help": "topology preset that prices the collective parts"})
+
+    def factor(self, graph: TaskGraph) -> float:
+        if self.interference:
+            if self.interference < 1:
+                raise TransformError(f"{self.name}: interference must be >= 1 (got {self.interference})")
+            return float(self.interference)
+        got, _ = interference_from_trace(graph)
+        return got if got is not None else DEFAULT_INTERFERENCE
+
+    def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
+        r = _regions(graph)
+        return np.unique(np.concatenate([*r["segment"], r["comm"].to_numpy()])) if len(r) else np.empty(0, np.int64)
+
+    def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
+        n = self.nano_batches
+        if n < 1:
+            raise TransformError(f"{self.name}: nano_batches must be >= 1 (got {n})")
+        reg = _regions(graph)
+        if reg.empty:
+            raise TransformError(f"{self.name}: no collective between two kernels to overlap; apply tensor_parallel "
+                                 f"or sequence_parallel first (they insert the collectives)")
+        if n == 1:
+            return graph
+        phi = self.factor(graph)
+        cost = ctx.require_cost(self.name)
+        seg_all = np.unique(np.concatenate(list(reg["segment"])))
+        f = cost.kernel_facts(graph, seg_all)
+        fl, by = np.nan_to_num(f["flops"]), np.nan_to_num(f["bytes"])
+        w = np.nan_to_num(f["weight_bytes"])
+        nano = np.rint(cost.kernel_time_ns(graph, seg_all, fl / n, (by - w) / n + w)).astype(np.int64)
+        g = set_duration(graph, seg_all, nano, reason=f"{self.label()}: nano-batch 1 at 1/{n} of the activations",
+                         transform=self.name)
+        per_seg = [int(nano[np.searchsorted(seg_all, s)].sum()) for s in reg["segment"]]
+        name = g.tasks["name"].astype(str).to_numpy()
+        comm_dur = []
+        for c in reg["comm"]:   # the collective's full message, from the name the parallel transforms give it
+            comm_dur.append(self._split_comm(g, ctx, int(c), name[int(c)]))
+        g, nano_ids = splice_tasks(g, anchors=reg["producer"].tolist(),
+                                   durs=[[int(round(s * phi))] * (n - 1) for s in per_seg],
+                                   name=f"nano-batch compute (x{phi:.2f} interference)", deps=[[-1] * (n - 1)] * len(reg),
+                                   reason=f"{self.label()}: nano-batches 2..{n} of each segment", transform=self.name)
+        parts = [int(round(d * phi)) for d in comm_dur]
+        g = set_duration(g, reg["comm"].to_numpy(), np.asarray(parts)[np.argsort(reg["comm"].to_numpy())],
+                         reason=f"{self.label()}: collective part 1/{n}", transform=self.name)
+        g, comm_ids = splice_tasks(g, anchors=reg["comm"].tolist(), durs=[[p] * (n - 1) for p in parts],
+                                   name=f"collective part (of {n}, x{phi:.2f} interference)",
+                                   deps=[ids.tolist() for ids in nano_ids], kind=TaskKind.COMM,
+                                   reason=f"{self.label()}: collective parts 2..{n}", transform=self.name)
+        src, dst = [], []
+        for i in range(len(reg)):
+            nxt = i + 1 < len(reg) and reg["res"].iat[i + 1] == reg["res"].iat[i] and reg["step"].iat[i + 1] == reg["step"].iat[i]
+            for j in range(n - 1):   # nano-batch j+2 of the next segment waits for collective part j+2
+                src.append(int(comm_ids[i][j]))
+                dst.append(int(nano_ids[i + 1][j]) if nxt else int(reg["consumer"].iat[i]))
+        return add_edges(g, src, dst, kind=EdgeKind.FLOW, reason=f"{self.label()}: nano-batch data dependencies",
+                         transform=self.name)
+
+    def _split_comm(self, g: TaskGraph, ctx: TransformContext, comm: int, label: str) -> int:
+        """ns of one 1/n part of the collective ``comm``: its duration × price(bytes/n)/price(bytes)
+        on ``topology`` when its name carries ``<kind> (<MiB> MiB x<ranks>)`` (as the parallel
+        transforms write it), else its duration / n."""
+        dur = int(g.tasks["dur_ns"].iat[comm])
+        m = re.search(r"(" + "|".join(KINDS) + r") \(([\d.]+) MiB x(\d+)\)", label)
+        if not m:
+            return dur // self.nano_batches
+        kind, nbytes, ranks = m.group(1), float(m.group(2)) * 2**20, int(m.group(3))
+        full = Collective(kind, nbytes, ranks, self.topology).time_ns(ctx, self.name)
+        part = Collective(kind, nbytes / self.nano_batches, ranks, self.topology).time_ns(ctx, self.name)
+        return int(round(dur * part / full)) if full > 0 else dur // self.nano_batches

@@ -1,0 +1,217 @@
+"""``pipeline_parallel``: transformer layers split into p stages; one representative stage modeled.
+
+The representative rank keeps its stage's blocks (:func:`~.layers.find_blocks`; stage ``s`` holds
+blocks ``[s·n/p, (s+1)·n/p)`` of each step's n blocks, the kernels before the first block —
+embedding — on stage 0, those after the last — final norm, LM head, sampling — on stage p−1);
+the other stages' kernels and their launch calls are removed. Activations cross stage boundaries
+by send/recv (COMM tasks on a ``pp comm`` stream, priced by ``CostModel.collective_time_ns``;
+``m`` messages of ``1/m`` of the block output per direction and step).
+
+* **Training** (``schedule = 1f1b | gpipe``): with m micro-batches each stage idles for p−1
+  micro-batch slots per step; bubble fraction ``(p−1)/(m+p−1)`` for both GPipe (Huang et al. 2019)
+  and 1F1B / PipeDream-Flush (Narayanan et al. 2021), which differ in the activations they hold
+  (m vs p micro-batches). The step gets an idle ``pipeline bubble`` task of ``(p−1)·T_stage/m``
+  on the compute stream (T_stage: the stage's GPU time per step); backward sends the gradient of
+  each boundary activation back.
+* **Serving** (``schedule = serving``): request pipelining — in steady state each stage works on
+  a different batch, so a stage's step is the representative step (throughput ×p over one GPU's
+  share of layers) and a request's latency is p stage steps plus p−1 hops (reported in the change).
+
+Backward kernels (:func:`backward_mask`) are
+not located per block: the stage keeps ``1/p`` of the backward and of the kernels after it (the
+optimizer updates only this stage's parameters) — scaled, an approximation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from whatif.depgraph.graph import Change, EdgeKind, TaskGraph, TaskKind
+
+from ..base import Transform, TransformContext, TransformError
+from ..edit import remove, scale
+from ..registry import register
+from .comm import Collective, comm_stream, insert_tasks, splice_tasks
+from .layers import find_blocks, gemm_io_bytes
+
+SCHEDULES = ("1f1b", "gpipe", "serving")
+
+
+def bubble_fraction(stages: int, micro_batches: int) -> float:
+    """Idle share of a pipelined training step: ``(p−1)/(m+p−1)`` (GPipe; 1F1B the same)."""
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def pipelined_step_ns(stage_ns: float, stages: int, micro_batches: int) -> float:
+    """Step time of a stage doing ``stage_ns`` of work per step in m micro-batches:
+    ``(m+p−1)·stage_ns/m`` — i.e. ``stage_ns / (1 − bubble_fraction)``."""
+    return stage_ns * (micro_batches + stages - 1) / micro_batches
+
+
+def backward_mask(graph: TaskGraph) -> np.ndarray:
+    """Per task: a GPU kernel of the backward pass — per (rank, step), every kernel from the first to
+    the last one launched by an op whose name contains ``backward`` (so the ``aten::mm`` under
+    ``MmBackward0`` counts too)."""
+    t = graph.tasks
+    named = t["op"].astype(str).str.contains("backward", case=False, regex=False).to_numpy()
+    kern = t["kind"].to_numpy() == int(TaskKind.KERNEL)
+    out = np.zeros(len(t), dtype=bool)
+    if not (named & kern).any():
+        return out
+    start = t["measured_start_ns"].to_numpy()
+    key = t["rank"].to_numpy().astype(np.int64) * (1 << 32) + t["step"].to_numpy().astype(np.int64)
+    for k in np.unique(key[named & kern]).tolist():
+        sel = kern & (key == k)
+        s = start[sel & named]
+        out |= sel & (start >= s.min()) & (start <= s.max())
+    return out
+
+
+def stage_plan(graph: TaskGraph, stages: int, stage: int) -> tuple[np.ndarray, pd.DataFrame]:
+    """(kernels of the other stages, blocks of this stage with ``layer_in_step``)."""
+    b = find_blocks(graph)
+    if b.empty:
+        raise TransformError("pipeline_parallel: found no transformer block (an attention kernel followed by a GEMM); "
+                             "see docs/multi-gpu.md for the heuristic")
+    t = graph.tasks
+    steps = t["step"].to_numpy()
+    b = b.assign(step=steps[b["task"].to_numpy()])
+    first = b.groupby(["rank", "step", "block"])["task"].transform("min")
+    b = b.assign(first=first)
+    order = b.drop_duplicates(["rank", "step", "block"]).sort_values("first")
+    order = order.assign(layer_in_step=order.groupby(["rank", "step"]).cumcount(),
+                         n=order.groupby(["rank", "step"])["block"].transform("size"))
+    b = b.merge(order[["rank", "step", "block", "layer_in_step", "n"]], on=["rank", "step", "block"])
+    if stages > int(b["n"].min()):
+        raise TransformError(f"pipeline_parallel: {stages} stages for {int(b['n'].min())} blocks per step would leave "
+                             f"a stage empty")
+    lo = (b["n"] * stage) // stages
+    hi = (b["n"] * (stage + 1)) // stages
+    keep = (b["layer_in_step"] >= lo) & (b["layer_in_step"] < hi)
+    if not keep.any():
+        raise TransformError(f"pipeline_parallel: {stages} stages for {int(b['n'].max())} blocks per step leave "
+                             f"stage {stage} empty")
+    drop = set(b.loc[~keep, "task"].tolist())
+    kinds = t["kind"].to_numpy()
+    bw = backward_mask(graph)
+    start = t["measured_start_ns"].to_numpy()
+    for (rank, step), blk in b.groupby(["rank", "step"]):
+        k = np.flatnonzero((kinds == int(TaskKind.KERNEL)) & (t["rank"].to_numpy() == rank) & (steps == step) & ~bw)
+        s0, s1 = start[blk["task"]].min(), start[blk["task"]].max()
+        if stage > 0:
+            drop |= set(k[start[k] < s0].tolist())
+        if stage < stages - 1:
+            drop |= set(k[start[k] > s1].tolist())
+    return np.asarray(sorted(drop), dtype=np.int64), b[keep]
+
+
+def _launches(graph: TaskGraph, kernels: np.ndarray) -> np.ndarray:
+    """Launch calls whose every launch goes to one of ``kernels``."""
+    e = graph.edges
+    lau = e[e["kind"] == int(EdgeKind.LAUNCH)]
+    gone = np.isin(lau["dst"].to_numpy(), kernels)
+    calls = lau.assign(gone=gone).groupby("src")["gone"].all()
+    return calls[calls].index.to_numpy(np.int64)
+
+
+@register
+@dataclass
+class PipelineParallel(Transform):
+    name = "pipeline_parallel"
+    description = "pipeline parallelism: one stage's layers, send/recv between stages, GPipe/1F1B bubbles or request pipelining"
+
+    degree: int = field(default=2, metadata={"help": "pipeline stages p"})
+    micro_batches: int = field(default=4, metadata={"help": "micro-batches m per training step"})
+    schedule: str = field(default="1f1b", metadata={"help": "1f1b | gpipe (training) | serving (request pipelining)"})
+    stage: int = field(default=-1, metadata={"help": "stage modeled (0..p-1); -1 = the last (it holds the LM head)"})
+    topology: str = field(default="dgx_h100", metadata={"help": "topology preset for the send/recv"})
+
+    def _check(self) -> int:
+        if self.degree < 1 or self.micro_batches < 1:
+            raise TransformError(f"{self.name}: degree and micro_batches must be >= 1 (got {self.degree}, "
+                                 f"{self.micro_batches})")
+        if self.schedule not in SCHEDULES:
+            raise TransformError(f"{self.name}: schedule must be one of {', '.join(SCHEDULES)} (got {self.schedule!r})")
+        s = self.degree - 1 if self.stage < 0 else self.stage
+        if s >= self.degree:
+            raise TransformError(f"{self.name}: stage {s} >= degree {self.degree}")
+        return s
+
+    def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
+        return stage_plan(graph, self.degree, self._check())[0]
+
+    def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
+        s = self._check()
+        if self.degree == 1:
+            return graph
+        p, m = self.degree, self.micro_batches
+        drop, mine = stage_plan(graph, p, s)
+        cost = ctx.require_cost(self.name)
+        tasks = mine["task"].to_numpy(np.int64)
+        facts = cost.kernel_facts(graph, tasks)
+        _, _, out = gemm_io_bytes(graph, tasks, np.nan_to_num(facts["bytes"]), np.nan_to_num(facts["weight_bytes"]))
+        act = mine.assign(out=out).loc[lambda d: d["part"] == "attn_out"].groupby(["rank", "step"])["out"].max()
+        bw = np.flatnonzero(backward_mask(graph) & (graph.tasks["kind"].to_numpy() == int(TaskKind.KERNEL)))
+        g = graph
+        if len(bw):   # the backward and the optimizer after it: this stage's 1/p share
+            t = graph.tasks
+            key = t["rank"].to_numpy() * (1 << 32) + t["step"].to_numpy()
+            kern = np.flatnonzero(t["kind"].to_numpy() == int(TaskKind.KERNEL))
+            start = t["measured_start_ns"].to_numpy()
+            last = {int(k): int(start[bw[key[bw] == k]].max()) for k in np.unique(key[bw])}
+            tail = kern[[start[i] > last.get(int(key[i]), np.iinfo(np.int64).max) for i in kern]]
+            g = scale(g, np.concatenate([bw, tail]), 1.0 / p,
+                      reason=f"{self.label()}: this stage's share of the backward and optimizer", transform=self.name)
+        ids = np.concatenate([drop, _launches(g, drop)])
+        g = remove(g, ids, reason=f"{self.label()}: {len(drop)} kernels of the other {p - 1} stages",
+                   transform=self.name)
+        return self._comm_and_bubble(g, ctx, act, s, training=self.schedule != "serving", backward=len(bw) > 0)
+
+    def _comm_and_bubble(self, g: TaskGraph, ctx: TransformContext, act: pd.Series, s: int, *, training: bool,
+                         backward: bool) -> TaskGraph:
+        p, m = self.degree, self.micro_batches
+        t = g.tasks
+        kern = np.flatnonzero(t["kind"].to_numpy() == int(TaskKind.KERNEL))
+        bw = backward_mask(g)
+        hops, anchors, bubbles = [], [], []
+        for (rank, step), nbytes in act.items():
+            k = kern[(t["rank"].to_numpy()[kern] == rank) & (t["step"].to_numpy()[kern] == step)]
+            if not len(k):
+                continue
+            k = k[np.argsort(t["measured_start_ns"].to_numpy()[k], kind="stable")]
+            fwd, bwd = k[~bw[k]], k[bw[k]]
+            one = Collective("send_recv", float(nbytes) / m, 2, self.topology).time_ns(ctx, self.name) * m
+            if s > 0:
+                hops.append((int(rank), -1, int(fwd[0]), one, "recv activation"))
+                if backward and len(bwd):
+                    hops.append((int(rank), int(bwd[-1]), -1, one, "send gradient"))
+            if s < p - 1:
+                hops.append((int(rank), int(fwd[-1]), -1, one, "send activation"))
+                if backward and len(bwd):
+                    hops.append((int(rank), -1, int(bwd[0]), one, "recv gradient"))
+            busy = int(t["dur_ns"].to_numpy()[k].sum())
+            if training:
+                anchors.append(int(k[-1]))
+                bubbles.append([int(round((p - 1) * busy / m))])
+        for rank in sorted({h[0] for h in hops}):
+            mine = [h for h in hops if h[0] == rank]
+            g, res = comm_stream(g, rank, "pp comm")
+            g, _ = insert_tasks(g, resource=res, after=[h[1] for h in mine], before=[h[2] for h in mine],
+                                dur_ns=[h[3] for h in mine], names=[f"pp {h[4]} ({m} x send_recv)" for h in mine],
+                                reason=f"{self.label()}: {len(mine)} stage-boundary transfers", transform=self.name)
+        if anchors:
+            frac = bubble_fraction(p, m)
+            g, _ = splice_tasks(g, anchors=anchors, durs=bubbles, name=f"pipeline bubble ({self.schedule}, idle)",
+                                deps=[[-1]] * len(anchors),
+                                reason=f"{self.label()}: bubble (p-1)/(m+p-1) = {frac:.3f} of the step; activations "
+                                       f"held: {m if self.schedule == 'gpipe' else min(p, m)} micro-batches",
+                                transform=self.name)
+        if not training:
+            hop = max((h[3] for h in hops), default=0)
+            g.changes.append(Change(transform=self.name, action="request pipelining", tasks=0, before_ns=0, after_ns=0,
+                                    reason=f"{self.label()}: steady state, each stage on a different batch: throughput "
+                                           f"x{p} per step of this stage; a request's latency = {p} stage steps + "
+                                           f"{p - 1} hops of {hop / 1e3:.1f} us"))
+        return g

@@ -1,0 +1,200 @@
+"""``reshard`` (Seesaw, arXiv 2503.06433): one parallel plan for prefill, another for decode.
+
+For G GPUs every plan ``(t, p)`` with ``t·p = G`` is applied to the trace as
+``tensor_parallel(t)`` then ``pipeline_parallel(p, schedule=serving)`` and replayed; each step's
+time under a plan is its phase's time per step (steps are prefill or decode by the ``phase`` of
+their tasks, ``phase:prefill``/``phase:decode``; a step without a phase is **prefill when its median
+GEMM arithmetic intensity exceeds ``PREFILL_INTENSITY`` FLOP/B, else decode** — so a one-phase
+trace yields one phase, and the search reduces to the best single plan: no transition arises).
+
+Seesaw's cycle (transition-minimizing scheduling): prefill runs under plan A until the CPU KV
+buffer holds ``R = buffer / kv_per_request`` requests, the GPUs re-shard to plan B, decode drains
+the buffer, and they re-shard back. Per cycle:
+
+* prefill ``R/b_p`` steps of ``T_pf(A)``, decode ``R·o/b_d`` steps of ``T_dec(B)`` (o output tokens,
+  b_p/b_d requests per step as in the trace);
+* 2 transitions of ``(W/G) / B_h2d`` each (every GPU reloads its weight shard from host memory);
+* KV through the CPU buffer, ``R·kv/G`` bytes per GPU out after prefill and in before decode, at
+  ``B_h2d``, overlapped with compute (each phase takes ``max(compute, KV transfer)``).
+
+Throughput = ``R / cycle``. With A = B the weights stay and the KV stays on the GPUs (no buffer):
+throughput = ``1 / (T_pf/b_p + o·T_dec/b_d)``. W: the forward GEMM weights of one step of the trace
+(``CostModel.kernel_facts``); kv per request: ``2·layers·hidden·2 B·(prompt + output)`` unless
+given (hidden from the attention-output GEMM's weight, ``sqrt(W_o/2)``; MHA assumed — GQA holds less).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from whatif.depgraph.graph import Change, TaskGraph, TaskKind
+from whatif.depgraph.kernels import KernelClass
+
+from ..base import Transform, TransformContext, TransformError
+from ..registry import register
+from .layers import find_blocks
+from .pipeline import PipelineParallel
+from .tensor import TensorParallel
+
+PREFILL_INTENSITY = 64.0   # FLOP/B: above, a step's GEMMs are prefill-like (decode GEMV at batch b has ~b)
+GB = 1e9
+
+
+def plans(gpus: int) -> list[tuple[int, int]]:
+    """Every (t, p) with t·p = gpus."""
+    return [(t, gpus // t) for t in range(1, gpus + 1) if gpus % t == 0]
+
+
+def step_phases(graph: TaskGraph, ctx: TransformContext) -> pd.Series:
+    """Phase (``prefill``/``decode``) of each step, by its tasks' phase, else by GEMM intensity."""
+    t = graph.tasks
+    steps = t["step"].to_numpy()
+    ph = t["phase"].astype(object).to_numpy()
+    k = np.flatnonzero(t["kind"].to_numpy() == int(TaskKind.KERNEL))
+    f = ctx.require_cost("reshard").kernel_facts(graph, k)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inten = np.where(f["bytes"] > 0, f["flops"] / f["bytes"], np.nan)
+    gemm = f["kernel_class"] == KernelClass.GEMM.value
+    out = {}
+    for s in sorted(set(steps[steps >= 0].tolist())):
+        names = [str(x) for x in ph[steps == s] if isinstance(x, str)]
+        hit = [n for n in ("prefill", "decode") if any(n in x.lower() for x in names)]
+        if len(hit) == 1:
+            out[s] = hit[0]
+            continue
+        sel = gemm & (steps[k] == s)
+        med = float(np.nanmedian(inten[sel])) if sel.any() else 0.0
+        out[s] = "prefill" if med > PREFILL_INTENSITY else "decode"
+    return pd.Series(out, name="phase")
+
+
+@dataclass
+class ReshardSearch:
+    """Result of :func:`search_reshard`: ``table`` (one row per plan pair, best first), ``best``
+    (its row), ``why`` (a sentence), ``assumptions`` (what was inferred)."""
+
+    table: pd.DataFrame
+    best: pd.Series
+    why: str
+    assumptions: list[str]
+
+
+def _phase_times(graph: TaskGraph, ctx: TransformContext, gpus: int, topology: str) -> pd.DataFrame:
+    """Per plan: mean predicted step time (ns) of prefill and of decode steps."""
+    from whatif.predictors.replay import replay      # noqa: PLC0415 (predictors sit right of transforms)
+    from whatif.predictors.steps import step_times
+    phases = step_phases(graph, ctx)
+    rows = []
+    for t, p in plans(gpus):
+        g = TensorParallel(degree=t, topology=topology).apply(graph, ctx) if t > 1 else graph
+        try:
+            g = PipelineParallel(degree=p, schedule="serving", topology=topology).apply(g, ctx) if p > 1 else g
+        except TransformError:   # more stages than layers: not a plan
+            continue
+        st = step_times(replay(g)).groupby("step")["predicted_ns"].max()
+        ph = phases.reindex(st.index)
+        rows.append({"t": t, "p": p, **{f"{x}_ns": float(st[ph == x].mean()) if (ph == x).any() else np.nan
+                                       for x in ("prefill", "decode")}})
+    return pd.DataFrame(rows)
+
+
+def search_reshard(graph: TaskGraph, ctx: TransformContext, *, gpus: int = 8, topology: str = "dgx_h100",
+                   h2d_gbps: float = 0.0, buffer_gb: float = 64.0, prompt_tokens: int = 512, output_tokens: int = 0,
+                   prefill_batch: int = 1, decode_batch: int = 1, kv_bytes_per_request: float = 0.0) -> ReshardSearch:
+    """Every (prefill plan, decode plan) pair for ``gpus`` GPUs, with its throughput (requests/s)
+    under Seesaw's transition-minimizing cycle; see the module docstring."""
+    if gpus < 1 or buffer_gb <= 0 or prefill_batch < 1 or decode_batch < 1:
+        raise TransformError("reshard: gpus, buffer_gb, prefill_batch and decode_batch must be positive")
+    cost = ctx.require_cost("reshard")
+    blocks = find_blocks(graph)
+    if blocks.empty:
+        raise TransformError("reshard: found no transformer block in the trace's kernels")
+    assumptions: list[str] = []
+    phases = step_phases(graph, ctx)
+    counts = phases.value_counts()
+    n_pf, n_dec = int(counts.get("prefill", 0)), int(counts.get("decode", 0))
+    if n_pf == 0 or n_dec == 0:
+        assumptions.append(f"the trace has one phase ({phases.iat[0] if len(phases) else '?'}, {len(phases)} steps): "
+                           "the other phase is priced by the same steps, so the best pair is the best single plan")
+    out_tok = output_tokens or max(1, round(n_dec * decode_batch / max(n_pf * prefill_batch, 1))) if n_pf and n_dec \
+        else (output_tokens or 1)
+    times = _phase_times(graph, ctx, gpus, topology)
+    for x, y in (("prefill_ns", "decode_ns"), ("decode_ns", "prefill_ns")):
+        times[x] = times[x].fillna(times[y])
+    # model sizes from one step's forward GEMMs
+    first = blocks["task"].to_numpy()
+    step0 = int(np.min(graph.tasks["step"].to_numpy()[first]))
+    kern = np.flatnonzero((graph.tasks["kind"].to_numpy() == int(TaskKind.KERNEL))
+                          & (graph.tasks["step"].to_numpy() == step0))
+    f = cost.kernel_facts(graph, kern)
+    weights = float(np.nan_to_num(f["weight_bytes"])[f["kernel_class"] == KernelClass.GEMM.value].sum())
+    b0 = blocks[graph.tasks["step"].to_numpy()[first] == step0]
+    layers = int(b0["block"].nunique())
+    wo = cost.kernel_facts(graph, b0.loc[b0["part"] == "attn_out", "task"].to_numpy()[:1])["weight_bytes"]
+    hidden = math.sqrt(float(np.nan_to_num(wo).sum()) / 2) if len(wo) else 0.0
+    kv = kv_bytes_per_request or 2 * layers * hidden * 2 * (prompt_tokens + out_tok)
+    if not kv_bytes_per_request:
+        assumptions.append(f"KV per request 2·{layers} layers·{hidden:.0f} hidden·2 B·({prompt_tokens}+{out_tok}) tokens "
+                           f"= {kv / 2**20:.1f} MiB (MHA)")
+    h2d = (h2d_gbps * GB) if h2d_gbps else _h2d(ctx)
+    requests = max(1.0, math.floor(buffer_gb * GB / kv))
+    rows = []
+    for a in times.itertuples():
+        for b in times.itertuples():
+            pf = requests / prefill_batch * a.prefill_ns
+            dec = requests * out_tok / decode_batch * b.decode_ns
+            same = (a.t, a.p) == (b.t, b.p)
+            switch = 0.0 if same else 2 * weights / gpus / h2d * 1e9
+            kv_ns = 0.0 if same else requests * kv / gpus / h2d * 1e9
+            cycle = (pf + dec) if same else max(pf, kv_ns) + max(dec, kv_ns) + switch
+            rows.append({"prefill_plan": f"tp{a.t}·pp{a.p}", "decode_plan": f"tp{b.t}·pp{b.p}",
+                         "prefill_step_ms": a.prefill_ns / 1e6, "decode_step_ms": b.decode_ns / 1e6,
+                         "transition_ms": switch / 1e6, "kv_swap_ms": kv_ns / 1e6, "cycle_s": cycle / 1e9,
+                         "requests_per_cycle": requests, "throughput_rps": requests / (cycle / 1e9)})
+    table = pd.DataFrame(rows).sort_values("throughput_rps", ascending=False, ignore_index=True)
+    best = table.iloc[0]
+    static = table[table["prefill_plan"] == table["decode_plan"]].iloc[0]
+    why = (f"prefill is fastest per step under {times.loc[times['prefill_ns'].idxmin(), ['t', 'p']].tolist()} (t, p) and "
+           f"decode under {times.loc[times['decode_ns'].idxmin(), ['t', 'p']].tolist()}; "
+           f"best pair {best['prefill_plan']} -> {best['decode_plan']}: {best['throughput_rps']:.2f} req/s vs best static "
+           f"{static['prefill_plan']} {static['throughput_rps']:.2f} req/s ({best['throughput_rps'] / static['throughput_rps']:.2f}x); "
+           f"2 transitions of {best['transition_ms'] / 2:.1f} ms and a {best['kv_swap_ms']:.1f} ms KV swap amortized "
+           f"over {requests:.0f} requests")
+    return ReshardSearch(table=table, best=best, why=why, assumptions=assumptions)
+
+
+def _h2d(ctx: TransformContext) -> float:
+    """Host-to-device bytes/s of the recorded GPU (its PCIe link), 64 GB/s when unknown."""
+    dev = getattr(ctx.cost, "device", None)
+    return float(getattr(dev, "pcie_bw_bytes_per_s", 0.0) or 64 * GB)
+
+
+@register
+@dataclass
+class Reshard(Transform):
+    name = "reshard"
+    description = "Seesaw: a parallel plan for prefill and one for decode; searches the pair, applies the best"
+
+    gpus: int = field(default=8, metadata={"help": "GPUs G (plans t x p = G)"})
+    topology: str = field(default="dgx_h100", metadata={"help": "topology preset"})
+    buffer_gb: float = field(default=64.0, metadata={"help": "CPU KV buffer (GB) that sets the requests per phase"})
+    prompt_tokens: int = field(default=512, metadata={"help": "prompt tokens per request (KV size)"})
+    output_tokens: int = field(default=0, metadata={"help": "output tokens per request; 0 = decode/prefill steps ratio"})
+
+    def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
+        return find_blocks(graph)["task"].to_numpy(np.int64)
+
+    def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
+        """The graph of the best pair: its decode plan applied to decode steps' view (one representative
+        rank; the graph holds one plan, so the prefill plan and the transitions are in the change log)."""
+        s = search_reshard(graph, ctx, gpus=self.gpus, topology=self.topology, buffer_gb=self.buffer_gb,
+                           prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens)
+        t, p = (int(x[2:]) for x in s.best["decode_plan"].split("·"))
+        g = TensorParallel(degree=t, topology=self.topology).apply(graph, ctx) if t > 1 else graph.copy()
+        g = PipelineParallel(degree=p, schedule="serving", topology=self.topology).apply(g, ctx) if p > 1 else g
+        g.changes.append(Change(transform=self.name, action="plan pair", tasks=0, before_ns=0,
+                                after_ns=int(s.best["transition_ms"] * 1e6), reason=s.why))
+        return g
