@@ -1,0 +1,82 @@
+"""Worked examples of docs/multi-gpu.md: pim_offload, pipeline/data parallel, overlap, reshard on the
+hand-made LLM traces of tests/_llm_tracegen.py (H100-like kernel rates), and the interference factor
+calibrated on the shared HTA traces. Run: .venv/bin/python bench/parallel_whatifs.py (~10 s)."""
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from _llm_tracegen import llm_trace  # noqa: E402
+
+from whatif.api import analyze, make_context  # noqa: E402
+from whatif.predictors.replay import replay  # noqa: E402
+from whatif.predictors.steps import step_times  # noqa: E402
+from whatif.transforms.parallel.data import DataParallel  # noqa: E402
+from whatif.transforms.parallel.overlap import Overlap, interference_from_trace  # noqa: E402
+from whatif.transforms.parallel.pim import PimOffload, search_pim  # noqa: E402
+from whatif.transforms.parallel.pipeline import PipelineParallel  # noqa: E402
+from whatif.transforms.parallel.reshard import search_reshard  # noqa: E402
+from whatif.transforms.parallel.tensor import TensorParallel  # noqa: E402
+
+SHARED = ROOT.parent / "shared" / "traces"
+pd.set_option("display.width", 200)
+pd.set_option("display.max_columns", 20)
+
+
+def ms(graph) -> float:
+    return step_times(replay(graph))["predicted_ns"].sum() / 1e6
+
+
+def main() -> None:
+    tmp = Path(tempfile.mkdtemp())
+    print("## pim_offload (attacc; 2 layers, hidden 4096, ffn 11008, KV 2048 tokens; per step)")
+    for batch, tokens in ((1, 1), (8, 1), (32, 1), (1, 512)):
+        a = analyze(llm_trace(tmp / f"pim{batch}_{tokens}.json.gz", batch=batch, new_tokens=tokens))
+        ctx = make_context(a.trace)
+        s = search_pim(a.graph, ctx, max_intensity=1e9)
+        g = PimOffload(max_intensity=1e9).apply(a.graph, ctx) if s.breakdown["offloaded"] else a.graph
+        print(f"batch {batch} x {tokens} tokens: {s.summary()}; replay {ms(a.graph) / 2:.3f} -> {ms(g) / 2:.3f} ms")
+        if (batch, tokens) == (1, 1):
+            print(s.candidates.assign(**{c: s.candidates[c] / 2e3 for c in s.candidates if c.endswith("_ns")})
+                  .round(1).to_string(index=False))
+            r = search_pim(a.graph, ctx, weight_reuse=1)
+            print(f"weight_reuse=1: {r.summary()}")
+            print(r.candidates.assign(**{c: r.candidates[c] / 2e3 for c in r.candidates if c.endswith("_ns")})
+                  .round(1).to_string(index=False))
+    print("\n## pipeline_parallel / data_parallel (training step, 4 layers, 1024 tokens)")
+    t = analyze(llm_trace(tmp / "train.json.gz", new_tokens=1024, kv_tokens=1024, layers=4, backward=True, steps=1))
+    ctx = make_context(t.trace)
+    print(f"1 GPU: {ms(t.graph):.2f} ms")
+    for m in (1, 4, 16):
+        print(f"pp4 1f1b m={m}: {ms(PipelineParallel(degree=4, micro_batches=m).apply(t.graph, ctx)):.2f} ms")
+    for d in (2, 8):
+        g = DataParallel(degree=d).apply(t.graph, ctx)
+        print(f"dp{d}: {ms(g):.2f} ms ({g.changes[-1].tasks} buckets, {g.changes[-1].after_ns / 1e6:.2f} ms of all-reduce)")
+    print("\n## overlap after tensor_parallel(8, dgx_a100) (512 tokens, 4 layers)")
+    s = analyze(llm_trace(tmp / "serve.json.gz", new_tokens=512, layers=4, steps=1))
+    ctx = make_context(s.trace)
+    tp = TensorParallel(degree=8, topology="dgx_a100").apply(s.graph, ctx)
+    print(f"1 GPU {ms(s.graph):.3f} ms, tp8 {ms(tp):.3f} ms")
+    for n in (2, 4):
+        for phi in (1.0, 1.15, 1.3):
+            print(f"n={n} phi={phi}: {ms(Overlap(nano_batches=n, interference=phi, topology='dgx_a100').apply(tp, ctx)):.3f} ms")
+    for name in ("nccl_data_a100_rank0of2.json.gz", "negative_queue_a100_rank0of16.json.gz"):
+        p = SHARED / "hta" / name
+        if p.exists():
+            print(f"interference calibrated on {name}: {interference_from_trace(analyze(p).graph)}")
+    print("\n## reshard (8 GPUs, 8 layers, batch 8, 1 prefill of 1024 tokens + 4 decode steps)")
+    r = analyze(llm_trace(tmp / "phased.json.gz", kv_tokens=1024, layers=8, batch=8, steps=5,
+                          phases=("prefill", "decode", "decode", "decode", "decode")))
+    res = search_reshard(r.graph, make_context(r.trace), gpus=8, prefill_batch=8, decode_batch=8, prompt_tokens=1024)
+    print(res.table.round(3).to_string(index=False))
+    print(res.why)
+    print(res.assumptions)
+
+
+if __name__ == "__main__":
+    main()
