@@ -547,6 +547,12 @@ class TraceCostModel:
         return float(collective_time_ns(kind, message_bytes, ranks, topo, ranks_per_machine=per,
                                         calibration=memo[key]))
 
+    def step_times_ns(self, graph: TaskGraph) -> pd.Series:
+        from .replay import replay
+        from .steps import step_times
+
+        return step_times(replay(graph)).groupby("step")["predicted_ns"].max().astype(float)
+
     def pim_device(self, name: str, link: str | None = None) -> Any:
         """The PIM device ``name`` of :mod:`whatif.predictors.pim` (on GPU link ``link`` when given)."""
         from .pim import PIM_DEVICES, get_pim

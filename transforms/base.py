@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
+import pandas as pd
 
 from whatif.depgraph.graph import TaskGraph
 from whatif.tracer.errors import WhatifError
@@ -53,6 +54,11 @@ class CostModel(Protocol):
                        nbytes: np.ndarray) -> np.ndarray:
         """Per task: its duration (ns) if it did ``flops`` FLOPs and moved ``nbytes`` DRAM bytes
         instead (its class's roofline calibrated on the trace, anchored on its current time)."""
+        ...
+
+    def step_times_ns(self, graph: TaskGraph) -> pd.Series:
+        """Replay ``graph`` and return each step's predicted time (ns; max over ranks), indexed by step:
+        for transforms that search over plans and must compare them."""
         ...
 
     def pim_device(self, name: str, link: str | None = None) -> Any:
