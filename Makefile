@@ -22,6 +22,7 @@ setup: $(STAMP)
 
 run: $(STAMP)
 	$(WHATIF) analyze $(SAMPLE)
+	$(WHATIF) dashboard $(SAMPLE)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from urllib.parse import parse_qs
+
 import dash
+from dash import Input, Output
 
 from .layout import INDEX, shell
 from .pages import builder, compare, graph, overview, runs, timeline
@@ -31,5 +34,14 @@ def create_app(paths: list[str | Path] = (), *, store: RunStore | None = None,
     app.layout = lambda: shell(store.options(), first)
     for page in PAGES:
         page.register(app)
+
+    @app.callback(Output("run", "value", allow_duplicate=True), Input("_pages_location", "search"),
+                  prevent_initial_call="initial_duplicate")
+    def run_from_url(search: str | None) -> str:
+        """``?run=<id>`` in a page's address selects that run (links and tests)."""
+        wanted = parse_qs((search or "").lstrip("?")).get("run", [None])[0]
+        if wanted not in store.runs:
+            raise dash.exceptions.PreventUpdate
+        return wanted
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     return app

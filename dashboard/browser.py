@@ -13,7 +13,8 @@ from typing import Any
 
 CHROMIUM_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--no-first-run", "--window-size=1400,1000")
+                  "--no-first-run", "--window-size=1400,1000",
+                  "--enable-unsafe-swiftshader")  # WebGL in software: plotly's Scattergl needs it without a GPU
 
 
 def find_browser() -> tuple[str | None, str | None, str]:

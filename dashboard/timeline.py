@@ -16,7 +16,7 @@ from whatif.predictors.replay import Replay
 
 CATEGORIES = ("cpu", "launch", "gpu", "comm", "sync")
 ZERO_LENGTH = (int(TaskKind.ORIGIN), int(TaskKind.MARKER), int(TaskKind.ARRIVE), int(TaskKind.BARRIER))
-MAX_EXACT = 6000   # tasks in a window drawn one by one; above this, bins
+MAX_EXACT = 4000   # tasks of a panel's window drawn one by one; above this, bins
 BINS = 480         # bins across the window when aggregating
 
 
@@ -147,7 +147,8 @@ def panel(tl: Timeline, x0: int, x1: int, nlanes: int, max_exact: int = MAX_EXAC
         pick = sel[tl.category[sel] == ci]
         if len(pick):
             ids = tl.ids[pick]
-            segments[cat] = {"start": (tl.start[pick] / 1e6).tolist(), "end": (tl.end[pick] / 1e6).tolist(),
+            segments[cat] = {"start": np.round(tl.start[pick] / 1e6, 6).tolist(),
+                             "end": np.round(tl.end[pick] / 1e6, 6).tolist(),
                              "lane": tl.lane[pick].tolist(), "id": ids.tolist(),
                              "name": [str(n)[:80] for n in names[ids]]}
     out.update(mode="exact", segments=segments)

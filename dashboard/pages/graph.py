@@ -15,6 +15,7 @@ from ..timeline import origin_ns
 from .timeline import render_details
 
 PATH, NAME = "/graph", "Graph"
+INLINE = {"display": "inline-block", "marginRight": 16, "verticalAlign": "middle"}
 STYLE = [
     {"selector": "node", "style": {"label": "data(label)", "font-size": 9, "text-wrap": "wrap", "width": 18,
                                    "height": 18, "background-color": "#BAB0AC", "text-valign": "bottom"}},
@@ -35,8 +36,10 @@ def layout(task: str | None = None, **_: Any) -> html.Div:
             dcc.RadioItems(id="gr-mode", options=[{"label": " neighbourhood of a task", "value": "task"},
                                                   {"label": " critical path of a step", "value": "path"}],
                            value="task", inline=True, labelStyle={"marginRight": 16}),
-            html.Label(" task id "), dcc.Input(id="gr-task", type="number", value=int(task) if task else 0, min=0),
-            html.Label(" depth "), dcc.Input(id="gr-depth", type="number", value=1, min=1, max=3),
+            html.Div([html.Label(" task id "), dcc.Input(id="gr-task", type="number", value=int(task) if task else 0,
+                                                         min=0, style={"width": 140})], style=INLINE),
+            html.Div([html.Label(" depth "), dcc.Input(id="gr-depth", type="number", value=2, min=1, max=3,
+                                                       style={"width": 90})], style=INLINE),
             html.Label(" step "), dcc.Dropdown(id="gr-step", options=[], value=None, clearable=False,
                                                style={"width": 200, "display": "inline-block",
                                                       "verticalAlign": "middle"}),

@@ -1,0 +1,193 @@
+"""Dashboard units (fast, no browser): path guard, uploads, forms and TOML, timeline views,
+figures, page bodies, and that nothing outside the allowed folders is readable through the app."""
+from __future__ import annotations
+
+import base64
+import doctest
+import gzip
+import importlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("dash", reason="the dashboard needs the ui extra (pip install -e '.[ui]')")
+pytest.importorskip("dash_cytoscape", reason="the dashboard needs the ui extra (pip install -e '.[ui]')")
+
+from whatif import figures  # noqa: E402
+from whatif.dashboard import timeline as tl  # noqa: E402
+from whatif.dashboard.forms import params_from_form, spec_from_toml, spec_to_toml, transform_form  # noqa: E402
+from whatif.dashboard.guard import AccessDenied, PathGuard  # noqa: E402
+from whatif.dashboard.state import RunStore, discover  # noqa: E402
+from whatif.dashboard.uploads import UploadError, save_trace  # noqa: E402
+from whatif.transforms.scenario import load_scenario  # noqa: E402
+
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "sample_traces" / "llm_serve"
+
+
+@pytest.mark.parametrize("module", ["guard", "forms", "timeline", "uploads"])
+def test_doctests(module: str) -> None:
+    mod = importlib.import_module(f"whatif.dashboard.{module}")
+    assert doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE).failed == 0
+
+
+def test_guard_allows_roots_and_refuses_escapes(tmp_path: Path) -> None:
+    inside = tmp_path / "runs" / "a"
+    inside.mkdir(parents=True)
+    (tmp_path / "secret.txt").write_text("x")
+    guard = PathGuard.for_paths([inside])
+    assert guard.check(inside) == inside.resolve()
+    assert guard.allows(tmp_path / "runs" / "b")          # the parent of a given path is allowed
+    assert not guard.allows(tmp_path / "secret.txt")      # the grandparent is not
+    assert not guard.allows(inside / ".." / ".." / "secret.txt")
+    assert not guard.allows("/etc/passwd")
+    (inside / "link").symlink_to(tmp_path / "secret.txt")
+    with pytest.raises(AccessDenied, match="outside"):
+        guard.check(inside / "link")                      # a symlink cannot lead out
+    with pytest.raises(AccessDenied):
+        guard.check("a\x00b")
+
+
+def test_store_refuses_paths_outside(tmp_path: Path) -> None:
+    store = RunStore([SAMPLE], upload_dir=tmp_path / "up")
+    with pytest.raises(AccessDenied):
+        store.add_path("/etc")
+    with pytest.raises(AccessDenied):
+        store.add_path(str(SAMPLE / ".." / ".." / "README.md"))
+    assert store.guard.allows(tmp_path / "up" / "x.json")
+    assert [r.label for r in store.runs.values()] == ["sample_traces/llm_serve"]
+
+
+def test_discover_runs(tmp_path: Path) -> None:
+    assert discover(SAMPLE) == [SAMPLE]
+    assert discover(REPO / "sample_traces") == [REPO / "sample_traces" / "dit_serve", SAMPLE]
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for k in range(2):
+        (folder / f"rank{k}.json").write_text("{}")
+    assert discover(folder) == [folder]                    # per-rank files: one run
+    (tmp_path / "a.json").write_text("{}")
+    assert discover(tmp_path) == [tmp_path / "a.json", folder]
+
+
+def _data_url(data: bytes) -> str:
+    return "data:application/octet-stream;base64," + base64.b64encode(data).decode()
+
+
+def test_upload_checks(tmp_path: Path) -> None:
+    raw = json.dumps({"traceEvents": []}).encode()
+    p = save_trace(tmp_path, "../../evil name.json", _data_url(raw), 1 << 20)
+    assert p.parent.parent == tmp_path and p.name == "evil_name.json" and p.read_bytes() == raw
+    assert save_trace(tmp_path, "t.json.gz", _data_url(gzip.compress(raw)), 1 << 20).suffix == ".gz"
+    with pytest.raises(UploadError, match="limit"):
+        save_trace(tmp_path, "big.json", _data_url(b"{" + b" " * 2000 + b"}"), 1000)
+    with pytest.raises(UploadError, match="only trace files"):
+        save_trace(tmp_path, "model.pkl", _data_url(b"\x80\x04"), 1 << 20)
+    with pytest.raises(UploadError, match="not gzip"):
+        save_trace(tmp_path, "t.json.gz", _data_url(raw), 1 << 20)
+    with pytest.raises(UploadError, match="not JSON"):
+        save_trace(tmp_path, "t.json", _data_url(b"\x80\x04pickle"), 1 << 20)
+
+
+def test_scale_form_round_trip(tmp_path: Path) -> None:
+    ids = json.dumps([c.to_plotly_json() for c in transform_form("scale")], default=str)
+    assert "'select.kind'" in ids and "'factor'" in ids
+    params = params_from_form("scale", {"factor": 0.5, "select.kind": "kernel", "select.name": "gemm",
+                                        "select.step": "1, 2", "select.layer": ""})
+    assert params == {"factor": 0.5, "select": {"kind": "kernel", "name": "gemm", "step": [1, 2]}}
+    spec = {"name": "faster gemm", "transform": [{"name": "scale", **params}]}
+    path = tmp_path / "s.toml"
+    path.write_text(spec_to_toml(spec))
+    scenario = load_scenario(path)                          # the CLI's reader accepts what we write
+    assert scenario.name == "faster gemm" and scenario.transforms[0].factor == 0.5
+    assert spec_from_toml(path.read_text()) == spec
+
+
+def _timeline(n: int = 20000) -> tuple[list[tl.Timeline], tl.Lanes]:
+    rng = np.random.default_rng(0)
+    start = np.arange(n) * 500               # lane i % 3: one task every 1.5 us, none overlapping
+    dur = rng.integers(100, 1400, n)
+    line = tl.Timeline(name="measured", graph=None, ids=np.arange(n), lane=np.arange(n) % 3, start=start,
+                       end=start + dur, category=rng.integers(0, 3, n).astype(np.int8))
+    lanes = tl.Lanes(resources=np.arange(3), labels=["a", "b", "c"], lane_of=np.arange(3))
+    return [line], lanes
+
+
+def test_timeline_bins_conserve_busy_time() -> None:
+    lines, lanes = _timeline()
+    v = tl.view(lines, lanes, (0, 10_005_000), bins=100)
+    p = v["panels"][0]
+    assert p["mode"] == "bins" and len(p["z"]) == 3 and len(p["z"][0]) == 100
+    width = 10_005_000 / 100
+    busy = np.asarray(p["z"]).sum() * width
+    total = (lines[0].end - lines[0].start).sum()
+    assert abs(busy - total) / total < 1e-3   # z is rounded to 0.1 %
+    fig = figures.timeline_figure(v)
+    assert [type(t).__name__ for t in fig.data] == ["Heatmap"]
+
+
+def test_timeline_exact_when_zoomed_in() -> None:
+    lines, lanes = _timeline()
+    lines[0].graph = type("G", (), {"tasks": pd.DataFrame({"name": [f"k{i}" for i in range(20000)]})})()
+    v = tl.view(lines, lanes, (1_000_000, 1_100_000))
+    p = v["panels"][0]
+    assert p["mode"] == "exact" and 0 < p["tasks"] < tl.MAX_EXACT
+    fig = figures.timeline_figure(v)
+    assert all(type(t).__name__ == "Scattergl" for t in fig.data)
+    assert sum(len(t.x) for t in fig.data) == 4 * p["tasks"]
+    assert tl.window_from_relayout({"xaxis2.range[0]": 1.0, "xaxis2.range[1]": 2.5}, None) == (1_000_000, 2_500_000)
+    assert tl.window_from_relayout({"xaxis.autorange": True}, (1, 2)) is None
+
+
+def test_sample_run_views() -> None:
+    from whatif.dashboard.app import create_app
+    from whatif.dashboard.pages import compare, overview, timeline
+    from whatif.dashboard.state import get_store
+
+    create_app([SAMPLE])
+    run = next(iter(get_store().runs.values()))
+    assert "ov-fidelity" in json.dumps(overview.body(run.id).to_plotly_json(), default=str)
+    lines, lanes, _ = timeline.timelines(run, None)
+    assert len(lines[0].ids) == len(lines[1].ids) > 20000
+    spec = {"name": "half cpu", "transform": [{"name": "scale", "factor": 0.5, "select": {"kind": "cpu"}}]}
+    quick = run.quick_document(spec)
+    full = run.prediction([spec])["scenarios"][0]
+    assert quick["speedup"] == full["speedup"] > 1.2
+    assert quick["waterfall"] == full["waterfall"] and quick["changes"] == full["changes"]
+    run.scenarios["half cpu"] = spec
+    assert "cmp-table" in json.dumps(compare.body(run.id, ["half cpu"]).to_plotly_json(), default=str)
+
+
+def test_app_serves_no_file_outside(tmp_path: Path) -> None:
+    """Through HTTP: static routes do not leak files, and adding a path outside is refused in the page."""
+    from whatif.dashboard.app import create_app
+
+    app = create_app([SAMPLE])
+    client = app.server.test_client()
+    for url in ("/assets/../../README.md", "/assets/%2e%2e/%2e%2e/README.md", "/_dash-component-suites/../README.md",
+                "/../README.md", "/assets//etc/passwd"):
+        r = client.get(url)
+        assert r.status_code == 404 or b"whatif" not in r.data[:2000] or b"<!DOCTYPE html>" in r.data[:50], url
+        assert b"A profiler and what-if analyzer" not in r.data and b"root:" not in r.data, url
+    body = {"output": "..runs-table.data...run.options...run.value...runs-message.children...runs-error.children..",
+            "outputs": [{"id": i, "property": p} for i, p in (("runs-table", "data"), ("run", "options"),
+                                                               ("run", "value"), ("runs-message", "children"),
+                                                               ("runs-error", "children"))],
+            "inputs": [{"id": "runs-add", "property": "n_clicks", "value": 1},
+                       {"id": "runs-upload", "property": "contents", "value": None},
+                       {"id": "runs-analyze", "property": "n_clicks", "value": None}],
+            "state": [{"id": "runs-path", "property": "value", "value": "/etc"},
+                      {"id": "runs-upload", "property": "filename", "value": None},
+                      {"id": "run", "property": "value", "value": None}],
+            "changedPropIds": ["runs-add.n_clicks"]}
+    r = client.post("/_dash-update-component", json=body)
+    assert r.status_code == 200
+    text = r.get_data(as_text=True)
+    assert "AccessDenied" in text and "outside the folders" in text
+    assert len(app.server.view_functions) > 0
+    assert os.path.exists("/etc")  # the refusal was the guard's, not a missing folder

@@ -1,0 +1,279 @@
+"""The dashboard in headless Chromium (Debian's chromium + chromium-driver, driven by selenium):
+overview numbers against ``whatif analyze``'s document, the timeline (bins, zoom to exact
+slices, click a task), a scale transform in the builder, save and reload the scenario, compare
+two scenarios, the graph page, a refused path. Screenshots go to a temporary folder, or to
+``$WHATIF_SCREENSHOTS`` (how docs/img/dashboard-*.png are made)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("dash", reason="the dashboard needs the ui extra (pip install -e '.[ui]')")
+pytest.importorskip("selenium", reason="browser tests need selenium (pip install -e '.[dev]')")
+
+from whatif.dashboard.browser import chrome, find_browser  # noqa: E402
+
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(bool(find_browser()[2]), reason=find_browser()[2] or "ok")]
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "sample_traces" / "llm_serve"
+SHARED_TRACES = REPO.parent / "shared" / "traces"  # as in conftest.py (its shared_traces fixture skips)
+QWEN = "tracelens/hf_h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+WAIT = 60
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = Path(os.environ.get("WHATIF_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def downloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("downloads")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Any]:
+    from whatif.dashboard.app import create_app
+    from whatif.dashboard.serve import serve_in_background
+    from whatif.dashboard.state import RunStore
+
+    paths: list[str | Path] = [SAMPLE]
+    if (SHARED_TRACES / QWEN).is_file():
+        paths.append(SHARED_TRACES / QWEN)
+    store = RunStore(paths)
+    bg = serve_in_background(create_app(store=store))
+    bg.store = store
+    yield bg
+    bg.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(downloads: Path) -> Iterator[Any]:
+    b = chrome(download_dir=downloads)
+    b.set_window_size(1400, 1000)
+    yield b
+    b.quit()
+
+
+def _wait(browser: Any, cond: Any, timeout: float = WAIT) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(browser, timeout, poll_frequency=0.1).until(cond)
+
+
+def _text(browser: Any, id_: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    els = browser.find_elements(By.ID, id_)
+    return els[0].text if els else ""
+
+
+def _click(browser: Any, id_: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    el = browser.find_element(By.ID, id_)
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", el)
+    el.click()
+
+
+def _param(browser: Any, name: str) -> Any:
+    """A generated form control (pattern-matching id ``{"name": …, "type": "wb-param"}``)."""
+    from selenium.webdriver.common.by import By
+
+    return browser.find_element(By.XPATH, _param_xpath(name))
+
+
+def _param_xpath(name: str) -> str:
+    return "//*[@id='" + json.dumps({"name": name, "type": "wb-param"}, separators=(",", ":")) + "']"
+
+
+def _type(el: Any, value: str) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    el.send_keys(Keys.CONTROL, "a")
+    el.send_keys(Keys.DELETE)
+    el.send_keys(value, Keys.TAB)
+
+
+def _no_error(browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    errors = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".error")]
+    assert not errors, errors
+
+
+def _run_id(server: Any, label_part: str) -> str:
+    return next(r.id for r in server.store.runs.values() if label_part in r.label)
+
+
+def _analyze_doc(path: Path, tmp: Path) -> dict[str, Any]:
+    out = tmp / "analysis.json"
+    subprocess.run([sys.executable, "-m", "whatif.cli", "analyze", str(path), "--json", str(out)], check=True,
+                   capture_output=True)
+    return json.loads(out.read_text())
+
+
+def _check_overview(browser: Any, doc: dict[str, Any]) -> None:
+    from selenium.webdriver.common.by import By
+
+    steps = doc["steps"]
+    n = len(steps)
+    assert _text(browser, "ov-tasks") == f"{doc['tasks']:,}"
+    assert _text(browser, "ov-edges") == f"{doc['edges']:,}"
+    assert _text(browser, "ov-steps-count") == str(n)
+    assert _text(browser, "ov-measured") == f"{sum(s['measured_ns'] for s in steps) / n / 1e6:,.3f}"
+    assert _text(browser, "ov-replayed") == f"{sum(s['predicted_ns'] for s in steps) / n / 1e6:,.3f}"
+    cells = browser.find_elements(By.CSS_SELECTOR, "#ov-steps td[data-dash-column='replayed ms']")
+    assert cells and float(cells[0].text) == round(steps[0]["predicted_ns"] / 1e6, 3)
+    first_kernel = browser.find_elements(By.CSS_SELECTOR, "#ov-top_kernels td[data-dash-column='name']")
+    if doc["top_kernels"]:
+        assert first_kernel[0].text == doc["top_kernels"][0]["name"][:len(first_kernel[0].text)]
+
+
+def test_overview_matches_analyze(server: Any, browser: Any, shots: Path, tmp_path: Path) -> None:
+    doc = _analyze_doc(SAMPLE, tmp_path)
+    browser.get(f"{server.url}/overview?run={_run_id(server, 'llm_serve')}")
+    _wait(browser, lambda b: _text(b, "ov-tasks"))
+    _check_overview(browser, doc)
+    _no_error(browser)
+    browser.save_screenshot(str(shots / "dashboard-overview.png"))
+
+
+def test_shared_gpu_trace(server: Any, browser: Any, shots: Path, shared_traces: Path, tmp_path: Path) -> None:
+    doc = _analyze_doc(shared_traces / QWEN, tmp_path)
+    rid = _run_id(server, "Qwen")
+    browser.get(f"{server.url}/overview?run={rid}")
+    _wait(browser, lambda b: _text(b, "ov-tasks") == f"{doc['tasks']:,}")
+    _check_overview(browser, doc)
+    browser.get(f"{server.url}/timeline?run={rid}")
+    _wait(browser, lambda b: "tasks in view" in _text(b, "tl-info"))
+    assert "stream" in browser.page_source  # one lane per GPU stream
+    time.sleep(0.5)
+    browser.save_screenshot(str(shots / "dashboard-timeline-gpu.png"))
+
+
+def test_timeline_zoom_and_click(server: Any, browser: Any, shots: Path) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{server.url}/timeline?run={_run_id(server, 'llm_serve')}")
+    _wait(browser, lambda b: "(bins)" in _text(b, "tl-info"))
+    browser.save_screenshot(str(shots / "dashboard-timeline.png"))
+    # zoom as a user's drag would: plotly relayout on the x axis -> the server re-renders exact slices
+    zoom = """
+        const gd = document.querySelector('#tl-graph .js-plotly-plot');
+        const r = gd._fullLayout.xaxis.range; const mid = (r[0] + r[1]) / 2;
+        Plotly.relayout(gd, {'xaxis.range': [mid, mid + (r[1] - r[0]) / 400]});"""
+    for _ in range(10):  # the first figure may still be settling: zoom again until the server answers
+        time.sleep(1.0)
+        browser.execute_script(zoom)
+        try:
+            _wait(browser, lambda b: "(exact)" in _text(b, "tl-info"), timeout=4)
+            break
+        except Exception:  # noqa: BLE001 - selenium's TimeoutException
+            continue
+    assert "(exact)" in _text(browser, "tl-info")
+    time.sleep(0.5)
+    # click the middle of the longest slice of the replayed panel, at its pixel position
+    pos = browser.execute_script("""
+        const gd = document.querySelector('#tl-graph .js-plotly-plot');
+        let best = null;
+        gd.data.forEach((t, c) => { if (t.type !== 'scattergl' || t.yaxis !== 'y2') return;
+          for (let i = 1; i < t.x.length; i += 4) { const w = t.x[i + 1] - t.x[i - 1];
+            if (best === null || w > best.w) best = {w: w, x: t.x[i], y: t.y[i]}; } });
+        const xa = gd._fullLayout.xaxis2, ya = gd._fullLayout.yaxis2, box = gd.getBoundingClientRect();
+        return [xa._offset + xa.l2p(best.x) - box.width / 2, ya._offset + ya.l2p(best.y) - box.height / 2];""")
+    plot = browser.find_element(By.CSS_SELECTOR, "#tl-graph .js-plotly-plot")
+    ActionChains(browser).move_to_element_with_offset(plot, int(pos[0]), int(pos[1])).click().perform()
+    _wait(browser, lambda b: b.find_elements(By.ID, "tl-task"))
+    details = _text(browser, "tl-task")
+    assert "depends on" in details and "critical path" in details
+    _no_error(browser)
+    browser.save_screenshot(str(shots / "dashboard-timeline-zoomed.png"))
+
+
+def _predict(browser: Any, name: str, factor: str, pattern: str) -> str:
+    _type(_param(browser, "factor"), factor)
+    _type(_param(browser, "select.name"), pattern)
+    _click(browser, "wb-clear")
+    _click(browser, "wb-add")
+    _wait(browser, lambda b: "[[transform]]" in _text(b, "wb-toml") and f"factor = {factor}" in _text(b, "wb-toml"))
+    _type(browser.find_element("id", "wb-name"), name)
+    _click(browser, "wb-predict")
+    _wait(browser, lambda b: _text(b, "wb-speedup").endswith("x") and name in b.page_source)
+    return _text(browser, "wb-speedup")
+
+
+def test_builder_save_load_compare(server: Any, browser: Any, shots: Path, downloads: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    from whatif.transforms.scenario import load_scenario
+
+    rid = _run_id(server, "llm_serve")
+    browser.get(f"{server.url}/whatif?run={rid}")
+    _wait(browser, lambda b: b.find_elements(By.XPATH, _param_xpath("factor")))
+    speedup = _predict(browser, "aten twice as fast", "0.5", "aten::")
+    assert float(speedup.rstrip("x")) > 1.05
+    _wait(browser, lambda b: b.find_elements(By.ID, "wb-cp-compare"))
+    _no_error(browser)
+    time.sleep(0.5)
+    browser.save_screenshot(str(shots / "dashboard-whatif.png"))
+    # save: the TOML download is a scenario the CLI loads
+    _click(browser, "wb-save")
+    _wait(browser, lambda b: "saved" in _text(b, "wb-saved"))
+    saved = downloads / "aten_twice_as_fast.toml"
+    _wait(browser, lambda b: saved.is_file() and saved.stat().st_size > 0)
+    scenario = load_scenario(saved)
+    assert scenario.name == "aten twice as fast" and scenario.transforms[0].factor == 0.5
+    # a second scenario, then reload the first from its file
+    _predict(browser, "aten 20% faster", "0.8", "aten::")
+    _click(browser, "wb-save")
+    _wait(browser, lambda b: "aten_20__faster.toml" in _text(b, "wb-saved"))
+    browser.find_element(By.CSS_SELECTOR, "#wb-upload input[type=file]").send_keys(str(saved))
+    _wait(browser, lambda b: b.find_element(By.ID, "wb-name").get_attribute("value") == "aten twice as fast")
+    assert "factor = 0.5" in _text(browser, "wb-toml")
+    _click(browser, "wb-predict")
+    _wait(browser, lambda b: _text(b, "wb-speedup") == speedup)
+    # compare both
+    browser.get(f"{server.url}/compare?run={rid}")
+    _wait(browser, lambda b: "aten 20% faster" in b.page_source)
+    _click(browser, "cmp-run")
+    _wait(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "#cmp-table td[data-dash-column='scenario']"))
+    names = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#cmp-table td[data-dash-column='scenario']")]
+    assert names == ["baseline", "aten twice as fast", "aten 20% faster"]
+    speeds = [float(c.text) for c in browser.find_elements(By.CSS_SELECTOR, "#cmp-table td[data-dash-column='speedup']")]
+    assert speeds[0] == 1.0 and speeds[1] > speeds[2] > 1.0
+    assert "TTFT" in _text(browser, "cmp-serving")
+    _no_error(browser)
+    time.sleep(0.5)
+    browser.save_screenshot(str(shots / "dashboard-compare.png"))
+
+
+def test_graph_and_runs(server: Any, browser: Any, shots: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    rid = _run_id(server, "llm_serve")
+    browser.get(f"{server.url}/graph?run={rid}&task=15605")
+    _wait(browser, lambda b: "tasks within" in _text(b, "gr-info"))
+    _wait(browser, lambda b: b.find_elements(By.ID, "tl-task"))
+    _no_error(browser)
+    time.sleep(1.0)
+    browser.save_screenshot(str(shots / "dashboard-graph.png"))
+    browser.get(f"{server.url}/?run={rid}")
+    _wait(browser, lambda b: b.find_elements(By.ID, "runs-path"))
+    browser.find_element(By.ID, "runs-path").send_keys("/etc")
+    _click(browser, "runs-add")
+    _wait(browser, lambda b: "outside the folders" in _text(b, "runs-error"))
+    assert "llm_serve" in _text(browser, "runs-table")
+    browser.save_screenshot(str(shots / "dashboard-runs.png"))
