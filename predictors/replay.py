@@ -10,7 +10,7 @@ Only each rank's ORIGIN task takes its time from the trace; every other start is
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -34,6 +34,7 @@ class Replay:
     start_by: np.ndarray
     end_by: np.ndarray
     resource_prev: np.ndarray
+    cache: dict[str, object] = field(default_factory=dict, repr=False)  # derived per-replay tables
 
 
 def replay(graph: TaskGraph) -> Replay:

@@ -103,16 +103,26 @@ class CriticalPath:
         return sum(self.breakdown_ns.values())
 
 
+def _path_inputs(replay: Replay) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-replay arrays every critical-path walk needs, computed once and cached on the replay."""
+    cached = replay.cache.get("critical_path_inputs")
+    if cached is None:
+        g = replay.graph
+        kinds = g.tasks["kind"].to_numpy()
+        src = g.edges["src"].to_numpy()
+        ekind = g.edges["kind"].to_numpy()
+        launches = np.zeros(len(kinds), dtype=bool)
+        launches[src[ekind == int(EdgeKind.LAUNCH)]] = True
+        begin, finisher = step_end_tasks(replay, replay.start_ns, replay.end_ns)
+        cached = (kinds, src, ekind, launches, begin, finisher)
+        replay.cache["critical_path_inputs"] = cached
+    return cached  # type: ignore[return-value]
+
+
 def critical_path(replay: Replay, step_row: int) -> CriticalPath:
     """Walk the critical path of row ``step_row`` of ``graph.steps`` backwards."""
     g = replay.graph
-    t = g.tasks
-    kinds = t["kind"].to_numpy()
-    src = g.edges["src"].to_numpy()
-    ekind = g.edges["kind"].to_numpy()
-    launches = np.zeros(len(t), dtype=bool)
-    launches[src[ekind == int(EdgeKind.LAUNCH)]] = True
-    begin, finisher = step_end_tasks(replay, replay.start_ns, replay.end_ns)
+    kinds, src, ekind, launches, begin, finisher = _path_inputs(replay)
     floor = int(begin[step_row])
     start, end = replay.start_ns, replay.end_ns
     acc = dict.fromkeys(CATEGORIES, 0)
