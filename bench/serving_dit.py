@@ -99,7 +99,7 @@ def main() -> int:
     m = pred["model"]
     print(f"step model at {m['tokens_ref']} tokens: attention {m['attention_ns']}, rest {m['rest_ns']} (ns, ns/sample); "
           f"model batches seen {m['model_batches_seen']}, MAPE {m['mape']:.1%}, LOO {m['loo_mape']:.1%}, "
-          f"profiler factor {m['profiler_factor']:.3f}")
+          f"profiler correction {m['profiler_correction']:.3f}")
     print(f"{'config':26} {'metric':13} {'pred':>9} {'meas':>9} {'err':>7}   load")
     for r in rows:
         for k in ("latency.mean", "latency.p99", "step.mean"):

@@ -134,7 +134,7 @@ def main() -> int:
            "repeats": args.repeats, "date": time.strftime("%Y-%m-%d %H:%M")}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1, default=str))
-    print(f"profiler factor {model['profiler_factor']}")
+    print(f"profiler correction {model['profiler_correction']}")
     for p, f in model["phases"].items():
         print(f"{p}: {'+'.join(f['features'])}, n={f['n']}, R2={f['r2']:.2f}, MAPE {f['mape']:.1%}, LOO {f['loo_mape']:.1%}")
     print(f"{'config':24} {'metric':10} {'pred':>9} {'meas':>9} {'err':>7} {'oracle':>7}   load")

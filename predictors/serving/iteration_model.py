@@ -157,28 +157,39 @@ def fit_phase(phase: str, feats: list[dict[str, float]], y_ns: np.ndarray,
 
 @dataclass
 class IterationModel:
-    """Time (ns) of an LLM serving iteration of any composition; ``factor[phase]`` rescales a phase
-    (profiler-overhead correction, 1.0 = the recorded, profiled speed)."""
+    """Time (ns) of an LLM serving iteration of any composition. ``correction[phase] = (a_ns, b)``
+    maps the recorded (profiled) speed to the program's own: ``a_ns + b · t`` (identity: (0, 1))."""
 
     fits: dict[str, PhaseFit]
     loop_overhead_ns: float
-    factor: dict[str, float] = field(default_factory=lambda: {"prefill": 1.0, "decode": 1.0})
+    correction: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def _corrected(self, phase: str, t_ns: float, marginal: bool = False) -> float:
+        a, b = self.correction.get(phase, (0.0, 1.0))
+        return b * t_ns if marginal else a + b * t_ns
 
     def time_ns(self, batch: LLMBatch) -> float:
         """Iteration time (ns). A mixed batch (chunked prefill) costs its prefill plus the decode
         part's marginal time (the decode fit without its intercept): one forward pass, one overhead."""
+        return max(self._time_ns(batch, corrected=True), 1.0)
+
+    def raw_time_ns(self, batch: LLMBatch) -> float:
+        """The recorded-speed time, before the profiler correction."""
+        return self._time_ns(batch, corrected=False)
+
+    def _time_ns(self, batch: LLMBatch, corrected: bool) -> float:
         if not batch.prefill_tokens and not batch.decode_context:
             return 0.0
+        fix = self._corrected if corrected else (lambda phase, t, marginal=False: t)
         if batch.prefill_tokens:
             p = LLMBatch(batch.prefill_tokens, batch.prefill_cached)
-            t = self._phase("prefill").predict_ns(llm_features(p)) * self.factor.get("prefill", 1.0)
+            t = fix("prefill", self._phase("prefill").predict_ns(llm_features(p)))
             if batch.decode_context:
                 d = self._phase("decode")
                 marg = d.predict_ns(llm_features(LLMBatch(decode_context=batch.decode_context))) - d.intercept_ns
-                t += marg * self.factor.get("decode", 1.0)
-            return max(t, 1.0)
-        d = self._phase("decode")
-        return max(d.predict_ns(llm_features(batch)) * self.factor.get("decode", 1.0), 1.0)
+                t += fix("decode", marg, marginal=True)
+            return t
+        return fix("decode", self._phase("decode").predict_ns(llm_features(batch)))
 
     def _phase(self, phase: str) -> PhaseFit:
         if phase not in self.fits:
@@ -186,7 +197,8 @@ class IterationModel:
         return self.fits[phase]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"loop_overhead_ns": self.loop_overhead_ns, "profiler_factor": self.factor,
+        return {"loop_overhead_ns": self.loop_overhead_ns,
+                "profiler_correction": {p: {"offset_ns": a, "scale": b} for p, (a, b) in self.correction.items()},
                 "phases": {p: f.to_dict() for p, f in self.fits.items()}}
 
 
@@ -210,18 +222,26 @@ def fit_llm_model(iters: pd.DataFrame, compositions: list[tuple[str, LLMBatch]])
     return IterationModel(fits=fits, loop_overhead_ns=over)
 
 
-def profiler_factor(model: IterationModel, profiled: list[tuple[str, LLMBatch, float]],
-                    plain: list[tuple[str, LLMBatch, float]]) -> dict[str, float]:
-    """Per phase: how much faster the un-profiled program runs, from two logs of the same program
-    ((phase, batch, logged duration ms) per iteration): median(plain / model) / median(profiled / model),
-    so different compositions in the two runs cancel out."""
-    out = {}
+def profiler_correction(model: IterationModel, plain: list[tuple[str, LLMBatch, float]]) -> dict[str, tuple[float, float]]:
+    """Per phase: ``(a_ns, b)`` such that the un-profiled program's iteration takes ``a_ns + b · t``
+    where ``t`` is the model's recorded (profiled) time of the same composition, fitted by least
+    squares on an un-profiled run of the *recorded* configuration ((phase, batch, logged ms) per
+    iteration). The profiler's cost is mostly a fixed amount per recorded op (so an offset, large
+    next to a small model's CPU iterations) plus a proportional part; a single ratio would leave
+    the fixed part in. Falls back to a ratio (``a = 0``) with fewer than 8 iterations or a
+    non-positive slope."""
+    out: dict[str, tuple[float, float]] = {}
     for phase in model.fits:
-        def ratio(rows: list[tuple[str, LLMBatch, float]]) -> float:
-            r = [d * 1e6 / model.time_ns(b) for p, b, d in rows if p == phase]
-            return float(np.median(r)) if r else float("nan")
-        a, b = ratio(plain), ratio(profiled)
-        out[phase] = a / b if np.isfinite(a) and np.isfinite(b) and b > 0 else 1.0
+        rows = [(model.raw_time_ns(b), d * 1e6) for p, b, d in plain if p == phase]
+        if not rows:
+            continue
+        x, y = (np.asarray(v, dtype=float) for v in zip(*rows))
+        if len(rows) >= 8 and np.ptp(x) > 0:
+            b, a = np.polyfit(x, y, 1)
+            if b > 0:
+                out[phase] = (float(a), float(b))
+                continue
+        out[phase] = (0.0, float(np.median(y / x)))
     return out
 
 
@@ -247,7 +267,7 @@ class DitStepModel:
     def to_dict(self) -> dict[str, Any]:
         return {"tokens_ref": self.tokens_ref, "attention_ns": list(self.attn), "rest_ns": list(self.rest),
                 "batch_overhead_ns": self.batch_overhead_ns, "n": self.n, "mape": self.mape,
-                "loo_mape": self.loo_mape, "model_batches_seen": self.batches_seen, "profiler_factor": self.factor}
+                "loo_mape": self.loo_mape, "model_batches_seen": self.batches_seen, "profiler_correction": self.factor}
 
 
 def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:

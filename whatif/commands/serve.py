@@ -20,7 +20,7 @@ from whatif.predictors.serving import logs
 from whatif.predictors.serving.arrivals import (RequestSpec, WorkloadError, gamma_arrivals, poisson_arrivals,
                                                 read_workload, synthetic_workload)
 from whatif.predictors.serving.iteration_model import (DitStepModel, IterationModel, fit_dit_model, fit_llm_model,
-                                                       profiler_factor, replayed_iterations)
+                                                       profiler_correction, replayed_iterations)
 from whatif.predictors.serving.simulator import SchedulerConfig, SimResult, simulate_dit, simulate_llm
 from whatif.transforms.scenario import load_scenario
 
@@ -119,7 +119,7 @@ class Fitted:
             self.factor = self._profiler_factor(logs.read_log(args.unprofiled_log))
             for _, m in self.models:
                 if isinstance(m, IterationModel):
-                    m.factor = dict(self.factor)
+                    m.correction = dict(self.factor)
                 else:
                     m.factor = self.factor
 
@@ -135,9 +135,8 @@ class Fitted:
             raise WorkloadError(f"--unprofiled-log is a {plain['schema']} log, the recording's is {self.log['schema']}")
         model = self.models[0][1]
         if isinstance(model, IterationModel):
-            def rows(doc: dict[str, Any]) -> list:
-                return [(p, b, d) for (p, b), d in zip(logs.llm_compositions(doc), logs.llm_durations_ms(doc))]
-            return profiler_factor(model, rows(self.log), rows(plain))
+            return profiler_correction(model, [(p, b, d) for (p, b), d in zip(logs.llm_compositions(plain),
+                                                                             logs.llm_durations_ms(plain))])
 
         def ratio(doc: dict[str, Any]) -> float:
             return float(np.median([s["duration_ms"] * 1e6 / model.step_ns(mb, t)
@@ -228,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     doc = {"schema": SCHEMA, "source": str(args.path), "log": str(fitted.log_path), "kind": fitted.kind,
            "workload": workload_doc(args, rate),
            "scheduler": scheduler_config(args).to_dict() if fitted.kind == "llm" else dit_settings(args, fitted.log),
-           "profiler_factor": fitted.factor, "scenarios": results}
+           "profiler_correction": fitted.factor, "scenarios": results}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
@@ -275,5 +274,5 @@ def render(doc: dict[str, Any], console: Console) -> None:
             parts = [f"denoise step at model batches {m['model_batches_seen']} (n={m['n']}, MAPE {m['mape']:.1%}, "
                      f"LOO {m['loo_mape']:.1%})"]
         console.print(f"  {s['name']} iteration model: " + "; ".join(parts))
-    if doc.get("profiler_factor") is not None:
-        console.print(f"  profiler-overhead factor applied: {doc['profiler_factor']}")
+    if doc.get("profiler_correction") is not None:
+        console.print(f"  profiler-overhead correction applied: {doc['profiler_correction']}")

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         curves.append({"name": name, "iteration_model": model.to_dict(), "points": points})
     doc = {"schema": SCHEMA, "source": str(args.path), "kind": fitted.kind, "workload": workload_doc(args, None),
            "scheduler": scheduler_config(args).to_dict() if fitted.kind == "llm" else dit_settings(args, fitted.log),
-           "profiler_factor": fitted.factor, "curves": curves}
+           "profiler_correction": fitted.factor, "curves": curves}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
