@@ -20,8 +20,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+SCENARIOS ?= scenarios/faster_linear.toml scenarios/no_kv_index_copy.toml
+
 run: $(STAMP)
 	$(WHATIF) analyze $(SAMPLE)
+	$(WHATIF) predict $(SAMPLE) $(addprefix -s ,$(SCENARIOS))
 	$(WHATIF) dashboard $(SAMPLE)
 
 test: $(STAMP)

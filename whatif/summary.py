@@ -68,6 +68,15 @@ def analysis_document(analysis: Analysis, top: int = 10) -> dict[str, Any]:
     }
 
 
+def console() -> Any:
+    """A rich console: the terminal's width on a terminal, 150 columns when piped (CI logs)."""
+    import sys
+
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 150)
+
+
 def _ms(ns: float) -> str:
     return f"{ns / 1e6:,.3f}"
 

@@ -6,10 +6,9 @@ import argparse
 from pathlib import Path
 
 import orjson
-from rich.console import Console
 
 from whatif.api import analyze
-from whatif.summary import analysis_document, render_text
+from whatif.summary import console, analysis_document, render_text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     if not args.quiet:
-        render_text(doc, Console())
+        render_text(doc, console())
         if args.json:
             print(f"wrote {args.json}")
     return 0

@@ -7,10 +7,9 @@ import argparse
 from pathlib import Path
 
 import orjson
-from rich.console import Console
 
 from whatif.api import predict
-from whatif.summary import prediction_document, render_prediction
+from whatif.summary import console, prediction_document, render_prediction
 from whatif.transforms.scenario import load_scenario
 
 
@@ -29,5 +28,5 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     if not args.quiet:
-        render_prediction(doc, Console())
+        render_prediction(doc, console())
     return 0
