@@ -64,6 +64,8 @@ from torch import nn
 
 import whatif
 
+from _runtime import (pick_device, set_threads, pick_dtype, poisson_schedule, sleep_until, stats, json_safe)
+
 SCHEMA = "whatif.examples.dit_serve/1"
 
 
@@ -216,16 +218,6 @@ class Request:
     end_s: float | None = None
 
 
-def poisson_schedule(n: int, rate: float, rng: random.Random) -> list[float]:
-    """``n`` arrival times in seconds: first at 0, then exponential gaps of mean ``1/rate``."""
-    times, t = [], 0.0
-    for i in range(n):
-        if i and rate > 0 and math.isfinite(rate):
-            t += rng.expovariate(rate)
-        times.append(t)
-    return times
-
-
 def make_requests(args: argparse.Namespace) -> list[Request]:
     rng = random.Random(args.seed)
     arrivals = poisson_schedule(args.num_requests, args.rate, rng)
@@ -306,29 +298,7 @@ def warm_up(model: DiT, args: argparse.Namespace, device: torch.device, dtype: t
     guided_velocity(model, x, 1.0, torch.zeros(1, dtype=torch.long, device=device), args.cfg_scale).sum().item()
 
 
-def sleep_until(target_s: float, clock: Callable[[], float]) -> None:
-    """Sleep until ``clock() >= target_s`` (seconds); busy-waits the last millisecond."""
-    while (left := target_s - clock()) > 0:
-        if left > 2e-3:
-            time.sleep(left - 1e-3)
-
-
 # ----------------------------------------------------------------------------- report
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated ``q``-th percentile (0..100) of a non-empty list."""
-    xs = sorted(values)
-    k = (len(xs) - 1) * q / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
-def stats(xs: list[float]) -> dict[str, float | None]:
-    if not xs:
-        return {"mean": None, "p50": None, "p90": None, "p99": None}
-    return {"mean": sum(xs) / len(xs), "p50": percentile(xs, 50), "p90": percentile(xs, 90),
-            "p99": percentile(xs, 99)}
 
 
 def request_record(r: Request) -> dict[str, Any]:
@@ -359,31 +329,6 @@ def one_line(s: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------- CLI
-
-
-def pick_device(name: str | None) -> torch.device:
-    if name is None:
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
-
-
-def set_threads(threads: int | None, device: torch.device) -> None:
-    """``torch.set_num_threads``: ``threads`` if > 0, else 1 on cpu when not given."""
-    if threads is None and device.type == "cpu":
-        threads = 1
-    if threads:
-        torch.set_num_threads(threads)
-
-
-def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
-
-
-def json_safe(d: dict[str, Any]) -> dict[str, Any]:
-    """Non-finite floats (``--rate inf``) as strings, so the log is strict JSON."""
-    return {k: str(v) if isinstance(v, float) and not math.isfinite(v) else v for k, v in d.items()}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -52,7 +52,6 @@ import argparse
 import collections
 import csv
 import json
-import math
 import random
 import sys
 import time
@@ -65,6 +64,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import whatif
+
+from _runtime import (pick_device, set_threads, pick_dtype, poisson_schedule, sleep_until, stats, json_safe)
 
 SCHEMA = "whatif.examples.llm_serve/1"
 
@@ -245,16 +246,6 @@ class Request:
         return len(self.output_ids) >= self.output_tokens
 
 
-def poisson_schedule(n: int, rate: float, rng: random.Random) -> list[float]:
-    """``n`` arrival times in seconds: first at 0, then exponential gaps of mean ``1/rate``."""
-    times, t = [], 0.0
-    for i in range(n):
-        if i and rate > 0 and math.isfinite(rate):
-            t += rng.expovariate(rate)
-        times.append(t)
-    return times
-
-
 def read_workload(path: Path) -> list[tuple[float, int, int]]:
     """(arrival_s, prompt_tokens, output_tokens) rows from a CSV (with header) or JSONL file."""
     text = path.read_text()
@@ -389,13 +380,6 @@ class Server:
         })
 
 
-def sleep_until(target_s: float, clock: Any) -> None:
-    """Sleep until ``clock() >= target_s`` (seconds); busy-waits the last millisecond."""
-    while (left := target_s - clock()) > 0:
-        if left > 2e-3:
-            time.sleep(left - 1e-3)
-
-
 def warm_up(model: TinyLM, args: argparse.Namespace) -> None:
     """One untimed prefill + decode so one-time initialization is not charged to request 0."""
     cache = model.new_cache(1)
@@ -405,22 +389,6 @@ def warm_up(model: TinyLM, args: argparse.Namespace) -> None:
 
 
 # ----------------------------------------------------------------------------- report
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated ``q``-th percentile (0..100) of a non-empty list."""
-    xs = sorted(values)
-    k = (len(xs) - 1) * q / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
-def stats(values: list[float | None]) -> dict[str, float | None]:
-    xs = [v for v in values if v is not None]
-    if not xs:
-        return {"mean": None, "p50": None, "p90": None, "p99": None}
-    return {"mean": sum(xs) / len(xs), "p50": percentile(xs, 50), "p90": percentile(xs, 90),
-            "p99": percentile(xs, 99)}
 
 
 def request_record(r: Request) -> dict[str, Any]:
@@ -453,11 +421,6 @@ def summarize(reqs: list[dict[str, Any]], iterations: list[dict[str, Any]]) -> d
     }
 
 
-def json_safe(d: dict[str, Any]) -> dict[str, Any]:
-    """Non-finite floats (``--rate inf``) as strings, so the log is strict JSON."""
-    return {k: str(v) if isinstance(v, float) and not math.isfinite(v) else v for k, v in d.items()}
-
-
 def one_line(s: dict[str, Any]) -> str:
     def ms(k: str) -> str:
         d = s[k]
@@ -470,26 +433,6 @@ def one_line(s: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------- CLI
-
-
-def pick_device(name: str | None) -> torch.device:
-    if name is None:
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
-
-
-def set_threads(threads: int | None, device: torch.device) -> None:
-    """``torch.set_num_threads``: ``threads`` if > 0, else 1 on cpu when not given."""
-    if threads is None and device.type == "cpu":
-        threads = 1
-    if threads:
-        torch.set_num_threads(threads)
-
-
-def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

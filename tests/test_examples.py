@@ -25,7 +25,10 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def load(name: str) -> ModuleType:
-    """Import ``examples/<name>.py`` (examples/ is not a package)."""
+    """Import ``examples/<name>.py`` the way ``python examples/<name>.py`` would see its folder
+    (examples/ is not a package; the scripts import their sibling ``_runtime``)."""
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
     spec = importlib.util.spec_from_file_location(f"examples_{name}", EXAMPLES / f"{name}.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)

@@ -1,0 +1,63 @@
+"""What the example servers share: device/threads/dtype choice, arrival schedules, sleeping in
+wall-clock time, and summary statistics (whatif's own) (times in seconds unless a name says ``_ms``).
+
+Imported as a sibling module (``python examples/x.py`` and ``whatif record examples/x.py`` both put
+``examples/`` first on ``sys.path``).
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# The same percentile/stats definitions as the serving predictor's, so measured and predicted
+# metrics are computed alike.
+from whatif.predictors.serving.metrics import percentile, stats  # noqa: F401  (re-exported)
+
+
+def pick_device(name: str | None) -> torch.device:
+    """``name``, or cuda when available, else cpu."""
+    if name is None:
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def set_threads(threads: int | None, device: torch.device) -> None:
+    """``torch.set_num_threads``: ``threads`` if > 0, else 1 on cpu when not given."""
+    if threads is None and device.type == "cpu":
+        threads = 1
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto``: bfloat16 on cuda, float32 on cpu; else the named torch dtype."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def poisson_schedule(n: int, rate: float, rng: random.Random) -> list[float]:
+    """``n`` arrival times in seconds: first at 0, then exponential gaps of mean ``1/rate``."""
+    times, t = [], 0.0
+    for i in range(n):
+        if i and rate > 0 and math.isfinite(rate):
+            t += rng.expovariate(rate)
+        times.append(t)
+    return times
+
+
+def sleep_until(target_s: float, clock: Callable[[], float]) -> None:
+    """Sleep until ``clock() >= target_s`` (seconds); busy-waits the last millisecond."""
+    while (left := target_s - clock()) > 0:
+        if left > 2e-3:
+            time.sleep(left - 1e-3)
+
+
+def json_safe(d: dict[str, Any]) -> dict[str, Any]:
+    """Non-finite floats (``--rate inf``) as strings, so the log is strict JSON."""
+    return {k: str(v) if isinstance(v, float) and not math.isfinite(v) else v for k, v in d.items()}
