@@ -32,6 +32,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common.docs import replace_section  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces"
 HTA_VENV = REPO / "bench" / ".hta-venv"
@@ -215,12 +218,7 @@ def markdown(rows: list[Row], repeat: int, baseline: str | None, load: tuple[flo
 
 
 def update_docs(section: str) -> None:
-    text = DOC.read_text() if DOC.exists() else ""
-    if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN) + len(BEGIN)] + "\n" + section + text[text.index(END):]
-    else:
-        text += f"\n{BEGIN}\n{section}{END}\n"
-    DOC.write_text(text)
+    replace_section(DOC, BEGIN, END, section)
 
 
 def main(argv: list[str] | None = None) -> int:

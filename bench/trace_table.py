@@ -15,6 +15,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common.docs import replace_section  # noqa: E402
+
 from whatif.tracer import EventKind, Trace, TraceError, load_trace
 from whatif.tracer.kineto import parse_file
 
@@ -110,12 +113,7 @@ def markdown(rows: list[Row]) -> str:
 
 
 def update_docs(section: str) -> None:
-    text = DOC.read_text() if DOC.exists() else ""
-    if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN) + len(BEGIN)] + "\n" + section + text[text.index(END):]
-    else:
-        text += f"\n{BEGIN}\n{section}{END}\n"
-    DOC.write_text(text)
+    replace_section(DOC, BEGIN, END, section)
 
 
 def main(argv: list[str] | None = None) -> int:
