@@ -281,7 +281,7 @@ def _dispatch(op: str, args, dims, types) -> tuple[int, int] | None:
             return None
         return _gemm(a[1], b[2], a[2], a[0], ea)
     if op == "linear":
-        (x, ex), (w, ew) = args[0], args[1]
+        (x, ex), (w, _ew) = args[0], args[1]
         if len(w) != 2 or x[-1] != w[1] or len(args) > 3:
             return None
         bias = args[2][0] if len(args) > 2 and args[2] is not None else None
@@ -339,7 +339,7 @@ def _dispatch(op: str, args, dims, types) -> tuple[int, int] | None:
 
 
 def _conv(args, dims) -> tuple[int, int] | None:
-    (x, ex), (w, ew) = args[0], args[1]
+    (x, ex), (w, _ew) = args[0], args[1]
     nd = len(x) - 2
     if nd < 1 or len(w) != len(x):
         return None
@@ -367,7 +367,7 @@ def _conv(args, dims) -> tuple[int, int] | None:
 
 
 def _attention(args, heads_dim: int) -> tuple[int, int] | None:
-    (q, eq), (k, ek), (v, ev) = args[0], args[1], args[2]
+    (q, eq), (k, _ek), (v, _ev) = args[0], args[1], args[2]
     if len(q) != 4 or len(k) != 4:
         return None
     if heads_dim == 1:                       # (B, H, S, D)

@@ -10,7 +10,6 @@ from tracegen import MAIN_TID, KinetoTrace
 from whatif.api import analyze
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind, check_acyclic
 from whatif.predictors.replay import replay
-from whatif.predictors.steps import step_times
 
 US = 1000  # ns per microsecond
 

@@ -146,7 +146,7 @@ class PipelineParallel(Transform):
         s = self._check()
         if self.degree == 1:
             return graph
-        p, m = self.degree, self.micro_batches
+        p = self.degree
         drop, mine = stage_plan(graph, p, s)
         cost = ctx.require_cost(self.name)
         tasks = mine["task"].to_numpy(np.int64)

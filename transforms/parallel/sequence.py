@@ -137,7 +137,7 @@ class SequenceParallel(Transform):
         every = np.arange(len(g.tasks))
         succ, pred = next_on_resource(g, every), prev_on_resource(g, every)
         a2a_plan: list[tuple[int, int, int, int, str]] = []   # (key, after, before, dur, name)
-        splice_anchor, splice_durs, splice_deps_hops = [], [], []
+        splice_anchor: list = []
         core_dur: dict[int, int] = {}
         for (rank, _), blk in b.groupby(["rank", "block"]):
             core = blk[blk["part"] == "attention"]
