@@ -6,9 +6,11 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 
 "$PY" -m whatif.cli record -f -o sample_traces/llm_serve --no-summary \
-  examples/llm_serve.py -- --device cpu --seed 0 --num-requests 8 --rate 20 --output-max 48
+  examples/llm_serve.py -- --device cpu --seed 0 --num-requests 8 --rate 20 --output-max 48 \
+  --log sample_traces/llm_serve/serving.log
 
 "$PY" -m whatif.cli record -f -o sample_traces/dit_serve --no-summary \
-  examples/dit_serve.py -- --device cpu --seed 0 --num-requests 4 --steps 6 --rate inf
+  examples/dit_serve.py -- --device cpu --seed 0 --num-requests 4 --steps 6 --rate inf \
+  --log sample_traces/dit_serve/serving.log
 
 du -sh sample_traces/llm_serve sample_traces/dit_serve

@@ -67,24 +67,45 @@ def browser(downloads: Path) -> Iterator[Any]:
 
 
 def _wait(browser: Any, cond: Any, timeout: float = WAIT) -> Any:
+    """Poll ``cond`` until truthy; elements Dash re-renders mid-read (stale) are simply read again."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(browser, timeout, poll_frequency=0.1).until(cond)
+    return WebDriverWait(browser, timeout, poll_frequency=0.1,
+                         ignored_exceptions=(StaleElementReferenceException, NoSuchElementException)).until(cond)
+
+
+def _cell_texts(browser: Any, css: str) -> list[str]:
+    """Texts of the cells matching ``css``, read in one go (retried if the table re-renders)."""
+    from selenium.webdriver.common.by import By
+
+    return _wait(browser, lambda b: [c.text for c in b.find_elements(By.CSS_SELECTOR, css)] or None)
 
 
 def _text(browser: Any, id_: str) -> str:
     from selenium.webdriver.common.by import By
 
-    els = browser.find_elements(By.ID, id_)
-    return els[0].text if els else ""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(20):  # Dash may replace the element between finding and reading it
+        try:
+            els = browser.find_elements(By.ID, id_)
+            return els[0].text if els else ""
+        except StaleElementReferenceException:
+            time.sleep(0.05)
+    raise AssertionError(f"#{id_} kept being re-rendered")
 
 
 def _click(browser: Any, id_: str) -> None:
     from selenium.webdriver.common.by import By
 
-    el = browser.find_element(By.ID, id_)
-    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", el)
-    el.click()
+    def attempt(b: Any) -> bool:
+        el = b.find_element(By.ID, id_)
+        b.execute_script("arguments[0].scrollIntoView({block: 'center'});", el)
+        el.click()
+        return True
+
+    _wait(browser, attempt)  # a control Dash re-rendered between find and click is found again
 
 
 def _param(browser: Any, name: str) -> Any:
@@ -250,9 +271,9 @@ def test_builder_save_load_compare(server: Any, browser: Any, shots: Path, downl
     _wait(browser, lambda b: "aten 20% faster" in b.page_source)
     _click(browser, "cmp-run")
     _wait(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "#cmp-table td[data-dash-column='scenario']"))
-    names = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#cmp-table td[data-dash-column='scenario']")]
+    names = _cell_texts(browser, "#cmp-table td[data-dash-column='scenario']")
     assert names == ["baseline", "aten twice as fast", "aten 20% faster"]
-    speeds = [float(c.text) for c in browser.find_elements(By.CSS_SELECTOR, "#cmp-table td[data-dash-column='speedup']")]
+    speeds = [float(c) for c in _cell_texts(browser, "#cmp-table td[data-dash-column='speedup']")]
     assert speeds[0] == 1.0 and speeds[1] > speeds[2] > 1.0
     assert "TTFT" in _text(browser, "cmp-serving")
     _no_error(browser)

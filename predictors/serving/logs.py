@@ -43,8 +43,15 @@ class LLMBatch:
 
 
 def find_log(run: Path) -> Path | None:
-    """The ``--log`` file named in a run folder's ``meta.json`` (relative to its ``cwd``), if it exists."""
-    meta_path = run / "meta.json" if run.is_dir() else run.parent / "meta.json"
+    """The ``--log`` file named in a run folder's ``meta.json``, if it exists: where the recording
+    wrote it (relative to its ``cwd``), else a file of that name inside the run folder (so a run
+    folder that was moved or cloned keeps its log).
+
+    >>> find_log(Path("no/such/run")) is None
+    True
+    """
+    run_dir = run if run.is_dir() else run.parent
+    meta_path = run_dir / "meta.json"
     try:
         meta = json.loads(meta_path.read_text())
     except (OSError, ValueError):
@@ -55,7 +62,10 @@ def find_log(run: Path) -> Path | None:
         if value:
             p = Path(value)
             p = p if p.is_absolute() else Path(meta.get("cwd") or ".") / p
-            return p if p.exists() else None
+            if p.exists():
+                return p
+            inside = run_dir / p.name
+            return inside if inside.exists() else None
     return None
 
 

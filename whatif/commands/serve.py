@@ -15,6 +15,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from whatif.summary import console
 from whatif.api import analyze, predict
 from whatif.predictors.serving import logs
 from whatif.predictors.serving.arrivals import (RequestSpec, WorkloadError, gamma_arrivals, poisson_arrivals,
@@ -232,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     if not args.quiet:
-        render(doc, Console())
+        render(doc, console())
     return 0
 
 

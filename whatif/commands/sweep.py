@@ -11,6 +11,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from whatif.summary import console
 from whatif.predictors.serving.arrivals import WorkloadError
 
 from .serve import Fitted, add_common_arguments, dit_settings, scheduler_config, simulate, workload_doc
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         args.html.parent.mkdir(parents=True, exist_ok=True)
         serving_curves_figure(doc).write_html(str(args.html), include_plotlyjs="cdn")
     if not args.quiet:
-        render(doc, Console())
+        render(doc, console())
     return 0
 
 
