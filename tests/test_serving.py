@@ -228,3 +228,29 @@ def test_serve_without_a_log_is_one_line(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["serve", str(run_dir), "--rate", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("whatif: ") and "--iterations-log" in err and err.count("\n") == 1
+
+
+def test_python_serve_on_the_sample_run_a_faster_scenario_lowers_ttft_and_tpot() -> None:
+    from whatif.api import Workload, serve, sweep
+
+    sample = Path(__file__).resolve().parents[1] / "sample_traces" / "llm_serve"
+    doc = serve(sample, [sample.parents[1] / "scenarios" / "faster_linear.toml"], Workload(rate=10, num_requests=20))
+    assert doc["schema"] == "whatif.serving/1" and doc["kind"] == "llm" and doc["log"].endswith("serving.log")
+    base, fast = doc["scenarios"]
+    assert base["name"] == "baseline" and fast["name"] == "linear 2x faster"
+    for s in (base, fast):
+        assert {"mean", "p99"} <= set(s["ttft_ms"]) and s["throughput_tokens_per_s"] > 0 and s["e2e_ms"]["mean"] > 0
+    assert fast["ttft_ms"]["mean"] < base["ttft_ms"]["mean"] and fast["tpot_ms"]["mean"] < base["tpot_ms"]["mean"]
+    curves = sweep(sample, [5, 40], workload=Workload(num_requests=10))["curves"]
+    assert [p["rate_req_per_s"] for p in curves[0]["points"]] == [5.0, 40.0]
+
+
+def test_python_serve_errors_are_one_line(tmp_path: Path) -> None:
+    from whatif.api import Workload, serve
+
+    run_dir, _ = serving_run(tmp_path)
+    with pytest.raises(WorkloadError, match="no serving log found.*--iterations-log") as info:
+        serve(run_dir, workload=Workload(rate=1))
+    assert "\n" not in str(info.value)
+    with pytest.raises(WorkloadError, match="rate"):
+        serve(run_dir, workload=Workload())

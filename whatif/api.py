@@ -3,12 +3,14 @@
 >>> import whatif.api as wi                                    # doctest: +SKIP
 >>> analysis = wi.analyze("sample_traces/llm_serve")             # doctest: +SKIP
 >>> analysis.steps[["rank", "step", "measured_ns", "predicted_ns"]]  # doctest: +SKIP
+>>> wi.serve(analysis, ["scenarios/faster_linear.toml"], wi.Workload(rate=10))  # doctest: +SKIP
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -21,8 +23,30 @@ from whatif.tracer.trace import Trace, load_trace
 from whatif.transforms.base import Transform, TransformContext
 from whatif.transforms.scenario import Scenario, load_scenario
 
-__all__ = ["Analysis", "Prediction", "ScenarioResult", "analyze", "build_graph", "load_scenario", "load_trace",
-           "make_context", "predict", "replay"]
+if TYPE_CHECKING:
+    from whatif.serving import (
+        DitOptions,
+        ServingModels,
+        Workload,
+        fit_serving,
+        serve,
+        sweep,
+    )
+
+# whatif.serving imports this module, so its names are re-exported lazily (module __getattr__)
+SERVING_NAMES = ("DitOptions", "ServingModels", "Workload", "fit_serving", "serve", "sweep")
+__all__ = ["Analysis", "DitOptions", "Prediction", "ScenarioResult", "ServingModels", "Workload", "analyze",
+           "build_graph", "fit_serving", "load_scenario", "load_trace", "make_context", "predict", "replay", "serve",
+           "sweep"]
+
+
+def __getattr__(name: str) -> Any:
+    """The serving API (:mod:`whatif.serving`): ``serve``, ``sweep``, ``Workload``…"""
+    if name in SERVING_NAMES:
+        from whatif import serving
+
+        return getattr(serving, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass

@@ -2,30 +2,21 @@
 replayed iterations (baseline and each --scenario), then simulate requests arriving at a rate or
 from a workload file under a scheduler (vLLM-style continuous batching, static, chunked prefill,
 prefill/decode disaggregation) and report TTFT, TPOT, end-to-end latency, throughput and goodput
-per scenario. DiT traces (phase:denoise) give request latency and throughput. See docs/serving.md."""
+per scenario. DiT traces (phase:denoise) give request latency and throughput. The work is done by
+:func:`whatif.serving.serve`; this module maps the flags onto it and prints. See docs/serving.md."""
 from __future__ import annotations
 
 import argparse
-import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 from rich.console import Console
 from rich.table import Table
 
+from whatif.predictors.serving.simulator import SchedulerConfig
+from whatif.serving import DitOptions, Workload, serve
 from whatif.summary import console
-from whatif.api import analyze, predict
-from whatif.predictors.serving import logs
-from whatif.predictors.serving.arrivals import (RequestSpec, WorkloadError, gamma_arrivals, poisson_arrivals,
-                                                read_workload, synthetic_workload)
-from whatif.predictors.serving.iteration_model import (DitStepModel, IterationModel, fit_dit_model, fit_llm_model,
-                                                       profiler_correction, replayed_iterations)
-from whatif.predictors.serving.simulator import SchedulerConfig, SimResult, simulate_dit, simulate_llm
-from whatif.transforms.scenario import load_scenario
-
-SCHEMA = "whatif.serving/1"
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -97,141 +88,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json)")
 
 
-class Fitted:
-    """The iteration models of the baseline and each scenario, with the log they were fitted on."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        scenarios = [load_scenario(p) for p in args.scenario]  # validate every file first
-        log_path = args.iterations_log or logs.find_log(args.path)
-        if log_path is None:
-            raise WorkloadError(f"{args.path}: no serving log found; pass --iterations-log FILE (the --log of "
-                                "examples/llm_serve.py or dit_serve.py for this recording)")
-        self.log_path = log_path
-        self.log = logs.read_log(log_path)
-        self.kind = "llm" if self.log["schema"] == logs.LLM_SCHEMA else "dit"
-        base = analyze(args.path)
-        replays = [] if args.no_baseline and scenarios else [("baseline", base.replay)]
-        if scenarios:
-            pred = predict(base, scenarios)
-            replays += [(r.scenario.name, r.replay) for r in pred.scenarios]
-        self.models: list[tuple[str, IterationModel | DitStepModel]] = [(n, self._fit(rp)) for n, rp in replays]
-        self.factor: Any = None
-        if args.unprofiled_log:
-            self.factor = self._profiler_factor(logs.read_log(args.unprofiled_log))
-            for _, m in self.models:
-                if isinstance(m, IterationModel):
-                    m.correction = dict(self.factor)
-                else:
-                    m.factor = self.factor
-
-    def _fit(self, rp: Any) -> IterationModel | DitStepModel:
-        iters = replayed_iterations(rp)
-        if self.kind == "llm":
-            return fit_llm_model(iters, logs.llm_compositions(self.log))
-        over = [b["duration_ms"] - sum(b["step_ms"]) for b in self.log["batches"]]
-        return fit_dit_model(iters, logs.dit_compositions(self.log), float(np.median(over)) * 1e6 if over else 0.0)
-
-    def _profiler_factor(self, plain: dict[str, Any]) -> Any:
-        if plain["schema"] != self.log["schema"]:
-            raise WorkloadError(f"--unprofiled-log is a {plain['schema']} log, the recording's is {self.log['schema']}")
-        model = self.models[0][1]
-        if isinstance(model, IterationModel):
-            return profiler_correction(model, [(p, b, d) for (p, b), d in zip(logs.llm_compositions(plain),
-                                                                             logs.llm_durations_ms(plain))])
-
-        def ratio(doc: dict[str, Any]) -> float:
-            return float(np.median([s["duration_ms"] * 1e6 / model.step_ns(mb, t)
-                                    for s, (mb, t) in zip(doc["steps"], logs.dit_compositions(doc))]))
-        return ratio(plain) / ratio(self.log)
+def workload(args: argparse.Namespace) -> Workload:
+    """The :class:`~whatif.serving.Workload` of the workload options."""
+    return Workload(rate=getattr(args, "rate", None), num_requests=args.num_requests,
+                    prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, cv=args.cv, seed=args.seed,
+                    file=args.workload, columns=dict(args.column), time_unit=args.time_unit)
 
 
-def llm_requests(args: argparse.Namespace, rate: float | None) -> list[RequestSpec]:
-    if args.workload:
-        scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6}[args.time_unit]
-        reqs = read_workload(args.workload, dict(args.column), scale)
-        return reqs[: args.num_requests] if args.num_requests else reqs
-    if rate is None:
-        raise WorkloadError("give --workload FILE or --rate R")
-    return synthetic_workload(_n(args), rate, args.prompt_tokens, args.output_tokens, args.seed, args.cv)
+def options(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments of :func:`whatif.serving.serve` / ``sweep`` shared by both commands."""
+    sched = SchedulerConfig(policy=args.policy, max_seqs=args.max_seqs, max_batched_tokens=args.max_batched_tokens,
+                            chunk_tokens=args.chunk_tokens, kv_capacity_tokens=args.kv_capacity_tokens,
+                            kv_block_tokens=args.kv_block_tokens, replicas=args.replicas,
+                            prefill_replicas=args.prefill_replicas,
+                            kv_transfer_ns_per_token=args.kv_transfer_us_per_token * 1e3, router=args.router)
+    dit = DitOptions(steps=args.steps, resolution=args.resolution, frames=args.frames, batch=args.batch, cfg=args.cfg)
+    return {"scheduler": sched, "dit": dit, "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms,
+            "iterations_log": args.iterations_log, "unprofiled_log": args.unprofiled_log,
+            "baseline": not args.no_baseline}
 
 
-def _n(args: argparse.Namespace) -> int:
-    return 20 if args.num_requests is None else args.num_requests
-
-
-def dit_arrivals(args: argparse.Namespace, rate: float | None) -> list[float]:
-    if args.workload:
-        scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6}[args.time_unit]
-        reqs = read_workload(args.workload, dict(args.column), scale)
-        return [r.arrival_s for r in (reqs[: args.num_requests] if args.num_requests else reqs)]
-    if rate is None:
-        raise WorkloadError("give --workload FILE or --rate R")
-    rng = random.Random(args.seed)
-    if args.cv is None:
-        return poisson_arrivals(_n(args), rate, rng)
-    return gamma_arrivals(_n(args), rate, args.cv, rng)
-
-
-def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
-    cfg = SchedulerConfig(policy=args.policy, max_seqs=args.max_seqs, max_batched_tokens=args.max_batched_tokens,
-                          chunk_tokens=args.chunk_tokens, kv_capacity_tokens=args.kv_capacity_tokens,
-                          kv_block_tokens=args.kv_block_tokens, replicas=args.replicas,
-                          prefill_replicas=args.prefill_replicas,
-                          kv_transfer_ns_per_token=args.kv_transfer_us_per_token * 1e3, router=args.router)
-    cfg.check()
-    return cfg
-
-
-def dit_settings(args: argparse.Namespace, log: dict[str, Any]) -> dict[str, Any]:
-    c = log["config"]
-    res = args.resolution or c["resolution"]
-    frames = args.frames or c["frames"]
-    if res % c["patch"]:
-        raise WorkloadError(f"--resolution {res} is not a multiple of the recorded patch {c['patch']}")
-    cfg = (c["cfg_scale"] > 1.0) if args.cfg is None else args.cfg
-    return {"steps": args.steps or c["steps"], "resolution": res, "frames": frames, "patch": c["patch"],
-            "tokens": frames * (res // c["patch"]) ** 2, "batch": args.batch or c["batch"], "cfg": cfg,
-            "replicas": args.replicas}
-
-
-def simulate(fitted: Fitted, model: Any, args: argparse.Namespace, rate: float | None) -> SimResult:
-    if fitted.kind == "llm":
-        return simulate_llm(llm_requests(args, rate), model.time_ns, scheduler_config(args),
-                            args.slo_ttft_ms, args.slo_tpot_ms)
-    d = dit_settings(args, fitted.log)
-    return simulate_dit(dit_arrivals(args, rate), model, d["steps"], d["tokens"], d["batch"], d["cfg"], d["replicas"])
-
-
-def scenario_entry(name: str, model: Any, res: SimResult, with_requests: bool) -> dict[str, Any]:
-    entry = {"name": name, **res.summary, "iteration_model": model.to_dict()}
-    if "latency_ms" in entry:
-        entry["e2e_ms"] = entry["latency_ms"]
-    if with_requests:
-        entry["requests"] = res.requests
-    return entry
-
-
-def workload_doc(args: argparse.Namespace, rate: float | None) -> dict[str, Any]:
-    if args.workload:
-        return {"file": str(args.workload), "columns": dict(args.column), "time_unit": args.time_unit}
-    return {"arrivals": "poisson" if args.cv is None else "gamma", "rate_req_per_s": rate, "cv": args.cv,
-            "num_requests": _n(args), "prompt_tokens": list(args.prompt_tokens),
-            "output_tokens": list(args.output_tokens), "seed": args.seed}
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
 
 
 def run(args: argparse.Namespace) -> int:
-    rate = args.rate
-    if args.workload is None and rate is None:
-        raise WorkloadError("give --workload FILE or --rate R")
-    fitted = Fitted(args)
-    results = [scenario_entry(n, m, simulate(fitted, m, args, rate), args.requests) for n, m in fitted.models]
-    doc = {"schema": SCHEMA, "source": str(args.path), "log": str(fitted.log_path), "kind": fitted.kind,
-           "workload": workload_doc(args, rate),
-           "scheduler": scheduler_config(args).to_dict() if fitted.kind == "llm" else dit_settings(args, fitted.log),
-           "profiler_correction": fitted.factor, "scenarios": results}
+    doc = serve(args.path, args.scenario, workload(args), requests=args.requests, **options(args))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+        write_json(args.json, doc)
     if not args.quiet:
         render(doc, console())
     return 0

@@ -7,18 +7,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import orjson
 from rich.console import Console
 from rich.table import Table
 
+from whatif.serving import sweep
 from whatif.summary import console
-from whatif.predictors.serving.arrivals import WorkloadError
 
-from .serve import Fitted, add_common_arguments, dit_settings, scheduler_config, simulate, workload_doc
-
-SCHEMA = "whatif.serving-sweep/1"
-POINT_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms", "latency_ms", "queue_ms", "throughput_tokens_per_s",
-              "throughput_req_per_s", "busy_fraction", "slo")
+from .serve import add_common_arguments, options, workload, write_json
 
 
 def _rates(text: str) -> list[float]:
@@ -40,24 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.workload:
-        raise WorkloadError("sweep draws arrivals at each --rates value; --workload is for `whatif serve`")
-    fitted = Fitted(args)
-    curves = []
-    for name, model in fitted.models:
-        points = []
-        for rate in args.rates:
-            s = simulate(fitted, model, args, rate).summary
-            points.append({"rate_req_per_s": rate, **{k: s[k] for k in POINT_KEYS if k in s}})
-            if "latency_ms" in s:
-                points[-1]["e2e_ms"] = s["latency_ms"]
-        curves.append({"name": name, "iteration_model": model.to_dict(), "points": points})
-    doc = {"schema": SCHEMA, "source": str(args.path), "kind": fitted.kind, "workload": workload_doc(args, None),
-           "scheduler": scheduler_config(args).to_dict() if fitted.kind == "llm" else dit_settings(args, fitted.log),
-           "profiler_correction": fitted.factor, "curves": curves}
+    doc = sweep(args.path, args.rates, args.scenario, workload(args), **options(args))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+        write_json(args.json, doc)
     if args.html:
         from whatif.figures import serving_curves_figure
 

@@ -1,0 +1,296 @@
+"""Serving predictions from the Python API: the functions behind `whatif serve` and `whatif sweep`.
+
+Fit an iteration-time model on the replayed serving iterations (baseline and each scenario),
+then simulate requests under a scheduler and report TTFT, TPOT, end-to-end latency and
+throughput per scenario. Both functions return the JSON documents the commands write.
+
+>>> from whatif.serving import Workload, serve, sweep                       # doctest: +SKIP
+>>> doc = serve("sample_traces/llm_serve", ["scenarios/faster_linear.toml"],
+...             Workload(rate=10, num_requests=20))                         # doctest: +SKIP
+>>> [(s["name"], s["ttft_ms"]["mean"]) for s in doc["scenarios"]]           # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from whatif.api import Analysis, ScenarioResult, analyze, predict
+from whatif.predictors.replay import Replay
+from whatif.predictors.serving import logs
+from whatif.predictors.serving.arrivals import (
+    RequestSpec,
+    WorkloadError,
+    gamma_arrivals,
+    poisson_arrivals,
+    read_workload,
+    synthetic_workload,
+)
+from whatif.predictors.serving.iteration_model import (
+    DitStepModel,
+    IterationModel,
+    fit_dit_model,
+    fit_llm_model,
+    profiler_correction,
+    replayed_iterations,
+)
+from whatif.predictors.serving.simulator import (
+    SchedulerConfig,
+    SimResult,
+    simulate_dit,
+    simulate_llm,
+)
+from whatif.transforms.base import Transform
+from whatif.transforms.scenario import Scenario, load_scenario
+
+__all__ = ["DitOptions", "ServingModels", "Workload", "fit_serving", "serve", "sweep"]
+
+SERVE_SCHEMA = "whatif.serving/1"
+SWEEP_SCHEMA = "whatif.serving-sweep/1"
+POINT_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms", "latency_ms", "queue_ms", "throughput_tokens_per_s",
+              "throughput_req_per_s", "busy_fraction", "slo")
+TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+DEFAULT_REQUESTS = 20
+
+ScenarioLike = Scenario | str | Path | Transform | ScenarioResult
+Model = IterationModel | DitStepModel
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests to simulate: drawn at ``rate`` req/s (Poisson, or gamma with ``cv``; ``inf``: all at
+    t=0) with uniform prompt/output lengths, or read from ``file`` (CSV/JSONL: arrival_s,
+    prompt_tokens, output_tokens; ``columns`` maps fields to the file's names). ``num_requests``:
+    how many to draw (default 20), or the first N of the file."""
+
+    rate: float | None = None
+    num_requests: int | None = None
+    prompt_tokens: tuple[int, int] = (16, 64)
+    output_tokens: tuple[int, int] = (32, 128)
+    cv: float | None = None
+    seed: int = 0
+    file: str | Path | None = None
+    columns: Mapping[str, str] = field(default_factory=dict)
+    time_unit: str = "s"
+
+    @property
+    def n(self) -> int:
+        return DEFAULT_REQUESTS if self.num_requests is None else self.num_requests
+
+    def _from_file(self) -> list[RequestSpec]:
+        if self.time_unit not in TIME_UNITS:
+            raise WorkloadError(f"unknown time unit {self.time_unit!r} (s, ms, us)")
+        reqs = read_workload(Path(self.file), dict(self.columns), TIME_UNITS[self.time_unit])  # type: ignore[arg-type]
+        return reqs[: self.num_requests] if self.num_requests else reqs
+
+    def _rate(self, rate: float | None) -> float:
+        rate = self.rate if rate is None else rate
+        if rate is None:
+            raise WorkloadError("give a workload file or an arrival rate (--workload FILE or --rate R)")
+        return rate
+
+    def llm_requests(self, rate: float | None = None) -> list[RequestSpec]:
+        """The LLM requests (``rate`` overrides :attr:`rate`)."""
+        if self.file:
+            return self._from_file()
+        return synthetic_workload(self.n, self._rate(rate), self.prompt_tokens, self.output_tokens, self.seed, self.cv)
+
+    def dit_arrivals(self, rate: float | None = None) -> list[float]:
+        """Arrival times (s) of the DiT requests (``rate`` overrides :attr:`rate`)."""
+        if self.file:
+            return [r.arrival_s for r in self._from_file()]
+        rate, rng = self._rate(rate), random.Random(self.seed)
+        return poisson_arrivals(self.n, rate, rng) if self.cv is None else gamma_arrivals(self.n, rate, self.cv, rng)
+
+    def describe(self, rate: float | None = None) -> dict[str, Any]:
+        """The ``workload`` entry of the documents."""
+        if self.file:
+            return {"file": str(self.file), "columns": dict(self.columns), "time_unit": self.time_unit}
+        return {"arrivals": "poisson" if self.cv is None else "gamma", "rate_req_per_s": rate, "cv": self.cv,
+                "num_requests": self.n, "prompt_tokens": list(self.prompt_tokens),
+                "output_tokens": list(self.output_tokens), "seed": self.seed}
+
+
+@dataclass(frozen=True)
+class DitOptions:
+    """DiT request shape; ``None`` keeps what the recording used."""
+
+    steps: int | None = None
+    resolution: int | None = None
+    frames: int | None = None
+    batch: int | None = None
+    cfg: bool | None = None
+
+    def settings(self, log: dict[str, Any], replicas: int = 1) -> dict[str, Any]:
+        """Resolved settings against the recorded ``log`` config (the ``scheduler`` entry of DiT documents)."""
+        c = log["config"]
+        res, frames = self.resolution or c["resolution"], self.frames or c["frames"]
+        if res % c["patch"]:
+            raise WorkloadError(f"resolution {res} is not a multiple of the recorded patch {c['patch']}")
+        cfg = (c["cfg_scale"] > 1.0) if self.cfg is None else self.cfg
+        return {"steps": self.steps or c["steps"], "resolution": res, "frames": frames, "patch": c["patch"],
+                "tokens": frames * (res // c["patch"]) ** 2, "batch": self.batch or c["batch"], "cfg": cfg,
+                "replicas": replicas}
+
+
+class ServingModels:
+    """The iteration models of the baseline and each scenario, with the serving log they were
+    fitted on (build with :func:`fit_serving`; reuse for several :func:`serve`/:func:`sweep` calls)."""
+
+    def __init__(self, source: str, log_path: Path, replays: Sequence[tuple[str, Replay]],
+                 unprofiled_log: str | Path | None = None) -> None:
+        self.source = source
+        self.log_path = log_path
+        self.log = logs.read_log(log_path)
+        self.kind = "llm" if self.log["schema"] == logs.LLM_SCHEMA else "dit"
+        self.models: list[tuple[str, Model]] = [(n, self._fit(rp)) for n, rp in replays]
+        self.factor: Any = None
+        if unprofiled_log:
+            self.factor = self._profiler_factor(logs.read_log(Path(unprofiled_log)))
+            for _, m in self.models:
+                if isinstance(m, IterationModel):
+                    m.correction = dict(self.factor)
+                else:
+                    m.factor = self.factor
+
+    def _fit(self, rp: Replay) -> Model:
+        iters = replayed_iterations(rp)
+        if self.kind == "llm":
+            return fit_llm_model(iters, logs.llm_compositions(self.log))
+        over = [b["duration_ms"] - sum(b["step_ms"]) for b in self.log["batches"]]
+        return fit_dit_model(iters, logs.dit_compositions(self.log), float(np.median(over)) * 1e6 if over else 0.0)
+
+    def _profiler_factor(self, plain: dict[str, Any]) -> Any:
+        if plain["schema"] != self.log["schema"]:
+            raise WorkloadError(f"the unprofiled log is a {plain['schema']} log, the recording's is "
+                                f"{self.log['schema']}")
+        model = self.models[0][1]
+        if isinstance(model, IterationModel):
+            return profiler_correction(model, [(p, b, d) for (p, b), d in zip(logs.llm_compositions(plain),
+                                                                             logs.llm_durations_ms(plain))])
+
+        def ratio(doc: dict[str, Any]) -> float:
+            return float(np.median([s["duration_ms"] * 1e6 / model.step_ns(mb, t)
+                                    for s, (mb, t) in zip(doc["steps"], logs.dit_compositions(doc))]))
+        return ratio(plain) / ratio(self.log)
+
+    def simulate(self, model: Model, workload: Workload, scheduler: SchedulerConfig, dit: DitOptions,
+                 rate: float | None = None, slo_ttft_ms: float | None = None,
+                 slo_tpot_ms: float | None = None) -> SimResult:
+        """One simulation of ``model`` (``rate`` overrides the workload's)."""
+        if self.kind == "llm":
+            return simulate_llm(workload.llm_requests(rate), model.time_ns, scheduler,  # type: ignore[union-attr]
+                                slo_ttft_ms, slo_tpot_ms)
+        d = dit.settings(self.log, scheduler.replicas)
+        return simulate_dit(workload.dit_arrivals(rate), model, d["steps"], d["tokens"], d["batch"], d["cfg"],
+                            d["replicas"])
+
+    def scheduler_doc(self, scheduler: SchedulerConfig, dit: DitOptions) -> dict[str, Any]:
+        return scheduler.to_dict() if self.kind == "llm" else dit.settings(self.log, scheduler.replicas)
+
+
+def _run_path(base: str | Path | Analysis) -> Path:
+    if isinstance(base, Analysis):
+        return Path(base.trace.ranks[0].path) if base.trace.ranks else Path(base.trace.source())
+    return Path(base)
+
+
+def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] = (), *,
+                iterations_log: str | Path | None = None, unprofiled_log: str | Path | None = None,
+                baseline: bool = True) -> ServingModels:
+    """Fit the iteration models of the baseline (unless ``baseline=False`` and there are scenarios)
+    and of each scenario on a run folder/trace (or its :class:`Analysis`). The serving log is
+    ``iterations_log``, else the ``--log`` named in the run folder's meta.json."""
+    loaded = [load_scenario(s) if isinstance(s, (str, Path)) else s for s in scenarios]  # validate files first
+    run = _run_path(path)
+    log_path = Path(iterations_log) if iterations_log else logs.find_log(run)
+    if log_path is None:
+        folder = run if run.is_dir() else run.parent
+        raise WorkloadError(f"{folder}: no serving log found (looked for the --log file named in {folder / 'meta.json'} "
+                            "and a file of that name in the folder); pass --iterations-log FILE (the --log of "
+                            "examples/llm_serve.py or dit_serve.py for this recording)")
+    base = path if isinstance(path, Analysis) else analyze(path)
+    replays: list[tuple[str, Replay]] = [] if not baseline and loaded else [("baseline", base.replay)]
+    todo = [s for s in loaded if not isinstance(s, ScenarioResult)]
+    predicted = iter(predict(base, todo).scenarios if todo else [])
+    for s in loaded:
+        r = s if isinstance(s, ScenarioResult) else next(predicted)
+        replays.append((r.scenario.name, r.replay))
+    return ServingModels(base.trace.source() if isinstance(path, Analysis) else str(path), log_path, replays,
+                         unprofiled_log)
+
+
+def _models(path: str | Path | Analysis | ServingModels, scenarios: Sequence[ScenarioLike],
+            fit_kw: dict[str, Any]) -> ServingModels:
+    if isinstance(path, ServingModels):
+        if scenarios:
+            raise ValueError("scenarios are fitted already: pass them to fit_serving")
+        return path
+    return fit_serving(path, scenarios, **fit_kw)
+
+
+def serve(path: str | Path | Analysis | ServingModels, scenarios: Sequence[ScenarioLike] = (),
+          workload: Workload | str | Path | None = None, *, scheduler: SchedulerConfig | None = None,
+          dit: DitOptions | None = None, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
+          iterations_log: str | Path | None = None, unprofiled_log: str | Path | None = None,
+          baseline: bool = True, requests: bool = False) -> dict[str, Any]:
+    """Predicted serving metrics per scenario: the ``whatif.serving/1`` document of `whatif serve --json`.
+
+    ``workload``: a :class:`Workload`, or a workload file (default: 20 requests, which then needs a rate).
+    ``requests=True`` includes every simulated request.
+    """
+    workload = Workload(file=workload) if isinstance(workload, (str, Path)) else workload or Workload()
+    if workload.file is None and workload.rate is None:
+        raise WorkloadError("give a workload file or an arrival rate (--workload FILE or --rate R)")
+    scheduler, dit = scheduler or SchedulerConfig(), dit or DitOptions()
+    scheduler.check()
+    fitted = _models(path, scenarios, {"iterations_log": iterations_log, "unprofiled_log": unprofiled_log,
+                                       "baseline": baseline})
+    results = []
+    for name, model in fitted.models:
+        res = fitted.simulate(model, workload, scheduler, dit, None, slo_ttft_ms, slo_tpot_ms)
+        entry = {"name": name, **res.summary, "iteration_model": model.to_dict()}
+        if "latency_ms" in entry:
+            entry["e2e_ms"] = entry["latency_ms"]
+        if requests:
+            entry["requests"] = res.requests
+        results.append(entry)
+    return {"schema": SERVE_SCHEMA, "source": fitted.source, "log": str(fitted.log_path), "kind": fitted.kind,
+            "workload": workload.describe(workload.rate), "scheduler": fitted.scheduler_doc(scheduler, dit),
+            "profiler_correction": fitted.factor, "scenarios": results}
+
+
+def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
+          scenarios: Sequence[ScenarioLike] = (), workload: Workload | None = None, *,
+          scheduler: SchedulerConfig | None = None, dit: DitOptions | None = None,
+          slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
+          iterations_log: str | Path | None = None, unprofiled_log: str | Path | None = None,
+          baseline: bool = True) -> dict[str, Any]:
+    """Latency vs load: :func:`serve` repeated at each arrival rate, one curve per scenario; the
+    ``whatif.serving-sweep/1`` document of `whatif sweep --json` (plot it with
+    ``whatif.figures.serving_curves_figure``). The workload's own rate is ignored."""
+    workload = workload or Workload()
+    if workload.file:
+        raise WorkloadError("sweep draws arrivals at each rate; a workload file is for `whatif serve`")
+    if not rates or any(r <= 0 for r in rates):
+        raise WorkloadError("sweep rates must be > 0")
+    scheduler, dit = scheduler or SchedulerConfig(), dit or DitOptions()
+    scheduler.check()
+    fitted = _models(path, scenarios, {"iterations_log": iterations_log, "unprofiled_log": unprofiled_log,
+                                       "baseline": baseline})
+    curves = []
+    for name, model in fitted.models:
+        points = []
+        for rate in rates:
+            s = fitted.simulate(model, workload, scheduler, dit, float(rate), slo_ttft_ms, slo_tpot_ms).summary
+            points.append({"rate_req_per_s": float(rate), **{k: s[k] for k in POINT_KEYS if k in s}})
+            if "latency_ms" in s:
+                points[-1]["e2e_ms"] = s["latency_ms"]
+        curves.append({"name": name, "iteration_model": model.to_dict(), "points": points})
+    return {"schema": SWEEP_SCHEMA, "source": fitted.source, "kind": fitted.kind, "workload": workload.describe(None),
+            "scheduler": fitted.scheduler_doc(scheduler, dit), "profiler_correction": fitted.factor,
+            "curves": curves}
