@@ -16,12 +16,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from whatif.api import Analysis, Prediction, ScenarioResult, analyze, make_context, predict
+from whatif.predictors.serving.logs import find_log
 from whatif.predictors.steps import step_times
-from whatif.summary import analysis_document, prediction_document
+from whatif.tracer.trace import NOT_TRACES, TRACE_SUFFIXES
 from whatif.transforms.base import TransformContext
 from whatif.transforms.scenario import Scenario, scenario_from_dict
-from whatif.tracer.trace import NOT_TRACES, TRACE_SUFFIXES
+
+from whatif.api import (
+    Analysis,
+    Prediction,
+    ScenarioResult,
+    analyze,
+    make_context,
+    predict,
+)
+from whatif.serving import Workload, fit_serving, serve, sweep
+from whatif.summary import analysis_document, prediction_document
 
 from .guard import PathGuard
 
@@ -155,6 +165,30 @@ class Run:
                 "changes": [{"transform": c.transform, "action": c.action, "tasks": c.tasks,
                              "before_ns": c.before_ns, "after_ns": c.after_ns, "reason": c.reason}
                             for c in res.graph.changes]}
+
+    @property
+    def serving_log(self) -> Path | None:
+        """The serving log `whatif serve` would use for this run (see ``find_log``), if any."""
+        return find_log(self.path) if self.path is not None else None
+
+    def serving(self, specs: list[dict[str, Any]], workload: Workload,
+                rates: list[float]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The ``whatif serve`` and ``whatif sweep`` documents of the baseline and ``specs`` under
+        ``workload`` (iteration models fitted once per scenario set; documents cached per workload)."""
+        log_path = self.serving_log
+        if log_path is None:
+            raise FileNotFoundError(f"{self.label}: no serving log for this run")
+        keys = tuple(spec_key(s) for s in specs)
+        with self.lock:
+            docs_key = ("serving", keys, repr(workload), tuple(rates))
+            if docs_key not in self.cache:
+                models_key = ("serving-models", keys)
+                if models_key not in self.cache:
+                    self.cache[models_key] = fit_serving(self.analysis, [self.result(s) for s in specs],
+                                                         iterations_log=log_path)
+                models = self.cache[models_key]
+                self.cache[docs_key] = (serve(models, workload=workload), sweep(models, rates, workload=workload))
+            return self.cache[docs_key]
 
     def prediction(self, specs: list[dict[str, Any]]) -> dict[str, Any]:
         """The ``whatif.prediction`` document of several scenario specs (each scenario cached)."""

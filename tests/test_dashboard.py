@@ -161,6 +161,15 @@ def test_sample_run_views() -> None:
     assert quick["waterfall"] == full["waterfall"] and quick["changes"] == full["changes"]
     run.scenarios["half cpu"] = spec
     assert "cmp-table" in json.dumps(compare.body(run.id, ["half cpu"]).to_plotly_json(), default=str)
+    # serving: the sample run carries its log; the recorded workload (20 req/s x 8) is the default
+    assert compare.default_workload(run).rate == 20.0 and compare.default_workload(run).num_requests == 8
+    serving = compare.serving_body(run.id, ["half cpu"], 10.0)
+    rows = serving.children[1].data
+    assert [r["scenario"] for r in rows] == ["baseline", "half cpu"]
+    assert rows[1]["TTFT mean ms"] < rows[0]["TTFT mean ms"] and rows[1]["TPOT mean ms"] < rows[0]["TPOT mean ms"]
+    assert len(serving.children[2].figure.data) == 4  # mean and p99 curve per scenario
+    with pytest.raises(ValueError, match="rate"):
+        compare.serving_body(run.id, ["half cpu"], 0)
 
 
 def test_app_serves_no_file_outside(tmp_path: Path) -> None:
@@ -191,3 +200,18 @@ def test_app_serves_no_file_outside(tmp_path: Path) -> None:
     assert "AccessDenied" in text and "outside the folders" in text
     assert len(app.server.view_functions) > 0
     assert os.path.exists("/etc")  # the refusal was the guard's, not a missing folder
+
+
+def test_compare_serving_without_a_log_says_so(tmp_path: Path) -> None:
+    import shutil
+
+    from whatif.dashboard.app import create_app
+    from whatif.dashboard.pages import compare
+    from whatif.dashboard.state import get_store
+
+    trace = tmp_path / "rank0.pt.trace.json.gz"
+    shutil.copy(SAMPLE / "rank0.pt.trace.json.gz", trace)
+    create_app([trace])
+    run = next(iter(get_store().runs.values()))
+    assert run.serving_log is None and compare.default_workload(run) is None
+    assert "meta.json" in compare.NO_LOG and compare.serving_body(run.id, [], None).children is None

@@ -276,9 +276,20 @@ def test_builder_save_load_compare(server: Any, browser: Any, shots: Path, downl
     speeds = [float(c) for c in _cell_texts(browser, "#cmp-table td[data-dash-column='speedup']")]
     assert speeds[0] == 1.0 and speeds[1] > speeds[2] > 1.0
     assert "TTFT" in _text(browser, "cmp-serving")
+    # serving metrics of the baseline and both scenarios at the recorded workload
+    _wait(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "#cmp-serving-table td[data-dash-column='scenario']"))
+    assert _cell_texts(browser, "#cmp-serving-table td[data-dash-column='scenario']") == names
+    ttft = [float(c) for c in _cell_texts(browser, "#cmp-serving-table td[data-dash-column='TTFT mean ms']")]
+    tpot = [float(c) for c in _cell_texts(browser, "#cmp-serving-table td[data-dash-column='TPOT mean ms']")]
+    assert len(ttft) == len(tpot) == 3 and all(v > 0 for v in ttft + tpot)
+    assert ttft[1] < ttft[0] and tpot[1] < tpot[0]
+    _wait(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "#cmp-serving-curves .main-svg"))
     _no_error(browser)
     time.sleep(0.5)
     browser.save_screenshot(str(shots / "dashboard-compare.png"))
+    browser.execute_script("document.getElementById('cmp-serving').scrollIntoView();")
+    time.sleep(0.3)
+    browser.save_screenshot(str(shots / "dashboard-compare-serving.png"))
 
 
 def test_graph_and_runs(server: Any, browser: Any, shots: Path) -> None:

@@ -195,7 +195,7 @@ class ServingModels:
 
 def _run_path(base: str | Path | Analysis) -> Path:
     if isinstance(base, Analysis):
-        return Path(base.trace.ranks[0].path) if base.trace.ranks else Path(base.trace.source())
+        return Path(base.trace.ranks[0].path) if base.trace.ranks else Path(base.trace.source)
     return Path(base)
 
 
@@ -220,7 +220,7 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
     for s in loaded:
         r = s if isinstance(s, ScenarioResult) else next(predicted)
         replays.append((r.scenario.name, r.replay))
-    return ServingModels(base.trace.source() if isinstance(path, Analysis) else str(path), log_path, replays,
+    return ServingModels(base.trace.source if isinstance(path, Analysis) else str(path), log_path, replays,
                          unprofiled_log)
 
 

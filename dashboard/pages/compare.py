@@ -1,22 +1,32 @@
 """Compare: several scenarios side by side on one run: mean step time and speedup, critical-path
-breakdown, time per step. Serving metrics (TTFT, TPOT, throughput, latency-vs-throughput) get
-their place here once ``whatif serve`` lands."""
+breakdown, time per step; and, for a run with a serving log, the predicted serving metrics
+(TTFT, TPOT, e2e, throughput) per scenario and latency-vs-throughput curves (``whatif.serving``)."""
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from typing import Any
 
 import dash
 from dash import Input, Output, State, dcc, html
+from whatif.predictors.serving.logs import read_log
 
 from whatif import figures
+from whatif.serving import Workload
 
 from ..derive import breakdown_row
 from ..layout import error_box, guarded, loading, ms, table
-from ..state import get_store
+from ..state import Run, get_store
 
 PATH, NAME = "/compare", "Compare"
-SERVING_NOTE = ("Serving metrics (TTFT, TPOT, throughput) and latency-vs-throughput curves will appear here "
-                "once the serving predictor (whatif serve) lands; this page compares step times until then.")
+NO_LOG = ("No serving log for this run: whatif serve looks for the --log file named in the run folder's meta.json "
+          "(or a file of that name inside the folder), so TTFT/TPOT are not predicted here.")
+DEFAULT_RATE, DEFAULT_REQUESTS = 10.0, 20
+SWEEP_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)  # latency-vs-throughput rates, relative to the workload's
+LLM_COLUMNS = [("TTFT mean ms", "ttft_ms", "mean"), ("TTFT p99 ms", "ttft_ms", "p99"), ("TPOT mean ms", "tpot_ms", "mean"),
+               ("TPOT p99 ms", "tpot_ms", "p99"), ("e2e mean ms", "e2e_ms", "mean")]
+DIT_COLUMNS = [("latency mean ms", "latency_ms", "mean"), ("latency p99 ms", "latency_ms", "p99"),
+               ("queue mean ms", "queue_ms", "mean")]
 
 
 def layout(**_: Any) -> html.Div:
@@ -30,7 +40,66 @@ def layout(**_: Any) -> html.Div:
         ], className="panel"),
         error_box("cmp-error"),
         loading(html.Div(id="cmp-body")),
-        html.Div([html.H4("Serving"), html.P(SERVING_NOTE, className="note")], id="cmp-serving", className="panel"),
+        html.Div([
+            html.H4("Serving"),
+            html.Div(id="cmp-serving-note", className="note"),
+            html.Div([html.Label("arrival rate (req/s) "),
+                      dcc.Input(id="cmp-rate", type="number", min=0.01, step="any", debounce=True,
+                                style={"width": 90})]),
+            error_box("cmp-serving-error"),
+            loading(html.Div(id="cmp-serving-body")),
+        ], id="cmp-serving", className="panel"),
+    ])
+
+
+def default_workload(run: Run) -> Workload | None:
+    """The recorded workload (rate, request count and token ranges of the serving log's config, where
+    it has them; else 10 req/s x 20 requests), or ``None`` without a serving log."""
+    path = run.serving_log
+    if path is None:
+        return None
+    c = read_log(path).get("config") or {}
+    rate = c.get("rate")
+    w = Workload(rate=float(rate) if isinstance(rate, (int, float)) and 0 < rate < math.inf else DEFAULT_RATE,
+                 num_requests=int(c.get("num_requests") or DEFAULT_REQUESTS))
+    if all(isinstance(c.get(k), int) for k in ("prompt_min", "prompt_max", "output_min", "output_max")):
+        w = replace(w, prompt_tokens=(c["prompt_min"], c["prompt_max"]), output_tokens=(c["output_min"], c["output_max"]))
+    return w
+
+
+def serving_body(run_id: str, names: list[str], rate: float | None) -> html.Div:
+    """Serving metrics per scenario (baseline first) and the latency-vs-throughput figure."""
+    run = get_store().get(run_id)
+    workload = default_workload(run)
+    if workload is None:
+        return html.Div()  # the note above says why
+    if rate is not None:
+        if not rate > 0:
+            raise ValueError(f"arrival rate must be > 0 req/s, got {rate}")
+        workload = replace(workload, rate=float(rate))
+    missing = [n for n in names if n not in run.scenarios]
+    if missing:
+        raise KeyError(f"no scenario {missing[0]!r} on this run")
+    assert workload.rate is not None
+    rates = [round(workload.rate * f, 6) for f in SWEEP_FACTORS]
+    doc, curves = run.serving([run.scenarios[n] for n in names], workload, rates)
+    llm = doc["kind"] == "llm"
+    rows = []
+    for s in doc["scenarios"]:
+        row: dict[str, Any] = {"scenario": s["name"]}
+        row.update({label: round(s[k][q], 3) for label, k, q in (LLM_COLUMNS if llm else DIT_COLUMNS)})
+        if llm:
+            row["out tok/s"] = round(s["throughput_tokens_per_s"], 1)
+        row["req/s"] = round(s["throughput_req_per_s"], 3)
+        rows.append(row)
+    w = doc["workload"]
+    return html.Div([
+        html.P(f"Predicted with whatif serve: {w['arrivals']} arrivals at {w['rate_req_per_s']:g} req/s x "
+               f"{w['num_requests']} requests, prompt {w['prompt_tokens'][0]}-{w['prompt_tokens'][1]} and output "
+               f"{w['output_tokens'][0]}-{w['output_tokens'][1]} tokens, {doc['scheduler'].get('policy', 'dit')} "
+               f"scheduler; curves over {', '.join(f'{r:g}' for r in rates)} req/s.", className="note"),
+        table("cmp-serving-table", rows, page_size=20),
+        dcc.Graph(id="cmp-serving-curves", figure=figures.serving_curves_figure(curves).update_layout(legend_y=-0.25)),
     ])
 
 
@@ -65,6 +134,28 @@ def register(app: dash.Dash) -> None:
         store = get_store()
         names = list(store.runs[run_id].scenarios) if run_id in store.runs else []
         return names, names
+
+    @app.callback(Output("cmp-serving-note", "children"), Output("cmp-rate", "value"), Input("run", "value"))
+    def serving_defaults(run_id: str | None) -> tuple[str, float | None]:
+        store = get_store()
+        if run_id not in store.runs:
+            return "", None
+        run = store.runs[run_id]
+        workload = default_workload(run)
+        if workload is None:
+            return NO_LOG, None
+        note = (f"Serving log: {run.serving_log}. Press Compare to predict TTFT, TPOT and throughput of the "
+                "baseline and the selected scenarios.")
+        return note, workload.rate
+
+    @app.callback(Output("cmp-serving-body", "children"), Output("cmp-serving-error", "children"),
+                  Input("cmp-run", "n_clicks"), Input("cmp-rate", "value"), State("run", "value"),
+                  State("cmp-scenarios", "value"), prevent_initial_call=True)
+    @guarded(2)
+    def serving(n: int | None, rate: float | None, run_id: str | None, names: list[str] | None) -> tuple[Any]:
+        if not n:
+            raise dash.exceptions.PreventUpdate
+        return (serving_body(run_id, names or [], rate),)
 
     @app.callback(Output("cmp-body", "children"), Output("cmp-error", "children"), Input("cmp-run", "n_clicks"),
                   State("run", "value"), State("cmp-scenarios", "value"), prevent_initial_call=True)
