@@ -204,7 +204,7 @@ def test_timeline_zoom_and_click(server: Any, browser: Any, shots: Path) -> None
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
-    browser.get(f"{server.url}/timeline?run={_run_id(server, 'llm_serve')}")
+    _open_timeline(browser, f"{server.url}/timeline?run={_run_id(server, 'llm_serve')}")
     _wait(browser, lambda b: "(bins)" in _text(b, "tl-info"))
     browser.save_screenshot(str(shots / "dashboard-timeline.png"))
     # zoom as a user's drag would: plotly relayout on the x axis -> the server re-renders exact slices
