@@ -6,6 +6,7 @@ Imported as a sibling module (``python examples/x.py`` and ``whatif record examp
 """
 from __future__ import annotations
 
+import argparse
 import math
 import random
 import time
@@ -17,6 +18,17 @@ import torch
 # The same percentile/stats definitions as the serving predictor's, so measured and predicted
 # metrics are computed alike.
 from whatif.predictors.serving.metrics import percentile, stats  # noqa: F401  (re-exported)
+
+
+def add_runtime_args(parser: argparse.ArgumentParser, dtype: bool = True) -> None:
+    """The ``--device`` and ``--threads`` flags (and ``--dtype`` when ``dtype``) every example takes."""
+    parser.add_argument("--device", default=None, help="cpu or cuda[:N]; None: cuda if available")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads; None: 1 on cpu (intra-op threads make timings erratic "
+                             "on small shared machines), unchanged on cuda; 0: torch's default")
+    if dtype:
+        parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                            help="auto: bfloat16 on cuda, float32 on cpu")
 
 
 def pick_device(name: str | None) -> torch.device:

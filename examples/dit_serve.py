@@ -64,7 +64,7 @@ from torch import nn
 
 import whatif
 
-from _runtime import (pick_device, set_threads, pick_dtype, poisson_schedule, sleep_until, stats, json_safe)
+from _runtime import (add_runtime_args, pick_device, set_threads, pick_dtype, poisson_schedule, sleep_until, stats, json_safe)
 
 SCHEMA = "whatif.examples.dit_serve/1"
 
@@ -335,12 +335,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--seed", type=int, default=0, help="seeds weights, arrivals, labels, noise")
-    p.add_argument("--device", default=None, help="cpu or cuda[:N]; None: cuda if available")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads; None: 1 on cpu (intra-op threads make timings erratic "
-                        "on small shared machines), unchanged on cuda; 0: torch's default")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="auto: bfloat16 on cuda, float32 on cpu")
+    add_runtime_args(p)
     m = p.add_argument_group("model")
     m.add_argument("--layers", type=int, default=4)
     m.add_argument("--d-model", type=int, default=192)

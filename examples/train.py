@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from _runtime import add_runtime_args, pick_device, set_threads
+
 SCHEMA = "whatif.examples.train/1"
 
 
@@ -104,10 +106,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--seed", type=int, default=0, help="seeds weights and data")
-    p.add_argument("--device", default=None, help="cpu or cuda[:N]; None: cuda if available")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads; None: 1 on cpu (intra-op threads make timings erratic "
-                        "on small shared machines), unchanged on cuda; 0: torch's default")
+    add_runtime_args(p, dtype=False)
     p.add_argument("--steps", type=int, default=20, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per step")
     p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence")
@@ -129,10 +128,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    threads = 1 if args.threads is None and device.type == "cpu" else args.threads
-    if threads:
-        torch.set_num_threads(threads)
+    device = pick_device(args.device)
+    set_threads(args.threads, device)
     torch.manual_seed(args.seed)
     try:
         model = TinyLM(args.vocab, args.d_model, args.layers, args.heads, args.seq_len).to(device)
