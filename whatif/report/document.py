@@ -70,15 +70,20 @@ def _check(c: CheckResult) -> dict[str, Any]:
     return {"kind": c.kind, "name": c.name, "status": status, "values": c.values, "message": c.message}
 
 
+def _read_json(path: Path, what: str) -> Any:
+    """The parsed JSON of ``path``; a missing or unreadable file is a one-line ReportError naming it."""
+    try:
+        return orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise ReportError(f"{path}: no such {what} file") from None
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise ReportError(f"{path}: not a JSON {what} document ({exc})") from None
+
+
 def load_report(path: str | Path) -> dict[str, Any]:
     """Read a ``whatif.report`` (or ``whatif.prediction``) JSON file; one-line errors name the file."""
     path = Path(path)
-    try:
-        doc = orjson.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise ReportError(f"{path}: no such report file") from None
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise ReportError(f"{path}: not a JSON report ({exc})") from None
+    doc = _read_json(path, "report")
     if not isinstance(doc, dict) or doc.get("schema") not in (SCHEMA, "whatif.prediction"):
         raise ReportError(f"{path}: not a whatif.report or whatif.prediction document")
     if doc.get("version") != VERSION:
@@ -89,12 +94,7 @@ def load_report(path: str | Path) -> dict[str, Any]:
 def load_serving(path: str | Path) -> dict[str, dict[str, Any]]:
     """TTFT/TPOT per scenario name (``"baseline"`` included) from a ``whatif serve --json`` document."""
     path = Path(path)
-    try:
-        doc = orjson.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise ReportError(f"{path}: no such serving file") from None
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise ReportError(f"{path}: not a JSON document ({exc})") from None
+    doc = _read_json(path, "serving")
     if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("whatif.serving"):
         raise ReportError(f"{path}: not a whatif.serving document (write one with whatif serve --json)")
     return {s["name"]: {k: s.get(k) for k in ("ttft_ms", "tpot_ms")} for s in doc.get("scenarios", [])}
