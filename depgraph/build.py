@@ -113,7 +113,7 @@ def build_graph(trace: Trace) -> TaskGraph:
     h_names = np.asarray(names.cat.categories.astype(str), dtype=object)[names.cat.codes.to_numpy()[h_rows]]
     pid_col = ev["pid"].to_numpy()
     tid_col = ev["tid"].to_numpy()
-    h_res = _resource_ids(lambda r, p, t: thread_resource(r, p, t), rank_col[h_rows], pid_col[h_rows], tid_col[h_rows])
+    h_res = _resource_ids(thread_resource, rank_col[h_rows], pid_col[h_rows], tid_col[h_rows])
 
     is_call = np.isin(h_kind, [int(EventKind.RUNTIME), int(EventKind.DRIVER)])
     # A call nested in another call (e.g. a driver call inside a runtime call) is part of it.
@@ -213,9 +213,10 @@ def build_graph(trace: Trace) -> TaskGraph:
     report["blocking_copies"] = len(blocking)
 
     # ---- origins -------------------------------------------------------------------------
-    t = tasks.frame()
     ranks = sorted({int(r) for r in trace.events["rank"].unique()})
-    origin_ts = t.groupby("rank")["measured_start_ns"].min() if len(t) else pd.Series(dtype=np.int64)
+    origin_ts = (pd.Series(np.concatenate([np.asarray(p) for p in tasks.parts["measured_start_ns"]]))
+                 .groupby(np.concatenate([np.asarray(p) for p in tasks.parts["rank"]])).min()
+                 if tasks.size else pd.Series(dtype=np.int64))
     ranks = [r for r in ranks if r in origin_ts.index]
     o_res = [res.get(r, ResourceKind.VIRTUAL, -1, 0, "origin", ordered=False) for r in ranks]
     o_ts = np.asarray([int(origin_ts[r]) for r in ranks], dtype=np.int64)
@@ -517,11 +518,11 @@ def _steps_table(graph: TaskGraph, begin_ids: np.ndarray, end_ids: np.ndarray,
     start = t["measured_start_ns"].to_numpy()
     stop = t["measured_end_ns"].to_numpy()
     step = t["step"].to_numpy()
+    last_end = pd.Series(stop).groupby([ranks, step]).max()  # latest task end per (rank, step)
     rows = []
     for b, e in zip(begin_ids.tolist(), end_ids.tolist()):
         r, k = int(ranks[b]), int(step[b])
-        in_step = (ranks == r) & (step == k)
-        rows.append((r, k, b, e, int(start[b]), int(max(stop[e], stop[in_step].max()))))
+        rows.append((r, k, b, e, int(start[b]), int(max(stop[e], last_end[(r, k)]))))
     stepped = {row[0] for row in rows}
     for r, origin in origin_of_rank.items():
         if r not in stepped:  # no step annotations: one step spanning the rank's window

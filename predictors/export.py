@@ -64,6 +64,7 @@ def chrome_trace(replay: Replay) -> dict[str, Any]:
     corr = g.trace.events["correlation"].to_numpy() if g.trace is not None else None
     ext = g.trace.events["external_id"].to_numpy() if g.trace is not None else None
     steps = t["step"].to_numpy()
+    m_start, m_end = t["measured_start_ns"].to_numpy(), t["measured_end_ns"].to_numpy()
     out: list[dict[str, Any]] = []
     for pid, name in pnames.items():
         out.append({"ph": "M", "name": "process_name", "pid": int(pid), "tid": 0, "args": {"name": name}})
@@ -85,8 +86,8 @@ def chrome_trace(replay: Replay) -> dict[str, Any]:
                 args["correlation"] = int(corr[row])
             if ext[row] >= 0:
                 args["External id"] = int(ext[row])
-        if t["measured_start_ns"].iat[i] >= 0:
-            args["measured dur_ns"] = int(t["measured_end_ns"].iat[i] - t["measured_start_ns"].iat[i])
+        if m_start[i] >= 0:
+            args["measured dur_ns"] = int(m_end[i] - m_start[i])
         if k.on_gpu:
             args["stream"] = int(tids[res[i]])
             args["device"] = int(pids[res[i]] % RANK_PID_STRIDE)
