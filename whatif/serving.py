@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from whatif.tracer.errors import TraceError
 from whatif.api import Analysis, ScenarioResult, analyze, predict
 from whatif.predictors.replay import Replay
 from whatif.predictors.serving import logs
@@ -196,6 +197,8 @@ class ServingModels:
 def _run_path(base: str | Path | Analysis) -> Path:
     if isinstance(base, Analysis):
         return Path(base.trace.ranks[0].path) if base.trace.ranks else Path(base.trace.source)
+    if not Path(base).exists():  # before looking for its serving log, which would blame its parent folder
+        raise TraceError(base, "no such file or folder")
     return Path(base)
 
 
