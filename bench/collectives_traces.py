@@ -6,7 +6,7 @@ Three questions, answered honestly on what the traces hold:
    ``hta/nccl_data_a100_rank0of2`` (A100, 2 ranks: all-reduce, broadcast),
    ``tracelens/b200_eager_rank0of8`` (B200, 8 ranks: one all-gather) and
    ``tracelens/mi300x_resnet_act_ckpt_rank0of8`` (MI300X, 8 ranks). Each kernel is priced by
-   :func:`whatif.predictors.collectives.collective_time_ns` on the matching topology, uncalibrated,
+   :func:`whatif.hardware.collectives.collective_time_ns` on the matching topology, uncalibrated,
    and — where a kind has >= 3 sizes — calibrated leave-one-size-out on the trace's own kernels.
    These are single-rank traces: a kernel's duration includes the time it waited for its peers, so
    the *fastest* occurrence per size is the fairer target (both are shown).
@@ -24,15 +24,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from whatif.depgraph.graph import TaskKind
+from whatif.hardware.collectives import calibrate, collective_time_ns
+from whatif.hardware.devices import get_device
+from whatif.hardware.topology import Link, LinkKind, Topology, preset
+from whatif.predictors.costs import MAX_WAIT_RATIO
+from whatif.tracer.measured_collectives import collective_points, points_frame
+from whatif.tracer.trace import load_trace
 
 from whatif.api import analyze
-from whatif.depgraph.graph import TaskKind
-from whatif.predictors.collectives import calibrate, collective_time_ns
-from whatif.predictors.costs import MAX_WAIT_RATIO
-from whatif.predictors.devices import get_device
-from whatif.predictors.topology import Link, LinkKind, Topology, preset
-from whatif.tracer.trace import load_trace
-from whatif.transforms.parallel.nccl import collective_points, points_frame
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 B200 = get_device("B200")

@@ -18,12 +18,15 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common.vidur import (PERFDATA, abs_pct_error, load_network, require_perfdata,  # noqa: E402
-                          summarize)
-
-from whatif.predictors.collectives import (Algorithm, calibrate,  # noqa: E402
-                                           collective_time_ns)
-from whatif.predictors.topology import Topology, TopologyName, preset  # noqa: E402
+from common.vidur import (  # noqa: E402
+    PERFDATA,
+    abs_pct_error,
+    load_network,
+    require_perfdata,
+    summarize,
+)
+from whatif.hardware.collectives import Algorithm, calibrate, collective_time_ns  # noqa: E402
+from whatif.hardware.topology import Topology, TopologyName, preset  # noqa: E402
 
 GOAL_PCT = 10.0
 TOPOLOGY = {"a100_dgx": TopologyName.DGX_A100,

@@ -15,12 +15,18 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common.vidur import (GROUP, abs_pct_error, compute_models, load_compute,  # noqa: E402
-                          require_perfdata, summarize)
-
-from whatif.predictors.devices import DType, get_device  # noqa: E402
-from whatif.predictors.habitat import fit_gamma, move_kernel_time_ns  # noqa: E402
-from whatif.predictors.roofline import roofline_time_ns  # noqa: E402
+from common.vidur import (  # noqa: E402
+    GROUP,
+    abs_pct_error,
+    compute_models,
+    load_compute,
+    require_perfdata,
+    summarize,
+)
+from whatif.core.dtypes import DType  # noqa: E402
+from whatif.hardware.devices import get_device  # noqa: E402
+from whatif.hardware.habitat import fit_gamma, move_kernel_time_ns  # noqa: E402
+from whatif.hardware.roofline import roofline_time_ns  # noqa: E402
 
 DEVICES = {"a100": get_device("A100_SXM_80GB"), "a40": get_device("A40")}
 GOAL_PCT = 10.0

@@ -21,8 +21,6 @@ import time
 from pathlib import Path
 
 from selenium.webdriver.common.keys import Keys
-
-from whatif.api import Analysis
 from whatif.dashboard.app import create_app
 from whatif.dashboard.browser import chrome, find_browser
 from whatif.dashboard.serve import serve_in_background
@@ -31,6 +29,8 @@ from whatif.depgraph.build import build_graph
 from whatif.predictors.replay import replay
 from whatif.tracer.repeat import repeat_trace
 from whatif.tracer.trace import load_trace
+
+from whatif.api import Analysis
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_traces" / "llm_serve"
 

@@ -12,8 +12,6 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from _llm_tracegen import llm_trace  # noqa: E402
-
-from whatif.api import analyze, make_context  # noqa: E402
 from whatif.predictors.replay import replay  # noqa: E402
 from whatif.predictors.steps import step_times  # noqa: E402
 from whatif.transforms.parallel.data import DataParallel  # noqa: E402
@@ -22,6 +20,8 @@ from whatif.transforms.parallel.pim import PimOffload, search_pim  # noqa: E402
 from whatif.transforms.parallel.pipeline import PipelineParallel  # noqa: E402
 from whatif.transforms.parallel.reshard import search_reshard  # noqa: E402
 from whatif.transforms.parallel.tensor import TensorParallel  # noqa: E402
+
+from whatif.api import analyze, make_context  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "traces"
 pd.set_option("display.width", 200)

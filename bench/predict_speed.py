@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-from whatif.api import make_context
 from whatif.depgraph.build import build_graph
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import step_times
@@ -23,6 +22,8 @@ from whatif.tracer.repeat import repeat_trace
 from whatif.transforms import registry
 from whatif.transforms.base import TransformError
 from whatif.transforms.scenario import Scenario, build_transform
+
+from whatif.api import make_context
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "kineto" / "resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"

@@ -11,9 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-from whatif.api import analyze
 from whatif.tracer import TraceError
 from whatif.tracer.trace import TRACE_SUFFIXES
+
+from whatif.api import analyze
 
 ROOT = Path(__file__).resolve().parents[1]
 MULTI_RANK_DIRS = ("hta/sampled_world128",)

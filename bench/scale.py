@@ -129,7 +129,6 @@ def main() -> int:
 def networkx_comparison(trace: str) -> str:
     """Why the hot path is arrays: the same graph as a networkx view, built and walked."""
     import networkx as nx
-
     from whatif.depgraph.build import build_graph
     from whatif.depgraph.graph import to_networkx
     from whatif.predictors.replay import replay

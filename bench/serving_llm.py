@@ -63,10 +63,19 @@ def oracle(log: Path) -> dict:
     """Simulate the run's configuration with iteration times fitted on its own log (duration_ms plus
     the median gap between back-to-back iterations)."""
     import numpy as np
-
-    from whatif.predictors.serving import SchedulerConfig, logs, simulate_llm, synthetic_workload
-    from whatif.predictors.serving.iteration_model import (DECODE_CANDIDATES, PREFILL_CANDIDATES, IterationModel,
-                                                           fit_phase, llm_features)
+    from whatif.predictors.serving import (
+        SchedulerConfig,
+        logs,
+        simulate_llm,
+        synthetic_workload,
+    )
+    from whatif.predictors.serving.iteration_model import (
+        DECODE_CANDIDATES,
+        PREFILL_CANDIDATES,
+        IterationModel,
+        fit_phase,
+        llm_features,
+    )
     doc = json.loads(log.read_text())
     comp, its = logs.llm_compositions(doc), doc["iterations"]
     over = float(np.median([b["start_s"] - a["end_s"] for a, b in zip(its, its[1:]) if b["phase"] == "decode"])) * 1e9

@@ -17,7 +17,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common.docs import replace_section  # noqa: E402
-
 from whatif.tracer import EventKind, Trace, TraceError, load_trace
 from whatif.tracer.kineto import parse_file
 

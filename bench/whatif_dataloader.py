@@ -21,11 +21,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+from whatif.transforms.generic import Remove
+from whatif.transforms.optimizations.dataloader import (
+    DEFAULT_FETCH_US,
+    DataLoaderWorkers,
+)
+from whatif.transforms.select import Selector
 
 from whatif.api import Analysis, analyze, predict
-from whatif.transforms.generic import Remove
-from whatif.transforms.optimizations.dataloader import DEFAULT_FETCH_US, DataLoaderWorkers
-from whatif.transforms.select import Selector
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = 0.13

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-
 from urllib.parse import parse_qs
 
 import dash

@@ -7,13 +7,19 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
-from whatif.api import Analysis
-from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
+from whatif.depgraph.graph import (
+    GPU_WORK_KINDS,
+    EdgeKind,
+    TaskGraph,
+    TaskKind,
+    kind_codes,
+)
 from whatif.predictors.replay import Replay
 from whatif.predictors.steps import CATEGORIES, critical_path
 
-GPU = (int(TaskKind.KERNEL), int(TaskKind.MEMCPY), int(TaskKind.MEMSET), int(TaskKind.COMM))
+from whatif.api import Analysis
+
+GPU = kind_codes(GPU_WORK_KINDS)
 
 
 def step_phases(graph: TaskGraph) -> list[str]:

@@ -22,8 +22,7 @@ import typing
 from typing import Any
 
 from dash import dcc, html
-
-from whatif.depgraph.kernels import KernelClass
+from whatif.core.kernels import KernelClass
 from whatif.transforms import registry
 from whatif.transforms.select import KIND_ALIASES, Selector
 

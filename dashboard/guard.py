@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from whatif.tracer.errors import WhatifError
+from whatif.core.errors import WhatifError
 
 
 class AccessDenied(WhatifError):

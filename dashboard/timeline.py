@@ -10,8 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
+from whatif.depgraph.graph import (
+    LOCAL_GPU_WORK_KINDS,
+    EdgeKind,
+    TaskGraph,
+    TaskKind,
+    kind_codes,
+)
 from whatif.predictors.replay import Replay
 
 CATEGORIES = ("cpu", "launch", "gpu", "comm", "sync")
@@ -69,7 +74,7 @@ def _categories(graph: TaskGraph) -> np.ndarray:
         launches[e["src"].to_numpy()[e["kind"].to_numpy() == int(EdgeKind.LAUNCH)]] = True
     cat = np.zeros(len(t), dtype=np.int8)  # cpu
     cat[(kinds == int(TaskKind.CPU_CALL)) & launches] = 1
-    cat[np.isin(kinds, [int(TaskKind.KERNEL), int(TaskKind.MEMCPY), int(TaskKind.MEMSET)])] = 2
+    cat[np.isin(kinds, kind_codes(LOCAL_GPU_WORK_KINDS))] = 2
     cat[kinds == int(TaskKind.COMM)] = 3
     cat[kinds == int(TaskKind.WAIT)] = 4
     return cat

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-
+from whatif.core.kernels import is_collective
+from whatif.tracer.kinds import GPU_ACTIVITY_KINDS, EventKind, codes
 from whatif.tracer.kineto import step_number
-from whatif.tracer.kinds import EventKind
 from whatif.tracer.trace import Trace
 
 from .collectives import link_collectives
@@ -28,7 +28,6 @@ from .graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
 from .hierarchy import build_hierarchy
 from .syncs import add_sync_edges
 
-COMM_MARKERS = ("nccl", "rccl")
 LAUNCH_QUANTILE = 0.05  # a launch latency this low is "the stream was idle, the launch was the bottleneck"
 
 
@@ -168,7 +167,7 @@ def build_graph(trace: Trace) -> TaskGraph:
     call_task_of_pos[nested] = call_task_of_pos[outer_call[nested]]
 
     # ---- GPU tasks -----------------------------------------------------------------------
-    g_rows = np.flatnonzero(np.isin(kinds, [int(EventKind.KERNEL), int(EventKind.MEMCPY), int(EventKind.MEMSET)]))
+    g_rows = np.flatnonzero(np.isin(kinds, codes(GPU_ACTIVITY_KINDS)))
     device_col = ev["device"].to_numpy()
     stream_col = ev["stream"].to_numpy()
     g_res = _resource_ids(lambda r, d, s: res.get(r, ResourceKind.STREAM, d, s, f"GPU {d} stream {s}"),
@@ -176,7 +175,7 @@ def build_graph(trace: Trace) -> TaskGraph:
     g_names = names.iloc[g_rows].astype(str).tolist()
     g_kind = np.select([kinds[g_rows] == int(EventKind.MEMCPY), kinds[g_rows] == int(EventKind.MEMSET)],
                        [int(TaskKind.MEMCPY), int(TaskKind.MEMSET)], int(TaskKind.KERNEL)).astype(np.int8)
-    is_comm = _per_name(names, lambda n: any(m in n.lower() for m in COMM_MARKERS))[g_rows]
+    is_comm = _per_name(names, is_collective)[g_rows]
     g_kind[is_comm & (g_kind == int(TaskKind.KERNEL))] = int(TaskKind.COMM)
     ng = len(g_rows)
     gpu_ids = tasks.add(event=g_rows, kind=g_kind, resource=g_res, rank=rank_col[g_rows],

@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING
 import networkx as nx
 import numpy as np
 import pandas as pd
-
-from whatif.tracer.errors import WhatifError
+from whatif.core.errors import WhatifError
 
 if TYPE_CHECKING:
     from whatif.tracer.trace import Trace
@@ -40,7 +39,29 @@ class TaskKind(IntEnum):
 
     @property
     def on_gpu(self) -> bool:
-        return self in (TaskKind.KERNEL, TaskKind.MEMCPY, TaskKind.MEMSET, TaskKind.COMM, TaskKind.ARRIVE)
+        """Placed on a GPU stream (GPU work and a rank's zero-length arrival at a collective)."""
+        return self in GPU_STREAM_KINDS
+
+
+GPU_WORK_KINDS = frozenset({TaskKind.KERNEL, TaskKind.MEMCPY, TaskKind.MEMSET, TaskKind.COMM})
+"""Work that occupies a GPU: busy time, kernel tables, what another GPU or a precision changes."""
+LOCAL_GPU_WORK_KINDS = GPU_WORK_KINDS - {TaskKind.COMM}
+"""GPU work that involves this GPU alone. The deliberate exception to ``GPU_WORK_KINDS``: CUDA
+graphs here capture no collective (a collective's time depends on its peers), and the timeline
+draws collectives in their own colour."""
+GPU_STREAM_KINDS = GPU_WORK_KINDS | {TaskKind.ARRIVE}
+"""Tasks placed on a GPU stream (GPU work, and a rank's zero-length arrival at a collective)."""
+CPU_KINDS = frozenset({TaskKind.CPU_CALL, TaskKind.CPU_WORK, TaskKind.WAIT})
+"""Tasks that are a CPU thread's own work (calls, operator work, blocking waits)."""
+
+
+def kind_codes(kinds: frozenset[TaskKind]) -> list[int]:
+    """The integer codes of a set of task kinds, sorted, for ``np.isin`` on the ``kind`` column.
+
+    >>> kind_codes(LOCAL_GPU_WORK_KINDS)
+    [4, 5, 6]
+    """
+    return sorted(int(k) for k in kinds)
 
 
 class EdgeKind(IntEnum):

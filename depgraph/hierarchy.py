@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-
-from whatif.tracer.kineto import step_number
 from whatif.tracer.kinds import EventKind
+from whatif.tracer.kineto import step_number
 from whatif.tracer.markers import PHASE_PREFIX
 
 KNOWN_PHASES = frozenset({"prefill", "decode", "denoise", "denoising", "forward", "backward", "optimizer"})

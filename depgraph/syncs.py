@@ -20,7 +20,6 @@ import re
 from typing import TYPE_CHECKING
 
 import numpy as np
-
 from whatif.tracer.kinds import EventKind
 
 from .graph import EdgeKind

@@ -61,11 +61,19 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _runtime import (
+    add_runtime_args,
+    json_safe,
+    pick_device,
+    pick_dtype,
+    poisson_schedule,
+    set_threads,
+    sleep_until,
+    stats,
+)
 from torch import nn
 
 import whatif
-
-from _runtime import (add_runtime_args, pick_device, set_threads, pick_dtype, poisson_schedule, sleep_until, stats, json_safe)
 
 SCHEMA = "whatif.examples.llm_serve/1"
 

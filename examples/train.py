@@ -33,9 +33,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from _runtime import add_runtime_args, pick_device, set_threads
+from torch import nn
 
 SCHEMA = "whatif.examples.train/1"
 

@@ -3,7 +3,7 @@
 of a graph are computed once and cached on it (``graph.cache``, validated against its ``event``
 column, so graphs whose tasks were added or removed recompute them).
 
-**Kernel facts.** Class from the kernel and op names (:mod:`whatif.depgraph.kernels`). FLOPs
+**Kernel facts.** Class from the kernel and op names (:mod:`whatif.core.kernels`). FLOPs
 and bytes from the launching aten op's recorded shapes (``record_shapes``), shared among that
 op's kernels in proportion to their recorded durations. Weight bytes of a GEMM/conv: the weight
 operand (``linear``: arg 1, ``addmm``: arg 2, ``mm``/2-D ``matmul``: arg 1, conv: arg 1; ``bmm``
@@ -45,7 +45,7 @@ Daydream's AMP model (Zhu et al. ATC'20) uses ×1/3 compute-bound, ×1/2 memory-
 V100 fp32→fp16; ``bench/whatif_precision.py`` compares the two on a V100 ResNet-50 trace.
 
 **Another GPU** (``move_to_device``; the ``gpu`` transform). Kernels and memsets: Habitat's
-scaling (:mod:`whatif.predictors.habitat`, ``compute="peak"``) of the time above ``F``:
+scaling (:mod:`whatif.hardware.habitat`, ``compute="peak"``) of the time above ``F``:
 ``(B_o/B_d)^γ·(P_o/P_d)^(1−γ)``, P the peak of the kernel's current dtype and class, γ from its
 intensity and the destination ridge. Memcpys: H2D/D2H by the PCIe ratio ``pcie_o/pcie_d``,
 D2D by the DRAM ratio, P2P by the peer-link ratio. Collectives: by the peer-link ratio
@@ -65,17 +65,23 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
-from whatif.depgraph.graph import TaskGraph, TaskKind
-from whatif.depgraph.kernels import KernelClass, dtype_bytes, op_flops_bytes
+from whatif.core.dtypes import (
+    ELEMENT_BYTES,
+    PRECISION_RANK,
+    DType,
+    compute_dtype,
+    dtype_in_kernel_name,
+    element_bytes,
+)
+from whatif.core.kernels import KernelClass, op_flops_bytes
+from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph, TaskKind, kind_codes
+from whatif.hardware.devices import DEVICES, Device, find_device, get_device
+from whatif.hardware.habitat import DEFAULT_FIXED_NS
+from whatif.hardware.roofline import compute_peak
 from whatif.tracer.kinds import EventKind
 from whatif.tracer.trace import Trace
 from whatif.transforms.base import TransformError
 from whatif.transforms.select import kernel_classes
-
-from .devices import DEVICES, Device, DType, find_device, get_device
-from .habitat import DEFAULT_FIXED_NS
-from .roofline import compute_peak
 
 MIN_PEERS = 5
 ASSUMED_BW_EFFICIENCY = 0.7      # of peak DRAM bandwidth, when the trace cannot calibrate it
@@ -86,21 +92,12 @@ MAX_WAIT_RATIO = 4.0             # a collective kernel longer than this x the mo
 PRECISION_COLUMN = "cost_precision"
 DEVICE_COLUMN = "cost_device"
 
-_TYPE_DTYPE = {"c10::bfloat16": "bf16", "bfloat16": "bf16", "c10::half": "fp16", "half": "fp16",
-               "float16": "fp16", "float": "fp32", "float32": "fp32", "double": "fp32",
-               "c10::float8_e4m3fn": "fp8", "c10::float8_e5m2": "fp8", "c10::float8_e4m3fnuz": "fp8",
-               "c10::float8_e5m2fnuz": "fp8", "signed char": "int8", "int8": "int8"}
-ELEM_BYTES: dict[str, float] = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0,
-                                "int4": 0.5}
-# how far a dtype is from fp32 (a change only applies when it moves a kernel further)
-_RANK = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 2, "fp8": 3, "int8": 3, "int4": 4}
 PRECISIONS = ("tf32", "bf16", "fp16", "fp8", "int8")
 WEIGHT_ONLY = ("int4", "int8", "fp8")
 MATRIX = {KernelClass.GEMM.value, KernelClass.CONV.value, KernelClass.ATTENTION.value}
 WEIGHTED = {KernelClass.GEMM.value, KernelClass.CONV.value}
 MEMORY_BOUND = {KernelClass.ELEMENTWISE.value, KernelClass.REDUCTION.value, KernelClass.NORMALIZATION.value,
                 KernelClass.COPY.value, KernelClass.MEMSET.value}
-_GPU_KINDS = (int(TaskKind.KERNEL), int(TaskKind.MEMCPY), int(TaskKind.MEMSET), int(TaskKind.COMM))
 _FACTS_KEY = "trace_cost_facts"
 # weight operand position per aten op (GEMM/conv); bmm/baddbmm multiply two activations
 _WEIGHT_ARG = {"linear": 1, "addmm": 2, "mm": 1, "matmul": 1, "conv1d": 1, "conv2d": 1, "conv3d": 1,
@@ -108,33 +105,10 @@ _WEIGHT_ARG = {"linear": 1, "addmm": 2, "mm": 1, "matmul": 1, "conv1d": 1, "conv
                "_int_mm": 1, "_scaled_mm": 1}
 
 
-def _name_dtype(name: str) -> str:
-    """dtype spelled in a kernel name, or '' when it says none.
-
-    >>> [_name_dtype(n) for n in ("sm80_xmma_gemm_bf16bf16_bf16f32", "volta_h884gemm_64x64", "volta_sgemm_128x64",
-    ...                           "sm80_xmma_fprop_implicit_gemm_tf32f32", "elementwise_kernel<c10::Half>", "relu")]
-    ['bf16', 'fp16', 'fp32', 'tf32', 'fp16', '']
-    """
-    low = name.lower()
-    if "bf16" in low or "bfloat16" in low:
-        return "bf16"
-    if "fp8" in low or "e4m3" in low or "e5m2" in low:
-        return "fp8"
-    if "tf32" in low:
-        return "tf32"
-    if any(s in low for s in ("half", "fp16", "f16", "h884", "h1688", "h16816", "hgemm", "hmma")):
-        return "fp16"
-    if "int8" in low or "imma" in low or "i8i8" in low:
-        return "int8"
-    if any(s in low for s in ("sgemm", "s884", "s1688", "float")):
-        return "fp32"
-    return ""
-
-
 def _lookup(values: np.ndarray, table: dict[str, Any]) -> np.ndarray:
     """``table[v]`` for every value, one dict lookup per distinct value.
 
-    >>> _lookup(np.array(["bf16", "fp32", "bf16"], dtype=object), ELEM_BYTES).tolist()
+    >>> _lookup(np.array(["bf16", "fp32", "bf16"], dtype=object), ELEMENT_BYTES).tolist()
     [2.0, 4.0, 2.0]
     """
     codes, uniques = pd.factorize(np.asarray(values, dtype=object))
@@ -144,7 +118,7 @@ def _lookup(values: np.ndarray, table: dict[str, Any]) -> np.ndarray:
 
 
 def habitat_gamma_array(intensity: np.ndarray, ridge: np.ndarray) -> np.ndarray:
-    """Vectorized :func:`whatif.predictors.habitat.habitat_gamma`: γ = 1 − 0.5·I/R for I ≤ R,
+    """Vectorized :func:`whatif.hardware.habitat.habitat_gamma`: γ = 1 − 0.5·I/R for I ≤ R,
     else 0.5·R/I (I = inf gives 0).
 
     >>> habitat_gamma_array(np.array([0.0, 1.0, 4.0, np.inf]), np.array([2.0, 2.0, 2.0, 2.0])).tolist()
@@ -227,10 +201,10 @@ class TraceCostModel:
             w = _WEIGHT_ARG.get(op_name.split("::")[-1].lower())
             if w is not None and dims is not None and w < len(dims) and isinstance(dims[w], (list, tuple)) \
                     and (op_name.split("::")[-1].lower() != "matmul" or len(dims[w]) == 2):
-                esz = dtype_bytes(types[w] if types and w < len(types) else None) or 4
+                esz = element_bytes(types[w] if types and w < len(types) else None) or 4
                 wbytes = float(np.prod([int(x) for x in dims[w]] or [0])) * esz
                 wbytes = min(wbytes, nbytes)
-        dtype = next((_TYPE_DTYPE[str(x).lower()] for x in (types or []) if str(x).lower() in _TYPE_DTYPE), "")
+        dtype = next((d.value for d in map(compute_dtype, types or []) if d is not None), "")
         got = (flops, nbytes, wbytes, dtype)
         self._op_memo[key] = got
         return got
@@ -241,12 +215,12 @@ class TraceCostModel:
         ev = self.trace.events
         cls = kernel_classes(graph)
         kinds = t["kind"].to_numpy()
-        gpu = np.isin(kinds, _GPU_KINDS)
+        gpu = np.isin(kinds, kind_codes(GPU_WORK_KINDS))
         rows = t["event"].to_numpy().astype(np.int64)
         valid = gpu & (rows >= 0) & (rows < len(ev))
         # dtype from kernel names, once per distinct name
         codes, uniques = pd.factorize(t["name"].astype(object).to_numpy())
-        name_dtype = np.asarray([_name_dtype(str(u)) for u in uniques], dtype=object)
+        name_dtype = np.asarray([(d.value if (d := dtype_in_kernel_name(str(u))) else "") for u in uniques], dtype=object)
         dtype = np.where(codes >= 0, name_dtype[np.maximum(codes, 0)], "") if n else np.empty(0, dtype=object)
         dtype = dtype.astype(object)
         # recorded duration (stable across transforms) for sharing an op's work among its kernels
@@ -328,12 +302,12 @@ class TraceCostModel:
             return
 
         def rank(x: np.ndarray) -> np.ndarray:
-            return _lookup(x, _RANK)
+            return _lookup(x, PRECISION_RANK)
         if spec.endswith("_weight"):
             w = spec[: -len("_weight")]
             low = rank(act) < 2
             act[low] = half[low]
-            weighted = np.isin(cls, list(WEIGHTED)) & (rank(weight) < _RANK[w])
+            weighted = np.isin(cls, list(WEIGHTED)) & (rank(weight) < PRECISION_RANK[w])
             weight[weighted] = w
             return
         matrix = np.isin(cls, list(MATRIX))
@@ -369,9 +343,9 @@ class TraceCostModel:
     @staticmethod
     def _bytes(base: dict[str, np.ndarray], tasks: np.ndarray, state: _State) -> np.ndarray:
         rec = base["dtype"][tasks]
-        rb = _lookup(rec, ELEM_BYTES)
+        rb = _lookup(rec, ELEMENT_BYTES)
         total, w = base["bytes"][tasks], base["weight_bytes"][tasks]
-        return (total - w) * _lookup(state.act, ELEM_BYTES) / rb + w * _lookup(state.weight, ELEM_BYTES) / rb
+        return (total - w) * _lookup(state.act, ELEMENT_BYTES) / rb + w * _lookup(state.weight, ELEMENT_BYTES) / rb
 
     def kernel_facts(self, graph: TaskGraph, tasks: np.ndarray) -> dict[str, np.ndarray]:
         """Per task: ``kernel_class``, ``flops``, ``bytes`` and ``weight_bytes`` (DRAM bytes now),
@@ -383,7 +357,7 @@ class TraceCostModel:
         state = self._state(graph, tasks, base, devices)
         nbytes = self._bytes(base, tasks, state)
         rec = base["dtype"][tasks]
-        wb = base["weight_bytes"][tasks] * _lookup(state.weight, ELEM_BYTES) / _lookup(rec, ELEM_BYTES)
+        wb = base["weight_bytes"][tasks] * _lookup(state.weight, ELEMENT_BYTES) / _lookup(rec, ELEMENT_BYTES)
         return {"kernel_class": base["kernel_class"][tasks], "flops": base["flops"][tasks].copy(), "bytes": nbytes,
                 "weight_bytes": wb, "dtype": state.act, "weight_dtype": state.weight, "device": devices,
                 "estimated": base["estimated"][tasks]}
@@ -435,7 +409,7 @@ class TraceCostModel:
             if name is None:
                 raise TransformError(f"precision: the recorded GPU ({self.gpu_name or 'not named in the trace'}) "
                                      f"is not in the device catalog, so its tensor-core rates are unknown; "
-                                     f"apply gpu(device=...) first or add it to whatif.predictors.devices")
+                                     f"apply gpu(device=...) first or add it to whatif.hardware.devices")
             dev = get_device(name)
             need = DType(sixteen_bit(dev)) if weight_only else DType(dtype)
             if not dev.peak.get(need):
@@ -517,16 +491,18 @@ class TraceCostModel:
     def collective_time_ns(self, kind: str, message_bytes: float, ranks: int, topology_name: str,
                            ranks_per_machine: int | None = None) -> float:
         """ns of one collective over ``ranks`` GPUs of the preset ``topology_name``, packed onto as
-        many machines as needed (:func:`whatif.predictors.collectives.collective_time_ns`). When the
+        many machines as needed (:func:`whatif.hardware.collectives.collective_time_ns`). When the
         trace's GPU is of the preset's family, calibrated on the trace's collective kernels of that
         kind (fastest occurrence per size: the one that waited least for its peers); a kernel more
         than ``MAX_WAIT_RATIO`` times the uncalibrated model's time is taken as dominated by waiting
         for peers and not used (bench/collectives_traces.py: single-rank kernels of 2.4 ms for a
         40 us all-reduce)."""
-        from whatif.transforms.parallel.nccl import collective_points, fastest_per_size
-
-        from .collectives import calibrate, collective_time_ns
-        from .topology import TopologyName, preset
+        from whatif.hardware.collectives import calibrate, collective_time_ns
+        from whatif.hardware.topology import TopologyName, preset
+        from whatif.tracer.measured_collectives import (
+            collective_points,
+            fastest_per_size,
+        )
         try:
             base = preset(topology_name)
         except ValueError:
@@ -554,8 +530,8 @@ class TraceCostModel:
         return step_times(replay(graph)).groupby("step")["predicted_ns"].max().astype(float)
 
     def pim_device(self, name: str, link: str | None = None) -> Any:
-        """The PIM device ``name`` of :mod:`whatif.predictors.pim` (on GPU link ``link`` when given)."""
-        from .pim import PIM_DEVICES, get_pim
+        """The PIM device ``name`` of :mod:`whatif.hardware.pim` (on GPU link ``link`` when given)."""
+        from whatif.hardware.pim import PIM_DEVICES, get_pim
         try:
             dev = get_pim(name)
             return dev.with_link(link) if link else dev
@@ -584,11 +560,11 @@ def anchored_time_ns(device: Device | None, dur_ns: np.ndarray, classes: np.ndar
     """Measured ``dur_ns`` moved to new work (FLOPs, DRAM bytes):
     ``T' = F' + (T − F')·roofline(f', b')/roofline(f, b)``, ``F' = min(T, F)``: the time above a
     fixed latency F scales like the ideal roofline time (Williams et al. 2009; F as in Habitat's
-    small-kernel rule). ``calibration`` (a :class:`~whatif.predictors.roofline.CalibratedRoofline`)
+    small-kernel rule). ``calibration`` (a :class:`~whatif.hardware.roofline.CalibratedRoofline`)
     prices the ratio on its curves instead; without a device, the FLOP ratio for matrix classes and
     the byte ratio otherwise. Used by ``tensor_parallel`` and the other parallel transforms;
     ``bench/parallel_tp.py`` measures it (and the calibrated variant) on Vidur's TP profiles."""
-    from .roofline import roofline_time_ns
+    from whatif.hardware.roofline import roofline_time_ns
     classes = np.asarray(classes, dtype=object)
     with np.errstate(divide="ignore", invalid="ignore"):
         if calibration is not None:

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import orjson
-
 from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskKind
 
 from .replay import Replay

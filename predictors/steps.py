@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-
 from whatif.depgraph.graph import EdgeKind, TaskKind
 
 from .replay import RESOURCE_BOUND, Replay

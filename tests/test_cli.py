@@ -9,9 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 from tracegen import KinetoTrace
+from whatif.tracer import load_trace
 
 from whatif.cli import main
-from whatif.tracer import load_trace
 
 
 def small_trace(path: Path) -> Path:

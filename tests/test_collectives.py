@@ -1,10 +1,13 @@
 import pytest
-
-from whatif.predictors.collectives import (Algorithm, bus_bytes, calibrate, collective_time_ns,
-                                           phases)
-from whatif.predictors.topology import LinkKind, TopologyName, preset, presets
-
 from _cost_data import VIDUR, bench_module, need
+from whatif.hardware.collectives import (
+    Algorithm,
+    bus_bytes,
+    calibrate,
+    collective_time_ns,
+    phases,
+)
+from whatif.hardware.topology import LinkKind, TopologyName, preset, presets
 
 DGX = preset("dgx_a100")
 
@@ -38,7 +41,7 @@ def test_tree_beats_ring_on_small_messages_and_hierarchical_across_machines():
 
 
 def choose(nbytes, ranks, topo):
-    from whatif.predictors.collectives import choose_algorithm
+    from whatif.hardware.collectives import choose_algorithm
     return choose_algorithm("all_reduce", nbytes, ranks, topo)
 
 

@@ -17,14 +17,19 @@ import pytest
 pytest.importorskip("dash", reason="the dashboard needs the ui extra (pip install -e '.[ui]')")
 pytest.importorskip("dash_cytoscape", reason="the dashboard needs the ui extra (pip install -e '.[ui]')")
 
-from whatif import figures  # noqa: E402
 from whatif.dashboard import timeline as tl  # noqa: E402
-from whatif.dashboard.forms import params_from_form, spec_from_toml, spec_to_toml, transform_form  # noqa: E402
+from whatif.dashboard.forms import (  # noqa: E402
+    params_from_form,
+    spec_from_toml,
+    spec_to_toml,
+    transform_form,
+)
 from whatif.dashboard.guard import AccessDenied, PathGuard  # noqa: E402
 from whatif.dashboard.state import RunStore, discover  # noqa: E402
 from whatif.dashboard.uploads import UploadError, save_trace  # noqa: E402
 from whatif.transforms.scenario import load_scenario  # noqa: E402
 
+from whatif import figures  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "sample_traces" / "llm_serve"

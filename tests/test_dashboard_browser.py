@@ -68,7 +68,10 @@ def browser(downloads: Path) -> Iterator[Any]:
 
 def _wait(browser: Any, cond: Any, timeout: float = WAIT) -> Any:
     """Poll ``cond`` until truthy; elements Dash re-renders mid-read (stale) are simply read again."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+    )
     from selenium.webdriver.support.ui import WebDriverWait
 
     return WebDriverWait(browser, timeout, poll_frequency=0.1,
@@ -83,9 +86,8 @@ def _cell_texts(browser: Any, css: str) -> list[str]:
 
 
 def _text(browser: Any, id_: str) -> str:
-    from selenium.webdriver.common.by import By
-
     from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
 
     for _ in range(20):  # Dash may replace the element between finding and reading it
         try:
@@ -254,7 +256,6 @@ def _predict(browser: Any, name: str, factor: str, pattern: str) -> str:
 
 def test_builder_save_load_compare(server: Any, browser: Any, shots: Path, downloads: Path) -> None:
     from selenium.webdriver.common.by import By
-
     from whatif.transforms.scenario import load_scenario
 
     rid = _run_id(server, "llm_serve")

@@ -1,8 +1,7 @@
 import pytest
-
-from whatif.predictors.devices import DEVICES, DeviceName, DType, Vendor, find_device, get_device
-
 from _cost_data import TRACES, need
+from whatif.core.dtypes import DType
+from whatif.hardware.devices import DEVICES, DeviceName, Vendor, find_device, get_device
 
 
 def test_catalog_covers_required_devices():

@@ -7,13 +7,13 @@ from pathlib import Path
 import orjson
 import pytest
 from test_report import SCENARIO, gpu_trace, write
+from whatif.transforms.generic import Scale
+from whatif.transforms.select import Selector
 
 from whatif.api import analyze, predict
 from whatif.cli import main
 from whatif.report import build_report
 from whatif.report.diff import diff_document
-from whatif.transforms.generic import Scale
-from whatif.transforms.select import Selector
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
-
 from whatif.tracer import markers  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

@@ -1,11 +1,14 @@
 import math
 
 import pytest
-
-from whatif.predictors.devices import get_device
-from whatif.predictors.habitat import fit_gamma, habitat_gamma, move_kernel_time_ns, scale_factor
-
 from _cost_data import VIDUR, bench_module, need
+from whatif.hardware.devices import get_device
+from whatif.hardware.habitat import (
+    fit_gamma,
+    habitat_gamma,
+    move_kernel_time_ns,
+    scale_factor,
+)
 
 A100, A40, H100 = get_device("A100_SXM_80GB"), get_device("A40"), get_device("H100_SXM")
 

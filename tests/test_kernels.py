@@ -1,12 +1,11 @@
 import doctest
 
 import pytest
-
-import whatif.depgraph.kernels as kernels
-from whatif.depgraph.kernels import KernelClass as K
-from whatif.depgraph.kernels import classify_kernel, dtype_bytes, op_flops_bytes
-
+import whatif.core.kernels as kernels
 from _cost_data import TRACES, need
+from whatif.core.dtypes import element_bytes
+from whatif.core.kernels import KernelClass as K
+from whatif.core.kernels import classify_kernel, op_flops_bytes
 
 
 def test_doctests():
@@ -78,7 +77,7 @@ def test_memory_bound_ops():
 
 
 def test_dtype_and_unknowns():
-    assert dtype_bytes("c10::Float8_e4m3fn") == 1 and dtype_bytes("double") == 8
+    assert element_bytes("c10::Float8_e4m3fn") == 1 and element_bytes("double") == 8
     assert op_flops_bytes("aten::mm", [[2, 3], [4, 5]], ["float", "float"]) is None  # mismatch
     assert op_flops_bytes("aten::frobnicate", [[2, 3]], ["float"]) is None
     assert op_flops_bytes("aten::mm", None, None) is None

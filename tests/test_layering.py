@@ -1,5 +1,5 @@
-"""Data flows one way: tracer -> depgraph -> transforms -> predictors -> front door / dashboard.
-No folder imports one to its right (checked on the source, imports inside functions included)."""
+"""Data flows one way: core -> hardware -> tracer -> depgraph -> transforms -> predictors -> front door /
+dashboard. No folder imports one to its right (checked on the source, imports inside functions included)."""
 from __future__ import annotations
 
 import ast
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = {"tracer": 0, "depgraph": 1, "transforms": 2, "predictors": 3, "dashboard": 4}
-FRONT_DOOR = 4  # whatif.api, whatif.summary, whatif.report… sit with the dashboard at the end
+ORDER = {"core": 0, "hardware": 1, "tracer": 2, "depgraph": 3, "transforms": 4, "predictors": 5, "dashboard": 6}
+FRONT_DOOR = 6  # whatif.api, whatif.summary, whatif.report… sit with the dashboard at the end
 
 
 def rank_of(module: str) -> int | None:

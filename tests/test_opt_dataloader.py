@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tracegen import KinetoTrace
-
-from whatif.api import Analysis, analyze, predict
 from whatif.depgraph.graph import EdgeKind, ResourceKind
 from whatif.transforms.base import TransformContext, TransformError
 from whatif.transforms.generic import Remove
 from whatif.transforms.optimizations.dataloader import DataLoaderWorkers
 from whatif.transforms.scenario import ScenarioError, build_transform
 from whatif.transforms.select import Selector
+
+from whatif.api import Analysis, analyze, predict
 
 LOAD_US, OP_US, OPS, STEPS = 4000, 500, 3, 48
 NEXT = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"

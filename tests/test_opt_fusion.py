@@ -8,8 +8,6 @@ import numpy as np
 import pandas as pd
 import pytest
 from tracegen import KinetoTrace
-
-from whatif.api import Analysis, analyze, make_context, predict
 from whatif.depgraph.graph import TaskGraph, TaskKind
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import critical_path, step_times
@@ -17,6 +15,8 @@ from whatif.transforms.base import TransformError
 from whatif.transforms.optimizations.cuda_graph import CudaGraph, graph_launch_cost_ns
 from whatif.transforms.optimizations.fuse import FIXED_NS, Fuse
 from whatif.transforms.select import Selector
+
+from whatif.api import Analysis, analyze, make_context, predict
 
 US = 1000
 CHAIN = [("gemm_kernel", "aten::mm"), ("vectorized_elementwise_kernel<add>", "aten::add"),
@@ -279,11 +279,12 @@ def test_writing_a_transform_code_blocks_run(shared_traces: Path, tmp_path: Path
     import re
     import shlex
     import sys
-    import tomllib
     import types
 
-    from whatif.cli import main
+    import tomllib
     from whatif.transforms import registry
+
+    from whatif.cli import main
 
     text = DOC.read_text().replace("../shared/traces/", f"{shared_traces}/")
     blocks = re.findall(r"```(\w+)\n(.*?)```", text, flags=re.S)

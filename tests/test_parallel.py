@@ -6,19 +6,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tracegen import KinetoTrace
-
-from whatif.api import analyze, make_context
 from whatif.depgraph.graph import EdgeKind, TaskKind
-from whatif.predictors.collectives import collective_time_ns
+from whatif.hardware.collectives import collective_time_ns
+from whatif.hardware.topology import preset
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import step_times
-from whatif.predictors.topology import preset
+from whatif.tracer.measured_collectives import collective_points
 from whatif.transforms import registry
 from whatif.transforms.base import TransformError
 from whatif.transforms.parallel.comm import Collective, comm_stream, insert_tasks
 from whatif.transforms.parallel.layers import find_blocks
-from whatif.transforms.parallel.nccl import collective_points
 from whatif.transforms.parallel.tensor import TensorParallel
+
+from whatif.api import analyze, make_context
 
 PEAK, BW, ELEM = 150e12, 1.5e12, 2   # FLOP/s and bytes/s the fake kernels reach; bf16
 

@@ -6,8 +6,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _llm_tracegen import llm_trace
-
-from whatif.api import analyze, make_context
 from whatif.depgraph.graph import EdgeKind, TaskKind
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import step_times
@@ -15,10 +13,20 @@ from whatif.transforms import registry
 from whatif.transforms.base import TransformError
 from whatif.transforms.parallel.data import DataParallel, bucket_sizes
 from whatif.transforms.parallel.layers import find_blocks
-from whatif.transforms.parallel.overlap import DEFAULT_INTERFERENCE, Overlap, interference_from_trace
-from whatif.transforms.parallel.pipeline import PipelineParallel, bubble_fraction, pipelined_step_ns
+from whatif.transforms.parallel.overlap import (
+    DEFAULT_INTERFERENCE,
+    Overlap,
+    interference_from_trace,
+)
+from whatif.transforms.parallel.pipeline import (
+    PipelineParallel,
+    bubble_fraction,
+    pipelined_step_ns,
+)
 from whatif.transforms.parallel.reshard import plans, search_reshard, step_phases
 from whatif.transforms.parallel.tensor import TensorParallel
+
+from whatif.api import analyze, make_context
 
 
 def step_ns(graph) -> int:

@@ -6,15 +6,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _llm_tracegen import llm_trace
-
-from whatif.api import analyze, make_context
 from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskKind
-from whatif.predictors.pim import COMPUTE_UTIL, MEMORY_UTIL, get_pim
+from whatif.hardware.pim import COMPUTE_UTIL, MEMORY_UTIL, get_pim
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import step_times
 from whatif.transforms import registry
 from whatif.transforms.base import TransformError
 from whatif.transforms.parallel.pim import PimOffload, search_pim
+
+from whatif.api import analyze, make_context
 
 
 def step_ns(graph) -> int:

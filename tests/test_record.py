@@ -14,10 +14,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch.profiler import ProfilerAction  # noqa: E402
 from whatif.tracer import EventKind, load_trace  # noqa: E402
 from whatif.tracer.record.options import Schedule  # noqa: E402
 from whatif.tracer.record.trace_file import fold_leading_steps, merge_cycles  # noqa: E402
-from torch.profiler import ProfilerAction  # noqa: E402
 
 # The CLI with only `record` registered, so these tests do not depend on other commands.
 DRIVER = ("import sys; from whatif import cli; cli.COMMANDS = {'record': cli.COMMANDS['record']}; "

@@ -11,11 +11,18 @@ from types import SimpleNamespace
 
 import orjson
 import pytest
-
 from whatif.tracer import EventKind, load_trace
-from whatif.tracer.record.cupti_records import (KIND_CONCURRENT_KERNEL, KIND_EXTERNAL_CORRELATION, KIND_MEMCPY,
-                                                KIND_MEMSET, KIND_RUNTIME, KIND_SYNCHRONIZATION, CpuRange,
-                                                cupti_to_kineto, snapshot)
+from whatif.tracer.record.cupti_records import (
+    KIND_CONCURRENT_KERNEL,
+    KIND_EXTERNAL_CORRELATION,
+    KIND_MEMCPY,
+    KIND_MEMSET,
+    KIND_RUNTIME,
+    KIND_SYNCHRONIZATION,
+    CpuRange,
+    cupti_to_kineto,
+    snapshot,
+)
 
 T0 = 1_790_000_000_123_456_789  # ns on CUPTI's clock
 PID, TID = 4242, 4243

@@ -11,15 +11,24 @@ from pathlib import Path
 import orjson
 import pytest
 from tracegen import KinetoTrace
-
-from whatif.api import Prediction, predict
-from whatif.cli import main
-from whatif.report import (REPORT_SCHEMA, ReportError, ThresholdError, build_report, evaluate, parse, render,
-                           validate, write_report)
-from whatif.report.schema import errors
 from whatif.transforms.generic import Scale
 from whatif.transforms.scenario import Scenario
 from whatif.transforms.select import Selector
+
+from whatif.api import Prediction, predict
+from whatif.cli import main
+from whatif.report import (
+    REPORT_SCHEMA,
+    ReportError,
+    ThresholdError,
+    build_report,
+    evaluate,
+    parse,
+    render,
+    validate,
+    write_report,
+)
+from whatif.report.schema import errors
 
 SCENARIO = '[[transform]]\nname = "scale"\nfactor = 0.5\nselect = { name = "gemm" }\n'
 

@@ -1,11 +1,15 @@
 import numpy as np
 import pytest
-
-from whatif.predictors.devices import DType, get_device
-from whatif.predictors.roofline import (CalibratedRoofline, compute_peak, kernel_time_ns,
-                                        memory_bound, roofline_time_ns)
-
 from _cost_data import VIDUR, bench_module, need
+from whatif.core.dtypes import DType
+from whatif.hardware.devices import get_device
+from whatif.hardware.roofline import (
+    CalibratedRoofline,
+    compute_peak,
+    kernel_time_ns,
+    memory_bound,
+    roofline_time_ns,
+)
 
 A100 = get_device("A100_SXM_80GB")
 

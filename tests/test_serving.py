@@ -9,10 +9,19 @@ from pathlib import Path
 import orjson
 import pytest
 from tracegen import KinetoTrace
+from whatif.predictors.serving import (
+    LLMBatch,
+    RequestSpec,
+    SchedulerConfig,
+    WorkloadError,
+    gamma_arrivals,
+    poisson_arrivals,
+    read_workload,
+    simulate_llm,
+    synthetic_workload,
+)
 
 from whatif.cli import main
-from whatif.predictors.serving import (LLMBatch, RequestSpec, SchedulerConfig, WorkloadError, gamma_arrivals,
-                                       poisson_arrivals, read_workload, simulate_llm, synthetic_workload)
 
 PREFILL_NS, DECODE_NS = 10e6, 2e6
 
@@ -179,10 +188,11 @@ def serving_run(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_fit_recovers_the_iteration_law(tmp_path: Path) -> None:
-    from whatif.api import analyze
     from whatif.predictors.serving import fit_llm_model
     from whatif.predictors.serving.iteration_model import replayed_iterations
     from whatif.predictors.serving.logs import llm_compositions, read_log
+
+    from whatif.api import analyze
 
     run_dir, log = serving_run(tmp_path)
     model = fit_llm_model(replayed_iterations(analyze(run_dir).replay), llm_compositions(read_log(log)))

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from whatif.tracer import EventKind, TraceError, load_trace
 from whatif.tracer.trace import COLUMNS
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from whatif.tracer import EventKind, Trace, TraceError, load_trace
 from whatif.tracer.kinds import GPU_KINDS
 from whatif.tracer.trace import COLUMNS

@@ -7,9 +7,6 @@ import numpy as np
 import orjson
 import pytest
 from tracegen import KinetoTrace
-
-from whatif.api import analyze, predict
-from whatif.cli import main
 from whatif.depgraph.graph import EdgeKind, GraphError, TaskKind
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import step_times
@@ -18,6 +15,9 @@ from whatif.transforms.base import Transform, TransformContext, TransformError
 from whatif.transforms.generic import Remove, Scale
 from whatif.transforms.scenario import ScenarioError, load_scenario
 from whatif.transforms.select import SelectionError, Selector, select
+
+from whatif.api import analyze, predict
+from whatif.cli import main
 
 US = 1000
 

@@ -1,5 +1,6 @@
 """Reading traces: Kineto/Chrome JSON into one normalized event table (and, later, recording)."""
-from .errors import TraceError, WhatifError
+from whatif.core.errors import TraceError, WhatifError
+
 from .kinds import EventKind
 from .trace import RankInfo, Trace, load_trace
 

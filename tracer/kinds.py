@@ -28,11 +28,18 @@ class EventKind(IntEnum):
     @property
     def is_gpu_activity(self) -> bool:
         """Work that occupies a GPU stream (kernels, copies, memsets)."""
-        return self in (EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET)
+        return self in GPU_ACTIVITY_KINDS
 
 
-GPU_KINDS = frozenset({EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET,
-                       EventKind.GPU_ANNOTATION, EventKind.GPU_SYNC})
+GPU_ACTIVITY_KINDS = frozenset({EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET})
+"""Events that occupy a GPU stream: what becomes a GPU task of the graph."""
+GPU_KINDS = GPU_ACTIVITY_KINDS | {EventKind.GPU_ANNOTATION, EventKind.GPU_SYNC}
+"""Every event recorded on a GPU track (the activities, plus annotations and sync records)."""
+
+
+def codes(kinds: frozenset[EventKind]) -> list[int]:
+    """The integer codes of a set of kinds, sorted, for ``np.isin`` on the ``kind`` column."""
+    return sorted(int(k) for k in kinds)
 
 CATEGORY_KINDS: dict[str, EventKind] = {
     "cpu_op": EventKind.CPU_OP,

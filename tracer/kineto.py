@@ -32,8 +32,9 @@ try:  # ISA-L inflates gzip 1.3-2.5x faster than zlib; optional
 except ImportError:  # pragma: no cover - isal is a dependency, zlib is the fallback
     _inflate_lib = zlib
 
-from .errors import TraceError
-from .kinds import IGNORED_CATEGORIES, EventKind, kind_of
+from whatif.core.errors import TraceError
+
+from .kinds import GPU_KINDS, IGNORED_CATEGORIES, EventKind, kind_of
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
@@ -362,8 +363,6 @@ def _scalar_us_to_ns(value: int | float) -> int:
 
 
 _LAUNCH_FLOW_CATEGORIES = frozenset({"ac2g", "async", "async_gpu", "async_cpu_to_gpu"})
-_GPU_KINDS = frozenset({EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET,
-                        EventKind.GPU_ANNOTATION, EventKind.GPU_SYNC})
 
 
 def _text(value: Any) -> str:
@@ -423,7 +422,7 @@ def _parse_events(path: Path, events: list[_Event], metadata: dict[str, Any], ma
             cat_label.append(label)
             kind = kind_of(label)
             code_kind.append(int(kind))
-            code_gpu.append(kind in _GPU_KINDS)
+            code_gpu.append(kind in GPU_KINDS)
         with contextlib.suppress(TypeError):  # an unhashable category is classified each time
             cat_code[cat] = code
         return code

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from whatif.core.errors import TraceError
 
-from .errors import TraceError
+from .kinds import GPU_ACTIVITY_KINDS, EventKind, codes
 from .kineto import FileTrace, Flow, gc_paused, parse_file
-from .kinds import EventKind
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 NOT_TRACES = frozenset({"meta.json"})
@@ -102,7 +102,7 @@ def check_usable(ft: FileTrace) -> None:
     kinds = ft.columns.kind
     if kinds.size == 0:
         raise TraceError(ft.path, "trace has no complete (ph 'X') events")
-    gpu = np.isin(kinds, [EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET]).sum()
+    gpu = np.isin(kinds, codes(GPU_ACTIVITY_KINDS)).sum()
     if gpu:
         return
     launching = [i for i, n in enumerate(ft.columns.names)
@@ -172,7 +172,7 @@ def _to_frame(files: list[FileTrace], ranks: list[int]) -> pd.DataFrame:
 def load_trace(path: str | Path) -> Trace:
     """Load a trace file, a folder of per-rank trace files, or a ``whatif record`` run folder.
 
-    Raises :class:`~whatif.tracer.errors.TraceError` naming the file and the problem.
+    Raises :class:`~whatif.core.errors.TraceError` naming the file and the problem.
     """
     path = Path(path)
     if not path.exists():

@@ -14,9 +14,8 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import pandas as pd
-
+from whatif.core.errors import WhatifError
 from whatif.depgraph.graph import TaskGraph
-from whatif.tracer.errors import WhatifError
 
 
 class TransformError(WhatifError):
@@ -62,7 +61,7 @@ class CostModel(Protocol):
         ...
 
     def pim_device(self, name: str, link: str | None = None) -> Any:
-        """A PIM device model (``whatif.predictors.pim.PimDevice``: internal bandwidth and FLOP/s per
+        """A PIM device model (``whatif.hardware.pim.PimDevice``: internal bandwidth and FLOP/s per
         level, GPU link, rearrangement and kernel times) by catalog name, on ``link`` when given."""
         ...
 

@@ -29,8 +29,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
-from whatif.depgraph.graph import Change, EdgeKind, GraphError, ResourceKind, TaskGraph, TaskKind
+from whatif.depgraph.graph import (
+    Change,
+    EdgeKind,
+    GraphError,
+    ResourceKind,
+    TaskGraph,
+    TaskKind,
+)
 
 ORDER_KINDS = (int(EdgeKind.THREAD), int(EdgeKind.STREAM))
 Tasks = Sequence[int] | np.ndarray

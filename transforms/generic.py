@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from whatif.depgraph.graph import TaskGraph
 
 from .base import Transform, TransformContext, TransformError

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from whatif.core.errors import WhatifError
 from whatif.depgraph.graph import TaskGraph
-from whatif.tracer.errors import WhatifError
 
 from . import registry
 from .base import Transform, TransformContext, TransformError

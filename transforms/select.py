@@ -21,19 +21,18 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
-from whatif.depgraph.graph import TaskGraph, TaskKind
-from whatif.depgraph.kernels import KernelClass, classify_kernel
-from whatif.tracer.errors import WhatifError
+from whatif.core.errors import WhatifError
+from whatif.core.kernels import KernelClass, classify_kernel
+from whatif.depgraph.graph import CPU_KINDS, GPU_WORK_KINDS, TaskGraph, TaskKind
 
 KIND_ALIASES: dict[str, tuple[TaskKind, ...]] = {
     "kernel": (TaskKind.KERNEL,),
-    "gpu": (TaskKind.KERNEL, TaskKind.MEMCPY, TaskKind.MEMSET, TaskKind.COMM),
+    "gpu": tuple(sorted(GPU_WORK_KINDS)),
     "memcpy": (TaskKind.MEMCPY,),
     "memset": (TaskKind.MEMSET,),
     "comm": (TaskKind.COMM,),
     "collective": (TaskKind.COMM,),
-    "cpu": (TaskKind.CPU_CALL, TaskKind.CPU_WORK, TaskKind.WAIT),
+    "cpu": tuple(sorted(CPU_KINDS)),
     "call": (TaskKind.CPU_CALL,),
     "cpu_work": (TaskKind.CPU_WORK,),
 }
@@ -49,7 +48,7 @@ class Selector:
 
     ``name``, ``layer`` and ``op`` are regular expressions searched in the task's value;
     ``kind`` is a task kind (``kernel``, ``gpu``, ``cpu``, ``call``, ``comm``…) and
-    ``kernel_class`` a :class:`~whatif.depgraph.kernels.KernelClass` name (``gemm``,
+    ``kernel_class`` a :class:`~whatif.core.kernels.KernelClass` name (``gemm``,
     ``elementwise``…); ``step``, ``rank`` accept a number or a list.
     """
 

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from whatif import __version__
-from whatif.tracer.errors import WhatifError
+from whatif.core.errors import WhatifError
 
 # name -> module in whatif.commands; each module has ``add_arguments(parser)`` and ``run(args) -> int``
 COMMANDS: dict[str, str] = {

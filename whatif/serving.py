@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from whatif.tracer.errors import TraceError
 from whatif.api import Analysis, ScenarioResult, analyze, predict
+from whatif.core.errors import TraceError
 from whatif.predictors.replay import Replay
 from whatif.predictors.serving import logs
 from whatif.predictors.serving.arrivals import (

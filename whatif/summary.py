@@ -7,12 +7,12 @@ import numpy as np
 import pandas as pd
 
 from whatif.api import Analysis, Prediction, ScenarioResult
+from whatif.depgraph.graph import GPU_WORK_KINDS, TaskKind, kind_codes
 from whatif.predictors.steps import critical_path, step_times
-from whatif.depgraph.graph import TaskKind
 
 SCHEMA = "whatif.analysis"
 VERSION = 1
-GPU_KINDS = (int(TaskKind.KERNEL), int(TaskKind.MEMCPY), int(TaskKind.MEMSET), int(TaskKind.COMM))
+GPU_KINDS = kind_codes(GPU_WORK_KINDS)
 CPU_KINDS = (int(TaskKind.CPU_CALL), int(TaskKind.CPU_WORK), int(TaskKind.WAIT))
 
 

@@ -2,7 +2,14 @@
 iterations, and a request-level discrete-event simulator (arrivals, schedulers, KV cache,
 replicas) that turns it into TTFT / TPOT / end-to-end latency and throughput. See docs/serving.md.
 """
-from .arrivals import RequestSpec, WorkloadError, gamma_arrivals, poisson_arrivals, read_workload, synthetic_workload
+from .arrivals import (
+           RequestSpec,
+           WorkloadError,
+           gamma_arrivals,
+           poisson_arrivals,
+           read_workload,
+           synthetic_workload,
+)
 from .iteration_model import DitStepModel, IterationModel, fit_dit_model, fit_llm_model
 from .logs import LLMBatch
 from .metrics import summarize

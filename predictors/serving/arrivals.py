@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from whatif.tracer.errors import WhatifError
+from whatif.core.errors import WhatifError
 
 
 class WorkloadError(WhatifError):

@@ -21,19 +21,16 @@ the rest's slope by T'/T (intercepts are per-call overheads and stay).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
-
+from whatif.core.kernels import is_attention
 from whatif.predictors.replay import Replay
 from whatif.predictors.steps import step_end_tasks
 
 from .logs import LLMBatch, ServingLogError
-
-ATTENTION = re.compile(r"scaled_dot_product|attention|flash|fmha|sdpa", re.IGNORECASE)
 
 PREFILL_CANDIDATES: list[tuple[str, ...]] = [("tokens",), ("tokens", "tokens2"), ("tokens", "attn"), ("seqs", "tokens"),
                                              ("seqs", "tokens", "tokens2"), ("seqs", "tokens", "attn")]
@@ -56,8 +53,9 @@ def replayed_iterations(replay: Replay) -> pd.DataFrame:
     start, end = replay.start_ns, replay.end_ns
     ph = t.loc[has_phase, ["rank", "step", "phase"]].copy()
     ph["start"] = start[has_phase]
-    ph["attn"] = np.where(t.loc[has_phase, "name"].astype(str).str.contains(ATTENTION).to_numpy(),
-                          (end - start)[has_phase], 0)
+    names = t.loc[has_phase, "name"].astype(str)
+    attention = {n: is_attention(n) for n in names.unique()}
+    ph["attn"] = np.where(names.map(attention).to_numpy(dtype=bool), (end - start)[has_phase], 0)
     ph["phase"] = ph["phase"].astype(str)
     agg = ph.groupby(["rank", "step"], sort=False).agg(first=("start", "min"), phase=("phase", "first"),
                                                          attn_ns=("attn", "sum")).reset_index()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from whatif.tracer.errors import WhatifError
+from whatif.core.errors import WhatifError
 
 LLM_SCHEMA = "whatif.examples.llm_serve/1"
 DIT_SCHEMA = "whatif.examples.dit_serve/1"

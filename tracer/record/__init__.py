@@ -3,7 +3,13 @@
 >>> from whatif.tracer.record import RecordOptions, record, resolve_target  # doctest: +SKIP
 >>> result = record(resolve_target("train.py", None, []), RecordOptions(output=Path("run")), ["whatif"])
 """
-from .errors import BackendUnavailableError, OptionError, OutputExistsError, RecordError, ScriptNotFoundError
+from .errors import (
+    BackendUnavailableError,
+    OptionError,
+    OutputExistsError,
+    RecordError,
+    ScriptNotFoundError,
+)
 from .options import RecordOptions, Schedule, default_output
 from .target import Target, resolve_target
 

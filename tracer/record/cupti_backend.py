@@ -19,9 +19,18 @@ from typing import Any
 
 import torch
 
-from .cupti_records import (KIND_CONCURRENT_KERNEL, KIND_DRIVER, KIND_EXTERNAL_CORRELATION, KIND_MEMCPY,
-                            KIND_MEMSET, KIND_RUNTIME, KIND_SYNCHRONIZATION, CpuRange, cupti_to_kineto,
-                            snapshot)
+from .cupti_records import (
+    KIND_CONCURRENT_KERNEL,
+    KIND_DRIVER,
+    KIND_EXTERNAL_CORRELATION,
+    KIND_MEMCPY,
+    KIND_MEMSET,
+    KIND_RUNTIME,
+    KIND_SYNCHRONIZATION,
+    CpuRange,
+    cupti_to_kineto,
+    snapshot,
+)
 from .errors import BackendUnavailableError, OptionError
 from .options import RecordOptions, Schedule
 

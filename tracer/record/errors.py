@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import WhatifError
+from whatif.core.errors import WhatifError
 
 
 class RecordError(WhatifError):

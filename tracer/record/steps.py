@@ -97,7 +97,10 @@ class StepDetector:
             self._wrapped = (owner, name, vars(owner).get(name, func))
             setattr(owner, name, self._wrap(func))
             return
-        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+        from torch.nn.modules.module import (
+            register_module_forward_hook,
+            register_module_forward_pre_hook,
+        )
         from torch.optim.optimizer import register_optimizer_step_post_hook
         self._handles = [
             register_optimizer_step_post_hook(self._after_optimizer_step),

@@ -54,8 +54,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-
-from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
+from whatif.depgraph.graph import (
+    LOCAL_GPU_WORK_KINDS,
+    EdgeKind,
+    TaskGraph,
+    TaskKind,
+    kind_codes,
+)
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import add_edges, remove, remove_edges, set_duration
@@ -65,7 +70,7 @@ from .fuse import name_mask, order_position
 
 DEFAULT_LAUNCH_US = 10.0   # one graph launch on the CPU when the trace has none (see docstring)
 LAUNCH_QUANTILE = 0.05     # launch latency to an idle stream (depgraph.build.LAUNCH_QUANTILE)
-CAPTURED = (int(TaskKind.KERNEL), int(TaskKind.MEMCPY), int(TaskKind.MEMSET))
+CAPTURED = kind_codes(LOCAL_GPU_WORK_KINDS)
 CPU_KINDS = (int(TaskKind.CPU_CALL), int(TaskKind.CPU_WORK), int(TaskKind.WAIT), int(TaskKind.MARKER))
 GRAPH_LAUNCH = r"(?:cuda|hip)GraphLaunch"
 

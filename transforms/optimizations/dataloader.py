@@ -50,7 +50,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-
 from whatif.depgraph.graph import Change, EdgeKind, ResourceKind, TaskGraph, TaskKind
 
 from ..base import Transform, TransformContext, TransformError

@@ -52,9 +52,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-
+from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
-from whatif.depgraph.kernels import KernelClass
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import fuse as fuse_tasks

@@ -24,8 +24,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from whatif.depgraph.graph import Change, EdgeKind, TaskGraph, TaskKind
+from whatif.depgraph.graph import (
+    GPU_WORK_KINDS,
+    Change,
+    EdgeKind,
+    TaskGraph,
+    TaskKind,
+    kind_codes,
+)
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import set_duration
@@ -56,8 +62,7 @@ class Gpu(Transform):
 
     def _gpu_ids(self, graph: TaskGraph) -> np.ndarray:
         ids = self.select(graph)
-        on_gpu = np.isin(graph.tasks["kind"].to_numpy()[ids], [int(TaskKind.KERNEL), int(TaskKind.MEMCPY),
-                                                               int(TaskKind.MEMSET), int(TaskKind.COMM)])
+        on_gpu = np.isin(graph.tasks["kind"].to_numpy()[ids], kind_codes(GPU_WORK_KINDS))
         return ids[on_gpu]
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:

@@ -5,7 +5,7 @@ communicator on its own stream), chained in program order with the other collect
 stream, with FLOW edges from the work that produces its input and to the work that consumes its
 output. Its duration comes from the cost model in the transform context
 (:meth:`whatif.transforms.base.CostModel.collective_time_ns`, i.e. the alpha-beta models of
-:mod:`whatif.predictors.collectives`, calibrated on the trace's own collective kernels when it
+:mod:`whatif.hardware.collectives`, calibrated on the trace's own collective kernels when it
 has some). Transforms here run on one device's trace and model **one representative rank**:
 with symmetric parallelism every rank runs the same schedule, so the rank's step time is the
 job's (the wait for the slowest peer is not modeled; a multi-rank trace keeps its measured skew
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-
 from whatif.depgraph.graph import Change, EdgeKind, ResourceKind, TaskGraph, TaskKind
 
 from ..base import TransformContext, TransformError
@@ -31,7 +30,7 @@ _CAT = ("phase", "layer", "op", "name")
 class Collective:
     """One collective: ``kind``, ``message_bytes`` (the full buffer: the all-reduced tensor, the
     gathered output, the scattered input, everything a rank sends in an all-to-all), the number of
-    ``ranks`` in the group, the ``topology`` preset (``whatif.predictors.topology``) and how many
+    ``ranks`` in the group, the ``topology`` preset (``whatif.hardware.topology``) and how many
     of the group's ranks share a machine (None: packed)."""
 
     kind: str

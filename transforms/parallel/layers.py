@@ -31,9 +31,9 @@ import re
 
 import numpy as np
 import pandas as pd
-
+from whatif.core.dtypes import element_bytes
+from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import TaskGraph, TaskKind
-from whatif.depgraph.kernels import KernelClass, dtype_bytes
 from whatif.tracer.kinds import EventKind
 
 from ..select import kernel_classes
@@ -219,7 +219,7 @@ def _output_elems(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
         shape = _gemm_out(op, dims)
         if shape is not None:
             ti = 1 if op == "addmm" else 0
-            res[i] = (float(np.prod(shape)), float(dtype_bytes(types[ti] if ti < len(types) else None) or 2))
+            res[i] = (float(np.prod(shape)), element_bytes(types[ti] if ti < len(types) else None) or 2.0)
     return res
 
 

@@ -1,7 +1,7 @@
 """``pim_offload``: move memory-bound kernels (decode GEMV, decode attention) to HBM-PIM units.
 
 Model (DCC, arXiv 2511.15503; AttAcc, ASPLOS 2024; device numbers in
-:mod:`whatif.predictors.pim`, reached through ``CostModel.pim_device``):
+:mod:`whatif.hardware.pim`, reached through ``CostModel.pim_device``):
 
 * **Candidates**: kernels of class ``gemm``/``attention`` with recorded shapes whose arithmetic
   intensity ``I = FLOPs / DRAM bytes`` (``CostModel.kernel_facts``) is at most ``max_intensity``
@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-
+from whatif.core.dtypes import element_bytes
+from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import Change, EdgeKind, ResourceKind, TaskGraph, TaskKind
-from whatif.depgraph.kernels import KernelClass, dtype_bytes
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import move
@@ -71,7 +71,7 @@ def _attention_io(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
         a = args[int(r)] or {}
         dims, types = a.get("Input Dims", a.get("Input dims")), a.get("Input type") or []
         if isinstance(dims, list) and dims and isinstance(dims[0], list) and dims[0]:
-            out[i] = float(np.prod(dims[0])) * float(dtype_bytes(types[0] if types else None) or 2)
+            out[i] = float(np.prod(dims[0])) * (element_bytes(types[0] if types else None) or 2.0)
     return out
 
 

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-
 from whatif.depgraph.graph import Change, EdgeKind, TaskGraph, TaskKind
 
 from ..base import Transform, TransformContext, TransformError

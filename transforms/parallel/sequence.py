@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-
+from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import TaskGraph
-from whatif.depgraph.kernels import KernelClass
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import set_duration

@@ -16,9 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
+from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import EdgeKind, TaskGraph
-from whatif.depgraph.kernels import KernelClass
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import set_duration
@@ -59,7 +58,7 @@ class TensorParallel(Transform):
     description = "Megatron tensor parallelism of degree t: sharded GEMMs/attention, all-reduces per block"
 
     degree: int = field(default=2, metadata={"help": "tensor-parallel degree t (GPUs per model replica)"})
-    topology: str = field(default="dgx_h100", metadata={"help": "topology preset (whatif.predictors.topology)"})
+    topology: str = field(default="dgx_h100", metadata={"help": "topology preset (whatif.hardware.topology)"})
     sequence_parallel: bool = field(default=False, metadata={
         "help": "reduce-scatter + all-gather instead of all-reduce; norms/residuals split along the sequence"})
     activation_bytes: int = field(default=0, metadata={

@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 
 from whatif.api import analyze
-from whatif.summary import console, analysis_document, render_text
+from whatif.summary import analysis_document, console, render_text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

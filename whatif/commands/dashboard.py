@@ -9,7 +9,7 @@ import argparse
 import threading
 import webbrowser
 
-from whatif.tracer.errors import WhatifError
+from whatif.core.errors import WhatifError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -8,7 +8,8 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from whatif.predictors.devices import DEVICES, DType, find_device
+from whatif.core.dtypes import DType
+from whatif.hardware.devices import DEVICES, find_device
 
 _DTYPES = (DType.FP32, DType.TF32, DType.BF16, DType.FP16, DType.FP8, DType.INT8)
 

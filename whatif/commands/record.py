@@ -59,7 +59,12 @@ def _schedule_from(args: argparse.Namespace) -> tuple[object, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from whatif.tracer.record import RecordOptions, default_output, record, resolve_target
+    from whatif.tracer.record import (
+        RecordOptions,
+        default_output,
+        record,
+        resolve_target,
+    )
     from whatif.tracer.record.distributed import rank_from_env
 
     script, prog_args = args.script, list(args.args)

@@ -11,7 +11,7 @@ import pandas as pd
 
 from whatif import __version__
 from whatif.api import Analysis
-from whatif.depgraph.kernels import classify_kernel
+from whatif.core.kernels import classify_kernel
 from whatif.summary import GPU_KINDS
 
 from .document import CATEGORIES, prediction_of

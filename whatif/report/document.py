@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from whatif import __version__
-from whatif.tracer.errors import WhatifError
+from whatif.core.errors import WhatifError
 
 from .thresholds import CheckResult, Threshold, evaluate
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from whatif.tracer.errors import WhatifError
+from whatif.core.errors import WhatifError
 
 
 class ThresholdError(WhatifError):

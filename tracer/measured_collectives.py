@@ -3,57 +3,22 @@
 PyTorch (>= 2.1) records on each collective kernel, or on the ``record_param_comms`` op that
 launched it, ``Collective name``, ``In msg nelems``, ``Out msg nelems``, ``Group size`` and
 ``dtype``. The *message* is the full buffer in the convention of
-:func:`whatif.predictors.collectives.collective_time_ns`: the output for all-gather (``Out msg
+:func:`whatif.hardware.collectives.collective_time_ns`: the output for all-gather (``Out msg
 nelems``), the input for every other kind. A single rank's kernel duration includes the time it
 waited for its peers, so these points overestimate transfer time; callers that can should use
 the linked multi-rank transfer times (``COMM`` tasks after :mod:`whatif.depgraph.collectives`).
 
->>> kind_of_collective("_allgather_base", "ncclDevKernel_AllGather_RING_LL")
-'all_gather'
->>> kind_of_collective(None, "ncclKernel_AllReduce_RING_LL_Sum_float")
-'all_reduce'
->>> kind_of_collective(None, "ncclDevKernel_Generic") is None
-True
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-
-from whatif.depgraph.kernels import KernelClass, classify_kernel
+from whatif.core.dtypes import element_bytes
+from whatif.core.kernels import collective_kind, is_collective
 from whatif.tracer.kinds import EventKind
 from whatif.tracer.trace import Trace
-
-# dtype strings PyTorch writes in the ``dtype`` arg -> bytes per element
-DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "float64": 8, "bfloat16": 2, "half": 2, "float16": 2,
-               "long": 8, "int64": 8, "int": 4, "int32": 4, "byte": 1, "char": 1, "bool": 1, "uint8": 1,
-               "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "short": 2}
-
-_KIND_PATTERNS = [
-    ("reduce_scatter", r"reduce_?scatter"),
-    ("all_gather", r"all_?gather"),
-    ("all_reduce", r"all_?reduce"),
-    ("all_to_all", r"all_?to_?all|alltoall"),
-    ("broadcast", r"broadcast"),
-    ("send_recv", r"send|recv"),
-    ("reduce", r"reduce"),
-]
-
-
-def kind_of_collective(collective_name: str | None, kernel_name: str) -> str | None:
-    """The :class:`~whatif.predictors.collectives.CollectiveKind` value of a collective, from
-    PyTorch's ``Collective name`` when recorded, else from the kernel name; None when unknown."""
-    for text in (collective_name, kernel_name):
-        if not text:
-            continue
-        low = str(text).lower()
-        for kind, pattern in _KIND_PATTERNS:
-            if re.search(pattern, low):
-                return kind
-    return None
 
 
 @dataclass(frozen=True)
@@ -69,8 +34,7 @@ class CollectivePoint:
 
 
 def _message_bytes(kind: str, args: dict) -> float | None:
-    dtype = str(args.get("dtype", "")).lower().replace("c10::", "")
-    esize = DTYPE_BYTES.get(dtype)
+    esize = element_bytes(str(args.get("dtype", "")))
     key = "Out msg nelems" if kind == "all_gather" else "In msg nelems"
     nelems = args.get(key, args.get("In msg nelems"))
     if esize is None or not isinstance(nelems, (int, float)):
@@ -86,7 +50,7 @@ def collective_points(trace: Trace) -> list[CollectivePoint]:
     if len(kernels) == 0:
         return []
     names = ev["name"].astype(str).to_numpy()
-    coll = [k for k in kernels.tolist() if classify_kernel(names[k]) is KernelClass.COLLECTIVE]
+    coll = [k for k in kernels.tolist() if is_collective(names[k])]
     if not coll:
         return []
     args = ev["args"].to_numpy()
@@ -103,7 +67,8 @@ def collective_points(trace: Trace) -> list[CollectivePoint]:
         a = args[k] or {}
         if "Group size" not in a:
             a = op_args.get((int(ranks[k]), int(ext[k])), {})
-        kind = kind_of_collective(a.get("Collective name"), names[k])
+        ck = collective_kind(a.get("Collective name"), names[k])
+        kind = ck.value if ck is not None else None
         group = a.get("Group size")
         if kind is None or not isinstance(group, (int, float)) or group < 1:
             continue

@@ -22,21 +22,12 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
+from whatif.core.dtypes import DType
+
 T = 1e12
 G = 1e9
 GIB = 1 << 30
 MIB = 1 << 20
-
-
-class DType(str, Enum):
-    """Compute data types with their own peak rate."""
-
-    FP32 = "fp32"
-    TF32 = "tf32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-    FP8 = "fp8"
-    INT8 = "int8"
 
 
 # When a device has no native rate for a dtype, frameworks run it on the next type in this chain.
@@ -48,10 +39,6 @@ _FALLBACK: dict[DType, tuple[DType, ...]] = {
     DType.FP8: (DType.FP16, DType.BF16, DType.FP32),
     DType.INT8: (DType.FP16, DType.FP32),
 }
-
-DTYPE_BYTES: dict[DType, int] = {DType.FP32: 4, DType.TF32: 4, DType.BF16: 2, DType.FP16: 2,
-                                 DType.FP8: 1, DType.INT8: 1}
-
 
 class Vendor(str, Enum):
     NVIDIA = "nvidia"

@@ -9,7 +9,8 @@ roofline time as a function of that ideal time (small kernels reach a lower frac
 large ones: launch latency, tail waves). A new or changed kernel is then priced like its measured
 peers of the same class and size on the same GPU.
 
->>> from whatif.predictors.devices import get_device, DType
+>>> from whatif.core.dtypes import DType
+>>> from whatif.hardware.devices import get_device
 >>> a100 = get_device("A100_SXM_80GB")
 >>> roofline_time_ns(312e12, 0, a100, DType.BF16)      # 312 TFLOP at 312 TFLOP/s
 1000000000.0
@@ -26,10 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from whatif.core.dtypes import DType
+from whatif.core.kernels import KernelClass
 
-from whatif.depgraph.kernels import KernelClass
-
-from .devices import Device, DType
+from .devices import Device
 
 MIN_PEERS = 3
 
@@ -197,7 +198,7 @@ def kernel_time_ns(flops: float, nbytes: float, device: Device, dtype: DType | s
                    calibration: CalibratedRoofline | None = None) -> float:
     """Price one kernel on ``device``: calibrated when a calibration is given, else ideal roofline.
 
-    >>> from whatif.predictors.devices import get_device
+    >>> from whatif.hardware.devices import get_device
     >>> kernel_time_ns(2e9, 4e6, get_device("H100_SXM"), "bf16", "gemm") > 0
     True
     """

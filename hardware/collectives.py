@@ -5,7 +5,7 @@ on one fabric (NVLink/NVSwitch/IF/PCIe inside a machine, the NIC network between
 Per-rank bytes follow the NCCL performance notes (``busbw`` factors): ring all-reduce moves
 2(P−1)/P of the message, all-gather and reduce-scatter (P−1)/P, send/recv and broadcast 1.
 
->>> from whatif.predictors.topology import preset
+>>> from whatif.hardware.topology import preset
 >>> dgx = preset("dgx_a100")
 >>> bus_bytes("all_reduce", 1000, 4)                 # ring: 2(P-1)/P of the bytes
 1500.0
@@ -20,20 +20,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
+from whatif.core.kernels import CollectiveKind
 
 from .topology import Link, Topology
 
 DEFAULT_EFFICIENCY = 0.8   # fraction of link bandwidth NCCL/RCCL reach on large messages
-
-
-class CollectiveKind(str, Enum):
-    ALL_REDUCE = "all_reduce"
-    ALL_GATHER = "all_gather"
-    REDUCE_SCATTER = "reduce_scatter"
-    ALL_TO_ALL = "all_to_all"
-    SEND_RECV = "send_recv"
-    BROADCAST = "broadcast"
-    REDUCE = "reduce"
 
 
 class Algorithm(str, Enum):
@@ -181,7 +172,7 @@ def collective_time_ns(kind: CollectiveKind | str, message_bytes: float, ranks: 
                        efficiency: float = DEFAULT_EFFICIENCY) -> float:
     """Predicted ns of one collective of ``message_bytes`` (the full buffer) over ``ranks``.
 
-    >>> from whatif.predictors.topology import preset
+    >>> from whatif.hardware.topology import preset
     >>> collective_time_ns("send_recv", 0, 2, preset("dgx_h100"))      # latency only
     1000.0
     """
@@ -223,7 +214,7 @@ def calibrate(points: Iterable[tuple], topology: Topology, *, residual: bool = T
     model cannot. Pooled fits per (kind, spans machines), without curve, price rank counts that
     were not measured.
 
-    >>> from whatif.predictors.topology import preset
+    >>> from whatif.hardware.topology import preset
     >>> dgx = preset("dgx_a100")
     >>> pts = [("all_reduce", b, 8, 20_000 + b / 100.0) for b in (1e6, 1e7, 1e8)]
     >>> cal = calibrate(pts, dgx, residual=False)

@@ -22,6 +22,8 @@ import re
 from collections.abc import Sequence
 from enum import Enum
 
+from .dtypes import DEFAULT_ELEMENT_BYTES, element_bytes
+
 
 class KernelClass(str, Enum):
     GEMM = "gemm"
@@ -173,29 +175,69 @@ def classify_kernel(name: str, op_name: str | None = None) -> KernelClass:
     return op_cls if op_cls is not None else KernelClass.OTHER
 
 
-# -- dtypes -----------------------------------------------------------------------------------
+def is_collective(name: str) -> bool:
+    """Whether a GPU kernel is a collective (NCCL/RCCL, vLLM/SGLang custom all-reduce, NVLS
+    ``multimem`` kernels, MSCCL++): the one rule the graph builder, the cost models and the
+    transforms share.
 
-_TYPE_BYTES: dict[str, int] = {
-    "float": 4, "float32": 4, "c10::float": 4, "double": 8, "float64": 8,
-    "c10::half": 2, "half": 2, "float16": 2, "c10::bfloat16": 2, "bfloat16": 2,
-    "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1, "c10::float8_e4m3fnuz": 1,
-    "c10::float8_e5m2fnuz": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-    "long": 8, "long int": 8, "int64": 8, "int": 4, "int32": 4, "short": 2, "int16": 2,
-    "signed char": 1, "unsigned char": 1, "int8": 1, "uint8": 1, "bool": 1,
-    "c10::complex<float>": 8, "c10::complex<double>": 16,
-}
-DEFAULT_DTYPE_BYTES = 4  # traces without 'Input type' (Jan-2021 ones) are fp32 models
-
-
-def dtype_bytes(type_name: str | None) -> int | None:
-    """Bytes per element of a trace's ``Input type`` string, None for non-tensors.
-
-    >>> dtype_bytes("c10::BFloat16"), dtype_bytes("float"), dtype_bytes("Scalar")
-    (2, 4, None)
+    >>> [is_collective(n) for n in ("ncclDevKernel_AllGather_RING_LL", "cross_device_reduce_1stage<bf16>",
+    ...                             "multimem_all_reduce_kernel", "ampere_bf16_s16816gemm")]
+    [True, True, True, False]
     """
-    if not type_name:
-        return None
-    return _TYPE_BYTES.get(type_name.strip().lower())
+    return classify_kernel(name) is KernelClass.COLLECTIVE
+
+
+def is_attention(name: str, op_name: str | None = None) -> bool:
+    """Whether a kernel, or a CPU op by its name, is attention.
+
+    >>> is_attention("flash_fwd_kernel<Flash_fwd_kernel_traits>"), is_attention("aten::scaled_dot_product_attention")
+    (True, True)
+    """
+    return classify_kernel(name, op_name) is KernelClass.ATTENTION
+
+
+class CollectiveKind(str, Enum):
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    SEND_RECV = "send_recv"
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+
+
+# first match wins, on PyTorch's ``Collective name`` when recorded, else on the kernel name
+_COLLECTIVE_KINDS: tuple[tuple[CollectiveKind, re.Pattern[str]], ...] = tuple(
+    (kind, re.compile(pattern)) for kind, pattern in (
+        (CollectiveKind.REDUCE_SCATTER, r"reduce_?scatter"),
+        (CollectiveKind.ALL_GATHER, r"all_?gather"),
+        (CollectiveKind.ALL_REDUCE, r"all_?reduce|cross_device_reduce"),
+        (CollectiveKind.ALL_TO_ALL, r"all_?to_?all|alltoall"),
+        (CollectiveKind.BROADCAST, r"broadcast"),
+        (CollectiveKind.SEND_RECV, r"send|recv"),
+        (CollectiveKind.REDUCE, r"reduce"),
+    ))
+
+
+def collective_kind(collective_name: str | None, kernel_name: str) -> CollectiveKind | None:
+    """What a collective does, from PyTorch's ``Collective name`` when recorded, else from the
+    kernel name; None when neither says.
+
+    >>> collective_kind("_allgather_base", "ncclDevKernel_AllGather_RING_LL")
+    <CollectiveKind.ALL_GATHER: 'all_gather'>
+    >>> collective_kind(None, "ncclKernel_AllReduce_RING_LL_Sum_float")
+    <CollectiveKind.ALL_REDUCE: 'all_reduce'>
+    >>> collective_kind(None, "ncclDevKernel_Generic") is None
+    True
+    """
+    for text in (collective_name, kernel_name):
+        if not text:
+            continue
+        low = str(text).lower()
+        for kind, pattern in _COLLECTIVE_KINDS:
+            if pattern.search(low):
+                return kind
+    return None
 
 
 def _numel(dims: Sequence[int]) -> int:
@@ -210,11 +252,11 @@ def _tensors(dims: Sequence, types: Sequence | None) -> list[tuple[list[int], in
             out.append(None)
             continue
         t = types[i] if types and i < len(types) else None
-        size = dtype_bytes(t)
+        size = element_bytes(t)
         if len(d) == 0 and size is None:     # Scalar, ScalarList, None, optional args
             out.append(None)
             continue
-        out.append(([int(x) for x in d], size or DEFAULT_DTYPE_BYTES))
+        out.append(([int(x) for x in d], int(size) if size else DEFAULT_ELEMENT_BYTES))
     return out
 
 

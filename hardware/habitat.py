@@ -17,7 +17,7 @@ Two refinements, both documented in docs/cost-models.md:
   either GPU, so the SM term uses ``min(blocks, SM)``; and a fixed latency (launch, ramp-up and
   drain, ``fixed_ns``) does not scale at all.
 
->>> from whatif.predictors.devices import get_device
+>>> from whatif.hardware.devices import get_device
 >>> a100, h100 = get_device("A100_SXM_80GB"), get_device("H100_SXM")
 >>> habitat_gamma(1.0, 1.0)
 0.5
@@ -30,10 +30,10 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+from whatif.core.dtypes import DType
+from whatif.core.kernels import KernelClass
 
-from whatif.depgraph.kernels import KernelClass
-
-from .devices import Device, DType
+from .devices import Device
 from .roofline import arithmetic_intensity, compute_peak
 
 DEFAULT_FIXED_NS = 2_000.0
@@ -99,7 +99,7 @@ def fit_gamma(src_ns: Sequence[float], dst_ns: Sequence[float], src: Device, dst
     the fixed latency) and returns the median; use it as ``gamma=`` for unmeasured kernels of the
     class. Kernels not longer than ``2·fixed_ns`` on both GPUs carry no signal and are skipped.
 
-    >>> from whatif.predictors.devices import get_device
+    >>> from whatif.hardware.devices import get_device
     >>> a100, a40 = get_device("A100_SXM_80GB"), get_device("A40")
     >>> round(fit_gamma([300_000], [102_000], a40, a100, "fp16", "elementwise", fixed_ns=0), 2)
     1.0
@@ -125,7 +125,7 @@ def move_kernel_time_ns(dur_ns: float, flops: float, nbytes: float, src: Device,
     ``fixed_ns`` of the measured time (launch/ramp latency, capped at the kernel's duration) is
     kept; the rest scales by Habitat's factor. Same device in, same time out.
 
-    >>> from whatif.predictors.devices import get_device
+    >>> from whatif.hardware.devices import get_device
     >>> a = get_device("A100_SXM_80GB")
     >>> move_kernel_time_ns(5_000, 1e9, 1e6, a, a)
     5000.0
