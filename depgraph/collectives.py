@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from whatif.tracer.args import Arg
 
 from .graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
 
@@ -24,21 +25,16 @@ if TYPE_CHECKING:
     from .build import Resources
 
 
-def collective_key(name: str, args: dict | None) -> str:
+def collective_key(name: str, collective_name: str, process_group: str | int) -> str:
     """What identifies a collective across ranks: its collective name and process group when the
     trace records them, else the kernel name.
 
-    >>> collective_key("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)", {"Collective name": "allreduce",
-    ...                "Process Group Name": "0"})
+    >>> collective_key("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)", "allreduce", "0")
     'allreduce@0'
-    >>> collective_key("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", None)
+    >>> collective_key("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", "", "")
     'ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)'
     """
-    if args:
-        coll = args.get("Collective name")
-        if isinstance(coll, str) and coll:
-            return f"{coll}@{args.get('Process Group Name', '')}"
-    return name
+    return f"{collective_name}@{process_group}" if collective_name else name
 
 
 def _groups(graph: TaskGraph) -> list[list[int]]:
@@ -47,7 +43,7 @@ def _groups(graph: TaskGraph) -> list[list[int]]:
     comm = np.flatnonzero(t["kind"].to_numpy() == int(TaskKind.COMM))
     if len(comm) == 0 or graph.trace is None:
         return []
-    args = graph.trace.events["args"].to_numpy()
+    coll_names, groups = graph.trace.arg(Arg.COLLECTIVE_NAME), graph.trace.arg(Arg.PROCESS_GROUP)
     start = t["measured_start_ns"].to_numpy()
     ranks = t["rank"].to_numpy()
     names = t["name"].astype(str).to_numpy()
@@ -56,7 +52,7 @@ def _groups(graph: TaskGraph) -> list[list[int]]:
     seen: dict[tuple[int, str], int] = {}
     by_occurrence: dict[tuple[str, int], list[int]] = {}
     for c in comm.tolist():
-        key = collective_key(names[c], args[events[c]])
+        key = collective_key(names[c], coll_names[events[c]], groups[events[c]])
         n = seen.get((int(ranks[c]), key), 0)
         seen[(int(ranks[c]), key)] = n + 1
         by_occurrence.setdefault((key, n), []).append(c)

@@ -17,9 +17,11 @@ recomputed by the replay, never copied.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from whatif.tracer.args import Arg
 from whatif.tracer.kinds import EventKind
 
 from .graph import EdgeKind
@@ -83,15 +85,28 @@ class StreamIndex:
         return found if found is not None else self.by_rank_stream.get((rank, stream))
 
 
-def _sync_records(ctx: SyncContext) -> dict[tuple[int, int], dict]:
-    """``cuda_sync`` records' args by (rank, correlation)."""
-    ev = ctx.trace.events
+@dataclass(frozen=True)
+class SyncRecord:
+    """What a ``cuda_sync`` record says: the device and stream it synchronized, and for a stream
+    wait the stream and the ``cudaEventRecord`` (its correlation id) it waited on; -1 when absent."""
+
+    device: int
+    stream: int
+    wait_on_stream: int
+    wait_on_event_correlation: int
+
+
+def _sync_records(ctx: SyncContext) -> dict[tuple[int, int], SyncRecord]:
+    """``cuda_sync`` records by (rank, correlation)."""
+    tr = ctx.trace
+    ev = tr.events
     rows = np.flatnonzero(ev["kind"].to_numpy() == int(EventKind.GPU_SYNC))
-    args = ev["args"].to_numpy()
+    cols = [tr.arg(a)[rows] for a in (Arg.SYNC_DEVICE, Arg.SYNC_STREAM, Arg.WAIT_ON_STREAM,
+                                      Arg.WAIT_ON_EVENT_CORRELATION)]
     out = {}
-    for r, c, a in zip(ev["rank"].to_numpy()[rows].tolist(), ev["correlation"].to_numpy()[rows].tolist(), args[rows]):
-        if c >= 0 and isinstance(a, dict):
-            out[(r, c)] = a
+    for i, (r, c) in enumerate(zip(ev["rank"].to_numpy()[rows].tolist(), ev["correlation"].to_numpy()[rows].tolist())):
+        if c >= 0 and ev["args"].iat[int(rows[i])].__class__ is dict:
+            out[(r, c)] = SyncRecord(*(-1 if col[i] is None else int(col[i]) for col in cols))
     return out
 
 
@@ -144,14 +159,13 @@ def add_sync_edges(ctx: SyncContext) -> list[tuple[np.ndarray, np.ndarray, np.nd
         i = int(np.searchsorted(entry[0], ctx.start_m[c], side="left")) - 1
         return int(entry[1][i]) if i >= 0 else None
 
-    def record_target(rank: int, rec: dict) -> int:
+    def record_target(rank: int, rec: SyncRecord) -> int:
         """The task captured by the cudaEventRecord a cuda_sync record points to, or -1."""
-        rc = rec.get("wait_on_cuda_event_record_corr_id")
-        ws = rec.get("wait_on_stream")
-        record_call = call_by_corr.get((rank, rc)) if isinstance(rc, int) else None
-        if record_call is None or not isinstance(ws, int):
+        rc, ws = rec.wait_on_event_correlation, rec.wait_on_stream
+        record_call = call_by_corr.get((rank, rc)) if rc >= 0 else None
+        if record_call is None or ws < 0:
             return -1
-        stream_res = index.find(rank, int(rec.get("device", -1)), ws)
+        stream_res = index.find(rank, rec.device, ws)
         return index.last_before(stream_res, int(ctx.start_m[record_call])) if stream_res is not None else -1
 
     is_wait_call = np.asarray(categories.str.contains("Synchronize|WaitEvent", regex=True), dtype=bool)[codes]
@@ -165,7 +179,7 @@ def add_sync_edges(ctx: SyncContext) -> list[tuple[np.ndarray, np.ndarray, np.nd
                 rep["stream_waits_without_sync_record"] += 1
                 continue
             src = record_target(rank, rec)
-            waiting = index.find(rank, int(rec.get("device", -1)), int(rec.get("stream", -1)))
+            waiting = index.find(rank, rec.device, rec.stream)
             dst = index.first_after(waiting, int(ctx.start_m[c])) if waiting is not None else -1
             if src < 0 or dst < 0:
                 rep["stream_waits_with_nothing_to_wait_for"] += 1
@@ -175,13 +189,13 @@ def add_sync_edges(ctx: SyncContext) -> list[tuple[np.ndarray, np.ndarray, np.nd
             continue
         if DEVICE_SYNC.search(name):
             device = int(ev_device[events[c]]) if ev_device[events[c]] >= 0 else None
-            if rec is not None and isinstance(rec.get("device"), int):
-                device = rec["device"]
+            if rec is not None and rec.device >= 0:
+                device = rec.device
             deps = [index.last_before(s, int(ctx.start_m[c])) for s in index.streams_of(rank, device)]
         elif STREAM_SYNC.search(name):
             stream_res = None
-            if rec is not None and isinstance(rec.get("stream"), int):
-                stream_res = index.find(rank, int(rec.get("device", -1)), rec["stream"])
+            if rec is not None and rec.stream >= 0:
+                stream_res = index.find(rank, rec.device, rec.stream)
             if stream_res is None:
                 stream_res = thread_stream(c)
                 rep["stream_syncs_stream_inferred"] += 1

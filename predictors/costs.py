@@ -78,6 +78,7 @@ from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph, TaskKind, kind_code
 from whatif.hardware.devices import DEVICES, Device, find_device, get_device
 from whatif.hardware.habitat import DEFAULT_FIXED_NS
 from whatif.hardware.roofline import compute_peak
+from whatif.tracer.args import Arg
 from whatif.tracer.kinds import EventKind
 from whatif.tracer.trace import Trace
 from whatif.transforms.base import TransformError
@@ -184,11 +185,8 @@ class TraceCostModel:
         graph.cache[_FACTS_KEY] = (self.trace, events, facts)
         return facts
 
-    def _op_facts(self, op_name: str, args: dict[str, Any] | None) -> tuple[float, float, float, str]:
+    def _op_facts(self, op_name: str, dims: list | None, types: Sequence[str]) -> tuple[float, float, float, str]:
         """(FLOPs, bytes, weight bytes, dtype) of one recorded op; NaN/'' when unknown. Memoized by shape."""
-        a = args or {}
-        dims = a.get("Input Dims", a.get("Input dims"))
-        types = a.get("Input type")
         key = (op_name, repr(dims), repr(types))
         got = self._op_memo.get(key)
         if got is not None:
@@ -238,9 +236,9 @@ class TraceCostModel:
             li = vi[linked]
             op_rows = op_row[linked].astype(np.int64)
             uniq_rows, inv = np.unique(op_rows, return_inverse=True)
-            args = ev["args"].to_numpy()
+            dims, types = self.trace.arg(Arg.INPUT_DIMS), self.trace.arg(Arg.INPUT_TYPES)
             op_names = ev["name"].astype(str).to_numpy()
-            per_op = np.asarray([self._op_facts(op_names[r], args[r]) for r in uniq_rows], dtype=object)
+            per_op = np.asarray([self._op_facts(op_names[r], dims[r], types[r]) for r in uniq_rows], dtype=object)
             if len(per_op):
                 of = per_op[:, 0].astype(float)[inv]
                 ob = per_op[:, 1].astype(float)[inv]

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from whatif.core.dtypes import element_bytes
 from whatif.core.kernels import collective_kind, is_collective
+from whatif.tracer.args import Arg
 from whatif.tracer.kinds import EventKind
 from whatif.tracer.trace import Trace
 
@@ -33,11 +34,10 @@ class CollectivePoint:
     event: int          # row in ``trace.events`` of the kernel
 
 
-def _message_bytes(kind: str, args: dict) -> float | None:
-    esize = element_bytes(str(args.get("dtype", "")))
-    key = "Out msg nelems" if kind == "all_gather" else "In msg nelems"
-    nelems = args.get(key, args.get("In msg nelems"))
-    if esize is None or not isinstance(nelems, (int, float)):
+def _message_bytes(kind: str, dtype: str, in_nelems: float | None, out_nelems: float | None) -> float | None:
+    esize = element_bytes(dtype)
+    nelems = out_nelems if kind == "all_gather" and out_nelems is not None else in_nelems
+    if esize is None or nelems is None:
         return None
     return float(nelems) * esize
 
@@ -53,26 +53,26 @@ def collective_points(trace: Trace) -> list[CollectivePoint]:
     coll = [k for k in kernels.tolist() if is_collective(names[k])]
     if not coll:
         return []
-    args = ev["args"].to_numpy()
+    group_size = trace.arg(Arg.GROUP_SIZE)
+    coll_name, dtype = trace.arg(Arg.COLLECTIVE_NAME), trace.arg(Arg.DTYPE)
+    in_nelems, out_nelems = trace.arg(Arg.IN_MSG_NELEMS), trace.arg(Arg.OUT_MSG_NELEMS)
     ext = ev["external_id"].to_numpy()
     ranks = ev["rank"].to_numpy()
-    ops = ev[(ev["kind"].to_numpy() == int(EventKind.CPU_OP)) & (ext >= 0)]
-    op_args: dict[tuple[int, int], dict] = {}
-    for r, x, a in zip(ops["rank"].to_numpy(), ops["external_id"].to_numpy(), ops["args"].to_numpy()):
-        if a and "Group size" in a:
-            op_args[(int(r), int(x))] = a
+    ops = np.flatnonzero((ev["kind"].to_numpy() == int(EventKind.CPU_OP)) & (ext >= 0))
+    # the CPU op that launched a kernel records the arguments when the kernel does not
+    op_row = {(int(ranks[r]), int(ext[r])): r for r in ops.tolist() if group_size[r] is not None}
     out: list[CollectivePoint] = []
     dur = ev["dur_ns"].to_numpy()
     for k in coll:
-        a = args[k] or {}
-        if "Group size" not in a:
-            a = op_args.get((int(ranks[k]), int(ext[k])), {})
-        ck = collective_kind(a.get("Collective name"), names[k])
-        kind = ck.value if ck is not None else None
-        group = a.get("Group size")
-        if kind is None or not isinstance(group, (int, float)) or group < 1:
+        row = k if group_size[k] is not None else op_row.get((int(ranks[k]), int(ext[k])))
+        if row is None:
             continue
-        nbytes = _message_bytes(kind, a)
+        ck = collective_kind(coll_name[row] or None, names[k])
+        kind = ck.value if ck is not None else None
+        group = group_size[row]
+        if kind is None or group < 1:
+            continue
+        nbytes = _message_bytes(kind, dtype[row], in_nelems[row], out_nelems[row])
         if nbytes is None or dur[k] <= 0:
             continue
         out.append(CollectivePoint(kind, nbytes, int(group), int(dur[k]), int(ranks[k]), int(k)))

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 from whatif.core.errors import TraceError
 
+from .args import Arg, arg_column
 from .kinds import GPU_ACTIVITY_KINDS, EventKind, codes
 from .kineto import FileTrace, Flow, gc_paused, parse_file
 
@@ -64,6 +65,15 @@ class Trace:
     events: pd.DataFrame
     ranks: list[RankInfo]
     flows: list[tuple[int, Flow]] = field(default_factory=list)  # (rank, flow end)
+    _arg_columns: dict[Arg, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+
+    def arg(self, arg: Arg) -> np.ndarray:
+        """The typed column of one event argument (declared in :mod:`whatif.tracer.args`), one
+        value per event, read once per trace."""
+        column = self._arg_columns.get(arg)
+        if column is None:
+            column = self._arg_columns[arg] = arg_column(self.events, arg)
+        return column
 
     @property
     def source(self) -> str:

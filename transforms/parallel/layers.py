@@ -34,6 +34,7 @@ import pandas as pd
 from whatif.core.dtypes import element_bytes
 from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import TaskGraph, TaskKind
+from whatif.tracer.args import Arg
 from whatif.tracer.kinds import EventKind
 
 from ..select import kernel_classes
@@ -209,12 +210,12 @@ def _output_elems(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
         return res
     ev = tr.events
     op_rows = linked_op_rows(graph, tasks)
-    names, args = ev["name"].astype(str).to_numpy(), ev["args"].to_numpy()
+    names = ev["name"].astype(str).to_numpy()
+    all_dims, all_types = tr.arg(Arg.INPUT_DIMS), tr.arg(Arg.INPUT_TYPES)
     for i, r in enumerate(op_rows):
         if np.isnan(r):
             continue
-        a = args[int(r)] or {}
-        dims, types = a.get("Input Dims", a.get("Input dims")), a.get("Input type") or []
+        dims, types = all_dims[int(r)], all_types[int(r)]
         op = names[int(r)].split("::")[-1]
         shape = _gemm_out(op, dims)
         if shape is not None:

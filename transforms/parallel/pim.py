@@ -43,6 +43,7 @@ import pandas as pd
 from whatif.core.dtypes import element_bytes
 from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import Change, EdgeKind, ResourceKind, TaskGraph, TaskKind
+from whatif.tracer.args import Arg
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import move
@@ -64,12 +65,11 @@ def _attention_io(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
     rows = linked_op_rows(graph, tasks)
     if graph.trace is None:
         return out
-    args = graph.trace.events["args"].to_numpy()
+    all_dims, all_types = graph.trace.arg(Arg.INPUT_DIMS), graph.trace.arg(Arg.INPUT_TYPES)
     for i, r in enumerate(rows):
         if np.isnan(r):
             continue
-        a = args[int(r)] or {}
-        dims, types = a.get("Input Dims", a.get("Input dims")), a.get("Input type") or []
+        dims, types = all_dims[int(r)], all_types[int(r)]
         if isinstance(dims, list) and dims and isinstance(dims[0], list) and dims[0]:
             out[i] = float(np.prod(dims[0])) * (element_bytes(types[0] if types else None) or 2.0)
     return out
