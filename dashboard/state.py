@@ -31,7 +31,7 @@ from whatif.api import (
     predict,
 )
 from whatif.serving import Workload, fit_serving, serve, sweep
-from whatif.summary import analysis_document, prediction_document
+from whatif.summary import analysis_document, change_document, prediction_document
 
 from .guard import PathGuard
 
@@ -162,9 +162,7 @@ class Run:
         return {"name": res.scenario.name, "transforms": [t.label() for t in res.scenario.transforms],
                 "mean_step_ns": int(total / n), "baseline_mean_step_ns": int(base / n),
                 "speedup": round(base / total, 6) if total > 0 else float("inf"), "waterfall": waterfall,
-                "changes": [{"transform": c.transform, "action": c.action, "tasks": c.tasks,
-                             "before_ns": c.before_ns, "after_ns": c.after_ns, "reason": c.reason}
-                            for c in res.graph.changes]}
+                "changes": [change_document(c) for c in res.graph.changes]}
 
     @property
     def serving_log(self) -> Path | None:

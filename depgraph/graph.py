@@ -11,9 +11,10 @@ are served in ready-time order, one at a time.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import networkx as nx
 import numpy as np
@@ -22,6 +23,9 @@ from whatif.core.errors import WhatifError
 
 if TYPE_CHECKING:
     from whatif.tracer.trace import Trace
+
+
+T = TypeVar("T")
 
 
 class TaskKind(IntEnum):
@@ -88,11 +92,6 @@ class GraphError(WhatifError):
     """The graph violates an invariant (e.g. it has a cycle)."""
 
 
-TASK_COLUMNS = ("event", "kind", "resource", "rank", "dur_ns", "measured_start_ns", "measured_end_ns",
-                "step", "phase", "layer", "op", "name")
-EDGE_COLUMNS = ("src", "dst", "lat_ns", "kind")
-
-
 @dataclass
 class TaskGraph:
     """Tasks, edges and resources of one run (all ranks).
@@ -116,7 +115,12 @@ class TaskGraph:
     trace: Trace | None = None
     report: dict[str, int] = field(default_factory=dict)
     changes: list[Change] = field(default_factory=list)
-    cache: dict[str, object] = field(default_factory=dict, repr=False)
+    version: int = 0
+    """Bumped by every primitive (:mod:`whatif.transforms.edit`)."""
+    structure_version: int = 0
+    """Bumped by the primitives that add, remove, rename or reclassify tasks (not by duration or
+    latency edits): what per-task facts such as kernel classes depend on."""
+    _memo: dict[str, tuple[int, object]] = field(default_factory=dict, repr=False)
 
     @property
     def num_tasks(self) -> int:
@@ -128,29 +132,80 @@ class TaskGraph:
 
     def copy(self) -> TaskGraph:
         """A deep copy of tasks, edges, resources, steps and the change log (the trace is shared,
-        read-only; the cache of derived per-task values is carried over)."""
+        read-only; versions and memoized values are carried over)."""
         return TaskGraph(tasks=self.tasks.copy(), edges=self.edges.copy(), resources=self.resources.copy(),
                          steps=self.steps.copy(), trace=self.trace, report=dict(self.report),
-                         changes=list(self.changes), cache=dict(self.cache))
+                         changes=list(self.changes), version=self.version, structure_version=self.structure_version,
+                         _memo=dict(self._memo))
+
+    def memo(self, key: str, compute: Callable[[], T], *, structural: bool = True) -> T:
+        """``compute()`` once per version of the graph: per ``structure_version`` when the value
+        depends only on which tasks exist and what they are (``structural``), else per ``version``.
+
+        >>> g = TaskGraph(tasks=pd.DataFrame({"dur_ns": [1]}), edges=pd.DataFrame(), resources=pd.DataFrame(),
+        ...               steps=pd.DataFrame())
+        >>> g.memo("n", lambda: len(g.tasks)), g.memo("n", lambda: -1)
+        (1, 1)
+        """
+        stamp = self.structure_version if structural else self.version
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]  # type: ignore[return-value]
+        value = compute()
+        self._memo[key] = (stamp, value)
+        return value
+
+
+class ChangeTarget(IntEnum):
+    """What a change edited: task durations (or the task set), edge latencies, resources, or
+    nothing (a NOTE records a decision, e.g. the plan a search chose)."""
+
+    TASKS = 0
+    EDGES = 1
+    RESOURCES = 2
+    NOTE = 3
+
+
+_CHANGE_UNITS = {ChangeTarget.TASKS: ("tasks", "task time"), ChangeTarget.EDGES: ("edges", "edge latency"),
+                 ChangeTarget.RESOURCES: ("resources", "")}
 
 
 @dataclass(frozen=True)
 class Change:
-    """One entry of a graph's change log: which transform did what to how many tasks, and why.
+    """One entry of a graph's change log: which transform did what to how many tasks or edges, and why.
 
-    ``before_ns``/``after_ns``: total duration of the affected tasks before and after.
+    ``count``: how many tasks (or edges, resources) the change touched; ``before_ns``/``after_ns``:
+    their total duration (edges: latency) before and after.
+
+    >>> str(Change("fuse", "set duration of", 3, 9_000_000, 6_000_000, "fused"))
+    'fuse: set duration of 3 tasks (-3.000 ms of task time): fused'
+    >>> str(Change("gpu", "scale latency x0.5 of", 2, 4_000_000, 2_000_000, "faster host", ChangeTarget.EDGES))
+    'gpu: scale latency x0.5 of 2 edges (-2.000 ms of edge latency): faster host'
     """
 
     transform: str
     action: str
-    tasks: int
+    count: int
     before_ns: int
     after_ns: int
     reason: str
+    target: ChangeTarget = ChangeTarget.TASKS
+
+    @property
+    def delta_ns(self) -> int:
+        return self.after_ns - self.before_ns
+
+    @property
+    def tasks(self) -> int:
+        """Tasks touched (0 for changes of edges, resources, or notes)."""
+        return self.count if self.target is ChangeTarget.TASKS else 0
 
     def __str__(self) -> str:
-        delta = (self.after_ns - self.before_ns) / 1e6
-        return f"{self.transform}: {self.action} {self.tasks:,} tasks ({delta:+.3f} ms of task time): {self.reason}"
+        if self.target is ChangeTarget.NOTE:
+            return f"{self.transform}: {self.action}: {self.reason}"
+        noun, quantity = _CHANGE_UNITS[self.target]
+        delta = f" ({self.delta_ns / 1e6:+.3f} ms of {quantity})" if quantity else ""
+        return f"{self.transform}: {self.action} {self.count:,} {noun}{delta}: {self.reason}"
 
 
 def to_networkx(graph: TaskGraph) -> nx.MultiDiGraph:

@@ -1,7 +1,7 @@
 """The cost models transforms use, calibrated on the trace itself (implements
 :class:`whatif.transforms.base.CostModel`). Everything is vectorized over tasks; per-task facts
-of a graph are computed once and cached on it (``graph.cache``, validated against its ``event``
-column, so graphs whose tasks were added or removed recompute them).
+of a graph are computed once per structure of it (``graph.memo``: graphs whose tasks were added,
+removed, renamed or reclassified recompute them).
 
 **Kernel facts.** Class from the kernel and op names (:mod:`whatif.core.kernels`). FLOPs
 and bytes from the launching aten op's recorded shapes (``record_shapes``), shared among that
@@ -176,14 +176,7 @@ class TraceCostModel:
     # -- recorded facts, all tasks of a graph, cached ------------------------------------------
     def _base(self, graph: TaskGraph) -> dict[str, np.ndarray]:
         """Facts of every task as recorded (before any transform's precision/device change)."""
-        events = graph.tasks["event"].to_numpy()
-        hit = graph.cache.get(_FACTS_KEY)
-        if isinstance(hit, tuple) and hit[0] is self.trace and len(hit[1]) == len(events) \
-                and np.array_equal(hit[1], events):
-            return hit[2]
-        facts = self._compute_base(graph)
-        graph.cache[_FACTS_KEY] = (self.trace, events, facts)
-        return facts
+        return graph.memo(f"{_FACTS_KEY}@{id(self.trace)}", lambda: self._compute_base(graph))
 
     def _op_facts(self, op_name: str, dims: list | None, types: Sequence[str]) -> tuple[float, float, float, str]:
         """(FLOPs, bytes, weight bytes, dtype) of one recorded op; NaN/'' when unknown. Memoized by shape."""
@@ -526,15 +519,6 @@ class TraceCostModel:
         from .steps import step_times
 
         return step_times(replay(graph)).groupby("step")["predicted_ns"].max().astype(float)
-
-    def pim_device(self, name: str, link: str | None = None) -> Any:
-        """The PIM device ``name`` of :mod:`whatif.hardware.pim` (on GPU link ``link`` when given)."""
-        from whatif.hardware.pim import PIM_DEVICES, get_pim
-        try:
-            dev = get_pim(name)
-            return dev.with_link(link) if link else dev
-        except (KeyError, ValueError) as exc:
-            raise TransformError(f"pim_offload: {exc.args[0]} (devices: {', '.join(PIM_DEVICES)})") from None
 
     def kernel_time_ns(self, graph: TaskGraph, tasks: np.ndarray, flops: np.ndarray,
                        nbytes: np.ndarray) -> np.ndarray:

@@ -115,7 +115,7 @@ def test_insert_collective_tasks_on_new_stream(llama) -> None:
     c = Collective("all_reduce", 32 << 20, 8, "dgx_a100")
     dur = c.time_ns(ctx, "test")
     g3, ids = insert_tasks(g2, resource=res, after=[kernels[1], kernels[5]], before=[kernels[2], -1],
-                           dur_ns=[dur, dur], names=["ar0", "ar1"], reason="t", transform="test")
+                           dur_ns=[dur, dur], names=["ar0", "ar1"], reason="t")
     assert len(g3.tasks) == len(g.tasks) + 2 and (g3.tasks["kind"].to_numpy()[ids] == int(TaskKind.COMM)).all()
     e = g3.edges
     assert ((e["src"] == kernels[1]) & (e["dst"] == ids[0])).any()

@@ -9,6 +9,7 @@ the context from the trace (recorded GPU, calibrations) and passes it in.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -16,6 +17,8 @@ import numpy as np
 import pandas as pd
 from whatif.core.errors import WhatifError
 from whatif.depgraph.graph import TaskGraph
+
+from .edit import applying
 
 
 class TransformError(WhatifError):
@@ -60,10 +63,6 @@ class CostModel(Protocol):
         for transforms that search over plans and must compare them."""
         ...
 
-    def pim_device(self, name: str, link: str | None = None) -> Any:
-        """A PIM device model (``whatif.hardware.pim.PimDevice``: internal bandwidth and FLOP/s per
-        level, GPU link, rearrangement and kernel times) by catalog name, on ``link`` when given."""
-        ...
 
 
 @dataclass
@@ -90,6 +89,23 @@ class Transform:
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Run every subclass's ``apply`` inside :func:`~whatif.transforms.edit.applying` its name,
+        so each change the primitives log names the transform without the transform passing it
+        (a transform applied inside another, e.g. ``reshard`` applying ``tensor_parallel``, logs
+        under the outer one)."""
+        super().__init_subclass__(**kwargs)
+        inner = cls.__dict__.get("apply")
+        if inner is None:
+            return
+
+        @functools.wraps(inner)
+        def apply(self: Transform, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
+            with applying(self.name, outer_wins=True):
+                return inner(self, graph, ctx)
+
+        cls.apply = apply  # type: ignore[method-assign]
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         """Ids of the tasks this transform would change."""

@@ -1,9 +1,12 @@
 """Graph-transformation primitives (Daydream's Scale / Insert / Remove / Schedule, extended).
 
 Every primitive is a free function ``f(graph, ..., reason=...) -> TaskGraph`` that returns a new
-graph and never mutates its input, and appends one :class:`~whatif.depgraph.graph.Change` to the
-new graph's change log. Task ids are positions in ``graph.tasks``; primitives that delete tasks
-renumber the rest (the ``event`` column still points into the trace).
+graph and never mutates its input, appends one :class:`~whatif.depgraph.graph.Change` to the
+new graph's change log (named after the transform being applied, see :func:`applying`) and bumps
+the graph's ``version`` (and ``structure_version`` when tasks are added, removed, renamed or
+reclassified), which keys every memoized per-task fact. They are the only code that writes a
+graph's tables (``tests/test_one_home.py`` checks). Task ids are positions in ``graph.tasks``;
+primitives that delete tasks renumber the rest (the ``event`` column still points into the trace).
 
 >>> import pandas as pd
 >>> from whatif.depgraph.graph import TaskGraph
@@ -24,13 +27,17 @@ renumber the rest (the ``event`` column still points into the trace).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from whatif.depgraph.graph import (
     Change,
+    ChangeTarget,
     EdgeKind,
     GraphError,
     ResourceKind,
@@ -57,13 +64,63 @@ def _ids(graph: TaskGraph, tasks: Tasks | Iterable[int]) -> np.ndarray:
     return ids
 
 
-def _log(graph: TaskGraph, transform: str, action: str, n: int, before: int, after: int, reason: str) -> None:
-    graph.changes.append(Change(transform=transform, action=action, tasks=int(n), before_ns=int(before),
-                                after_ns=int(after), reason=reason))
+_APPLYING: ContextVar[str | None] = ContextVar("whatif_applying_transform", default=None)
+CATEGORICAL_TEXT = ("phase", "layer", "op", "name")
+"""Task columns stored as categoricals by the builder; a primitive that writes new values into
+them turns them into plain object columns first."""
+
+
+@contextmanager
+def applying(transform: str, *, outer_wins: bool = False) -> Iterator[None]:
+    """Name every change the primitives log inside the block after ``transform`` (every
+    transform's ``apply`` runs inside it, so transforms never pass their name along). With
+    ``outer_wins``, an enclosing block's name is kept.
+
+    >>> with applying("reshard"), applying("tensor_parallel", outer_wins=True):
+    ...     _transform_name("scale")
+    'reshard'
+    """
+    current = _APPLYING.get()
+    token = _APPLYING.set(current if outer_wins and current else transform)
+    try:
+        yield
+    finally:
+        _APPLYING.reset(token)
+
+
+def _transform_name(primitive: str, explicit: str | None = None) -> str:
+    return explicit or _APPLYING.get() or primitive
+
+
+def _log(graph: TaskGraph, transform: str, action: str, n: int, before: int, after: int, reason: str,
+         target: ChangeTarget = ChangeTarget.TASKS, *, structural: bool = False) -> None:
+    graph.changes.append(Change(transform=transform, action=action, count=int(n), before_ns=int(before),
+                                after_ns=int(after), reason=reason, target=target))
+    graph.version += 1
+    if structural:
+        graph.structure_version += 1
+
+
+def _text_columns_as_object(tasks: pd.DataFrame) -> None:
+    for col in CATEGORICAL_TEXT:
+        if col in tasks and isinstance(tasks[col].dtype, pd.CategoricalDtype):
+            tasks[col] = tasks[col].astype(object)
+
+
+def _order_kind_of_resource(graph: TaskGraph, resource: int) -> int:
+    return int(EdgeKind.STREAM) if int(graph.resources["kind"].iat[resource]) == int(ResourceKind.STREAM) \
+        else int(EdgeKind.THREAD)
+
+
+def _edge_frame(src: Any, dst: Any, lat_ns: Any, kind: Any) -> pd.DataFrame:
+    s = np.asarray(src, dtype=np.int64)
+    return pd.DataFrame({"src": s, "dst": np.asarray(dst, dtype=np.int64),
+                         "lat_ns": np.broadcast_to(np.asarray(lat_ns, dtype=np.int64), s.shape),
+                         "kind": np.broadcast_to(np.asarray(kind, dtype=np.int8), s.shape)})
 
 
 def set_duration(graph: TaskGraph, tasks: Tasks, dur_ns: int | np.ndarray, *, reason: str,
-                 transform: str = "set_duration") -> TaskGraph:
+                 transform: str | None = None) -> TaskGraph:
     """Set the replay duration of ``tasks`` (one value, or one per task in sorted id order)."""
     ids = _ids(graph, tasks)
     out = graph.copy()
@@ -72,12 +129,12 @@ def set_duration(graph: TaskGraph, tasks: Tasks, dur_ns: int | np.ndarray, *, re
         raise GraphError("durations must be >= 0 ns")
     before = int(out.tasks["dur_ns"].to_numpy()[ids].sum())
     out.tasks.loc[ids, "dur_ns"] = new
-    _log(out, transform, "set duration of", len(ids), before, int(new.sum()), reason)
+    _log(out, _transform_name("set_duration", transform), "set duration of", len(ids), before, int(new.sum()), reason)
     return out
 
 
 def scale(graph: TaskGraph, tasks: Tasks, factor: float | np.ndarray, *, reason: str,
-          transform: str = "scale") -> TaskGraph:
+          transform: str | None = None) -> TaskGraph:
     """Multiply the duration of ``tasks`` by ``factor`` (one value or one per task)."""
     ids = _ids(graph, tasks)
     factor_arr = np.asarray(factor, dtype=float)
@@ -88,12 +145,12 @@ def scale(graph: TaskGraph, tasks: Tasks, factor: float | np.ndarray, *, reason:
     label = f"scale x{float(factor_arr):g}" if factor_arr.ndim == 0 else "scale"
     out = set_duration(graph, ids, new, reason=reason, transform=transform)
     last = out.changes.pop()
-    _log(out, transform, label, last.tasks, last.before_ns, last.after_ns, reason)
+    _log(out, _transform_name("scale", transform), label, last.count, last.before_ns, last.after_ns, reason)
     return out
 
 
 def add_edges(graph: TaskGraph, src: Tasks, dst: Tasks, lat_ns: int | Sequence[int] = 0,
-              kind: EdgeKind = EdgeKind.FLOW, *, reason: str, transform: str = "add_edges") -> TaskGraph:
+              kind: EdgeKind = EdgeKind.FLOW, *, reason: str, transform: str | None = None) -> TaskGraph:
     """Add dependencies ``src[i] -> dst[i]`` (``dst.start >= src.end + lat``; SYNC bounds the end)."""
     s = np.asarray(src, dtype=np.int64)
     d = np.asarray(dst, dtype=np.int64)
@@ -104,18 +161,19 @@ def add_edges(graph: TaskGraph, src: Tasks, dst: Tasks, lat_ns: int | Sequence[i
     new = pd.DataFrame({"src": s, "dst": d, "lat_ns": np.broadcast_to(np.asarray(lat_ns, dtype=np.int64), s.shape),
                         "kind": np.full(len(s), int(kind), dtype=np.int8)})
     out.edges = pd.concat([out.edges, new], ignore_index=True)
-    _log(out, transform, f"add {len(s):,} {EdgeKind(kind).name} edges to", len(_unique(d)), 0, 0, reason)
+    _log(out, _transform_name("add_edges", transform), f"add {EdgeKind(kind).name}", len(s), 0,
+         int(new["lat_ns"].sum()), reason, ChangeTarget.EDGES)
     return out
 
 
-def remove_edges(graph: TaskGraph, mask: np.ndarray, *, reason: str, transform: str = "remove_edges") -> TaskGraph:
+def remove_edges(graph: TaskGraph, mask: np.ndarray, *, reason: str, transform: str | None = None) -> TaskGraph:
     """Drop the edges where ``mask`` (aligned with ``graph.edges``) is True."""
     mask = np.asarray(mask, dtype=bool)
     out = graph.copy()
     n = int(mask.sum())
     out.edges = out.edges[~mask].reset_index(drop=True)
-    _log(out, transform, f"remove {n:,} edges of", len(_unique(graph.edges["dst"].to_numpy()[mask])), 0, 0,
-         reason)
+    _log(out, _transform_name("remove_edges", transform), "remove", n,
+         int(graph.edges["lat_ns"].to_numpy()[mask].sum()), 0, reason, ChangeTarget.EDGES)
     return out
 
 
@@ -167,7 +225,7 @@ def _jump(start: np.ndarray, step: np.ndarray, step_lat: np.ndarray, removed: np
     return np.where(valid, node, -1), np.where(valid, total, 0)
 
 
-def remove(graph: TaskGraph, tasks: Tasks, *, reason: str, transform: str = "remove") -> TaskGraph:
+def remove(graph: TaskGraph, tasks: Tasks, *, reason: str, transform: str | None = None) -> TaskGraph:
     """Delete ``tasks`` while keeping the order they enforced (Daydream's Remove).
 
     The time of a removed task disappears; the latencies around it (CPU gaps, stream idles)
@@ -232,14 +290,13 @@ def remove(graph: TaskGraph, tasks: Tasks, *, reason: str, transform: str = "rem
         end = steps["end_task"].to_numpy()
         steps["end_task"] = np.where(end >= 0, remap[np.maximum(end, 0)], -1)
     out.steps = steps
-    out.cache.clear()
-    _log(out, transform, "remove", len(ids), before, 0, reason)
+    _log(out, _transform_name("remove", transform), "remove", len(ids), before, 0, reason, structural=True)
     return out
 
 
 def insert(graph: TaskGraph, *, name: str, kind: TaskKind, resource: int, dur_ns: int,
            after: Iterable[int] = (), before: Iterable[int] = (), lat_ns: int = 0, splice_after: int | None = None,
-           step: int | None = None, reason: str, transform: str = "insert") -> tuple[TaskGraph, int]:
+           step: int | None = None, reason: str, transform: str | None = None) -> tuple[TaskGraph, int]:
     """Add one task; return the new graph and the new task's id.
 
     ``after``/``before``: tasks it depends on / that depend on it (edges of kind FLOW, latency
@@ -256,9 +313,7 @@ def insert(graph: TaskGraph, *, name: str, kind: TaskKind, resource: int, dur_ns
     row: dict[str, Any] = {c: None for c in out.tasks.columns}
     row.update(event=-1, kind=int(kind), resource=resource, rank=anchor_rank, dur_ns=int(dur_ns),
                measured_start_ns=-1, measured_end_ns=-1, step=-1 if step is None else step, name=name)
-    for col in ("phase", "layer", "op", "name"):
-        if col in out.tasks and isinstance(out.tasks[col].dtype, pd.CategoricalDtype):
-            out.tasks[col] = out.tasks[col].astype(object)
+    _text_columns_as_object(out.tasks)
     out.tasks = pd.concat([out.tasks, pd.DataFrame([row])], ignore_index=True)
     src, dst, lats, kinds = [], [], [], []
     for a in after:
@@ -288,14 +343,13 @@ def insert(graph: TaskGraph, *, name: str, kind: TaskKind, resource: int, dur_ns
     add = pd.DataFrame({"src": np.asarray(src, dtype=np.int64), "dst": np.asarray(dst, dtype=np.int64),
                         "lat_ns": np.asarray(lats, dtype=np.int64), "kind": np.asarray(kinds, dtype=np.int8)})
     out.edges = pd.concat([edges, add], ignore_index=True)
-    out.cache.clear()
-    _log(out, transform, "insert", 1, 0, int(dur_ns), reason)
+    _log(out, _transform_name("insert", transform), "insert", 1, 0, int(dur_ns), reason, structural=True)
     return out, new_id
 
 
 def fuse(graph: TaskGraph, tasks: Tasks, dur_ns: int | np.ndarray, *, name: str | Sequence[str] | None = None,
          drop_launches: bool = True, groups: Sequence[int] | np.ndarray | None = None, reason: str,
-         transform: str = "fuse") -> TaskGraph:
+         transform: str | None = None) -> TaskGraph:
     """Fuse ``tasks`` (on one ordered resource) into the first of them, which takes ``dur_ns``.
 
     The others are removed; edges that reached them from outside the set now reach the fused
@@ -350,17 +404,18 @@ def fuse(graph: TaskGraph, tasks: Tasks, dur_ns: int | np.ndarray, *, name: str 
     staged.edges = new.reset_index(drop=True)
     staged.tasks.loc[heads, "dur_ns"] = durs
     if name is not None:
-        staged.tasks["name"] = staged.tasks["name"].astype(object)
+        _text_columns_as_object(staged.tasks)
         staged.tasks.loc[heads, "name"] = name
     out = remove(staged, np.concatenate([ids[~first], drop_calls]).astype(np.int64), reason=reason,
                  transform=transform)
     out.changes.pop()
-    _log(out, transform, f"fuse {len(ids)} tasks into {len(heads)} (and drop {len(drop_calls)} launches) for",
-         len(ids), before, int(durs.sum()), reason)
+    _log(out, _transform_name("fuse", transform),
+         f"fuse {len(ids)} tasks into {len(heads)} (and drop {len(drop_calls)} launches) for",
+         len(ids), before, int(durs.sum()), reason, structural=True)
     return out
 
 
-def move(graph: TaskGraph, tasks: Tasks, resource: int, *, reason: str, transform: str = "move") -> TaskGraph:
+def move(graph: TaskGraph, tasks: Tasks, resource: int, *, reason: str, transform: str | None = None) -> TaskGraph:
     """Move ``tasks`` to another ordered resource (a stream, a thread): they leave their old
     chains (which close up around them) and join the new one in measured start order."""
     ids = _ids(graph, tasks)
@@ -393,26 +448,29 @@ def move(graph: TaskGraph, tasks: Tasks, resource: int, *, reason: str, transfor
     rest = rest[~(rest["kind"].isin(ORDER_KINDS) & np.isin(rest["dst"], on_new) & np.isin(rest["src"], on_new))]
     chain = pd.DataFrame({"src": order[:-1], "dst": order[1:], "lat_ns": 0, "kind": new_kind})
     out.edges = pd.concat([rest, chain.astype({"lat_ns": np.int64, "kind": np.int8})], ignore_index=True)
-    _log(out, transform, f"move to {graph.resources['name'].iat[resource]}", len(ids),
+    _log(out, _transform_name("move", transform), f"move to {graph.resources['name'].iat[resource]}", len(ids),
          int(t["dur_ns"].to_numpy()[ids].sum()), int(t["dur_ns"].to_numpy()[ids].sum()), reason)
     return out
 
 
-def duplicate(graph: TaskGraph, tasks: Tasks, *, reason: str, transform: str = "duplicate") -> tuple[TaskGraph,
-                                                                                                     np.ndarray]:
+def duplicate(graph: TaskGraph, tasks: Tasks, *, measured: bool = True, reason: str,
+              transform: str | None = None) -> tuple[TaskGraph, np.ndarray]:
     """Copy ``tasks`` and the edges among them (a subgraph), return the graph and the new ids
     (aligned with the sorted input ids). Edges from outside into the subgraph are copied too,
-    so the copy depends on what the original depended on; nothing depends on the copy yet."""
+    so the copy depends on what the original depended on; nothing depends on the copy yet.
+    ``measured=False`` marks the copies as modeled (no measured times), like inserted tasks."""
     ids = _ids(graph, tasks)
     out = graph.copy()
     base = len(out.tasks)
     new_ids = np.arange(base, base + len(ids), dtype=np.int64)
     mapping = np.full(base, -1, dtype=np.int64)
     mapping[ids] = new_ids
-    for col in ("phase", "layer", "op", "name"):
-        if isinstance(out.tasks[col].dtype, pd.CategoricalDtype):
-            out.tasks[col] = out.tasks[col].astype(object)
-    out.tasks = pd.concat([out.tasks, out.tasks.iloc[ids]], ignore_index=True)
+    _text_columns_as_object(out.tasks)
+    copies = out.tasks.iloc[ids].copy()
+    if not measured:
+        copies["measured_start_ns"] = -1
+        copies["measured_end_ns"] = -1
+    out.tasks = pd.concat([out.tasks, copies], ignore_index=True)
     e = out.edges
     d_in = mapping[e["dst"].to_numpy()] >= 0
     copy = e[d_in].copy()
@@ -420,6 +478,224 @@ def duplicate(graph: TaskGraph, tasks: Tasks, *, reason: str, transform: str = "
     copy["src"] = np.where(s_map >= 0, s_map, copy["src"].to_numpy())
     copy["dst"] = mapping[copy["dst"].to_numpy()]
     out.edges = pd.concat([e, copy], ignore_index=True)
-    out.cache.clear()
-    _log(out, transform, "duplicate", len(ids), 0, int(out.tasks["dur_ns"].to_numpy()[new_ids].sum()), reason)
+    _log(out, _transform_name("duplicate", transform), "duplicate", len(ids), 0,
+         int(out.tasks["dur_ns"].to_numpy()[new_ids].sum()), reason, structural=True)
     return out, new_ids
+
+
+@dataclass(frozen=True)
+class NewEdges:
+    """Edges to add with :func:`insert_many`: ``src``/``dst`` are task ids, where a negative
+    value ``-1 - i`` names the i-th new task (so edges can reach tasks that do not exist yet)."""
+
+    src: Sequence[int] | np.ndarray
+    dst: Sequence[int] | np.ndarray
+    lat_ns: int | Sequence[int] | np.ndarray = 0
+    kind: EdgeKind | Sequence[int] | np.ndarray = EdgeKind.FLOW
+
+
+def new_task(i: int | np.ndarray) -> Any:
+    """How :class:`NewEdges` names the i-th task :func:`insert_many` adds.
+
+    >>> new_task(0), new_task(np.array([1, 2])).tolist()
+    (-1, [-2, -3])
+    """
+    return -1 - i
+
+
+def insert_many(graph: TaskGraph, *, kind: TaskKind | Sequence[int] | np.ndarray,
+                resource: int | Sequence[int] | np.ndarray, dur_ns: Sequence[int] | np.ndarray,
+                names: Sequence[str], attribute_from: Sequence[int] | np.ndarray | None = None,
+                edges: NewEdges | None = None, drop_edges: np.ndarray | None = None, action: str = "insert",
+                reason: str, transform: str | None = None) -> tuple[TaskGraph, np.ndarray]:
+    """Add many tasks at once; return the new graph and their ids (in input order).
+
+    Task ``i`` runs on ``resource`` (one value or one per task) for ``dur_ns[i]``. It takes its
+    step, phase, layer and op from task ``attribute_from[i]`` (-1: none) and its rank from its
+    resource. ``edges`` (see :class:`NewEdges`) connect the new tasks among themselves and to the
+    graph; ``drop_edges`` (a mask over ``graph.edges``) removes edges they replace, e.g. the order
+    edge a chain of new tasks is spliced into. A task with no incoming edge is anchored to its
+    rank's origin.
+
+    >>> import pandas as pd
+    >>> g = TaskGraph(tasks=pd.DataFrame({"event": [-1, 0], "kind": [0, 4], "resource": [0, 1], "rank": 0,
+    ...                                   "dur_ns": [0, 100], "measured_start_ns": [0, 0], "measured_end_ns": [0, 100],
+    ...                                   "step": 0, "phase": None, "layer": None, "op": None, "name": ["o", "k"]}),
+    ...               edges=pd.DataFrame({"src": [0], "dst": [1], "lat_ns": [0], "kind": [0]}),
+    ...               resources=pd.DataFrame({"rank": [0, 0], "kind": [2, 1], "ordered": [False, True]}),
+    ...               steps=pd.DataFrame())
+    >>> h, ids = insert_many(g, kind=TaskKind.KERNEL, resource=1, dur_ns=[5, 7], names=["a", "b"],
+    ...                      attribute_from=[1, 1], edges=NewEdges(src=[1, new_task(0)], dst=[new_task(0), new_task(1)],
+    ...                                                           kind=EdgeKind.STREAM), reason="demo")
+    >>> ids.tolist(), h.edges[["src", "dst"]].values.tolist()
+    ([2, 3], [[0, 1], [1, 2], [2, 3]])
+    """
+    dur = np.asarray(dur_ns, dtype=np.int64)
+    n_new = len(dur)
+    if len(names) != n_new:
+        raise GraphError("insert_many needs one name per task")
+    if (dur < 0).any():
+        raise GraphError("durations must be >= 0 ns")
+    res = np.broadcast_to(np.asarray(resource, dtype=np.int64), dur.shape)
+    if n_new and (res.min() < 0 or res.max() >= len(graph.resources)):
+        raise GraphError(f"resource {int(res.max() if res.max() >= len(graph.resources) else res.min())} "
+                         f"does not exist")
+    out = graph.copy()
+    t = out.tasks
+    base = len(t)
+    ids = np.arange(base, base + n_new, dtype=np.int64)
+    src_of = np.full(n_new, -1, dtype=np.int64) if attribute_from is None \
+        else np.asarray(attribute_from, dtype=np.int64)
+    if len(src_of) != n_new:
+        raise GraphError("attribute_from needs one task per new task")
+    has = src_of >= 0
+    rows = np.where(has, src_of, 0)
+    _text_columns_as_object(t)
+    new = pd.DataFrame({c: np.full(n_new, None, dtype=object) for c in t.columns})
+    new["event"] = -1
+    new["kind"] = np.broadcast_to(np.asarray(kind, dtype=np.int64), dur.shape)
+    new["resource"] = res
+    new["rank"] = out.resources["rank"].to_numpy()[res] if "rank" in out.resources else 0
+    new["dur_ns"] = dur
+    new["measured_start_ns"] = -1
+    new["measured_end_ns"] = -1
+    new["step"] = np.where(has, t["step"].to_numpy()[rows], -1) if n_new else []
+    for c in ("phase", "layer", "op"):
+        if c in t:
+            new[c] = np.where(has, t[c].to_numpy(dtype=object)[rows], None) if n_new else []
+    new["name"] = list(names)
+    out.tasks = pd.concat([t, new.astype({c: t[c].dtype for c in ("event", "kind", "resource", "rank", "dur_ns",
+                                                                    "measured_start_ns", "measured_end_ns", "step")
+                                          if c in t})], ignore_index=True) if n_new else t
+    kept = out.edges if drop_edges is None else out.edges[~np.asarray(drop_edges, dtype=bool)]
+    parts = [kept]
+    if edges is not None:
+        add = _edge_frame(edges.src, edges.dst, edges.lat_ns, edges.kind)
+        for col in ("src", "dst"):
+            v = add[col].to_numpy()
+            add[col] = np.where(v < 0, base + (-1 - v), v)
+        if len(add) and (add[["src", "dst"]].to_numpy() >= base + n_new).any():
+            raise GraphError("an edge names a task that does not exist")
+        parts.append(add)
+    all_edges = pd.concat(parts, ignore_index=True)
+    if n_new:
+        fed = np.zeros(n_new, dtype=bool)
+        d = all_edges["dst"].to_numpy()
+        fed[d[d >= base] - base] = True
+        origins = out.tasks["kind"].to_numpy() == int(TaskKind.ORIGIN)
+        origin_of = {int(r): int(i) for i, r in zip(np.flatnonzero(origins), out.tasks["rank"].to_numpy()[origins])}
+        loose = [(origin_of[int(r)], int(i)) for i, r, f in zip(ids, new["rank"], fed) if not f and int(r) in origin_of]
+        if loose:
+            all_edges = pd.concat([all_edges, _edge_frame([a for a, _ in loose], [b for _, b in loose], 0,
+                                                          int(EdgeKind.ANCHOR))], ignore_index=True)
+    out.edges = all_edges
+    on = f" on {out.resources['name'].iat[int(res[0])]}" if n_new and "name" in out.resources \
+        and (res == res[0]).all() else ""
+    _log(out, _transform_name("insert_many", transform), f"{action}{on}", n_new, 0, int(dur.sum()), reason,
+         structural=True)
+    return out, ids
+
+
+def add_resource(graph: TaskGraph, *, rank: int, kind: ResourceKind, name: str, device: int = -1,
+                 ordered: bool = True, reason: str, transform: str | None = None) -> tuple[TaskGraph, int]:
+    """Add a resource (a stream, a link, a copy engine, a PIM unit); return the graph and its id.
+    Ordered resources run their tasks in edge order, shared ones in ready-time order.
+
+    >>> g = TaskGraph(tasks=pd.DataFrame(), edges=pd.DataFrame(), steps=pd.DataFrame(),
+    ...               resources=pd.DataFrame({"rank": [0], "kind": [1], "device": [0], "key": [7], "name": ["s7"],
+    ...                                       "ordered": [True]}))
+    >>> h, rid = add_resource(g, rank=0, kind=ResourceKind.LINK, name="NVLink", ordered=False, reason="demo")
+    >>> rid, h.resources["name"].tolist(), h.resources["key"].tolist()
+    (1, ['s7', 'NVLink'], [7, -2])
+    """
+    out = graph.copy()
+    res = out.resources
+    row = {"rank": int(rank), "kind": int(kind), "device": int(device), "key": -1 - len(res), "name": name,
+           "ordered": bool(ordered)}
+    out.resources = pd.concat([res, pd.DataFrame([row])], ignore_index=True)
+    _log(out, _transform_name("add_resource", transform), f"add {ResourceKind(kind).name} {name!r}", 1, 0, 0,
+         reason, ChangeTarget.RESOURCES)
+    return out, len(res)
+
+
+def set_edge_latency(graph: TaskGraph, edges: np.ndarray, lat_ns: int | np.ndarray, *, reason: str,
+                     action: str = "set latency of", transform: str | None = None) -> TaskGraph:
+    """Set the latency of the edges selected by ``edges`` (a mask over ``graph.edges``, or edge
+    row ids) to ``lat_ns`` (one value or one per selected edge)."""
+    e = graph.edges
+    sel = np.flatnonzero(edges) if np.asarray(edges).dtype == bool else np.asarray(edges, dtype=np.int64)
+    new = np.broadcast_to(np.asarray(lat_ns, dtype=np.int64), sel.shape)
+    if (new < 0).any():
+        raise GraphError("edge latencies must be >= 0 ns")
+    out = graph.copy()
+    before = int(e["lat_ns"].to_numpy()[sel].sum())
+    lat = out.edges["lat_ns"].to_numpy().copy()
+    lat[sel] = new
+    out.edges["lat_ns"] = lat
+    _log(out, _transform_name("set_edge_latency", transform), action, len(sel), before, int(new.sum()), reason,
+         ChangeTarget.EDGES)
+    return out
+
+
+def scale_edge_latency(graph: TaskGraph, edges: np.ndarray, factor: float | np.ndarray, *, reason: str,
+                       transform: str | None = None) -> TaskGraph:
+    """Multiply the latency of the selected edges (mask or row ids) by ``factor``.
+
+    >>> g = TaskGraph(tasks=pd.DataFrame(), resources=pd.DataFrame(), steps=pd.DataFrame(),
+    ...               edges=pd.DataFrame({"src": [0, 1], "dst": [1, 2], "lat_ns": [1000, 400], "kind": [1, 1]}))
+    >>> h = scale_edge_latency(g, np.array([True, False]), 0.5, reason="faster CPU")
+    >>> h.edges["lat_ns"].tolist(), str(h.changes[-1])
+    ([500, 400], 'scale_edge_latency: scale latency x0.5 of 1 edges (-0.001 ms of edge latency): faster CPU')
+    """
+    f = np.asarray(factor, dtype=float)
+    if (f < 0).any():
+        raise GraphError("scale factors must be >= 0")
+    sel = np.flatnonzero(edges) if np.asarray(edges).dtype == bool else np.asarray(edges, dtype=np.int64)
+    new = np.rint(graph.edges["lat_ns"].to_numpy()[sel] * f).astype(np.int64)
+    label = f"scale latency x{float(f):g} of" if f.ndim == 0 else "scale latency of"
+    return set_edge_latency(graph, sel, new, reason=reason, action=label,
+                            transform=_transform_name("scale_edge_latency", transform))
+
+
+def rename(graph: TaskGraph, tasks: Tasks, names: str | Sequence[str], *, reason: str,
+           transform: str | None = None) -> TaskGraph:
+    """Give ``tasks`` (sorted ids) new names (one, or one per task)."""
+    ids = _ids(graph, tasks)
+    out = graph.copy()
+    _text_columns_as_object(out.tasks)
+    out.tasks.loc[ids, "name"] = names if isinstance(names, str) else list(names)
+    _log(out, _transform_name("rename", transform), "rename", len(ids), 0, 0, reason, structural=True)
+    return out
+
+
+def reclassify(graph: TaskGraph, tasks: Tasks, kind: TaskKind, *, reason: str,
+               transform: str | None = None) -> TaskGraph:
+    """Change the :class:`TaskKind` of ``tasks``."""
+    ids = _ids(graph, tasks)
+    out = graph.copy()
+    out.tasks.loc[ids, "kind"] = int(kind)
+    _log(out, _transform_name("reclassify", transform), f"make {TaskKind(kind).name}", len(ids), 0, 0, reason,
+         structural=True)
+    return out
+
+
+def set_state(graph: TaskGraph, tasks: Tasks, column: str, values: Any, *, reason: str,
+              transform: str | None = None) -> TaskGraph:
+    """Record per-task state that cost models read (``cost_precision``, ``cost_device``): set
+    ``column`` of ``tasks`` (sorted ids) to ``values`` (one, or one per task); other tasks keep
+    theirs (None where the column is new)."""
+    ids = _ids(graph, tasks)
+    out = graph.copy()
+    col = out.tasks[column].to_numpy(dtype=object).copy() if column in out.tasks \
+        else np.full(len(out.tasks), None, dtype=object)
+    col[ids] = values
+    out.tasks[column] = col
+    _log(out, _transform_name("set_state", transform), f"set {column} of", len(ids), 0, 0, reason)
+    return out
+
+
+def note(graph: TaskGraph, action: str, *, reason: str, transform: str | None = None) -> TaskGraph:
+    """Log a decision that edits nothing itself (a plan a search chose, a replica count)."""
+    out = graph.copy()
+    _log(out, _transform_name("note", transform), action, 0, 0, 0, reason, ChangeTarget.NOTE)
+    return out

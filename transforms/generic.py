@@ -40,8 +40,7 @@ class Scale(Transform):
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
         if self.factor < 0:
             raise TransformError("scale: factor must be >= 0")
-        return scale(graph, _selected(self, self.select, graph), self.factor, reason=self.label(),
-                     transform=self.name)
+        return scale(graph, _selected(self, self.select, graph), self.factor, reason=self.label())
 
 
 @register
@@ -60,7 +59,7 @@ class SetDuration(Transform):
         if self.dur_us < 0:
             raise TransformError("set_duration: dur_us must be >= 0")
         return set_duration(graph, _selected(self, self.select, graph), round(self.dur_us * 1000),
-                            reason=self.label(), transform=self.name)
+                            reason=self.label())
 
 
 @register
@@ -75,4 +74,4 @@ class Remove(Transform):
         return self.select(graph)
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
-        return remove(graph, _selected(self, self.select, graph), reason=self.label(), transform=self.name)
+        return remove(graph, _selected(self, self.select, graph), reason=self.label())

@@ -104,9 +104,10 @@ def _regex(column: pd.Series, pattern: str) -> np.ndarray:
 def kernel_classes(graph: TaskGraph) -> np.ndarray:
     """The :class:`KernelClass` value of every task (``other`` for CPU tasks), per distinct
     (name, op) pair, cached on the graph."""
-    cached = graph.cache.get("kernel_class")
-    if cached is not None and len(cached) == len(graph.tasks):
-        return cached
+    return graph.memo("kernel_class", lambda: _classify(graph))
+
+
+def _classify(graph: TaskGraph) -> np.ndarray:
     t = graph.tasks
     gpu = t["kind"].isin([int(k) for k in KIND_ALIASES["gpu"]]).to_numpy()
     out = np.full(len(t), KernelClass.OTHER.value, dtype=object)
@@ -115,7 +116,6 @@ def kernel_classes(graph: TaskGraph) -> np.ndarray:
     codes, uniques = pd.MultiIndex.from_frame(pairs.fillna("")).factorize() if len(pairs) else (np.empty(0, int), [])
     values = np.asarray([classify_kernel(n, o or None).value for n, o in uniques], dtype=object)
     out[gpu] = values[codes] if len(values) else out[gpu]
-    graph.cache["kernel_class"] = out
     return out
 
 

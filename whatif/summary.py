@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from whatif.api import Analysis, Prediction, ScenarioResult
-from whatif.depgraph.graph import GPU_WORK_KINDS, TaskKind, kind_codes
+from whatif.depgraph.graph import GPU_WORK_KINDS, Change, TaskKind, kind_codes
 from whatif.predictors.steps import critical_path, step_times
 
 SCHEMA = "whatif.analysis"
@@ -15,6 +15,13 @@ VERSION = 1
 GPU_KINDS = kind_codes(GPU_WORK_KINDS)
 CPU_KINDS = (int(TaskKind.CPU_CALL), int(TaskKind.CPU_WORK), int(TaskKind.WAIT))
 
+
+
+def change_document(change: Change) -> dict[str, Any]:
+    """One change-log entry as the prediction document writes it (``docs/prediction-schema.md``)."""
+    return {"transform": change.transform, "action": change.action, "target": change.target.name.lower(),
+            "count": change.count, "tasks": change.tasks, "before_ns": change.before_ns,
+            "after_ns": change.after_ns, "reason": change.reason}
 
 def _top(tasks: pd.DataFrame, by: str, limit: int) -> list[dict[str, Any]]:
     """Measured time per value of ``by``: GPU and CPU time, task count; largest first."""
@@ -149,8 +156,7 @@ def _scenario_document(base_steps: pd.DataFrame, result: ScenarioResult) -> dict
                    "predicted_ns": int(p), "speedup": _speedup(b.predicted_ns, p)}
                   for b, p in zip(base_steps.itertuples(), steps["predicted_ns"].to_numpy())],
         "waterfall": waterfall,
-        "changes": [{"transform": c.transform, "action": c.action, "tasks": c.tasks, "before_ns": c.before_ns,
-                     "after_ns": c.after_ns, "reason": c.reason} for c in result.graph.changes],
+        "changes": [change_document(c) for c in result.graph.changes],
         "critical_path": [{"rank": cp.rank, "step": cp.step, "breakdown_ns": cp.breakdown_ns}
                           for cp in (critical_path(result.replay, i) for i in range(len(steps)))],
     }

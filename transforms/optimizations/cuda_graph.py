@@ -63,7 +63,7 @@ from whatif.depgraph.graph import (
 )
 
 from ..base import Transform, TransformContext, TransformError
-from ..edit import add_edges, remove, remove_edges, set_duration
+from ..edit import add_edges, remove, remove_edges, rename, set_duration
 from ..registry import register
 from ..select import Selector
 from .fuse import name_mask, order_position
@@ -216,28 +216,27 @@ class CudaGraph(Transform):
         gaps = int(graph.edges["lat_ns"].to_numpy()[c.inner_thread].sum())
         label = self.label()
         hip = name_mask(t["name"], "^hip")[c.calls].mean() > 0.5
-        g = set_duration(graph, c.head, launch, transform=self.name,
+        g = set_duration(graph, c.head, launch,
                          reason=f"{label}: {len(c.calls):,} launch calls -> {len(c.head):,} graph launches")
-        g.tasks["name"] = g.tasks["name"].astype(object)
-        g.tasks.loc[c.head, "name"] = "hipGraphLaunch" if hip else "cudaGraphLaunch"
+        g = rename(g, c.head, "hipGraphLaunch" if hip else "cudaGraphLaunch", reason=f"{label}: graph launches")
         # inside a capture: program order stays without its CPU gaps; every GPU task hangs off the
         # graph launch; stream order stays with device idle <= kernel_gap
         e = graph.edges
         old_launch = (e["kind"].to_numpy() == int(EdgeKind.LAUNCH)) & np.isin(e["dst"].to_numpy(), c.gpu)
         inner, stream = e[c.inner_thread], e[c.inner_stream]
         gap_ns = round(self.kernel_gap_us * 1000)
-        g = remove_edges(g, c.inner_thread | old_launch | c.inner_stream, transform=self.name,
+        g = remove_edges(g, c.inner_thread | old_launch | c.inner_stream,
                          reason=f"{label}: per-kernel launches, CPU gaps and device gaps inside captures")
-        g = add_edges(g, inner["src"].to_numpy(), inner["dst"].to_numpy(), 0, EdgeKind.THREAD, transform=self.name,
+        g = add_edges(g, inner["src"].to_numpy(), inner["dst"].to_numpy(), 0, EdgeKind.THREAD,
                       reason=f"{label}: program order inside captures, no gap ({gaps / 1e6:.3f} ms removed)")
         # each GPU task keeps its measured launch latency, now counted from the graph launch
         lat = pd.Series(e["lat_ns"].to_numpy()[old_launch], index=e["dst"].to_numpy()[old_launch])
         lat = lat.groupby(level=0).min().reindex(c.gpu).fillna(0).to_numpy().astype(np.int64)
-        g = add_edges(g, c.head[c.gpu_capture], c.gpu, lat, EdgeKind.LAUNCH, transform=self.name,
+        g = add_edges(g, c.head[c.gpu_capture], c.gpu, lat, EdgeKind.LAUNCH,
                       reason=f"{label}: {len(c.gpu):,} GPU tasks launched by {len(c.head):,} graphs")
         g = add_edges(g, stream["src"].to_numpy(), stream["dst"].to_numpy(),
-                      np.minimum(stream["lat_ns"].to_numpy(), gap_ns), EdgeKind.STREAM, transform=self.name,
+                      np.minimum(stream["lat_ns"].to_numpy(), gap_ns), EdgeKind.STREAM,
                       reason=f"{label}: stream order inside graphs, idle <= {self.kernel_gap_us:g} us")
-        return remove(g, c.removed, transform=self.name,
+        return remove(g, c.removed,
                       reason=f"{label}: {len(c.removed):,} CPU tasks replayed by the graphs "
                              f"({cpu_time / 1e6:.3f} ms of CPU time and {gaps / 1e6:.3f} ms of gaps gone)")

@@ -49,11 +49,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
-from whatif.depgraph.graph import Change, EdgeKind, ResourceKind, TaskGraph, TaskKind
+from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
 
 from ..base import Transform, TransformContext, TransformError
-from ..edit import add_edges, duplicate, move, remove_edges, scale, set_duration
+from ..edit import (
+    add_edges,
+    add_resource,
+    duplicate,
+    move,
+    remove_edges,
+    rename,
+    scale,
+    set_duration,
+)
 from ..registry import register
 from ..select import Selector
 
@@ -127,7 +135,6 @@ class DataLoaderWorkers(Transform):
             groups.append(g[np.argsort(start[g], kind="stable")])
         first_loaded = window if self.warm else 0
         out = graph.copy()
-        new_res: list[dict] = []
         plan: list[tuple[np.ndarray, np.ndarray, int]] = []  # (batches with a load, their worker, group)
         for gi, g in enumerate(groups):
             b = np.arange(first_loaded, len(g))
@@ -136,27 +143,24 @@ class DataLoaderWorkers(Transform):
         res_of: dict[tuple[int, int], int] = {}
         for gi, w in used:
             thread = int(res[groups[gi][0]])
-            res_of[(gi, w)] = len(out.resources) + len(new_res)
-            new_res.append({"rank": int(rank[groups[gi][0]]), "kind": int(ResourceKind.THREAD), "device": -1,
-                            "key": -1 - (len(out.resources) + len(new_res)), "ordered": True,
-                            "name": f"DataLoader worker {w} of {out.resources['name'].iat[thread]} (modeled)"})
-        if new_res:
-            out.resources = pd.concat([out.resources, pd.DataFrame(new_res)], ignore_index=True)
+            out, res_of[(gi, w)] = add_resource(
+                out, rank=int(rank[groups[gi][0]]), kind=ResourceKind.THREAD,
+                name=f"DataLoader worker {w} of {out.resources['name'].iat[thread]} (modeled)",
+                reason=f"{why}: a worker process")
 
         to_load = np.concatenate([p[0] for p in plan]) if plan else np.empty(0, np.int64)
         if len(to_load):
             # Worker copies of the loads: same duration and step (the consumer's), no inherited edges.
-            out, copies = duplicate(out, to_load, reason=f"{why}: a worker loads each batch", transform=self.name)
+            out, copies = duplicate(out, to_load, measured=False, reason=f"{why}: a worker loads each batch")
             copy_of = dict(zip(np.sort(to_load).tolist(), copies.tolist()))
             out = remove_edges(out, np.isin(out.edges["dst"].to_numpy(), copies),
-                               reason=f"{why}: worker loads depend only on the prefetch window", transform=self.name)
+                               reason=f"{why}: worker loads depend only on the prefetch window")
             for (gi, w), r in res_of.items():
                 batch_ids, ws, _ = plan[gi]
                 mine = np.asarray([copy_of[int(x)] for x in batch_ids[ws == w]], dtype=np.int64)
-                out = move(out, mine, r, reason=f"{why}: batches b with b mod {n_workers} = {w}",
-                           transform=self.name)
+                out = move(out, mine, r, reason=f"{why}: batches b with b mod {n_workers} = {w}")
             if self.load_scale != 1.0:
-                out = scale(out, copies, self.load_scale, reason=f"{why}: worker contention", transform=self.name)
+                out = scale(out, copies, self.load_scale, reason=f"{why}: worker contention")
             src, dst = [], []
             for g in groups:
                 pos = {int(x): i for i, x in enumerate(g.tolist())}
@@ -166,32 +170,21 @@ class DataLoaderWorkers(Transform):
                     if b >= window:  # load of b starts once batch b - N*prefetch_factor was consumed
                         src.append(int(g[b - window])), dst.append(d)
             out = add_edges(out, src, dst, 0, EdgeKind.FLOW, reason=f"{why}: fetch waits for its load; prefetch "
-                            f"window of {window} batches", transform=self.name)
+                            f"window of {window} batches")
             if not self.warm:
                 out = self._cold_start(out, groups, copy_of, window, why)
-            tasks = out.tasks
-            if isinstance(tasks["name"].dtype, pd.CategoricalDtype):
-                tasks["name"] = tasks["name"].astype(object)
             pos_in = {int(x): i for g in groups for i, x in enumerate(g.tolist())}
             inv = {c: o for o, c in copy_of.items()}
-            tasks.loc[copies, "name"] = [f"load batch {pos_in[inv[int(c)]]} (modeled DataLoader worker)"
-                                         for c in copies.tolist()]
-            tasks.loc[copies, ["measured_start_ns", "measured_end_ns"]] = -1
+            out = rename(out, copies, [f"load batch {pos_in[inv[int(c)]]} (modeled DataLoader worker)"
+                                       for c in copies.tolist()], reason=f"{why}: worker loads")
 
-        out = set_duration(out, loads, fetch_ns, reason=f"{why}: __next__ only takes a ready batch from a worker",
-                           transform=self.name)
-        tasks = out.tasks
-        if isinstance(tasks["name"].dtype, pd.CategoricalDtype):
-            tasks["name"] = tasks["name"].astype(object)
-        tasks.loc[loads, "name"] = f"enumerate(DataLoader){MULTIPROCESS_MARK}.__next__ (modeled fetch)"
-        before = int(t["dur_ns"].to_numpy()[loads].sum())
+        out = rename(out, loads, f"enumerate(DataLoader){MULTIPROCESS_MARK}.__next__ (modeled fetch)",
+                     reason=f"{why}: fetches")
         prefetched = sum(min(window, len(g)) for g in groups) if self.warm else 0
-        out.changes.append(Change(
-            transform=self.name, action=f"move batch loading to {n_workers} worker processes per loader "
-            f"({len(to_load)} loads on workers, {prefetched} prefetched before the window) for", tasks=len(loads),
-            before_ns=before, after_ns=fetch_ns * len(loads), reason=why))
-        out.cache.clear()
-        return out
+        return set_duration(out, loads, fetch_ns,
+                            reason=f"{why}: move batch loading to {n_workers} worker processes per loader "
+                                   f"({len(to_load)} loads on workers, {prefetched} prefetched before the window); "
+                                   f"__next__ only takes a ready batch from a worker")
 
     def _cold_start(self, out: TaskGraph, groups: list[np.ndarray], copy_of: dict[int, int], window: int,
                     why: str) -> TaskGraph:
@@ -216,8 +209,8 @@ class DataLoaderWorkers(Transform):
                 anchor[2].extend([int(m_start[first] - m_start[origin])] * len(heads))
         if flow[0]:
             out = add_edges(out, flow[0], flow[1], 0, EdgeKind.FLOW, reason=f"{why}: iterator created before the "
-                            "first __next__; every worker starts loading", transform=self.name)
+                            "first __next__; every worker starts loading")
         if anchor[0]:
             out = add_edges(out, anchor[0], anchor[1], anchor[2], EdgeKind.ANCHOR, reason=f"{why}: iterator created "
-                            "at the first __next__", transform=self.name)
+                            "at the first __next__")
         return out

@@ -283,5 +283,4 @@ class Fuse(Transform):
                        for s, n in zip(starts, np.diff(np.r_[starts, len(g)]))]
         reason = (f"{self.label()}: {len(starts):,} chains of {len(ids):,} kernels; DRAM traffic "
                   f"{before / 1e6:,.1f} -> {after / 1e6:,.1f} MB ({(before - after) / 1e6:,.1f} MB saved)")
-        return fuse_tasks(graph, ids, dur, groups=g, name=fused_names, drop_launches=True, reason=reason,
-                          transform=self.name)
+        return fuse_tasks(graph, ids, dur, groups=g, name=fused_names, drop_launches=True, reason=reason)

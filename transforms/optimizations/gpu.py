@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 import numpy as np
 from whatif.depgraph.graph import (
     GPU_WORK_KINDS,
-    Change,
     EdgeKind,
     TaskGraph,
     TaskKind,
     kind_codes,
 )
+from whatif.hardware.devices import find_device
 
 from ..base import Transform, TransformContext, TransformError
-from ..edit import set_duration
+from ..edit import scale_edge_latency, set_duration, set_state
 from ..registry import register
 from ..select import Selector, select
 
@@ -79,39 +79,27 @@ class Gpu(Transform):
         if not len(ids) and self.host_speed == 1.0:
             raise TransformError(f"gpu: the selection matches no GPU task ({self.select})")
         new = np.rint(cost.move_to_device(graph, ids, self.device)).astype(np.int64)
-        dest = _catalog_name(cost, self.device)
-        out = set_duration(graph, ids, new, transform=self.name,
+        dest = _catalog_name(self.device)
+        out = set_state(graph, ids, COLUMN, dest, reason=f"kernels now priced as on {dest}")
+        out = set_duration(out, ids, new,
                            reason=f"to {dest}: Habitat scaling per kernel (bandwidth^γ·peak^(1−γ)), copies "
                                   f"by PCIe/DRAM/link ratios, collectives by link ratio")
-        col = out.tasks[COLUMN].astype(object).to_numpy().copy() if COLUMN in out.tasks \
-            else np.full(len(out.tasks), None, dtype=object)
-        col[ids] = dest
-        out.tasks[COLUMN] = col
         if self.host_speed != 1.0:
-            out = _scale_host(out, 1.0 / self.host_speed, self.name, self.label())
+            out = _scale_host(out, 1.0 / self.host_speed, self.label())
         return out
 
 
-def _catalog_name(cost: object, device: str) -> str:
-    from_cost = getattr(cost, "device_name", None)
-    return str(from_cost(device)) if callable(from_cost) else device
+def _catalog_name(device: str) -> str:
+    """The catalog name of a GPU given as traces write it; the name itself when not in the catalog."""
+    found = find_device(device)
+    return found.name.value if found is not None else device
 
 
-def _scale_host(graph: TaskGraph, factor: float, transform: str, reason: str) -> TaskGraph:
-    """CPU calls, CPU work and thread-order gaps x ``factor`` (the graph is owned by the caller)."""
+def _scale_host(graph: TaskGraph, factor: float, reason: str) -> TaskGraph:
+    """CPU calls, CPU work and thread-order gaps x ``factor``."""
     cpu = np.flatnonzero(np.isin(graph.tasks["kind"].to_numpy(), _CPU_KINDS))
     dur = graph.tasks["dur_ns"].to_numpy()
-    out = set_duration(graph, cpu, np.rint(dur[cpu] * factor).astype(np.int64), transform=transform,
+    out = set_duration(graph, cpu, np.rint(dur[cpu] * factor).astype(np.int64),
                        reason=f"host x{factor:.3g} time: {reason}")
-    e = out.edges
-    thread = e["kind"].to_numpy() == int(EdgeKind.THREAD)
-    lat = e["lat_ns"].to_numpy().copy()
-    before = int(lat[thread].sum())
-    lat[thread] = np.rint(lat[thread] * factor).astype(np.int64)
-    e = e.copy()
-    e["lat_ns"] = lat
-    out.edges = e
-    out.changes.append(Change(transform=transform, action="scale CPU gaps (thread-order edges) after",
-                              tasks=len(np.unique(e["dst"].to_numpy()[thread])), before_ns=before,
-                              after_ns=int(lat[thread].sum()), reason=f"host x{factor:.3g} time"))
-    return out
+    thread = out.edges["kind"].to_numpy() == int(EdgeKind.THREAD)
+    return scale_edge_latency(out, thread, factor, reason=f"CPU gaps (thread-order edges), host x{factor:.3g} time")

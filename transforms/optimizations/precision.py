@@ -32,7 +32,7 @@ import pandas as pd
 from whatif.depgraph.graph import TaskGraph
 
 from ..base import Transform, TransformContext, TransformError
-from ..edit import scale
+from ..edit import scale, set_state
 from ..registry import register
 from ..select import Selector
 
@@ -40,15 +40,12 @@ COLUMN = "cost_precision"   # read by whatif.predictors.costs
 DTYPES = ("tf32", "bf16", "fp16", "fp8", "int8", "int4_weight")
 
 
-def record_spec(graph: TaskGraph, tasks: np.ndarray, spec: str) -> None:
-    """Append ``spec`` to the ``cost_precision`` column of ``tasks`` (in place, on a graph the
-    caller owns)."""
+def record_spec(graph: TaskGraph, tasks: np.ndarray, spec: str) -> TaskGraph:
+    """Append ``spec`` to the ``cost_precision`` state of ``tasks`` (sorted ids)."""
     t = graph.tasks
-    col = t[COLUMN].astype(object).to_numpy().copy() if COLUMN in t else np.full(len(t), None, dtype=object)
-    cur = col[tasks]
+    cur = t[COLUMN].to_numpy(dtype=object)[tasks] if COLUMN in t else np.full(len(tasks), None, dtype=object)
     joined = {old: spec if pd.isna(old) else f"{old}+{spec}" for old in pd.unique(cur)}
-    col[tasks] = [joined[c] for c in cur]
-    t[COLUMN] = col
+    return set_state(graph, tasks, COLUMN, [joined[c] for c in cur], reason=f"kernels now priced at {spec}")
 
 
 @register
@@ -92,9 +89,8 @@ class Precision(Transform):
             raise TransformError(f"precision: the selection matches no task ({self.select})")
         factor = cost.precision_factor(graph, ids, spec)
         changed = factor != 1.0
-        out = scale(graph, ids[changed], factor[changed], transform=self.name,
+        out = scale(record_spec(graph, ids, spec), ids[changed], factor[changed],
                     reason=f"{spec}: {int(changed.sum()):,} of {len(ids):,} selected kernels change "
                            f"(tensor-core peak and byte ratios, Habitat γ); the rest are already at or below "
                            f"{spec} or are fixed latency")
-        record_spec(out, ids, spec)
         return out

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
-from whatif.depgraph.graph import Change, EdgeKind, ResourceKind, TaskGraph, TaskKind
+from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
 
 from ..base import TransformContext, TransformError
+from ..edit import NewEdges, add_resource, insert_many, new_task
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast", "reduce")
 _CAT = ("phase", "layer", "op", "name")
@@ -60,23 +60,20 @@ class Collective:
 
 def comm_stream(graph: TaskGraph, rank: int, label: str) -> tuple[TaskGraph, int]:
     """The id of rank ``rank``'s stream named ``label`` (a new ordered STREAM resource when the
-    graph has none), and the graph (a copy when a resource was added)."""
+    graph has none), and the graph (a new one when a resource was added)."""
     res = graph.resources
     name = f"{label} (rank {rank})"
     hit = np.flatnonzero((res["name"].astype(str).to_numpy() == name) & (res["rank"].to_numpy() == rank)) \
         if len(res) else np.empty(0, np.int64)
     if len(hit):
         return graph, int(hit[0])
-    out = graph.copy()
     device = res.loc[(res["rank"] == rank) & (res["kind"] == int(ResourceKind.STREAM)), "device"]
-    row = {"rank": rank, "kind": int(ResourceKind.STREAM), "device": int(device.iat[0]) if len(device) else -1,
-           "key": -1 - len(res), "name": name, "ordered": True}
-    out.resources = pd.concat([res, pd.DataFrame([row])], ignore_index=True)
-    return out, len(res)
+    return add_resource(graph, rank=rank, kind=ResourceKind.STREAM, name=name,
+                        device=int(device.iat[0]) if len(device) else -1, reason=f"a stream for {label}")
 
 
 def insert_tasks(graph: TaskGraph, *, resource: int, after: Sequence[int], before: Sequence[int],
-                 dur_ns: Sequence[int], names: Sequence[str], reason: str, transform: str,
+                 dur_ns: Sequence[int], names: Sequence[str], reason: str,
                  kind: TaskKind = TaskKind.COMM, extra_after: Sequence[Sequence[int]] | None = None) -> tuple[
                      TaskGraph, np.ndarray]:
     """Insert tasks in bulk on ``resource`` (an ordered stream), chained in the order given.
@@ -90,48 +87,24 @@ def insert_tasks(graph: TaskGraph, *, resource: int, after: Sequence[int], befor
         return graph, np.empty(0, dtype=np.int64)
     if not (len(after) == len(before) == len(names) == n_new):
         raise TransformError("after, before, dur_ns and names must have one entry per task")
-    dur = np.asarray(dur_ns, dtype=np.int64)
-    if (dur < 0).any():
+    if (np.asarray(dur_ns) < 0).any():
         raise TransformError("inserted durations must be >= 0 ns")
-    out = graph.copy()
-    t = out.tasks
-    base = len(t)
-    ids = np.arange(base, base + n_new, dtype=np.int64)
+    mine = new_task(np.arange(n_new, dtype=np.int64))
     a = np.asarray(after, dtype=np.int64)
-    src_rows = np.where(a >= 0, a, 0)
-    rank = int(out.resources["rank"].iat[resource])
-    new = pd.DataFrame({
-        "event": -1, "kind": int(kind), "resource": resource, "rank": rank, "dur_ns": dur,
-        "measured_start_ns": -1, "measured_end_ns": -1,
-        "step": np.where(a >= 0, t["step"].to_numpy()[src_rows], -1),
-        **{c: np.where(a >= 0, t[c].astype(object).to_numpy()[src_rows], None) for c in ("phase", "layer", "op")},
-        "name": list(names)})
-    for c in _CAT:
-        if c in t and isinstance(t[c].dtype, pd.CategoricalDtype):
-            t[c] = t[c].astype(object)
-    extra_cols = [c for c in t.columns if c not in new.columns]
-    for c in extra_cols:
-        new[c] = None
-    out.tasks = pd.concat([t, new[t.columns]], ignore_index=True)
-    src, dst, kinds = [a[a >= 0]], [ids[a >= 0]], [np.full(int((a >= 0).sum()), int(EdgeKind.FLOW))]
     b = np.asarray(before, dtype=np.int64)
-    src.append(ids[b >= 0]), dst.append(b[b >= 0]), kinds.append(np.full(int((b >= 0).sum()), int(EdgeKind.FLOW)))
+    src, dst = [a[a >= 0], mine[b >= 0]], [mine[a >= 0], b[b >= 0]]
     if extra_after is not None:
         for i, deps in enumerate(extra_after):
             d = np.asarray([x for x in deps if x >= 0], dtype=np.int64)
-            src.append(d), dst.append(np.full(len(d), ids[i])), kinds.append(np.full(len(d), int(EdgeKind.FLOW)))
+            src.append(d), dst.append(np.full(len(d), mine[i]))
     # chain on the stream: after whatever the stream already holds, then in the given order
-    on_res = np.flatnonzero(t["resource"].to_numpy() == resource)
-    chain = np.concatenate([on_res[-1:], ids]) if len(on_res) else ids
-    src.append(chain[:-1]), dst.append(chain[1:]), kinds.append(np.full(len(chain) - 1, int(EdgeKind.STREAM)))
-    s = np.concatenate(src).astype(np.int64)
-    edges = pd.DataFrame({"src": s, "dst": np.concatenate(dst).astype(np.int64), "lat_ns": np.zeros(len(s), np.int64),
-                          "kind": np.concatenate(kinds).astype(np.int8)})
-    out.edges = pd.concat([out.edges, edges], ignore_index=True)
-    out.cache.clear()
-    out.changes.append(Change(transform=transform, action=f"insert on {out.resources['name'].iat[resource]}",
-                              tasks=n_new, before_ns=0, after_ns=int(dur.sum()), reason=reason))
-    return out, ids
+    on_res = np.flatnonzero(graph.tasks["resource"].to_numpy() == resource)
+    chain = np.concatenate([on_res[-1:], mine])
+    n_flow = sum(len(x) for x in src)
+    edges = NewEdges(src=np.concatenate([*src, chain[:-1]]), dst=np.concatenate([*dst, chain[1:]]),
+                     kind=np.r_[np.full(n_flow, int(EdgeKind.FLOW)), np.full(len(chain) - 1, int(EdgeKind.STREAM))])
+    return insert_many(graph, kind=kind, resource=resource, dur_ns=dur_ns, names=names, attribute_from=a,
+                       edges=edges, reason=reason)
 
 
 def next_on_resource(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
@@ -144,56 +117,53 @@ def next_on_resource(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
 
 
 def splice_tasks(graph: TaskGraph, *, anchors: Sequence[int], durs: Sequence[Sequence[int]], name: str,
-                 deps: Sequence[Sequence[int]], reason: str, transform: str,
+                 deps: Sequence[Sequence[int]], reason: str,
                  kind: TaskKind = TaskKind.KERNEL) -> tuple[TaskGraph, list[np.ndarray]]:
     """After each ``anchors[i]`` on its ordered resource, splice a chain of new tasks with
     durations ``durs[i]``; the j-th new task also depends on ``deps[i][j]`` (FLOW, -1: none).
     Returns the graph and, per anchor, the new ids."""
-    out = graph.copy()
-    t = out.tasks
-    e = out.edges
+    t, e = graph.tasks, graph.edges
     order = e["kind"].isin([int(EdgeKind.STREAM), int(EdgeKind.THREAD)]).to_numpy()
-    src_e = e["src"].to_numpy()
-    base = len(t)
-    rows, new_ids, drop = [], [], np.zeros(len(e), dtype=bool)
-    src, dst, lat, kinds = [], [], [], []
-    nxt = base
+    src_e, dst_e, lat_e = e["src"].to_numpy(), e["dst"].to_numpy(), e["lat_ns"].to_numpy()
+    res_kind = graph.resources["kind"].to_numpy()
+    drop = np.zeros(len(e), dtype=bool)
+    src: list[int] = []
+    dst: list[int] = []
+    lat: list[int] = []
+    kinds: list[int] = []
+    all_dur: list[int] = []
+    names: list[str] = []
+    resources: list[int] = []
+    attribute: list[int] = []
+    per_anchor: list[np.ndarray] = []
     for a, ds, dep in zip(anchors, durs, deps):
-        ids = np.arange(nxt, nxt + len(ds), dtype=np.int64)
-        nxt += len(ds)
-        new_ids.append(ids)
-        if not len(ids):
+        first = len(all_dur)
+        per_anchor.append(np.arange(first, first + len(ds), dtype=np.int64))
+        if not len(ds):
             continue
         res = int(t["resource"].iat[a])
-        okind = int(EdgeKind.STREAM) if int(out.resources["kind"].iat[res]) == int(ResourceKind.STREAM) \
-            else int(EdgeKind.THREAD)
+        okind = int(EdgeKind.STREAM) if int(res_kind[res]) == int(ResourceKind.STREAM) else int(EdgeKind.THREAD)
+        chain = [int(a), *(new_task(first + j) for j in range(len(ds)))]
+        gaps = [0] * len(ds)
         hit = np.flatnonzero(order & (src_e == a))
-        chain = [a, *ids.tolist()]
-        gaps = [0] * len(ids)
         if len(hit):
             drop[hit[0]] = True
-            chain.append(int(e["dst"].iat[hit[0]]))
-            gaps.append(int(e["lat_ns"].iat[hit[0]]))
+            chain.append(int(dst_e[hit[0]]))
+            gaps.append(int(lat_e[hit[0]]))
         src += chain[:-1]
         dst += chain[1:]
         lat += gaps
         kinds += [okind] * (len(chain) - 1)
-        for j, (i, d) in enumerate(zip(ids, ds)):
-            rows.append({"event": -1, "kind": int(kind), "resource": res, "rank": int(t["rank"].iat[a]),
-                         "dur_ns": int(d), "measured_start_ns": -1, "measured_end_ns": -1,
-                         "step": int(t["step"].iat[a]), "phase": t["phase"].iat[a], "layer": t["layer"].iat[a],
-                         "op": t["op"].iat[a], "name": f"{name} {j + 1}/{len(ds)}"})
+        for j, d in enumerate(ds):
+            all_dur.append(int(d))
+            names.append(f"{name} {j + 1}/{len(ds)}")
+            resources.append(res)
+            attribute.append(int(a))
             if dep[j] >= 0:
-                src.append(int(dep[j])), dst.append(int(i)), lat.append(0), kinds.append(int(EdgeKind.FLOW))
-    for c in _CAT:
-        if c in t and isinstance(t[c].dtype, pd.CategoricalDtype):
-            t[c] = t[c].astype(object)
-    new = pd.DataFrame(rows, columns=list(t.columns)) if rows else t.iloc[:0]
-    out.tasks = pd.concat([t, new], ignore_index=True)
-    add = pd.DataFrame({"src": np.asarray(src, np.int64), "dst": np.asarray(dst, np.int64),
-                        "lat_ns": np.asarray(lat, np.int64), "kind": np.asarray(kinds, np.int8)})
-    out.edges = pd.concat([e[~drop], add], ignore_index=True)
-    out.cache.clear()
-    out.changes.append(Change(transform=transform, action="splice", tasks=len(rows), before_ns=0,
-                              after_ns=int(sum(r["dur_ns"] for r in rows)), reason=reason))
-    return out, new_ids
+                src.append(int(dep[j])), dst.append(new_task(first + j)), lat.append(0), kinds.append(int(EdgeKind.FLOW))
+    if not all_dur:
+        return graph, per_anchor
+    out, ids = insert_many(graph, kind=kind, resource=np.asarray(resources, dtype=np.int64), dur_ns=all_dur,
+                           names=names, attribute_from=attribute, edges=NewEdges(src, dst, lat, kinds),
+                           drop_edges=drop, action="splice", reason=reason)
+    return out, [ids[p] for p in per_anchor]

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from whatif.core.kernels import KernelClass
-from whatif.depgraph.graph import Change, TaskGraph, TaskKind
+from whatif.depgraph.graph import TaskGraph, TaskKind
 
 from ..base import Transform, TransformContext, TransformError
+from ..edit import note
 from ..registry import register
 from .comm import Collective, comm_stream, insert_tasks
 from .pipeline import backward_mask
@@ -55,11 +56,8 @@ class DataParallel(Transform):
         if self.degree == 1:
             return graph
         if self.mode == "serving":
-            out = graph.copy()
-            out.changes.append(Change(transform=self.name, action="replicate", tasks=0, before_ns=0, after_ns=0,
-                                      reason=f"{self.label()}: {self.degree} independent replicas: each replica's step "
-                                             f"is unchanged, throughput x{self.degree}"))
-            return out
+            return note(graph, "replicate", reason=f"{self.label()}: {self.degree} independent replicas: each "
+                                                    f"replica's step is unchanged, throughput x{self.degree}")
         t = graph.tasks
         kern = t["kind"].to_numpy() == int(TaskKind.KERNEL)
         bw = backward_mask(graph) & kern
@@ -75,7 +73,7 @@ class DataParallel(Transform):
             g, res = comm_stream(g, rank, "dp comm")
             g, _ = insert_tasks(g, resource=res, after=[p[0] for p in plan], before=[p[1] for p in plan],
                                 dur_ns=[p[2] for p in plan], names=[p[3] for p in plan],
-                                reason=f"{self.label()}: {len(plan)} gradient all-reduce buckets", transform=self.name)
+                                reason=f"{self.label()}: {len(plan)} gradient all-reduce buckets")
         return g
 
     def _plan(self, graph: TaskGraph, cost, ctx: TransformContext, rank: int, step: int) -> list[tuple]:

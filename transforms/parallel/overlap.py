@@ -152,8 +152,7 @@ class Overlap(Transform):
         fl, by = np.nan_to_num(f["flops"]), np.nan_to_num(f["bytes"])
         w = np.nan_to_num(f["weight_bytes"])
         nano = np.rint(cost.kernel_time_ns(graph, seg_all, fl / n, (by - w) / n + w)).astype(np.int64)
-        g = set_duration(graph, seg_all, nano, reason=f"{self.label()}: nano-batch 1 at 1/{n} of the activations",
-                         transform=self.name)
+        g = set_duration(graph, seg_all, nano, reason=f"{self.label()}: nano-batch 1 at 1/{n} of the activations")
         per_seg = [int(nano[np.searchsorted(seg_all, s)].sum()) for s in reg["segment"]]
         name = g.tasks["name"].astype(str).to_numpy()
         comm_dur = []
@@ -162,22 +161,21 @@ class Overlap(Transform):
         g, nano_ids = splice_tasks(g, anchors=reg["producer"].tolist(),
                                    durs=[[int(round(s * phi))] * (n - 1) for s in per_seg],
                                    name=f"nano-batch compute (x{phi:.2f} interference)", deps=[[-1] * (n - 1)] * len(reg),
-                                   reason=f"{self.label()}: nano-batches 2..{n} of each segment", transform=self.name)
+                                   reason=f"{self.label()}: nano-batches 2..{n} of each segment")
         parts = [int(round(d * phi)) for d in comm_dur]
         g = set_duration(g, reg["comm"].to_numpy(), np.asarray(parts)[np.argsort(reg["comm"].to_numpy())],
-                         reason=f"{self.label()}: collective part 1/{n}", transform=self.name)
+                         reason=f"{self.label()}: collective part 1/{n}")
         g, comm_ids = splice_tasks(g, anchors=reg["comm"].tolist(), durs=[[p] * (n - 1) for p in parts],
                                    name=f"collective part (of {n}, x{phi:.2f} interference)",
                                    deps=[ids.tolist() for ids in nano_ids], kind=TaskKind.COMM,
-                                   reason=f"{self.label()}: collective parts 2..{n}", transform=self.name)
+                                   reason=f"{self.label()}: collective parts 2..{n}")
         src, dst = [], []
         for i in range(len(reg)):
             nxt = i + 1 < len(reg) and reg["res"].iat[i + 1] == reg["res"].iat[i] and reg["step"].iat[i + 1] == reg["step"].iat[i]
             for j in range(n - 1):   # nano-batch j+2 of the next segment waits for collective part j+2
                 src.append(int(comm_ids[i][j]))
                 dst.append(int(nano_ids[i + 1][j]) if nxt else int(reg["consumer"].iat[i]))
-        return add_edges(g, src, dst, kind=EdgeKind.FLOW, reason=f"{self.label()}: nano-batch data dependencies",
-                         transform=self.name)
+        return add_edges(g, src, dst, kind=EdgeKind.FLOW, reason=f"{self.label()}: nano-batch data dependencies")
 
     def _split_comm(self, g: TaskGraph, ctx: TransformContext, comm: int, label: str) -> int:
         """ns of one 1/n part of the collective ``comm``: its duration × price(bytes/n)/price(bytes)

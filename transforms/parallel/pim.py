@@ -1,7 +1,7 @@
 """``pim_offload``: move memory-bound kernels (decode GEMV, decode attention) to HBM-PIM units.
 
 Model (DCC, arXiv 2511.15503; AttAcc, ASPLOS 2024; device numbers in
-:mod:`whatif.hardware.pim`, reached through ``CostModel.pim_device``):
+:mod:`whatif.hardware.pim`, from the leaf hardware package):
 
 * **Candidates**: kernels of class ``gemm``/``attention`` with recorded shapes whose arithmetic
   intensity ``I = FLOPs / DRAM bytes`` (``CostModel.kernel_facts``) is at most ``max_intensity``
@@ -42,11 +42,21 @@ import numpy as np
 import pandas as pd
 from whatif.core.dtypes import element_bytes
 from whatif.core.kernels import KernelClass
-from whatif.depgraph.graph import Change, EdgeKind, ResourceKind, TaskGraph, TaskKind
+from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
+from whatif.hardware.pim import PIM_DEVICES, PimDevice, get_pim
 from whatif.tracer.args import Arg
 
 from ..base import Transform, TransformContext, TransformError
-from ..edit import move
+from ..edit import (
+    NewEdges,
+    add_edges,
+    add_resource,
+    insert_many,
+    move,
+    new_task,
+    remove_edges,
+    set_duration,
+)
 from ..registry import register
 from .layers import gemm_io_bytes, linked_op_rows
 
@@ -58,6 +68,15 @@ NAME = "pim_offload"
 
 # ---------------------------------------------------------------------------------------------
 # facts
+
+def pim_device(name: str, link: str | None = None) -> PimDevice:
+    """The PIM device ``name`` of :mod:`whatif.hardware.pim`, on GPU link ``link`` when given."""
+    try:
+        dev = get_pim(name)
+        return dev.with_link(link) if link else dev
+    except (KeyError, ValueError) as exc:
+        raise TransformError(f"pim_offload: {exc.args[0]} (devices: {', '.join(PIM_DEVICES)})") from None
+
 def _attention_io(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
     """Per attention task: bytes of its query (= its output), from the launching op's first input
     dims; NaN when not recorded."""
@@ -247,7 +266,7 @@ def search_pim(graph: TaskGraph, ctx: TransformContext, *, device: str = "attacc
                              f"(got {partition!r}, {offload!r})")
     if kv_tokens < 1 or weight_reuse < 0 or max_intensity <= 0:
         raise TransformError(f"{NAME}: kv_tokens >= 1, weight_reuse >= 0 and max_intensity > 0 are required")
-    dev = ctx.require_cost(NAME).pim_device(device, link or None)
+    dev = pim_device(device, link or None)
     levels = dev.levels() if level == "auto" else (level,)
     if level != "auto" and level not in dev.levels():
         raise TransformError(f"{NAME}: {dev.name} has compute units down to {dev.finest}; level {level!r} is not "
@@ -303,55 +322,57 @@ def search_pim(graph: TaskGraph, ctx: TransformContext, *, device: str = "attacc
 
 # ---------------------------------------------------------------------------------------------
 # the graph edit
-def _resource(g: TaskGraph, rank: int, kind: ResourceKind, label: str) -> int:
+def _resource(g: TaskGraph, rank: int, kind: ResourceKind, label: str) -> tuple[TaskGraph, int]:
     res = g.resources
     name = f"{label} (rank {rank})"
     hit = np.flatnonzero((res["name"].astype(str).to_numpy() == name) & (res["rank"].to_numpy() == rank))
     if len(hit):
-        return int(hit[0])
-    row = {"rank": rank, "kind": int(kind), "device": -1, "key": -1 - len(res), "name": name, "ordered": False}
-    g.resources = pd.concat([res, pd.DataFrame([row])], ignore_index=True)
-    return len(res)
+        return g, int(hit[0])
+    return add_resource(g, rank=rank, kind=kind, name=name, ordered=False, reason=f"{label}: a shared unit")
 
 
-def apply_plan(graph: TaskGraph, search: PimSearch, transform: str = NAME) -> TaskGraph:
+def apply_plan(graph: TaskGraph, search: PimSearch) -> TaskGraph:
     """Move the plan's offloaded kernels to PIM and insert its rearrangement, reduction and link tasks."""
     plan = search.plan
     on = plan["state"].to_numpy() != "gpu"
     if not on.any():
         return graph
-    g = graph.copy()
+    g = graph
     pim_res, link_res = {}, {}
     for rank in plan.loc[on, "rank"].unique():
-        pim_res[int(rank)] = _resource(g, int(rank), ResourceKind.PIM, f"pim {search.device} {search.level}")
-        link_res[int(rank)] = _resource(g, int(rank), ResourceKind.LINK, f"pim link {search.device}")
+        g, pim_res[int(rank)] = _resource(g, int(rank), ResourceKind.PIM, f"pim {search.device} {search.level}")
+        g, link_res[int(rank)] = _resource(g, int(rank), ResourceKind.LINK, f"pim link {search.device}")
+    where = f"{search.device} ({search.level})"
     for rank, res in pim_res.items():
         ids = plan.loc[on & (plan["rank"].to_numpy() == rank), "task"].to_numpy(np.int64)
-        g = move(g, ids, res, reason=f"{transform}: offloaded to {search.device} ({search.level})", transform=transform)
-        g.changes.pop()
+        g = move(g, ids, res, reason=f"offloaded to {where}")
         e = g.edges   # a shared resource keeps no program order: drop the chain move() made
         res_of = g.tasks["resource"].to_numpy()
         chain = (e["kind"].to_numpy() == int(EdgeKind.THREAD)) & (res_of[e["src"].to_numpy()] == res) \
             & (res_of[e["dst"].to_numpy()] == res)
-        g.edges = e[~chain].reset_index(drop=True)
-    t = g.tasks
+        g = remove_edges(g, chain, reason=f"{where} serves offloaded kernels in ready order")
     moved = plan.loc[on, "task"].to_numpy(np.int64)
-    t.loc[moved, "dur_ns"] = np.rint(plan.loc[on, "pim_ns"].to_numpy()).astype(np.int64)
-    new_rows: list[dict] = []
+    order = np.argsort(moved, kind="stable")
+    g = set_duration(g, moved[order], np.rint(plan.loc[on, "pim_ns"].to_numpy()[order]).astype(np.int64),
+                     reason=f"kernel time on {where}")
+    durs: list[int] = []
+    names: list[str] = []
+    resources: list[int] = []
+    kinds: list[int] = []
+    attribute: list[int] = []
     src: list[int] = []
     dst: list[int] = []
-    base = len(t)
-
     origin: dict[int, int] = {}   # new task -> the kernel whose step/phase/layer/op it inherits
 
-    def add(after: int, res: int, dur: float, name: str, kind: TaskKind) -> int:
-        i = base + len(new_rows)
+    def add(after: int, res: int, dur: float, name: str) -> int:
+        i = new_task(len(durs))
         o = origin.get(after, after)
         origin[i] = o
-        new_rows.append({"event": -1, "kind": int(kind), "resource": res, "rank": int(t["rank"].iat[o]),
-                         "dur_ns": int(round(dur)), "measured_start_ns": -1, "measured_end_ns": -1,
-                         "step": int(t["step"].iat[o]), "phase": t["phase"].iat[o],
-                         "layer": t["layer"].iat[o], "op": t["op"].iat[o], "name": name})
+        durs.append(int(round(dur)))
+        names.append(name)
+        resources.append(res)
+        kinds.append(int(TaskKind.MEMCPY))
+        attribute.append(o)
         src.append(after), dst.append(i)
         return i
 
@@ -362,43 +383,34 @@ def apply_plan(graph: TaskGraph, search: PimSearch, transform: str = NAME) -> Ta
         pr = pim_res[rank]
         h = task
         if row.operand_ns > 0:   # new operand rows rearranged before the kernel reads them
-            h = add(task, pr, row.operand_ns, f"pim rearrange operand ({row.resident / 2**20:.2f} MiB resident)",
-                    TaskKind.MEMCPY)
+            h = add(task, pr, row.operand_ns, f"pim rearrange operand ({row.resident / 2**20:.2f} MiB resident)")
             src.pop(), dst.pop()
             src.append(h), dst.append(task)
         tl = task
         if row.reduce_ns > 0:
-            tl = add(task, pr, row.reduce_ns, f"pim reduce partial sums ({row.y / 2**10:.1f} KiB out)", TaskKind.MEMCPY)
+            tl = add(task, pr, row.reduce_ns, f"pim reduce partial sums ({row.y / 2**10:.1f} KiB out)")
         head[task], tail[task] = h, tl
     # hand-overs between consecutive kernels of a stream
-    chain = (plan["rank"].astype(str) + "/" + plan["resource"].astype(str)).to_numpy()
+    chain_key = (plan["rank"].astype(str) + "/" + plan["resource"].astype(str)).to_numpy()
     tasks = plan["task"].to_numpy(np.int64)
     for i in range(len(plan) - 1):
         a, b = int(tasks[i]), int(tasks[i + 1])
-        if chain[i] != chain[i + 1] or (st[a] == "gpu" and st[b] == "gpu"):
+        if chain_key[i] != chain_key[i + 1] or (st[a] == "gpu" and st[b] == "gpu"):
             continue
         rank = int(plan["rank"].iat[i])
         cur = tail.get(a, a)
         if plan["rearrange_ns"].iat[i] > 0:
-            cur = add(cur, pim_res[rank], plan["rearrange_ns"].iat[i],
-                      f"pim rearrange activation {st[a]}->{st[b]}", TaskKind.MEMCPY)
+            cur = add(cur, pim_res[rank], plan["rearrange_ns"].iat[i], f"pim rearrange activation {st[a]}->{st[b]}")
         if plan["link_ns"].iat[i] > 0:
             way = "pim->gpu" if st[b] == "gpu" else "gpu->pim"
-            cur = add(cur, link_res[rank], plan["link_ns"].iat[i], f"pim link {way}", TaskKind.MEMCPY)
+            cur = add(cur, link_res[rank], plan["link_ns"].iat[i], f"pim link {way}")
         src.append(cur), dst.append(head.get(b, b))
-    cols = list(t.columns)
-    for c in ("phase", "layer", "op", "name"):
-        if c in t and isinstance(t[c].dtype, pd.CategoricalDtype):
-            t[c] = t[c].astype(object)
-    g.tasks = pd.concat([t, pd.DataFrame(new_rows, columns=cols)], ignore_index=True) if new_rows else t
-    add_e = pd.DataFrame({"src": np.asarray(src, np.int64), "dst": np.asarray(dst, np.int64),
-                          "lat_ns": np.zeros(len(src), np.int64), "kind": np.full(len(src), int(EdgeKind.FLOW), np.int8)})
-    g.edges = pd.concat([g.edges, add_e], ignore_index=True)
-    g.cache.clear()
-    b = search.breakdown
-    g.changes.append(Change(transform=transform, action=f"offload to {search.device} ({search.level})",
-                            tasks=int(on.sum()) + len(new_rows), before_ns=int(b["gpu_saved_ns"]),
-                            after_ns=int(b["pim_ns"] + b["rearrange_ns"] + b["link_ns"]), reason=search.summary()))
+    if durs:
+        g, _ = insert_many(g, kind=np.asarray(kinds), resource=np.asarray(resources, dtype=np.int64), dur_ns=durs,
+                           names=names, attribute_from=attribute, edges=NewEdges(src, dst, 0, EdgeKind.FLOW),
+                           action=f"offload to {where}: insert", reason=search.summary())
+    elif src:
+        g = add_edges(g, src, dst, 0, EdgeKind.FLOW, reason=f"offload to {where}: hand-overs")
     return g
 
 
@@ -427,4 +439,4 @@ class PimOffload(Transform):
         return np.sort(self._search(graph, ctx).offloaded()["task"].to_numpy(np.int64))
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
-        return apply_plan(graph, self._search(graph, ctx), self.name)
+        return apply_plan(graph, self._search(graph, ctx))

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from whatif.depgraph.graph import Change, EdgeKind, TaskGraph, TaskKind
+from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 
 from ..base import Transform, TransformContext, TransformError
-from ..edit import remove, scale
+from ..edit import note, remove, scale
 from ..registry import register
 from .comm import Collective, comm_stream, insert_tasks, splice_tasks
 from .layers import find_blocks, gemm_io_bytes
@@ -162,10 +162,9 @@ class PipelineParallel(Transform):
             last = {int(k): int(start[bw[key[bw] == k]].max()) for k in np.unique(key[bw])}
             tail = kern[[start[i] > last.get(int(key[i]), np.iinfo(np.int64).max) for i in kern]]
             g = scale(g, np.concatenate([bw, tail]), 1.0 / p,
-                      reason=f"{self.label()}: this stage's share of the backward and optimizer", transform=self.name)
+                      reason=f"{self.label()}: this stage's share of the backward and optimizer")
         ids = np.concatenate([drop, _launches(g, drop)])
-        g = remove(g, ids, reason=f"{self.label()}: {len(drop)} kernels of the other {p - 1} stages",
-                   transform=self.name)
+        g = remove(g, ids, reason=f"{self.label()}: {len(drop)} kernels of the other {p - 1} stages")
         return self._comm_and_bubble(g, ctx, act, s, training=self.schedule != "serving", backward=len(bw) > 0)
 
     def _comm_and_bubble(self, g: TaskGraph, ctx: TransformContext, act: pd.Series, s: int, *, training: bool,
@@ -199,18 +198,17 @@ class PipelineParallel(Transform):
             g, res = comm_stream(g, rank, "pp comm")
             g, _ = insert_tasks(g, resource=res, after=[h[1] for h in mine], before=[h[2] for h in mine],
                                 dur_ns=[h[3] for h in mine], names=[f"pp {h[4]} ({m} x send_recv)" for h in mine],
-                                reason=f"{self.label()}: {len(mine)} stage-boundary transfers", transform=self.name)
+                                reason=f"{self.label()}: {len(mine)} stage-boundary transfers")
         if anchors:
             frac = bubble_fraction(p, m)
             g, _ = splice_tasks(g, anchors=anchors, durs=bubbles, name=f"pipeline bubble ({self.schedule}, idle)",
                                 deps=[[-1]] * len(anchors),
                                 reason=f"{self.label()}: bubble (p-1)/(m+p-1) = {frac:.3f} of the step; activations "
-                                       f"held: {m if self.schedule == 'gpipe' else min(p, m)} micro-batches",
-                                transform=self.name)
+                                       f"held: {m if self.schedule == 'gpipe' else min(p, m)} micro-batches")
         if not training:
             hop = max((h[3] for h in hops), default=0)
-            g.changes.append(Change(transform=self.name, action="request pipelining", tasks=0, before_ns=0, after_ns=0,
-                                    reason=f"{self.label()}: steady state, each stage on a different batch: throughput "
-                                           f"x{p} per step of this stage; a request's latency = {p} stage steps + "
-                                           f"{p - 1} hops of {hop / 1e3:.1f} us"))
+            g = note(g, "request pipelining",
+                     reason=f"{self.label()}: steady state, each stage on a different batch: throughput "
+                            f"x{p} per step of this stage; a request's latency = {p} stage steps + "
+                            f"{p - 1} hops of {hop / 1e3:.1f} us")
         return g

@@ -30,9 +30,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 from whatif.core.kernels import KernelClass
-from whatif.depgraph.graph import Change, TaskGraph, TaskKind
+from whatif.depgraph.graph import TaskGraph, TaskKind
+from whatif.hardware.devices import find_device
 
 from ..base import Transform, TransformContext, TransformError
+from ..edit import note
 from ..registry import register
 from .layers import find_blocks
 from .pipeline import PipelineParallel
@@ -166,8 +168,8 @@ def search_reshard(graph: TaskGraph, ctx: TransformContext, *, gpus: int = 8, to
 
 def _h2d(ctx: TransformContext) -> float:
     """Host-to-device bytes/s of the recorded GPU (its PCIe link), 64 GB/s when unknown."""
-    dev = getattr(ctx.cost, "device", None)
-    return float(getattr(dev, "pcie_bw_bytes_per_s", 0.0) or 64 * GB)
+    dev = find_device(ctx.device) if ctx.device else None
+    return float(dev.pcie_bw_bytes_per_s if dev is not None and dev.pcie_bw_bytes_per_s else 64 * GB)
 
 
 @register
@@ -193,6 +195,4 @@ class Reshard(Transform):
         t, p = (int(x[2:]) for x in s.best["decode_plan"].split("·"))
         g = TensorParallel(degree=t, topology=self.topology).apply(graph, ctx) if t > 1 else graph.copy()
         g = PipelineParallel(degree=p, schedule="serving", topology=self.topology).apply(g, ctx) if p > 1 else g
-        g.changes.append(Change(transform=self.name, action="plan pair", tasks=0, before_ns=0,
-                                after_ns=int(s.best["transition_ms"] * 1e6), reason=s.why))
-        return g
+        return note(g, "plan pair", reason=s.why)

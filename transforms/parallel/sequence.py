@@ -123,7 +123,7 @@ class SequenceParallel(Transform):
         # token-wise work on N/P tokens (weights whole); attention: T/P for the whole core
         new_dur = cost.kernel_time_ns(graph, tasks, flops / p, inp / p + w + out / p)
         g = set_duration(graph, tasks, np.rint(new_dur).astype(np.int64),
-                         reason=f"{self.label()}: block work on 1/{p} of the tokens", transform=self.name)
+                         reason=f"{self.label()}: block work on 1/{p} of the tokens")
         b = blocks.assign(in_bytes=inp, out_bytes=out, dur=np.rint(new_dur).astype(np.int64))
         return self._attention(g, ctx, b, machines, per)
 
@@ -174,14 +174,14 @@ class SequenceParallel(Transform):
             splice_anchor.append((int(rank), last, before, share, hops))
         if core_dur:
             g = set_duration(g, list(core_dur), np.asarray([core_dur[k] for k in sorted(core_dur)]),
-                             reason=f"{self.label()}: attention on the local block", transform=self.name)
+                             reason=f"{self.label()}: attention on the local block")
         if a2a_plan:
             for rank in b["rank"].unique():
                 g, res = comm_stream(g, int(rank), f"sp {self.mode} all-to-all")
                 plan = sorted(a2a_plan)
                 g, _ = insert_tasks(g, resource=res, after=[x[1] for x in plan], before=[x[2] for x in plan],
                                     dur_ns=[x[3] for x in plan], names=[f"sp all_to_all {x[4]}" for x in plan],
-                                    reason=f"{self.label()}: {len(plan)} all-to-alls", transform=self.name)
+                                    reason=f"{self.label()}: {len(plan)} all-to-alls")
         if any(x[4] for x in splice_anchor):
             g = self._blocks_and_hops(g, splice_anchor)
         return g
@@ -201,13 +201,13 @@ class SequenceParallel(Transform):
                 durs += hops
                 names += [f"{label} {j + 1}/{len(hops)}" for j in range(len(hops))]
             g, ids = insert_tasks(g, resource=res, after=after, before=[-1] * len(durs), dur_ns=durs, names=names,
-                                  reason=f"{self.label()}: {len(durs)} transfers", transform=self.name)
+                                  reason=f"{self.label()}: {len(durs)} transfers")
             k = 0
             for i in mine:
                 hop_ids[i] = ids[k:k + len(plan[i][4])]
                 k += len(plan[i][4])
         g, _ = splice_tasks(g, anchors=[x[1] for x in plan], durs=[[x[3]] * len(x[4]) for x in plan],
                             name=f"{self.mode} attention block", deps=[h.tolist() for h in hop_ids],
-                            reason=f"{self.label()}: attention on the received blocks", transform=self.name)
+                            reason=f"{self.label()}: attention on the received blocks")
         return g
 

@@ -79,8 +79,7 @@ class TensorParallel(Transform):
         tasks = blocks["task"].to_numpy(np.int64)
         dur, out_bytes = sharded_durations(graph, ctx, self.name, tasks, blocks["role"].to_numpy(), self.degree,
                                            self.sequence_parallel)
-        g = set_duration(graph, tasks, dur, reason=f"{self.label()}: sharded GEMMs/attention re-priced",
-                         transform=self.name)
+        g = set_duration(graph, tasks, dur, reason=f"{self.label()}: sharded GEMMs/attention re-priced")
         blocks = blocks.assign(out_bytes=out_bytes)
         return self._insert_collectives(g, ctx, blocks)
 
@@ -116,5 +115,5 @@ class TensorParallel(Transform):
             g, _ = insert_tasks(g, resource=res, after=[p[1] for p in plan], before=[p[2] for p in plan],
                                 dur_ns=durs, names=[f"tp {p[3]} ({p[4] / 2**20:.2f} MiB x{self.degree})"
                                                     for p in plan],
-                                reason=f"{self.label()}: {len(plan)} collectives", transform=self.name)
+                                reason=f"{self.label()}: {len(plan)} collectives")
         return g
