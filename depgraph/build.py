@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -24,56 +23,12 @@ from whatif.tracer.kineto import step_number
 from whatif.tracer.trace import Trace
 
 from .collectives import link_collectives
-from .graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
+from .graph import EdgeKind, ResourceKind, TaskGraph, TaskKind, task_kind_codes
 from .hierarchy import build_hierarchy
+from .state import Resources, SyncContext, TaskColumns
 from .syncs import add_sync_edges
 
 LAUNCH_QUANTILE = 0.05  # a launch latency this low is "the stream was idle, the launch was the bottleneck"
-
-
-@dataclass
-class TaskColumns:
-    """Tasks being assembled, as lists of arrays appended group by group."""
-
-    parts: dict[str, list[np.ndarray | list]] = field(default_factory=lambda: {k: [] for k in (
-        "event", "kind", "resource", "rank", "dur_ns", "measured_start_ns", "measured_end_ns",
-        "step", "phase", "layer", "op", "name", "tie")})
-    size: int = 0
-
-    def add(self, **cols: np.ndarray | list) -> np.ndarray:
-        n = len(cols["event"])
-        for key, part in self.parts.items():
-            part.append(cols[key])
-        ids = np.arange(self.size, self.size + n, dtype=np.int64)
-        self.size += n
-        return ids
-
-    def frame(self) -> pd.DataFrame:
-        out = {}
-        for key, part in self.parts.items():
-            if key in ("phase", "layer", "op", "name"):
-                out[key] = np.concatenate([np.asarray(p, dtype=object) for p in part]) if part else []
-            else:
-                out[key] = np.concatenate([np.asarray(p) for p in part]) if part else np.empty(0)
-        return pd.DataFrame(out)
-
-
-class Resources:
-    """Resource ids by (rank, kind, device, key), created on first use in sorted order."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[int, int, int, int, str, bool]] = []
-        self.ids: dict[tuple[int, int, int, int], int] = {}
-
-    def get(self, rank: int, kind: ResourceKind, device: int, key: int, name: str, ordered: bool = True) -> int:
-        k = (rank, int(kind), device, key)
-        if k not in self.ids:
-            self.ids[k] = len(self.rows)
-            self.rows.append((rank, int(kind), device, key, name, ordered))
-        return self.ids[k]
-
-    def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows, columns=["rank", "kind", "device", "key", "name", "ordered"])
 
 
 def _consecutive_pairs(group: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -173,8 +128,7 @@ def build_graph(trace: Trace) -> TaskGraph:
     g_res = _resource_ids(lambda r, d, s: res.get(r, ResourceKind.STREAM, d, s, f"GPU {d} stream {s}"),
                           rank_col[g_rows], device_col[g_rows], stream_col[g_rows])
     g_names = names.iloc[g_rows].astype(str).tolist()
-    g_kind = np.select([kinds[g_rows] == int(EventKind.MEMCPY), kinds[g_rows] == int(EventKind.MEMSET)],
-                       [int(TaskKind.MEMCPY), int(TaskKind.MEMSET)], int(TaskKind.KERNEL)).astype(np.int8)
+    g_kind = task_kind_codes(kinds[g_rows])
     is_comm = _per_name(names, is_collective)[g_rows]
     g_kind[is_comm & (g_kind == int(TaskKind.KERNEL))] = int(TaskKind.COMM)
     ng = len(g_rows)
@@ -361,24 +315,6 @@ def _event_to_task(num_events: int, event_rows: np.ndarray, task_ids: np.ndarray
     out = np.full(num_events, -1, dtype=np.int64)
     out[event_rows] = task_ids
     return out
-
-
-@dataclass
-class SyncContext:
-    """What the synchronization rules need from the builder."""
-
-    trace: Trace
-    tasks: pd.DataFrame
-    call_ids: np.ndarray
-    gpu_ids: np.ndarray
-    launch_of: np.ndarray          # per task: its launching call task, -1
-    prev_of: np.ndarray            # per GPU task: previous task on its stream, -1
-    call_task_of_event: np.ndarray  # per event row: the call task it belongs to, -1
-    start_m: np.ndarray
-    end_m: np.ndarray
-    dur: np.ndarray                # replay durations; sync rules shorten waiting calls
-    blocking: list[tuple[int, int]]  # (copy task, WAIT task) of blocking copies
-    report: Counter
 
 
 def _flow_edges(trace: Trace, t: pd.DataFrame, cpu_ids: np.ndarray, start_m: np.ndarray, end_m: np.ndarray,

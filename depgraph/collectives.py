@@ -22,7 +22,7 @@ from whatif.tracer.args import Arg
 from .graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
 
 if TYPE_CHECKING:
-    from .build import Resources
+    from .state import Resources
 
 
 def collective_key(name: str, collective_name: str, process_group: str | int) -> str:

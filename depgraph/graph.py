@@ -20,6 +20,7 @@ import networkx as nx
 import numpy as np
 import pandas as pd
 from whatif.core.errors import WhatifError
+from whatif.tracer.kinds import EventKind
 
 if TYPE_CHECKING:
     from whatif.tracer.trace import Trace
@@ -57,6 +58,23 @@ GPU_STREAM_KINDS = GPU_WORK_KINDS | {TaskKind.ARRIVE}
 """Tasks placed on a GPU stream (GPU work, and a rank's zero-length arrival at a collective)."""
 CPU_KINDS = frozenset({TaskKind.CPU_CALL, TaskKind.CPU_WORK, TaskKind.WAIT})
 """Tasks that are a CPU thread's own work (calls, operator work, blocking waits)."""
+
+
+TASK_OF_GPU_EVENT = {EventKind.KERNEL: TaskKind.KERNEL, EventKind.MEMCPY: TaskKind.MEMCPY,
+                     EventKind.MEMSET: TaskKind.MEMSET}
+"""The task kind of each GPU activity event (the builder then marks collective kernels COMM)."""
+
+
+def task_kind_codes(event_kinds: np.ndarray) -> np.ndarray:
+    """Task-kind codes (int8) of an array of GPU-activity event-kind codes.
+
+    >>> task_kind_codes(np.array([int(EventKind.MEMSET), int(EventKind.KERNEL)])).tolist()
+    [6, 4]
+    """
+    lut = np.full(max(int(k) for k in EventKind) + 1, -1, dtype=np.int8)
+    for event, task in TASK_OF_GPU_EVENT.items():
+        lut[int(event)] = int(task)
+    return lut[np.asarray(event_kinds, dtype=np.int64)]
 
 
 def kind_codes(kinds: frozenset[TaskKind]) -> list[int]:

@@ -27,7 +27,7 @@ from whatif.tracer.kinds import EventKind
 from .graph import EdgeKind
 
 if TYPE_CHECKING:
-    from .build import SyncContext
+    from .state import SyncContext
 
 DEVICE_SYNC = re.compile(r"(cuda|hip)DeviceSynchronize|cuCtxSynchronize|hipCtxSynchronize")
 STREAM_SYNC = re.compile(r"(cuda|hip|cu)StreamSynchronize")

@@ -69,7 +69,7 @@ from ..select import Selector
 from .fuse import name_mask, order_position
 
 DEFAULT_LAUNCH_US = 10.0   # one graph launch on the CPU when the trace has none (see docstring)
-LAUNCH_QUANTILE = 0.05     # launch latency to an idle stream (depgraph.build.LAUNCH_QUANTILE)
+
 CAPTURED = kind_codes(LOCAL_GPU_WORK_KINDS)
 CPU_KINDS = (int(TaskKind.CPU_CALL), int(TaskKind.CPU_WORK), int(TaskKind.WAIT), int(TaskKind.MARKER))
 GRAPH_LAUNCH = r"(?:cuda|hip)GraphLaunch"

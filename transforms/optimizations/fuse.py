@@ -54,13 +54,14 @@ import numpy as np
 import pandas as pd
 from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
+from whatif.hardware.habitat import DEFAULT_FIXED_NS
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import fuse as fuse_tasks
 from ..registry import register
 from ..select import Selector, kernel_classes
 
-FIXED_NS = 2_000  # one kernel's fixed latency, ns (predictors.habitat.DEFAULT_FIXED_NS)
+FIXED_NS = DEFAULT_FIXED_NS  # one kernel's fixed latency, ns
 CHAIN_CLASSES = (KernelClass.ELEMENTWISE.value, KernelClass.NORMALIZATION.value, KernelClass.REDUCTION.value)
 COMPUTE_CLASSES = (KernelClass.GEMM.value, KernelClass.CONV.value, KernelClass.ATTENTION.value)
 # bytes of a kernel per byte of its output tensor (w), and per byte of an input it consumes (r)
