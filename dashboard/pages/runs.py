@@ -6,6 +6,8 @@ from typing import Any
 import dash
 from dash import Input, Output, State, dcc, html
 
+from whatif.tracer.readers import accepted
+
 from ..layout import error_box, guarded, loading, table
 from ..state import get_store
 from ..uploads import save_trace
@@ -33,7 +35,7 @@ def layout(**_: Any) -> html.Div:
             dcc.Input(id="runs-path", type="text", style={"width": "60%"}, debounce=False),
             html.Button("Add", id="runs-add"),
             dcc.Upload(id="runs-upload", max_size=store.max_upload_bytes, multiple=False,
-                       children=html.Div(["Drop a trace here (*.json, *.json.gz, at most "
+                       children=html.Div([f"Drop a trace here ({accepted()}, at most "
                                           f"{store.max_upload_bytes / 2**20:,.0f} MiB) or ", html.A("choose one")]),
                        style={"border": "1px dashed #99a", "borderRadius": 6, "padding": 14, "marginTop": 10,
                               "textAlign": "center"}),
