@@ -15,8 +15,7 @@ from tracegen import KinetoTrace
 from whatif.api import analyze
 from whatif.cli import main
 from whatif.dashboard.uploads import UploadError, save_trace
-from whatif.tracer import EventKind, TraceError, load_trace
-from whatif.tracer import readers
+from whatif.tracer import EventKind, TraceError, load_trace, readers
 from whatif.tracer.kineto import KinetoReader
 from whatif.tracer.readers import FileColumns, FileTrace, TraceReader
 

@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 
 from .errors import TraceError
-from .kineto import gc_paused
 from .kinds import EventKind
+from .kineto import gc_paused
 from .readers import FileTrace, Flow, accepted, is_trace_file, read_file, reader_for
 
 LAUNCH_NAMES = ("LaunchKernel", "GraphLaunch", "LaunchCooperativeKernel", "ModuleLaunchKernel")

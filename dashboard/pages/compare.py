@@ -17,8 +17,8 @@ from whatif.serving import Workload
 from ..derive import breakdown_row
 from ..layout import error_box, guarded, loading, ms, table
 from ..state import Run, get_store
+from . import Page
 
-PATH, NAME = "/compare", "Compare"
 NO_LOG = ("No serving log for this run: whatif serve looks for the --log file named in the run folder's meta.json "
           "(or a file of that name inside the folder), so TTFT/TPOT are not predicted here.")
 DEFAULT_RATE, DEFAULT_REQUESTS = 10.0, 20
@@ -164,3 +164,6 @@ def register(app: dash.Dash) -> None:
         if not names:
             raise ValueError("no scenario selected: save one in the What-if builder first")
         return (body(run_id, names),)
+
+
+PAGE = Page(path="/compare", title="Compare", order=40, layout=layout, register_callbacks=register)

@@ -5,14 +5,13 @@ from typing import Any
 
 import dash
 from dash import Input, Output, State, dcc, html
-
 from whatif.tracer.readers import accepted
 
 from ..layout import error_box, guarded, loading, table
 from ..state import get_store
 from ..uploads import save_trace
+from . import Page
 
-PATH, NAME = "/", "Runs"
 COLUMNS = ("run", "device", "ranks", "steps", "tasks", "status", "path", "id")
 
 
@@ -87,3 +86,6 @@ def register(app: dash.Dash) -> None:
             except Exception:  # noqa: BLE001 - the table's status column shows the error
                 pass
         return rows()
+
+
+PAGE = Page(path="/", title="Runs", order=0, layout=layout, register_callbacks=register)
