@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from whatif.tracer import TraceError
-from whatif.tracer.trace import TRACE_SUFFIXES
+from whatif.tracer.readers import is_trace_name
 
 from whatif.api import analyze
 
@@ -22,7 +22,7 @@ MULTI_RANK_DIRS = ("hta/sampled_world128",)
 
 def inputs(root: Path) -> list[Path]:
     multi = [root / d for d in MULTI_RANK_DIRS if (root / d).is_dir()]
-    files = [p for p in sorted(root.rglob("*")) if p.name.endswith(TRACE_SUFFIXES)
+    files = [p for p in sorted(root.rglob("*")) if is_trace_name(p.name)
              and not any(m in p.parents for m in multi)]
     return files + multi
 

@@ -1,5 +1,7 @@
-"""The Dash app: a multi-page app (``use_pages``) whose pages register explicitly (the package
-is installed under ``whatif.dashboard``, so no pages folder is scanned)."""
+"""The Dash app: a multi-page app (``use_pages``) whose pages are the modules of
+:mod:`whatif.dashboard.pages`, each declaring its ``PAGE`` (found with ``discover_pages`` and
+registered explicitly: the package is installed under ``whatif.dashboard``, so Dash scans no
+pages folder)."""
 from __future__ import annotations
 
 import logging
@@ -10,10 +12,8 @@ import dash
 from dash import Input, Output
 
 from .layout import INDEX, shell
-from .pages import builder, compare, graph, overview, runs, timeline
+from .pages import discover_pages
 from .state import RunStore, set_store
-
-PAGES = (runs, overview, timeline, builder, compare, graph)
 
 
 def create_app(paths: list[str | Path] = (), *, store: RunStore | None = None,
@@ -26,13 +26,14 @@ def create_app(paths: list[str | Path] = (), *, store: RunStore | None = None,
     app.index_string = INDEX
     # Uploads travel base64-encoded inside a callback request: cap the request body accordingly.
     app.server.config["MAX_CONTENT_LENGTH"] = int(store.max_upload_bytes * 1.4) + (1 << 20)
-    for order, page in enumerate(PAGES):
-        dash.register_page(f"whatif.dashboard.pages.{page.__name__.rsplit('.', 1)[-1]}", path=page.PATH,
-                           name=page.NAME, title=f"whatif · {page.NAME}", order=order, layout=page.layout)
+    pages = discover_pages()
+    for page in pages:
+        dash.register_page(page.module, path=page.path, name=page.title, title=f"whatif · {page.title}",
+                           order=page.order, layout=page.layout)
     first = next(iter(store.runs), None)
-    app.layout = lambda: shell(store.options(), first)
-    for page in PAGES:
-        page.register(app)
+    app.layout = lambda: shell(pages, store.options(), first)
+    for page in pages:
+        page.register_callbacks(app)
 
     @app.callback(Output("run", "value", allow_duplicate=True), Input("_pages_location", "search"),
                   prevent_initial_call="initial_duplicate")

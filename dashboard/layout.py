@@ -11,10 +11,9 @@ from typing import Any
 import dash
 from dash import dash_table, dcc, html
 
-log = logging.getLogger("whatif.dashboard")
+from .pages import Page
 
-PAGES = (("/", "Runs"), ("/overview", "Overview"), ("/timeline", "Timeline"), ("/whatif", "What-if"),
-         ("/compare", "Compare"), ("/graph", "Graph"))
+log = logging.getLogger("whatif.dashboard")
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #222; background: #f4f5f7; }
@@ -46,9 +45,9 @@ INDEX = """<!DOCTYPE html>
 <body>{%app_entry%}<footer>{%config%}{%scripts%}{%renderer%}</footer></body></html>"""
 
 
-def shell(run_options: list[dict[str, str]], run_value: str | None) -> html.Div:
-    """Navigation bar (page links and the run menu) above the current page."""
-    links = [dcc.Link(name, href=path, id=f"nav-{name.lower().replace('-', '')}") for path, name in PAGES]
+def shell(pages: Sequence[Page], run_options: list[dict[str, str]], run_value: str | None) -> html.Div:
+    """Navigation bar (a link per page, in order, and the run menu) above the current page."""
+    links = [dcc.Link(p.title, href=p.path, id=p.nav_id) for p in pages]
     return html.Div([
         html.Div([html.Span("whatif", className="brand"), *links,
                   dcc.Dropdown(id="run", options=run_options, value=run_value, clearable=False,

@@ -18,7 +18,7 @@ from typing import Any
 
 from whatif.predictors.serving.logs import find_log
 from whatif.predictors.steps import step_times
-from whatif.tracer.trace import NOT_TRACES, TRACE_SUFFIXES
+from whatif.tracer.readers import accepted, is_trace_file
 from whatif.transforms.base import TransformContext
 from whatif.transforms.scenario import Scenario, scenario_from_dict
 
@@ -39,10 +39,6 @@ RANK_FILE = re.compile(r"rank[-_]?\d+", re.IGNORECASE)
 MAX_PREDICTIONS = 8  # per run
 
 
-def _is_trace(p: Path) -> bool:
-    return p.is_file() and p.name.endswith(TRACE_SUFFIXES) and p.name not in NOT_TRACES
-
-
 def discover(path: Path) -> list[Path]:
     """The runs at ``path``: a trace file; a run folder (``meta.json`` or ``rank<k>`` files) or a
     folder of per-rank files; otherwise each trace file and each run folder inside it."""
@@ -50,12 +46,12 @@ def discover(path: Path) -> list[Path]:
         return [path]
     if not path.is_dir():
         return []
-    traces = sorted(p for p in path.iterdir() if _is_trace(p))
+    traces = sorted(p for p in path.iterdir() if is_trace_file(p))
     if (path / "meta.json").is_file() or (traces and all(RANK_FILE.search(p.name) for p in traces)):
         return [path]
     runs = list(traces)
     for sub in sorted(p for p in path.iterdir() if p.is_dir()):
-        inner = [p for p in sub.iterdir() if _is_trace(p)]
+        inner = [p for p in sub.iterdir() if is_trace_file(p)]
         if (sub / "meta.json").is_file() or (inner and all(RANK_FILE.search(p.name) for p in inner)):
             runs.append(sub)
     return runs
@@ -224,7 +220,7 @@ class RunStore:
             raise FileNotFoundError(f"{path}: no such file or folder")
         found = discover(resolved)
         if not found:
-            raise ValueError(f"{path}: no trace files (*.json, *.json.gz) or run folders here")
+            raise ValueError(f"{path}: no trace files ({accepted()}) or run folders here")
         return [self._add(p) for p in found]
 
     def _add(self, path: Path) -> Run:

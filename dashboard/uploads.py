@@ -1,5 +1,7 @@
 """Uploaded traces and scenarios: size-capped, written as bytes into the upload folder, and
-read only by the trace reader or the TOML parser (data only, nothing is executed or unpickled)."""
+read only by a trace reader or the TOML parser (data only, nothing is executed or unpickled).
+Which names are traces, and what their bytes must look like, is the trace readers' call
+(:mod:`whatif.tracer.readers`)."""
 from __future__ import annotations
 
 import base64
@@ -8,7 +10,8 @@ import hashlib
 import re
 from pathlib import Path
 
-TRACE_SUFFIXES = (".json", ".json.gz")
+from whatif.core.errors import TraceError
+from whatif.tracer import readers
 
 
 class UploadError(ValueError):
@@ -34,14 +37,14 @@ def decode(contents: str, max_bytes: int) -> bytes:
 def save_trace(upload_dir: Path, filename: str, contents: str, max_bytes: int) -> Path:
     """Check and store an uploaded trace file; returns its path inside ``upload_dir``."""
     name = Path(filename or "").name
-    if not name.endswith(TRACE_SUFFIXES):
-        raise UploadError(f"{name or 'upload'}: only trace files (*.json, *.json.gz) can be uploaded")
+    try:
+        reader = readers.reader_for(name)
+    except TraceError:
+        raise UploadError(f"{name or 'upload'}: only trace files ({readers.accepted()}) can be uploaded") from None
     data = decode(contents, max_bytes)
-    if name.endswith(".gz"):
-        if data[:2] != b"\x1f\x8b":
-            raise UploadError(f"{name}: not gzip data")
-    elif data.lstrip()[:1] not in (b"{", b"["):
-        raise UploadError(f"{name}: not JSON")
+    problem = reader.check_bytes(name, data)
+    if problem:
+        raise UploadError(f"{name}: {problem}")
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)
     folder = upload_dir / hashlib.sha1(data).hexdigest()[:12]
     folder.mkdir(parents=True, exist_ok=True)

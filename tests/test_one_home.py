@@ -70,7 +70,7 @@ DTYPE_SPELLINGS = {"bf16", "fp16", "fp32", "bfloat16", "float16", "half", "float
                    "float32", "int8", "fp8"}
 COLLECTIVE = re.compile(r"^(nccl|rccl)$|nccl\||rccl\||all_\?reduce|cross_device_reduce|multimem")
 ATTENTION = re.compile(r"fmha|flash_fwd|flash_attn|scaled_dot_product\||sdpa\|")
-SUFFIX = re.compile(r"^\.json(\.gz)?$|^\.pt\.trace")
+SUFFIX = re.compile(r"^\.json\.gz$|^\.pt\.trace")
 
 
 def gpu_task_set(node: ast.AST) -> str | None:
@@ -105,7 +105,9 @@ FACTS = [
     ("dtype sizes", {"core/dtypes.py"}, dtype_table),
     ("collective kernels", {"core/kernels.py"}, pattern(COLLECTIVE, "a collective-kernel rule")),
     ("attention kernels", {"core/kernels.py"}, pattern(ATTENTION, "an attention-kernel rule")),
-    ("trace suffixes", {"tracer/trace.py"}, pattern(SUFFIX, "a trace suffix")),
+    # the reader registry asks KinetoReader.suffixes; the recorder names the files it writes as
+    # PyTorch's profiler does (rank<k>.pt.trace.json.gz), which that reader accepts
+    ("trace suffixes", {"tracer/kineto.py", "tracer/record/trace_file.py"}, pattern(SUFFIX, "a trace suffix")),
 ]
 
 

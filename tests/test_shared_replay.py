@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from whatif.depgraph.graph import check_acyclic
 from whatif.tracer import TraceError
-from whatif.tracer.trace import TRACE_SUFFIXES
+from whatif.tracer.readers import is_trace_name
 
 from whatif.api import analyze
 
@@ -20,7 +20,7 @@ MULTI_RANK = ("hta/sampled_world128",)
 
 
 def shared_inputs(root: Path) -> list[str]:
-    files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name.endswith(TRACE_SUFFIXES)
+    files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if is_trace_name(p.name)
                    and not any(str(p.relative_to(root)).startswith(m) for m in MULTI_RANK))
     return files + list(MULTI_RANK)
 

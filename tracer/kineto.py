@@ -1,4 +1,5 @@
-"""Read one Kineto / Chrome-trace JSON file (``.json`` or ``.json.gz``) into columns.
+"""Read one Kineto / Chrome-trace JSON file (``.json`` or ``.json.gz``) into columns: the
+built-in :class:`KinetoReader` of :mod:`whatif.tracer.readers`.
 
 Handles the format drift of real traces 2021 -> 2025 (see ``docs/traces.md``): old category
 names, string tids such as ``"stream 7"``, ``external id`` vs ``External id``, float ``ts``
@@ -20,7 +21,6 @@ import math
 import re
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,84 +35,9 @@ except ImportError:  # pragma: no cover - isal is a dependency, zlib is the fall
 from whatif.core.errors import TraceError
 
 from .kinds import GPU_KINDS, IGNORED_CATEGORIES, EventKind, kind_of
+from .readers import FileColumns, FileTrace, Flow, TraceReader, register_reader
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
-_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
-
-
-@dataclass
-class FileColumns:
-    """The complete (``ph: "X"``) events of one file as parallel arrays, in file order.
-
-    Times are integer nanoseconds (``baseTimeNanoseconds`` applied); ids are int64 (-1 when
-    absent; unsigned 64-bit ids above 2**63 wrap to negative). Names are stored once:
-    ``name_code[i]`` indexes ``names``.
-    """
-
-    ts_ns: np.ndarray        # int64
-    dur_ns: np.ndarray       # int64, >= 0
-    kind: np.ndarray         # int8, EventKind
-    name_code: np.ndarray    # int32 index into names
-    names: list[str]         # distinct event names, first-seen order
-    pid: np.ndarray          # int64
-    tid: np.ndarray          # int64
-    device: np.ndarray       # int32, -1 on CPU events
-    stream: np.ndarray       # int64, -1 on CPU events
-    correlation: np.ndarray  # int64
-    external_id: np.ndarray  # int64
-    args: list[dict[str, Any] | None]
-
-    def __len__(self) -> int:
-        return len(self.ts_ns)
-
-    @property
-    def name(self) -> list[str]:
-        """Each event's name (decoded from ``name_code``)."""
-        names = self.names
-        return [names[c] for c in self.name_code.tolist()]
-
-
-@dataclass
-class Flow:
-    """One end of a non-launch flow (e.g. ``fwdbwd``), located by thread and time."""
-
-    category: str
-    flow_id: int
-    phase: str  # "s" or "f"
-    pid: int
-    tid: int
-    ts_ns: int
-
-
-@dataclass
-class FileTrace:
-    """What one file holds: its events, flows, and the top-level metadata."""
-
-    path: Path
-    columns: FileColumns
-    flows: list[Flow]
-    metadata: dict[str, Any]
-    thread_names: dict[tuple[int, int], str]
-    process_names: dict[int, str]
-    category_counts: dict[str, int]
-    skipped: dict[str, int]
-
-    @property
-    def distributed_info(self) -> dict[str, Any]:
-        info = self.metadata.get("distributedInfo")
-        return info if isinstance(info, dict) else {}
-
-    def rank_hint(self) -> int | None:
-        """Rank from ``distributedInfo``, else from a ``rank<k>`` in the file name."""
-        rank = self.distributed_info.get("rank")
-        if isinstance(rank, int) and rank >= 0:
-            return rank
-        match = _RANK_IN_NAME.search(self.path.name)
-        return int(match.group(1)) if match else None
-
-    def world_size_hint(self) -> int | None:
-        size = self.distributed_info.get("world_size")
-        return size if isinstance(size, int) and size > 0 else None
 
 
 @contextlib.contextmanager
@@ -606,3 +531,21 @@ def step_number(name: str) -> int | None:
     """
     match = _STEP_RE.match(name)
     return int(match.group(1)) if match else None
+
+
+class KinetoReader(TraceReader):
+    """Kineto / Chrome-trace JSON, plain or gzipped (what ``torch.profiler`` and ``whatif record`` write)."""
+
+    name = "kineto"
+    suffixes = (".json", ".json.gz")
+
+    def read(self, path: Path) -> FileTrace:
+        return parse_file(path)
+
+    def check_bytes(self, filename: str, data: bytes) -> str | None:
+        if filename.lower().endswith(".gz"):
+            return None if data[:2] == b"\x1f\x8b" else "not gzip data"
+        return None if data.lstrip()[:1] in (b"{", b"[") else "not JSON"
+
+
+register_reader(KinetoReader())

@@ -12,7 +12,8 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from .kineto import Flow, step_number
+from .kineto import step_number
+from .readers import Flow
 from .trace import Trace
 
 

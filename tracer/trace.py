@@ -31,10 +31,9 @@ from whatif.core.errors import TraceError
 
 from .args import Arg, arg_column
 from .kinds import GPU_ACTIVITY_KINDS, EventKind, codes
-from .kineto import FileTrace, Flow, gc_paused, parse_file
+from .kineto import gc_paused
+from .readers import FileTrace, Flow, accepted, is_trace_file, read_file, reader_for
 
-TRACE_SUFFIXES = (".json", ".json.gz")
-NOT_TRACES = frozenset({"meta.json"})
 LAUNCH_NAMES = ("LaunchKernel", "GraphLaunch", "LaunchCooperativeKernel", "ModuleLaunchKernel")
 
 
@@ -89,10 +88,9 @@ class Trace:
 
 def find_trace_files(path: Path) -> list[Path]:
     """Trace files in a folder (non-recursive, HTA's per-rank layout), sorted."""
-    files = [p for p in sorted(path.iterdir())
-             if p.is_file() and p.name.endswith(TRACE_SUFFIXES) and p.name not in NOT_TRACES]
+    files = [p for p in sorted(path.iterdir()) if is_trace_file(p)]
     if not files:
-        raise TraceError(path, "folder holds no trace files (*.json, *.json.gz)")
+        raise TraceError(path, f"folder holds no trace files ({accepted()})")
     return files
 
 
@@ -181,19 +179,24 @@ def _to_frame(files: list[FileTrace], ranks: list[int]) -> pd.DataFrame:
 
 def load_trace(path: str | Path) -> Trace:
     """Load a trace file, a folder of per-rank trace files, or a ``whatif record`` run folder.
+    Each file is read by the reader of its suffix (:mod:`whatif.tracer.readers`).
 
     Raises :class:`~whatif.core.errors.TraceError` naming the file and the problem.
     """
     path = Path(path)
     if not path.exists():
         raise TraceError(path, "no such file or folder")
-    paths = find_trace_files(path) if path.is_dir() else [path]
+    if path.is_dir():
+        paths = find_trace_files(path)
+    else:
+        reader_for(path)  # an unknown suffix is refused before anything is read
+        paths = [path]
     with gc_paused():
         return _load_files(paths)
 
 
 def _load_files(paths: list[Path]) -> Trace:
-    files = [parse_file(p) for p in paths]
+    files = [read_file(p) for p in paths]
     for ft in files:
         check_usable(ft)
     ranks = _assign_ranks(files)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from whatif.api import Analysis, ScenarioResult, analyze, predict
+from whatif.analysis import Analysis, ScenarioResult, analyze, predict
 from whatif.core.errors import TraceError
 from whatif.predictors.replay import Replay
 from whatif.predictors.serving import logs
@@ -48,7 +48,7 @@ from whatif.predictors.serving.simulator import (
 from whatif.transforms.base import Transform
 from whatif.transforms.scenario import Scenario, load_scenario
 
-__all__ = ["DitOptions", "ServingModels", "Workload", "fit_serving", "serve", "sweep"]
+__all__ = ["DitOptions", "ServingModels", "Workload", "column_mapping", "fit_serving", "serve", "sweep", "token_range"]
 
 SERVE_SCHEMA = "whatif.serving/1"
 SWEEP_SCHEMA = "whatif.serving-sweep/1"
@@ -61,22 +61,52 @@ ScenarioLike = Scenario | str | Path | Transform | ScenarioResult
 Model = IterationModel | DitStepModel
 
 
+def token_range(text: str) -> tuple[int, int]:
+    """``"16:64"`` -> ``(16, 64)``; ``"32"`` -> ``(32, 32)`` (the ``--prompt-tokens`` form).
+
+    >>> token_range("16:64"), token_range("32")
+    ((16, 64), (32, 32))
+    """
+    try:
+        lo, _, hi = text.partition(":")
+        return int(lo), int(hi or lo)
+    except ValueError:
+        raise ValueError(f"expected N or MIN:MAX tokens, got {text!r}") from None
+
+
+def column_mapping(text: str) -> tuple[str, str]:
+    """``"arrival_s=ts"`` -> ``("arrival_s", "ts")`` (the ``--column`` form)."""
+    field_name, sep, name = text.partition("=")
+    if not sep or not field_name or not name:
+        raise ValueError(f"expected FIELD=COLUMN, got {text!r}")
+    return field_name, name
+
+
 @dataclass(frozen=True)
 class Workload:
     """Requests to simulate: drawn at ``rate`` req/s (Poisson, or gamma with ``cv``; ``inf``: all at
     t=0) with uniform prompt/output lengths, or read from ``file`` (CSV/JSONL: arrival_s,
     prompt_tokens, output_tokens; ``columns`` maps fields to the file's names). ``num_requests``:
-    how many to draw (default 20), or the first N of the file."""
+    how many to draw (default 20), or the first N of the file. Each field's metadata is its
+    ``whatif serve`` option (see ``whatif/commands/_dataclass_args.py``)."""
 
-    rate: float | None = None
-    num_requests: int | None = None
-    prompt_tokens: tuple[int, int] = (16, 64)
-    output_tokens: tuple[int, int] = (32, 128)
-    cv: float | None = None
-    seed: int = 0
-    file: str | Path | None = None
-    columns: Mapping[str, str] = field(default_factory=dict)
-    time_unit: str = "s"
+    rate: float | None = field(default=None, metadata={"help": "arrival rate (req/s); inf: all at t=0"})
+    num_requests: int | None = field(default=None, metadata={
+        "help": f"requests to draw (default {DEFAULT_REQUESTS}); with --workload, keep the first N"})
+    prompt_tokens: tuple[int, int] = field(default=(16, 64), metadata={
+        "help": "prompt lengths, uniform in [MIN, MAX]", "parse": token_range, "metavar": "MIN[:MAX]"})
+    output_tokens: tuple[int, int] = field(default=(32, 128), metadata={
+        "help": "output lengths, uniform in [MIN, MAX]", "parse": token_range, "metavar": "MIN[:MAX]"})
+    cv: float | None = field(default=None, metadata={
+        "help": "gamma arrivals with this coefficient of variation (bursty > 1); default Poisson"})
+    seed: int = field(default=0, metadata={"help": "seeds arrivals and lengths (same draws as the examples)"})
+    file: str | Path | None = field(default=None, metadata={
+        "help": "CSV/JSONL: arrival_s, prompt_tokens, output_tokens", "flag": "--workload", "metavar": "FILE"})
+    columns: Mapping[str, str] = field(default_factory=dict, metadata={
+        "help": "map a workload field to the file's column name (repeatable)", "flag": "--column",
+        "parse": column_mapping, "repeatable": True, "metavar": "FIELD=NAME"})
+    time_unit: str = field(default="s", metadata={"help": "unit of the file's arrival column",
+                                                   "choices": tuple(TIME_UNITS)})
 
     @property
     def n(self) -> int:
@@ -84,7 +114,7 @@ class Workload:
 
     def _from_file(self) -> list[RequestSpec]:
         if self.time_unit not in TIME_UNITS:
-            raise WorkloadError(f"unknown time unit {self.time_unit!r} (s, ms, us)")
+            raise WorkloadError(f"unknown time unit {self.time_unit!r} ({', '.join(TIME_UNITS)})")
         reqs = read_workload(Path(self.file), dict(self.columns), TIME_UNITS[self.time_unit])  # type: ignore[arg-type]
         return reqs[: self.num_requests] if self.num_requests else reqs
 
@@ -120,11 +150,12 @@ class Workload:
 class DitOptions:
     """DiT request shape; ``None`` keeps what the recording used."""
 
-    steps: int | None = None
-    resolution: int | None = None
-    frames: int | None = None
-    batch: int | None = None
-    cfg: bool | None = None
+    steps: int | None = field(default=None, metadata={"help": "denoising steps per request (default: as recorded)"})
+    resolution: int | None = field(default=None, metadata={"help": "latent side (default: as recorded)"})
+    frames: int | None = field(default=None, metadata={"help": "video frames (default: as recorded)"})
+    batch: int | None = field(default=None, metadata={
+        "help": "max requests denoised together (default: as recorded)"})
+    cfg: bool | None = field(default=None, metadata={"help": "classifier-free guidance on/off (default: as recorded)"})
 
     def settings(self, log: dict[str, Any], replicas: int = 1) -> dict[str, Any]:
         """Resolved settings against the recorded ``log`` config (the ``scheduler`` entry of DiT documents)."""

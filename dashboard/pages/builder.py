@@ -17,8 +17,8 @@ from ..forms import params_from_form, spec_from_toml, spec_to_toml, transform_fo
 from ..layout import card, error_box, guarded, loading, ms, table
 from ..state import get_store
 from ..uploads import decode
+from . import Page
 
-PATH, NAME = "/whatif", "What-if"
 MAX_SCENARIO_BYTES = 256 * 1024
 EMPTY = {"name": "my scenario", "transform": []}
 
@@ -171,3 +171,6 @@ def register(app: dash.Dash) -> None:
             where = "; kept for Compare and Timeline"
         filename = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in spec["name"]) + ".toml"
         return dict(content=text, filename=filename), f"saved {filename}{where}"
+
+
+PAGE = Page(path="/whatif", title="What-if", order=30, layout=layout, register_callbacks=register)

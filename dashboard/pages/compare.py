@@ -17,11 +17,11 @@ from whatif.serving import Workload
 from ..derive import breakdown_row
 from ..layout import error_box, guarded, loading, ms, table
 from ..state import Run, get_store
+from . import Page
 
-PATH, NAME = "/compare", "Compare"
 NO_LOG = ("No serving log for this run: whatif serve looks for the --log file named in the run folder's meta.json "
           "(or a file of that name inside the folder), so TTFT/TPOT are not predicted here.")
-DEFAULT_RATE, DEFAULT_REQUESTS = 10.0, 20
+DEFAULT_RATE = 10.0  # req/s, when the serving log names no rate
 SWEEP_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)  # latency-vs-throughput rates, relative to the workload's
 LLM_COLUMNS = [("TTFT mean ms", "ttft_ms", "mean"), ("TTFT p99 ms", "ttft_ms", "p99"), ("TPOT mean ms", "tpot_ms", "mean"),
                ("TPOT p99 ms", "tpot_ms", "p99"), ("e2e mean ms", "e2e_ms", "mean")]
@@ -54,14 +54,14 @@ def layout(**_: Any) -> html.Div:
 
 def default_workload(run: Run) -> Workload | None:
     """The recorded workload (rate, request count and token ranges of the serving log's config, where
-    it has them; else 10 req/s x 20 requests), or ``None`` without a serving log."""
+    it has them; else 10 req/s x the Workload's default count), or ``None`` without a serving log."""
     path = run.serving_log
     if path is None:
         return None
     c = read_log(path).get("config") or {}
     rate = c.get("rate")
     w = Workload(rate=float(rate) if isinstance(rate, (int, float)) and 0 < rate < math.inf else DEFAULT_RATE,
-                 num_requests=int(c.get("num_requests") or DEFAULT_REQUESTS))
+                 num_requests=int(c["num_requests"]) if c.get("num_requests") else None)  # None: Workload's default
     if all(isinstance(c.get(k), int) for k in ("prompt_min", "prompt_max", "output_min", "output_max")):
         w = replace(w, prompt_tokens=(c["prompt_min"], c["prompt_max"]), output_tokens=(c["output_min"], c["output_max"]))
     return w
@@ -164,3 +164,6 @@ def register(app: dash.Dash) -> None:
         if not names:
             raise ValueError("no scenario selected: save one in the What-if builder first")
         return (body(run_id, names),)
+
+
+PAGE = Page(path="/compare", title="Compare", order=40, layout=layout, register_callbacks=register)

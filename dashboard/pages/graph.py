@@ -12,9 +12,9 @@ from ..derive import critical_path_elements, neighbourhood, task_details
 from ..layout import error_box, guarded, loading
 from ..state import get_store
 from ..timeline import origin_ns
+from . import Page
 from .timeline import render_details
 
-PATH, NAME = "/graph", "Graph"
 INLINE = {"display": "inline-block", "marginRight": 16, "verticalAlign": "middle"}
 STYLE = [
     {"selector": "node", "style": {"label": "data(label)", "font-size": 9, "text-wrap": "wrap", "width": 18,
@@ -103,3 +103,6 @@ def register(app: dash.Dash) -> None:
                                                t0_ns=origin_ns(run.analysis.graph)), run_id)
         except (IndexError, ValueError) as exc:
             return html.Div(str(exc), className="error")
+
+
+PAGE = Page(path="/graph", title="Graph", order=50, layout=layout, register_callbacks=register)

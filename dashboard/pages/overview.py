@@ -12,8 +12,7 @@ from whatif import figures
 from ..derive import phase_rows
 from ..layout import card, error_box, guarded, loading, ms, table
 from ..state import get_store
-
-PATH, NAME = "/overview", "Overview"
+from . import Page
 
 
 def layout(**_: Any) -> html.Div:
@@ -66,3 +65,6 @@ def register(app: dash.Dash) -> None:
     @guarded(2)
     def show(run_id: str | None) -> tuple[Any]:
         return (body(run_id),)
+
+
+PAGE = Page(path="/overview", title="Overview", order=10, layout=layout, register_callbacks=register)

@@ -5,12 +5,13 @@ from typing import Any
 
 import dash
 from dash import Input, Output, State, dcc, html
+from whatif.tracer.readers import accepted
 
 from ..layout import error_box, guarded, loading, table
 from ..state import get_store
 from ..uploads import save_trace
+from . import Page
 
-PATH, NAME = "/", "Runs"
 COLUMNS = ("run", "device", "ranks", "steps", "tasks", "status", "path", "id")
 
 
@@ -33,7 +34,7 @@ def layout(**_: Any) -> html.Div:
             dcc.Input(id="runs-path", type="text", style={"width": "60%"}, debounce=False),
             html.Button("Add", id="runs-add"),
             dcc.Upload(id="runs-upload", max_size=store.max_upload_bytes, multiple=False,
-                       children=html.Div(["Drop a trace here (*.json, *.json.gz, at most "
+                       children=html.Div([f"Drop a trace here ({accepted()}, at most "
                                           f"{store.max_upload_bytes / 2**20:,.0f} MiB) or ", html.A("choose one")]),
                        style={"border": "1px dashed #99a", "borderRadius": 6, "padding": 14, "marginTop": 10,
                               "textAlign": "center"}),
@@ -85,3 +86,6 @@ def register(app: dash.Dash) -> None:
             except Exception:  # noqa: BLE001 - the table's status column shows the error
                 pass
         return rows()
+
+
+PAGE = Page(path="/", title="Runs", order=0, layout=layout, register_callbacks=register)

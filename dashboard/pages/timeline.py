@@ -14,8 +14,8 @@ from .. import timeline as tl
 from ..derive import task_details
 from ..layout import error_box, guarded, loading
 from ..state import Run, get_store
+from . import Page
 
-PATH, NAME = "/timeline", "Timeline"
 BASELINE = "__baseline__"
 
 
@@ -127,3 +127,6 @@ def render_details(d: dict[str, Any], run_id: str | None) -> html.Div:
         html.Div([deps("depends on", d["predecessors"], d["n_predecessors"]),
                   deps("needed by", d["successors"], d["n_successors"])], className="row"),
     ], id="tl-task")
+
+
+PAGE = Page(path="/timeline", title="Timeline", order=20, layout=layout, register_callbacks=register)

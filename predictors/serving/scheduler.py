@@ -1,15 +1,7 @@
-"""Scheduling policies: which sequences one replica runs in its next iteration.
-
-* ``vllm`` (continuous batching, examples/llm_serve.py's scheduler): admit waiting requests FCFS
-  while a sequence slot is free (``max_seqs``), their prompts fit ``max_batched_tokens`` and the KV
-  cache; if any were admitted the iteration is a prefill of exactly them, else a decode step of
-  every running sequence.
-* ``static``: a batch of up to ``max_seqs`` requests is formed only when the replica is empty; it
-  is prefilled, then decoded until its last sequence finishes (finished ones stay as padding).
-* ``chunked`` (Sarathi-Serve): every iteration decodes all running sequences and fills the rest of
-  a ``chunk_tokens`` budget with prompt chunks (running prefills first, then new admissions).
-* ``disagg`` (Splitwise/DistServe): prefill replicas run prefill-only iterations as ``vllm`` does;
-  the KV cache then moves to a decode replica, which runs decode-only iterations.
+"""What a scheduling policy works with: the sequences of one replica (:class:`ReplicaState`:
+queues, KV cache, FCFS admission, decode reservation with preemption), one iteration's
+:class:`Work`, and the policy interface with its registry (keys: :class:`PolicyName` for the
+built-ins, which live in :mod:`.policies`; a new policy is one module, see docs/extending.md).
 
 A decode that finds the KV cache full preempts the most recently admitted sequence (vLLM's
 recompute): its blocks are freed and it waits at the front of the queue to prefill its prompt
@@ -18,13 +10,32 @@ and the tokens generated so far again.
 from __future__ import annotations
 
 import collections
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import ClassVar
 
 from .kvcache import KVCache
 from .logs import LLMBatch
 from .metrics import RequestResult
+from .registry import EnumRegistry
 
-POLICIES = ("vllm", "static", "chunked", "disagg")
+
+class PolicyName(str, Enum):
+    """Keys of the built-in policies (the names ``--policy`` takes)."""
+
+    VLLM = "vllm"
+    STATIC = "static"
+    CHUNKED = "chunked"
+    DISAGG = "disagg"
+
+
+class Role(str, Enum):
+    """What iterations a replica runs: both phases, or one side of a disaggregated deployment."""
+
+    MIXED = "mixed"
+    PREFILL = "prefill"
+    DECODE = "decode"
 
 
 @dataclass
@@ -68,9 +79,9 @@ class Work:
 
 
 class ReplicaState:
-    """Queues and KV cache of one replica (``role``: ``mixed``, ``prefill`` or ``decode``)."""
+    """Queues and KV cache of one replica, scheduled by ``policy`` in its ``role``."""
 
-    def __init__(self, index: int, role: str, policy: str, max_seqs: int, max_batched_tokens: int,
+    def __init__(self, index: int, role: Role, policy: SchedulingPolicy, max_seqs: int, max_batched_tokens: int,
                  chunk_tokens: int, kv: KVCache) -> None:
         self.index, self.role, self.policy = index, role, policy
         self.max_seqs, self.max_batched_tokens, self.chunk_tokens = max_seqs, max_batched_tokens, chunk_tokens
@@ -84,13 +95,14 @@ class ReplicaState:
     def load(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    def _admit(self, s: Seq, tokens: int) -> None:
+    def admit(self, s: Seq, tokens: int) -> None:
+        """Move ``s`` (already taken off ``waiting``) to ``running`` with ``tokens`` of KV cache more."""
         self.kv.grow(s.id, tokens)
         self._order += 1
         s.order = self._order
         self.running.append(s)
 
-    def _admit_prefills(self, budget: int) -> list[tuple[Seq, int]]:
+    def admit_prefills(self, budget: int) -> list[tuple[Seq, int]]:
         """FCFS admission of whole prompts within ``budget`` tokens, free slots and KV space."""
         out: list[tuple[Seq, int]] = []
         while self.waiting and len(self.running) < self.max_seqs:
@@ -99,11 +111,11 @@ class ReplicaState:
             if n > budget or not self.kv.can_grow(s.id, n):
                 break
             budget -= n
-            self._admit(self.waiting.popleft(), n)
+            self.admit(self.waiting.popleft(), n)
             out.append((s, n))
         return out
 
-    def _reserve_decode(self, seqs: list[Seq]) -> list[Seq]:
+    def reserve_decode(self, seqs: list[Seq]) -> list[Seq]:
         """Reserve one KV token per decoding sequence, preempting the latest admitted when full."""
         out = []
         for s in sorted(seqs, key=lambda q: q.order):
@@ -127,47 +139,32 @@ class ReplicaState:
 
     def next_work(self) -> Work | None:
         """The next iteration under this replica's policy and role, or None when idle."""
-        if self.role == "decode":
-            while self.waiting and len(self.running) < self.max_seqs and self.kv.can_grow(self.waiting[0].id,
-                                                                                          self.waiting[0].prefilled):
-                s = self.waiting.popleft()
-                self._admit(s, s.prefilled)
-            dec = self._reserve_decode([s for s in self.running])
-            return Work(decode=dec) if dec else None
-        if self.policy == "chunked":
-            return self._chunked()
-        if self.policy == "static":
-            if not self.running:
-                pre = self._admit_prefills(self.max_batched_tokens)
-                return Work(prefill=pre) if pre else None
-            active = [s for s in self.running if not s.padding]
-            dec = self._reserve_decode(active)
-            pad = [s for s in self.running if s.padding]
-            return Work(decode=dec + pad) if dec else None
-        pre = self._admit_prefills(self.max_batched_tokens)
-        if pre:
-            return Work(prefill=pre)
-        if self.role == "prefill":
-            return None
-        dec = self._reserve_decode(list(self.running))
-        return Work(decode=dec) if dec else None
+        return self.policy.next_work(self)
 
-    def _chunked(self) -> Work | None:
-        budget = self.chunk_tokens
-        dec = self._reserve_decode([s for s in self.running if not s.in_prefill][:budget])
-        budget -= len(dec)
-        pre: list[tuple[Seq, int]] = []
-        for s in sorted((q for q in self.running if q.in_prefill), key=lambda q: q.order):
-            c = min(s.target - s.prefilled, budget)
-            if c > 0 and self.kv.grow(s.id, c):
-                pre.append((s, c))
-                budget -= c
-        while self.waiting and len(self.running) < self.max_seqs and budget > 0:
-            s = self.waiting[0]
-            c = min(s.target - s.prefilled, budget)
-            if not self.kv.can_grow(s.id, c):
-                break
-            self._admit(self.waiting.popleft(), c)
-            pre.append((s, c))
-            budget -= c
-        return Work(prefill=pre, decode=dec) if pre or dec else None
+
+class SchedulingPolicy(ABC):
+    """Which sequences a replica runs in its next iteration. Subclasses set ``key`` (the name
+    users type), may set ``disaggregated`` (prefill and decode replicas apart) and
+    ``chunks_prompts`` (prompts longer than ``max_batched_tokens`` are fine), implement
+    :meth:`next_work`, and may change what happens to a finished sequence."""
+
+    key: ClassVar[Enum]
+    disaggregated: ClassVar[bool] = False
+    chunks_prompts: ClassVar[bool] = False
+
+    @abstractmethod
+    def next_work(self, rep: ReplicaState) -> Work | None:
+        """The next iteration of ``rep`` (admitting, chunking, preempting as it goes), or None when idle."""
+
+    def finished(self, rep: ReplicaState, s: Seq) -> None:
+        """``s`` generated its last token (its KV blocks are freed already): it leaves the batch."""
+        rep.running.remove(s)
+
+    def after_iteration(self, rep: ReplicaState) -> None:
+        """Called when an iteration of ``rep`` has ended and its finished sequences were handled."""
+
+
+POLICIES: EnumRegistry[type[SchedulingPolicy]] = EnumRegistry(
+    "policy", SchedulingPolicy, builtin_modules=("whatif.predictors.serving.policies",),
+    entry_point_group="whatif.serving_policies", plural="policies")
+register_policy = POLICIES.register

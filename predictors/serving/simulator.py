@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Callable
 
 from .arrivals import RequestSpec, WorkloadError
@@ -18,37 +19,50 @@ from .iteration_model import DitStepModel
 from .kvcache import KVCache
 from .logs import LLMBatch
 from .metrics import RequestResult, stats, summarize
-from .scheduler import POLICIES, ReplicaState, Seq, Work
+from .routers import ROUTERS, RouterName
+from .scheduler import POLICIES, PolicyName, ReplicaState, Role, Seq, Work
 
 ARRIVE, HANDOFF, DONE, KICK = 0, 1, 2, 3
 
 
 @dataclass
 class SchedulerConfig:
-    """Serving system: policy, limits, KV cache and replicas (token counts in tokens)."""
+    """Serving system: policy, limits, KV cache and replicas (token counts in tokens).
 
-    policy: str = "vllm"
-    max_seqs: int = 8
-    max_batched_tokens: int = 512
-    chunk_tokens: int | None = None         # chunked: token budget per iteration (default max_batched_tokens)
-    kv_capacity_tokens: int | None = None   # per replica; None = unlimited (slots are the only limit)
-    kv_block_tokens: int = 16
-    replicas: int = 1                       # disagg: decode replicas
-    prefill_replicas: int = 1               # disagg only
-    kv_transfer_ns_per_token: float = 0.0   # disagg: prefill -> decode hand-off
-    router: str = "least_loaded"            # or round_robin
+    ``policy`` and ``router`` are registry keys (:data:`~.scheduler.POLICIES`, :data:`~.routers.ROUTERS`);
+    their names (``"chunked"``) are accepted too. Each field's ``help`` (and, where the command
+    line spells it differently, ``flag``, ``aliases``, ``cli_scale``) is its ``whatif serve`` option.
+    """
+
+    policy: Enum = field(default=PolicyName.VLLM, metadata={
+        "help": "scheduling policy (docs/serving.md)", "choices": POLICIES.names})
+    max_seqs: int = field(default=8, metadata={"help": "sequence slots per replica", "aliases": ("--max-batch",)})
+    max_batched_tokens: int = field(default=512, metadata={"help": "prompt tokens one iteration may prefill"})
+    chunk_tokens: int | None = field(default=None, metadata={
+        "help": "chunked: token budget per iteration (default max batched tokens)"})
+    kv_capacity_tokens: int | None = field(default=None, metadata={
+        "help": "KV-cache tokens per replica (default unlimited: slots are the only limit)"})
+    kv_block_tokens: int = field(default=16, metadata={"help": "tokens per KV-cache block"})
+    replicas: int = field(default=1, metadata={"help": "replicas (disagg: decode replicas)"})
+    prefill_replicas: int = field(default=1, metadata={"help": "disagg: prefill replicas"})
+    kv_transfer_ns_per_token: float = field(default=0.0, metadata={
+        "help": "disagg: KV hand-off time per token (us)", "flag": "--kv-transfer-us-per-token", "cli_scale": 1e3})
+    router: Enum = field(default=RouterName.LEAST_LOADED, metadata={
+        "help": "which replica a request joins", "choices": ROUTERS.names})
+
+    def __post_init__(self) -> None:
+        self.policy = POLICIES.key(self.policy)
+        self.router = ROUTERS.key(self.router)
 
     def check(self) -> None:
-        if self.policy not in POLICIES:
-            raise WorkloadError(f"unknown policy {self.policy!r} (policies: {', '.join(POLICIES)})")
-        if self.router not in ("least_loaded", "round_robin"):
-            raise WorkloadError(f"unknown router {self.router!r} (least_loaded, round_robin)")
-        for name in ("max_seqs", "max_batched_tokens", "replicas", "prefill_replicas", "kv_block_tokens"):
-            if getattr(self, name) < 1:
-                raise WorkloadError(f"{name} must be >= 1, got {getattr(self, name)}")
+        limits = {"max_seqs": self.max_seqs, "max_batched_tokens": self.max_batched_tokens, "replicas": self.replicas,
+                  "prefill_replicas": self.prefill_replicas, "kv_block_tokens": self.kv_block_tokens}
+        for name, value in limits.items():
+            if value < 1:
+                raise WorkloadError(f"{name} must be >= 1, got {value}")
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {k: v.value if isinstance(v, Enum) else v for k, v in vars(self).items()}
 
 
 @dataclass
@@ -60,16 +74,6 @@ class SimResult:
     iterations: dict[str, int] = field(default_factory=dict)
 
 
-class _Router:
-    def __init__(self, kind: str, replicas: list[ReplicaState]) -> None:
-        self.kind, self.replicas, self._rr = kind, replicas, itertools.cycle(range(len(replicas)))
-
-    def pick(self) -> ReplicaState:
-        if self.kind == "round_robin":
-            return self.replicas[next(self._rr)]
-        return min(self.replicas, key=lambda r: (r.load, r.index))
-
-
 def simulate_llm(requests: list[RequestSpec], time_ns: Callable[[LLMBatch], float], cfg: SchedulerConfig,
                  slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None) -> SimResult:
     """Serve ``requests`` with iteration times from ``time_ns`` (e.g. ``IterationModel.time_ns``)."""
@@ -77,26 +81,28 @@ def simulate_llm(requests: list[RequestSpec], time_ns: Callable[[LLMBatch], floa
     if not requests:
         raise WorkloadError("no requests to simulate")
     chunk = cfg.chunk_tokens or cfg.max_batched_tokens
+    policy = POLICIES.get(cfg.policy)()
 
-    def replica(i: int, role: str) -> ReplicaState:
-        return ReplicaState(i, role, cfg.policy, cfg.max_seqs, cfg.max_batched_tokens, chunk,
+    def replica(i: int, role: Role) -> ReplicaState:
+        return ReplicaState(i, role, policy, cfg.max_seqs, cfg.max_batched_tokens, chunk,
                             KVCache(cfg.kv_capacity_tokens, cfg.kv_block_tokens))
 
-    if cfg.policy == "disagg":
-        front = [replica(i, "prefill") for i in range(cfg.prefill_replicas)]
-        back = [replica(cfg.prefill_replicas + i, "decode") for i in range(cfg.replicas)]
+    if policy.disaggregated:
+        front = [replica(i, Role.PREFILL) for i in range(cfg.prefill_replicas)]
+        back = [replica(cfg.prefill_replicas + i, Role.DECODE) for i in range(cfg.replicas)]
     else:
-        front = back = [replica(i, "mixed") for i in range(cfg.replicas)]
+        front = back = [replica(i, Role.MIXED) for i in range(cfg.replicas)]
     everyone = front + ([] if back is front else back)
     for r in requests:
         need = r.prompt_tokens + r.output_tokens
-        if cfg.policy != "chunked" and r.prompt_tokens > cfg.max_batched_tokens:
+        if not policy.chunks_prompts and r.prompt_tokens > cfg.max_batched_tokens:
             raise WorkloadError(f"request {r.id}: prompt_tokens {r.prompt_tokens} exceeds max batched tokens "
                                 f"{cfg.max_batched_tokens} (it could never be scheduled)")
         if not everyone[0].kv.fits_ever(need):
             raise WorkloadError(f"request {r.id}: {need} tokens do not fit in the KV cache "
                                 f"({cfg.kv_capacity_tokens} tokens)")
-    route_in, route_out = _Router(cfg.router, front), _Router(cfg.router, back)
+    router = ROUTERS.get(cfg.router)
+    route_in, route_out = router(front), router(back)
     results = [RequestResult(r.id, r.arrival_s * 1e9, r.prompt_tokens, r.output_tokens) for r in requests]
     heap: list[tuple[float, int, int, int, Any]] = []
     counter = itertools.count()
@@ -114,7 +120,7 @@ def simulate_llm(requests: list[RequestSpec], time_ns: Callable[[LLMBatch], floa
     def start(rep: ReplicaState, now: float) -> None:
         work = rep.next_work()
         for s in rep.preempted:  # disagg decode replicas send preempted sequences back to prefill
-            (route_in.pick() if rep.role == "decode" else rep).waiting.appendleft(s)
+            (route_in.pick() if rep.role is Role.DECODE else rep).waiting.appendleft(s)
         rep.preempted.clear()
         if work is None:
             return
@@ -141,16 +147,12 @@ def simulate_llm(requests: list[RequestSpec], time_ns: Callable[[LLMBatch], floa
         for s in emitted:
             if s.done:
                 rep.kv.free(s.id)
-                if cfg.policy == "static":
-                    s.padding = True
-                else:
-                    rep.running.remove(s)
-            elif rep.role == "prefill":
+                policy.finished(rep, s)
+            elif rep.role is Role.PREFILL:
                 rep.kv.free(s.id)
                 rep.running.remove(s)
                 push(now + cfg.kv_transfer_ns_per_token * s.prefilled, HANDOFF, s)
-        if cfg.policy == "static" and all(s.padding for s in rep.running):
-            rep.running.clear()
+        policy.after_iteration(rep)
 
     while heap:
         now, _, _, kind, data = heapq.heappop(heap)

@@ -3,15 +3,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..kineto import KinetoReader
 from .errors import OutputExistsError, RecordError
 from .trace_file import trace_file_name
 
 META_NAME = "meta.json"
-_RECORDING_SUFFIXES = (".json", ".json.gz")
 
 
 def _recording_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(_RECORDING_SUFFIXES))
+    """What a recording writes: Kineto JSON traces and ``meta.json``."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(KinetoReader.suffixes))
 
 
 def prepare_output(folder: Path, rank: int, world_size: int, force: bool) -> None:

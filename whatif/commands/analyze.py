@@ -9,10 +9,11 @@ import orjson
 
 from whatif.api import analyze
 from whatif.summary import analysis_document, console, render_text
+from whatif.tracer.readers import accepted
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", type=Path, help="trace file (.json/.json.gz), folder of per-rank traces, or run folder")
+    parser.add_argument("path", type=Path, help=f"trace file ({accepted()}), folder of per-rank traces, or run folder")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the whatif.analysis JSON document here")
     parser.add_argument("--top", type=int, default=10, help="rows in the top kernels/ops/layers tables (default 10)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json)")

@@ -18,24 +18,14 @@ from whatif.predictors.serving.simulator import SchedulerConfig
 from whatif.serving import DitOptions, Workload, serve
 from whatif.summary import console
 
-
-def _range(text: str) -> tuple[int, int]:
-    try:
-        lo, _, hi = text.partition(":")
-        return int(lo), int(hi or lo)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N or MIN:MAX tokens, got {text!r}") from None
-
-
-def _mapping(text: str) -> tuple[str, str]:
-    field, sep, name = text.partition("=")
-    if not sep or not field or not name:
-        raise argparse.ArgumentTypeError(f"expected FIELD=COLUMN, got {text!r}")
-    return field, name
+from ._dataclass_args import add_dataclass_arguments, from_args
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, rate_required: bool = True) -> None:
-    """Options shared by ``serve`` and ``sweep``: trace, scenarios, log, workload, scheduler, DiT."""
+    """Options shared by ``serve`` and ``sweep``: trace, scenarios, log, and the workload, scheduler
+    and DiT options, generated from :class:`~whatif.serving.Workload`,
+    :class:`~whatif.predictors.serving.simulator.SchedulerConfig` and :class:`~whatif.serving.DitOptions`
+    (``sweep`` draws at each of its ``--rates``, so it has no ``--rate``)."""
     parser.add_argument("path", type=Path, help="run folder (or trace) of a serving loop with phase annotations")
     parser.add_argument("-s", "--scenario", type=Path, action="append", default=[], metavar="FILE",
                         help="scenario TOML applied to the graph before fitting (repeatable)")
@@ -46,39 +36,16 @@ def add_common_arguments(parser: argparse.ArgumentParser, rate_required: bool = 
                         help="log of the same program run without the profiler: rescales iteration times by "
                              "the measured profiler overhead")
     parser.add_argument("--no-baseline", action="store_true", help="report only the scenarios")
-    w = parser.add_argument_group("workload")
-    w.add_argument("--workload", type=Path, metavar="FILE", help="CSV/JSONL: arrival_s, prompt_tokens, output_tokens")
-    w.add_argument("--column", type=_mapping, action="append", default=[], metavar="FIELD=NAME",
-                   help="map a workload field to the file's column name (repeatable)")
-    w.add_argument("--time-unit", choices=["s", "ms", "us"], default="s", help="unit of the file's arrival column")
-    if rate_required:
-        w.add_argument("--rate", type=float, help="arrival rate (req/s); inf: all at t=0")
-    w.add_argument("--num-requests", type=int, help="requests to draw (default 20); with --workload, keep the first N")
-    w.add_argument("--prompt-tokens", type=_range, default=(16, 64), metavar="MIN[:MAX]")
-    w.add_argument("--output-tokens", type=_range, default=(32, 128), metavar="MIN[:MAX]")
-    w.add_argument("--cv", type=float, help="gamma arrivals with this coefficient of variation (bursty > 1); "
-                                            "default Poisson")
-    w.add_argument("--seed", type=int, default=0, help="seeds arrivals and lengths (same draws as the examples)")
+    add_dataclass_arguments(parser.add_argument_group("workload"), Workload, exclude=_workload_exclude(rate_required))
     s = parser.add_argument_group("scheduler (LLM)")
-    s.add_argument("--policy", default="vllm", choices=["vllm", "static", "chunked", "disagg"])
-    s.add_argument("--max-seqs", "--max-batch", dest="max_seqs", type=int, default=8)
-    s.add_argument("--max-batched-tokens", type=int, default=512)
-    s.add_argument("--chunk-tokens", type=int, help="chunked: token budget per iteration (default max batched tokens)")
-    s.add_argument("--kv-capacity-tokens", type=int, help="KV-cache tokens per replica (default unlimited)")
-    s.add_argument("--kv-block-tokens", type=int, default=16)
-    s.add_argument("--replicas", type=int, default=1, help="replicas (disagg: decode replicas)")
-    s.add_argument("--prefill-replicas", type=int, default=1, help="disagg: prefill replicas")
-    s.add_argument("--kv-transfer-us-per-token", type=float, default=0.0, help="disagg: KV hand-off time")
-    s.add_argument("--router", default="least_loaded", choices=["least_loaded", "round_robin"])
-    s.add_argument("--slo-ttft-ms", type=float)
-    s.add_argument("--slo-tpot-ms", type=float)
-    d = parser.add_argument_group("DiT")
-    d.add_argument("--steps", type=int, help="denoising steps per request (default: as recorded)")
-    d.add_argument("--resolution", type=int, help="latent side (default: as recorded)")
-    d.add_argument("--frames", type=int, help="video frames (default: as recorded)")
-    d.add_argument("--batch", type=int, help="max requests denoised together (default: as recorded)")
-    d.add_argument("--cfg", dest="cfg", action="store_true", default=None, help="classifier-free guidance on")
-    d.add_argument("--no-cfg", dest="cfg", action="store_false", help="classifier-free guidance off")
+    add_dataclass_arguments(s, SchedulerConfig)
+    s.add_argument("--slo-ttft-ms", type=float, help="TTFT objective of goodput and SLO attainment")
+    s.add_argument("--slo-tpot-ms", type=float, help="TPOT objective of goodput and SLO attainment")
+    add_dataclass_arguments(parser.add_argument_group("DiT"), DitOptions)
+
+
+def _workload_exclude(rate_required: bool) -> tuple[str, ...]:
+    return () if rate_required else ("rate",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,20 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def workload(args: argparse.Namespace) -> Workload:
     """The :class:`~whatif.serving.Workload` of the workload options."""
-    return Workload(rate=getattr(args, "rate", None), num_requests=args.num_requests,
-                    prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, cv=args.cv, seed=args.seed,
-                    file=args.workload, columns=dict(args.column), time_unit=args.time_unit)
+    return from_args(Workload, args)
 
 
 def options(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments of :func:`whatif.serving.serve` / ``sweep`` shared by both commands."""
-    sched = SchedulerConfig(policy=args.policy, max_seqs=args.max_seqs, max_batched_tokens=args.max_batched_tokens,
-                            chunk_tokens=args.chunk_tokens, kv_capacity_tokens=args.kv_capacity_tokens,
-                            kv_block_tokens=args.kv_block_tokens, replicas=args.replicas,
-                            prefill_replicas=args.prefill_replicas,
-                            kv_transfer_ns_per_token=args.kv_transfer_us_per_token * 1e3, router=args.router)
-    dit = DitOptions(steps=args.steps, resolution=args.resolution, frames=args.frames, batch=args.batch, cfg=args.cfg)
-    return {"scheduler": sched, "dit": dit, "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms,
+    return {"scheduler": from_args(SchedulerConfig, args), "dit": from_args(DitOptions, args),
+            "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms,
             "iterations_log": args.iterations_log, "unprofiled_log": args.unprofiled_log,
             "baseline": not args.no_baseline}
 
