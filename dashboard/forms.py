@@ -13,6 +13,7 @@ select = { kind = "cpu" }
 """
 from __future__ import annotations
 
+import enum
 import json
 import math
 import re
@@ -86,8 +87,9 @@ def transform_form(name: str) -> list[Any]:
             ctrl = dcc.Dropdown(id=id_, options=[{"label": "true", "value": "true"},
                                                  {"label": "false", "value": "false"}],
                                 value=None if p.default is None else str(bool(p.default)).lower(), clearable=True)
-        elif typing.get_origin(hint) is typing.Literal:
-            ctrl = dcc.Dropdown(id=id_, options=[str(a) for a in typing.get_args(hint)], value=p.default)
+        elif p.choices is not None:  # Literal or Enum: its values (an Enum's member values)
+            ctrl = dcc.Dropdown(id=id_, options=[{"label": str(c), "value": c} for c in p.choices],
+                                value=p.default_value)
         elif hint in (int, float):
             ctrl = dcc.Input(id=id_, type="number", value=p.default, step=1 if hint is int else "any", debounce=True)
         else:
@@ -138,6 +140,8 @@ def params_from_form(name: str, values: dict[str, Any]) -> dict[str, Any]:
             continue
         if hint is bool:
             out[p.name] = raw in (True, "true")
+        elif p.choices is not None:  # a dropdown's value is the choice itself (build_transform checks it)
+            out[p.name] = raw
         elif hint is float:
             out[p.name] = float(raw)
         elif hint is int:
@@ -150,6 +154,8 @@ def params_from_form(name: str, values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _toml_value(v: Any) -> str:
+    if isinstance(v, enum.Enum):
+        return _toml_value(v.value)
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):

@@ -9,7 +9,9 @@ True
 from __future__ import annotations
 
 import dataclasses
+import enum
 import importlib
+import types
 import typing
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -75,8 +77,40 @@ class Parameter:
     help: str
 
     @property
+    def choices(self) -> tuple[Any, ...] | None:
+        """The allowed values of a ``Literal`` or ``Enum`` parameter (an Enum's member values;
+        scenario files also take member names), else None.
+
+        >>> [p.choices for p in parameters("scale")]
+        [None, None]
+        """
+        hint = _without_none(self.type)
+        if typing.get_origin(hint) is typing.Literal:
+            return typing.get_args(hint)
+        if isinstance(hint, type) and issubclass(hint, enum.Enum):
+            return tuple(m.value for m in hint)
+        return None
+
+    @property
     def type_name(self) -> str:
+        if self.choices is not None:
+            shown = "one of " + ", ".join(map(str, self.choices))
+            return shown + " or None" if _without_none(self.type) is not self.type else shown
         return getattr(self.type, "__name__", None) or str(self.type).replace("typing.", "")
+
+    @property
+    def default_value(self) -> Any:
+        """The default as a scenario file writes it (an Enum member's value)."""
+        return self.default.value if isinstance(self.default, enum.Enum) else self.default
+
+
+def _without_none(hint: Any) -> Any:
+    """``X`` of ``X | None`` (``Optional[X]``); any other hint as it is."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return hint
 
 
 def parameters(name: str) -> list[Parameter]:

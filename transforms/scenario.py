@@ -13,10 +13,12 @@ select = { kind = "kernel", name = "gemm" }
 ```
 
 Every problem is reported as ``FILE:LINE: problem`` (unknown transform, unknown or mistyped
-parameter, bad selection).
+parameter, a value outside a ``Literal`` or ``Enum`` parameter's choices, bad selection). An
+``Enum`` parameter takes a member's name or value (``"FAST"`` or ``"fast"``).
 """
 from __future__ import annotations
 
+import enum
 import re
 import sys
 import types
@@ -61,8 +63,29 @@ class Scenario:
         return out
 
 
+def _choice(value: Any, hint: Any, where: str) -> Any:
+    """``value`` as a member of a ``Literal`` (one of its values, of the same type) or of an Enum
+    (a member, its name or its value)."""
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        if isinstance(value, hint):
+            return value
+        if isinstance(value, str) and value in hint.__members__:
+            return hint[value]
+        found = next((m for m in hint if type(m.value) is type(value) and m.value == value), None)
+        if found is not None:
+            return found
+        allowed = [m.value for m in hint]
+    else:
+        allowed = list(typing.get_args(hint))
+        if any(type(a) is type(value) and a == value for a in allowed):
+            return value
+    raise ScenarioError(f"{where}: must be one of {', '.join(map(str, allowed))} (got {value!r})")
+
+
 def _coerce(value: Any, hint: Any, where: str) -> Any:
     origin = typing.get_origin(hint)
+    if origin is typing.Literal or (isinstance(hint, type) and issubclass(hint, enum.Enum)):
+        return _choice(value, hint, where)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         if value is None:
