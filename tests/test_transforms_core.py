@@ -201,7 +201,7 @@ def test_transforms_cli_lists_parameters(capsys: pytest.CaptureFixture[str]) -> 
     assert "scale" in out and "factor" in out
 
 
-def test_entry_point_transforms_are_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_entry_point_transforms_are_registered(monkeypatch: pytest.MonkeyPatch, transform_registry) -> None:
     from dataclasses import dataclass
 
     @dataclass
