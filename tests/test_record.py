@@ -19,8 +19,13 @@ from whatif.tracer.record.options import Schedule  # noqa: E402
 from whatif.tracer.record.trace_file import fold_leading_steps, merge_cycles  # noqa: E402
 from torch.profiler import ProfilerAction  # noqa: E402
 
-# The CLI with only `record` registered, so these tests do not depend on other commands.
-DRIVER = ("import sys; from whatif import cli; cli.COMMANDS = {'record': cli.COMMANDS['record']}; "
+# The CLI with only `record` registered, so these tests do not depend on other commands. SIGINT
+# is set up as in a terminal (Python's KeyboardInterrupt handler, unblocked): a process inherits
+# an ignored SIGINT, and a test suite run as a background job of a script (`make test &`) has
+# one, so without this the Ctrl-C test would depend on how pytest was started.
+DRIVER = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+          "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+          "from whatif import cli; cli.COMMANDS = {'record': cli.COMMANDS['record']}; "
           "sys.exit(cli.main(sys.argv[1:]))")
 
 MARKED = """
@@ -45,10 +50,10 @@ if mode == "raise":
     raise RuntimeError("boom from the script")
 if mode == "exit":
     sys.exit(3)
-if mode == "sigint":
-    import os, signal, time
-    os.kill(os.getpid(), signal.SIGINT)
-    time.sleep(10)
+if mode == "sigint":  # Ctrl-C; raise_signal handles it before returning, so no waiting for it
+    import signal
+    signal.raise_signal(signal.SIGINT)
+    sys.exit("SIGINT did not interrupt the script")
 """
 
 
