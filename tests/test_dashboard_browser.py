@@ -26,7 +26,7 @@ pytest.importorskip("selenium", reason="browser tests need selenium (pip install
 
 from whatif.dashboard.browser import chrome, find_browser  # noqa: E402
 
-pytestmark = [pytest.mark.browser, pytest.mark.skipif(bool(find_browser()[2]), reason=find_browser()[2] or "ok")]
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.skipif(bool(find_browser()[2]), reason=find_browser()[2] or "ok")]
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "sample_traces" / "llm_serve"
