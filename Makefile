@@ -1,6 +1,7 @@
 # Two commands on a fresh machine (only Python 3.10+ needed):
 #   make run    set up, analyze the bundled sample trace, predict, open the dashboard
 #   make test   set up, run the test suite
+#   make test-fast  the suite without the tests marked slow (subprocesses, browsers)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,7 +9,7 @@ WHATIF := $(VENV)/bin/whatif
 SAMPLE ?= sample_traces/llm_serve
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup bench clean
+.PHONY: run test test-fast setup bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +30,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Leaves out @pytest.mark.slow: recordings and CLI runs in subprocesses, the browser tests.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

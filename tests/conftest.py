@@ -1,7 +1,13 @@
-"""Shared fixtures. Third-party traces live in ../shared/traces beside the repo (never copied in)."""
+"""Shared fixtures. Third-party traces live in ../shared/traces beside the repo (never copied in).
+
+The transform registry is process-wide: a test that registers a transform must ask for the
+``transform_registry`` fixture (which restores it), and :func:`_no_transform_leaks` fails any
+test that leaves the registry changed."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -15,3 +21,37 @@ def shared_traces() -> Path:
     if not SHARED_TRACES.is_dir():
         pytest.skip(f"third-party traces not found at {SHARED_TRACES} (../shared is absent)")
     return SHARED_TRACES
+
+
+def _loaded_registry() -> ModuleType:
+    from whatif.transforms import registry
+    registry.names()  # built-ins and entry points loaded first: they belong to the snapshot
+    return registry
+
+
+@pytest.fixture
+def transform_registry() -> Iterator[ModuleType]:
+    """``whatif.transforms.registry``, put back as it was after the test: what the test registers
+    (with ``@register`` or through entry points) does not outlive it."""
+    registry = _loaded_registry()
+    saved, loaded = dict(registry._REGISTRY), registry._loaded
+    yield registry
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(saved)
+    registry._loaded = loaded
+
+
+@pytest.fixture(autouse=True)
+def _no_transform_leaks() -> Iterator[None]:
+    """Fail (at teardown) a test that left a transform registered, removed or replaced; the
+    registry is restored first so that the leak does not spread to later tests."""
+    registry = _loaded_registry()
+    before = dict(registry._REGISTRY)
+    yield
+    after = dict(registry._REGISTRY)
+    if after != before:
+        registry._REGISTRY.clear()
+        registry._REGISTRY.update(before)
+        changed = sorted(n for n in before.keys() | after.keys() if before.get(n) is not after.get(n))
+        pytest.fail(f"the test changed the transform registry ({', '.join(changed)}); "
+                    "register transforms under the transform_registry fixture", pytrace=False)

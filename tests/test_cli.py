@@ -64,6 +64,7 @@ BAD_INPUTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BAD_INPUTS))
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, name: str) -> None:
     path = tmp_path / name

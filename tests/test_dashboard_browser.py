@@ -2,14 +2,19 @@
 overview numbers against ``whatif analyze``'s document, the timeline (bins, zoom to exact
 slices, click a task), a scale transform in the builder, save and reload the scenario, compare
 two scenarios, the graph page, a refused path. Screenshots go to a temporary folder, or to
-``$WHATIF_SCREENSHOTS`` (how docs/img/dashboard-*.png are made)."""
+``$WHATIF_SCREENSHOTS`` (how docs/img/dashboard-*.png are made).
+
+No sleeps: every step waits for a concrete condition — Dash's own callback queues empty
+(:func:`_settled`), the figure on screen being the one the server sent and listening to the
+mouse (:func:`_timeline_drawn` compares the drawn subplot titles with the server's summary
+line), a cell or text present."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import re
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +26,7 @@ pytest.importorskip("selenium", reason="browser tests need selenium (pip install
 
 from whatif.dashboard.browser import chrome, find_browser  # noqa: E402
 
-pytestmark = [pytest.mark.browser, pytest.mark.skipif(bool(find_browser()[2]), reason=find_browser()[2] or "ok")]
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.skipif(bool(find_browser()[2]), reason=find_browser()[2] or "ok")]
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "sample_traces" / "llm_serve"
@@ -68,10 +73,7 @@ def browser(downloads: Path) -> Iterator[Any]:
 
 def _wait(browser: Any, cond: Any, timeout: float = WAIT) -> Any:
     """Poll ``cond`` until truthy; elements Dash re-renders mid-read (stale) are simply read again."""
-    from selenium.common.exceptions import (
-        NoSuchElementException,
-        StaleElementReferenceException,
-    )
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
     return WebDriverWait(browser, timeout, poll_frequency=0.1,
@@ -86,16 +88,57 @@ def _cell_texts(browser: Any, css: str) -> list[str]:
 
 
 def _text(browser: Any, id_: str) -> str:
-    from selenium.common.exceptions import StaleElementReferenceException
+    """The visible text of ``#id_`` ('' when absent), read again if Dash replaces the element mid-read."""
     from selenium.webdriver.common.by import By
 
-    for _ in range(20):  # Dash may replace the element between finding and reading it
-        try:
-            els = browser.find_elements(By.ID, id_)
-            return els[0].text if els else ""
-        except StaleElementReferenceException:
-            time.sleep(0.05)
-    raise AssertionError(f"#{id_} kept being re-rendered")
+    def read(b: Any) -> tuple[str]:
+        els = b.find_elements(By.ID, id_)
+        return (els[0].text if els else "",)  # a tuple: truthy even when the text is empty
+
+    return _wait(browser, read)[0]
+
+
+# True when the page is idle: the app is hydrated, Dash has no callback requested, running or
+# waiting to be applied (the queues dash.testing waits on), nothing is marked loading, every
+# dcc.Graph on the page has been drawn by plotly, and none is `dash-graph--pending`: dcc.Graph
+# sets that class while it plots and while it resizes — after its first plot it always resizes,
+# which 100 ms later sends an {autosize: true} relayoutData; a zoom sent before that is dropped
+# by Dash as an outdated run of the same callback.
+SETTLED = """
+const s = window.store && window.store.getState();
+if (!s || s.appLifecycle !== 'HYDRATED' || s.isLoading) return false;
+for (const [queue, items] of Object.entries(s.callbacks || {}))
+  if (queue !== 'completed' && Array.isArray(items) && items.length) return false;
+if (document.querySelector('[data-dash-is-loading="true"], .dash-graph--pending')) return false;
+for (const g of document.querySelectorAll('.dash-graph'))
+  if (!g.querySelector('.js-plotly-plot .main-svg')) return false;
+return true;"""
+
+
+def _settled(browser: Any) -> bool:
+    return bool(browser.execute_script(SETTLED))
+
+
+# Subplot titles of the timeline figure on screen, or null while dcc.Graph has not yet bound its
+# plotly event handlers (it does so once its first plot resolves; a zoom or click before that
+# never reaches the server).
+TIMELINE_TITLES = """
+const gd = document.querySelector('#tl-graph .js-plotly-plot');
+if (!gd || !gd._ev || !gd._ev.listeners('plotly_relayout').length || !gd._ev.listeners('plotly_click').length)
+  return null;
+return Array.from(gd.querySelectorAll('.annotation-text')).map(a => a.textContent);"""
+
+
+def _timeline_drawn(browser: Any) -> str:
+    """``#tl-info`` once the timeline on screen is the one it describes ('' before): each panel of
+    the info line ("measured: 1,234 tasks in view (bins)") must be a drawn subplot title
+    ("measured (bins, 1,234 tasks)"), the graph listening to zoom and click, and the page idle."""
+    if not _settled(browser):
+        return ""
+    info = _text(browser, "tl-info")
+    panels = re.findall(r"(.+?): ([\d,]+) tasks in view \((\w+)\)(?: · |$)", info)
+    titles = browser.execute_script(TIMELINE_TITLES)
+    return info if panels and titles == [f"{name} ({mode}, {n} tasks)" for name, n, mode in panels] else ""
 
 
 def _click(browser: Any, id_: str) -> None:
@@ -170,6 +213,7 @@ def test_overview_matches_analyze(server: Any, browser: Any, shots: Path, tmp_pa
     _wait(browser, lambda b: _text(b, "ov-tasks"))
     _check_overview(browser, doc)
     _no_error(browser)
+    _wait(browser, _settled)
     browser.save_screenshot(str(shots / "dashboard-overview.png"))
 
 
@@ -181,49 +225,31 @@ def test_shared_gpu_trace(server: Any, browser: Any, shots: Path, shared_traces:
     _check_overview(browser, doc)
     _open_timeline(browser, f"{server.url}/timeline?run={rid}")
     assert "stream" in browser.page_source  # one lane per GPU stream
-    time.sleep(0.5)
     browser.save_screenshot(str(shots / "dashboard-timeline-gpu.png"))
 
 
-def _open_timeline(browser: Any, url: str) -> None:
-    """Open the timeline and wait until it draws or shows an error; one reload is allowed (a page
-    left while its callbacks were in flight), then the page's own error message fails the test."""
-    from selenium.common.exceptions import TimeoutException
-
-    for _ in range(2):
-        browser.get(url)
-        try:
-            _wait(browser, lambda b: "tasks in view" in _text(b, "tl-info") or _text(b, "tl-error"), timeout=30)
-        except TimeoutException:
-            continue
-        if "tasks in view" in _text(browser, "tl-info"):
-            return
-    raise AssertionError(f"timeline did not draw; info {_text(browser, 'tl-info')!r}, "
-                         f"error {_text(browser, 'tl-error')!r}")
+def _open_timeline(browser: Any, url: str) -> str:
+    """Open the timeline and wait until it is drawn (its info line returned) or shows an error,
+    which fails the test with the page's own message."""
+    browser.get(url)
+    _wait(browser, lambda b: _timeline_drawn(b) or _text(b, "tl-error"))
+    assert not _text(browser, "tl-error"), _text(browser, "tl-error")
+    return _timeline_drawn(browser)
 
 
 def test_timeline_zoom_and_click(server: Any, browser: Any, shots: Path) -> None:
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
-    _open_timeline(browser, f"{server.url}/timeline?run={_run_id(server, 'llm_serve')}")
-    _wait(browser, lambda b: "(bins)" in _text(b, "tl-info"))
+    info = _open_timeline(browser, f"{server.url}/timeline?run={_run_id(server, 'llm_serve')}")
+    assert "(bins)" in info and "(exact)" not in info
     browser.save_screenshot(str(shots / "dashboard-timeline.png"))
     # zoom as a user's drag would: plotly relayout on the x axis -> the server re-renders exact slices
-    zoom = """
+    browser.execute_script("""
         const gd = document.querySelector('#tl-graph .js-plotly-plot');
         const r = gd._fullLayout.xaxis.range; const mid = (r[0] + r[1]) / 2;
-        Plotly.relayout(gd, {'xaxis.range': [mid, mid + (r[1] - r[0]) / 400]});"""
-    for _ in range(10):  # the first figure may still be settling: zoom again until the server answers
-        time.sleep(1.0)
-        browser.execute_script(zoom)
-        try:
-            _wait(browser, lambda b: "(exact)" in _text(b, "tl-info"), timeout=4)
-            break
-        except Exception:  # noqa: BLE001 - selenium's TimeoutException
-            continue
-    assert "(exact)" in _text(browser, "tl-info")
-    time.sleep(0.5)
+        Plotly.relayout(gd, {'xaxis.range': [mid, mid + (r[1] - r[0]) / 400]});""")
+    _wait(browser, lambda b: "(exact)" in _timeline_drawn(b))
     # click the middle of the longest slice of the replayed panel, at its pixel position
     pos = browser.execute_script("""
         const gd = document.querySelector('#tl-graph .js-plotly-plot');
@@ -239,6 +265,7 @@ def test_timeline_zoom_and_click(server: Any, browser: Any, shots: Path) -> None
     details = _text(browser, "tl-task")
     assert "depends on" in details and "critical path" in details
     _no_error(browser)
+    _wait(browser, _settled)
     browser.save_screenshot(str(shots / "dashboard-timeline-zoomed.png"))
 
 
@@ -256,6 +283,7 @@ def _predict(browser: Any, name: str, factor: str, pattern: str) -> str:
 
 def test_builder_save_load_compare(server: Any, browser: Any, shots: Path, downloads: Path) -> None:
     from selenium.webdriver.common.by import By
+
     from whatif.transforms.scenario import load_scenario
 
     rid = _run_id(server, "llm_serve")
@@ -265,7 +293,7 @@ def test_builder_save_load_compare(server: Any, browser: Any, shots: Path, downl
     assert float(speedup.rstrip("x")) > 1.05
     _wait(browser, lambda b: b.find_elements(By.ID, "wb-cp-compare"))
     _no_error(browser)
-    time.sleep(0.5)
+    _wait(browser, _settled)
     browser.save_screenshot(str(shots / "dashboard-whatif.png"))
     # save: the TOML download is a scenario the CLI loads
     _click(browser, "wb-save")
@@ -302,10 +330,12 @@ def test_builder_save_load_compare(server: Any, browser: Any, shots: Path, downl
     assert ttft[1] < ttft[0] and tpot[1] < tpot[0]
     _wait(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "#cmp-serving-curves .main-svg"))
     _no_error(browser)
-    time.sleep(0.5)
+    _wait(browser, _settled)
     browser.save_screenshot(str(shots / "dashboard-compare.png"))
     browser.execute_script("document.getElementById('cmp-serving').scrollIntoView();")
-    time.sleep(0.3)
+    _wait(browser, lambda b: b.execute_script(
+        "const r = document.getElementById('cmp-serving').getBoundingClientRect();"
+        "return r.top >= 0 && r.top < window.innerHeight;"))
     browser.save_screenshot(str(shots / "dashboard-compare-serving.png"))
 
 
@@ -317,7 +347,11 @@ def test_graph_and_runs(server: Any, browser: Any, shots: Path) -> None:
     _wait(browser, lambda b: "tasks within" in _text(b, "gr-info"))
     _wait(browser, lambda b: b.find_elements(By.ID, "tl-task"))
     _no_error(browser)
-    time.sleep(1.0)
+    n = int(_text(browser, "gr-info").split()[0])
+    # drawn: the page idle, and dash-cytoscape's instance (window.cy) holds the n nodes, none moving
+    _wait(browser, lambda b: _settled(b) and b.execute_script(
+        "return window.cy && window.cy.nodes().length === arguments[0] && !window.cy.nodes().some(x => x.animated());",
+        n))
     browser.save_screenshot(str(shots / "dashboard-graph.png"))
     browser.get(f"{server.url}/?run={rid}")
     _wait(browser, lambda b: b.find_elements(By.ID, "runs-path"))

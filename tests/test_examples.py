@@ -294,6 +294,7 @@ def test_train_loss_is_finite_and_changes(train, tmp_path, step_counter):
     assert log["summary"]["first_loss"] == losses[0] and log["summary"]["last_loss"] == losses[-1]
 
 
+@pytest.mark.slow
 def test_train_runs_as_a_script(tmp_path):
     out = subprocess.run([sys.executable, str(EXAMPLES / "train.py"), "--device", "cpu", "--steps", "2",
                           "--batch-size", "2", "--seq-len", "8", "--d-model", "16", "--layers", "1"],

@@ -1,4 +1,5 @@
-"""`whatif record` end to end on CPU: each test runs the real CLI in a subprocess."""
+"""`whatif record` end to end on CPU: each test runs the real CLI in a subprocess (marked slow:
+`make test-fast` leaves them out), then the schedule and trace-file helpers in-process."""
 from __future__ import annotations
 
 import ctypes.util
@@ -19,8 +20,13 @@ from whatif.tracer import EventKind, load_trace  # noqa: E402
 from whatif.tracer.record.options import Schedule  # noqa: E402
 from whatif.tracer.record.trace_file import fold_leading_steps, merge_cycles  # noqa: E402
 
-# The CLI with only `record` registered, so these tests do not depend on other commands.
-DRIVER = ("import sys; from whatif import cli; cli.COMMANDS = {'record': cli.COMMANDS['record']}; "
+# The CLI with only `record` registered, so these tests do not depend on other commands. SIGINT
+# is set up as in a terminal (Python's KeyboardInterrupt handler, unblocked): a process inherits
+# an ignored SIGINT, and a test suite run as a background job of a script (`make test &`) has
+# one, so without this the Ctrl-C test would depend on how pytest was started.
+DRIVER = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+          "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+          "from whatif import cli; cli.COMMANDS = {'record': cli.COMMANDS['record']}; "
           "sys.exit(cli.main(sys.argv[1:]))")
 
 MARKED = """
@@ -45,10 +51,10 @@ if mode == "raise":
     raise RuntimeError("boom from the script")
 if mode == "exit":
     sys.exit(3)
-if mode == "sigint":
-    import os, signal, time
-    os.kill(os.getpid(), signal.SIGINT)
-    time.sleep(10)
+if mode == "sigint":  # Ctrl-C; raise_signal handles it before returning, so no waiting for it
+    import signal
+    signal.raise_signal(signal.SIGINT)
+    sys.exit("SIGINT did not interrupt the script")
 """
 
 
@@ -74,6 +80,7 @@ def meta(run: Path) -> dict:
     return json.loads((run / "meta.json").read_text())
 
 
+@pytest.mark.slow
 def test_marked_steps_and_phases_are_recorded(tmp_path: Path) -> None:
     script = write(tmp_path / "serve.py", MARKED)
     run = tmp_path / "run"
@@ -97,6 +104,7 @@ def test_marked_steps_and_phases_are_recorded(tmp_path: Path) -> None:
     assert "whatif analyze" in proc.stderr and "GPU activity: not available" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "status", "message"), [
     ("raise", 1, "RuntimeError: boom from the script"),
     ("exit", 3, None),
@@ -115,6 +123,7 @@ def test_failing_program_still_leaves_a_readable_trace(tmp_path: Path, mode: str
     assert meta(run)["exit_status"] == status
 
 
+@pytest.mark.slow
 def test_optimizer_steps_found_without_marks(tmp_path: Path) -> None:
     script = write(tmp_path / "train.py", """
         import torch
@@ -134,6 +143,7 @@ def test_optimizer_steps_found_without_marks(tmp_path: Path) -> None:
     assert meta(run)["step_source"] == "optimizer"
 
 
+@pytest.mark.slow
 def test_outermost_model_forward_defines_steps(tmp_path: Path) -> None:
     script = write(tmp_path / "serve.py", """
         import torch
@@ -150,6 +160,7 @@ def test_outermost_model_forward_defines_steps(tmp_path: Path) -> None:
     assert meta(run)["step_source"] == "forward"
 
 
+@pytest.mark.slow
 def test_step_on_names_the_iteration_function(tmp_path: Path) -> None:
     write(tmp_path / "loopmod.py", """
         import torch
@@ -168,6 +179,7 @@ def test_step_on_names_the_iteration_function(tmp_path: Path) -> None:
     assert meta(run)["step_source"] == "function"
 
 
+@pytest.mark.slow
 def test_program_with_its_own_profiler_schedule_is_respected(tmp_path: Path) -> None:
     script = write(tmp_path / "own.py", """
         import torch
@@ -189,6 +201,7 @@ def test_program_with_its_own_profiler_schedule_is_respected(tmp_path: Path) -> 
     assert meta(run)["step_source"] == "program_profiler"
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_write_two_traces(tmp_path: Path) -> None:
     script = write(tmp_path / "ddp.py", """
         import torch, torch.distributed as dist, whatif
@@ -219,6 +232,7 @@ def test_two_gloo_ranks_write_two_traces(tmp_path: Path) -> None:
     assert sorted(trace.events["rank"].unique().tolist()) == [0, 1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "expected"), [
     (["missing.py"], "missing.py: no such script"),
     (["--bogus", "tiny.py"], "unrecognized arguments: --bogus"),
@@ -239,6 +253,7 @@ def test_usage_errors_are_one_line_and_exit_2(tmp_path: Path, args: list[str], e
     assert (tmp_path / "taken" / "rank0.pt.trace.json.gz").read_bytes() == b"old"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(ctypes.util.find_library("cuda") is not None, reason="this machine has a CUDA driver")
 def test_cupti_backend_without_driver_exits_2(tmp_path: Path) -> None:
     write(tmp_path / "tiny.py", "print('should not run')\n")

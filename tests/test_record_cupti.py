@@ -110,6 +110,7 @@ def _gpu_and_cupti() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("cupti") is not None
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_and_cupti(), reason="needs an NVIDIA GPU, a CUDA driver and cupti-python")
 def test_cupti_backend_records_kernels_on_a_gpu(tmp_path: Path) -> None:

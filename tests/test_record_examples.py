@@ -11,6 +11,7 @@ import pytest
 from whatif.api import analyze
 
 pytest.importorskip("torch")
+pytestmark = pytest.mark.slow  # each case records an example in a subprocess, then analyzes it
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 CASES = {

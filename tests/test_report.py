@@ -239,6 +239,7 @@ def test_max_regression_against_a_baseline_report(trace: Path, tmp_path: Path,
     assert [c["status"] for c in doc["checks"]] == ["passed", "skipped"]
 
 
+@pytest.mark.slow
 def test_report_runs_as_a_subprocess_with_one_line_errors(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "whatif.cli", "report", str(tmp_path / "missing.json.gz"),
                            "-o", str(tmp_path / "out")], capture_output=True, text=True)

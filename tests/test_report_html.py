@@ -17,6 +17,7 @@ from whatif.report import write_report
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
 def test_html_report_renders_offline(tmp_path: Path) -> None:
