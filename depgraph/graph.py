@@ -20,7 +20,7 @@ import networkx as nx
 import numpy as np
 import pandas as pd
 from whatif.core.errors import WhatifError
-from whatif.tracer.kinds import EventKind
+from whatif.tracer.kinds import EventKind, codes
 
 if TYPE_CHECKING:
     from whatif.tracer.trace import Trace
@@ -78,12 +78,12 @@ def task_kind_codes(event_kinds: np.ndarray) -> np.ndarray:
 
 
 def kind_codes(kinds: frozenset[TaskKind]) -> list[int]:
-    """The integer codes of a set of task kinds, sorted, for ``np.isin`` on the ``kind`` column.
+    """The integer codes of a set of task kinds, sorted (:func:`whatif.tracer.kinds.codes`).
 
     >>> kind_codes(LOCAL_GPU_WORK_KINDS)
     [4, 5, 6]
     """
-    return sorted(int(k) for k in kinds)
+    return codes(kinds)
 
 
 class EdgeKind(IntEnum):

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,7 +73,10 @@ def browser(downloads: Path) -> Iterator[Any]:
 
 def _wait(browser: Any, cond: Any, timeout: float = WAIT) -> Any:
     """Poll ``cond`` until truthy; elements Dash re-renders mid-read (stale) are simply read again."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+    )
     from selenium.webdriver.support.ui import WebDriverWait
 
     return WebDriverWait(browser, timeout, poll_frequency=0.1,
@@ -283,7 +286,6 @@ def _predict(browser: Any, name: str, factor: str, pattern: str) -> str:
 
 def test_builder_save_load_compare(server: Any, browser: Any, shots: Path, downloads: Path) -> None:
     from selenium.webdriver.common.by import By
-
     from whatif.transforms.scenario import load_scenario
 
     rid = _run_id(server, "llm_serve")

@@ -5,6 +5,7 @@ Kineto renamed its categories over the years (2021: ``Operator``/``Runtime``/``K
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import IntEnum
 
 
@@ -37,8 +38,9 @@ GPU_KINDS = GPU_ACTIVITY_KINDS | {EventKind.GPU_ANNOTATION, EventKind.GPU_SYNC}
 """Every event recorded on a GPU track (the activities, plus annotations and sync records)."""
 
 
-def codes(kinds: frozenset[EventKind]) -> list[int]:
-    """The integer codes of a set of kinds, sorted, for ``np.isin`` on the ``kind`` column."""
+def codes(kinds: Iterable[IntEnum]) -> list[int]:
+    """The integer codes of a set of kinds (event or task kinds), sorted, for ``np.isin`` on a
+    ``kind`` column."""
     return sorted(int(k) for k in kinds)
 
 CATEGORY_KINDS: dict[str, EventKind] = {

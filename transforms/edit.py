@@ -322,8 +322,7 @@ def insert(graph: TaskGraph, *, name: str, kind: TaskKind, resource: int, dur_ns
         src.append(new_id), dst.append(int(b)), lats.append(0), kinds.append(int(EdgeKind.FLOW))
     edges = out.edges
     if splice_after is not None:
-        order_kind = int(EdgeKind.STREAM) if int(out.resources["kind"].iat[resource]) == int(ResourceKind.STREAM) \
-            else int(EdgeKind.THREAD)
+        order_kind = _order_kind_of_resource(out, resource)
         out_edge = (edges["src"] == splice_after) & edges["kind"].isin(ORDER_KINDS)
         if out_edge.any():
             i = int(np.flatnonzero(out_edge.to_numpy())[0])
@@ -559,10 +558,10 @@ def insert_many(graph: TaskGraph, *, kind: TaskKind | Sequence[int] | np.ndarray
     new["dur_ns"] = dur
     new["measured_start_ns"] = -1
     new["measured_end_ns"] = -1
-    new["step"] = np.where(has, t["step"].to_numpy()[rows], -1) if n_new else []
+    new["step"] = np.where(has, t["step"].to_numpy()[rows], -1)
     for c in ("phase", "layer", "op"):
         if c in t:
-            new[c] = np.where(has, t[c].to_numpy(dtype=object)[rows], None) if n_new else []
+            new[c] = np.where(has, t[c].to_numpy(dtype=object)[rows], None)
     new["name"] = list(names)
     out.tasks = pd.concat([t, new.astype({c: t[c].dtype for c in ("event", "kind", "resource", "rank", "dur_ns",
                                                                     "measured_start_ns", "measured_end_ns", "step")

@@ -23,7 +23,6 @@ from ..base import TransformContext, TransformError
 from ..edit import NewEdges, add_resource, insert_many, new_task
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast", "reduce")
-_CAT = ("phase", "layer", "op", "name")
 
 
 @dataclass(frozen=True)
