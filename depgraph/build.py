@@ -12,6 +12,7 @@ on demand), naming a task on the cycle if a transform ever creates one.
 from __future__ import annotations
 
 import pandas as pd
+
 from whatif.tracer.trace import Trace
 
 from .graph import TaskGraph

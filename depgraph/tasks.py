@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
 from whatif.core.kernels import is_collective
 from whatif.tracer.kinds import GPU_ACTIVITY_KINDS, EventKind, codes
 from whatif.tracer.kineto import step_number

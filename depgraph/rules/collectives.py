@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from whatif.tracer.args import Arg
 
 from ..graph import EdgeKind, ResourceKind, TaskKind

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
+
 from whatif.tracer.args import Arg
 from whatif.tracer.kinds import EventKind
 
