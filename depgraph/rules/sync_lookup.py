@@ -92,7 +92,7 @@ def _sync_records(state: BuildState) -> dict[tuple[int, int], SyncRecord]:
     rows = np.flatnonzero(ev["kind"].to_numpy() == int(EventKind.GPU_SYNC))
     cols = [tr.arg(a)[rows] for a in (Arg.SYNC_DEVICE, Arg.SYNC_STREAM, Arg.WAIT_ON_STREAM,
                                       Arg.WAIT_ON_EVENT_CORRELATION)]
-    out = {}
+    out: dict[tuple[int, int], SyncRecord] = {}
     for i, (r, c) in enumerate(zip(ev["rank"].to_numpy()[rows].tolist(), ev["correlation"].to_numpy()[rows].tolist())):
         if c >= 0 and ev["args"].iat[int(rows[i])].__class__ is dict:
             out[(r, c)] = SyncRecord(*(-1 if col[i] is None else int(col[i]) for col in cols))
@@ -106,7 +106,7 @@ def _last_launch_stream(state: BuildState) -> dict[int, tuple[np.ndarray, np.nda
     gpu = state.gpu_ids[state.launch_of[state.gpu_ids] >= 0]
     calls = state.launch_of[gpu]
     thread = resource[calls]
-    out = {}
+    out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for th in np.unique(thread):
         sel = thread == th
         order = np.argsort(start[calls[sel]], kind="stable")
