@@ -12,17 +12,11 @@ import re
 import tempfile
 import threading
 from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
-
-from whatif.predictors.cost_models import CostConfig, CostModelName
-from whatif.predictors.serving.logs import find_log
-from whatif.predictors.steps import step_times
-from whatif.tracer.readers import accepted, is_trace_file
-from whatif.transforms.base import TransformContext
-from whatif.transforms.scenario import Scenario, scenario_from_dict
 
 from whatif.analysis import scenario_cost_model
 from whatif.api import (
@@ -33,8 +27,14 @@ from whatif.api import (
     make_context,
     predict,
 )
+from whatif.predictors.cost_models import COST_MODELS, CostModelName
+from whatif.predictors.serving.logs import find_log
+from whatif.predictors.steps import step_times
 from whatif.serving import Workload, fit_serving, serve, sweep
 from whatif.summary import analysis_document, change_document, prediction_document
+from whatif.tracer.readers import accepted, is_trace_file
+from whatif.transforms.base import TransformContext
+from whatif.transforms.scenario import Scenario, scenario_from_dict
 
 from .guard import PathGuard
 
@@ -80,7 +80,7 @@ class Run:
     _baseline_doc: dict[str, Any] | None = None
     _results: OrderedDict[str, ScenarioResult] = field(default_factory=OrderedDict)
     _docs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    cache: dict[str, Any] = field(default_factory=dict)  # derived views (timeline arrays, phase table…)
+    cache: dict[Hashable, Any] = field(default_factory=dict)  # derived views (timeline arrays, phase table…)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     @property
@@ -113,7 +113,8 @@ class Run:
     def summary(self) -> dict[str, Any]:
         """One row of the Runs table (without forcing an analysis)."""
         row: dict[str, Any] = {"id": self.id, "run": self.label, "path": str(self.path or ""),
-                               "status": f"error: {self.error}" if self.error else ("loaded" if self.loaded else "not loaded")}
+                               "status": f"error: {self.error}" if self.error
+                               else ("loaded" if self.loaded else "not loaded")}
         if self.loaded:
             a = self._analysis
             assert a is not None
@@ -123,7 +124,7 @@ class Run:
 
     def context(self, cost_model: str | Enum = CostModelName.TRACE) -> TransformContext:
         """The transform context of this run priced by ``cost_model`` (built once per cost model)."""
-        key = CostConfig(cost_model).cost_model
+        key = COST_MODELS.key(cost_model)
         with self.lock:
             if key not in self._contexts:
                 self._contexts[key] = make_context(self.analysis.trace, key)
@@ -207,7 +208,7 @@ class Run:
 class RunStore:
     """All runs of one dashboard, the path guard, and the upload folder."""
 
-    def __init__(self, paths: list[str | Path] = (), upload_dir: str | Path | None = None,
+    def __init__(self, paths: Sequence[str | Path] = (), upload_dir: str | Path | None = None,
                  max_upload_bytes: int = 200 * 1024 * 1024) -> None:
         self.upload_dir = Path(upload_dir or tempfile.mkdtemp(prefix="whatif-dashboard-")).resolve()
         self.upload_dir.mkdir(parents=True, exist_ok=True)

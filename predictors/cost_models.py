@@ -65,6 +65,3 @@ class CostConfig:
 
     def __post_init__(self) -> None:
         self.cost_model = COST_MODELS.key(self.cost_model)
-
-    def build(self, trace: Trace) -> CostModelBase:
-        return COST_MODELS.get(self.cost_model)(trace)

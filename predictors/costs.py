@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
 from whatif.core.dtypes import (
     ELEMENT_BYTES,
     PRECISION_RANK,
@@ -223,7 +224,8 @@ class TraceCostModel(CostModelBase):
         valid = gpu & (rows >= 0) & (rows < len(ev))
         # dtype from kernel names, once per distinct name
         codes, uniques = pd.factorize(t["name"].astype(object).to_numpy())
-        name_dtype = np.asarray([(d.value if (d := dtype_in_kernel_name(str(u))) else "") for u in uniques], dtype=object)
+        name_dtype = np.asarray([(d.value if (d := dtype_in_kernel_name(str(u))) else "") for u in uniques],
+                                dtype=object)
         dtype = np.where(codes >= 0, name_dtype[np.maximum(codes, 0)], "") if n else np.empty(0, dtype=object)
         dtype = dtype.astype(object)
         # recorded duration (stable across transforms) for sharing an op's work among its kernels
@@ -523,9 +525,8 @@ class TraceCostModel(CostModelBase):
             collective_points,
             fastest_per_size,
         )
-        family = (lambda d: d.name.value.split("_")[0] if d is not None else None)
         same = self.device is not None and base.device is not None \
-            and family(self.device) == base.device.value.split("_")[0]
+            and self.device.name.value.split("_")[0] == base.device.value.split("_")[0]
         pts = fastest_per_size(collective_points(self.trace)) if same else []
         pts = [p for p in pts if p[3] <= MAX_WAIT_RATIO * collective_time_ns(
             p[0], p[1], p[2], base.with_machines(max(1, -(-p[2] // base.gpus_per_machine))))]

@@ -25,6 +25,7 @@ from .costs import TraceCostModel
 
 if TYPE_CHECKING:
     import numpy as np
+
     from whatif.hardware.collectives import CollectiveCalibration
     from whatif.hardware.topology import Topology
 

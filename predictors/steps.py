@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 
 from .replay import RESOURCE_BOUND, Replay, replay
@@ -175,7 +176,8 @@ def utilization(replay: Replay) -> pd.DataFrame:
     t = g.tasks
     busy = pd.Series(replay.end_ns - replay.start_ns).groupby(t["resource"].to_numpy()).sum()
     ranks = t["rank"].to_numpy()
-    window = {int(r): int(replay.end_ns[ranks == r].max() - replay.start_ns[ranks == r].min()) for r in np.unique(ranks)}
+    window = {int(r): int(replay.end_ns[ranks == r].max() - replay.start_ns[ranks == r].min())
+              for r in np.unique(ranks)}
     res = g.resources
     out = pd.DataFrame({"resource": busy.index.to_numpy(), "busy_ns": busy.to_numpy()})
     out["name"] = res["name"].to_numpy()[out["resource"]]

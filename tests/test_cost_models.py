@@ -9,6 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 from tracegen import KinetoTrace
+
+from whatif.api import analyze, make_context, predict
+from whatif.cli import main
 from whatif.core.errors import WhatifError
 from whatif.predictors.cost_models import (
     COST_MODELS,
@@ -20,9 +23,6 @@ from whatif.predictors.cost_models import (
 from whatif.predictors.costs import ASSUMED_BW_EFFICIENCY, TraceCostModel
 from whatif.predictors.datasheet import DatasheetCostModel
 from whatif.transforms.scenario import load_scenario
-
-from whatif.api import analyze, make_context, predict
-from whatif.cli import main
 
 ELEMENTS = 4 * 2**20
 KERNEL_US = 50

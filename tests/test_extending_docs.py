@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from whatif.predictors.cost_models import COST_MODELS
 from whatif.predictors.serving import POLICIES, ROUTERS
 from whatif.tracer import readers

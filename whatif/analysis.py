@@ -4,6 +4,7 @@ Re-exported, with the serving API, by :mod:`whatif.api` (the public front door);
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
@@ -13,7 +14,7 @@ import pandas as pd
 
 from whatif.depgraph.build import build_graph
 from whatif.depgraph.graph import TaskGraph
-from whatif.predictors.cost_models import CostConfig, CostModelError, CostModelName
+from whatif.predictors.cost_models import COST_MODELS, CostModelError, CostModelName
 from whatif.predictors.export import write_chrome_trace
 from whatif.predictors.replay import Replay, replay
 from whatif.predictors.steps import CriticalPath, critical_path, step_times, step_times_ns, utilization
@@ -66,16 +67,16 @@ def make_context(trace: Trace, cost_model: str | Enum = CostModelName.TRACE) -> 
     """The context transforms get for ``trace``: the recorded GPU, the cost model named
     ``cost_model`` (``COST_MODELS.names()``; default the trace-calibrated one) and the replay."""
     gpu = next((r.gpu_name for r in trace.ranks if r.gpu_name), None)
-    return TransformContext(device=gpu, cost=CostConfig(cost_model).build(trace), step_times_ns=step_times_ns)
+    return TransformContext(device=gpu, cost=COST_MODELS.get(cost_model)(trace), step_times_ns=step_times_ns)
 
 
 def scenario_cost_model(scenario: Scenario, default: str | Enum = CostModelName.TRACE) -> Enum:
     """The key of the cost model that prices ``scenario``: its ``cost_model``, else ``default``
     (:class:`ScenarioError` naming its file when the scenario names an unknown one)."""
     if scenario.cost_model is None:
-        return CostConfig(default).cost_model
+        return COST_MODELS.key(default)
     try:
-        return CostConfig(scenario.cost_model).cost_model
+        return COST_MODELS.key(scenario.cost_model)
     except CostModelError as exc:
         raise ScenarioError(f"{scenario.source or scenario.name}: cost_model: {exc}") from None
 
@@ -109,7 +110,7 @@ class Prediction:
     scenarios: list[ScenarioResult]
 
 
-def predict(path_or_analysis: str | Path | Analysis, scenarios: list[Scenario | str | Path | Transform],
+def predict(path_or_analysis: str | Path | Analysis, scenarios: Sequence[Scenario | str | Path | Transform],
             ctx: TransformContext | None = None, *, cost_model: str | Enum = CostModelName.TRACE) -> Prediction:
     """Apply each scenario (a :class:`Scenario`, a TOML file, or a single transform) to the
     baseline graph and replay after every transform (for the per-transform waterfall).

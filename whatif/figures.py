@@ -147,7 +147,8 @@ def timeline_figure(view: dict[str, Any], height_per_lane: int = 26) -> go.Figur
     panels = view["panels"]
     lanes = view["lanes"]
     rows = max(len(panels), 1)
-    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=min(0.25, 60 / (rows * (len(lanes) * height_per_lane + 110))),
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True,
+                        vertical_spacing=min(0.25, 60 / (rows * (len(lanes) * height_per_lane + 110))),
                         subplot_titles=[f"{p['name']} ({p['mode']}, {p.get('tasks', 0):,} tasks)" for p in panels])
     for row, p in enumerate(panels, start=1):
         if p["mode"] == "bins":

@@ -220,8 +220,8 @@ class ServingModels:
             return simulate_llm(workload.llm_requests(rate), model.time_ns, scheduler,  # type: ignore[union-attr]
                                 slo_ttft_ms, slo_tpot_ms)
         d = dit.settings(self.log, scheduler.replicas)
-        return simulate_dit(workload.dit_arrivals(rate), model, d["steps"], d["tokens"], d["batch"], d["cfg"],
-                            d["replicas"])
+        return simulate_dit(workload.dit_arrivals(rate), model,  # type: ignore[arg-type]
+                            d["steps"], d["tokens"], d["batch"], d["cfg"], d["replicas"])
 
     def scheduler_doc(self, scheduler: SchedulerConfig, dit: DitOptions) -> dict[str, Any]:
         return scheduler.to_dict() if self.kind == "llm" else dit.settings(self.log, scheduler.replicas)
@@ -250,7 +250,8 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
     log_path = Path(iterations_log) if iterations_log else logs.find_log(run)
     if log_path is None:
         folder = run if run.is_dir() else run.parent
-        raise WorkloadError(f"{folder}: no serving log found (looked for the --log file named in {folder / 'meta.json'} "
+        raise WorkloadError(f"{folder}: no serving log found (looked for the --log file named in "
+                            f"{folder / 'meta.json'} "
                             "and a file of that name in the folder); pass --iterations-log FILE (the --log of "
                             "examples/llm_serve.py or dit_serve.py for this recording)")
     base = path if isinstance(path, Analysis) else analyze(path)

@@ -58,9 +58,9 @@ def analysis_document(analysis: Analysis, top: int = 10) -> dict[str, Any]:
         "edges": g.num_edges,
         "resources": len(g.resources),
         "graph_report": {k: int(v) for k, v in sorted(g.report.items())},
-        "steps": [{"rank": int(r.rank), "step": int(r.step), "measured_ns": int(r.measured_ns),
-                   "predicted_ns": int(r.predicted_ns), "error": round(float(r.error), 6)}
-                  for r in steps.itertuples()],
+        "steps": [{"rank": int(r["rank"]), "step": int(r["step"]), "measured_ns": int(r["measured_ns"]),
+                   "predicted_ns": int(r["predicted_ns"]), "error": round(float(r["error"]), 6)}
+                  for r in _records(steps)],
         "fidelity": {"median_abs_error": round(float(abs_err.median()), 6) if len(steps) else None,
                      "max_abs_error": round(float(abs_err.max()), 6) if len(steps) else None},
         "critical_path": [{"rank": cp.rank, "step": cp.step, "length_ns": cp.length_ns,
@@ -69,10 +69,15 @@ def analysis_document(analysis: Analysis, top: int = 10) -> dict[str, Any]:
         "top_kernels": _top(kernels, "name", top),
         "top_ops": _top(t, "op", top),
         "top_layers": _top(t, "layer", top),
-        "utilization": [{"rank": int(u.rank), "resource": str(u.name), "busy_ns": int(u.busy_ns),
-                         "utilization": round(float(u.utilization), 4)}
-                        for u in analysis.utilization.itertuples() if u.busy_ns > 0],
+        "utilization": [{"rank": int(u["rank"]), "resource": str(u["name"]), "busy_ns": int(u["busy_ns"]),
+                         "utilization": round(float(u["utilization"]), 4)}
+                        for u in _records(analysis.utilization) if u["busy_ns"] > 0],
     }
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """The rows of ``frame`` as plain dicts (cells as Python or NumPy scalars)."""
+    return [{str(k): v for k, v in row.items()} for row in frame.to_dict("records")]
 
 
 def console() -> Any:
@@ -152,9 +157,9 @@ def _scenario_document(base_steps: pd.DataFrame, result: ScenarioResult) -> dict
         "transforms": [t.label() for t in result.scenario.transforms],
         "mean_step_ns": int(total / max(len(steps), 1)),
         "speedup": _speedup(base_total, total),
-        "steps": [{"rank": int(b.rank), "step": int(b.step), "baseline_ns": int(b.predicted_ns),
-                   "predicted_ns": int(p), "speedup": _speedup(b.predicted_ns, p)}
-                  for b, p in zip(base_steps.itertuples(), steps["predicted_ns"].to_numpy())],
+        "steps": [{"rank": int(b["rank"]), "step": int(b["step"]), "baseline_ns": int(b["predicted_ns"]),
+                   "predicted_ns": int(p), "speedup": _speedup(b["predicted_ns"], p)}
+                  for b, p in zip(_records(base_steps), steps["predicted_ns"].to_numpy())],
         "waterfall": waterfall,
         "changes": [change_document(c) for c in result.graph.changes],
         "critical_path": [{"rank": cp.rank, "step": cp.step, "breakdown_ns": cp.breakdown_ns}
@@ -173,8 +178,8 @@ def prediction_document(pred: Prediction) -> dict[str, Any]:
         "device": next((r.gpu_name for r in base.trace.ranks if r.gpu_name), None),
         "baseline": {
             "mean_step_ns": int(steps["predicted_ns"].mean()) if len(steps) else 0,
-            "steps": [{"rank": int(s.rank), "step": int(s.step), "measured_ns": int(s.measured_ns),
-                       "predicted_ns": int(s.predicted_ns)} for s in steps.itertuples()],
+            "steps": [{"rank": int(s["rank"]), "step": int(s["step"]), "measured_ns": int(s["measured_ns"]),
+                       "predicted_ns": int(s["predicted_ns"])} for s in _records(steps)],
             "critical_path": [{"rank": cp.rank, "step": cp.step, "breakdown_ns": cp.breakdown_ns}
                               for cp in (base.critical_path(i) for i in range(len(steps)))],
         },
@@ -200,7 +205,8 @@ def render_prediction(doc: dict[str, Any], console: Any) -> None:
         n = max(len(paths), 1)
         return [_ms(sum(p["breakdown_ns"][c] for p in paths) / n) for c in cats]
 
-    table.add_row("baseline", _ms(doc["baseline"]["mean_step_ns"]), "1.000x", *breakdown(doc["baseline"]["critical_path"]))
+    base = doc["baseline"]
+    table.add_row("baseline", _ms(base["mean_step_ns"]), "1.000x", *breakdown(base["critical_path"]))
     for s in doc["scenarios"]:
         table.add_row(s["name"], _ms(s["mean_step_ns"]), f"{s['speedup']:.3f}x", *breakdown(s["critical_path"]))
     console.print(table)

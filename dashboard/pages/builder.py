@@ -8,12 +8,12 @@ from typing import Any
 
 import dash
 from dash import ALL, Input, Output, State, dcc, html
-from whatif.predictors.cost_models import COST_MODELS, CostConfig
-from whatif.transforms import registry
-from whatif.transforms.scenario import build_transform, scenario_from_dict
 
 from whatif import figures
 from whatif.analysis import scenario_cost_model
+from whatif.predictors.cost_models import COST_MODELS, CostConfig
+from whatif.transforms import registry
+from whatif.transforms.scenario import build_transform, scenario_from_dict
 
 from ..forms import params_from_form, spec_from_toml, spec_to_toml, transform_form
 from ..layout import card, error_box, guarded, loading, ms, table
@@ -22,7 +22,7 @@ from ..uploads import decode
 from . import Page
 
 MAX_SCENARIO_BYTES = 256 * 1024
-EMPTY = {"name": "my scenario", "transform": []}
+EMPTY: dict[str, Any] = {"name": "my scenario", "transform": []}
 
 
 def layout(**_: Any) -> html.Div:
@@ -95,8 +95,8 @@ def register(app: dash.Dash) -> None:
         return transform_form(name) if name else []
 
     @app.callback(Output("wb-spec", "data"), Output("wb-name", "value"), Output("wb-cost-model", "value"),
-                  Output("wb-spec-error", "children"), Input("wb-add", "n_clicks"), Input("wb-pop", "n_clicks"), Input("wb-clear", "n_clicks"),
-                  Input("wb-upload", "contents"),
+                  Output("wb-spec-error", "children"), Input("wb-add", "n_clicks"), Input("wb-pop", "n_clicks"),
+                  Input("wb-clear", "n_clicks"), Input("wb-upload", "contents"),
                   State({"type": "wb-param", "name": ALL}, "value"), State("wb-transform", "value"),
                   State("wb-spec", "data"), State("wb-name", "value"), State("wb-cost-model", "value"),
                   State("wb-upload", "filename"), State("run", "value"), prevent_initial_call=True)

@@ -20,10 +20,11 @@ def layout(**_: Any) -> html.Div:
 
 
 def _top(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"name": r["name"], "count": r["count"], "GPU ms": ms(r["gpu_ns"]), "CPU ms": ms(r["cpu_ns"])} for r in rows]
+    return [{"name": r["name"], "count": r["count"], "GPU ms": ms(r["gpu_ns"]), "CPU ms": ms(r["cpu_ns"])}
+            for r in rows]
 
 
-def body(run_id: str) -> html.Div:
+def body(run_id: str | None) -> html.Div:
     """The page for one run, from its analysis document."""
     run = get_store().get(run_id)
     doc = run.doc

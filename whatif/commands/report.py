@@ -58,12 +58,13 @@ def run(args: argparse.Namespace) -> int:
     serving = load_serving(args.serving) if args.serving else None
     cost = from_args(CostConfig, args)
     scenarios = [load_scenario(p) for p in args.scenario]
-    report = write_report(predict(args.path, scenarios, cost_model=cost.cost_model), args.out, formats, thresholds, args.baseline, limit,
+    prediction = predict(args.path, scenarios, cost_model=cost.cost_model)
+    report = write_report(prediction, args.out, formats, thresholds, args.baseline, limit,
                           step_summary=not args.no_step_summary, serving=serving)
     if not args.quiet:
         for row in report.document["rows"]:
             print(f"{row['name']}: {row['mean_step_ns'] / 1e6:,.3f} ms, {row['speedup']:.3f}x")
-        for fmt, path in report.files.items():
+        for _fmt, path in report.files.items():
             print(f"wrote {path}")
     for line in report.failures:
         print(f"whatif: check failed: {line}", file=sys.stderr)

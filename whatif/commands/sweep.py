@@ -57,7 +57,8 @@ def render(doc: dict[str, Any], console: Console) -> None:
         table.add_column(c, justify="left" if c == "scenario" else "right", no_wrap=True)
     for c in doc["curves"]:
         for p in c["points"]:
-            f = (lambda v, fmt="{:.2f}": "-" if v is None else fmt.format(v))
+            def f(v: float | None, fmt: str = "{:.2f}") -> str:
+                return "-" if v is None else fmt.format(v)
             vals = ([f(p["throughput_tokens_per_s"], "{:.0f}"), f(p["ttft_ms"]["mean"]), f(p["ttft_ms"]["p99"]),
                      f(p["tpot_ms"]["mean"]), f(p["tpot_ms"]["p99"])] if llm
                     else [f(p["latency_ms"]["mean"]), f(p["latency_ms"]["p99"])])

@@ -87,7 +87,8 @@ def load_report(path: str | Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("schema") not in (SCHEMA, "whatif.prediction"):
         raise ReportError(f"{path}: not a whatif.report or whatif.prediction document")
     if doc.get("version") != VERSION:
-        raise ReportError(f"{path}: {doc['schema']} version {doc.get('version')!r} is not supported (expected {VERSION})")
+        raise ReportError(f"{path}: {doc['schema']} version {doc.get('version')!r} is not supported "
+                          f"(expected {VERSION})")
     return doc
 
 

@@ -30,7 +30,8 @@ def report_figures(report: dict[str, Any]) -> list[tuple[str, go.Figure]]:
            ("fig-baseline-path", figures.breakdown_figure(base["critical_path"], "Baseline: critical path per step"))]
     for i, s in enumerate(pred["scenarios"]):
         out.append((f"fig-waterfall-{i}", figures.waterfall_figure(base["mean_step_ns"], s)))
-        out.append((f"fig-path-{i}", figures.breakdown_figure(s["critical_path"], f"{s['name']}: critical path per step")))
+        out.append((f"fig-path-{i}",
+                    figures.breakdown_figure(s["critical_path"], f"{s['name']}: critical path per step")))
     if report["top_kernels"]:
         out.append(("fig-top-kernels", figures.top_table_figure(report["top_kernels"], "Baseline: top kernels")))
     return out
@@ -53,7 +54,8 @@ def _summary(report: dict[str, Any]) -> str:
     for r in report["rows"]:
         cells = _td(r["name"]) + _td(ms(r["mean_step_ns"]), True) + _td(f"{r['speedup']:.3f}x", True)
         if serving:
-            cells += "".join(_td("-" if not r[k] else f"{r[k].get('mean', 0):,.2f}", True) for k in ("ttft_ms", "tpot_ms"))
+            cells += "".join(_td("-" if not r[k] else f"{r[k].get('mean', 0):,.2f}", True)
+                             for k in ("ttft_ms", "tpot_ms"))
         cells += _td("; ".join(f"{c['transform']} {ms(c['delta_ns'], True)} ms" for c in r["contributors"][:3]))
         rows.append(f"<tr>{cells}</tr>")
     return _table(header, rows)
@@ -74,7 +76,8 @@ def render_html(report: dict[str, Any]) -> str:
                                 config={"displaylogo": False, "responsive": True}))
     base = report["prediction"]["baseline"]
     title = f"whatif report: {report['source']}"
-    status = f"<p class={report['status']}><b>{report['status']}</b> · {html.escape(report['device'] or 'GPU unknown')}" \
+    status = f"<p class={report['status']}><b>{report['status']}</b>" \
+             f" · {html.escape(report['device'] or 'GPU unknown')}" \
              f" · {len(base['steps'])} steps · baseline mean step {ms(base['mean_step_ns'])} ms</p>"
     return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>{status}{_summary(report)}"
