@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from whatif.depgraph.graph import EdgeKind, TaskKind
+from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 
-from .replay import RESOURCE_BOUND, Replay
+from .replay import RESOURCE_BOUND, Replay, replay
 
 CATEGORIES = ("cpu", "launch", "gpu", "comm", "sync", "idle")
 _EDGE_CATEGORY = {EdgeKind.ANCHOR: "idle", EdgeKind.THREAD: "cpu", EdgeKind.STREAM: "idle", EdgeKind.LAUNCH: "launch",
@@ -53,6 +53,15 @@ def _completion_floor(ranks: np.ndarray, begin: np.ndarray, done: np.ndarray) ->
         floor[i] = running
         running = max(running, int(done[i]))
     return floor
+
+
+def measured_step_ns(graph: TaskGraph) -> np.ndarray:
+    """Per row of ``graph.steps``: the measured step time, from the previous step's completion on
+    the same rank (or the step's own begin for a rank's first step) to this step's completion."""
+    steps = graph.steps
+    m_begin = steps["measured_begin_ns"].to_numpy()
+    m_done = steps["measured_end_ns"].to_numpy()
+    return m_done - _completion_floor(steps["rank"].to_numpy(), m_begin, m_done)
 
 
 def step_end_tasks(replay: Replay, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -80,13 +89,17 @@ def step_times(replay: Replay) -> pd.DataFrame:
     steps = g.steps
     floor, finisher = step_end_tasks(replay, replay.start_ns, replay.end_ns)
     predicted = replay.end_ns[finisher] - floor
-    m_begin = steps["measured_begin_ns"].to_numpy()
-    m_done = steps["measured_end_ns"].to_numpy()
-    measured = m_done - _completion_floor(steps["rank"].to_numpy(), m_begin, m_done)
+    measured = measured_step_ns(g)
     out = pd.DataFrame({"rank": steps["rank"].to_numpy(), "step": steps["step"].to_numpy(),
                         "measured_ns": measured, "predicted_ns": predicted})
     out["error"] = np.where(measured > 0, predicted / np.maximum(measured, 1) - 1.0, 0.0)
     return out
+
+
+def step_times_ns(graph: TaskGraph) -> pd.Series:
+    """Replay ``graph``: each step's predicted time (ns; max over ranks), indexed by step (the
+    :data:`~whatif.transforms.base.StepTimes` that transforms searching over plans get)."""
+    return step_times(replay(graph)).groupby("step")["predicted_ns"].max().astype(float)
 
 
 @dataclass

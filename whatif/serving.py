@@ -14,13 +14,15 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from whatif.analysis import Analysis, ScenarioResult, analyze, predict
+from whatif.analysis import Analysis, ScenarioResult, analyze, predict, scenario_cost_model
 from whatif.core.errors import TraceError
+from whatif.predictors.cost_models import CostModelName
 from whatif.predictors.replay import Replay
 from whatif.predictors.serving import logs
 from whatif.predictors.serving.arrivals import (
@@ -235,11 +237,15 @@ def _run_path(base: str | Path | Analysis) -> Path:
 
 def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] = (), *,
                 iterations_log: str | Path | None = None, unprofiled_log: str | Path | None = None,
-                baseline: bool = True) -> ServingModels:
+                baseline: bool = True, cost_model: str | Enum = CostModelName.TRACE) -> ServingModels:
     """Fit the iteration models of the baseline (unless ``baseline=False`` and there are scenarios)
     and of each scenario on a run folder/trace (or its :class:`Analysis`). The serving log is
-    ``iterations_log``, else the ``--log`` named in the run folder's meta.json."""
+    ``iterations_log``, else the ``--log`` named in the run folder's meta.json. Scenarios without
+    a ``cost_model`` key are priced by ``cost_model``."""
     loaded = [load_scenario(s) if isinstance(s, (str, Path)) else s for s in scenarios]  # validate files first
+    for s in loaded:
+        if isinstance(s, Scenario):
+            scenario_cost_model(s, cost_model)
     run = _run_path(path)
     log_path = Path(iterations_log) if iterations_log else logs.find_log(run)
     if log_path is None:
@@ -251,7 +257,7 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
     base = path if isinstance(path, Analysis) else analyze(path)
     replays: list[tuple[str, Replay]] = [] if not baseline and loaded else [("baseline", base.replay)]
     todo = [s for s in loaded if not isinstance(s, ScenarioResult)]
-    predicted = iter(predict(base, todo).scenarios if todo else [])
+    predicted = iter(predict(base, todo, cost_model=cost_model).scenarios if todo else [])
     for s in loaded:
         r = s if isinstance(s, ScenarioResult) else next(predicted)
         replays.append((r.scenario.name, r.replay))
@@ -272,7 +278,8 @@ def serve(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Scena
           workload: Workload | str | Path | None = None, *, scheduler: SchedulerConfig | None = None,
           dit: DitOptions | None = None, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
           iterations_log: str | Path | None = None, unprofiled_log: str | Path | None = None,
-          baseline: bool = True, requests: bool = False) -> dict[str, Any]:
+          baseline: bool = True, requests: bool = False, cost_model: str | Enum = CostModelName.TRACE
+          ) -> dict[str, Any]:
     """Predicted serving metrics per scenario: the ``whatif.serving/1`` document of `whatif serve --json`.
 
     ``workload``: a :class:`Workload`, or a workload file (default: 20 requests, which then needs a rate).
@@ -284,7 +291,7 @@ def serve(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Scena
     scheduler, dit = scheduler or SchedulerConfig(), dit or DitOptions()
     scheduler.check()
     fitted = _models(path, scenarios, {"iterations_log": iterations_log, "unprofiled_log": unprofiled_log,
-                                       "baseline": baseline})
+                                       "baseline": baseline, "cost_model": cost_model})
     results = []
     for name, model in fitted.models:
         res = fitted.simulate(model, workload, scheduler, dit, None, slo_ttft_ms, slo_tpot_ms)
@@ -304,7 +311,7 @@ def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
           scheduler: SchedulerConfig | None = None, dit: DitOptions | None = None,
           slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
           iterations_log: str | Path | None = None, unprofiled_log: str | Path | None = None,
-          baseline: bool = True) -> dict[str, Any]:
+          baseline: bool = True, cost_model: str | Enum = CostModelName.TRACE) -> dict[str, Any]:
     """Latency vs load: :func:`serve` repeated at each arrival rate, one curve per scenario; the
     ``whatif.serving-sweep/1`` document of `whatif sweep --json` (plot it with
     ``whatif.figures.serving_curves_figure``). The workload's own rate is ignored."""
@@ -316,7 +323,7 @@ def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
     scheduler, dit = scheduler or SchedulerConfig(), dit or DitOptions()
     scheduler.check()
     fitted = _models(path, scenarios, {"iterations_log": iterations_log, "unprofiled_log": unprofiled_log,
-                                       "baseline": baseline})
+                                       "baseline": baseline, "cost_model": cost_model})
     curves = []
     for name, model in fitted.models:
         points = []

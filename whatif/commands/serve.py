@@ -14,6 +14,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from whatif.predictors.cost_models import CostConfig
 from whatif.predictors.serving.simulator import SchedulerConfig
 from whatif.serving import DitOptions, Workload, serve
 from whatif.summary import console
@@ -29,6 +30,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, rate_required: bool = 
     parser.add_argument("path", type=Path, help="run folder (or trace) of a serving loop with phase annotations")
     parser.add_argument("-s", "--scenario", type=Path, action="append", default=[], metavar="FILE",
                         help="scenario TOML applied to the graph before fitting (repeatable)")
+    add_dataclass_arguments(parser, CostConfig)
     parser.add_argument("--iterations-log", type=Path, metavar="FILE",
                         help="the server's JSON log of the recorded run (batch composition per iteration); "
                              "default: the --log named in the run folder's meta.json")
@@ -65,7 +67,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     return {"scheduler": from_args(SchedulerConfig, args), "dit": from_args(DitOptions, args),
             "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms,
             "iterations_log": args.iterations_log, "unprofiled_log": args.unprofiled_log,
-            "baseline": not args.no_baseline}
+            "baseline": not args.no_baseline, "cost_model": from_args(CostConfig, args).cost_model}
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
