@@ -25,6 +25,7 @@ from whatif.tracer.trace import Trace
 from .collectives import link_collectives
 from .graph import EdgeKind, ResourceKind, TaskGraph, TaskKind, task_kind_codes
 from .hierarchy import build_hierarchy
+from .schema import check_schema
 from .state import Resources, SyncContext, TaskColumns
 from .syncs import add_sync_edges
 
@@ -290,7 +291,7 @@ def build_graph(trace: Trace) -> TaskGraph:
     graph.tasks["step"] = _window_steps(graph, begin_ids, end_ids)
     graph.steps = _steps_table(graph, begin_ids, end_ids, origin_of_rank)
     _anchor_roots(graph, origin_of_rank)
-    return graph
+    return check_schema(graph)
 
 
 def _resource_ids(make: Callable[[int, int, int], int], a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
