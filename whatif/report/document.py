@@ -22,14 +22,12 @@ from whatif.documents import (
     Contributor,
     DocumentError,
     LatencyStats,
-    LlmScenarioServing,
     PathShift,
     PredictionDocument,
     ReportDocument,
     ReportRow,
     RowServing,
     ScenarioPrediction,
-    ServingDocument,
     StepBreakdown,
     from_json,
     mean_breakdown_ns,
@@ -146,15 +144,26 @@ def load_report(path: str | Path) -> ReportDocument | PredictionDocument:
     return _read(path, head.schema, ReportDocument | PredictionDocument)  # type: ignore[no-any-return]
 
 
+class _ServingRow(msgspec.Struct, frozen=True):
+    """What a report reads of a scenario of a ``whatif serve --json`` document."""
+
+    name: str
+    ttft_ms: LatencyStats | None = None
+    tpot_ms: LatencyStats | None = None
+
+
+class _ServingRows(msgspec.Struct, frozen=True):
+    scenarios: list[_ServingRow] = msgspec.field(default_factory=list)
+
+
 def load_serving(path: str | Path) -> dict[str, RowServing]:
-    """TTFT/TPOT per scenario name (``"baseline"`` included) from a ``whatif serve --json`` document."""
+    """TTFT/TPOT per scenario name (``"baseline"`` included) from a ``whatif serve --json`` document
+    (only ``schema`` and the scenarios' ``name``, ``ttft_ms``, ``tpot_ms`` are read)."""
     path = Path(path)
     if not _header(path, "serving", "whatif.serving").schema.startswith("whatif.serving"):
         raise ReportError(f"{path}: not a whatif.serving document (write one with whatif serve --json)")
-    doc: ServingDocument = _read(path, "whatif.serving", ServingDocument)
-    return {s.name: RowServing(ttft_ms=s.ttft_ms if isinstance(s, LlmScenarioServing) else None,
-                               tpot_ms=s.tpot_ms if isinstance(s, LlmScenarioServing) else None)
-            for s in doc.scenarios}
+    doc: _ServingRows = _read(path, "whatif.serving", _ServingRows)
+    return {s.name: RowServing(ttft_ms=s.ttft_ms, tpot_ms=s.tpot_ms) for s in doc.scenarios}
 
 
 def prediction_of(doc: ReportDocument | PredictionDocument) -> PredictionDocument:
