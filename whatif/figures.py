@@ -8,6 +8,7 @@ typed documents of :mod:`whatif.documents` (``whatif.analysis``, ``whatif.predic
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import msgspec
@@ -215,18 +216,25 @@ def timeline_figure(view: dict[str, Any], height_per_lane: int = 26) -> go.Figur
     return fig
 
 
-def phase_breakdown_figure(rows: list[dict[str, Any]]) -> go.Figure:
+@dataclass(frozen=True)
+class PhaseBreakdown:
+    """Mean critical-path breakdown (ns per category) of the ``steps`` steps of one phase."""
+
+    phase: str
+    steps: int
+    breakdown_ns: dict[str, float]
+
+
+def phase_breakdown_figure(rows: Sequence[PhaseBreakdown]) -> go.Figure:
     """Mean critical-path breakdown of the steps of each phase, in ms per step.
 
-    ``rows``: ``phase``, ``steps`` (how many), ``breakdown_ns`` (mean per step).
-
-    >>> fig = phase_breakdown_figure([{"phase": "decode", "steps": 3, "breakdown_ns": {"cpu": 2e6, "gpu": 1e6}}])
+    >>> fig = phase_breakdown_figure([PhaseBreakdown("decode", 3, {"cpu": 2e6, "gpu": 1e6})])
     >>> [t.name for t in fig.data], list(fig.data[0].x)
     (['cpu', 'gpu'], ['decode (3)'])
     """
-    x = [f"{r['phase']} ({r['steps']})" for r in rows]
-    cats = list(rows[0]["breakdown_ns"]) if rows else list(CATEGORY_COLORS)
-    fig = go.Figure([go.Bar(name=c, x=x, y=[r["breakdown_ns"][c] / 1e6 for r in rows],
+    x = [f"{r.phase} ({r.steps})" for r in rows]
+    cats = list(rows[0].breakdown_ns) if rows else list(CATEGORY_COLORS)
+    fig = go.Figure([go.Bar(name=c, x=x, y=[r.breakdown_ns[c] / 1e6 for r in rows],
                             marker_color=CATEGORY_COLORS.get(c)) for c in cats])
     fig.update_layout(barmode="stack", title="Critical path per step, by phase (mean)", xaxis_title="phase (steps)",
                       yaxis_title="ms per step", legend_orientation="h")
