@@ -1,6 +1,7 @@
 # Two commands on a fresh machine (only Python 3.10+ needed):
 #   make run    set up, analyze the bundled sample trace, predict, open the dashboard
-#   make test   set up, run the test suite
+#   make test   set up, lint (ruff, mypy), run the test suite
+#   make lint   ruff and mypy only
 #   make test-fast  the suite without the tests marked slow (subprocesses, browsers)
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,7 +10,7 @@ WHATIF := $(VENV)/bin/whatif
 SAMPLE ?= sample_traces/llm_serve
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast setup bench clean
+.PHONY: run test test-fast lint setup bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +29,12 @@ run: $(STAMP)
 	$(WHATIF) predict $(SAMPLE) $(addprefix -s ,$(SCENARIOS))
 	$(WHATIF) dashboard $(SAMPLE)
 
-test: $(STAMP)
+# ruff, then mypy through tools/typecheck.py (it checks the folders under their installed whatif.* names)
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) tools/typecheck.py
+
+test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Leaves out @pytest.mark.slow: recordings and CLI runs in subprocesses, the browser tests.
@@ -39,4 +45,4 @@ bench: $(STAMP)
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache

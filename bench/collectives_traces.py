@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from whatif.api import analyze
 from whatif.depgraph.graph import TaskKind
 from whatif.hardware.collectives import calibrate, collective_time_ns
 from whatif.hardware.devices import get_device
@@ -31,8 +33,6 @@ from whatif.hardware.topology import Link, LinkKind, Topology, preset
 from whatif.predictors.costs import MAX_WAIT_RATIO
 from whatif.tracer.measured_collectives import collective_points, points_frame
 from whatif.tracer.trace import load_trace
-
-from whatif.api import analyze
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 B200 = get_device("B200")

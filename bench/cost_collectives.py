@@ -18,15 +18,16 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common.vidur import (  # noqa: E402
+from common.vidur import (
     PERFDATA,
     abs_pct_error,
     load_network,
     require_perfdata,
     summarize,
 )
-from whatif.hardware.collectives import Algorithm, calibrate, collective_time_ns  # noqa: E402
-from whatif.hardware.topology import Topology, TopologyName, preset  # noqa: E402
+
+from whatif.hardware.collectives import Algorithm, calibrate, collective_time_ns
+from whatif.hardware.topology import Topology, TopologyName, preset
 
 GOAL_PCT = 10.0
 TOPOLOGY = {"a100_dgx": TopologyName.DGX_A100,
@@ -67,7 +68,7 @@ def main() -> int:
     print(f"{len(data)} measured (size, ranks) points, sizes "
           f"{data['bytes'].min() / 1e3:.0f} kB - {data['bytes'].max() / 1e6:.0f} MB\n")
     alt, loo, raw = [], [], []
-    for (cluster, kind), df in data.groupby(["cluster", "kind"]):
+    for (cluster, _kind), df in data.groupby(["cluster", "kind"]):
         topo = topology_for(cluster, df)
         # split 1: alternate sizes within each (ranks, ranks per node) series
         df = df.sort_values(["ranks", "ranks_per_node", "bytes"]).copy()

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common.vidur import (  # noqa: E402
+from common.vidur import (
     GROUP,
     abs_pct_error,
     compute_models,
@@ -23,10 +23,11 @@ from common.vidur import (  # noqa: E402
     require_perfdata,
     summarize,
 )
-from whatif.core.dtypes import DType  # noqa: E402
-from whatif.hardware.devices import get_device  # noqa: E402
-from whatif.hardware.habitat import fit_gamma, move_kernel_time_ns  # noqa: E402
-from whatif.hardware.roofline import roofline_time_ns  # noqa: E402
+
+from whatif.core.dtypes import DType
+from whatif.hardware.devices import get_device
+from whatif.hardware.habitat import fit_gamma, move_kernel_time_ns
+from whatif.hardware.roofline import roofline_time_ns
 
 DEVICES = {"a100": get_device("A100_SXM_80GB"), "a40": get_device("A40")}
 GOAL_PCT = 10.0

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 
 from selenium.webdriver.common.keys import Keys
+
+from whatif.api import Analysis
 from whatif.dashboard.app import create_app
 from whatif.dashboard.browser import chrome, find_browser
 from whatif.dashboard.serve import serve_in_background
@@ -29,8 +31,6 @@ from whatif.depgraph.build import build_graph
 from whatif.predictors.replay import replay
 from whatif.tracer.repeat import repeat_trace
 from whatif.tracer.trace import load_trace
-
-from whatif.api import Analysis
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_traces" / "llm_serve"
 
@@ -45,7 +45,8 @@ def _until(browser, cond, timeout: float = 120.0) -> float:
     raise TimeoutError(f"{cond}\n(tl-info: {info})")
 
 
-DRAWN = """const info = document.getElementById('tl-info'); const gd = document.querySelector('#tl-graph .js-plotly-plot');
+DRAWN = """const info = document.getElementById('tl-info');
+const gd = document.querySelector('#tl-graph .js-plotly-plot');
 return !!(info && info.textContent.includes('%s') && gd && gd.data && gd.data.length >= 2
           && gd.querySelector('.heatmaplayer, canvas'));"""
 
@@ -70,7 +71,7 @@ def main() -> None:  # noqa: C901 - a straight script
     results: dict[str, list[float]] = {"timeline_first": [], "timeline_cached": [], "zoom_exact": [],
                                        "whatif_speedup": [], "whatif_critical_path": []}
     try:
-        for i in range(args.repeat):
+        for _ in range(args.repeat):
             run.cache.clear()
             for key in ("timeline_first", "timeline_cached"):
                 browser.get("about:blank")
@@ -108,7 +109,8 @@ def main() -> None:  # noqa: C901 - a straight script
                 return !!(s && s.textContent.includes('factor={factor}'));""")
             results["whatif_speedup"].append(time.perf_counter() - t)
             _until(browser, f"""const s = document.querySelector('#wb-cp-steps .js-plotly-plot');
-                return !!(s && s.layout && String(s.layout.title.text || s.layout.title).includes('bench {factor}'));""")
+                return !!(s && s.layout
+                          && String(s.layout.title.text || s.layout.title).includes('bench {factor}'));""")
             results["whatif_critical_path"].append(time.perf_counter() - t)
     finally:
         browser.quit()

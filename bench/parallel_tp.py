@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common.vidur import (  # noqa: E402
+from common.vidur import (
     ELEM,
     GROUP,
     OP_CLASS,
@@ -33,11 +33,12 @@ from common.vidur import (  # noqa: E402
     require_perfdata,
     summarize,
 )
-from whatif.core.dtypes import DType  # noqa: E402
-from whatif.hardware.devices import get_device  # noqa: E402
-from whatif.hardware.roofline import CalibratedRoofline  # noqa: E402
-from whatif.predictors.costs import anchored_time_ns  # noqa: E402
-from whatif.transforms.parallel.sharding import Role, shard_arrays  # noqa: E402
+
+from whatif.core.dtypes import DType
+from whatif.hardware.devices import get_device
+from whatif.hardware.roofline import CalibratedRoofline
+from whatif.predictors.costs import anchored_time_ns
+from whatif.transforms.parallel.sharding import Role, shard_arrays
 
 DEVICES = {"a100": get_device("A100_SXM_80GB"), "a40": get_device("A40")}
 GOAL_PCT = 10.0
@@ -78,7 +79,8 @@ def predict_model(gpu: str, model: str, path: Path) -> pd.DataFrame:
         for t in np.unique(test["tp"].to_numpy()[m]):
             mm = m & (test["tp"].to_numpy() == t)
             sel = mm[m]
-            f1[mm], b1[mm] = shard_arrays(np.full(int(sel.sum()), ROLE[op].value, dtype=object), f0[mm], inp[sel], w[sel], out[sel], int(t))
+            f1[mm], b1[mm] = shard_arrays(np.full(int(sel.sum()), ROLE[op].value, dtype=object), f0[mm],
+                                          inp[sel], w[sel], out[sel], int(t))
     cls = test["cls"].to_numpy()
     test["pred"] = anchored_time_ns(dev, t0_dur, cls, f0, b0, f1, b1, "fp16")
     test["calibrated"] = anchored_time_ns(dev, t0_dur, cls, f0, b0, f1, b1, "fp16", calibration=cal)

@@ -12,6 +12,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from _llm_tracegen import llm_trace  # noqa: E402
+
+from whatif.api import analyze, make_context  # noqa: E402
 from whatif.predictors.replay import replay  # noqa: E402
 from whatif.predictors.steps import step_times  # noqa: E402
 from whatif.transforms.parallel.data import DataParallel  # noqa: E402
@@ -20,8 +22,6 @@ from whatif.transforms.parallel.pim import PimOffload, search_pim  # noqa: E402
 from whatif.transforms.parallel.pipeline import PipelineParallel  # noqa: E402
 from whatif.transforms.parallel.reshard import search_reshard  # noqa: E402
 from whatif.transforms.parallel.tensor import TensorParallel  # noqa: E402
-
-from whatif.api import analyze, make_context  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "traces"
 pd.set_option("display.width", 200)
@@ -56,7 +56,8 @@ def main() -> None:
         print(f"pp4 1f1b m={m}: {ms(PipelineParallel(degree=4, micro_batches=m).apply(t.graph, ctx)):.2f} ms")
     for d in (2, 8):
         g = DataParallel(degree=d).apply(t.graph, ctx)
-        print(f"dp{d}: {ms(g):.2f} ms ({g.changes[-1].tasks} buckets, {g.changes[-1].after_ns / 1e6:.2f} ms of all-reduce)")
+        print(f"dp{d}: {ms(g):.2f} ms ({g.changes[-1].tasks} buckets, "
+              f"{g.changes[-1].after_ns / 1e6:.2f} ms of all-reduce)")
     print("\n## overlap after tensor_parallel(8, dgx_a100) (512 tokens, 4 layers)")
     s = analyze(llm_trace(tmp / "serve.json.gz", new_tokens=512, layers=4, steps=1))
     ctx = make_context(s.trace)
@@ -64,7 +65,8 @@ def main() -> None:
     print(f"1 GPU {ms(s.graph):.3f} ms, tp8 {ms(tp):.3f} ms")
     for n in (2, 4):
         for phi in (1.0, 1.15, 1.3):
-            print(f"n={n} phi={phi}: {ms(Overlap(nano_batches=n, interference=phi, topology='dgx_a100').apply(tp, ctx)):.3f} ms")
+            overlapped = Overlap(nano_batches=n, interference=phi, topology='dgx_a100').apply(tp, ctx)
+            print(f"n={n} phi={phi}: {ms(overlapped):.3f} ms")
     for name in ("nccl_data_a100_rank0of2.json.gz", "negative_queue_a100_rank0of16.json.gz"):
         p = SHARED / "hta" / name
         if p.exists():

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from whatif.api import make_context
 from whatif.depgraph.build import build_graph
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import step_times
@@ -23,10 +24,9 @@ from whatif.transforms import registry
 from whatif.transforms.base import TransformError
 from whatif.transforms.scenario import Scenario, build_transform
 
-from whatif.api import make_context
-
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "kineto" / "resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
+DEFAULT_TRACE = (ROOT.parent / "shared" / "traces" / "kineto"
+                 / "resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz")
 CANDIDATES = [
     ("scale", {"factor": 0.8, "select": {"kernel_class": "gemm"}}),
     ("fuse", {}),
@@ -70,7 +70,7 @@ def main() -> int:
     if skipped:
         print("skipped: " + "; ".join(skipped))
     rows = []
-    for run in range(3):
+    for _run in range(3):
         t0 = time.perf_counter()
         graphs = scenario.apply(graph, ctx)
         t1 = time.perf_counter()

@@ -54,6 +54,7 @@ def bare_profiler_main(out_path: str, script: str, args: list[str]) -> None:
     """The ``bare`` variant, run in the child process: torch.profiler around the script."""
     import torch
     from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
     from whatif.tracer.markers import add_step_hook
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])

@@ -11,10 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+from whatif.api import analyze
 from whatif.tracer import TraceError
 from whatif.tracer.readers import is_trace_name
-
-from whatif.api import analyze
 
 ROOT = Path(__file__).resolve().parents[1]
 MULTI_RANK_DIRS = ("hta/sampled_world128",)

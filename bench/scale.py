@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "kineto" / "resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
+DEFAULT_TRACE = (ROOT.parent / "shared" / "traces" / "kineto"
+                 / "resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz")
 HTA_PYTHON = ROOT / "bench" / ".hta-venv" / "bin" / "python"
 HTA_FALLBACKS = [ROOT.parent / "shared" / "traces" / "hta" / name for name in  # HTA's own test traces
                  ("nccl_data_a100_rank0of2.json.gz", "negative_queue_a100_rank0of16.json.gz",
@@ -76,7 +77,7 @@ def hta_critical_path(trace: str, step: int) -> str:
                           timeout=900)
     if proc.returncode != 0:
         return "HTA failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1]
-    parse_s, cp_s, ok, nodes = proc.stdout.split()
+    parse_s, cp_s, _ok, nodes = proc.stdout.split()
     return f"HTA parse {float(parse_s):.2f} s, critical_path_analysis of one step {float(cp_s):.2f} s ({nodes} nodes)"
 
 
@@ -129,6 +130,7 @@ def main() -> int:
 def networkx_comparison(trace: str) -> str:
     """Why the hot path is arrays: the same graph as a networkx view, built and walked."""
     import networkx as nx
+
     from whatif.depgraph.build import build_graph
     from whatif.depgraph.graph import to_networkx
     from whatif.predictors.replay import replay

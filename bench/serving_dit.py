@@ -97,7 +97,8 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1, default=str))
     m = pred["model"]
-    print(f"step model at {m['tokens_ref']} tokens: attention {m['attention_ns']}, rest {m['rest_ns']} (ns, ns/sample); "
+    print(f"step model at {m['tokens_ref']} tokens: attention {m['attention_ns']}, rest {m['rest_ns']} "
+          f"(ns, ns/sample); "
           f"model batches seen {m['model_batches_seen']}, MAPE {m['mape']:.1%}, LOO {m['loo_mape']:.1%}, "
           f"profiler correction {m['profiler_correction']:.3f}")
     print(f"{'config':26} {'metric':13} {'pred':>9} {'meas':>9} {'err':>7}   load")

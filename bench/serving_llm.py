@@ -18,6 +18,7 @@ Nothing is stored or assumed: every figure comes from this run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -63,6 +64,7 @@ def oracle(log: Path) -> dict:
     """Simulate the run's configuration with iteration times fitted on its own log (duration_ms plus
     the median gap between back-to-back iterations)."""
     import numpy as np
+
     from whatif.predictors.serving import (
         SchedulerConfig,
         logs,
@@ -78,7 +80,8 @@ def oracle(log: Path) -> dict:
     )
     doc = json.loads(log.read_text())
     comp, its = logs.llm_compositions(doc), doc["iterations"]
-    over = float(np.median([b["start_s"] - a["end_s"] for a, b in zip(its, its[1:]) if b["phase"] == "decode"])) * 1e9
+    gaps = [b["start_s"] - a["end_s"] for a, b in itertools.pairwise(its) if b["phase"] == "decode"]
+    over = float(np.median(gaps)) * 1e9
     y = np.array([it["duration_ms"] * 1e6 + over for it in its])
     fits = {}
     for ph, cands in (("prefill", PREFILL_CANDIDATES), ("decode", DECODE_CANDIDATES)):
@@ -134,7 +137,8 @@ def main() -> int:
         oracle_err = {m: statistics.median(r["oracle_error"][m] for r in reps) for m in reps[0]["oracle_error"]}
         err = {f"{k}.{q}": pred[f"{k}.{q}"] / med[f"{k}.{q}"] - 1 for k, q in METRICS}
         rows.append({"config": cfg[0], "rate": cfg[1], "max_batch": cfg[2], "num_requests": cfg[3],
-                     "prompt_tokens": cfg[4], "output_tokens": cfg[5], "predicted": {k: v for k, v in pred.items() if k != "model"},
+                     "prompt_tokens": cfg[4], "output_tokens": cfg[5],
+                     "predicted": {k: v for k, v in pred.items() if k != "model"},
                      "measured_median": med, "measured_runs": reps, "error": err,
                      "oracle_error_median": oracle_err,
                      "load1_range": [min(r["load1"] for r in reps), max(r["load1_after"] for r in reps)]})
@@ -145,7 +149,8 @@ def main() -> int:
     args.out.write_text(json.dumps(doc, indent=1, default=str))
     print(f"profiler correction {model['profiler_correction']}")
     for p, f in model["phases"].items():
-        print(f"{p}: {'+'.join(f['features'])}, n={f['n']}, R2={f['r2']:.2f}, MAPE {f['mape']:.1%}, LOO {f['loo_mape']:.1%}")
+        print(f"{p}: {'+'.join(f['features'])}, n={f['n']}, R2={f['r2']:.2f}, MAPE {f['mape']:.1%}, "
+              f"LOO {f['loo_mape']:.1%}")
     print(f"{'config':24} {'metric':10} {'pred':>9} {'meas':>9} {'err':>7} {'oracle':>7}   load")
     for r in rows:
         for k, q in METRICS:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common.docs import replace_section  # noqa: E402
+from common.docs import replace_section
+
 from whatif.tracer import EventKind, Trace, TraceError, load_trace
 from whatif.tracer.kineto import parse_file
 

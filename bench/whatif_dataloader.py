@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from whatif.api import Analysis, analyze, predict
 from whatif.transforms.generic import Remove
 from whatif.transforms.optimizations.dataloader import (
     DEFAULT_FETCH_US,
     DataLoaderWorkers,
 )
 from whatif.transforms.select import Selector
-
-from whatif.api import Analysis, analyze, predict
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = 0.13
@@ -96,7 +96,8 @@ def main() -> int:
         print(f"| nw4 {k} | measured (num_workers=4) | {steps_ms(m)} | {stats_ms(m)[0]:.1f} | {stats_ms(m)[1]:.1f} | |")
 
     variants = [("dataloader(workers=4)", DataLoaderWorkers(workers=4)),
-                ("workers=4, warm=False (iterator created at the window start)", DataLoaderWorkers(workers=4, warm=False)),
+                ("workers=4, warm=False (iterator created at the window start)",
+                 DataLoaderWorkers(workers=4, warm=False)),
                 ("workers=4, fetch_us=0", DataLoaderWorkers(workers=4, fetch_us=0.0)),
                 ("workers=4, fetch_us=5000", DataLoaderWorkers(workers=4, fetch_us=5000.0)),
                 ("workers=1", DataLoaderWorkers(workers=1)),
@@ -134,7 +135,8 @@ def main() -> int:
         print(f"| {name} A vs B | {a_med:.1f} | {b_med:.1f} | {pct(b_med / a_med - 1)} | {a_mean:.1f} | "
               f"{b_mean:.1f} | {pct(b_mean / a_mean - 1)} |")
     print(f"\nworst |error| over the 4 pairs: {max(errors_med) * 100:.1f} % (median), {max(errors_mean) * 100:.1f} % "
-          f"(mean); mean |error| {np.mean(errors_med) * 100:.1f} % (median), {np.mean(errors_mean) * 100:.1f} % (mean); "
+          f"(mean); mean |error| {np.mean(errors_med) * 100:.1f} % (median), "
+          f"{np.mean(errors_mean) * 100:.1f} % (mean); "
           f"goal < {GOAL * 100:.0f} %: {'met' if max(errors_med) < GOAL else 'MISSED'} on medians, "
           f"{'met' if max(errors_mean) < GOAL else 'MISSED'} on means")
 

@@ -15,13 +15,12 @@ import sys
 import time
 from pathlib import Path
 
+from whatif.api import analyze, make_context
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import step_times
 from whatif.transforms.base import TransformError
 from whatif.transforms.optimizations.cuda_graph import CudaGraph
 from whatif.transforms.optimizations.fuse import Fuse
-
-from whatif.api import analyze, make_context
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = [

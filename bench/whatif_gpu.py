@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from whatif.api import Analysis, analyze, predict
 from whatif.depgraph.graph import TaskGraph, TaskKind
 from whatif.predictors.replay import Replay
 from whatif.predictors.steps import critical_path
 from whatif.transforms.optimizations.gpu import Gpu
 from whatif.transforms.select import kernel_classes
-
-from whatif.api import Analysis, analyze, predict
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces" / "tracelens"

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from whatif.api import Analysis, analyze, make_context
 from whatif.depgraph.graph import TaskGraph, TaskKind
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import step_times
@@ -26,8 +28,6 @@ from whatif.transforms.generic import Scale
 from whatif.transforms.optimizations.precision import Precision
 from whatif.transforms.scenario import Scenario
 from whatif.transforms.select import Selector, kernel_classes
-
-from whatif.api import Analysis, analyze, make_context
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"

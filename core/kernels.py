@@ -307,18 +307,18 @@ def op_flops_bytes(op_name: str, input_dims: Sequence | None,
 
 def _dispatch(op: str, args, dims, types) -> tuple[int, int] | None:
     if op in ("mm", "_int_mm", "_scaled_mm"):
-        (a, ea), (b, eb) = args[0], args[1]
+        (a, ea), (b, _eb) = args[0], args[1]
         if len(a) != 2 or len(b) != 2 or a[1] != b[0]:
             return None
         return _gemm(a[0], b[1], a[1], 1, ea)
     if op == "addmm":
-        (c, ec), (a, ea), (b, eb) = args[0], args[1], args[2]
+        (c, ec), (a, ea), (b, _eb) = args[0], args[1], args[2]
         if len(a) != 2 or len(b) != 2 or a[1] != b[0]:
             return None
         return _gemm(a[0], b[1], a[1], 1, ea, bias=_numel(c) * ec)
     if op in ("bmm", "baddbmm"):
         off = 1 if op == "baddbmm" else 0
-        (a, ea), (b, eb) = args[off], args[off + 1]
+        (a, ea), (b, _eb) = args[off], args[off + 1]
         if len(a) != 3 or len(b) != 3 or a[2] != b[1] or a[0] != b[0]:
             return None
         return _gemm(a[1], b[2], a[2], a[0], ea)
@@ -332,7 +332,7 @@ def _dispatch(op: str, args, dims, types) -> tuple[int, int] | None:
     if op == "matmul":
         if len(args) != 2 or args[0] is None or args[1] is None:
             return None
-        (a, ea), (b, eb) = args
+        (a, ea), (b, _eb) = args
         if len(b) == 1:
             if a[-1] != b[0]:
                 return None

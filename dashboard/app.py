@@ -5,6 +5,7 @@ pages folder)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import parse_qs
 
@@ -16,13 +17,15 @@ from .pages import discover_pages
 from .state import RunStore, set_store
 
 
-def create_app(paths: list[str | Path] = (), *, store: RunStore | None = None,
+def create_app(paths: Sequence[str | Path] = (), *, store: RunStore | None = None,
                max_upload_mb: int = 200) -> dash.Dash:
     """A dashboard on ``paths`` (trace files, run folders, folders of them), or on ``store``."""
     store = store or RunStore(list(paths), max_upload_bytes=max_upload_mb * 1024 * 1024)
     set_store(store)
     app = dash.Dash(__name__, use_pages=True, pages_folder="", title="whatif", suppress_callback_exceptions=True,
-                    update_title=None, assets_folder=str(Path(__file__).parent / "assets"), serve_locally=True)
+                    # dash documents None (no "Updating..." title) but annotates the parameter as str
+                    update_title=None,  # type: ignore[arg-type]
+                    assets_folder=str(Path(__file__).parent / "assets"), serve_locally=True)
     app.index_string = INDEX
     # Uploads travel base64-encoded inside a callback request: cap the request body accordingly.
     app.server.config["MAX_CONTENT_LENGTH"] = int(store.max_upload_bytes * 1.4) + (1 << 20)

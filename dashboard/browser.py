@@ -36,7 +36,7 @@ def chrome(download_dir: str | Path | None = None) -> Any:
     from selenium.webdriver.chrome.service import Service
 
     chromium, driver, why = find_browser()
-    if why:
+    if why or chromium is None or driver is None:
         raise RuntimeError(f"headless browser unavailable: {why}")
     profile = tempfile.mkdtemp(prefix="whatif-chromium-")
     opts = webdriver.ChromeOptions()
@@ -56,5 +56,5 @@ def chrome(download_dir: str | Path | None = None) -> Any:
         finally:
             shutil.rmtree(profile, ignore_errors=True)
 
-    browser.quit = quit_and_clean
+    browser.quit = quit_and_clean  # type: ignore[method-assign]  # this driver's quit also removes its profile
     return browser

@@ -3,10 +3,13 @@ small sub-graphs the Graph page draws (a task's neighbourhood, a step's critical
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from whatif.api import Analysis
 from whatif.depgraph.graph import (
     GPU_WORK_KINDS,
     EdgeKind,
@@ -14,12 +17,10 @@ from whatif.depgraph.graph import (
     TaskKind,
     kind_codes,
 )
-from whatif.predictors.replay import Replay
-from whatif.predictors.steps import CATEGORIES, critical_path
-
-from whatif.api import Analysis
 from whatif.documents import CriticalPathEntry, mean_breakdown_ns
 from whatif.figures import PhaseBreakdown
+from whatif.predictors.replay import Replay
+from whatif.predictors.steps import CATEGORIES, critical_path
 
 GPU = kind_codes(GPU_WORK_KINDS)
 
@@ -51,12 +52,12 @@ def phase_rows(graph: TaskGraph, paths: list[CriticalPathEntry]) -> list[PhaseBr
 def step_row(graph: TaskGraph, task: int) -> int | None:
     """Row of ``graph.steps`` that task ``task`` belongs to."""
     t = graph.tasks
-    rank, step = int(t["rank"].iat[task]), int(t["step"].iat[task])
+    rank, step = int(t["rank"].to_numpy()[task]), int(t["step"].to_numpy()[task])
     hit = np.flatnonzero((graph.steps["rank"].to_numpy() == rank) & (graph.steps["step"].to_numpy() == step))
     return int(hit[0]) if len(hit) else None
 
 
-def critical_tasks(replay: Replay, row: int, cache: dict[str, Any]) -> set[int]:
+def critical_tasks(replay: Replay, row: int, cache: dict[Hashable, Any]) -> set[int]:
     """Tasks on the critical path of step row ``row`` (cached in ``cache``)."""
     key = f"cp:{id(replay)}:{row}"
     if key not in cache:
@@ -66,10 +67,10 @@ def critical_tasks(replay: Replay, row: int, cache: dict[str, Any]) -> set[int]:
 
 def _task_label(graph: TaskGraph, v: int) -> str:
     t = graph.tasks
-    return f"#{v} {TaskKind(int(t['kind'].iat[v])).name.lower()} {str(t['name'].iat[v])[:70]}"
+    return f"#{v} {TaskKind(int(t['kind'].to_numpy()[v])).name.lower()} {str(t['name'].iat[v])[:70]}"
 
 
-def task_details(graph: TaskGraph, replay: Replay | None, task: int, cache: dict[str, Any],
+def task_details(graph: TaskGraph, replay: Replay | None, task: int, cache: dict[Hashable, Any],
                  limit: int = 12, t0_ns: int = 0) -> dict[str, Any]:
     """What the timeline shows for a clicked task: attributes, times (``t0_ns``: time zero of the
     timeline), dependencies, and whether it is on its step's critical path."""
@@ -82,8 +83,8 @@ def task_details(graph: TaskGraph, replay: Replay | None, task: int, cache: dict
 
     def deps(mask: np.ndarray, other: np.ndarray) -> list[dict[str, Any]]:
         idx = np.flatnonzero(mask)[:limit]
-        return [{"task": int(other[i]), "edge": EdgeKind(int(kind[i])).name.lower(), "lat_us": round(float(lat[i]) / 1e3, 3),
-                 "label": _task_label(graph, int(other[i]))} for i in idx]
+        return [{"task": int(other[i]), "edge": EdgeKind(int(kind[i])).name.lower(),
+                 "lat_us": round(float(lat[i]) / 1e3, 3), "label": _task_label(graph, int(other[i]))} for i in idx]
 
     out: dict[str, Any] = {
         "task": task, "name": str(row["name"]), "kind": TaskKind(int(row["kind"])).name.lower(),
@@ -107,8 +108,8 @@ def task_details(graph: TaskGraph, replay: Replay | None, task: int, cache: dict
 
 def _node(graph: TaskGraph, v: int, replay: Replay | None, classes: str = "") -> dict[str, Any]:
     t = graph.tasks
-    k = TaskKind(int(t["kind"].iat[v]))
-    dur = int(replay.end_ns[v] - replay.start_ns[v]) if replay is not None else int(t["dur_ns"].iat[v])
+    k = TaskKind(int(t["kind"].to_numpy()[v]))
+    dur = int(replay.end_ns[v] - replay.start_ns[v]) if replay is not None else int(t["dur_ns"].to_numpy()[v])
     group = "gpu" if int(k) in GPU else ("cpu" if k in (TaskKind.CPU_CALL, TaskKind.CPU_WORK, TaskKind.WAIT)
                                          else "other")
     return {"data": {"id": str(v), "label": f"{str(t['name'].iat[v])[:28]}\n{dur / 1e3:,.1f} us", "task": v},
@@ -156,7 +157,7 @@ def critical_path_elements(analysis: Analysis, replay: Replay, row: int, max_nod
         else:
             groups.append([v])
     chunk = max(1, -(-len(groups) // max_nodes))
-    merged = [sum(groups[i:i + chunk], []) for i in range(0, len(groups), chunk)]
+    merged = [[v for g in groups[i:i + chunk] for v in g] for i in range(0, len(groups), chunk)]
     elements: list[dict[str, Any]] = []
     for i, g in enumerate(merged):
         time_ns = int(replay.end_ns[g[-1]] - replay.start_ns[g[0]])

@@ -23,6 +23,8 @@ import typing
 from typing import Any
 
 from dash import dcc, html
+from dash.development.base_component import Component
+
 from whatif.core.kernels import KernelClass
 from whatif.transforms import registry
 from whatif.transforms.select import KIND_ALIASES, Selector
@@ -57,6 +59,7 @@ def _selector_fields(pname: str, default: Any) -> html.Fieldset:
     items = []
     for f in SELECTOR_FIELDS:
         id_ = {"type": "wb-param", "name": f"{pname}.{f}"}
+        ctrl: Component
         if f == "kind":
             ctrl = dcc.Dropdown(id=id_, options=sorted(KIND_ALIASES), value=cur.get(f), placeholder="any kind",
                                 style={"minWidth": 160})
@@ -83,6 +86,7 @@ def transform_form(name: str) -> list[Any]:
         if hint is Selector:
             out.append(_selector_fields(p.name, p.default))
             continue
+        ctrl: Component
         if hint is bool:
             ctrl = dcc.Dropdown(id=id_, options=[{"label": "true", "value": "true"},
                                                  {"label": "false", "value": "false"}],

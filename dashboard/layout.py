@@ -57,7 +57,7 @@ def shell(pages: Sequence[Page], run_options: list[dict[str, str]], run_value: s
 
 
 def card(label: str, value: Any, id: str | None = None) -> html.Div:
-    kw = {"id": id} if id else {}
+    kw: dict[str, Any] = {"id": id} if id else {}
     return html.Div([html.Div(label, className="label"), html.Div(value, className="value", **kw)], className="card")
 
 
@@ -71,10 +71,11 @@ def error_box(id: str) -> html.Div:
 
 
 def table(id: str, rows: list[dict[str, Any]], columns: Sequence[str] | None = None, page_size: int = 12,
-          **kwargs: Any) -> dash_table.DataTable:
+          **kwargs: Any) -> dash_table.DataTable:  # type: ignore[name-defined]  # see below
     """A sortable, filterable table of ``rows`` (numbers stay numbers, so sorting is numeric)."""
     cols = list(columns or (rows[0].keys() if rows else []))
-    return dash_table.DataTable(
+    # dash/dash_table/__init__.py is `# type: ignore`d as a whole, so mypy sees none of its names
+    return dash_table.DataTable(  # type: ignore[attr-defined]
         id=id, data=rows, columns=[{"name": c, "id": c, "type": "numeric" if rows and isinstance(rows[0].get(c),
                                    (int, float)) else "text"} for c in cols],
         sort_action="native", filter_action="native", page_size=page_size,
@@ -84,7 +85,7 @@ def table(id: str, rows: list[dict[str, Any]], columns: Sequence[str] | None = N
 
 
 def loading(*children: Any, id: str | None = None) -> dcc.Loading:
-    kw = {"id": id} if id else {}
+    kw: dict[str, Any] = {"id": id} if id else {}
     return dcc.Loading(list(children), type="default", delay_show=150, **kw)
 
 

@@ -12,16 +12,12 @@ import re
 import tempfile
 import threading
 from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
-
-from whatif.predictors.serving.logs import find_log
-from whatif.tracer.readers import accepted, is_trace_file
-from whatif.transforms.base import TransformContext
-from whatif.transforms.scenario import Scenario, scenario_from_dict
 
 from whatif.api import (
     Analysis,
@@ -40,8 +36,12 @@ from whatif.documents import (
     ServingDocument,
     SweepDocument,
 )
+from whatif.predictors.serving.logs import find_log
 from whatif.serving import Workload, fit_serving, serve, sweep
 from whatif.summary import analysis_document, baseline_document, prediction_document, scenario_headline
+from whatif.tracer.readers import accepted, is_trace_file
+from whatif.transforms.base import TransformContext
+from whatif.transforms.scenario import Scenario, scenario_from_dict
 
 from .guard import PathGuard
 
@@ -87,7 +87,7 @@ class Run:
     _baseline_doc: BaselinePrediction | None = None
     _results: OrderedDict[str, ScenarioResult] = field(default_factory=OrderedDict)
     _docs: dict[str, ScenarioPrediction] = field(default_factory=dict)
-    cache: dict[str, Any] = field(default_factory=dict)  # derived views (timeline arrays, phase table…)
+    cache: dict[Hashable, Any] = field(default_factory=dict)  # derived views (timeline arrays, phase table…)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     @property
@@ -120,7 +120,8 @@ class Run:
     def summary(self) -> dict[str, Any]:
         """One row of the Runs table (without forcing an analysis)."""
         row: dict[str, Any] = {"id": self.id, "run": self.label, "path": str(self.path or ""),
-                               "status": f"error: {self.error}" if self.error else ("loaded" if self.loaded else "not loaded")}
+                               "status": f"error: {self.error}" if self.error
+                               else ("loaded" if self.loaded else "not loaded")}
         if self.loaded:
             a = self._analysis
             assert a is not None
@@ -203,7 +204,7 @@ class Run:
 class RunStore:
     """All runs of one dashboard, the path guard, and the upload folder."""
 
-    def __init__(self, paths: list[str | Path] = (), upload_dir: str | Path | None = None,
+    def __init__(self, paths: Sequence[str | Path] = (), upload_dir: str | Path | None = None,
                  max_upload_bytes: int = 200 * 1024 * 1024) -> None:
         self.upload_dir = Path(upload_dir or tempfile.mkdtemp(prefix="whatif-dashboard-")).resolve()
         self.upload_dir.mkdir(parents=True, exist_ok=True)

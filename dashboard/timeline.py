@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from whatif.depgraph.graph import (
     LOCAL_GPU_WORK_KINDS,
     EdgeKind,
@@ -59,7 +60,7 @@ def lanes(graph: TaskGraph) -> Lanes:
     order = np.lexsort((ids, res["kind"].to_numpy()[ids], res["rank"].to_numpy()[ids]))
     ids = ids[order]
     multi = res["rank"].nunique() > 1
-    labels = [(f"r{int(res['rank'].iat[i])} " if multi else "") + str(res["name"].iat[i]) for i in ids]
+    labels = [(f"r{int(res['rank'].to_numpy()[i])} " if multi else "") + str(res["name"].iat[i]) for i in ids.tolist()]
     lane_of = np.full(len(res), -1, dtype=np.int64)
     lane_of[ids] = np.arange(len(ids))
     return Lanes(resources=ids, labels=labels, lane_of=lane_of)

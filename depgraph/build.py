@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
+
 from whatif.core.kernels import is_collective
 from whatif.tracer.kinds import GPU_ACTIVITY_KINDS, EventKind, codes
 from whatif.tracer.kineto import step_number
@@ -216,12 +217,9 @@ def build_graph(trace: Trace) -> TaskGraph:
 
     # GPU tasks inherit step/phase/layer/op from the call that launched them.
     step_arr = t["step"].to_numpy().astype(np.int64).copy()
-    phase = t["phase"].tolist()
-    layer = t["layer"].tolist()
-    op = t["op"].tolist()
+    phase, layer, op = (np.asarray(t[c].tolist(), dtype=object) for c in ("phase", "layer", "op"))
     g_l, c_l = gpu_ids[has_launch], launcher[has_launch]
     step_arr[g_l] = step_arr[c_l]
-    phase, layer, op = (np.asarray(x, dtype=object) for x in (phase, layer, op))
     for col in (phase, layer, op):
         col[g_l] = col[c_l]
 
@@ -327,7 +325,7 @@ def _flow_edges(trace: Trace, t: pd.DataFrame, cpu_ids: np.ndarray, start_m: np.
     if not trace.flows:
         return empty, empty, empty, EdgeKind.FLOW
     ranks = t["rank"].to_numpy()
-    pid_tid = {}
+    pid_tid: dict[tuple[int, int, int], list[int]] = {}
     ev = trace.events
     rows = t["event"].to_numpy()[cpu_ids]
     valid = rows >= 0
@@ -401,10 +399,13 @@ def _fork_joins(src: np.ndarray, dst: np.ndarray, lat: np.ndarray, start_m: np.n
             if not len(hit):
                 continue
             e_idx = a_edges[hit]
-            f, l = b_tasks[first[hit]], b_tasks[last[hit]]
-            fork_s.append(src[e_idx]), fork_d.append(f), join_s.append(l), join_d.append(dst[e_idx])
-            lat[e_idx] = np.maximum(np.minimum(lat[e_idx], start_m[f] - end_m[src[e_idx]]), 0)
-            woken = pred_edge[f]
+            fst, lst = b_tasks[first[hit]], b_tasks[last[hit]]
+            fork_s.append(src[e_idx])
+            fork_d.append(fst)
+            join_s.append(lst)
+            join_d.append(dst[e_idx])
+            lat[e_idx] = np.maximum(np.minimum(lat[e_idx], start_m[fst] - end_m[src[e_idx]]), 0)
+            woken = pred_edge[fst]
             lat[woken[woken >= 0]] = 0
     if not fork_s:
         empty = np.empty(0, dtype=np.int64)

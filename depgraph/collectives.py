@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+
 from whatif.tracer.args import Arg
 
 from .graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
@@ -118,7 +119,8 @@ def link_collectives(graph: TaskGraph, origin_of_rank: dict[int, int], resources
     names = t["name"].astype(str).to_numpy()
     new = pd.DataFrame({
         "event": np.concatenate([t["event"].to_numpy()[members], np.full(len(groups), -1)]),
-        "kind": np.concatenate([np.full(len(members), int(TaskKind.ARRIVE)), np.full(len(groups), int(TaskKind.BARRIER))]),
+        "kind": np.concatenate([np.full(len(members), int(TaskKind.ARRIVE)),
+                                np.full(len(groups), int(TaskKind.BARRIER))]),
         "resource": np.concatenate([resource[members], b_res]),
         "rank": np.concatenate([ranks[members], b_rank]),
         "dur_ns": 0,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 import networkx as nx
 import numpy as np
 import pandas as pd
+
 from whatif.core.errors import WhatifError
 from whatif.tracer.kinds import EventKind, codes
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
 from whatif.tracer.kinds import EventKind
 from whatif.tracer.kineto import step_number
 from whatif.tracer.markers import PHASE_PREFIX
@@ -104,9 +105,10 @@ def build_hierarchy(events: pd.DataFrame) -> CpuHierarchy:
     names_arr = np.asarray(cats, dtype=object)[codes]
     layer_name = np.where(kind_arr == int(EventKind.PYTHON), module_of_name[codes], names_arr)
     step = np.where(step_src >= 0, own_step[np.maximum(step_src, 0)], -1)
-    phase = np.where(phase_src >= 0, phase_of_name[codes][np.maximum(phase_src, 0)], None)
-    layer = np.where(layer_src >= 0, layer_name[np.maximum(layer_src, 0)], None)
-    op = np.where(op_src >= 0, names_arr[np.maximum(op_src, 0)], None)
+    none = np.array(None)  # the fill as an array: numpy's stubs do not take a bare None
+    phase = np.where(phase_src >= 0, phase_of_name[codes][np.maximum(phase_src, 0)], none)
+    layer = np.where(layer_src >= 0, layer_name[np.maximum(layer_src, 0)], none)
+    op = np.where(op_src >= 0, names_arr[np.maximum(op_src, 0)], none)
     is_structure = (own_step >= 0) | own_phase
 
     has_call = np.isin(kind_arr, [int(EventKind.RUNTIME), int(EventKind.DRIVER)])

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
 from whatif.tracer.trace import Trace
 
 from .graph import ResourceKind
@@ -31,7 +32,7 @@ class TaskColumns:
         return ids
 
     def frame(self) -> pd.DataFrame:
-        out = {}
+        out: dict[str, np.ndarray | list[object]] = {}
         for key, part in self.parts.items():
             if key in ("phase", "layer", "op", "name"):
                 out[key] = np.concatenate([np.asarray(p, dtype=object) for p in part]) if part else []

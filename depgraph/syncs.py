@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from whatif.tracer.args import Arg
 from whatif.tracer.kinds import EventKind
 
@@ -103,7 +104,7 @@ def _sync_records(ctx: SyncContext) -> dict[tuple[int, int], SyncRecord]:
     rows = np.flatnonzero(ev["kind"].to_numpy() == int(EventKind.GPU_SYNC))
     cols = [tr.arg(a)[rows] for a in (Arg.SYNC_DEVICE, Arg.SYNC_STREAM, Arg.WAIT_ON_STREAM,
                                       Arg.WAIT_ON_EVENT_CORRELATION)]
-    out = {}
+    out: dict[tuple[int, int], SyncRecord] = {}
     for i, (r, c) in enumerate(zip(ev["rank"].to_numpy()[rows].tolist(), ev["correlation"].to_numpy()[rows].tolist())):
         if c >= 0 and ev["args"].iat[int(rows[i])].__class__ is dict:
             out[(r, c)] = SyncRecord(*(-1 if col[i] is None else int(col[i]) for col in cols))

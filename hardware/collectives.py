@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
+
 from whatif.core.kernels import CollectiveKind
 
 from .topology import Link, Topology
@@ -177,7 +178,7 @@ def collective_time_ns(kind: CollectiveKind | str, message_bytes: float, ranks: 
     1000.0
     """
     kind = CollectiveKind(kind)
-    nodes, per = topology.placement(ranks, ranks_per_machine)
+    _nodes, per = topology.placement(ranks, ranks_per_machine)
     if ranks == 1:
         return 0.0
     fit = calibration.lookup(kind, ranks, per) if calibration is not None else None
@@ -232,9 +233,9 @@ def calibrate(points: Iterable[tuple], topology: Topology, *, residual: bool = T
     pooled_rows: dict[tuple[CollectiveKind, bool], list[tuple[float, float, float]]] = {}
     for (kind, ranks, per), pts in groups.items():
         pts.sort()
-        nbytes = np.array([p[0] for p in pts])
+        sizes = np.array([p[0] for p in pts])
         t = np.array([p[1] for p in pts])
-        ph = [phases(kind, b, ranks, topology, algo, per) for b in nbytes]
+        ph = [phases(kind, b, ranks, topology, algo, per) for b in sizes]
         lat = np.array([sum(x.latency_ns() for x in q) for q in ph])
         xfer = np.array([sum(x.transfer_ns() for x in q) for q in ph])
         pooled_rows.setdefault((kind, ranks > per), []).extend(zip(lat, xfer, t))
@@ -243,7 +244,7 @@ def calibrate(points: Iterable[tuple], topology: Topology, *, residual: bool = T
         resid: tuple[float, ...] = ()
         if residual and len(t) >= 2 * points_per_knot:
             r = np.log10(t / np.maximum(a * lat + b * xfer, 1e-9))
-            x = np.log10(np.maximum(nbytes, 1.0))
+            x = np.log10(np.maximum(sizes, 1.0))
             chunks = np.array_split(np.arange(len(t)), max(1, len(t) // points_per_knot))
             knots = tuple(float(np.median(x[c])) for c in chunks)
             resid = tuple(float(np.median(r[c])) for c in chunks)

@@ -153,7 +153,7 @@ def get_device(name: DeviceName | str) -> Device:
     except ValueError:
         found = find_device(str(name))
         if found is None:
-            raise KeyError(f"unknown device {name!r}; known: {', '.join(d.value for d in DEVICES)}")
+            raise KeyError(f"unknown device {name!r}; known: {', '.join(d.value for d in DEVICES)}") from None
         return found
 
 

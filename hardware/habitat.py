@@ -30,6 +30,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+
 from whatif.core.dtypes import DType
 from whatif.core.kernels import KernelClass
 

@@ -90,7 +90,8 @@ class PimDevice:
     def kernel_time_ns(self, flops: float, resident_bytes: float, level: str) -> float:
         """ns of a kernel on the PIM units of ``level``: roofline with DCC's utilization caps,
         ``max(F / (0.85·P_L), R / (0.81·BW_L))`` + the command overhead."""
-        t = max(flops / (COMPUTE_UTIL * self.peak_flops(level)), resident_bytes / (MEMORY_UTIL * self.internal_bw(level)))
+        t = max(flops / (COMPUTE_UTIL * self.peak_flops(level)),
+                resident_bytes / (MEMORY_UTIL * self.internal_bw(level)))
         return t * 1e9 + COMMAND_NS
 
     def transfer_ns(self, nbytes: float) -> float:

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from whatif.core.dtypes import DType
 from whatif.core.kernels import KernelClass
 

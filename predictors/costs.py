@@ -65,6 +65,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from whatif.core.dtypes import (
     ELEMENT_BYTES,
     PRECISION_RANK,
@@ -211,7 +212,8 @@ class TraceCostModel:
         valid = gpu & (rows >= 0) & (rows < len(ev))
         # dtype from kernel names, once per distinct name
         codes, uniques = pd.factorize(t["name"].astype(object).to_numpy())
-        name_dtype = np.asarray([(d.value if (d := dtype_in_kernel_name(str(u))) else "") for u in uniques], dtype=object)
+        name_dtype = np.asarray([(d.value if (d := dtype_in_kernel_name(str(u))) else "") for u in uniques],
+                                dtype=object)
         dtype = np.where(codes >= 0, name_dtype[np.maximum(codes, 0)], "") if n else np.empty(0, dtype=object)
         dtype = dtype.astype(object)
         # recorded duration (stable across transforms) for sharing an op's work among its kernels
@@ -504,7 +506,8 @@ class TraceCostModel:
         key = ("collective_calibration", base.name)
         memo = self.__dict__.setdefault("_parallel_memo", {})
         if key not in memo:
-            family = (lambda d: d.name.value.split("_")[0] if d is not None else None)
+            def family(d):
+                return (d.name.value.split("_")[0] if d is not None else None)
             same = self.device is not None and base.device is not None \
                 and family(self.device) == base.device.value.split("_")[0]
             pts = fastest_per_size(collective_points(self.trace)) if same else []

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+
 from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskKind
 
 from .replay import Replay
@@ -97,9 +98,9 @@ def chrome_trace(replay: Replay) -> dict[str, Any]:
     begin = start[g.steps["begin_task"].to_numpy()]
     for row, (b, f) in enumerate(zip(g.steps["begin_task"].to_numpy(), finisher)):
         r = int(res[b])
-        if ResourceKind(int(g.resources["kind"].iat[r])) != ResourceKind.THREAD:
+        if ResourceKind(int(g.resources["kind"].to_numpy()[r])) != ResourceKind.THREAD:
             continue
-        out.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{int(g.steps['step'].iat[row])}",
+        out.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{int(g.steps['step'].to_numpy()[row])}",
                     "pid": int(pids[r]), "tid": int(tids[r]), "ts": us(int(begin[row])),
                     "dur": round((int(end[f]) - int(begin[row])) / 1000.0, 3), "args": {}})
 

@@ -13,6 +13,7 @@ import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from whatif.depgraph.graph import EdgeKind, GraphError, TaskGraph, TaskKind
 
 RESOURCE_BOUND = -2  # start_by value: the task waited for its shared resource, not for an edge

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from whatif.depgraph.graph import EdgeKind, TaskKind
+
+from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 
 from .replay import RESOURCE_BOUND, Replay
 
@@ -52,6 +53,15 @@ def _completion_floor(ranks: np.ndarray, begin: np.ndarray, done: np.ndarray) ->
         floor[i] = running
         running = max(running, int(done[i]))
     return floor
+
+
+def measured_step_ns(graph: TaskGraph) -> np.ndarray:
+    """Per row of ``graph.steps``: the measured step time, from the previous step's completion on
+    the same rank (or the step's own begin for a rank's first step) to this step's completion."""
+    steps = graph.steps
+    m_begin = steps["measured_begin_ns"].to_numpy()
+    m_done = steps["measured_end_ns"].to_numpy()
+    return m_done - _completion_floor(steps["rank"].to_numpy(), m_begin, m_done)
 
 
 def step_end_tasks(replay: Replay, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -79,9 +89,7 @@ def step_times(replay: Replay) -> pd.DataFrame:
     steps = g.steps
     floor, finisher = step_end_tasks(replay, replay.start_ns, replay.end_ns)
     predicted = replay.end_ns[finisher] - floor
-    m_begin = steps["measured_begin_ns"].to_numpy()
-    m_done = steps["measured_end_ns"].to_numpy()
-    measured = m_done - _completion_floor(steps["rank"].to_numpy(), m_begin, m_done)
+    measured = measured_step_ns(g)
     out = pd.DataFrame({"rank": steps["rank"].to_numpy(), "step": steps["step"].to_numpy(),
                         "measured_ns": measured, "predicted_ns": predicted})
     out["error"] = np.where(measured > 0, predicted / np.maximum(measured, 1) - 1.0, 0.0)
@@ -169,7 +177,8 @@ def utilization(replay: Replay) -> pd.DataFrame:
     t = g.tasks
     busy = pd.Series(replay.end_ns - replay.start_ns).groupby(t["resource"].to_numpy()).sum()
     ranks = t["rank"].to_numpy()
-    window = {int(r): int(replay.end_ns[ranks == r].max() - replay.start_ns[ranks == r].min()) for r in np.unique(ranks)}
+    window = {int(r): int(replay.end_ns[ranks == r].max() - replay.start_ns[ranks == r].min())
+              for r in np.unique(ranks)}
     res = g.resources
     out = pd.DataFrame({"resource": busy.index.to_numpy(), "busy_ns": busy.to_numpy()})
     out["name"] = res["name"].to_numpy()[out["resource"]]

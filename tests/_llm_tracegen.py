@@ -40,11 +40,11 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
         m = batch * m_tok
         step_start = ts
 
-        def gemm(tag: str, n: int, k: int) -> None:
+        def gemm(tag: str, n: int, k: int, m: int = m) -> None:
             kernel(f"sm90_xmma_gemm_bf16bf16_bf16f32_{tag}", 2.0 * m * k * n, ELEM * (m * k + k * n + m * n),
                    "aten::mm", [[m, k], [k, n]], [BF16, BF16])
 
-        def mem(name: str, nbytes: float, op: str) -> None:
+        def mem(name: str, nbytes: float, op: str, m: int = m) -> None:
             kernel(name, nbytes / ELEM, nbytes, op, [[m, hidden]], [BF16])
 
         for _ in range(layers):
@@ -74,7 +74,8 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
                        ELEM * batch * heads * d * 8 * kv_tokens, "aten::_flash_attention_backward",
                        [[batch, m_tok, heads, d]] * 3, [BF16] * 3)
                 gemm("qkv_dgrad", hidden, 3 * hidden), gemm("qkv_wgrad", 3 * hidden, hidden)
-            mem("void at::native::embedding_backward_kernel<bf16>", 2 * m * hidden * ELEM, "aten::embedding_dense_backward")
+            mem("void at::native::embedding_backward_kernel<bf16>", 2 * m * hidden * ELEM,
+                "aten::embedding_dense_backward")
             mem("void at::native::multi_tensor_apply_kernel<adam>", 4 * layers * 8 * hidden * hidden * ELEM,
                 "aten::_foreach_add_")
         tr.runtime("cudaDeviceSynchronize", ts, max(gpu_t, ts) - ts + 5, corr=100_000 + s)

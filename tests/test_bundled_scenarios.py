@@ -4,9 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from whatif.transforms.scenario import load_scenario
 
 from whatif.api import analyze, predict
+from whatif.transforms.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -9,9 +10,9 @@ from pathlib import Path
 import orjson
 import pytest
 from tracegen import KinetoTrace
-from whatif.tracer import load_trace
 
 from whatif.cli import main
+from whatif.tracer import load_trace
 
 
 def small_trace(path: Path) -> Path:
@@ -49,7 +50,7 @@ def test_export_is_a_readable_trace_without_overlaps(tmp_path: Path) -> None:
         by_track.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
     for spans in by_track.values():
         spans.sort()
-        assert all(b[0] >= a[1] - 1e-3 for a, b in zip(spans, spans[1:]))
+        assert all(b[0] >= a[1] - 1e-3 for a, b in itertools.pairwise(spans))
     again = load_trace(out)
     assert again.count(__import__("whatif.tracer", fromlist=["EventKind"]).EventKind.KERNEL) == 2
     assert main(["analyze", str(out), "-q"]) == 0

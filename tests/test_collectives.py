@@ -1,5 +1,6 @@
 import pytest
 from _cost_data import VIDUR, bench_module, need
+
 from whatif.hardware.collectives import (
     Algorithm,
     bus_bytes,
@@ -58,7 +59,7 @@ def test_calibrate_recovers_alpha_beta():
     # measured t = 20 us + bytes / 100 GB/s on 8 ranks: latency 14 steps of 1 us -> scale 20/14
     pts = [("all_reduce", b, 8, 20_000 + 1.75 * b / 100e9 * 1e9) for b in (1e5, 1e6, 1e7, 1e8)]
     cal = calibrate(pts, DGX, residual=False)
-    fit = cal.entries[(list(cal.entries)[0])]
+    fit = cal.entries[next(iter(cal.entries))]
     assert fit.latency_scale == pytest.approx(20 / 14, rel=1e-6)
     assert fit.efficiency == pytest.approx(100 / 300, rel=1e-6)
     assert collective_time_ns("all_reduce", 5e7, 8, DGX, calibration=cal) == \

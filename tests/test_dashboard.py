@@ -17,19 +17,18 @@ import pytest
 pytest.importorskip("dash", reason="the dashboard needs the ui extra (pip install -e '.[ui]')")
 pytest.importorskip("dash_cytoscape", reason="the dashboard needs the ui extra (pip install -e '.[ui]')")
 
-from whatif.dashboard import timeline as tl  # noqa: E402
-from whatif.dashboard.forms import (  # noqa: E402
+from whatif import figures
+from whatif.dashboard import timeline as tl
+from whatif.dashboard.forms import (
     params_from_form,
     spec_from_toml,
     spec_to_toml,
     transform_form,
 )
-from whatif.dashboard.guard import AccessDenied, PathGuard  # noqa: E402
-from whatif.dashboard.state import RunStore, discover  # noqa: E402
-from whatif.dashboard.uploads import UploadError, save_trace  # noqa: E402
-from whatif.transforms.scenario import load_scenario  # noqa: E402
-
-from whatif import figures  # noqa: E402
+from whatif.dashboard.guard import AccessDenied, PathGuard
+from whatif.dashboard.state import RunStore, discover
+from whatif.dashboard.uploads import UploadError, save_trace
+from whatif.transforms.scenario import load_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "sample_traces" / "llm_serve"
@@ -157,7 +156,7 @@ def test_sample_run_views() -> None:
     create_app([SAMPLE])
     run = next(iter(get_store().runs.values()))
     assert "ov-fidelity" in json.dumps(overview.body(run.id).to_plotly_json(), default=str)
-    lines, lanes, _ = timeline.timelines(run, None)
+    lines, _lanes, _ = timeline.timelines(run, None)
     assert len(lines[0].ids) == len(lines[1].ids) > 20000
     spec = {"name": "half cpu", "transform": [{"name": "scale", "factor": 0.5, "select": {"kind": "cpu"}}]}
     quick = run.quick_document(spec)

@@ -24,9 +24,10 @@ import pytest
 pytest.importorskip("dash", reason="the dashboard needs the ui extra (pip install -e '.[ui]')")
 pytest.importorskip("selenium", reason="browser tests need selenium (pip install -e '.[dev]')")
 
-from whatif.dashboard.browser import chrome, find_browser  # noqa: E402
+from whatif.dashboard.browser import chrome, find_browser
 
-pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.skipif(bool(find_browser()[2]), reason=find_browser()[2] or "ok")]
+pytestmark = [pytest.mark.slow, pytest.mark.browser,
+              pytest.mark.skipif(bool(find_browser()[2]), reason=find_browser()[2] or "ok")]
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "sample_traces" / "llm_serve"
@@ -286,6 +287,7 @@ def _predict(browser: Any, name: str, factor: str, pattern: str) -> str:
 
 def test_builder_save_load_compare(server: Any, browser: Any, shots: Path, downloads: Path) -> None:
     from selenium.webdriver.common.by import By
+
     from whatif.transforms.scenario import load_scenario
 
     rid = _run_id(server, "llm_serve")

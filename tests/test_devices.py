@@ -1,6 +1,7 @@
 import msgspec
 import pytest
 from _cost_data import TRACES, need
+
 from whatif.core.dtypes import DType
 from whatif.hardware.devices import DEVICES, DeviceName, Vendor, find_device, get_device
 

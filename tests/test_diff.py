@@ -7,13 +7,13 @@ from pathlib import Path
 import orjson
 import pytest
 from test_report import SCENARIO, gpu_trace, write
-from whatif.transforms.generic import Scale
-from whatif.transforms.select import Selector
 
 from whatif.api import analyze, predict
 from whatif.cli import main
 from whatif.report import build_report
 from whatif.report.diff import diff_document
+from whatif.transforms.generic import Scale
+from whatif.transforms.select import Selector
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,8 @@ def test_prediction_vs_actual(pair: tuple[Path, Path, Path]) -> None:
     before, exact, extra = pair
     report = build_report(predict(before, [Scale(select=Selector(name="gemm"), factor=0.5)]))
     (hit,) = diff_document(analyze(before), analyze(exact), report)["prediction"]["scenarios"]
-    assert hit["error"] == 0 and hit["actual_speedup"] == pytest.approx(hit["predicted_speedup"], abs=1e-5)  # the scenario is the change
+    # the scenario is the change
+    assert hit["error"] == 0 and hit["actual_speedup"] == pytest.approx(hit["predicted_speedup"], abs=1e-5)
     doc = diff_document(analyze(before), analyze(extra), report)
     (miss,) = doc["prediction"]["scenarios"]
     assert doc["prediction"]["same_trace_as_before"]
@@ -50,7 +51,8 @@ def test_prediction_vs_actual(pair: tuple[Path, Path, Path]) -> None:
     assert miss["error"] == round(53_333 / 60_333 - 1, 6)  # promised more than delivered: the extra kernel
 
 
-def test_cli_with_report_json(pair: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_with_report_json(pair: tuple[Path, Path, Path], tmp_path: Path,
+                              capsys: pytest.CaptureFixture[str]) -> None:
     before, _, after = pair
     sc = write(tmp_path / "fuse.toml", SCENARIO)
     assert main(["report", str(before), "-s", str(sc), "-o", str(tmp_path / "r"), "-f", "json", "-q"]) == 0

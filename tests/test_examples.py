@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
+
 from whatif.tracer import markers  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -115,7 +116,7 @@ def test_llm_serves_every_request_and_logs_it(llm, tmp_path, step_counter):
 
 
 def test_llm_kv_cache_decode_matches_full_forward(llm):
-    args = llm.parse_args(LLM_TINY + ["--layers", "2"])
+    args = llm.parse_args([*LLM_TINY, "--layers", "2"])
     model = llm.build_model(args, torch.device("cpu"), torch.float32)
     g = torch.Generator().manual_seed(3)
     seqs = [torch.randint(64, (n,), generator=g).tolist() for n in (12, 9)]

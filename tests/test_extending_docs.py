@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from whatif.predictors.serving import POLICIES, ROUTERS
 from whatif.tracer import readers
 from whatif.transforms import registry

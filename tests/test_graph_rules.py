@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 from tracegen import MAIN_TID, KinetoTrace
-from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind, check_acyclic
-from whatif.predictors.replay import replay
 
 from whatif.api import analyze
+from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind, check_acyclic
+from whatif.predictors.replay import replay
 
 US = 1000  # ns per microsecond
 

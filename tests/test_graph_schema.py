@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from whatif.api import analyze, make_context
 from whatif.depgraph.graph import TaskGraph
 from whatif.depgraph.schema import ENV_VAR, SCHEMA, GraphSchemaError, check_schema, enabled, validate
 from whatif.transforms import edit
 from whatif.transforms.generic import Scale
 from whatif.transforms.select import Selector
-
-from whatif.api import analyze, make_context
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_traces" / "llm_serve"
 

@@ -2,6 +2,7 @@ import math
 
 import pytest
 from _cost_data import VIDUR, bench_module, need
+
 from whatif.hardware.devices import get_device
 from whatif.hardware.habitat import (
     fit_gamma,

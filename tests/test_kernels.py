@@ -1,8 +1,9 @@
 import doctest
 
 import pytest
-import whatif.core.kernels as kernels
 from _cost_data import TRACES, need
+
+import whatif.core.kernels as kernels
 from whatif.core.dtypes import element_bytes
 from whatif.core.kernels import KernelClass as K
 from whatif.core.kernels import classify_kernel, op_flops_bytes
@@ -69,7 +70,7 @@ def test_memory_bound_ops():
     # out-of-place add reads 2 tensors, writes 1
     assert op_flops_bytes("aten::add", [[10, 10], [10, 10], []], ["float", "float", "Scalar"]) == \
         (100, 1200)
-    f, b = op_flops_bytes("aten::layer_norm", [[8, 64], [], [64], [64], [], []],
+    _f, b = op_flops_bytes("aten::layer_norm", [[8, 64], [], [64], [64], [], []],
                           ["c10::Half", "", "c10::Half", "c10::Half", "Scalar", ""])
     assert b == 2 * 8 * 64 * 2 + 2 * 64 * 2
     assert op_flops_bytes("aten::gelu", [[4, 4]], ["float"]) == (8 * 16, 2 * 16 * 4)

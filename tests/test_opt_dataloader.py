@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tracegen import KinetoTrace
+
+from whatif.api import Analysis, analyze, predict
 from whatif.depgraph.graph import EdgeKind, ResourceKind
 from whatif.transforms.base import TransformContext, TransformError
 from whatif.transforms.generic import Remove
 from whatif.transforms.optimizations.dataloader import DataLoaderWorkers
 from whatif.transforms.scenario import ScenarioError, build_transform
 from whatif.transforms.select import Selector
-
-from whatif.api import Analysis, analyze, predict
 
 LOAD_US, OP_US, OPS, STEPS = 4000, 500, 3, 48
 NEXT = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
@@ -126,7 +126,7 @@ def test_input_unchanged_and_change_log(loop: Analysis) -> None:
 
 
 def test_refusals(tmp_path: Path, loop: Analysis) -> None:
-    with pytest.raises(TransformError, match="workers must be an integer >= 1.*num_workers=0"):
+    with pytest.raises(TransformError, match=r"workers must be an integer >= 1.*num_workers=0"):
         DataLoaderWorkers(workers=0).apply(loop.graph, CTX)
     with pytest.raises(TransformError, match="prefetch_factor"):
         DataLoaderWorkers(workers=2, prefetch_factor=0).apply(loop.graph, CTX)

@@ -12,6 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tracegen import KinetoTrace
+
+from whatif.api import Analysis, analyze, make_context, predict
+from whatif.cli import COMMANDS
+from whatif.commands import devices as devices_command
 from whatif.depgraph.graph import TaskGraph, TaskKind
 from whatif.hardware.devices import get_device
 from whatif.hardware.habitat import move_kernel_time_ns
@@ -21,10 +25,6 @@ from whatif.transforms.optimizations.gpu import Gpu
 from whatif.transforms.optimizations.precision import Precision
 from whatif.transforms.scenario import Scenario
 from whatif.transforms.select import Selector
-
-from whatif.api import Analysis, analyze, make_context, predict
-from whatif.cli import COMMANDS
-from whatif.commands import devices as devices_command
 
 A100, H100 = get_device("A100_SXM_80GB"), get_device("H100_SXM")
 N = 4096

@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from tracegen import KinetoTrace
+
+from whatif.api import Analysis, analyze, make_context, predict
 from whatif.depgraph.graph import TaskGraph, TaskKind
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import critical_path, step_times
@@ -15,8 +17,6 @@ from whatif.transforms.base import TransformError
 from whatif.transforms.optimizations.cuda_graph import CudaGraph, graph_launch_cost_ns
 from whatif.transforms.optimizations.fuse import FIXED_NS, Fuse
 from whatif.transforms.select import Selector
-
-from whatif.api import Analysis, analyze, make_context, predict
 
 US = 1000
 CHAIN = [("gemm_kernel", "aten::mm"), ("vectorized_elementwise_kernel<add>", "aten::add"),

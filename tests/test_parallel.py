@@ -6,6 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tracegen import KinetoTrace
+
+from whatif.api import analyze, make_context
 from whatif.depgraph.graph import EdgeKind, TaskKind
 from whatif.hardware.collectives import collective_time_ns
 from whatif.hardware.topology import preset
@@ -17,8 +19,6 @@ from whatif.transforms.base import TransformError
 from whatif.transforms.parallel.comm import Collective, comm_stream, insert_tasks
 from whatif.transforms.parallel.layers import find_blocks
 from whatif.transforms.parallel.tensor import TensorParallel
-
-from whatif.api import analyze, make_context
 
 PEAK, BW, ELEM = 150e12, 1.5e12, 2   # FLOP/s and bytes/s the fake kernels reach; bf16
 
@@ -99,7 +99,7 @@ def test_blocks_found_with_roles(llama) -> None:
     assert sorted(b["block"].unique()) == [0, 1]
     names = llama.graph.tasks["name"].astype(str).to_numpy()
     first = b[b["block"] == 0].set_index("part")["task"]
-    assert "qkv" in names[first["qkv"]] and "_out" in names[first["attn_out"]] or "out" in names[first["attn_out"]]
+    assert ("qkv" in names[first["qkv"]] and "_out" in names[first["attn_out"]]) or "out" in names[first["attn_out"]]
     parts = b.groupby("part").size().to_dict()
     assert parts == {"qkv": 2, "attention": 2, "attn_out": 2, "mlp_in": 2, "mlp_down": 2, "mlp_elementwise": 2,
                      "block_other": 6}

@@ -6,6 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _llm_tracegen import llm_trace
+
+from whatif.api import analyze, make_context
 from whatif.depgraph.graph import EdgeKind, TaskKind
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import step_times
@@ -25,8 +27,6 @@ from whatif.transforms.parallel.pipeline import (
 )
 from whatif.transforms.parallel.reshard import plans, search_reshard, step_phases
 from whatif.transforms.parallel.tensor import TensorParallel
-
-from whatif.api import analyze, make_context
 
 
 def step_ns(graph) -> int:
@@ -69,7 +69,8 @@ def test_pipeline_keeps_one_stage_and_bubbles_shrink(train) -> None:
     assert steps[1] > steps[4] > steps[16]                                   # bubbles shrink with m
     g = PipelineParallel(degree=4, micro_batches=4, stage=1).apply(g0, ctx)  # a middle stage: recv+send, both ways
     comm = g.tasks.iloc[kinds(g, TaskKind.COMM)]["name"].astype(str)
-    assert len(comm) == 4 and comm.str.contains("recv activation").sum() == 1 and comm.str.contains("send gradient").sum() == 1
+    assert len(comm) == 4
+    assert comm.str.contains("recv activation").sum() == 1 and comm.str.contains("send gradient").sum() == 1
     last = PipelineParallel(degree=4, micro_batches=4).apply(g0, ctx)
     assert len(kinds(last, TaskKind.COMM)) == 2                              # last stage: recv act, send grad
     with pytest.raises(TransformError, match="schedule"):

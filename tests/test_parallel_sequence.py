@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from test_parallel import step_ns, transformer_trace
+
+from whatif.api import analyze, make_context
 from whatif.depgraph.graph import EdgeKind, TaskKind
 from whatif.predictors.replay import replay
 from whatif.transforms.base import TransformError
@@ -16,8 +18,6 @@ from whatif.transforms.parallel.sequence import (
     ring_min_block_tokens,
     ulysses_elements_per_gpu,
 )
-
-from whatif.api import analyze, make_context
 
 N, H = 32768, 3072     # DiT-like: 32k tokens (e.g. video latents), hidden 3072 = 24 heads x 128
 

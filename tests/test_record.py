@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from torch.profiler import ProfilerAction  # noqa: E402
+
 from whatif.tracer import EventKind, load_trace  # noqa: E402
 from whatif.tracer.record.options import Schedule  # noqa: E402
 from whatif.tracer.record.trace_file import fold_leading_steps, merge_cycles  # noqa: E402
@@ -286,7 +287,9 @@ def test_fold_leading_steps_merges_guessed_boundaries() -> None:
 def test_merge_cycles_rebases_timestamps_and_drops_duplicate_metadata() -> None:
     meta_ev = {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main"}}
     first = {"baseTimeNanoseconds": 1_000_000, "traceEvents": [meta_ev, {"ph": "X", "name": "a", "ts": 1.0, "dur": 1}]}
-    second = {"baseTimeNanoseconds": 3_000_000, "traceEvents": [dict(meta_ev), {"ph": "X", "name": "b", "ts": 1.0, "dur": 1}]}
+    second = {"baseTimeNanoseconds": 3_000_000,
+              "traceEvents": [dict(meta_ev), {"ph": "X", "name": "b", "ts": 1.0, "dur": 1}]}
     merged = merge_cycles([first, second])
-    assert [(e["name"], e.get("ts")) for e in merged["traceEvents"]] == [("thread_name", None), ("a", 1.0), ("b", 2001.0)]
+    assert [(e["name"], e.get("ts")) for e in merged["traceEvents"]] == [
+        ("thread_name", None), ("a", 1.0), ("b", 2001.0)]
     assert merged["baseTimeNanoseconds"] == 1_000_000 and merged["whatifCycles"] == 2

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import orjson
 import pytest
+
 from whatif.tracer import EventKind, load_trace
 from whatif.tracer.record.cupti_records import (
     KIND_CONCURRENT_KERNEL,
@@ -71,7 +72,8 @@ def test_converted_records_read_back_as_linked_gpu_events(tmp_path: Path) -> Non
     assert (kernel["device"], kernel["stream"], kernel["correlation"], kernel["external_id"]) == (0, 7, 10, 7)
     assert kernel["args"]["grid"] == [64, 2, 1] and kernel["args"]["shared memory"] == 3072
     launch = ev.loc["cudaLaunchKernel"]
-    assert launch["kind"] == EventKind.RUNTIME and (launch["pid"], launch["tid"], launch["correlation"]) == (PID, TID, 10)
+    assert launch["kind"] == EventKind.RUNTIME
+    assert (launch["pid"], launch["tid"], launch["correlation"]) == (PID, TID, 10)
     copy = ev.loc["Memcpy HtoD (Pageable -> Device)"]
     assert copy["kind"] == EventKind.MEMCPY and copy["args"]["bytes"] == 4096
     assert ev.loc["Memset (Device)"]["kind"] == EventKind.MEMSET

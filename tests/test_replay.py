@@ -8,13 +8,13 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tracegen import KinetoTrace
+
+from whatif.api import analyze
 from whatif.depgraph.build import build_graph
 from whatif.depgraph.graph import TaskKind
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import critical_path, step_times
 from whatif.tracer import load_trace
-
-from whatif.api import analyze
 
 US = 1000
 

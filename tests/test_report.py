@@ -12,9 +12,6 @@ import msgspec
 import orjson
 import pytest
 from tracegen import KinetoTrace
-from whatif.transforms.generic import Scale
-from whatif.transforms.scenario import Scenario
-from whatif.transforms.select import Selector
 
 from whatif.api import Prediction, predict
 from whatif.cli import main
@@ -30,6 +27,9 @@ from whatif.report import (
     write_report,
 )
 from whatif.report.schema import errors
+from whatif.transforms.generic import Scale
+from whatif.transforms.scenario import Scenario
+from whatif.transforms.select import Selector
 
 SCENARIO = '[[transform]]\nname = "scale"\nfactor = 0.5\nselect = { name = "gemm" }\n'
 
@@ -97,7 +97,7 @@ def test_schema_catches_broken_documents(prediction: Prediction) -> None:
     del doc["checks"]
     problems = errors(REPORT_SCHEMA, doc)
     assert "$: missing key 'checks'" in problems and "$.rows[0].speedup: expected number, got str" in problems
-    with pytest.raises(ValueError, match="not a valid whatif.report"):
+    with pytest.raises(ValueError, match=r"not a valid whatif\.report"):
         validate(doc)
 
 
@@ -199,12 +199,12 @@ def test_serving_columns_and_thresholds_when_present(prediction: Prediction) -> 
 def test_cli_exit_codes(trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sc = write(tmp_path / "fuse.toml", SCENARIO)
     base = ["report", str(trace), "-s", str(sc), "-o", str(tmp_path / "out"), "--no-step-summary"]
-    assert main(base + ["--fail-if", "speedup(fuse) < 1.01", "--fail-if", "step_ms > 10"]) == 0
+    assert main([*base, "--fail-if", "speedup(fuse) < 1.01", "--fail-if", "step_ms > 10"]) == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["junit.xml", "report.html", "report.json",
                                                                    "report.md"]
     capsys.readouterr()
-    assert main(base + ["-q", "--fail-if", "speedup(fuse) > 1.01", "--fail-if", "step_ms > 0.01",
-                        "--fail-if", "step_ms > 10"]) == 1
+    assert main([*base, "-q", "--fail-if", "speedup(fuse) > 1.01", "--fail-if", "step_ms > 0.01",
+                 "--fail-if", "step_ms > 10"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and err[0].startswith("whatif: check failed: speedup(fuse) > 1.01 (speedup(fuse) = ")
     for bad, message in [(["--fail-if", "speedup(fuse) <"], "not a valid expression"),
@@ -253,9 +253,11 @@ def test_cli_serving_file(trace: Path, tmp_path: Path) -> None:
     stats = {"mean": 50.0, "p50": 45.0, "p90": 70.0, "p99": 90.0}
     serving = tmp_path / "serve.json"
     serving.write_bytes(orjson.dumps({"schema": "whatif.serving/1", "scenarios": [
-        {"name": "baseline", "ttft_ms": stats, "tpot_ms": stats}, {"name": "fuse", "ttft_ms": stats, "tpot_ms": None}]}))
-    args = ["report", str(trace), "-s", str(sc), "-o", str(tmp_path / "o"), "-f", "json", "-q", "--serving", str(serving)]
-    assert main(args + ["--fail-if", "p99_ttft_ms(fuse) > 100"]) == 0
-    assert main(args + ["--fail-if", "ttft_ms > 40"]) == 1
-    assert main(args + ["--fail-if", "tpot_ms(fuse) > 40"]) == 2  # no TPOT for fuse: a usage error
-    assert main(args[:-1] + [str(sc)]) == 2
+        {"name": "baseline", "ttft_ms": stats, "tpot_ms": stats},
+        {"name": "fuse", "ttft_ms": stats, "tpot_ms": None}]}))
+    args = ["report", str(trace), "-s", str(sc), "-o", str(tmp_path / "o"), "-f", "json", "-q",
+            "--serving", str(serving)]
+    assert main([*args, "--fail-if", "p99_ttft_ms(fuse) > 100"]) == 0
+    assert main([*args, "--fail-if", "ttft_ms > 40"]) == 1
+    assert main([*args, "--fail-if", "tpot_ms(fuse) > 40"]) == 2  # no TPOT for fuse: a usage error
+    assert main([*args[:-1], str(sc)]) == 2

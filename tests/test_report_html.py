@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from test_report import gpu_trace
-from whatif.transforms.generic import Scale
-from whatif.transforms.select import Selector
 
 from whatif.api import predict
 from whatif.report import write_report
+from whatif.transforms.generic import Scale
+from whatif.transforms.select import Selector
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 from _cost_data import VIDUR, bench_module, need
+
 from whatif.core.dtypes import DType
 from whatif.hardware.devices import get_device
 from whatif.hardware.roofline import (

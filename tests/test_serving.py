@@ -2,6 +2,7 @@
 the iteration-model fit on a hand-made trace, and the `whatif serve`/`sweep` JSON."""
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -9,6 +10,8 @@ from pathlib import Path
 import orjson
 import pytest
 from tracegen import KinetoTrace
+
+from whatif.cli import main
 from whatif.predictors.serving import (
     LLMBatch,
     RequestSpec,
@@ -20,8 +23,6 @@ from whatif.predictors.serving import (
     simulate_llm,
     synthetic_workload,
 )
-
-from whatif.cli import main
 
 PREFILL_NS, DECODE_NS = 10e6, 2e6
 
@@ -114,7 +115,7 @@ def test_arrivals_are_deterministic_with_a_seed() -> None:
     assert a[0] == 0.0 and a == sorted(a)
     g = gamma_arrivals(2000, 10.0, 3.0, random.Random(1))
     assert g == gamma_arrivals(2000, 10.0, 3.0, random.Random(1))
-    gaps = [y - x for x, y in zip(g, g[1:])]
+    gaps = [y - x for x, y in itertools.pairwise(g)]
     mean = sum(gaps) / len(gaps)
     cv = (sum((x - mean) ** 2 for x in gaps) / len(gaps)) ** 0.5 / mean
     assert mean == pytest.approx(0.1, rel=0.15) and cv == pytest.approx(3.0, rel=0.2)
@@ -188,11 +189,10 @@ def serving_run(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_fit_recovers_the_iteration_law(tmp_path: Path) -> None:
+    from whatif.api import analyze
     from whatif.predictors.serving import fit_llm_model
     from whatif.predictors.serving.iteration_model import replayed_iterations
     from whatif.predictors.serving.logs import llm_compositions, read_log
-
-    from whatif.api import analyze
 
     run_dir, log = serving_run(tmp_path)
     model = fit_llm_model(replayed_iterations(analyze(run_dir).replay), llm_compositions(read_log(log)))
@@ -262,7 +262,7 @@ def test_python_serve_errors_are_one_line(tmp_path: Path) -> None:
     from whatif.api import Workload, serve
 
     run_dir, _ = serving_run(tmp_path)
-    with pytest.raises(WorkloadError, match="no serving log found.*--iterations-log") as info:
+    with pytest.raises(WorkloadError, match=r"no serving log found.*--iterations-log") as info:
         serve(run_dir, workload=Workload(rate=1))
     assert "\n" not in str(info.value)
     with pytest.raises(WorkloadError, match="rate"):

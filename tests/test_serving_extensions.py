@@ -15,6 +15,9 @@ from pathlib import Path
 import orjson
 import pytest
 from test_serving import flat, serving_run
+
+from whatif.cli import build_parser, main
+from whatif.commands.serve import options, workload
 from whatif.predictors.serving import (
     POLICIES,
     ROUTERS,
@@ -29,9 +32,6 @@ from whatif.predictors.serving import (
     simulate_llm,
 )
 from whatif.predictors.serving.policies import ContinuousBatching
-
-from whatif.cli import build_parser, main
-from whatif.commands.serve import options, workload
 from whatif.serving import DitOptions, Workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,7 +138,7 @@ def test_registry_refuses_clashes_and_bad_keys() -> None:
     class NoKey(ContinuousBatching):
         pass
 
-    with pytest.raises(TypeError, match="policy name 'vllm' is taken by <PolicyName.VLLM"):
+    with pytest.raises(TypeError, match=r"policy name 'vllm' is taken by <PolicyName\.VLLM"):
         POLICIES.register(Copy)
     with pytest.raises(TypeError, match=r"NoKey.key must be a member of a str Enum"):
         POLICIES.register(NoKey)

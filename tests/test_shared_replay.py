@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from whatif.api import analyze
 from whatif.depgraph.graph import check_acyclic
 from whatif.tracer import TraceError
 from whatif.tracer.readers import is_trace_name
-
-from whatif.api import analyze
 
 REFUSED = {"zoology/mqar_a100_no_gpu_activity.json.gz", "hta/cupti_range_profiler_a100.json.gz",
            "hta/mtia_inference_rank0.json.gz"}

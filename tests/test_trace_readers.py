@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 from tracegen import KinetoTrace
+
+from whatif.api import analyze
+from whatif.cli import main
 from whatif.dashboard.uploads import UploadError, save_trace
 from whatif.tracer import EventKind, TraceError, load_trace, readers
 from whatif.tracer.kineto import KinetoReader
 from whatif.tracer.readers import FileColumns, FileTrace, TraceReader
-
-from whatif.api import analyze
-from whatif.cli import main
 
 KINDS = {"cpu": EventKind.CPU_OP, "annotation": EventKind.ANNOTATION, "runtime": EventKind.RUNTIME,
          "kernel": EventKind.KERNEL}

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from whatif.tracer import EventKind, TraceError, load_trace
 from whatif.tracer.trace import COLUMNS
 

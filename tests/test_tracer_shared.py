@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from whatif.tracer import EventKind, Trace, TraceError, load_trace
 from whatif.tracer.kinds import GPU_KINDS
 from whatif.tracer.trace import COLUMNS
@@ -43,7 +44,7 @@ def _need_shared() -> None:
         pytest.skip(f"third-party traces not found at {SHARED_TRACES} (../shared is absent)")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def outcome(rel: str) -> Trace | str:
     """The loaded trace, or the refusal's message."""
     try:

@@ -13,14 +13,14 @@ from typing import Literal
 import numpy as np
 import pytest
 from tracegen import KinetoTrace
+
+from whatif.api import predict
+from whatif.cli import main
 from whatif.depgraph.graph import TaskGraph, TaskKind
 from whatif.transforms import edit, registry
 from whatif.transforms.base import Transform, TransformContext
 from whatif.transforms.scenario import ScenarioError, build_transform, load_scenario
 from whatif.transforms.select import Selector
-
-from whatif.api import predict
-from whatif.cli import main
 
 HOW = {"half": 0.5, "quarter": 0.25}
 

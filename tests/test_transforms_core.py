@@ -7,6 +7,9 @@ import numpy as np
 import orjson
 import pytest
 from tracegen import KinetoTrace
+
+from whatif.api import analyze, predict
+from whatif.cli import main
 from whatif.depgraph.graph import EdgeKind, GraphError, TaskKind
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import step_times
@@ -15,9 +18,6 @@ from whatif.transforms.base import Transform, TransformContext, TransformError
 from whatif.transforms.generic import Remove, Scale
 from whatif.transforms.scenario import ScenarioError, load_scenario
 from whatif.transforms.select import SelectionError, Selector, select
-
-from whatif.api import analyze, predict
-from whatif.cli import main
 
 US = 1000
 
@@ -182,7 +182,8 @@ select = { kind = "kernel" }
     ('[[transform]]\nname = "scael"\n', ":1: unknown transform 'scael'"),
     ('[[transform]]\nname = "scale"\nfactor = "fast"\n', ":1: scale.factor: expected float"),
     ('[[transform]]\nname = "scale"\nfactr = 2\n', ":1: scale: unknown parameter 'factr'"),
-    ('name = "x"\n\n[[transform]]\nname = "scale"\nselect = { kindd = "kernel" }\n', ":3: scale.select: unknown selection key"),
+    ('name = "x"\n\n[[transform]]\nname = "scale"\nselect = { kindd = "kernel" }\n',
+     ":3: scale.select: unknown selection key"),
     ('[[transform]]\nfactor = 2\n', ":1: a [[transform]] needs name"),
     ("name = 'x'\n", "no [[transform]] tables"),
     ("[[transform]\n", "not valid TOML"),

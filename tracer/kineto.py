@@ -19,6 +19,7 @@ import contextlib
 import gc
 import math
 import re
+import types
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,15 +28,16 @@ from typing import Any
 import msgspec
 import numpy as np
 
-try:  # ISA-L inflates gzip 1.3-2.5x faster than zlib; optional
-    from isal import isal_zlib as _inflate_lib
-except ImportError:  # pragma: no cover - isal is a dependency, zlib is the fallback
-    _inflate_lib = zlib
-
 from whatif.core.errors import TraceError
 
 from .kinds import GPU_KINDS, IGNORED_CATEGORIES, EventKind, kind_of
 from .readers import FileColumns, FileTrace, Flow, TraceReader, register_reader
+
+_inflate_lib: types.ModuleType
+try:  # ISA-L inflates gzip 1.3-2.5x faster than zlib; optional
+    from isal import isal_zlib as _inflate_lib
+except ImportError:  # pragma: no cover - isal is a dependency, zlib is the fallback
+    _inflate_lib = zlib
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 
@@ -177,7 +179,7 @@ def _decode_trace(path: Path, raw: bytes) -> tuple[list[_Event], dict[str, Any],
     try:
         if head == b"{":
             top = _DECODE_TOP.decode(raw)
-            events_raw = top.pop("traceEvents", None)
+            events_raw: bytes | None = top.pop("traceEvents", None)
             if events_raw is None:
                 raise TraceError(path, "not a Chrome/Kineto trace (no 'traceEvents' list)")
             metadata = {k: _DECODE_ANY.decode(v) for k, v in top.items()}
@@ -452,11 +454,11 @@ def _parse_events(path: Path, events: list[_Event], metadata: dict[str, Any], ma
         if count:
             category_counts[label] = category_counts.get(label, 0) + count
 
-    nc = np.fromiter(nc_l, dtype=np.int32, count=n)
+    name_codes = np.fromiter(nc_l, dtype=np.int32, count=n)
     kind = np.array(code_kind or [0], dtype=np.int8)[cc]
     step_codes = [i for i, text in enumerate(names) if text.startswith("ProfilerStep#")]
     if step_codes:  # 2021 traces file ProfilerStep#N under "Operator"
-        kind[(kind == EventKind.CPU_OP) & np.isin(nc, step_codes)] = EventKind.ANNOTATION
+        kind[(kind == EventKind.CPU_OP) & np.isin(name_codes, step_codes)] = EventKind.ANNOTATION
 
     pid = _int64(pid_l)
     tid = _int64(tid_l)
@@ -472,7 +474,7 @@ def _parse_events(path: Path, events: list[_Event], metadata: dict[str, Any], ma
     columns = FileColumns(
         ts_ns=_us_to_ns(ts_l, path, "timestamp") + base_ns,
         dur_ns=np.maximum(_us_to_ns(dur_l, path, "duration"), 0),
-        kind=kind, name_code=nc, names=names, pid=pid, tid=tid, device=device, stream=stream,
+        kind=kind, name_code=name_codes, names=names, pid=pid, tid=tid, device=device, stream=stream,
         correlation=_int64(corr_l), external_id=_int64(ext_l), args=args_l)
     flows, thread_names, process_names, skipped = _other_events(rest, base_ns, interned)
     skipped["malformed"] += malformed

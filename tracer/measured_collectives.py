@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
 from whatif.core.dtypes import element_bytes
 from whatif.core.kernels import collective_kind, is_collective
 from whatif.tracer.args import Arg

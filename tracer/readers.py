@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+
 from whatif.core.errors import TraceError
 
 from .kinds import EventKind
@@ -89,8 +90,8 @@ class FileColumns:
         """
         n = len(ts_ns)
 
-        def ids(values: Sequence[int] | None, dtype: type) -> np.ndarray:
-            out = np.full(n, -1, dtype=dtype) if values is None else np.asarray(values, dtype=dtype)
+        def ids(values: Sequence[int] | np.ndarray | None, dtype: type) -> np.ndarray:
+            out: np.ndarray = np.full(n, -1, dtype=dtype) if values is None else np.asarray(values, dtype=dtype)
             if out.shape != (n,):
                 raise ValueError(f"every column needs {n} values, one has {out.size}")
             return out

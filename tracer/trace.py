@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from whatif.core.errors import TraceError
 
 from .args import Arg, arg_column
@@ -133,8 +134,9 @@ def _assign_ranks(files: list[FileTrace]) -> list[int]:
     if any(h is None for h in hints):
         missing = next(f.path.name for f, h in zip(files, hints) if h is None)
         raise TraceError(files[0].path.parent, f"mixed ranks: {missing} names no rank while other files do")
+    known = [h for h in hints if h is not None]
     seen: dict[int, Path] = {}
-    for f, h in zip(files, hints):
+    for f, h in zip(files, known):
         if h in seen:
             raise TraceError(f.path.parent, f"mixed ranks: {seen[h].name} and {f.path.name} both claim rank {h}")
         seen[h] = f.path
@@ -147,7 +149,7 @@ def _assign_ranks(files: list[FileTrace]) -> list[int]:
         (a, file_a), (b, file_b) = list(sizes.items())[:2]
         raise TraceError(files[0].path.parent, f"mixed ranks: files disagree on world size "
                                                f"({file_a} says {a}, {file_b} says {b})")
-    return [h for h in hints if h is not None]
+    return known
 
 
 COLUMNS = ("rank", "ts_ns", "dur_ns", "kind", "name", "pid", "tid", "device", "stream",
@@ -171,10 +173,11 @@ def _to_frame(files: list[FileTrace], ranks: list[int]) -> pd.DataFrame:
     args[:] = cols[0].args if len(cols) == 1 else [a for c in cols for a in c.args]
     # Sort by (rank, start, longer first) so that parents precede the events they enclose.
     order = np.lexsort((-data["dur_ns"], data["ts_ns"], data["rank"]))
-    data["name"] = pd.Categorical.from_codes(codes[order], categories=categories if categories else
-                                             pd.Index([], dtype=object))
     data["args"] = args
-    return pd.DataFrame({k: data[k] if k == "name" else data[k][order] for k in COLUMNS}, copy=False)
+    columns: dict[str, Any] = {k: data[k][order] for k in COLUMNS if k != "name"}
+    columns["name"] = pd.Categorical.from_codes(codes[order], categories=pd.Index(categories) if categories
+                                                      else pd.Index([], dtype=object))
+    return pd.DataFrame({k: columns[k] for k in COLUMNS}, copy=False)
 
 
 def load_trace(path: str | Path) -> Trace:

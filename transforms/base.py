@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import pandas as pd
+
 from whatif.core.errors import WhatifError
 from whatif.depgraph.graph import TaskGraph
 from whatif.depgraph.schema import check_schema

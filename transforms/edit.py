@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from whatif.depgraph.graph import (
     Change,
     ChangeTarget,
@@ -108,7 +109,7 @@ def _text_columns_as_object(tasks: pd.DataFrame) -> None:
 
 
 def _order_kind_of_resource(graph: TaskGraph, resource: int) -> int:
-    return int(EdgeKind.STREAM) if int(graph.resources["kind"].iat[resource]) == int(ResourceKind.STREAM) \
+    return int(EdgeKind.STREAM) if int(graph.resources["kind"].to_numpy()[resource]) == int(ResourceKind.STREAM) \
         else int(EdgeKind.THREAD)
 
 
@@ -309,7 +310,7 @@ def insert(graph: TaskGraph, *, name: str, kind: TaskKind, resource: int, dur_ns
         raise GraphError(f"resource {resource} does not exist")
     out = graph.copy()
     new_id = len(out.tasks)
-    anchor_rank = int(out.resources["rank"].iat[resource]) if "rank" in out.resources else 0
+    anchor_rank = int(out.resources["rank"].to_numpy()[resource]) if "rank" in out.resources else 0
     row: dict[str, Any] = {c: None for c in out.tasks.columns}
     row.update(event=-1, kind=int(kind), resource=resource, rank=anchor_rank, dur_ns=int(dur_ns),
                measured_start_ns=-1, measured_end_ns=-1, step=-1 if step is None else step, name=name)
@@ -317,28 +318,40 @@ def insert(graph: TaskGraph, *, name: str, kind: TaskKind, resource: int, dur_ns
     out.tasks = pd.concat([out.tasks, pd.DataFrame([row])], ignore_index=True)
     src, dst, lats, kinds = [], [], [], []
     for a in after:
-        src.append(int(a)), dst.append(new_id), lats.append(lat_ns), kinds.append(int(EdgeKind.FLOW))
+        src.append(int(a))
+        dst.append(new_id)
+        lats.append(lat_ns)
+        kinds.append(int(EdgeKind.FLOW))
     for b in before:
-        src.append(new_id), dst.append(int(b)), lats.append(0), kinds.append(int(EdgeKind.FLOW))
+        src.append(new_id)
+        dst.append(int(b))
+        lats.append(0)
+        kinds.append(int(EdgeKind.FLOW))
     edges = out.edges
     if splice_after is not None:
         order_kind = _order_kind_of_resource(out, resource)
         out_edge = (edges["src"] == splice_after) & edges["kind"].isin(ORDER_KINDS)
         if out_edge.any():
             i = int(np.flatnonzero(out_edge.to_numpy())[0])
-            nxt, gap = int(edges["dst"].iat[i]), int(edges["lat_ns"].iat[i])
+            nxt, gap = int(edges["dst"].to_numpy()[i]), int(edges["lat_ns"].to_numpy()[i])
             edges = edges.drop(index=edges.index[i])
             src += [int(splice_after), new_id]
             dst += [new_id, nxt]
             lats += [gap, 0]
             kinds += [order_kind, order_kind]
         else:
-            src.append(int(splice_after)), dst.append(new_id), lats.append(0), kinds.append(order_kind)
+            src.append(int(splice_after))
+            dst.append(new_id)
+            lats.append(0)
+            kinds.append(order_kind)
     if not src:
         origin = np.flatnonzero((out.tasks["kind"].to_numpy() == int(TaskKind.ORIGIN))
                                 & (out.tasks["rank"].to_numpy() == anchor_rank))
         if len(origin):
-            src.append(int(origin[0])), dst.append(new_id), lats.append(0), kinds.append(int(EdgeKind.ANCHOR))
+            src.append(int(origin[0]))
+            dst.append(new_id)
+            lats.append(0)
+            kinds.append(int(EdgeKind.ANCHOR))
     add = pd.DataFrame({"src": np.asarray(src, dtype=np.int64), "dst": np.asarray(dst, dtype=np.int64),
                         "lat_ns": np.asarray(lats, dtype=np.int64), "kind": np.asarray(kinds, dtype=np.int8)})
     out.edges = pd.concat([edges, add], ignore_index=True)
@@ -426,7 +439,7 @@ def move(graph: TaskGraph, tasks: Tasks, resource: int, *, reason: str, transfor
     moved[ids] = True
     e = graph.edges
     is_order = e["kind"].isin(ORDER_KINDS).to_numpy()
-    pred, pred_lat, succ, succ_lat = _order_links(e, n)
+    pred, pred_lat, _succ, _succ_lat = _order_links(e, n)
     src, dst = e["src"].to_numpy(), e["dst"].to_numpy()
     # close up the old chains: a staying task whose order pred moved links to the first staying pred
     w = np.flatnonzero(~moved & (pred >= 0) & moved[np.maximum(pred, 0)])
@@ -561,7 +574,9 @@ def insert_many(graph: TaskGraph, *, kind: TaskKind | Sequence[int] | np.ndarray
     new["step"] = np.where(has, t["step"].to_numpy()[rows], -1)
     for c in ("phase", "layer", "op"):
         if c in t:
-            new[c] = np.where(has, t[c].to_numpy(dtype=object)[rows], None)
+            inherited = t[c].to_numpy(dtype=object)[rows]
+            inherited[~has] = None
+            new[c] = inherited
     new["name"] = list(names)
     out.tasks = pd.concat([t, new.astype({c: t[c].dtype for c in ("event", "kind", "resource", "rank", "dur_ns",
                                                                     "measured_start_ns", "measured_end_ns", "step")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from whatif.depgraph.graph import TaskGraph
 
 from .base import Transform, TransformContext, TransformError

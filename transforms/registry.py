@@ -117,7 +117,7 @@ def parameters(name: str) -> list[Parameter]:
     cls = get(name)
     hints = typing.get_type_hints(cls)
     out = []
-    for f in dataclasses.fields(cls):
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]  # every registered transform is a dataclass
         if f.default is not dataclasses.MISSING:
             default, required = f.default, False
         elif f.default_factory is not dataclasses.MISSING:

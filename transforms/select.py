@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from whatif.core.errors import WhatifError
 from whatif.core.kernels import KernelClass, classify_kernel
 from whatif.depgraph.graph import CPU_KINDS, GPU_WORK_KINDS, TaskGraph, TaskKind

@@ -5,4 +5,4 @@ The public API lives in :mod:`whatif.api`; the most used names are re-exported h
 from whatif.tracer.markers import phase, step
 
 __version__ = "0.1.0"
-__all__ = ["phase", "step", "__version__"]
+__all__ = ["__version__", "phase", "step"]

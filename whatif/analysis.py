@@ -4,6 +4,7 @@ Re-exported, with the serving API, by :mod:`whatif.api` (the public front door);
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -97,7 +98,7 @@ class Prediction:
     scenarios: list[ScenarioResult]
 
 
-def predict(path_or_analysis: str | Path | Analysis, scenarios: list[Scenario | str | Path | Transform],
+def predict(path_or_analysis: str | Path | Analysis, scenarios: Sequence[Scenario | str | Path | Transform],
             ctx: TransformContext | None = None) -> Prediction:
     """Apply each scenario (a :class:`Scenario`, a TOML file, or a single transform) to the
     baseline graph and replay after every transform (for the per-transform waterfall)."""

@@ -9,6 +9,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from whatif import __version__
 from whatif.core.errors import WhatifError
@@ -30,7 +31,7 @@ COMMANDS: dict[str, str] = {
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
+    def error(self, message: str) -> NoReturn:  # one line, exit 2
         self.exit(2, f"whatif: {message} (see 'whatif {self.prog.split()[-1]} --help')\n"
                   if " " in self.prog else f"whatif: {message}\n")
 

@@ -58,7 +58,7 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
 # --- shared entries -------------------------------------------------------------------------
 
 
-class StepBreakdown(Entry, kw_only=True):
+class StepBreakdown(Entry, frozen=True, kw_only=True):
     """Where one step's critical path spent its time: ns per category (cpu, launch, gpu, comm, sync, idle)."""
 
     rank: int
@@ -66,7 +66,7 @@ class StepBreakdown(Entry, kw_only=True):
     breakdown_ns: dict[str, int]
 
 
-class TopEntry(Entry, kw_only=True):
+class TopEntry(Entry, frozen=True, kw_only=True):
     """Measured time of one kernel, op or layer (``name``): GPU and CPU ns, task count."""
 
     name: str
@@ -75,7 +75,7 @@ class TopEntry(Entry, kw_only=True):
     cpu_ns: int
 
 
-class Fidelity(Entry, kw_only=True):
+class Fidelity(Entry, frozen=True, kw_only=True):
     """Median and worst ``|replayed / measured - 1|`` over the steps (None without steps)."""
 
     median_abs_error: float | None
@@ -97,14 +97,14 @@ def mean_breakdown_ns(paths: list[StepBreakdown] | list[CriticalPathEntry]) -> d
 # --- whatif.analysis ------------------------------------------------------------------------
 
 
-class RankEntry(Entry, kw_only=True):
+class RankEntry(Entry, frozen=True, kw_only=True):
     rank: int
     path: str
     gpu: str | None
     world_size: int | None
 
 
-class StepFidelity(Entry, kw_only=True):
+class StepFidelity(Entry, frozen=True, kw_only=True):
     """One step, measured and replayed; ``error`` = replayed / measured - 1."""
 
     rank: int
@@ -114,7 +114,7 @@ class StepFidelity(Entry, kw_only=True):
     error: float
 
 
-class CriticalPathEntry(Entry, kw_only=True):
+class CriticalPathEntry(Entry, frozen=True, kw_only=True):
     rank: int
     step: int
     length_ns: int
@@ -122,14 +122,14 @@ class CriticalPathEntry(Entry, kw_only=True):
     breakdown_ns: dict[str, int]
 
 
-class UtilizationEntry(Entry, kw_only=True):
+class UtilizationEntry(Entry, frozen=True, kw_only=True):
     rank: int
     resource: str
     busy_ns: int
     utilization: float
 
 
-class AnalysisDocument(Entry, kw_only=True):
+class AnalysisDocument(Entry, frozen=True, kw_only=True):
     """The ``whatif.analysis`` v1 document (``whatif analyze --json``)."""
 
     schema: Literal["whatif.analysis"] = "whatif.analysis"
@@ -163,7 +163,7 @@ class AnalysisDocument(Entry, kw_only=True):
 Stat = Literal["mean", "p50", "p90", "p99"]
 
 
-class LatencyStats(Entry, kw_only=True):
+class LatencyStats(Entry, frozen=True, kw_only=True):
     """mean, p50, p90, p99 (ms) of a serving metric; a statistic not given is not written."""
 
     mean: float | UnsetType | None = UNSET
@@ -181,7 +181,7 @@ class LatencyStats(Entry, kw_only=True):
         return None if value is UNSET else value  # type: ignore[return-value]
 
 
-class RowServing(Entry, kw_only=True):
+class RowServing(Entry, frozen=True, kw_only=True):
     """TTFT/TPOT statistics joined to a prediction row (``whatif report --serving``)."""
 
     ttft_ms: LatencyStats | UnsetType | None = UNSET
@@ -192,14 +192,14 @@ class RowServing(Entry, kw_only=True):
         return value if isinstance(value, LatencyStats) else None
 
 
-class BaselineStep(Entry, kw_only=True):
+class BaselineStep(Entry, frozen=True, kw_only=True):
     rank: int
     step: int
     measured_ns: int
     predicted_ns: int
 
 
-class BaselinePrediction(Entry, kw_only=True):
+class BaselinePrediction(Entry, frozen=True, kw_only=True):
     """The unmodified graph's replay: mean step, per-step times, per-step critical path."""
 
     mean_step_ns: int
@@ -211,7 +211,7 @@ class BaselinePrediction(Entry, kw_only=True):
     speedup: ClassVar[float] = 1.0
 
 
-class ScenarioStep(Entry, kw_only=True):
+class ScenarioStep(Entry, frozen=True, kw_only=True):
     rank: int
     step: int
     baseline_ns: int
@@ -219,7 +219,7 @@ class ScenarioStep(Entry, kw_only=True):
     speedup: float
 
 
-class WaterfallEntry(Entry, kw_only=True):
+class WaterfallEntry(Entry, frozen=True, kw_only=True):
     """The prediction after one more transform of a scenario (cumulative)."""
 
     transform: str
@@ -227,7 +227,7 @@ class WaterfallEntry(Entry, kw_only=True):
     speedup: float
 
 
-class ChangeEntry(Entry, kw_only=True):
+class ChangeEntry(Entry, frozen=True, kw_only=True):
     """One change-log entry (:class:`whatif.depgraph.graph.Change`); ``target``: tasks, edges, resources, note."""
 
     transform: str
@@ -240,7 +240,7 @@ class ChangeEntry(Entry, kw_only=True):
     reason: str
 
 
-class ScenarioHeadline(Entry, kw_only=True):
+class ScenarioHeadline(Entry, frozen=True, kw_only=True):
     """A scenario's headline numbers, without per-step data (what the dashboard shows first)."""
 
     name: str
@@ -252,7 +252,7 @@ class ScenarioHeadline(Entry, kw_only=True):
     changes: list[ChangeEntry]
 
 
-class ScenarioPrediction(Entry, kw_only=True):
+class ScenarioPrediction(Entry, frozen=True, kw_only=True):
     """One scenario of a prediction."""
 
     name: str
@@ -267,7 +267,7 @@ class ScenarioPrediction(Entry, kw_only=True):
     serving: RowServing | UnsetType = UNSET
 
 
-class PredictionDocument(Entry, kw_only=True):
+class PredictionDocument(Entry, frozen=True, kw_only=True):
     """The ``whatif.prediction`` v1 document (``whatif predict --json``)."""
 
     schema: Literal["whatif.prediction"] = "whatif.prediction"
@@ -289,17 +289,17 @@ class PredictionDocument(Entry, kw_only=True):
 # --- whatif.report --------------------------------------------------------------------------
 
 
-class Contributor(Entry, kw_only=True):
+class Contributor(Entry, frozen=True, kw_only=True):
     transform: str
     delta_ns: int
 
 
-class PathShift(Entry, kw_only=True):
+class PathShift(Entry, frozen=True, kw_only=True):
     category: str
     delta_ns: int
 
 
-class ReportRow(Entry, kw_only=True):
+class ReportRow(Entry, frozen=True, kw_only=True):
     """One summary row of a report: the baseline or a scenario."""
 
     name: str
@@ -314,7 +314,7 @@ class ReportRow(Entry, kw_only=True):
     baseline_report_step_ns: int | None
 
 
-class Check(Entry, kw_only=True):
+class Check(Entry, frozen=True, kw_only=True):
     """A threshold or regression check and its outcome."""
 
     kind: Literal["threshold", "regression"]
@@ -324,13 +324,13 @@ class Check(Entry, kw_only=True):
     message: str
 
 
-class BaselineReportRef(Entry, kw_only=True):
+class BaselineReportRef(Entry, frozen=True, kw_only=True):
     path: str | None
     source: str | None
     max_regression: float | None
 
 
-class ReportDocument(Entry, kw_only=True):
+class ReportDocument(Entry, frozen=True, kw_only=True):
     """The ``whatif.report`` v1 document (``report.json``)."""
 
     schema: Literal["whatif.report"] = "whatif.report"
@@ -352,7 +352,7 @@ class ReportDocument(Entry, kw_only=True):
 # --- whatif.serving and whatif.serving-sweep ------------------------------------------------
 
 
-class WorkloadEntry(Entry, kw_only=True):
+class WorkloadEntry(Entry, frozen=True, kw_only=True):
     """The workload simulated: a file (``file``, ``columns``, ``time_unit``) or drawn requests."""
 
     file: str | UnsetType = UNSET
@@ -367,7 +367,7 @@ class WorkloadEntry(Entry, kw_only=True):
     seed: int | UnsetType = UNSET
 
 
-class LlmScheduler(Entry, kw_only=True):
+class LlmScheduler(Entry, frozen=True, kw_only=True):
     """The LLM serving system simulated (:class:`~whatif.predictors.serving.simulator.SchedulerConfig`)."""
 
     policy: str
@@ -382,7 +382,7 @@ class LlmScheduler(Entry, kw_only=True):
     router: str
 
 
-class DitSettings(Entry, kw_only=True):
+class DitSettings(Entry, frozen=True, kw_only=True):
     """DiT request shape and batching, resolved against the recording."""
 
     steps: int
@@ -395,14 +395,14 @@ class DitSettings(Entry, kw_only=True):
     replicas: int
 
 
-class SloAttainment(Entry, kw_only=True):
+class SloAttainment(Entry, frozen=True, kw_only=True):
     ttft_ms: float | None
     tpot_ms: float | None
     attainment: float
     goodput_req_per_s: float | None
 
 
-class PhaseFitEntry(Entry, kw_only=True):
+class PhaseFitEntry(Entry, frozen=True, kw_only=True):
     """A fitted per-phase iteration model and its quality (``candidates``: LOO MAPE per feature set)."""
 
     phase: str
@@ -416,18 +416,18 @@ class PhaseFitEntry(Entry, kw_only=True):
     candidates: dict[str, float]
 
 
-class ProfilerOffset(Entry, kw_only=True):
+class ProfilerOffset(Entry, frozen=True, kw_only=True):
     offset_ns: float
     scale: float
 
 
-class LlmIterationModel(Entry, kw_only=True):
+class LlmIterationModel(Entry, frozen=True, kw_only=True):
     loop_overhead_ns: float
     profiler_correction: dict[str, ProfilerOffset]
     phases: dict[str, PhaseFitEntry]
 
 
-class DitIterationModel(Entry, kw_only=True):
+class DitIterationModel(Entry, frozen=True, kw_only=True):
     tokens_ref: int
     attention_ns: list[float]
     rest_ns: list[float]
@@ -439,7 +439,7 @@ class DitIterationModel(Entry, kw_only=True):
     profiler_correction: float
 
 
-class LlmRequest(Entry, kw_only=True):
+class LlmRequest(Entry, frozen=True, kw_only=True):
     id: int
     replica: int
     arrival_s: float
@@ -452,7 +452,7 @@ class LlmRequest(Entry, kw_only=True):
     preemptions: int
 
 
-class DitRequest(Entry, kw_only=True):
+class DitRequest(Entry, frozen=True, kw_only=True):
     id: int
     arrival_s: float
     queue_ms: float
@@ -460,7 +460,7 @@ class DitRequest(Entry, kw_only=True):
     latency_ms: float
 
 
-class LlmScenarioServing(Entry, kw_only=True):
+class LlmScenarioServing(Entry, frozen=True, kw_only=True):
     """Predicted LLM serving metrics of one scenario (times in ms, throughput per second)."""
 
     name: str
@@ -482,7 +482,7 @@ class LlmScenarioServing(Entry, kw_only=True):
     requests: list[LlmRequest] | UnsetType = UNSET
 
 
-class DitScenarioServing(Entry, kw_only=True):
+class DitScenarioServing(Entry, frozen=True, kw_only=True):
     """Predicted DiT serving metrics of one scenario (``e2e_ms`` is ``latency_ms``)."""
 
     name: str
@@ -500,7 +500,7 @@ class DitScenarioServing(Entry, kw_only=True):
     requests: list[DitRequest] | UnsetType = UNSET
 
 
-class LlmServingDocument(Entry, kw_only=True):
+class LlmServingDocument(Entry, frozen=True, kw_only=True):
     """The ``whatif.serving/1`` document of an LLM serving loop (``whatif serve --json``)."""
 
     schema: Literal["whatif.serving/1"] = "whatif.serving/1"
@@ -513,7 +513,7 @@ class LlmServingDocument(Entry, kw_only=True):
     scenarios: list[LlmScenarioServing]
 
 
-class DitServingDocument(Entry, kw_only=True):
+class DitServingDocument(Entry, frozen=True, kw_only=True):
     """The ``whatif.serving/1`` document of a DiT serving loop."""
 
     schema: Literal["whatif.serving/1"] = "whatif.serving/1"
@@ -526,7 +526,7 @@ class DitServingDocument(Entry, kw_only=True):
     scenarios: list[DitScenarioServing]
 
 
-class LlmSweepPoint(Entry, kw_only=True):
+class LlmSweepPoint(Entry, frozen=True, kw_only=True):
     rate_req_per_s: float
     ttft_ms: LatencyStats
     tpot_ms: LatencyStats
@@ -538,7 +538,7 @@ class LlmSweepPoint(Entry, kw_only=True):
     slo: SloAttainment
 
 
-class DitSweepPoint(Entry, kw_only=True):
+class DitSweepPoint(Entry, frozen=True, kw_only=True):
     rate_req_per_s: float
     latency_ms: LatencyStats
     queue_ms: LatencyStats
@@ -547,19 +547,19 @@ class DitSweepPoint(Entry, kw_only=True):
     e2e_ms: LatencyStats
 
 
-class LlmSweepCurve(Entry, kw_only=True):
+class LlmSweepCurve(Entry, frozen=True, kw_only=True):
     name: str
     iteration_model: LlmIterationModel
     points: list[LlmSweepPoint]
 
 
-class DitSweepCurve(Entry, kw_only=True):
+class DitSweepCurve(Entry, frozen=True, kw_only=True):
     name: str
     iteration_model: DitIterationModel
     points: list[DitSweepPoint]
 
 
-class LlmSweepDocument(Entry, kw_only=True):
+class LlmSweepDocument(Entry, frozen=True, kw_only=True):
     """The ``whatif.serving-sweep/1`` document of an LLM serving loop (``whatif sweep --json``)."""
 
     schema: Literal["whatif.serving-sweep/1"] = "whatif.serving-sweep/1"
@@ -571,7 +571,7 @@ class LlmSweepDocument(Entry, kw_only=True):
     curves: list[LlmSweepCurve]
 
 
-class DitSweepDocument(Entry, kw_only=True):
+class DitSweepDocument(Entry, frozen=True, kw_only=True):
     """The ``whatif.serving-sweep/1`` document of a DiT serving loop."""
 
     schema: Literal["whatif.serving-sweep/1"] = "whatif.serving-sweep/1"

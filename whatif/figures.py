@@ -18,8 +18,6 @@ from whatif.documents import (
     BaselinePrediction,
     BaselineStep,
     CriticalPathEntry,
-    DitIterationModel,
-    DitSettings,
     DitSweepPoint,
     LatencyStats,
     LlmSweepDocument,
@@ -31,7 +29,6 @@ from whatif.documents import (
     StepFidelity,
     SweepDocument,
     TopEntry,
-    WorkloadEntry,
     mean_breakdown_ns,
 )
 
@@ -94,7 +91,8 @@ def _example_prediction() -> PredictionDocument:
     return PredictionDocument(
         source="t", device=None,
         baseline=BaselinePrediction(
-            mean_step_ns=10_000_000, steps=[BaselineStep(rank=0, step=0, measured_ns=10_000_000, predicted_ns=10_000_000)],
+            mean_step_ns=10_000_000,
+            steps=[BaselineStep(rank=0, step=0, measured_ns=10_000_000, predicted_ns=10_000_000)],
             critical_path=[StepBreakdown(rank=0, step=0, breakdown_ns={"cpu": 4_000_000, "gpu": 6_000_000})]),
         scenarios=[ScenarioPrediction(
             name="fuse", source=None, transforms=["fuse()", "precision(dtype=bf16)"], mean_step_ns=8_000_000,
@@ -196,7 +194,8 @@ def timeline_figure(view: dict[str, Any], height_per_lane: int = 26) -> go.Figur
     panels = view["panels"]
     lanes = view["lanes"]
     rows = max(len(panels), 1)
-    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=min(0.25, 60 / (rows * (len(lanes) * height_per_lane + 110))),
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True,
+                        vertical_spacing=min(0.25, 60 / (rows * (len(lanes) * height_per_lane + 110))),
                         subplot_titles=[f"{p['name']} ({p['mode']}, {p.get('tasks', 0):,} tasks)" for p in panels])
     for row, p in enumerate(panels, start=1):
         if p["mode"] == "bins":

@@ -264,7 +264,8 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
     log_path = Path(iterations_log) if iterations_log else logs.find_log(run)
     if log_path is None:
         folder = run if run.is_dir() else run.parent
-        raise WorkloadError(f"{folder}: no serving log found (looked for the --log file named in {folder / 'meta.json'} "
+        raise WorkloadError(f"{folder}: no serving log found (looked for the --log file named in "
+                            f"{folder / 'meta.json'} "
                             "and a file of that name in the folder); pass --iterations-log FILE (the --log of "
                             "examples/llm_serve.py or dit_serve.py for this recording)")
     base = path if isinstance(path, Analysis) else analyze(path)

@@ -75,9 +75,9 @@ def analysis_document(analysis: Analysis, top: int = 10) -> AnalysisDocument:
         edges=g.num_edges,
         resources=len(g.resources),
         graph_report={k: int(v) for k, v in sorted(g.report.items())},
-        steps=[StepFidelity(rank=int(r.rank), step=int(r.step), measured_ns=int(r.measured_ns),
-                            predicted_ns=int(r.predicted_ns), error=round(float(r.error), 6))
-               for r in steps.itertuples()],
+        steps=[StepFidelity(rank=int(rank), step=int(step), measured_ns=int(measured), predicted_ns=int(predicted),
+                            error=round(float(error), 6))
+               for rank, step, measured, predicted, error in zip(*_columns(steps, STEP_COLUMNS))],
         fidelity=Fidelity(median_abs_error=round(float(abs_err.median()), 6) if len(steps) else None,
                           max_abs_error=round(float(abs_err.max()), 6) if len(steps) else None),
         critical_path=[CriticalPathEntry(rank=cp.rank, step=cp.step, length_ns=cp.length_ns, tasks=len(cp.tasks),
@@ -86,10 +86,20 @@ def analysis_document(analysis: Analysis, top: int = 10) -> AnalysisDocument:
         top_kernels=_top(kernels, "name", top),
         top_ops=_top(t, "op", top),
         top_layers=_top(t, "layer", top),
-        utilization=[UtilizationEntry(rank=int(u.rank), resource=str(u.name), busy_ns=int(u.busy_ns),
-                                      utilization=round(float(u.utilization), 4))
-                     for u in analysis.utilization.itertuples() if u.busy_ns > 0],
+        utilization=[UtilizationEntry(rank=int(rank), resource=str(name), busy_ns=int(busy),
+                                      utilization=round(float(share), 4))
+                     for rank, name, busy, share in zip(*_columns(analysis.utilization,
+                                                                  ("rank", "name", "busy_ns", "utilization")))
+                     if busy > 0],
     )
+
+
+STEP_COLUMNS = ("rank", "step", "measured_ns", "predicted_ns", "error")
+
+
+def _columns(frame: pd.DataFrame, names: tuple[str, ...]) -> list[list[Any]]:
+    """The columns ``names`` of ``frame`` as lists of Python scalars (to zip row by row)."""
+    return [frame[n].to_numpy().tolist() for n in names]
 
 
 def console() -> Any:
@@ -175,9 +185,10 @@ def _scenario_document(base_steps: pd.DataFrame, result: ScenarioResult) -> Scen
         transforms=head.transforms,
         mean_step_ns=head.mean_step_ns,
         speedup=head.speedup,
-        steps=[ScenarioStep(rank=int(b.rank), step=int(b.step), baseline_ns=int(b.predicted_ns), predicted_ns=int(p),
-                            speedup=_speedup(b.predicted_ns, p))
-               for b, p in zip(base_steps.itertuples(), steps["predicted_ns"].to_numpy())],
+        steps=[ScenarioStep(rank=int(rank), step=int(step), baseline_ns=int(base_ns), predicted_ns=int(p),
+                            speedup=_speedup(base_ns, p))
+               for rank, step, base_ns, p in zip(*_columns(base_steps, ("rank", "step", "predicted_ns")),
+                                                 steps["predicted_ns"].to_numpy().tolist())],
         waterfall=head.waterfall,
         changes=head.changes,
         critical_path=[StepBreakdown(rank=cp.rank, step=cp.step, breakdown_ns=cp.breakdown_ns)
@@ -190,8 +201,8 @@ def baseline_document(analysis: Analysis) -> BaselinePrediction:
     steps = analysis.steps
     return BaselinePrediction(
         mean_step_ns=int(steps["predicted_ns"].mean()) if len(steps) else 0,
-        steps=[BaselineStep(rank=int(s.rank), step=int(s.step), measured_ns=int(s.measured_ns),
-                            predicted_ns=int(s.predicted_ns)) for s in steps.itertuples()],
+        steps=[BaselineStep(rank=int(rank), step=int(step), measured_ns=int(measured), predicted_ns=int(predicted))
+               for rank, step, measured, predicted in zip(*_columns(steps, STEP_COLUMNS[:4]))],
         critical_path=[StepBreakdown(rank=cp.rank, step=cp.step, breakdown_ns=cp.breakdown_ns)
                        for cp in (analysis.critical_path(i) for i in range(len(steps)))],
     )
@@ -236,6 +247,6 @@ def render_prediction(doc: PredictionDocument, console: Any) -> None:
         console.print(f"[bold]{s.name}[/bold]")
         for w in s.waterfall:
             console.print(f"  after {w.transform}: {_ms(w.mean_step_ns)} ms ({w.speedup:.3f}x)")
-        for c in s.changes:
-            delta = (c.after_ns - c.before_ns) / 1e6
-            console.print(f"    {c.action} {c.tasks:,} tasks, task time {delta:+,.3f} ms")
+        for change in s.changes:
+            delta = (change.after_ns - change.before_ns) / 1e6
+            console.print(f"    {change.action} {change.tasks:,} tasks, task time {delta:+,.3f} ms")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from whatif.core.kernels import KernelClass
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,10 +8,10 @@ from typing import Any
 
 import dash
 from dash import ALL, Input, Output, State, dcc, html
-from whatif.transforms import registry
-from whatif.transforms.scenario import build_transform, scenario_from_dict
 
 from whatif import figures
+from whatif.transforms import registry
+from whatif.transforms.scenario import build_transform, scenario_from_dict
 
 from ..forms import params_from_form, spec_from_toml, spec_to_toml, transform_form
 from ..layout import card, error_box, guarded, loading, ms, table
@@ -20,7 +20,7 @@ from ..uploads import decode
 from . import Page
 
 MAX_SCENARIO_BYTES = 256 * 1024
-EMPTY = {"name": "my scenario", "transform": []}
+EMPTY: dict[str, Any] = {"name": "my scenario", "transform": []}
 
 
 def layout(**_: Any) -> html.Div:

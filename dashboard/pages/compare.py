@@ -9,10 +9,10 @@ from typing import Any
 
 import dash
 from dash import Input, Output, State, dcc, html
-from whatif.predictors.serving.logs import read_log
 
 from whatif import figures
 from whatif.documents import DitScenarioServing, LlmScenarioServing, LlmScheduler, mean_breakdown_ns
+from whatif.predictors.serving.logs import read_log
 from whatif.serving import Workload
 
 from ..derive import breakdown_row
@@ -24,8 +24,9 @@ NO_LOG = ("No serving log for this run: whatif serve looks for the --log file na
           "(or a file of that name inside the folder), so TTFT/TPOT are not predicted here.")
 DEFAULT_RATE = 10.0  # req/s, when the serving log names no rate
 SWEEP_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)  # latency-vs-throughput rates, relative to the workload's
-LLM_COLUMNS = [("TTFT mean ms", "ttft_ms", "mean"), ("TTFT p99 ms", "ttft_ms", "p99"), ("TPOT mean ms", "tpot_ms", "mean"),
-               ("TPOT p99 ms", "tpot_ms", "p99"), ("e2e mean ms", "e2e_ms", "mean")]
+LLM_COLUMNS = [("TTFT mean ms", "ttft_ms", "mean"), ("TTFT p99 ms", "ttft_ms", "p99"),
+               ("TPOT mean ms", "tpot_ms", "mean"), ("TPOT p99 ms", "tpot_ms", "p99"),
+               ("e2e mean ms", "e2e_ms", "mean")]
 DIT_COLUMNS = [("latency mean ms", "latency_ms", "mean"), ("latency p99 ms", "latency_ms", "p99"),
                ("queue mean ms", "queue_ms", "mean")]
 
@@ -64,11 +65,12 @@ def default_workload(run: Run) -> Workload | None:
     w = Workload(rate=float(rate) if isinstance(rate, (int, float)) and 0 < rate < math.inf else DEFAULT_RATE,
                  num_requests=int(c["num_requests"]) if c.get("num_requests") else None)  # None: Workload's default
     if all(isinstance(c.get(k), int) for k in ("prompt_min", "prompt_max", "output_min", "output_max")):
-        w = replace(w, prompt_tokens=(c["prompt_min"], c["prompt_max"]), output_tokens=(c["output_min"], c["output_max"]))
+        w = replace(w, prompt_tokens=(c["prompt_min"], c["prompt_max"]),
+                    output_tokens=(c["output_min"], c["output_max"]))
     return w
 
 
-def serving_body(run_id: str, names: list[str], rate: float | None) -> html.Div:
+def serving_body(run_id: str | None, names: list[str], rate: float | None) -> html.Div:
     """Serving metrics per scenario (baseline first) and the latency-vs-throughput figure."""
     run = get_store().get(run_id)
     workload = default_workload(run)
@@ -117,7 +119,7 @@ def _serving_row(s: LlmScenarioServing | DitScenarioServing) -> dict[str, Any]:
     return row
 
 
-def body(run_id: str, names: list[str]) -> html.Div:
+def body(run_id: str | None, names: list[str]) -> html.Div:
     run = get_store().get(run_id)
     missing = [n for n in names if n not in run.scenarios]
     if missing:

@@ -24,7 +24,7 @@ def _top(rows: list[TopEntry]) -> list[dict[str, Any]]:
     return [{"name": r.name, "count": r.count, "GPU ms": ms(r.gpu_ns), "CPU ms": ms(r.cpu_ns)} for r in rows]
 
 
-def body(run_id: str) -> html.Div:
+def body(run_id: str | None) -> html.Div:
     """The page for one run, from its analysis document."""
     run = get_store().get(run_id)
     doc = run.doc

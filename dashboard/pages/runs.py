@@ -5,6 +5,7 @@ from typing import Any
 
 import dash
 from dash import Input, Output, State, dcc, html
+
 from whatif.tracer.readers import accepted
 
 from ..layout import error_box, guarded, loading, table
@@ -58,7 +59,7 @@ def register(app: dash.Dash) -> None:
             failed = []
             for run in store.runs.values():
                 try:
-                    run.analysis
+                    _ = run.analysis
                 except Exception as exc:  # noqa: BLE001 - listed, the others still load
                     failed.append(f"{run.label}: {exc}")
             msg = "analyzed all runs" + (f"; failed: {'; '.join(failed)}" if failed else "")
@@ -72,7 +73,7 @@ def register(app: dash.Dash) -> None:
                 raise ValueError("type the path of a trace file or run folder first")
             added = store.add_path(path.strip())
         for run in added:  # analyze now, so the table shows device, ranks and steps (or the error)
-            run.analysis
+            _ = run.analysis
         return rows(), store.options(), added[0].id, f"added {', '.join(r.label for r in added)}"
 
     @app.callback(Output("runs-table", "data", allow_duplicate=True), Input("run", "value"),
@@ -82,7 +83,7 @@ def register(app: dash.Dash) -> None:
         store = get_store()
         if run_id in store.runs:
             try:
-                store.runs[run_id].analysis
+                _ = store.runs[run_id].analysis
             except Exception:  # noqa: BLE001 - the table's status column shows the error
                 pass
         return rows()

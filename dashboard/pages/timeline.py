@@ -54,7 +54,8 @@ def timelines(run: Run, scenario: str | None) -> tuple[list[tl.Timeline], tl.Lan
             graph, rep, label = a.graph, a.replay, "replayed (baseline)"
         lanes = tl.lanes(graph)
         t0 = tl.origin_ns(a.graph)
-        run.cache[key] = ([tl.build("measured", a.graph, lanes, t0), tl.build(label, graph, lanes, t0, rep)], lanes, rep)
+        figures = [tl.build("measured", a.graph, lanes, t0), tl.build(label, graph, lanes, t0, rep)]
+        run.cache[key] = (figures, lanes, rep)
     return run.cache[key]
 
 
@@ -73,7 +74,7 @@ def register(app: dash.Dash) -> None:
     def draw(run_id: str | None, scenario: str | None, relayout: dict[str, Any] | None, _reset: int | None,
              window: list[int] | None) -> tuple[Any, ...]:
         trigger = dash.ctx.triggered_id
-        current = tuple(window) if window else None
+        current: tuple[int, int] | None = (window[0], window[1]) if window else None
         if trigger == "tl-graph":
             new = tl.window_from_relayout(relayout, current)
             if new == current and not (relayout or {}).get("xaxis.autorange"):

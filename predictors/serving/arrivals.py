@@ -80,7 +80,8 @@ def synthetic_workload(n: int, rate: float, prompt_tokens: tuple[int, int], outp
 DEFAULT_COLUMNS = {"arrival_s": "arrival_s", "prompt_tokens": "prompt_tokens", "output_tokens": "output_tokens"}
 
 
-def read_workload(path: str | Path, columns: dict[str, str] | None = None, time_scale: float = 1.0) -> list[RequestSpec]:
+def read_workload(path: str | Path, columns: dict[str, str] | None = None,
+                  time_scale: float = 1.0) -> list[RequestSpec]:
     """Requests from a CSV (with header) or JSONL file (``.jsonl``/``.ndjson``/``.json``: one object per line).
 
     ``columns`` maps our field (``arrival_s``, ``prompt_tokens``, ``output_tokens``) to the file's
@@ -143,4 +144,4 @@ def read_workload(path: str | Path, columns: dict[str, str] | None = None, time_
         out.append((arrival * time_scale, p, o))
     out.sort(key=lambda r: r[0])
     t0 = out[0][0]
-    return [RequestSpec(i, a - t0, p, o) for i, (a, p, o) in enumerate(out)]
+    return [RequestSpec(i, a - t0, int(p), int(o)) for i, (a, p, o) in enumerate(out)]

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from whatif.core.kernels import is_attention
 from whatif.predictors.replay import Replay
 from whatif.predictors.steps import step_end_tasks
@@ -85,8 +86,10 @@ def llm_features(batch: LLMBatch) -> dict[str, float]:
     ctx = np.asarray(batch.decode_context, dtype=float)
     if len(new):
         tok = float(new.sum())
-        return {"seqs": float(len(new)), "tokens": tok, "tokens2": tok * tok, "attn": float((new * (cached + new)).sum())}
-    return {"seqs": float(len(ctx)), "context": float(ctx.sum()), "padded": float(len(ctx) * ctx.max()) if len(ctx) else 0.0}
+        return {"seqs": float(len(new)), "tokens": tok, "tokens2": tok * tok,
+                "attn": float((new * (cached + new)).sum())}
+    return {"seqs": float(len(ctx)), "context": float(ctx.sum()),
+            "padded": float(len(ctx) * ctx.max()) if len(ctx) else 0.0}
 
 
 @dataclass
@@ -206,7 +209,8 @@ def fit_llm_model(iters: pd.DataFrame, compositions: list[tuple[str, LLMBatch]])
     trace_phases = iters["phase"].tolist()
     log_phases = [p for p, _ in compositions]
     if trace_phases != log_phases:
-        n = next((i for i, (a, b) in enumerate(zip(trace_phases, log_phases)) if a != b), min(len(trace_phases), len(log_phases)))
+        n = next((i for i, (a, b) in enumerate(zip(trace_phases, log_phases)) if a != b),
+                 min(len(trace_phases), len(log_phases)))
         raise ServingLogError(f"trace and serving log disagree: {len(trace_phases)} phase steps vs "
                               f"{len(log_phases)} logged iterations, first difference at iteration {n} "
                               "(is the log from this recording?)")
@@ -220,7 +224,8 @@ def fit_llm_model(iters: pd.DataFrame, compositions: list[tuple[str, LLMBatch]])
     return IterationModel(fits=fits, loop_overhead_ns=over)
 
 
-def profiler_correction(model: IterationModel, plain: list[tuple[str, LLMBatch, float]]) -> dict[str, tuple[float, float]]:
+def profiler_correction(model: IterationModel,
+                        plain: list[tuple[str, LLMBatch, float]]) -> dict[str, tuple[float, float]]:
     """Per phase: ``(a_ns, b)`` such that the un-profiled program's iteration takes ``a_ns + b · t``
     where ``t`` is the model's recorded (profiled) time of the same composition, fitted by least
     squares on an un-profiled run of the *recorded* configuration ((phase, batch, logged ms) per
@@ -278,7 +283,8 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(icpt), float(slope)
 
 
-def fit_dit_model(iters: pd.DataFrame, compositions: list[tuple[int, int]], batch_overhead_ns: float = 0.0) -> DitStepModel:
+def fit_dit_model(iters: pd.DataFrame, compositions: list[tuple[int, int]],
+                  batch_overhead_ns: float = 0.0) -> DitStepModel:
     """Fit on replayed denoising steps matched in order to the log's (model batch, tokens)."""
     if len(iters) != len(compositions):
         raise ServingLogError(f"trace and serving log disagree: {len(iters)} denoise steps vs "
@@ -300,5 +306,6 @@ def fit_dit_model(iters: pd.DataFrame, compositions: list[tuple[int, int]], batc
         ai, ri = _line(mb[keep], attn[keep]), _line(mb[keep], (y - attn)[keep])
         loo.append(abs(ai[0] + ai[1] * mb[i] + ri[0] + ri[1] * mb[i] - y[i]) / y[i])
     return DitStepModel(tokens_ref=tokens.pop(), attn=a, rest=r, batch_overhead_ns=batch_overhead_ns, n=len(y),
-                        mape=float(np.mean(np.abs(pred / y - 1))), loo_mape=float(np.mean(loo)) if loo else float("nan"),
+                        mape=float(np.mean(np.abs(pred / y - 1))),
+                        loo_mape=float(np.mean(loo)) if loo else float("nan"),
                         batches_seen=sorted({int(b) for b in mb}))

@@ -58,7 +58,8 @@ def find_log(run: Path) -> Path | None:
         return None
     argv = [str(a) for a in meta.get("argv") or []]
     for i, a in enumerate(argv):
-        value = argv[i + 1] if a == "--log" and i + 1 < len(argv) else a.removeprefix("--log=") if a.startswith("--log=") else None
+        value = (argv[i + 1] if a == "--log" and i + 1 < len(argv)
+                 else a.removeprefix("--log=") if a.startswith("--log=") else None)
         if value:
             p = Path(value)
             p = p if p.is_absolute() else Path(meta.get("cwd") or ".") / p

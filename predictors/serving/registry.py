@@ -35,7 +35,7 @@ T = TypeVar("T", bound=type)
 class EnumRegistry(Generic[T]):
     """Classes of one kind (subclasses of ``base``) by Enum key; lookups by member or by value."""
 
-    def __init__(self, what: str, base: T, builtin_modules: Sequence[str] = (),
+    def __init__(self, what: str, base: type, builtin_modules: Sequence[str] = (),
                  entry_point_group: str | None = None, plural: str | None = None) -> None:
         self.what, self.base, self.plural = what, base, plural or f"{what}s"
         self._builtin_modules, self._group = tuple(builtin_modules), entry_point_group

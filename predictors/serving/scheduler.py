@@ -162,6 +162,7 @@ class SchedulingPolicy(ABC):
 
     def after_iteration(self, rep: ReplicaState) -> None:
         """Called when an iteration of ``rep`` has ended and its finished sequences were handled."""
+        return None
 
 
 POLICIES: EnumRegistry[type[SchedulingPolicy]] = EnumRegistry(

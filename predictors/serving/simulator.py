@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 from .arrivals import RequestSpec, WorkloadError
 from .iteration_model import DitStepModel

@@ -120,7 +120,7 @@ class CuptiSession:
 
         self._patched.append((rf, "__enter__", enter))
         self._patched.append((rf, "__exit__", exit_))
-        rf.__enter__, rf.__exit__ = traced_enter, traced_exit
+        rf.__enter__, rf.__exit__ = traced_enter, traced_exit  # type: ignore[method-assign]  # patched, restored on stop
 
         original_profile = torch.profiler.profile
 

@@ -60,7 +60,8 @@ def resolve_target(script: str | None, module: str | None, args: list[str]) -> T
             raise ScriptNotFoundError(module, "no such module")
         return Target(args=tuple(args), module=module)
     if script is None:
-        raise ScriptNotFoundError("whatif record", "no script given (usage: whatif record [options] script.py [args...])")
+        raise ScriptNotFoundError("whatif record",
+                                  "no script given (usage: whatif record [options] script.py [args...])")
     path = Path(script)
     if not path.exists():
         raise ScriptNotFoundError(path)

@@ -40,7 +40,7 @@ class TorchSession:
         self.program_profiler_used = False
         self._scratch_dir = scratch_dir
         self._exports = itertools.count(1)
-        self._original_profile: type | None = None
+        self._original_profile: type[torch.profiler.profile] | None = None
         self._running = False
         self._on_yield: Callable[[], None] | None = None
         self.profiler = torch.profiler.profile(

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
 from whatif.depgraph.graph import (
     LOCAL_GPU_WORK_KINDS,
     EdgeKind,

@@ -49,6 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
 
 from ..base import Transform, TransformContext, TransformError
@@ -165,10 +166,12 @@ class DataLoaderWorkers(Transform):
             for g in groups:
                 pos = {int(x): i for i, x in enumerate(g.tolist())}
                 for x in g[first_loaded:].tolist():
-                    d, b = copy_of[x], pos[x]
-                    src.append(d), dst.append(x)  # fetch of b waits for its load
-                    if b >= window:  # load of b starts once batch b - N*prefetch_factor was consumed
-                        src.append(int(g[b - window])), dst.append(d)
+                    load, batch = copy_of[x], pos[x]
+                    src.append(load)  # fetch of batch waits for its load
+                    dst.append(x)
+                    if batch >= window:  # its load starts once batch - N*prefetch_factor was consumed
+                        src.append(int(g[batch - window]))
+                        dst.append(load)
             out = add_edges(out, src, dst, 0, EdgeKind.FLOW, reason=f"{why}: fetch waits for its load; prefetch "
                             f"window of {window} batches")
             if not self.warm:
@@ -202,10 +205,12 @@ class DataLoaderWorkers(Transform):
             first = int(g[0])
             heads = [copy_of[int(x)] for x in g[:window].tolist()]
             if first in pred:
-                flow[0].extend([pred[first]] * len(heads)), flow[1].extend(heads)
+                flow[0].extend([pred[first]] * len(heads))
+                flow[1].extend(heads)
             else:
                 origin = int(np.flatnonzero((kinds == int(TaskKind.ORIGIN)) & (ranks == ranks[first]))[0])
-                anchor[0].extend([origin] * len(heads)), anchor[1].extend(heads)
+                anchor[0].extend([origin] * len(heads))
+                anchor[1].extend(heads)
                 anchor[2].extend([int(m_start[first] - m_start[origin])] * len(heads))
         if flow[0]:
             out = add_edges(out, flow[0], flow[1], 0, EdgeKind.FLOW, reason=f"{why}: iterator created before the "

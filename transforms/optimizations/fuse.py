@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
 from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 from whatif.hardware.habitat import DEFAULT_FIXED_NS

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from whatif.depgraph.graph import (
     GPU_WORK_KINDS,
     EdgeKind,

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
 from whatif.depgraph.graph import TaskGraph
 
 from ..base import Transform, TransformContext, TransformError

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
 
 from ..base import TransformContext, TransformError
@@ -68,7 +69,7 @@ def comm_stream(graph: TaskGraph, rank: int, label: str) -> tuple[TaskGraph, int
         return graph, int(hit[0])
     device = res.loc[(res["rank"] == rank) & (res["kind"] == int(ResourceKind.STREAM)), "device"]
     return add_resource(graph, rank=rank, kind=ResourceKind.STREAM, name=name,
-                        device=int(device.iat[0]) if len(device) else -1, reason=f"a stream for {label}")
+                        device=int(device.to_numpy()[0]) if len(device) else -1, reason=f"a stream for {label}")
 
 
 def insert_tasks(graph: TaskGraph, *, resource: int, after: Sequence[int], before: Sequence[int],
@@ -95,7 +96,8 @@ def insert_tasks(graph: TaskGraph, *, resource: int, after: Sequence[int], befor
     if extra_after is not None:
         for i, deps in enumerate(extra_after):
             d = np.asarray([x for x in deps if x >= 0], dtype=np.int64)
-            src.append(d), dst.append(np.full(len(d), mine[i]))
+            src.append(d)
+            dst.append(np.full(len(d), mine[i]))
     # chain on the stream: after whatever the stream already holds, then in the given order
     on_res = np.flatnonzero(graph.tasks["resource"].to_numpy() == resource)
     chain = np.concatenate([on_res[-1:], mine])
@@ -140,7 +142,7 @@ def splice_tasks(graph: TaskGraph, *, anchors: Sequence[int], durs: Sequence[Seq
         per_anchor.append(np.arange(first, first + len(ds), dtype=np.int64))
         if not len(ds):
             continue
-        res = int(t["resource"].iat[a])
+        res = int(t["resource"].to_numpy()[a])
         okind = int(EdgeKind.STREAM) if int(res_kind[res]) == int(ResourceKind.STREAM) else int(EdgeKind.THREAD)
         chain = [int(a), *(new_task(first + j) for j in range(len(ds)))]
         gaps = [0] * len(ds)
@@ -159,7 +161,10 @@ def splice_tasks(graph: TaskGraph, *, anchors: Sequence[int], durs: Sequence[Seq
             resources.append(res)
             attribute.append(int(a))
             if dep[j] >= 0:
-                src.append(int(dep[j])), dst.append(new_task(first + j)), lat.append(0), kinds.append(int(EdgeKind.FLOW))
+                src.append(int(dep[j]))
+                dst.append(new_task(first + j))
+                lat.append(0)
+                kinds.append(int(EdgeKind.FLOW))
     if not all_dur:
         return graph, per_anchor
     out, ids = insert_many(graph, kind=kind, resource=np.asarray(resources, dtype=np.int64), dur_ns=all_dur,

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import TaskGraph, TaskKind
 

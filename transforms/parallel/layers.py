@@ -31,6 +31,7 @@ import re
 
 import numpy as np
 import pandas as pd
+
 from whatif.core.dtypes import element_bytes
 from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import TaskGraph, TaskKind

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
 from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 
@@ -103,7 +104,7 @@ def _regions(graph: TaskGraph) -> pd.DataFrame:
         stop = int(reg["consumer"].iat[i - 1]) if i and reg["res"].iat[i - 1] == row.res \
             and reg["step"].iat[i - 1] == row.step else -1
         seg, cur = [], int(row.producer)
-        while cur >= 0 and kinds[cur] == int(TaskKind.KERNEL) and int(t["step"].iat[cur]) == row.step:
+        while cur >= 0 and kinds[cur] == int(TaskKind.KERNEL) and int(t["step"].to_numpy()[cur]) == row.step:
             seg.append(cur)
             if cur == stop:
                 break
@@ -160,7 +161,8 @@ class Overlap(Transform):
             comm_dur.append(self._split_comm(g, ctx, int(c), name[int(c)]))
         g, nano_ids = splice_tasks(g, anchors=reg["producer"].tolist(),
                                    durs=[[int(round(s * phi))] * (n - 1) for s in per_seg],
-                                   name=f"nano-batch compute (x{phi:.2f} interference)", deps=[[-1] * (n - 1)] * len(reg),
+                                   name=f"nano-batch compute (x{phi:.2f} interference)",
+                                   deps=[[-1] * (n - 1)] * len(reg),
                                    reason=f"{self.label()}: nano-batches 2..{n} of each segment")
         parts = [int(round(d * phi)) for d in comm_dur]
         g = set_duration(g, reg["comm"].to_numpy(), np.asarray(parts)[np.argsort(reg["comm"].to_numpy())],
@@ -170,18 +172,19 @@ class Overlap(Transform):
                                    deps=[ids.tolist() for ids in nano_ids], kind=TaskKind.COMM,
                                    reason=f"{self.label()}: collective parts 2..{n}")
         src, dst = [], []
+        seg_res, seg_step = reg["res"].to_numpy(), reg["step"].to_numpy()
         for i in range(len(reg)):
-            nxt = i + 1 < len(reg) and reg["res"].iat[i + 1] == reg["res"].iat[i] and reg["step"].iat[i + 1] == reg["step"].iat[i]
+            nxt = i + 1 < len(reg) and seg_res[i + 1] == seg_res[i] and seg_step[i + 1] == seg_step[i]
             for j in range(n - 1):   # nano-batch j+2 of the next segment waits for collective part j+2
                 src.append(int(comm_ids[i][j]))
-                dst.append(int(nano_ids[i + 1][j]) if nxt else int(reg["consumer"].iat[i]))
+                dst.append(int(nano_ids[i + 1][j]) if nxt else int(reg["consumer"].to_numpy()[i]))
         return add_edges(g, src, dst, kind=EdgeKind.FLOW, reason=f"{self.label()}: nano-batch data dependencies")
 
     def _split_comm(self, g: TaskGraph, ctx: TransformContext, comm: int, label: str) -> int:
         """ns of one 1/n part of the collective ``comm``: its duration × price(bytes/n)/price(bytes)
         on ``topology`` when its name carries ``<kind> (<MiB> MiB x<ranks>)`` (as the parallel
         transforms write it), else its duration / n."""
-        dur = int(g.tasks["dur_ns"].iat[comm])
+        dur = int(g.tasks["dur_ns"].to_numpy()[comm])
         m = re.search(r"(" + "|".join(KINDS) + r") \(([\d.]+) MiB x(\d+)\)", label)
         if not m:
             return dur // self.nano_batches

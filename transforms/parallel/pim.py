@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
 from whatif.core.dtypes import element_bytes
 from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
@@ -134,7 +135,7 @@ def kernel_table(graph: TaskGraph, ctx: TransformContext, *, max_intensity: floa
 # costs of one level
 @dataclass(frozen=True)
 class _Level:
-    dev: object
+    dev: PimDevice
     level: str
     kv_tokens: int
     weight_reuse: int
@@ -228,8 +229,9 @@ class PimSearch:
         return (f"{self.device} @ {self.level}: offload {int(b['offloaded'])} of {int(b['candidates'])} candidate "
                 f"kernels; per step GPU time saved {b['gpu_saved_ns'] / self.steps / 1e3:.1f} us, PIM "
                 f"{b['pim_ns'] / self.steps / 1e3:.1f} us, rearrangement {b['rearrange_ns'] / self.steps / 1e3:.1f} "
-                f"us, link {b['link_ns'] / self.steps / 1e3:.1f} us; serial time {b['serial_ns'] / self.steps / 1e3:.1f}"
-                f" us vs GPU-only {b['gpu_only_ns'] / self.steps / 1e3:.1f} us")
+                f"us, link {b['link_ns'] / self.steps / 1e3:.1f} us; "
+                f"serial time {b['serial_ns'] / self.steps / 1e3:.1f} us "
+                f"vs GPU-only {b['gpu_only_ns'] / self.steps / 1e3:.1f} us")
 
 
 def _plan_rows(r: pd.DataFrame, lv: _Level, states: np.ndarray) -> pd.DataFrame:
@@ -244,9 +246,10 @@ def _plan_rows(r: pd.DataFrame, lv: _Level, states: np.ndarray) -> pd.DataFrame:
     out["reduce_ns"] = np.where(st == "col", node["reduce"], 0.0)
     link, rea = np.zeros(len(r)), np.zeros(len(r))
     chain = (r["rank"].astype(str) + "/" + r["resource"].astype(str)).to_numpy()
+    y, x = r["y"].to_numpy(float), r["x"].to_numpy(float)
     for i in range(len(r) - 1):
         if chain[i] == chain[i + 1]:
-            link[i], rea[i] = lv.transition(st[i], st[i + 1], r["y"].iat[i], r["x"].iat[i + 1])
+            link[i], rea[i] = lv.transition(st[i], st[i + 1], y[i], x[i + 1])
     out["link_ns"], out["rearrange_ns"] = link, rea
     return out
 
@@ -373,7 +376,8 @@ def apply_plan(graph: TaskGraph, search: PimSearch) -> TaskGraph:
         resources.append(res)
         kinds.append(int(TaskKind.MEMCPY))
         attribute.append(o)
-        src.append(after), dst.append(i)
+        src.append(after)
+        dst.append(i)
         return i
 
     head, tail = {}, {}
@@ -384,8 +388,10 @@ def apply_plan(graph: TaskGraph, search: PimSearch) -> TaskGraph:
         h = task
         if row.operand_ns > 0:   # new operand rows rearranged before the kernel reads them
             h = add(task, pr, row.operand_ns, f"pim rearrange operand ({row.resident / 2**20:.2f} MiB resident)")
-            src.pop(), dst.pop()
-            src.append(h), dst.append(task)
+            src.pop()
+            dst.pop()
+            src.append(h)
+            dst.append(task)
         tl = task
         if row.reduce_ns > 0:
             tl = add(task, pr, row.reduce_ns, f"pim reduce partial sums ({row.y / 2**10:.1f} KiB out)")
@@ -393,18 +399,21 @@ def apply_plan(graph: TaskGraph, search: PimSearch) -> TaskGraph:
     # hand-overs between consecutive kernels of a stream
     chain_key = (plan["rank"].astype(str) + "/" + plan["resource"].astype(str)).to_numpy()
     tasks = plan["task"].to_numpy(np.int64)
+    ranks = plan["rank"].to_numpy(np.int64)
+    rearrange_ns, link_ns = plan["rearrange_ns"].to_numpy(float), plan["link_ns"].to_numpy(float)
     for i in range(len(plan) - 1):
         a, b = int(tasks[i]), int(tasks[i + 1])
         if chain_key[i] != chain_key[i + 1] or (st[a] == "gpu" and st[b] == "gpu"):
             continue
-        rank = int(plan["rank"].iat[i])
+        rank = int(ranks[i])
         cur = tail.get(a, a)
-        if plan["rearrange_ns"].iat[i] > 0:
-            cur = add(cur, pim_res[rank], plan["rearrange_ns"].iat[i], f"pim rearrange activation {st[a]}->{st[b]}")
-        if plan["link_ns"].iat[i] > 0:
+        if rearrange_ns[i] > 0:
+            cur = add(cur, pim_res[rank], rearrange_ns[i], f"pim rearrange activation {st[a]}->{st[b]}")
+        if link_ns[i] > 0:
             way = "pim->gpu" if st[b] == "gpu" else "gpu->pim"
-            cur = add(cur, link_res[rank], plan["link_ns"].iat[i], f"pim link {way}")
-        src.append(cur), dst.append(head.get(b, b))
+            cur = add(cur, link_res[rank], link_ns[i], f"pim link {way}")
+        src.append(cur)
+        dst.append(head.get(b, b))
     if durs:
         g, _ = insert_many(g, kind=np.asarray(kinds), resource=np.asarray(resources, dtype=np.int64), dur_ns=durs,
                            names=names, attribute_from=attribute, edges=NewEdges(src, dst, 0, EdgeKind.FLOW),
@@ -421,12 +430,14 @@ class PimOffload(Transform):
     description = "offload memory-bound kernels (decode GEMV/attention) to HBM-PIM; partitioning searched jointly (DCC)"
 
     device: str = field(default="attacc", metadata={"help": "PIM device: attacc | hbm_pim | buffer_die"})
-    link: str = field(default="", metadata={"help": "GPU-PIM link: nvlink3 | nvlink4 | pcie4 | pcie5 (default: the device's)"})
+    link: str = field(default="", metadata={
+        "help": "GPU-PIM link: nvlink3 | nvlink4 | pcie4 | pcie5 (default: the device's)"})
     level: str = field(default="auto", metadata={"help": "partitioning level: auto | bank | bank_group | buffer_die"})
     partition: str = field(default="auto", metadata={"help": "auto (searched per kernel) | row | col"})
     offload: str = field(default="auto", metadata={"help": "auto (searched) | all (every candidate kernel)"})
     max_intensity: float = field(default=16.0, metadata={"help": "candidates: arithmetic intensity <= this (FLOP/B)"})
-    kv_tokens: int = field(default=2048, metadata={"help": "KV-cache tokens per attention (1 new per step is rearranged)"})
+    kv_tokens: int = field(default=2048, metadata={
+        "help": "KV-cache tokens per attention (1 new per step is rearranged)"})
     weight_reuse: int = field(default=0, metadata={
         "help": "steps one rearranged weight layout serves; 0 = rearranged once at load (reported, not per step)"})
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 
 from ..base import Transform, TransformContext, TransformError
@@ -119,7 +120,8 @@ def _launches(graph: TaskGraph, kernels: np.ndarray) -> np.ndarray:
 @dataclass
 class PipelineParallel(Transform):
     name = "pipeline_parallel"
-    description = "pipeline parallelism: one stage's layers, send/recv between stages, GPipe/1F1B bubbles or request pipelining"
+    description = ("pipeline parallelism: one stage's layers, send/recv between stages, GPipe/1F1B bubbles "
+                   "or request pipelining")
 
     degree: int = field(default=2, metadata={"help": "pipeline stages p"})
     micro_batches: int = field(default=4, metadata={"help": "micro-batches m per training step"})
@@ -174,7 +176,7 @@ class PipelineParallel(Transform):
         kern = np.flatnonzero(t["kind"].to_numpy() == int(TaskKind.KERNEL))
         bw = backward_mask(g)
         hops, anchors, bubbles = [], [], []
-        for (rank, step), nbytes in act.items():
+        for (rank, step), nbytes in zip(act.index.tolist(), act.to_numpy().tolist()):
             k = kern[(t["rank"].to_numpy()[kern] == rank) & (t["step"].to_numpy()[kern] == step)]
             if not len(k):
                 continue

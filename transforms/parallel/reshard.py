@@ -25,10 +25,13 @@ given (hidden from the attention-output GEMM's weight, ``sqrt(W_o/2)``; MHA assu
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import TaskGraph, TaskKind
 from whatif.hardware.devices import find_device
@@ -78,7 +81,7 @@ class ReshardSearch:
     (its row), ``why`` (a sentence), ``assumptions`` (what was inferred)."""
 
     table: pd.DataFrame
-    best: pd.Series
+    best: dict[str, Any]
     why: str
     assumptions: list[str]
 
@@ -117,7 +120,8 @@ def search_reshard(graph: TaskGraph, ctx: TransformContext, *, gpus: int = 8, to
     counts = phases.value_counts()
     n_pf, n_dec = int(counts.get("prefill", 0)), int(counts.get("decode", 0))
     if n_pf == 0 or n_dec == 0:
-        assumptions.append(f"the trace has one phase ({phases.iat[0] if len(phases) else '?'}, {len(phases)} steps): "
+        only = str(phases.to_numpy()[0]) if len(phases) else "?"
+        assumptions.append(f"the trace has one phase ({only}, {len(phases)} steps): "
                            "the other phase is priced by the same steps, so the best pair is the best single plan")
     out_tok = output_tokens or max(1, round(n_dec * decode_batch / max(n_pf * prefill_batch, 1))) if n_pf and n_dec \
         else (output_tokens or 1)
@@ -137,30 +141,37 @@ def search_reshard(graph: TaskGraph, ctx: TransformContext, *, gpus: int = 8, to
     hidden = math.sqrt(float(np.nan_to_num(wo).sum()) / 2) if len(wo) else 0.0
     kv = kv_bytes_per_request or 2 * layers * hidden * 2 * (prompt_tokens + out_tok)
     if not kv_bytes_per_request:
-        assumptions.append(f"KV per request 2·{layers} layers·{hidden:.0f} hidden·2 B·({prompt_tokens}+{out_tok}) tokens "
+        assumptions.append(f"KV per request 2·{layers} layers·{hidden:.0f} hidden·2 B·"
+                           f"({prompt_tokens}+{out_tok}) tokens "
                            f"= {kv / 2**20:.1f} MiB (MHA)")
     h2d = (h2d_gbps * GB) if h2d_gbps else _h2d(ctx)
     requests = max(1.0, math.floor(buffer_gb * GB / kv))
     rows = []
-    for a in times.itertuples():
-        for b in times.itertuples():
-            pf = requests / prefill_batch * a.prefill_ns
-            dec = requests * out_tok / decode_batch * b.decode_ns
-            same = (a.t, a.p) == (b.t, b.p)
+    plans: list[dict[Hashable, Any]] = times.to_dict("records")
+    for a in plans:
+        for b in plans:
+            pf = requests / prefill_batch * a["prefill_ns"]
+            dec = requests * out_tok / decode_batch * b["decode_ns"]
+            same = (a["t"], a["p"]) == (b["t"], b["p"])
             switch = 0.0 if same else 2 * weights / gpus / h2d * 1e9
             kv_ns = 0.0 if same else requests * kv / gpus / h2d * 1e9
             cycle = (pf + dec) if same else max(pf, kv_ns) + max(dec, kv_ns) + switch
-            rows.append({"prefill_plan": f"tp{a.t}·pp{a.p}", "decode_plan": f"tp{b.t}·pp{b.p}",
-                         "prefill_step_ms": a.prefill_ns / 1e6, "decode_step_ms": b.decode_ns / 1e6,
+            rows.append({"prefill_plan": f"tp{a['t']}·pp{a['p']}", "decode_plan": f"tp{b['t']}·pp{b['p']}",
+                         "prefill_step_ms": a["prefill_ns"] / 1e6, "decode_step_ms": b["decode_ns"] / 1e6,
                          "transition_ms": switch / 1e6, "kv_swap_ms": kv_ns / 1e6, "cycle_s": cycle / 1e9,
                          "requests_per_cycle": requests, "throughput_rps": requests / (cycle / 1e9)})
     table = pd.DataFrame(rows).sort_values("throughput_rps", ascending=False, ignore_index=True)
-    best = table.iloc[0]
-    static = table[table["prefill_plan"] == table["decode_plan"]].iloc[0]
-    why = (f"prefill is fastest per step under {times.loc[times['prefill_ns'].idxmin(), ['t', 'p']].tolist()} (t, p) and "
-           f"decode under {times.loc[times['decode_ns'].idxmin(), ['t', 'p']].tolist()}; "
-           f"best pair {best['prefill_plan']} -> {best['decode_plan']}: {best['throughput_rps']:.2f} req/s vs best static "
-           f"{static['prefill_plan']} {static['throughput_rps']:.2f} req/s ({best['throughput_rps'] / static['throughput_rps']:.2f}x); "
+    best: dict[str, Any] = table.iloc[0].to_dict()
+    static: dict[str, Any] = table[table["prefill_plan"] == table["decode_plan"]].iloc[0].to_dict()
+    plan_tp = times[["t", "p"]].to_numpy()
+    prefill_best = plan_tp[int(np.nanargmin(times["prefill_ns"].to_numpy()))].tolist()
+    decode_best = plan_tp[int(np.nanargmin(times["decode_ns"].to_numpy()))].tolist()
+    why = (f"prefill is fastest per step under {prefill_best} (t, p) and "
+           f"decode under {decode_best}; "
+           f"best pair {best['prefill_plan']} -> {best['decode_plan']}: "
+           f"{best['throughput_rps']:.2f} req/s vs best static "
+           f"{static['prefill_plan']} {static['throughput_rps']:.2f} req/s "
+           f"({best['throughput_rps'] / static['throughput_rps']:.2f}x); "
            f"2 transitions of {best['transition_ms'] / 2:.1f} ms and a {best['kv_swap_ms']:.1f} ms KV swap amortized "
            f"over {requests:.0f} requests")
     return ReshardSearch(table=table, best=best, why=why, assumptions=assumptions)
@@ -182,7 +193,8 @@ class Reshard(Transform):
     topology: str = field(default="dgx_h100", metadata={"help": "topology preset"})
     buffer_gb: float = field(default=64.0, metadata={"help": "CPU KV buffer (GB) that sets the requests per phase"})
     prompt_tokens: int = field(default=512, metadata={"help": "prompt tokens per request (KV size)"})
-    output_tokens: int = field(default=0, metadata={"help": "output tokens per request; 0 = decode/prefill steps ratio"})
+    output_tokens: int = field(default=0, metadata={
+        "help": "output tokens per request; 0 = decode/prefill steps ratio"})
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         return find_blocks(graph)["task"].to_numpy(np.int64)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
 from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import TaskGraph
 
@@ -138,7 +139,7 @@ class SequenceParallel(Transform):
         a2a_plan: list[tuple[int, int, int, int, str]] = []   # (key, after, before, dur, name)
         splice_anchor: list = []
         core_dur: dict[int, int] = {}
-        for (rank, _), blk in b.groupby(["rank", "block"]):
+        for _, blk in b.groupby(["rank", "block"]):
             core = blk[blk["part"] == "attention"]
             if core.empty:
                 continue
@@ -169,9 +170,9 @@ class SequenceParallel(Transform):
                 latency = self._price(ctx, "send_recv", 0.0, 2, 1) if machines > 1 else 0
                 hops = [full] + [max(full - latency, 0)] * (machines - 2) if machines > 1 else []
             share = max(t_attn // steps, 1)
-            for tk in core["task"]:
-                core_dur[int(tk)] = int(g.tasks["dur_ns"].iat[int(tk)]) // steps
-            splice_anchor.append((int(rank), last, before, share, hops))
+            for tk in core["task"].to_numpy(np.int64).tolist():
+                core_dur[tk] = int(g.tasks["dur_ns"].to_numpy()[int(tk)]) // steps
+            splice_anchor.append((int(blk["rank"].to_numpy()[0]), last, before, share, hops))
         if core_dur:
             g = set_duration(g, list(core_dur), np.asarray([core_dur[k] for k in sorted(core_dur)]),
                              reason=f"{self.label()}: attention on the local block")

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import EdgeKind, TaskGraph
 

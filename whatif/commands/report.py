@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         for row in report.document.rows:
             print(f"{row.name}: {row.mean_step_ns / 1e6:,.3f} ms, {row.speedup:.3f}x")
-        for fmt, path in report.files.items():
+        for _fmt, path in report.files.items():
             print(f"wrote {path}")
     for line in report.failures:
         print(f"whatif: check failed: {line}", file=sys.stderr)

@@ -55,11 +55,11 @@ def render(doc: SweepDocument, console: Console) -> None:
                                                     "TPOT p99 ms"] if llm else ["latency mean ms", "latency p99 ms"]) \
             + ["busy"]:
         table.add_column(c, justify="left" if c == "scenario" else "right", no_wrap=True)
-    for c in doc.curves:
-        for p in c.points:
+    for curve in doc.curves:
+        for p in curve.points:
             vals = ([cell(p.throughput_tokens_per_s, "{:.0f}"), cell(p.ttft_ms.get("mean")), cell(p.ttft_ms.get("p99")),
                      cell(p.tpot_ms.get("mean")), cell(p.tpot_ms.get("p99"))] if isinstance(p, LlmSweepPoint)
                     else [cell(p.latency_ms.get("mean")), cell(p.latency_ms.get("p99"))])
-            table.add_row(c.name, f"{p.rate_req_per_s:g}", cell(p.throughput_req_per_s), *vals,
+            table.add_row(curve.name, f"{p.rate_req_per_s:g}", cell(p.throughput_req_per_s), *vals,
                           cell(p.busy_fraction, "{:.0%}"))
     console.print(table)

@@ -62,7 +62,8 @@ def parse_percent(text: str | float) -> float:
         try:
             value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
         except ValueError:
-            raise ReportError(f"--max-regression {text!r}: expected a percentage like 5% or a fraction like 0.05") from None
+            raise ReportError(f"--max-regression {text!r}: expected a percentage like 5% "
+                              "or a fraction like 0.05") from None
         if not raw.endswith("%") and value >= 1:
             raise ReportError(f"--max-regression {text!r}: write {raw}% for a percentage (a bare number is a fraction)")
     if value < 0:

@@ -28,8 +28,8 @@ def _steps(a: Analysis) -> dict[str, Any]:
             "median_ns": int(np.median(ns)) if len(ns) else 0,
             "min_ns": int(ns.min()) if len(ns) else 0,
             "max_ns": int(ns.max()) if len(ns) else 0,
-            "steps": [{"rank": int(r.rank), "step": int(r.step), "measured_ns": int(r.measured_ns)}
-                      for r in a.steps.itertuples()]}
+            "steps": [{"rank": int(r["rank"]), "step": int(r["step"]), "measured_ns": int(r["measured_ns"])}
+                      for r in a.steps.to_dict("records")]}
 
 
 def gpu_work(a: Analysis) -> pd.DataFrame:
@@ -59,8 +59,9 @@ def _kernel_rows(before: pd.DataFrame, after: pd.DataFrame, tolerance: float) ->
 
 
 def _kernel_entry(r: Any) -> dict[str, Any]:
-    return {"name": r.name, "count_before": round(float(r.count_before), 3), "count_after": round(float(r.count_after), 3),
-            "ns_before": int(round(r.ns_before)), "ns_after": int(round(r.ns_after)), "delta_ns": int(round(r.delta_ns))}
+    return {"name": r.name, "count_before": round(float(r.count_before), 3),
+            "count_after": round(float(r.count_after), 3), "ns_before": int(round(r.ns_before)),
+            "ns_after": int(round(r.ns_after)), "delta_ns": int(round(r.delta_ns))}
 
 
 def _breakdown(a: Analysis) -> dict[str, int]:
@@ -71,7 +72,7 @@ def _breakdown(a: Analysis) -> dict[str, int]:
 
 def _classes(frame: pd.DataFrame) -> dict[str, int]:
     cls = frame["name"].map(lambda n: classify_kernel(n).value)
-    return {k: int(round(v)) for k, v in frame.groupby(cls)["ns"].sum().items()}
+    return {str(k): int(round(v)) for k, v in frame.groupby(cls)["ns"].sum().items()}
 
 
 def compare_prediction(prediction: ReportDocument | PredictionDocument, before: dict[str, Any],
@@ -135,8 +136,10 @@ def diff_document(before: Analysis, after: Analysis, prediction: ReportDocument 
         "kernels": kernels,
         "kernel_classes": [{"class": c, "ns_before": b_cls.get(c, 0), "ns_after": a_cls.get(c, 0),
                             "delta_ns": a_cls.get(c, 0) - b_cls.get(c, 0)}
-                           for c in sorted(set(b_cls) | set(a_cls), key=lambda c: (-max(b_cls.get(c, 0), a_cls.get(c, 0)), c))],
-        "critical_path": [{"category": c, "before_ns": b_path[c], "after_ns": a_path[c], "delta_ns": a_path[c] - b_path[c]}
+                           for c in sorted(set(b_cls) | set(a_cls),
+                                           key=lambda c: (-max(b_cls.get(c, 0), a_cls.get(c, 0)), c))],
+        "critical_path": [{"category": c, "before_ns": b_path[c], "after_ns": a_path[c],
+                           "delta_ns": a_path[c] - b_path[c]}
                           for c in CATEGORIES],
         "prediction": None if prediction is None else compare_prediction(prediction, b_steps, a_steps, a_path),
     }

@@ -33,7 +33,8 @@ def render_diff(doc: dict[str, Any], console: Any, top: int = 8) -> None:
                   f"{ms(doc['gpu_ns_per_step']['before'])} -> {ms(doc['gpu_ns_per_step']['after'])} ms")
     k = doc["kernels"]
     console.print("kernels by name (GPU ms per step): " + ", ".join(
-        f"{c} {k[c]['names']} ({ms(k[c]['delta_ns'], True)})" for c in ("added", "removed", "slower", "faster", "same")))
+        f"{c} {k[c]['names']} ({ms(k[c]['delta_ns'], True)})"
+        for c in ("added", "removed", "slower", "faster", "same")))
     for change in ("slower", "faster", "added", "removed"):
         rows = k[change]["top"][:top]
         if not rows:

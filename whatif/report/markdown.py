@@ -93,16 +93,17 @@ def scenario_details(scenario: ScenarioPrediction, baseline: BaselinePrediction)
         water.append([f"`{cell(w.transform, 90)}`", ms(w.mean_step_ns), ms(w.mean_step_ns - prev, True),
                       f"{w.speedup:.3f}x"])
         prev = w.mean_step_ns
-    body += _table(["after transform", "mean step ms", "change ms", "speedup"], water) + [""]
+    body += [*_table(["after transform", "mean step ms", "change ms", "speedup"], water), ""]
     if scenario.changes:
         changes = [[cell(c.transform, 30), cell(c.action, 20), f"{c.tasks:,}",
                     ms(c.after_ns - c.before_ns, True), cell(c.reason, 60)] for c in scenario.changes]
-        body += _table(["transform", "action", "tasks", "task time ms", "reason"], changes, "llrrl") + [""]
+        body += [*_table(["transform", "action", "tasks", "task time ms", "reason"], changes, "llrrl"), ""]
     cats = list(baseline.critical_path[0].breakdown_ns) if baseline.critical_path else []
     before, after = mean_breakdown_ns(baseline.critical_path), mean_breakdown_ns(scenario.critical_path)
     path = [[c, ms(before.get(c, 0)), ms(after.get(c, 0)), ms(after.get(c, 0) - before.get(c, 0), True)]
             for c in cats if before.get(c, 0) or after.get(c, 0)]
-    body += ["Critical path, mean per step:", ""] + _table(["category", "baseline ms", "predicted ms", "change ms"], path)
+    body += ["Critical path, mean per step:", "",
+             *_table(["category", "baseline ms", "predicted ms", "change ms"], path)]
     n = sum(c.tasks for c in scenario.changes)
     return _details(f"<b>{cell(scenario.name, 60)}</b>: {len(scenario.transforms)} transform(s), "
                     f"{n:,} task changes, {scenario.speedup:.3f}x", body)
@@ -128,9 +129,9 @@ def render_markdown(report: ReportDocument) -> str:
     lines = [f"## whatif report: `{report.source}`", "",
              f"{report.device or 'GPU unknown'} · {len(base.steps)} steps · baseline mean step "
              f"{ms(base.mean_step_ns)} ms · {status}", ""]
-    lines += summary_table(report) + [""]
+    lines += [*summary_table(report), ""]
     if report.checks:
-        lines += ["### Checks", ""] + checks_table(report) + [""]
+        lines += ["### Checks", "", *checks_table(report), ""]
     for s in pred.scenarios:
         lines += scenario_details(s, base)
     lines += top_details(report)

@@ -191,7 +191,8 @@ def _entry(doc: PredictionDocument, metric: str, scenario: str | None, text: str
         if METRICS[metric].scope != "scenario":
             return metric, doc.baseline
         if len(names) != 1:
-            raise ThresholdError(f"{text!r}: {metric} needs a scenario name, e.g. {metric}({names[0] if names else 'fuse'})")
+            raise ThresholdError(f"{text!r}: {metric} needs a scenario name, "
+                                 f"e.g. {metric}({names[0] if names else 'fuse'})")
         scenario = names[0]
     if scenario == "baseline":
         return f"{metric}(baseline)", doc.baseline

@@ -1,0 +1,110 @@
+"""Per-step bounds that any prediction must respect, computed from the *measured* times of a
+graph's tasks, independently of the replay.
+
+* ``cpu_own_ns``: the CPU's own work in the step: per CPU thread, the span of its tasks in the
+  step less the time its blocking calls spent waiting; the busiest thread's. Waiting are:
+  synchronize calls and the waiting part of blocking copies (whole), and what a call that
+  launched GPU work took beyond the median of its name's launching calls on the rank (a copy
+  to pageable memory held until its stream was free, a launch held by a full launch queue).
+  A GPU that takes zero time leaves this.
+* ``gpu_stream_own_ns``: the busiest GPU stream's own work (sum of its tasks' durations). A CPU
+  that takes zero time leaves at least this.
+* ``gpu_busy_ns``: the time any GPU work of the rank runs in the step (union of the intervals).
+  With ``g = gpu_busy_ns / measured_ns``, making all GPU work ``f`` times as long can speed the
+  step up by at most ``1 / (1 - (1 - f) * g)`` (Amdahl), and never slow it down.
+
+>>> from whatif.api import analyze
+>>> b = step_bounds(analyze("sample_traces/llm_serve").graph)
+>>> sorted(b.columns)
+['cpu_own_ns', 'gpu_busy_ns', 'gpu_stream_own_ns', 'measured_ns', 'rank', 'step']
+>>> bool((b["cpu_own_ns"] <= b["measured_ns"]).all())
+True
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from whatif.depgraph.graph import CPU_KINDS, GPU_WORK_KINDS, EdgeKind, ResourceKind, TaskGraph, TaskKind, kind_codes
+from whatif.depgraph.syncs import DEVICE_SYNC, EVENT_SYNC, STREAM_SYNC
+
+from .steps import measured_step_ns
+
+BLOCKING_CALL = re.compile("|".join(p.pattern for p in (DEVICE_SYNC, STREAM_SYNC, EVENT_SYNC)))
+"""CPU calls that block until GPU work is done (their measured duration is mostly waiting)."""
+
+
+def _measured(graph: TaskGraph, codes: Sequence[int]) -> pd.DataFrame:
+    t = graph.tasks
+    sel = (np.isin(t["kind"].to_numpy(), codes) & (t["step"].to_numpy() >= 0)
+           & (t["measured_start_ns"].to_numpy() >= 0))
+    idx = np.flatnonzero(sel)
+    return pd.DataFrame({"task": idx, "rank": t["rank"].to_numpy()[idx], "step": t["step"].to_numpy()[idx],
+                         "resource": t["resource"].to_numpy()[idx],
+                         "start": t["measured_start_ns"].to_numpy()[idx],
+                         "end": t["measured_end_ns"].to_numpy()[idx],
+                         "kind": t["kind"].to_numpy()[idx],
+                         "name": t["name"].astype(str).to_numpy()[idx]})
+
+
+def _launchers(graph: TaskGraph) -> np.ndarray:
+    """Per task: whether it launched GPU work."""
+    e = graph.edges
+    out = np.zeros(len(graph.tasks), dtype=bool)
+    out[e["src"].to_numpy()[(e["kind"] == int(EdgeKind.LAUNCH)).to_numpy()]] = True
+    return out
+
+
+def _cpu_own(graph: TaskGraph) -> pd.Series:
+    cpu = _measured(graph, kind_codes(CPU_KINDS))
+    threads = np.flatnonzero(graph.resources["kind"].to_numpy() == int(ResourceKind.THREAD))
+    cpu = cpu[np.isin(cpu["resource"].to_numpy(), threads)]
+    names = cpu["name"].to_numpy()
+    blocking = (cpu["kind"].to_numpy() == int(TaskKind.WAIT)) | np.fromiter(
+        (bool(BLOCKING_CALL.search(n)) for n in names), dtype=bool, count=len(names))
+    dur = (cpu["end"] - cpu["start"]).to_numpy()
+    launcher = _launchers(graph)[cpu["task"].to_numpy()]
+    typical = pd.Series(dur[launcher]).groupby([cpu["rank"].to_numpy()[launcher], names[launcher]]).transform("median")
+    held = np.zeros(len(cpu), dtype=np.int64)
+    held[launcher] = np.maximum(dur[launcher] - typical.to_numpy(), 0)
+    cpu = cpu.assign(wait=np.where(blocking, dur, held))
+    per_thread = cpu.groupby(["rank", "step", "resource"]).agg(start=("start", "min"), end=("end", "max"),
+                                                                 wait=("wait", "sum"))
+    own = (per_thread["end"] - per_thread["start"] - per_thread["wait"]).clip(lower=0)
+    return own.groupby(level=["rank", "step"]).max()
+
+
+def _union_ns(start: np.ndarray, end: np.ndarray) -> int:
+    order = np.argsort(start, kind="stable")
+    s, e = start[order], end[order]
+    reach = np.maximum.accumulate(e)
+    prev = np.concatenate([[s[0] if len(s) else 0], reach[:-1]])
+    return int(np.maximum(e - np.maximum(s, prev), 0).sum()) if len(s) else 0
+
+
+def _gpu(graph: TaskGraph) -> tuple[pd.Series, pd.Series]:
+    gpu = _measured(graph, kind_codes(GPU_WORK_KINDS))
+    gpu = gpu.assign(dur=gpu["end"] - gpu["start"])
+    stream_own = gpu.groupby(["rank", "step", "resource"])["dur"].sum().groupby(level=["rank", "step"]).max()
+    busy = {key: _union_ns(g["start"].to_numpy(), g["end"].to_numpy())
+            for key, g in gpu.groupby(["rank", "step"])}
+    busy_s = pd.Series(busy, dtype=np.int64)
+    busy_s.index = busy_s.index.set_names(["rank", "step"]) if len(busy_s) else busy_s.index
+    return stream_own, busy_s
+
+
+def step_bounds(graph: TaskGraph) -> pd.DataFrame:
+    """Per step of ``graph``: ``rank``, ``step``, ``measured_ns`` (the step's measured length, as
+    :func:`~whatif.predictors.steps.step_times` counts it), ``cpu_own_ns``, ``gpu_stream_own_ns``
+    and ``gpu_busy_ns`` (see the module docstring). Steps without CPU or GPU work get 0."""
+    steps = graph.steps
+    out = pd.DataFrame({"rank": steps["rank"].to_numpy(), "step": steps["step"].to_numpy(),
+                        "measured_ns": measured_step_ns(graph)})
+    key = pd.MultiIndex.from_arrays([out["rank"], out["step"]])
+    stream_own, busy = _gpu(graph)
+    for col, series in (("cpu_own_ns", _cpu_own(graph)), ("gpu_stream_own_ns", stream_own), ("gpu_busy_ns", busy)):
+        out[col] = series.reindex(key).fillna(0).to_numpy(dtype=np.int64) if len(series) else 0
+    return out

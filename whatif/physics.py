@@ -1,0 +1,192 @@
+"""Physics relations a what-if prediction must obey on any trace: how predictions *move*.
+
+An unchanged replay reproduces a trace by construction; these relations test what happens when
+the hardware changes (issue 13). Each compares predictions of the same trace under simple
+scenarios, step by step, with the bounds of :mod:`whatif.predictors.bounds` (measured, computed
+without the replay):
+
+* ``identity``: an empty scenario and ``scale factor=1`` reproduce the baseline exactly.
+* ``monotonic``: making a kind of task faster never makes a step slower (beyond 0.1 %), making
+  it slower never makes one faster.
+* ``gpu_zero``: with all GPU work at zero time, a step takes at least the CPU's own work
+  (0.5 % slack) and at most 10 % more.
+* ``cpu_zero``: with all CPU work at zero time, no step is shorter than its busiest GPU stream's
+  own work (0.5 % slack).
+* ``bounded``: all GPU work twice as fast speeds a step up by between 1 and Amdahl's
+  ``1 / (1 - g / 2)``, ``g`` the step's GPU-busy fraction.
+* ``composition``: two scalings of disjoint kinds give the same steps in either order.
+
+>>> from whatif.api import analyze
+>>> results = check(analyze("sample_traces/llm_serve"))
+>>> [(r.relation.value, r.holds) for r in results if r.applies]   # a CPU-only trace
+[('identity', True), ('monotonic', True)]
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+import pandas as pd
+
+from whatif.analysis import Analysis, make_context, predict
+from whatif.predictors.bounds import step_bounds
+from whatif.predictors.replay import replay
+from whatif.predictors.steps import step_times
+from whatif.transforms.base import Transform, TransformContext
+from whatif.transforms.generic import Scale
+from whatif.transforms.scenario import Scenario
+from whatif.transforms.select import Selector
+
+MONOTONIC_TOLERANCE = 0.001
+FLOOR_SLACK = 0.005
+GPU_ZERO_CEILING = 0.10
+MONOTONIC_KINDS = ("kernel", "memcpy", "comm", "cpu")
+
+
+class Relation(str, Enum):
+    IDENTITY = "identity"
+    MONOTONIC = "monotonic"
+    GPU_ZERO = "gpu_zero"
+    CPU_ZERO = "cpu_zero"
+    BOUNDED = "bounded"
+    COMPOSITION = "composition"
+
+
+@dataclass(frozen=True)
+class RelationResult:
+    """Whether ``relation`` holds on every step it applies to; ``detail`` gives the worst step's
+    numbers (or why the relation does not apply). ``value`` and ``bound`` summarize the steps it
+    applies to: for ``gpu_zero`` the mean predicted and floor step (ms), for ``cpu_zero`` the
+    same against the busiest stream, for ``bounded`` the speedup and its Amdahl ceiling; NaN
+    for the others."""
+
+    relation: Relation
+    holds: bool
+    applies: bool
+    detail: str
+    value: float = float("nan")
+    bound: float = float("nan")
+
+
+def _scale(kind: str | None, factor: float) -> Scale:
+    return Scale(select=Selector(kind=kind), factor=factor)
+
+
+def _steps(analysis: Analysis, ctx: TransformContext, transforms: Sequence[Transform]) -> np.ndarray:
+    if not transforms:  # the empty scenario: the baseline graph, copied and replayed afresh
+        return step_times(replay(analysis.graph.copy()))["predicted_ns"].to_numpy(dtype=np.int64)
+    pred = predict(analysis, [Scenario(name="physics", transforms=list(transforms))], ctx)
+    return pred.scenarios[0].steps["predicted_ns"].to_numpy(dtype=np.int64)
+
+
+def _has(analysis: Analysis, kind: str) -> bool:
+    return len(Selector(kind=kind)(analysis.graph)) > 0
+
+
+def _worst(mask: np.ndarray, score: np.ndarray, describe: Callable[[int], str]) -> str:
+    i = int(np.flatnonzero(mask)[np.argmax(score[mask])])
+    return describe(i)
+
+
+def check(analysis: Analysis, ctx: TransformContext | None = None) -> list[RelationResult]:
+    """Every relation of this module on ``analysis``'s trace, in the order they are listed above."""
+    ctx = ctx or make_context(analysis.trace)
+    base = analysis.steps["predicted_ns"].to_numpy(dtype=np.int64)
+    bounds = step_bounds(analysis.graph)
+    label = [f"rank {r} step {s}" for r, s in zip(bounds["rank"], bounds["step"])]
+    return [_identity(analysis, ctx, base), _monotonic(analysis, ctx, base, label),
+            _gpu_zero(analysis, ctx, bounds, label), _cpu_zero(analysis, ctx, bounds, label),
+            _bounded(analysis, ctx, base, bounds, label), _composition(analysis, ctx, label)]
+
+
+def _identity(analysis: Analysis, ctx: TransformContext, base: np.ndarray) -> RelationResult:
+    same = [np.array_equal(_steps(analysis, ctx, ts), base) for ts in ([], [_scale(None, 1.0)])]
+    return RelationResult(Relation.IDENTITY, all(same), True,
+                          "empty scenario and scale x1 reproduce the baseline" if all(same)
+                          else f"differs: empty scenario {'ok' if same[0] else 'changed'}, "
+                               f"scale x1 {'ok' if same[1] else 'changed'}")
+
+
+def _monotonic(analysis: Analysis, ctx: TransformContext, base: np.ndarray, label: list[str]) -> RelationResult:
+    worst: tuple[float, str] = (0.0, "")
+    for kind in MONOTONIC_KINDS:
+        if not _has(analysis, kind):
+            continue
+        for factor in (0.5, 2.0):
+            pred = _steps(analysis, ctx, [_scale(kind, factor)])
+            wrong = (pred - base) / np.maximum(base, 1) * (1 if factor < 1 else -1)
+            i = int(np.argmax(wrong)) if len(wrong) else 0
+            if len(wrong) and wrong[i] > worst[0]:
+                worst = (float(wrong[i]), f"{kind} x{factor}: {label[i]} {base[i] / 1e6:.3f} -> {pred[i] / 1e6:.3f} ms")
+    holds = worst[0] <= MONOTONIC_TOLERANCE
+    return RelationResult(Relation.MONOTONIC, holds, True,
+                          "every step moves the right way" if not worst[1] else
+                          f"worst {worst[0] * 100:.2f} % the wrong way ({worst[1]})")
+
+
+def _gpu_zero(analysis: Analysis, ctx: TransformContext, bounds: pd.DataFrame, label: list[str]) -> RelationResult:
+    floor = bounds["cpu_own_ns"].to_numpy(dtype=np.int64)
+    has = (floor > 0) & (bounds["gpu_busy_ns"].to_numpy() > 0)
+    if not has.any():
+        return RelationResult(Relation.GPU_ZERO, True, False, "no step has both CPU and GPU work")
+    pred = _steps(analysis, ctx, [_scale("gpu", 0.0)])
+    ratio = pred / np.maximum(floor, 1)
+    bad = has & ((ratio < 1 - FLOOR_SLACK) | (ratio > 1 + GPU_ZERO_CEILING))
+    score = np.abs(ratio - 1)
+    detail = _worst(bad if bad.any() else has, score,
+                    lambda i: f"{label[i]}: GPU x0 {pred[i] / 1e6:.3f} ms vs CPU own work {floor[i] / 1e6:.3f} ms "
+                              f"({ratio[i]:.2f}x)")
+    return RelationResult(Relation.GPU_ZERO, not bad.any(), True,
+                          f"{int(bad.sum())} of {int(has.sum())} steps outside [floor, floor x1.1]; worst {detail}",
+                          float(pred[has].mean()) / 1e6, float(floor[has].mean()) / 1e6)
+
+
+def _cpu_zero(analysis: Analysis, ctx: TransformContext, bounds: pd.DataFrame, label: list[str]) -> RelationResult:
+    floor = bounds["gpu_stream_own_ns"].to_numpy(dtype=np.int64)
+    has = floor > 0
+    if not has.any():
+        return RelationResult(Relation.CPU_ZERO, True, False, "no step has GPU work")
+    pred = _steps(analysis, ctx, [_scale("cpu", 0.0)])
+    ratio = pred / np.maximum(floor, 1)
+    bad = has & (ratio < 1 - FLOOR_SLACK)
+    detail = _worst(bad if bad.any() else has, -ratio,
+                    lambda i: f"{label[i]}: CPU x0 {pred[i] / 1e6:.3f} ms vs busiest stream {floor[i] / 1e6:.3f} ms")
+    return RelationResult(Relation.CPU_ZERO, not bad.any(), True,
+                          f"{int(bad.sum())} of {int(has.sum())} steps below the busiest stream; closest {detail}",
+                          float(pred[has].mean()) / 1e6, float(floor[has].mean()) / 1e6)
+
+
+def _bounded(analysis: Analysis, ctx: TransformContext, base: np.ndarray, bounds: pd.DataFrame,
+             label: list[str]) -> RelationResult:
+    busy = bounds["gpu_busy_ns"].to_numpy(dtype=np.float64)
+    measured = bounds["measured_ns"].to_numpy(dtype=np.float64)
+    has = (busy > 0) & (measured > 0)
+    if not has.any():
+        return RelationResult(Relation.BOUNDED, True, False, "no step has GPU work")
+    g = np.clip(busy / np.maximum(measured, 1), 0, 1)
+    ceiling = 1 / (1 - g / 2)
+    pred = _steps(analysis, ctx, [_scale("gpu", 0.5)])
+    speedup = base / np.maximum(pred, 1)
+    bad = has & ((speedup < 1 - MONOTONIC_TOLERANCE) | (speedup > ceiling * (1 + MONOTONIC_TOLERANCE)))
+    mean_speedup = float(base[has].sum() / max(pred[has].sum(), 1))
+    mean_ceiling = float(measured[has].sum() / max((measured[has] - busy[has] / 2).sum(), 1))
+    detail = f"GPU x0.5: speedup {mean_speedup:.3f}x over the steps, Amdahl ceiling {mean_ceiling:.3f}x"
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        detail += f"; {int(bad.sum())} steps outside, e.g. {label[i]} {speedup[i]:.3f}x vs ceiling {ceiling[i]:.3f}x"
+    return RelationResult(Relation.BOUNDED, not bad.any(), True, detail, mean_speedup, mean_ceiling)
+
+
+def _composition(analysis: Analysis, ctx: TransformContext, label: list[str]) -> RelationResult:
+    if not (_has(analysis, "kernel") and _has(analysis, "cpu")):
+        return RelationResult(Relation.COMPOSITION, True, False, "needs both kernels and CPU tasks")
+    a = _steps(analysis, ctx, [_scale("kernel", 0.5), _scale("cpu", 0.5)])
+    b = _steps(analysis, ctx, [_scale("cpu", 0.5), _scale("kernel", 0.5)])
+    same = np.array_equal(a, b)
+    if same:
+        return RelationResult(Relation.COMPOSITION, True, True, "kernel x0.5 and cpu x0.5 commute")
+    i = int(np.argmax(np.abs(a - b)))
+    return RelationResult(Relation.COMPOSITION, False, True,
+                          f"order matters: {label[i]} {a[i] / 1e6:.3f} vs {b[i] / 1e6:.3f} ms")
