@@ -278,7 +278,8 @@ def serving_curves_figure(sweep: SweepDocument, metric: Literal["", "tpot_ms", "
     x = achieved throughput (output tokens/s for LLMs, requests/s for DiTs), y = mean and p99 of
     ``metric`` (default TPOT for LLMs, request latency for DiTs), in ms; points labelled by rate.
 
-    >>> from whatif.documents import DitSweepCurve, DitSweepPoint, DitSweepDocument, LatencyStats
+    >>> from whatif.documents import (DitIterationModel, DitSettings, DitSweepCurve, DitSweepDocument,
+    ...                               DitSweepPoint, LatencyStats, WorkloadEntry)
     >>> lat = LatencyStats(mean=50.0, p50=50.0, p90=70.0, p99=80.0)
     >>> model = DitIterationModel(tokens_ref=64, attention_ns=[0, 1], rest_ns=[0, 1], batch_overhead_ns=0, n=1,
     ...                           mape=0, loo_mape=0, model_batches_seen=[2], profiler_correction=1.0)
