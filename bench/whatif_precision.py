@@ -21,6 +21,7 @@ import pandas as pd
 
 from whatif.api import Analysis, analyze, make_context
 from whatif.depgraph.graph import TaskGraph, TaskKind
+from whatif.hardware.devices import find_device
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import step_times
 from whatif.transforms.base import TransformError
@@ -62,7 +63,8 @@ def predictions() -> pd.DataFrame:
         a = analyze(path)
         ctx = make_context(a.trace)
         base_step, base_busy = a.steps["predicted_ns"].mean() / 1e6, kernel_busy_ms(a.graph)
-        dev = ctx.cost.device.name.value if getattr(ctx.cost, "device", None) is not None else "?"
+        found = find_device(ctx.device)
+        dev = found.name.value if found is not None else "?"
         for d in dtypes:
             row = {"trace": Path(rel).name[:42], "gpu": dev, "dtype": d, "step_ms": base_step}
             try:

@@ -182,8 +182,8 @@ def _toml_key(k: str) -> str:
 
 
 def spec_to_toml(spec: dict[str, Any]) -> str:
-    """A scenario spec (``name``, ``description``, ``transform`` list) as a scenario TOML file."""
-    lines = [f"{k} = {_toml_value(spec[k])}" for k in ("name", "description") if spec.get(k)]
+    """A scenario spec (``name``, ``description``, ``cost_model``, ``transform`` list) as a scenario TOML file."""
+    lines = [f"{k} = {_toml_value(spec[k])}" for k in ("name", "description", "cost_model") if spec.get(k)]
     for t in spec.get("transform", []):
         lines += ["", "[[transform]]", f"name = {_toml_value(t['name'])}"]
         lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in t.items() if k != "name"]

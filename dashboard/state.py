@@ -14,11 +14,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from whatif.analysis import scenario_cost_model
 from whatif.api import (
     Analysis,
     Prediction,
@@ -36,6 +38,7 @@ from whatif.documents import (
     ServingDocument,
     SweepDocument,
 )
+from whatif.predictors.cost_models import COST_MODELS, CostModelName
 from whatif.predictors.serving.logs import find_log
 from whatif.serving import Workload, fit_serving, serve, sweep
 from whatif.summary import analysis_document, baseline_document, prediction_document, scenario_headline
@@ -83,7 +86,7 @@ class Run:
     error: str | None = None
     scenarios: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> spec
     _doc: AnalysisDocument | None = None
-    _ctx: TransformContext | None = None
+    _contexts: dict[Enum, TransformContext] = field(default_factory=dict)  # per cost model
     _baseline_doc: BaselinePrediction | None = None
     _results: OrderedDict[str, ScenarioResult] = field(default_factory=OrderedDict)
     _docs: dict[str, ScenarioPrediction] = field(default_factory=dict)
@@ -129,12 +132,13 @@ class Run:
                        ranks=len(a.trace.ranks), steps=len(a.steps), tasks=a.graph.num_tasks)
         return row
 
-    @property
-    def context(self) -> TransformContext:
+    def context(self, cost_model: str | Enum = CostModelName.TRACE) -> TransformContext:
+        """The transform context of this run priced by ``cost_model`` (built once per cost model)."""
+        key = COST_MODELS.key(cost_model)
         with self.lock:
-            if self._ctx is None:
-                self._ctx = make_context(self.analysis.trace)
-            return self._ctx
+            if key not in self._contexts:
+                self._contexts[key] = make_context(self.analysis.trace, key)
+            return self._contexts[key]
 
     def scenario(self, spec: dict[str, Any]) -> Scenario:
         return scenario_from_dict(spec, source=f"<{spec.get('name', 'scenario')}>",
@@ -147,7 +151,8 @@ class Run:
             if key in self._results:
                 self._results.move_to_end(key)
                 return self._results[key]
-            pred = predict(self.analysis, [self.scenario(spec)], self.context)
+            scenario = self.scenario(spec)
+            pred = predict(self.analysis, [scenario], self.context(scenario_cost_model(scenario)))
             self._results[key] = pred.scenarios[0]
             while len(self._results) > MAX_PREDICTIONS:
                 old, _ = self._results.popitem(last=False)

@@ -34,7 +34,6 @@ DEVICE_SYNC = re.compile(r"(cuda|hip)DeviceSynchronize|cuCtxSynchronize|hipCtxSy
 STREAM_SYNC = re.compile(r"(cuda|hip|cu)StreamSynchronize")
 EVENT_SYNC = re.compile(r"(cuda|hip|cu)EventSynchronize")
 STREAM_WAIT = re.compile(r"(cuda|hip|cu)StreamWaitEvent")
-EVENT_RECORD = re.compile(r"(cuda|hip|cu)EventRecord")
 
 
 class StreamIndex:

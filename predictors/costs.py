@@ -1,5 +1,6 @@
-"""The cost models transforms use, calibrated on the trace itself (implements
-:class:`whatif.transforms.base.CostModel`). Everything is vectorized over tasks; per-task facts
+"""The cost model transforms use by default (``trace``), calibrated on the trace itself (implements
+:class:`whatif.transforms.base.CostModel`; :mod:`whatif.predictors.datasheet` is the same model
+without the calibrations). Everything is vectorized over tasks; per-task facts
 of a graph are computed once per structure of it (``graph.memo``: graphs whose tasks were added,
 removed, renamed or reclassified recompute them).
 
@@ -61,7 +62,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -84,6 +85,12 @@ from whatif.tracer.kinds import EventKind
 from whatif.tracer.trace import Trace
 from whatif.transforms.base import TransformError
 from whatif.transforms.select import kernel_classes
+
+from .cost_models import CostModelBase, CostModelName, register_cost_model
+
+if TYPE_CHECKING:
+    from whatif.hardware.collectives import CollectiveCalibration
+    from whatif.hardware.topology import Topology
 
 MIN_PEERS = 5
 ASSUMED_BW_EFFICIENCY = 0.7      # of peak DRAM bandwidth, when the trace cannot calibrate it
@@ -156,8 +163,12 @@ def sixteen_bit(device: Device) -> str:
     return "bf16" if device.peak.get(DType.BF16) else "fp16"
 
 
-class TraceCostModel:
-    """Cost models for the graphs of one trace (see the module docstring)."""
+@register_cost_model
+class TraceCostModel(CostModelBase):
+    """The cost model calibrated on the trace itself (see the module docstring); ``trace`` in
+    :data:`~whatif.predictors.cost_models.COST_MODELS`."""
+
+    key = CostModelName.TRACE
 
     def __init__(self, trace: Trace, device: Device | None = None) -> None:
         self.trace = trace
@@ -172,12 +183,13 @@ class TraceCostModel:
                                                                      ops["external_id"].to_numpy()]))
         self._op_by_ext = self._op_by_ext[~self._op_by_ext.index.duplicated(keep="last")]
         self._bw: float | None = None
+        self._collective_calibrations: dict[str, CollectiveCalibration | None] = {}
         self._op_memo: dict[tuple[str, str, str], tuple[float, float, float, str]] = {}
 
     # -- recorded facts, all tasks of a graph, cached ------------------------------------------
     def _base(self, graph: TaskGraph) -> dict[str, np.ndarray]:
         """Facts of every task as recorded (before any transform's precision/device change)."""
-        return graph.memo(f"{_FACTS_KEY}@{id(self.trace)}", lambda: self._compute_base(graph))
+        return graph.memo(f"{_FACTS_KEY}@{self.key.value}@{id(self.trace)}", lambda: self._compute_base(graph))
 
     def _op_facts(self, op_name: str, dims: list | None, types: Sequence[str]) -> tuple[float, float, float, str]:
         """(FLOPs, bytes, weight bytes, dtype) of one recorded op; NaN/'' when unknown. Memoized by shape."""
@@ -366,6 +378,16 @@ class TraceCostModel:
         return self._bw
 
     def _calibrate(self, graph: TaskGraph, facts: dict[str, np.ndarray]) -> None:
+        measured = self._measured_bandwidth_bytes_per_s(graph, facts)
+        self._bw = measured if measured is not None else self._datasheet_bandwidth_bytes_per_s()
+
+    def _datasheet_bandwidth_bytes_per_s(self) -> float:
+        if self.device is not None:
+            return self.device.mem_bw_bytes_per_s * ASSUMED_BW_EFFICIENCY
+        return DEFAULT_BW_BYTES_PER_S
+
+    def _measured_bandwidth_bytes_per_s(self, graph: TaskGraph, facts: dict[str, np.ndarray]) -> float | None:
+        """Median achieved bandwidth of the trace's memory-bound kernels (None when too few)."""
         ev = self.trace.events
         rows = graph.tasks["event"].to_numpy()
         ok = (rows >= 0) & np.isin(facts["kernel_class"], list(MEMORY_BOUND)) & ~np.isnan(facts["bytes"])
@@ -376,18 +398,10 @@ class TraceCostModel:
         dur[ok] = ev["dur_ns"].to_numpy()[rows[ok]]
         ok &= dur >= 5_000
         if ok.sum() >= MIN_PEERS:
-            self._bw = float(np.median(facts["bytes"][ok] / (dur[ok] * 1e-9)))
-        elif self.device is not None:
-            self._bw = self.device.mem_bw_bytes_per_s * ASSUMED_BW_EFFICIENCY
-        else:
-            self._bw = DEFAULT_BW_BYTES_PER_S
+            return float(np.median(facts["bytes"][ok] / (dur[ok] * 1e-9)))
+        return None
 
     # -- what-ifs -------------------------------------------------------------------------------
-    @staticmethod
-    def device_name(name: str) -> str:
-        """The catalog name of a GPU given by catalog or trace-style name (TransformError if unknown)."""
-        return resolve_device(name).name.value
-
     def check_precision(self, graph: TaskGraph, tasks: np.ndarray, spec: str) -> None:
         """TransformError when a task's GPU is unknown or has no native rate for ``spec``."""
         dtype, weight_only = (spec[: -len("_weight")], True) if spec.endswith("_weight") else (spec, False)
@@ -490,12 +504,8 @@ class TraceCostModel:
         than ``MAX_WAIT_RATIO`` times the uncalibrated model's time is taken as dominated by waiting
         for peers and not used (bench/collectives_traces.py: single-rank kernels of 2.4 ms for a
         40 us all-reduce)."""
-        from whatif.hardware.collectives import calibrate, collective_time_ns
+        from whatif.hardware.collectives import collective_time_ns
         from whatif.hardware.topology import TopologyName, preset
-        from whatif.tracer.measured_collectives import (
-            collective_points,
-            fastest_per_size,
-        )
         try:
             base = preset(topology_name)
         except ValueError:
@@ -503,25 +513,24 @@ class TraceCostModel:
                                  f"{', '.join(t.value for t in TopologyName)})") from None
         per = min(ranks_per_machine or ranks, base.gpus_per_machine)
         topo = base.with_machines(max(1, -(-ranks // per)))
-        key = ("collective_calibration", base.name)
-        memo = self.__dict__.setdefault("_parallel_memo", {})
-        if key not in memo:
-            def family(d):
-                return (d.name.value.split("_")[0] if d is not None else None)
-            same = self.device is not None and base.device is not None \
-                and family(self.device) == base.device.value.split("_")[0]
-            pts = fastest_per_size(collective_points(self.trace)) if same else []
-            pts = [p for p in pts if p[3] <= MAX_WAIT_RATIO * collective_time_ns(
-                p[0], p[1], p[2], base.with_machines(max(1, -(-p[2] // base.gpus_per_machine))))]
-            memo[key] = calibrate(pts, topo, residual=False) if pts else None
+        if base.name not in self._collective_calibrations:
+            self._collective_calibrations[base.name] = self._collective_calibration(base, topo)
         return float(collective_time_ns(kind, message_bytes, ranks, topo, ranks_per_machine=per,
-                                        calibration=memo[key]))
+                                        calibration=self._collective_calibrations[base.name]))
 
-    def step_times_ns(self, graph: TaskGraph) -> pd.Series:
-        from .replay import replay
-        from .steps import step_times
-
-        return step_times(replay(graph)).groupby("step")["predicted_ns"].max().astype(float)
+    def _collective_calibration(self, base: Topology, topo: Topology) -> CollectiveCalibration | None:
+        """The fit of the trace's collective kernels when its GPU is of the preset ``base``'s family."""
+        from whatif.hardware.collectives import calibrate, collective_time_ns
+        from whatif.tracer.measured_collectives import (
+            collective_points,
+            fastest_per_size,
+        )
+        same = self.device is not None and base.device is not None \
+            and self.device.name.value.split("_")[0] == base.device.value.split("_")[0]
+        pts = fastest_per_size(collective_points(self.trace)) if same else []
+        pts = [p for p in pts if p[3] <= MAX_WAIT_RATIO * collective_time_ns(
+            p[0], p[1], p[2], base.with_machines(max(1, -(-p[2] // base.gpus_per_machine))))]
+        return calibrate(pts, topo, residual=False) if pts else None
 
     def kernel_time_ns(self, graph: TaskGraph, tasks: np.ndarray, flops: np.ndarray,
                        nbytes: np.ndarray) -> np.ndarray:

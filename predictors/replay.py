@@ -4,7 +4,7 @@ A task becomes ready when all its predecessors are done; it starts at
 ``max(end(u) + lat)`` over its non-SYNC in-edges and, on a shared resource (link, copy
 engine, PIM unit), not before the resource is free; it ends at
 ``max(start + dur, max(end(u) + lat) over SYNC in-edges)``. Ready tasks are taken from a heap
-keyed ``(ready time, priority, task id)``, so ties break the same way every run (simpy/vidur).
+keyed ``(ready time, task id)``, so ties break the same way every run (simpy/vidur).
 Only each rank's ORIGIN task takes its time from the trace; every other start is computed.
 """
 from __future__ import annotations
@@ -88,15 +88,15 @@ def replay(graph: TaskGraph) -> Replay:
     origin_time = {int(r): int(m) for r, m in zip(ranks[is_origin], measured[is_origin])}
     default_origin = min(origin_time.values()) if origin_time else 0
 
-    heap: list[tuple[int, int, int]] = []
+    heap: list[tuple[int, int]] = []
     for v in np.flatnonzero(np.asarray(indeg) == 0).tolist():
         start_ready[v] = int(measured[v]) if is_origin[v] else origin_time.get(int(ranks[v]), default_origin)
-        heap.append((start_ready[v], 0, v))
+        heap.append((start_ready[v], v))
     heapq.heapify(heap)
     done = 0
     pop, push = heapq.heappop, heapq.heappush
     while heap:
-        ready, _, v = pop(heap)
+        ready, v = pop(heap)
         s = ready
         if shared_task[v]:
             r = res_list[v]
@@ -130,7 +130,7 @@ def replay(graph: TaskGraph) -> Replay:
             if indeg[w] == 0:
                 if start_ready[w] == NEG:  # only SYNC predecessors: it may start at its rank's origin
                     start_ready[w] = origin_time.get(int(ranks[w]), default_origin)
-                push(heap, (start_ready[w], 0, w))
+                push(heap, (start_ready[w], w))
     if done != n:
         stuck = next(i for i in range(n) if indeg[i] > 0)
         raise GraphError(f"the task graph has a cycle through task {stuck}")

@@ -31,7 +31,7 @@ import pandas as pd
 
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 
-from .replay import RESOURCE_BOUND, Replay
+from .replay import RESOURCE_BOUND, Replay, replay
 
 CATEGORIES = ("cpu", "launch", "gpu", "comm", "sync", "idle")
 _EDGE_CATEGORY = {EdgeKind.ANCHOR: "idle", EdgeKind.THREAD: "cpu", EdgeKind.STREAM: "idle", EdgeKind.LAUNCH: "launch",
@@ -94,6 +94,12 @@ def step_times(replay: Replay) -> pd.DataFrame:
                         "measured_ns": measured, "predicted_ns": predicted})
     out["error"] = np.where(measured > 0, predicted / np.maximum(measured, 1) - 1.0, 0.0)
     return out
+
+
+def step_times_ns(graph: TaskGraph) -> pd.Series:
+    """Replay ``graph``: each step's predicted time (ns; max over ranks), indexed by step (the
+    :data:`~whatif.transforms.base.StepTimes` that transforms searching over plans get)."""
+    return step_times(replay(graph)).groupby("step")["predicted_ns"].max().astype(float)
 
 
 @dataclass

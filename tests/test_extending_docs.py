@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from whatif.predictors.cost_models import COST_MODELS
 from whatif.predictors.serving import POLICIES, ROUTERS
 from whatif.tracer import readers
 from whatif.transforms import registry
@@ -39,17 +40,20 @@ def restored_registries() -> Iterator[None]:
     readers.suffixes()
     POLICIES.names()
     ROUTERS.names()
-    saved = (dict(registry._REGISTRY), dict(readers._READERS), dict(POLICIES._classes), dict(ROUTERS._classes))
+    COST_MODELS.names()
+    live_registries = (registry._REGISTRY, readers._READERS, POLICIES._classes, ROUTERS._classes, COST_MODELS._classes)
+    saved = tuple(dict(live) for live in live_registries)
     try:
         yield
     finally:
-        for live, before in zip((registry._REGISTRY, readers._READERS, POLICIES._classes, ROUTERS._classes), saved):
+        for live, before in zip(live_registries, saved):
             live.clear()
             live.update(before)
 
 
 def test_every_extension_point_has_a_section() -> None:
-    assert list(SECTIONS) == ["A trace reader", "A dashboard page", "A serving policy or router", "A transform"]
+    assert list(SECTIONS) == ["A trace reader", "A dashboard page", "A serving policy or router", "A transform",
+                              "A cost model"]
     assert all(SECTIONS.values())
     readme = (ROOT / "README.md").read_text()
     assert "docs/extending.md" in readme
@@ -81,6 +85,9 @@ def test_section_examples_run(title: str, tmp_path: Path, monkeypatch: pytest.Mo
     if title == "A transform":
         speedup = float(re.search(r"CPU twice as fast: ([\d.]+)x", out).group(1))
         assert speedup > 1.0 and "must be one of cpu, gpu" in out
+    if title == "A cost model":
+        trace, peak = (float(x.replace(",", "")) for x in re.findall(r"in ([\d,]+) us$", out, re.M))
+        assert peak < trace and "--cost-model {trace,datasheet,link_peak}" in out
 
 
 def serve_pages(pages: list[tuple[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -113,14 +113,6 @@ def read_bytes(path: Path) -> bytes:
     return raw
 
 
-def read_document(path: Path) -> Any:
-    """Read and decode a (possibly gzipped) JSON file into Python objects, or raise :class:`TraceError`."""
-    try:
-        return _DECODE_ANY.decode(read_bytes(path))
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise TraceError(path, f"not valid JSON ({_first_line(exc)})") from None
-
-
 _TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
 
 

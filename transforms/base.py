@@ -1,6 +1,6 @@
-"""What a transform is: a small dataclass with typed parameters, ``match()`` (the tasks it would
-change, like a torch.profiler pattern) and ``apply()`` (a new graph, built with the primitives
-of :mod:`whatif.transforms.edit`).
+"""What a transform is: a small dataclass with typed parameters, ``apply()`` (a new graph, built
+with the primitives of :mod:`whatif.transforms.edit`) and, optionally, ``match()`` (the tasks it
+would change, like a torch.profiler pattern).
 
 Cost models live in ``predictors/`` (right of ``transforms/`` in the data flow), so a transform
 receives them through :class:`TransformContext` instead of importing them: the front door builds
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -28,65 +30,75 @@ class TransformError(WhatifError):
 
 
 class CostModel(Protocol):
-    """Prices of GPU work that optimizations need; implemented by ``whatif.predictors``."""
+    """Prices of GPU work that optimizations need, calibrated on the trace where it can tell;
+    implemented by the cost models of ``whatif.predictors`` (chosen by name: ``--cost-model``,
+    a scenario's ``cost_model`` key; see docs/extending.md)."""
 
+    @abstractmethod
     def kernel_facts(self, graph: TaskGraph, tasks: np.ndarray) -> dict[str, np.ndarray]:
         """Per task: ``kernel_class`` (str), ``flops``, ``bytes`` (estimated where shapes are missing),
         ``dtype`` (str)."""
-        ...
 
+    @abstractmethod
     def memory_bandwidth_bytes_per_s(self, graph: TaskGraph) -> float:
-        """Achieved DRAM bandwidth of memory-bound kernels, calibrated on the trace's own kernels."""
-        ...
+        """Achieved DRAM bandwidth of memory-bound kernels (calibrated on the trace's own kernels,
+        or taken from the datasheet)."""
 
+    @abstractmethod
     def precision_factor(self, graph: TaskGraph, tasks: np.ndarray, to_dtype: str) -> np.ndarray:
         """Per task: time multiplier when its math and data move to ``to_dtype``."""
-        ...
 
+    @abstractmethod
     def move_to_device(self, graph: TaskGraph, tasks: np.ndarray, device: str) -> np.ndarray:
         """Per task: its duration (ns) on GPU ``device`` instead of the recorded one."""
-        ...
 
+    @abstractmethod
     def collective_time_ns(self, kind: str, message_bytes: float, ranks: int, topology_name: str,
                            ranks_per_machine: int | None = None) -> float:
         """ns of one collective (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``,
         ``send_recv``, ``broadcast``) of ``message_bytes`` (the full buffer) over ``ranks`` GPUs of a
-        preset topology, calibrated on the trace's own collective kernels when it has some."""
-        ...
+        preset topology, calibrated on the trace's own collective kernels when the model does that."""
 
+    @abstractmethod
     def kernel_time_ns(self, graph: TaskGraph, tasks: np.ndarray, flops: np.ndarray,
                        nbytes: np.ndarray) -> np.ndarray:
         """Per task: its duration (ns) if it did ``flops`` FLOPs and moved ``nbytes`` DRAM bytes
-        instead (its class's roofline calibrated on the trace, anchored on its current time)."""
-        ...
+        instead (its class's roofline, anchored on its current time)."""
 
-    def step_times_ns(self, graph: TaskGraph) -> pd.Series:
-        """Replay ``graph`` and return each step's predicted time (ns; max over ranks), indexed by step:
-        for transforms that search over plans and must compare them."""
-        ...
 
+StepTimes = Callable[[TaskGraph], pd.Series]
+"""Replays a graph and returns each step's predicted time (ns; max over ranks), indexed by step."""
 
 
 @dataclass
 class TransformContext:
-    """What transforms may use besides the graph: the recorded device and the cost models."""
+    """What transforms may use besides the graph: the recorded device, the cost model, and a
+    replay of candidate graphs (``step_times_ns``, for transforms that search over plans)."""
 
     device: str | None = None
     cost: CostModel | None = None
+    step_times_ns: StepTimes | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
     def require_cost(self, transform: str) -> CostModel:
         if self.cost is None:
             raise TransformError(f"{transform} needs cost models; run it through whatif.api.predict or pass "
-                                 f"TransformContext(cost=whatif.predictors.costs.TraceCostModel(trace))")
+                                 f"whatif.api.make_context(trace)")
         return self.cost
+
+    def require_step_times(self, transform: str) -> StepTimes:
+        if self.step_times_ns is None:
+            raise TransformError(f"{transform} replays candidate plans; run it through whatif.api.predict or pass "
+                                 f"whatif.api.make_context(trace)")
+        return self.step_times_ns
 
 
 class Transform:
     """Base of every transform. Subclasses are dataclasses whose fields are the parameters.
 
     Set ``name`` (the registry and scenario-file key) and ``description`` (one line), implement
-    ``match`` and ``apply``; register with :func:`whatif.transforms.registry.register`.
+    ``apply`` (and ``match`` where the transform can tell which tasks it changes); register with
+    :func:`whatif.transforms.registry.register`.
     """
 
     name: ClassVar[str] = ""
@@ -110,8 +122,9 @@ class Transform:
         cls.apply = apply  # type: ignore[method-assign]
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
-        """Ids of the tasks this transform would change."""
-        raise NotImplementedError
+        """Ids of the tasks this transform would change; every task unless a transform that can
+        tell says which."""
+        return np.arange(graph.num_tasks, dtype=np.int64)
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
         """A new graph with the optimization applied (the input graph is left unchanged)."""

@@ -2,6 +2,7 @@
 
 ```toml
 name = "fused and bf16"          # optional; defaults to the file name
+cost_model = "datasheet"         # optional; which cost model prices it (default: --cost-model, else trace)
 
 [[transform]]
 name = "fuse"
@@ -46,9 +47,13 @@ class ScenarioError(WhatifError):
 
 @dataclass
 class Scenario:
+    """``cost_model``: the name of the cost model that prices it (checked against the registry of
+    ``whatif.predictors.cost_models`` by the front door, which builds the context), or None."""
+
     name: str
     transforms: list[Transform] = field(default_factory=list)
     source: str | None = None
+    cost_model: str | None = None
 
     def apply(self, graph: TaskGraph, ctx: TransformContext | None = None) -> list[TaskGraph]:
         """The graph after each transform in turn (the input graph is left unchanged)."""
@@ -164,10 +169,13 @@ def load_scenario(path: str | Path) -> Scenario:
 
 def scenario_from_dict(data: dict[str, Any], *, source: str = "<scenario>", default_name: str = "scenario",
                        lines: list[int] | None = None) -> Scenario:
-    unknown = sorted(set(data) - {"name", "description", "transform"})
+    unknown = sorted(set(data) - {"name", "description", "cost_model", "transform"})
     if unknown:
         raise ScenarioError(f"{source}: unknown top-level key {unknown[0]!r} (expected name, description, "
-                            f"[[transform]] tables)")
+                            f"cost_model, [[transform]] tables)")
+    cost_model = data.get("cost_model")
+    if cost_model is not None and not isinstance(cost_model, str):
+        raise ScenarioError(f"{source}: cost_model must be a name like \"trace\", got {cost_model!r}")
     items = data.get("transform", [])
     if not isinstance(items, list) or not items:
         raise ScenarioError(f"{source}: no [[transform]] tables")
@@ -180,4 +188,4 @@ def scenario_from_dict(data: dict[str, Any], *, source: str = "<scenario>", defa
         params = {k: v for k, v in item.items() if k != "name"}
         transforms.append(build_transform(item["name"], params, where))
     name = data.get("name", default_name)
-    return Scenario(name=str(name), transforms=transforms, source=source)
+    return Scenario(name=str(name), transforms=transforms, source=source, cost_model=cost_model)

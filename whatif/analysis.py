@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from functools import cached_property
 from pathlib import Path
 
@@ -13,15 +14,16 @@ import pandas as pd
 
 from whatif.depgraph.build import build_graph
 from whatif.depgraph.graph import TaskGraph
+from whatif.predictors.cost_models import COST_MODELS, CostModelError, CostModelName
 from whatif.predictors.export import write_chrome_trace
 from whatif.predictors.replay import Replay, replay
-from whatif.predictors.steps import CriticalPath, critical_path, step_times, utilization
+from whatif.predictors.steps import CriticalPath, critical_path, step_times, step_times_ns, utilization
 from whatif.tracer.trace import Trace, load_trace
 from whatif.transforms.base import Transform, TransformContext
-from whatif.transforms.scenario import Scenario, load_scenario
+from whatif.transforms.scenario import Scenario, ScenarioError, load_scenario
 
 __all__ = ["Analysis", "Prediction", "ScenarioResult", "analyze", "build_graph", "load_scenario", "load_trace",
-           "make_context", "predict", "replay"]
+           "make_context", "predict", "replay", "scenario_cost_model"]
 
 
 @dataclass
@@ -61,12 +63,22 @@ def analyze(path: str | Path) -> Analysis:
     return Analysis(trace=trace, graph=graph, replay=replay(graph))
 
 
-def make_context(trace: Trace) -> TransformContext:
-    """The context transforms get for ``trace``: the recorded GPU and the trace-calibrated cost models."""
-    from whatif.predictors.costs import TraceCostModel
-
+def make_context(trace: Trace, cost_model: str | Enum = CostModelName.TRACE) -> TransformContext:
+    """The context transforms get for ``trace``: the recorded GPU, the cost model named
+    ``cost_model`` (``COST_MODELS.names()``; default the trace-calibrated one) and the replay."""
     gpu = next((r.gpu_name for r in trace.ranks if r.gpu_name), None)
-    return TransformContext(device=gpu, cost=TraceCostModel(trace))
+    return TransformContext(device=gpu, cost=COST_MODELS.get(cost_model)(trace), step_times_ns=step_times_ns)
+
+
+def scenario_cost_model(scenario: Scenario, default: str | Enum = CostModelName.TRACE) -> Enum:
+    """The key of the cost model that prices ``scenario``: its ``cost_model``, else ``default``
+    (:class:`ScenarioError` naming its file when the scenario names an unknown one)."""
+    if scenario.cost_model is None:
+        return COST_MODELS.key(default)
+    try:
+        return COST_MODELS.key(scenario.cost_model)
+    except CostModelError as exc:
+        raise ScenarioError(f"{scenario.source or scenario.name}: cost_model: {exc}") from None
 
 
 @dataclass
@@ -99,19 +111,21 @@ class Prediction:
 
 
 def predict(path_or_analysis: str | Path | Analysis, scenarios: Sequence[Scenario | str | Path | Transform],
-            ctx: TransformContext | None = None) -> Prediction:
+            ctx: TransformContext | None = None, *, cost_model: str | Enum = CostModelName.TRACE) -> Prediction:
     """Apply each scenario (a :class:`Scenario`, a TOML file, or a single transform) to the
-    baseline graph and replay after every transform (for the per-transform waterfall)."""
+    baseline graph and replay after every transform (for the per-transform waterfall).
+
+    ``ctx``, when given, prices every scenario; otherwise each scenario gets the context of its
+    own ``cost_model``, else of ``cost_model`` (both checked before the trace is read)."""
+    loaded = [Scenario(name=item.label(), transforms=[item]) if isinstance(item, Transform)
+              else item if isinstance(item, Scenario) else load_scenario(item) for item in scenarios]
+    models = [scenario_cost_model(s, cost_model) for s in loaded]
     base = path_or_analysis if isinstance(path_or_analysis, Analysis) else analyze(path_or_analysis)
-    ctx = ctx or make_context(base.trace)
+    contexts: dict[Enum, TransformContext] = {}
     results = []
-    for item in scenarios:
-        if isinstance(item, Transform):
-            scenario = Scenario(name=item.label(), transforms=[item])
-        elif isinstance(item, Scenario):
-            scenario = item
-        else:
-            scenario = load_scenario(item)
-        graphs = scenario.apply(base.graph, ctx)
+    for scenario, model in zip(loaded, models):
+        if ctx is None and model not in contexts:
+            contexts[model] = make_context(base.trace, model)
+        graphs = scenario.apply(base.graph, ctx or contexts[model])
         results.append(ScenarioResult(scenario=scenario, graphs=graphs, replays=[replay(g) for g in graphs]))
     return Prediction(baseline=base, scenarios=results)

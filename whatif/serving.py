@@ -15,12 +15,13 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from whatif.analysis import Analysis, ScenarioResult, analyze, predict
+from whatif.analysis import Analysis, ScenarioResult, analyze, predict, scenario_cost_model
 from whatif.core.errors import TraceError
 from whatif.documents import (
     UNSET,
@@ -48,6 +49,7 @@ from whatif.documents import (
     SweepDocument,
     WorkloadEntry,
 )
+from whatif.predictors.cost_models import CostModelName
 from whatif.predictors.replay import Replay
 from whatif.predictors.serving import logs
 from whatif.predictors.serving.arrivals import (
@@ -255,11 +257,15 @@ def _run_path(base: str | Path | Analysis) -> Path:
 
 def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] = (), *,
                 iterations_log: str | Path | None = None, unprofiled_log: str | Path | None = None,
-                baseline: bool = True) -> ServingModels:
+                baseline: bool = True, cost_model: str | Enum = CostModelName.TRACE) -> ServingModels:
     """Fit the iteration models of the baseline (unless ``baseline=False`` and there are scenarios)
     and of each scenario on a run folder/trace (or its :class:`Analysis`). The serving log is
-    ``iterations_log``, else the ``--log`` named in the run folder's meta.json."""
+    ``iterations_log``, else the ``--log`` named in the run folder's meta.json. Scenarios without
+    a ``cost_model`` key are priced by ``cost_model``."""
     loaded = [load_scenario(s) if isinstance(s, (str, Path)) else s for s in scenarios]  # validate files first
+    for s in loaded:
+        if isinstance(s, Scenario):
+            scenario_cost_model(s, cost_model)
     run = _run_path(path)
     log_path = Path(iterations_log) if iterations_log else logs.find_log(run)
     if log_path is None:
@@ -271,7 +277,7 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
     base = path if isinstance(path, Analysis) else analyze(path)
     replays: list[tuple[str, Replay]] = [] if not baseline and loaded else [("baseline", base.replay)]
     todo = [s for s in loaded if not isinstance(s, ScenarioResult)]
-    predicted = iter(predict(base, todo).scenarios if todo else [])
+    predicted = iter(predict(base, todo, cost_model=cost_model).scenarios if todo else [])
     for s in loaded:
         r = s if isinstance(s, ScenarioResult) else next(predicted)
         replays.append((r.scenario.name, r.replay))
@@ -292,7 +298,8 @@ def serve(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Scena
           workload: Workload | str | Path | None = None, *, scheduler: SchedulerConfig | None = None,
           dit: DitOptions | None = None, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
           iterations_log: str | Path | None = None, unprofiled_log: str | Path | None = None,
-          baseline: bool = True, requests: bool = False) -> ServingDocument:
+          baseline: bool = True, requests: bool = False, cost_model: str | Enum = CostModelName.TRACE
+          ) -> ServingDocument:
     """Predicted serving metrics per scenario: the ``whatif.serving/1`` document of `whatif serve --json`.
 
     ``workload``: a :class:`Workload`, or a workload file (default: 20 requests, which then needs a rate).
@@ -304,7 +311,7 @@ def serve(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Scena
     scheduler, dit = scheduler or SchedulerConfig(), dit or DitOptions()
     scheduler.check()
     fitted = _models(path, scenarios, {"iterations_log": iterations_log, "unprofiled_log": unprofiled_log,
-                                       "baseline": baseline})
+                                       "baseline": baseline, "cost_model": cost_model})
     workload_entry = workload.describe(workload.rate)
     if fitted.kind == "llm":
         return LlmServingDocument(
@@ -326,7 +333,7 @@ def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
           scheduler: SchedulerConfig | None = None, dit: DitOptions | None = None,
           slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
           iterations_log: str | Path | None = None, unprofiled_log: str | Path | None = None,
-          baseline: bool = True) -> SweepDocument:
+          baseline: bool = True, cost_model: str | Enum = CostModelName.TRACE) -> SweepDocument:
     """Latency vs load: :func:`serve` repeated at each arrival rate, one curve per scenario; the
     ``whatif.serving-sweep/1`` document of `whatif sweep --json` (plot it with
     ``whatif.figures.serving_curves_figure``). The workload's own rate is ignored."""
@@ -338,7 +345,7 @@ def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
     scheduler, dit = scheduler or SchedulerConfig(), dit or DitOptions()
     scheduler.check()
     fitted = _models(path, scenarios, {"iterations_log": iterations_log, "unprofiled_log": unprofiled_log,
-                                       "baseline": baseline})
+                                       "baseline": baseline, "cost_model": cost_model})
 
     def simulate(model: Model, rate: float) -> SimResult:
         return fitted.simulate(model, workload, scheduler, dit, float(rate), slo_ttft_ms, slo_tpot_ms)

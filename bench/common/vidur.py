@@ -108,7 +108,8 @@ def load_network(cluster: str, kind: str) -> pd.DataFrame:
     return pd.DataFrame({
         "cluster": cluster, "kind": kind, "ranks": g["num_workers"].astype(int),
         "ranks_per_node": g["devices_per_node"].astype(int),
-        "bytes": g["size"].astype(float) * ELEM, "dur_ns": g[col].astype(float) * 1e6})
+        # `size` is already bytes (Vidur's profiler writes 2 x the fp16 element count; ../shared/perfdata/README.md)
+        "bytes": g["size"].astype(float), "dur_ns": g[col].astype(float) * 1e6})
 
 
 def abs_pct_error(pred: np.ndarray, actual: np.ndarray) -> np.ndarray:

@@ -10,6 +10,8 @@ import dash
 from dash import ALL, Input, Output, State, dcc, html
 
 from whatif import figures
+from whatif.analysis import scenario_cost_model
+from whatif.predictors.cost_models import COST_MODELS, CostConfig
 from whatif.transforms import registry
 from whatif.transforms.scenario import build_transform, scenario_from_dict
 
@@ -40,6 +42,9 @@ def layout(**_: Any) -> html.Div:
                 error_box("wb-spec-error"),
                 html.H4("2. Scenario"),
                 html.Label("name "), dcc.Input(id="wb-name", type="text", value=EMPTY["name"]),
+                html.Label("cost model "),
+                dcc.Dropdown(id="wb-cost-model", options=COST_MODELS.names(), value=_default_cost_model(),
+                             clearable=False),
                 html.Pre(id="wb-toml"),
                 html.Button("Predict", id="wb-predict"),
                 html.Button("Save scenario (TOML)", id="wb-save", className="secondary"),
@@ -63,6 +68,15 @@ def layout(**_: Any) -> html.Div:
     ])
 
 
+def _default_cost_model() -> str:
+    return str(CostConfig().cost_model.value)
+
+
+def _with_header(spec: dict[str, Any], name: str | None, cost_model: str | None) -> dict[str, Any]:
+    """``spec`` named ``name`` and priced by ``cost_model`` (the scenario file's ``cost_model`` key)."""
+    return {**spec, "name": name or "scenario", "cost_model": cost_model or _default_cost_model()}
+
+
 def _form_values() -> dict[str, Any]:
     """Values of the generated controls, keyed by their ``name``."""
     return {s["id"]["name"]: s.get("value") for s in (dash.ctx.states_list[0] if dash.ctx.states_list else [])}
@@ -80,15 +94,15 @@ def register(app: dash.Dash) -> None:
     def form(name: str | None) -> list[Any]:
         return transform_form(name) if name else []
 
-    @app.callback(Output("wb-spec", "data"), Output("wb-name", "value"), Output("wb-spec-error", "children"),
-                  Input("wb-add", "n_clicks"), Input("wb-pop", "n_clicks"), Input("wb-clear", "n_clicks"),
-                  Input("wb-upload", "contents"),
+    @app.callback(Output("wb-spec", "data"), Output("wb-name", "value"), Output("wb-cost-model", "value"),
+                  Output("wb-spec-error", "children"), Input("wb-add", "n_clicks"), Input("wb-pop", "n_clicks"),
+                  Input("wb-clear", "n_clicks"), Input("wb-upload", "contents"),
                   State({"type": "wb-param", "name": ALL}, "value"), State("wb-transform", "value"),
-                  State("wb-spec", "data"), State("wb-name", "value"), State("wb-upload", "filename"),
-                  State("run", "value"), prevent_initial_call=True)
-    @guarded(3)
+                  State("wb-spec", "data"), State("wb-name", "value"), State("wb-cost-model", "value"),
+                  State("wb-upload", "filename"), State("run", "value"), prevent_initial_call=True)
+    @guarded(4)
     def edit(_a: int | None, _p: int | None, _c: int | None, upload: str | None, _values: list[Any],
-             name: str | None, spec: dict[str, Any] | None, scenario_name: str | None,
+             name: str | None, spec: dict[str, Any] | None, scenario_name: str | None, cost_model: str | None,
              filename: str | None, run_id: str | None) -> tuple[Any, ...]:
         spec = copy.deepcopy(spec or EMPTY)
         trigger = dash.ctx.triggered_id
@@ -107,24 +121,26 @@ def register(app: dash.Dash) -> None:
                 raise dash.exceptions.PreventUpdate
             stem = (filename or "scenario").rsplit(".", 1)[0]
             loaded = spec_from_toml(decode(upload, MAX_SCENARIO_BYTES).decode("utf-8"), default_name=stem)
-            scenario_from_dict(loaded, source=filename or "upload", default_name=stem)  # validate
+            scenario_cost_model(scenario_from_dict(loaded, source=filename or "upload", default_name=stem))  # validate
             if run_id in get_store().runs:  # a loaded scenario can be compared right away
                 get_store().runs[run_id].scenarios[str(loaded["name"])] = loaded
-            return loaded, str(loaded["name"])
-        return spec, scenario_name
+            return loaded, str(loaded["name"]), loaded.get("cost_model") or _default_cost_model()
+        return spec, scenario_name, cost_model
 
-    @app.callback(Output("wb-toml", "children"), Input("wb-spec", "data"), Input("wb-name", "value"))
-    def show(spec: dict[str, Any] | None, name: str | None) -> str:
-        spec = {**(spec or EMPTY), "name": name or "scenario"}
+    @app.callback(Output("wb-toml", "children"), Input("wb-spec", "data"), Input("wb-name", "value"),
+                  Input("wb-cost-model", "value"))
+    def show(spec: dict[str, Any] | None, name: str | None, cost_model: str | None) -> str:
+        spec = _with_header(spec or EMPTY, name, cost_model)
         return spec_to_toml(spec) if spec["transform"] else "(no transforms yet)"
 
     @app.callback(Output("wb-result", "children"), Output("wb-last", "data"), Output("wb-error", "children"),
                   Input("wb-predict", "n_clicks"), State("run", "value"), State("wb-spec", "data"),
-                  State("wb-name", "value"), prevent_initial_call=True)
+                  State("wb-name", "value"), State("wb-cost-model", "value"), prevent_initial_call=True)
     @guarded(3)
-    def run_prediction(_n: int | None, run_id: str | None, spec: dict[str, Any], name: str | None) -> tuple[Any, ...]:
+    def run_prediction(_n: int | None, run_id: str | None, spec: dict[str, Any], name: str | None,
+                       cost_model: str | None) -> tuple[Any, ...]:
         run = get_store().get(run_id)
-        spec = {**spec, "name": name or "scenario"}
+        spec = _with_header(spec, name, cost_model)
         if not spec["transform"]:
             raise ValueError("the scenario has no transforms: add one first")
         doc = run.quick_document(_checked(spec))
@@ -158,10 +174,11 @@ def register(app: dash.Dash) -> None:
 
     @app.callback(Output("wb-download", "data"), Output("wb-saved", "children"), Output("wb-save-error", "children"),
                   Input("wb-save", "n_clicks"), State("run", "value"), State("wb-spec", "data"),
-                  State("wb-name", "value"), prevent_initial_call=True)
+                  State("wb-name", "value"), State("wb-cost-model", "value"), prevent_initial_call=True)
     @guarded(3)
-    def save(_n: int | None, run_id: str | None, spec: dict[str, Any], name: str | None) -> tuple[Any, ...]:
-        spec = _checked({**spec, "name": name or "scenario"})
+    def save(_n: int | None, run_id: str | None, spec: dict[str, Any], name: str | None,
+             cost_model: str | None) -> tuple[Any, ...]:
+        spec = _checked(_with_header(spec, name, cost_model))
         if not spec["transform"]:
             raise ValueError("the scenario has no transforms: add one first")
         text = spec_to_toml(spec)

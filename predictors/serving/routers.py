@@ -12,7 +12,9 @@ from abc import ABC, abstractmethod
 from enum import Enum
 from typing import ClassVar
 
-from .registry import EnumRegistry
+from whatif.core.registry import EnumRegistry
+
+from .arrivals import WorkloadError
 from .scheduler import ReplicaState
 
 
@@ -36,7 +38,8 @@ class Router(ABC):
         """The replica the next sequence joins."""
 
 
-ROUTERS: EnumRegistry[type[Router]] = EnumRegistry("router", Router, entry_point_group="whatif.serving_routers")
+ROUTERS: EnumRegistry[type[Router]] = EnumRegistry("router", Router, entry_point_group="whatif.serving_routers",
+                                                   error=WorkloadError)
 register_router = ROUTERS.register
 
 

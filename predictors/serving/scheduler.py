@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import ClassVar
 
+from whatif.core.registry import EnumRegistry
+
+from .arrivals import WorkloadError
 from .kvcache import KVCache
 from .logs import LLMBatch
 from .metrics import RequestResult
-from .registry import EnumRegistry
 
 
 class PolicyName(str, Enum):
@@ -167,5 +169,5 @@ class SchedulingPolicy(ABC):
 
 POLICIES: EnumRegistry[type[SchedulingPolicy]] = EnumRegistry(
     "policy", SchedulingPolicy, builtin_modules=("whatif.predictors.serving.policies",),
-    entry_point_group="whatif.serving_policies", plural="policies")
+    entry_point_group="whatif.serving_policies", plural="policies", error=WorkloadError)
 register_policy = POLICIES.register

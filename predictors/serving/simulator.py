@@ -105,11 +105,11 @@ def simulate_llm(requests: list[RequestSpec], time_ns: Callable[[LLMBatch], floa
     router = ROUTERS.get(cfg.router)
     route_in, route_out = router(front), router(back)
     results = [RequestResult(r.id, r.arrival_s * 1e9, r.prompt_tokens, r.output_tokens) for r in requests]
-    heap: list[tuple[float, int, int, int, Any]] = []
+    heap: list[tuple[float, int, int, Any]] = []
     counter = itertools.count()
 
     def push(t: float, kind: int, data: Any) -> None:
-        heapq.heappush(heap, (t, kind, next(counter), kind, data))
+        heapq.heappush(heap, (t, kind, next(counter), data))
 
     for res, spec in zip(results, requests):
         push(res.arrival_ns, ARRIVE, Seq(res, spec.prompt_tokens, spec.output_tokens, target=spec.prompt_tokens))
@@ -156,7 +156,7 @@ def simulate_llm(requests: list[RequestSpec], time_ns: Callable[[LLMBatch], floa
         policy.after_iteration(rep)
 
     while heap:
-        now, _, _, kind, data = heapq.heappop(heap)
+        now, kind, _, data = heapq.heappop(heap)
         if kind == ARRIVE:
             rep = route_in.pick()
             rep.waiting.append(data)
@@ -186,12 +186,6 @@ def simulate_llm(requests: list[RequestSpec], time_ns: Callable[[LLMBatch], floa
     return SimResult(rows, summary, counts)
 
 
-@dataclass
-class DitRequest:
-    id: int
-    arrival_s: float
-
-
 def simulate_dit(arrivals_s: list[float], model: DitStepModel, steps: int, tokens: int, max_batch: int,
                  cfg_guidance: bool = True, replicas: int = 1) -> SimResult:
     """Dynamic batching as examples/dit_serve.py: an idle replica takes up to ``max_batch`` waiting
@@ -199,10 +193,10 @@ def simulate_dit(arrivals_s: list[float], model: DitStepModel, steps: int, token
     request of a batch finishes when the batch does."""
     if max_batch < 1 or steps < 1 or replicas < 1:
         raise WorkloadError("max_batch, steps and replicas must be >= 1")
-    heap: list[tuple[float, int, int, int, Any]] = []
+    heap: list[tuple[float, int, int, Any]] = []
     counter = itertools.count()
     for i, a in enumerate(sorted(arrivals_s)):
-        heapq.heappush(heap, (a * 1e9, ARRIVE, next(counter), ARRIVE, i))
+        heapq.heappush(heap, (a * 1e9, ARRIVE, next(counter), i))
     waiting: list[int] = []
     free = list(range(replicas))
     busy = [0.0] * replicas
@@ -223,13 +217,13 @@ def simulate_dit(arrivals_s: list[float], model: DitStepModel, steps: int, token
             batches += 1
             for i in batch:
                 start_ns[i], end_ns[i] = now, now + dur
-            heapq.heappush(heap, (now + dur, DONE, next(counter), DONE, rep))
+            heapq.heappush(heap, (now + dur, DONE, next(counter), rep))
 
     while heap:
-        now, _, _, kind, data = heapq.heappop(heap)
+        now, kind, _, data = heapq.heappop(heap)
         if kind == ARRIVE:
             waiting.append(data)
-            heapq.heappush(heap, (now, KICK, next(counter), KICK, None))
+            heapq.heappush(heap, (now, KICK, next(counter), None))
         elif kind == DONE:
             free.append(data)
             free.sort()

@@ -88,7 +88,7 @@ class ReshardSearch:
 
 def _phase_times(graph: TaskGraph, ctx: TransformContext, gpus: int, topology: str) -> pd.DataFrame:
     """Per plan: mean predicted step time (ns) of prefill and of decode steps."""
-    cost = ctx.require_cost("reshard")
+    step_times_ns = ctx.require_step_times("reshard")
     phases = step_phases(graph, ctx)
     rows = []
     for t, p in plans(gpus):
@@ -97,7 +97,7 @@ def _phase_times(graph: TaskGraph, ctx: TransformContext, gpus: int, topology: s
             g = PipelineParallel(degree=p, schedule="serving", topology=topology).apply(g, ctx) if p > 1 else g
         except TransformError:   # more stages than layers: not a plan
             continue
-        st = cost.step_times_ns(g)
+        st = step_times_ns(g)
         ph = phases.reindex(st.index)
         rows.append({"t": t, "p": p, **{f"{x}_ns": float(st[ph == x].mean()) if (ph == x).any() else np.nan
                                        for x in ("prefill", "decode")}})

@@ -16,16 +16,20 @@ import sys
 from pathlib import Path
 
 from whatif.api import predict
+from whatif.predictors.cost_models import CostConfig
 from whatif.report.api import FORMATS, parse_formats, parse_percent, write_report
 from whatif.report.document import load_report, load_serving
 from whatif.report.thresholds import parse
 from whatif.transforms.scenario import load_scenario
+
+from ._dataclass_args import add_dataclass_arguments, from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", type=Path, help="trace file, folder of per-rank traces, or run folder")
     parser.add_argument("-s", "--scenario", type=Path, action="append", default=[], metavar="FILE",
                         help="scenario TOML file (repeatable)")
+    add_dataclass_arguments(parser, CostConfig)
     parser.add_argument("-o", "--out", type=Path, default=Path("whatif-report"), metavar="DIR",
                         help="output folder (default whatif-report/)")
     parser.add_argument("-f", "--format", default=",".join(FORMATS), metavar="LIST",
@@ -52,8 +56,10 @@ def run(args: argparse.Namespace) -> int:
     if args.baseline:
         load_report(args.baseline)
     serving = load_serving(args.serving) if args.serving else None
+    cost = from_args(CostConfig, args)
     scenarios = [load_scenario(p) for p in args.scenario]
-    report = write_report(predict(args.path, scenarios), args.out, formats, thresholds, args.baseline, limit,
+    prediction = predict(args.path, scenarios, cost_model=cost.cost_model)
+    report = write_report(prediction, args.out, formats, thresholds, args.baseline, limit,
                           step_summary=not args.no_step_summary, serving=serving)
     if not args.quiet:
         for row in report.document.rows:

@@ -22,6 +22,7 @@ from whatif.documents import (
     Stat,
     write_json,
 )
+from whatif.predictors.cost_models import CostConfig
 from whatif.predictors.serving.simulator import SchedulerConfig
 from whatif.serving import DitOptions, Workload, serve
 from whatif.summary import console
@@ -37,6 +38,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, rate_required: bool = 
     parser.add_argument("path", type=Path, help="run folder (or trace) of a serving loop with phase annotations")
     parser.add_argument("-s", "--scenario", type=Path, action="append", default=[], metavar="FILE",
                         help="scenario TOML applied to the graph before fitting (repeatable)")
+    add_dataclass_arguments(parser, CostConfig)
     parser.add_argument("--iterations-log", type=Path, metavar="FILE",
                         help="the server's JSON log of the recorded run (batch composition per iteration); "
                              "default: the --log named in the run folder's meta.json")
@@ -73,7 +75,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     return {"scheduler": from_args(SchedulerConfig, args), "dit": from_args(DitOptions, args),
             "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms,
             "iterations_log": args.iterations_log, "unprofiled_log": args.unprofiled_log,
-            "baseline": not args.no_baseline}
+            "baseline": not args.no_baseline, "cost_model": from_args(CostConfig, args).cost_model}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
-"""Registries of the serving simulator's pluggable parts (scheduling policies, routers), keyed by
-an Enum member whose value is the name users type (``--policy chunked``), as in vidur.
+"""Registries of pluggable parts (the serving simulator's scheduling policies and routers, cost
+models), keyed by an Enum member whose value is the name users type (``--policy chunked``,
+``--cost-model datasheet``), as in vidur.
 
 A part is a class with a ``key`` class attribute (a member of a ``str`` Enum: the built-ins'
 enum, or one the new part's own module defines) registered with :meth:`EnumRegistry.register`;
@@ -17,7 +18,7 @@ third-party packages can also name it in an entry-point group. See docs/extendin
 >>> paints.get("blue")
 Traceback (most recent call last):
 ...
-whatif.predictors.serving.arrivals.WorkloadError: unknown paint 'blue' (paints: red)
+whatif.core.errors.WhatifError: unknown paint 'blue' (paints: red)
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from enum import Enum
 from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
-from .arrivals import WorkloadError
+from .errors import WhatifError
 
 T = TypeVar("T", bound=type)
 
@@ -36,8 +37,9 @@ class EnumRegistry(Generic[T]):
     """Classes of one kind (subclasses of ``base``) by Enum key; lookups by member or by value."""
 
     def __init__(self, what: str, base: type, builtin_modules: Sequence[str] = (),
-                 entry_point_group: str | None = None, plural: str | None = None) -> None:
-        self.what, self.base, self.plural = what, base, plural or f"{what}s"
+                 entry_point_group: str | None = None, plural: str | None = None,
+                 error: type[WhatifError] = WhatifError) -> None:
+        self.what, self.base, self.plural, self.error = what, base, plural or f"{what}s", error
         self._builtin_modules, self._group = tuple(builtin_modules), entry_point_group
         self._classes: dict[Enum, T] = {}
         self._loaded = False
@@ -78,14 +80,14 @@ class EnumRegistry(Generic[T]):
         return tuple(k.value for k in self._classes)
 
     def key(self, name: str | Enum) -> Enum:
-        """The registered key of ``name`` (a key, or its value), or :class:`WorkloadError` listing them."""
+        """The registered key of ``name`` (a key, or its value); else ``error`` listing them."""
         self._load()
         if isinstance(name, Enum) and name in self._classes:
             return name
         found = self._by_value().get(name.value if isinstance(name, Enum) else name)
         if found is None:
             shown = name.value if isinstance(name, Enum) else name
-            raise WorkloadError(f"unknown {self.what} {shown!r} ({self.plural}: {', '.join(self.names())})")
+            raise self.error(f"unknown {self.what} {shown!r} ({self.plural}: {', '.join(self.names())})")
         return found
 
     def get(self, name: str | Enum) -> T:
