@@ -1,17 +1,17 @@
-"""The builder's state, shared by its rules (``build.py``, ``syncs.py``, ``collectives.py``):
-tasks being assembled, resource ids, and what the synchronization rules need. In a module of
-its own so that the rules import it, not the builder."""
+"""The builder's state: the tasks being built, the edges each rule returned, and what the rules
+look up (launches, blocking copies, origins). In a module of its own so that the rules import it,
+not the builder (:mod:`.build` runs :data:`.rules.RULES` over one :class:`BuildState`)."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
 from whatif.tracer.trace import Trace
 
-from .graph import ResourceKind
+from .graph import EdgeKind, ResourceKind
 
 
 @dataclass
@@ -59,19 +59,105 @@ class Resources:
         return pd.DataFrame(self.rows, columns=["rank", "kind", "device", "key", "name", "ordered"])
 
 
+@dataclass(frozen=True)
+class EdgeSet:
+    """The edges one rule returns: all of one kind, ``lat_ns`` per edge."""
+
+    kind: EdgeKind
+    src: np.ndarray
+    dst: np.ndarray
+    lat_ns: np.ndarray
+
+    @classmethod
+    def of(cls, kind: EdgeKind, src: np.ndarray | list[int], dst: np.ndarray | list[int],
+           lat_ns: np.ndarray | list[int]) -> EdgeSet:
+        return cls(kind, np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64),
+                   np.asarray(lat_ns, dtype=np.int64))
+
+    @classmethod
+    def empty(cls, kind: EdgeKind) -> EdgeSet:
+        return cls.of(kind, [], [], [])
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+@dataclass(frozen=True)
+class BlockingCopies:
+    """Copies whose call returned only after the copy: the call's issuing part ends at
+    ``issue_end_ns``, and a WAIT task holds the rest of it."""
+
+    copy: np.ndarray          # copy task ids
+    wait: np.ndarray          # their WAIT task ids
+    call: np.ndarray          # their call task ids
+    issue_end_ns: np.ndarray  # when each call had queued its copy
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """Matched collectives split by :class:`~whatif.depgraph.rules.collectives.CollectiveSplit`:
+    per member its ARRIVE task and its group's BARRIER task."""
+
+    member: np.ndarray   # COMM task ids, group by group
+    arrive: np.ndarray   # ARRIVE task per member
+    barrier: np.ndarray  # BARRIER task per member (of its group)
+
+    @classmethod
+    def none(cls) -> Arrivals:
+        empty = np.empty(0, dtype=np.int64)
+        return cls(empty, empty, empty)
+
+
 @dataclass
-class SyncContext:
-    """What the synchronization rules need from the builder."""
+class BuildState:
+    """Everything the build steps read and write. Tasks are rows of ``tasks`` (the graph's task
+    columns); edges are kept per rule, in the order the rules ran."""
 
     trace: Trace
     tasks: pd.DataFrame
-    call_ids: np.ndarray
-    gpu_ids: np.ndarray
-    launch_of: np.ndarray          # per task: its launching call task, -1
-    prev_of: np.ndarray            # per GPU task: previous task on its stream, -1
+    thread_tie: np.ndarray  # per task built from events: order among tasks starting together on a thread
+    resources: Resources
+    report: Counter[str]
+    call_ids: np.ndarray            # CPU_CALL tasks (contiguous ids)
+    gpu_ids: np.ndarray             # GPU work tasks
+    cpu_ids: np.ndarray             # tasks on CPU threads (markers, calls, work, waits)
+    begin_ids: np.ndarray           # step-begin markers
+    end_ids: np.ndarray             # step-end markers, aligned with ``begin_ids``
+    launch_of: np.ndarray           # per task: its launching call task, -1
     call_task_of_event: np.ndarray  # per event row: the call task it belongs to, -1
-    start_m: np.ndarray
-    end_m: np.ndarray
-    dur: np.ndarray                # replay durations; sync rules shorten waiting calls
-    blocking: list[tuple[int, int]]  # (copy task, WAIT task) of blocking copies
-    report: Counter
+    blocking: BlockingCopies
+    origin_of_rank: dict[int, int]
+    edges: dict[type, EdgeSet] = field(default_factory=dict)  # by the class of the rule that returned them
+    collective_groups: list[list[int]] = field(default_factory=list)  # matched collectives (ClockAlignment)
+    arrivals: Arrivals = field(default_factory=Arrivals.none)          # their split (CollectiveSplit)
+
+    def column(self, name: str) -> np.ndarray:
+        return self.tasks[name].to_numpy()
+
+    @property
+    def start_ns(self) -> np.ndarray:
+        return self.tasks["measured_start_ns"].to_numpy()
+
+    @property
+    def end_ns(self) -> np.ndarray:
+        return self.tasks["measured_end_ns"].to_numpy()
+
+    def set_column(self, name: str, ids: np.ndarray, values: np.ndarray | int) -> None:
+        """``tasks[name][ids] = values``, on a copy of the column."""
+        col = self.tasks[name].to_numpy().copy()
+        col[ids] = values
+        self.tasks[name] = col
+
+    def set_latency(self, rule: type, lat_ns: np.ndarray) -> None:
+        """Replace the latencies of the edges ``rule`` returned."""
+        self.edges[rule] = replace(self.edges[rule], lat_ns=np.asarray(lat_ns, dtype=np.int64))
+
+    def all_edges(self) -> pd.DataFrame:
+        """Every rule's edges, in the order the rules ran."""
+        sets = list(self.edges.values()) or [EdgeSet.empty(EdgeKind.ANCHOR)]
+        return pd.DataFrame({
+            "src": np.concatenate([s.src for s in sets]),
+            "dst": np.concatenate([s.dst for s in sets]),
+            "lat_ns": np.concatenate([s.lat_ns for s in sets]),
+            "kind": np.concatenate([np.full(len(s), int(s.kind), dtype=np.int8) for s in sets]),
+        })

@@ -52,8 +52,8 @@ def restored_registries() -> Iterator[None]:
 
 
 def test_every_extension_point_has_a_section() -> None:
-    assert list(SECTIONS) == ["A trace reader", "A dashboard page", "A serving policy or router", "A transform",
-                              "A cost model"]
+    assert list(SECTIONS) == ["A trace reader", "A dashboard page", "A serving policy or router", "An edge rule",
+                              "A transform", "A cost model"]
     assert all(SECTIONS.values())
     readme = (ROOT / "README.md").read_text()
     assert "docs/extending.md" in readme
@@ -82,6 +82,9 @@ def test_section_examples_run(title: str, tmp_path: Path, monkeypatch: pytest.Mo
         assert "*.json, *.json.gz, *.events.csv" in out and readers.accepted().endswith("*.events.csv")
     if title == "A serving policy or router":
         assert re.search(r"^vllm: TTFT mean \d+ ms", out, re.M) and re.search(r"^sjf: TTFT mean \d+ ms", out, re.M)
+    if title == "An edge rule":
+        assert "without the fence: step 1 begins 0 us later" in out
+        assert "with the fence: step 1 begins 60 us later" in out
     if title == "A transform":
         speedup = float(re.search(r"CPU twice as fast: ([\d.]+)x", out).group(1))
         assert speedup > 1.0 and "must be one of cpu, gpu" in out

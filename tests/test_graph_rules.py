@@ -1,17 +1,60 @@
-"""One small hand-written trace per dependency rule: the edge exists, the replay reproduces the
-measured times, and changing a duration moves exactly what the rule says it moves."""
+"""One small hand-written trace per step of the build pipeline (:data:`whatif.depgraph.rules.RULES`):
+the edge exists, the replay reproduces the measured times, and changing a duration moves exactly
+what the rule says it moves. ``@covers`` names the steps a test checks; every declared step has one."""
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
+import pytest
 from tracegen import MAIN_TID, KinetoTrace
 
 from whatif.api import analyze
+from whatif.depgraph.build import build_graph
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind, check_acyclic
+from whatif.depgraph.rules import (
+    RULES,
+    AnchorRoots,
+    ArrivalOrder,
+    BlockingCallIssue,
+    BuildStep,
+    BurstGaps,
+    ClockAlignment,
+    CollectiveBarriers,
+    CollectiveSplit,
+    EventWaits,
+    Flows,
+    FlowWakesThread,
+    ForkJoins,
+    LaunchEdges,
+    LauncherAttribution,
+    SingleStep,
+    StepWindows,
+    StreamOrder,
+    SyncEdges,
+    SyncWakeUps,
+    ThreadOrder,
+    check_order,
+)
 from whatif.predictors.replay import replay
+from whatif.tracer.trace import load_trace
 
 US = 1000  # ns per microsecond
+ROOT = Path(__file__).resolve().parents[1]
+Test = TypeVar("Test", bound=Callable[..., None])
+COVERED: dict[type[BuildStep], list[str]] = {}
+
+
+def covers(*steps: type[BuildStep]) -> Callable[[Test], Test]:
+    """Declare which build steps a test checks."""
+    def mark(test: Test) -> Test:
+        for step in steps:
+            COVERED.setdefault(step, []).append(test.__name__)
+        return test
+    return mark
 
 
 def task_named(graph: TaskGraph, name: str, nth: int = 0) -> int:
@@ -36,6 +79,7 @@ def assert_exact(analysis) -> None:
     assert (steps["predicted_ns"] == steps["measured_ns"]).all(), steps
 
 
+@covers(ThreadOrder, LaunchEdges, StreamOrder)
 def test_launch_edges_and_queued_kernels(tmp_path: Path) -> None:
     tr = KinetoTrace()
     tr.step(0, 0, 100)
@@ -57,6 +101,7 @@ def test_launch_edges_and_queued_kernels(tmp_path: Path) -> None:
     assert r.start_ns[k2] - a.replay.start_ns[k2] == 30 * US
 
 
+@covers(SyncEdges, SyncWakeUps)
 def test_stream_synchronize_wait_is_recomputed(tmp_path: Path) -> None:
     tr = KinetoTrace()
     tr.step(0, 0, 130)
@@ -76,6 +121,7 @@ def test_stream_synchronize_wait_is_recomputed(tmp_path: Path) -> None:
     assert a.replay.start_ns[item] - r.start_ns[item] == 50 * US
 
 
+@covers(SyncEdges)
 def test_stream_synchronize_without_sync_record_uses_thread_stream(tmp_path: Path) -> None:
     tr = KinetoTrace()
     tr.runtime("cudaLaunchKernel", 0, 5, corr=1)
@@ -86,6 +132,7 @@ def test_stream_synchronize_without_sync_record_uses_thread_stream(tmp_path: Pat
     assert g.report["stream_syncs_stream_inferred"] == 1
 
 
+@covers(SyncEdges, SyncWakeUps)
 def test_device_synchronize_waits_for_every_stream(tmp_path: Path) -> None:
     tr = KinetoTrace()
     tr.runtime("cudaLaunchKernel", 0, 5, corr=1)
@@ -102,6 +149,7 @@ def test_device_synchronize_waits_for_every_stream(tmp_path: Path) -> None:
     assert r.end_ns[sync] == r.end_ns[task_named(g, "a")] + g.tasks.at[sync, "dur_ns"]
 
 
+@covers(EventWaits)
 def test_event_record_and_stream_wait_link_two_streams(tmp_path: Path) -> None:
     tr = KinetoTrace()
     tr.runtime("cudaLaunchKernel", 0, 5, corr=1)
@@ -121,6 +169,7 @@ def test_event_record_and_stream_wait_link_two_streams(tmp_path: Path) -> None:
     assert r.start_ns[cons] == r.end_ns[prod]
 
 
+@covers(BlockingCallIssue, SyncEdges, SyncWakeUps)
 def test_blocking_copy_waits_for_its_own_copy(tmp_path: Path) -> None:
     tr = KinetoTrace()
     tr.runtime("cudaMemcpyAsync", 0, 60, corr=1)
@@ -132,6 +181,9 @@ def test_blocking_copy_waits_for_its_own_copy(tmp_path: Path) -> None:
     wait = int(np.flatnonzero(g.tasks["kind"].to_numpy() == int(TaskKind.WAIT))[0])
     assert (copy, wait) in edges_of(g, EdgeKind.SYNC)
     assert g.report["blocking_copies"] == 1
+    call = task_named(g, "cudaMemcpyAsync")
+    assert g.tasks.at[call, "dur_ns"] == 10 * US  # issuing the copy; the WAIT task holds the rest
+    assert g.tasks.at[wait, "dur_ns"] == 10 * US  # woken 10 us after the copy ended
     check_acyclic(g)
     assert_exact(a)
     add = task_named(g, "aten::add")
@@ -139,6 +191,7 @@ def test_blocking_copy_waits_for_its_own_copy(tmp_path: Path) -> None:
     assert r.start_ns[add] - a.replay.start_ns[add] == 40 * US
 
 
+@covers(LaunchEdges)
 def test_graph_launch_reaches_all_its_kernels(tmp_path: Path) -> None:
     tr = KinetoTrace()
     tr.runtime("cudaGraphLaunch", 0, 10, corr=1)
@@ -153,6 +206,7 @@ def test_graph_launch_reaches_all_its_kernels(tmp_path: Path) -> None:
     assert_exact(a)
 
 
+@covers(ClockAlignment, CollectiveSplit, ArrivalOrder, CollectiveBarriers)
 def test_collective_links_ranks_and_aligns_clocks(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
@@ -171,6 +225,13 @@ def test_collective_links_ranks_and_aligns_clocks(tmp_path: Path) -> None:
     assert g.report["clock_offsets_ns_max_abs"] == 1000 * US
     comm = np.flatnonzero(g.tasks["kind"].to_numpy() == int(TaskKind.COMM))
     assert sorted(g.tasks.loc[comm, "dur_ns"].tolist()) == [40 * US, 40 * US]  # transfer after the last arrival
+    kinds = g.tasks["kind"].to_numpy()
+    arrive = np.flatnonzero(kinds == int(TaskKind.ARRIVE))
+    (barrier,) = np.flatnonzero(kinds == int(TaskKind.BARRIER))
+    assert {(int(a), int(c)) for a, c in zip(arrive, comm)} <= edges_of(g, EdgeKind.STREAM)
+    assert {(int(a), int(barrier)) for a in arrive} | {(int(barrier), int(c)) for c in comm} \
+        == edges_of(g, EdgeKind.COLLECTIVE)
+    assert {d for _, d in edges_of(g, EdgeKind.LAUNCH)} == set(arrive.tolist())  # launches reach the arrivals
     assert_exact(a)
     # Rank 1 arrives 30 us later: rank 0's collective (which waits for it) ends 30 us later too.
     late = int(np.flatnonzero((g.tasks["name"].astype(str) == "aten::mul").to_numpy()
@@ -180,6 +241,7 @@ def test_collective_links_ranks_and_aligns_clocks(tmp_path: Path) -> None:
     assert r.end_ns[comm0] - a.replay.end_ns[comm0] == 30 * US
 
 
+@covers(Flows)
 def test_fwdbwd_flow_links_threads(tmp_path: Path) -> None:
     tr = KinetoTrace()
     tr.op("aten::mm", 0, 10)
@@ -195,6 +257,7 @@ def test_fwdbwd_flow_links_threads(tmp_path: Path) -> None:
     assert r.start_ns[bwd] - a.replay.start_ns[bwd] == 20 * US
 
 
+@covers(LauncherAttribution)
 def test_steps_phases_and_layers_are_attributed(tmp_path: Path) -> None:
     tr = KinetoTrace()
     for n, t0 in ((3, 0), (4, 100)):
@@ -214,6 +277,7 @@ def test_steps_phases_and_layers_are_attributed(tmp_path: Path) -> None:
     assert a.steps["measured_ns"].tolist() == [90 * US, 100 * US]
 
 
+@covers(SingleStep)
 def test_trace_without_steps_gets_one_step(tmp_path: Path) -> None:
     tr = KinetoTrace()
     tr.runtime("cudaLaunchKernel", 0, 5, corr=1)
@@ -222,6 +286,7 @@ def test_trace_without_steps_gets_one_step(tmp_path: Path) -> None:
     assert a.steps[["step", "measured_ns", "predicted_ns"]].values.tolist() == [[0, 50 * US, 50 * US]]
 
 
+@covers(LaunchEdges, SyncEdges)
 def test_anomalies_are_counted_not_dropped(tmp_path: Path) -> None:
     tr = KinetoTrace()
     tr.gpu("orphan_kernel", 0, 10, corr=99)                 # no launch in the window
@@ -232,3 +297,108 @@ def test_anomalies_are_counted_not_dropped(tmp_path: Path) -> None:
     assert g.report["launch_calls_without_gpu_task"] == 1
     assert g.report["syncs_with_nothing_to_wait_for"] >= 1
     assert task_named(g, "orphan_kernel") >= 0
+
+
+@covers(Flows, FlowWakesThread)
+def test_a_flow_wakes_an_idle_thread(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.op("aten::mm", 0, 10)
+    tr.flow("fwdbwd", 5, "s", 0, MAIN_TID)
+    tr.op("autograd::engine::setup", 2, 3, tid=2)
+    tr.op("MmBackward0", 50, 10, tid=2)
+    tr.flow("fwdbwd", 5, "f", 50, 2)
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    fwd, setup, bwd = task_named(g, "aten::mm"), task_named(g, "autograd::engine::setup"), task_named(g, "MmBackward0")
+    thread = g.edges[g.edges["kind"] == int(EdgeKind.THREAD)]
+    assert thread.loc[(thread["src"] == setup) & (thread["dst"] == bwd), "lat_ns"].tolist() == [0]
+    assert_exact(a)
+    r = replay(with_duration(g, fwd, 1 * US))  # the backward op follows its forward op, not the old idle gap
+    assert a.replay.start_ns[bwd] - r.start_ns[bwd] == 9 * US
+
+
+@covers(ForkJoins, BurstGaps)
+def test_a_burst_on_another_thread_forks_and_joins(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.op("forward", 0, 10)
+    tr.op("optimizer", 100, 10)            # the main thread waited 90 us for thread 2's burst
+    tr.op("bwd_a", 20, 20, tid=2)
+    tr.op("bwd_b", 50, 30, tid=2)
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    fwd, opt = task_named(g, "forward"), task_named(g, "optimizer")
+    first, last = task_named(g, "bwd_a"), task_named(g, "bwd_b")
+    assert {(fwd, first), (last, opt)} <= edges_of(g, EdgeKind.FLOW)
+    assert g.report["thread_forks_joins"] == 1
+    thread = g.edges[g.edges["kind"] == int(EdgeKind.THREAD)]
+    assert thread.loc[(thread["src"] == fwd) & (thread["dst"] == opt), "lat_ns"].tolist() == [10 * US]
+    assert_exact(a)
+    r = replay(with_duration(g, last, 5 * US))  # a shorter burst: the main thread waits less
+    assert a.replay.start_ns[opt] - r.start_ns[opt] == 25 * US
+
+
+@covers(StepWindows)
+def test_tasks_outside_step_annotations_get_the_window_step(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.step(3, 0, 50)
+    tr.step(4, 60, 50)
+    tr.op("aten::mm", 5, 10)
+    tr.gpu("orphan_kernel", 20, 5, corr=99)           # launched by nothing: step 3's window
+    tr.op("DataLoader.__next__", 65, 10, tid=2)       # another thread: step 4's window
+    g = analyze(tr.write(tmp_path / "t.json.gz")).graph
+    step = g.tasks["step"]
+    assert (step[task_named(g, "orphan_kernel")], step[task_named(g, "DataLoader.__next__")]) == (3, 4)
+
+
+@covers(AnchorRoots)
+def test_tasks_without_a_predecessor_are_anchored_at_their_origin(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.op("aten::mm", 0, 10)
+    tr.op("worker", 30, 10, tid=2)
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    (origin,) = np.flatnonzero(g.tasks["kind"].to_numpy() == int(TaskKind.ORIGIN))
+    anchors = g.edges[g.edges["kind"] == int(EdgeKind.ANCHOR)]
+    assert set(zip(anchors["dst"].tolist(), anchors["lat_ns"].tolist())) == {
+        (task_named(g, "aten::mm"), 0), (task_named(g, "worker"), 30 * US)}
+    assert (anchors["src"] == origin).all()
+    indeg = np.bincount(g.edges["dst"].to_numpy(), minlength=g.num_tasks)
+    assert (indeg[np.arange(g.num_tasks) != origin] > 0).all()
+    assert_exact(a)
+
+
+def test_every_declared_step_has_a_test() -> None:
+    declared = {type(step) for step in RULES}
+    assert declared - set(COVERED) == set(), "steps of RULES with no test here"
+    assert set(COVERED) - declared == set(), "tests of steps RULES does not declare"
+
+
+def test_the_declared_order_is_checked() -> None:
+    check_order(RULES)
+    with pytest.raises(ValueError, match="ThreadOrder runs before BlockingCallIssue"):
+        check_order((ThreadOrder(), BlockingCallIssue()))
+    with pytest.raises(ValueError, match="AnchorRoots runs last, but ThreadOrder follows it"):
+        check_order((BlockingCallIssue(), AnchorRoots(), ThreadOrder()))
+    with pytest.raises(ValueError, match="declared twice"):
+        check_order((BlockingCallIssue(), BlockingCallIssue()))
+
+
+def test_a_step_left_out_is_left_out(tmp_path: Path) -> None:
+    """The pipeline is what RULES declares: without SyncWakeUps a waiting call keeps its measured wait."""
+    tr = KinetoTrace()
+    tr.runtime("cudaLaunchKernel", 0, 5, corr=1)
+    tr.gpu("gemm", 10, 100, corr=1)
+    tr.runtime("cudaStreamSynchronize", 10, 102, corr=2)
+    trace = load_trace(tr.write(tmp_path / "t.json.gz"))
+    full = build_graph(trace)
+    partial = build_graph(trace, tuple(step for step in RULES if not isinstance(step, SyncWakeUps)))
+    sync = task_named(full, "cudaStreamSynchronize")
+    assert (full.tasks.at[sync, "dur_ns"], partial.tasks.at[sync, "dur_ns"]) == (2 * US, 102 * US)
+    assert full.edges.equals(partial.edges)
+
+
+def test_the_architecture_lists_the_steps_in_order() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("**The build pipeline**", 1)[1].split("\n\n**", 1)[0]
+    listed = re.findall(r"^\d+\. `(\w+)`", section, flags=re.M)
+    assert listed == [type(step).__name__ for step in RULES]

@@ -170,30 +170,76 @@ def test_the_table_check_sees_a_write() -> None:
     assert [w for _, w in table_writes(tree)] == ["out.tasks.loc[ids, 'dur_ns']", "g.edges", "g.changes.append"]
 
 
+SCRIPT_FOLDERS = ("bench", "examples", "tests", "tools")
+"""Run with their own folder first on ``sys.path``: ``tracegen`` is ``tests/tracegen.py``."""
+
+
+def script_sources() -> Iterator[tuple[str, str, ast.Module]]:
+    """(folder, module name within the folder, tree) of every script and test."""
+    for folder in SCRIPT_FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT / folder)
+            parts = list(rel.with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            yield folder, ".".join(parts), ast.parse(path.read_text(), str(path))
+
+
+def imported(tree: ast.Module, package: str) -> Iterator[str]:
+    """Every module name ``tree`` imports (``from x import y`` also as ``x.y``), relative ones resolved."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".") if package else []
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            for a in node.names:
+                yield f"{base}.{a.name}"
+                yield base
+        elif isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+
+
 def import_graph() -> nx.DiGraph:
+    """Module -> module it imports, over the packages (``whatif.*``) and the scripts and tests
+    (``<folder>/<module>``)."""
     g = nx.DiGraph()
     mods = {module_name(rel): (rel, tree) for rel, tree in sources()}
+
+    def resolve(name: str, local: set[str], folder: str) -> str | None:
+        t = name
+        while t and t not in local and t not in mods:
+            t = t.rpartition(".")[0]
+        if not t or t == "whatif":
+            return None
+        return f"{folder}/{t}" if t in local else t
+
     for mod, (rel, tree) in mods.items():
         package = mod if rel.endswith("__init__.py") else mod.rsplit(".", 1)[0]
         g.add_node(mod)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = package.split(".")
-                    parts = parts[: len(parts) - node.level + 1]
-                    base = ".".join(parts + ([base] if base else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            else:
-                continue
-            for t in targets:
-                while t and t not in mods:
-                    t = t.rpartition(".")[0]
-                if t and t != mod and not mod.startswith(t + ".") and t != "whatif":
-                    g.add_edge(mod, t)
+        for t in {resolve(name, set(), "") for name in imported(tree, package)} - {None, mod}:
+            if not mod.startswith(f"{t}."):
+                g.add_edge(mod, t)
+    scripts = list(script_sources())
+    for folder, mod, tree in scripts:
+        local = {m for f, m, _ in scripts if f == folder}
+        node = f"{folder}/{mod}"
+        package = mod if mod in {m.rpartition(".")[0] for m in local} else mod.rpartition(".")[0]
+        g.add_node(node)
+        for t in {resolve(name, local, folder) for name in imported(tree, package)} - {None, node}:
+            if not node.startswith(f"{t}."):
+                g.add_edge(node, t)
     return g
+
+
+def test_the_import_graph_sees_packages_scripts_and_tests() -> None:
+    g = import_graph()
+    assert g.has_edge("whatif.depgraph.build", "whatif.depgraph.rules")
+    assert g.has_edge("whatif.depgraph.rules.thread", "whatif.depgraph.state")
+    assert g.has_edge("tests/test_graph_rules", "tests/tracegen")
+    assert g.has_edge("bench/parse_speed", "bench/common.docs")
+    assert g.has_edge("tests/test_graph_rules", "whatif.depgraph.rules")
 
 
 def test_no_import_cycles() -> None:

@@ -6,7 +6,7 @@ launched it, ``Collective name``, ``In msg nelems``, ``Out msg nelems``, ``Group
 :func:`whatif.hardware.collectives.collective_time_ns`: the output for all-gather (``Out msg
 nelems``), the input for every other kind. A single rank's kernel duration includes the time it
 waited for its peers, so these points overestimate transfer time; callers that can should use
-the linked multi-rank transfer times (``COMM`` tasks after :mod:`whatif.depgraph.collectives`).
+the linked multi-rank transfer times (``COMM`` tasks after :mod:`whatif.depgraph.rules.collectives`).
 
 """
 from __future__ import annotations

@@ -1,0 +1,177 @@
+"""What the synchronization rules (:mod:`.sync`, :mod:`.event_wait`) look up: which work a stream
+had launched by a given time, the ``cuda_sync`` records, and each thread's last launch stream.
+
+A waiting call's replay duration is its wake-up overhead ``w = end - max(dep ends)`` (measured),
+and its SYNC edges carry ``w`` too, so ``end = max(start, deps done) + w``: the wait itself is
+recomputed by the replay, never copied.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from whatif.tracer.args import Arg
+from whatif.tracer.kinds import EventKind
+
+from ..state import BuildState
+
+DEVICE_SYNC = re.compile(r"(cuda|hip)DeviceSynchronize|cuCtxSynchronize|hipCtxSynchronize")
+STREAM_SYNC = re.compile(r"(cuda|hip|cu)StreamSynchronize")
+EVENT_SYNC = re.compile(r"(cuda|hip|cu)EventSynchronize")
+STREAM_WAIT = re.compile(r"(cuda|hip|cu)StreamWaitEvent")
+WAITING_CALL = re.compile(r"Synchronize|WaitEvent")
+
+
+class StreamIndex:
+    """Per stream: its tasks in order and the running max of their launch times."""
+
+    def __init__(self, state: BuildState) -> None:
+        resource = state.column("resource")
+        start, end = state.start_ns, state.end_ns
+        gpu = state.gpu_ids
+        launch_of = state.launch_of
+        launch_t = np.where(launch_of[gpu] >= 0, start[np.maximum(launch_of[gpu], 0)], start[gpu])
+        order = np.lexsort((end[gpu], start[gpu], resource[gpu]))
+        gpu, launch_t = gpu[order], launch_t[order]
+        res = resource[gpu]
+        self.tasks: dict[int, np.ndarray] = {}
+        self.launched: dict[int, np.ndarray] = {}
+        for r in np.unique(res):
+            sel = res == r
+            self.tasks[int(r)] = gpu[sel]
+            self.launched[int(r)] = np.maximum.accumulate(launch_t[sel])
+        ev = state.trace.events
+        rows = state.column("event")[gpu]
+        self.by_key: dict[tuple[int, int, int], int] = {}
+        for r, d, s, rk in zip(res.tolist(), ev["device"].to_numpy()[rows].tolist(),
+                               ev["stream"].to_numpy()[rows].tolist(), state.column("rank")[gpu].tolist()):
+            self.by_key.setdefault((rk, d, s), r)
+        self.by_rank_stream: dict[tuple[int, int], int] = {(rk, s): r for (rk, _, s), r in self.by_key.items()}
+
+    def last_before(self, resource: int, time_ns: int) -> int:
+        """The last task on ``resource`` launched before ``time_ns``, or -1."""
+        launched = self.launched.get(resource)
+        if launched is None:
+            return -1
+        i = int(np.searchsorted(launched, time_ns, side="left")) - 1
+        return int(self.tasks[resource][i]) if i >= 0 else -1
+
+    def first_after(self, resource: int, time_ns: int) -> int:
+        """The first task on ``resource`` launched at or after ``time_ns``, or -1."""
+        launched = self.launched.get(resource)
+        if launched is None:
+            return -1
+        i = int(np.searchsorted(launched, time_ns, side="left"))
+        return int(self.tasks[resource][i]) if i < len(launched) else -1
+
+    def streams_of(self, rank: int, device: int | None) -> list[int]:
+        return sorted({r for (rk, d, _), r in self.by_key.items() if rk == rank and (device is None or d == device)})
+
+    def find(self, rank: int, device: int, stream: int) -> int | None:
+        found = self.by_key.get((rank, device, stream))
+        return found if found is not None else self.by_rank_stream.get((rank, stream))
+
+
+@dataclass(frozen=True)
+class SyncRecord:
+    """What a ``cuda_sync`` record says: the device and stream it synchronized, and for a stream
+    wait the stream and the ``cudaEventRecord`` (its correlation id) it waited on; -1 when absent."""
+
+    device: int
+    stream: int
+    wait_on_stream: int
+    wait_on_event_correlation: int
+
+
+def _sync_records(state: BuildState) -> dict[tuple[int, int], SyncRecord]:
+    """``cuda_sync`` records by (rank, correlation)."""
+    tr = state.trace
+    ev = tr.events
+    rows = np.flatnonzero(ev["kind"].to_numpy() == int(EventKind.GPU_SYNC))
+    cols = [tr.arg(a)[rows] for a in (Arg.SYNC_DEVICE, Arg.SYNC_STREAM, Arg.WAIT_ON_STREAM,
+                                      Arg.WAIT_ON_EVENT_CORRELATION)]
+    out: dict[tuple[int, int], SyncRecord] = {}
+    for i, (r, c) in enumerate(zip(ev["rank"].to_numpy()[rows].tolist(), ev["correlation"].to_numpy()[rows].tolist())):
+        if c >= 0 and ev["args"].iat[int(rows[i])].__class__ is dict:
+            out[(r, c)] = SyncRecord(*(-1 if col[i] is None else int(col[i]) for col in cols))
+    return out
+
+
+def _last_launch_stream(state: BuildState) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per CPU thread resource: launch times and the stream resource each launch went to."""
+    resource = state.column("resource")
+    start = state.start_ns
+    gpu = state.gpu_ids[state.launch_of[state.gpu_ids] >= 0]
+    calls = state.launch_of[gpu]
+    thread = resource[calls]
+    out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for th in np.unique(thread):
+        sel = thread == th
+        order = np.argsort(start[calls[sel]], kind="stable")
+        out[int(th)] = (start[calls[sel]][order], resource[gpu[sel]][order])
+    return out
+
+
+class SyncLookup:
+    """The lookups of one build's synchronization rules."""
+
+    def __init__(self, state: BuildState) -> None:
+        self.state = state
+        self.index = StreamIndex(state)
+        self.records = _sync_records(state)
+        self.launches = _last_launch_stream(state)
+        t = state.tasks
+        self.names = t["name"].to_numpy()
+        self.ranks = t["rank"].to_numpy()
+        self.resource = t["resource"].to_numpy()
+        events = t["event"].to_numpy()
+        ev = state.trace.events
+        self.device_of_event = ev["device"].to_numpy()
+        self.corr = ev["correlation"].to_numpy()[events]  # per task
+        self.events = events
+        categories = t["name"].cat.categories
+        codes = t["name"].cat.codes.to_numpy()[state.call_ids]
+        self._call_codes = codes
+        self._categories = categories
+        records = state.call_ids[np.asarray(categories.str.contains("EventRecord"), dtype=bool)[codes]]
+        self.record_call_by_corr = dict(zip(zip(self.ranks[records].tolist(), self.corr[records].tolist()),
+                                            records.tolist()))
+
+    def calls_named(self, pattern: re.Pattern[str]) -> list[int]:
+        """Call tasks whose name contains a match of ``pattern``, in task order."""
+        match = np.fromiter((pattern.search(str(c)) is not None for c in self._categories), dtype=bool,
+                            count=len(self._categories))
+        return self.state.call_ids[match[self._call_codes]].tolist()
+
+    def record_of(self, call: int) -> SyncRecord | None:
+        return self.records.get((int(self.ranks[call]), int(self.corr[call])))
+
+    def thread_stream(self, call: int) -> int | None:
+        """The stream of the thread's most recent launch before ``call``."""
+        entry = self.launches.get(int(self.resource[call]))
+        if entry is None:
+            return None
+        i = int(np.searchsorted(entry[0], self.state.start_ns[call], side="left")) - 1
+        return int(entry[1][i]) if i >= 0 else None
+
+    def record_target(self, rank: int, rec: SyncRecord) -> int:
+        """The task captured by the cudaEventRecord a cuda_sync record points to, or -1."""
+        rc, ws = rec.wait_on_event_correlation, rec.wait_on_stream
+        record_call = self.record_call_by_corr.get((rank, rc)) if rc >= 0 else None
+        if record_call is None or ws < 0:
+            return -1
+        stream_res = self.index.find(rank, rec.device, ws)
+        return self.index.last_before(stream_res, int(self.state.start_ns[record_call])) \
+            if stream_res is not None else -1
+
+
+def wake_ns(start_ns: np.ndarray, end_ns: np.ndarray, dep_end_ns: np.ndarray) -> np.ndarray:
+    """How long a call that waited took after what it waited on was done (0 if it did not wait).
+
+    >>> wake_ns(np.array([0, 0]), np.array([100, 100]), np.array([90, 0])).tolist()
+    [10, 0]
+    """
+    waited = dep_end_ns > start_ns
+    return np.where(waited, np.minimum(np.maximum(end_ns - dep_end_ns, 0), end_ns - start_ns), 0)
