@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from whatif.depgraph.graph import CPU_KINDS, GPU_WORK_KINDS, EdgeKind, ResourceKind, TaskGraph, TaskKind, kind_codes
-from whatif.depgraph.syncs import DEVICE_SYNC, EVENT_SYNC, STREAM_SYNC
+from whatif.depgraph.rules.sync_lookup import DEVICE_SYNC, EVENT_SYNC, STREAM_SYNC
 
 from .steps import measured_step_ns
 
