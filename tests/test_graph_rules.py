@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from tracegen import MAIN_TID, KinetoTrace
 
+from whatif.analysis import predict
 from whatif.api import analyze
 from whatif.depgraph.build import build_graph
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind, check_acyclic
@@ -40,8 +41,10 @@ from whatif.depgraph.rules import (
     ThreadOrder,
     check_order,
 )
-from whatif.predictors.replay import replay
+from whatif.predictors.replay import Replay, replay
 from whatif.tracer.trace import load_trace
+from whatif.transforms.generic import Scale
+from whatif.transforms.select import Selector
 
 US = 1000  # ns per microsecond
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,6 +229,67 @@ def test_blocking_copy_waits_for_its_own_copy(tmp_path: Path) -> None:
     add = task_named(g, "aten::add")
     r = replay(with_duration(g, copy, 80 * US))
     assert r.start_ns[add] - a.replay.start_ns[add] == 40 * US
+
+
+def gpu_twice_as_fast(analysis) -> Replay:
+    return predict(analysis, [Scale(select=Selector(kind="gpu"), factor=0.5)]).scenarios[0].replay
+
+
+@covers(BlockingCallIssue, SyncEdges, SyncWakeUps)
+def test_pageable_copy_held_behind_a_long_kernel_waits_for_its_stream(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.step(0, 0, 1100)
+    tr.runtime("cudaMemcpyAsync", 0, 15, corr=1)                     # returned before its copy: did not wait
+    tr.gpu("Memcpy HtoD (Pageable -> Device)", 18, 10, corr=1, cat="gpu_memcpy")
+    tr.runtime("cudaLaunchKernel", 30, 5, corr=2)
+    tr.gpu("gemm", 40, 1000, corr=2)
+    tr.runtime("cudaMemcpyAsync", 40, 1010, corr=3)                  # held until the stream reaches its copy
+    tr.gpu("Memcpy HtoD (Pageable -> Device)", 1041, 30, corr=3, cat="gpu_memcpy")  # ends after the call returns
+    tr.op("aten::add", 1055, 5)
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    gemm, held = task_named(g, "gemm"), task_named(g, "cudaMemcpyAsync", 1)
+    wait = int(np.flatnonzero(g.tasks["kind"].to_numpy() == int(TaskKind.WAIT))[0])
+    assert g.report["copy_calls_held_until_stream_reached_copy"] == 1
+    assert (gemm, wait) in edges_of(g, EdgeKind.SYNC)  # the copy's predecessor on its stream
+    assert g.tasks.at[held, "dur_ns"] == 15 * US       # its own cost: the call that did not wait
+    assert g.tasks.at[wait, "dur_ns"] == 10 * US       # returned 10 us after the stream reached the copy
+    assert g.report["copy_calls_stream_wait_ns"] == (1001 - 15) * US
+    assert_exact(a)
+    add = task_named(g, "aten::add")
+    r = gpu_twice_as_fast(a)
+    assert a.replay.start_ns[add] - r.start_ns[add] == 500 * US  # the CPU's wait shrinks with the GPU
+
+
+@covers(BlockingCallIssue, SyncEdges, SyncWakeUps)
+def test_item_after_a_long_kernel_waits_for_the_gpu(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.step(0, 0, 1200)
+    tr.op("aten::item", 0, 30)                                       # a first .item(), stream idle
+    tr.op("aten::_local_scalar_dense", 1, 28)
+    tr.runtime("cudaMemcpyAsync", 2, 20, corr=1)
+    tr.gpu("Memcpy DtoH (Device -> Pageable)", 14, 2, corr=1, cat="gpu_memcpy")
+    tr.runtime("cudaStreamSynchronize", 24, 3, corr=2)
+    tr.runtime("cudaLaunchKernel", 40, 5, corr=3)
+    tr.gpu("gemm", 50, 1000, corr=3)
+    tr.op("aten::item", 50, 1020)                                    # loss.item() behind the gemm
+    tr.op("aten::_local_scalar_dense", 51, 1018)
+    tr.runtime("cudaMemcpyAsync", 52, 1004, corr=4)                 # returns 6 us after its copy
+    tr.gpu("Memcpy DtoH (Device -> Pageable)", 1051, 2, corr=4, cat="gpu_memcpy")
+    tr.runtime("cudaStreamSynchronize", 1058, 5, corr=5)
+    tr.op("aten::add", 1075, 5)
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    copy, held = task_named(g, "Memcpy DtoH (Device -> Pageable)", 1), task_named(g, "cudaMemcpyAsync", 1)
+    wait = int(np.flatnonzero(g.tasks["kind"].to_numpy() == int(TaskKind.WAIT))[1])
+    assert g.report["copy_calls_held_until_copy_done"] == 2
+    assert (copy, wait) in edges_of(g, EdgeKind.SYNC)
+    assert g.tasks.at[held, "dur_ns"] == 12 * US  # the first call's start-to-copy time, not the 999 us held
+    assert g.tasks.at[wait, "dur_ns"] == 3 * US   # woken 3 us after its copy
+    assert_exact(a)
+    add = task_named(g, "aten::add")
+    r = gpu_twice_as_fast(a)
+    assert a.replay.start_ns[add] - r.start_ns[add] == 500 * US + 2 * 1 * US  # half the gemm and both copies
 
 
 @covers(LaunchEdges)

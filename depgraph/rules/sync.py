@@ -7,7 +7,9 @@
   most recent launch.
 * ``cudaEventSynchronize``: the work captured by the ``cudaEventRecord`` the ``cuda_sync``
   record names (``wait_on_cuda_event_record_corr_id`` on ``wait_on_stream``).
-* A blocking copy's WAIT task: its copy.
+* A held copy call's WAIT task (:mod:`.blocking`): its copy, when the call returned after the
+  copy ended; else the work before the copy on its stream (the call was held until the stream
+  reached its copy).
 
 The waiting call's duration becomes its wake-up time (:class:`SyncWakeUps`, see
 :mod:`.sync_lookup`), so the wait is recomputed by every replay.
@@ -73,9 +75,9 @@ class SyncEdges(EdgeRule):
             rep["syncs_linked"] += 1
             waiters.append(c)
             deps_of.append(deps)
-        for copy, wait in zip(state.blocking.copy.tolist(), state.blocking.wait.tolist()):
+        for dep, wait in zip(state.blocking.waits_on.tolist(), state.blocking.wait.tolist()):
             waiters.append(wait)
-            deps_of.append([copy])
+            deps_of.append([dep])
         return _edges(state, np.asarray(waiters, dtype=np.int64), deps_of)
 
 

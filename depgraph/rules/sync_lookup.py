@@ -22,6 +22,15 @@ STREAM_SYNC = re.compile(r"(cuda|hip|cu)StreamSynchronize")
 EVENT_SYNC = re.compile(r"(cuda|hip|cu)EventSynchronize")
 STREAM_WAIT = re.compile(r"(cuda|hip|cu)StreamWaitEvent")
 WAITING_CALL = re.compile(r"Synchronize|WaitEvent")
+COPY_CALL = re.compile(r"(cuda|hip|cu)Memcpy")
+"""Copy calls: ``cudaMemcpy``, ``cudaMemcpyAsync``, ``cuMemcpyDtoH``..., ``hipMemcpy``,
+``hipMemcpyAsync``, ``hipMemcpyWithStream`` (what ``.item()`` / ``.cpu()`` / ``.to()`` call)."""
+SYNCHRONOUS_COPY = re.compile(r"^(cuda|hip|cu)Memcpy(?!\w*Async)")
+"""Copy calls that return only once their copy is done (CUDA's and HIP's synchronous API):
+``cudaMemcpy``, ``hipMemcpy``, ``hipMemcpyWithStream``, ``cuMemcpyDtoH``..."""
+PAGEABLE_COPY = re.compile(r"Pageable")
+"""A copy (activity name, e.g. ``Memcpy DtoH (Device -> Pageable)``) to or from pageable host
+memory: an async call for it waits for its stream (CUDA "API synchronization behavior")."""
 
 
 class StreamIndex:
