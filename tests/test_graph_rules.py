@@ -26,6 +26,7 @@ from whatif.depgraph.rules import (
     ClockAlignment,
     CollectiveBarriers,
     CollectiveSplit,
+    EventWaitLaunches,
     EventWaits,
     Flows,
     FlowWakesThread,
@@ -207,6 +208,69 @@ def test_event_record_and_stream_wait_link_two_streams(tmp_path: Path) -> None:
     assert_exact(a)
     r = replay(with_duration(g, prod, 100 * US))
     assert r.start_ns[cons] == r.end_ns[prod]
+
+
+@covers(EventWaits, EventWaitLaunches)
+def test_recorded_stream_wait_recomputes_the_wait_not_the_launch_gap(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.runtime("cudaLaunchKernel", 0, 5, corr=1)
+    tr.gpu("producer", 10, 50, corr=1, stream=7)
+    tr.runtime("cudaEventRecord", 6, 1, corr=2)
+    tr.runtime("cudaStreamWaitEvent", 8, 1, corr=3)
+    tr.cuda_sync("Stream Wait Event", 8, 1, corr=3, stream=20, wait_on_stream=7,
+                 wait_on_cuda_event_record_corr_id=2, wait_on_cuda_event_id=1)
+    tr.runtime("cudaLaunchKernel", 10, 5, corr=4)
+    tr.gpu("consumer", 62, 20, corr=4, stream=20)  # 2 us after the producer ends
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    prod, cons = task_named(g, "producer"), task_named(g, "consumer")
+    wait = g.edges[g.edges["kind"] == int(EdgeKind.EVENT_WAIT)]
+    assert wait[["src", "dst", "lat_ns"]].values.tolist() == [[prod, cons, 2 * US]]
+    assert g.report["stream_waits_holding_work"] == 1
+    assert_exact(a)
+    r = replay(with_duration(g, prod, 10 * US))  # a faster producer frees the consumer: the wait shrinks
+    assert r.start_ns[cons] == r.end_ns[prod] + 2 * US
+    assert r.start_ns[cons] < a.replay.start_ns[cons]
+
+
+@covers(EventWaits, EventWaitLaunches)
+def test_stream_wait_without_sync_record_is_inferred_from_timing(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    for i in range(10):  # idle-stream launches: the device's launch latency is 2 us
+        tr.runtime("cudaLaunchKernel", 200 + 20 * i, 5, corr=10 + i)
+        tr.gpu(f"warm{i}", 207 + 20 * i, 3, corr=10 + i, stream=7)
+    tr.runtime("cudaLaunchKernel", 0, 5, corr=1)
+    tr.gpu("producer", 10, 50, corr=1, stream=7)
+    tr.runtime("cudaStreamWaitEvent", 8, 1, corr=3)  # no cuda_sync record, no cudaEventRecord
+    tr.runtime("cudaLaunchKernel", 10, 5, corr=4)
+    tr.gpu("consumer", 61, 20, corr=4, stream=20)
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    prod, cons = task_named(g, "producer"), task_named(g, "consumer")
+    assert (prod, cons) in edges_of(g, EdgeKind.EVENT_WAIT)
+    assert g.report["stream_waits_inferred"] == 1 and g.report["stream_waits_without_sync_record"] == 1
+    launch = g.edges[(g.edges["kind"] == int(EdgeKind.LAUNCH)) & (g.edges["dst"] == cons)]
+    assert launch["lat_ns"].tolist() == [2 * US]
+    assert_exact(a)
+    r = replay(with_duration(g, prod, 20 * US))
+    assert r.start_ns[cons] == r.end_ns[prod] + 1 * US
+    assert a.replay.start_ns[cons] - r.start_ns[cons] == 30 * US
+
+
+@covers(EventWaits)
+def test_a_late_start_nothing_explains_stays_measured_and_is_reported(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.runtime("cudaLaunchKernel", 0, 5, corr=1)
+    tr.gpu("early", 7, 3, corr=1, stream=7)           # ended before the consumer's launch returned
+    tr.runtime("cudaStreamWaitEvent", 8, 1, corr=3)
+    tr.runtime("cudaLaunchKernel", 10, 5, corr=4)
+    tr.gpu("consumer", 400, 20, corr=4, stream=20)    # waited for something the trace does not show
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    assert not edges_of(g, EdgeKind.EVENT_WAIT)
+    assert g.report["stream_waits_unattributed"] == 1
+    assert g.report["stream_waits_unattributed_ns"] == (400 - 15 - 2) * US
+    assert_exact(a)
 
 
 @covers(BlockingCallIssue, SyncEdges, SyncWakeUps)

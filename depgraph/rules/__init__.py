@@ -10,7 +10,7 @@ from .attribution import LauncherAttribution
 from .base import Adjustment, BuildStep, EdgeRule, check_order
 from .blocking import BlockingCallIssue
 from .collectives import ArrivalOrder, ClockAlignment, CollectiveBarriers, CollectiveSplit
-from .event_wait import EventWaits
+from .event_wait import EventWaitLaunches, EventWaits
 from .flow import Flows, FlowWakesThread
 from .forkjoin import BurstGaps, ForkJoins
 from .launch import LaunchEdges
@@ -29,6 +29,7 @@ RULES: tuple[BuildStep, ...] = (
     LaunchQueue(),
     SyncEdges(),
     EventWaits(),
+    EventWaitLaunches(),
     SyncWakeUps(),
     Flows(),
     FlowWakesThread(),
@@ -46,5 +47,5 @@ check_order(RULES)
 
 __all__ = ["LAUNCH_QUEUE_DEPTH", "RULES", "Adjustment", "AnchorRoots", "ArrivalOrder", "BlockingCallIssue",
            "BuildStep", "BurstGaps", "ClockAlignment", "CollectiveBarriers", "CollectiveSplit", "EdgeRule",
-           "EventWaits", "FlowWakesThread", "Flows", "ForkJoins", "LaunchEdges", "LaunchQueue", "LauncherAttribution",
+           "EventWaitLaunches", "EventWaits", "FlowWakesThread", "Flows", "ForkJoins", "LaunchEdges", "LaunchQueue", "LauncherAttribution",
            "SingleStep", "StepWindows", "StreamOrder", "SyncEdges", "SyncWakeUps", "ThreadOrder", "check_order"]

@@ -165,6 +165,14 @@ class SyncLookup:
         i = int(np.searchsorted(entry[0], self.state.start_ns[call], side="left")) - 1
         return int(entry[1][i]) if i >= 0 else None
 
+    def next_launch_stream(self, call: int) -> int | None:
+        """The stream of the thread's first launch at or after ``call``'s start."""
+        entry = self.launches.get(int(self.resource[call]))
+        if entry is None:
+            return None
+        i = int(np.searchsorted(entry[0], self.state.start_ns[call], side="left"))
+        return int(entry[1][i]) if i < len(entry[0]) else None
+
     def record_target(self, rank: int, rec: SyncRecord) -> int:
         """The task captured by the cudaEventRecord a cuda_sync record points to, or -1."""
         rc, ws = rec.wait_on_event_correlation, rec.wait_on_stream
