@@ -47,5 +47,6 @@ check_order(RULES)
 
 __all__ = ["LAUNCH_QUEUE_DEPTH", "RULES", "Adjustment", "AnchorRoots", "ArrivalOrder", "BlockingCallIssue",
            "BuildStep", "BurstGaps", "ClockAlignment", "CollectiveBarriers", "CollectiveSplit", "EdgeRule",
-           "EventWaitLaunches", "EventWaits", "FlowWakesThread", "Flows", "ForkJoins", "LaunchEdges", "LaunchQueue", "LauncherAttribution",
+           "EventWaitLaunches", "EventWaits", "FlowWakesThread", "Flows", "ForkJoins", "LaunchEdges", "LaunchQueue",
+           "LauncherAttribution",
            "SingleStep", "StepWindows", "StreamOrder", "SyncEdges", "SyncWakeUps", "ThreadOrder", "check_order"]
