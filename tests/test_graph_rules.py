@@ -482,6 +482,27 @@ def test_a_flow_wakes_an_idle_thread(tmp_path: Path) -> None:
     assert a.replay.start_ns[bwd] - r.start_ns[bwd] == 9 * US
 
 
+@covers(Flows, FlowWakesThread)
+def test_a_flow_into_a_busy_thread_leaves_the_start_to_the_thread(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.op("aten::mm", 0, 10)
+    tr.flow("fwdbwd", 5, "s", 0, MAIN_TID)
+    tr.op("AddBackward0", 20, 25, tid=2)   # the autograd thread's previous op ends after the forward op
+    tr.op("MmBackward0", 50, 10, tid=2)
+    tr.flow("fwdbwd", 5, "f", 50, 2)
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    fwd, prev, bwd = task_named(g, "aten::mm"), task_named(g, "AddBackward0"), task_named(g, "MmBackward0")
+    flow = g.edges[(g.edges["kind"] == int(EdgeKind.FLOW)) & (g.edges["dst"] == bwd)]
+    assert flow[["src", "lat_ns"]].values.tolist() == [[fwd, 0]]
+    thread = g.edges[g.edges["kind"] == int(EdgeKind.THREAD)]
+    assert thread.loc[(thread["src"] == prev) & (thread["dst"] == bwd), "lat_ns"].tolist() == [5 * US]
+    assert g.report["flows_held_by_thread"] == 1
+    assert_exact(a)
+    r = replay(with_duration(g, prev, 5 * US))  # a faster previous backward op moves the next one up
+    assert a.replay.start_ns[bwd] - r.start_ns[bwd] == 20 * US
+
+
 @covers(ForkJoins, BurstGaps)
 def test_a_burst_on_another_thread_forks_and_joins(tmp_path: Path) -> None:
     tr = KinetoTrace()

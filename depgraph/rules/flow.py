@@ -1,5 +1,15 @@
 """Cross-thread dependencies the trace records as flow events (``fwdbwd``: a forward op -> its
-backward op on the autograd thread)."""
+backward op on the autograd thread).
+
+A flow target starts after both its flow source and its thread predecessor; the trace shows which
+ended last. If the thread predecessor did (the autograd thread running one backward op after
+another, long after their forward ops ended), the thread's order held it: its THREAD edge keeps
+the CPU gap and the FLOW edge carries 0, a data dependency long satisfied. Otherwise the thread
+sat idle when the source ended, and the source woke it: the FLOW edge carries the measured offset
+and the THREAD edge 0. Either way the unmodified replay reproduces the start, and the
+forward-to-backward offset (ms: the rest of the forward pass, the loss, the backward ops before)
+is never frozen where the replay recomputes it through the thread.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +22,8 @@ from .thread import ThreadOrder
 
 class Flows(EdgeRule):
     """FLOW edges from matched flow start/finish events; latency = the measured offset from the
-    source task's end to the target's start. Several flows into one task keep the one that ends last."""
+    source task's end to the target's start (:class:`FlowWakesThread` keeps it only where the flow
+    woke its thread). Several flows into one task keep the one that ends last."""
 
     kind = EdgeKind.FLOW
 
@@ -62,13 +73,23 @@ class Flows(EdgeRule):
 
 
 class FlowWakesThread(Adjustment):
-    """A thread woken by a flow (the autograd thread starting backward) was idle, not working: its
-    wait is the flow's measured offset, and the THREAD edge into the woken task carries 0."""
+    """Per flow target, the dependency that ended last holds it (module docstring): a thread woken
+    by its flow (the source ended after the thread's previous task) was idle, its THREAD edge
+    carries 0; a target its thread held keeps the THREAD gap, and its FLOW edge carries 0."""
 
     needs = (ThreadOrder, Flows)
 
     def apply(self, state: BuildState) -> None:
-        thread = state.edges[ThreadOrder]
+        thread, flows = state.edges[ThreadOrder], state.edges[Flows]
+        end = state.end_ns
+        prev = np.full(len(end), -1, dtype=np.int64)
+        prev[thread.dst] = thread.src
+        p = prev[flows.dst]
+        held_by_thread = (p >= 0) & (end[np.maximum(p, 0)] >= end[flows.src])
+        woken = flows.dst[~held_by_thread]
+        state.report["flows_held_by_thread"] = int(held_by_thread.sum())
+        state.report["flows_waking_thread"] = len(woken)
+        state.set_latency(Flows, np.where(held_by_thread, 0, flows.lat_ns))
         lat_ns = thread.lat_ns.copy()
-        lat_ns[np.isin(thread.dst, state.edges[Flows].dst)] = 0
+        lat_ns[np.isin(thread.dst, woken)] = 0
         state.set_latency(ThreadOrder, lat_ns)
