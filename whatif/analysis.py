@@ -126,6 +126,7 @@ def predict(path_or_analysis: str | Path | Analysis, scenarios: Sequence[Scenari
     for scenario, model in zip(loaded, models):
         if ctx is None and model not in contexts:
             contexts[model] = make_context(base.trace, model)
-        graphs = scenario.apply(base.graph, ctx or contexts[model])
+        # an empty scenario predicts the baseline graph itself (copied, replayed afresh)
+        graphs = scenario.apply(base.graph, ctx or contexts[model]) or [base.graph.copy()]
         results.append(ScenarioResult(scenario=scenario, graphs=graphs, replays=[replay(g) for g in graphs]))
     return Prediction(baseline=base, scenarios=results)
