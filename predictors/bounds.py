@@ -142,7 +142,8 @@ class SpeedupCap:
     def line(self, speedup: float) -> str:
         """One line: ``capped at 1.06x: 1.751 ms of CPU own work per step (unchanged)``."""
         head = "capped at" if self.binding(speedup) else "bound"
-        return f"{head} {self.speedup_cap:.2f}x: {self.floor_ns / 1e6:,.3f} ms of {self.part.value} per step (unchanged)"
+        return (f"{head} {self.speedup_cap:.2f}x: {self.floor_ns / 1e6:,.3f} ms of {self.part.value} "
+                "per step (unchanged)")
 
 
 def _work(graph: TaskGraph, codes: Sequence[int]) -> tuple[int, int]:

@@ -92,6 +92,10 @@ class StepOptions:
                 or (reason is Exclusion.PARTIAL and self.include_partial))
 
 
+COUNT_DEFAULT = StepOptions()
+"""The default: warm-up and partial steps left out."""
+
+
 def step_exclusions(graph: TaskGraph) -> list[Exclusion | None]:
     """Per row of ``graph.steps``: why the step is excluded by default, None when it counts (see
     the module docstring)."""
@@ -163,7 +167,7 @@ def step_end_tasks(replay: Replay, start: np.ndarray, end: np.ndarray) -> tuple[
     return floor, finisher
 
 
-def step_times(replay: Replay, options: StepOptions = StepOptions(), reference: TaskGraph | None = None
+def step_times(replay: Replay, options: StepOptions = COUNT_DEFAULT, reference: TaskGraph | None = None
                ) -> pd.DataFrame:
     """Measured and predicted time of every step: columns ``rank``, ``step``, ``measured_ns``,
     ``predicted_ns``, ``error`` (predicted / measured - 1), ``excluded_reason`` (an

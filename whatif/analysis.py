@@ -14,17 +14,25 @@ import pandas as pd
 
 from whatif.depgraph.build import build_graph
 from whatif.depgraph.graph import TaskGraph
+from whatif.predictors.bounds import step_bounds
 from whatif.predictors.cost_models import COST_MODELS, CostModelError, CostModelName
 from whatif.predictors.export import write_chrome_trace
 from whatif.predictors.replay import Replay, replay
-from whatif.predictors.bounds import step_bounds
-from whatif.predictors.steps import CriticalPath, StepOptions, critical_path, step_times, step_times_ns, utilization
+from whatif.predictors.steps import (
+    COUNT_DEFAULT,
+    CriticalPath,
+    StepOptions,
+    critical_path,
+    step_times,
+    step_times_ns,
+    utilization,
+)
 from whatif.tracer.trace import Trace, load_trace
 from whatif.transforms.base import Transform, TransformContext
 from whatif.transforms.scenario import Scenario, ScenarioError, load_scenario
 
-__all__ = ["Analysis", "Prediction", "ScenarioResult", "StepOptions", "analyze", "build_graph", "load_scenario", "load_trace",
-           "make_context", "predict", "replay", "scenario_cost_model"]
+__all__ = ["Analysis", "Prediction", "ScenarioResult", "StepOptions", "analyze", "build_graph", "load_scenario",
+           "load_trace", "make_context", "predict", "replay", "scenario_cost_model"]
 
 
 @dataclass
@@ -35,7 +43,7 @@ class Analysis:
     trace: Trace
     graph: TaskGraph
     replay: Replay
-    options: StepOptions = StepOptions()
+    options: StepOptions = COUNT_DEFAULT
     _paths: dict[int, CriticalPath] = field(default_factory=dict, repr=False)
 
     @cached_property
@@ -68,7 +76,7 @@ class Analysis:
         return write_chrome_trace(self.replay, path)
 
 
-def analyze(path: str | Path, options: StepOptions = StepOptions()) -> Analysis:
+def analyze(path: str | Path, options: StepOptions = COUNT_DEFAULT) -> Analysis:
     """Load ``path`` (a trace file, a folder of per-rank traces or a run folder), build the
     dependency graph and replay it."""
     trace = load_trace(path)
@@ -103,7 +111,7 @@ class ScenarioResult:
     graphs: list[TaskGraph]
     replays: list[Replay]
     reference: TaskGraph | None = None
-    options: StepOptions = StepOptions()
+    options: StepOptions = COUNT_DEFAULT
 
     @property
     def graph(self) -> TaskGraph:

@@ -28,9 +28,9 @@ from msgspec import UNSET, UnsetType
 from whatif.core.errors import WhatifError
 
 __all__ = [
-    "UNSET", "AnalysisDocument", "BaselinePrediction", "BaselineReportRef", "BaselineStep", "Cap", "ChangeEntry", "Check",
-    "Contributor", "CriticalPathEntry", "DitIterationModel", "DitRequest", "DitScenarioServing", "DitServingDocument",
-    "DitSettings", "DitSweepCurve", "DitSweepDocument", "DitSweepPoint", "Document", "DocumentError", "Fidelity",
+    "UNSET", "AnalysisDocument", "BaselinePrediction", "BaselineReportRef", "BaselineStep", "Cap", "ChangeEntry",
+    "Check", "Contributor", "CriticalPathEntry", "DitIterationModel", "DitRequest", "DitScenarioServing",
+    "DitServingDocument", "DitSettings", "DitSweepCurve", "DitSweepDocument", "DitSweepPoint", "Document", "DocumentError", "Fidelity",
     "LatencyStats", "LlmIterationModel", "LlmRequest", "LlmScenarioServing", "LlmScheduler", "LlmServingDocument",
     "LlmSweepCurve", "LlmSweepDocument", "LlmSweepPoint", "PathShift", "PhaseFitEntry", "PredictionDocument",
     "ProfilerOffset", "RankEntry", "ReportDocument", "ReportRow", "RowServing", "ScenarioHeadline",
@@ -111,7 +111,7 @@ def mean_breakdown_ns(paths: list[StepBreakdown] | list[CriticalPathEntry]) -> d
     {'cpu': 2.0, 'gpu': 1.5}
     """
     cats = list(paths[0].breakdown_ns) if paths else []
-    paths = counted(paths)  # type: ignore[type-var]
+    paths = [p for p in paths if p.excluded is UNSET] or paths  # type: ignore[assignment]
     n = max(len(paths), 1)
     return {c: sum(p.breakdown_ns.get(c, 0) for p in paths) / n for c in cats}
 

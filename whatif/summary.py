@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from msgspec import UnsetType
 
 from whatif.api import Analysis, Prediction, ScenarioResult
 from whatif.depgraph.graph import GPU_WORK_KINDS, Change, TaskKind, kind_codes
@@ -31,7 +32,6 @@ from whatif.documents import (
     counted,
     mean_breakdown_ns,
 )
-from whatif.documents import UnsetType as _Unset
 from whatif.predictors.bounds import speedup_cap, unchanged_parts
 from whatif.predictors.steps import Exclusion, critical_path
 
@@ -65,7 +65,7 @@ def _top(tasks: pd.DataFrame, by: str, limit: int) -> list[TopEntry]:
             for k, r in agg.iterrows()]
 
 
-def excluded_marks(steps: pd.DataFrame) -> list[str | _Unset]:
+def excluded_marks(steps: pd.DataFrame) -> list[str | UnsetType]:
     """Per row of a step-times frame: the ``excluded`` field of its document entry (the reason's
     name when the step does not count, else unset)."""
     return [UNSET if inc or reason is None else reason.value
