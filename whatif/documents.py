@@ -30,8 +30,8 @@ from whatif.core.errors import WhatifError
 __all__ = [
     "UNSET", "AnalysisDocument", "BaselinePrediction", "BaselineReportRef", "BaselineStep", "Cap", "ChangeEntry",
     "Check", "Contributor", "CriticalPathEntry", "DitIterationModel", "DitRequest", "DitScenarioServing",
-    "DitServingDocument", "DitSettings", "DitSweepCurve", "DitSweepDocument", "DitSweepPoint", "Document", "DocumentError", "Fidelity",
-    "LatencyStats", "LlmIterationModel", "LlmRequest", "LlmScenarioServing", "LlmScheduler", "LlmServingDocument",
+    "DitServingDocument", "DitSettings", "DitSweepCurve", "DitSweepDocument", "DitSweepPoint", "Document",
+    "DocumentError", "Fidelity", "LatencyStats", "LlmIterationModel", "LlmRequest", "LlmScenarioServing", "LlmScheduler", "LlmServingDocument",
     "LlmSweepCurve", "LlmSweepDocument", "LlmSweepPoint", "PathShift", "PhaseFitEntry", "PredictionDocument",
     "ProfilerOffset", "RankEntry", "ReportDocument", "ReportRow", "RowServing", "ScenarioHeadline",
     "ScenarioPrediction", "ScenarioStep", "ServingDocument", "SloAttainment", "Stat", "StepBreakdown", "StepFidelity",
