@@ -31,12 +31,12 @@ __all__ = [
     "UNSET", "AnalysisDocument", "BaselinePrediction", "BaselineReportRef", "BaselineStep", "Cap", "ChangeEntry",
     "Check", "Contributor", "CriticalPathEntry", "DitIterationModel", "DitRequest", "DitScenarioServing",
     "DitServingDocument", "DitSettings", "DitSweepCurve", "DitSweepDocument", "DitSweepPoint", "Document",
-    "DocumentError", "Fidelity", "LatencyStats", "LlmIterationModel", "LlmRequest", "LlmScenarioServing", "LlmScheduler", "LlmServingDocument",
-    "LlmSweepCurve", "LlmSweepDocument", "LlmSweepPoint", "PathShift", "PhaseFitEntry", "PredictionDocument",
-    "ProfilerOffset", "RankEntry", "ReportDocument", "ReportRow", "RowServing", "ScenarioHeadline",
-    "ScenarioPrediction", "ScenarioStep", "ServingDocument", "SloAttainment", "Stat", "StepBreakdown", "StepFidelity",
-    "SweepDocument", "TopEntry", "UtilizationEntry", "WaterfallEntry", "WorkloadEntry", "counted", "from_json",
-    "mean_breakdown_ns", "to_json", "write_json",
+    "DocumentError", "Fidelity", "LatencyStats", "LlmIterationModel", "LlmRequest", "LlmScenarioServing",
+    "LlmScheduler", "LlmServingDocument", "LlmSweepCurve", "LlmSweepDocument", "LlmSweepPoint", "PathShift",
+    "PhaseFitEntry", "PredictionDocument", "ProfilerOffset", "RankEntry", "ReportDocument", "ReportRow",
+    "RowServing", "ScenarioHeadline", "ScenarioPrediction", "ScenarioStep", "ServingDocument", "SloAttainment",
+    "Stat", "StepBreakdown", "StepFidelity", "SweepDocument", "TopEntry", "UtilizationEntry", "WaterfallEntry",
+    "WorkloadEntry", "counted", "from_json", "mean_breakdown_ns", "to_json", "write_json"
 ]
 
 ANALYSIS_SCHEMA = "whatif.analysis"
