@@ -31,6 +31,7 @@ from whatif.depgraph.rules import (
     ForkJoins,
     LaunchEdges,
     LauncherAttribution,
+    LaunchQueue,
     SingleStep,
     StepWindows,
     StreamOrder,
@@ -99,6 +100,42 @@ def test_launch_edges_and_queued_kernels(tmp_path: Path) -> None:
     # A slower k1 delays the queued k2 by the same amount.
     r = replay(with_duration(g, k1, 60 * US))
     assert r.start_ns[k2] - a.replay.start_ns[k2] == 30 * US
+
+
+@covers(LaunchQueue)
+def test_full_launch_queue_blocks_the_cpu_behind_a_slow_gpu(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.step(0, 0, 100)
+    for i in range(8):  # a launch every 10 us, each kernel done 3 us later: the queue never fills
+        tr.runtime("cudaLaunchKernel", 10 * i, 4, corr=i + 1)
+        tr.gpu(f"k{i}", 10 * i + 6, 3, corr=i + 1)
+    path = tr.write(tmp_path / "t.json.gz")
+    rules = tuple(LaunchQueue(depth=2) if isinstance(r, LaunchQueue) else r for r in RULES)
+    g = build_graph(load_trace(path), rules=rules)
+    calls = [task_named(g, "cudaLaunchKernel", i) for i in range(8)]
+    kernels = [task_named(g, f"k{i}") for i in range(8)]
+    assert edges_of(g, EdgeKind.LAUNCH_QUEUE) == {(kernels[i - 2], calls[i]) for i in range(2, 8)}
+    assert g.report["launch_queue_max_pending"] == 1
+    base = replay(g)
+    assert (base.end_ns[calls] - base.start_ns[calls] == 4 * US).all()
+
+    def gpu_times(factor: float) -> TaskGraph:
+        out = g.copy()
+        out.tasks.loc[kernels, "dur_ns"] = (out.tasks.loc[kernels, "dur_ns"] * factor).astype(np.int64)
+        return out
+
+    # 10x slower kernels (30 us each, back to back): from the third launch on, each call returns
+    # only when the kernel two entries back has finished, so the CPU runs at the GPU's pace.
+    slow = replay(gpu_times(10))
+    for i in range(2, 8):
+        assert slow.end_ns[calls[i]] == max(slow.start_ns[calls[i]] + 4 * US, slow.end_ns[kernels[i - 2]])
+    assert slow.end_ns[calls[7]] == slow.end_ns[kernels[5]] > base.end_ns[calls[7]] + 100 * US
+    deep = build_graph(load_trace(path))  # the real depth: 8 launches never fill it
+    assert edges_of(deep, EdgeKind.LAUNCH_QUEUE) == set()
+    deep.tasks.loc[kernels, "dur_ns"] *= 10
+    assert (replay(deep).end_ns[calls] == base.end_ns[calls]).all()
+    # A faster GPU frees the CPU: the calls keep their measured times.
+    assert (replay(gpu_times(0.5)).end_ns[calls] == base.end_ns[calls]).all()
 
 
 @covers(SyncEdges, SyncWakeUps)
