@@ -62,14 +62,19 @@ class EnumRegistry(Generic[T]):
         self._classes.pop(key, None)
 
     def _load(self) -> None:
+        """Import the built-ins, then the entry points; a broken plugin is one error naming it."""
         if self._loaded:
             return
-        self._loaded = True
         for module in self._builtin_modules:
             importlib.import_module(module)
         if self._group:
             for ep in entry_points(group=self._group):
-                self.register(ep.load())
+                try:
+                    self.register(ep.load())
+                except Exception as exc:  # noqa: BLE001 - any failure of third-party code
+                    raise self.error(f"{self.what} plugin {ep.name!r} ({ep.value}, entry point group "
+                                     f"{self._group}): {type(exc).__name__}: {exc}") from None
+        self._loaded = True
 
     def _by_value(self) -> dict[str, Enum]:
         return {k.value: k for k in self._classes}

@@ -17,7 +17,7 @@ from whatif.depgraph.graph import (
     TaskKind,
     kind_codes,
 )
-from whatif.documents import CriticalPathEntry, mean_breakdown_ns
+from whatif.documents import CriticalPathEntry, counted, mean_breakdown_ns
 from whatif.figures import PhaseBreakdown
 from whatif.predictors.replay import Replay
 from whatif.predictors.steps import CATEGORIES, critical_path
@@ -41,11 +41,14 @@ def step_phases(graph: TaskGraph) -> list[str]:
 
 
 def phase_rows(graph: TaskGraph, paths: list[CriticalPathEntry]) -> list[PhaseBreakdown]:
-    """Mean critical-path breakdown of the steps of each phase (``paths``: a document's
-    ``critical_path`` list, one entry per step row)."""
+    """Mean critical-path breakdown of the counted steps of each phase (``paths``: a document's
+    ``critical_path`` list, one entry per step row; excluded steps are left out, see
+    :func:`whatif.documents.counted`)."""
     groups: dict[str, list[CriticalPathEntry]] = {}
+    keep = {(p.rank, p.step) for p in counted(paths)}
     for phase, p in zip(step_phases(graph), paths):
-        groups.setdefault(phase, []).append(p)
+        if (p.rank, p.step) in keep:
+            groups.setdefault(phase, []).append(p)
     return [PhaseBreakdown(phase, len(ps), mean_breakdown_ns(ps)) for phase, ps in groups.items()]
 
 

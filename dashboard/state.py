@@ -163,7 +163,7 @@ class Run:
         """Headline numbers of a scenario (speedup, per-transform waterfall, change log) without the
         per-step critical paths, which take seconds on 100 k-task graphs (:func:`whatif.summary.scenario_headline`,
         the numbers the prediction document carries)."""
-        return scenario_headline(self.analysis.steps, self.result(spec))
+        return scenario_headline(self.analysis, self.result(spec))
 
     @property
     def serving_log(self) -> Path | None:

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
 import pandas as pd
@@ -153,3 +155,62 @@ def step_bounds(graph: TaskGraph) -> pd.DataFrame:
         out[col] = series.reindex(key).fillna(0).to_numpy(dtype=np.int64) if len(series) else 0
     out["gpu_busy_ns"] = _gpu_busy_ns(graph, out["measured_ns"].to_numpy())
     return out
+
+
+class FixedPart(Enum):
+    """Work a scenario left unchanged, which bounds its speedup."""
+
+    CPU_OWN = "CPU own work"
+    GPU_STREAM = "work on the busiest GPU stream"
+
+
+_FLOOR_COLUMN = {FixedPart.CPU_OWN: "cpu_own_ns", FixedPart.GPU_STREAM: "gpu_stream_own_ns"}
+_PART_KINDS = {FixedPart.CPU_OWN: (int(TaskKind.CPU_CALL), int(TaskKind.CPU_WORK)),
+               FixedPart.GPU_STREAM: tuple(kind_codes(GPU_WORK_KINDS))}
+BINDING_SHARE = 0.9
+"""A cap binds when the predicted speedup reaches this share of it."""
+
+
+@dataclass(frozen=True)
+class SpeedupCap:
+    """The most a scenario can speed the steps up, given the work it left unchanged (Amdahl):
+    ``speedup_cap`` = sum of the steps' baseline times / sum of the fixed part's floor
+    (:func:`step_bounds`), ``floor_ns`` the floor's mean per step."""
+
+    speedup_cap: float
+    part: FixedPart
+    floor_ns: int
+
+    def binding(self, speedup: float) -> bool:
+        return speedup >= BINDING_SHARE * self.speedup_cap
+
+    def line(self, speedup: float) -> str:
+        """One line: ``capped at 1.06x: 1.751 ms of CPU own work per step (unchanged)``."""
+        head = "capped at" if self.binding(speedup) else "bound"
+        return (f"{head} {self.speedup_cap:.2f}x: {self.floor_ns / 1e6:,.3f} ms of {self.part.value} "
+                "per step (unchanged)")
+
+
+def _work(graph: TaskGraph, codes: Sequence[int]) -> tuple[int, int]:
+    t = graph.tasks
+    sel = np.isin(t["kind"].to_numpy(), codes)
+    return int(sel.sum()), int(t["dur_ns"].to_numpy()[sel].sum())
+
+
+def unchanged_parts(base: TaskGraph, scenario: TaskGraph) -> list[FixedPart]:
+    """The parts whose tasks (count and total duration) ``scenario`` left as in ``base``."""
+    return [part for part, codes in _PART_KINDS.items() if _work(base, codes) == _work(scenario, codes)]
+
+
+def speedup_cap(bounds: pd.DataFrame, base_ns: pd.Series, parts: Sequence[FixedPart]) -> SpeedupCap | None:
+    """The cap the unchanged ``parts`` set on the steps of ``bounds`` (rows of :func:`step_bounds`)
+    whose baseline time is ``base_ns`` (same index): the binding part's, None when no part is
+    fixed or a fixed part has no work."""
+    if not len(bounds) or not parts:
+        return None
+    floors = {p: int(bounds[_FLOOR_COLUMN[p]].sum()) for p in parts}
+    part = max(floors, key=lambda p: floors[p])
+    if floors[part] <= 0:
+        return None
+    return SpeedupCap(speedup_cap=round(float(base_ns.sum()) / floors[part], 4), part=part,
+                      floor_ns=int(floors[part] / len(bounds)))

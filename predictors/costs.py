@@ -183,7 +183,7 @@ class TraceCostModel(CostModelBase):
                                                                      ops["external_id"].to_numpy()]))
         self._op_by_ext = self._op_by_ext[~self._op_by_ext.index.duplicated(keep="last")]
         self._bw: float | None = None
-        self._collective_calibrations: dict[str, CollectiveCalibration | None] = {}
+        self._collective_calibrations: dict[tuple[str, int, int], CollectiveCalibration | None] = {}
         self._op_memo: dict[tuple[str, str, str], tuple[float, float, float, str]] = {}
 
     # -- recorded facts, all tasks of a graph, cached ------------------------------------------
@@ -513,10 +513,14 @@ class TraceCostModel(CostModelBase):
                                  f"{', '.join(t.value for t in TopologyName)})") from None
         per = min(ranks_per_machine or ranks, base.gpus_per_machine)
         topo = base.with_machines(max(1, -(-ranks // per)))
-        if base.name not in self._collective_calibrations:
-            self._collective_calibrations[base.name] = self._collective_calibration(base, topo)
+        key = (base.name, topo.machines, per)  # the fit depends on the topology it was made on
+        if key not in self._collective_calibrations:
+            try:
+                self._collective_calibrations[key] = self._collective_calibration(base, topo)
+            except ValueError as exc:  # the trace's collectives do not fit on this topology
+                raise TransformError(f"collectives on {topology_name}: {exc}") from None
         return float(collective_time_ns(kind, message_bytes, ranks, topo, ranks_per_machine=per,
-                                        calibration=self._collective_calibrations[base.name]))
+                                        calibration=self._collective_calibrations[key]))
 
     def _collective_calibration(self, base: Topology, topo: Topology) -> CollectiveCalibration | None:
         """The fit of the trace's collective kernels when its GPU is of the preset ``base``'s family."""

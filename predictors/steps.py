@@ -9,6 +9,22 @@ time and is the iteration time a user sees. Measured and predicted times use thi
 (on measured and on replayed task times). A trace without step annotations has one step per
 rank spanning its window.
 
+Not every step is one a user means. :func:`step_exclusions` names, from the measured graph, the
+steps that means, speedups, phase tables and charts leave out by default (:class:`Exclusion`):
+
+* **warm-up**: a rank's ``ProfilerStep#0`` when the rank has another whole step. Step 0 is the
+  first step the profiler saw: it holds the program's start-up (imports, model construction,
+  CUDA context, allocator growth, autotuning) or, when the program ran before the profiler
+  started, the profiler's own start-up, the reason ``torch.profiler.schedule`` has a ``warmup``
+  phase. A recording whose first step is numbered above 0 was made after steps the profiler's
+  schedule skipped or warmed up on, so nothing is left out: the rule reads the step number, not
+  the step's length, so that a legitimately long first step (a prefill) stays in.
+* **partial**: a rank's last step when it holds less than half the tasks of the rank's median
+  step: the annotation the last ``prof.step()`` opened, cut short by the end of the recording
+  (it holds the profiler's shutdown, not an iteration).
+
+A rank with a single step keeps it. :class:`StepOptions` brings either kind back.
+
 The critical path of a step is walked backwards from the task that ends it, following the edge
 that set each task's start (or end, for a wait). Every nanosecond of the step is attributed to
 one category (HTA's breakdown, refined):
@@ -24,7 +40,8 @@ idle       GPU idle between queued kernels, offsets of tasks with no predecessor
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 import pandas as pd
@@ -39,6 +56,74 @@ _EDGE_CATEGORY = {EdgeKind.ANCHOR: "idle", EdgeKind.THREAD: "cpu", EdgeKind.STRE
                   EdgeKind.LAUNCH_QUEUE: "sync"}
 _TASK_CATEGORY = {TaskKind.CPU_WORK: "cpu", TaskKind.CPU_CALL: "cpu", TaskKind.WAIT: "sync", TaskKind.KERNEL: "gpu",
                   TaskKind.MEMCPY: "gpu", TaskKind.MEMSET: "gpu", TaskKind.COMM: "comm"}
+
+
+PARTIAL_SHARE = 0.5
+"""A last step holding fewer tasks than this share of the rank's median step is partial."""
+
+
+class Exclusion(Enum):
+    """Why a step is left out of means, speedups, phase tables and charts by default."""
+
+    WARMUP = "warm-up"
+    PARTIAL = "partial"
+
+    @property
+    def why(self) -> str:
+        """One line for people."""
+        return _WHY[self]
+
+
+_WHY = {Exclusion.WARMUP: "the first step (ProfilerStep#0) holds start-up",
+        Exclusion.PARTIAL: "the last step is cut short by the end of the recording"}
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """Which steps count in means, speedups, phase tables and charts (excluded steps are still listed)."""
+
+    include_warmup: bool = field(default=False, metadata={
+        "help": "count the warm-up step (ProfilerStep#0, start-up) in means, speedups and charts"})
+    include_partial: bool = field(default=False, metadata={
+        "help": "count a last step cut short by the end of the recording"})
+
+    def counts(self, reason: Exclusion | None) -> bool:
+        """Whether a step excluded for ``reason`` (None: not excluded) counts."""
+        return (reason is None or (reason is Exclusion.WARMUP and self.include_warmup)
+                or (reason is Exclusion.PARTIAL and self.include_partial))
+
+
+COUNT_DEFAULT = StepOptions()
+"""The default: warm-up and partial steps left out."""
+
+
+def step_exclusions(graph: TaskGraph) -> list[Exclusion | None]:
+    """Per row of ``graph.steps``: why the step is excluded by default, None when it counts (see
+    the module docstring)."""
+    steps = graph.steps
+    out: list[Exclusion | None] = [None] * len(steps)
+    if not len(steps):
+        return out
+    t = graph.tasks
+    work = t[t["kind"].to_numpy() != int(TaskKind.MARKER)]
+    counts = work.groupby(["rank", "step"]).size()
+    ranks = steps["rank"].to_numpy()
+    numbers = steps["step"].to_numpy()
+    begins = steps["measured_begin_ns"].to_numpy()
+    for r in np.unique(ranks):
+        rows = np.flatnonzero(ranks == r)
+        rows = rows[np.argsort(begins[rows], kind="stable")]
+        if len(rows) < 2:
+            continue
+        tasks = np.array([int(counts.get((int(r), int(numbers[i])), 0)) for i in rows])
+        last = int(rows[-1])
+        if tasks[-1] < PARTIAL_SHARE * float(np.median(tasks[:-1])):
+            out[last] = Exclusion.PARTIAL
+        whole = [int(i) for i in rows if out[int(i)] is None]
+        first = int(rows[0])
+        if numbers[first] == 0 and len(whole) >= 2 and out[first] is None:
+            out[first] = Exclusion.WARMUP
+    return out
 
 
 def _completion_floor(ranks: np.ndarray, begin: np.ndarray, done: np.ndarray) -> np.ndarray:
@@ -83,9 +168,13 @@ def step_end_tasks(replay: Replay, start: np.ndarray, end: np.ndarray) -> tuple[
     return floor, finisher
 
 
-def step_times(replay: Replay) -> pd.DataFrame:
+def step_times(replay: Replay, options: StepOptions = COUNT_DEFAULT, reference: TaskGraph | None = None
+               ) -> pd.DataFrame:
     """Measured and predicted time of every step: columns ``rank``, ``step``, ``measured_ns``,
-    ``predicted_ns``, ``error`` (predicted / measured - 1)."""
+    ``predicted_ns``, ``error`` (predicted / measured - 1), ``excluded_reason`` (an
+    :class:`Exclusion`, None when the step counts by default; judged on ``reference``, the
+    measured graph, default the replayed one) and ``included`` (whether it counts under
+    ``options``)."""
     g = replay.graph
     steps = g.steps
     floor, finisher = step_end_tasks(replay, replay.start_ns, replay.end_ns)
@@ -94,7 +183,17 @@ def step_times(replay: Replay) -> pd.DataFrame:
     out = pd.DataFrame({"rank": steps["rank"].to_numpy(), "step": steps["step"].to_numpy(),
                         "measured_ns": measured, "predicted_ns": predicted})
     out["error"] = np.where(measured > 0, predicted / np.maximum(measured, 1) - 1.0, 0.0)
+    reasons = step_exclusions(g if reference is None else reference)
+    out["excluded_reason"] = pd.Series(reasons, dtype=object)
+    out["included"] = np.array([options.counts(r) for r in reasons], dtype=bool)
     return out
+
+
+def included_mean_ns(steps: pd.DataFrame, column: str = "predicted_ns") -> float:
+    """Mean of ``column`` over the included rows of a :func:`step_times` frame (over every row when
+    none is included)."""
+    sel = steps[steps["included"]] if steps["included"].any() else steps
+    return float(sel[column].mean()) if len(sel) else 0.0
 
 
 def step_times_ns(graph: TaskGraph) -> pd.Series:

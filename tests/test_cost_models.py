@@ -180,3 +180,23 @@ def test_dashboard_prices_a_spec_by_its_cost_model(adds: Path) -> None:
     assert run.quick_document(sheet_spec).speedup != trace
     assert run.quick_document({**spec, "cost_model": "trace"}).speedup == trace
     assert set(run._contexts) == {CostModelName.TRACE, CostModelName.DATASHEET}
+
+
+def test_a_broken_cost_model_plugin_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import EntryPoint
+
+    from whatif.cli import main
+    from whatif.core import registry as registry_module
+    from whatif.predictors.cost_models import COST_MODELS
+
+    broken = EntryPoint(name="broken", value="no_such_module_xyz:Model", group="whatif.cost_models")
+    real = registry_module.entry_points
+    monkeypatch.setattr(registry_module, "entry_points",
+                        lambda group: [broken] if group == "whatif.cost_models" else real(group=group))
+    monkeypatch.setattr(COST_MODELS, "_loaded", False)
+    assert main(["devices"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "plugin 'broken'" in err[0] and "no_such_module_xyz" in err[0]
+    monkeypatch.setattr(registry_module, "entry_points", real)
+    assert COST_MODELS.names()[:2] == ("trace", "datasheet")   # it loads once the plugin is gone

@@ -26,8 +26,10 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
 def test_kernels_and_steps(pair: tuple[Path, Path, Path]) -> None:
     before, _, after = pair
     doc = diff_document(analyze(before), analyze(after))
-    assert (doc["before"]["mean_ns"], doc["after"]["mean_ns"]) == (83_333, 60_333)
-    assert doc["speedup"] == round(83_333 / 60_333, 6)
+    # step 0 (warm-up) is left out: the means are over steps 1 and 2
+    assert (doc["before"]["mean_ns"], doc["after"]["mean_ns"]) == (84_000, 61_000)
+    assert [s.get("excluded") for s in doc["before"]["steps"]] == ["warm-up", None, None]
+    assert doc["speedup"] == round(84_000 / 61_000, 6)
     k = doc["kernels"]
     assert [r["name"] for r in k["faster"]["top"]] == ["gemm"] and k["faster"]["delta_ns"] == -30_000
     assert [r["name"] for r in k["slower"]["top"]] == ["relu"] and k["slower"]["top"][0]["delta_ns"] == 2_000
@@ -47,8 +49,8 @@ def test_prediction_vs_actual(pair: tuple[Path, Path, Path]) -> None:
     doc = diff_document(analyze(before), analyze(extra), report)
     (miss,) = doc["prediction"]["scenarios"]
     assert doc["prediction"]["same_trace_as_before"]
-    assert miss["predicted_step_ns"] == 53_333 and miss["actual_step_ns"] == 60_333
-    assert miss["error"] == round(53_333 / 60_333 - 1, 6)  # promised more than delivered: the extra kernel
+    assert miss["predicted_step_ns"] == 54_000 and miss["actual_step_ns"] == 61_000
+    assert miss["error"] == round(54_000 / 61_000 - 1, 6)  # promised more than delivered: the extra kernel
 
 
 def test_cli_with_report_json(pair: tuple[Path, Path, Path], tmp_path: Path,

@@ -5,7 +5,7 @@ Re-exported, with the serving API, by :mod:`whatif.api` (the public front door);
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
@@ -14,31 +14,52 @@ import pandas as pd
 
 from whatif.depgraph.build import build_graph
 from whatif.depgraph.graph import TaskGraph
+from whatif.predictors.bounds import step_bounds
 from whatif.predictors.cost_models import COST_MODELS, CostModelError, CostModelName
 from whatif.predictors.export import write_chrome_trace
 from whatif.predictors.replay import Replay, replay
-from whatif.predictors.steps import CriticalPath, critical_path, step_times, step_times_ns, utilization
+from whatif.predictors.steps import (
+    COUNT_DEFAULT,
+    CriticalPath,
+    StepOptions,
+    critical_path,
+    step_times,
+    step_times_ns,
+    utilization,
+)
 from whatif.tracer.trace import Trace, load_trace
 from whatif.transforms.base import Transform, TransformContext
 from whatif.transforms.scenario import Scenario, ScenarioError, load_scenario
 
-__all__ = ["Analysis", "Prediction", "ScenarioResult", "analyze", "build_graph", "load_scenario", "load_trace",
-           "make_context", "predict", "replay", "scenario_cost_model"]
+__all__ = ["Analysis", "Prediction", "ScenarioResult", "StepOptions", "analyze", "build_graph", "load_scenario",
+           "load_trace", "make_context", "predict", "replay", "scenario_cost_model"]
 
 
 @dataclass
 class Analysis:
-    """A trace, its dependency graph, and the graph's replay."""
+    """A trace, its dependency graph, and the graph's replay; ``options``: which steps count in
+    means (:class:`~whatif.predictors.steps.StepOptions`)."""
 
     trace: Trace
     graph: TaskGraph
     replay: Replay
+    options: StepOptions = COUNT_DEFAULT
     _paths: dict[int, CriticalPath] = field(default_factory=dict, repr=False)
 
     @cached_property
     def steps(self) -> pd.DataFrame:
-        """Per step: ``rank``, ``step``, ``measured_ns``, ``predicted_ns``, ``error``."""
-        return step_times(self.replay)
+        """Per step: ``rank``, ``step``, ``measured_ns``, ``predicted_ns``, ``error``,
+        ``excluded_reason``, ``included`` (:func:`~whatif.predictors.steps.step_times`)."""
+        return step_times(self.replay, self.options)
+
+    @cached_property
+    def bounds(self) -> pd.DataFrame:
+        """Per step: the bounds any prediction respects (:func:`~whatif.predictors.bounds.step_bounds`)."""
+        return step_bounds(self.graph)
+
+    def with_options(self, options: StepOptions) -> Analysis:
+        """The same analysis counting the steps ``options`` selects (graph and replay shared)."""
+        return self if options == self.options else replace(self, options=options, _paths=self._paths)
 
     def critical_path(self, step_row: int) -> CriticalPath:
         """Critical path of row ``step_row`` of :attr:`steps`."""
@@ -55,12 +76,12 @@ class Analysis:
         return write_chrome_trace(self.replay, path)
 
 
-def analyze(path: str | Path) -> Analysis:
+def analyze(path: str | Path, options: StepOptions = COUNT_DEFAULT) -> Analysis:
     """Load ``path`` (a trace file, a folder of per-rank traces or a run folder), build the
     dependency graph and replay it."""
     trace = load_trace(path)
     graph = build_graph(trace)
-    return Analysis(trace=trace, graph=graph, replay=replay(graph))
+    return Analysis(trace=trace, graph=graph, replay=replay(graph), options=options)
 
 
 def make_context(trace: Trace, cost_model: str | Enum = CostModelName.TRACE) -> TransformContext:
@@ -83,11 +104,14 @@ def scenario_cost_model(scenario: Scenario, default: str | Enum = CostModelName.
 
 @dataclass
 class ScenarioResult:
-    """One scenario's graphs (after each transform) and the replay of the final one."""
+    """One scenario's graphs (after each transform) and the replay of the final one; steps are
+    judged (warm-up, partial) on the measured ``reference`` graph and counted under ``options``."""
 
     scenario: Scenario
     graphs: list[TaskGraph]
     replays: list[Replay]
+    reference: TaskGraph | None = None
+    options: StepOptions = COUNT_DEFAULT
 
     @property
     def graph(self) -> TaskGraph:
@@ -99,7 +123,11 @@ class ScenarioResult:
 
     @cached_property
     def steps(self) -> pd.DataFrame:
-        return step_times(self.replay)
+        return self.steps_of(self.replay)
+
+    def steps_of(self, rep: Replay) -> pd.DataFrame:
+        """:func:`~whatif.predictors.steps.step_times` of one of this scenario's replays."""
+        return step_times(rep, self.options, self.reference)
 
 
 @dataclass
@@ -126,6 +154,8 @@ def predict(path_or_analysis: str | Path | Analysis, scenarios: Sequence[Scenari
     for scenario, model in zip(loaded, models):
         if ctx is None and model not in contexts:
             contexts[model] = make_context(base.trace, model)
-        graphs = scenario.apply(base.graph, ctx or contexts[model])
-        results.append(ScenarioResult(scenario=scenario, graphs=graphs, replays=[replay(g) for g in graphs]))
+        # an empty scenario predicts the baseline graph itself (copied, replayed afresh)
+        graphs = scenario.apply(base.graph, ctx or contexts[model]) or [base.graph.copy()]
+        results.append(ScenarioResult(scenario=scenario, graphs=graphs, replays=[replay(g) for g in graphs],
+                                      reference=base.graph, options=base.options))
     return Prediction(baseline=base, scenarios=results)

@@ -49,7 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    try:  # building the parser lists the registries, which load plugins
+        parser = build_parser()
+    except WhatifError as exc:
+        print(f"whatif: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)

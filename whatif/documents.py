@@ -19,7 +19,7 @@ are the JSON's keys and order (``docs/analysis-schema.md``, ``docs/prediction-sc
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Literal, TypeVar, Union, get_args
+from typing import ClassVar, Literal, Protocol, TypeVar, Union, get_args
 
 import msgspec
 import orjson
@@ -28,15 +28,63 @@ from msgspec import UNSET, UnsetType
 from whatif.core.errors import WhatifError
 
 __all__ = [
-    "UNSET", "AnalysisDocument", "BaselinePrediction", "BaselineReportRef", "BaselineStep", "ChangeEntry", "Check",
-    "Contributor", "CriticalPathEntry", "DitIterationModel", "DitRequest", "DitScenarioServing", "DitServingDocument",
-    "DitSettings", "DitSweepCurve", "DitSweepDocument", "DitSweepPoint", "Document", "DocumentError", "Fidelity",
-    "LatencyStats", "LlmIterationModel", "LlmRequest", "LlmScenarioServing", "LlmScheduler", "LlmServingDocument",
-    "LlmSweepCurve", "LlmSweepDocument", "LlmSweepPoint", "PathShift", "PhaseFitEntry", "PredictionDocument",
-    "ProfilerOffset", "RankEntry", "ReportDocument", "ReportRow", "RowServing", "ScenarioHeadline",
-    "ScenarioPrediction", "ScenarioStep", "ServingDocument", "SloAttainment", "Stat", "StepBreakdown", "StepFidelity",
-    "SweepDocument", "TopEntry", "UtilizationEntry", "WaterfallEntry", "WorkloadEntry", "from_json",
-    "mean_breakdown_ns", "to_json", "write_json",
+    "UNSET",
+    "AnalysisDocument",
+    "BaselinePrediction",
+    "BaselineReportRef",
+    "BaselineStep",
+    "Cap",
+    "ChangeEntry",
+    "Check",
+    "Contributor",
+    "CriticalPathEntry",
+    "DitIterationModel",
+    "DitRequest",
+    "DitScenarioServing",
+    "DitServingDocument",
+    "DitSettings",
+    "DitSweepCurve",
+    "DitSweepDocument",
+    "DitSweepPoint",
+    "Document",
+    "DocumentError",
+    "Fidelity",
+    "LatencyStats",
+    "LlmIterationModel",
+    "LlmRequest",
+    "LlmScenarioServing",
+    "LlmScheduler",
+    "LlmServingDocument",
+    "LlmSweepCurve",
+    "LlmSweepDocument",
+    "LlmSweepPoint",
+    "NotJsonError",
+    "PathShift",
+    "PhaseFitEntry",
+    "PredictionDocument",
+    "ProfilerOffset",
+    "RankEntry",
+    "ReportDocument",
+    "ReportRow",
+    "RowServing",
+    "ScenarioHeadline",
+    "ScenarioPrediction",
+    "ScenarioStep",
+    "ServingDocument",
+    "SloAttainment",
+    "Stat",
+    "StepBreakdown",
+    "StepFidelity",
+    "SweepDocument",
+    "TopEntry",
+    "UtilizationEntry",
+    "WaterfallEntry",
+    "WorkloadEntry",
+    "counted",
+    "from_json",
+    "mean_breakdown_ns",
+    "to_json",
+    "write_json"
 ]
 
 ANALYSIS_SCHEMA = "whatif.analysis"
@@ -51,6 +99,10 @@ class DocumentError(WhatifError):
     """JSON that is not the document asked for (one line naming the first wrong key)."""
 
 
+class NotJsonError(DocumentError):
+    """The text is not JSON at all (as opposed to JSON that is not the expected document)."""
+
+
 class Entry(msgspec.Struct, frozen=True, kw_only=True):
     """Base of every document and document entry: immutable, keyword-built, compared by value."""
 
@@ -58,12 +110,33 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
 # --- shared entries -------------------------------------------------------------------------
 
 
+class _HasExcluded(Protocol):
+    @property
+    def excluded(self) -> str | UnsetType: ...
+
+
+_Stepped = TypeVar("_Stepped", bound=_HasExcluded)
+
+
 class StepBreakdown(Entry, frozen=True, kw_only=True):
-    """Where one step's critical path spent its time: ns per category (cpu, launch, gpu, comm, sync, idle)."""
+    """Where one step's critical path spent its time: ns per category (cpu, launch, gpu, comm, sync, idle);
+    ``excluded``: why the step is left out of means (``warm-up``, ``partial``), unset when it counts."""
 
     rank: int
     step: int
     breakdown_ns: dict[str, int]
+    excluded: str | UnsetType = UNSET
+
+
+def counted(entries: list[_Stepped]) -> list[_Stepped]:
+    """The entries of steps that count in means (``excluded`` unset); all of them when none does.
+
+    >>> [s.step for s in counted([StepBreakdown(rank=0, step=0, breakdown_ns={}, excluded="warm-up"),
+    ...                           StepBreakdown(rank=0, step=1, breakdown_ns={})])]
+    [1]
+    """
+    kept = [e for e in entries if e.excluded is UNSET]
+    return kept if kept else entries
 
 
 class TopEntry(Entry, frozen=True, kw_only=True):
@@ -83,13 +156,14 @@ class Fidelity(Entry, frozen=True, kw_only=True):
 
 
 def mean_breakdown_ns(paths: list[StepBreakdown] | list[CriticalPathEntry]) -> dict[str, float]:
-    """Mean critical-path time per category over ``paths``, in the categories' order.
+    """Mean critical-path time per category over the counted ``paths``, in the categories' order.
 
     >>> mean_breakdown_ns([StepBreakdown(rank=0, step=0, breakdown_ns={"cpu": 3, "gpu": 1}),
     ...                    StepBreakdown(rank=0, step=1, breakdown_ns={"cpu": 1, "gpu": 2})])
     {'cpu': 2.0, 'gpu': 1.5}
     """
     cats = list(paths[0].breakdown_ns) if paths else []
+    paths = [p for p in paths if p.excluded is UNSET] or paths  # type: ignore[assignment]
     n = max(len(paths), 1)
     return {c: sum(p.breakdown_ns.get(c, 0) for p in paths) / n for c in cats}
 
@@ -112,6 +186,7 @@ class StepFidelity(Entry, frozen=True, kw_only=True):
     measured_ns: int
     predicted_ns: int
     error: float
+    excluded: str | UnsetType = UNSET
 
 
 class CriticalPathEntry(Entry, frozen=True, kw_only=True):
@@ -120,6 +195,7 @@ class CriticalPathEntry(Entry, frozen=True, kw_only=True):
     length_ns: int
     tasks: int
     breakdown_ns: dict[str, int]
+    excluded: str | UnsetType = UNSET
 
 
 class UtilizationEntry(Entry, frozen=True, kw_only=True):
@@ -150,11 +226,13 @@ class AnalysisDocument(Entry, frozen=True, kw_only=True):
 
     @property
     def mean_measured_step_ns(self) -> float:
-        return sum(s.measured_ns for s in self.steps) / max(len(self.steps), 1)
+        steps = counted(self.steps)
+        return sum(s.measured_ns for s in steps) / max(len(steps), 1)
 
     @property
     def mean_predicted_step_ns(self) -> float:
-        return sum(s.predicted_ns for s in self.steps) / max(len(self.steps), 1)
+        steps = counted(self.steps)
+        return sum(s.predicted_ns for s in steps) / max(len(steps), 1)
 
 
 # --- whatif.prediction ----------------------------------------------------------------------
@@ -197,6 +275,7 @@ class BaselineStep(Entry, frozen=True, kw_only=True):
     step: int
     measured_ns: int
     predicted_ns: int
+    excluded: str | UnsetType = UNSET
 
 
 class BaselinePrediction(Entry, frozen=True, kw_only=True):
@@ -217,6 +296,20 @@ class ScenarioStep(Entry, frozen=True, kw_only=True):
     baseline_ns: int
     predicted_ns: int
     speedup: float
+    excluded: str | UnsetType = UNSET
+
+
+class Cap(Entry, frozen=True, kw_only=True):
+    """Why a scenario's speedup is capped: work it left unchanged (``part``: ``CPU own work``,
+    ``work on the busiest GPU stream``) takes ``floor_ns`` per step, so the mean step cannot
+    speed up beyond ``speedup_cap``; ``binding``: the predicted speedup is within 10 % of it;
+    ``reason``: the one line the CLI, the report and the dashboard print."""
+
+    speedup_cap: float
+    part: str
+    floor_ns: int
+    binding: bool
+    reason: str
 
 
 class WaterfallEntry(Entry, frozen=True, kw_only=True):
@@ -250,6 +343,7 @@ class ScenarioHeadline(Entry, frozen=True, kw_only=True):
     speedup: float
     waterfall: list[WaterfallEntry]
     changes: list[ChangeEntry]
+    cap: Cap | None = None
 
 
 class ScenarioPrediction(Entry, frozen=True, kw_only=True):
@@ -265,6 +359,7 @@ class ScenarioPrediction(Entry, frozen=True, kw_only=True):
     changes: list[ChangeEntry]
     critical_path: list[StepBreakdown]
     serving: RowServing | UnsetType = UNSET
+    cap: Cap | None = None
 
 
 class PredictionDocument(Entry, frozen=True, kw_only=True):
@@ -632,7 +727,7 @@ def from_json(text: str | bytes, doc_type: type[D] | object) -> D:
     try:
         raw = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        raise DocumentError(f"not JSON ({exc})") from None
+        raise NotJsonError(f"not JSON ({exc})") from None
     members = _members(doc_type)
     target = members[0]
     if len(members) > 1 and isinstance(raw, dict):

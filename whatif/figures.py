@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 import plotly.graph_objects as go
+from msgspec import UNSET, UnsetType
 
 from whatif.documents import (
     BaselinePrediction,
@@ -29,6 +30,7 @@ from whatif.documents import (
     StepFidelity,
     SweepDocument,
     TopEntry,
+    counted,
     mean_breakdown_ns,
 )
 
@@ -46,10 +48,19 @@ class StepLike(Protocol):
     @property
     def step(self) -> int: ...
 
+    @property
+    def excluded(self) -> str | UnsetType: ...
+
 
 def _step_labels(steps: Sequence[StepLike]) -> list[str]:
     multi_rank = len({s.rank for s in steps}) > 1
     return [f"r{s.rank}/{s.step}" if multi_rank else str(s.step) for s in steps]
+
+
+def _excluded_note(entries: Sequence[StepLike]) -> str:
+    """`` (excluded: step 0 warm-up, step 160 partial)`` for a chart title; empty when all count."""
+    parts = [f"step {e.step} {e.excluded}" for e in entries if e.excluded is not UNSET]
+    return f" (excluded: {', '.join(parts)})" if parts else ""
 
 
 def step_times_figure(steps: Sequence[StepFidelity] | Sequence[BaselineStep]) -> go.Figure:
@@ -60,12 +71,14 @@ def step_times_figure(steps: Sequence[StepFidelity] | Sequence[BaselineStep]) ->
     >>> [trace.name for trace in step_times_figure(steps).data]
     ['measured', 'replayed']
     """
-    x = _step_labels(steps)
+    title = "Step time: measured vs replayed" + _excluded_note(steps)
+    shown = [s for s in steps if s.excluded is UNSET] or list(steps)
+    x = _step_labels(shown)
     fig = go.Figure([
-        go.Bar(name="measured", x=x, y=[s.measured_ns / 1e6 for s in steps], marker_color=MEASURED),
-        go.Bar(name="replayed", x=x, y=[s.predicted_ns / 1e6 for s in steps], marker_color=PREDICTED),
+        go.Bar(name="measured", x=x, y=[s.measured_ns / 1e6 for s in shown], marker_color=MEASURED),
+        go.Bar(name="replayed", x=x, y=[s.predicted_ns / 1e6 for s in shown], marker_color=PREDICTED),
     ])
-    fig.update_layout(barmode="group", title="Step time: measured vs replayed", xaxis_title="step",
+    fig.update_layout(barmode="group", title=title, xaxis_title="step",
                       yaxis_title="ms", legend_orientation="h")
     return fig
 
@@ -76,9 +89,11 @@ def breakdown_figure(paths: Sequence[StepBreakdown] | Sequence[CriticalPathEntry
 
     ``paths``: the ``critical_path`` of an analysis or of a prediction's baseline/scenario.
     """
-    x = _step_labels(paths)
+    title += _excluded_note(paths)
+    shown = [p for p in paths if p.excluded is UNSET] or list(paths)
+    x = _step_labels(shown)
     cats = list(paths[0].breakdown_ns) if paths else list(CATEGORY_COLORS)
-    fig = go.Figure([go.Bar(name=c, x=x, y=[p.breakdown_ns[c] / 1e6 for p in paths],
+    fig = go.Figure([go.Bar(name=c, x=x, y=[p.breakdown_ns[c] / 1e6 for p in shown],
                             marker_color=CATEGORY_COLORS.get(c)) for c in cats])
     fig.update_layout(barmode="stack", title=title, xaxis_title="step", yaxis_title="ms", legend_orientation="h")
     return fig
@@ -262,13 +277,15 @@ def step_compare_figure(prediction: PredictionDocument) -> go.Figure:
     >>> [(t.name, list(t.y)) for t in step_compare_figure(_example_prediction()).data]
     [('baseline', [10.0]), ('fuse', [8.0])]
     """
-    base = prediction.baseline.steps
+    base = counted(prediction.baseline.steps)
     x = _step_labels(base)
     fig = go.Figure([go.Scatter(name="baseline", x=x, y=[s.predicted_ns / 1e6 for s in base], mode="lines",
                                 line={"color": MEASURED})])
     for sc in prediction.scenarios:
-        fig.add_trace(go.Scatter(name=sc.name, x=x, y=[s.predicted_ns / 1e6 for s in sc.steps], mode="lines"))
-    fig.update_layout(title="Predicted time per step", xaxis_title="step", yaxis_title="ms", legend_orientation="h")
+        fig.add_trace(go.Scatter(name=sc.name, x=x, y=[s.predicted_ns / 1e6 for s in counted(sc.steps)],
+                                 mode="lines"))
+    title = "Predicted time per step" + _excluded_note(prediction.baseline.steps)
+    fig.update_layout(title=title, xaxis_title="step", yaxis_title="ms", legend_orientation="h")
     return fig
 
 

@@ -36,8 +36,6 @@ import pandas as pd
 
 from whatif.analysis import Analysis, make_context, predict
 from whatif.predictors.bounds import step_bounds
-from whatif.predictors.replay import replay
-from whatif.predictors.steps import step_times
 from whatif.transforms.base import Transform, TransformContext
 from whatif.transforms.generic import Scale
 from whatif.transforms.scenario import Scenario
@@ -95,12 +93,8 @@ class _Trial:
         return out
 
     def steps(self, transforms: Sequence[Transform]) -> np.ndarray:
-        if not transforms:  # the empty scenario: the baseline graph, copied and replayed afresh
-            per_step = step_times(replay(self.analysis.graph.copy()))["predicted_ns"]
-        else:
-            pred = predict(self.analysis, [Scenario(name="physics", transforms=list(transforms))], self.ctx)
-            per_step = pred.scenarios[0].steps["predicted_ns"]
-        return self.cumulative(per_step.to_numpy(dtype=np.int64))
+        pred = predict(self.analysis, [Scenario(name="physics", transforms=list(transforms))], self.ctx)
+        return self.cumulative(pred.scenarios[0].steps["predicted_ns"].to_numpy(dtype=np.int64))
 
     def total(self, cumulative: np.ndarray) -> float:
         """All steps: each rank's last cumulative value, summed over ranks."""

@@ -6,13 +6,16 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from msgspec import UnsetType
 
 from whatif.api import Analysis, Prediction, ScenarioResult
 from whatif.depgraph.graph import GPU_WORK_KINDS, Change, TaskKind, kind_codes
 from whatif.documents import (
+    UNSET,
     AnalysisDocument,
     BaselinePrediction,
     BaselineStep,
+    Cap,
     ChangeEntry,
     CriticalPathEntry,
     Fidelity,
@@ -26,9 +29,11 @@ from whatif.documents import (
     TopEntry,
     UtilizationEntry,
     WaterfallEntry,
+    counted,
     mean_breakdown_ns,
 )
-from whatif.predictors.steps import critical_path, step_times
+from whatif.predictors.bounds import speedup_cap, unchanged_parts
+from whatif.predictors.steps import Exclusion, critical_path
 
 GPU_KINDS = kind_codes(GPU_WORK_KINDS)
 CPU_KINDS = (int(TaskKind.CPU_CALL), int(TaskKind.CPU_WORK), int(TaskKind.WAIT))
@@ -60,10 +65,30 @@ def _top(tasks: pd.DataFrame, by: str, limit: int) -> list[TopEntry]:
             for k, r in agg.iterrows()]
 
 
+def excluded_marks(steps: pd.DataFrame) -> list[str | UnsetType]:
+    """Per row of a step-times frame: the ``excluded`` field of its document entry (the reason's
+    name when the step does not count, else unset)."""
+    return [UNSET if inc or reason is None else reason.value
+            for inc, reason in zip(steps["included"].tolist(), steps["excluded_reason"].tolist())]
+
+
+def excluded_line(entries: list[StepFidelity] | list[BaselineStep]) -> str | None:
+    """``excluded from means: step 0 (warm-up: the first step ... holds start-up, 68.701 ms); ...``,
+    None when every step counts."""
+    why = {e.value: e.why for e in Exclusion}
+    parts = [f"step {s.step}{f' of rank {s.rank}' if s.rank else ''} ({s.excluded}: {why.get(str(s.excluded), '')}, "
+             f"{_ms(s.measured_ns)} ms)" for s in entries if s.excluded is not UNSET]
+    if not parts:
+        return None
+    return "excluded from means: " + "; ".join(parts) + " (--include-warmup / --include-partial count them)"
+
+
 def analysis_document(analysis: Analysis, top: int = 10) -> AnalysisDocument:
-    """The ``whatif.analysis`` v1 document of an analysis."""
+    """The ``whatif.analysis`` v1 document of an analysis (means over the steps
+    ``analysis.options`` counts; every step listed, the others marked ``excluded``)."""
     g = analysis.graph
     steps = analysis.steps
+    marks = excluded_marks(steps)
     t = g.tasks
     kernels = t[t["kind"].isin(GPU_KINDS)]
     abs_err = steps["error"].abs()
@@ -76,13 +101,13 @@ def analysis_document(analysis: Analysis, top: int = 10) -> AnalysisDocument:
         resources=len(g.resources),
         graph_report={k: int(v) for k, v in sorted(g.report.items())},
         steps=[StepFidelity(rank=int(rank), step=int(step), measured_ns=int(measured), predicted_ns=int(predicted),
-                            error=round(float(error), 6))
-               for rank, step, measured, predicted, error in zip(*_columns(steps, STEP_COLUMNS))],
+                            error=round(float(error), 6), excluded=mark)
+               for rank, step, measured, predicted, error, mark in zip(*_columns(steps, STEP_COLUMNS), marks)],
         fidelity=Fidelity(median_abs_error=round(float(abs_err.median()), 6) if len(steps) else None,
                           max_abs_error=round(float(abs_err.max()), 6) if len(steps) else None),
         critical_path=[CriticalPathEntry(rank=cp.rank, step=cp.step, length_ns=cp.length_ns, tasks=len(cp.tasks),
-                                         breakdown_ns=cp.breakdown_ns)
-                       for cp in (analysis.critical_path(i) for i in range(len(steps)))],
+                                         breakdown_ns=cp.breakdown_ns, excluded=marks[i])
+                       for i, cp in ((i, analysis.critical_path(i)) for i in range(len(steps)))],
         top_kernels=_top(kernels, "name", top),
         top_ops=_top(t, "op", top),
         top_layers=_top(t, "layer", top),
@@ -124,9 +149,14 @@ def render_text(doc: AnalysisDocument, console: Any) -> None:
     table = Table(title="Steps: measured vs replayed", title_justify="left")
     for col in ("rank", "step", "measured ms", "replayed ms", "error"):
         table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("counted", no_wrap=True)
     for s in doc.steps:
-        table.add_row(str(s.rank), str(s.step), _ms(s.measured_ns), _ms(s.predicted_ns), f"{s.error * 100:+.2f}%")
+        table.add_row(str(s.rank), str(s.step), _ms(s.measured_ns), _ms(s.predicted_ns), f"{s.error * 100:+.2f}%",
+                      "yes" if s.excluded is UNSET else f"no: {s.excluded}")
     console.print(table)
+    line = excluded_line(doc.steps)
+    if line:
+        console.print(line)
     fid = doc.fidelity
     if fid.median_abs_error is not None and fid.max_abs_error is not None:
         console.print(f"replay error: median {fid.median_abs_error * 100:.2f}%, worst {fid.max_abs_error * 100:.2f}%")
@@ -136,7 +166,7 @@ def render_text(doc: AnalysisDocument, console: Any) -> None:
     cats = list(doc.critical_path[0].breakdown_ns) if doc.critical_path else []
     for c in cats:
         cp.add_column(c, justify="right", no_wrap=True)
-    for p in doc.critical_path:
+    for p in counted(doc.critical_path):
         cp.add_row(str(p.rank), str(p.step), *(_ms(p.breakdown_ns[c]) for c in cats))
     console.print(cp)
     for rows, title in ((doc.top_kernels, "Top kernels"), (doc.top_ops, "Top ops"), (doc.top_layers, "Top layers")):
@@ -158,27 +188,48 @@ def _speedup(base_ns: float, new_ns: float) -> float:
     return round(float(base_ns) / float(new_ns), 6) if new_ns > 0 else float("inf")
 
 
-def scenario_headline(base_steps: pd.DataFrame, result: ScenarioResult) -> ScenarioHeadline:
-    """A scenario's mean step, speedup, per-transform waterfall and change log (no per-step
-    critical paths, which take seconds on 100 k-task graphs); ``base_steps``: the baseline's
-    :attr:`~whatif.analysis.Analysis.steps`."""
-    n = max(len(result.steps), 1)
-    base_total = float(base_steps["predicted_ns"].sum())
+def _counted_rows(steps: pd.DataFrame) -> np.ndarray:
+    """Rows of a step-times frame that count in means (all of them when none does)."""
+    inc = steps["included"].to_numpy(dtype=bool)
+    return inc if inc.any() else np.ones(len(steps), dtype=bool)
+
+
+def scenario_cap(base: Analysis, result: ScenarioResult, speedup: float) -> Cap | None:
+    """Why ``result``'s speedup is capped (work it left unchanged), over the counted steps."""
+    rows = _counted_rows(base.steps)
+    cap = speedup_cap(base.bounds[rows], base.steps["predicted_ns"][rows],
+                      unchanged_parts(base.graph, result.graph))
+    if cap is None:
+        return None
+    return Cap(speedup_cap=cap.speedup_cap, part=cap.part.value, floor_ns=cap.floor_ns,
+               binding=cap.binding(speedup), reason=cap.line(speedup))
+
+
+def scenario_headline(base: Analysis, result: ScenarioResult) -> ScenarioHeadline:
+    """A scenario's mean step, speedup, per-transform waterfall, change log and cap (no per-step
+    critical paths, which take seconds on 100 k-task graphs), over the steps ``base.options`` counts."""
+    rows = _counted_rows(base.steps)
+    n = max(int(rows.sum()), 1)
+    base_total = float(base.steps["predicted_ns"].to_numpy()[rows].sum())
     waterfall = []
     for t, r in zip(result.scenario.transforms, result.replays):
-        total = float(step_times(r)["predicted_ns"].sum())
+        total = float(result.steps_of(r)["predicted_ns"].to_numpy()[rows].sum())
         waterfall.append(WaterfallEntry(transform=t.label(), mean_step_ns=int(total / n),
                                         speedup=_speedup(base_total, total)))
-    total = float(result.steps["predicted_ns"].sum())
+    total = float(result.steps["predicted_ns"].to_numpy()[rows].sum())
+    speedup = _speedup(base_total, total)
     return ScenarioHeadline(name=result.scenario.name, transforms=[t.label() for t in result.scenario.transforms],
                             mean_step_ns=int(total / n), baseline_mean_step_ns=int(base_total / n),
-                            speedup=_speedup(base_total, total), waterfall=waterfall,
-                            changes=[change_document(c) for c in result.graph.changes])
+                            speedup=speedup, waterfall=waterfall,
+                            changes=[change_document(c) for c in result.graph.changes],
+                            cap=scenario_cap(base, result, speedup))
 
 
-def _scenario_document(base_steps: pd.DataFrame, result: ScenarioResult) -> ScenarioPrediction:
-    head = scenario_headline(base_steps, result)
+def _scenario_document(base: Analysis, result: ScenarioResult) -> ScenarioPrediction:
+    head = scenario_headline(base, result)
+    base_steps = base.steps
     steps = result.steps
+    marks = excluded_marks(base_steps)
     return ScenarioPrediction(
         name=head.name,
         source=result.scenario.source,
@@ -186,25 +237,28 @@ def _scenario_document(base_steps: pd.DataFrame, result: ScenarioResult) -> Scen
         mean_step_ns=head.mean_step_ns,
         speedup=head.speedup,
         steps=[ScenarioStep(rank=int(rank), step=int(step), baseline_ns=int(base_ns), predicted_ns=int(p),
-                            speedup=_speedup(base_ns, p))
-               for rank, step, base_ns, p in zip(*_columns(base_steps, ("rank", "step", "predicted_ns")),
-                                                 steps["predicted_ns"].to_numpy().tolist())],
+                            speedup=_speedup(base_ns, p), excluded=mark)
+               for rank, step, base_ns, p, mark in zip(*_columns(base_steps, ("rank", "step", "predicted_ns")),
+                                                       steps["predicted_ns"].to_numpy().tolist(), marks)],
         waterfall=head.waterfall,
         changes=head.changes,
-        critical_path=[StepBreakdown(rank=cp.rank, step=cp.step, breakdown_ns=cp.breakdown_ns)
-                       for cp in (critical_path(result.replay, i) for i in range(len(steps)))],
+        critical_path=[StepBreakdown(rank=cp.rank, step=cp.step, breakdown_ns=cp.breakdown_ns, excluded=marks[i])
+                       for i, cp in ((i, critical_path(result.replay, i)) for i in range(len(steps)))],
+        cap=head.cap,
     )
 
 
 def baseline_document(analysis: Analysis) -> BaselinePrediction:
     """The ``baseline`` entry of the prediction documents of ``analysis``."""
     steps = analysis.steps
+    marks = excluded_marks(steps)
     return BaselinePrediction(
-        mean_step_ns=int(steps["predicted_ns"].mean()) if len(steps) else 0,
-        steps=[BaselineStep(rank=int(rank), step=int(step), measured_ns=int(measured), predicted_ns=int(predicted))
-               for rank, step, measured, predicted in zip(*_columns(steps, STEP_COLUMNS[:4]))],
-        critical_path=[StepBreakdown(rank=cp.rank, step=cp.step, breakdown_ns=cp.breakdown_ns)
-                       for cp in (analysis.critical_path(i) for i in range(len(steps)))],
+        mean_step_ns=int(steps["predicted_ns"].to_numpy()[_counted_rows(steps)].mean()) if len(steps) else 0,
+        steps=[BaselineStep(rank=int(rank), step=int(step), measured_ns=int(measured), predicted_ns=int(predicted),
+                            excluded=mark)
+               for rank, step, measured, predicted, mark in zip(*_columns(steps, STEP_COLUMNS[:4]), marks)],
+        critical_path=[StepBreakdown(rank=cp.rank, step=cp.step, breakdown_ns=cp.breakdown_ns, excluded=marks[i])
+                       for i, cp in ((i, analysis.critical_path(i)) for i in range(len(steps)))],
     )
 
 
@@ -216,7 +270,7 @@ def prediction_document(pred: Prediction, baseline: BaselinePrediction | None = 
         source=base.trace.source,
         device=next((r.gpu_name for r in base.trace.ranks if r.gpu_name), None),
         baseline=baseline or baseline_document(base),
-        scenarios=[_scenario_document(base.steps, r) for r in pred.scenarios],
+        scenarios=[_scenario_document(base, r) for r in pred.scenarios],
     )
 
 
@@ -226,7 +280,10 @@ def render_prediction(doc: PredictionDocument, console: Any) -> None:
 
     base = doc.baseline
     console.print(f"[bold]{doc.source}[/bold] ({doc.device or 'GPU unknown'}): baseline mean step "
-                  f"{_ms(base.mean_step_ns)} ms over {len(base.steps)} steps")
+                  f"{_ms(base.mean_step_ns)} ms over {len(counted(base.steps))} of {len(base.steps)} steps")
+    line = excluded_line(base.steps)
+    if line:
+        console.print(line)
     table = Table(title="Predicted step time per scenario", title_justify="left")
     table.add_column("scenario", overflow="ellipsis", no_wrap=True, max_width=40)
     for col in ("mean step ms", "speedup"):
@@ -245,6 +302,8 @@ def render_prediction(doc: PredictionDocument, console: Any) -> None:
     console.print(table)
     for s in doc.scenarios:
         console.print(f"[bold]{s.name}[/bold]")
+        if s.cap is not None:
+            console.print(f"  {s.cap.reason}")
         for w in s.waterfall:
             console.print(f"  after {w.transform}: {_ms(w.mean_step_ns)} ms ({w.speedup:.3f}x)")
         for change in s.changes:

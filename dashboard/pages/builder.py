@@ -151,6 +151,7 @@ def register(app: dash.Dash) -> None:
             html.Div([card("baseline mean step (ms)", f"{doc.baseline_mean_step_ns / 1e6:,.3f}"),
                       card("predicted mean step (ms)", f"{doc.mean_step_ns / 1e6:,.3f}", id="wb-mean"),
                       card("speedup", f"{doc.speedup:.3f}x", id="wb-speedup")], className="cards"),
+            html.P(doc.cap.reason if doc.cap is not None else "", id="wb-cap"),
             dcc.Graph(id="wb-waterfall", figure=figures.waterfall_figure(doc.baseline_mean_step_ns, doc)),
             html.H4("Changed tasks (change log)"), table("wb-changes", changes, page_size=8),
         ])

@@ -6,9 +6,11 @@ from typing import Any
 
 import dash
 from dash import Input, Output, dcc, html
+from msgspec import UNSET
 
 from whatif import figures
 from whatif.documents import TopEntry
+from whatif.summary import excluded_line
 
 from ..derive import phase_rows
 from ..layout import card, error_box, guarded, loading, ms, table
@@ -41,13 +43,16 @@ def body(run_id: str | None) -> html.Div:
              "n/a" if fid.median_abs_error is None or fid.max_abs_error is None else
              f"{fid.median_abs_error * 100:.2f}% / {fid.max_abs_error * 100:.2f}%", id="ov-error-pct"),
     ], className="cards")
-    step_rows = [{"rank": s.rank, "step": s.step, "measured ms": ms(s.measured_ns),
+    step_rows = [{"rank": s.rank, "step": s.step, "counted": "yes" if s.excluded is UNSET else f"no: {s.excluded}",
+                  "measured ms": ms(s.measured_ns),
                   "replayed ms": ms(s.predicted_ns), "error %": round(s.error * 100, 3),
                   **{f"{c} ms": ms(v) for c, v in cp.breakdown_ns.items()}}
                  for s, cp in zip(steps, doc.critical_path)]
     phases = phase_rows(run.analysis.graph, doc.critical_path)
+    excluded = excluded_line(steps)
     return html.Div([
         cards,
+        html.P(excluded or "", id="ov-excluded"),
         html.Div([html.Div(dcc.Graph(id="ov-fidelity", figure=figures.step_times_figure(doc.steps)), className="panel"),
                   html.Div(dcc.Graph(id="ov-breakdown", figure=figures.breakdown_figure(doc.critical_path)),
                            className="panel")], className="row"),

@@ -7,8 +7,11 @@ from pathlib import Path
 
 from whatif.api import analyze
 from whatif.documents import write_json
+from whatif.predictors.steps import StepOptions
 from whatif.summary import analysis_document, console, render_text
 from whatif.tracer.readers import accepted
+
+from ._dataclass_args import add_dataclass_arguments, from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,10 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the whatif.analysis JSON document here")
     parser.add_argument("--top", type=int, default=10, help="rows in the top kernels/ops/layers tables (default 10)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json)")
+    add_dataclass_arguments(parser, StepOptions)
 
 
 def run(args: argparse.Namespace) -> int:
-    doc = analysis_document(analyze(args.path), top=args.top)
+    doc = analysis_document(analyze(args.path, from_args(StepOptions, args)), top=args.top)
     if args.json:
         write_json(args.json, doc)
     if not args.quiet:

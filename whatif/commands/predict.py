@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from whatif.api import predict
+from whatif.api import analyze, predict
 from whatif.documents import write_json
 from whatif.predictors.cost_models import CostConfig
+from whatif.predictors.steps import StepOptions
 from whatif.summary import console, prediction_document, render_prediction
 from whatif.transforms.scenario import load_scenario
 
@@ -20,6 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-s", "--scenario", type=Path, action="append", required=True, metavar="FILE",
                         help="scenario TOML file (repeatable)")
     add_dataclass_arguments(parser, CostConfig)
+    add_dataclass_arguments(parser, StepOptions)
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the whatif.prediction JSON document")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json)")
 
@@ -27,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cost = from_args(CostConfig, args)
     scenarios = [load_scenario(p) for p in args.scenario]  # validate every file before the slow part
-    doc = prediction_document(predict(args.path, scenarios, cost_model=cost.cost_model))
+    doc = prediction_document(predict(analyze(args.path, from_args(StepOptions, args)), scenarios,
+                                       cost_model=cost.cost_model))
     if args.json:
         write_json(args.json, doc)
     if not args.quiet:

@@ -15,8 +15,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from whatif.api import predict
+from whatif.api import analyze, predict
 from whatif.predictors.cost_models import CostConfig
+from whatif.predictors.steps import StepOptions
 from whatif.report.api import FORMATS, parse_formats, parse_percent, write_report
 from whatif.report.document import load_report, load_serving
 from whatif.report.thresholds import parse
@@ -30,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-s", "--scenario", type=Path, action="append", default=[], metavar="FILE",
                         help="scenario TOML file (repeatable)")
     add_dataclass_arguments(parser, CostConfig)
+    add_dataclass_arguments(parser, StepOptions)
     parser.add_argument("-o", "--out", type=Path, default=Path("whatif-report"), metavar="DIR",
                         help="output folder (default whatif-report/)")
     parser.add_argument("-f", "--format", default=",".join(FORMATS), metavar="LIST",
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     serving = load_serving(args.serving) if args.serving else None
     cost = from_args(CostConfig, args)
     scenarios = [load_scenario(p) for p in args.scenario]
-    prediction = predict(args.path, scenarios, cost_model=cost.cost_model)
+    prediction = predict(analyze(args.path, from_args(StepOptions, args)), scenarios, cost_model=cost.cost_model)
     report = write_report(prediction, args.out, formats, thresholds, args.baseline, limit,
                           step_summary=not args.no_step_summary, serving=serving)
     if not args.quiet:

@@ -12,7 +12,7 @@ import pandas as pd
 from whatif import __version__
 from whatif.api import Analysis
 from whatif.core.kernels import classify_kernel
-from whatif.documents import PredictionDocument, ReportDocument
+from whatif.documents import PredictionDocument, ReportDocument, counted
 from whatif.summary import GPU_KINDS
 
 from .document import CATEGORIES, prediction_of
@@ -21,25 +21,34 @@ SCHEMA = "whatif.diff"
 VERSION = 1
 
 
+def _counted(a: Analysis) -> np.ndarray:
+    """Rows of ``a.steps`` that count (warm-up and partial steps left out unless ``a.options`` says)."""
+    inc = a.steps["included"].to_numpy(dtype=bool)
+    return inc if inc.any() else np.ones(len(inc), dtype=bool)
+
+
 def _steps(a: Analysis) -> dict[str, Any]:
-    ns = a.steps["measured_ns"].to_numpy(dtype=float)
+    ns = a.steps["measured_ns"].to_numpy(dtype=float)[_counted(a)]
     return {"count": int(len(ns)),
             "mean_ns": int(ns.mean()) if len(ns) else 0,
             "median_ns": int(np.median(ns)) if len(ns) else 0,
             "min_ns": int(ns.min()) if len(ns) else 0,
             "max_ns": int(ns.max()) if len(ns) else 0,
-            "steps": [{"rank": int(r["rank"]), "step": int(r["step"]), "measured_ns": int(r["measured_ns"])}
+            "steps": [{"rank": int(r["rank"]), "step": int(r["step"]), "measured_ns": int(r["measured_ns"]),
+                       **({} if r["included"] else {"excluded": r["excluded_reason"].value})}
                       for r in a.steps.to_dict("records")]}
 
 
 def gpu_work(a: Analysis) -> pd.DataFrame:
-    """Measured GPU time and count per kernel name, per step (work attributed to a step; the
-    whole trace when it has no step markers). Columns ``name``, ``count``, ``ns``."""
+    """Measured GPU time and count per kernel name, per counted step (work attributed to a step
+    that counts; the whole trace when it has no step markers). Columns ``name``, ``count``, ``ns``."""
     t = a.graph.tasks
     gpu = t[t["kind"].isin(GPU_KINDS) & (t["measured_start_ns"] >= 0)]
-    in_steps = gpu[gpu["step"] >= 0]
+    keep = a.steps[_counted(a)]
+    keys = set(zip(keep["rank"].tolist(), keep["step"].tolist()))
+    in_steps = gpu[[k in keys for k in zip(gpu["rank"].tolist(), gpu["step"].tolist())]]
     sel = in_steps if len(in_steps) else gpu
-    n = max(len(a.steps), 1)
+    n = max(len(keys), 1)
     frame = pd.DataFrame({"name": sel["name"].astype(str).to_numpy(),
                           "ns": (sel["measured_end_ns"] - sel["measured_start_ns"]).to_numpy()})
     agg = frame.groupby("name", sort=True).agg(count=("ns", "size"), ns=("ns", "sum")).reset_index()
@@ -65,7 +74,7 @@ def _kernel_entry(r: Any) -> dict[str, Any]:
 
 
 def _breakdown(a: Analysis) -> dict[str, int]:
-    paths = [a.critical_path(i) for i in range(len(a.steps))]
+    paths = [a.critical_path(int(i)) for i in np.flatnonzero(_counted(a))]
     n = max(len(paths), 1)
     return {c: int(round(sum(p.breakdown_ns.get(c, 0) for p in paths) / n)) for c in CATEGORIES}
 
@@ -80,13 +89,13 @@ def compare_prediction(prediction: ReportDocument | PredictionDocument, before: 
     """Each scenario's predicted mean step time and speedup against the measured *after* trace."""
     pred = prediction_of(prediction)
     base = pred.baseline
-    measured = [s.measured_ns for s in base.steps]
+    measured = [s.measured_ns for s in counted(base.steps)]
     same = [(s.rank, s.step, s.measured_ns) for s in base.steps] == \
         [(s["rank"], s["step"], s["measured_ns"]) for s in before["steps"]]
     actual = after["mean_ns"] / before["mean_ns"] if after["mean_ns"] else 0.0
     out = []
     for s in pred.scenarios:
-        paths = s.critical_path
+        paths = counted(s.critical_path)
         n = max(len(paths), 1)
         predicted_path = {c: int(round(sum(p.breakdown_ns.get(c, 0) for p in paths) / n)) for c in CATEGORIES}
         # the scenario's speedup applied to the measured before: what whatif promised for after

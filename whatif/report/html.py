@@ -8,7 +8,8 @@ from typing import Any
 import plotly.graph_objects as go
 
 from whatif import figures
-from whatif.documents import LatencyStats, ReportDocument
+from whatif.documents import LatencyStats, ReportDocument, counted
+from whatif.summary import excluded_line
 
 from .markdown import ICON, ms
 
@@ -80,7 +81,11 @@ def render_html(report: ReportDocument) -> str:
     base = report.prediction.baseline
     title = f"whatif report: {report.source}"
     status = f"<p class={report.status}><b>{report.status}</b> · {html.escape(report.device or 'GPU unknown')}" \
-             f" · {len(base.steps)} steps · baseline mean step {ms(base.mean_step_ns)} ms</p>"
+             f" · {len(counted(base.steps))} of {len(base.steps)} steps · baseline mean step " \
+             f"{ms(base.mean_step_ns)} ms</p>"
+    notes = [excluded_line(base.steps)] + [f"{s.name}: {s.cap.reason}" for s in report.prediction.scenarios
+                                          if s.cap is not None]
+    status += "".join(f"<p>{html.escape(n)}</p>" for n in notes if n)
     return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>{status}{_summary(report)}"
             f"{_checks(report)}<h2>Figures</h2>{''.join(divs)}"

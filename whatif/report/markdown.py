@@ -10,8 +10,10 @@ from whatif.documents import (
     ReportDocument,
     ScenarioPrediction,
     Stat,
+    counted,
     mean_breakdown_ns,
 )
+from whatif.summary import excluded_line
 
 ICON = {"passed": "✅", "failed": "❌", "skipped": "⏭️"}
 
@@ -87,6 +89,8 @@ def _details(summary: str, body: list[str]) -> list[str]:
 def scenario_details(scenario: ScenarioPrediction, baseline: BaselinePrediction) -> list[str]:
     """Transforms, waterfall, change log and critical path of one scenario, in a ``<details>`` block."""
     body = [f"Source: `{scenario.source or 'built in code'}`", ""]
+    if scenario.cap is not None:
+        body += [f"**{scenario.cap.reason}**", ""]
     prev = baseline.mean_step_ns
     water = []
     for w in scenario.waterfall:
@@ -127,8 +131,11 @@ def render_markdown(report: ReportDocument) -> str:
               f"{ICON['passed']} **passed** ({len(report.checks)} checks)" if report.checks else
               "no checks")
     lines = [f"## whatif report: `{report.source}`", "",
-             f"{report.device or 'GPU unknown'} · {len(base.steps)} steps · baseline mean step "
-             f"{ms(base.mean_step_ns)} ms · {status}", ""]
+             f"{report.device or 'GPU unknown'} · {len(counted(base.steps))} of {len(base.steps)} steps · "
+             f"baseline mean step {ms(base.mean_step_ns)} ms · {status}", ""]
+    excluded = excluded_line(base.steps)
+    if excluded:
+        lines += [cell(excluded, 400), ""]
     lines += [*summary_table(report), ""]
     if report.checks:
         lines += ["### Checks", "", *checks_table(report), ""]
