@@ -9,8 +9,10 @@
   record names (``wait_on_cuda_event_record_corr_id`` on ``wait_on_stream``).
 * A blocking copy's WAIT task: its copy.
 
-The waiting call's duration becomes its wake-up time (:class:`SyncWakeUps`, see
-:mod:`.sync_lookup`), so the wait is recomputed by every replay.
+Work queued before the trace window counts as launched before every call (see
+:class:`.sync_lookup.StreamIndex`). The waiting call's duration becomes its wake-up time
+(:class:`SyncWakeUps`, see :mod:`.sync_lookup`), so the wait is recomputed by every replay; the
+report counts waits that no GPU work explains (``sync_wait_unattributed``).
 """
 from __future__ import annotations
 
