@@ -17,6 +17,8 @@ from whatif.depgraph.graph import (
     TaskKind,
     kind_codes,
 )
+from whatif.documents import CriticalPathEntry, mean_breakdown_ns
+from whatif.figures import PhaseBreakdown
 from whatif.predictors.replay import Replay
 from whatif.predictors.steps import CATEGORIES, critical_path
 
@@ -38,19 +40,13 @@ def step_phases(graph: TaskGraph) -> list[str]:
     return [best.get((int(r), int(s)), "-") for r, s in zip(steps["rank"], steps["step"])]
 
 
-def phase_rows(graph: TaskGraph, paths: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def phase_rows(graph: TaskGraph, paths: list[CriticalPathEntry]) -> list[PhaseBreakdown]:
     """Mean critical-path breakdown of the steps of each phase (``paths``: a document's
     ``critical_path`` list, one entry per step row)."""
-    phases = step_phases(graph)
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for phase, p in zip(phases, paths):
+    groups: dict[str, list[CriticalPathEntry]] = {}
+    for phase, p in zip(step_phases(graph), paths):
         groups.setdefault(phase, []).append(p)
-    rows = []
-    for phase, ps in groups.items():
-        cats = list(ps[0]["breakdown_ns"])
-        rows.append({"phase": phase, "steps": len(ps),
-                     "breakdown_ns": {c: sum(p["breakdown_ns"][c] for p in ps) / len(ps) for c in cats}})
-    return rows
+    return [PhaseBreakdown(phase, len(ps), mean_breakdown_ns(ps)) for phase, ps in groups.items()]
 
 
 def step_row(graph: TaskGraph, task: int) -> int | None:
@@ -178,5 +174,5 @@ def critical_path_elements(analysis: Analysis, replay: Replay, row: int, max_nod
     return elements
 
 
-def breakdown_row(breakdown: dict[str, int]) -> dict[str, float]:
+def breakdown_row(breakdown: dict[str, float]) -> dict[str, float]:
     return {f"{c} ms": round(breakdown.get(c, 0) / 1e6, 3) for c in CATEGORIES}

@@ -18,6 +18,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from whatif.analysis import scenario_cost_model
 from whatif.api import (
     Analysis,
@@ -27,11 +29,19 @@ from whatif.api import (
     make_context,
     predict,
 )
+from whatif.documents import (
+    AnalysisDocument,
+    BaselinePrediction,
+    PredictionDocument,
+    ScenarioHeadline,
+    ScenarioPrediction,
+    ServingDocument,
+    SweepDocument,
+)
 from whatif.predictors.cost_models import COST_MODELS, CostModelName
 from whatif.predictors.serving.logs import find_log
-from whatif.predictors.steps import step_times
 from whatif.serving import Workload, fit_serving, serve, sweep
-from whatif.summary import analysis_document, change_document, prediction_document
+from whatif.summary import analysis_document, baseline_document, prediction_document, scenario_headline
 from whatif.tracer.readers import accepted, is_trace_file
 from whatif.transforms.base import TransformContext
 from whatif.transforms.scenario import Scenario, scenario_from_dict
@@ -75,11 +85,11 @@ class Run:
     _analysis: Analysis | None = None
     error: str | None = None
     scenarios: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> spec
-    _doc: dict[str, Any] | None = None
+    _doc: AnalysisDocument | None = None
     _contexts: dict[Enum, TransformContext] = field(default_factory=dict)  # per cost model
-    _baseline_doc: dict[str, Any] | None = None
+    _baseline_doc: BaselinePrediction | None = None
     _results: OrderedDict[str, ScenarioResult] = field(default_factory=OrderedDict)
-    _docs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _docs: dict[str, ScenarioPrediction] = field(default_factory=dict)
     cache: dict[Hashable, Any] = field(default_factory=dict)  # derived views (timeline arrays, phase table…)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
@@ -103,7 +113,7 @@ class Run:
             return self._analysis
 
     @property
-    def doc(self) -> dict[str, Any]:
+    def doc(self) -> AnalysisDocument:
         """The ``whatif.analysis`` document (the same one ``whatif analyze --json`` writes)."""
         with self.lock:
             if self._doc is None:
@@ -149,22 +159,11 @@ class Run:
                 self._docs.pop(old, None)
             return self._results[key]
 
-    def quick_document(self, spec: dict[str, Any]) -> dict[str, Any]:
+    def quick_document(self, spec: dict[str, Any]) -> ScenarioHeadline:
         """Headline numbers of a scenario (speedup, per-transform waterfall, change log) without the
-        per-step critical paths, which take seconds on 100 k-task graphs."""
-        res = self.result(spec)
-        base = float(self.analysis.steps["predicted_ns"].sum())
-        n = max(len(self.analysis.steps), 1)
-        waterfall = []
-        for t, r in zip(res.scenario.transforms, res.replays):
-            total = float(step_times(r)["predicted_ns"].sum())
-            waterfall.append({"transform": t.label(), "mean_step_ns": int(total / n),
-                              "speedup": round(base / total, 6) if total > 0 else float("inf")})
-        total = float(res.steps["predicted_ns"].sum())
-        return {"name": res.scenario.name, "transforms": [t.label() for t in res.scenario.transforms],
-                "mean_step_ns": int(total / n), "baseline_mean_step_ns": int(base / n),
-                "speedup": round(base / total, 6) if total > 0 else float("inf"), "waterfall": waterfall,
-                "changes": [change_document(c) for c in res.graph.changes]}
+        per-step critical paths, which take seconds on 100 k-task graphs (:func:`whatif.summary.scenario_headline`,
+        the numbers the prediction document carries)."""
+        return scenario_headline(self.analysis.steps, self.result(spec))
 
     @property
     def serving_log(self) -> Path | None:
@@ -172,7 +171,7 @@ class Run:
         return find_log(self.path) if self.path is not None else None
 
     def serving(self, specs: list[dict[str, Any]], workload: Workload,
-                rates: list[float]) -> tuple[dict[str, Any], dict[str, Any]]:
+                rates: list[float]) -> tuple[ServingDocument, SweepDocument]:
         """The ``whatif serve`` and ``whatif sweep`` documents of the baseline and ``specs`` under
         ``workload`` (iteration models fitted once per scenario set; documents cached per workload)."""
         log_path = self.serving_log
@@ -188,21 +187,23 @@ class Run:
                                                          iterations_log=log_path)
                 models = self.cache[models_key]
                 self.cache[docs_key] = (serve(models, workload=workload), sweep(models, rates, workload=workload))
-            return self.cache[docs_key]
+            return self.cache[docs_key]  # type: ignore[no-any-return]
 
-    def prediction(self, specs: list[dict[str, Any]]) -> dict[str, Any]:
+    def prediction(self, specs: list[dict[str, Any]]) -> PredictionDocument:
         """The ``whatif.prediction`` document of several scenario specs (each scenario cached)."""
         with self.lock:
             if self._baseline_doc is None:
-                self._baseline_doc = prediction_document(Prediction(baseline=self.analysis, scenarios=[]))
+                self._baseline_doc = baseline_document(self.analysis)
             scenarios = []
             for spec in specs:
                 key = spec_key(spec)
                 if key not in self._docs:
-                    doc = prediction_document(Prediction(baseline=self.analysis, scenarios=[self.result(spec)]))
-                    self._docs[key] = doc["scenarios"][0]
+                    doc = prediction_document(Prediction(baseline=self.analysis, scenarios=[self.result(spec)]),
+                                              self._baseline_doc)
+                    self._docs[key] = doc.scenarios[0]
                 scenarios.append(self._docs[key])
-            return {**self._baseline_doc, "scenarios": scenarios}
+            base = prediction_document(Prediction(baseline=self.analysis, scenarios=[]), self._baseline_doc)
+            return msgspec.structs.replace(base, scenarios=scenarios)
 
 
 class RunStore:

@@ -18,6 +18,7 @@ from whatif.tracer.trace import Trace
 from .graph import TaskGraph
 from .rules import RULES, BuildStep, check_order
 from .rules.steps import steps_table
+from .schema import check_schema
 from .state import BuildState
 from .tasks import initial_state
 
@@ -29,7 +30,7 @@ def build_graph(trace: Trace, rules: tuple[BuildStep, ...] = RULES) -> TaskGraph
     state = initial_state(trace)
     for step in rules:
         step.run(state)
-    return assemble(state)
+    return check_schema(assemble(state))
 
 
 def assemble(state: BuildState) -> TaskGraph:

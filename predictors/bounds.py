@@ -2,10 +2,13 @@
 graph's tasks, independently of the replay.
 
 * ``cpu_own_ns``: the CPU's own work in the step: per CPU thread, the span of its tasks in the
-  step less the time its blocking calls spent waiting; the busiest thread's. Waiting are:
+  step (step markers included: time the profiler saw no operator in is still the thread's)
+  less the time its blocking calls spent waiting; the busiest thread's. Waiting are:
   synchronize calls and the waiting part of blocking copies (whole), and what a call that
-  launched GPU work took beyond the median of its name's launching calls on the rank (a copy
-  to pageable memory held until its stream was free, a launch held by a full launch queue).
+  launched GPU work took beyond the median of its name's launching calls on the rank while its
+  stream was still busy with earlier work (a copy to pageable memory held until its stream was
+  free, a launch held by a full launch queue); a long call on an idle stream (a first launch
+  loading its module) is the CPU's own.
   A GPU that takes zero time leaves this.
 * ``gpu_stream_own_ns``: the busiest GPU stream's own work (sum of its tasks' durations). A CPU
   that takes zero time leaves at least this.
@@ -50,26 +53,36 @@ def _measured(graph: TaskGraph, codes: Sequence[int]) -> pd.DataFrame:
                          "name": t["name"].astype(str).to_numpy()[idx]})
 
 
-def _launchers(graph: TaskGraph) -> np.ndarray:
-    """Per task: whether it launched GPU work."""
+def _stream_busy_until(graph: TaskGraph) -> np.ndarray:
+    """Per task: for a call that launched GPU work, the measured end of the work that stood before
+    it on its stream (the stream was busy until then); -1 for other tasks and idle streams."""
     e = graph.edges
-    out = np.zeros(len(graph.tasks), dtype=bool)
-    out[e["src"].to_numpy()[(e["kind"] == int(EdgeKind.LAUNCH)).to_numpy()]] = True
+    kind, src, dst = e["kind"].to_numpy(), e["src"].to_numpy(), e["dst"].to_numpy()
+    end = graph.tasks["measured_end_ns"].to_numpy()
+    prev_end = np.full(len(graph.tasks), -1, dtype=np.int64)
+    stream = kind == int(EdgeKind.STREAM)
+    prev_end[dst[stream]] = end[src[stream]]
+    out = np.full(len(graph.tasks), -1, dtype=np.int64)
+    launch = kind == int(EdgeKind.LAUNCH)
+    np.maximum.at(out, src[launch], prev_end[dst[launch]])
     return out
 
 
 def _cpu_own(graph: TaskGraph) -> pd.Series:
-    cpu = _measured(graph, kind_codes(CPU_KINDS))
+    cpu = _measured(graph, kind_codes(CPU_KINDS | {TaskKind.MARKER}))
     threads = np.flatnonzero(graph.resources["kind"].to_numpy() == int(ResourceKind.THREAD))
     cpu = cpu[np.isin(cpu["resource"].to_numpy(), threads)]
     names = cpu["name"].to_numpy()
     blocking = (cpu["kind"].to_numpy() == int(TaskKind.WAIT)) | np.fromiter(
         (bool(BLOCKING_CALL.search(n)) for n in names), dtype=bool, count=len(names))
-    dur = (cpu["end"] - cpu["start"]).to_numpy()
-    launcher = _launchers(graph)[cpu["task"].to_numpy()]
-    typical = pd.Series(dur[launcher]).groupby([cpu["rank"].to_numpy()[launcher], names[launcher]]).transform("median")
+    start, end = cpu["start"].to_numpy(), cpu["end"].to_numpy()
+    busy_until = _stream_busy_until(graph)[cpu["task"].to_numpy()]
+    launcher = busy_until >= 0
+    typical = pd.Series((end - start)[launcher]).groupby(
+        [cpu["rank"].to_numpy()[launcher], names[launcher]]).transform("median").to_numpy()
     held = np.zeros(len(cpu), dtype=np.int64)
-    held[launcher] = np.maximum(dur[launcher] - typical.to_numpy(), 0)
+    held[launcher] = np.maximum(np.minimum(end[launcher], busy_until[launcher]) - start[launcher] - typical, 0)
+    dur = end - start
     cpu = cpu.assign(wait=np.where(blocking, dur, held))
     per_thread = cpu.groupby(["rank", "step", "resource"]).agg(start=("start", "min"), end=("end", "max"),
                                                                  wait=("wait", "sum"))

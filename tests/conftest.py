@@ -2,14 +2,20 @@
 
 The transform registry is process-wide: a test that registers a transform must ask for the
 ``transform_registry`` fixture (which restores it), and :func:`_no_transform_leaks` fails any
-test that leaves the registry changed."""
+test that leaves the registry changed.
+
+``WHATIF_CHECK_SCHEMA=1`` is set for the whole run (CLI subprocesses inherit it): every graph the
+builder makes and every transform returns is checked against ``whatif.depgraph.schema``."""
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+os.environ["WHATIF_CHECK_SCHEMA"] = "1"  # every built and transformed graph is checked against its schema
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 SHARED_TRACES = SHARED / "traces"

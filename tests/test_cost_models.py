@@ -174,9 +174,9 @@ def test_dashboard_prices_a_spec_by_its_cost_model(adds: Path) -> None:
 
     run = Run(id="adds", path=adds, label="adds")
     spec = {"name": "fused", "transform": [{"name": "fuse"}]}
-    trace = run.quick_document(spec)["speedup"]
+    trace = run.quick_document(spec).speedup
     sheet_spec = {**spec, "cost_model": "datasheet"}
     assert spec_from_toml(spec_to_toml(sheet_spec)) == sheet_spec
-    assert run.quick_document(sheet_spec)["speedup"] != trace
-    assert run.quick_document({**spec, "cost_model": "trace"})["speedup"] == trace
+    assert run.quick_document(sheet_spec).speedup != trace
+    assert run.quick_document({**spec, "cost_model": "trace"}).speedup == trace
     assert set(run._contexts) == {CostModelName.TRACE, CostModelName.DATASHEET}

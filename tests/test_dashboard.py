@@ -160,9 +160,9 @@ def test_sample_run_views() -> None:
     assert len(lines[0].ids) == len(lines[1].ids) > 20000
     spec = {"name": "half cpu", "transform": [{"name": "scale", "factor": 0.5, "select": {"kind": "cpu"}}]}
     quick = run.quick_document(spec)
-    full = run.prediction([spec])["scenarios"][0]
-    assert quick["speedup"] == full["speedup"] > 1.2
-    assert quick["waterfall"] == full["waterfall"] and quick["changes"] == full["changes"]
+    full = run.prediction([spec]).scenarios[0]
+    assert quick.speedup == full.speedup > 1.2
+    assert quick.waterfall == full.waterfall and quick.changes == full.changes
     run.scenarios["half cpu"] = spec
     assert "cmp-table" in json.dumps(compare.body(run.id, ["half cpu"]).to_plotly_json(), default=str)
     # serving: the sample run carries its log; the recorded workload (20 req/s x 8) is the default

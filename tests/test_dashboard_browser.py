@@ -236,9 +236,10 @@ def _open_timeline(browser: Any, url: str) -> str:
     """Open the timeline and wait until it is drawn (its info line returned) or shows an error,
     which fails the test with the page's own message."""
     browser.get(url)
-    _wait(browser, lambda b: _timeline_drawn(b) or _text(b, "tl-error"))
+    # the info line as the wait saw it settled: read again, a late re-render (a resize) could blank it
+    drawn = _wait(browser, lambda b: _timeline_drawn(b) or _text(b, "tl-error"))
     assert not _text(browser, "tl-error"), _text(browser, "tl-error")
-    return _timeline_drawn(browser)
+    return drawn
 
 
 def test_timeline_zoom_and_click(server: Any, browser: Any, shots: Path) -> None:

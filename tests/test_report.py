@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
 
+import msgspec
 import orjson
 import pytest
 from tracegen import KinetoTrace
@@ -91,7 +92,7 @@ def test_json_follows_the_schema_and_is_stable(prediction: Prediction, tmp_path:
 
 
 def test_schema_catches_broken_documents(prediction: Prediction) -> None:
-    doc = build_report(prediction)
+    doc = msgspec.to_builtins(build_report(prediction))
     doc["rows"][0]["speedup"] = "fast"
     del doc["checks"]
     problems = errors(REPORT_SCHEMA, doc)
@@ -153,7 +154,7 @@ def test_html_is_self_contained(prediction: Prediction, tmp_path: Path) -> None:
     ("max_step_ms > p50_step_ms - 1", True), ("measured_step_ms > 0", True),
 ])
 def test_threshold_values(prediction: Prediction, expr: str, failed: bool) -> None:
-    assert evaluate(expr, build_report(prediction)["prediction"]).failed is failed
+    assert evaluate(expr, build_report(prediction).prediction).failed is failed
 
 
 @pytest.mark.parametrize("expr, message", [
@@ -174,7 +175,7 @@ def test_unsafe_or_bad_thresholds_are_refused(expr: str, message: str) -> None:
 
 
 def test_threshold_errors_at_evaluation(prediction: Prediction) -> None:
-    doc = build_report(prediction)["prediction"]
+    doc = build_report(prediction).prediction
     with pytest.raises(ThresholdError, match=r"unknown scenario 'nope' \(scenarios: fuse, relu x0.5\)"):
         evaluate("speedup(nope) < 1", doc)
     with pytest.raises(ThresholdError, match="speedup needs a scenario name"):
@@ -188,7 +189,7 @@ def test_serving_columns_and_thresholds_when_present(prediction: Prediction) -> 
                "fuse": {"ttft_ms": {"mean": 60.0, "p99": 90.0}, "tpot_ms": {"mean": 15.0, "p99": 19.0}}}
     doc = build_report(prediction, fail_if=["p99_ttft_ms(fuse) > 100", "tpot_ms > 19"], serving=serving)
     validate(doc)
-    assert [c["status"] for c in doc["checks"]] == ["passed", "failed"]
+    assert [c.status for c in doc.checks] == ["passed", "failed"]
     md = render(doc, "md")
     assert "| TTFT ms | TPOT ms |" in md and "| 60.00 | 15.00 |" in md
     with pytest.raises(ReportError, match="name none of the report's rows"):

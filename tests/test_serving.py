@@ -242,17 +242,20 @@ def test_serve_without_a_log_is_one_line(tmp_path: Path, capsys: pytest.CaptureF
 
 def test_python_serve_on_the_sample_run_a_faster_scenario_lowers_ttft_and_tpot() -> None:
     from whatif.api import Workload, serve, sweep
+    from whatif.documents import LlmServingDocument, ServingDocument, from_json, to_json
 
     sample = Path(__file__).resolve().parents[1] / "sample_traces" / "llm_serve"
     doc = serve(sample, [sample.parents[1] / "scenarios" / "faster_linear.toml"], Workload(rate=10, num_requests=20))
-    assert doc["schema"] == "whatif.serving/1" and doc["kind"] == "llm" and doc["log"].endswith("serving.log")
-    base, fast = doc["scenarios"]
-    assert base["name"] == "baseline" and fast["name"] == "linear 2x faster"
+    assert isinstance(doc, LlmServingDocument)
+    assert doc.schema == "whatif.serving/1" and doc.kind == "llm" and doc.log.endswith("serving.log")
+    base, fast = doc.scenarios
+    assert base.name == "baseline" and fast.name == "linear 2x faster"
     for s in (base, fast):
-        assert {"mean", "p99"} <= set(s["ttft_ms"]) and s["throughput_tokens_per_s"] > 0 and s["e2e_ms"]["mean"] > 0
-    assert fast["ttft_ms"]["mean"] < base["ttft_ms"]["mean"] and fast["tpot_ms"]["mean"] < base["tpot_ms"]["mean"]
-    curves = sweep(sample, [5, 40], workload=Workload(num_requests=10))["curves"]
-    assert [p["rate_req_per_s"] for p in curves[0]["points"]] == [5.0, 40.0]
+        assert s.ttft_ms.get("mean") and s.ttft_ms.get("p99") and s.throughput_tokens_per_s and s.e2e_ms.get("mean")
+    assert fast.ttft_ms.get("mean") < base.ttft_ms.get("mean") and fast.tpot_ms.get("mean") < base.tpot_ms.get("mean")
+    curves = sweep(sample, [5, 40], workload=Workload(num_requests=10)).curves
+    assert [p.rate_req_per_s for p in curves[0].points] == [5.0, 40.0]
+    assert from_json(to_json(doc), ServingDocument) == doc  # the JSON reads back to the same document
 
 
 def test_python_serve_errors_are_one_line(tmp_path: Path) -> None:

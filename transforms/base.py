@@ -20,6 +20,7 @@ import pandas as pd
 
 from whatif.core.errors import WhatifError
 from whatif.depgraph.graph import TaskGraph
+from whatif.depgraph.schema import check_schema
 
 from .edit import applying
 
@@ -116,7 +117,7 @@ class Transform:
         @functools.wraps(inner)
         def apply(self: Transform, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
             with applying(self.name, outer_wins=True):
-                return inner(self, graph, ctx)
+                return check_schema(inner(self, graph, ctx))
 
         cls.apply = apply  # type: ignore[method-assign]
 

@@ -1,102 +1,149 @@
 """Figures as plain functions: a whatif document in, a plotly figure out.
 
 Shared by the dashboard and the HTML reports, so both show the same pictures. Inputs are the
-versioned JSON documents (``whatif.analysis``, ``whatif.prediction``), never live objects, so a
-figure can be rebuilt from a saved report.
+typed documents of :mod:`whatif.documents` (``whatif.analysis``, ``whatif.prediction``,
+``whatif.serving-sweep``), never live analyses, so a figure can be rebuilt from a saved report
+(``from_json``).
 """
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
+import msgspec
 import plotly.graph_objects as go
+
+from whatif.documents import (
+    BaselinePrediction,
+    BaselineStep,
+    CriticalPathEntry,
+    DitSweepPoint,
+    LatencyStats,
+    LlmSweepDocument,
+    LlmSweepPoint,
+    PredictionDocument,
+    ScenarioHeadline,
+    ScenarioPrediction,
+    StepBreakdown,
+    StepFidelity,
+    SweepDocument,
+    TopEntry,
+    mean_breakdown_ns,
+)
 
 CATEGORY_COLORS = {"cpu": "#4C78A8", "launch": "#72B7B2", "gpu": "#54A24B", "comm": "#E45756", "sync": "#F58518",
                    "idle": "#BAB0AC"}
 MEASURED, PREDICTED = "#9D755D", "#4C78A8"
 
 
-def _step_labels(steps: list[dict[str, Any]]) -> list[str]:
-    multi_rank = len({s["rank"] for s in steps}) > 1
-    return [f"r{s['rank']}/{s['step']}" if multi_rank else str(s["step"]) for s in steps]
+class StepLike(Protocol):
+    """A per-step entry: which rank and step it is."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def step(self) -> int: ...
 
 
-def step_times_figure(analysis: dict[str, Any]) -> go.Figure:
-    """Measured vs replayed time of every step (the fidelity figure), in ms.
+def _step_labels(steps: Sequence[StepLike]) -> list[str]:
+    multi_rank = len({s.rank for s in steps}) > 1
+    return [f"r{s.rank}/{s.step}" if multi_rank else str(s.step) for s in steps]
 
-    >>> doc = {"steps": [{"rank": 0, "step": 1, "measured_ns": 2_000_000, "predicted_ns": 2_100_000}]}
-    >>> [trace.name for trace in step_times_figure(doc).data]
+
+def step_times_figure(steps: Sequence[StepFidelity] | Sequence[BaselineStep]) -> go.Figure:
+    """Measured vs replayed time of every step (the fidelity figure), in ms: the ``steps`` of an
+    analysis document or of a prediction's baseline.
+
+    >>> steps = [BaselineStep(rank=0, step=1, measured_ns=2_000_000, predicted_ns=2_100_000)]
+    >>> [trace.name for trace in step_times_figure(steps).data]
     ['measured', 'replayed']
     """
-    steps = analysis["steps"]
     x = _step_labels(steps)
     fig = go.Figure([
-        go.Bar(name="measured", x=x, y=[s["measured_ns"] / 1e6 for s in steps], marker_color=MEASURED),
-        go.Bar(name="replayed", x=x, y=[s["predicted_ns"] / 1e6 for s in steps], marker_color=PREDICTED),
+        go.Bar(name="measured", x=x, y=[s.measured_ns / 1e6 for s in steps], marker_color=MEASURED),
+        go.Bar(name="replayed", x=x, y=[s.predicted_ns / 1e6 for s in steps], marker_color=PREDICTED),
     ])
     fig.update_layout(barmode="group", title="Step time: measured vs replayed", xaxis_title="step",
                       yaxis_title="ms", legend_orientation="h")
     return fig
 
 
-def breakdown_figure(paths: list[dict[str, Any]], title: str = "Critical path per step") -> go.Figure:
+def breakdown_figure(paths: Sequence[StepBreakdown] | Sequence[CriticalPathEntry],
+                     title: str = "Critical path per step") -> go.Figure:
     """Stacked critical-path breakdown (cpu, launch, gpu, comm, sync, idle) per step, in ms.
 
-    ``paths``: the ``critical_path`` list of an analysis or of a prediction's baseline/scenario.
+    ``paths``: the ``critical_path`` of an analysis or of a prediction's baseline/scenario.
     """
     x = _step_labels(paths)
-    cats = list(paths[0]["breakdown_ns"]) if paths else list(CATEGORY_COLORS)
-    fig = go.Figure([go.Bar(name=c, x=x, y=[p["breakdown_ns"][c] / 1e6 for p in paths],
+    cats = list(paths[0].breakdown_ns) if paths else list(CATEGORY_COLORS)
+    fig = go.Figure([go.Bar(name=c, x=x, y=[p.breakdown_ns[c] / 1e6 for p in paths],
                             marker_color=CATEGORY_COLORS.get(c)) for c in cats])
     fig.update_layout(barmode="stack", title=title, xaxis_title="step", yaxis_title="ms", legend_orientation="h")
     return fig
 
 
-def scenarios_figure(prediction: dict[str, Any]) -> go.Figure:
+def _example_prediction() -> PredictionDocument:
+    """A small prediction document for the examples below: a 10 ms baseline, scenario ``fuse`` at 8 ms."""
+    from whatif.documents import ScenarioStep, WaterfallEntry
+
+    return PredictionDocument(
+        source="t", device=None,
+        baseline=BaselinePrediction(
+            mean_step_ns=10_000_000,
+            steps=[BaselineStep(rank=0, step=0, measured_ns=10_000_000, predicted_ns=10_000_000)],
+            critical_path=[StepBreakdown(rank=0, step=0, breakdown_ns={"cpu": 4_000_000, "gpu": 6_000_000})]),
+        scenarios=[ScenarioPrediction(
+            name="fuse", source=None, transforms=["fuse()", "precision(dtype=bf16)"], mean_step_ns=8_000_000,
+            speedup=1.25,
+            steps=[ScenarioStep(rank=0, step=0, baseline_ns=10_000_000, predicted_ns=8_000_000, speedup=1.25)],
+            waterfall=[WaterfallEntry(transform="fuse()", mean_step_ns=9_000_000, speedup=1.111111),
+                       WaterfallEntry(transform="precision(dtype=bf16)", mean_step_ns=8_000_000, speedup=1.25)],
+            changes=[],
+            critical_path=[StepBreakdown(rank=0, step=0, breakdown_ns={"cpu": 2_000_000, "gpu": 6_000_000})])])
+
+
+def scenarios_figure(prediction: PredictionDocument) -> go.Figure:
     """Mean predicted step time of the baseline and every scenario, labelled with the speedup.
 
-    >>> doc = {"baseline": {"mean_step_ns": 10_000_000},
-    ...        "scenarios": [{"name": "fuse", "mean_step_ns": 8_000_000, "speedup": 1.25}]}
-    >>> list(scenarios_figure(doc).data[0].text)
+    >>> list(scenarios_figure(_example_prediction()).data[0].text)
     ['1.000x', '1.250x']
     """
-    names = ["baseline"] + [s["name"] for s in prediction["scenarios"]]
-    ms = [prediction["baseline"]["mean_step_ns"] / 1e6] + [s["mean_step_ns"] / 1e6 for s in prediction["scenarios"]]
-    speed = [1.0] + [s["speedup"] for s in prediction["scenarios"]]
-    fig = go.Figure(go.Bar(x=names, y=ms, text=[f"{v:.3f}x" for v in speed], textposition="outside",
-                           marker_color=[MEASURED] + [PREDICTED] * (len(names) - 1)))
+    rows = prediction.rows()
+    fig = go.Figure(go.Bar(x=[r.name for r in rows], y=[r.mean_step_ns / 1e6 for r in rows],
+                           text=[f"{r.speedup:.3f}x" for r in rows], textposition="outside",
+                           marker_color=[MEASURED] + [PREDICTED] * (len(rows) - 1)))
     fig.update_layout(title="Predicted mean step time per scenario", yaxis_title="ms")
     return fig
 
 
-def waterfall_figure(baseline_ns: int, scenario: dict[str, Any]) -> go.Figure:
+def waterfall_figure(baseline_ns: int, scenario: ScenarioPrediction | ScenarioHeadline) -> go.Figure:
     """How each transform of a scenario moves the mean step time (ms), cumulative.
 
-    >>> sc = {"name": "s", "mean_step_ns": 7_000_000,
-    ...       "waterfall": [{"transform": "fuse()", "mean_step_ns": 9_000_000},
-    ...                     {"transform": "precision(dtype=bf16)", "mean_step_ns": 7_000_000}]}
-    >>> [round(v, 3) for v in waterfall_figure(10_000_000, sc).data[0].y]
-    [10.0, -1.0, -2.0, 7.0]
+    >>> [round(v, 3) for v in waterfall_figure(10_000_000, _example_prediction().scenarios[0]).data[0].y]
+    [10.0, -1.0, -1.0, 8.0]
     """
-    labels = ["baseline"] + [w["transform"] for w in scenario["waterfall"]] + ["predicted"]
+    labels = ["baseline"] + [w.transform for w in scenario.waterfall] + ["predicted"]
     values, prev = [baseline_ns / 1e6], baseline_ns
-    for w in scenario["waterfall"]:
-        values.append((w["mean_step_ns"] - prev) / 1e6)
-        prev = w["mean_step_ns"]
-    values.append(scenario["mean_step_ns"] / 1e6)
-    measures = ["absolute"] + ["relative"] * len(scenario["waterfall"]) + ["total"]
+    for w in scenario.waterfall:
+        values.append((w.mean_step_ns - prev) / 1e6)
+        prev = w.mean_step_ns
+    values.append(scenario.mean_step_ns / 1e6)
+    measures = ["absolute"] + ["relative"] * len(scenario.waterfall) + ["total"]
     fig = go.Figure(go.Waterfall(x=labels, y=values, measure=measures,
                                  decreasing={"marker": {"color": CATEGORY_COLORS["gpu"]}},
                                  increasing={"marker": {"color": CATEGORY_COLORS["comm"]}}))
-    fig.update_layout(title=f"{scenario['name']}: effect of each transform", yaxis_title="mean step ms")
+    fig.update_layout(title=f"{scenario.name}: effect of each transform", yaxis_title="mean step ms")
     return fig
 
 
-def top_table_figure(rows: list[dict[str, Any]], title: str) -> go.Figure:
+def top_table_figure(rows: list[TopEntry], title: str) -> go.Figure:
     """A table of the top kernels / ops / layers (name, count, GPU ms, CPU ms)."""
     fig = go.Figure(go.Table(
         header={"values": ["name", "count", "GPU ms", "CPU ms"], "align": "left"},
-        cells={"values": [[r["name"] for r in rows], [r["count"] for r in rows],
-                          [round(r["gpu_ns"] / 1e6, 3) for r in rows], [round(r["cpu_ns"] / 1e6, 3) for r in rows]],
+        cells={"values": [[r.name for r in rows], [r.count for r in rows],
+                          [round(r.gpu_ns / 1e6, 3) for r in rows], [round(r.cpu_ns / 1e6, 3) for r in rows]],
                "align": "left"}))
     fig.update_layout(title=title)
     return fig
@@ -168,91 +215,106 @@ def timeline_figure(view: dict[str, Any], height_per_lane: int = 26) -> go.Figur
     return fig
 
 
-def phase_breakdown_figure(rows: list[dict[str, Any]]) -> go.Figure:
+@dataclass(frozen=True)
+class PhaseBreakdown:
+    """Mean critical-path breakdown (ns per category) of the ``steps`` steps of one phase."""
+
+    phase: str
+    steps: int
+    breakdown_ns: dict[str, float]
+
+
+def phase_breakdown_figure(rows: Sequence[PhaseBreakdown]) -> go.Figure:
     """Mean critical-path breakdown of the steps of each phase, in ms per step.
 
-    ``rows``: ``phase``, ``steps`` (how many), ``breakdown_ns`` (mean per step).
-
-    >>> fig = phase_breakdown_figure([{"phase": "decode", "steps": 3, "breakdown_ns": {"cpu": 2e6, "gpu": 1e6}}])
+    >>> fig = phase_breakdown_figure([PhaseBreakdown("decode", 3, {"cpu": 2e6, "gpu": 1e6})])
     >>> [t.name for t in fig.data], list(fig.data[0].x)
     (['cpu', 'gpu'], ['decode (3)'])
     """
-    x = [f"{r['phase']} ({r['steps']})" for r in rows]
-    cats = list(rows[0]["breakdown_ns"]) if rows else list(CATEGORY_COLORS)
-    fig = go.Figure([go.Bar(name=c, x=x, y=[r["breakdown_ns"][c] / 1e6 for r in rows],
+    x = [f"{r.phase} ({r.steps})" for r in rows]
+    cats = list(rows[0].breakdown_ns) if rows else list(CATEGORY_COLORS)
+    fig = go.Figure([go.Bar(name=c, x=x, y=[r.breakdown_ns[c] / 1e6 for r in rows],
                             marker_color=CATEGORY_COLORS.get(c)) for c in cats])
     fig.update_layout(barmode="stack", title="Critical path per step, by phase (mean)", xaxis_title="phase (steps)",
                       yaxis_title="ms per step", legend_orientation="h")
     return fig
 
 
-def _mean_breakdown(paths: list[dict[str, Any]]) -> dict[str, float]:
-    cats = list(paths[0]["breakdown_ns"]) if paths else []
-    n = max(len(paths), 1)
-    return {c: sum(p["breakdown_ns"][c] for p in paths) / n for c in cats}
-
-
-def scenario_breakdown_figure(prediction: dict[str, Any]) -> go.Figure:
+def scenario_breakdown_figure(prediction: PredictionDocument) -> go.Figure:
     """Mean critical-path breakdown per step of the baseline and of every scenario (stacked, ms).
 
-    >>> doc = {"baseline": {"critical_path": [{"breakdown_ns": {"cpu": 4e6, "gpu": 2e6}}]},
-    ...        "scenarios": [{"name": "s", "critical_path": [{"breakdown_ns": {"cpu": 1e6, "gpu": 2e6}}]}]}
-    >>> [list(t.y) for t in scenario_breakdown_figure(doc).data]
-    [[4.0, 1.0], [2.0, 2.0]]
+    >>> [list(t.y) for t in scenario_breakdown_figure(_example_prediction()).data]
+    [[4.0, 2.0], [6.0, 6.0]]
     """
-    names = ["baseline"] + [s["name"] for s in prediction["scenarios"]]
-    means = [_mean_breakdown(prediction["baseline"]["critical_path"])] + \
-            [_mean_breakdown(s["critical_path"]) for s in prediction["scenarios"]]
+    rows = prediction.rows()
+    means = [mean_breakdown_ns(r.critical_path) for r in rows]
     cats = list(means[0]) or list(CATEGORY_COLORS)
-    fig = go.Figure([go.Bar(name=c, x=names, y=[m.get(c, 0) / 1e6 for m in means],
+    fig = go.Figure([go.Bar(name=c, x=[r.name for r in rows], y=[m.get(c, 0) / 1e6 for m in means],
                             marker_color=CATEGORY_COLORS.get(c)) for c in cats])
     fig.update_layout(barmode="stack", title="Critical path per step (mean)", yaxis_title="ms per step",
                       legend_orientation="h")
     return fig
 
 
-def step_compare_figure(prediction: dict[str, Any]) -> go.Figure:
+def step_compare_figure(prediction: PredictionDocument) -> go.Figure:
     """Predicted time of every step: the baseline replay and each scenario, one line each (ms).
 
-    >>> doc = {"baseline": {"steps": [{"rank": 0, "step": 0, "predicted_ns": 2e6}]},
-    ...        "scenarios": [{"name": "s", "steps": [{"rank": 0, "step": 0, "predicted_ns": 1e6}]}]}
-    >>> [(t.name, list(t.y)) for t in step_compare_figure(doc).data]
-    [('baseline', [2.0]), ('s', [1.0])]
+    >>> [(t.name, list(t.y)) for t in step_compare_figure(_example_prediction()).data]
+    [('baseline', [10.0]), ('fuse', [8.0])]
     """
-    base = prediction["baseline"]["steps"]
+    base = prediction.baseline.steps
     x = _step_labels(base)
-    fig = go.Figure([go.Scatter(name="baseline", x=x, y=[s["predicted_ns"] / 1e6 for s in base], mode="lines",
+    fig = go.Figure([go.Scatter(name="baseline", x=x, y=[s.predicted_ns / 1e6 for s in base], mode="lines",
                                 line={"color": MEASURED})])
-    for sc in prediction["scenarios"]:
-        fig.add_trace(go.Scatter(name=sc["name"], x=x, y=[s["predicted_ns"] / 1e6 for s in sc["steps"]],
-                                 mode="lines"))
+    for sc in prediction.scenarios:
+        fig.add_trace(go.Scatter(name=sc.name, x=x, y=[s.predicted_ns / 1e6 for s in sc.steps], mode="lines"))
     fig.update_layout(title="Predicted time per step", xaxis_title="step", yaxis_title="ms", legend_orientation="h")
     return fig
 
 
-def serving_curves_figure(sweep: dict[str, Any], metric: str = "") -> go.Figure:
+def serving_curves_figure(sweep: SweepDocument, metric: Literal["", "tpot_ms", "ttft_ms", "e2e_ms", "latency_ms",
+                                                                  "queue_ms"] = "") -> go.Figure:
     """Latency vs throughput, one line per scenario, from a ``whatif.serving-sweep`` document:
     x = achieved throughput (output tokens/s for LLMs, requests/s for DiTs), y = mean and p99 of
     ``metric`` (default TPOT for LLMs, request latency for DiTs), in ms; points labelled by rate.
 
-    >>> doc = {"kind": "dit", "curves": [{"name": "baseline", "points": [
-    ...     {"rate_req_per_s": 1.0, "throughput_req_per_s": 0.9, "latency_ms": {"mean": 50.0, "p99": 80.0}}]}]}
+    >>> from whatif.documents import (DitIterationModel, DitSettings, DitSweepCurve, DitSweepDocument,
+    ...                               DitSweepPoint, LatencyStats, WorkloadEntry)
+    >>> lat = LatencyStats(mean=50.0, p50=50.0, p90=70.0, p99=80.0)
+    >>> model = DitIterationModel(tokens_ref=64, attention_ns=[0, 1], rest_ns=[0, 1], batch_overhead_ns=0, n=1,
+    ...                           mape=0, loo_mape=0, model_batches_seen=[2], profiler_correction=1.0)
+    >>> point = DitSweepPoint(rate_req_per_s=1.0, latency_ms=lat, queue_ms=lat, throughput_req_per_s=0.9,
+    ...                       busy_fraction=0.5, e2e_ms=lat)
+    >>> doc = DitSweepDocument(source="t", workload=WorkloadEntry(), profiler_correction=None,
+    ...     scheduler=DitSettings(steps=1, resolution=16, frames=1, patch=2, tokens=64, batch=1, cfg=False, replicas=1),
+    ...     curves=[DitSweepCurve(name="baseline", iteration_model=model, points=[point])])
     >>> [t.name for t in serving_curves_figure(doc).data]
     ['baseline mean', 'baseline p99']
     """
-    llm = sweep.get("kind") == "llm"
+    llm = isinstance(sweep, LlmSweepDocument)
     metric = metric or ("tpot_ms" if llm else "latency_ms")
-    xkey = "throughput_tokens_per_s" if llm else "throughput_req_per_s"
     fig = go.Figure()
-    for curve in sweep["curves"]:
-        pts = curve["points"]
-        x = [p[xkey] for p in pts]
-        text = [f"{p['rate_req_per_s']:g} req/s" for p in pts]
-        fig.add_trace(go.Scatter(x=x, y=[p[metric]["mean"] for p in pts], mode="lines+markers", text=text,
-                                 name=f"{curve['name']} mean"))
-        fig.add_trace(go.Scatter(x=x, y=[p[metric]["p99"] for p in pts], mode="lines+markers", text=text,
-                                 line_dash="dot", name=f"{curve['name']} p99"))
+    for curve in sweep.curves:
+        pts: Sequence[LlmSweepPoint | DitSweepPoint] = curve.points
+        x = [p.throughput_tokens_per_s if isinstance(p, LlmSweepPoint) else p.throughput_req_per_s for p in pts]
+        stats = [_point_stats(p, metric) for p in pts]
+        text = [f"{p.rate_req_per_s:g} req/s" for p in pts]
+        fig.add_trace(go.Scatter(x=x, y=[s.get("mean") for s in stats], mode="lines+markers", text=text,
+                                 name=f"{curve.name} mean"))
+        fig.add_trace(go.Scatter(x=x, y=[s.get("p99") for s in stats], mode="lines+markers", text=text,
+                                 line_dash="dot", name=f"{curve.name} p99"))
     fig.update_layout(title=f"{metric.removesuffix('_ms')} vs throughput",
                       xaxis_title="output tokens/s" if llm else "requests/s", yaxis_title="ms",
                       legend_orientation="h")
     return fig
+
+
+def _point_stats(point: LlmSweepPoint | DitSweepPoint, metric: str) -> LatencyStats:
+    """The statistics of ``metric`` at a sweep point (a metric the kind of loop lacks is an error)."""
+    fields = {f.name for f in msgspec.structs.fields(point)}
+    if metric not in fields or metric == "rate_req_per_s":
+        raise ValueError(f"{metric} is not a latency of this sweep (choose from "
+                         f"{', '.join(sorted(f for f in fields if f.endswith('_ms')))})")
+    value = msgspec.structs.asdict(point)[metric]
+    assert isinstance(value, LatencyStats)
+    return value

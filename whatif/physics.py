@@ -2,8 +2,12 @@
 
 An unchanged replay reproduces a trace by construction; these relations test what happens when
 the hardware changes (issue 13). Each compares predictions of the same trace under simple
-scenarios, step by step, with the bounds of :mod:`whatif.predictors.bounds` (measured, computed
-without the replay):
+scenarios with the bounds of :mod:`whatif.predictors.bounds` (measured, computed without the
+replay), step by step on *cumulative* times: per rank, the time from its first step's start to
+each step's completion. A step's own interval (previous completion to its completion) is not
+monotonic when steps overlap (the CPU runs ahead into the next step): a faster step ``n - 1``
+completes earlier and hands time to step ``n`` even when nothing completes later. No step's
+completion may move the wrong way, and that is what these relations test.
 
 * ``identity``: an empty scenario and ``scale factor=1`` reproduce the baseline exactly.
 * ``monotonic``: making a kind of task faster never makes a step slower (beyond 0.1 %), making
@@ -57,10 +61,10 @@ class Relation(str, Enum):
 @dataclass(frozen=True)
 class RelationResult:
     """Whether ``relation`` holds on every step it applies to; ``detail`` gives the worst step's
-    numbers (or why the relation does not apply). ``value`` and ``bound`` summarize the steps it
-    applies to: for ``gpu_zero`` the mean predicted and floor step (ms), for ``cpu_zero`` the
-    same against the busiest stream, for ``bounded`` the speedup and its Amdahl ceiling; NaN
-    for the others."""
+    numbers (or why the relation does not apply). ``value`` and ``bound`` summarize all steps
+    (each rank's last completion, summed over ranks): for ``gpu_zero`` the predicted and floor
+    time (ms), for ``cpu_zero`` the same against the busiest stream, for ``bounded`` the
+    speedup and its Amdahl ceiling; NaN for the others."""
 
     relation: Relation
     holds: bool
@@ -74,15 +78,36 @@ def _scale(kind: str | None, factor: float) -> Scale:
     return Scale(select=Selector(kind=kind), factor=factor)
 
 
-def _steps(analysis: Analysis, ctx: TransformContext, transforms: Sequence[Transform]) -> np.ndarray:
-    if not transforms:  # the empty scenario: the baseline graph, copied and replayed afresh
-        return step_times(replay(analysis.graph.copy()))["predicted_ns"].to_numpy(dtype=np.int64)
-    pred = predict(analysis, [Scenario(name="physics", transforms=list(transforms))], ctx)
-    return pred.scenarios[0].steps["predicted_ns"].to_numpy(dtype=np.int64)
+class _Trial:
+    """Predictions of one trace under a scenario, as cumulative step completions (ns) per row of
+    ``graph.steps``: per rank, running sums over its steps in begin order."""
 
+    def __init__(self, analysis: Analysis, ctx: TransformContext) -> None:
+        self.analysis, self.ctx = analysis, ctx
+        steps = analysis.graph.steps
+        self._order = np.lexsort((steps["measured_begin_ns"].to_numpy(), steps["rank"].to_numpy()))
+        self._ranks = steps["rank"].to_numpy()[self._order]
 
-def _has(analysis: Analysis, kind: str) -> bool:
-    return len(Selector(kind=kind)(analysis.graph)) > 0
+    def cumulative(self, per_step: np.ndarray) -> np.ndarray:
+        summed = pd.Series(np.asarray(per_step)[self._order]).groupby(self._ranks).cumsum().to_numpy()
+        out = np.empty_like(summed)
+        out[self._order] = summed
+        return out
+
+    def steps(self, transforms: Sequence[Transform]) -> np.ndarray:
+        if not transforms:  # the empty scenario: the baseline graph, copied and replayed afresh
+            per_step = step_times(replay(self.analysis.graph.copy()))["predicted_ns"]
+        else:
+            pred = predict(self.analysis, [Scenario(name="physics", transforms=list(transforms))], self.ctx)
+            per_step = pred.scenarios[0].steps["predicted_ns"]
+        return self.cumulative(per_step.to_numpy(dtype=np.int64))
+
+    def total(self, cumulative: np.ndarray) -> float:
+        """All steps: each rank's last cumulative value, summed over ranks."""
+        return float(pd.Series(np.asarray(cumulative)[self._order]).groupby(self._ranks).last().sum())
+
+    def has(self, kind: str) -> bool:
+        return len(Selector(kind=kind)(self.analysis.graph)) > 0
 
 
 def _worst(mask: np.ndarray, score: np.ndarray, describe: Callable[[int], str]) -> str:
@@ -92,30 +117,31 @@ def _worst(mask: np.ndarray, score: np.ndarray, describe: Callable[[int], str]) 
 
 def check(analysis: Analysis, ctx: TransformContext | None = None) -> list[RelationResult]:
     """Every relation of this module on ``analysis``'s trace, in the order they are listed above."""
-    ctx = ctx or make_context(analysis.trace)
-    base = analysis.steps["predicted_ns"].to_numpy(dtype=np.int64)
+    trial = _Trial(analysis, ctx or make_context(analysis.trace))
+    base = trial.cumulative(analysis.steps["predicted_ns"].to_numpy(dtype=np.int64))
     bounds = step_bounds(analysis.graph)
-    label = [f"rank {r} step {s}" for r, s in zip(bounds["rank"], bounds["step"])]
-    return [_identity(analysis, ctx, base), _monotonic(analysis, ctx, base, label),
-            _gpu_zero(analysis, ctx, bounds, label), _cpu_zero(analysis, ctx, bounds, label),
-            _bounded(analysis, ctx, base, bounds, label), _composition(analysis, ctx, label)]
+    for col in ("measured_ns", "cpu_own_ns", "gpu_stream_own_ns", "gpu_busy_ns"):
+        bounds[col] = trial.cumulative(bounds[col].to_numpy())
+    label = [f"rank {r} through step {s}" for r, s in zip(bounds["rank"], bounds["step"])]
+    return [_identity(trial, base), _monotonic(trial, base, label), _gpu_zero(trial, bounds, label),
+            _cpu_zero(trial, bounds, label), _bounded(trial, base, bounds, label), _composition(trial, label)]
 
 
-def _identity(analysis: Analysis, ctx: TransformContext, base: np.ndarray) -> RelationResult:
-    same = [np.array_equal(_steps(analysis, ctx, ts), base) for ts in ([], [_scale(None, 1.0)])]
+def _identity(trial: _Trial, base: np.ndarray) -> RelationResult:
+    same = [np.array_equal(trial.steps(ts), base) for ts in ([], [_scale(None, 1.0)])]
     return RelationResult(Relation.IDENTITY, all(same), True,
                           "empty scenario and scale x1 reproduce the baseline" if all(same)
                           else f"differs: empty scenario {'ok' if same[0] else 'changed'}, "
                                f"scale x1 {'ok' if same[1] else 'changed'}")
 
 
-def _monotonic(analysis: Analysis, ctx: TransformContext, base: np.ndarray, label: list[str]) -> RelationResult:
+def _monotonic(trial: _Trial, base: np.ndarray, label: list[str]) -> RelationResult:
     worst: tuple[float, str] = (0.0, "")
     for kind in MONOTONIC_KINDS:
-        if not _has(analysis, kind):
+        if not trial.has(kind):
             continue
         for factor in (0.5, 2.0):
-            pred = _steps(analysis, ctx, [_scale(kind, factor)])
+            pred = trial.steps([_scale(kind, factor)])
             wrong = (pred - base) / np.maximum(base, 1) * (1 if factor < 1 else -1)
             i = int(np.argmax(wrong)) if len(wrong) else 0
             if len(wrong) and wrong[i] > worst[0]:
@@ -126,12 +152,12 @@ def _monotonic(analysis: Analysis, ctx: TransformContext, base: np.ndarray, labe
                           f"worst {worst[0] * 100:.2f} % the wrong way ({worst[1]})")
 
 
-def _gpu_zero(analysis: Analysis, ctx: TransformContext, bounds: pd.DataFrame, label: list[str]) -> RelationResult:
+def _gpu_zero(trial: _Trial, bounds: pd.DataFrame, label: list[str]) -> RelationResult:
     floor = bounds["cpu_own_ns"].to_numpy(dtype=np.int64)
     has = (floor > 0) & (bounds["gpu_busy_ns"].to_numpy() > 0)
     if not has.any():
         return RelationResult(Relation.GPU_ZERO, True, False, "no step has both CPU and GPU work")
-    pred = _steps(analysis, ctx, [_scale("gpu", 0.0)])
+    pred = trial.steps([_scale("gpu", 0.0)])
     ratio = pred / np.maximum(floor, 1)
     bad = has & ((ratio < 1 - FLOOR_SLACK) | (ratio > 1 + GPU_ZERO_CEILING))
     score = np.abs(ratio - 1)
@@ -140,25 +166,25 @@ def _gpu_zero(analysis: Analysis, ctx: TransformContext, bounds: pd.DataFrame, l
                               f"({ratio[i]:.2f}x)")
     return RelationResult(Relation.GPU_ZERO, not bad.any(), True,
                           f"{int(bad.sum())} of {int(has.sum())} steps outside [floor, floor x1.1]; worst {detail}",
-                          float(pred[has].mean()) / 1e6, float(floor[has].mean()) / 1e6)
+                          trial.total(pred) / 1e6, trial.total(floor) / 1e6)
 
 
-def _cpu_zero(analysis: Analysis, ctx: TransformContext, bounds: pd.DataFrame, label: list[str]) -> RelationResult:
+def _cpu_zero(trial: _Trial, bounds: pd.DataFrame, label: list[str]) -> RelationResult:
     floor = bounds["gpu_stream_own_ns"].to_numpy(dtype=np.int64)
     has = floor > 0
     if not has.any():
         return RelationResult(Relation.CPU_ZERO, True, False, "no step has GPU work")
-    pred = _steps(analysis, ctx, [_scale("cpu", 0.0)])
+    pred = trial.steps([_scale("cpu", 0.0)])
     ratio = pred / np.maximum(floor, 1)
     bad = has & (ratio < 1 - FLOOR_SLACK)
     detail = _worst(bad if bad.any() else has, -ratio,
                     lambda i: f"{label[i]}: CPU x0 {pred[i] / 1e6:.3f} ms vs busiest stream {floor[i] / 1e6:.3f} ms")
     return RelationResult(Relation.CPU_ZERO, not bad.any(), True,
                           f"{int(bad.sum())} of {int(has.sum())} steps below the busiest stream; closest {detail}",
-                          float(pred[has].mean()) / 1e6, float(floor[has].mean()) / 1e6)
+                          trial.total(pred) / 1e6, trial.total(floor) / 1e6)
 
 
-def _bounded(analysis: Analysis, ctx: TransformContext, base: np.ndarray, bounds: pd.DataFrame,
+def _bounded(trial: _Trial, base: np.ndarray, bounds: pd.DataFrame,
              label: list[str]) -> RelationResult:
     busy = bounds["gpu_busy_ns"].to_numpy(dtype=np.float64)
     measured = bounds["measured_ns"].to_numpy(dtype=np.float64)
@@ -167,23 +193,23 @@ def _bounded(analysis: Analysis, ctx: TransformContext, base: np.ndarray, bounds
         return RelationResult(Relation.BOUNDED, True, False, "no step has GPU work")
     g = np.clip(busy / np.maximum(measured, 1), 0, 1)
     ceiling = 1 / (1 - g / 2)
-    pred = _steps(analysis, ctx, [_scale("gpu", 0.5)])
+    pred = trial.steps([_scale("gpu", 0.5)])
     speedup = base / np.maximum(pred, 1)
     bad = has & ((speedup < 1 - MONOTONIC_TOLERANCE) | (speedup > ceiling * (1 + MONOTONIC_TOLERANCE)))
-    mean_speedup = float(base[has].sum() / max(pred[has].sum(), 1))
-    mean_ceiling = float(measured[has].sum() / max((measured[has] - busy[has] / 2).sum(), 1))
-    detail = f"GPU x0.5: speedup {mean_speedup:.3f}x over the steps, Amdahl ceiling {mean_ceiling:.3f}x"
+    mean_speedup = trial.total(base) / max(trial.total(pred), 1)
+    mean_ceiling = trial.total(measured) / max(trial.total(measured - busy / 2), 1)
+    detail = f"GPU x0.5: speedup {mean_speedup:.3f}x over all steps, Amdahl ceiling {mean_ceiling:.3f}x"
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         detail += f"; {int(bad.sum())} steps outside, e.g. {label[i]} {speedup[i]:.3f}x vs ceiling {ceiling[i]:.3f}x"
     return RelationResult(Relation.BOUNDED, not bad.any(), True, detail, mean_speedup, mean_ceiling)
 
 
-def _composition(analysis: Analysis, ctx: TransformContext, label: list[str]) -> RelationResult:
-    if not (_has(analysis, "kernel") and _has(analysis, "cpu")):
+def _composition(trial: _Trial, label: list[str]) -> RelationResult:
+    if not (trial.has("kernel") and trial.has("cpu")):
         return RelationResult(Relation.COMPOSITION, True, False, "needs both kernels and CPU tasks")
-    a = _steps(analysis, ctx, [_scale("kernel", 0.5), _scale("cpu", 0.5)])
-    b = _steps(analysis, ctx, [_scale("cpu", 0.5), _scale("kernel", 0.5)])
+    a = trial.steps([_scale("kernel", 0.5), _scale("cpu", 0.5)])
+    b = trial.steps([_scale("cpu", 0.5), _scale("kernel", 0.5)])
     same = np.array_equal(a, b)
     if same:
         return RelationResult(Relation.COMPOSITION, True, True, "kernel x0.5 and cpu x0.5 commute")

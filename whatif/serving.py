@@ -2,12 +2,13 @@
 
 Fit an iteration-time model on the replayed serving iterations (baseline and each scenario),
 then simulate requests under a scheduler and report TTFT, TPOT, end-to-end latency and
-throughput per scenario. Both functions return the JSON documents the commands write.
+throughput per scenario. Both functions return the typed documents (:mod:`whatif.documents`)
+whose JSON the commands write.
 
 >>> from whatif.serving import Workload, serve, sweep                       # doctest: +SKIP
 >>> doc = serve("sample_traces/llm_serve", ["scenarios/faster_linear.toml"],
 ...             Workload(rate=10, num_requests=20))                         # doctest: +SKIP
->>> [(s["name"], s["ttft_ms"]["mean"]) for s in doc["scenarios"]]           # doctest: +SKIP
+>>> [(s.name, s.ttft_ms.mean) for s in doc.scenarios]                        # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -22,6 +23,32 @@ import numpy as np
 
 from whatif.analysis import Analysis, ScenarioResult, analyze, predict, scenario_cost_model
 from whatif.core.errors import TraceError
+from whatif.documents import (
+    UNSET,
+    DitIterationModel,
+    DitRequest,
+    DitScenarioServing,
+    DitServingDocument,
+    DitSettings,
+    DitSweepCurve,
+    DitSweepDocument,
+    DitSweepPoint,
+    LatencyStats,
+    LlmIterationModel,
+    LlmRequest,
+    LlmScenarioServing,
+    LlmScheduler,
+    LlmServingDocument,
+    LlmSweepCurve,
+    LlmSweepDocument,
+    LlmSweepPoint,
+    PhaseFitEntry,
+    ProfilerOffset,
+    ServingDocument,
+    SloAttainment,
+    SweepDocument,
+    WorkloadEntry,
+)
 from whatif.predictors.cost_models import CostModelName
 from whatif.predictors.replay import Replay
 from whatif.predictors.serving import logs
@@ -52,10 +79,6 @@ from whatif.transforms.scenario import Scenario, load_scenario
 
 __all__ = ["DitOptions", "ServingModels", "Workload", "column_mapping", "fit_serving", "serve", "sweep", "token_range"]
 
-SERVE_SCHEMA = "whatif.serving/1"
-SWEEP_SCHEMA = "whatif.serving-sweep/1"
-POINT_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms", "latency_ms", "queue_ms", "throughput_tokens_per_s",
-              "throughput_req_per_s", "busy_fraction", "slo")
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 DEFAULT_REQUESTS = 20
 
@@ -139,13 +162,13 @@ class Workload:
         rate, rng = self._rate(rate), random.Random(self.seed)
         return poisson_arrivals(self.n, rate, rng) if self.cv is None else gamma_arrivals(self.n, rate, self.cv, rng)
 
-    def describe(self, rate: float | None = None) -> dict[str, Any]:
+    def describe(self, rate: float | None = None) -> WorkloadEntry:
         """The ``workload`` entry of the documents."""
         if self.file:
-            return {"file": str(self.file), "columns": dict(self.columns), "time_unit": self.time_unit}
-        return {"arrivals": "poisson" if self.cv is None else "gamma", "rate_req_per_s": rate, "cv": self.cv,
-                "num_requests": self.n, "prompt_tokens": list(self.prompt_tokens),
-                "output_tokens": list(self.output_tokens), "seed": self.seed}
+            return WorkloadEntry(file=str(self.file), columns=dict(self.columns), time_unit=self.time_unit)
+        return WorkloadEntry(arrivals="poisson" if self.cv is None else "gamma", rate_req_per_s=rate, cv=self.cv,
+                             num_requests=self.n, prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
+                             seed=self.seed)
 
 
 @dataclass(frozen=True)
@@ -159,16 +182,16 @@ class DitOptions:
         "help": "max requests denoised together (default: as recorded)"})
     cfg: bool | None = field(default=None, metadata={"help": "classifier-free guidance on/off (default: as recorded)"})
 
-    def settings(self, log: dict[str, Any], replicas: int = 1) -> dict[str, Any]:
+    def settings(self, log: dict[str, Any], replicas: int = 1) -> DitSettings:
         """Resolved settings against the recorded ``log`` config (the ``scheduler`` entry of DiT documents)."""
         c = log["config"]
         res, frames = self.resolution or c["resolution"], self.frames or c["frames"]
         if res % c["patch"]:
             raise WorkloadError(f"resolution {res} is not a multiple of the recorded patch {c['patch']}")
         cfg = (c["cfg_scale"] > 1.0) if self.cfg is None else self.cfg
-        return {"steps": self.steps or c["steps"], "resolution": res, "frames": frames, "patch": c["patch"],
-                "tokens": frames * (res // c["patch"]) ** 2, "batch": self.batch or c["batch"], "cfg": cfg,
-                "replicas": replicas}
+        return DitSettings(steps=self.steps or c["steps"], resolution=res, frames=frames, patch=c["patch"],
+                           tokens=frames * (res // c["patch"]) ** 2, batch=self.batch or c["batch"], cfg=cfg,
+                           replicas=replicas)
 
 
 class ServingModels:
@@ -220,11 +243,8 @@ class ServingModels:
             return simulate_llm(workload.llm_requests(rate), model.time_ns, scheduler,  # type: ignore[union-attr]
                                 slo_ttft_ms, slo_tpot_ms)
         d = dit.settings(self.log, scheduler.replicas)
-        return simulate_dit(workload.dit_arrivals(rate), model,  # type: ignore[arg-type]
-                            d["steps"], d["tokens"], d["batch"], d["cfg"], d["replicas"])
-
-    def scheduler_doc(self, scheduler: SchedulerConfig, dit: DitOptions) -> dict[str, Any]:
-        return scheduler.to_dict() if self.kind == "llm" else dit.settings(self.log, scheduler.replicas)
+        return simulate_dit(workload.dit_arrivals(rate), model, d.steps, d.tokens, d.batch, d.cfg,  # type: ignore[arg-type]
+                            d.replicas)
 
 
 def _run_path(base: str | Path | Analysis) -> Path:
@@ -279,7 +299,7 @@ def serve(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Scena
           dit: DitOptions | None = None, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
           iterations_log: str | Path | None = None, unprofiled_log: str | Path | None = None,
           baseline: bool = True, requests: bool = False, cost_model: str | Enum = CostModelName.TRACE
-          ) -> dict[str, Any]:
+          ) -> ServingDocument:
     """Predicted serving metrics per scenario: the ``whatif.serving/1`` document of `whatif serve --json`.
 
     ``workload``: a :class:`Workload`, or a workload file (default: 20 requests, which then needs a rate).
@@ -292,18 +312,20 @@ def serve(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Scena
     scheduler.check()
     fitted = _models(path, scenarios, {"iterations_log": iterations_log, "unprofiled_log": unprofiled_log,
                                        "baseline": baseline, "cost_model": cost_model})
-    results = []
-    for name, model in fitted.models:
-        res = fitted.simulate(model, workload, scheduler, dit, None, slo_ttft_ms, slo_tpot_ms)
-        entry = {"name": name, **res.summary, "iteration_model": model.to_dict()}
-        if "latency_ms" in entry:
-            entry["e2e_ms"] = entry["latency_ms"]
-        if requests:
-            entry["requests"] = res.requests
-        results.append(entry)
-    return {"schema": SERVE_SCHEMA, "source": fitted.source, "log": str(fitted.log_path), "kind": fitted.kind,
-            "workload": workload.describe(workload.rate), "scheduler": fitted.scheduler_doc(scheduler, dit),
-            "profiler_correction": fitted.factor, "scenarios": results}
+    workload_entry = workload.describe(workload.rate)
+    if fitted.kind == "llm":
+        return LlmServingDocument(
+            source=fitted.source, log=str(fitted.log_path), workload=workload_entry,
+            scheduler=_llm_scheduler(scheduler), profiler_correction=fitted.factor,
+            scenarios=[_llm_serving(name, model, fitted.simulate(model, workload, scheduler, dit, None, slo_ttft_ms,  # type: ignore[arg-type]
+                                                                 slo_tpot_ms), requests)
+                       for name, model in fitted.models])
+    return DitServingDocument(
+        source=fitted.source, log=str(fitted.log_path), workload=workload_entry,
+        scheduler=dit.settings(fitted.log, scheduler.replicas), profiler_correction=fitted.factor,
+        scenarios=[_dit_serving(name, model, fitted.simulate(model, workload, scheduler, dit, None, slo_ttft_ms,  # type: ignore[arg-type]
+                                                             slo_tpot_ms), requests)
+                   for name, model in fitted.models])
 
 
 def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
@@ -311,7 +333,7 @@ def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
           scheduler: SchedulerConfig | None = None, dit: DitOptions | None = None,
           slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
           iterations_log: str | Path | None = None, unprofiled_log: str | Path | None = None,
-          baseline: bool = True, cost_model: str | Enum = CostModelName.TRACE) -> dict[str, Any]:
+          baseline: bool = True, cost_model: str | Enum = CostModelName.TRACE) -> SweepDocument:
     """Latency vs load: :func:`serve` repeated at each arrival rate, one curve per scenario; the
     ``whatif.serving-sweep/1`` document of `whatif sweep --json` (plot it with
     ``whatif.figures.serving_curves_figure``). The workload's own rate is ignored."""
@@ -324,15 +346,110 @@ def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
     scheduler.check()
     fitted = _models(path, scenarios, {"iterations_log": iterations_log, "unprofiled_log": unprofiled_log,
                                        "baseline": baseline, "cost_model": cost_model})
-    curves = []
-    for name, model in fitted.models:
-        points = []
-        for rate in rates:
-            s = fitted.simulate(model, workload, scheduler, dit, float(rate), slo_ttft_ms, slo_tpot_ms).summary
-            points.append({"rate_req_per_s": float(rate), **{k: s[k] for k in POINT_KEYS if k in s}})
-            if "latency_ms" in s:
-                points[-1]["e2e_ms"] = s["latency_ms"]
-        curves.append({"name": name, "iteration_model": model.to_dict(), "points": points})
-    return {"schema": SWEEP_SCHEMA, "source": fitted.source, "kind": fitted.kind, "workload": workload.describe(None),
-            "scheduler": fitted.scheduler_doc(scheduler, dit), "profiler_correction": fitted.factor,
-            "curves": curves}
+
+    def simulate(model: Model, rate: float) -> SimResult:
+        return fitted.simulate(model, workload, scheduler, dit, float(rate), slo_ttft_ms, slo_tpot_ms)
+
+    if fitted.kind == "llm":
+        return LlmSweepDocument(
+            source=fitted.source, workload=workload.describe(None), scheduler=_llm_scheduler(scheduler),
+            profiler_correction=fitted.factor,
+            curves=[LlmSweepCurve(name=name, iteration_model=_llm_model(model),  # type: ignore[arg-type]
+                                  points=[_llm_point(rate, simulate(model, rate)) for rate in rates])
+                    for name, model in fitted.models])
+    return DitSweepDocument(
+        source=fitted.source, workload=workload.describe(None), scheduler=dit.settings(fitted.log, scheduler.replicas),
+        profiler_correction=fitted.factor,
+        curves=[DitSweepCurve(name=name, iteration_model=_dit_model(model),  # type: ignore[arg-type]
+                              points=[_dit_point(rate, simulate(model, rate)) for rate in rates])
+                for name, model in fitted.models])
+
+
+# The simulator reports plain summaries (``SimResult.summary``); the documents are built from them here.
+
+def _opt(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _stats(values: Mapping[str, float | None]) -> LatencyStats:
+    return LatencyStats(mean=_opt(values["mean"]), p50=_opt(values["p50"]), p90=_opt(values["p90"]),
+                        p99=_opt(values["p99"]))
+
+
+def _slo(slo: Mapping[str, Any]) -> SloAttainment:
+    return SloAttainment(ttft_ms=_opt(slo["ttft_ms"]), tpot_ms=_opt(slo["tpot_ms"]),
+                         attainment=float(slo["attainment"]), goodput_req_per_s=_opt(slo["goodput_req_per_s"]))
+
+
+def _llm_scheduler(cfg: SchedulerConfig) -> LlmScheduler:
+    return LlmScheduler(policy=str(cfg.policy.value), max_seqs=cfg.max_seqs, max_batched_tokens=cfg.max_batched_tokens,
+                        chunk_tokens=cfg.chunk_tokens, kv_capacity_tokens=cfg.kv_capacity_tokens,
+                        kv_block_tokens=cfg.kv_block_tokens, replicas=cfg.replicas,
+                        prefill_replicas=cfg.prefill_replicas, kv_transfer_ns_per_token=cfg.kv_transfer_ns_per_token,
+                        router=str(cfg.router.value))
+
+
+def _llm_model(model: IterationModel) -> LlmIterationModel:
+    return LlmIterationModel(
+        loop_overhead_ns=float(model.loop_overhead_ns),
+        profiler_correction={p: ProfilerOffset(offset_ns=float(a), scale=float(b))
+                             for p, (a, b) in model.correction.items()},
+        phases={p: PhaseFitEntry(phase=f.phase, features=list(f.features), intercept_ns=float(f.intercept_ns),
+                                 coef={k: float(v) for k, v in f.coef.items()}, n=int(f.n), r2=float(f.r2),
+                                 mape=float(f.mape), loo_mape=float(f.loo_mape),
+                                 candidates={k: float(v) for k, v in f.candidates.items()})
+                for p, f in model.fits.items()})
+
+
+def _dit_model(model: DitStepModel) -> DitIterationModel:
+    return DitIterationModel(tokens_ref=int(model.tokens_ref), attention_ns=[float(v) for v in model.attn],
+                             rest_ns=[float(v) for v in model.rest], batch_overhead_ns=float(model.batch_overhead_ns),
+                             n=int(model.n), mape=float(model.mape), loo_mape=float(model.loo_mape),
+                             model_batches_seen=[int(b) for b in model.batches_seen],
+                             profiler_correction=float(model.factor))
+
+
+def _llm_serving(name: str, model: IterationModel, res: SimResult, requests: bool) -> LlmScenarioServing:
+    s = res.summary
+    return LlmScenarioServing(
+        name=name, num_requests=int(s["num_requests"]), duration_s=float(s["duration_s"]),
+        output_tokens=int(s["output_tokens"]), ttft_ms=_stats(s["ttft_ms"]), tpot_ms=_stats(s["tpot_ms"]),
+        e2e_ms=_stats(s["e2e_ms"]), queue_ms=_stats(s["queue_ms"]),
+        throughput_req_per_s=_opt(s["throughput_req_per_s"]),
+        throughput_tokens_per_s=_opt(s["throughput_tokens_per_s"]), total_tokens_per_s=_opt(s["total_tokens_per_s"]),
+        slo=_slo(s["slo"]), preemptions=int(s["preemptions"]), busy_fraction=_opt(s["busy_fraction"]),
+        iterations={k: int(v) for k, v in s["iterations"].items()}, iteration_model=_llm_model(model),
+        requests=[LlmRequest(id=int(r["id"]), replica=int(r["replica"]), arrival_s=float(r["arrival_s"]),
+                             prompt_tokens=int(r["prompt_tokens"]), output_tokens=int(r["output_tokens"]),
+                             queue_ms=float(r["queue_ms"]), ttft_ms=float(r["ttft_ms"]), tpot_ms=_opt(r["tpot_ms"]),
+                             e2e_ms=float(r["e2e_ms"]), preemptions=int(r["preemptions"]))
+                  for r in res.requests] if requests else UNSET)
+
+
+def _dit_serving(name: str, model: DitStepModel, res: SimResult, requests: bool) -> DitScenarioServing:
+    s = res.summary
+    return DitScenarioServing(
+        name=name, num_requests=int(s["num_requests"]), num_batches=int(s["num_batches"]),
+        duration_s=float(s["duration_s"]), throughput_req_per_s=_opt(s["throughput_req_per_s"]),
+        latency_ms=_stats(s["latency_ms"]), queue_ms=_stats(s["queue_ms"]), service_ms=_stats(s["service_ms"]),
+        step_ms_at_full_batch=float(s["step_ms_at_full_batch"]), busy_fraction=_opt(s["busy_fraction"]),
+        iteration_model=_dit_model(model), e2e_ms=_stats(s["latency_ms"]),
+        requests=[DitRequest(id=int(r["id"]), arrival_s=float(r["arrival_s"]), queue_ms=float(r["queue_ms"]),
+                             service_ms=float(r["service_ms"]), latency_ms=float(r["latency_ms"]))
+                  for r in res.requests] if requests else UNSET)
+
+
+def _llm_point(rate: float, res: SimResult) -> LlmSweepPoint:
+    s = res.summary
+    return LlmSweepPoint(rate_req_per_s=float(rate), ttft_ms=_stats(s["ttft_ms"]), tpot_ms=_stats(s["tpot_ms"]),
+                         e2e_ms=_stats(s["e2e_ms"]), queue_ms=_stats(s["queue_ms"]),
+                         throughput_tokens_per_s=_opt(s["throughput_tokens_per_s"]),
+                         throughput_req_per_s=_opt(s["throughput_req_per_s"]),
+                         busy_fraction=_opt(s["busy_fraction"]), slo=_slo(s["slo"]))
+
+
+def _dit_point(rate: float, res: SimResult) -> DitSweepPoint:
+    s = res.summary
+    return DitSweepPoint(rate_req_per_s=float(rate), latency_ms=_stats(s["latency_ms"]),
+                         queue_ms=_stats(s["queue_ms"]), throughput_req_per_s=_opt(s["throughput_req_per_s"]),
+                         busy_fraction=_opt(s["busy_fraction"]), e2e_ms=_stats(s["latency_ms"]))

@@ -144,14 +144,14 @@ def register(app: dash.Dash) -> None:
         if not spec["transform"]:
             raise ValueError("the scenario has no transforms: add one first")
         doc = run.quick_document(_checked(spec))
-        changes = [{"transform": c["transform"], "action": c["action"], "tasks": c["tasks"],
-                    "before ms": ms(c["before_ns"]), "after ms": ms(c["after_ns"]), "reason": c["reason"]}
-                   for c in doc["changes"]]
+        changes = [{"transform": c.transform, "action": c.action, "tasks": c.tasks,
+                    "before ms": ms(c.before_ns), "after ms": ms(c.after_ns), "reason": c.reason}
+                   for c in doc.changes]
         result = html.Div([
-            html.Div([card("baseline mean step (ms)", f"{doc['baseline_mean_step_ns'] / 1e6:,.3f}"),
-                      card("predicted mean step (ms)", f"{doc['mean_step_ns'] / 1e6:,.3f}", id="wb-mean"),
-                      card("speedup", f"{doc['speedup']:.3f}x", id="wb-speedup")], className="cards"),
-            dcc.Graph(id="wb-waterfall", figure=figures.waterfall_figure(doc["baseline_mean_step_ns"], doc)),
+            html.Div([card("baseline mean step (ms)", f"{doc.baseline_mean_step_ns / 1e6:,.3f}"),
+                      card("predicted mean step (ms)", f"{doc.mean_step_ns / 1e6:,.3f}", id="wb-mean"),
+                      card("speedup", f"{doc.speedup:.3f}x", id="wb-speedup")], className="cards"),
+            dcc.Graph(id="wb-waterfall", figure=figures.waterfall_figure(doc.baseline_mean_step_ns, doc)),
             html.H4("Changed tasks (change log)"), table("wb-changes", changes, page_size=8),
         ])
         return result, spec
@@ -164,12 +164,12 @@ def register(app: dash.Dash) -> None:
         if not spec:
             raise dash.exceptions.PreventUpdate
         doc = get_store().get(run_id).prediction([spec])
-        sc = doc["scenarios"][0]
+        sc = doc.scenarios[0]
         return (html.Div([
             html.H4("New critical path"),
             html.Div([dcc.Graph(id="wb-cp-compare", figure=figures.scenario_breakdown_figure(doc)),
                       dcc.Graph(id="wb-cp-steps", figure=figures.breakdown_figure(
-                          sc["critical_path"], title=f"{sc['name']}: critical path per step"))], className="row"),
+                          sc.critical_path, title=f"{sc.name}: critical path per step"))], className="row"),
         ]),)
 
     @app.callback(Output("wb-download", "data"), Output("wb-saved", "children"), Output("wb-save-error", "children"),

@@ -11,6 +11,7 @@ import dash
 from dash import Input, Output, State, dcc, html
 
 from whatif import figures
+from whatif.documents import DitScenarioServing, LlmScenarioServing, LlmScheduler, mean_breakdown_ns
 from whatif.predictors.serving.logs import read_log
 from whatif.serving import Workload
 
@@ -85,24 +86,37 @@ def serving_body(run_id: str | None, names: list[str], rate: float | None) -> ht
     assert workload.rate is not None
     rates = [round(workload.rate * f, 6) for f in SWEEP_FACTORS]
     doc, curves = run.serving([run.scenarios[n] for n in names], workload, rates)
-    llm = doc["kind"] == "llm"
-    rows = []
-    for s in doc["scenarios"]:
-        row: dict[str, Any] = {"scenario": s["name"]}
-        row.update({label: round(s[k][q], 3) for label, k, q in (LLM_COLUMNS if llm else DIT_COLUMNS)})
-        if llm:
-            row["out tok/s"] = round(s["throughput_tokens_per_s"], 1)
-        row["req/s"] = round(s["throughput_req_per_s"], 3)
-        rows.append(row)
-    w = doc["workload"]
+    rows = [_serving_row(s) for s in doc.scenarios]
+    w = doc.workload
+    prompt, output = w.prompt_tokens, w.output_tokens
+    assert isinstance(prompt, tuple) and isinstance(output, tuple)  # a drawn workload, not a file
+    policy = doc.scheduler.policy if isinstance(doc.scheduler, LlmScheduler) else "dit"
     return html.Div([
-        html.P(f"Predicted with whatif serve: {w['arrivals']} arrivals at {w['rate_req_per_s']:g} req/s x "
-               f"{w['num_requests']} requests, prompt {w['prompt_tokens'][0]}-{w['prompt_tokens'][1]} and output "
-               f"{w['output_tokens'][0]}-{w['output_tokens'][1]} tokens, {doc['scheduler'].get('policy', 'dit')} "
+        html.P(f"Predicted with whatif serve: {w.arrivals} arrivals at {w.rate_req_per_s:g} req/s x "
+               f"{w.num_requests} requests, prompt {prompt[0]}-{prompt[1]} and output "
+               f"{output[0]}-{output[1]} tokens, {policy} "
                f"scheduler; curves over {', '.join(f'{r:g}' for r in rates)} req/s.", className="note"),
         table("cmp-serving-table", rows, page_size=20),
         dcc.Graph(id="cmp-serving-curves", figure=figures.serving_curves_figure(curves).update_layout(legend_y=-0.25)),
     ])
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _serving_row(s: LlmScenarioServing | DitScenarioServing) -> dict[str, Any]:
+    """One row of the serving table."""
+    row: dict[str, Any] = {"scenario": s.name}
+    if isinstance(s, LlmScenarioServing):
+        stats = [(s.ttft_ms, "mean"), (s.ttft_ms, "p99"), (s.tpot_ms, "mean"), (s.tpot_ms, "p99"), (s.e2e_ms, "mean")]
+        row.update({label: _round(st.get(q), 3) for (label, _, _), (st, q) in zip(LLM_COLUMNS, stats)})  # type: ignore[arg-type]
+        row["out tok/s"] = _round(s.throughput_tokens_per_s, 1)
+    else:
+        stats = [(s.latency_ms, "mean"), (s.latency_ms, "p99"), (s.queue_ms, "mean")]
+        row.update({label: _round(st.get(q), 3) for (label, _, _), (st, q) in zip(DIT_COLUMNS, stats)})  # type: ignore[arg-type]
+    row["req/s"] = _round(s.throughput_req_per_s, 3)
+    return row
 
 
 def body(run_id: str | None, names: list[str]) -> html.Div:
@@ -111,16 +125,8 @@ def body(run_id: str | None, names: list[str]) -> html.Div:
     if missing:
         raise KeyError(f"no scenario {missing[0]!r} on this run")
     doc = run.prediction([run.scenarios[n] for n in names])
-    base_paths = doc["baseline"]["critical_path"]
-
-    def mean(paths: list[dict[str, Any]]) -> dict[str, int]:
-        cats = paths[0]["breakdown_ns"] if paths else {}
-        return {c: sum(p["breakdown_ns"][c] for p in paths) // max(len(paths), 1) for c in cats}
-
-    rows = [{"scenario": "baseline", "mean step ms": ms(doc["baseline"]["mean_step_ns"]), "speedup": 1.0,
-             **breakdown_row(mean(base_paths))}]
-    rows += [{"scenario": s["name"], "mean step ms": ms(s["mean_step_ns"]), "speedup": round(s["speedup"], 4),
-              **breakdown_row(mean(s["critical_path"]))} for s in doc["scenarios"]]
+    rows = [{"scenario": r.name, "mean step ms": ms(r.mean_step_ns), "speedup": round(r.speedup, 4),
+             **breakdown_row({c: int(v) for c, v in mean_breakdown_ns(r.critical_path).items()})} for r in doc.rows()]
     return html.Div([
         html.Div(table("cmp-table", rows, page_size=20), className="panel"),
         html.Div([html.Div(dcc.Graph(id="cmp-means", figure=figures.scenarios_figure(doc)), className="panel"),

@@ -8,6 +8,7 @@ import dash
 from dash import Input, Output, dcc, html
 
 from whatif import figures
+from whatif.documents import TopEntry
 
 from ..derive import phase_rows
 from ..layout import card, error_box, guarded, loading, ms, table
@@ -19,45 +20,44 @@ def layout(**_: Any) -> html.Div:
     return html.Div([html.H2("Overview"), error_box("ov-error"), loading(html.Div(id="ov-body"), id="ov-loading")])
 
 
-def _top(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"name": r["name"], "count": r["count"], "GPU ms": ms(r["gpu_ns"]), "CPU ms": ms(r["cpu_ns"])}
-            for r in rows]
+def _top(rows: list[TopEntry]) -> list[dict[str, Any]]:
+    return [{"name": r.name, "count": r.count, "GPU ms": ms(r.gpu_ns), "CPU ms": ms(r.cpu_ns)} for r in rows]
 
 
 def body(run_id: str | None) -> html.Div:
     """The page for one run, from its analysis document."""
     run = get_store().get(run_id)
     doc = run.doc
-    steps = doc["steps"]
-    n = max(len(steps), 1)
-    fid = doc["fidelity"]
-    device = ", ".join(sorted({r["gpu"] or "GPU unknown" for r in doc["ranks"]}))
+    steps = doc.steps
+    fid = doc.fidelity
+    device = ", ".join(sorted({r.gpu or "GPU unknown" for r in doc.ranks}))
     cards = html.Div([
-        card("run", run.label), card("device", device), card("ranks", len(doc["ranks"])),
-        card("steps", len(steps), id="ov-steps-count"), card("tasks", f"{doc['tasks']:,}", id="ov-tasks"),
-        card("edges", f"{doc['edges']:,}", id="ov-edges"),
-        card("mean step measured (ms)", f"{sum(s['measured_ns'] for s in steps) / n / 1e6:,.3f}", id="ov-measured"),
-        card("mean step replayed (ms)", f"{sum(s['predicted_ns'] for s in steps) / n / 1e6:,.3f}", id="ov-replayed"),
+        card("run", run.label), card("device", device), card("ranks", len(doc.ranks)),
+        card("steps", len(steps), id="ov-steps-count"), card("tasks", f"{doc.tasks:,}", id="ov-tasks"),
+        card("edges", f"{doc.edges:,}", id="ov-edges"),
+        card("mean step measured (ms)", f"{doc.mean_measured_step_ns / 1e6:,.3f}", id="ov-measured"),
+        card("mean step replayed (ms)", f"{doc.mean_predicted_step_ns / 1e6:,.3f}", id="ov-replayed"),
         card("replay error median / worst",
-             "n/a" if fid["median_abs_error"] is None else
-             f"{fid['median_abs_error'] * 100:.2f}% / {fid['max_abs_error'] * 100:.2f}%", id="ov-error-pct"),
+             "n/a" if fid.median_abs_error is None or fid.max_abs_error is None else
+             f"{fid.median_abs_error * 100:.2f}% / {fid.max_abs_error * 100:.2f}%", id="ov-error-pct"),
     ], className="cards")
-    step_rows = [{"rank": s["rank"], "step": s["step"], "measured ms": ms(s["measured_ns"]),
-                  "replayed ms": ms(s["predicted_ns"]), "error %": round(s["error"] * 100, 3),
-                  **{f"{c} ms": ms(cp["breakdown_ns"][c]) for c in cp["breakdown_ns"]}}
-                 for s, cp in zip(steps, doc["critical_path"])]
-    phases = phase_rows(run.analysis.graph, doc["critical_path"])
+    step_rows = [{"rank": s.rank, "step": s.step, "measured ms": ms(s.measured_ns),
+                  "replayed ms": ms(s.predicted_ns), "error %": round(s.error * 100, 3),
+                  **{f"{c} ms": ms(v) for c, v in cp.breakdown_ns.items()}}
+                 for s, cp in zip(steps, doc.critical_path)]
+    phases = phase_rows(run.analysis.graph, doc.critical_path)
     return html.Div([
         cards,
-        html.Div([html.Div(dcc.Graph(id="ov-fidelity", figure=figures.step_times_figure(doc)), className="panel"),
-                  html.Div(dcc.Graph(id="ov-breakdown", figure=figures.breakdown_figure(doc["critical_path"])),
+        html.Div([html.Div(dcc.Graph(id="ov-fidelity", figure=figures.step_times_figure(doc.steps)), className="panel"),
+                  html.Div(dcc.Graph(id="ov-breakdown", figure=figures.breakdown_figure(doc.critical_path)),
                            className="panel")], className="row"),
         html.Div([html.Div(dcc.Graph(id="ov-phases", figure=figures.phase_breakdown_figure(phases)), className="panel"),
                   html.Div([html.H4("Steps"), table("ov-steps", step_rows, page_size=10)], className="panel")],
                  className="row"),
-        html.Div([html.Div([html.H4(title), table(f"ov-{key}", _top(doc[key]), page_size=10)], className="panel")
-                  for key, title in (("top_kernels", "Top kernels"), ("top_ops", "Top ops"),
-                                     ("top_layers", "Top layers"))], className="row"),
+        html.Div([html.Div([html.H4(title), table(f"ov-{key}", _top(rows), page_size=10)], className="panel")
+                  for key, rows, title in (("top_kernels", doc.top_kernels, "Top kernels"),
+                                           ("top_ops", doc.top_ops, "Top ops"),
+                                           ("top_layers", doc.top_layers, "Top layers"))], className="row"),
     ])
 
 

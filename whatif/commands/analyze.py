@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import orjson
-
 from whatif.api import analyze
+from whatif.documents import write_json
 from whatif.summary import analysis_document, console, render_text
 from whatif.tracer.readers import accepted
 
@@ -22,8 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     doc = analysis_document(analyze(args.path), top=args.top)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        write_json(args.json, doc)
     if not args.quiet:
         render_text(doc, console())
         if args.json:

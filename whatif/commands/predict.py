@@ -6,9 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import orjson
-
 from whatif.api import predict
+from whatif.documents import write_json
 from whatif.predictors.cost_models import CostConfig
 from whatif.summary import console, prediction_document, render_prediction
 from whatif.transforms.scenario import load_scenario
@@ -30,8 +29,7 @@ def run(args: argparse.Namespace) -> int:
     scenarios = [load_scenario(p) for p in args.scenario]  # validate every file before the slow part
     doc = prediction_document(predict(args.path, scenarios, cost_model=cost.cost_model))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        write_json(args.json, doc)
     if not args.quiet:
         render_prediction(doc, console())
     return 0

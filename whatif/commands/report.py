@@ -62,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
     report = write_report(prediction, args.out, formats, thresholds, args.baseline, limit,
                           step_summary=not args.no_step_summary, serving=serving)
     if not args.quiet:
-        for row in report.document["rows"]:
-            print(f"{row['name']}: {row['mean_step_ns'] / 1e6:,.3f} ms, {row['speedup']:.3f}x")
+        for row in report.document.rows:
+            print(f"{row.name}: {row.mean_step_ns / 1e6:,.3f} ms, {row.speedup:.3f}x")
         for _fmt, path in report.files.items():
             print(f"wrote {path}")
     for line in report.failures:

@@ -10,10 +10,18 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import orjson
 from rich.console import Console
 from rich.table import Table
 
+from whatif.documents import (
+    DitScenarioServing,
+    LatencyStats,
+    LlmScenarioServing,
+    LlmServingDocument,
+    ServingDocument,
+    Stat,
+    write_json,
+)
 from whatif.predictors.cost_models import CostConfig
 from whatif.predictors.serving.simulator import SchedulerConfig
 from whatif.serving import DitOptions, Workload, serve
@@ -70,11 +78,6 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             "baseline": not args.no_baseline, "cost_model": from_args(CostConfig, args).cost_model}
 
 
-def write_json(path: Path, doc: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-
-
 def run(args: argparse.Namespace) -> int:
     doc = serve(args.path, args.scenario, workload(args), requests=args.requests, **options(args))
     if args.json:
@@ -84,43 +87,52 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _f(v: float | None, fmt: str = "{:.2f}") -> str:
+def cell(v: float | None, fmt: str = "{:.2f}") -> str:
+    """A table cell: ``v`` formatted, ``-`` when missing."""
     return "-" if v is None else fmt.format(v)
 
 
-def render(doc: dict[str, Any], console: Console) -> None:
+def _stat_cells(stats: list[tuple[LatencyStats, Stat]]) -> list[str]:
+    return [cell(s.get(q)) for s, q in stats]
+
+
+def _llm_row(s: LlmScenarioServing) -> list[str]:
+    return [*_stat_cells([(s.ttft_ms, "mean"), (s.ttft_ms, "p99"), (s.tpot_ms, "mean"), (s.tpot_ms, "p99"),
+                          (s.e2e_ms, "mean"), (s.e2e_ms, "p99")]),
+            cell(s.throughput_tokens_per_s, "{:.0f}"), cell(s.throughput_req_per_s), cell(s.busy_fraction, "{:.0%}")]
+
+
+def _dit_row(s: DitScenarioServing) -> list[str]:
+    return [*_stat_cells([(s.latency_ms, "mean"), (s.latency_ms, "p50"), (s.latency_ms, "p99"), (s.queue_ms, "mean"),
+                          (s.service_ms, "mean")]),
+            cell(s.throughput_req_per_s), cell(s.busy_fraction, "{:.0%}")]
+
+
+def render(doc: ServingDocument, console: Console) -> None:
     """One table of scenarios, then each iteration model's fit quality."""
-    w = doc["workload"]
-    where = w.get("file") or f"{w['arrivals']} {w['rate_req_per_s']} req/s x {w['num_requests']}"
-    console.print(f"[bold]{doc['source']}[/bold] ({doc['kind']}), workload: {where}")
+    w = doc.workload
+    where = w.file if isinstance(w.file, str) else f"{w.arrivals} {w.rate_req_per_s} req/s x {w.num_requests}"
+    llm = isinstance(doc, LlmServingDocument)
+    console.print(f"[bold]{doc.source}[/bold] ({doc.kind}), workload: {where}")
     table = Table(title="Predicted serving metrics per scenario", title_justify="left")
     table.add_column("scenario", overflow="ellipsis", no_wrap=True, max_width=32)
-    if doc["kind"] == "llm":
-        cols = [("TTFT mean", "ttft_ms", "mean"), ("TTFT p99", "ttft_ms", "p99"), ("TPOT mean", "tpot_ms", "mean"),
-                ("TPOT p99", "tpot_ms", "p99"), ("e2e mean", "e2e_ms", "mean"), ("e2e p99", "e2e_ms", "p99")]
-    else:
-        cols = [("latency mean", "latency_ms", "mean"), ("latency p50", "latency_ms", "p50"),
-                ("latency p99", "latency_ms", "p99"), ("queue mean", "queue_ms", "mean"),
-                ("service mean", "service_ms", "mean")]
-    for label, _, _ in cols:
+    labels = (["TTFT mean", "TTFT p99", "TPOT mean", "TPOT p99", "e2e mean", "e2e p99"] if llm
+              else ["latency mean", "latency p50", "latency p99", "queue mean", "service mean"])
+    for label in labels:
         table.add_column(f"{label} ms", justify="right", no_wrap=True)
-    extra = ["out tok/s", "req/s", "busy"] if doc["kind"] == "llm" else ["req/s", "busy"]
-    for e in extra:
+    for e in ["out tok/s", "req/s", "busy"] if llm else ["req/s", "busy"]:
         table.add_column(e, justify="right", no_wrap=True)
-    for s in doc["scenarios"]:
-        vals = [_f(s[k][q]) for _, k, q in cols]
-        tail = ([_f(s["throughput_tokens_per_s"], "{:.0f}")] if doc["kind"] == "llm" else []) + \
-            [_f(s["throughput_req_per_s"]), _f(s["busy_fraction"], "{:.0%}")]
-        table.add_row(s["name"], *vals, *tail)
+    for s in doc.scenarios:
+        table.add_row(s.name, *(_llm_row(s) if isinstance(s, LlmScenarioServing) else _dit_row(s)))
     console.print(table)
-    for s in doc["scenarios"]:
-        m = s["iteration_model"]
-        if doc["kind"] == "llm":
-            parts = [f"{p}: {'+'.join(f['features']) or 'constant'} (n={f['n']}, R²={f['r2']:.2f}, "
-                     f"MAPE {f['mape']:.1%}, LOO {f['loo_mape']:.1%})" for p, f in m["phases"].items()]
+    for s in doc.scenarios:
+        if isinstance(s, LlmScenarioServing):
+            parts = [f"{p}: {'+'.join(f.features) or 'constant'} (n={f.n}, R²={f.r2:.2f}, "
+                     f"MAPE {f.mape:.1%}, LOO {f.loo_mape:.1%})" for p, f in s.iteration_model.phases.items()]
         else:
-            parts = [f"denoise step at model batches {m['model_batches_seen']} (n={m['n']}, MAPE {m['mape']:.1%}, "
-                     f"LOO {m['loo_mape']:.1%})"]
-        console.print(f"  {s['name']} iteration model: " + "; ".join(parts))
-    if doc.get("profiler_correction") is not None:
-        console.print(f"  profiler-overhead correction applied: {doc['profiler_correction']}")
+            m = s.iteration_model
+            parts = [f"denoise step at model batches {m.model_batches_seen} (n={m.n}, MAPE {m.mape:.1%}, "
+                     f"LOO {m.loo_mape:.1%})"]
+        console.print(f"  {s.name} iteration model: " + "; ".join(parts))
+    if doc.profiler_correction is not None:
+        console.print(f"  profiler-overhead correction applied: {doc.profiler_correction}")

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from whatif.documents import LlmSweepPoint, SweepDocument, write_json
 from whatif.serving import sweep
 from whatif.summary import console
 
-from .serve import add_common_arguments, options, workload, write_json
+from .serve import add_common_arguments, cell, options, workload
 
 
 def _rates(text: str) -> list[float]:
@@ -48,20 +48,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def render(doc: dict[str, Any], console: Console) -> None:
-    llm = doc["kind"] == "llm"
-    table = Table(title=f"{doc['source']}: latency vs load", title_justify="left")
+def render(doc: SweepDocument, console: Console) -> None:
+    llm = doc.kind == "llm"
+    table = Table(title=f"{doc.source}: latency vs load", title_justify="left")
     for c in ["scenario", "rate req/s", "req/s"] + (["out tok/s", "TTFT mean ms", "TTFT p99 ms", "TPOT mean ms",
                                                     "TPOT p99 ms"] if llm else ["latency mean ms", "latency p99 ms"]) \
             + ["busy"]:
         table.add_column(c, justify="left" if c == "scenario" else "right", no_wrap=True)
-    for c in doc["curves"]:
-        for p in c["points"]:
-            def f(v: float | None, fmt: str = "{:.2f}") -> str:
-                return "-" if v is None else fmt.format(v)
-            vals = ([f(p["throughput_tokens_per_s"], "{:.0f}"), f(p["ttft_ms"]["mean"]), f(p["ttft_ms"]["p99"]),
-                     f(p["tpot_ms"]["mean"]), f(p["tpot_ms"]["p99"])] if llm
-                    else [f(p["latency_ms"]["mean"]), f(p["latency_ms"]["p99"])])
-            table.add_row(c["name"], f"{p['rate_req_per_s']:g}", f(p["throughput_req_per_s"]), *vals,
-                          f(p["busy_fraction"], "{:.0%}"))
+    for curve in doc.curves:
+        for p in curve.points:
+            vals = ([cell(p.throughput_tokens_per_s, "{:.0f}"), cell(p.ttft_ms.get("mean")), cell(p.ttft_ms.get("p99")),
+                     cell(p.tpot_ms.get("mean")), cell(p.tpot_ms.get("p99"))] if isinstance(p, LlmSweepPoint)
+                    else [cell(p.latency_ms.get("mean")), cell(p.latency_ms.get("p99"))])
+            table.add_row(curve.name, f"{p.rate_req_per_s:g}", cell(p.throughput_req_per_s), *vals,
+                          cell(p.busy_fraction, "{:.0%}"))
     console.print(table)

@@ -8,17 +8,16 @@ document) to the report document and its files.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from whatif.api import Prediction
+from whatif.documents import PredictionDocument, ReportDocument, RowServing, to_json
 from whatif.summary import analysis_document, prediction_document
 
-from .document import ReportError, failures, load_report, load_serving, report_document
+from .document import ReportError, failures, load_report, load_serving, report_document, serving_by_row
 from .html import render_html
 from .junit import render_junit
 from .markdown import render_markdown
@@ -32,17 +31,17 @@ FILE_NAMES = {"md": "report.md", "json": "report.json", "html": "report.html", "
 class Report:
     """A written report: the ``whatif.report`` document and the files, by format."""
 
-    document: dict[str, Any]
+    document: ReportDocument
     files: dict[str, Path] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
-        return self.document["status"] == "passed"
+        return self.document.status == "passed"
 
     @property
     def failures(self) -> list[str]:
         """One line per failed check: ``<check>: <values>``."""
-        return [f"{c['name']} ({c['message']})" for c in failures(self.document)]
+        return [f"{c.name} ({c.message})" for c in failures(self.document)]
 
 
 def parse_formats(text: str | Iterable[str]) -> list[str]:
@@ -72,50 +71,54 @@ def parse_percent(text: str | float) -> float:
     return value
 
 
-def _prediction_doc(prediction: Prediction) -> dict[str, Any]:
+def _prediction_doc(prediction: Prediction) -> PredictionDocument:
     """``prediction_document(prediction)``, computed once per prediction (the critical paths of
-    every scenario step are the slow part) and returned as a fresh copy each time."""
+    every scenario step are the slow part); the document is immutable, so it is shared."""
     key = tuple(id(r) for r in prediction.scenarios)
     cached = prediction.__dict__.get("_report_document")
     if cached is None or cached[0] != key:
-        cached = (key, orjson.dumps(prediction_document(prediction)))
+        cached = (key, prediction_document(prediction))
         prediction.__dict__["_report_document"] = cached
-    return orjson.loads(cached[1])
+    return cached[1]  # type: ignore[no-any-return]
 
 
-def build_report(prediction: Prediction | dict[str, Any], fail_if: Sequence[str | Threshold] = (),
-                 baseline: str | Path | dict[str, Any] | None = None,
+Serving = str | Path | Mapping[str, RowServing | Mapping[str, Any]]
+
+
+def build_report(prediction: Prediction | PredictionDocument, fail_if: Sequence[str | Threshold] = (),
+                 baseline: str | Path | ReportDocument | PredictionDocument | None = None,
                  max_regression: str | float | None = None, top: int = 10,
-                 serving: str | Path | dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                 serving: Serving | None = None) -> ReportDocument:
     """The ``whatif.report`` document of a prediction (a :class:`Prediction` or a
     ``whatif.prediction`` document), with the ``fail_if`` thresholds and, given a baseline report
     (path or document) and ``max_regression`` (``"5%"``), the regression checks. ``serving``:
-    TTFT/TPOT statistics per row name, ``{"baseline": {"ttft_ms": {"mean": ..., "p99": ...}}}``, or
-    the path of a ``whatif serve --json`` document made with the same scenarios."""
+    TTFT/TPOT statistics per row name, ``{"baseline": {"ttft_ms": {"mean": ..., "p99": ...}}}`` (or
+    :class:`~whatif.documents.RowServing` values), or the path of a ``whatif serve --json`` document
+    made with the same scenarios."""
     thresholds = [parse(t) if isinstance(t, str) else t for t in fail_if]  # usage errors before any work
     limit = None if max_regression is None else parse_percent(max_regression)
-    if isinstance(serving, (str, Path)):
-        serving = load_serving(serving)
+    rows = load_serving(serving) if isinstance(serving, (str, Path)) else serving_by_row(serving) if serving else None
     base_path = str(baseline) if isinstance(baseline, (str, Path)) else None
     base_doc = load_report(baseline) if isinstance(baseline, (str, Path)) else baseline
     if isinstance(prediction, Prediction):
         pred_doc, analysis = _prediction_doc(prediction), analysis_document(prediction.baseline, top=top)
     else:
         pred_doc, analysis = prediction, None
-    return report_document(pred_doc, analysis, thresholds, base_doc, limit, base_path, serving)
+    return report_document(pred_doc, analysis, thresholds, base_doc, limit, base_path, rows)
 
 
-def render(report: dict[str, Any], fmt: str) -> str:
+def render(report: ReportDocument, fmt: str) -> str:
     """One format of a report document as text."""
     if fmt == "json":
-        return orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n"
+        return to_json(report) + "\n"
     return {"md": render_markdown, "html": render_html, "junit": render_junit}[fmt](report)
 
 
-def write_report(prediction: Prediction | dict[str, Any], out_dir: str | Path = "whatif-report",
+def write_report(prediction: Prediction | PredictionDocument, out_dir: str | Path = "whatif-report",
                  formats: str | Iterable[str] = FORMATS, fail_if: Sequence[str | Threshold] = (),
-                 baseline: str | Path | dict[str, Any] | None = None, max_regression: str | float | None = None,
-                 step_summary: bool = True, serving: str | Path | dict[str, dict[str, Any]] | None = None) -> Report:
+                 baseline: str | Path | ReportDocument | PredictionDocument | None = None,
+                 max_regression: str | float | None = None, step_summary: bool = True,
+                 serving: Serving | None = None) -> Report:
     """Build the report and write ``report.md``, ``report.json``, ``report.html`` and/or
     ``junit.xml`` into ``out_dir``. With ``step_summary`` and ``$GITHUB_STEP_SUMMARY`` set, the
     Markdown is appended there too. Returns the document and the paths; check ``.passed``."""

@@ -12,6 +12,7 @@ import pandas as pd
 from whatif import __version__
 from whatif.api import Analysis
 from whatif.core.kernels import classify_kernel
+from whatif.documents import PredictionDocument, ReportDocument
 from whatif.summary import GPU_KINDS
 
 from .document import CATEGORIES, prediction_of
@@ -74,25 +75,25 @@ def _classes(frame: pd.DataFrame) -> dict[str, int]:
     return {str(k): int(round(v)) for k, v in frame.groupby(cls)["ns"].sum().items()}
 
 
-def compare_prediction(prediction: dict[str, Any], before: dict[str, Any], after: dict[str, Any],
-                       after_path: dict[str, int]) -> dict[str, Any]:
+def compare_prediction(prediction: ReportDocument | PredictionDocument, before: dict[str, Any],
+                       after: dict[str, Any], after_path: dict[str, int]) -> dict[str, Any]:
     """Each scenario's predicted mean step time and speedup against the measured *after* trace."""
     pred = prediction_of(prediction)
-    base = pred["baseline"]
-    measured = [s["measured_ns"] for s in base["steps"]]
-    same = [(s["rank"], s["step"], s["measured_ns"]) for s in base["steps"]] == \
+    base = pred.baseline
+    measured = [s.measured_ns for s in base.steps]
+    same = [(s.rank, s.step, s.measured_ns) for s in base.steps] == \
         [(s["rank"], s["step"], s["measured_ns"]) for s in before["steps"]]
     actual = after["mean_ns"] / before["mean_ns"] if after["mean_ns"] else 0.0
     out = []
-    for s in pred["scenarios"]:
-        paths = s["critical_path"]
+    for s in pred.scenarios:
+        paths = s.critical_path
         n = max(len(paths), 1)
-        predicted_path = {c: int(round(sum(p["breakdown_ns"].get(c, 0) for p in paths) / n)) for c in CATEGORIES}
+        predicted_path = {c: int(round(sum(p.breakdown_ns.get(c, 0) for p in paths) / n)) for c in CATEGORIES}
         # the scenario's speedup applied to the measured before: what whatif promised for after
-        promised_ns = int(round(before["mean_ns"] / s["speedup"])) if s["speedup"] else 0
+        promised_ns = int(round(before["mean_ns"] / s.speedup)) if s.speedup else 0
         out.append({
-            "name": s["name"],
-            "predicted_speedup": s["speedup"],
+            "name": s.name,
+            "predicted_speedup": s.speedup,
             "actual_speedup": round(1 / actual, 6) if actual else None,
             "predicted_step_ns": promised_ns,
             "actual_step_ns": after["mean_ns"],
@@ -100,11 +101,12 @@ def compare_prediction(prediction: dict[str, Any], before: dict[str, Any], after
             "critical_path": [{"category": c, "predicted_ns": predicted_path[c], "actual_ns": after_path[c]}
                               for c in CATEGORIES],
         })
-    return {"source": pred["source"], "same_trace_as_before": same,
+    return {"source": pred.source, "same_trace_as_before": same,
             "baseline_measured_ns": int(sum(measured) / len(measured)) if measured else 0, "scenarios": out}
 
 
-def diff_document(before: Analysis, after: Analysis, prediction: dict[str, Any] | None = None, top: int = 10,
+def diff_document(before: Analysis, after: Analysis, prediction: ReportDocument | PredictionDocument | None = None,
+                  top: int = 10,
                   tolerance: float = 0.05) -> dict[str, Any]:
     """The ``whatif.diff`` v1 document. Kernel times are per step (``*_ns`` = measured GPU time per
     step, ``count_*`` = launches per step) so traces with different step counts compare;

@@ -4,123 +4,188 @@ baseline's top kernels/ops/layers. Key order and list order are fixed so CI can 
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
 
-import orjson
+import msgspec
 
 from whatif import __version__
 from whatif.core.errors import WhatifError
+from whatif.documents import (
+    PREDICTION_SCHEMA,
+    REPORT_SCHEMA,
+    AnalysisDocument,
+    BaselinePrediction,
+    BaselineReportRef,
+    Check,
+    Contributor,
+    DocumentError,
+    LatencyStats,
+    PathShift,
+    PredictionDocument,
+    ReportDocument,
+    ReportRow,
+    RowServing,
+    ScenarioPrediction,
+    StepBreakdown,
+    from_json,
+    mean_breakdown_ns,
+)
 
 from .thresholds import CheckResult, Threshold, evaluate
 
-SCHEMA = "whatif.report"
+R = TypeVar("R", BaselinePrediction, ScenarioPrediction)
+
 VERSION = 1
 CATEGORIES = ("cpu", "launch", "gpu", "comm", "sync", "idle")
+Row = BaselinePrediction | ScenarioPrediction
 
 
 class ReportError(WhatifError):
     """A report input that cannot be used (a usage or input error: exit 2)."""
 
 
-def _mean_breakdown(paths: list[dict[str, Any]]) -> dict[str, int]:
-    n = max(len(paths), 1)
-    cats = list(paths[0]["breakdown_ns"]) if paths else list(CATEGORIES)
-    return {c: int(round(sum(p["breakdown_ns"].get(c, 0) for p in paths) / n)) for c in cats}
+def _mean_breakdown(paths: list[StepBreakdown]) -> dict[str, int]:
+    mean = mean_breakdown_ns(paths) if paths else dict.fromkeys(CATEGORIES, 0.0)
+    return {c: int(round(v)) for c, v in mean.items()}
 
 
-def contributors(baseline_ns: int, scenario: dict[str, Any]) -> list[dict[str, Any]]:
+def contributors(baseline_ns: int, scenario: ScenarioPrediction) -> list[Contributor]:
     """Each transform's effect on the mean step time (ns, negative = faster), largest effect first."""
     out, prev = [], baseline_ns
-    for i, w in enumerate(scenario["waterfall"]):
-        out.append({"transform": w["transform"], "delta_ns": int(w["mean_step_ns"] - prev), "order": i})
-        prev = w["mean_step_ns"]
-    out.sort(key=lambda c: (-abs(c["delta_ns"]), c["order"]))
-    return [{"transform": c["transform"], "delta_ns": c["delta_ns"]} for c in out]
+    for i, w in enumerate(scenario.waterfall):
+        out.append((Contributor(transform=w.transform, delta_ns=int(w.mean_step_ns - prev)), i))
+        prev = w.mean_step_ns
+    out.sort(key=lambda c: (-abs(c[0].delta_ns), c[1]))
+    return [c for c, _ in out]
 
 
-def path_shift(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def path_shift(before: list[StepBreakdown], after: list[StepBreakdown]) -> list[PathShift]:
     """Mean critical-path time per category, after minus before (ns), largest change first."""
     b, a = _mean_breakdown(before), _mean_breakdown(after)
-    shift = [{"category": c, "delta_ns": a.get(c, 0) - b.get(c, 0)} for c in b]
-    return sorted(shift, key=lambda s: (-abs(s["delta_ns"]), list(b).index(s["category"])))
+    shift = [PathShift(category=c, delta_ns=a.get(c, 0) - b.get(c, 0)) for c in b]
+    return sorted(shift, key=lambda s: (-abs(s.delta_ns), list(b).index(s.category)))
 
 
-def _row(kind: str, entry: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
-    serving = entry.get("serving") or {}
-    is_base = kind == "baseline"
-    measured = [s["measured_ns"] for s in entry["steps"]] if is_base else []
-    return {
-        "name": "baseline" if is_base else entry["name"],
-        "kind": kind,
-        "mean_step_ns": int(entry["mean_step_ns"]),
-        "measured_step_ns": int(sum(measured) / len(measured)) if measured else None,
-        "speedup": 1.0 if is_base else entry["speedup"],
-        "ttft_ms": serving.get("ttft_ms"),
-        "tpot_ms": serving.get("tpot_ms"),
-        "contributors": [] if is_base else contributors(baseline["mean_step_ns"], entry),
-        "critical_path_shift": [] if is_base else path_shift(baseline["critical_path"], entry["critical_path"]),
-        "baseline_report_step_ns": None,
-    }
+def _serving_stats(entry: Row, metric: Literal["ttft_ms", "tpot_ms"]) -> LatencyStats | None:
+    return entry.serving.stats(metric) if isinstance(entry.serving, RowServing) else None
 
 
-def _check(c: CheckResult) -> dict[str, Any]:
-    status = "skipped" if c.failed is None else ("failed" if c.failed else "passed")
-    return {"kind": c.kind, "name": c.name, "status": status, "values": c.values, "message": c.message}
+def _row(entry: Row, baseline: BaselinePrediction, old: PredictionDocument | None) -> ReportRow:
+    is_base = isinstance(entry, BaselinePrediction)
+    measured = [s.measured_ns for s in entry.steps] if isinstance(entry, BaselinePrediction) else []
+    prev = old.row(entry.name) if old is not None else None
+    return ReportRow(
+        name=entry.name,
+        kind="baseline" if is_base else "scenario",
+        mean_step_ns=int(entry.mean_step_ns),
+        measured_step_ns=int(sum(measured) / len(measured)) if measured else None,
+        speedup=entry.speedup,
+        ttft_ms=_serving_stats(entry, "ttft_ms"),
+        tpot_ms=_serving_stats(entry, "tpot_ms"),
+        contributors=contributors(baseline.mean_step_ns, entry) if isinstance(entry, ScenarioPrediction) else [],
+        critical_path_shift=path_shift(baseline.critical_path, entry.critical_path)
+        if isinstance(entry, ScenarioPrediction) else [],
+        baseline_report_step_ns=int(prev.mean_step_ns) if prev is not None else None,
+    )
 
 
-def _read_json(path: Path, what: str) -> Any:
-    """The parsed JSON of ``path``; a missing or unreadable file is a one-line ReportError naming it."""
+def _check(c: CheckResult) -> Check:
+    status: Literal["passed", "failed", "skipped"] = "skipped" if c.failed is None else (
+        "failed" if c.failed else "passed")
+    return Check(kind=c.kind, name=c.name, status=status, values=c.values, message=c.message)
+
+
+def _read(path: Path, what: str, doc_type: object) -> Any:
+    """The document of ``doc_type`` in ``path``; a missing, unreadable or malformed file is a
+    one-line ReportError naming it."""
     try:
-        return orjson.loads(path.read_bytes())
+        text = path.read_bytes()
     except FileNotFoundError:
         raise ReportError(f"{path}: no such {what} file") from None
-    except (OSError, orjson.JSONDecodeError) as exc:
+    except OSError as exc:
         raise ReportError(f"{path}: not a JSON {what} document ({exc})") from None
+    try:
+        return from_json(text, doc_type)
+    except DocumentError as exc:
+        message = str(exc)
+        raise ReportError(f"{path}: not a JSON {what} document ({message.removeprefix('not JSON (')[:-1]})"
+                          if message.startswith("not JSON") else f"{path}: not a {what} document ({exc})") from None
 
 
-def load_report(path: str | Path) -> dict[str, Any]:
+class _Header(msgspec.Struct, frozen=True):
+    """What a document says it is."""
+
+    schema: str = ""
+    version: object = None
+
+
+def _header(path: Path, what: str, expected: str) -> _Header:
+    """The ``schema`` and ``version`` of the JSON document at ``path``; a file that is no JSON
+    object is a ReportError saying it is not an ``expected`` document."""
+    try:
+        head: _Header = _read(path, what, _Header)
+    except ReportError as exc:
+        if "not a JSON" in str(exc) or "no such" in str(exc):
+            raise
+        raise ReportError(f"{path}: not a {expected} document") from None
+    return head
+
+
+def load_report(path: str | Path) -> ReportDocument | PredictionDocument:
     """Read a ``whatif.report`` (or ``whatif.prediction``) JSON file; one-line errors name the file."""
     path = Path(path)
-    doc = _read_json(path, "report")
-    if not isinstance(doc, dict) or doc.get("schema") not in (SCHEMA, "whatif.prediction"):
+    head = _header(path, "report", "whatif.report or whatif.prediction")
+    if head.schema not in (REPORT_SCHEMA, PREDICTION_SCHEMA):
         raise ReportError(f"{path}: not a whatif.report or whatif.prediction document")
-    if doc.get("version") != VERSION:
-        raise ReportError(f"{path}: {doc['schema']} version {doc.get('version')!r} is not supported "
-                          f"(expected {VERSION})")
-    return doc
+    if head.version != VERSION:
+        raise ReportError(f"{path}: {head.schema} version {head.version!r} is not supported (expected {VERSION})")
+    return _read(path, head.schema, ReportDocument | PredictionDocument)  # type: ignore[no-any-return]
 
 
-def load_serving(path: str | Path) -> dict[str, dict[str, Any]]:
-    """TTFT/TPOT per scenario name (``"baseline"`` included) from a ``whatif serve --json`` document."""
+class _ServingRow(msgspec.Struct, frozen=True):
+    """What a report reads of a scenario of a ``whatif serve --json`` document."""
+
+    name: str
+    ttft_ms: LatencyStats | None = None
+    tpot_ms: LatencyStats | None = None
+
+
+class _ServingRows(msgspec.Struct, frozen=True):
+    scenarios: list[_ServingRow] = msgspec.field(default_factory=list)
+
+
+def load_serving(path: str | Path) -> dict[str, RowServing]:
+    """TTFT/TPOT per scenario name (``"baseline"`` included) from a ``whatif serve --json`` document
+    (only ``schema`` and the scenarios' ``name``, ``ttft_ms``, ``tpot_ms`` are read)."""
     path = Path(path)
-    doc = _read_json(path, "serving")
-    if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("whatif.serving"):
+    if not _header(path, "serving", "whatif.serving").schema.startswith("whatif.serving"):
         raise ReportError(f"{path}: not a whatif.serving document (write one with whatif serve --json)")
-    return {s["name"]: {k: s.get(k) for k in ("ttft_ms", "tpot_ms")} for s in doc.get("scenarios", [])}
+    doc: _ServingRows = _read(path, "whatif.serving", _ServingRows)
+    return {s.name: RowServing(ttft_ms=s.ttft_ms, tpot_ms=s.tpot_ms) for s in doc.scenarios}
 
 
-def prediction_of(doc: dict[str, Any]) -> dict[str, Any]:
+def prediction_of(doc: ReportDocument | PredictionDocument) -> PredictionDocument:
     """The ``whatif.prediction`` document inside a report (or the document itself)."""
-    return doc["prediction"] if doc.get("schema") == SCHEMA else doc
+    return doc.prediction if isinstance(doc, ReportDocument) else doc
 
 
-def regression_checks(prediction: dict[str, Any], baseline_report: dict[str, Any],
+def regression_checks(prediction: PredictionDocument, baseline_report: ReportDocument | PredictionDocument,
                       max_regression: float) -> list[CheckResult]:
     """One check per row (the baseline, then each scenario): mean step time may grow by at most
     ``max_regression`` (0.05 = 5 %) over the same row of ``baseline_report``."""
     old = prediction_of(baseline_report)
-    old_rows = {"baseline": old["baseline"], **{s["name"]: s for s in old["scenarios"]}}
-    rows = [("baseline", prediction["baseline"])] + [(s["name"], s) for s in prediction["scenarios"]]
     limit = f"{max_regression * 100:g}%"
     out = []
-    for name, entry in rows:
+    for entry in prediction.rows():
+        name = entry.name
         label = f"step_ms({name}) regression <= {limit}"
-        if name not in old_rows:
+        prev = old.row(name)
+        if prev is None:
             out.append(CheckResult("regression", label, None, {}, "not in the baseline report"))
             continue
-        before, now = old_rows[name]["mean_step_ns"], entry["mean_step_ns"]
+        before, now = prev.mean_step_ns, entry.mean_step_ns
         change = now / before - 1 if before > 0 else 0.0
         values = {"baseline_step_ms": round(before / 1e6, 6), "step_ms": round(now / 1e6, 6),
                   "change": round(change, 6)}
@@ -130,26 +195,36 @@ def regression_checks(prediction: dict[str, Any], baseline_report: dict[str, Any
     return out
 
 
-def with_serving(prediction: dict[str, Any], serving: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def serving_by_row(serving: Mapping[str, RowServing | Mapping[str, Any]]) -> dict[str, RowServing]:
+    """Serving metrics by row name, typed: each value a :class:`RowServing` or its JSON form
+    ``{"ttft_ms": {"mean": ..., "p99": ...}, "tpot_ms": {...}}`` (a ``DocumentError`` names a wrong key)."""
+    try:
+        return {name: s if isinstance(s, RowServing) else msgspec.convert(s, RowServing) for name, s in serving.items()}
+    except msgspec.ValidationError as exc:
+        raise ReportError(f"serving metrics: {exc}") from None
+
+
+def with_serving(prediction: PredictionDocument, serving: Mapping[str, RowServing]) -> PredictionDocument:
     """A copy of ``prediction`` whose baseline/scenarios carry ``serving`` metrics, given by row name
-    (``"baseline"`` or a scenario name) as ``{"ttft_ms": {"mean", "p50", "p90", "p99"}, "tpot_ms": {...}}``
-    (the statistics of ``whatif serve``). Names that are not rows are ignored; none matching is an error."""
-    names = ["baseline"] + [s["name"] for s in prediction["scenarios"]]
+    (``"baseline"`` or a scenario name; the statistics of ``whatif serve``). Names that are not rows
+    are ignored; none matching is an error."""
+    names = [r.name for r in prediction.rows()]
     if not set(serving) & set(names):
         raise ReportError(f"the serving metrics name none of the report's rows ({', '.join(names)}); "
                           f"they have {', '.join(sorted(serving)) or 'none'}")
 
-    def add(name: str, entry: dict[str, Any]) -> dict[str, Any]:
-        return {**entry, "serving": serving[name]} if name in serving else entry
+    def add(entry: R) -> R:
+        return msgspec.structs.replace(entry, serving=serving[entry.name]) if entry.name in serving else entry
 
-    return {**prediction, "baseline": add("baseline", prediction["baseline"]),
-            "scenarios": [add(s["name"], s) for s in prediction["scenarios"]]}
+    return msgspec.structs.replace(prediction, baseline=add(prediction.baseline),
+                                   scenarios=[add(s) for s in prediction.scenarios])
 
 
-def report_document(prediction: dict[str, Any], analysis: dict[str, Any] | None = None,
-                    thresholds: Sequence[Threshold | str] = (), baseline_report: dict[str, Any] | None = None,
+def report_document(prediction: PredictionDocument, analysis: AnalysisDocument | None = None,
+                    thresholds: Sequence[Threshold | str] = (),
+                    baseline_report: ReportDocument | PredictionDocument | None = None,
                     max_regression: float | None = None, baseline_path: str | None = None,
-                    serving: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                    serving: Mapping[str, RowServing] | None = None) -> ReportDocument:
     """The ``whatif.report`` v1 document.
 
     ``prediction``: a ``whatif.prediction`` document; ``analysis``: the baseline's
@@ -164,35 +239,27 @@ def report_document(prediction: dict[str, Any], analysis: dict[str, Any] | None 
         if baseline_report is None:
             raise ReportError("--max-regression needs --baseline REPORT.json")
         checks += regression_checks(prediction, baseline_report, max_regression)
-    base = prediction["baseline"]
-    rows = [_row("baseline", base, base)] + [_row("scenario", s, base) for s in prediction["scenarios"]]
-    if baseline_report is not None:
-        old = prediction_of(baseline_report)
-        old_rows = {"baseline": old["baseline"], **{s["name"]: s for s in old["scenarios"]}}
-        for r in rows:
-            prev = old_rows.get(r["name"])
-            r["baseline_report_step_ns"] = int(prev["mean_step_ns"]) if prev else None
+    base = prediction.baseline
+    old = prediction_of(baseline_report) if baseline_report is not None else None
+    rows = [_row(entry, base, old) for entry in prediction.rows()]
     failed = [c for c in checks if c.failed]
-    analysis = analysis or {}
-    return {
-        "schema": SCHEMA,
-        "version": VERSION,
-        "whatif_version": __version__,
-        "source": prediction["source"],
-        "device": prediction["device"],
-        "status": "failed" if failed else "passed",
-        "rows": rows,
-        "checks": [_check(c) for c in checks],
-        "baseline_report": None if baseline_report is None else {
-            "path": baseline_path, "source": baseline_report.get("source"), "max_regression": max_regression},
-        "fidelity": analysis.get("fidelity"),
-        "top_kernels": analysis.get("top_kernels", []),
-        "top_ops": analysis.get("top_ops", []),
-        "top_layers": analysis.get("top_layers", []),
-        "prediction": prediction,
-    }
+    return ReportDocument(
+        whatif_version=__version__,
+        source=prediction.source,
+        device=prediction.device,
+        status="failed" if failed else "passed",
+        rows=rows,
+        checks=[_check(c) for c in checks],
+        baseline_report=None if baseline_report is None else BaselineReportRef(
+            path=baseline_path, source=baseline_report.source, max_regression=max_regression),
+        fidelity=analysis.fidelity if analysis is not None else None,
+        top_kernels=analysis.top_kernels if analysis is not None else [],
+        top_ops=analysis.top_ops if analysis is not None else [],
+        top_layers=analysis.top_layers if analysis is not None else [],
+        prediction=prediction,
+    )
 
 
-def failures(report: dict[str, Any]) -> list[dict[str, Any]]:
+def failures(report: ReportDocument) -> list[Check]:
     """The failed checks of a report, in order."""
-    return [c for c in report["checks"] if c["status"] == "failed"]
+    return [c for c in report.checks if c.status == "failed"]

@@ -8,6 +8,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from whatif import figures
+from whatif.documents import LatencyStats, ReportDocument
 
 from .markdown import ICON, ms
 
@@ -21,19 +22,18 @@ details { margin: 0.5rem 0; } summary { cursor: pointer; }
 """
 
 
-def report_figures(report: dict[str, Any]) -> list[tuple[str, go.Figure]]:
+def report_figures(report: ReportDocument) -> list[tuple[str, go.Figure]]:
     """``(div id, figure)`` for every figure of the report, in page order."""
-    pred = report["prediction"]
-    base = pred["baseline"]
+    pred = report.prediction
+    base = pred.baseline
     out = [("fig-scenarios", figures.scenarios_figure(pred)),
-           ("fig-steps", figures.step_times_figure({"steps": base["steps"]})),
-           ("fig-baseline-path", figures.breakdown_figure(base["critical_path"], "Baseline: critical path per step"))]
-    for i, s in enumerate(pred["scenarios"]):
-        out.append((f"fig-waterfall-{i}", figures.waterfall_figure(base["mean_step_ns"], s)))
-        out.append((f"fig-path-{i}",
-                    figures.breakdown_figure(s["critical_path"], f"{s['name']}: critical path per step")))
-    if report["top_kernels"]:
-        out.append(("fig-top-kernels", figures.top_table_figure(report["top_kernels"], "Baseline: top kernels")))
+           ("fig-steps", figures.step_times_figure(base.steps)),
+           ("fig-baseline-path", figures.breakdown_figure(base.critical_path, "Baseline: critical path per step"))]
+    for i, s in enumerate(pred.scenarios):
+        out.append((f"fig-waterfall-{i}", figures.waterfall_figure(base.mean_step_ns, s)))
+        out.append((f"fig-path-{i}", figures.breakdown_figure(s.critical_path, f"{s.name}: critical path per step")))
+    if report.top_kernels:
+        out.append(("fig-top-kernels", figures.top_table_figure(report.top_kernels, "Baseline: top kernels")))
     return out
 
 
@@ -46,40 +46,42 @@ def _table(header: list[str], rows: list[str]) -> str:
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
 
 
-def _summary(report: dict[str, Any]) -> str:
-    serving = any(r["ttft_ms"] or r["tpot_ms"] for r in report["rows"])
+def _mean_cell(stats: LatencyStats | None) -> str:
+    return _td("-" if stats is None else f"{stats.get('mean') or 0:,.2f}", True)
+
+
+def _summary(report: ReportDocument) -> str:
+    serving = any(r.ttft_ms is not None or r.tpot_ms is not None for r in report.rows)
     header = ["scenario", "predicted step ms", "speedup"] + (["TTFT ms", "TPOT ms"] if serving else []) + \
         ["top contributors"]
     rows = []
-    for r in report["rows"]:
-        cells = _td(r["name"]) + _td(ms(r["mean_step_ns"]), True) + _td(f"{r['speedup']:.3f}x", True)
+    for r in report.rows:
+        cells = _td(r.name) + _td(ms(r.mean_step_ns), True) + _td(f"{r.speedup:.3f}x", True)
         if serving:
-            cells += "".join(_td("-" if not r[k] else f"{r[k].get('mean', 0):,.2f}", True)
-                             for k in ("ttft_ms", "tpot_ms"))
-        cells += _td("; ".join(f"{c['transform']} {ms(c['delta_ns'], True)} ms" for c in r["contributors"][:3]))
+            cells += _mean_cell(r.ttft_ms) + _mean_cell(r.tpot_ms)
+        cells += _td("; ".join(f"{c.transform} {ms(c.delta_ns, True)} ms" for c in r.contributors[:3]))
         rows.append(f"<tr>{cells}</tr>")
     return _table(header, rows)
 
 
-def _checks(report: dict[str, Any]) -> str:
-    rows = [f"<tr class={c['status']}>{_td(ICON[c['status']] + ' ' + c['status'])}{_td(c['name'])}"
-            f"{_td(c['message'])}</tr>" for c in report["checks"]]
+def _checks(report: ReportDocument) -> str:
+    rows = [f"<tr class={c.status}>{_td(ICON[c.status] + ' ' + c.status)}{_td(c.name)}"
+            f"{_td(c.message)}</tr>" for c in report.checks]
     return "<h2>Checks</h2>" + _table(["status", "check", "values"], rows) if rows else ""
 
 
-def render_html(report: dict[str, Any]) -> str:
+def render_html(report: ReportDocument) -> str:
     """The whole page; plotly.js is inlined once, before the first figure."""
     divs = []
     for i, (div_id, fig) in enumerate(report_figures(report)):
         fig.update_layout(height=380)
         divs.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=div_id,
                                 config={"displaylogo": False, "responsive": True}))
-    base = report["prediction"]["baseline"]
-    title = f"whatif report: {report['source']}"
-    status = f"<p class={report['status']}><b>{report['status']}</b>" \
-             f" · {html.escape(report['device'] or 'GPU unknown')}" \
-             f" · {len(base['steps'])} steps · baseline mean step {ms(base['mean_step_ns'])} ms</p>"
+    base = report.prediction.baseline
+    title = f"whatif report: {report.source}"
+    status = f"<p class={report.status}><b>{report.status}</b> · {html.escape(report.device or 'GPU unknown')}" \
+             f" · {len(base.steps)} steps · baseline mean step {ms(base.mean_step_ns)} ms</p>"
     return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>{status}{_summary(report)}"
             f"{_checks(report)}<h2>Figures</h2>{''.join(divs)}"
-            f"<p>whatif {html.escape(report['whatif_version'])}</p></body></html>\n")
+            f"<p>whatif {html.escape(report.whatif_version)}</p></body></html>\n")

@@ -3,7 +3,15 @@ blocks (GitHub renders them folded, in PR comments and in ``$GITHUB_STEP_SUMMARY
 from __future__ import annotations
 
 import re
-from typing import Any
+
+from whatif.documents import (
+    BaselinePrediction,
+    LatencyStats,
+    ReportDocument,
+    ScenarioPrediction,
+    Stat,
+    mean_breakdown_ns,
+)
 
 ICON = {"passed": "✅", "failed": "❌", "skipped": "⏭️"}
 
@@ -26,8 +34,9 @@ def short_label(label: str) -> str:
     return re.sub(r"select=Selector\((.*?)\)(?=, |\)$)", r"\1", label)
 
 
-def _stat(value: dict[str, Any] | None, key: str = "mean") -> str:
-    return "-" if not value or value.get(key) is None else f"{value[key]:,.2f}"
+def _stat(value: LatencyStats | None, key: Stat = "mean") -> str:
+    number = value.get(key) if value is not None else None
+    return "-" if number is None else f"{number:,.2f}"
 
 
 def _table(header: list[str], rows: list[list[str]], align: str = "") -> list[str]:
@@ -37,37 +46,37 @@ def _table(header: list[str], rows: list[list[str]], align: str = "") -> list[st
             *("| " + " | ".join(r) + " |" for r in rows)]
 
 
-def summary_table(report: dict[str, Any]) -> list[str]:
+def summary_table(report: ReportDocument) -> list[str]:
     """The scenario table; TTFT/TPOT and baseline-report columns only when there is data for them."""
-    rows = report["rows"]
-    serving = any(r["ttft_ms"] or r["tpot_ms"] for r in rows)
-    versus = report["baseline_report"] is not None
+    rows = report.rows
+    serving = any(r.ttft_ms is not None or r.tpot_ms is not None for r in rows)
+    versus = report.baseline_report is not None
     header = ["scenario", "predicted step ms", "speedup"]
     header += ["TTFT ms", "TPOT ms"] if serving else []
     header += ["vs baseline report"] if versus else []
     header += ["top contributors", "critical path shift"]
     out = []
     for r in rows:
-        name = "baseline (replayed trace)" if r["kind"] == "baseline" else r["name"]
-        line = [f"**{cell(name, 40)}**", ms(r["mean_step_ns"]), f"{r['speedup']:.3f}x"]
+        name = "baseline (replayed trace)" if r.kind == "baseline" else r.name
+        line = [f"**{cell(name, 40)}**", ms(r.mean_step_ns), f"{r.speedup:.3f}x"]
         if serving:
-            line += [_stat(r["ttft_ms"]), _stat(r["tpot_ms"])]
+            line += [_stat(r.ttft_ms), _stat(r.tpot_ms)]
         if versus:
-            old = r["baseline_report_step_ns"]
-            line.append("-" if not old else f"{(r['mean_step_ns'] / old - 1) * 100:+.2f}%")
-        if r["kind"] == "baseline":
-            line += [f"measured {ms(r['measured_step_ns'])} ms", ""]
+            old = r.baseline_report_step_ns
+            line.append("-" if not old else f"{(r.mean_step_ns / old - 1) * 100:+.2f}%")
+        if r.kind == "baseline":
+            line += [f"measured {ms(r.measured_step_ns)} ms", ""]
         else:
-            line.append("; ".join(f"`{cell(short_label(c['transform']), 50)}` {ms(c['delta_ns'], True)} ms"
-                                  for c in r["contributors"][:3]))
-            line.append(", ".join(f"{s['category']} {ms(s['delta_ns'], True)}"
-                                  for s in r["critical_path_shift"][:2] if s["delta_ns"]))
+            line.append("; ".join(f"`{cell(short_label(c.transform), 50)}` {ms(c.delta_ns, True)} ms"
+                                  for c in r.contributors[:3]))
+            line.append(", ".join(f"{s.category} {ms(s.delta_ns, True)}"
+                                  for s in r.critical_path_shift[:2] if s.delta_ns))
         out.append(line)
     return _table(header, out, "lrr" + "r" * (len(header) - 5) + "ll")
 
 
-def checks_table(report: dict[str, Any]) -> list[str]:
-    rows = [[ICON[c["status"]], f"`{cell(c['name'], 80)}`", cell(c["message"], 100)] for c in report["checks"]]
+def checks_table(report: ReportDocument) -> list[str]:
+    rows = [[ICON[c.status], f"`{cell(c.name, 80)}`", cell(c.message, 100)] for c in report.checks]
     return _table(["", "check", "values"], rows, "cll")
 
 
@@ -75,64 +84,59 @@ def _details(summary: str, body: list[str]) -> list[str]:
     return ["<details>", f"<summary>{summary}</summary>", "", *body, "", "</details>", ""]
 
 
-def scenario_details(scenario: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
+def scenario_details(scenario: ScenarioPrediction, baseline: BaselinePrediction) -> list[str]:
     """Transforms, waterfall, change log and critical path of one scenario, in a ``<details>`` block."""
-    body = [f"Source: `{scenario['source'] or 'built in code'}`", ""]
-    prev = baseline["mean_step_ns"]
+    body = [f"Source: `{scenario.source or 'built in code'}`", ""]
+    prev = baseline.mean_step_ns
     water = []
-    for w in scenario["waterfall"]:
-        water.append([f"`{cell(w['transform'], 90)}`", ms(w["mean_step_ns"]), ms(w["mean_step_ns"] - prev, True),
-                      f"{w['speedup']:.3f}x"])
-        prev = w["mean_step_ns"]
+    for w in scenario.waterfall:
+        water.append([f"`{cell(w.transform, 90)}`", ms(w.mean_step_ns), ms(w.mean_step_ns - prev, True),
+                      f"{w.speedup:.3f}x"])
+        prev = w.mean_step_ns
     body += [*_table(["after transform", "mean step ms", "change ms", "speedup"], water), ""]
-    if scenario["changes"]:
-        changes = [[cell(c["transform"], 30), cell(c["action"], 20), f"{c['tasks']:,}",
-                    ms(c["after_ns"] - c["before_ns"], True), cell(c["reason"], 60)] for c in scenario["changes"]]
+    if scenario.changes:
+        changes = [[cell(c.transform, 30), cell(c.action, 20), f"{c.tasks:,}",
+                    ms(c.after_ns - c.before_ns, True), cell(c.reason, 60)] for c in scenario.changes]
         body += [*_table(["transform", "action", "tasks", "task time ms", "reason"], changes, "llrrl"), ""]
-    cats = list(baseline["critical_path"][0]["breakdown_ns"]) if baseline["critical_path"] else []
-
-    def mean(paths: list[dict[str, Any]], c: str) -> float:
-        return sum(p["breakdown_ns"][c] for p in paths) / max(len(paths), 1)
-
-    path = [[c, ms(mean(baseline["critical_path"], c)), ms(mean(scenario["critical_path"], c)),
-             ms(mean(scenario["critical_path"], c) - mean(baseline["critical_path"], c), True)] for c in cats
-            if mean(baseline["critical_path"], c) or mean(scenario["critical_path"], c)]
+    cats = list(baseline.critical_path[0].breakdown_ns) if baseline.critical_path else []
+    before, after = mean_breakdown_ns(baseline.critical_path), mean_breakdown_ns(scenario.critical_path)
+    path = [[c, ms(before.get(c, 0)), ms(after.get(c, 0)), ms(after.get(c, 0) - before.get(c, 0), True)]
+            for c in cats if before.get(c, 0) or after.get(c, 0)]
     body += ["Critical path, mean per step:", "",
              *_table(["category", "baseline ms", "predicted ms", "change ms"], path)]
-    n = sum(c["tasks"] for c in scenario["changes"])
-    return _details(f"<b>{cell(scenario['name'], 60)}</b>: {len(scenario['transforms'])} transform(s), "
-                    f"{n:,} task changes, {scenario['speedup']:.3f}x", body)
+    n = sum(c.tasks for c in scenario.changes)
+    return _details(f"<b>{cell(scenario.name, 60)}</b>: {len(scenario.transforms)} transform(s), "
+                    f"{n:,} task changes, {scenario.speedup:.3f}x", body)
 
 
-def top_details(report: dict[str, Any]) -> list[str]:
+def top_details(report: ReportDocument) -> list[str]:
     out = []
-    for key, title in (("top_kernels", "kernels"), ("top_ops", "ops"), ("top_layers", "layers")):
-        rows = report[key]
+    for rows, title in ((report.top_kernels, "kernels"), (report.top_ops, "ops"), (report.top_layers, "layers")):
         if rows:
-            table = [[f"`{cell(r['name'], 70)}`", f"{r['count']:,}", ms(r["gpu_ns"]), ms(r["cpu_ns"])] for r in rows]
+            table = [[f"`{cell(r.name, 70)}`", f"{r.count:,}", ms(r.gpu_ns), ms(r.cpu_ns)] for r in rows]
             out += _details(f"Baseline: top {title} (measured)", _table(["name", "count", "GPU ms", "CPU ms"], table))
     return out
 
 
-def render_markdown(report: dict[str, Any]) -> str:
+def render_markdown(report: ReportDocument) -> str:
     """The whole Markdown report."""
-    pred = report["prediction"]
-    base = pred["baseline"]
-    failed = sum(c["status"] == "failed" for c in report["checks"])
-    status = (f"{ICON['failed']} **{failed} of {len(report['checks'])} checks failed**" if failed else
-              f"{ICON['passed']} **passed** ({len(report['checks'])} checks)" if report["checks"] else
+    pred = report.prediction
+    base = pred.baseline
+    failed = sum(c.status == "failed" for c in report.checks)
+    status = (f"{ICON['failed']} **{failed} of {len(report.checks)} checks failed**" if failed else
+              f"{ICON['passed']} **passed** ({len(report.checks)} checks)" if report.checks else
               "no checks")
-    lines = [f"## whatif report: `{report['source']}`", "",
-             f"{report['device'] or 'GPU unknown'} · {len(base['steps'])} steps · baseline mean step "
-             f"{ms(base['mean_step_ns'])} ms · {status}", ""]
+    lines = [f"## whatif report: `{report.source}`", "",
+             f"{report.device or 'GPU unknown'} · {len(base.steps)} steps · baseline mean step "
+             f"{ms(base.mean_step_ns)} ms · {status}", ""]
     lines += [*summary_table(report), ""]
-    if report["checks"]:
+    if report.checks:
         lines += ["### Checks", "", *checks_table(report), ""]
-    for s in pred["scenarios"]:
+    for s in pred.scenarios:
         lines += scenario_details(s, base)
     lines += top_details(report)
-    fid = report.get("fidelity") or {}
-    if fid.get("max_abs_error") is not None:
-        lines.append(f"Replay of the unmodified trace: worst step error {fid['max_abs_error'] * 100:.3f}%. "
-                     f"whatif {report['whatif_version']}.")
+    fid = report.fidelity
+    if fid is not None and fid.max_abs_error is not None:
+        lines.append(f"Replay of the unmodified trace: worst step error {fid.max_abs_error * 100:.3f}%. "
+                     f"whatif {report.whatif_version}.")
     return "\n".join(lines).rstrip() + "\n"

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
+from whatif.documents import ReportDocument
+
 _INT = {"type": "integer"}
 _NUM = {"type": "number"}
 _STR = {"type": "string"}
@@ -129,8 +133,9 @@ def errors(schema: dict[str, Any], value: Any, where: str = "$") -> list[str]:
     return out
 
 
-def validate(doc: dict[str, Any]) -> None:
-    """Raise ``ValueError`` listing the first problems when ``doc`` is not a valid ``whatif.report`` v1."""
-    problems = errors(REPORT_SCHEMA, doc)
+def validate(doc: ReportDocument | dict[str, Any]) -> None:
+    """Raise ``ValueError`` listing the first problems when ``doc`` (a report, or its parsed JSON)
+    is not a valid ``whatif.report`` v1."""
+    problems = errors(REPORT_SCHEMA, msgspec.to_builtins(doc) if isinstance(doc, ReportDocument) else doc)
     if problems:
         raise ValueError(f"not a valid whatif.report v1 document: {'; '.join(problems[:5])}")

@@ -5,8 +5,11 @@ An expression is a *failure condition*: the check fails when it holds. Allowed: 
 spaces: ``speedup(fused and bf16)``), numbers, percentages (``5%`` = 0.05), ``+ - * /``,
 comparisons (chains too) and ``and``/``or``/``not``.
 
->>> doc = {"baseline": {"mean_step_ns": 10_000_000, "steps": []},
-...        "scenarios": [{"name": "fuse", "mean_step_ns": 8_000_000, "speedup": 1.25, "steps": []}]}
+>>> from whatif.documents import BaselinePrediction, PredictionDocument, ScenarioPrediction
+>>> doc = PredictionDocument(source="t", device=None,
+...     baseline=BaselinePrediction(mean_step_ns=10_000_000, steps=[], critical_path=[]),
+...     scenarios=[ScenarioPrediction(name="fuse", source=None, transforms=[], mean_step_ns=8_000_000, speedup=1.25,
+...                                   steps=[], waterfall=[], changes=[], critical_path=[])])
 >>> r = evaluate("speedup(fuse) < 1.10", doc)
 >>> r.failed, r.values
 (False, {'speedup(fuse)': 1.25})
@@ -25,41 +28,54 @@ import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from whatif.core.errors import WhatifError
+from whatif.documents import (
+    BaselinePrediction,
+    BaselineStep,
+    PredictionDocument,
+    RowServing,
+    ScenarioPrediction,
+    Stat,
+)
 
 
 class ThresholdError(WhatifError):
     """A threshold expression that cannot be parsed or evaluated (a usage error: exit 2)."""
 
 
-Entry = dict[str, Any]  # the baseline or a scenario of a whatif.prediction document
+Entry = BaselinePrediction | ScenarioPrediction  # a row of a whatif.prediction document
 
 
 def _step_pct(q: float) -> Callable[[Entry], float | None]:
     def get(e: Entry) -> float | None:
-        ns = [s["predicted_ns"] for s in e.get("steps", [])]
+        ns = [s.predicted_ns for s in e.steps]
         return float(np.percentile(ns, q)) / 1e6 if ns else None
     return get
 
 
-def _serving(key: str, stat: str) -> Callable[[Entry], float | None]:
+def _serving(key: Literal["ttft_ms", "tpot_ms"], stat: Stat) -> Callable[[Entry], float | None]:
     def get(e: Entry) -> float | None:
-        value = ((e.get("serving") or {}).get(key) or {}).get(stat)
+        stats = e.serving.stats(key) if isinstance(e.serving, RowServing) else None
+        value = stats.get(stat) if stats is not None else None
         return None if value is None else float(value)
     return get
 
 
+def _baseline_steps(e: Entry) -> list[BaselineStep]:
+    return e.steps if isinstance(e, BaselinePrediction) else []
+
+
 def _replay_error(e: Entry) -> float | None:
-    errs = [abs(s["predicted_ns"] / s["measured_ns"] - 1) for s in e.get("steps", []) if s.get("measured_ns")]
+    errs = [abs(s.predicted_ns / s.measured_ns - 1) for s in _baseline_steps(e) if s.measured_ns]
     return max(errs) if errs else None
 
 
 def _measured(e: Entry) -> float | None:
-    ns = [s["measured_ns"] for s in e.get("steps", []) if "measured_ns" in s]
+    ns = [s.measured_ns for s in _baseline_steps(e)]
     return float(np.mean(ns)) / 1e6 if ns else None
 
 
@@ -71,12 +87,12 @@ class Metric:
 
 
 METRICS: dict[str, Metric] = {
-    "step_ms": Metric("mean predicted step time, ms", lambda e: e["mean_step_ns"] / 1e6),
-    "mean_step_ms": Metric("same as step_ms", lambda e: e["mean_step_ns"] / 1e6),
+    "step_ms": Metric("mean predicted step time, ms", lambda e: e.mean_step_ns / 1e6),
+    "mean_step_ms": Metric("same as step_ms", lambda e: e.mean_step_ns / 1e6),
     "p50_step_ms": Metric("median predicted step time, ms", _step_pct(50)),
     "p90_step_ms": Metric("90th percentile predicted step time, ms", _step_pct(90)),
     "max_step_ms": Metric("longest predicted step, ms", _step_pct(100)),
-    "speedup": Metric("baseline time / scenario time (> 1 is faster)", lambda e: e.get("speedup", 1.0), "scenario"),
+    "speedup": Metric("baseline time / scenario time (> 1 is faster)", lambda e: e.speedup, "scenario"),
     "measured_step_ms": Metric("mean measured step time of the trace, ms", _measured, "baseline"),
     "replay_error": Metric("worst |replayed / measured - 1| over the trace's steps", _replay_error, "baseline"),
     "ttft_ms": Metric("mean time to first token, ms (needs serving metrics)", _serving("ttft_ms", "mean")),
@@ -104,7 +120,7 @@ class Threshold:
 class CheckResult:
     """One check: ``failed`` is None when it was skipped; ``values`` are the metrics it read."""
 
-    kind: str
+    kind: Literal["threshold", "regression"]
     name: str
     failed: bool | None
     values: dict[str, float] = field(default_factory=dict)
@@ -169,24 +185,24 @@ def parse(text: str) -> Threshold:
     return Threshold(text=text.strip(), tree=tree)
 
 
-def _entry(doc: dict[str, Any], metric: str, scenario: str | None, text: str) -> tuple[str, Entry]:
-    names = [s["name"] for s in doc["scenarios"]]
+def _entry(doc: PredictionDocument, metric: str, scenario: str | None, text: str) -> tuple[str, Entry]:
+    names = [s.name for s in doc.scenarios]
     if scenario is None:
         if METRICS[metric].scope != "scenario":
-            return metric, doc["baseline"]
+            return metric, doc.baseline
         if len(names) != 1:
             raise ThresholdError(f"{text!r}: {metric} needs a scenario name, "
                                  f"e.g. {metric}({names[0] if names else 'fuse'})")
         scenario = names[0]
     if scenario == "baseline":
-        return f"{metric}(baseline)", doc["baseline"]
-    for s in doc["scenarios"]:
-        if s["name"] == scenario:
+        return f"{metric}(baseline)", doc.baseline
+    for s in doc.scenarios:
+        if s.name == scenario:
             return f"{metric}({scenario})", s
     raise ThresholdError(f"{text!r}: unknown scenario {scenario!r} (scenarios: {', '.join(names) or 'none'})")
 
 
-def evaluate(threshold: Threshold | str, doc: dict[str, Any]) -> CheckResult:
+def evaluate(threshold: Threshold | str, doc: PredictionDocument) -> CheckResult:
     """Evaluate against a ``whatif.prediction`` document (baseline entries may carry ``serving``)."""
     th = parse(threshold) if isinstance(threshold, str) else threshold
     values: dict[str, float] = {}

@@ -1,0 +1,654 @@
+"""The versioned documents as typed, immutable objects (``msgspec.Struct``), and their JSON.
+
+Producers (:mod:`whatif.summary`, :mod:`whatif.serving`, :mod:`whatif.report`) return these
+objects; the CLI, the reports, the figures and the dashboard read their attributes. JSON is made
+only at the edge, by :func:`to_json` (output files, the report's ``report.json``) and read back by
+:func:`from_json` (``--baseline``/``--prediction``/``--serving`` files). Field names and order
+are the JSON's keys and order (``docs/analysis-schema.md``, ``docs/prediction-schema.md``,
+``docs/report-schema.md``, ``docs/serving.md``); a field left :data:`UNSET` is not written.
+
+>>> doc = PredictionDocument(source="t.json", device=None,
+...                          baseline=BaselinePrediction(mean_step_ns=2_000_000, steps=[], critical_path=[]),
+...                          scenarios=[])
+>>> text = to_json(doc)
+>>> text.splitlines()[1]
+'  "schema": "whatif.prediction",'
+>>> from_json(text, PredictionDocument) == doc, to_json(from_json(text, PredictionDocument)) == text
+(True, True)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar, Literal, TypeVar, Union, get_args
+
+import msgspec
+import orjson
+from msgspec import UNSET, UnsetType
+
+from whatif.core.errors import WhatifError
+
+__all__ = [
+    "UNSET", "AnalysisDocument", "BaselinePrediction", "BaselineReportRef", "BaselineStep", "ChangeEntry", "Check",
+    "Contributor", "CriticalPathEntry", "DitIterationModel", "DitRequest", "DitScenarioServing", "DitServingDocument",
+    "DitSettings", "DitSweepCurve", "DitSweepDocument", "DitSweepPoint", "Document", "DocumentError", "Fidelity",
+    "LatencyStats", "LlmIterationModel", "LlmRequest", "LlmScenarioServing", "LlmScheduler", "LlmServingDocument",
+    "LlmSweepCurve", "LlmSweepDocument", "LlmSweepPoint", "PathShift", "PhaseFitEntry", "PredictionDocument",
+    "ProfilerOffset", "RankEntry", "ReportDocument", "ReportRow", "RowServing", "ScenarioHeadline",
+    "ScenarioPrediction", "ScenarioStep", "ServingDocument", "SloAttainment", "Stat", "StepBreakdown", "StepFidelity",
+    "SweepDocument", "TopEntry", "UtilizationEntry", "WaterfallEntry", "WorkloadEntry", "from_json",
+    "mean_breakdown_ns", "to_json", "write_json",
+]
+
+ANALYSIS_SCHEMA = "whatif.analysis"
+PREDICTION_SCHEMA = "whatif.prediction"
+REPORT_SCHEMA = "whatif.report"
+SERVE_SCHEMA = "whatif.serving/1"
+SWEEP_SCHEMA = "whatif.serving-sweep/1"
+VERSION = 1
+
+
+class DocumentError(WhatifError):
+    """JSON that is not the document asked for (one line naming the first wrong key)."""
+
+
+class Entry(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of every document and document entry: immutable, keyword-built, compared by value."""
+
+
+# --- shared entries -------------------------------------------------------------------------
+
+
+class StepBreakdown(Entry, frozen=True, kw_only=True):
+    """Where one step's critical path spent its time: ns per category (cpu, launch, gpu, comm, sync, idle)."""
+
+    rank: int
+    step: int
+    breakdown_ns: dict[str, int]
+
+
+class TopEntry(Entry, frozen=True, kw_only=True):
+    """Measured time of one kernel, op or layer (``name``): GPU and CPU ns, task count."""
+
+    name: str
+    count: int
+    gpu_ns: int
+    cpu_ns: int
+
+
+class Fidelity(Entry, frozen=True, kw_only=True):
+    """Median and worst ``|replayed / measured - 1|`` over the steps (None without steps)."""
+
+    median_abs_error: float | None
+    max_abs_error: float | None
+
+
+def mean_breakdown_ns(paths: list[StepBreakdown] | list[CriticalPathEntry]) -> dict[str, float]:
+    """Mean critical-path time per category over ``paths``, in the categories' order.
+
+    >>> mean_breakdown_ns([StepBreakdown(rank=0, step=0, breakdown_ns={"cpu": 3, "gpu": 1}),
+    ...                    StepBreakdown(rank=0, step=1, breakdown_ns={"cpu": 1, "gpu": 2})])
+    {'cpu': 2.0, 'gpu': 1.5}
+    """
+    cats = list(paths[0].breakdown_ns) if paths else []
+    n = max(len(paths), 1)
+    return {c: sum(p.breakdown_ns.get(c, 0) for p in paths) / n for c in cats}
+
+
+# --- whatif.analysis ------------------------------------------------------------------------
+
+
+class RankEntry(Entry, frozen=True, kw_only=True):
+    rank: int
+    path: str
+    gpu: str | None
+    world_size: int | None
+
+
+class StepFidelity(Entry, frozen=True, kw_only=True):
+    """One step, measured and replayed; ``error`` = replayed / measured - 1."""
+
+    rank: int
+    step: int
+    measured_ns: int
+    predicted_ns: int
+    error: float
+
+
+class CriticalPathEntry(Entry, frozen=True, kw_only=True):
+    rank: int
+    step: int
+    length_ns: int
+    tasks: int
+    breakdown_ns: dict[str, int]
+
+
+class UtilizationEntry(Entry, frozen=True, kw_only=True):
+    rank: int
+    resource: str
+    busy_ns: int
+    utilization: float
+
+
+class AnalysisDocument(Entry, frozen=True, kw_only=True):
+    """The ``whatif.analysis`` v1 document (``whatif analyze --json``)."""
+
+    schema: Literal["whatif.analysis"] = "whatif.analysis"
+    version: Literal[1] = 1
+    source: str
+    ranks: list[RankEntry]
+    tasks: int
+    edges: int
+    resources: int
+    graph_report: dict[str, int]
+    steps: list[StepFidelity]
+    fidelity: Fidelity
+    critical_path: list[CriticalPathEntry]
+    top_kernels: list[TopEntry]
+    top_ops: list[TopEntry]
+    top_layers: list[TopEntry]
+    utilization: list[UtilizationEntry]
+
+    @property
+    def mean_measured_step_ns(self) -> float:
+        return sum(s.measured_ns for s in self.steps) / max(len(self.steps), 1)
+
+    @property
+    def mean_predicted_step_ns(self) -> float:
+        return sum(s.predicted_ns for s in self.steps) / max(len(self.steps), 1)
+
+
+# --- whatif.prediction ----------------------------------------------------------------------
+
+
+Stat = Literal["mean", "p50", "p90", "p99"]
+
+
+class LatencyStats(Entry, frozen=True, kw_only=True):
+    """mean, p50, p90, p99 (ms) of a serving metric; a statistic not given is not written."""
+
+    mean: float | UnsetType | None = UNSET
+    p50: float | UnsetType | None = UNSET
+    p90: float | UnsetType | None = UNSET
+    p99: float | UnsetType | None = UNSET
+
+    def get(self, stat: Stat) -> float | None:
+        """The statistic, None when it is missing or unset.
+
+        >>> LatencyStats(mean=2.5).get("mean"), LatencyStats(mean=2.5).get("p99")
+        (2.5, None)
+        """
+        value = {"mean": self.mean, "p50": self.p50, "p90": self.p90, "p99": self.p99}[stat]
+        return None if value is UNSET else value  # type: ignore[return-value]
+
+
+class RowServing(Entry, frozen=True, kw_only=True):
+    """TTFT/TPOT statistics joined to a prediction row (``whatif report --serving``)."""
+
+    ttft_ms: LatencyStats | UnsetType | None = UNSET
+    tpot_ms: LatencyStats | UnsetType | None = UNSET
+
+    def stats(self, metric: Literal["ttft_ms", "tpot_ms"]) -> LatencyStats | None:
+        value = self.ttft_ms if metric == "ttft_ms" else self.tpot_ms
+        return value if isinstance(value, LatencyStats) else None
+
+
+class BaselineStep(Entry, frozen=True, kw_only=True):
+    rank: int
+    step: int
+    measured_ns: int
+    predicted_ns: int
+
+
+class BaselinePrediction(Entry, frozen=True, kw_only=True):
+    """The unmodified graph's replay: mean step, per-step times, per-step critical path."""
+
+    mean_step_ns: int
+    steps: list[BaselineStep]
+    critical_path: list[StepBreakdown]
+    serving: RowServing | UnsetType = UNSET
+
+    name: ClassVar[str] = "baseline"
+    speedup: ClassVar[float] = 1.0
+
+
+class ScenarioStep(Entry, frozen=True, kw_only=True):
+    rank: int
+    step: int
+    baseline_ns: int
+    predicted_ns: int
+    speedup: float
+
+
+class WaterfallEntry(Entry, frozen=True, kw_only=True):
+    """The prediction after one more transform of a scenario (cumulative)."""
+
+    transform: str
+    mean_step_ns: int
+    speedup: float
+
+
+class ChangeEntry(Entry, frozen=True, kw_only=True):
+    """One change-log entry (:class:`whatif.depgraph.graph.Change`); ``target``: tasks, edges, resources, note."""
+
+    transform: str
+    action: str
+    target: str
+    count: int
+    tasks: int
+    before_ns: int
+    after_ns: int
+    reason: str
+
+
+class ScenarioHeadline(Entry, frozen=True, kw_only=True):
+    """A scenario's headline numbers, without per-step data (what the dashboard shows first)."""
+
+    name: str
+    transforms: list[str]
+    mean_step_ns: int
+    baseline_mean_step_ns: int
+    speedup: float
+    waterfall: list[WaterfallEntry]
+    changes: list[ChangeEntry]
+
+
+class ScenarioPrediction(Entry, frozen=True, kw_only=True):
+    """One scenario of a prediction."""
+
+    name: str
+    source: str | None
+    transforms: list[str]
+    mean_step_ns: int
+    speedup: float
+    steps: list[ScenarioStep]
+    waterfall: list[WaterfallEntry]
+    changes: list[ChangeEntry]
+    critical_path: list[StepBreakdown]
+    serving: RowServing | UnsetType = UNSET
+
+
+class PredictionDocument(Entry, frozen=True, kw_only=True):
+    """The ``whatif.prediction`` v1 document (``whatif predict --json``)."""
+
+    schema: Literal["whatif.prediction"] = "whatif.prediction"
+    version: Literal[1] = 1
+    source: str
+    device: str | None
+    baseline: BaselinePrediction
+    scenarios: list[ScenarioPrediction]
+
+    def rows(self) -> list[BaselinePrediction | ScenarioPrediction]:
+        """The baseline, then each scenario."""
+        return [self.baseline, *self.scenarios]
+
+    def row(self, name: str) -> BaselinePrediction | ScenarioPrediction | None:
+        """The row called ``name`` (``"baseline"`` or a scenario name), None when there is none."""
+        return next((r for r in self.rows() if r.name == name), None)
+
+
+# --- whatif.report --------------------------------------------------------------------------
+
+
+class Contributor(Entry, frozen=True, kw_only=True):
+    transform: str
+    delta_ns: int
+
+
+class PathShift(Entry, frozen=True, kw_only=True):
+    category: str
+    delta_ns: int
+
+
+class ReportRow(Entry, frozen=True, kw_only=True):
+    """One summary row of a report: the baseline or a scenario."""
+
+    name: str
+    kind: Literal["baseline", "scenario"]
+    mean_step_ns: int
+    measured_step_ns: int | None
+    speedup: float
+    ttft_ms: LatencyStats | None
+    tpot_ms: LatencyStats | None
+    contributors: list[Contributor]
+    critical_path_shift: list[PathShift]
+    baseline_report_step_ns: int | None
+
+
+class Check(Entry, frozen=True, kw_only=True):
+    """A threshold or regression check and its outcome."""
+
+    kind: Literal["threshold", "regression"]
+    name: str
+    status: Literal["passed", "failed", "skipped"]
+    values: dict[str, float]
+    message: str
+
+
+class BaselineReportRef(Entry, frozen=True, kw_only=True):
+    path: str | None
+    source: str | None
+    max_regression: float | None
+
+
+class ReportDocument(Entry, frozen=True, kw_only=True):
+    """The ``whatif.report`` v1 document (``report.json``)."""
+
+    schema: Literal["whatif.report"] = "whatif.report"
+    version: Literal[1] = 1
+    whatif_version: str
+    source: str
+    device: str | None
+    status: Literal["passed", "failed"]
+    rows: list[ReportRow]
+    checks: list[Check]
+    baseline_report: BaselineReportRef | None
+    fidelity: Fidelity | None
+    top_kernels: list[TopEntry]
+    top_ops: list[TopEntry]
+    top_layers: list[TopEntry]
+    prediction: PredictionDocument
+
+
+# --- whatif.serving and whatif.serving-sweep ------------------------------------------------
+
+
+class WorkloadEntry(Entry, frozen=True, kw_only=True):
+    """The workload simulated: a file (``file``, ``columns``, ``time_unit``) or drawn requests."""
+
+    file: str | UnsetType = UNSET
+    columns: dict[str, str] | UnsetType = UNSET
+    time_unit: str | UnsetType = UNSET
+    arrivals: Literal["poisson", "gamma"] | UnsetType = UNSET
+    rate_req_per_s: float | UnsetType | None = UNSET
+    cv: float | UnsetType | None = UNSET
+    num_requests: int | UnsetType = UNSET
+    prompt_tokens: tuple[int, int] | UnsetType = UNSET
+    output_tokens: tuple[int, int] | UnsetType = UNSET
+    seed: int | UnsetType = UNSET
+
+
+class LlmScheduler(Entry, frozen=True, kw_only=True):
+    """The LLM serving system simulated (:class:`~whatif.predictors.serving.simulator.SchedulerConfig`)."""
+
+    policy: str
+    max_seqs: int
+    max_batched_tokens: int
+    chunk_tokens: int | None
+    kv_capacity_tokens: int | None
+    kv_block_tokens: int
+    replicas: int
+    prefill_replicas: int
+    kv_transfer_ns_per_token: float
+    router: str
+
+
+class DitSettings(Entry, frozen=True, kw_only=True):
+    """DiT request shape and batching, resolved against the recording."""
+
+    steps: int
+    resolution: int
+    frames: int
+    patch: int
+    tokens: int
+    batch: int
+    cfg: bool
+    replicas: int
+
+
+class SloAttainment(Entry, frozen=True, kw_only=True):
+    ttft_ms: float | None
+    tpot_ms: float | None
+    attainment: float
+    goodput_req_per_s: float | None
+
+
+class PhaseFitEntry(Entry, frozen=True, kw_only=True):
+    """A fitted per-phase iteration model and its quality (``candidates``: LOO MAPE per feature set)."""
+
+    phase: str
+    features: list[str]
+    intercept_ns: float
+    coef: dict[str, float]
+    n: int
+    r2: float
+    mape: float
+    loo_mape: float
+    candidates: dict[str, float]
+
+
+class ProfilerOffset(Entry, frozen=True, kw_only=True):
+    offset_ns: float
+    scale: float
+
+
+class LlmIterationModel(Entry, frozen=True, kw_only=True):
+    loop_overhead_ns: float
+    profiler_correction: dict[str, ProfilerOffset]
+    phases: dict[str, PhaseFitEntry]
+
+
+class DitIterationModel(Entry, frozen=True, kw_only=True):
+    tokens_ref: int
+    attention_ns: list[float]
+    rest_ns: list[float]
+    batch_overhead_ns: float
+    n: int
+    mape: float
+    loo_mape: float
+    model_batches_seen: list[int]
+    profiler_correction: float
+
+
+class LlmRequest(Entry, frozen=True, kw_only=True):
+    id: int
+    replica: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    queue_ms: float
+    ttft_ms: float
+    tpot_ms: float | None
+    e2e_ms: float
+    preemptions: int
+
+
+class DitRequest(Entry, frozen=True, kw_only=True):
+    id: int
+    arrival_s: float
+    queue_ms: float
+    service_ms: float
+    latency_ms: float
+
+
+class LlmScenarioServing(Entry, frozen=True, kw_only=True):
+    """Predicted LLM serving metrics of one scenario (times in ms, throughput per second)."""
+
+    name: str
+    num_requests: int
+    duration_s: float
+    output_tokens: int
+    ttft_ms: LatencyStats
+    tpot_ms: LatencyStats
+    e2e_ms: LatencyStats
+    queue_ms: LatencyStats
+    throughput_req_per_s: float | None
+    throughput_tokens_per_s: float | None
+    total_tokens_per_s: float | None
+    slo: SloAttainment
+    preemptions: int
+    busy_fraction: float | None
+    iterations: dict[str, int]
+    iteration_model: LlmIterationModel
+    requests: list[LlmRequest] | UnsetType = UNSET
+
+
+class DitScenarioServing(Entry, frozen=True, kw_only=True):
+    """Predicted DiT serving metrics of one scenario (``e2e_ms`` is ``latency_ms``)."""
+
+    name: str
+    num_requests: int
+    num_batches: int
+    duration_s: float
+    throughput_req_per_s: float | None
+    latency_ms: LatencyStats
+    queue_ms: LatencyStats
+    service_ms: LatencyStats
+    step_ms_at_full_batch: float
+    busy_fraction: float | None
+    iteration_model: DitIterationModel
+    e2e_ms: LatencyStats
+    requests: list[DitRequest] | UnsetType = UNSET
+
+
+class LlmServingDocument(Entry, frozen=True, kw_only=True):
+    """The ``whatif.serving/1`` document of an LLM serving loop (``whatif serve --json``)."""
+
+    schema: Literal["whatif.serving/1"] = "whatif.serving/1"
+    source: str
+    log: str
+    kind: Literal["llm"] = "llm"
+    workload: WorkloadEntry
+    scheduler: LlmScheduler
+    profiler_correction: dict[str, tuple[float, float]] | None
+    scenarios: list[LlmScenarioServing]
+
+
+class DitServingDocument(Entry, frozen=True, kw_only=True):
+    """The ``whatif.serving/1`` document of a DiT serving loop."""
+
+    schema: Literal["whatif.serving/1"] = "whatif.serving/1"
+    source: str
+    log: str
+    kind: Literal["dit"] = "dit"
+    workload: WorkloadEntry
+    scheduler: DitSettings
+    profiler_correction: float | None
+    scenarios: list[DitScenarioServing]
+
+
+class LlmSweepPoint(Entry, frozen=True, kw_only=True):
+    rate_req_per_s: float
+    ttft_ms: LatencyStats
+    tpot_ms: LatencyStats
+    e2e_ms: LatencyStats
+    queue_ms: LatencyStats
+    throughput_tokens_per_s: float | None
+    throughput_req_per_s: float | None
+    busy_fraction: float | None
+    slo: SloAttainment
+
+
+class DitSweepPoint(Entry, frozen=True, kw_only=True):
+    rate_req_per_s: float
+    latency_ms: LatencyStats
+    queue_ms: LatencyStats
+    throughput_req_per_s: float | None
+    busy_fraction: float | None
+    e2e_ms: LatencyStats
+
+
+class LlmSweepCurve(Entry, frozen=True, kw_only=True):
+    name: str
+    iteration_model: LlmIterationModel
+    points: list[LlmSweepPoint]
+
+
+class DitSweepCurve(Entry, frozen=True, kw_only=True):
+    name: str
+    iteration_model: DitIterationModel
+    points: list[DitSweepPoint]
+
+
+class LlmSweepDocument(Entry, frozen=True, kw_only=True):
+    """The ``whatif.serving-sweep/1`` document of an LLM serving loop (``whatif sweep --json``)."""
+
+    schema: Literal["whatif.serving-sweep/1"] = "whatif.serving-sweep/1"
+    source: str
+    kind: Literal["llm"] = "llm"
+    workload: WorkloadEntry
+    scheduler: LlmScheduler
+    profiler_correction: dict[str, tuple[float, float]] | None
+    curves: list[LlmSweepCurve]
+
+
+class DitSweepDocument(Entry, frozen=True, kw_only=True):
+    """The ``whatif.serving-sweep/1`` document of a DiT serving loop."""
+
+    schema: Literal["whatif.serving-sweep/1"] = "whatif.serving-sweep/1"
+    source: str
+    kind: Literal["dit"] = "dit"
+    workload: WorkloadEntry
+    scheduler: DitSettings
+    profiler_correction: float | None
+    curves: list[DitSweepCurve]
+
+
+ServingDocument = Union[LlmServingDocument, DitServingDocument]  # noqa: UP007 - a runtime value for from_json
+SweepDocument = Union[LlmSweepDocument, DitSweepDocument]  # noqa: UP007
+Document = Union[AnalysisDocument, PredictionDocument, ReportDocument, LlmServingDocument,  # noqa: UP007
+                 DitServingDocument, LlmSweepDocument, DitSweepDocument]
+D = TypeVar("D", bound=Entry)
+
+_JSON_OPTIONS = orjson.OPT_INDENT_2
+
+
+def to_json(doc: Entry) -> str:
+    """``doc`` as indented JSON text, keys in field order: the same object gives the same text.
+
+    >>> print(to_json(Fidelity(median_abs_error=0.01, max_abs_error=None)))
+    {
+      "median_abs_error": 0.01,
+      "max_abs_error": null
+    }
+    """
+    return orjson.dumps(msgspec.to_builtins(doc), option=_JSON_OPTIONS).decode()
+
+
+def write_json(path: Path, doc: Entry) -> Path:
+    """Write :func:`to_json` of ``doc`` to ``path`` (UTF-8, folders made as needed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(to_json(doc).encode())
+    return path
+
+
+def _members(doc_type: object) -> tuple[type[Entry], ...]:
+    members = get_args(doc_type)
+    return members if members else (doc_type,)  # type: ignore[return-value]
+
+
+def from_json(text: str | bytes, doc_type: type[D] | object) -> D:
+    """The document of type ``doc_type`` in JSON ``text``. ``doc_type`` may be a union of documents
+    that differ in their ``kind`` or ``schema`` (:data:`ServingDocument`, :data:`SweepDocument`,
+    ``PredictionDocument | ReportDocument``): the member whose literal matches is decoded.
+    Raises :class:`DocumentError` naming the first wrong key (``$.scenarios[0].name``).
+
+    >>> from_json('{"median_abs_error": null, "max_abs_error": 0.5}', Fidelity).max_abs_error
+    0.5
+    >>> from_json('{"median_abs_error": "x", "max_abs_error": 0.5}', Fidelity)
+    Traceback (most recent call last):
+    ...
+    whatif.documents.DocumentError: Expected `float | null`, got `str` - at `$.median_abs_error`
+    """
+    try:
+        raw = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise DocumentError(f"not JSON ({exc})") from None
+    members = _members(doc_type)
+    target = members[0]
+    if len(members) > 1 and isinstance(raw, dict):
+        for key in ("kind", "schema"):
+            match = [m for m in members if _literal(m, key) == raw.get(key)]
+            if len(match) == 1:
+                target = match[0]
+                break
+    try:
+        return msgspec.convert(raw, target)  # type: ignore[return-value]
+    except msgspec.ValidationError as exc:
+        raise DocumentError(str(exc)) from None
+
+
+def _literal(doc_type: type[Entry], key: str) -> object:
+    """The default of field ``key`` of ``doc_type`` (its ``kind`` or ``schema`` literal), else None."""
+    fields = {f.name: f for f in msgspec.structs.fields(doc_type)}
+    field = fields.get(key)
+    return None if field is None or field.default is msgspec.NODEFAULT else field.default
