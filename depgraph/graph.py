@@ -1,10 +1,11 @@
 """The task graph: tasks are integer ids whose ``event`` column points into the trace's
 event table (HTA's split: the table is the source of truth, the graph indexes it).
 
-Edge semantics (Daydream, Lumos): for every edge ``u -> v`` of kind other than
-:attr:`EdgeKind.SYNC`, ``start(v) >= end(u) + lat_ns``; a ``SYNC`` edge bounds the *end*
-of ``v`` instead, ``end(v) >= end(u) + lat_ns``: a synchronizing CPU call returns only
-after the GPU work it waits on is done, and that wait is recomputed in every replay.
+Edge semantics (Daydream, Lumos): for every edge ``u -> v`` of a kind not in
+:data:`END_BOUND_EDGE_KINDS`, ``start(v) >= end(u) + lat_ns``; a ``SYNC`` or ``LAUNCH_QUEUE``
+edge bounds the *end* of ``v`` instead, ``end(v) >= end(u) + lat_ns``: a synchronizing CPU
+call, or a launch call that found the launch queue full, returns only after the GPU work it
+waits on is done, and that wait is recomputed in every replay.
 Tasks on an *ordered* resource (a CPU thread, a GPU stream) run in the order their
 THREAD/STREAM edges give; tasks on a *shared* resource (a link, a copy engine, a PIM unit)
 are served in ready-time order, one at a time.
@@ -96,6 +97,11 @@ class EdgeKind(IntEnum):
     EVENT_WAIT = 5  # cudaEventRecord'ed work -> first work after cudaStreamWaitEvent on another stream
     COLLECTIVE = 6  # arrival -> barrier -> collective transfer, across ranks
     FLOW = 7        # cross-thread dependency shown by the trace (fwdbwd flows)
+    LAUNCH_QUEUE = 8  # GPU work of the launch DEPTH entries back on a stream -> launch call: bounds the call's END
+
+
+END_BOUND_EDGE_KINDS = frozenset({EdgeKind.SYNC, EdgeKind.LAUNCH_QUEUE})
+"""Edges that bound the end of their destination (a CPU call waiting on GPU work), not its start."""
 
 
 class ResourceKind(IntEnum):

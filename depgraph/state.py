@@ -84,13 +84,14 @@ class EdgeSet:
 
 @dataclass(frozen=True)
 class BlockingCopies:
-    """Copies whose call returned only after the copy: the call's issuing part ends at
-    ``issue_end_ns``, and a WAIT task holds the rest of it."""
+    """Copy calls held by their copy (:func:`~.tasks.held_copies`): the call's own part ends at
+    ``issue_end_ns``, and a WAIT task holds the rest of it, until ``waits_on`` is done."""
 
     copy: np.ndarray          # copy task ids
     wait: np.ndarray          # their WAIT task ids
     call: np.ndarray          # their call task ids
-    issue_end_ns: np.ndarray  # when each call had queued its copy
+    issue_end_ns: np.ndarray  # when each call's own part ends (BlockingCallIssue moves it)
+    waits_on: np.ndarray      # what each WAIT waits for: the copy, or the copy's predecessor on its stream
 
 
 @dataclass(frozen=True)

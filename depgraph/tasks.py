@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import IntEnum
 
 import numpy as np
 import pandas as pd
@@ -18,6 +19,7 @@ from whatif.tracer.trace import Trace
 
 from .graph import CPU_KINDS, ResourceKind, TaskKind, kind_codes, task_kind_codes
 from .hierarchy import CpuHierarchy, build_hierarchy
+from .rules.sync_lookup import COPY_CALL, PAGEABLE_COPY, SYNCHRONOUS_COPY
 from .state import BlockingCopies, BuildState, Resources, TaskColumns
 
 THREAD_TASK_KINDS = CPU_KINDS | {TaskKind.MARKER}
@@ -52,6 +54,7 @@ class _TaskMaker:
         self.res = Resources()
         self.tasks = TaskColumns()
         self.report: Counter[str] = Counter()
+        self.gpu_resource = np.empty(0, dtype=np.int64)  # per GPU task (gpu_tasks)
         self.thread_label = {(info.rank, pid, tid): label
                              for info in trace.ranks for (pid, tid), label in info.thread_names.items()}
         h_rows = self.hier.rows
@@ -134,6 +137,7 @@ class _TaskMaker:
         is_comm = _per_name(self.names, is_collective)[g_rows]
         g_kind[is_comm & (g_kind == int(TaskKind.KERNEL))] = int(TaskKind.COMM)
         ng = len(g_rows)
+        self.gpu_resource = g_res
         gpu_ids = self.tasks.add(event=g_rows, kind=g_kind, resource=g_res, rank=rank[g_rows],
                                  dur_ns=end[g_rows] - ts[g_rows], measured_start_ns=ts[g_rows],
                                  measured_end_ns=end[g_rows], step=np.full(ng, -1, dtype=np.int64),
@@ -155,23 +159,34 @@ class _TaskMaker:
 
     def blocking_copies(self, cpu: _CpuTasks, g_rows: np.ndarray, g_kind: np.ndarray, gpu_ids: np.ndarray,
                         launcher: np.ndarray) -> BlockingCopies:
-        """A copy call that returns after its own copy: its waiting part becomes a WAIT task."""
+        """Copy calls held by their copy (:func:`held_copies`): each one's waiting part, from its
+        copy's start to its return, becomes a WAIT task (:class:`~.rules.BlockingCallIssue` then
+        moves the split to the call's own cost)."""
         ts, end = self.ts, self.end
         call_rows = self.hier.rows[cpu.call_pos]
-
-        def call_row_of(task: np.ndarray) -> np.ndarray:
-            return call_rows[task - cpu.call_ids[0]]  # call task ids are contiguous
-
         copy_sel = np.flatnonzero((launcher >= 0) & (g_kind == int(TaskKind.MEMCPY)))
-        if len(copy_sel):
-            copy_sel = copy_sel[end[call_row_of(launcher[copy_sel])] >= end[g_rows[copy_sel]]]
+        copy_sel = copy_sel[np.unique(launcher[copy_sel], return_index=True)[1]]  # one copy per call
+        prev_row = _stream_predecessor(self.gpu_resource, ts[g_rows], end[g_rows])
         b_calls = launcher[copy_sel]
-        b_rows = call_row_of(b_calls) if len(b_calls) else np.empty(0, dtype=np.int64)
-        issue_end = np.minimum(end[b_rows], np.maximum(ts[b_rows], ts[g_rows[copy_sel]]))
-        b_pos = cpu.call_pos[b_calls - cpu.call_ids[0]] if len(b_calls) else np.empty(0, dtype=np.int64)
+        first_call = int(cpu.call_ids[0]) if len(cpu.call_ids) else 0
+        b_rows = call_rows[b_calls - first_call]  # call task ids are contiguous
+        c_rows = g_rows[copy_sel]
+        p_sel = prev_row[copy_sel]
+        held = held_copies(self.h_names[cpu.call_pos[b_calls - first_call]],
+                           self.names.iloc[c_rows].astype(str).to_numpy(), ts[b_rows], end[b_rows], ts[c_rows],
+                           end[c_rows], np.where(p_sel >= 0, end[g_rows[np.maximum(p_sel, 0)]], -1))
+        copy_sel, b_calls, b_rows, c_rows, p_sel, held = (
+            x[held != int(Held.NOT)] for x in (copy_sel, b_calls, b_rows, c_rows, p_sel, held))
+        waits_on = np.where(held == int(Held.UNTIL_COPY_DONE), gpu_ids[copy_sel],
+                            gpu_ids[np.maximum(p_sel, 0)])
+        issue_end = np.minimum(end[b_rows], np.maximum(ts[b_rows], ts[c_rows]))
+        b_pos = cpu.call_pos[b_calls - first_call]
         wait_ids = self.tasks.add(**self._cpu_cols(b_pos, TaskKind.WAIT, issue_end, end[b_rows], 3))
         self.report["blocking_copies"] = len(wait_ids)
-        return BlockingCopies(copy=gpu_ids[copy_sel], wait=wait_ids, call=b_calls, issue_end_ns=issue_end)
+        self.report["copy_calls_held_until_copy_done"] = int((held == int(Held.UNTIL_COPY_DONE)).sum())
+        self.report["copy_calls_held_until_stream_reached_copy"] = int((held == int(Held.UNTIL_STREAM_REACHED)).sum())
+        return BlockingCopies(copy=gpu_ids[copy_sel], wait=wait_ids, call=b_calls, issue_end_ns=issue_end,
+                              waits_on=waits_on)
 
     def origins(self) -> dict[int, int]:
         """One ORIGIN task per rank with tasks, at its first measured start."""
@@ -214,6 +229,55 @@ def initial_state(trace: Trace) -> BuildState:
                       call_ids=cpu.call_ids, gpu_ids=gpu_ids, cpu_ids=cpu_ids, begin_ids=cpu.begin_ids,
                       end_ids=cpu.end_ids, launch_of=launch_of, call_task_of_event=call_task_of_event,
                       blocking=blocking, origin_of_rank=origin_of_rank)
+
+
+class Held(IntEnum):
+    """How a copy call was held by its copy (:func:`held_copies`)."""
+
+    NOT = 0
+    UNTIL_COPY_DONE = 1       # returned after its copy ended: waits for the copy
+    UNTIL_STREAM_REACHED = 2  # its copy began before it returned and ended after: waits for the stream
+
+
+def held_copies(call_name: np.ndarray, copy_name: np.ndarray, call_start_ns: np.ndarray, call_end_ns: np.ndarray,
+                copy_start_ns: np.ndarray, copy_end_ns: np.ndarray, prev_end_ns: np.ndarray) -> np.ndarray:
+    """Per copy call (a :data:`~.rules.sync_lookup.COPY_CALL` and the copy it launched): a
+    :class:`Held` code. A call is held when its copy began before it returned and either it
+    returned after the copy ended, or the call is synchronous
+    (:data:`~.rules.sync_lookup.SYNCHRONOUS_COPY`), or the copy involves pageable memory
+    (:data:`~.rules.sync_lookup.PAGEABLE_COPY`): such a call waits until its stream reaches the
+    copy. Held until its copy is done if it returned after the copy ended, else until its
+    stream reached the copy (``prev_end_ns``: the end of the copy's predecessor on its stream,
+    -1 without one, and then the call is not counted as held).
+
+    >>> held_copies(np.array(["cudaMemcpyAsync"] * 3), np.array(["Memcpy DtoH (Device -> Pageable)",
+    ...     "Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (Pinned -> Device)"]), np.array([0, 0, 0]),
+    ...     np.array([100, 100, 100]), np.array([90, 90, 90]), np.array([95, 120, 120]),
+    ...     np.array([80, 80, 80])).tolist()
+    [1, 2, 0]
+    """
+    names = [str(n) for n in call_name]
+    is_copy_call = np.fromiter((COPY_CALL.search(n) is not None for n in names), dtype=bool, count=len(names))
+    synchronous = np.fromiter((SYNCHRONOUS_COPY.search(n) is not None for n in names), dtype=bool, count=len(names))
+    pageable = np.fromiter((PAGEABLE_COPY.search(str(n)) is not None for n in copy_name), dtype=bool,
+                           count=len(copy_name))
+    began_before_return = copy_start_ns < call_end_ns
+    done_before_return = copy_end_ns <= call_end_ns
+    out = np.full(len(names), int(Held.NOT), dtype=np.int8)
+    out[is_copy_call & began_before_return & done_before_return] = int(Held.UNTIL_COPY_DONE)
+    out[is_copy_call & began_before_return & ~done_before_return & (synchronous | pageable)
+        & (prev_end_ns >= 0)] = int(Held.UNTIL_STREAM_REACHED)
+    return out
+
+
+def _stream_predecessor(resource: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray) -> np.ndarray:
+    """Per GPU task (positions of the arrays): the position of the task before it on its stream
+    (in :func:`~.rules.order.stream_pairs` order), -1."""
+    order = np.lexsort((end_ns, start_ns, resource))
+    prev = np.full(len(order), -1, dtype=np.int64)
+    same = resource[order][1:] == resource[order][:-1]
+    prev[order[1:][same]] = order[:-1][same]
+    return prev
 
 
 def _resource_ids(make: Callable[[int, int, int], int], a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:

@@ -12,7 +12,8 @@ graph's tasks, independently of the replay.
   A GPU that takes zero time leaves this.
 * ``gpu_stream_own_ns``: the busiest GPU stream's own work (sum of its tasks' durations). A CPU
   that takes zero time leaves at least this.
-* ``gpu_busy_ns``: the time any GPU work of the rank runs in the step (union of the intervals).
+* ``gpu_busy_ns``: the time any GPU work of the rank runs in the step's measured window (union
+  of the intervals, whatever step the work is attributed to).
   With ``g = gpu_busy_ns / measured_ns``, making all GPU work ``f`` times as long can speed the
   step up by at most ``1 / (1 - (1 - f) * g)`` (Amdahl), and never slow it down.
 
@@ -90,23 +91,54 @@ def _cpu_own(graph: TaskGraph) -> pd.Series:
     return own.groupby(level=["rank", "step"]).max()
 
 
-def _union_ns(start: np.ndarray, end: np.ndarray) -> int:
+def _union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of intervals as sorted, disjoint (start, end) arrays."""
+    if not len(start):
+        return start, end
     order = np.argsort(start, kind="stable")
-    s, e = start[order], end[order]
-    reach = np.maximum.accumulate(e)
-    prev = np.concatenate([[s[0] if len(s) else 0], reach[:-1]])
-    return int(np.maximum(e - np.maximum(s, prev), 0).sum()) if len(s) else 0
+    s, reach = start[order], np.maximum.accumulate(end[order])
+    first = np.flatnonzero(np.concatenate([[True], s[1:] > reach[:-1]]))
+    last = np.concatenate([first[1:] - 1, [len(s) - 1]])
+    return s[first], reach[last]
 
 
-def _gpu(graph: TaskGraph) -> tuple[pd.Series, pd.Series]:
+def _covered_ns(u_start: np.ndarray, u_end: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per window [lo, hi): how much of it the disjoint sorted intervals cover."""
+    if not len(u_start):
+        return np.zeros(len(lo), dtype=np.int64)
+    covered_before = np.concatenate([[0], np.cumsum(u_end - u_start)])
+
+    def covered_until(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(u_start, t, side="right")  # intervals starting at or before t
+        partial = np.where(k > 0, np.clip(t - u_start[np.maximum(k - 1, 0)], 0,
+                                          (u_end - u_start)[np.maximum(k - 1, 0)]), 0)
+        return covered_before[np.maximum(k - 1, 0)] * (k > 0) + partial
+
+    return np.maximum(covered_until(hi) - covered_until(lo), 0).astype(np.int64)
+
+
+def _gpu_stream_own(graph: TaskGraph) -> pd.Series:
     gpu = _measured(graph, kind_codes(GPU_WORK_KINDS))
     gpu = gpu.assign(dur=gpu["end"] - gpu["start"])
-    stream_own = gpu.groupby(["rank", "step", "resource"])["dur"].sum().groupby(level=["rank", "step"]).max()
-    busy = {key: _union_ns(g["start"].to_numpy(), g["end"].to_numpy())
-            for key, g in gpu.groupby(["rank", "step"])}
-    busy_s = pd.Series(busy, dtype=np.int64)
-    busy_s.index = busy_s.index.set_names(["rank", "step"]) if len(busy_s) else busy_s.index
-    return stream_own, busy_s
+    return gpu.groupby(["rank", "step", "resource"])["dur"].sum().groupby(level=["rank", "step"]).max()
+
+
+def _gpu_busy_ns(graph: TaskGraph, measured_ns: np.ndarray) -> np.ndarray:
+    """Per row of ``graph.steps``: how long any GPU work of its rank ran in the step's window
+    (whatever step that work is attributed to: work launched before the window counts too)."""
+    t, steps = graph.tasks, graph.steps
+    gpu = np.isin(t["kind"].to_numpy(), kind_codes(GPU_WORK_KINDS)) & (t["measured_start_ns"].to_numpy() >= 0)
+    ranks, start, end = t["rank"].to_numpy()[gpu], t["measured_start_ns"].to_numpy()[gpu], \
+        t["measured_end_ns"].to_numpy()[gpu]
+    hi = steps["measured_end_ns"].to_numpy()
+    lo = hi - measured_ns
+    out = np.zeros(len(steps), dtype=np.int64)
+    for rank in np.unique(steps["rank"].to_numpy()):
+        rows = np.flatnonzero(steps["rank"].to_numpy() == rank)
+        mine = ranks == rank
+        u_start, u_end = _union(start[mine], end[mine])
+        out[rows] = _covered_ns(u_start, u_end, lo[rows], hi[rows])
+    return out
 
 
 def step_bounds(graph: TaskGraph) -> pd.DataFrame:
@@ -117,7 +149,7 @@ def step_bounds(graph: TaskGraph) -> pd.DataFrame:
     out = pd.DataFrame({"rank": steps["rank"].to_numpy(), "step": steps["step"].to_numpy(),
                         "measured_ns": measured_step_ns(graph)})
     key = pd.MultiIndex.from_arrays([out["rank"], out["step"]])
-    stream_own, busy = _gpu(graph)
-    for col, series in (("cpu_own_ns", _cpu_own(graph)), ("gpu_stream_own_ns", stream_own), ("gpu_busy_ns", busy)):
+    for col, series in (("cpu_own_ns", _cpu_own(graph)), ("gpu_stream_own_ns", _gpu_stream_own(graph))):
         out[col] = series.reindex(key).fillna(0).to_numpy(dtype=np.int64) if len(series) else 0
+    out["gpu_busy_ns"] = _gpu_busy_ns(graph, out["measured_ns"].to_numpy())
     return out

@@ -1,9 +1,10 @@
 """Replay a task graph: a deterministic discrete-event list scheduler.
 
 A task becomes ready when all its predecessors are done; it starts at
-``max(end(u) + lat)`` over its non-SYNC in-edges and, on a shared resource (link, copy
+``max(end(u) + lat)`` over its start-bound in-edges and, on a shared resource (link, copy
 engine, PIM unit), not before the resource is free; it ends at
-``max(start + dur, max(end(u) + lat) over SYNC in-edges)``. Ready tasks are taken from a heap
+``max(start + dur, max(end(u) + lat) over end-bound in-edges)`` (SYNC, LAUNCH_QUEUE:
+:data:`~whatif.depgraph.graph.END_BOUND_EDGE_KINDS`). Ready tasks are taken from a heap
 keyed ``(ready time, task id)``, so ties break the same way every run (simpy/vidur).
 Only each rank's ORIGIN task takes its time from the trace; every other start is computed.
 """
@@ -14,7 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from whatif.depgraph.graph import EdgeKind, GraphError, TaskGraph, TaskKind
+from whatif.depgraph.graph import END_BOUND_EDGE_KINDS, GraphError, TaskGraph, TaskKind
+from whatif.tracer.kinds import codes
 
 RESOURCE_BOUND = -2  # start_by value: the task waited for its shared resource, not for an edge
 
@@ -25,7 +27,7 @@ class Replay:
 
     ``start_by[v]``: the edge that set ``v``'s start (-1 for origins and unconstrained tasks,
     ``RESOURCE_BOUND`` when a shared resource was busy; ``resource_prev[v]`` then names the task
-    it waited for). ``end_by[v]``: the SYNC edge that set ``v``'s end, -1 when its own duration did.
+    it waited for). ``end_by[v]``: the end-bound edge that set ``v``'s end, -1 when its own duration did.
     """
 
     graph: TaskGraph
@@ -61,7 +63,7 @@ def replay(graph: TaskGraph) -> Replay:
     succ_ptr = np.concatenate(([0], np.cumsum(np.bincount(src, minlength=n)))).tolist()
     succ_dst = dst[order].tolist()
     succ_lat = e["lat_ns"].to_numpy(np.int64)[order].tolist()
-    succ_sync = (e["kind"].to_numpy()[order] == int(EdgeKind.SYNC)).tolist()
+    succ_sync = np.isin(e["kind"].to_numpy()[order], codes(END_BOUND_EDGE_KINDS)).tolist()
     succ_eid = order.tolist()
     indeg = np.bincount(dst, minlength=n).tolist()
     dur = t["dur_ns"].to_numpy(np.int64).tolist()
@@ -128,7 +130,7 @@ def replay(graph: TaskGraph) -> Replay:
                 start_by[w] = succ_eid[j]
             indeg[w] -= 1
             if indeg[w] == 0:
-                if start_ready[w] == NEG:  # only SYNC predecessors: it may start at its rank's origin
+                if start_ready[w] == NEG:  # only end-bound predecessors: it may start at its rank's origin
                     start_ready[w] = origin_time.get(int(ranks[w]), default_origin)
                 push(heap, (start_ready[w], w))
     if done != n:

@@ -35,7 +35,8 @@ from .replay import RESOURCE_BOUND, Replay, replay
 
 CATEGORIES = ("cpu", "launch", "gpu", "comm", "sync", "idle")
 _EDGE_CATEGORY = {EdgeKind.ANCHOR: "idle", EdgeKind.THREAD: "cpu", EdgeKind.STREAM: "idle", EdgeKind.LAUNCH: "launch",
-                  EdgeKind.SYNC: "sync", EdgeKind.EVENT_WAIT: "sync", EdgeKind.COLLECTIVE: "comm", EdgeKind.FLOW: "cpu"}
+                  EdgeKind.SYNC: "sync", EdgeKind.EVENT_WAIT: "sync", EdgeKind.COLLECTIVE: "comm", EdgeKind.FLOW: "cpu",
+                  EdgeKind.LAUNCH_QUEUE: "sync"}
 _TASK_CATEGORY = {TaskKind.CPU_WORK: "cpu", TaskKind.CPU_CALL: "cpu", TaskKind.WAIT: "sync", TaskKind.KERNEL: "gpu",
                   TaskKind.MEMCPY: "gpu", TaskKind.MEMSET: "gpu", TaskKind.COMM: "comm"}
 

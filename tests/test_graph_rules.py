@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from tracegen import MAIN_TID, KinetoTrace
 
+from whatif.analysis import predict
 from whatif.api import analyze
 from whatif.depgraph.build import build_graph
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind, check_acyclic
@@ -31,6 +32,7 @@ from whatif.depgraph.rules import (
     ForkJoins,
     LaunchEdges,
     LauncherAttribution,
+    LaunchQueue,
     SingleStep,
     StepWindows,
     StreamOrder,
@@ -39,8 +41,10 @@ from whatif.depgraph.rules import (
     ThreadOrder,
     check_order,
 )
-from whatif.predictors.replay import replay
+from whatif.predictors.replay import Replay, replay
 from whatif.tracer.trace import load_trace
+from whatif.transforms.generic import Scale
+from whatif.transforms.select import Selector
 
 US = 1000  # ns per microsecond
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +103,42 @@ def test_launch_edges_and_queued_kernels(tmp_path: Path) -> None:
     # A slower k1 delays the queued k2 by the same amount.
     r = replay(with_duration(g, k1, 60 * US))
     assert r.start_ns[k2] - a.replay.start_ns[k2] == 30 * US
+
+
+@covers(LaunchQueue)
+def test_full_launch_queue_blocks_the_cpu_behind_a_slow_gpu(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.step(0, 0, 100)
+    for i in range(8):  # a launch every 10 us, each kernel done 3 us later: the queue never fills
+        tr.runtime("cudaLaunchKernel", 10 * i, 4, corr=i + 1)
+        tr.gpu(f"k{i}", 10 * i + 6, 3, corr=i + 1)
+    path = tr.write(tmp_path / "t.json.gz")
+    rules = tuple(LaunchQueue(depth=2) if isinstance(r, LaunchQueue) else r for r in RULES)
+    g = build_graph(load_trace(path), rules=rules)
+    calls = [task_named(g, "cudaLaunchKernel", i) for i in range(8)]
+    kernels = [task_named(g, f"k{i}") for i in range(8)]
+    assert edges_of(g, EdgeKind.LAUNCH_QUEUE) == {(kernels[i - 2], calls[i]) for i in range(2, 8)}
+    assert g.report["launch_queue_max_pending"] == 1
+    base = replay(g)
+    assert (base.end_ns[calls] - base.start_ns[calls] == 4 * US).all()
+
+    def gpu_times(factor: float) -> TaskGraph:
+        out = g.copy()
+        out.tasks.loc[kernels, "dur_ns"] = (out.tasks.loc[kernels, "dur_ns"] * factor).astype(np.int64)
+        return out
+
+    # 10x slower kernels (30 us each, back to back): from the third launch on, each call returns
+    # only when the kernel two entries back has finished, so the CPU runs at the GPU's pace.
+    slow = replay(gpu_times(10))
+    for i in range(2, 8):
+        assert slow.end_ns[calls[i]] == max(slow.start_ns[calls[i]] + 4 * US, slow.end_ns[kernels[i - 2]])
+    assert slow.end_ns[calls[7]] == slow.end_ns[kernels[5]] > base.end_ns[calls[7]] + 100 * US
+    deep = build_graph(load_trace(path))  # the real depth: 8 launches never fill it
+    assert edges_of(deep, EdgeKind.LAUNCH_QUEUE) == set()
+    deep.tasks.loc[kernels, "dur_ns"] *= 10
+    assert (replay(deep).end_ns[calls] == base.end_ns[calls]).all()
+    # A faster GPU frees the CPU: the calls keep their measured times.
+    assert (replay(gpu_times(0.5)).end_ns[calls] == base.end_ns[calls]).all()
 
 
 @covers(SyncEdges, SyncWakeUps)
@@ -226,6 +266,67 @@ def test_blocking_copy_waits_for_its_own_copy(tmp_path: Path) -> None:
     add = task_named(g, "aten::add")
     r = replay(with_duration(g, copy, 80 * US))
     assert r.start_ns[add] - a.replay.start_ns[add] == 40 * US
+
+
+def gpu_twice_as_fast(analysis) -> Replay:
+    return predict(analysis, [Scale(select=Selector(kind="gpu"), factor=0.5)]).scenarios[0].replay
+
+
+@covers(BlockingCallIssue, SyncEdges, SyncWakeUps)
+def test_pageable_copy_held_behind_a_long_kernel_waits_for_its_stream(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.step(0, 0, 1100)
+    tr.runtime("cudaMemcpyAsync", 0, 15, corr=1)                     # returned before its copy: did not wait
+    tr.gpu("Memcpy HtoD (Pageable -> Device)", 18, 10, corr=1, cat="gpu_memcpy")
+    tr.runtime("cudaLaunchKernel", 30, 5, corr=2)
+    tr.gpu("gemm", 40, 1000, corr=2)
+    tr.runtime("cudaMemcpyAsync", 40, 1010, corr=3)                  # held until the stream reaches its copy
+    tr.gpu("Memcpy HtoD (Pageable -> Device)", 1041, 30, corr=3, cat="gpu_memcpy")  # ends after the call returns
+    tr.op("aten::add", 1055, 5)
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    gemm, held = task_named(g, "gemm"), task_named(g, "cudaMemcpyAsync", 1)
+    wait = int(np.flatnonzero(g.tasks["kind"].to_numpy() == int(TaskKind.WAIT))[0])
+    assert g.report["copy_calls_held_until_stream_reached_copy"] == 1
+    assert (gemm, wait) in edges_of(g, EdgeKind.SYNC)  # the copy's predecessor on its stream
+    assert g.tasks.at[held, "dur_ns"] == 15 * US       # its own cost: the call that did not wait
+    assert g.tasks.at[wait, "dur_ns"] == 10 * US       # returned 10 us after the stream reached the copy
+    assert g.report["copy_calls_stream_wait_ns"] == (1001 - 15) * US
+    assert_exact(a)
+    add = task_named(g, "aten::add")
+    r = gpu_twice_as_fast(a)
+    assert a.replay.start_ns[add] - r.start_ns[add] == 500 * US  # the CPU's wait shrinks with the GPU
+
+
+@covers(BlockingCallIssue, SyncEdges, SyncWakeUps)
+def test_item_after_a_long_kernel_waits_for_the_gpu(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.step(0, 0, 1200)
+    tr.op("aten::item", 0, 30)                                       # a first .item(), stream idle
+    tr.op("aten::_local_scalar_dense", 1, 28)
+    tr.runtime("cudaMemcpyAsync", 2, 20, corr=1)
+    tr.gpu("Memcpy DtoH (Device -> Pageable)", 14, 2, corr=1, cat="gpu_memcpy")
+    tr.runtime("cudaStreamSynchronize", 24, 3, corr=2)
+    tr.runtime("cudaLaunchKernel", 40, 5, corr=3)
+    tr.gpu("gemm", 50, 1000, corr=3)
+    tr.op("aten::item", 50, 1020)                                    # loss.item() behind the gemm
+    tr.op("aten::_local_scalar_dense", 51, 1018)
+    tr.runtime("cudaMemcpyAsync", 52, 1004, corr=4)                 # returns 6 us after its copy
+    tr.gpu("Memcpy DtoH (Device -> Pageable)", 1051, 2, corr=4, cat="gpu_memcpy")
+    tr.runtime("cudaStreamSynchronize", 1058, 5, corr=5)
+    tr.op("aten::add", 1075, 5)
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    copy, held = task_named(g, "Memcpy DtoH (Device -> Pageable)", 1), task_named(g, "cudaMemcpyAsync", 1)
+    wait = int(np.flatnonzero(g.tasks["kind"].to_numpy() == int(TaskKind.WAIT))[1])
+    assert g.report["copy_calls_held_until_copy_done"] == 2
+    assert (copy, wait) in edges_of(g, EdgeKind.SYNC)
+    assert g.tasks.at[held, "dur_ns"] == 12 * US  # the first call's start-to-copy time, not the 999 us held
+    assert g.tasks.at[wait, "dur_ns"] == 3 * US   # woken 3 us after its copy
+    assert_exact(a)
+    add = task_named(g, "aten::add")
+    r = gpu_twice_as_fast(a)
+    assert a.replay.start_ns[add] - r.start_ns[add] == 500 * US + 2 * 1 * US  # half the gemm and both copies
 
 
 @covers(LaunchEdges)

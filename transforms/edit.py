@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from whatif.depgraph.graph import (
+    END_BOUND_EDGE_KINDS,
     Change,
     ChangeTarget,
     EdgeKind,
@@ -45,6 +46,7 @@ from whatif.depgraph.graph import (
     TaskGraph,
     TaskKind,
 )
+from whatif.tracer.kinds import codes
 
 ORDER_KINDS = (int(EdgeKind.THREAD), int(EdgeKind.STREAM))
 Tasks = Sequence[int] | np.ndarray
@@ -261,7 +263,7 @@ def remove(graph: TaskGraph, tasks: Tasks, *, reason: str, transform: str | None
     new_kind.append(_order_kind(graph, w[ok]))
 
     # Other edges into a removed task move forward to its next surviving task on the resource.
-    into = ~is_order & removed[dst] & ~removed[src] & (ekind != int(EdgeKind.SYNC))
+    into = ~is_order & removed[dst] & ~removed[src] & ~np.isin(ekind, codes(END_BOUND_EDGE_KINDS))
     fwd, fwd_acc = _jump(dst[into], succ, succ_lat, removed)
     ok = fwd >= 0
     new_src.append(src[into][ok])

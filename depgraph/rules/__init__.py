@@ -13,7 +13,8 @@ from .collectives import ArrivalOrder, ClockAlignment, CollectiveBarriers, Colle
 from .event_wait import EventWaits
 from .flow import Flows, FlowWakesThread
 from .forkjoin import BurstGaps, ForkJoins
-from .launch import LAUNCH_QUANTILE, LaunchEdges
+from .launch import LaunchEdges
+from .launch_queue import LAUNCH_QUEUE_DEPTH, LaunchQueue
 from .steps import SingleStep, StepWindows
 from .stream import StreamOrder
 from .sync import SyncEdges, SyncWakeUps
@@ -25,6 +26,7 @@ RULES: tuple[BuildStep, ...] = (
     LauncherAttribution(),
     LaunchEdges(),
     StreamOrder(),
+    LaunchQueue(),
     SyncEdges(),
     EventWaits(),
     SyncWakeUps(),
@@ -42,7 +44,7 @@ RULES: tuple[BuildStep, ...] = (
 )
 check_order(RULES)
 
-__all__ = ["LAUNCH_QUANTILE", "RULES", "Adjustment", "AnchorRoots", "ArrivalOrder", "BlockingCallIssue",
+__all__ = ["LAUNCH_QUEUE_DEPTH", "RULES", "Adjustment", "AnchorRoots", "ArrivalOrder", "BlockingCallIssue",
            "BuildStep", "BurstGaps", "ClockAlignment", "CollectiveBarriers", "CollectiveSplit", "EdgeRule",
-           "EventWaits", "FlowWakesThread", "Flows", "ForkJoins", "LaunchEdges", "LauncherAttribution",
+           "EventWaits", "FlowWakesThread", "Flows", "ForkJoins", "LaunchEdges", "LaunchQueue", "LauncherAttribution",
            "SingleStep", "StepWindows", "StreamOrder", "SyncEdges", "SyncWakeUps", "ThreadOrder", "check_order"]

@@ -7,7 +7,9 @@
   most recent launch.
 * ``cudaEventSynchronize``: the work captured by the ``cudaEventRecord`` the ``cuda_sync``
   record names (``wait_on_cuda_event_record_corr_id`` on ``wait_on_stream``).
-* A blocking copy's WAIT task: its copy.
+* A held copy call's WAIT task (:mod:`.blocking`): its copy, when the call returned after the
+  copy ended; else the work before the copy on its stream (the call was held until the stream
+  reached its copy).
 
 Work queued before the trace window counts as launched before every call (see
 :class:`.sync_lookup.StreamIndex`). The waiting call's duration becomes its wake-up time
@@ -93,25 +95,29 @@ class SyncEdges(EdgeRule):
             waiters.append(c)
             deps_of.append(deps)
             streams_of.append(streams)
-        for copy, wait in zip(state.blocking.copy.tolist(), state.blocking.wait.tolist()):
+        explained: list[frozenset[int]] = [frozenset()] * len(waiters)
+        for dep, wait, copy in zip(state.blocking.waits_on.tolist(), state.blocking.wait.tolist(),
+                                   state.blocking.copy.tolist()):
             waiters.append(wait)
-            deps_of.append([copy])
-            streams_of.append([int(look.resource[copy])])
+            deps_of.append([dep])
+            streams_of.append([int(look.resource[dep])])
+            explained.append(frozenset((copy,)))
         rep["gpu_tasks_before_window"] = index.before_window
-        _report_unattributed(state, index, waiters, deps_of, streams_of)
+        _report_unattributed(state, index, waiters, deps_of, streams_of, explained)
         linked = [i for i, deps in enumerate(deps_of) if deps]
         return _edges(state, np.asarray([waiters[i] for i in linked], dtype=np.int64), [deps_of[i] for i in linked])
 
 
 def _report_unattributed(state: BuildState, index: StreamIndex, waiters: list[int], deps_of: list[list[int]],
-                         streams_of: list[list[int]]) -> None:
+                         streams_of: list[list[int]], explained: list[frozenset[int]]) -> None:
     """Count the waits no GPU work explains: the part of a waiting call after its deps ended (from
-    its start if none) during which the streams it waits on were busy."""
+    its start if none) during which the streams it waits on ran other work than a held copy's own
+    copy (which the call overlaps once its stream reached it)."""
     start, end = state.start_ns, state.end_ns
     count, total_ns = 0, 0
-    for w, deps, streams in zip(waiters, deps_of, streams_of):
+    for w, deps, streams, own in zip(waiters, deps_of, streams_of, explained):
         from_ns = max([int(start[w])] + [int(end[d]) for d in deps])
-        busy = index.busy_ns(streams, from_ns, int(end[w]))
+        busy = index.busy_ns(streams, from_ns, int(end[w]), own)
         count += busy > 0
         total_ns += busy
     state.report["sync_wait_unattributed"] = count

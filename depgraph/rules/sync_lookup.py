@@ -23,6 +23,15 @@ EVENT_SYNC = re.compile(r"(cuda|hip|cu)EventSynchronize")
 STREAM_WAIT = re.compile(r"(cuda|hip|cu)StreamWaitEvent")
 WAITING_CALL = re.compile(r"Synchronize|WaitEvent")
 BEFORE_WINDOW_NS = np.iinfo(np.int64).min  # the launch time of work queued before the trace window
+COPY_CALL = re.compile(r"(cuda|hip|cu)Memcpy")
+"""Copy calls: ``cudaMemcpy``, ``cudaMemcpyAsync``, ``cuMemcpyDtoH``..., ``hipMemcpy``,
+``hipMemcpyAsync``, ``hipMemcpyWithStream`` (what ``.item()`` / ``.cpu()`` / ``.to()`` call)."""
+SYNCHRONOUS_COPY = re.compile(r"^(cuda|hip|cu)Memcpy(?!\w*Async)")
+"""Copy calls that return only once their copy is done (CUDA's and HIP's synchronous API):
+``cudaMemcpy``, ``hipMemcpy``, ``hipMemcpyWithStream``, ``cuMemcpyDtoH``..."""
+PAGEABLE_COPY = re.compile(r"Pageable")
+"""A copy (activity name, e.g. ``Memcpy DtoH (Device -> Pageable)``) to or from pageable host
+memory: an async call for it waits for its stream (CUDA "API synchronization behavior")."""
 
 
 class StreamIndex:
@@ -82,13 +91,14 @@ class StreamIndex:
             i = min(i, int(np.searchsorted(pre, done_by_ns, side="left")) - 1)
         return int(self.tasks[resource][i]) if i >= 0 else -1
 
-    def busy_ns(self, resources: list[int], from_ns: int, to_ns: int) -> int:
-        """How long, within ``[from_ns, to_ns)``, any of ``resources`` ran work."""
+    def busy_ns(self, resources: list[int], from_ns: int, to_ns: int, explained: frozenset[int] = frozenset()) -> int:
+        """How long, within ``[from_ns, to_ns)``, any of ``resources`` ran work other than ``explained``."""
         if to_ns <= from_ns:
             return 0
-        spans = [(max(int(a), from_ns), min(int(b), to_ns))
+        spans = [(max(int(start[i]), from_ns), min(int(end[i]), to_ns))
                  for r in resources
-                 for a, b in zip(*self._overlapping(r, from_ns, to_ns))]
+                 for tasks, start, end in [self._overlapping(r, from_ns, to_ns)]
+                 for i in range(len(tasks)) if int(tasks[i]) not in explained]
         total, reach = 0, from_ns
         for a, b in sorted(spans):
             a = max(a, reach)
@@ -97,11 +107,12 @@ class StreamIndex:
                 reach = b
         return total
 
-    def _overlapping(self, resource: int, from_ns: int, to_ns: int) -> tuple[np.ndarray, np.ndarray]:
+    def _overlapping(self, resource: int, from_ns: int, to_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The tasks of ``resource`` that may overlap ``[from_ns, to_ns)``, their starts and ends."""
         starts, ends, reach = self.spans[resource]
         lo = int(np.searchsorted(reach, from_ns, side="right"))
         hi = int(np.searchsorted(starts, to_ns, side="left"))
-        return starts[lo:hi], ends[lo:hi]
+        return self.tasks[resource][lo:hi], starts[lo:hi], ends[lo:hi]
 
     def first_after(self, resource: int, time_ns: int) -> int:
         """The first task on ``resource`` launched at or after ``time_ns``, or -1."""

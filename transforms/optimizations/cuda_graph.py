@@ -133,7 +133,7 @@ def find_captures(graph: TaskGraph, region: np.ndarray, min_kernels: int) -> Cap
     good = is_launch & ~bad
     cpu = np.isin(kind, CPU_KINDS)
     barrier = cpu & ((is_launch & bad) | np.isin(kind, [int(TaskKind.WAIT), int(TaskKind.MARKER)]))
-    other = ~np.isin(ek, [int(EdgeKind.THREAD), int(EdgeKind.LAUNCH)])
+    other = ~np.isin(ek, [int(EdgeKind.THREAD), int(EdgeKind.LAUNCH), int(EdgeKind.LAUNCH_QUEUE)])
     barrier[dst[other]] |= cpu[dst[other]]
     barrier[src[other]] |= cpu[src[other]]
     # CPU tasks per thread in program order; a capture = from a good launch to the last good

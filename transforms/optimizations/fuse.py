@@ -120,8 +120,9 @@ def fusable_links(graph: TaskGraph) -> tuple[np.ndarray, np.ndarray]:
     # Significant CPU tasks: launches, waits, markers, and anything with a non-thread dependency.
     sig = np.zeros(n, dtype=bool)
     sig[src[launch]] = True
-    sig[dst[~np.isin(ek, [int(EdgeKind.THREAD), int(EdgeKind.LAUNCH)])]] = True
-    sig[src[~np.isin(ek, [int(EdgeKind.THREAD), int(EdgeKind.LAUNCH)])]] = True
+    other = ~np.isin(ek, [int(EdgeKind.THREAD), int(EdgeKind.LAUNCH), int(EdgeKind.LAUNCH_QUEUE)])
+    sig[dst[other]] = True
+    sig[src[other]] = True
     sig |= np.isin(kind, [int(TaskKind.WAIT), int(TaskKind.MARKER)])
     cpu = np.isin(kind, [int(TaskKind.CPU_CALL), int(TaskKind.CPU_WORK), int(TaskKind.WAIT), int(TaskKind.MARKER)])
     sig &= cpu
@@ -133,8 +134,9 @@ def fusable_links(graph: TaskGraph) -> tuple[np.ndarray, np.ndarray]:
     next_sig[s_ids[:-1][same]] = s_ids[1:][same]
     # A member's only dependency besides its stream predecessor is its launch, and its only
     # dependent is its stream successor.
-    n_in = np.bincount(dst, minlength=n)
-    n_out = np.bincount(src, minlength=n)
+    counted = ek != int(EdgeKind.LAUNCH_QUEUE)  # a full launch queue waits on any kernel, fused or not
+    n_in = np.bincount(dst[counted], minlength=n)
+    n_out = np.bincount(src[counted], minlength=n)
     k1 = np.flatnonzero((succ >= 0) & (kind == int(TaskKind.KERNEL)))
     k2 = succ[k1]
     l1, l2 = launcher[k1], launcher[k2]
