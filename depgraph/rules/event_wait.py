@@ -101,12 +101,14 @@ class EventWaits(EdgeRule):
             rec = look.record_of(c)
             rank = int(look.ranks[c])
             if rec is not None:
-                recorded = look.record_target(rank, rec)
                 waiting = look.index.find(rank, rec.device, rec.stream)
             else:
                 rep["stream_waits_without_sync_record"] += 1
                 waiting = look.next_launch_stream(c)
             first = look.index.first_after(waiting, int(start[c])) if waiting is not None else -1
+            recorded = -1
+            if rec is not None and first >= 0:
+                recorded = look.record_target(rank, rec, int(start[first]))
             if first < 0 or (rec is not None and recorded < 0):
                 rep["stream_waits_with_nothing_to_wait_for"] += 1
                 continue
