@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from whatif.tracer.args import Arg
+from whatif.tracer.args import Arg, arg_column
 from whatif.tracer.kinds import EventKind
 
 from ..state import BuildState
@@ -146,8 +146,9 @@ def _sync_records(state: BuildState) -> dict[tuple[int, int], SyncRecord]:
     tr = state.trace
     ev = tr.events
     rows = np.flatnonzero(ev["kind"].to_numpy() == int(EventKind.GPU_SYNC))
-    cols = [tr.arg(a)[rows] for a in (Arg.SYNC_DEVICE, Arg.SYNC_STREAM, Arg.WAIT_ON_STREAM,
-                                      Arg.WAIT_ON_EVENT_CORRELATION)]
+    # read on the sync records only: `device` and `stream` are also on every kernel's arguments
+    cols = [arg_column(ev, a, rows) for a in (Arg.SYNC_DEVICE, Arg.SYNC_STREAM, Arg.WAIT_ON_STREAM,
+                                              Arg.WAIT_ON_EVENT_CORRELATION)]
     out: dict[tuple[int, int], SyncRecord] = {}
     for i, (r, c) in enumerate(zip(ev["rank"].to_numpy()[rows].tolist(), ev["correlation"].to_numpy()[rows].tolist())):
         if c >= 0 and ev["args"].iat[int(rows[i])].__class__ is dict:
