@@ -189,6 +189,43 @@ def test_device_synchronize_waits_for_every_stream(tmp_path: Path) -> None:
     assert r.end_ns[sync] == r.end_ns[task_named(g, "a")] + g.tasks.at[sync, "dur_ns"]
 
 
+@covers(SyncEdges, SyncWakeUps, AnchorRoots)
+def test_device_synchronize_waits_for_work_queued_before_the_window(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.step(0, 0, 130)
+    tr.gpu("queued_a", 0, 40, corr=90)                        # launched before the trace window
+    tr.gpu("queued_b", 41, 39, corr=91)
+    tr.runtime("cudaDeviceSynchronize", 5, 77, corr=1)        # returns 2 us after queued_b
+    tr.runtime("cudaLaunchKernel", 90, 5, corr=2)
+    tr.gpu("after", 100, 10, corr=2)
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    qa, qb, sync = task_named(g, "queued_a"), task_named(g, "queued_b"), task_named(g, "cudaDeviceSynchronize")
+    assert (qb, sync) in edges_of(g, EdgeKind.SYNC)
+    assert (qa, qb) in edges_of(g, EdgeKind.STREAM)
+    assert g.tasks.at[sync, "dur_ns"] == 2 * US
+    assert g.report["gpu_tasks_before_window"] == 2 and g.report["sync_wait_unattributed"] == 0
+    assert_exact(a)
+    r = replay(with_duration(with_duration(g, qa, 0), qb, 0))   # the queued work takes no time
+    assert r.end_ns[qb] < r.start_ns[sync] and r.end_ns[sync] == r.start_ns[sync] + 2 * US
+    assert a.replay.end_ns[sync] - r.end_ns[sync] == 75 * US
+
+
+@covers(SyncEdges)
+def test_sync_wait_no_gpu_work_explains_is_reported(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.runtime("cudaLaunchKernel", 0, 5, corr=1)
+    tr.gpu("launched", 10, 80, corr=1)
+    tr.runtime("cudaDeviceSynchronize", 100, 100, corr=2)
+    tr.gpu("unlaunched", 110, 85, corr=99)     # no launch: taken as launched at its start, after the sync's
+    g = analyze(tr.write(tmp_path / "t.json.gz")).graph
+    sync = task_named(g, "cudaDeviceSynchronize")
+    assert (task_named(g, "launched"), sync) in edges_of(g, EdgeKind.SYNC)
+    assert (task_named(g, "unlaunched"), sync) not in edges_of(g, EdgeKind.SYNC)
+    assert g.report["gpu_tasks_before_window"] == 0
+    assert (g.report["sync_wait_unattributed"], g.report["sync_wait_unattributed_ns"]) == (1, 85 * US)
+
+
 @covers(EventWaits)
 def test_event_record_and_stream_wait_link_two_streams(tmp_path: Path) -> None:
     tr = KinetoTrace()

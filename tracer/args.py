@@ -67,7 +67,10 @@ def read_arg(args: dict[str, Any] | None, arg: Arg) -> Any:
     >>> read_arg({"Input Dims": [[4]]}, Arg.INPUT_DIMS), read_arg({"Group size": "x"}, Arg.GROUP_SIZE)
     ([[4]], None)
     """
-    spec = arg.spec
+    return _read(args, arg.spec)
+
+
+def _read(args: dict[str, Any] | None, spec: ArgSpec) -> Any:
     if args.__class__ is not dict:
         return spec.default
     for key in spec.raw:
@@ -83,6 +86,7 @@ def arg_column(events: pd.DataFrame, arg: Arg, rows: np.ndarray | None = None) -
     raw = events["args"].to_numpy()
     if rows is not None:
         raw = raw[rows]
+    spec = arg.spec  # resolved once, not per event
     out = np.empty(len(raw), dtype=object)
-    out[:] = [read_arg(a, arg) for a in raw]
+    out[:] = [_read(a, spec) for a in raw]
     return out

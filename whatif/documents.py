@@ -28,15 +28,63 @@ from msgspec import UNSET, UnsetType
 from whatif.core.errors import WhatifError
 
 __all__ = [
-    "UNSET", "AnalysisDocument", "BaselinePrediction", "BaselineReportRef", "BaselineStep", "Cap", "ChangeEntry",
-    "Check", "Contributor", "CriticalPathEntry", "DitIterationModel", "DitRequest", "DitScenarioServing",
-    "DitServingDocument", "DitSettings", "DitSweepCurve", "DitSweepDocument", "DitSweepPoint", "Document",
-    "DocumentError", "Fidelity", "LatencyStats", "LlmIterationModel", "LlmRequest", "LlmScenarioServing",
-    "LlmScheduler", "LlmServingDocument", "LlmSweepCurve", "LlmSweepDocument", "LlmSweepPoint", "PathShift",
-    "PhaseFitEntry", "PredictionDocument", "ProfilerOffset", "RankEntry", "ReportDocument", "ReportRow",
-    "RowServing", "ScenarioHeadline", "ScenarioPrediction", "ScenarioStep", "ServingDocument", "SloAttainment",
-    "Stat", "StepBreakdown", "StepFidelity", "SweepDocument", "TopEntry", "UtilizationEntry", "WaterfallEntry",
-    "WorkloadEntry", "counted", "from_json", "mean_breakdown_ns", "to_json", "write_json"
+    "UNSET",
+    "AnalysisDocument",
+    "BaselinePrediction",
+    "BaselineReportRef",
+    "BaselineStep",
+    "Cap",
+    "ChangeEntry",
+    "Check",
+    "Contributor",
+    "CriticalPathEntry",
+    "DitIterationModel",
+    "DitRequest",
+    "DitScenarioServing",
+    "DitServingDocument",
+    "DitSettings",
+    "DitSweepCurve",
+    "DitSweepDocument",
+    "DitSweepPoint",
+    "Document",
+    "DocumentError",
+    "Fidelity",
+    "LatencyStats",
+    "LlmIterationModel",
+    "LlmRequest",
+    "LlmScenarioServing",
+    "LlmScheduler",
+    "LlmServingDocument",
+    "LlmSweepCurve",
+    "LlmSweepDocument",
+    "LlmSweepPoint",
+    "NotJsonError",
+    "PathShift",
+    "PhaseFitEntry",
+    "PredictionDocument",
+    "ProfilerOffset",
+    "RankEntry",
+    "ReportDocument",
+    "ReportRow",
+    "RowServing",
+    "ScenarioHeadline",
+    "ScenarioPrediction",
+    "ScenarioStep",
+    "ServingDocument",
+    "SloAttainment",
+    "Stat",
+    "StepBreakdown",
+    "StepFidelity",
+    "SweepDocument",
+    "TopEntry",
+    "UtilizationEntry",
+    "WaterfallEntry",
+    "WorkloadEntry",
+    "counted",
+    "from_json",
+    "mean_breakdown_ns",
+    "to_json",
+    "write_json"
 ]
 
 ANALYSIS_SCHEMA = "whatif.analysis"
@@ -49,6 +97,10 @@ VERSION = 1
 
 class DocumentError(WhatifError):
     """JSON that is not the document asked for (one line naming the first wrong key)."""
+
+
+class NotJsonError(DocumentError):
+    """The text is not JSON at all (as opposed to JSON that is not the expected document)."""
 
 
 class Entry(msgspec.Struct, frozen=True, kw_only=True):
@@ -685,7 +737,7 @@ def from_json(text: str | bytes, doc_type: type[D] | object) -> D:
     try:
         raw = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        raise DocumentError(f"not JSON ({exc})") from None
+        raise NotJsonError(f"not JSON ({exc})") from None
     members = _members(doc_type)
     target = members[0]
     if len(members) > 1 and isinstance(raw, dict):

@@ -26,9 +26,9 @@ class EventWaits(EdgeRule):
                 rep["stream_waits_without_sync_record"] += 1
                 continue
             rank = int(look.ranks[c])
-            recorded = look.record_target(rank, rec)
             waiting = look.index.find(rank, rec.device, rec.stream)
             first = look.index.first_after(waiting, int(state.start_ns[c])) if waiting is not None else -1
+            recorded = look.record_target(rank, rec, int(state.start_ns[first])) if first >= 0 else -1
             if recorded < 0 or first < 0:
                 rep["stream_waits_with_nothing_to_wait_for"] += 1
                 continue

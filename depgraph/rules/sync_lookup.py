@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from whatif.tracer.args import Arg
+from whatif.tracer.args import Arg, arg_column
 from whatif.tracer.kinds import EventKind
 
 from ..state import BuildState
@@ -22,6 +22,7 @@ STREAM_SYNC = re.compile(r"(cuda|hip|cu)StreamSynchronize")
 EVENT_SYNC = re.compile(r"(cuda|hip|cu)EventSynchronize")
 STREAM_WAIT = re.compile(r"(cuda|hip|cu)StreamWaitEvent")
 WAITING_CALL = re.compile(r"Synchronize|WaitEvent")
+BEFORE_WINDOW_NS = np.iinfo(np.int64).min  # the launch time of work queued before the trace window
 COPY_CALL = re.compile(r"(cuda|hip|cu)Memcpy")
 """Copy calls: ``cudaMemcpy``, ``cudaMemcpyAsync``, ``cuMemcpyDtoH``..., ``hipMemcpy``,
 ``hipMemcpyAsync``, ``hipMemcpyWithStream`` (what ``.item()`` / ``.cpu()`` / ``.to()`` call)."""
@@ -34,7 +35,12 @@ memory: an async call for it waits for its stream (CUDA "API synchronization beh
 
 
 class StreamIndex:
-    """Per stream: its tasks in order and the running max of their launch times."""
+    """Per stream: its tasks in order and the running max of their launch times.
+
+    A task without a launch is taken as launched at its own start, except the ones before its
+    stream's first launched task: the work the GPU had queued when the trace window opened, taken
+    as launched before the window (:data:`BEFORE_WINDOW_NS`). A synchronization waits on those it
+    could have: the ones that started before it returned (``done_by_ns``)."""
 
     def __init__(self, state: BuildState) -> None:
         resource = state.column("resource")
@@ -47,10 +53,19 @@ class StreamIndex:
         res = resource[gpu]
         self.tasks: dict[int, np.ndarray] = {}
         self.launched: dict[int, np.ndarray] = {}
+        self.pre_window_starts: dict[int, np.ndarray] = {}
+        self.spans: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # starts, ends, running max end
         for r in np.unique(res):
             sel = res == r
-            self.tasks[int(r)] = gpu[sel]
-            self.launched[int(r)] = np.maximum.accumulate(launch_t[sel])
+            tasks = gpu[sel]
+            launched = np.flatnonzero(launch_of[tasks] >= 0)
+            n_pre = int(launched[0]) if len(launched) else len(tasks)
+            launch_r = launch_t[sel]
+            launch_r[:n_pre] = BEFORE_WINDOW_NS
+            self.tasks[int(r)] = tasks
+            self.launched[int(r)] = np.maximum.accumulate(launch_r)
+            self.pre_window_starts[int(r)] = start[tasks[:n_pre]]
+            self.spans[int(r)] = (start[tasks], end[tasks], np.maximum.accumulate(end[tasks]))
         ev = state.trace.events
         rows = state.column("event")[gpu]
         self.by_key: dict[tuple[int, int, int], int] = {}
@@ -59,13 +74,45 @@ class StreamIndex:
             self.by_key.setdefault((rk, d, s), r)
         self.by_rank_stream: dict[tuple[int, int], int] = {(rk, s): r for (rk, _, s), r in self.by_key.items()}
 
-    def last_before(self, resource: int, time_ns: int) -> int:
-        """The last task on ``resource`` launched before ``time_ns``, or -1."""
+    @property
+    def before_window(self) -> int:
+        """How many tasks, over all streams, ran work queued before the window."""
+        return sum(len(s) for s in self.pre_window_starts.values())
+
+    def last_before(self, resource: int, time_ns: int, done_by_ns: int) -> int:
+        """The last task on ``resource`` launched before ``time_ns``, or -1; of the work queued
+        before the window, the last one that started before ``done_by_ns``."""
         launched = self.launched.get(resource)
         if launched is None:
             return -1
         i = int(np.searchsorted(launched, time_ns, side="left")) - 1
+        pre = self.pre_window_starts[resource]
+        if i < len(pre):
+            i = min(i, int(np.searchsorted(pre, done_by_ns, side="left")) - 1)
         return int(self.tasks[resource][i]) if i >= 0 else -1
+
+    def busy_ns(self, resources: list[int], from_ns: int, to_ns: int, explained: frozenset[int] = frozenset()) -> int:
+        """How long, within ``[from_ns, to_ns)``, any of ``resources`` ran work other than ``explained``."""
+        if to_ns <= from_ns:
+            return 0
+        spans = [(max(int(start[i]), from_ns), min(int(end[i]), to_ns))
+                 for r in resources
+                 for tasks, start, end in [self._overlapping(r, from_ns, to_ns)]
+                 for i in range(len(tasks)) if int(tasks[i]) not in explained]
+        total, reach = 0, from_ns
+        for a, b in sorted(spans):
+            a = max(a, reach)
+            if b > a:
+                total += b - a
+                reach = b
+        return total
+
+    def _overlapping(self, resource: int, from_ns: int, to_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The tasks of ``resource`` that may overlap ``[from_ns, to_ns)``, their starts and ends."""
+        starts, ends, reach = self.spans[resource]
+        lo = int(np.searchsorted(reach, from_ns, side="right"))
+        hi = int(np.searchsorted(starts, to_ns, side="left"))
+        return self.tasks[resource][lo:hi], starts[lo:hi], ends[lo:hi]
 
     def first_after(self, resource: int, time_ns: int) -> int:
         """The first task on ``resource`` launched at or after ``time_ns``, or -1."""
@@ -99,8 +146,9 @@ def _sync_records(state: BuildState) -> dict[tuple[int, int], SyncRecord]:
     tr = state.trace
     ev = tr.events
     rows = np.flatnonzero(ev["kind"].to_numpy() == int(EventKind.GPU_SYNC))
-    cols = [tr.arg(a)[rows] for a in (Arg.SYNC_DEVICE, Arg.SYNC_STREAM, Arg.WAIT_ON_STREAM,
-                                      Arg.WAIT_ON_EVENT_CORRELATION)]
+    # read on the sync records only: `device` and `stream` are also on every kernel's arguments
+    cols = [arg_column(ev, a, rows) for a in (Arg.SYNC_DEVICE, Arg.SYNC_STREAM, Arg.WAIT_ON_STREAM,
+                                              Arg.WAIT_ON_EVENT_CORRELATION)]
     out: dict[tuple[int, int], SyncRecord] = {}
     for i, (r, c) in enumerate(zip(ev["rank"].to_numpy()[rows].tolist(), ev["correlation"].to_numpy()[rows].tolist())):
         if c >= 0 and ev["args"].iat[int(rows[i])].__class__ is dict:
@@ -165,14 +213,15 @@ class SyncLookup:
         i = int(np.searchsorted(entry[0], self.state.start_ns[call], side="left")) - 1
         return int(entry[1][i]) if i >= 0 else None
 
-    def record_target(self, rank: int, rec: SyncRecord) -> int:
-        """The task captured by the cudaEventRecord a cuda_sync record points to, or -1."""
+    def record_target(self, rank: int, rec: SyncRecord, done_by_ns: int) -> int:
+        """The task captured by the cudaEventRecord a cuda_sync record points to, or -1; work
+        queued before the window counts if it started before ``done_by_ns``."""
         rc, ws = rec.wait_on_event_correlation, rec.wait_on_stream
         record_call = self.record_call_by_corr.get((rank, rc)) if rc >= 0 else None
         if record_call is None or ws < 0:
             return -1
         stream_res = self.index.find(rank, rec.device, ws)
-        return self.index.last_before(stream_res, int(self.state.start_ns[record_call])) \
+        return self.index.last_before(stream_res, int(self.state.start_ns[record_call]), done_by_ns) \
             if stream_res is not None else -1
 
 

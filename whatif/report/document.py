@@ -22,6 +22,7 @@ from whatif.documents import (
     Contributor,
     DocumentError,
     LatencyStats,
+    NotJsonError,
     PathShift,
     PredictionDocument,
     ReportDocument,
@@ -44,6 +45,10 @@ Row = BaselinePrediction | ScenarioPrediction
 
 class ReportError(WhatifError):
     """A report input that cannot be used (a usage or input error: exit 2)."""
+
+
+class _Unreadable(ReportError):
+    """The file is missing, unreadable or not JSON (as opposed to JSON of the wrong shape)."""
 
 
 def _mean_breakdown(paths: list[StepBreakdown]) -> dict[str, int]:
@@ -103,22 +108,23 @@ def _read(path: Path, what: str, doc_type: object) -> Any:
     try:
         text = path.read_bytes()
     except FileNotFoundError:
-        raise ReportError(f"{path}: no such {what} file") from None
+        raise _Unreadable(f"{path}: no such {what} file") from None
     except OSError as exc:
-        raise ReportError(f"{path}: not a JSON {what} document ({exc})") from None
+        raise _Unreadable(f"{path}: not a JSON {what} document ({exc})") from None
     try:
         return from_json(text, doc_type)
+    except NotJsonError as exc:
+        raise _Unreadable(f"{path}: not a JSON {what} document ({str(exc).removeprefix('not JSON (')[:-1]})") \
+            from None
     except DocumentError as exc:
-        message = str(exc)
-        raise ReportError(f"{path}: not a JSON {what} document ({message.removeprefix('not JSON (')[:-1]})"
-                          if message.startswith("not JSON") else f"{path}: not a {what} document ({exc})") from None
+        raise ReportError(f"{path}: not a {what} document ({exc})") from None
 
 
 class _Header(msgspec.Struct, frozen=True):
     """What a document says it is."""
 
     schema: str = ""
-    version: object = None
+    version: int | str | None = None
 
 
 def _header(path: Path, what: str, expected: str) -> _Header:
@@ -126,9 +132,9 @@ def _header(path: Path, what: str, expected: str) -> _Header:
     object is a ReportError saying it is not an ``expected`` document."""
     try:
         head: _Header = _read(path, what, _Header)
-    except ReportError as exc:
-        if "not a JSON" in str(exc) or "no such" in str(exc):
-            raise
+    except _Unreadable:
+        raise
+    except ReportError:
         raise ReportError(f"{path}: not a {expected} document") from None
     return head
 
