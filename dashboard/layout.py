@@ -15,13 +15,18 @@ from .pages import Page
 
 log = logging.getLogger("whatif.dashboard")
 
+COUNT_ALL = "count-all"
+"""The id of the box that counts warm-up and partial steps in means, phase tables, charts and fits
+(its value to options: :func:`whatif.dashboard.state.step_options`)."""
+
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #222; background: #f4f5f7; }
 .nav { display: flex; gap: 18px; align-items: center; padding: 8px 18px; background: #1f2a44; color: #fff; }
 .nav a { color: #dfe6f5; text-decoration: none; font-weight: 500; }
 .nav a:hover { color: #fff; text-decoration: underline; }
 .nav .brand { font-weight: 700; font-size: 18px; margin-right: 12px; color: #fff; }
-.nav .run { margin-left: auto; width: 360px; color: #222; }
+.nav .run { width: 360px; color: #222; }
+.nav .count-all { margin-left: auto; } .nav .count-all label { color: #dfe6f5; }
 .page { padding: 14px 18px; }
 .cards { display: flex; flex-wrap: wrap; gap: 10px; margin-bottom: 10px; }
 .card { background: #fff; border-radius: 6px; padding: 8px 14px; box-shadow: 0 1px 2px #0002; min-width: 120px; }
@@ -46,10 +51,14 @@ INDEX = """<!DOCTYPE html>
 
 
 def shell(pages: Sequence[Page], run_options: list[dict[str, str]], run_value: str | None) -> html.Div:
-    """Navigation bar (a link per page, in order, and the run menu) above the current page."""
+    """Navigation bar (a link per page, in order, the "count warm-up and partial steps" box and the
+    run menu) above the current page."""
     links = [dcc.Link(p.title, href=p.path, id=p.nav_id) for p in pages]
     return html.Div([
         html.Div([html.Span("whatif", className="brand"), *links,
+                  dcc.Checklist(id=COUNT_ALL, options=[{"label": " count warm-up and partial steps", "value": "all"}],
+                                value=[], className="count-all", persistence=True,
+                                inputStyle={"marginRight": "4px"}),
                   dcc.Dropdown(id="run", options=run_options, value=run_value, clearable=False,
                                placeholder="pick a run", className="run", persistence=True)], className="nav"),
         html.Div(dash.page_container, className="page"),

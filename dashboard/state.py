@@ -2,7 +2,10 @@
 
 Everything heavy (graphs, replays, 100 k-task timelines) stays in this process, keyed by run
 id; the browser only holds run ids and small scenario specs. Analyses are computed on first
-use, once per run (a lock per run), and predictions are kept in a small LRU per run.
+use, once per run (a lock per run), and predictions are kept in a small LRU per run. Documents
+(means, phase tables, charts, serving fits) depend on which steps count
+(:class:`~whatif.core.steps.StepOptions`, the "count warm-up and partial steps" box): they are
+cached per options; graphs and replays are shared.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ from whatif.api import (
     make_context,
     predict,
 )
+from whatif.core.steps import COUNT_DEFAULT, StepOptions
 from whatif.documents import (
     AnalysisDocument,
     BaselinePrediction,
@@ -85,11 +89,11 @@ class Run:
     _analysis: Analysis | None = None
     error: str | None = None
     scenarios: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> spec
-    _doc: AnalysisDocument | None = None
+    _docs_by_options: dict[StepOptions, AnalysisDocument] = field(default_factory=dict)
     _contexts: dict[Enum, TransformContext] = field(default_factory=dict)  # per cost model
-    _baseline_doc: BaselinePrediction | None = None
-    _results: OrderedDict[str, ScenarioResult] = field(default_factory=OrderedDict)
-    _docs: dict[str, ScenarioPrediction] = field(default_factory=dict)
+    _baseline_docs: dict[StepOptions, BaselinePrediction] = field(default_factory=dict)
+    _results: OrderedDict[tuple[str, StepOptions], ScenarioResult] = field(default_factory=OrderedDict)
+    _docs: dict[tuple[str, StepOptions], ScenarioPrediction] = field(default_factory=dict)
     cache: dict[Hashable, Any] = field(default_factory=dict)  # derived views (timeline arrays, phase table…)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
@@ -112,13 +116,22 @@ class Run:
                 self.error = None
             return self._analysis
 
+    def analysis_for(self, options: StepOptions = COUNT_DEFAULT) -> Analysis:
+        """The analysis counting the steps ``options`` selects (graph and replay shared)."""
+        return self.analysis.with_options(options)
+
+    def document(self, options: StepOptions = COUNT_DEFAULT) -> AnalysisDocument:
+        """The ``whatif.analysis`` document (the one ``whatif analyze --json`` writes with these
+        ``--include-*`` options), cached per options."""
+        with self.lock:
+            if options not in self._docs_by_options:
+                self._docs_by_options[options] = analysis_document(self.analysis_for(options))
+            return self._docs_by_options[options]
+
     @property
     def doc(self) -> AnalysisDocument:
-        """The ``whatif.analysis`` document (the same one ``whatif analyze --json`` writes)."""
-        with self.lock:
-            if self._doc is None:
-                self._doc = analysis_document(self.analysis)
-            return self._doc
+        """The ``whatif.analysis`` document of the default steps."""
+        return self.document()
 
     def summary(self) -> dict[str, Any]:
         """One row of the Runs table (without forcing an analysis)."""
@@ -144,66 +157,82 @@ class Run:
         return scenario_from_dict(spec, source=f"<{spec.get('name', 'scenario')}>",
                                   default_name=str(spec.get("name") or "scenario"))
 
-    def result(self, spec: dict[str, Any]) -> ScenarioResult:
-        """The prediction of a scenario spec on this run (cached, LRU of :data:`MAX_PREDICTIONS`)."""
-        key = spec_key(spec)
+    def result(self, spec: dict[str, Any], options: StepOptions = COUNT_DEFAULT) -> ScenarioResult:
+        """The prediction of a scenario spec on this run, its steps counted under ``options``
+        (cached, LRU of :data:`MAX_PREDICTIONS`; other options share the default's graphs)."""
+        key = (spec_key(spec), options)
         with self.lock:
             if key in self._results:
                 self._results.move_to_end(key)
                 return self._results[key]
-            scenario = self.scenario(spec)
-            pred = predict(self.analysis, [scenario], self.context(scenario_cost_model(scenario)))
-            self._results[key] = pred.scenarios[0]
+            if options != COUNT_DEFAULT:
+                res = replace(self.result(spec), options=options)
+            else:
+                scenario = self.scenario(spec)
+                pred = predict(self.analysis, [scenario], self.context(scenario_cost_model(scenario)))
+                res = pred.scenarios[0]
+            self._results[key] = res
             while len(self._results) > MAX_PREDICTIONS:
                 old, _ = self._results.popitem(last=False)
                 self._docs.pop(old, None)
-            return self._results[key]
+            return res
 
-    def quick_document(self, spec: dict[str, Any]) -> ScenarioHeadline:
+    def quick_document(self, spec: dict[str, Any], options: StepOptions = COUNT_DEFAULT) -> ScenarioHeadline:
         """Headline numbers of a scenario (speedup, per-transform waterfall, change log) without the
         per-step critical paths, which take seconds on 100 k-task graphs (:func:`whatif.summary.scenario_headline`,
         the numbers the prediction document carries)."""
-        return scenario_headline(self.analysis, self.result(spec))
+        return scenario_headline(self.analysis_for(options), self.result(spec, options))
 
     @property
     def serving_log(self) -> Path | None:
         """The serving log `whatif serve` would use for this run (see ``find_log``), if any."""
         return find_log(self.path) if self.path is not None else None
 
-    def serving(self, specs: list[dict[str, Any]], workload: Workload,
-                rates: list[float]) -> tuple[ServingDocument, SweepDocument]:
+    def serving(self, specs: list[dict[str, Any]], workload: Workload, rates: list[float],
+                options: StepOptions = COUNT_DEFAULT) -> tuple[ServingDocument, SweepDocument]:
         """The ``whatif serve`` and ``whatif sweep`` documents of the baseline and ``specs`` under
-        ``workload`` (iteration models fitted once per scenario set; documents cached per workload)."""
+        ``workload`` (iteration models fitted once per scenario set and steps counted; documents
+        cached per workload)."""
         log_path = self.serving_log
         if log_path is None:
             raise FileNotFoundError(f"{self.label}: no serving log for this run")
         keys = tuple(spec_key(s) for s in specs)
         with self.lock:
-            docs_key = ("serving", keys, repr(workload), tuple(rates))
+            docs_key = ("serving", keys, options, repr(workload), tuple(rates))
             if docs_key not in self.cache:
-                models_key = ("serving-models", keys)
+                models_key = ("serving-models", keys, options)
                 if models_key not in self.cache:
-                    self.cache[models_key] = fit_serving(self.analysis, [self.result(s) for s in specs],
+                    self.cache[models_key] = fit_serving(self.analysis_for(options),
+                                                         [self.result(s, options) for s in specs],
                                                          iterations_log=log_path)
                 models = self.cache[models_key]
                 self.cache[docs_key] = (serve(models, workload=workload), sweep(models, rates, workload=workload))
             return self.cache[docs_key]  # type: ignore[no-any-return]
 
-    def prediction(self, specs: list[dict[str, Any]]) -> PredictionDocument:
-        """The ``whatif.prediction`` document of several scenario specs (each scenario cached)."""
+    def prediction(self, specs: list[dict[str, Any]], options: StepOptions = COUNT_DEFAULT) -> PredictionDocument:
+        """The ``whatif.prediction`` document of several scenario specs (each scenario cached), steps
+        counted under ``options``."""
         with self.lock:
-            if self._baseline_doc is None:
-                self._baseline_doc = baseline_document(self.analysis)
+            analysis = self.analysis_for(options)
+            if options not in self._baseline_docs:
+                self._baseline_docs[options] = baseline_document(analysis)
+            baseline = self._baseline_docs[options]
             scenarios = []
             for spec in specs:
-                key = spec_key(spec)
+                key = (spec_key(spec), options)
                 if key not in self._docs:
-                    doc = prediction_document(Prediction(baseline=self.analysis, scenarios=[self.result(spec)]),
-                                              self._baseline_doc)
+                    doc = prediction_document(Prediction(baseline=analysis, scenarios=[self.result(spec, options)]),
+                                              baseline)
                     self._docs[key] = doc.scenarios[0]
                 scenarios.append(self._docs[key])
-            base = prediction_document(Prediction(baseline=self.analysis, scenarios=[]), self._baseline_doc)
+            base = prediction_document(Prediction(baseline=analysis, scenarios=[]), baseline)
             return msgspec.structs.replace(base, scenarios=scenarios)
+
+
+def step_options(count_all: Sequence[str] | None) -> StepOptions:
+    """The :class:`StepOptions` of the "count warm-up and partial steps" box (its value: the
+    checked items)."""
+    return StepOptions(include_warmup=True, include_partial=True) if count_all else COUNT_DEFAULT
 
 
 class RunStore:

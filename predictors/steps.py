@@ -9,21 +9,9 @@ time and is the iteration time a user sees. Measured and predicted times use thi
 (on measured and on replayed task times). A trace without step annotations has one step per
 rank spanning its window.
 
-Not every step is one a user means. :func:`step_exclusions` names, from the measured graph, the
-steps that means, speedups, phase tables and charts leave out by default (:class:`Exclusion`):
-
-* **warm-up**: a rank's ``ProfilerStep#0`` when the rank has another whole step. Step 0 is the
-  first step the profiler saw: it holds the program's start-up (imports, model construction,
-  CUDA context, allocator growth, autotuning) or, when the program ran before the profiler
-  started, the profiler's own start-up, the reason ``torch.profiler.schedule`` has a ``warmup``
-  phase. A recording whose first step is numbered above 0 was made after steps the profiler's
-  schedule skipped or warmed up on, so nothing is left out: the rule reads the step number, not
-  the step's length, so that a legitimately long first step (a prefill) stays in.
-* **partial**: a rank's last step when it holds less than half the tasks of the rank's median
-  step: the annotation the last ``prof.step()`` opened, cut short by the end of the recording
-  (it holds the profiler's shutdown, not an iteration).
-
-A rank with a single step keeps it. :class:`StepOptions` brings either kind back.
+Not every step is one a user means. :func:`step_exclusions` applies the rule of
+:mod:`whatif.core.steps` (warm-up ``ProfilerStep#0``, a partial last step; the recorder's summary
+applies the same one) to every rank of the measured graph, counting each step's tasks.
 
 The critical path of a step is walked backwards from the task that ends it, following the edge
 that set each task's start (or end, for a wait). Every nanosecond of the step is attributed to
@@ -40,15 +28,19 @@ idle       GPU idle between queued kernels, offsets of tasks with no predecessor
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from whatif.core.steps import COUNT_DEFAULT, PARTIAL_SHARE, Exclusion, StepOptions, rank_exclusions
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 
 from .replay import RESOURCE_BOUND, Replay, replay
+
+__all__ = ["CATEGORIES", "COUNT_DEFAULT", "PARTIAL_SHARE", "CriticalPath", "Exclusion", "StepOptions",
+           "counted_steps", "critical_path", "included_mean_ns", "measured_step_ns", "step_end_tasks",
+           "step_exclusions", "step_times", "step_times_ns", "utilization"]
 
 CATEGORIES = ("cpu", "launch", "gpu", "comm", "sync", "idle")
 _EDGE_CATEGORY = {EdgeKind.ANCHOR: "idle", EdgeKind.THREAD: "cpu", EdgeKind.STREAM: "idle", EdgeKind.LAUNCH: "launch",
@@ -58,48 +50,9 @@ _TASK_CATEGORY = {TaskKind.CPU_WORK: "cpu", TaskKind.CPU_CALL: "cpu", TaskKind.W
                   TaskKind.MEMCPY: "gpu", TaskKind.MEMSET: "gpu", TaskKind.COMM: "comm"}
 
 
-PARTIAL_SHARE = 0.5
-"""A last step holding fewer tasks than this share of the rank's median step is partial."""
-
-
-class Exclusion(Enum):
-    """Why a step is left out of means, speedups, phase tables and charts by default."""
-
-    WARMUP = "warm-up"
-    PARTIAL = "partial"
-
-    @property
-    def why(self) -> str:
-        """One line for people."""
-        return _WHY[self]
-
-
-_WHY = {Exclusion.WARMUP: "the first step (ProfilerStep#0) holds start-up",
-        Exclusion.PARTIAL: "the last step is cut short by the end of the recording"}
-
-
-@dataclass(frozen=True)
-class StepOptions:
-    """Which steps count in means, speedups, phase tables and charts (excluded steps are still listed)."""
-
-    include_warmup: bool = field(default=False, metadata={
-        "help": "count the warm-up step (ProfilerStep#0, start-up) in means, speedups and charts"})
-    include_partial: bool = field(default=False, metadata={
-        "help": "count a last step cut short by the end of the recording"})
-
-    def counts(self, reason: Exclusion | None) -> bool:
-        """Whether a step excluded for ``reason`` (None: not excluded) counts."""
-        return (reason is None or (reason is Exclusion.WARMUP and self.include_warmup)
-                or (reason is Exclusion.PARTIAL and self.include_partial))
-
-
-COUNT_DEFAULT = StepOptions()
-"""The default: warm-up and partial steps left out."""
-
-
 def step_exclusions(graph: TaskGraph) -> list[Exclusion | None]:
-    """Per row of ``graph.steps``: why the step is excluded by default, None when it counts (see
-    the module docstring)."""
+    """Per row of ``graph.steps``: why the step is excluded by default, None when it counts
+    (:func:`whatif.core.steps.rank_exclusions` per rank, steps in begin order, events = tasks)."""
     steps = graph.steps
     out: list[Exclusion | None] = [None] * len(steps)
     if not len(steps):
@@ -113,17 +66,15 @@ def step_exclusions(graph: TaskGraph) -> list[Exclusion | None]:
     for r in np.unique(ranks):
         rows = np.flatnonzero(ranks == r)
         rows = rows[np.argsort(begins[rows], kind="stable")]
-        if len(rows) < 2:
-            continue
-        tasks = np.array([int(counts.get((int(r), int(numbers[i])), 0)) for i in rows])
-        last = int(rows[-1])
-        if tasks[-1] < PARTIAL_SHARE * float(np.median(tasks[:-1])):
-            out[last] = Exclusion.PARTIAL
-        whole = [int(i) for i in rows if out[int(i)] is None]
-        first = int(rows[0])
-        if numbers[first] == 0 and len(whole) >= 2 and out[first] is None:
-            out[first] = Exclusion.WARMUP
+        tasks = [int(counts.get((int(r), int(numbers[i])), 0)) for i in rows]
+        for i, reason in zip(rows.tolist(), rank_exclusions(numbers[rows].tolist(), tasks)):
+            out[i] = reason
     return out
+
+
+def counted_steps(graph: TaskGraph, options: StepOptions = COUNT_DEFAULT) -> np.ndarray:
+    """Per row of ``graph.steps`` (the measured graph): whether the step counts under ``options``."""
+    return np.array([options.counts(r) for r in step_exclusions(graph)], dtype=bool)
 
 
 def _completion_floor(ranks: np.ndarray, begin: np.ndarray, done: np.ndarray) -> np.ndarray:

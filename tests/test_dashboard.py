@@ -28,6 +28,7 @@ from whatif.dashboard.forms import (
 from whatif.dashboard.guard import AccessDenied, PathGuard
 from whatif.dashboard.state import RunStore, discover
 from whatif.dashboard.uploads import UploadError, save_trace
+from whatif.serving import Workload
 from whatif.transforms.scenario import load_scenario
 
 REPO = Path(__file__).resolve().parents[1]
@@ -219,3 +220,32 @@ def test_compare_serving_without_a_log_says_so(tmp_path: Path) -> None:
     run = next(iter(get_store().runs.values()))
     assert run.serving_log is None and compare.default_workload(run) is None
     assert "meta.json" in compare.NO_LOG and compare.serving_body(run.id, [], None).children is None
+
+
+def test_documents_are_keyed_by_the_steps_counted() -> None:
+    """The "count warm-up and partial steps" box: each cached document is the one of its options."""
+    from whatif.core.steps import COUNT_DEFAULT, StepOptions
+    from whatif.dashboard.app import create_app
+    from whatif.dashboard.pages import overview
+    from whatif.dashboard.state import get_store, step_options
+
+    every = StepOptions(include_warmup=True, include_partial=True)
+    assert step_options(["all"]) == every and step_options([]) == step_options(None) == COUNT_DEFAULT
+    create_app([SAMPLE])
+    run = next(iter(get_store().runs.values()))
+    steady, all_steps = run.document(), run.document(every)
+    assert run.doc is steady and run.document(COUNT_DEFAULT) is steady and run.document(every) is all_steps
+    assert all_steps.mean_measured_step_ns > steady.mean_measured_step_ns  # the 68.7 ms warm-up step counts
+    assert [s.step for s in steady.steps if s.excluded] == [0, 160] and not any(s.excluded for s in all_steps.steps)
+    page = json.dumps(overview.body(run.id, ["all"]).to_plotly_json(), default=str)
+    assert f"{all_steps.mean_measured_step_ns / 1e6:,.3f}" in page and "excluded from means" not in page
+    assert "excluded from means" in json.dumps(overview.body(run.id, []).to_plotly_json(), default=str)
+    spec = {"name": "half cpu", "transform": [{"name": "scale", "factor": 0.5, "select": {"kind": "cpu"}}]}
+    a, b = run.prediction([spec]), run.prediction([spec], every)
+    assert a.scenarios[0].speedup != b.scenarios[0].speedup
+    assert run.result(spec, every).graph is run.result(spec).graph  # one prediction, counted two ways
+    assert run.quick_document(spec, every).speedup == b.scenarios[0].speedup
+    steady_fit, all_fit = (run.serving([], Workload(rate=10.0, num_requests=4), [10.0], o)[0] for o in (COUNT_DEFAULT,
+                                                                                                        every))
+    assert steady_fit.scenarios[0].iteration_model.phases["prefill"].n == 7
+    assert all_fit.scenarios[0].iteration_model.phases["prefill"].n == 8

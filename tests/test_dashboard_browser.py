@@ -187,9 +187,9 @@ def _run_id(server: Any, label_part: str) -> str:
     return next(r.id for r in server.store.runs.values() if label_part in r.label)
 
 
-def _analyze_doc(path: Path, tmp: Path) -> dict[str, Any]:
+def _analyze_doc(path: Path, tmp: Path, *flags: str) -> dict[str, Any]:
     out = tmp / "analysis.json"
-    subprocess.run([sys.executable, "-m", "whatif.cli", "analyze", str(path), "--json", str(out)], check=True,
+    subprocess.run([sys.executable, "-m", "whatif.cli", "analyze", str(path), *flags, "--json", str(out)], check=True,
                    capture_output=True)
     return json.loads(out.read_text())
 
@@ -221,6 +221,24 @@ def test_overview_matches_analyze(server: Any, browser: Any, shots: Path, tmp_pa
     _no_error(browser)
     _wait(browser, _settled)
     browser.save_screenshot(str(shots / "dashboard-overview.png"))
+
+
+def test_count_all_steps_box(server: Any, browser: Any, tmp_path: Path) -> None:
+    """The box in the navigation bar counts the warm-up and partial steps, as --include-* do."""
+    from selenium.webdriver.common.by import By
+
+    every = _analyze_doc(SAMPLE, tmp_path, "--include-warmup", "--include-partial")
+    mean = f"{sum(s['measured_ns'] for s in every['steps']) / len(every['steps']) / 1e6:,.3f}"
+    browser.get(f"{server.url}/overview?run={_run_id(server, 'llm_serve')}")
+    _wait(browser, lambda b: _text(b, "ov-tasks"))
+    assert _text(browser, "ov-measured") != mean and _text(browser, "ov-excluded")
+    browser.find_element(By.CSS_SELECTOR, "#count-all input[type=checkbox]").click()
+    _wait(browser, lambda b: _text(b, "ov-measured") == mean and _settled(b))
+    assert _text(browser, "ov-excluded") == ""
+    _check_overview(browser, every)
+    browser.find_element(By.CSS_SELECTOR, "#count-all input[type=checkbox]").click()  # leave it as found
+    _wait(browser, lambda b: _text(b, "ov-measured") != mean and _settled(b))
+    _no_error(browser)
 
 
 def test_shared_gpu_trace(server: Any, browser: Any, shots: Path, shared_traces: Path, tmp_path: Path) -> None:

@@ -72,6 +72,17 @@ def test_cli_with_report_json(pair: tuple[Path, Path, Path], tmp_path: Path,
     assert main(["diff", str(before), str(tmp_path / "nope.json")]) == 2
 
 
+def test_cli_include_warmup_counts_step_0(pair: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    before, _, after = pair
+    default, wide = tmp_path / "d.json", tmp_path / "w.json"
+    assert main(["diff", str(before), str(after), "--json", str(default), "-q"]) == 0
+    assert main(["diff", str(before), str(after), "--include-warmup", "--json", str(wide), "-q"]) == 0
+    d, w = orjson.loads(default.read_bytes()), orjson.loads(wide.read_bytes())
+    assert d["before"]["count"] == 2 and w["before"]["count"] == 3
+    assert [s.get("excluded") for s in w["before"]["steps"]] == [None, None, None]
+    assert w["before"]["mean_ns"] == sum(s["measured_ns"] for s in w["before"]["steps"]) // 3
+
+
 KINETO = "kineto/resnet50_num_workers_{}__worker0.{}.pt.trace.json.gz"
 
 

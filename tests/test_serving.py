@@ -167,11 +167,13 @@ def iteration_us(phase: str, ids: list[int]) -> float:
     return 208 + 2 * sum(PROMPTS[i] for i in ids) if phase == "prefill" else 108 + 20 * len(ids)
 
 
-def serving_run(tmp_path: Path) -> tuple[Path, Path]:
+def serving_run(tmp_path: Path, warmup_us: float = 0.0) -> tuple[Path, Path]:
+    """A serving loop following the law of :func:`iteration_us`; ``warmup_us``: start-up cost
+    inside the first iteration (ProfilerStep#0)."""
     tr, t = KinetoTrace(gpu_name=""), 0.0
     iterations = []
     for n, (phase, ids) in enumerate(SCHEDULE):
-        total = iteration_us(phase, ids)
+        total = iteration_us(phase, ids) + (warmup_us if n == 0 else 0.0)
         tr.step(n, t, total)
         tr.annotation(f"phase:{phase}", t + 5, total - 7)
         tr.op("aten::linear", t + 6, total - 9)
@@ -202,6 +204,27 @@ def test_fit_recovers_the_iteration_law(tmp_path: Path) -> None:
     assert pre.features == ("tokens",) and pre.coef["tokens"] == pytest.approx(2_000)
     assert model.time_ns(LLMBatch(decode_context=(50,) * 7)) == pytest.approx((108 + 140) * 1e3)
     assert model.time_ns(LLMBatch(prefill_tokens=(100,), prefill_cached=(0,))) == pytest.approx(408e3)
+
+
+def test_fit_leaves_the_warmup_step_out_unless_asked(tmp_path: Path) -> None:
+    run_dir, log = serving_run(tmp_path, warmup_us=500)
+    out, wide = tmp_path / "serve.json", tmp_path / "serve_all.json"
+    flags = ["serve", str(run_dir), "--iterations-log", str(log), "--rate", "inf", "--num-requests", "1",
+             "--prompt-tokens", "100", "--output-tokens", "3", "-q"]
+    assert main([*flags, "--json", str(out)]) == 0
+    assert main([*flags, "--include-warmup", "--json", str(wide)]) == 0
+    (s,) = orjson.loads(out.read_bytes())["scenarios"]
+    (w,) = orjson.loads(wide.read_bytes())["scenarios"]
+    model, with_warmup = s["iteration_model"], w["iteration_model"]
+    assert model["excluded_iterations"] == [{"step": 0, "phase": "prefill", "excluded": "warm-up"}]
+    assert model["phases"]["prefill"]["n"] == 3 and model["phases"]["prefill"]["r2"] == pytest.approx(1.0)
+    assert s["ttft_ms"]["mean"] == pytest.approx(0.408)   # the law, start-up not priced into prefills
+    assert with_warmup["excluded_iterations"] == [] and with_warmup["phases"]["prefill"]["n"] == 4
+    assert with_warmup["phases"]["prefill"]["r2"] < 0.99 and abs(w["ttft_ms"]["mean"] - 0.408) > 0.005
+    curve = tmp_path / "sweep.json"
+    assert main(["sweep", str(run_dir), "--iterations-log", str(log), "--rates", "10", "--num-requests", "3",
+                 "--include-warmup", "--json", str(curve), "-q"]) == 0
+    assert orjson.loads(curve.read_bytes())["curves"][0]["iteration_model"]["phases"]["prefill"]["n"] == 4
 
 
 def test_serve_cli_json_keys_and_hand_computed_latency(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

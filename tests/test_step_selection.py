@@ -95,3 +95,34 @@ def test_cli_prints_excluded_and_cap_lines(tmp_path: Path, capsys: pytest.Captur
     assert doc.scenarios[0].cap is not None and len(doc.baseline.steps) == 3
     assert main(["predict", str(trace), "-s", str(scenario), "--include-warmup"]) == 0
     assert "excluded from means" not in capsys.readouterr().out
+
+
+def test_record_summary_applies_the_same_rule(sample) -> None:  # type: ignore[no-untyped-def]
+    import gzip
+
+    import orjson
+
+    from whatif.tracer.record.summary import format_summary, summarize
+
+    summary = summarize(orjson.loads(gzip.open(SAMPLE / "rank0.pt.trace.json.gz").read()))
+    s = sample.steps
+    left_out = s[~s["included"]]["step"].tolist()
+    lines = format_summary(summary, rank=0, gpu_note=None)
+    assert lines[1].startswith("excluded from the step time: ")
+    assert [f"step {n} (" in lines[1] for n in left_out] == [True, True]
+    assert "warm-up" in lines[1] and "partial" in lines[1] and "--include-warmup" in lines[1]
+    assert "max 68.70 ms" not in lines[0]  # the warm-up step's time is not among the step times
+    both = format_summary(summary, rank=0, gpu_note=None, options=StepOptions(include_warmup=True,
+                                                                                include_partial=True))
+    assert "max 68.70 ms" in both[0] and not both[1].startswith("excluded")
+
+
+def test_the_rule_on_plain_arrays() -> None:
+    from whatif.core.steps import rank_exclusions
+
+    w, p = Exclusion.WARMUP, Exclusion.PARTIAL
+    assert rank_exclusions([0, 1, 2, 3], [50, 10, 10, 4]) == [w, None, None, p]
+    assert rank_exclusions([0, 1, 2], [50, 10, 4]) == [w, None, p]
+    assert rank_exclusions([0, 1], [50, 4]) == [None, p]  # step 0 is the only whole step: kept
+    assert rank_exclusions([3, 4, 5], [10, 10, 10]) == [None, None, None]
+    assert rank_exclusions([0], [10]) == [None]

@@ -516,10 +516,19 @@ class ProfilerOffset(Entry, frozen=True, kw_only=True):
     scale: float
 
 
+class ExcludedIteration(Entry, frozen=True, kw_only=True):
+    """A recorded iteration an iteration model was not fitted on, and why (``warm-up``, ``partial``)."""
+
+    step: int
+    phase: str
+    excluded: str
+
+
 class LlmIterationModel(Entry, frozen=True, kw_only=True):
     loop_overhead_ns: float
     profiler_correction: dict[str, ProfilerOffset]
     phases: dict[str, PhaseFitEntry]
+    excluded_iterations: list[ExcludedIteration] = []
 
 
 class DitIterationModel(Entry, frozen=True, kw_only=True):
@@ -532,6 +541,7 @@ class DitIterationModel(Entry, frozen=True, kw_only=True):
     loo_mape: float
     model_batches_seen: list[int]
     profiler_correction: float
+    excluded_iterations: list[ExcludedIteration] = []
 
 
 class LlmRequest(Entry, frozen=True, kw_only=True):

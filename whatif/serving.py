@@ -23,6 +23,8 @@ import numpy as np
 
 from whatif.analysis import Analysis, ScenarioResult, analyze, predict, scenario_cost_model
 from whatif.core.errors import TraceError
+from whatif.core.steps import COUNT_DEFAULT, Exclusion, StepOptions
+from whatif.depgraph.graph import TaskGraph
 from whatif.documents import (
     UNSET,
     DitIterationModel,
@@ -33,6 +35,7 @@ from whatif.documents import (
     DitSweepCurve,
     DitSweepDocument,
     DitSweepPoint,
+    ExcludedIteration,
     LatencyStats,
     LlmIterationModel,
     LlmRequest,
@@ -196,12 +199,16 @@ class DitOptions:
 
 class ServingModels:
     """The iteration models of the baseline and each scenario, with the serving log they were
-    fitted on (build with :func:`fit_serving`; reuse for several :func:`serve`/:func:`sweep` calls)."""
+    fitted on (build with :func:`fit_serving`; reuse for several :func:`serve`/:func:`sweep` calls).
+    The fits use the steps ``step_options`` counts, judged on ``reference`` (the measured graph)."""
 
     def __init__(self, source: str, log_path: Path, replays: Sequence[tuple[str, Replay]],
-                 unprofiled_log: str | Path | None = None) -> None:
+                 unprofiled_log: str | Path | None = None, *, reference: TaskGraph | None = None,
+                 step_options: StepOptions = COUNT_DEFAULT) -> None:
         self.source = source
         self.log_path = log_path
+        self.reference = reference
+        self.step_options = step_options
         self.log = logs.read_log(log_path)
         self.kind = "llm" if self.log["schema"] == logs.LLM_SCHEMA else "dit"
         self.models: list[tuple[str, Model]] = [(n, self._fit(rp)) for n, rp in replays]
@@ -215,7 +222,7 @@ class ServingModels:
                     m.factor = self.factor
 
     def _fit(self, rp: Replay) -> Model:
-        iters = replayed_iterations(rp)
+        iters = replayed_iterations(rp, self.reference, self.step_options)
         if self.kind == "llm":
             return fit_llm_model(iters, logs.llm_compositions(self.log))
         over = [b["duration_ms"] - sum(b["step_ms"]) for b in self.log["batches"]]
@@ -257,11 +264,13 @@ def _run_path(base: str | Path | Analysis) -> Path:
 
 def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] = (), *,
                 iterations_log: str | Path | None = None, unprofiled_log: str | Path | None = None,
-                baseline: bool = True, cost_model: str | Enum = CostModelName.TRACE) -> ServingModels:
+                baseline: bool = True, cost_model: str | Enum = CostModelName.TRACE,
+                step_options: StepOptions | None = None) -> ServingModels:
     """Fit the iteration models of the baseline (unless ``baseline=False`` and there are scenarios)
     and of each scenario on a run folder/trace (or its :class:`Analysis`). The serving log is
     ``iterations_log``, else the ``--log`` named in the run folder's meta.json. Scenarios without
-    a ``cost_model`` key are priced by ``cost_model``."""
+    a ``cost_model`` key are priced by ``cost_model``. The fits use the steps ``step_options``
+    counts (default: an Analysis's own options, else warm-up and partial steps left out)."""
     loaded = [load_scenario(s) if isinstance(s, (str, Path)) else s for s in scenarios]  # validate files first
     for s in loaded:
         if isinstance(s, Scenario):
@@ -274,7 +283,9 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
                             f"{folder / 'meta.json'} "
                             "and a file of that name in the folder); pass --iterations-log FILE (the --log of "
                             "examples/llm_serve.py or dit_serve.py for this recording)")
-    base = path if isinstance(path, Analysis) else analyze(path)
+    base = path if isinstance(path, Analysis) else analyze(path, step_options or COUNT_DEFAULT)
+    if step_options is not None:
+        base = base.with_options(step_options)
     replays: list[tuple[str, Replay]] = [] if not baseline and loaded else [("baseline", base.replay)]
     todo = [s for s in loaded if not isinstance(s, ScenarioResult)]
     predicted = iter(predict(base, todo, cost_model=cost_model).scenarios if todo else [])
@@ -282,7 +293,7 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
         r = s if isinstance(s, ScenarioResult) else next(predicted)
         replays.append((r.scenario.name, r.replay))
     return ServingModels(base.trace.source if isinstance(path, Analysis) else str(path), log_path, replays,
-                         unprofiled_log)
+                         unprofiled_log, reference=base.graph, step_options=base.options)
 
 
 def _models(path: str | Path | Analysis | ServingModels, scenarios: Sequence[ScenarioLike],
@@ -290,6 +301,8 @@ def _models(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Sce
     if isinstance(path, ServingModels):
         if scenarios:
             raise ValueError("scenarios are fitted already: pass them to fit_serving")
+        if fit_kw["step_options"] not in (None, path.step_options):
+            raise ValueError("the models are fitted on other steps already: pass step_options to fit_serving")
         return path
     return fit_serving(path, scenarios, **fit_kw)
 
@@ -298,12 +311,13 @@ def serve(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Scena
           workload: Workload | str | Path | None = None, *, scheduler: SchedulerConfig | None = None,
           dit: DitOptions | None = None, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
           iterations_log: str | Path | None = None, unprofiled_log: str | Path | None = None,
-          baseline: bool = True, requests: bool = False, cost_model: str | Enum = CostModelName.TRACE
-          ) -> ServingDocument:
+          baseline: bool = True, requests: bool = False, cost_model: str | Enum = CostModelName.TRACE,
+          step_options: StepOptions | None = None) -> ServingDocument:
     """Predicted serving metrics per scenario: the ``whatif.serving/1`` document of `whatif serve --json`.
 
     ``workload``: a :class:`Workload`, or a workload file (default: 20 requests, which then needs a rate).
-    ``requests=True`` includes every simulated request.
+    ``requests=True`` includes every simulated request. ``step_options``: which recorded steps the
+    iteration models are fitted on (see :func:`fit_serving`).
     """
     workload = Workload(file=workload) if isinstance(workload, (str, Path)) else workload or Workload()
     if workload.file is None and workload.rate is None:
@@ -311,7 +325,7 @@ def serve(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Scena
     scheduler, dit = scheduler or SchedulerConfig(), dit or DitOptions()
     scheduler.check()
     fitted = _models(path, scenarios, {"iterations_log": iterations_log, "unprofiled_log": unprofiled_log,
-                                       "baseline": baseline, "cost_model": cost_model})
+                                       "baseline": baseline, "cost_model": cost_model, "step_options": step_options})
     workload_entry = workload.describe(workload.rate)
     if fitted.kind == "llm":
         return LlmServingDocument(
@@ -333,7 +347,8 @@ def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
           scheduler: SchedulerConfig | None = None, dit: DitOptions | None = None,
           slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
           iterations_log: str | Path | None = None, unprofiled_log: str | Path | None = None,
-          baseline: bool = True, cost_model: str | Enum = CostModelName.TRACE) -> SweepDocument:
+          baseline: bool = True, cost_model: str | Enum = CostModelName.TRACE,
+          step_options: StepOptions | None = None) -> SweepDocument:
     """Latency vs load: :func:`serve` repeated at each arrival rate, one curve per scenario; the
     ``whatif.serving-sweep/1`` document of `whatif sweep --json` (plot it with
     ``whatif.figures.serving_curves_figure``). The workload's own rate is ignored."""
@@ -345,7 +360,7 @@ def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
     scheduler, dit = scheduler or SchedulerConfig(), dit or DitOptions()
     scheduler.check()
     fitted = _models(path, scenarios, {"iterations_log": iterations_log, "unprofiled_log": unprofiled_log,
-                                       "baseline": baseline, "cost_model": cost_model})
+                                       "baseline": baseline, "cost_model": cost_model, "step_options": step_options})
 
     def simulate(model: Model, rate: float) -> SimResult:
         return fitted.simulate(model, workload, scheduler, dit, float(rate), slo_ttft_ms, slo_tpot_ms)
@@ -389,6 +404,10 @@ def _llm_scheduler(cfg: SchedulerConfig) -> LlmScheduler:
                         router=str(cfg.router.value))
 
 
+def _excluded_iterations(excluded: list[tuple[int, str, Exclusion]]) -> list[ExcludedIteration]:
+    return [ExcludedIteration(step=s, phase=p, excluded=r.value) for s, p, r in excluded]
+
+
 def _llm_model(model: IterationModel) -> LlmIterationModel:
     return LlmIterationModel(
         loop_overhead_ns=float(model.loop_overhead_ns),
@@ -398,7 +417,8 @@ def _llm_model(model: IterationModel) -> LlmIterationModel:
                                  coef={k: float(v) for k, v in f.coef.items()}, n=int(f.n), r2=float(f.r2),
                                  mape=float(f.mape), loo_mape=float(f.loo_mape),
                                  candidates={k: float(v) for k, v in f.candidates.items()})
-                for p, f in model.fits.items()})
+                for p, f in model.fits.items()},
+        excluded_iterations=_excluded_iterations(model.excluded))
 
 
 def _dit_model(model: DitStepModel) -> DitIterationModel:
@@ -406,7 +426,8 @@ def _dit_model(model: DitStepModel) -> DitIterationModel:
                              rest_ns=[float(v) for v in model.rest], batch_overhead_ns=float(model.batch_overhead_ns),
                              n=int(model.n), mape=float(model.mape), loo_mape=float(model.loo_mape),
                              model_batches_seen=[int(b) for b in model.batches_seen],
-                             profiler_correction=float(model.factor))
+                             profiler_correction=float(model.factor),
+                             excluded_iterations=_excluded_iterations(model.excluded))
 
 
 def _llm_serving(name: str, model: IterationModel, res: SimResult, requests: bool) -> LlmScenarioServing:

@@ -9,6 +9,7 @@ import pandas as pd
 from msgspec import UnsetType
 
 from whatif.api import Analysis, Prediction, ScenarioResult
+from whatif.core.steps import INCLUDE_HINT, Exclusion, excluded_part
 from whatif.depgraph.graph import GPU_WORK_KINDS, Change, TaskKind, kind_codes
 from whatif.documents import (
     UNSET,
@@ -33,7 +34,7 @@ from whatif.documents import (
     mean_breakdown_ns,
 )
 from whatif.predictors.bounds import speedup_cap, unchanged_parts
-from whatif.predictors.steps import Exclusion, critical_path
+from whatif.predictors.steps import critical_path
 
 GPU_KINDS = kind_codes(GPU_WORK_KINDS)
 CPU_KINDS = (int(TaskKind.CPU_CALL), int(TaskKind.CPU_WORK), int(TaskKind.WAIT))
@@ -75,12 +76,11 @@ def excluded_marks(steps: pd.DataFrame) -> list[str | UnsetType]:
 def excluded_line(entries: list[StepFidelity] | list[BaselineStep]) -> str | None:
     """``excluded from means: step 0 (warm-up: the first step ... holds start-up, 68.701 ms); ...``,
     None when every step counts."""
-    why = {e.value: e.why for e in Exclusion}
-    parts = [f"step {s.step}{f' of rank {s.rank}' if s.rank else ''} ({s.excluded}: {why.get(str(s.excluded), '')}, "
-             f"{_ms(s.measured_ns)} ms)" for s in entries if s.excluded is not UNSET]
+    parts = [excluded_part(s.step, Exclusion(s.excluded), s.measured_ns / 1e6, s.rank)
+             for s in entries if s.excluded is not UNSET]
     if not parts:
         return None
-    return "excluded from means: " + "; ".join(parts) + " (--include-warmup / --include-partial count them)"
+    return "excluded from means: " + "; ".join(parts) + f" ({INCLUDE_HINT})"
 
 
 def analysis_document(analysis: Analysis, top: int = 10) -> AnalysisDocument:

@@ -16,8 +16,8 @@ from whatif.transforms import registry
 from whatif.transforms.scenario import build_transform, scenario_from_dict
 
 from ..forms import params_from_form, spec_from_toml, spec_to_toml, transform_form
-from ..layout import card, error_box, guarded, loading, ms, table
-from ..state import get_store
+from ..layout import COUNT_ALL, card, error_box, guarded, loading, ms, table
+from ..state import get_store, step_options
 from ..uploads import decode
 from . import Page
 
@@ -134,16 +134,19 @@ def register(app: dash.Dash) -> None:
         return spec_to_toml(spec) if spec["transform"] else "(no transforms yet)"
 
     @app.callback(Output("wb-result", "children"), Output("wb-last", "data"), Output("wb-error", "children"),
-                  Input("wb-predict", "n_clicks"), State("run", "value"), State("wb-spec", "data"),
-                  State("wb-name", "value"), State("wb-cost-model", "value"), prevent_initial_call=True)
+                  Input("wb-predict", "n_clicks"), Input(COUNT_ALL, "value"), State("run", "value"),
+                  State("wb-spec", "data"), State("wb-name", "value"), State("wb-cost-model", "value"),
+                  prevent_initial_call=True)
     @guarded(3)
-    def run_prediction(_n: int | None, run_id: str | None, spec: dict[str, Any], name: str | None,
-                       cost_model: str | None) -> tuple[Any, ...]:
+    def run_prediction(n: int | None, count_all: list[str] | None, run_id: str | None, spec: dict[str, Any],
+                       name: str | None, cost_model: str | None) -> tuple[Any, ...]:
+        if not n:
+            raise dash.exceptions.PreventUpdate
         run = get_store().get(run_id)
         spec = _with_header(spec, name, cost_model)
         if not spec["transform"]:
             raise ValueError("the scenario has no transforms: add one first")
-        doc = run.quick_document(_checked(spec))
+        doc = run.quick_document(_checked(spec), step_options(count_all))
         changes = [{"transform": c.transform, "action": c.action, "tasks": c.tasks,
                     "before ms": ms(c.before_ns), "after ms": ms(c.after_ns), "reason": c.reason}
                    for c in doc.changes]
@@ -158,13 +161,14 @@ def register(app: dash.Dash) -> None:
         return result, spec
 
     @app.callback(Output("wb-critical", "children"), Output("wb-critical-error", "children"),
-                  Input("wb-last", "data"), State("run", "value"), prevent_initial_call=True)
+                  Input("wb-last", "data"), State("run", "value"), State(COUNT_ALL, "value"),
+                  prevent_initial_call=True)
     @guarded(2)
-    def critical(spec: dict[str, Any] | None, run_id: str | None) -> tuple[Any]:
+    def critical(spec: dict[str, Any] | None, run_id: str | None, count_all: list[str] | None) -> tuple[Any]:
         """The new critical path (per-step breakdowns take longer, so they follow the headline)."""
         if not spec:
             raise dash.exceptions.PreventUpdate
-        doc = get_store().get(run_id).prediction([spec])
+        doc = get_store().get(run_id).prediction([spec], step_options(count_all))
         sc = doc.scenarios[0]
         return (html.Div([
             html.H4("New critical path"),

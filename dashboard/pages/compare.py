@@ -16,8 +16,8 @@ from whatif.predictors.serving.logs import read_log
 from whatif.serving import Workload
 
 from ..derive import breakdown_row
-from ..layout import error_box, guarded, loading, ms, table
-from ..state import Run, get_store
+from ..layout import COUNT_ALL, error_box, guarded, loading, ms, table
+from ..state import Run, get_store, step_options
 from . import Page
 
 NO_LOG = ("No serving log for this run: whatif serve looks for the --log file named in the run folder's meta.json "
@@ -70,7 +70,8 @@ def default_workload(run: Run) -> Workload | None:
     return w
 
 
-def serving_body(run_id: str | None, names: list[str], rate: float | None) -> html.Div:
+def serving_body(run_id: str | None, names: list[str], rate: float | None,
+                 count_all: list[str] | None = None) -> html.Div:
     """Serving metrics per scenario (baseline first) and the latency-vs-throughput figure."""
     run = get_store().get(run_id)
     workload = default_workload(run)
@@ -85,7 +86,7 @@ def serving_body(run_id: str | None, names: list[str], rate: float | None) -> ht
         raise KeyError(f"no scenario {missing[0]!r} on this run")
     assert workload.rate is not None
     rates = [round(workload.rate * f, 6) for f in SWEEP_FACTORS]
-    doc, curves = run.serving([run.scenarios[n] for n in names], workload, rates)
+    doc, curves = run.serving([run.scenarios[n] for n in names], workload, rates, step_options(count_all))
     rows = [_serving_row(s) for s in doc.scenarios]
     w = doc.workload
     prompt, output = w.prompt_tokens, w.output_tokens
@@ -119,12 +120,12 @@ def _serving_row(s: LlmScenarioServing | DitScenarioServing) -> dict[str, Any]:
     return row
 
 
-def body(run_id: str | None, names: list[str]) -> html.Div:
+def body(run_id: str | None, names: list[str], count_all: list[str] | None = None) -> html.Div:
     run = get_store().get(run_id)
     missing = [n for n in names if n not in run.scenarios]
     if missing:
         raise KeyError(f"no scenario {missing[0]!r} on this run")
-    doc = run.prediction([run.scenarios[n] for n in names])
+    doc = run.prediction([run.scenarios[n] for n in names], step_options(count_all))
     rows = [{"scenario": r.name, "mean step ms": ms(r.mean_step_ns), "speedup": round(r.speedup, 4),
              **breakdown_row({c: int(v) for c, v in mean_breakdown_ns(r.critical_path).items()})} for r in doc.rows()]
     return html.Div([
@@ -157,21 +158,26 @@ def register(app: dash.Dash) -> None:
         return note, workload.rate
 
     @app.callback(Output("cmp-serving-body", "children"), Output("cmp-serving-error", "children"),
-                  Input("cmp-run", "n_clicks"), Input("cmp-rate", "value"), State("run", "value"),
-                  State("cmp-scenarios", "value"), prevent_initial_call=True)
-    @guarded(2)
-    def serving(n: int | None, rate: float | None, run_id: str | None, names: list[str] | None) -> tuple[Any]:
-        if not n:
-            raise dash.exceptions.PreventUpdate
-        return (serving_body(run_id, names or [], rate),)
-
-    @app.callback(Output("cmp-body", "children"), Output("cmp-error", "children"), Input("cmp-run", "n_clicks"),
+                  Input("cmp-run", "n_clicks"), Input("cmp-rate", "value"), Input(COUNT_ALL, "value"),
                   State("run", "value"), State("cmp-scenarios", "value"), prevent_initial_call=True)
     @guarded(2)
-    def compare(_n: int | None, run_id: str | None, names: list[str] | None) -> tuple[Any]:
+    def serving(n: int | None, rate: float | None, count_all: list[str] | None, run_id: str | None,
+                names: list[str] | None) -> tuple[Any]:
+        if not n:
+            raise dash.exceptions.PreventUpdate
+        return (serving_body(run_id, names or [], rate, count_all),)
+
+    @app.callback(Output("cmp-body", "children"), Output("cmp-error", "children"), Input("cmp-run", "n_clicks"),
+                  Input(COUNT_ALL, "value"), State("run", "value"), State("cmp-scenarios", "value"),
+                  prevent_initial_call=True)
+    @guarded(2)
+    def compare(n: int | None, count_all: list[str] | None, run_id: str | None, names: list[str] | None
+                ) -> tuple[Any]:
+        if not n:
+            raise dash.exceptions.PreventUpdate
         if not names:
             raise ValueError("no scenario selected: save one in the What-if builder first")
-        return (body(run_id, names),)
+        return (body(run_id, names, count_all),)
 
 
 PAGE = Page(path="/compare", title="Compare", order=40, layout=layout, register_callbacks=register)

@@ -13,8 +13,8 @@ from whatif.documents import TopEntry
 from whatif.summary import excluded_line
 
 from ..derive import phase_rows
-from ..layout import card, error_box, guarded, loading, ms, table
-from ..state import get_store
+from ..layout import COUNT_ALL, card, error_box, guarded, loading, ms, table
+from ..state import get_store, step_options
 from . import Page
 
 
@@ -26,10 +26,10 @@ def _top(rows: list[TopEntry]) -> list[dict[str, Any]]:
     return [{"name": r.name, "count": r.count, "GPU ms": ms(r.gpu_ns), "CPU ms": ms(r.cpu_ns)} for r in rows]
 
 
-def body(run_id: str | None) -> html.Div:
-    """The page for one run, from its analysis document."""
+def body(run_id: str | None, count_all: list[str] | None = None) -> html.Div:
+    """The page for one run, from its analysis document (steps counted as the box says)."""
     run = get_store().get(run_id)
-    doc = run.doc
+    doc = run.document(step_options(count_all))
     steps = doc.steps
     fid = doc.fidelity
     device = ", ".join(sorted({r.gpu or "GPU unknown" for r in doc.ranks}))
@@ -67,10 +67,11 @@ def body(run_id: str | None) -> html.Div:
 
 
 def register(app: dash.Dash) -> None:
-    @app.callback(Output("ov-body", "children"), Output("ov-error", "children"), Input("run", "value"))
+    @app.callback(Output("ov-body", "children"), Output("ov-error", "children"), Input("run", "value"),
+                  Input(COUNT_ALL, "value"))
     @guarded(2)
-    def show(run_id: str | None) -> tuple[Any]:
-        return (body(run_id),)
+    def show(run_id: str | None, count_all: list[str] | None) -> tuple[Any]:
+        return (body(run_id, count_all),)
 
 
 PAGE = Page(path="/overview", title="Overview", order=10, layout=layout, register_callbacks=register)

@@ -6,6 +6,11 @@ completes the step, plus the loop's work before the phase (the median gap betwee
 and its first phase task; the median leaves out the idle sleeps before some prefills). A scenario
 changes the replay, hence the cycles, hence the model.
 
+Every iteration is matched to the serving log, but the fits and the loop's work use only the
+steps that count (:mod:`whatif.core.steps`: the warm-up ``ProfilerStep#0`` and a partial last
+step are left out by default, judged on the measured graph; :class:`StepOptions` brings them
+back). A phase none of whose iterations counts is fitted on all of them.
+
 LLM (:func:`fit_llm_model`): per phase, a least-squares linear model of iteration time (ns) in features of the
 batch composition, Vidur-style; candidate feature sets are compared by leave-one-out relative
 error and the best one with non-negative slopes is kept:
@@ -28,8 +33,10 @@ import numpy as np
 import pandas as pd
 
 from whatif.core.kernels import is_attention
+from whatif.core.steps import COUNT_DEFAULT, Exclusion, StepOptions
+from whatif.depgraph.graph import TaskGraph
 from whatif.predictors.replay import Replay
-from whatif.predictors.steps import step_end_tasks
+from whatif.predictors.steps import step_end_tasks, step_exclusions
 
 from .logs import LLMBatch, ServingLogError
 
@@ -39,10 +46,13 @@ DECODE_CANDIDATES: list[tuple[str, ...]] = [("seqs",), ("seqs", "context"), ("se
                                             ("seqs", "context", "padded")]
 
 
-def replayed_iterations(replay: Replay) -> pd.DataFrame:
+def replayed_iterations(replay: Replay, reference: TaskGraph | None = None,
+                        options: StepOptions = COUNT_DEFAULT) -> pd.DataFrame:
     """Per step that ran a phase, in step order: ``rank``, ``step``, ``phase``, ``cycle_ns`` (first phase
     task to step completion), ``pre_gap_ns`` (step begin to first phase task), ``attn_ns`` (replayed time
-    of attention ops/kernels in the step). Multi-rank: the slowest rank per step."""
+    of attention ops/kernels in the step), ``excluded_reason`` (an :class:`Exclusion` or None, judged on
+    ``reference``, the measured graph, default the replayed one) and ``included`` (whether the step
+    counts under ``options`` on every rank). Multi-rank: the slowest rank per step."""
     g = replay.graph
     t = g.tasks
     floor, finisher = step_end_tasks(replay, replay.start_ns, replay.end_ns)
@@ -60,23 +70,54 @@ def replayed_iterations(replay: Replay) -> pd.DataFrame:
     ph["phase"] = ph["phase"].astype(str)
     agg = ph.groupby(["rank", "step"], sort=False).agg(first=("start", "min"), phase=("phase", "first"),
                                                          attn_ns=("attn", "sum")).reset_index()
+    reasons = step_exclusions(g if reference is None else reference)
     rows = pd.DataFrame({"rank": steps["rank"].to_numpy(), "step": steps["step"].to_numpy(), "floor": floor,
-                         "done": end[finisher]})
+                         "done": end[finisher], "reason": pd.Series(reasons, dtype=object),
+                         "included": [options.counts(r) for r in reasons]})
     m = agg.merge(rows, on=["rank", "step"], how="inner")
     m["cycle_ns"] = m["done"] - m["first"]
     m["pre_gap_ns"] = m["first"] - m["floor"]
     m = m.sort_values(["step", "rank"])
     per_step = m.groupby("step", sort=True).agg(rank=("rank", "first"), phase=("phase", "first"),
                                                 cycle_ns=("cycle_ns", "max"), pre_gap_ns=("pre_gap_ns", "max"),
-                                                attn_ns=("attn_ns", "max")).reset_index()
-    return per_step[["rank", "step", "phase", "cycle_ns", "pre_gap_ns", "attn_ns"]]
+                                                attn_ns=("attn_ns", "max"), included=("included", "all"),
+                                                excluded_reason=("reason", _first_reason)).reset_index()
+    return per_step[["rank", "step", "phase", "cycle_ns", "pre_gap_ns", "attn_ns", "excluded_reason", "included"]]
+
+
+def _first_reason(reasons: pd.Series) -> Exclusion | None:
+    return next((r for r in reasons if r is not None), None)
+
+
+def _counted(iters: pd.DataFrame) -> np.ndarray:
+    """The rows that count, every row when none does."""
+    inc = iters["included"].to_numpy(dtype=bool)
+    return inc if inc.any() else np.ones(len(iters), dtype=bool)
+
+
+def _excluded(iters: pd.DataFrame, used: set[int]) -> list[tuple[int, str, Exclusion]]:
+    """``(step, phase, reason)`` of each iteration not in the ``used`` rows."""
+    return [(int(s), str(p), r) for i, (s, p, r) in enumerate(zip(iters["step"], iters["phase"],
+                                                                   iters["excluded_reason"]))
+            if i not in used and r is not None]
+
+
+def _excluded_dicts(excluded: list[tuple[int, str, Exclusion]]) -> list[dict[str, Any]]:
+    return [{"step": s, "phase": p, "excluded": r.value} for s, p, r in excluded]
 
 
 def loop_overhead_ns(iters: pd.DataFrame) -> float:
-    """The serving loop's work before an iteration's phase: median pre-phase gap, first step left out
-    (it holds start-up) and so are idle sleeps (rare next to the many back-to-back iterations)."""
-    gaps = iters["pre_gap_ns"].to_numpy()[1:] if len(iters) > 1 else iters["pre_gap_ns"].to_numpy()
+    """The serving loop's work before an iteration's phase: median pre-phase gap over the counted
+    iterations (the warm-up step, which holds start-up, is not one by default; the median leaves out
+    idle sleeps, rare next to the many back-to-back iterations)."""
+    gaps = iters["pre_gap_ns"].to_numpy()[_counted(iters)]
     return float(np.median(gaps)) if len(gaps) else 0.0
+
+
+def _phase_rows(phases: list[str], counted: np.ndarray, phase: str) -> list[int]:
+    """Rows of ``phase`` that count (all of the phase's rows when none does)."""
+    idx = [i for i, p in enumerate(phases) if p == phase]
+    return [i for i in idx if counted[i]] or idx
 
 
 def llm_features(batch: LLMBatch) -> dict[str, float]:
@@ -164,6 +205,7 @@ class IterationModel:
     fits: dict[str, PhaseFit]
     loop_overhead_ns: float
     correction: dict[str, tuple[float, float]] = field(default_factory=dict)
+    excluded: list[tuple[int, str, Exclusion]] = field(default_factory=list)  # (step, phase, reason) not fitted
 
     def _corrected(self, phase: str, t_ns: float, marginal: bool = False) -> float:
         a, b = self.correction.get(phase, (0.0, 1.0))
@@ -200,7 +242,7 @@ class IterationModel:
     def to_dict(self) -> dict[str, Any]:
         return {"loop_overhead_ns": self.loop_overhead_ns,
                 "profiler_correction": {p: {"offset_ns": a, "scale": b} for p, (a, b) in self.correction.items()},
-                "phases": {p: f.to_dict() for p, f in self.fits.items()}}
+                "phases": {p: f.to_dict() for p, f in self.fits.items()}, "excluded": _excluded_dicts(self.excluded)}
 
 
 def fit_llm_model(iters: pd.DataFrame, compositions: list[tuple[str, LLMBatch]]) -> IterationModel:
@@ -216,12 +258,14 @@ def fit_llm_model(iters: pd.DataFrame, compositions: list[tuple[str, LLMBatch]])
                               "(is the log from this recording?)")
     over = loop_overhead_ns(iters)
     y = iters["cycle_ns"].to_numpy(float) + over
+    counted = iters["included"].to_numpy(dtype=bool)
     fits = {}
     for phase, cands in (("prefill", PREFILL_CANDIDATES), ("decode", DECODE_CANDIDATES)):
-        idx = [i for i, p in enumerate(log_phases) if p == phase]
+        idx = _phase_rows(log_phases, counted, phase)
         if idx:
             fits[phase] = fit_phase(phase, [llm_features(compositions[i][1]) for i in idx], y[idx], cands)
-    return IterationModel(fits=fits, loop_overhead_ns=over)
+    fitted = {i for phase in fits for i in _phase_rows(log_phases, counted, phase)}
+    return IterationModel(fits=fits, loop_overhead_ns=over, excluded=_excluded(iters, fitted))
 
 
 def profiler_correction(model: IterationModel,
@@ -261,6 +305,7 @@ class DitStepModel:
     loo_mape: float
     batches_seen: list[int] = field(default_factory=list)
     factor: float = 1.0
+    excluded: list[tuple[int, str, Exclusion]] = field(default_factory=list)  # (step, phase, reason) not fitted
 
     def step_ns(self, model_batch: int, tokens: int) -> float:
         r = tokens / self.tokens_ref
@@ -270,7 +315,8 @@ class DitStepModel:
     def to_dict(self) -> dict[str, Any]:
         return {"tokens_ref": self.tokens_ref, "attention_ns": list(self.attn), "rest_ns": list(self.rest),
                 "batch_overhead_ns": self.batch_overhead_ns, "n": self.n, "mape": self.mape,
-                "loo_mape": self.loo_mape, "model_batches_seen": self.batches_seen, "profiler_correction": self.factor}
+                "loo_mape": self.loo_mape, "model_batches_seen": self.batches_seen, "profiler_correction": self.factor,
+                "excluded": _excluded_dicts(self.excluded)}
 
 
 def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -285,7 +331,8 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 def fit_dit_model(iters: pd.DataFrame, compositions: list[tuple[int, int]],
                   batch_overhead_ns: float = 0.0) -> DitStepModel:
-    """Fit on replayed denoising steps matched in order to the log's (model batch, tokens)."""
+    """Fit on replayed denoising steps matched in order to the log's (model batch, tokens); the
+    steps that count only (all of them when none does)."""
     if len(iters) != len(compositions):
         raise ServingLogError(f"trace and serving log disagree: {len(iters)} denoise steps vs "
                               f"{len(compositions)} logged steps (is the log from this recording?)")
@@ -293,9 +340,10 @@ def fit_dit_model(iters: pd.DataFrame, compositions: list[tuple[int, int]],
     if len(tokens) != 1:
         raise ServingLogError("the DiT log mixes token counts; record one resolution")
     over = loop_overhead_ns(iters)
-    mb = np.array([b for b, _ in compositions], dtype=float)
-    y = iters["cycle_ns"].to_numpy(float) + over
-    attn = iters["attn_ns"].to_numpy(float)
+    used = np.flatnonzero(_counted(iters))
+    mb = np.array([b for b, _ in compositions], dtype=float)[used]
+    y = (iters["cycle_ns"].to_numpy(float) + over)[used]
+    attn = iters["attn_ns"].to_numpy(float)[used]
     a, r = _line(mb, attn), _line(mb, y - attn)
     pred = a[0] + a[1] * mb + r[0] + r[1] * mb
     loo = []
@@ -308,4 +356,4 @@ def fit_dit_model(iters: pd.DataFrame, compositions: list[tuple[int, int]],
     return DitStepModel(tokens_ref=tokens.pop(), attn=a, rest=r, batch_overhead_ns=batch_overhead_ns, n=len(y),
                         mape=float(np.mean(np.abs(pred / y - 1))),
                         loo_mape=float(np.mean(loo)) if loo else float("nan"),
-                        batches_seen=sorted({int(b) for b in mb}))
+                        batches_seen=sorted({int(b) for b in mb}), excluded=_excluded(iters, set(used.tolist())))

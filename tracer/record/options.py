@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from whatif.core.steps import COUNT_DEFAULT, StepOptions
+
 from .errors import OptionError
 
 if TYPE_CHECKING:
@@ -76,6 +78,7 @@ class RecordOptions:
     backend: str = "torch"
     progress: bool = True
     summary: bool = True
+    summary_steps: StepOptions = COUNT_DEFAULT  # which steps the printed step times count
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

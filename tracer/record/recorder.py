@@ -97,6 +97,7 @@ def _options_record(options: RecordOptions) -> dict[str, Any]:
     raw["output"] = str(options.output)
     raw.pop("progress", None)
     raw.pop("summary", None)
+    raw.pop("summary_steps", None)
     return raw
 
 
@@ -159,7 +160,7 @@ def record(target: Target, options: RecordOptions, command: list[str]) -> Record
         summary = summarize(doc)
         gpu_note = None if session.gpu else \
             "GPU activity: not available (torch sees no CUDA device); the trace holds CPU activity only"
-        report = format_summary(summary, rank=rank.rank, gpu_note=gpu_note)
+        report = format_summary(summary, rank=rank.rank, gpu_note=gpu_note, options=options.summary_steps)
     else:
         report = [f"no trace written: recording never started or nothing was recorded "
                   f"(steps seen: {detector.steps}; schedule {options.schedule})"]

@@ -1,11 +1,15 @@
-"""The short report printed after a recording: steps, step times, phases, top ops or kernels."""
+"""The short report printed after a recording: steps, step times (over the steps that count:
+:mod:`whatif.core.steps`, the rule ``whatif analyze`` applies), phases, top ops or kernels."""
 from __future__ import annotations
 
+import bisect
 import re
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
+
+from whatif.core.steps import COUNT_DEFAULT, INCLUDE_HINT, Exclusion, StepOptions, excluded_part, rank_exclusions
 
 from ..markers import PHASE_PREFIX
 
@@ -20,6 +24,7 @@ class RunSummary:
 
     step_numbers: list[int] = field(default_factory=list)
     step_ms: list[float] = field(default_factory=list)
+    step_events: list[int] = field(default_factory=list)  # events starting inside each step's annotation
     phase_ms: dict[str, list[float]] = field(default_factory=dict)
     top: list[tuple[str, float, int]] = field(default_factory=list)  # (name, total ms, calls)
     top_is_gpu: bool = False
@@ -57,7 +62,8 @@ def _self_times_us(ops: list[dict[str, Any]]) -> dict[str, list[float]]:
 def summarize(doc: dict[str, Any]) -> RunSummary:
     """Summarize a Kineto document (the one whatif writes for one rank)."""
     out = RunSummary()
-    steps: list[tuple[int, float]] = []
+    steps: list[tuple[float, int, float]] = []  # (begin us, number, ms)
+    starts: list[float] = []
     phases: dict[str, list[float]] = defaultdict(list)
     cpu_ops: list[dict[str, Any]] = []
     gpu: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
@@ -78,12 +84,17 @@ def summarize(doc: dict[str, Any]) -> RunSummary:
         elif cat == "user_annotation":
             match = _STEP_RE.match(name)
             if match:
-                steps.append((int(match.group(1)), dur_us / 1000.0))
-            elif name.startswith(PHASE_PREFIX):
+                steps.append((float(ev["ts"]), int(match.group(1)), dur_us / 1000.0))
+                continue
+            if name.startswith(PHASE_PREFIX):
                 phases[name[len(PHASE_PREFIX):]].append(dur_us / 1000.0)
+        starts.append(float(ev["ts"]))
     steps.sort()
-    out.step_numbers = [n for n, _ in steps]
-    out.step_ms = [ms for _, ms in steps]
+    starts.sort()
+    out.step_numbers = [n for _, n, _ in steps]
+    out.step_ms = [ms for _, _, ms in steps]
+    out.step_events = [bisect.bisect_left(starts, ts + ms * 1000.0) - bisect.bisect_left(starts, ts)
+                       for ts, _, ms in steps]
     out.phase_ms = dict(phases)
     totals = gpu if gpu else _self_times_us(cpu_ops)
     out.top_is_gpu = bool(gpu)
@@ -96,19 +107,24 @@ def _ms(value: float) -> str:
     return f"{value:.2f} ms" if value < 100 else f"{value:.0f} ms"
 
 
-def format_summary(s: RunSummary, *, rank: int, gpu_note: str | None) -> list[str]:
-    """Lines of the printed report for one rank."""
+def format_summary(s: RunSummary, *, rank: int, gpu_note: str | None,
+                   options: StepOptions = COUNT_DEFAULT) -> list[str]:
+    """Lines of the printed report for one rank; the step times are over the steps ``options``
+    counts (the ones left out are named, with why)."""
     lines: list[str] = []
     if s.step_ms:
-        first, last = s.step_numbers[0], s.step_numbers[-1]
+        first, last = min(s.step_numbers), max(s.step_numbers)
         line = f"steps recorded: {len(s.step_ms)} (ProfilerStep#{first}..#{last})"
-        body = s.step_ms[1:-1] if len(s.step_ms) >= 4 else s.step_ms
+        reasons = rank_exclusions(s.step_numbers, s.step_events)
+        left_out = [(n, r, ms) for n, r, ms in zip(s.step_numbers, reasons, s.step_ms) if not options.counts(r)]
+        body = [ms for r, ms in zip(reasons, s.step_ms) if options.counts(r)] or s.step_ms
         line += (f"; step time median {_ms(statistics.median(body))}, min {_ms(min(body))}, "
                  f"max {_ms(max(body))}")
-        if body is not s.step_ms:
-            line += (f" (left out: the first step, {_ms(s.step_ms[0])}, holds start-up; the last, "
-                     f"{_ms(s.step_ms[-1])}, runs to the end of recording)")
         lines.append(line)
+        if left_out and len(body) < len(s.step_ms):
+            lines.append("excluded from the step time: "
+                         + "; ".join(excluded_part(n, r, ms) for n, r, ms in left_out if isinstance(r, Exclusion))
+                         + f" ({INCLUDE_HINT})")
     else:
         lines.append("steps recorded: 0 (no step boundary was seen; mark steps with whatif.step() "
                      "or use --step-on module:function)")

@@ -1,7 +1,8 @@
 """Compare two traces of the same program, before and after a change: per-step times, GPU
 kernels added / removed / slower / faster (by name, per step), GPU time by kernel class and the
 critical-path breakdown. With --prediction (a report.json or prediction JSON made on BEFORE),
-say how far each scenario's prediction was from what AFTER measured."""
+say how far each scenario's prediction was from what AFTER measured. Means, kernel times per step
+and breakdowns are over the steps that count (--include-warmup / --include-partial)."""
 from __future__ import annotations
 
 import argparse
@@ -11,9 +12,12 @@ import orjson
 from rich.console import Console
 
 from whatif.api import analyze
+from whatif.core.steps import StepOptions
 from whatif.report.diff import diff_document
 from whatif.report.diff_text import render_diff
 from whatif.report.document import load_report
+
+from ._dataclass_args import add_dataclass_arguments, from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,12 +29,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=10, help="kernels listed per change (default 10)")
     parser.add_argument("--tolerance", type=float, default=0.05,
                         help="relative change under which a kernel counts as the same (default 0.05)")
+    add_dataclass_arguments(parser, StepOptions)
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json)")
 
 
 def run(args: argparse.Namespace) -> int:
     prediction = load_report(args.prediction) if args.prediction else None  # input errors first
-    doc = diff_document(analyze(args.before), analyze(args.after), prediction, top=args.top, tolerance=args.tolerance)
+    steps = from_args(StepOptions, args)
+    doc = diff_document(analyze(args.before, steps), analyze(args.after, steps), prediction, top=args.top,
+                        tolerance=args.tolerance)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))

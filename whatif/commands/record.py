@@ -15,6 +15,10 @@ import shlex
 import sys
 from pathlib import Path
 
+from whatif.core.steps import StepOptions
+
+from ._dataclass_args import add_dataclass_arguments, from_args
+
 SCHEDULE_FLAGS = ("wait", "warmup", "active", "repeat")
 DEFAULT_WARMUP_STEPS = 1
 
@@ -42,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--backend", choices=("torch", "cupti"), default="torch",
                       help="torch: torch.profiler/Kineto (default); cupti: NVIDIA cupti-python Activity API")
     parser.add_argument("--no-summary", dest="summary", action="store_false", help="print no summary")
+    add_dataclass_arguments(parser.add_argument_group("summary"), StepOptions)
     parser.add_argument("script", nargs="?", metavar="script.py", help="the program to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
 
@@ -78,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     options = RecordOptions(output=output, force=args.force, schedule=schedule,  # type: ignore[arg-type]
                             record_shapes=args.record_shapes, with_stack=args.with_stack,
                             profile_memory=args.profile_memory, duration_s=args.duration,
-                            step_on=args.step_on, backend=args.backend, summary=args.summary)
+                            step_on=args.step_on, backend=args.backend, summary=args.summary,
+                            summary_steps=from_args(StepOptions, args))
     if warning:
         print(warning, file=sys.stderr)
     command = ["whatif", "record", *sys.argv[2:]] if sys.argv[1:2] == ["record"] else ["whatif", "record"]

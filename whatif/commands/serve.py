@@ -13,8 +13,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from whatif.core.steps import INCLUDE_HINT, Exclusion, StepOptions
 from whatif.documents import (
     DitScenarioServing,
+    ExcludedIteration,
     LatencyStats,
     LlmScenarioServing,
     LlmServingDocument,
@@ -31,14 +33,16 @@ from ._dataclass_args import add_dataclass_arguments, from_args
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, rate_required: bool = True) -> None:
-    """Options shared by ``serve`` and ``sweep``: trace, scenarios, log, and the workload, scheduler
-    and DiT options, generated from :class:`~whatif.serving.Workload`,
+    """Options shared by ``serve`` and ``sweep``: trace, scenarios, log, the steps the models are
+    fitted on (:class:`~whatif.core.steps.StepOptions`), and the workload, scheduler and DiT
+    options, generated from :class:`~whatif.serving.Workload`,
     :class:`~whatif.predictors.serving.simulator.SchedulerConfig` and :class:`~whatif.serving.DitOptions`
     (``sweep`` draws at each of its ``--rates``, so it has no ``--rate``)."""
     parser.add_argument("path", type=Path, help="run folder (or trace) of a serving loop with phase annotations")
     parser.add_argument("-s", "--scenario", type=Path, action="append", default=[], metavar="FILE",
                         help="scenario TOML applied to the graph before fitting (repeatable)")
     add_dataclass_arguments(parser, CostConfig)
+    add_dataclass_arguments(parser.add_argument_group("steps fitted"), StepOptions)
     parser.add_argument("--iterations-log", type=Path, metavar="FILE",
                         help="the server's JSON log of the recorded run (batch composition per iteration); "
                              "default: the --log named in the run folder's meta.json")
@@ -75,7 +79,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     return {"scheduler": from_args(SchedulerConfig, args), "dit": from_args(DitOptions, args),
             "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms,
             "iterations_log": args.iterations_log, "unprofiled_log": args.unprofiled_log,
-            "baseline": not args.no_baseline, "cost_model": from_args(CostConfig, args).cost_model}
+            "baseline": not args.no_baseline, "cost_model": from_args(CostConfig, args).cost_model,
+            "step_options": from_args(StepOptions, args)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,6 +113,12 @@ def _dit_row(s: DitScenarioServing) -> list[str]:
             cell(s.throughput_req_per_s), cell(s.busy_fraction, "{:.0%}")]
 
 
+def fitted_without(excluded: list[ExcludedIteration]) -> str:
+    """``step 0 (prefill, warm-up: the first step ... holds start-up)`` for each iteration left out of a fit."""
+    return "; ".join(f"step {e.step} ({e.phase}, {e.excluded}: {Exclusion(e.excluded).why})" for e in excluded) \
+        + f" ({INCLUDE_HINT})"
+
+
 def render(doc: ServingDocument, console: Console) -> None:
     """One table of scenarios, then each iteration model's fit quality."""
     w = doc.workload
@@ -134,5 +145,7 @@ def render(doc: ServingDocument, console: Console) -> None:
             parts = [f"denoise step at model batches {m.model_batches_seen} (n={m.n}, MAPE {m.mape:.1%}, "
                      f"LOO {m.loo_mape:.1%})"]
         console.print(f"  {s.name} iteration model: " + "; ".join(parts))
+        if s.iteration_model.excluded_iterations:
+            console.print(f"  {s.name} fitted without: " + fitted_without(s.iteration_model.excluded_iterations))
     if doc.profiler_correction is not None:
         console.print(f"  profiler-overhead correction applied: {doc.profiler_correction}")
