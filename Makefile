@@ -2,7 +2,7 @@
 #   make run    set up, analyze the bundled sample trace, predict, open the dashboard
 #   make test   set up, lint (ruff, mypy), run the test suite
 #   make lint   ruff and mypy only
-#   make test-fast  the suite without the tests marked slow (subprocesses, browsers)
+#   make test-fast  the suite without the tests marked slow (subprocesses, browsers, the whole shared corpus)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python

@@ -14,6 +14,8 @@ from whatif.depgraph.graph import check_acyclic
 from whatif.tracer import TraceError
 from whatif.tracer.readers import is_trace_name
 
+pytestmark = [pytest.mark.shared, pytest.mark.slow]  # the whole corpus: the full suite, not the fast lane
+
 REFUSED = {"zoology/mqar_a100_no_gpu_activity.json.gz", "hta/cupti_range_profiler_a100.json.gz",
            "hta/mtia_inference_rank0.json.gz"}
 MULTI_RANK = ("hta/sampled_world128",)

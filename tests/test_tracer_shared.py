@@ -18,7 +18,7 @@ from whatif.tracer.kinds import GPU_KINDS
 from whatif.tracer.trace import COLUMNS
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-pytestmark = pytest.mark.shared
+pytestmark = [pytest.mark.shared, pytest.mark.slow]  # the whole corpus: the full suite, not the fast lane
 
 # The README's "Edge cases" that cannot be analyzed, and the words our refusal must use.
 REFUSED = {
