@@ -169,6 +169,15 @@ _PART_KINDS = {FixedPart.CPU_OWN: (int(TaskKind.CPU_CALL), int(TaskKind.CPU_WORK
                FixedPart.GPU_STREAM: tuple(kind_codes(GPU_WORK_KINDS))}
 BINDING_SHARE = 0.9
 """A cap binds when the predicted speedup reaches this share of it."""
+UNEXPLAINED_WAIT_KEYS = ("sync_wait_unattributed_ns", "stream_waits_unattributed_ns",
+                         "copy_calls_wait_unattributed_ns")
+"""``graph.report`` entries of waits the build could not tie to the work waited for: the replay
+keeps them as measured, whatever a scenario changes."""
+
+
+def unexplained_wait_ns(graph: TaskGraph) -> int:
+    """Waits the graph holds as measured because the trace does not say what they waited for."""
+    return sum(int(graph.report.get(key, 0)) for key in UNEXPLAINED_WAIT_KEYS)
 
 
 @dataclass(frozen=True)
@@ -180,15 +189,20 @@ class SpeedupCap:
     speedup_cap: float
     part: FixedPart
     floor_ns: int
+    held_ns: int = 0
+    """Per step: waits held as measured (:func:`unexplained_wait_ns`), named because no scenario moves them."""
 
     def binding(self, speedup: float) -> bool:
         return speedup >= BINDING_SHARE * self.speedup_cap
 
     def line(self, speedup: float) -> str:
-        """One line: ``capped at 1.06x: 1.751 ms of CPU own work per step (unchanged)``."""
+        """One line: ``capped at 1.06x: 1.751 ms of CPU own work per step (unchanged)``, and the
+        waits held as measured when there are any."""
         head = "capped at" if self.binding(speedup) else "bound"
+        held = (f"; {self.held_ns / 1e6:,.3f} ms per step of waits the trace does not explain are held as measured"
+                if self.held_ns > 0 else "")
         return (f"{head} {self.speedup_cap:.2f}x: {self.floor_ns / 1e6:,.3f} ms of {self.part.value} "
-                "per step (unchanged)")
+                f"per step (unchanged){held}")
 
 
 def _work(graph: TaskGraph, codes: Sequence[int]) -> tuple[int, int]:
@@ -202,7 +216,8 @@ def unchanged_parts(base: TaskGraph, scenario: TaskGraph) -> list[FixedPart]:
     return [part for part, codes in _PART_KINDS.items() if _work(base, codes) == _work(scenario, codes)]
 
 
-def speedup_cap(bounds: pd.DataFrame, base_ns: pd.Series, parts: Sequence[FixedPart]) -> SpeedupCap | None:
+def speedup_cap(bounds: pd.DataFrame, base_ns: pd.Series, parts: Sequence[FixedPart],
+                held_ns: int = 0) -> SpeedupCap | None:
     """The cap the unchanged ``parts`` set on the steps of ``bounds`` (rows of :func:`step_bounds`)
     whose baseline time is ``base_ns`` (same index): the binding part's, None when no part is
     fixed or a fixed part has no work."""
@@ -213,4 +228,4 @@ def speedup_cap(bounds: pd.DataFrame, base_ns: pd.Series, parts: Sequence[FixedP
     if floors[part] <= 0:
         return None
     return SpeedupCap(speedup_cap=round(float(base_ns.sum()) / floors[part], 4), part=part,
-                      floor_ns=int(floors[part] / len(bounds)))
+                      floor_ns=int(floors[part] / len(bounds)), held_ns=held_ns)

@@ -47,3 +47,17 @@ def test_launch_held_behind_a_busy_stream_is_waiting(tmp_path: Path) -> None:
     b = step_bounds(analyze(tr.write(tmp_path / "t.json.gz")).graph).iloc[0]
     held = (260 - 70 - 5) * US                              # until the stream was free, less its typical 5 us
     assert b["cpu_own_ns"] == 400 * US - held
+
+
+def test_cap_names_the_waits_the_trace_leaves_unexplained() -> None:
+    import pandas as pd
+
+    from whatif.predictors.bounds import FixedPart, speedup_cap
+
+    bounds = pd.DataFrame({"cpu_own_ns": [4_000_000, 4_000_000], "gpu_stream_own_ns": [1_000_000, 1_000_000]})
+    base_ns = pd.Series([8_000_000, 8_000_000])
+    plain = speedup_cap(bounds, base_ns, [FixedPart.CPU_OWN])
+    held = speedup_cap(bounds, base_ns, [FixedPart.CPU_OWN], held_ns=2_000_000)
+    assert plain is not None and held is not None and plain.speedup_cap == held.speedup_cap == 2.0
+    assert plain.line(1.95) == "capped at 2.00x: 4.000 ms of CPU own work per step (unchanged)"
+    assert held.line(1.2).endswith("; 2.000 ms per step of waits the trace does not explain are held as measured")

@@ -33,7 +33,7 @@ from whatif.documents import (
     counted,
     mean_breakdown_ns,
 )
-from whatif.predictors.bounds import speedup_cap, unchanged_parts
+from whatif.predictors.bounds import speedup_cap, unchanged_parts, unexplained_wait_ns
 from whatif.predictors.steps import critical_path
 
 GPU_KINDS = kind_codes(GPU_WORK_KINDS)
@@ -198,7 +198,8 @@ def scenario_cap(base: Analysis, result: ScenarioResult, speedup: float) -> Cap 
     """Why ``result``'s speedup is capped (work it left unchanged), over the counted steps."""
     rows = _counted_rows(base.steps)
     cap = speedup_cap(base.bounds[rows], base.steps["predicted_ns"][rows],
-                      unchanged_parts(base.graph, result.graph))
+                      unchanged_parts(base.graph, result.graph),
+                      held_ns=unexplained_wait_ns(base.graph) // max(len(base.steps), 1))
     if cap is None:
         return None
     return Cap(speedup_cap=cap.speedup_cap, part=cap.part.value, floor_ns=cap.floor_ns,
