@@ -560,6 +560,35 @@ def test_a_burst_on_another_thread_forks_and_joins(tmp_path: Path) -> None:
     assert a.replay.start_ns[opt] - r.start_ns[opt] == 25 * US
 
 
+@covers(ForkJoins, BurstGaps)
+def test_a_polling_thread_neither_forks_nor_joins(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.op("forward", 0, 10)
+    tr.op("optimizer", 100, 10)
+    tr.op("bwd_a", 20, 20, tid=2)
+    tr.op("bwd_b", 50, 30, tid=2)
+    tr.runtime("cudaEventQuery", 2, 1, corr=1, tid=3)               # a watchdog: polls, sleeps on a timer
+    tr.runtime("cudaPointerGetAttributes", 45, 1, corr=2, tid=3)    # inside the main thread's gap
+    tr.runtime("cudaEventQuery", 300, 1, corr=3, tid=3)             # its gap holds bwd_a and optimizer
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    fwd, opt = task_named(g, "forward"), task_named(g, "optimizer")
+    first, last = task_named(g, "bwd_a"), task_named(g, "bwd_b")
+    polls = {task_named(g, "cudaEventQuery"), task_named(g, "cudaPointerGetAttributes"),
+             task_named(g, "cudaEventQuery", 1)}
+    flows = edges_of(g, EdgeKind.FLOW)
+    assert flows == {(fwd, first), (last, opt)}
+    assert (g.report["thread_forks_joins"], g.report["polling_threads"]) == (1, 1)
+    thread = g.edges[g.edges["kind"] == int(EdgeKind.THREAD)]
+    gaps = dict(zip(zip(thread["src"], thread["dst"]), thread["lat_ns"]))
+    poll_a, poll_b, poll_c = sorted(polls, key=lambda t: g.tasks["measured_start_ns"].iloc[t])
+    assert (gaps[(poll_a, poll_b)], gaps[(poll_b, poll_c)]) == (42 * US, 254 * US)  # its sleeps, as measured
+    assert gaps[(fwd, opt)] == 10 * US
+    assert_exact(a)
+    r = replay(with_duration(g, last, 5 * US))  # nothing the poller did holds the main thread
+    assert a.replay.start_ns[opt] - r.start_ns[opt] == 25 * US
+
+
 @covers(StepWindows)
 def test_tasks_outside_step_annotations_get_the_window_step(tmp_path: Path) -> None:
     tr = KinetoTrace()

@@ -5,6 +5,10 @@ When thread A sits idle between tasks ``u`` and ``v`` while thread B runs a burs
 thread runs the backward ops), A was waiting for B: ``u`` forks ``f`` and ``l`` joins ``v``
 (:class:`ForkJoins`). A's gap keeps only the part before the burst and B's idle gap before ``f``
 becomes 0 (:class:`BurstGaps`), so the waits are recomputed in every replay.
+
+A polling thread (every task a :data:`~.sync_lookup.QUERY_CALL`, e.g. PyTorch's NCCL watchdog)
+neither forks nor joins: it sleeps on a timer, so its gaps hold other threads' bursts by chance,
+and nothing it does can release another thread.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import numpy as np
 from ..graph import EdgeKind
 from ..state import BuildState, EdgeSet
 from .base import Adjustment, EdgeRule
+from .sync_lookup import QUERY_CALL
 from .thread import ThreadOrder
 
 
@@ -28,8 +33,15 @@ class Bursts:
     last: np.ndarray
 
 
+def polling_threads(state: BuildState, tasks_of: dict[int, np.ndarray]) -> set[int]:
+    """The threads (of ``tasks_of``: thread -> its tasks) whose every task is a query call."""
+    names = state.column("name")
+    return {th for th, tasks in tasks_of.items() if all(QUERY_CALL.match(n) for n in names[tasks].tolist())}
+
+
 def thread_bursts(state: BuildState) -> list[Bursts]:
-    """Every burst of one thread inside another thread's gap, per pair of threads of a rank."""
+    """Every burst of one thread inside another thread's gap, per pair of threads of a rank
+    neither of which polls."""
     thread = state.edges[ThreadOrder]
     src, dst = thread.src, thread.dst
     start_m, end_m = state.start_ns, state.end_ns
@@ -41,11 +53,13 @@ def thread_bursts(state: BuildState) -> list[Bursts]:
         order = sel[np.argsort(start_m[dst[sel]], kind="stable")]
         by_thread[th] = (order, np.concatenate([src[order][:1], dst[order]]))
     thread_rank = {th: int(ranks[tasks[0]]) for th, (_, tasks) in by_thread.items()}
+    polling = polling_threads(state, {th: tasks for th, (_, tasks) in by_thread.items()})
+    state.report["polling_threads"] = len(polling)
     found = []
     for a, (a_edges, _) in by_thread.items():
         gap_lo, gap_hi = end_m[src[a_edges]], start_m[dst[a_edges]]
         for b, (_, b_tasks) in by_thread.items():
-            if a == b or thread_rank[a] != thread_rank[b]:
+            if a == b or thread_rank[a] != thread_rank[b] or a in polling or b in polling:
                 continue
             b_start, b_end = start_m[b_tasks], np.maximum.accumulate(end_m[b_tasks])
             first = np.searchsorted(b_start, gap_lo, side="left")

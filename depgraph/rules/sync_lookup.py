@@ -23,6 +23,10 @@ EVENT_SYNC = re.compile(r"(cuda|hip|cu)EventSynchronize")
 STREAM_WAIT = re.compile(r"(cuda|hip|cu)StreamWaitEvent")
 WAITING_CALL = re.compile(r"Synchronize|WaitEvent")
 BEFORE_WINDOW_NS = np.iinfo(np.int64).min  # the launch time of work queued before the trace window
+QUERY_CALL = re.compile(r"^(cuda|hip|cu)(EventQuery|StreamQuery|PointerGetAttributes?)$")
+"""Runtime calls that only read state and return at once: ``cudaEventQuery``, ``cudaStreamQuery``,
+``cudaPointerGetAttributes``, their HIP and driver twins. A thread that makes no other call polls
+(PyTorch's NCCL watchdog): it sleeps on a timer between polls, so it wakes no other thread."""
 COPY_CALL = re.compile(r"(cuda|hip|cu)Memcpy")
 """Copy calls: ``cudaMemcpy``, ``cudaMemcpyAsync``, ``cuMemcpyDtoH``..., ``hipMemcpy``,
 ``hipMemcpyAsync``, ``hipMemcpyWithStream`` (what ``.item()`` / ``.cpu()`` / ``.to()`` call)."""
