@@ -98,6 +98,7 @@ class EdgeKind(IntEnum):
     COLLECTIVE = 6  # arrival -> barrier -> collective transfer, across ranks
     FLOW = 7        # cross-thread dependency shown by the trace (fwdbwd flows)
     LAUNCH_QUEUE = 8  # GPU work of the launch DEPTH entries back on a stream -> launch call: bounds the call's END
+    CONTENTION = 9  # another stream's kernel that occupied the device -> the kernel it held back
 
 
 END_BOUND_EDGE_KINDS = frozenset({EdgeKind.SYNC, EdgeKind.LAUNCH_QUEUE})

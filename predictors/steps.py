@@ -45,7 +45,7 @@ __all__ = ["CATEGORIES", "COUNT_DEFAULT", "PARTIAL_SHARE", "CriticalPath", "Excl
 CATEGORIES = ("cpu", "launch", "gpu", "comm", "sync", "idle")
 _EDGE_CATEGORY = {EdgeKind.ANCHOR: "idle", EdgeKind.THREAD: "cpu", EdgeKind.STREAM: "idle", EdgeKind.LAUNCH: "launch",
                   EdgeKind.SYNC: "sync", EdgeKind.EVENT_WAIT: "sync", EdgeKind.COLLECTIVE: "comm", EdgeKind.FLOW: "cpu",
-                  EdgeKind.LAUNCH_QUEUE: "sync"}
+                  EdgeKind.LAUNCH_QUEUE: "sync", EdgeKind.CONTENTION: "gpu"}
 _TASK_CATEGORY = {TaskKind.CPU_WORK: "cpu", TaskKind.CPU_CALL: "cpu", TaskKind.WAIT: "sync", TaskKind.KERNEL: "gpu",
                   TaskKind.MEMCPY: "gpu", TaskKind.MEMSET: "gpu", TaskKind.COMM: "comm"}
 

@@ -26,6 +26,8 @@ from whatif.depgraph.rules import (
     ClockAlignment,
     CollectiveBarriers,
     CollectiveSplit,
+    ContentionLaunches,
+    DeviceContention,
     EventWaitLaunches,
     EventWaits,
     Flows,
@@ -308,6 +310,34 @@ def test_a_late_start_nothing_explains_stays_measured_and_is_reported(tmp_path: 
     assert g.report["stream_waits_unattributed"] == 1
     assert g.report["stream_waits_unattributed_ns"] == (400 - 15 - 2) * US
     assert_exact(a)
+
+
+@covers(DeviceContention, ContentionLaunches)
+def test_a_kernel_held_by_another_streams_kernel_starts_as_that_one_finishes(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.runtime("cudaLaunchKernel", 0, 5, corr=1)
+    tr.gpu("hog", 10, 200, corr=1, stream=7)           # fills the device's SMs
+    tr.runtime("cudaLaunchKernel", 20, 5, corr=2)
+    tr.gpu("held", 205, 20, corr=2, stream=20)         # its stream was idle; it starts in hog's last wave
+    tr.runtime("cudaLaunchKernel", 230, 5, corr=3)
+    tr.gpu("ncclKernel_AllReduce_RING_LL_Sum_float", 240, 150, corr=3, stream=21)
+    tr.runtime("cudaLaunchKernel", 250, 5, corr=4)
+    tr.gpu("late", 391, 10, corr=4, stream=22)         # a collective's few SMs hold nothing back
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    hog, held = task_named(g, "hog"), task_named(g, "held")
+    assert edges_of(g, EdgeKind.CONTENTION) == {(hog, held)}
+    contention = g.edges[g.edges["kind"] == int(EdgeKind.CONTENTION)]
+    assert contention["lat_ns"].tolist() == [-5 * US]
+    launch = g.edges[(g.edges["kind"] == int(EdgeKind.LAUNCH)) & (g.edges["dst"] == held)]
+    assert launch["lat_ns"].tolist() == [2 * US]      # the device's launch latency, not the 180 us wait
+    assert g.report["kernels_held_by_other_streams"] == 1
+    assert g.report["kernels_held_by_other_streams_ns"] == (205 - 27) * US
+    assert a.replay.start_ns[held] == g.tasks.at[held, "measured_start_ns"]
+    assert_exact(a)
+    r = replay(with_duration(g, hog, 100 * US))
+    assert r.start_ns[held] == r.end_ns[hog] - 5 * US
+    assert a.replay.start_ns[held] - r.start_ns[held] == 100 * US
 
 
 @covers(BlockingCallIssue, SyncEdges, SyncWakeUps)

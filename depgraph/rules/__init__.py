@@ -10,6 +10,7 @@ from .attribution import LauncherAttribution
 from .base import Adjustment, BuildStep, EdgeRule, check_order
 from .blocking import BlockingCallIssue
 from .collectives import ArrivalOrder, ClockAlignment, CollectiveBarriers, CollectiveSplit
+from .contention import ContentionLaunches, DeviceContention
 from .event_wait import EventWaitLaunches, EventWaits
 from .flow import Flows, FlowWakesThread
 from .forkjoin import BurstGaps, ForkJoins
@@ -28,8 +29,10 @@ RULES: tuple[BuildStep, ...] = (
     StreamOrder(),
     LaunchQueue(),
     SyncEdges(),
+    DeviceContention(),
     EventWaits(),
     EventWaitLaunches(),
+    ContentionLaunches(),
     SyncWakeUps(),
     Flows(),
     FlowWakesThread(),
@@ -46,7 +49,8 @@ RULES: tuple[BuildStep, ...] = (
 check_order(RULES)
 
 __all__ = ["LAUNCH_QUEUE_DEPTH", "RULES", "Adjustment", "AnchorRoots", "ArrivalOrder", "BlockingCallIssue",
-           "BuildStep", "BurstGaps", "ClockAlignment", "CollectiveBarriers", "CollectiveSplit", "EdgeRule",
+           "BuildStep", "BurstGaps", "ClockAlignment", "CollectiveBarriers", "CollectiveSplit", "ContentionLaunches",
+           "DeviceContention", "EdgeRule",
            "EventWaitLaunches", "EventWaits", "FlowWakesThread", "Flows", "ForkJoins", "LaunchEdges", "LaunchQueue",
            "LauncherAttribution",
            "SingleStep", "StepWindows", "StreamOrder", "SyncEdges", "SyncWakeUps", "ThreadOrder", "check_order"]

@@ -13,7 +13,8 @@ was launch-bound (its stream was free) and started later than its launch could h
 other stream's work, on its device, that ended last before it started, provided that work ended
 in the later half of the late window (it explains most of the delay). Otherwise the delay cannot
 be attributed: it stays on the LAUNCH edge and ``graph.report`` counts it
-(``stream_waits_unattributed``, ``..._ns``).
+(``stream_waits_unattributed``, ``..._ns``), unless another stream's kernel held the work back
+(:mod:`.contention`: its CONTENTION edge recomputes the delay).
 
 **Held work.** Work whose stream wait held it (the waited-for work ended after its launch could
 have arrived, :class:`EventWaitLaunches`) starts when the waited-for work ends: its EVENT_WAIT
@@ -29,6 +30,7 @@ from ..graph import EdgeKind
 from ..state import BuildState, EdgeSet
 from .base import Adjustment, EdgeRule
 from .blocking import BlockingCallIssue
+from .contention import DeviceContention
 from .launch import LaunchEdges, LaunchTiming, launch_timing
 from .sync_lookup import STREAM_WAIT, SyncLookup
 
@@ -86,7 +88,7 @@ class EventWaits(EdgeRule):
     for held work, else 0."""
 
     kind = EdgeKind.EVENT_WAIT
-    needs = (BlockingCallIssue,)
+    needs = (BlockingCallIssue, DeviceContention)
 
     def edges(self, state: BuildState) -> EdgeSet:
         look = SyncLookup(state)
@@ -97,6 +99,7 @@ class EventWaits(EdgeRule):
         src: list[int] = []
         dst: list[int] = []
         inferred: set[int] = set()
+        contended = set(state.edges[DeviceContention].dst.tolist())
         for c in look.calls_named(STREAM_WAIT):
             rec = look.record_of(c)
             rank = int(look.ranks[c])
@@ -115,7 +118,7 @@ class EventWaits(EdgeRule):
             if rec is None:
                 if first in inferred:
                     continue
-                recorded = self._infer(state, launches, ends, first)
+                recorded = self._infer(state, launches, ends, first, first in contended)
                 if recorded < 0:
                     continue
                 inferred.add(first)
@@ -129,8 +132,9 @@ class EventWaits(EdgeRule):
         return EdgeSet.of(self.kind, s, d, np.where(held, np.maximum(start[d] - state.end_ns[s], 0), 0))
 
     @staticmethod
-    def _infer(state: BuildState, launches: _Launches, ends: _EndsByDevice, first: int) -> int:
-        """What ``first`` waited for (module docstring), or -1; counts an unattributed late start."""
+    def _infer(state: BuildState, launches: _Launches, ends: _EndsByDevice, first: int, held: bool) -> int:
+        """What ``first`` waited for (module docstring), or -1; counts a late start that neither
+        this nor another stream's kernel (``held``, :mod:`.contention`) explains."""
         start = int(state.start_ns[first])
         arrive = int(launches.arrive_ns[first])
         if launches.call[first] < 0 or not launches.launch_bound[first] or start <= arrive:
@@ -138,6 +142,8 @@ class EventWaits(EdgeRule):
         cand = ends.last_other_stream_before(first, start)
         if cand >= 0 and 2 * (start - int(state.end_ns[cand])) <= start - arrive:
             return cand
+        if held:
+            return -1
         state.report["stream_waits_unattributed"] += 1
         state.report["stream_waits_unattributed_ns"] += start - arrive
         return -1
