@@ -45,6 +45,7 @@ from whatif.depgraph.rules import (
     check_order,
 )
 from whatif.predictors.replay import Replay, replay
+from whatif.predictors.steps import step_times
 from whatif.tracer.trace import load_trace
 from whatif.transforms.generic import Scale
 from whatif.transforms.select import Selector
@@ -630,6 +631,21 @@ def test_tasks_outside_step_annotations_get_the_window_step(tmp_path: Path) -> N
     g = analyze(tr.write(tmp_path / "t.json.gz")).graph
     step = g.tasks["step"]
     assert (step[task_named(g, "orphan_kernel")], step[task_named(g, "DataLoader.__next__")]) == (3, 4)
+
+
+@covers(StepWindows)
+def test_a_polling_threads_calls_complete_no_step(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    tr.step(3, 0, 100)
+    tr.op("aten::mm", 5, 90)
+    tr.runtime("cudaEventQuery", 40, 1, corr=-1, tid=3)   # a watchdog: every call a query, on a timer
+    tr.runtime("cudaEventQuery", 97, 1, corr=-1, tid=3)
+    a = analyze(tr.write(tmp_path / "t.json.gz"))
+    g = a.graph
+    assert (g.tasks["step"].to_numpy()[g.tasks["name"].astype(str).to_numpy() == "cudaEventQuery"] == -1).all()
+    assert_exact(a)
+    faster = step_times(replay(with_duration(g, task_named(g, "aten::mm"), 40 * US)))
+    assert faster["predicted_ns"].tolist() == [50 * US]  # the poller's call at 97 us does not hold the step
 
 
 @covers(AnchorRoots)

@@ -8,11 +8,14 @@ from ..state import BuildState
 from .attribution import LauncherAttribution
 from .base import Adjustment
 from .collectives import CollectiveSplit
+from .forkjoin import polling_threads
 
 
 class StepWindows(Adjustment):
     """Tasks outside any step annotation (other threads, unlaunched GPU work, collective arrivals)
-    get the step whose window [begin, next begin) holds their start."""
+    get the step whose window [begin, next begin) holds their start; a polling thread's
+    (:func:`~.forkjoin.polling_threads`, a watchdog on a timer) do not: they do none of the step's
+    work, and their timer, not the program, sets when they run, so they cannot complete a step."""
 
     needs = (LauncherAttribution, CollectiveSplit)
 
@@ -21,6 +24,10 @@ class StepWindows(Adjustment):
         ranks = state.column("rank")
         start = state.start_ns
         begin_ids, end_ids = state.begin_ids, state.end_ids
+        resource = state.column("resource")
+        cpu = state.cpu_ids
+        polling = polling_threads(state, {th: cpu[resource[cpu] == th] for th in np.unique(resource[cpu]).tolist()})
+        outside = ~np.isin(resource, np.asarray(sorted(polling), dtype=np.int64))
         b_rank = ranks[begin_ids]
         for r in np.unique(b_rank):
             sel = begin_ids[b_rank == r]
@@ -28,7 +35,7 @@ class StepWindows(Adjustment):
             begins = start[sel]
             numbers = step[sel]
             last_end = start[end_ids[b_rank == r]].max()
-            todo = np.flatnonzero((ranks == r) & (step < 0) & (start >= begins[0]) & (start < last_end))
+            todo = np.flatnonzero((ranks == r) & (step < 0) & outside & (start >= begins[0]) & (start < last_end))
             step[todo] = numbers[np.searchsorted(begins, start[todo], side="right") - 1]
         state.tasks["step"] = step
 
