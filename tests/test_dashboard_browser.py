@@ -269,12 +269,22 @@ def test_timeline_zoom_and_click(server: Any, browser: Any, shots: Path) -> None
     info = _open_timeline(browser, f"{server.url}/timeline?run={_run_id(server, 'llm_serve')}")
     assert "(bins)" in info and "(exact)" not in info
     browser.save_screenshot(str(shots / "dashboard-timeline.png"))
-    # zoom as a user's drag would: plotly relayout on the x axis -> the server re-renders exact slices
-    browser.execute_script("""
+    # zoom as a user's drag would: plotly relayout on the x axis -> the server re-renders exact slices.
+    # Known page race (issue 12's closing note): a zoom issued while the figure is still being
+    # re-rendered can be dropped; a user zooms again, and so does this test, once, keeping the evidence.
+    from selenium.common.exceptions import TimeoutException
+
+    zoom = """
         const gd = document.querySelector('#tl-graph .js-plotly-plot');
         const r = gd._fullLayout.xaxis.range; const mid = (r[0] + r[1]) / 2;
-        Plotly.relayout(gd, {'xaxis.range': [mid, mid + (r[1] - r[0]) / 400]});""")
-    _wait(browser, lambda b: "(exact)" in _timeline_drawn(b))
+        Plotly.relayout(gd, {'xaxis.range': [mid, mid + (r[1] - r[0]) / 400]});"""
+    browser.execute_script(zoom)
+    try:
+        _wait(browser, lambda b: "(exact)" in _timeline_drawn(b), timeout=20)
+    except TimeoutException:
+        browser.save_screenshot(str(shots / "dashboard-timeline-zoom-dropped.png"))
+        browser.execute_script(zoom)
+        _wait(browser, lambda b: "(exact)" in _timeline_drawn(b))
     # click the middle of the longest slice of the replayed panel, at its pixel position
     pos = browser.execute_script("""
         const gd = document.querySelector('#tl-graph .js-plotly-plot');
