@@ -22,13 +22,12 @@ whatif.core.errors.WhatifError: unknown paint 'blue' (paints: red)
 """
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from enum import Enum
-from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
 from .errors import WhatifError
+from .plugins import load_plugins
 
 T = TypeVar("T", bound=type)
 
@@ -65,15 +64,7 @@ class EnumRegistry(Generic[T]):
         """Import the built-ins, then the entry points; a broken plugin is one error naming it."""
         if self._loaded:
             return
-        for module in self._builtin_modules:
-            importlib.import_module(module)
-        if self._group:
-            for ep in entry_points(group=self._group):
-                try:
-                    self.register(ep.load())
-                except Exception as exc:  # noqa: BLE001 - any failure of third-party code
-                    raise self.error(f"{self.what} plugin {ep.name!r} ({ep.value}, entry point group "
-                                     f"{self._group}): {type(exc).__name__}: {exc}") from None
+        load_plugins(self._builtin_modules, self._group, self.register, what=self.what, error=self.error)
         self._loaded = True
 
     def _by_value(self) -> dict[str, Enum]:

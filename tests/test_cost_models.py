@@ -148,12 +148,12 @@ def fresh_cost_models(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_entry_points_add_cost_models(monkeypatch: pytest.MonkeyPatch, fresh_cost_models: None) -> None:
-    import whatif.core.registry as core_registry
+    import whatif.core.plugins as plugins
 
     def entry_points(group: str) -> list[_EntryPoint]:
         return [_EntryPoint()] if group == "whatif.cost_models" else []
 
-    monkeypatch.setattr(core_registry, "entry_points", entry_points)
+    monkeypatch.setattr(plugins, "entry_points", entry_points)
     assert COST_MODELS.names() == ("trace", "datasheet", "slower_than_measured")
     assert COST_MODELS.get("slower_than_measured") is _Slower
 
@@ -187,16 +187,16 @@ def test_a_broken_cost_model_plugin_is_one_line_naming_it(monkeypatch: pytest.Mo
     from importlib.metadata import EntryPoint
 
     from whatif.cli import main
-    from whatif.core import registry as registry_module
+    from whatif.core import plugins
     from whatif.predictors.cost_models import COST_MODELS
 
     broken = EntryPoint(name="broken", value="no_such_module_xyz:Model", group="whatif.cost_models")
-    real = registry_module.entry_points
-    monkeypatch.setattr(registry_module, "entry_points",
+    real = plugins.entry_points
+    monkeypatch.setattr(plugins, "entry_points",
                         lambda group: [broken] if group == "whatif.cost_models" else real(group=group))
     monkeypatch.setattr(COST_MODELS, "_loaded", False)
     assert main(["devices"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "plugin 'broken'" in err[0] and "no_such_module_xyz" in err[0]
-    monkeypatch.setattr(registry_module, "entry_points", real)
+    monkeypatch.setattr(plugins, "entry_points", real)
     assert COST_MODELS.names()[:2] == ("trace", "datasheet")   # it loads once the plugin is gone

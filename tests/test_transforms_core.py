@@ -242,8 +242,10 @@ def test_entry_point_transforms_are_registered(monkeypatch: pytest.MonkeyPatch, 
         def load(self) -> type:
             return Nothing
 
+    from whatif.core import plugins
+
     monkeypatch.setattr(registry, "_loaded", False)
-    monkeypatch.setattr(registry, "entry_points", lambda group: [FakeEntryPoint()] if group == "whatif.transforms"
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [FakeEntryPoint()] if group == "whatif.transforms"
                         else [])
     assert "third_party_nothing" in registry.names()
 

@@ -22,18 +22,17 @@ whatif.core.errors.TraceError: run/rank0.nsys-rep: not a trace file (accepted: *
 """
 from __future__ import annotations
 
-import importlib
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from whatif.core.errors import TraceError
+from whatif.core.plugins import load_plugins
 
 from .kinds import EventKind
 
@@ -197,18 +196,18 @@ def unregister_reader(reader: TraceReader) -> None:
         del _READERS[s]
 
 
+def _accept(cls: object) -> None:
+    if not (isinstance(cls, type) and issubclass(cls, TraceReader)):
+        raise TypeError("not a whatif TraceReader class")
+    register_reader(cls())
+
+
 def _load() -> None:
     global _loaded
     if _loaded:
         return
+    load_plugins(BUILTIN_MODULES, ENTRY_POINT_GROUP, _accept, what="trace reader")
     _loaded = True
-    for module in BUILTIN_MODULES:
-        importlib.import_module(module)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        cls = ep.load()
-        if not (isinstance(cls, type) and issubclass(cls, TraceReader)):
-            raise TraceError(ep.value, f"entry point {ep.name} is not a whatif TraceReader class")
-        register_reader(cls())
 
 
 def suffixes() -> tuple[str, ...]:

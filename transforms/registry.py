@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import importlib
 import types
 import typing
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any
+
+from whatif.core.plugins import load_plugins
 
 from .base import Transform, TransformError
 
@@ -35,22 +35,19 @@ def register(cls: type[Transform]) -> type[Transform]:
     return cls
 
 
+def _accept(cls: object) -> None:
+    if not (isinstance(cls, type) and issubclass(cls, Transform)):
+        raise TypeError("not a whatif Transform class")
+    register(cls)
+
+
 def _load() -> None:
     global _loaded
     if _loaded:
         return
+    load_plugins(BUILTIN_MODULES, ENTRY_POINT_GROUP, _accept, what="transform", error=TransformError,
+                 missing_builtins_ok=True)
     _loaded = True
-    for module in BUILTIN_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        cls = ep.load()
-        if not (isinstance(cls, type) and issubclass(cls, Transform)):
-            raise TransformError(f"entry point {ep.name} = {ep.value} is not a whatif Transform class")
-        register(cls)
 
 
 def names() -> list[str]:
