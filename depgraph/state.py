@@ -4,7 +4,9 @@ not the builder (:mod:`.build` runs :data:`.rules.RULES` over one :class:`BuildS
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -12,6 +14,8 @@ import pandas as pd
 from whatif.tracer.trace import Trace
 
 from .graph import EdgeKind, ResourceKind
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -131,6 +135,8 @@ class BuildState:
     edges: dict[type, EdgeSet] = field(default_factory=dict)  # by the class of the rule that returned them
     collective_groups: list[list[int]] = field(default_factory=list)  # matched collectives (ClockAlignment)
     arrivals: Arrivals = field(default_factory=Arrivals.none)          # their split (CollectiveSplit)
+    version: int = 0  # bumped by every column write, table or latency replacement: what :meth:`memo` keys by
+    _memo: dict[str, tuple[int, Any]] = field(default_factory=dict, repr=False)
 
     def column(self, name: str) -> np.ndarray:
         return self.tasks[name].to_numpy()
@@ -148,10 +154,25 @@ class BuildState:
         col = self.tasks[name].to_numpy().copy()
         col[ids] = values
         self.tasks[name] = col
+        self.version += 1
+
+    def memo(self, key: str, compute: Callable[[], _T]) -> _T:
+        """``compute()``, computed once while the task table is the same (no column written, no
+        table replaced since): several rules read the same derived facts (launch timing, lookups)."""
+        hit = self._memo.get(key)
+        if hit is None or hit[0] != self.version:
+            hit = self._memo[key] = (self.version, compute())
+        return hit[1]
+
+    def replace_tasks(self, tasks: pd.DataFrame) -> None:
+        """A new task table (a rule that adds tasks)."""
+        self.tasks = tasks
+        self.version += 1
 
     def set_latency(self, rule: type, lat_ns: np.ndarray) -> None:
         """Replace the latencies of the edges ``rule`` returned."""
         self.edges[rule] = replace(self.edges[rule], lat_ns=np.asarray(lat_ns, dtype=np.int64))
+        self.version += 1
 
     def all_edges(self) -> pd.DataFrame:
         """Every rule's edges, in the order the rules ran."""

@@ -145,7 +145,7 @@ class CollectiveSplit(Adjustment):
         tasks = pd.concat([tasks, new], ignore_index=True)
         for col in ("phase", "layer", "op", "name"):
             tasks[col] = pd.Categorical(tasks[col])
-        state.tasks = tasks
+        state.replace_tasks(tasks)
 
         redirect = np.arange(len(tasks), dtype=np.int64)
         redirect[members] = arrive_ids

@@ -91,7 +91,7 @@ class EventWaits(EdgeRule):
     needs = (BlockingCallIssue, DeviceContention)
 
     def edges(self, state: BuildState) -> EdgeSet:
-        look = SyncLookup(state)
+        look = SyncLookup.of(state)
         launches = _Launches(state, launch_timing(state))
         ends = _EndsByDevice(state)
         start = state.start_ns

@@ -41,7 +41,11 @@ def polling_threads(state: BuildState, tasks_of: dict[int, np.ndarray]) -> set[i
 
 def thread_bursts(state: BuildState) -> list[Bursts]:
     """Every burst of one thread inside another thread's gap, per pair of threads of a rank
-    neither of which polls."""
+    neither of which polls (found once per state of the task table)."""
+    return state.memo("thread_bursts", lambda: _thread_bursts(state))
+
+
+def _thread_bursts(state: BuildState) -> list[Bursts]:
     thread = state.edges[ThreadOrder]
     src, dst = thread.src, thread.dst
     start_m, end_m = state.start_ns, state.end_ns

@@ -50,7 +50,12 @@ class LaunchTiming:
 
 
 def launch_timing(state: BuildState) -> LaunchTiming:
-    """Launch latencies and queued/launch-bound, per launched GPU task (see the module docstring)."""
+    """Launch latencies and queued/launch-bound, per launched GPU task (see the module docstring);
+    computed once per state of the task table, however many rules ask."""
+    return state.memo("launch_timing", lambda: _launch_timing(state))
+
+
+def _launch_timing(state: BuildState) -> LaunchTiming:
     start, end = state.start_ns, state.end_ns
     prev, cur = stream_pairs(state)
     prev_of = np.full(len(start), -1, dtype=np.int64)

@@ -43,7 +43,7 @@ class SyncEdges(EdgeRule):
     needs = (BlockingCallIssue,)
 
     def edges(self, state: BuildState) -> EdgeSet:
-        look = SyncLookup(state)
+        look = SyncLookup.of(state)
         index, rep = look.index, state.report
         start, end = state.start_ns, state.end_ns
         waiters: list[int] = []

@@ -176,7 +176,11 @@ def _last_launch_stream(state: BuildState) -> dict[int, tuple[np.ndarray, np.nda
 
 
 class SyncLookup:
-    """The lookups of one build's synchronization rules."""
+    """The lookups of one build's synchronization rules (:meth:`of`: built once per task table)."""
+
+    @classmethod
+    def of(cls, state: BuildState) -> SyncLookup:
+        return state.memo("sync_lookup", lambda: cls(state))
 
     def __init__(self, state: BuildState) -> None:
         self.state = state
