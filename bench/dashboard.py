@@ -51,6 +51,11 @@ return !!(info && info.textContent.includes('%s') && gd && gd.data && gd.data.le
           && gd.querySelector('.heatmaplayer, canvas'));"""
 
 
+# a zoom reaches the server once dcc.Graph listens to plotly's relayout events
+LISTENING = """const gd = document.querySelector('#tl-graph .js-plotly-plot');
+return !!(gd && gd._ev && gd._ev.listeners('plotly_relayout').length);"""
+
+
 def main() -> None:  # noqa: C901 - a straight script
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--copies", type=int, default=4)
@@ -79,7 +84,7 @@ def main() -> None:  # noqa: C901 - a straight script
                 browser.get(f"{bg.url}/timeline?run={run.id}")
                 _until(browser, DRAWN % "(bins)")
                 results[key].append(time.perf_counter() - t)
-            time.sleep(1.0)  # let plotly settle: a relayout issued while the first figure mounts is dropped
+            _until(browser, LISTENING)
             t = time.perf_counter()
             browser.execute_script("""const gd = document.querySelector('#tl-graph .js-plotly-plot');
                 const r = gd._fullLayout.xaxis.range; Plotly.relayout(gd, {'xaxis.range': [r[0] + (r[1] - r[0]) * 0.3,

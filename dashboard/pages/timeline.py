@@ -18,6 +18,16 @@ from . import Page
 
 BASELINE = "__baseline__"
 
+# Only an x-axis zoom, pan or reset reaches the server. dcc.Graph also reports resizes
+# ({"autosize": true}); when the loading spinner shows (a draw over 150 ms) the graph resizes, and
+# a resize sent to the server while that draw runs would supersede it (Dash keeps only the newest
+# run of a callback), leaving the page on its empty first figure.
+ZOOM_ONLY = """function(relayout) {
+  for (const key of Object.keys(relayout || {}))
+    if (/^xaxis\\d*\\.(range|autorange)/.test(key)) return relayout;
+  return window.dash_clientside.no_update;
+}"""
+
 
 def layout(**_: Any) -> html.Div:
     return html.Div([
@@ -34,6 +44,7 @@ def layout(**_: Any) -> html.Div:
                                    figure=figures.timeline_figure({"lanes": [], "range_ms": [0, 1], "panels": []}))),
                  className="panel"),
         dcc.Store(id="tl-window"),
+        dcc.Store(id="tl-zoom"),
         html.Div([html.H4("Task"), error_box("tl-details-error"),
                   html.Div("Click a slice (zoom in until slices are exact) to see the task.", id="tl-details",
                            className="note")], className="panel"),
@@ -60,6 +71,9 @@ def timelines(run: Run, scenario: str | None) -> tuple[list[tl.Timeline], tl.Lan
 
 
 def register(app: dash.Dash) -> None:
+    app.clientside_callback(ZOOM_ONLY, Output("tl-zoom", "data"), Input("tl-graph", "relayoutData"),
+                            prevent_initial_call=True)
+
     @app.callback(Output("tl-predicted", "options"), Input("run", "value"))
     def options(run_id: str | None) -> list[dict[str, str]]:
         store = get_store()
@@ -68,14 +82,14 @@ def register(app: dash.Dash) -> None:
 
     @app.callback(Output("tl-graph", "figure"), Output("tl-window", "data"), Output("tl-info", "children"),
                   Output("tl-error", "children"),
-                  Input("run", "value"), Input("tl-predicted", "value"), Input("tl-graph", "relayoutData"),
+                  Input("run", "value"), Input("tl-predicted", "value"), Input("tl-zoom", "data"),
                   Input("tl-reset", "n_clicks"), State("tl-window", "data"))
     @guarded(4)
     def draw(run_id: str | None, scenario: str | None, relayout: dict[str, Any] | None, _reset: int | None,
              window: list[int] | None) -> tuple[Any, ...]:
         trigger = dash.ctx.triggered_id
         current: tuple[int, int] | None = (window[0], window[1]) if window else None
-        if trigger == "tl-graph":
+        if trigger == "tl-zoom":
             new = tl.window_from_relayout(relayout, current)
             if new == current and not (relayout or {}).get("xaxis.autorange"):
                 raise dash.exceptions.PreventUpdate
