@@ -79,6 +79,25 @@ def test_pipeline_keeps_one_stage_and_bubbles_shrink(train) -> None:
         PipelineParallel(degree=8).apply(g0, ctx)
 
 
+def test_pipeline_keeps_n_over_p_blocks_in_every_step(tmp_path) -> None:
+    """Blocks are found per step: the kernels of step k+1 before its first block are not the tail of
+    step k's last block (every later step kept n/p + 1 blocks, and its stage time nearly doubled)."""
+    a = analyze(llm_trace(tmp_path / "pp8.json.gz", new_tokens=1024, kv_tokens=1024, layers=8, steps=3))
+    g0, ctx = a.graph, make_context(a.trace)
+    steps = g0.tasks["step"].to_numpy()
+    b = find_blocks(g0)
+    assert b.assign(step=steps[b["task"].to_numpy()]).groupby("step")["block"].nunique().tolist() == [8, 8, 8]
+    base = step_times(replay(g0))["predicted_ns"].to_numpy()
+    for stage in (0, 3, 7):
+        g = PipelineParallel(degree=8, schedule="serving", stage=stage).apply(g0, ctx)
+        kept = find_blocks(g)
+        assert kept.assign(step=g.tasks["step"].to_numpy()[kept["task"].to_numpy()]).groupby("step")[
+            "block"].nunique().tolist() == [1, 1, 1]
+        pred = step_times(replay(g))["predicted_ns"].to_numpy()
+        # every step is the same stage's work: later steps differ from step 0 as the baseline's do
+        assert np.allclose(pred[1:] - pred[0], base[1:] - base[0], atol=1_000)
+
+
 def test_pipeline_serving_has_no_bubble(serve) -> None:
     ctx = make_context(serve.trace)
     g = PipelineParallel(degree=2, schedule="serving").apply(serve.graph, ctx)

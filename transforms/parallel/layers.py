@@ -1,6 +1,6 @@
 """Transformer blocks in a kernel sequence: which GEMM is QKV, attention output, MLP up/down.
 
-The heuristic (per rank, kernels in measured start order; documented in docs/multi-gpu.md):
+The heuristic (per rank and step, kernels in measured start order; documented in docs/multi-gpu.md):
 
 1. **Attention cores**: kernels of class ``attention`` (FlashAttention, SDPA, paged attention…),
    or an unfused ``bmm → softmax → bmm`` (a batched GEMM within 3 kernels of a softmax on either
@@ -117,48 +117,63 @@ def find_blocks(graph: TaskGraph) -> pd.DataFrame:
     """One row per kernel that belongs to a detected block: ``task``, ``rank``, ``block`` (0-based
     per rank, in time order), ``part`` (``qkv``, ``attention``, ``attn_out``, ``mlp_in``,
     ``mlp_down``, ``attn_elementwise``, ``mlp_elementwise``, ``block_other``) and its
-    tensor-parallel ``role`` (:class:`~whatif.transforms.parallel.sharding.Role` value)."""
+    tensor-parallel ``role`` (:class:`~whatif.transforms.parallel.sharding.Role` value).
+
+    Blocks are found in each step's kernels separately (kernels outside steps form one more
+    sequence), so no block reaches into the next step: the kernels of step k+1 before its first
+    block (embedding, norm) are never the residual tail of step k's last block."""
     t = graph.tasks
     kinds = t["kind"].to_numpy()
     start = t["measured_start_ns"].to_numpy()
+    steps = t["step"].to_numpy()
+    ranks = t["rank"].to_numpy()
     cls_all = kernel_classes(graph)
+    names, ops, layers = (t[c].astype(object).to_numpy() for c in ("name", "op", "layer"))
     rows: list[tuple[int, int, int, str, str]] = []
-    for rank in np.unique(t["rank"].to_numpy()).tolist():
-        k = np.flatnonzero((kinds == int(TaskKind.KERNEL)) & (t["rank"].to_numpy() == rank) & (start >= 0))
-        k = k[np.argsort(start[k], kind="stable")]
-        if not len(k):
-            continue
-        blocks = _rank_blocks(cls_all[k], t["name"].astype(object).to_numpy()[k], t["op"].astype(object).to_numpy()[k],
-                              t["layer"].astype(object).to_numpy()[k])
-        gemm = (cls_all[k] == KernelClass.GEMM.value)
-        for b, blk in enumerate(blocks):
-            nxt_qkv = blocks[b + 1]["qkv"][0] if b + 1 < len(blocks) and blocks[b + 1]["qkv"] else -1
-            s, e = blk["core"]
-            part = {}
-            first_qkv = blk["qkv"][0] if blk["qkv"] else s
-            for j in range(first_qkv, blk["out"]):
-                part[j] = "attn_elementwise"
-            for j in range(s, e + 1):
-                part[j] = "attention"
-            for j in blk["qkv"]:
-                part[j] = "qkv"
-            part[blk["out"]] = "attn_out"
-            if blk["mlp"]:
-                for j in range(blk["out"] + 1, blk["mlp"][0]):
-                    part[j] = "block_other"
-                for j in range(blk["mlp"][0], blk["mlp"][-1]):
-                    part[j] = "mlp_elementwise"
-                for j in blk["mlp"][:-1]:
-                    part[j] = "mlp_in"
-                part[blk["mlp"][-1]] = "mlp_down"
-                if nxt_qkv > 0 and not gemm[blk["mlp"][-1] + 1:nxt_qkv].any():
-                    for j in range(blk["mlp"][-1] + 1, nxt_qkv):
-                        part[j] = "block_other"      # residual add and the next block's norm
-            for j, p in part.items():
-                if p.endswith("elementwise") and gemm[j]:
-                    p = "block_other"     # an extra GEMM inside a region (e.g. DiT adaLN): replicated
-                rows.append((int(k[j]), int(rank), b, p, ROLE_OF_PART[p].value))
+    for rank in np.unique(ranks).tolist():
+        mine = (kinds == int(TaskKind.KERNEL)) & (ranks == rank) & (start >= 0)
+        first_block = 0
+        for step in np.unique(steps[mine]).tolist():
+            k = np.flatnonzero(mine & (steps == step))
+            k = k[np.argsort(start[k], kind="stable")]
+            first_block += _sequence_rows(rows, k, int(rank), first_block, cls_all, names, ops, layers)
     return pd.DataFrame(rows, columns=list(COLUMNS)).sort_values("task", ignore_index=True)
+
+
+def _sequence_rows(rows: list[tuple[int, int, int, str, str]], k: np.ndarray, rank: int, first_block: int,
+                   cls_all: np.ndarray, names: np.ndarray, ops: np.ndarray, layers: np.ndarray) -> int:
+    """Append the block rows of one kernel sequence ``k`` (task ids in start order), numbering its
+    blocks from ``first_block``; returns how many blocks it had."""
+    blocks = _rank_blocks(cls_all[k], names[k], ops[k], layers[k])
+    gemm = (cls_all[k] == KernelClass.GEMM.value)
+    for b, blk in enumerate(blocks):
+        nxt_qkv = blocks[b + 1]["qkv"][0] if b + 1 < len(blocks) and blocks[b + 1]["qkv"] else -1
+        s, e = blk["core"]
+        part = {}
+        first_qkv = blk["qkv"][0] if blk["qkv"] else s
+        for j in range(first_qkv, blk["out"]):
+            part[j] = "attn_elementwise"
+        for j in range(s, e + 1):
+            part[j] = "attention"
+        for j in blk["qkv"]:
+            part[j] = "qkv"
+        part[blk["out"]] = "attn_out"
+        if blk["mlp"]:
+            for j in range(blk["out"] + 1, blk["mlp"][0]):
+                part[j] = "block_other"
+            for j in range(blk["mlp"][0], blk["mlp"][-1]):
+                part[j] = "mlp_elementwise"
+            for j in blk["mlp"][:-1]:
+                part[j] = "mlp_in"
+            part[blk["mlp"][-1]] = "mlp_down"
+            if nxt_qkv > 0 and not gemm[blk["mlp"][-1] + 1:nxt_qkv].any():
+                for j in range(blk["mlp"][-1] + 1, nxt_qkv):
+                    part[j] = "block_other"      # residual add and the next block's norm
+        for j, p in part.items():
+            if p.endswith("elementwise") and gemm[j]:
+                p = "block_other"     # an extra GEMM inside a region (e.g. DiT adaLN): replicated
+            rows.append((int(k[j]), rank, first_block + b, p, ROLE_OF_PART[p].value))
+    return len(blocks)
 
 
 ROLE_OF_PART = {"qkv": Role.COLUMN, "mlp_in": Role.COLUMN, "attn_out": Role.ROW, "mlp_down": Role.ROW,
