@@ -12,16 +12,18 @@ BF16 = "c10::BFloat16"
 
 def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int = 2048, layers: int = 2,
               hidden: int = 4096, heads: int = 32, ffn: int = 11008, steps: int = 2,
-              phases: tuple[str, ...] = (), backward: bool = False) -> Path:
+              phases: tuple[str, ...] = (), backward: bool = False, kv_heads: int = 0) -> Path:
     """One forward per step of ``batch`` sequences of ``new_tokens`` tokens (1 = decode) attending
     to ``kv_tokens`` cached tokens. ``phases``: a ``phase:<name>`` annotation per step (cycled), in
     which case the tokens of a ``prefill`` step are ``kv_tokens`` and of a ``decode`` step 1.
     ``backward``: a training step — after the forward, the loss backward, each layer's backward in reverse (two GEMMs
     per forward GEMM under ``aten::mm``, flash-attention backward, SiLU backward), the embedding
-    backward, then an optimizer kernel."""
+    backward, then an optimizer kernel. ``kv_heads``: key/value heads (GQA when fewer than
+    ``heads``; 0 = ``heads``)."""
     tr = KinetoTrace(gpu_name="NVIDIA H100 80GB HBM3")
     corr, ts, gpu_t = 0, 0.0, 0.0
     d = hidden // heads
+    hkv = kv_heads or heads
 
     def kernel(name: str, flops: float, nbytes: float, op: str, dims, types) -> None:
         nonlocal corr, ts, gpu_t
@@ -49,12 +51,12 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
 
         for _ in range(layers):
             mem("void at::native::rms_norm_kernel<bf16>", 2 * m * hidden * ELEM, "aten::rms_norm")
-            gemm("qkv", 3 * hidden, hidden)
+            gemm("qkv", (heads + 2 * hkv) * d, hidden)
             kv = kv_tokens
             kernel("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>",
-                   4.0 * batch * heads * m_tok * kv * d, ELEM * batch * heads * d * (2 * m_tok + 2 * kv),
+                   4.0 * batch * heads * m_tok * kv * d, ELEM * batch * d * (2 * heads * m_tok + 2 * hkv * kv),
                    "aten::scaled_dot_product_attention",
-                   [[batch, heads, m_tok, d], [batch, heads, kv, d], [batch, heads, kv, d]], [BF16] * 3)
+                   [[batch, heads, m_tok, d], [batch, hkv, kv, d], [batch, hkv, kv, d]], [BF16] * 3)
             gemm("out", hidden, hidden)
             mem("void at::native::vectorized_elementwise_kernel<4, add_kernel>", 3 * m * hidden * ELEM, "aten::add")
             mem("void at::native::rms_norm_kernel<bf16>", 2 * m * hidden * ELEM, "aten::rms_norm")

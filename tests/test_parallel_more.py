@@ -172,11 +172,63 @@ def test_reshard_search(tmp_path: Path) -> None:
     assert (same["transition_ms"] == 0).all() and (s.table.loc[s.table["prefill_plan"] != s.table["decode_plan"],
                                                                "transition_ms"] > 0).all()
     assert "req/s" in s.why and s.best["throughput_rps"] >= same["throughput_rps"].max()
-    # transition: 2 x (W/G) / PCIe (H100: 64 GB/s); W = 8 layers of forward weights
+    # transition: 2 x (W/G) / (PCIe (H100: 64 GB/s) shared by 2 GPUs); W = 8 layers of forward weights
     w = 8 * (4 * 4096 ** 2 + 3 * 4096 * 11008) * 2
     diff = s.table[s.table["prefill_plan"] != s.table["decode_plan"]].iloc[0]
-    assert diff["transition_ms"] == pytest.approx(2 * w / 8 / 64e9 * 1e3, rel=1e-6)
+    assert diff["transition_ms"] == pytest.approx(2 * w / 8 / 32e9 * 1e3, rel=1e-6)
     assert "reshard" in registry.names() and "pipeline_parallel" in registry.names()
+    # Seesaw's premise: prefill fastest under the deepest pipeline, decode under the widest TP
+    by_plan = s.table.drop_duplicates("prefill_plan").set_index("prefill_plan")["prefill_step_ms"]
+    dec = s.table.drop_duplicates("decode_plan").set_index("decode_plan")["decode_step_ms"]
+    assert by_plan.idxmin() == "tp1·pp8" and dec["tp8·pp1"] < dec["tp1·pp8"]
+
+
+def test_pipeline_decode_at_equal_in_flight_sequences(tmp_path: Path) -> None:
+    """PP serving splits the trace's in-flight sequences into micro-batches: a weight-bound decode
+    step barely shrinks (every micro-batch reads the stage's weights), a compute-bound prefill
+    shrinks about p-fold; TP shrinks decode more than PP does."""
+    got = {}
+    for name, kw in (("decode", {"batch": 8, "new_tokens": 1, "kv_tokens": 2048}),
+                     ("prefill", {"new_tokens": 1024, "kv_tokens": 1024})):
+        a = analyze(llm_trace(tmp_path / f"{name}.json.gz", layers=8, steps=2, **kw))
+        ctx = make_context(a.trace)
+        base = step_ns(a.graph)
+        got[name] = {"pp4": step_ns(PipelineParallel(degree=4, schedule="serving").apply(a.graph, ctx)) / base,
+                     "pp4 m1": step_ns(PipelineParallel(degree=4, schedule="serving", micro_batches=1)
+                                       .apply(a.graph, ctx)) / base,
+                     "tp4": step_ns(TensorParallel(degree=4, topology="dgx_a100").apply(a.graph, ctx)) / base}
+    assert got["decode"]["pp4"] > 0.6 and got["decode"]["tp4"] < 0.6 * got["decode"]["pp4"]
+    assert got["prefill"]["pp4"] < 0.45 and got["prefill"]["pp4"] < got["prefill"]["tp4"]
+    # one micro-batch for 4 stages: the stage idles 3 of 4 slots, a whole model's time per step
+    assert got["decode"]["pp4 m1"] == pytest.approx(1.0, abs=0.05)
+
+
+def test_memory_model_gqa_and_refusals(tmp_path: Path) -> None:
+    from whatif.transforms.parallel.memory import model_shape, plan_memory
+
+    a = analyze(llm_trace(tmp_path / "gqa.json.gz", kv_tokens=1024, layers=8, batch=8, steps=5, kv_heads=8,
+                          phases=("prefill", "decode", "decode", "decode", "decode")))
+    ctx = make_context(a.trace)
+    shape = model_shape(a.graph, ctx)
+    assert (shape.layers, shape.heads, shape.kv_heads, shape.head_dim, shape.hidden) == (8, 32, 8, 128, 4096)
+    assert shape.kv_bytes_per_token == 2 * 8 * 8 * 128 * 2 and not shape.assumptions
+    # TP beyond the KV heads replicates a KV head per rank instead of splitting it
+    assert plan_memory(shape, tensor=16, pipeline=1, kv_tokens=1000, capacity_bytes=80e9).kv_bytes == \
+        plan_memory(shape, tensor=8, pipeline=1, kv_tokens=1000, capacity_bytes=80e9).kv_bytes
+    s = search_reshard(a.graph, ctx, gpus=8, prefill_batch=8, decode_batch=8, prompt_tokens=1024)
+    assert any("8 KV heads" in x and "MiB" in x for x in s.assumptions)
+    # GQA-8 of 32 heads: a quarter of the MHA KV, so 4x the requests per buffer fill
+    mha = search_reshard(a.graph, ctx, gpus=8, prefill_batch=8, decode_batch=8, prompt_tokens=1024, kv_heads=32)
+    assert mha.best["requests_per_cycle"] == pytest.approx(s.best["requests_per_cycle"] / 4, rel=0.01)
+    # 16 GPUs, 6,000 sequences of 1,032 tokens: a KV head per rank at tp16 holds every layer's KV
+    # (4.1 KB per token per rank, 25 GB), twice what tp8·pp2 holds (12.7 GB), on a 20 GB device
+    tight = search_reshard(a.graph, ctx, gpus=16, prefill_batch=8, decode_batch=6000, prompt_tokens=1024,
+                           output_tokens=8, capacity_gb=20)
+    left = " ".join(x for x in tight.assumptions if "left out" in x)
+    assert "tp16·pp1 left out: weights" in left and "over by" in left and "tp8·pp2" not in left
+    assert "tp16·pp1" not in set(tight.table["decode_plan"]) and "tp8·pp2" in set(tight.table["decode_plan"])
+    with pytest.raises(TransformError, match=r"no plan of 8 GPUs fits: .*over by"):
+        search_reshard(a.graph, ctx, gpus=8, decode_batch=2000, prompt_tokens=1024, capacity_gb=2)
 
 
 def test_reshard_one_phase_trace_states_assumption(serve) -> None:

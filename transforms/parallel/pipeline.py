@@ -13,9 +13,16 @@ by send/recv (COMM tasks on a ``pp comm`` stream, priced by ``CostModel.collecti
   (m vs p micro-batches). The step gets an idle ``pipeline bubble`` task of ``(p−1)·T_stage/m``
   on the compute stream (T_stage: the stage's GPU time per step); backward sends the gradient of
   each boundary activation back.
-* **Serving** (``schedule = serving``): request pipelining — in steady state each stage works on
-  a different batch, so a stage's step is the representative step (throughput ×p over one GPU's
-  share of layers) and a request's latency is p stage steps plus p−1 hops (reported in the change).
+* **Serving** (``schedule = serving``): the step's sequences (the trace's batch: the in-flight
+  sequences whose KV cache the GPUs hold) pass the p stages in m micro-batches (``micro_batches``,
+  0 = p, the fewest that keep every stage busy) — at **equal in-flight sequences**, not p batches
+  of the trace's size (that would need p× the KV memory). Each kernel of the stage runs m times
+  at 1/m of its activations (FLOPs/m, bytes ``(B − W)/m + W``: every micro-batch reads the
+  weights; ``CostModel.kernel_time_ns``), so a step is ``m·T_stage(B/m)``; with m < p a decode
+  micro-batch's next token waits for its previous one to leave the last stage, and the stage idles
+  ``(p−m)·T_stage(B/m)`` (a ``pipeline bubble`` task). Prefill (compute-bound: ``T(B/m) ≈ T(B)/m``)
+  keeps PP's ×p; decode (weight-bound: ``T(B/m) ≈ T(B)``) gains little — Seesaw's reason to
+  decode under TP. A request's latency is p stage slots plus p−1 hops (in the change log).
 
 Backward kernels (:func:`backward_mask`) are
 not located per block: the stage keeps ``1/p`` of the backward and of the kernels after it (the
@@ -31,7 +38,7 @@ import pandas as pd
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 
 from ..base import Transform, TransformContext, TransformError
-from ..edit import note, remove, scale
+from ..edit import note, remove, scale, set_duration
 from ..registry import register
 from .comm import Collective, comm_stream, insert_tasks, splice_tasks
 from .layers import find_blocks, gemm_io_bytes
@@ -124,14 +131,15 @@ class PipelineParallel(Transform):
                    "or request pipelining")
 
     degree: int = field(default=2, metadata={"help": "pipeline stages p"})
-    micro_batches: int = field(default=4, metadata={"help": "micro-batches m per training step"})
+    micro_batches: int = field(default=0, metadata={
+        "help": "micro-batches m per step; 0 = 4 for training, p for serving"})
     schedule: str = field(default="1f1b", metadata={"help": "1f1b | gpipe (training) | serving (request pipelining)"})
     stage: int = field(default=-1, metadata={"help": "stage modeled (0..p-1); -1 = the last (it holds the LM head)"})
     topology: str = field(default="dgx_h100", metadata={"help": "topology preset for the send/recv"})
 
     def _check(self) -> int:
-        if self.degree < 1 or self.micro_batches < 1:
-            raise TransformError(f"{self.name}: degree and micro_batches must be >= 1 (got {self.degree}, "
+        if self.degree < 1 or self.micro_batches < 0:
+            raise TransformError(f"{self.name}: degree must be >= 1 and micro_batches >= 0 (got {self.degree}, "
                                  f"{self.micro_batches})")
         if self.schedule not in SCHEDULES:
             raise TransformError(f"{self.name}: schedule must be one of {', '.join(SCHEDULES)} (got {self.schedule!r})")
@@ -139,6 +147,11 @@ class PipelineParallel(Transform):
         if s >= self.degree:
             raise TransformError(f"{self.name}: stage {s} >= degree {self.degree}")
         return s
+
+    @property
+    def m(self) -> int:
+        """Micro-batches per step (``micro_batches``, or its default for the schedule)."""
+        return self.micro_batches or (self.degree if self.schedule == "serving" else 4)
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         return stage_plan(graph, self.degree, self._check())[0]
@@ -167,11 +180,28 @@ class PipelineParallel(Transform):
                       reason=f"{self.label()}: this stage's share of the backward and optimizer")
         ids = np.concatenate([drop, _launches(g, drop)])
         g = remove(g, ids, reason=f"{self.label()}: {len(drop)} kernels of the other {p - 1} stages")
-        return self._comm_and_bubble(g, ctx, act, s, training=self.schedule != "serving", backward=len(bw) > 0)
+        training = self.schedule != "serving"
+        if not training:
+            g = self._micro_batched(g, ctx)
+        return self._comm_and_bubble(g, ctx, act, s, training=training, backward=len(bw) > 0)
+
+    def _micro_batched(self, g: TaskGraph, ctx: TransformContext) -> TaskGraph:
+        """Each remaining kernel as m back-to-back runs at 1/m of its activations."""
+        m = self.m
+        if m == 1:
+            return g
+        cost = ctx.require_cost(self.name)
+        kern = np.flatnonzero(g.tasks["kind"].to_numpy() == int(TaskKind.KERNEL))
+        f = cost.kernel_facts(g, kern)
+        w = np.nan_to_num(f["weight_bytes"])
+        micro = cost.kernel_time_ns(g, kern, np.nan_to_num(f["flops"]) / m, (np.nan_to_num(f["bytes"]) - w) / m + w)
+        return set_duration(g, kern, np.rint(m * micro).astype(np.int64),
+                            reason=f"{self.label()}: the step's sequences in {m} micro-batches, each kernel "
+                                   f"{m} times at 1/{m} of its activations (weights read each time)")
 
     def _comm_and_bubble(self, g: TaskGraph, ctx: TransformContext, act: pd.Series, s: int, *, training: bool,
                          backward: bool) -> TaskGraph:
-        p, m = self.degree, self.micro_batches
+        p, m = self.degree, self.m
         t = g.tasks
         kern = np.flatnonzero(t["kind"].to_numpy() == int(TaskKind.KERNEL))
         bw = backward_mask(g)
@@ -192,9 +222,10 @@ class PipelineParallel(Transform):
                 if backward and len(bwd):
                     hops.append((int(rank), -1, int(bwd[0]), one, "recv gradient"))
             busy = int(t["dur_ns"].to_numpy()[k].sum())
-            if training:
+            idle = (p - 1) * busy / m if training else max(0, p - m) * busy / m
+            if idle > 0:
                 anchors.append(int(k[-1]))
-                bubbles.append([int(round((p - 1) * busy / m))])
+                bubbles.append([int(round(idle))])
         for rank in sorted({h[0] for h in hops}):
             mine = [h for h in hops if h[0] == rank]
             g, res = comm_stream(g, rank, "pp comm")
@@ -202,15 +233,16 @@ class PipelineParallel(Transform):
                                 dur_ns=[h[3] for h in mine], names=[f"pp {h[4]} ({m} x send_recv)" for h in mine],
                                 reason=f"{self.label()}: {len(mine)} stage-boundary transfers")
         if anchors:
-            frac = bubble_fraction(p, m)
+            why = (f"bubble (p-1)/(m+p-1) = {bubble_fraction(p, m):.3f} of the step; activations held: "
+                   f"{m if self.schedule == 'gpipe' else min(p, m)} micro-batches" if training else
+                   f"{m} micro-batches for {p} stages: each decode micro-batch waits for its previous token, "
+                   f"the stage idles {p - m} of {p} slots")
             g, _ = splice_tasks(g, anchors=anchors, durs=bubbles, name=f"pipeline bubble ({self.schedule}, idle)",
-                                deps=[[-1]] * len(anchors),
-                                reason=f"{self.label()}: bubble (p-1)/(m+p-1) = {frac:.3f} of the step; activations "
-                                       f"held: {m if self.schedule == 'gpipe' else min(p, m)} micro-batches")
+                                deps=[[-1]] * len(anchors), reason=f"{self.label()}: {why}")
         if not training:
             hop = max((h[3] for h in hops), default=0)
             g = note(g, "request pipelining",
-                     reason=f"{self.label()}: steady state, each stage on a different batch: throughput "
-                            f"x{p} per step of this stage; a request's latency = {p} stage steps + "
-                            f"{p - 1} hops of {hop / 1e3:.1f} us")
+                     reason=f"{self.label()}: steady state at the trace's in-flight sequences, {m} micro-batches "
+                            f"in the {p} stages; a request's latency = {p} stage slots + {p - 1} hops of "
+                            f"{hop / 1e3:.1f} us")
         return g

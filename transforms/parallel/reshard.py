@@ -17,16 +17,23 @@ the buffer, and they re-shard back. Per cycle:
 * KV through the CPU buffer, ``R·kv/G`` bytes per GPU out after prefill and in before decode, at
   ``B_h2d``, overlapped with compute (each phase takes ``max(compute, KV transfer)``).
 
+``B_h2d`` is what one GPU gets while all G load at once: its PCIe link's rate divided by the GPUs
+sharing a host link (``gpus_per_host_link``, 2: a DGX A100 has four PCIe Gen4 switches with two
+GPUs behind each, NVIDIA DGX A100 System Architecture, WP-10083-001).
+
 Throughput = ``R / cycle``. With A = B the weights stay and the KV stays on the GPUs (no buffer):
-throughput = ``1 / (T_pf/b_p + o·T_dec/b_d)``. W: the forward GEMM weights of one step of the trace
-(``CostModel.kernel_facts``); kv per request: ``2·layers·hidden·2 B·(prompt + output)`` unless
-given (hidden from the attention-output GEMM's weight, ``sqrt(W_o/2)``; MHA assumed — GQA holds less).
+throughput = ``1 / (T_pf/b_p + o·T_dec/b_d)``. W, layers and KV heads come from the memory model
+(:func:`~.memory.model_shape`: GQA-aware, ``2·L·H_kv·d·e`` bytes per token; ``kv_heads`` overrides);
+kv per request is that times ``prompt + output`` tokens. A decode step under PP is the stage's
+``p·T_stage(b/p)`` at equal in-flight sequences (``pipeline_parallel``, serving). **A plan that
+does not hold its weights and the decode batch's KV on the device** (:func:`~.memory.plan_memory`)
+is left out, with one line saying what does not fit.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -40,6 +47,7 @@ from ..base import Transform, TransformContext, TransformError
 from ..edit import note
 from ..registry import register
 from .layers import find_blocks
+from .memory import ModelShape, device_capacity_bytes, model_shape, plan_memory
 from .pipeline import PipelineParallel
 from .tensor import TensorParallel
 
@@ -86,12 +94,13 @@ class ReshardSearch:
     assumptions: list[str]
 
 
-def _phase_times(graph: TaskGraph, ctx: TransformContext, gpus: int, topology: str) -> pd.DataFrame:
+def _phase_times(graph: TaskGraph, ctx: TransformContext, gpus: int, topology: str,
+                 feasible: list[tuple[int, int]]) -> pd.DataFrame:
     """Per plan: mean predicted step time (ns) of prefill and of decode steps."""
     step_times_ns = ctx.require_step_times("reshard")
     phases = step_phases(graph, ctx)
     rows = []
-    for t, p in plans(gpus):
+    for t, p in feasible:
         g = TensorParallel(degree=t, topology=topology).apply(graph, ctx) if t > 1 else graph
         try:
             g = PipelineParallel(degree=p, schedule="serving", topology=topology).apply(g, ctx) if p > 1 else g
@@ -106,16 +115,22 @@ def _phase_times(graph: TaskGraph, ctx: TransformContext, gpus: int, topology: s
 
 def search_reshard(graph: TaskGraph, ctx: TransformContext, *, gpus: int = 8, topology: str = "dgx_h100",
                    h2d_gbps: float = 0.0, buffer_gb: float = 64.0, prompt_tokens: int = 512, output_tokens: int = 0,
-                   prefill_batch: int = 1, decode_batch: int = 1, kv_bytes_per_request: float = 0.0) -> ReshardSearch:
+                   prefill_batch: int = 1, decode_batch: int = 1, kv_bytes_per_request: float = 0.0,
+                   kv_heads: int = 0, capacity_gb: float = 0.0, gpus_per_host_link: int = 2,
+                   shape: ModelShape | None = None) -> ReshardSearch:
     """Every (prefill plan, decode plan) pair for ``gpus`` GPUs, with its throughput (requests/s)
     under Seesaw's transition-minimizing cycle; see the module docstring."""
-    if gpus < 1 or buffer_gb <= 0 or prefill_batch < 1 or decode_batch < 1:
-        raise TransformError("reshard: gpus, buffer_gb, prefill_batch and decode_batch must be positive")
-    cost = ctx.require_cost("reshard")
+    if gpus < 1 or buffer_gb <= 0 or prefill_batch < 1 or decode_batch < 1 or gpus_per_host_link < 1:
+        raise TransformError("reshard: gpus, buffer_gb, prefill_batch, decode_batch and gpus_per_host_link must be "
+                             "positive")
     blocks = find_blocks(graph)
     if blocks.empty:
         raise TransformError("reshard: found no transformer block in the trace's kernels")
-    assumptions: list[str] = []
+    shape = shape or model_shape(graph, ctx, "reshard")
+    if kv_heads:
+        kept = [a for a in shape.assumptions if "MHA" not in a]
+        shape = replace(shape, kv_heads=kv_heads, assumptions=(*kept, f"{kv_heads} KV heads (given)"))
+    assumptions: list[str] = list(shape.assumptions)
     phases = step_phases(graph, ctx)
     counts = phases.value_counts()
     n_pf, n_dec = int(counts.get("prefill", 0)), int(counts.get("decode", 0))
@@ -125,31 +140,33 @@ def search_reshard(graph: TaskGraph, ctx: TransformContext, *, gpus: int = 8, to
                            "the other phase is priced by the same steps, so the best pair is the best single plan")
     out_tok = output_tokens or max(1, round(n_dec * decode_batch / max(n_pf * prefill_batch, 1))) if n_pf and n_dec \
         else (output_tokens or 1)
-    times = _phase_times(graph, ctx, gpus, topology)
+    weights = shape.weight_bytes
+    kv = kv_bytes_per_request or shape.kv_bytes_per_token * (prompt_tokens + out_tok)
+    if not kv_bytes_per_request:
+        assumptions.append(f"KV per request 2·{shape.layers} layers·{shape.kv_heads} KV heads·{shape.head_dim}·"
+                           f"{shape.elem_bytes} B·({prompt_tokens}+{out_tok}) tokens = {kv / 2**20:.1f} MiB")
+    capacity = device_capacity_bytes(ctx, capacity_gb)
+    feasible: list[tuple[int, int]] = []
+    for t, p in plans(gpus):
+        mem = plan_memory(shape, tensor=t, pipeline=p, kv_tokens=decode_batch * (prompt_tokens + out_tok),
+                          capacity_bytes=capacity)
+        if mem.fits:
+            feasible.append((t, p))
+        else:
+            assumptions.append(f"tp{t}·pp{p} left out: {mem.why_not()}")
+    if not feasible:
+        raise TransformError(f"reshard: no plan of {gpus} GPUs fits: {assumptions[-1]}")
+    times = _phase_times(graph, ctx, gpus, topology, feasible)
+    if times.empty:
+        raise TransformError(f"reshard: no plan of {gpus} GPUs applies to this trace (more stages than layers)")
     for x, y in (("prefill_ns", "decode_ns"), ("decode_ns", "prefill_ns")):
         times[x] = times[x].fillna(times[y])
-    # model sizes from one step's forward GEMMs
-    first = blocks["task"].to_numpy()
-    step0 = int(np.min(graph.tasks["step"].to_numpy()[first]))
-    kern = np.flatnonzero((graph.tasks["kind"].to_numpy() == int(TaskKind.KERNEL))
-                          & (graph.tasks["step"].to_numpy() == step0))
-    f = cost.kernel_facts(graph, kern)
-    weights = float(np.nan_to_num(f["weight_bytes"])[f["kernel_class"] == KernelClass.GEMM.value].sum())
-    b0 = blocks[graph.tasks["step"].to_numpy()[first] == step0]
-    layers = int(b0["block"].nunique())
-    wo = cost.kernel_facts(graph, b0.loc[b0["part"] == "attn_out", "task"].to_numpy()[:1])["weight_bytes"]
-    hidden = math.sqrt(float(np.nan_to_num(wo).sum()) / 2) if len(wo) else 0.0
-    kv = kv_bytes_per_request or 2 * layers * hidden * 2 * (prompt_tokens + out_tok)
-    if not kv_bytes_per_request:
-        assumptions.append(f"KV per request 2·{layers} layers·{hidden:.0f} hidden·2 B·"
-                           f"({prompt_tokens}+{out_tok}) tokens "
-                           f"= {kv / 2**20:.1f} MiB (MHA)")
-    h2d = (h2d_gbps * GB) if h2d_gbps else _h2d(ctx)
+    h2d = (h2d_gbps * GB) if h2d_gbps else _h2d(ctx) / gpus_per_host_link
     requests = max(1.0, math.floor(buffer_gb * GB / kv))
     rows = []
-    plans: list[dict[Hashable, Any]] = times.to_dict("records")
-    for a in plans:
-        for b in plans:
+    plan_rows: list[dict[Hashable, Any]] = times.to_dict("records")
+    for a in plan_rows:
+        for b in plan_rows:
             pf = requests / prefill_batch * a["prefill_ns"]
             dec = requests * out_tok / decode_batch * b["decode_ns"]
             same = (a["t"], a["p"]) == (b["t"], b["p"])
@@ -195,6 +212,10 @@ class Reshard(Transform):
     prompt_tokens: int = field(default=512, metadata={"help": "prompt tokens per request (KV size)"})
     output_tokens: int = field(default=0, metadata={
         "help": "output tokens per request; 0 = decode/prefill steps ratio"})
+    kv_heads: int = field(default=0, metadata={"help": "KV heads (GQA); 0 = from the attention op's shapes"})
+    capacity_gb: float = field(default=0.0, metadata={"help": "GPU memory (GB); 0 = the recorded GPU's, from the "
+                                                              "catalog"})
+    gpus_per_host_link: int = field(default=2, metadata={"help": "GPUs sharing one PCIe host link (DGX A100: 2)"})
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         return find_blocks(graph)["task"].to_numpy(np.int64)
@@ -203,7 +224,9 @@ class Reshard(Transform):
         """The graph of the best pair: its decode plan applied to decode steps' view (one representative
         rank; the graph holds one plan, so the prefill plan and the transitions are in the change log)."""
         s = search_reshard(graph, ctx, gpus=self.gpus, topology=self.topology, buffer_gb=self.buffer_gb,
-                           prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens)
+                           prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
+                           kv_heads=self.kv_heads, capacity_gb=self.capacity_gb,
+                           gpus_per_host_link=self.gpus_per_host_link)
         t, p = (int(x[2:]) for x in s.best["decode_plan"].split("·"))
         g = TensorParallel(degree=t, topology=self.topology).apply(graph, ctx) if t > 1 else graph.copy()
         g = PipelineParallel(degree=p, schedule="serving", topology=self.topology).apply(g, ctx) if p > 1 else g

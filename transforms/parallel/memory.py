@@ -1,0 +1,196 @@
+"""The memory model of a parallel plan: model shape read from the trace, bytes per rank, and
+whether a plan fits the device.
+
+**Shape** (:func:`model_shape`), from one step's detected blocks (:func:`~.layers.find_blocks`):
+
+* ``layers``: blocks per step; ``weight_bytes``: the step's forward GEMM weights
+  (``CostModel.kernel_facts``);
+* ``heads``, ``kv_heads``, ``head_dim``: the attention op's recorded ``Input Dims`` — query and
+  key shapes of ``scaled_dot_product_attention`` (``[b, H, s, d]``), of the flash-attention ops
+  (``[b, s, H, d]``, varlen ``[tokens, H, d]``); a key with fewer heads than the query is GQA/MQA;
+* without recorded shapes: ``hidden = sqrt(W_o / e)`` from the attention-output GEMM's weight
+  ``W_o`` (``hidden × hidden`` of ``e``-byte elements), ``head_dim`` 128 and MHA — stated in
+  :attr:`ModelShape.assumptions`. Every field can be overridden (``replace``).
+
+**Bytes per rank** for a plan of t-way tensor and p-way pipeline parallelism
+(:func:`plan_memory`): weights ``W/(t·p)``; KV cache ``tokens · 2·(L/p)·ceil(H_kv/t)·d·e`` — each
+rank holds its stage's layers and its share of the KV heads (a KV head is replicated, not split,
+when t > H_kv, as vLLM does); activations and workspace a fraction of the capacity
+(``workspace_fraction``, vLLM's ``gpu_memory_utilization`` 0.9 leaves 10 %).
+
+>>> s = ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, weight_bytes=130e9,
+...                elem_bytes=2)
+>>> s.kv_bytes_per_token   # Llama-2/3-70B: 2·80·8·128·2 B = 320 KiB
+327680
+>>> m = plan_memory(s, tensor=8, pipeline=1, kv_tokens=100_000, capacity_bytes=80e9)
+>>> round(m.weights_bytes / 1e9, 2), round(m.kv_bytes / 1e9, 2), m.fits
+(16.25, 4.1, True)
+>>> plan_memory(s, tensor=1, pipeline=1, kv_tokens=0, capacity_bytes=80e9).why_not()
+'weights 130.0 GB + KV 0.0 GB + workspace 8.0 GB = 138.0 GB per rank > 80.0 GB of the device (over by 58.0 GB)'
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from whatif.core.kernels import KernelClass
+from whatif.depgraph.graph import TaskGraph, TaskKind
+from whatif.hardware.devices import find_device
+from whatif.tracer.args import Arg
+
+from ..base import TransformContext, TransformError
+from .layers import find_blocks, linked_op_rows
+
+WORKSPACE_FRACTION = 0.10  # vLLM gpu_memory_utilization = 0.9: activations, workspace, CUDA graphs
+DEFAULT_HEAD_DIM = 128     # Llama, Mistral, Qwen, GPT-3 family
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What sizes a model's memory: per-step transformer ``layers``, ``hidden`` size, query
+    ``heads``, ``kv_heads`` (fewer than ``heads``: GQA/MQA), ``head_dim``, forward GEMM
+    ``weight_bytes`` of one step, KV ``elem_bytes``, and how each was obtained."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    weight_bytes: float
+    elem_bytes: int = 2
+    assumptions: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of every layer for one token: ``2·L·H_kv·d·e``."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.elem_bytes
+
+
+@dataclass(frozen=True)
+class PlanMemory:
+    """Bytes per rank of one plan and the device's capacity."""
+
+    tensor: int
+    pipeline: int
+    weights_bytes: float
+    kv_bytes: float
+    workspace_bytes: float
+    capacity_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.weights_bytes + self.kv_bytes + self.workspace_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.capacity_bytes
+
+    def why_not(self) -> str:
+        """One line naming what does not fit and by how much ('' when it fits)."""
+        if self.fits:
+            return ""
+        gb = 1e9
+        return (f"weights {self.weights_bytes / gb:.1f} GB + KV {self.kv_bytes / gb:.1f} GB + workspace "
+                f"{self.workspace_bytes / gb:.1f} GB = {self.total_bytes / gb:.1f} GB per rank > "
+                f"{self.capacity_bytes / gb:.1f} GB of the device (over by "
+                f"{(self.total_bytes - self.capacity_bytes) / gb:.1f} GB)")
+
+    def check(self, who: str) -> None:
+        """Raise :class:`TransformError` naming the overflow when the plan does not fit."""
+        if not self.fits:
+            raise TransformError(f"{who}: tp{self.tensor}·pp{self.pipeline} does not fit: {self.why_not()}")
+
+
+def plan_memory(shape: ModelShape, *, tensor: int, pipeline: int, kv_tokens: float, capacity_bytes: float,
+                workspace_fraction: float = WORKSPACE_FRACTION) -> PlanMemory:
+    """Bytes per rank of ``shape`` under t-way tensor and p-way pipeline parallelism holding the
+    KV cache of ``kv_tokens`` tokens (every in-flight sequence's context) in all; see the module
+    docstring for the formulas."""
+    if tensor < 1 or pipeline < 1:
+        raise TransformError(f"memory: tensor and pipeline degrees must be >= 1 (got {tensor}, {pipeline})")
+    layers = math.ceil(shape.layers / pipeline)
+    kv_heads = math.ceil(shape.kv_heads / tensor)
+    kv = float(kv_tokens) * 2 * layers * kv_heads * shape.head_dim * shape.elem_bytes
+    return PlanMemory(tensor=tensor, pipeline=pipeline, weights_bytes=shape.weight_bytes / (tensor * pipeline),
+                      kv_bytes=kv, workspace_bytes=workspace_fraction * capacity_bytes, capacity_bytes=capacity_bytes)
+
+
+def device_capacity_bytes(ctx: TransformContext, override_gb: float = 0.0) -> float:
+    """Memory of the recorded GPU from the hardware catalog (``override_gb`` when given)."""
+    if override_gb > 0:
+        return override_gb * 1e9
+    dev = find_device(ctx.device) if ctx.device else None
+    if dev is None or not dev.mem_bytes:
+        raise TransformError(f"memory: the trace's GPU ({ctx.device or 'unknown'}) is not in the hardware catalog; "
+                             "give its memory (capacity_gb)")
+    return float(dev.mem_bytes)
+
+
+def _attention_heads(graph: TaskGraph, tasks: np.ndarray) -> tuple[int, int, int] | None:
+    """(heads, kv_heads, head_dim) from the first attention op with recorded query and key shapes."""
+    tr = graph.trace
+    if tr is None or not len(tasks):
+        return None
+    rows = linked_op_rows(graph, tasks)
+    dims_all = tr.arg(Arg.INPUT_DIMS)
+    names = tr.events["name"].astype(str).to_numpy()
+    for r in rows[~np.isnan(rows)].astype(np.int64).tolist():
+        found = _heads_of(names[r], dims_all[r])
+        if found is not None:
+            return found
+    return None
+
+
+def _heads_of(op: str, dims: object) -> tuple[int, int, int] | None:
+    """Query heads, key heads and head size of one attention op's input shapes."""
+    if not isinstance(dims, list) or len(dims) < 2:
+        return None
+    q, k = dims[0], dims[1]
+    if not (isinstance(q, list) and isinstance(k, list)) or len(q) != len(k) or len(q) not in (3, 4):
+        return None
+    try:
+        if len(q) == 3:                                   # varlen: [tokens, H, d]
+            h, hk, d = int(q[1]), int(k[1]), int(q[2])
+        elif "scaled_dot_product" in op or op.endswith("::bmm"):   # [b, H, s, d]
+            h, hk, d = int(q[1]), int(k[1]), int(q[3])
+        else:                                             # flash-attention ops: [b, s, H, d]
+            h, hk, d = int(q[2]), int(k[2]), int(q[3])
+    except (TypeError, ValueError):
+        return None
+    return (h, hk, d) if h > 0 and hk > 0 and d > 0 and h % hk == 0 else None
+
+
+def model_shape(graph: TaskGraph, ctx: TransformContext, who: str = "memory") -> ModelShape:
+    """The :class:`ModelShape` of the first step with detected blocks; see the module docstring."""
+    blocks = find_blocks(graph)
+    if blocks.empty:
+        raise TransformError(f"{who}: found no transformer block, so no model shape (layers, heads)")
+    cost = ctx.require_cost(who)
+    t = graph.tasks
+    steps = t["step"].to_numpy()
+    b_steps = steps[blocks["task"].to_numpy()]
+    step0 = int(b_steps.min())
+    b0 = blocks[b_steps == step0]
+    kern = np.flatnonzero((t["kind"].to_numpy() == int(TaskKind.KERNEL)) & (steps == step0))
+    f = cost.kernel_facts(graph, kern)
+    weights = float(np.nan_to_num(f["weight_bytes"])[f["kernel_class"] == KernelClass.GEMM.value].sum())
+    layers = int(b0["block"].nunique())
+    notes: list[str] = []
+    found = _attention_heads(graph, b0.loc[b0["part"] == "attention", "task"].to_numpy())
+    if found is not None:
+        heads, kv_heads, head_dim = found
+        hidden = heads * head_dim
+    else:
+        wo = cost.kernel_facts(graph, b0.loc[b0["part"] == "attn_out", "task"].to_numpy()[:1])["weight_bytes"]
+        hidden = int(round(math.sqrt(float(np.nan_to_num(wo).sum()) / 2))) if len(wo) else 0
+        if hidden <= 0:
+            raise TransformError(f"{who}: no attention shapes recorded and no attention-output GEMM weight; "
+                                 "give the model's hidden size, heads and kv_heads")
+        head_dim = DEFAULT_HEAD_DIM
+        heads = kv_heads = max(1, hidden // head_dim)
+        notes.append(f"no attention shapes recorded: hidden {hidden} from the attention-output weight, "
+                     f"head_dim {head_dim}, MHA ({heads} KV heads; GQA holds less)")
+    return ModelShape(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                      weight_bytes=weights, assumptions=tuple(notes))
