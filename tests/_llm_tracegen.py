@@ -12,15 +12,19 @@ BF16 = "c10::BFloat16"
 
 def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int = 2048, layers: int = 2,
               hidden: int = 4096, heads: int = 32, ffn: int = 11008, steps: int = 2,
-              phases: tuple[str, ...] = (), backward: bool = False, kv_heads: int = 0) -> Path:
+              phases: tuple[str, ...] = (), backward: bool = False, kv_heads: int = 0,
+              gpu_name: str = "NVIDIA H100 80GB HBM3", peak: float = PEAK, bw: float = BW,
+              decode_batch: int = 0) -> Path:
     """One forward per step of ``batch`` sequences of ``new_tokens`` tokens (1 = decode) attending
     to ``kv_tokens`` cached tokens. ``phases``: a ``phase:<name>`` annotation per step (cycled), in
     which case the tokens of a ``prefill`` step are ``kv_tokens`` and of a ``decode`` step 1.
     ``backward``: a training step — after the forward, the loss backward, each layer's backward in reverse (two GEMMs
     per forward GEMM under ``aten::mm``, flash-attention backward, SiLU backward), the embedding
     backward, then an optimizer kernel. ``kv_heads``: key/value heads (GQA when fewer than
-    ``heads``; 0 = ``heads``)."""
-    tr = KinetoTrace(gpu_name="NVIDIA H100 80GB HBM3")
+    ``heads``; 0 = ``heads``). ``gpu_name``, ``peak`` (FLOP/s) and ``bw`` (bytes/s): the recorded
+    GPU and the achieved rates of the kernel model. ``decode_batch``: sequences of a ``decode``
+    phase step (0 = ``batch``)."""
+    tr = KinetoTrace(gpu_name=gpu_name)
     corr, ts, gpu_t = 0, 0.0, 0.0
     d = hidden // heads
     hkv = kv_heads or heads
@@ -30,7 +34,7 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
         corr += 1
         tr._x("cpu_op", op, ts, 6, 100, 1, **{"Input Dims": dims, "Input type": types, "External id": corr})
         tr.runtime("cudaLaunchKernel", ts + 1, 4, corr=corr)
-        us = FIXED_US + max(flops / PEAK, nbytes / BW) * 1e6
+        us = FIXED_US + max(flops / peak, nbytes / bw) * 1e6
         start = max(gpu_t, ts + 8)
         tr.gpu(name, start, us, corr=corr, **{"External id": corr})
         gpu_t = start + us + 1
@@ -39,7 +43,8 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
     for s in range(steps):
         phase = phases[s % len(phases)] if phases else None
         m_tok = (kv_tokens if phase == "prefill" else 1) if phase else new_tokens
-        m = batch * m_tok
+        b_step = (decode_batch or batch) if phase == "decode" else batch
+        m = b_step * m_tok
         step_start = ts
 
         def gemm(tag: str, n: int, k: int, m: int = m) -> None:
@@ -54,9 +59,9 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
             gemm("qkv", (heads + 2 * hkv) * d, hidden)
             kv = kv_tokens
             kernel("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>",
-                   4.0 * batch * heads * m_tok * kv * d, ELEM * batch * d * (2 * heads * m_tok + 2 * hkv * kv),
+                   4.0 * b_step * heads * m_tok * kv * d, ELEM * b_step * d * (2 * heads * m_tok + 2 * hkv * kv),
                    "aten::scaled_dot_product_attention",
-                   [[batch, heads, m_tok, d], [batch, hkv, kv, d], [batch, hkv, kv, d]], [BF16] * 3)
+                   [[b_step, heads, m_tok, d], [b_step, hkv, kv, d], [b_step, hkv, kv, d]], [BF16] * 3)
             gemm("out", hidden, hidden)
             mem("void at::native::vectorized_elementwise_kernel<4, add_kernel>", 3 * m * hidden * ELEM, "aten::add")
             mem("void at::native::rms_norm_kernel<bf16>", 2 * m * hidden * ELEM, "aten::rms_norm")
