@@ -5,23 +5,31 @@ hierarchy. The numbers follow DCC (arXiv 2511.15503, its public backend configur
 AttAcc (Park et al., ASPLOS 2024):
 
 * ``stacks`` HBM stacks of ``stack_bw`` ≈ 650 GB/s external bandwidth each (5 stacks);
-* the *internal* bandwidth a level's units see is the external one times a multiplier:
-  ×16 at bank level, ×8 at bank-group level, ×1 at the buffer (base) die;
+* the *internal* bandwidth a level's units see is the external one times a multiplier: within
+  HBM's power budget ×9 at bank level and ×3 at bank-group level (AttAcc's power-constrained
+  configuration, its headline), ×16 / ×8 without the limit (``power_limited=False``: DCC's backend
+  and AttAcc's unconstrained design), ×1 at the buffer (base) die;
 * PIM FLOP/s = internal bandwidth × ``ops_per_byte`` (the units' MACs per byte streamed);
 * achieved rates are capped at 0.85 of peak compute and 0.81 of peak bandwidth (DCC);
-* the GPU reaches the PIM stacks over a link: NVLink 600/900 GB/s or PCIe 64/128 GB/s (DCC).
+* the GPU reaches the PIM stacks over a full-duplex link, **per direction**: NVLink3 300 GB/s,
+  NVLink4 450 GB/s, PCIe Gen4 ×16 32 GB/s, Gen5 64 GB/s (NVIDIA's 600/900 GB/s and PCIe's 64/128
+  GB/s are both directions together; AttAcc and DCC move data one way at half of them);
+* capacity: ``stacks × stack_gb`` (HBM3, 16 GB per stack: 80 GB in 5 stacks) holds what is
+  offloaded — weights and KV cache.
 
 Unit counts per stack follow the HBM3 organization (JEDEC JESD238: 32 pseudo-channels of 4 bank
 groups × 4 banks): 512 banks, 128 bank groups, 1 buffer die. They decide how many partial sums a
 reduction-split kernel leaves and what share of the data already sits in the right unit.
 
 >>> d = get_pim("attacc")
->>> round(d.internal_bw("bank") / 1e12, 1), round(d.internal_bw("buffer_die") / 1e12, 2)   # TB/s
-(52.0, 3.25)
->>> round(d.kernel_time_ns(2e6, 2e6, "bank"))   # batch-1 fp16 GEMV, 1 M weights: 47 ns + 1 us command
-1047
->>> d.units("bank_group")
-640
+>>> round(d.internal_bw("bank") / 1e12, 2), round(d.internal_bw("buffer_die") / 1e12, 2)   # TB/s
+(29.25, 3.25)
+>>> round(d.with_power_limit(False).internal_bw("bank") / 1e12, 1)
+52.0
+>>> round(d.kernel_time_ns(2e6, 2e6, "bank"))   # batch-1 fp16 GEMV, 1 M weights: 84 ns + 1 us command
+1084
+>>> d.units("bank_group"), d.capacity_bytes() / 1e9
+(640, 80.0)
 """
 from __future__ import annotations
 
@@ -29,11 +37,12 @@ from dataclasses import dataclass, replace
 
 G = 1e9
 LEVELS = ("bank", "bank_group", "buffer_die")          # finest to coarsest
-BW_MULTIPLIER = {"bank": 16.0, "bank_group": 8.0, "buffer_die": 1.0}        # DCC backends
+BW_MULTIPLIER = {"bank": 9.0, "bank_group": 3.0, "buffer_die": 1.0}         # AttAcc within HBM's power budget
+BW_MULTIPLIER_UNLIMITED = {"bank": 16.0, "bank_group": 8.0, "buffer_die": 1.0}   # DCC backends, no power limit
 UNITS_PER_STACK = {"bank": 512, "bank_group": 128, "buffer_die": 1}        # HBM3, JESD238
 COMPUTE_UTIL = 0.85        # DCC: achieved fraction of peak PIM FLOP/s
 MEMORY_UTIL = 0.81         # DCC: achieved fraction of peak bandwidth
-LINKS = {"nvlink3": 600 * G, "nvlink4": 900 * G, "pcie4": 64 * G, "pcie5": 128 * G}   # DCC's GPU links
+LINKS = {"nvlink3": 300 * G, "nvlink4": 450 * G, "pcie4": 32 * G, "pcie5": 64 * G}   # per direction
 LINK_LATENCY_NS = 1_000.0  # per GPU<->PIM transfer (an NVLink hop, as in predictors/topology.py)
 COMMAND_NS = 1_000.0       # per offloaded kernel: the host issuing the PIM command sequence (assumed)
 
@@ -50,6 +59,8 @@ class PimDevice:
     ops_per_byte: float = 1.0
     link: str = "nvlink4"
     source: str = ""
+    power_limited: bool = True
+    stack_gb: float = 16.0
 
     def __post_init__(self) -> None:
         if self.finest not in LEVELS:
@@ -71,9 +82,14 @@ class PimDevice:
         return self.stacks * self.stack_bw
 
     def internal_bw(self, level: str) -> float:
-        """Peak bytes/s the units of ``level`` stream: external × DCC's level multiplier."""
+        """Peak bytes/s the units of ``level`` stream: external × the level's multiplier (power
+        limited or not)."""
         self.check_level(level)
-        return self.external_bw() * BW_MULTIPLIER[level]
+        return self.external_bw() * (BW_MULTIPLIER if self.power_limited else BW_MULTIPLIER_UNLIMITED)[level]
+
+    def capacity_bytes(self) -> float:
+        """Bytes the stacks hold: ``stacks × stack_gb``."""
+        return self.stacks * self.stack_gb * G
 
     def peak_flops(self, level: str) -> float:
         """Peak FLOP/s at ``level``: internal bandwidth × ops per byte (DCC)."""
@@ -85,6 +101,7 @@ class PimDevice:
         return self.stacks * UNITS_PER_STACK[level]
 
     def link_bw(self) -> float:
+        """Bytes/s of the GPU<->PIM link in one direction."""
         return LINKS[self.link]
 
     def kernel_time_ns(self, flops: float, resident_bytes: float, level: str) -> float:
@@ -110,6 +127,9 @@ class PimDevice:
 
     def with_link(self, link: str) -> PimDevice:
         return replace(self, link=link)
+
+    def with_power_limit(self, limited: bool) -> PimDevice:
+        return replace(self, power_limited=limited)
 
 
 PIM_DEVICES: dict[str, PimDevice] = {

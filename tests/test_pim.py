@@ -34,14 +34,19 @@ def prefill(tmp_path_factory):
 def test_device_model_formulas() -> None:
     d = get_pim("attacc")
     ext = 5 * 650e9
-    assert d.internal_bw("bank") == 16 * ext and d.internal_bw("bank_group") == 8 * ext \
+    # within HBM's power budget (AttAcc's headline): x9 bank, x3 bank group; unconstrained x16, x8
+    assert d.internal_bw("bank") == 9 * ext and d.internal_bw("bank_group") == 3 * ext \
         and d.internal_bw("buffer_die") == ext
+    free = d.with_power_limit(False)
+    assert free.internal_bw("bank") == 16 * ext and free.internal_bw("bank_group") == 8 * ext
     assert d.peak_flops("bank") == d.internal_bw("bank") * d.ops_per_byte
     # memory-bound: R / (0.81 BW); compute-bound: F / (0.85 P); + the command overhead
-    assert d.kernel_time_ns(0, 1e9, "bank") == pytest.approx(1e9 / (MEMORY_UTIL * 16 * ext) * 1e9 + 1000)
-    assert d.kernel_time_ns(1e12, 1, "bank") == pytest.approx(1e12 / (COMPUTE_UTIL * 16 * ext) * 1e9 + 1000)
-    assert d.transfer_ns(900e6) == pytest.approx(1e6 + 1000)          # NVLink4 900 GB/s + 1 us
-    assert d.with_link("pcie4").transfer_ns(64e6) == pytest.approx(1e6 + 1000)
+    assert d.kernel_time_ns(0, 1e9, "bank") == pytest.approx(1e9 / (MEMORY_UTIL * 9 * ext) * 1e9 + 1000)
+    assert d.kernel_time_ns(1e12, 1, "bank") == pytest.approx(1e12 / (COMPUTE_UTIL * 9 * ext) * 1e9 + 1000)
+    # links per direction: NVLink4 450 GB/s (900 both ways), PCIe Gen4 x16 32 GB/s (64 both ways); + 1 us
+    assert d.transfer_ns(450e6) == pytest.approx(1e6 + 1000)
+    assert d.with_link("pcie4").transfer_ns(32e6) == pytest.approx(1e6 + 1000)
+    assert d.capacity_bytes() == 5 * 16e9
     assert d.rearrange_ns(1e9) == pytest.approx(2e9 / (MEMORY_UTIL * ext) * 1e9)
     assert get_pim("hbm_pim").levels() == ("bank_group", "buffer_die")
     with pytest.raises(ValueError, match="level"):
@@ -93,7 +98,7 @@ def test_graph_edit_moves_kernels_and_inserts_tasks(decode) -> None:
     res = g.resources
     pim = np.flatnonzero(res["kind"].to_numpy() == int(ResourceKind.PIM))
     link = np.flatnonzero(res["kind"].to_numpy() == int(ResourceKind.LINK))
-    assert len(pim) == 1 and len(link) == 1 and not res["ordered"].iat[pim[0]]
+    assert len(pim) == 1 and len(link) == 2 and not res["ordered"].iat[pim[0]]   # a link per direction
     t = g.tasks
     off = s.offloaded()
     assert (t["resource"].to_numpy()[off["task"]] == pim[0]).all()
@@ -103,7 +108,11 @@ def test_graph_edit_moves_kernels_and_inserts_tasks(decode) -> None:
     assert len(new) == int((off["state"] == "col").sum()) + int((off["operand_ns"] > 0).sum()) \
         + int((s.plan["link_ns"] > 0).sum()) + int((s.plan["rearrange_ns"] > 0).sum())
     assert names.str.contains("pim reduce").sum() == int((off["state"] == "col").sum())
-    assert (new.loc[names.str.startswith("pim link"), "resource"] == link[0]).all()
+    for way in ("gpu->pim", "pim->gpu"):   # each direction on its own resource: full duplex
+        on_way = new.loc[names.str.startswith(f"pim link {way}"), "resource"]
+        assert len(on_way) and on_way.nunique() == 1 and int(on_way.iat[0]) in link.tolist()
+    assert new.loc[names.str.startswith("pim link gpu->pim"), "resource"].iat[0] != \
+        new.loc[names.str.startswith("pim link pim->gpu"), "resource"].iat[0]
     # no program order on a shared resource; each moved kernel keeps a data edge from its producer
     e = g.edges
     on_pim = t["resource"].to_numpy() == pim[0]
@@ -142,3 +151,15 @@ def test_pim_on_shared_trace_gemms_are_not_memory_bound(shared_traces: Path) -> 
         search_pim(a.graph, ctx)
     s = search_pim(a.graph, ctx, max_intensity=1e9, classes=("gemm",))
     assert s.breakdown["candidates"] > 100 and s.breakdown["offloaded"] < 0.1 * s.breakdown["candidates"]
+
+
+def test_capacity_refuses_what_does_not_fit(tmp_path) -> None:
+    """The offloaded weights and KV cache must fit the PIM stacks: 8 layers of hidden 8192 hold
+    8·(4·8192² + 3·8192·28672)·2 B = 15.6 GB of weights, and 64 sequences of 8,192 tokens a KV
+    cache of 8·64·8192·(2·8192·2 B) = 137 GB — more than 5 stacks of 16 GB."""
+    a = analyze(llm_trace(tmp_path / "big.json.gz", batch=64, new_tokens=1, kv_tokens=8192, layers=8,
+                          hidden=8192, heads=64, ffn=28672, steps=1))
+    ctx = make_context(a.trace)
+    with pytest.raises(TransformError, match=r"need \d+\.\d GB but attacc's 5 stacks hold 80\.0 GB \(over by"):
+        search_pim(a.graph, ctx, max_intensity=100)
+    search_pim(a.graph, ctx, max_intensity=100, classes=("gemm",))   # the weights alone fit

@@ -17,8 +17,8 @@ Model (DCC, arXiv 2511.15503; AttAcc, ASPLOS 2024; device numbers in
   dimension split across units exactly as the host interleaves it (no operand rearrangement), but
   every unit leaves partial sums of the whole output: ``U·Y`` in fp32 reduced on the buffer die.
 * **Time**: PIM compute ``max(F/(0.85·P_L), R/(0.81·BW_L))`` + a command overhead; GPU↔PIM link
-  transfers ``X/B_link`` and ``Y/B_link`` (+1 µs) when the neighbouring kernel runs on the other
-  side; rearrangement ``2·bytes/(0.81·BW_ext)`` (read + write through the buffer die).
+  transfers ``X/B_link`` and ``Y/B_link`` (+1 µs; ``B_link`` per direction, each direction its own
+  resource) when the neighbouring kernel runs on the other side; rearrangement ``2·bytes/(0.81·BW_ext)`` (read + write through the buffer die).
 * **Interdependence** (DCC's point): the previous kernel on the stream is taken as the producer of
   a kernel's input. A row-partitioned kernel followed by a col-partitioned one on PIM needs no
   movement at all (one's row split *is* the other's reduction split); any other hand-over between
@@ -26,6 +26,9 @@ Model (DCC, arXiv 2511.15503; AttAcc, ASPLOS 2024; device numbers in
   offload a kernel and how to partition it depend on its neighbours' choices: :func:`search_pim`
   solves all of them jointly and exactly (dynamic programming along each stream over the states
   gpu / row / col, per level) and compares with choosing offload first and partitioning after.
+
+**Capacity**: the resident operands of the kernels offloaded in one step must fit the stacks
+(``PimDevice.capacity_bytes``), else the plan is refused naming the overflow.
 
 The transform moves the chosen kernels to a PIM resource and inserts the rearrangement, reduction
 and link-transfer tasks with their dependencies, so the replay overlaps PIM and GPU work where the
@@ -70,10 +73,11 @@ NAME = "pim_offload"
 # ---------------------------------------------------------------------------------------------
 # facts
 
-def pim_device(name: str, link: str | None = None) -> PimDevice:
-    """The PIM device ``name`` of :mod:`whatif.hardware.pim`, on GPU link ``link`` when given."""
+def pim_device(name: str, link: str | None = None, power_limited: bool = True) -> PimDevice:
+    """The PIM device ``name`` of :mod:`whatif.hardware.pim`, on GPU link ``link`` when given, within
+    HBM's power budget or not."""
     try:
-        dev = get_pim(name)
+        dev = get_pim(name).with_power_limit(power_limited)
         return dev.with_link(link) if link else dev
     except (KeyError, ValueError) as exc:
         raise TransformError(f"pim_offload: {exc.args[0]} (devices: {', '.join(PIM_DEVICES)})") from None
@@ -257,7 +261,7 @@ def _plan_rows(r: pd.DataFrame, lv: _Level, states: np.ndarray) -> pd.DataFrame:
 def search_pim(graph: TaskGraph, ctx: TransformContext, *, device: str = "attacc", link: str = "",
                level: str = "auto", partition: str = "auto", offload: str = "auto", max_intensity: float = 16.0,
                kv_tokens: int = 2048, weight_reuse: int = 0,
-               classes: tuple[str, ...] = ("gemm", "attention")) -> PimSearch:
+               classes: tuple[str, ...] = ("gemm", "attention"), power_limited: bool = True) -> PimSearch:
     """Search offload choice × partitioning × level jointly for ``graph``'s kernels (see the module
     docstring for the model). ``level``: ``auto`` or one of the device's levels; ``partition``:
     ``auto``, ``row`` or ``col`` for every offloaded kernel; ``offload``: ``auto`` (searched) or
@@ -269,7 +273,7 @@ def search_pim(graph: TaskGraph, ctx: TransformContext, *, device: str = "attacc
                              f"(got {partition!r}, {offload!r})")
     if kv_tokens < 1 or weight_reuse < 0 or max_intensity <= 0:
         raise TransformError(f"{NAME}: kv_tokens >= 1, weight_reuse >= 0 and max_intensity > 0 are required")
-    dev = pim_device(device, link or None)
+    dev = pim_device(device, link or None, power_limited)
     levels = dev.levels() if level == "auto" else (level,)
     if level != "auto" and level not in dev.levels():
         raise TransformError(f"{NAME}: {dev.name} has compute units down to {dev.finest}; level {level!r} is not "
@@ -314,6 +318,7 @@ def search_pim(graph: TaskGraph, ctx: TransformContext, *, device: str = "attacc
     units = dev.units(lv.level)
     setup = dev.rearrange_ns(float((plan.loc[row_w, "resident"] * (1 - 1 / units)).sum())) if weight_reuse == 0 else 0.0
     steps = max(1, int(graph.steps["step"].nunique())) if len(graph.steps) else 1
+    _check_capacity(graph, plan, dev)
     breakdown = {"serial_ns": total, "gpu_only_ns": gpu_only, "gpu_saved_ns": float(plan.loc[on, "gpu_ns"].sum()),
                  "pim_ns": float(plan["pim_ns"].sum()),
                  "rearrange_ns": float(plan[["operand_ns", "reduce_ns", "rearrange_ns"]].to_numpy().sum()),
@@ -321,6 +326,21 @@ def search_pim(graph: TaskGraph, ctx: TransformContext, *, device: str = "attacc
                  "row": float((plan["state"] == "row").sum()), "col": float((plan["state"] == "col").sum())}
     return PimSearch(device=dev.name, level=lv.level, plan=plan, candidates=pd.DataFrame(rows),
                      breakdown=breakdown, setup_ns=setup, steps=steps)
+
+
+def _check_capacity(graph: TaskGraph, plan: pd.DataFrame, dev: PimDevice) -> None:
+    """The offloaded kernels' resident operands (weights, KV cache) of the largest step must fit the
+    PIM stacks; else one line naming the overflow."""
+    on = plan["state"].to_numpy() != "gpu"
+    if not on.any():
+        return
+    steps = graph.tasks["step"].to_numpy()[plan.loc[on, "task"].to_numpy(np.int64)]
+    per_step = pd.Series(plan.loc[on, "resident"].to_numpy(float)).groupby(steps).sum()
+    need, cap = float(per_step.max()), dev.capacity_bytes()
+    if need > cap:
+        raise TransformError(f"{NAME}: the offloaded weights and KV cache of one step need {need / 1e9:.1f} GB but "
+                             f"{dev.name}'s {dev.stacks} stacks hold {cap / 1e9:.1f} GB (over by "
+                             f"{(need - cap) / 1e9:.1f} GB)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,10 +361,13 @@ def apply_plan(graph: TaskGraph, search: PimSearch) -> TaskGraph:
     if not on.any():
         return graph
     g = graph
-    pim_res, link_res = {}, {}
+    pim_res: dict[int, int] = {}
+    link_res: dict[tuple[int, str], int] = {}   # (rank, direction): the link is full duplex
     for rank in plan.loc[on, "rank"].unique():
         g, pim_res[int(rank)] = _resource(g, int(rank), ResourceKind.PIM, f"pim {search.device} {search.level}")
-        g, link_res[int(rank)] = _resource(g, int(rank), ResourceKind.LINK, f"pim link {search.device}")
+        for way in ("gpu->pim", "pim->gpu"):
+            g, link_res[int(rank), way] = _resource(g, int(rank), ResourceKind.LINK,
+                                                    f"pim link {way} {search.device}")
     where = f"{search.device} ({search.level})"
     for rank, res in pim_res.items():
         ids = plan.loc[on & (plan["rank"].to_numpy() == rank), "task"].to_numpy(np.int64)
@@ -411,7 +434,7 @@ def apply_plan(graph: TaskGraph, search: PimSearch) -> TaskGraph:
             cur = add(cur, pim_res[rank], rearrange_ns[i], f"pim rearrange activation {st[a]}->{st[b]}")
         if link_ns[i] > 0:
             way = "pim->gpu" if st[b] == "gpu" else "gpu->pim"
-            cur = add(cur, link_res[rank], link_ns[i], f"pim link {way}")
+            cur = add(cur, link_res[rank, way], link_ns[i], f"pim link {way}")
         src.append(cur)
         dst.append(head.get(b, b))
     if durs:
@@ -440,11 +463,13 @@ class PimOffload(Transform):
         "help": "KV-cache tokens per attention (1 new per step is rearranged)"})
     weight_reuse: int = field(default=0, metadata={
         "help": "steps one rearranged weight layout serves; 0 = rearranged once at load (reported, not per step)"})
+    power_limited: bool = field(default=True, metadata={
+        "help": "internal bandwidth within HBM's power budget (x9 bank, x3 bank group; AttAcc) or not (x16, x8)"})
 
     def _search(self, graph: TaskGraph, ctx: TransformContext) -> PimSearch:
         return search_pim(graph, ctx, device=self.device, link=self.link, level=self.level, partition=self.partition,
                           offload=self.offload, max_intensity=self.max_intensity, kv_tokens=self.kv_tokens,
-                          weight_reuse=self.weight_reuse)
+                          weight_reuse=self.weight_reuse, power_limited=self.power_limited)
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         return np.sort(self._search(graph, ctx).offloaded()["task"].to_numpy(np.int64))
