@@ -18,7 +18,8 @@ Model (DCC, arXiv 2511.15503; AttAcc, ASPLOS 2024; device numbers in
   every unit leaves partial sums of the whole output: ``U·Y`` in fp32 reduced on the buffer die.
 * **Time**: PIM compute ``max(F/(0.85·P_L), R/(0.81·BW_L))`` + a command overhead; GPU↔PIM link
   transfers ``X/B_link`` and ``Y/B_link`` (+1 µs; ``B_link`` per direction, each direction its own
-  resource) when the neighbouring kernel runs on the other side; rearrangement ``2·bytes/(0.81·BW_ext)`` (read + write through the buffer die).
+  resource) when the neighbouring kernel runs on the other side; rearrangement
+  ``2·bytes/(0.81·BW_ext)`` (read + write through the buffer die).
 * **Interdependence** (DCC's point): the previous kernel on the stream is taken as the producer of
   a kernel's input. A row-partitioned kernel followed by a col-partitioned one on PIM needs no
   movement at all (one's row split *is* the other's reduction split); any other hand-over between
