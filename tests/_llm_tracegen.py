@@ -73,14 +73,14 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
             mem("void at::native::nll_loss_backward_kernel<bf16>", 2 * m * hidden * ELEM, "aten::nll_loss_backward")
             for _ in range(layers):
                 for tag, n, k in (("down", hidden, ffn), ("gate_up", 2 * ffn, hidden)):
-                    gemm(f"{tag}_dgrad", k, n), gemm(f"{tag}_wgrad", n, k)
+                    gemm(f"{tag}_grad_input", k, n), gemm(f"{tag}_grad_weight", n, k)
                     if tag == "down":
                         mem("void at::native::silu_backward_kernel<bf16>", 3 * m * ffn * ELEM, "aten::silu_backward")
-                gemm("out_dgrad", hidden, hidden), gemm("out_wgrad", hidden, hidden)
+                gemm("out_grad_input", hidden, hidden), gemm("out_grad_weight", hidden, hidden)
                 kernel("void pytorch_flash::flash_bwd_kernel<128>", 10.0 * batch * heads * m_tok * kv_tokens * d,
                        ELEM * batch * heads * d * 8 * kv_tokens, "aten::_flash_attention_backward",
                        [[batch, m_tok, heads, d]] * 3, [BF16] * 3)
-                gemm("qkv_dgrad", hidden, 3 * hidden), gemm("qkv_wgrad", 3 * hidden, hidden)
+                gemm("qkv_grad_input", hidden, 3 * hidden), gemm("qkv_grad_weight", 3 * hidden, hidden)
             mem("void at::native::embedding_backward_kernel<bf16>", 2 * m * hidden * ELEM,
                 "aten::embedding_dense_backward")
             mem("void at::native::multi_tensor_apply_kernel<adam>", 4 * layers * 8 * hidden * hidden * ELEM,

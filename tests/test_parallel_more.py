@@ -98,6 +98,46 @@ def test_pipeline_keeps_n_over_p_blocks_in_every_step(tmp_path) -> None:
         assert np.allclose(pred[1:] - pred[0], base[1:] - base[0], atol=1_000)
 
 
+def test_tensor_parallel_shards_the_backward(train) -> None:
+    """TP on a training step: each forward GEMM's two gradient GEMMs and the attention backward are
+    sharded (about halved at t = 2) and every block gets its backward all-reduces (after the QKV and
+    MLP up/gate input gradients) besides the forward's two."""
+    from whatif.transforms.parallel.layers import backward_blocks
+
+    g0, ctx = train.graph, make_context(train.trace)
+    blocks = find_blocks(g0)
+    bwd = backward_blocks(g0, blocks)
+    assert bwd is not None and len(bwd) == 4 * (8 + 1)          # 4 layers: 4 GEMMs x 2 gradients + attention
+    g = TensorParallel(degree=2, topology="dgx_h100").apply(g0, ctx)
+    d0, d1 = g0.tasks["dur_ns"].to_numpy(), g.tasks["dur_ns"].to_numpy()
+    gemms = bwd.loc[bwd["part"] != "bwd_attention", "task"].to_numpy()
+    assert 0.45 < d1[gemms].sum() / d0[gemms].sum() < 0.6
+    attn = bwd.loc[bwd["part"] == "bwd_attention", "task"].to_numpy()
+    assert 0.45 < d1[attn].sum() / d0[attn].sum() < 0.6
+    comm = g.tasks.iloc[kinds(g, TaskKind.COMM)]
+    assert len(comm) == 4 * 2 + 4 * 2 and comm["name"].astype(str).str.contains("all_reduce").all()
+    # a backward all-reduce runs after the QKV gradients of its block
+    e = g.edges
+    qkv_last = bwd[bwd["part"] == "bwd_qkv"].groupby("block")["task"].max().to_numpy()
+    after = e[(e["kind"] == int(EdgeKind.FLOW)) & e["dst"].isin(comm.index)]["src"].to_numpy()
+    assert set(qkv_last.tolist()) <= set(after.tolist())
+    sp = TensorParallel(degree=2, topology="dgx_h100", sequence_parallel=True).apply(g0, ctx)
+    names = sp.tasks.iloc[kinds(sp, TaskKind.COMM)]["name"].astype(str)
+    assert names.str.contains("reduce_scatter").sum() == 16 and names.str.contains("all_gather").sum() == 16
+
+
+def test_tensor_parallel_checks_heads(tmp_path: Path) -> None:
+    a = analyze(llm_trace(tmp_path / "gqa.json.gz", new_tokens=64, layers=2, heads=32, kv_heads=8, steps=1))
+    ctx = make_context(a.trace)
+    TensorParallel(degree=16).apply(a.graph, ctx)          # 2 query heads per rank, a KV head replicated
+    with pytest.raises(TransformError, match="does not divide the 32 attention heads"):
+        TensorParallel(degree=64).apply(a.graph, ctx)
+    b = analyze(llm_trace(tmp_path / "gqa6.json.gz", new_tokens=64, layers=2, heads=24, hidden=3072, kv_heads=6,
+                          steps=1))
+    with pytest.raises(TransformError, match="neither divides the 6 KV heads"):
+        TensorParallel(degree=4).apply(b.graph, make_context(b.trace))
+
+
 def test_pipeline_serving_has_no_bubble(serve) -> None:
     ctx = make_context(serve.trace)
     g = PipelineParallel(degree=2, schedule="serving").apply(serve.graph, ctx)

@@ -119,9 +119,10 @@ def find_blocks(graph: TaskGraph) -> pd.DataFrame:
     ``mlp_down``, ``attn_elementwise``, ``mlp_elementwise``, ``block_other``) and its
     tensor-parallel ``role`` (:class:`~whatif.transforms.parallel.sharding.Role` value).
 
-    Blocks are found in each step's kernels separately (kernels outside steps form one more
-    sequence), so no block reaches into the next step: the kernels of step k+1 before its first
-    block (embedding, norm) are never the residual tail of step k's last block."""
+    Blocks are found in each step's forward kernels separately (kernels outside steps form one
+    more sequence; the backward is mapped by :func:`backward_blocks`), so no block reaches into
+    the next step: the kernels of step k+1 before its first block (embedding, norm) are never the
+    residual tail of step k's last block."""
     t = graph.tasks
     kinds = t["kind"].to_numpy()
     start = t["measured_start_ns"].to_numpy()
@@ -130,8 +131,9 @@ def find_blocks(graph: TaskGraph) -> pd.DataFrame:
     cls_all = kernel_classes(graph)
     names, ops, layers = (t[c].astype(object).to_numpy() for c in ("name", "op", "layer"))
     rows: list[tuple[int, int, int, str, str]] = []
+    forward = ~backward_mask(graph)
     for rank in np.unique(ranks).tolist():
-        mine = (kinds == int(TaskKind.KERNEL)) & (ranks == rank) & (start >= 0)
+        mine = (kinds == int(TaskKind.KERNEL)) & (ranks == rank) & (start >= 0) & forward
         first_block = 0
         for step in np.unique(steps[mine]).tolist():
             k = np.flatnonzero(mine & (steps == step))
@@ -174,6 +176,67 @@ def _sequence_rows(rows: list[tuple[int, int, int, str, str]], k: np.ndarray, ra
                 p = "block_other"     # an extra GEMM inside a region (e.g. DiT adaLN): replicated
             rows.append((int(k[j]), rank, first_block + b, p, ROLE_OF_PART[p].value))
     return len(blocks)
+
+
+def backward_mask(graph: TaskGraph) -> np.ndarray:
+    """Per task: a GPU kernel of the backward pass — per (rank, step), every kernel from the first to
+    the last one launched by an op whose name contains ``backward`` (so the ``aten::mm`` under
+    ``MmBackward0`` counts too)."""
+    t = graph.tasks
+    named = t["op"].astype(str).str.contains("backward", case=False, regex=False).to_numpy()
+    kern = t["kind"].to_numpy() == int(TaskKind.KERNEL)
+    out = np.zeros(len(t), dtype=bool)
+    if not (named & kern).any():
+        return out
+    start = t["measured_start_ns"].to_numpy()
+    key = t["rank"].to_numpy().astype(np.int64) * (1 << 32) + t["step"].to_numpy().astype(np.int64)
+    for k in np.unique(key[named & kern]).tolist():
+        sel = kern & (key == k)
+        s = start[sel & named]
+        out |= sel & (start >= s.min()) & (start <= s.max())
+    return out
+
+
+def backward_blocks(graph: TaskGraph, blocks: pd.DataFrame) -> pd.DataFrame | None:
+    """The backward's kernels mapped to the forward's blocks (same columns as :func:`find_blocks`,
+    ``part`` prefixed ``bwd_``), or None when a step has a backward that cannot be mapped.
+
+    Per (rank, step) with a backward (:func:`backward_mask`): the backward mirrors the forward, so
+    its **last** ``2·n`` GEMMs (n: the step's forward block GEMMs) are their gradient pairs — input
+    gradient and weight gradient of each, in reverse layer order (the LM head's pair comes before
+    them, the embedding has no GEMM) — and each pair takes its forward GEMM's block, part and role;
+    the backward's attention kernels (flash-attention backward) are the blocks' cores in reverse
+    order, heads split. A step whose backward has fewer than ``2·n`` GEMMs or another count of
+    attention kernels than blocks is not mapped."""
+    t = graph.tasks
+    bw = backward_mask(graph)
+    if not bw.any():
+        return blocks.iloc[:0].copy()
+    cls = kernel_classes(graph)
+    start = t["measured_start_ns"].to_numpy()
+    steps, ranks = t["step"].to_numpy(), t["rank"].to_numpy()
+    fwd_steps = steps[blocks["task"].to_numpy()]
+    rows: list[tuple[int, int, int, str, str]] = []
+    for rank, step in sorted({(int(r), int(s)) for r, s in zip(ranks[bw], steps[bw])}):
+        mine = blocks[(blocks["rank"].to_numpy() == rank) & (fwd_steps == step)].sort_values("task")
+        mine = mine.assign(start=start[mine["task"].to_numpy()]).sort_values("start", kind="stable")
+        gemms = mine[mine["part"].isin(["qkv", "attn_out", "mlp_in", "mlp_down"])]
+        cores = mine[mine["part"] == "attention"].drop_duplicates("block")
+        sel = bw & (ranks == rank) & (steps == step)
+        k = np.flatnonzero(sel)
+        k = k[np.argsort(start[k], kind="stable")]
+        bg = k[cls[k] == KernelClass.GEMM.value]
+        ba = k[cls[k] == KernelClass.ATTENTION.value]
+        n = len(gemms)
+        if n == 0 or len(bg) < 2 * n or len(ba) != len(cores):
+            return None
+        pairs = bg[len(bg) - 2 * n:].reshape(n, 2)
+        for fwd, pair in zip(gemms[::-1].itertuples(), pairs):
+            for task in pair:
+                rows.append((int(task), rank, int(fwd.block), f"bwd_{fwd.part}", str(fwd.role)))
+        for core, task in zip(cores[::-1].itertuples(), ba):
+            rows.append((int(task), rank, int(core.block), "bwd_attention", str(core.role)))
+    return pd.DataFrame(rows, columns=list(COLUMNS)).sort_values("task", ignore_index=True)
 
 
 ROLE_OF_PART = {"qkv": Role.COLUMN, "mlp_in": Role.COLUMN, "attn_out": Role.ROW, "mlp_down": Role.ROW,

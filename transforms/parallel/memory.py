@@ -128,7 +128,7 @@ def device_capacity_bytes(ctx: TransformContext, override_gb: float = 0.0) -> fl
     return float(dev.mem_bytes)
 
 
-def _attention_heads(graph: TaskGraph, tasks: np.ndarray) -> tuple[int, int, int] | None:
+def attention_heads(graph: TaskGraph, tasks: np.ndarray) -> tuple[int, int, int] | None:
     """(heads, kv_heads, head_dim) from the first attention op with recorded query and key shapes."""
     tr = graph.trace
     if tr is None or not len(tasks):
@@ -178,7 +178,7 @@ def model_shape(graph: TaskGraph, ctx: TransformContext, who: str = "memory") ->
     weights = float(np.nan_to_num(f["weight_bytes"])[f["kernel_class"] == KernelClass.GEMM.value].sum())
     layers = int(b0["block"].nunique())
     notes: list[str] = []
-    found = _attention_heads(graph, b0.loc[b0["part"] == "attention", "task"].to_numpy())
+    found = attention_heads(graph, b0.loc[b0["part"] == "attention", "task"].to_numpy())
     if found is not None:
         heads, kv_heads, head_dim = found
         hidden = heads * head_dim

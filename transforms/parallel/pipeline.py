@@ -41,7 +41,7 @@ from ..base import Transform, TransformContext, TransformError
 from ..edit import note, remove, scale, set_duration
 from ..registry import register
 from .comm import Collective, comm_stream, insert_tasks, splice_tasks
-from .layers import find_blocks, gemm_io_bytes
+from .layers import backward_mask, find_blocks, gemm_io_bytes
 
 SCHEDULES = ("1f1b", "gpipe", "serving")
 
@@ -55,25 +55,6 @@ def pipelined_step_ns(stage_ns: float, stages: int, micro_batches: int) -> float
     """Step time of a stage doing ``stage_ns`` of work per step in m micro-batches:
     ``(m+p−1)·stage_ns/m`` — i.e. ``stage_ns / (1 − bubble_fraction)``."""
     return stage_ns * (micro_batches + stages - 1) / micro_batches
-
-
-def backward_mask(graph: TaskGraph) -> np.ndarray:
-    """Per task: a GPU kernel of the backward pass — per (rank, step), every kernel from the first to
-    the last one launched by an op whose name contains ``backward`` (so the ``aten::mm`` under
-    ``MmBackward0`` counts too)."""
-    t = graph.tasks
-    named = t["op"].astype(str).str.contains("backward", case=False, regex=False).to_numpy()
-    kern = t["kind"].to_numpy() == int(TaskKind.KERNEL)
-    out = np.zeros(len(t), dtype=bool)
-    if not (named & kern).any():
-        return out
-    start = t["measured_start_ns"].to_numpy()
-    key = t["rank"].to_numpy().astype(np.int64) * (1 << 32) + t["step"].to_numpy().astype(np.int64)
-    for k in np.unique(key[named & kern]).tolist():
-        sel = kern & (key == k)
-        s = start[sel & named]
-        out |= sel & (start >= s.min()) & (start <= s.max())
-    return out
 
 
 def stage_plan(graph: TaskGraph, stages: int, stage: int) -> tuple[np.ndarray, pd.DataFrame]:

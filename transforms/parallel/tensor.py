@@ -8,7 +8,11 @@ calibrated roofline at its sharded FLOPs and bytes (``CostModel.kernel_time_ns``
 pass one all-reduce of the block output follows the attention output GEMM and one the MLP down
 GEMM (Shoeybi et al. 2019, §3); with ``sequence_parallel`` each becomes a reduce-scatter and an
 all-gather precedes the next column-parallel GEMM, and norms/residual adds run on 1/t of the
-sequence (Korthikanti et al. 2022). Collectives are COMM tasks on a ``tp comm`` stream
+sequence (Korthikanti et al. 2022). In a training step the backward is sharded too
+(:func:`~.layers.backward_blocks`: each forward GEMM's two gradient GEMMs take its role, the
+attention backward its heads) with the conjugate collectives: an all-reduce of the input gradient
+after each column-parallel group's gradients (QKV, MLP up/gate); a backward that cannot be mapped is
+refused. Heads must divide by t (:func:`check_heads`). Collectives are COMM tasks on a ``tp comm`` stream
 (:mod:`~whatif.transforms.parallel.comm`); the rank modeled is one representative rank.
 """
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import EdgeKind, TaskGraph
@@ -24,7 +29,8 @@ from ..base import Transform, TransformContext, TransformError
 from ..edit import set_duration
 from ..registry import register
 from .comm import Collective, comm_stream, insert_tasks, next_on_resource
-from .layers import find_blocks, gemm_io_bytes
+from .layers import backward_blocks, find_blocks, gemm_io_bytes
+from .memory import attention_heads
 from .sharding import shard_arrays
 
 
@@ -77,44 +83,76 @@ class TensorParallel(Transform):
                                  f"GEMM) in the trace's kernels; see docs/multi-gpu.md for the heuristic")
         if self.degree == 1:
             return graph
-        tasks = blocks["task"].to_numpy(np.int64)
-        dur, out_bytes = sharded_durations(graph, ctx, self.name, tasks, blocks["role"].to_numpy(), self.degree,
+        check_heads(graph, ctx, self.name, self.degree)
+        bwd = backward_blocks(graph, blocks)
+        if bwd is None:
+            raise TransformError(f"{self.name}: the trace has a backward pass whose GEMMs cannot be mapped to the "
+                                 f"forward's blocks (two per forward block GEMM, one attention backward per block); "
+                                 f"refusing rather than leaving the backward unsharded")
+        both = pd.concat([blocks, bwd], ignore_index=True).sort_values("task", ignore_index=True)
+        tasks = both["task"].to_numpy(np.int64)
+        dur, out_bytes = sharded_durations(graph, ctx, self.name, tasks, both["role"].to_numpy(), self.degree,
                                            self.sequence_parallel)
-        g = set_duration(graph, tasks, dur, reason=f"{self.label()}: sharded GEMMs/attention re-priced")
-        blocks = blocks.assign(out_bytes=out_bytes)
-        return self._insert_collectives(g, ctx, blocks)
+        what = "sharded GEMMs/attention re-priced" + (", backward too" if len(bwd) else "")
+        g = set_duration(graph, tasks, dur, reason=f"{self.label()}: {what}")
+        both = both.assign(out_bytes=out_bytes)
+        return self._insert_collectives(g, ctx, both)
 
     def _message(self, row_bytes: float) -> float:
         return float(self.activation_bytes) if self.activation_bytes > 0 else float(row_bytes)
 
-    def _insert_collectives(self, g: TaskGraph, ctx: TransformContext, blocks) -> TaskGraph:
+    def _insert_collectives(self, g: TaskGraph, ctx: TransformContext, parts_table: pd.DataFrame) -> TaskGraph:
+        """Forward: an all-reduce (or reduce-scatter) after each row-parallel GEMM, with sequence
+        parallelism an all-gather before each column-parallel group. Backward, the conjugates
+        (Megatron's f/g): an all-reduce (reduce-scatter) of the input gradient after each
+        column-parallel group's gradient GEMMs, an all-gather before each row-parallel group's."""
         measured = g.tasks["measured_start_ns"].to_numpy()
         every = np.arange(len(g.tasks))
         succ, pred = next_on_resource(g, every), prev_on_resource(g, every)
-        for rank, rb in blocks.groupby("rank"):
+        reduce = "reduce_scatter" if self.sequence_parallel else "all_reduce"
+        for rank_key, rb in parts_table.groupby("rank"):
+            rank = int(rank_key)  # type: ignore[arg-type]  # pandas types group keys as any scalar
             plan: list[tuple[int, int, int, str, float]] = []   # (order key, after, before, kind, bytes)
             for _, blk in rb.groupby("block"):
-                parts = dict(zip(blk["part"], zip(blk["task"], blk["out_bytes"])))
+                groups = {part: grp.sort_values("task") for part, grp in blk.groupby("part")}
+                if "attn_out" not in groups:
+                    continue
+                msg = self._message(float(groups["attn_out"]["out_bytes"].iat[0]))
                 for row in ("attn_out", "mlp_down"):
-                    if row not in parts:
-                        continue
-                    task, nbytes = parts[row]
-                    nxt = int(succ[task])
-                    kind = "reduce_scatter" if self.sequence_parallel else "all_reduce"
-                    plan.append((int(measured[task]), int(task), nxt, kind, self._message(nbytes)))
+                    if row in groups:
+                        task = int(groups[row]["task"].iat[-1])
+                        plan.append((int(measured[task]), task, int(succ[task]), reduce,
+                                     self._message(float(groups[row]["out_bytes"].iat[-1]))))
+                for col in ("bwd_qkv", "bwd_mlp_in"):
+                    if col in groups:
+                        task = int(groups[col]["task"].iat[-1])
+                        plan.append((int(measured[task]), task, int(succ[task]), reduce, msg))
                 if self.sequence_parallel:
-                    msg = self._message(parts.get("attn_out", (0, 0))[1])
-                    for first in (blk.loc[blk["part"] == "qkv", "task"].min(),
-                                  blk.loc[blk["part"] == "mlp_in", "task"].min()):
-                        if first == first:   # not NaN
-                            first = int(first)
-                            plan.append((int(measured[first]) - 1, int(pred[first]), first,
-                                         "all_gather", msg))
+                    for first_of in ("qkv", "mlp_in", "bwd_attn_out", "bwd_mlp_down"):
+                        if first_of in groups:
+                            first = int(groups[first_of]["task"].iat[0])
+                            plan.append((int(measured[first]) - 1, int(pred[first]), first, "all_gather", msg))
             plan.sort()
-            g, res = comm_stream(g, int(rank), "tp comm")
+            g, res = comm_stream(g, rank, "tp comm")
             durs = [Collective(k, b, self.degree, self.topology).time_ns(ctx, self.name) for _, _, _, k, b in plan]
             g, _ = insert_tasks(g, resource=res, after=[p[1] for p in plan], before=[p[2] for p in plan],
                                 dur_ns=durs, names=[f"tp {p[3]} ({p[4] / 2**20:.2f} MiB x{self.degree})"
                                                     for p in plan],
                                 reason=f"{self.label()}: {len(plan)} collectives")
         return g
+
+
+def check_heads(graph: TaskGraph, ctx: TransformContext, who: str, degree: int) -> None:
+    """Splitting attention heads ``degree`` ways needs the query heads divisible by it, and the KV
+    heads divisible by it or dividing it (a KV head is then replicated, as vLLM and Megatron's
+    query groups do); checked when the trace records the attention shapes."""
+    blocks = find_blocks(graph)
+    found = attention_heads(graph, blocks.loc[blocks["part"] == "attention", "task"].to_numpy()[:8])
+    if found is None:
+        return
+    heads, kv_heads, _ = found
+    if heads % degree:
+        raise TransformError(f"{who}: degree {degree} does not divide the {heads} attention heads")
+    if kv_heads % degree and degree % kv_heads:
+        raise TransformError(f"{who}: degree {degree} neither divides the {kv_heads} KV heads nor is a multiple "
+                             f"of them")
