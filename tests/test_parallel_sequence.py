@@ -89,3 +89,40 @@ def test_three_modes_across_two_machines(dit) -> None:
         SequenceParallel(mode="spiral").apply(g, ctx)
     with pytest.raises(TransformError, match="multiple"):
         SequenceParallel(mode="ring", degree=12).apply(g, ctx)
+
+
+def test_usp_volume_feasibility_and_heads(dit) -> None:
+    """USP over 2 machines of 8: Ulysses inside a machine (all-to-alls among 8), a ring of 2 across
+    (one hop per block); 24 heads allow a Ulysses group of 8 but not of 16."""
+    g, ctx = dit.graph, make_context(dit.trace)
+    h = SequenceParallel(mode="usp", degree=16, topology="dgx_h100", heads=24).apply(g, ctx)
+    names = comm_names(h)
+    qkv_mib = N * 3 * H * 2 / 16 / 2**20
+    assert sum(f"qkv ({qkv_mib:.2f} MiB x8)" in n for n in names) == 2 and sum("x8" in n for n in names) == 4
+    assert sum("usp ring hops" in n for n in names) == 2
+    assert step_ns(h) < step_ns(g)
+    with pytest.raises(TransformError, match="24 attention heads over 16 GPUs"):
+        SequenceParallel(mode="ulysses", degree=16, heads=24).apply(g, ctx)
+    with pytest.raises(TransformError, match="24 attention heads over 16 GPUs"):
+        SequenceParallel(mode="usp", degree=32, ulysses_degree=16, heads=24).apply(g, ctx)
+    with pytest.raises(TransformError, match="must divide the degree"):
+        SequenceParallel(mode="usp", degree=16, ulysses_degree=3).apply(g, ctx)
+    SequenceParallel(mode="torus", degree=16, heads=24).apply(g, ctx)       # 8-way split inside a machine
+    ring = SequenceParallel(mode="usp", degree=16, ulysses_degree=1).apply(g, ctx)   # USP(1x16) = Ring-16
+    assert step_ns(ring) == step_ns(SequenceParallel(mode="ring", degree=16).apply(g, ctx))
+
+
+def test_ring_bytes_are_gqa_aware(tmp_path) -> None:
+    """K and V are 2·H_kv/(H + 2·H_kv) of the QKV output: with 8 KV heads of 32, a quarter of MHA's."""
+    from _llm_tracegen import llm_trace
+
+    hop = {}
+    for kv in (32, 8):
+        a = analyze(llm_trace(tmp_path / f"kv{kv}.json.gz", new_tokens=16384, kv_tokens=16384, layers=1,
+                              kv_heads=kv, steps=1))
+        h = SequenceParallel(mode="ring", degree=16, topology="dgx_h100").apply(a.graph, make_context(a.trace))
+        comm = h.tasks[h.tasks["kind"] == int(TaskKind.COMM)]
+        hop[kv] = int(comm["dur_ns"].max())
+    assert hop[8] < 0.4 * hop[32]
+    with pytest.raises(TransformError, match="32 attention heads over 64 GPUs"):   # heads read from the shapes
+        SequenceParallel(mode="ulysses", degree=64).apply(a.graph, make_context(a.trace))

@@ -19,6 +19,17 @@ needs every token, which the three modes get differently (one representative ran
   arrive by one-sided transfers (no sender/receiver handshake: only the first pays the message
   latency) overlapped with attention on the chunks already present:
   ``a2a_intra + t_c + (M−1)·max(t_c, t_x) + a2a_intra(O)``, ``t_c = T/(P·M)``.
+* **usp** (Unified Sequence Parallelism, Fang & Zhao 2024; xDiT's default): Ulysses over
+  ``ulysses_degree`` u GPUs (0 = the GPUs of one machine, xDiT/yunchang's ``use_ulysses_low``
+  placement) and Ring over the r = P/u groups: all-to-alls among u, then ``r−1`` two-sided hops of
+  the K, V block (``2·N·h_kv·e/P`` bytes), each overlapped with attention on the block held,
+  ``t_c = T/(P·r)``; hops cross machines when P exceeds one machine. The baseline torus is compared
+  with: the best USP that can run.
+
+**Heads**: Ulysses' all-to-all gives each GPU H/u heads, so u must divide the query heads, and
+divide the KV heads or be a multiple of them (a KV head replicated); checked on the attention op's
+recorded shapes (``heads`` overrides) for ulysses (u = P), usp (u) and torus (u = GPUs per machine).
+K, V bytes are GQA-aware: the QKV output holds ``(H + 2·H_kv)·d`` features, K and V ``2·H_kv·d``.
 
 All three are graph edits: collectives and transfers are COMM tasks on their own streams with
 FLOW dependencies, block computations are tasks on the compute stream, so overlap is simulated.
@@ -38,9 +49,10 @@ from ..edit import set_duration
 from ..registry import register
 from .comm import comm_stream, insert_tasks, next_on_resource, splice_tasks
 from .layers import find_blocks, gemm_io_bytes
+from .memory import attention_heads
 from .tensor import prev_on_resource
 
-MODES = ("ulysses", "ring", "torus")
+MODES = ("ulysses", "ring", "torus", "usp")
 GPUS_PER_MACHINE = {"dgx_a100": 8, "hgx_a100": 8, "dgx_h100": 8, "hgx_h100": 8, "mi300x_8": 8,
                     "pcie_a100_8": 8, "pcie_l40s_8": 8, "a100_pairwise_nvlink": 4, "a40_pairwise_nvlink": 8}
 
@@ -80,10 +92,13 @@ class SequenceParallel(Transform):
     name = "sequence_parallel"
     description = "Ulysses / Ring / Torus (StreamFusion) sequence-parallel attention of degree P"
 
-    mode: str = field(default="ulysses", metadata={"help": "ulysses | ring | torus"})
+    mode: str = field(default="ulysses", metadata={"help": "ulysses | ring | torus | usp"})
     degree: int = field(default=8, metadata={"help": "GPUs sharing the sequence (P)"})
     topology: str = field(default="dgx_h100", metadata={"help": "topology preset; P > GPUs per machine spans machines"})
-    heads: int = field(default=0, metadata={"help": "attention (KV) heads, to check P <= heads for ulysses; 0 = skip"})
+    heads: int = field(default=0, metadata={
+        "help": "attention heads (KV heads taken equal); 0 = from the attention op's recorded shapes"})
+    ulysses_degree: int = field(default=0, metadata={
+        "help": "usp: GPUs of the Ulysses group u (ring over P/u); 0 = the GPUs of one machine"})
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         return find_blocks(graph)["task"].to_numpy(np.int64)
@@ -102,9 +117,6 @@ class SequenceParallel(Transform):
             raise TransformError(f"{self.name}: unknown mode {self.mode!r} (modes: {', '.join(MODES)})")
         if self.degree < 1:
             raise TransformError(f"{self.name}: degree must be >= 1 (got {self.degree})")
-        if self.mode == "ulysses" and self.heads and self.degree > self.heads:
-            raise TransformError(f"{self.name}: ulysses splits heads, so degree {self.degree} must be <= "
-                                 f"heads {self.heads} (use ring or torus)")
         machines, per = self._layout()
         blocks = find_blocks(graph)
         if blocks.empty:
@@ -112,6 +124,8 @@ class SequenceParallel(Transform):
                                  f"GEMM); see docs/multi-gpu.md for the heuristic")
         if self.degree == 1:
             return graph
+        heads, kv_heads = self._heads(graph, blocks)
+        self._check_heads(heads, kv_heads, per)
         cost = ctx.require_cost(self.name)
         p = self.degree
         tasks = blocks["task"].to_numpy(np.int64)
@@ -126,13 +140,44 @@ class SequenceParallel(Transform):
         g = set_duration(graph, tasks, np.rint(new_dur).astype(np.int64),
                          reason=f"{self.label()}: block work on 1/{p} of the tokens")
         b = blocks.assign(in_bytes=inp, out_bytes=out, dur=np.rint(new_dur).astype(np.int64))
-        return self._attention(g, ctx, b, machines, per)
+        kv_share = 2 * kv_heads / (heads + 2 * kv_heads) if heads else 2 / 3
+        return self._attention(g, ctx, b, machines, per, kv_share)
+
+    def _heads(self, graph: TaskGraph, blocks: pd.DataFrame) -> tuple[int, int]:
+        """(query heads, KV heads): ``heads`` when given, else the recorded attention shapes; (0, 0)
+        when unknown."""
+        if self.heads:
+            return self.heads, self.heads
+        found = attention_heads(graph, blocks.loc[blocks["part"] == "attention", "task"].to_numpy()[:8])
+        return (found[0], found[1]) if found else (0, 0)
+
+    def ulysses_group(self, per: int) -> int:
+        """GPUs over which heads are split: P (ulysses), u (usp), a machine's (torus), 1 (ring)."""
+        if self.mode == "ulysses":
+            return self.degree
+        if self.mode == "usp":
+            return self.ulysses_degree or per
+        return per if self.mode == "torus" else 1
+
+    def _check_heads(self, heads: int, kv_heads: int, per: int) -> None:
+        u = self.ulysses_group(per)
+        if self.mode == "usp" and (u < 1 or self.degree % u):
+            raise TransformError(f"{self.name}: usp's ulysses_degree {u} must divide the degree {self.degree}")
+        if not heads or u == 1:
+            return
+        if heads % u:
+            raise TransformError(f"{self.name}: {self.mode} splits the {heads} attention heads over {u} GPUs, which "
+                                 f"does not divide them (a ring, or a usp whose ulysses degree divides them, can run)")
+        if kv_heads % u and u % kv_heads:
+            raise TransformError(f"{self.name}: {self.mode}'s {u}-way head split neither divides the {kv_heads} KV "
+                                 f"heads nor is a multiple of them")
 
     def _price(self, ctx: TransformContext, kind: str, nbytes: float, ranks: int, per: int | None) -> int:
         cost = ctx.require_cost(self.name)
         return int(round(cost.collective_time_ns(kind, float(nbytes), ranks, self.topology, per)))
 
-    def _attention(self, g: TaskGraph, ctx: TransformContext, b: pd.DataFrame, machines: int, per: int) -> TaskGraph:
+    def _attention(self, g: TaskGraph, ctx: TransformContext, b: pd.DataFrame, machines: int, per: int,
+                   kv_share: float) -> TaskGraph:
         p = self.degree
         every = np.arange(len(g.tasks))
         succ, pred = next_on_resource(g, every), prev_on_resource(g, every)
@@ -147,7 +192,7 @@ class SequenceParallel(Transform):
             t_attn = int(core["dur"].sum())                                  # T/P on this GPU
             qkv = float(blk.loc[blk["part"] == "qkv", "out_bytes"].sum()) / p   # Q, K, V per GPU
             o = float(blk.loc[blk["part"] == "attn_out", "in_bytes"].sum()) / p
-            kv = qkv * 2 / 3
+            kv = qkv * kv_share                                              # K, V of the QKV output
             before, after = int(pred[first]), int(succ[last])
             if self.mode == "ulysses":
                 a2a_plan.append((first * 2, before, first, self._price(ctx, "all_to_all", qkv, p, per),
@@ -155,10 +200,16 @@ class SequenceParallel(Transform):
                 a2a_plan.append((last * 2 + 1, last, after, self._price(ctx, "all_to_all", o, p, per),
                                  f"out ({o / 2**20:.2f} MiB x{p})"))
                 continue
-            if self.mode == "ring":
-                steps = p
+            if self.mode in ("ring", "usp"):
+                u = self.ulysses_group(per)
+                steps = p // u
+                if u > 1:
+                    a2a_plan.append((first * 2, before, first, self._price(ctx, "all_to_all", qkv, u, min(u, per)),
+                                     f"qkv ({qkv / 2**20:.2f} MiB x{u})"))
+                    a2a_plan.append((last * 2 + 1, last, after, self._price(ctx, "all_to_all", o, u, min(u, per)),
+                                     f"out ({o / 2**20:.2f} MiB x{u})"))
                 hop = self._price(ctx, "send_recv", kv, 2, 1 if machines > 1 else 2)
-                hops = [hop] * (p - 1)
+                hops = [hop] * (steps - 1)
             else:   # torus: intra-machine all-to-all, inter-machine one-sided chunks
                 steps = machines
                 a2a_plan.append((first * 2, before, first, self._price(ctx, "all_to_all", qkv, per, per),
@@ -190,7 +241,7 @@ class SequenceParallel(Transform):
     def _blocks_and_hops(self, g: TaskGraph, plan: list[tuple[int, int, int, int, list[int]]]) -> TaskGraph:
         """Hop transfers chained on a stream; block computations spliced after the local one,
         each waiting for its hop."""
-        label = "sp ring hops" if self.mode == "ring" else "sp torus one-sided"
+        label = "sp torus one-sided" if self.mode == "torus" else f"sp {self.mode} ring hops"
         hop_ids: list[np.ndarray] = [np.empty(0, np.int64)] * len(plan)
         for rank in sorted({x[0] for x in plan}):
             mine = [i for i, x in enumerate(plan) if x[0] == rank]
