@@ -7,6 +7,11 @@ and 0.90 of its HBM bandwidth (3.0 of 3.35 TB/s); the A100 rates below are its d
 TFLOP/s bf16, 1,935 GB/s for the PCIe 80 GB, 2,039 GB/s SXM 80 GB) at the same fractions — an
 assumption, stated here because no A100 measurement is in ../shared.
 
+StreamFusion (arXiv 2601.20273): a FLUX-like DiT block stack (hidden 3072, 24 heads, FFN 12288,
+bf16, 8 blocks: the ratio is per block) at 16k-64k tokens on 2x8 H100 (DGX H100 preset): torus over
+the best USP that can run (ulysses degree dividing 24 and 16: 1, 2, 4, 8), and on one machine.
+Paper: 1.35x on average, up to 1.77x, over xDiT (USP) on two machines.
+
 Seesaw (arXiv 2503.06433): 8x A100, Llama-70B-like (80 layers, hidden 8192, 64 heads, 8 KV heads,
 FFN 28672, bf16), prefill 8 prompts of 1,024 tokens per step, decode 256 in-flight sequences at
 1,024 + 256 tokens, 256 output tokens per request, a 512 GB CPU KV buffer. Paper: reshard (prefill
@@ -25,7 +30,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from _llm_tracegen import llm_trace  # noqa: E402
 
 from whatif.api import analyze, make_context  # noqa: E402
+from whatif.predictors.replay import replay  # noqa: E402
+from whatif.predictors.steps import step_times  # noqa: E402
+from whatif.transforms.base import TransformError  # noqa: E402
 from whatif.transforms.parallel.reshard import search_reshard  # noqa: E402
+from whatif.transforms.parallel.sequence import SequenceParallel  # noqa: E402
 
 H100_GEMM_FRACTION = 798 / 989
 H100_BW_FRACTION = 3.0 / 3.35
@@ -69,8 +78,38 @@ def seesaw(tmp: Path, setup: Setup) -> None:
         print(f"assumption: {line}")
 
 
+def streamfusion(tmp: Path) -> None:
+    print("## StreamFusion (sequence_parallel torus vs usp): FLUX-like, 24 heads, H100, ms per step")
+    peak, bw = 989e12 * H100_GEMM_FRACTION, 3.35e12 * H100_BW_FRACTION
+    for tokens in (16384, 32768, 65536):
+        a = analyze(llm_trace(tmp / f"dit_{tokens}.json.gz", new_tokens=tokens, kv_tokens=tokens, layers=8,
+                              hidden=3072, heads=24, ffn=12288, steps=1, peak=peak, bw=bw))
+        ctx = make_context(a.trace)
+
+        def ms(t: SequenceParallel) -> float:
+            return float(step_times(replay(t.apply(a.graph, ctx)))["predicted_ns"].sum()) / 1e6
+
+        for gpus in (16, 8):
+            usp: dict[str, float] = {}
+            for u in (x for x in (1, 2, 4, 8, 16) if gpus % x == 0):
+                try:
+                    usp[f"usp {u}x{gpus // u}"] = ms(SequenceParallel(mode="usp", degree=gpus, ulysses_degree=u,
+                                                                      topology="dgx_h100"))
+                except TransformError as exc:
+                    usp[f"usp {u}x{gpus // u}"] = float("nan")
+                    why = str(exc).split(": ", 1)[1]
+            torus = ms(SequenceParallel(mode="torus", degree=gpus, topology="dgx_h100"))
+            best = min((v, k) for k, v in usp.items() if v == v)
+            cells = ", ".join(f"{k} {v:.2f}" if v == v else f"{k} refused" for k, v in usp.items())
+            print(f"{tokens // 1024}k tokens, {gpus} GPUs: torus {torus:.2f}; {cells}; "
+                  f"torus / best usp ({best[1]}) = {best[0] / torus:.2f}x")
+    print(f"(refused: {why})")
+
+
 def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="whatif-papers-"))
+    streamfusion(tmp)
+    print()
     print("## Seesaw (reshard): 8x A100, Llama-70B-like, prefill 8x1024 tokens, decode 256 sequences")
     for setup in SEESAW:
         seesaw(tmp, setup)
