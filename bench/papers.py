@@ -23,6 +23,7 @@ from __future__ import annotations
 import sys
 import tempfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,9 +31,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 from _llm_tracegen import llm_trace  # noqa: E402
 
 from whatif.api import analyze, make_context  # noqa: E402
+from whatif.depgraph.graph import TaskGraph  # noqa: E402
 from whatif.predictors.replay import replay  # noqa: E402
 from whatif.predictors.steps import step_times  # noqa: E402
-from whatif.transforms.base import TransformError  # noqa: E402
+from whatif.transforms.base import TransformContext, TransformError  # noqa: E402
 from whatif.transforms.parallel.reshard import search_reshard  # noqa: E402
 from whatif.transforms.parallel.sequence import SequenceParallel  # noqa: E402
 
@@ -78,6 +80,10 @@ def seesaw(tmp: Path, setup: Setup) -> None:
         print(f"assumption: {line}")
 
 
+def _step_ms(graph: TaskGraph, ctx: TransformContext, transform: SequenceParallel) -> float:
+    return float(step_times(replay(transform.apply(graph, ctx)))["predicted_ns"].sum()) / 1e6
+
+
 def streamfusion(tmp: Path) -> None:
     print("## StreamFusion (sequence_parallel torus vs usp): FLUX-like, 24 heads, H100, ms per step")
     peak, bw = 989e12 * H100_GEMM_FRACTION, 3.35e12 * H100_BW_FRACTION
@@ -85,9 +91,7 @@ def streamfusion(tmp: Path) -> None:
         a = analyze(llm_trace(tmp / f"dit_{tokens}.json.gz", new_tokens=tokens, kv_tokens=tokens, layers=8,
                               hidden=3072, heads=24, ffn=12288, steps=1, peak=peak, bw=bw))
         ctx = make_context(a.trace)
-
-        def ms(t: SequenceParallel) -> float:
-            return float(step_times(replay(t.apply(a.graph, ctx)))["predicted_ns"].sum()) / 1e6
+        ms = partial(_step_ms, a.graph, ctx)
 
         for gpus in (16, 8):
             usp: dict[str, float] = {}
