@@ -12,6 +12,12 @@ bf16, 8 blocks: the ratio is per block) at 16k-64k tokens on 2x8 H100 (DGX H100 
 the best USP that can run (ulysses degree dividing 24 and 16: 1, 2, 4, 8), and on one machine.
 Paper: 1.35x on average, up to 1.77x, over xDiT (USP) on two machines.
 
+DCC (arXiv 2511.15503) on its AttAcc backend (bank-level units, x16 without the power limit, the
+backend DCC's figures use; NVLink4 link): GPT3-13B (40 layers, hidden 5120, 40 heads, FFN 20480)
+and LLaMA-33B (60 layers, 6656, 52 heads, FFN 17920) on an H100, decode at batch 1 and 4 with a
+2,048-token context; end to end = one 2,048-token prefill (no PIM candidate) + 256 decode steps.
+Paper: end to end up to 7.71x, 4.88x on average, on AttAcc.
+
 Seesaw (arXiv 2503.06433): 8x A100, Llama-70B-like (80 layers, hidden 8192, 64 heads, 8 KV heads,
 FFN 28672, bf16), prefill 8 prompts of 1,024 tokens per step, decode 256 in-flight sequences at
 1,024 + 256 tokens, 256 output tokens per request, a 512 GB CPU KV buffer. Paper: reshard (prefill
@@ -36,6 +42,7 @@ from whatif.predictors.replay import replay  # noqa: E402
 from whatif.predictors.steps import step_times  # noqa: E402
 from whatif.transforms.base import TransformContext, TransformError  # noqa: E402
 from whatif.transforms.parallel.reshard import search_reshard  # noqa: E402
+from whatif.transforms.parallel.pim import PimOffload  # noqa: E402
 from whatif.transforms.parallel.sequence import SequenceParallel  # noqa: E402
 
 H100_GEMM_FRACTION = 798 / 989
@@ -110,8 +117,38 @@ def streamfusion(tmp: Path) -> None:
     print(f"(refused: {why})")
 
 
+DCC_MODELS = {"GPT3-13B": {"layers": 40, "hidden": 5120, "heads": 40, "ffn": 20480},
+              "LLaMA-33B": {"layers": 60, "hidden": 6656, "heads": 52, "ffn": 17920}}
+
+
+def dcc(tmp: Path) -> None:
+    print("## DCC (pim_offload, attacc backend without the power limit): end-to-end, 2k context, 256 tokens")
+    peak, bw = 989e12 * H100_GEMM_FRACTION, 3.35e12 * H100_BW_FRACTION
+    for name, shape in DCC_MODELS.items():
+        pf = analyze(llm_trace(tmp / f"dcc_{name}_pf.json.gz", new_tokens=2048, kv_tokens=2048, steps=1, peak=peak,
+                               bw=bw, **shape))
+        t_pf = float(step_times(replay(pf.graph))["predicted_ns"].sum())
+        for batch in (1, 4):
+            dec = analyze(llm_trace(tmp / f"dcc_{name}_{batch}.json.gz", batch=batch, new_tokens=1, kv_tokens=2048,
+                                    steps=2, peak=peak, bw=bw, **shape))
+            ctx = make_context(dec.trace)
+            t0 = float(step_times(replay(dec.graph))["predicted_ns"].mean())
+            row = [f"{name} batch {batch}: decode step {t0 / 1e6:.2f} ms"]
+            for label, limited in (("x16 (DCC)", False), ("x9 power-limited", True)):
+                try:
+                    g = PimOffload(power_limited=limited).apply(dec.graph, ctx)
+                    t1 = float(step_times(replay(g))["predicted_ns"].mean())
+                    e2e = (t_pf + 256 * t0) / (t_pf + 256 * t1)
+                    row.append(f"{label}: {t1 / 1e6:.2f} ms, decode {t0 / t1:.2f}x, end to end {e2e:.2f}x")
+                except TransformError as exc:
+                    row.append(f"{label}: refused ({str(exc).split(': ', 1)[1]})")
+            print("; ".join(row))
+
+
 def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="whatif-papers-"))
+    dcc(tmp)
+    print()
     streamfusion(tmp)
     print()
     print("## Seesaw (reshard): 8x A100, Llama-70B-like, prefill 8x1024 tokens, decode 256 sequences")
