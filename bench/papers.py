@@ -41,8 +41,8 @@ from whatif.depgraph.graph import TaskGraph  # noqa: E402
 from whatif.predictors.replay import replay  # noqa: E402
 from whatif.predictors.steps import step_times  # noqa: E402
 from whatif.transforms.base import TransformContext, TransformError  # noqa: E402
-from whatif.transforms.parallel.reshard import search_reshard  # noqa: E402
 from whatif.transforms.parallel.pim import PimOffload  # noqa: E402
+from whatif.transforms.parallel.reshard import search_reshard  # noqa: E402
 from whatif.transforms.parallel.sequence import SequenceParallel  # noqa: E402
 
 H100_GEMM_FRACTION = 798 / 989
