@@ -14,7 +14,8 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
               hidden: int = 4096, heads: int = 32, ffn: int = 11008, steps: int = 2,
               phases: tuple[str, ...] = (), backward: bool = False, kv_heads: int = 0,
               gpu_name: str = "NVIDIA H100 80GB HBM3", peak: float = PEAK, bw: float = BW,
-              decode_batch: int = 0) -> Path:
+              decode_batch: int = 0, fa_backward_kernels: int = 1, rank: int | None = None,
+              world_size: int | None = None) -> Path:
     """One forward per step of ``batch`` sequences of ``new_tokens`` tokens (1 = decode) attending
     to ``kv_tokens`` cached tokens. ``phases``: a ``phase:<name>`` annotation per step (cycled), in
     which case the tokens of a ``prefill`` step are ``kv_tokens`` and of a ``decode`` step 1.
@@ -23,8 +24,10 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
     backward, then an optimizer kernel. ``kv_heads``: key/value heads (GQA when fewer than
     ``heads``; 0 = ``heads``). ``gpu_name``, ``peak`` (FLOP/s) and ``bw`` (bytes/s): the recorded
     GPU and the achieved rates of the kernel model. ``decode_batch``: sequences of a ``decode``
-    phase step (0 = ``batch``)."""
-    tr = KinetoTrace(gpu_name=gpu_name)
+    phase step (0 = ``batch``). ``fa_backward_kernels``: 3 launches FlashAttention-2's backward as
+    its three kernels (dot(dO, O), dQ/dK/dV, convert dQ). ``rank``/``world_size``: the
+    ``distributedInfo`` of one rank's file."""
+    tr = KinetoTrace(gpu_name=gpu_name, rank=rank, world_size=world_size)
     corr, ts, gpu_t = 0, 0.0, 0.0
     d = hidden // heads
     hkv = kv_heads or heads
@@ -77,9 +80,14 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
                     if tag == "down":
                         mem("void at::native::silu_backward_kernel<bf16>", 3 * m * ffn * ELEM, "aten::silu_backward")
                 gemm("out_grad_input", hidden, hidden), gemm("out_grad_weight", hidden, hidden)
-                kernel("void pytorch_flash::flash_bwd_kernel<128>", 10.0 * batch * heads * m_tok * kv_tokens * d,
-                       ELEM * batch * heads * d * 8 * kv_tokens, "aten::_flash_attention_backward",
-                       [[batch, m_tok, heads, d]] * 3, [BF16] * 3)
+                fa = ("void pytorch_flash::flash_bwd_kernel<128>",) if fa_backward_kernels == 1 else (
+                    "void flash::flash_bwd_dot_do_o_kernel<true, Flash_bwd_kernel_traits<128>>",
+                    "void flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<128>>",
+                    "void flash::flash_bwd_convert_dq_kernel<Flash_bwd_kernel_traits<128>>")
+                for fa_name in fa:
+                    kernel(fa_name, 10.0 * batch * heads * m_tok * kv_tokens * d / len(fa),
+                           ELEM * batch * heads * d * 8 * kv_tokens / len(fa), "aten::_flash_attention_backward",
+                           [[batch, m_tok, heads, d]] * 3, [BF16] * 3)
                 gemm("qkv_grad_input", hidden, 3 * hidden), gemm("qkv_grad_weight", 3 * hidden, hidden)
             mem("void at::native::embedding_backward_kernel<bf16>", 2 * m * hidden * ELEM,
                 "aten::embedding_dense_backward")

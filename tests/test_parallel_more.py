@@ -116,6 +116,13 @@ def test_tensor_parallel_shards_the_backward(train) -> None:
     assert 0.45 < d1[attn].sum() / d0[attn].sum() < 0.6
     comm = g.tasks.iloc[kinds(g, TaskKind.COMM)]
     assert len(comm) == 4 * 2 + 4 * 2 and comm["name"].astype(str).str.contains("all_reduce").all()
+    # the pairing: each forward GEMM's gradients, layers in reverse order
+    names = g0.tasks["name"].astype(str).to_numpy()
+    for part, tag in (("bwd_qkv", "qkv_grad"), ("bwd_attn_out", "out_grad"), ("bwd_mlp_in", "gate_up_grad"),
+                      ("bwd_mlp_down", "down_grad")):
+        assert all(tag in n for n in names[bwd.loc[bwd["part"] == part, "task"].to_numpy()])
+    order = bwd.sort_values("task")["block"].to_numpy()
+    assert (np.diff(order) <= 0).all() and order[0] == blocks["block"].max()
     # a backward all-reduce runs after the QKV gradients of its block
     e = g.edges
     qkv_last = bwd[bwd["part"] == "bwd_qkv"].groupby("block")["task"].max().to_numpy()
@@ -124,6 +131,47 @@ def test_tensor_parallel_shards_the_backward(train) -> None:
     sp = TensorParallel(degree=2, topology="dgx_h100", sequence_parallel=True).apply(g0, ctx)
     names = sp.tasks.iloc[kinds(sp, TaskKind.COMM)]["name"].astype(str)
     assert names.str.contains("reduce_scatter").sum() == 16 and names.str.contains("all_gather").sum() == 16
+
+
+def test_tensor_parallel_backward_mapping_is_checked(tmp_path: Path) -> None:
+    """FlashAttention-2's backward is three kernels per layer (one core each), and a backward whose
+    GEMMs do not pair with the forward's by FLOPs is refused, not mislabelled."""
+    from whatif.transforms.parallel.layers import backward_blocks
+
+    a = analyze(llm_trace(tmp_path / "fa2.json.gz", new_tokens=256, kv_tokens=256, layers=2, backward=True, steps=1,
+                          fa_backward_kernels=3))
+    ctx = make_context(a.trace)
+    bwd = backward_blocks(a.graph, find_blocks(a.graph))
+    assert bwd is not None and (bwd["part"] == "bwd_attention").sum() == 6
+    TensorParallel(degree=2).apply(a.graph, ctx)
+    # the same blocks with the gradient pairs' FLOPs made to disagree: refused
+    bad = backward_blocks(a.graph, find_blocks(a.graph), lambda ids: np.arange(1, len(ids) + 1, dtype=float))
+    assert bad is None
+
+
+def test_attention_heads_only_from_fused_attention_ops() -> None:
+    from whatif.transforms.parallel.memory import attention_op_heads
+
+    assert attention_op_heads("aten::scaled_dot_product_attention", [[1, 32, 9, 128], [1, 8, 9, 128]]) == (32, 8, 128)
+    assert attention_op_heads("aten::_flash_attention_forward", [[1, 9, 32, 128], [1, 9, 8, 128]]) == (32, 8, 128)
+    assert attention_op_heads("vllm::flash_attn_varlen_func", [[90, 32, 128], [90, 8, 128]]) == (32, 8, 128)
+    # an unfused bmm's dims do not say which one is the heads
+    assert attention_op_heads("aten::bmm", [[32, 1024, 64], [32, 64, 1024]]) is None
+    assert attention_op_heads("aten::matmul", [[1, 32, 9, 128], [1, 32, 128, 9]]) is None
+
+
+def test_model_shape_counts_one_rank_forward(tmp_path: Path, train) -> None:
+    from whatif.transforms.parallel.memory import model_shape
+
+    w = 4 * (4 * 4096 ** 2 + 3 * 4096 * 11008) * 2            # 4 layers of forward weights, bf16
+    assert model_shape(train.graph, make_context(train.trace)).weight_bytes == pytest.approx(w, rel=0.01)
+    run = tmp_path / "two_ranks"
+    run.mkdir()
+    for r in (0, 1):
+        llm_trace(run / f"rank{r}.json.gz", new_tokens=64, layers=4, steps=1, rank=r, world_size=2)
+    a = analyze(run)
+    assert a.graph.tasks["rank"].nunique() == 2
+    assert model_shape(a.graph, make_context(a.trace)).weight_bytes == pytest.approx(w, rel=0.01)
 
 
 def test_tensor_parallel_checks_heads(tmp_path: Path) -> None:
@@ -265,9 +313,18 @@ def test_memory_model_gqa_and_refusals(tmp_path: Path) -> None:
     tight = search_reshard(a.graph, ctx, gpus=16, prefill_batch=8, decode_batch=6000, prompt_tokens=1024,
                            output_tokens=8, capacity_gb=20)
     left = " ".join(x for x in tight.assumptions if "left out" in x)
-    assert "tp16·pp1 left out: weights" in left and "over by" in left and "tp8·pp2" not in left
+    assert "tp16·pp1 left out for decode: weights" in left and "over by" in left and "tp8·pp2" not in left
+    assert "tp16·pp1 left out for prefill" not in left                 # 8 prompts of 1,024 tokens fit
     assert "tp16·pp1" not in set(tight.table["decode_plan"]) and "tp8·pp2" in set(tight.table["decode_plan"])
-    with pytest.raises(TransformError, match=r"no plan of 8 GPUs fits: .*over by"):
+    assert "tp16·pp1" in set(tight.table["prefill_plan"])                # a prefill plan still
+    assert "tp1·pp16 left out: pipeline_parallel: 16 stages for 8 blocks" in left     # refused plans: a line
+    # a plan the heads forbid is left out, not fatal (28 heads, 4 KV heads: no tp8)
+    q = analyze(llm_trace(tmp_path / "q28.json.gz", kv_tokens=256, layers=2, batch=2, steps=2, heads=28,
+                          hidden=3584, kv_heads=4, phases=("prefill", "decode")))
+    s28 = search_reshard(q.graph, make_context(q.trace), gpus=8, prefill_batch=2, decode_batch=2, prompt_tokens=256)
+    assert any("tp8·pp1 left out: tensor_parallel: degree 8 does not divide the 28" in x for x in s28.assumptions)
+    assert set(s28.table["decode_plan"]) == {"tp4·pp2"}     # 2 layers: pp4 and pp8 leave stages empty
+    with pytest.raises(TransformError, match=r"no prefill plan and decode plan of 8 GPUs both fit: .*over by"):
         search_reshard(a.graph, ctx, gpus=8, decode_batch=2000, prompt_tokens=1024, capacity_gb=2)
 
 

@@ -163,3 +163,17 @@ def test_capacity_refuses_what_does_not_fit(tmp_path) -> None:
     with pytest.raises(TransformError, match=r"need \d+\.\d GB but attacc's 5 stacks hold 80\.0 GB \(over by"):
         search_pim(a.graph, ctx, max_intensity=100)
     search_pim(a.graph, ctx, max_intensity=100, classes=("gemm",))   # the weights alone fit
+
+
+def test_capacity_is_per_rank(tmp_path) -> None:
+    """Each rank has its own PIM stacks: two ranks of ~50 GB each fit, where summing them would not."""
+    run = tmp_path / "two_ranks"
+    run.mkdir()
+    for r in (0, 1):   # 8 layers, hidden 8192: 15.6 GB of weights; 24 sequences x 8,192 tokens: 51.5 GB of KV
+        llm_trace(run / f"rank{r}.json.gz", batch=24, new_tokens=1, kv_tokens=8192, layers=8, hidden=8192, heads=64,
+                  ffn=28672, steps=1, rank=r, world_size=2)
+    a = analyze(run)
+    s = search_pim(a.graph, make_context(a.trace), max_intensity=100)
+    on = s.offloaded()
+    per_rank = on.groupby("rank")["resident"].sum()
+    assert len(per_rank) == 2 and (per_rank < 80e9).all() and per_rank.sum() > 80e9

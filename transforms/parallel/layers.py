@@ -28,6 +28,7 @@ Anything outside blocks (embedding, LM head, sampling, DiT's timestep MLP) is le
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -197,17 +198,24 @@ def backward_mask(graph: TaskGraph) -> np.ndarray:
     return out
 
 
-def backward_blocks(graph: TaskGraph, blocks: pd.DataFrame) -> pd.DataFrame | None:
+PAIR_FLOPS_TOLERANCE = 0.10   # a gradient GEMM does its forward GEMM's FLOPs
+
+
+def backward_blocks(graph: TaskGraph, blocks: pd.DataFrame,
+                    flops: Callable[[np.ndarray], np.ndarray] | None = None) -> pd.DataFrame | None:
     """The backward's kernels mapped to the forward's blocks (same columns as :func:`find_blocks`,
     ``part`` prefixed ``bwd_``), or None when a step has a backward that cannot be mapped.
 
     Per (rank, step) with a backward (:func:`backward_mask`): the backward mirrors the forward, so
     its **last** ``2·n`` GEMMs (n: the step's forward block GEMMs) are their gradient pairs — input
     gradient and weight gradient of each, in reverse layer order (the LM head's pair comes before
-    them, the embedding has no GEMM) — and each pair takes its forward GEMM's block, part and role;
-    the backward's attention kernels (flash-attention backward) are the blocks' cores in reverse
-    order, heads split. A step whose backward has fewer than ``2·n`` GEMMs or another count of
-    attention kernels than blocks is not mapped."""
+    them, the embedding has no GEMM) — and each pair takes its forward GEMM's block, part and role.
+    With ``flops`` (FLOPs per task id, NaN when unknown) each gradient GEMM must do its forward
+    GEMM's FLOPs within 10 %, so a shifted pairing (a frozen embedding, recomputation, extra
+    GEMMs) is caught instead of mislabelled. The backward's attention kernels form runs like the
+    forward's cores (no GEMM between them: FlashAttention-2's backward is three kernels), one run
+    per block in reverse order, heads split. A step whose backward has fewer than ``2·n`` GEMMs,
+    another count of attention runs than blocks, or a pair off its forward FLOPs is not mapped."""
     t = graph.tasks
     bw = backward_mask(graph)
     if not bw.any():
@@ -218,24 +226,39 @@ def backward_blocks(graph: TaskGraph, blocks: pd.DataFrame) -> pd.DataFrame | No
     fwd_steps = steps[blocks["task"].to_numpy()]
     rows: list[tuple[int, int, int, str, str]] = []
     for rank, step in sorted({(int(r), int(s)) for r, s in zip(ranks[bw], steps[bw])}):
-        mine = blocks[(blocks["rank"].to_numpy() == rank) & (fwd_steps == step)].sort_values("task")
-        mine = mine.assign(start=start[mine["task"].to_numpy()]).sort_values("start", kind="stable")
+        mine = blocks[(blocks["rank"].to_numpy() == rank) & (fwd_steps == step)]
+        mine = mine.assign(start=start[mine["task"].to_numpy()]).sort_values(["start", "task"], kind="stable")
         gemms = mine[mine["part"].isin(["qkv", "attn_out", "mlp_in", "mlp_down"])]
         cores = mine[mine["part"] == "attention"].drop_duplicates("block")
-        sel = bw & (ranks == rank) & (steps == step)
-        k = np.flatnonzero(sel)
+        k = np.flatnonzero(bw & (ranks == rank) & (steps == step))
         k = k[np.argsort(start[k], kind="stable")]
-        bg = k[cls[k] == KernelClass.GEMM.value]
-        ba = k[cls[k] == KernelClass.ATTENTION.value]
+        is_gemm = cls[k] == KernelClass.GEMM.value
+        runs = _runs(cls[k] == KernelClass.ATTENTION.value)
+        merged: list[tuple[int, int]] = []
+        for a, b in runs:   # attention kernels with no GEMM between them are one core's backward
+            if merged and not is_gemm[merged[-1][1]:a].any():
+                merged[-1] = (merged[-1][0], b)
+            else:
+                merged.append((a, b))
+        bg = k[is_gemm]
         n = len(gemms)
-        if n == 0 or len(bg) < 2 * n or len(ba) != len(cores):
+        if n == 0 or len(bg) < 2 * n or len(merged) != len(cores):
             return None
         pairs = bg[len(bg) - 2 * n:].reshape(n, 2)
-        for fwd, pair in zip(gemms[::-1].itertuples(), pairs):
+        fwd_gemms = gemms.iloc[::-1]
+        if flops is not None:
+            want = np.repeat(flops(fwd_gemms["task"].to_numpy(np.int64)), 2)
+            got = flops(pairs.reshape(-1))
+            known = np.isfinite(want) & np.isfinite(got) & (want > 0)
+            if (np.abs(got[known] / want[known] - 1) > PAIR_FLOPS_TOLERANCE).any():
+                return None
+        for fwd, pair in zip(fwd_gemms.itertuples(), pairs):
             for task in pair:
                 rows.append((int(task), rank, int(fwd.block), f"bwd_{fwd.part}", str(fwd.role)))
-        for core, task in zip(cores[::-1].itertuples(), ba):
-            rows.append((int(task), rank, int(core.block), "bwd_attention", str(core.role)))
+        for core, (a, b) in zip(cores.iloc[::-1].itertuples(), merged):
+            for task in k[a:b + 1]:
+                if cls[task] == KernelClass.ATTENTION.value:
+                    rows.append((int(task), rank, int(core.block), "bwd_attention", str(core.role)))
     return pd.DataFrame(rows, columns=list(COLUMNS)).sort_values("task", ignore_index=True)
 
 

@@ -3,8 +3,8 @@ whether a plan fits the device.
 
 **Shape** (:func:`model_shape`), from one step's detected blocks (:func:`~.layers.find_blocks`):
 
-* ``layers``: blocks per step; ``weight_bytes``: the step's forward GEMM weights
-  (``CostModel.kernel_facts``);
+* ``layers``: blocks per step; ``weight_bytes``: the step's forward GEMM weights on one rank
+  (``CostModel.kernel_facts``; the backward's GEMMs and other ranks are not counted);
 * ``heads``, ``kv_heads``, ``head_dim``: the attention op's recorded ``Input Dims`` — query and
   key shapes of ``scaled_dot_product_attention`` (``[b, H, s, d]``), of the flash-attention ops
   (``[b, s, H, d]``, varlen ``[tokens, H, d]``); a key with fewer heads than the query is GQA/MQA;
@@ -13,7 +13,7 @@ whether a plan fits the device.
   :attr:`ModelShape.assumptions`. Every field can be overridden (``replace``).
 
 **Bytes per rank** for a plan of t-way tensor and p-way pipeline parallelism
-(:func:`plan_memory`): weights ``W/(t·p)``; KV cache ``tokens · 2·(L/p)·ceil(H_kv/t)·d·e`` — each
+(:func:`plan_memory`): weights ``W/(t·p)``; KV cache ``tokens · 2·ceil(L/p)·ceil(H_kv/t)·d·e`` — each
 rank holds its stage's layers and its share of the KV heads (a KV head is replicated, not split,
 when t > H_kv, as vLLM does); activations and workspace a fraction of the capacity
 (``workspace_fraction``, vLLM's ``gpu_memory_utilization`` 0.9 leaves 10 %).
@@ -35,13 +35,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from whatif.core.kernels import KernelClass
+from whatif.core.dtypes import element_bytes
+from whatif.core.kernels import KernelClass, is_attention
 from whatif.depgraph.graph import TaskGraph, TaskKind
 from whatif.hardware.devices import find_device
 from whatif.tracer.args import Arg
 
 from ..base import TransformContext, TransformError
-from .layers import find_blocks, linked_op_rows
+from .layers import backward_mask, find_blocks, linked_op_rows
 
 WORKSPACE_FRACTION = 0.10  # vLLM gpu_memory_utilization = 0.9: activations, workspace, CUDA graphs
 DEFAULT_HEAD_DIM = 128     # Llama, Mistral, Qwen, GPT-3 family
@@ -137,15 +138,16 @@ def attention_heads(graph: TaskGraph, tasks: np.ndarray) -> tuple[int, int, int]
     dims_all = tr.arg(Arg.INPUT_DIMS)
     names = tr.events["name"].astype(str).to_numpy()
     for r in rows[~np.isnan(rows)].astype(np.int64).tolist():
-        found = _heads_of(names[r], dims_all[r])
+        found = attention_op_heads(names[r], dims_all[r])
         if found is not None:
             return found
     return None
 
 
-def _heads_of(op: str, dims: object) -> tuple[int, int, int] | None:
-    """Query heads, key heads and head size of one attention op's input shapes."""
-    if not isinstance(dims, list) or len(dims) < 2:
+def attention_op_heads(op: str, dims: object) -> tuple[int, int, int] | None:
+    """Query heads, key heads and head size of one fused attention op's input shapes (None for any
+    other op: an unfused bmm or matmul's shapes do not say which dimension is the heads)."""
+    if not is_attention(op) or not isinstance(dims, list) or len(dims) < 2:
         return None
     q, k = dims[0], dims[1]
     if not (isinstance(q, list) and isinstance(k, list)) or len(q) != len(k) or len(q) not in (3, 4):
@@ -153,7 +155,7 @@ def _heads_of(op: str, dims: object) -> tuple[int, int, int] | None:
     try:
         if len(q) == 3:                                   # varlen: [tokens, H, d]
             h, hk, d = int(q[1]), int(k[1]), int(q[2])
-        elif "scaled_dot_product" in op or op.endswith("::bmm"):   # [b, H, s, d]
+        elif "scaled_dot_product" in op:                  # [b, H, s, d]
             h, hk, d = int(q[1]), int(k[1]), int(q[3])
         else:                                             # flash-attention ops: [b, s, H, d]
             h, hk, d = int(q[2]), int(k[2]), int(q[3])
@@ -172,8 +174,10 @@ def model_shape(graph: TaskGraph, ctx: TransformContext, who: str = "memory") ->
     steps = t["step"].to_numpy()
     b_steps = steps[blocks["task"].to_numpy()]
     step0 = int(b_steps.min())
-    b0 = blocks[b_steps == step0]
-    kern = np.flatnonzero((t["kind"].to_numpy() == int(TaskKind.KERNEL)) & (steps == step0))
+    rank0 = int(blocks.loc[b_steps == step0, "rank"].min())
+    b0 = blocks[(b_steps == step0) & (blocks["rank"].to_numpy() == rank0)]
+    kern = np.flatnonzero((t["kind"].to_numpy() == int(TaskKind.KERNEL)) & (steps == step0)
+                          & (t["rank"].to_numpy() == rank0) & ~backward_mask(graph))
     f = cost.kernel_facts(graph, kern)
     weights = float(np.nan_to_num(f["weight_bytes"])[f["kernel_class"] == KernelClass.GEMM.value].sum())
     layers = int(b0["block"].nunique())
@@ -183,8 +187,10 @@ def model_shape(graph: TaskGraph, ctx: TransformContext, who: str = "memory") ->
         heads, kv_heads, head_dim = found
         hidden = heads * head_dim
     else:
-        wo = cost.kernel_facts(graph, b0.loc[b0["part"] == "attn_out", "task"].to_numpy()[:1])["weight_bytes"]
-        hidden = int(round(math.sqrt(float(np.nan_to_num(wo).sum()) / 2))) if len(wo) else 0
+        fo = cost.kernel_facts(graph, b0.loc[b0["part"] == "attn_out", "task"].to_numpy()[:1])
+        elem = element_bytes(str(fo["weight_dtype"][0])) if len(fo["weight_dtype"]) else None
+        wo = float(np.nan_to_num(fo["weight_bytes"]).sum())
+        hidden = int(round(math.sqrt(wo / (elem or 2)))) if wo > 0 else 0
         if hidden <= 0:
             raise TransformError(f"{who}: no attention shapes recorded and no attention-output GEMM weight; "
                                  "give the model's hidden size, heads and kv_heads")

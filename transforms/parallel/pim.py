@@ -330,13 +330,14 @@ def search_pim(graph: TaskGraph, ctx: TransformContext, *, device: str = "attacc
 
 
 def _check_capacity(graph: TaskGraph, plan: pd.DataFrame, dev: PimDevice) -> None:
-    """The offloaded kernels' resident operands (weights, KV cache) of the largest step must fit the
-    PIM stacks; else one line naming the overflow."""
+    """The offloaded kernels' resident operands (weights, KV cache) of one rank's largest step must
+    fit its PIM stacks; else one line naming the overflow."""
     on = plan["state"].to_numpy() != "gpu"
     if not on.any():
         return
-    steps = graph.tasks["step"].to_numpy()[plan.loc[on, "task"].to_numpy(np.int64)]
-    per_step = pd.Series(plan.loc[on, "resident"].to_numpy(float)).groupby(steps).sum()
+    tasks = plan.loc[on, "task"].to_numpy(np.int64)   # each rank has its own PIM stacks
+    keys = [graph.tasks["rank"].to_numpy()[tasks], graph.tasks["step"].to_numpy()[tasks]]
+    per_step = pd.Series(plan.loc[on, "resident"].to_numpy(float)).groupby(keys).sum()
     need, cap = float(per_step.max()), dev.capacity_bytes()
     if need > cap:
         raise TransformError(f"{NAME}: the offloaded weights and KV cache of one step need {need / 1e9:.1f} GB but "

@@ -88,10 +88,12 @@ def stage_plan(graph: TaskGraph, stages: int, stage: int) -> tuple[np.ndarray, p
     for (rank, step), blk in b.groupby(["rank", "step"]):
         k = np.flatnonzero((kinds == int(TaskKind.KERNEL)) & (t["rank"].to_numpy() == rank) & (steps == step) & ~bw)
         s0, s1 = start[blk["task"]].min(), start[blk["task"]].max()
+        mine_bw = bw & (t["rank"].to_numpy() == rank) & (steps == step) & (kinds == int(TaskKind.KERNEL))
+        end = start[mine_bw].min() if mine_bw.any() else np.iinfo(np.int64).max   # the forward's end
         if stage > 0:
             drop |= set(k[start[k] < s0].tolist())
-        if stage < stages - 1:
-            drop |= set(k[start[k] > s1].tolist())
+        if stage < stages - 1:   # final norm, LM head, sampling; the optimizer after a backward stays (1/p)
+            drop |= set(k[(start[k] > s1) & (start[k] < end)].tolist())
     return np.asarray(sorted(drop), dtype=np.int64), b[keep]
 
 

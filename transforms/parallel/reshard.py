@@ -18,7 +18,7 @@ the buffer, and they re-shard back. Per cycle:
   ``B_h2d``, overlapped with compute (each phase takes ``max(compute, KV transfer)``).
 
 ``B_h2d`` is what one GPU gets while all G load at once: its PCIe link's rate divided by the GPUs
-sharing a host link (``gpus_per_host_link``, 2: a DGX A100 has four PCIe Gen4 switches with two
+sharing a host link (``min(G, gpus_per_host_link)``, default 2: a DGX A100 has four PCIe Gen4 switches with two
 GPUs behind each, NVIDIA DGX A100 System Architecture, WP-10083-001).
 
 Throughput = ``R / cycle``. With A = B the weights stay and the KV stays on the GPUs (no buffer):
@@ -26,8 +26,9 @@ throughput = ``1 / (T_pf/b_p + o·T_dec/b_d)``. W, layers and KV heads come from
 (:func:`~.memory.model_shape`: GQA-aware, ``2·L·H_kv·d·e`` bytes per token; ``kv_heads`` overrides);
 kv per request is that times ``prompt + output`` tokens. A decode step under PP is the stage's
 ``p·T_stage(b/p)`` at equal in-flight sequences (``pipeline_parallel``, serving). **A plan that
-does not hold its weights and the decode batch's KV on the device** (:func:`~.memory.plan_memory`)
-is left out, with one line saying what does not fit.
+does not hold its weights and its phase's KV on the device** (:func:`~.memory.plan_memory`; prefill:
+the prompts being prefilled, decode and static plans: every in-flight sequence) is left out of that
+role, and a plan the parallel transforms refuse (heads, layers) of both, each with one line.
 """
 from __future__ import annotations
 
@@ -94,17 +95,19 @@ class ReshardSearch:
     assumptions: list[str]
 
 
-def _phase_times(graph: TaskGraph, ctx: TransformContext, gpus: int, topology: str,
-                 feasible: list[tuple[int, int]]) -> pd.DataFrame:
-    """Per plan: mean predicted step time (ns) of prefill and of decode steps."""
+def _phase_times(graph: TaskGraph, ctx: TransformContext, topology: str, candidates: list[tuple[int, int]],
+                 left_out: list[str]) -> pd.DataFrame:
+    """Per plan: mean predicted step time (ns) of prefill and of decode steps; a plan the parallel
+    transforms refuse (heads not divisible, more stages than layers) is left out with its reason."""
     step_times_ns = ctx.require_step_times("reshard")
     phases = step_phases(graph, ctx)
     rows = []
-    for t, p in feasible:
-        g = TensorParallel(degree=t, topology=topology).apply(graph, ctx) if t > 1 else graph
+    for t, p in candidates:
         try:
+            g = TensorParallel(degree=t, topology=topology).apply(graph, ctx) if t > 1 else graph
             g = PipelineParallel(degree=p, schedule="serving", topology=topology).apply(g, ctx) if p > 1 else g
-        except TransformError:   # more stages than layers: not a plan
+        except TransformError as exc:
+            left_out.append(f"tp{t}·pp{p} left out: {exc}")
             continue
         st = step_times_ns(g)
         ph = phases.reindex(st.index)
@@ -146,30 +149,37 @@ def search_reshard(graph: TaskGraph, ctx: TransformContext, *, gpus: int = 8, to
         assumptions.append(f"KV per request 2·{shape.layers} layers·{shape.kv_heads} KV heads·{shape.head_dim}·"
                            f"{shape.elem_bytes} B·({prompt_tokens}+{out_tok}) tokens = {kv / 2**20:.1f} MiB")
     capacity = device_capacity_bytes(ctx, capacity_gb)
-    feasible: list[tuple[int, int]] = []
+    # a prefill plan holds the prompts being prefilled (the rest waits in the CPU buffer); a decode
+    # plan, and a static one, the KV of every in-flight sequence
+    fits: dict[tuple[int, int], dict[str, bool]] = {}
     for t, p in plans(gpus):
-        mem = plan_memory(shape, tensor=t, pipeline=p, kv_tokens=decode_batch * (prompt_tokens + out_tok),
-                          capacity_bytes=capacity)
-        if mem.fits:
-            feasible.append((t, p))
-        else:
-            assumptions.append(f"tp{t}·pp{p} left out: {mem.why_not()}")
-    if not feasible:
+        role_fits = {}
+        for role, tokens in (("prefill", prefill_batch * prompt_tokens),
+                             ("decode", decode_batch * (prompt_tokens + out_tok))):
+            mem = plan_memory(shape, tensor=t, pipeline=p, kv_tokens=tokens, capacity_bytes=capacity)
+            role_fits[role] = mem.fits
+            if not mem.fits:
+                assumptions.append(f"tp{t}·pp{p} left out for {role}: {mem.why_not()}")
+        if any(role_fits.values()):
+            fits[t, p] = role_fits
+    if not fits:
         raise TransformError(f"reshard: no plan of {gpus} GPUs fits: {assumptions[-1]}")
-    times = _phase_times(graph, ctx, gpus, topology, feasible)
+    times = _phase_times(graph, ctx, topology, list(fits), assumptions)
     if times.empty:
-        raise TransformError(f"reshard: no plan of {gpus} GPUs applies to this trace (more stages than layers)")
+        raise TransformError(f"reshard: no plan of {gpus} GPUs applies to this trace: {assumptions[-1]}")
     for x, y in (("prefill_ns", "decode_ns"), ("decode_ns", "prefill_ns")):
         times[x] = times[x].fillna(times[y])
-    h2d = (h2d_gbps * GB) if h2d_gbps else _h2d(ctx) / gpus_per_host_link
+    h2d = (h2d_gbps * GB) if h2d_gbps else _h2d(ctx) / min(gpus, gpus_per_host_link)
     requests = max(1.0, math.floor(buffer_gb * GB / kv))
     rows = []
     plan_rows: list[dict[Hashable, Any]] = times.to_dict("records")
     for a in plan_rows:
         for b in plan_rows:
+            same = (a["t"], a["p"]) == (b["t"], b["p"])
+            if not (fits[a["t"], a["p"]]["prefill"] and fits[b["t"], b["p"]]["decode"]):
+                continue
             pf = requests / prefill_batch * a["prefill_ns"]
             dec = requests * out_tok / decode_batch * b["decode_ns"]
-            same = (a["t"], a["p"]) == (b["t"], b["p"])
             switch = 0.0 if same else 2 * weights / gpus / h2d * 1e9
             kv_ns = 0.0 if same else requests * kv / gpus / h2d * 1e9
             cycle = (pf + dec) if same else max(pf, kv_ns) + max(dec, kv_ns) + switch
@@ -177,9 +187,12 @@ def search_reshard(graph: TaskGraph, ctx: TransformContext, *, gpus: int = 8, to
                          "prefill_step_ms": a["prefill_ns"] / 1e6, "decode_step_ms": b["decode_ns"] / 1e6,
                          "transition_ms": switch / 1e6, "kv_swap_ms": kv_ns / 1e6, "cycle_s": cycle / 1e9,
                          "requests_per_cycle": requests, "throughput_rps": requests / (cycle / 1e9)})
+    if not rows:
+        raise TransformError(f"reshard: no prefill plan and decode plan of {gpus} GPUs both fit: {assumptions[-1]}")
     table = pd.DataFrame(rows).sort_values("throughput_rps", ascending=False, ignore_index=True)
     best: dict[str, Any] = table.iloc[0].to_dict()
-    static: dict[str, Any] = table[table["prefill_plan"] == table["decode_plan"]].iloc[0].to_dict()
+    statics = table[table["prefill_plan"] == table["decode_plan"]]
+    static: dict[str, Any] = (statics if len(statics) else table).iloc[0].to_dict()
     plan_tp = times[["t", "p"]].to_numpy()
     prefill_best = plan_tp[int(np.nanargmin(times["prefill_ns"].to_numpy()))].tolist()
     decode_best = plan_tp[int(np.nanargmin(times["decode_ns"].to_numpy()))].tolist()

@@ -29,13 +29,16 @@ needs every token, which the three modes get differently (one representative ran
 **Heads**: Ulysses' all-to-all gives each GPU H/u heads, so u must divide the query heads, and
 divide the KV heads or be a multiple of them (a KV head replicated); checked on the attention op's
 recorded shapes (``heads`` overrides) for ulysses (u = P), usp (u) and torus (u = GPUs per machine).
-K, V bytes are GQA-aware: the QKV output holds ``(H + 2·H_kv)·d`` features, K and V ``2·H_kv·d``.
+K, V bytes are GQA-aware: the QKV output holds ``(H + 2·H_kv)·d`` features, K and V ``2·H_kv·d``;
+when the head split u exceeds H_kv each GPU holds a replicated KV head (``ceil(H_kv/u)·u/H_kv``
+more). A trace with a backward pass is refused (the gradients are not modelled).
 
 All three are graph edits: collectives and transfers are COMM tasks on their own streams with
 FLOW dependencies, block computations are tasks on the compute stream, so overlap is simulated.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,7 +51,7 @@ from ..base import Transform, TransformContext, TransformError
 from ..edit import set_duration
 from ..registry import register
 from .comm import comm_stream, insert_tasks, next_on_resource, splice_tasks
-from .layers import find_blocks, gemm_io_bytes
+from .layers import backward_mask, find_blocks, gemm_io_bytes
 from .memory import attention_heads
 from .tensor import prev_on_resource
 
@@ -124,6 +127,9 @@ class SequenceParallel(Transform):
                                  f"GEMM); see docs/multi-gpu.md for the heuristic")
         if self.degree == 1:
             return graph
+        if backward_mask(graph).any():
+            raise TransformError(f"{self.name}: models a forward pass (DiT or long-context inference); the trace has a "
+                                 f"backward pass, whose sequence-parallel gradients are not modelled")
         heads, kv_heads = self._heads(graph, blocks)
         self._check_heads(heads, kv_heads, per)
         cost = ctx.require_cost(self.name)
@@ -141,6 +147,9 @@ class SequenceParallel(Transform):
                          reason=f"{self.label()}: block work on 1/{p} of the tokens")
         b = blocks.assign(in_bytes=inp, out_bytes=out, dur=np.rint(new_dur).astype(np.int64))
         kv_share = 2 * kv_heads / (heads + 2 * kv_heads) if heads else 2 / 3
+        u = self.ulysses_group(per)
+        if kv_heads and u > 1:   # fewer KV heads than the head split: each GPU holds a replicated one
+            kv_share *= math.ceil(kv_heads / u) * u / kv_heads
         return self._attention(g, ctx, b, machines, per, kv_share)
 
     def _heads(self, graph: TaskGraph, blocks: pd.DataFrame) -> tuple[int, int]:

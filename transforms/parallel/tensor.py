@@ -18,6 +18,7 @@ refused. Heads must divide by t (:func:`check_heads`). Collectives are COMM task
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -25,7 +26,7 @@ import pandas as pd
 from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import EdgeKind, TaskGraph
 
-from ..base import Transform, TransformContext, TransformError
+from ..base import CostModel, Transform, TransformContext, TransformError
 from ..edit import set_duration
 from ..registry import register
 from .comm import Collective, comm_stream, insert_tasks, next_on_resource
@@ -84,10 +85,12 @@ class TensorParallel(Transform):
         if self.degree == 1:
             return graph
         check_heads(graph, ctx, self.name, self.degree)
-        bwd = backward_blocks(graph, blocks)
+        cost = ctx.require_cost(self.name)
+        bwd = backward_blocks(graph, blocks, partial(_recorded_flops, cost, graph))
         if bwd is None:
             raise TransformError(f"{self.name}: the trace has a backward pass whose GEMMs cannot be mapped to the "
-                                 f"forward's blocks (two per forward block GEMM, one attention backward per block); "
+                                 f"forward's blocks (two GEMMs of its FLOPs per forward block GEMM, one attention "
+                                 f"backward per block); "
                                  f"refusing rather than leaving the backward unsharded")
         both = pd.concat([blocks, bwd], ignore_index=True).sort_values("task", ignore_index=True)
         tasks = both["task"].to_numpy(np.int64)
@@ -140,6 +143,12 @@ class TensorParallel(Transform):
                                                     for p in plan],
                                 reason=f"{self.label()}: {len(plan)} collectives")
         return g
+
+
+def _recorded_flops(cost: CostModel, graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
+    """FLOPs of ``tasks`` from their recorded shapes, NaN where they were estimated."""
+    facts = cost.kernel_facts(graph, tasks)
+    return np.where(facts["estimated"], np.nan, np.asarray(facts["flops"], dtype=float))
 
 
 def check_heads(graph: TaskGraph, ctx: TransformContext, who: str, degree: int) -> None:
