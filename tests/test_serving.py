@@ -290,3 +290,28 @@ def test_python_serve_errors_are_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(info.value)
     with pytest.raises(WorkloadError, match="rate"):
         serve(run_dir, workload=Workload())
+
+
+def test_kv_capacity_from_the_memory_model(tmp_path) -> None:
+    """Without --kv-capacity the serving simulator's KV capacity comes from the recorded model and
+    GPU (vLLM's 0.9 of memory less the weights, over the KV bytes per token); a recording without
+    transformer blocks (the CPU example servers) stays unlimited and says why."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _llm_tracegen import llm_trace
+
+    from whatif.api import analyze
+    from whatif.predictors.serving.simulator import SchedulerConfig
+    from whatif.serving import recorded_kv_capacity
+
+    a = analyze(llm_trace(tmp_path / "gqa.json.gz", new_tokens=16, layers=8, heads=32, kv_heads=8, steps=1))
+    tokens, source = recorded_kv_capacity(a.graph)
+    weights = 8 * (4096 * (32 + 16) * 128 + 4096 ** 2 + 3 * 4096 * 11008) * 2
+    per_token = 2 * 8 * 8 * 128 * 2
+    assert tokens == int((0.9 * 80 * 2**30 - weights) // per_token)          # H100 80 GB in the catalog
+    assert source.startswith("memory model") and "8 KV heads" in source
+    cpu = analyze(Path(__file__).resolve().parents[1] / "sample_traces" / "llm_serve")
+    none, why = recorded_kv_capacity(cpu.graph)
+    assert none is None and why.startswith("unlimited: ") and "transformer block" in why
+    assert SchedulerConfig().kv_capacity_tokens is None

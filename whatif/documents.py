@@ -475,6 +475,7 @@ class LlmScheduler(Entry, frozen=True, kw_only=True):
     prefill_replicas: int
     kv_transfer_ns_per_token: float
     router: str
+    kv_capacity_source: str = ""
 
 
 class DitSettings(Entry, frozen=True, kw_only=True):

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from whatif.analysis import Analysis, ScenarioResult, analyze, predict, scenario_cost_model
+from whatif.analysis import Analysis, ScenarioResult, analyze, make_context, predict, scenario_cost_model
 from whatif.core.errors import TraceError
 from whatif.core.steps import COUNT_DEFAULT, Exclusion, StepOptions
 from whatif.depgraph.graph import TaskGraph
@@ -77,7 +77,8 @@ from whatif.predictors.serving.simulator import (
     simulate_dit,
     simulate_llm,
 )
-from whatif.transforms.base import Transform
+from whatif.transforms.base import Transform, TransformError
+from whatif.transforms.parallel.memory import device_capacity_bytes, kv_capacity_tokens, model_shape
 from whatif.transforms.scenario import Scenario, load_scenario
 
 __all__ = ["DitOptions", "ServingModels", "Workload", "column_mapping", "fit_serving", "serve", "sweep", "token_range"]
@@ -242,6 +243,13 @@ class ServingModels:
                                     for s, (mb, t) in zip(doc["steps"], logs.dit_compositions(doc))]))
         return ratio(plain) / ratio(self.log)
 
+    def with_kv_capacity(self, scheduler: SchedulerConfig) -> tuple[SchedulerConfig, str]:
+        """``scheduler`` with its KV capacity from :func:`recorded_kv_capacity` when none was given."""
+        if scheduler.kv_capacity_tokens is not None:
+            return scheduler, "given"
+        tokens, source = recorded_kv_capacity(self.reference)
+        return (replace(scheduler, kv_capacity_tokens=tokens) if tokens is not None else scheduler), source
+
     def simulate(self, model: Model, workload: Workload, scheduler: SchedulerConfig, dit: DitOptions,
                  rate: float | None = None, slo_ttft_ms: float | None = None,
                  slo_tpot_ms: float | None = None) -> SimResult:
@@ -252,6 +260,25 @@ class ServingModels:
         d = dit.settings(self.log, scheduler.replicas)
         return simulate_dit(workload.dit_arrivals(rate), model, d.steps, d.tokens, d.batch, d.cfg,  # type: ignore[arg-type]
                             d.replicas)
+
+
+def recorded_kv_capacity(graph: TaskGraph | None) -> tuple[int | None, str]:
+    """KV-cache tokens one replica holds, from the memory model of the recorded model and GPU
+    (:func:`~whatif.transforms.parallel.memory.kv_capacity_tokens`), and where that came from;
+    None (unlimited) with the reason when the recording has no transformer blocks or no cataloged
+    GPU (a CPU recording of the example servers)."""
+    if graph is None or graph.trace is None:
+        return None, "unlimited: no recorded graph"
+    try:
+        ctx = make_context(graph.trace)
+        shape = model_shape(graph, ctx, "serve")
+        capacity = device_capacity_bytes(ctx)
+    except TransformError as exc:
+        return None, f"unlimited: {exc}"
+    tokens = kv_capacity_tokens(shape, capacity)
+    return tokens, (f"memory model: {capacity / 1e9:.0f} GB {ctx.device} x 0.9 - {shape.weight_bytes / 1e9:.1f} GB "
+                    f"weights, {shape.kv_bytes_per_token / 1024:.0f} KiB per token ({shape.layers} layers, "
+                    f"{shape.kv_heads} KV heads of {shape.head_dim})")
 
 
 def _run_path(base: str | Path | Analysis) -> Path:
@@ -328,9 +355,10 @@ def serve(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Scena
                                        "baseline": baseline, "cost_model": cost_model, "step_options": step_options})
     workload_entry = workload.describe(workload.rate)
     if fitted.kind == "llm":
+        scheduler, capacity_source = fitted.with_kv_capacity(scheduler)
         return LlmServingDocument(
             source=fitted.source, log=str(fitted.log_path), workload=workload_entry,
-            scheduler=_llm_scheduler(scheduler), profiler_correction=fitted.factor,
+            scheduler=_llm_scheduler(scheduler, capacity_source), profiler_correction=fitted.factor,
             scenarios=[_llm_serving(name, model, fitted.simulate(model, workload, scheduler, dit, None, slo_ttft_ms,  # type: ignore[arg-type]
                                                                  slo_tpot_ms), requests)
                        for name, model in fitted.models])
@@ -362,12 +390,17 @@ def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
     fitted = _models(path, scenarios, {"iterations_log": iterations_log, "unprofiled_log": unprofiled_log,
                                        "baseline": baseline, "cost_model": cost_model, "step_options": step_options})
 
+    capacity_source = ""
+    if fitted.kind == "llm":
+        scheduler, capacity_source = fitted.with_kv_capacity(scheduler)
+
     def simulate(model: Model, rate: float) -> SimResult:
         return fitted.simulate(model, workload, scheduler, dit, float(rate), slo_ttft_ms, slo_tpot_ms)
 
     if fitted.kind == "llm":
         return LlmSweepDocument(
-            source=fitted.source, workload=workload.describe(None), scheduler=_llm_scheduler(scheduler),
+            source=fitted.source, workload=workload.describe(None),
+            scheduler=_llm_scheduler(scheduler, capacity_source),
             profiler_correction=fitted.factor,
             curves=[LlmSweepCurve(name=name, iteration_model=_llm_model(model),  # type: ignore[arg-type]
                                   points=[_llm_point(rate, simulate(model, rate)) for rate in rates])
@@ -396,9 +429,10 @@ def _slo(slo: Mapping[str, Any]) -> SloAttainment:
                          attainment=float(slo["attainment"]), goodput_req_per_s=_opt(slo["goodput_req_per_s"]))
 
 
-def _llm_scheduler(cfg: SchedulerConfig) -> LlmScheduler:
+def _llm_scheduler(cfg: SchedulerConfig, capacity_source: str = "") -> LlmScheduler:
     return LlmScheduler(policy=str(cfg.policy.value), max_seqs=cfg.max_seqs, max_batched_tokens=cfg.max_batched_tokens,
                         chunk_tokens=cfg.chunk_tokens, kv_capacity_tokens=cfg.kv_capacity_tokens,
+                        kv_capacity_source=capacity_source,
                         kv_block_tokens=cfg.kv_block_tokens, replicas=cfg.replicas,
                         prefill_replicas=cfg.prefill_replicas, kv_transfer_ns_per_token=cfg.kv_transfer_ns_per_token,
                         router=str(cfg.router.value))

@@ -42,7 +42,8 @@ class SchedulerConfig:
     chunk_tokens: int | None = field(default=None, metadata={
         "help": "chunked: token budget per iteration (default max batched tokens)"})
     kv_capacity_tokens: int | None = field(default=None, metadata={
-        "help": "KV-cache tokens per replica (default unlimited: slots are the only limit)"})
+        "help": "KV-cache tokens per replica (default: the memory model of the recorded model and GPU; "
+                "unlimited when the recording has no transformer blocks or no cataloged GPU)"})
     kv_block_tokens: int = field(default=16, metadata={"help": "tokens per KV-cache block"})
     replicas: int = field(default=1, metadata={"help": "replicas (disagg: decode replicas)"})
     prefill_replicas: int = field(default=1, metadata={"help": "disagg: prefill replicas"})

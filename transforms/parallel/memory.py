@@ -118,6 +118,25 @@ def plan_memory(shape: ModelShape, *, tensor: int, pipeline: int, kv_tokens: flo
                       kv_bytes=kv, workspace_bytes=workspace_fraction * capacity_bytes, capacity_bytes=capacity_bytes)
 
 
+def kv_capacity_tokens(shape: ModelShape, capacity_bytes: float, *, tensor: int = 1, pipeline: int = 1,
+                       workspace_fraction: float = WORKSPACE_FRACTION) -> int:
+    """KV-cache tokens one replica of t × p GPUs holds: on each rank, what the weights and the
+    workspace leave, ``(1 − workspace)·capacity − W/(t·p)``, over its bytes per token
+    ``2·ceil(L/p)·ceil(H_kv/t)·d·e`` (vLLM's ``gpu_memory_utilization`` rule); 0 when the weights
+    alone do not fit.
+
+    >>> s = ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, weight_bytes=130e9)
+    >>> kv_capacity_tokens(s, 80e9, tensor=8)       # Llama-70B, TP 8 on 80 GB: 55.75 GB / 40 KiB per token
+    1361083
+    >>> kv_capacity_tokens(s, 80e9)
+    0
+    """
+    per_token = 2 * math.ceil(shape.layers / pipeline) * math.ceil(shape.kv_heads / tensor) * shape.head_dim \
+        * shape.elem_bytes
+    free = (1 - workspace_fraction) * capacity_bytes - shape.weight_bytes / (tensor * pipeline)
+    return max(0, int(free // per_token))
+
+
 def device_capacity_bytes(ctx: TransformContext, override_gb: float = 0.0) -> float:
     """Memory of the recorded GPU from the hardware catalog (``override_gb`` when given)."""
     if override_gb > 0:

@@ -147,5 +147,10 @@ def render(doc: ServingDocument, console: Console) -> None:
         console.print(f"  {s.name} iteration model: " + "; ".join(parts))
         if s.iteration_model.excluded_iterations:
             console.print(f"  {s.name} fitted without: " + fitted_without(s.iteration_model.excluded_iterations))
+    if isinstance(doc, LlmServingDocument):
+        tokens = doc.scheduler.kv_capacity_tokens
+        why = doc.scheduler.kv_capacity_source.removeprefix("unlimited: ")
+        console.print(f"  KV capacity per replica: {'unlimited' if tokens is None else f'{tokens:,} tokens'}"
+                      + (f" ({why})" if why else ""))
     if doc.profiler_correction is not None:
         console.print(f"  profiler-overhead correction applied: {doc.profiler_correction}")
