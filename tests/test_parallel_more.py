@@ -332,3 +332,33 @@ def test_reshard_one_phase_trace_states_assumption(serve) -> None:
     s = search_reshard(serve.graph, make_context(serve.trace), gpus=4)
     assert any("one phase" in x for x in s.assumptions)
     assert s.best["prefill_plan"] == s.best["decode_plan"]
+
+
+def test_nanoflow_search_follows_the_sm_share_physics(tmp_path: Path) -> None:
+    """Overlap pays only when memory-bound work can run on few SMs: the best iteration never beats
+    the GEMMs alone at the whole GPU, never loses to running one kernel at a time, and gets better
+    as the SM share that saturates HBM shrinks."""
+    from whatif.transforms.parallel.nanoflow import search_nanoflow, shared_time_ns
+
+    a = analyze(llm_trace(tmp_path / "dense.json.gz", batch=512, new_tokens=1, kv_tokens=1024, layers=2, steps=1))
+    ctx = make_context(a.trace)
+    tp = TensorParallel(degree=8, topology="dgx_a100").apply(a.graph, ctx)
+    got = {sigma: search_nanoflow(tp, ctx, saturating_share=sigma, comm_share=0.05) for sigma in (1.0, 0.4, 0.1, 0.02)}
+    speedups = [got[s].speedup for s in (1.0, 0.4, 0.1, 0.02)]
+    assert speedups[0] == 1.0 and all(x >= 1.0 for x in speedups)
+    assert speedups == sorted(speedups) and speedups[-1] > 1.05
+    parts = got[0.02].parts.mean()
+    assert got[0.02].best["iteration_ns"] >= parts["gemm_ns"]          # GEMMs at the whole GPU bound it
+    assert shared_time_ns(0.0, 100.0, 0.2, saturating_share=0.4) == 200.0
+    with pytest.raises(TransformError, match="no GEMM"):
+        search_nanoflow(_no_gemm_graph(tmp_path), ctx)
+
+
+def _no_gemm_graph(tmp_path: Path):
+    from tracegen import KinetoTrace
+
+    tr = KinetoTrace()
+    tr.step(0, 0, 100)
+    tr.runtime("cudaLaunchKernel", 10, 5, corr=1)
+    tr.gpu("void at::native::vectorized_elementwise_kernel<4, add_kernel>", 20, 10, corr=1)
+    return analyze(tr.write(tmp_path / "nogemm.json.gz")).graph
