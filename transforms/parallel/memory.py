@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
+import pandas as pd
 
 from whatif.core.dtypes import element_bytes
 from whatif.core.kernels import KernelClass, is_attention
@@ -66,7 +68,13 @@ class ModelShape:
     @property
     def kv_bytes_per_token(self) -> int:
         """K and V of every layer for one token: ``2·L·H_kv·d·e``."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.elem_bytes
+        return self.kv_bytes_per_rank_token()
+
+    def kv_bytes_per_rank_token(self, tensor: int = 1, pipeline: int = 1) -> int:
+        """K and V one rank of a t × p plan holds per token: ``2·ceil(L/p)·ceil(H_kv/t)·d·e`` (its
+        stage's layers, its share of the KV heads; a KV head replicated when t > H_kv)."""
+        return 2 * math.ceil(self.layers / pipeline) * math.ceil(self.kv_heads / tensor) * self.head_dim \
+            * self.elem_bytes
 
 
 @dataclass(frozen=True)
@@ -98,11 +106,6 @@ class PlanMemory:
                 f"{self.capacity_bytes / gb:.1f} GB of the device (over by "
                 f"{(self.total_bytes - self.capacity_bytes) / gb:.1f} GB)")
 
-    def check(self, who: str) -> None:
-        """Raise :class:`TransformError` naming the overflow when the plan does not fit."""
-        if not self.fits:
-            raise TransformError(f"{who}: tp{self.tensor}·pp{self.pipeline} does not fit: {self.why_not()}")
-
 
 def plan_memory(shape: ModelShape, *, tensor: int, pipeline: int, kv_tokens: float, capacity_bytes: float,
                 workspace_fraction: float = WORKSPACE_FRACTION) -> PlanMemory:
@@ -111,9 +114,7 @@ def plan_memory(shape: ModelShape, *, tensor: int, pipeline: int, kv_tokens: flo
     docstring for the formulas."""
     if tensor < 1 or pipeline < 1:
         raise TransformError(f"memory: tensor and pipeline degrees must be >= 1 (got {tensor}, {pipeline})")
-    layers = math.ceil(shape.layers / pipeline)
-    kv_heads = math.ceil(shape.kv_heads / tensor)
-    kv = float(kv_tokens) * 2 * layers * kv_heads * shape.head_dim * shape.elem_bytes
+    kv = float(kv_tokens) * shape.kv_bytes_per_rank_token(tensor, pipeline)
     return PlanMemory(tensor=tensor, pipeline=pipeline, weights_bytes=shape.weight_bytes / (tensor * pipeline),
                       kv_bytes=kv, workspace_bytes=workspace_fraction * capacity_bytes, capacity_bytes=capacity_bytes)
 
@@ -131,10 +132,8 @@ def kv_capacity_tokens(shape: ModelShape, capacity_bytes: float, *, tensor: int 
     >>> kv_capacity_tokens(s, 80e9)
     0
     """
-    per_token = 2 * math.ceil(shape.layers / pipeline) * math.ceil(shape.kv_heads / tensor) * shape.head_dim \
-        * shape.elem_bytes
     free = (1 - workspace_fraction) * capacity_bytes - shape.weight_bytes / (tensor * pipeline)
-    return max(0, int(free // per_token))
+    return max(0, int(free // shape.kv_bytes_per_rank_token(tensor, pipeline)))
 
 
 def device_capacity_bytes(ctx: TransformContext, override_gb: float = 0.0) -> float:
@@ -161,6 +160,34 @@ def attention_heads(graph: TaskGraph, tasks: np.ndarray) -> tuple[int, int, int]
         if found is not None:
             return found
     return None
+
+
+def block_heads(graph: TaskGraph, blocks: pd.DataFrame, first: int = 8) -> tuple[int, int, int] | None:
+    """(heads, kv_heads, head_dim) of the first ``first`` attention kernels of ``blocks``
+    (:func:`~.layers.find_blocks`) with recorded shapes; None when none has them."""
+    return attention_heads(graph, blocks.loc[blocks["part"] == "attention", "task"].to_numpy()[:first])
+
+
+class HeadSplit(Enum):
+    """Whether attention heads split ``ways`` ways: every GPU needs whole query heads, and its KV
+    heads either split evenly or, when ways exceed them, replicated (vLLM, Megatron query groups)."""
+
+    OK = "ok"
+    HEADS = "heads"          # the query heads do not divide
+    KV_HEADS = "kv_heads"    # the KV heads neither divide nor are divided by the ways
+
+
+def head_split(heads: int, kv_heads: int, ways: int) -> HeadSplit:
+    """:class:`HeadSplit` of ``heads`` query and ``kv_heads`` KV heads over ``ways`` GPUs.
+
+    >>> head_split(32, 8, 16).name, head_split(32, 8, 64).name, head_split(24, 6, 4).name
+    ('OK', 'HEADS', 'KV_HEADS')
+    """
+    if heads % ways:
+        return HeadSplit.HEADS
+    if kv_heads % ways and ways % kv_heads:
+        return HeadSplit.KV_HEADS
+    return HeadSplit.OK
 
 
 def attention_op_heads(op: str, dims: object) -> tuple[int, int, int] | None:

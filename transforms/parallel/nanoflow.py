@@ -33,6 +33,7 @@ from whatif.depgraph.graph import TaskGraph, TaskKind
 
 from ..base import TransformContext, TransformError
 from ..select import kernel_classes
+from .sharding import batch_part_ns
 
 SATURATING_SM_SHARE = 0.4
 COMM_SM_SHARE = 0.10
@@ -88,11 +89,7 @@ def _parts(graph: TaskGraph, ctx: TransformContext, n: int) -> pd.DataFrame:
     dur = t["dur_ns"].to_numpy().astype(float)
     k_dur = dur[kern]
     if n > 1:
-        cost = ctx.require_cost(NAME)
-        f = cost.kernel_facts(graph, kern)
-        w = np.nan_to_num(f["weight_bytes"])
-        k_dur = n * cost.kernel_time_ns(graph, kern, np.nan_to_num(f["flops"]) / n,
-                                        (np.nan_to_num(f["bytes"]) - w) / n + w)
+        k_dur = n * batch_part_ns(ctx.require_cost(NAME), graph, kern, n)
     gemm = np.isin(cls, [KernelClass.GEMM.value, KernelClass.CONV.value])
     steps = t["step"].to_numpy()
     frame = pd.DataFrame({"step": np.r_[steps[kern], steps[comm]],

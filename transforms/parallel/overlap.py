@@ -40,6 +40,7 @@ from ..edit import add_edges, set_duration
 from ..registry import register
 from ..select import kernel_classes
 from .comm import KINDS, Collective, splice_tasks
+from .sharding import batch_part_ns
 from .tensor import prev_on_resource
 
 DEFAULT_INTERFERENCE = 1.15
@@ -149,10 +150,7 @@ class Overlap(Transform):
         phi = self.factor(graph)
         cost = ctx.require_cost(self.name)
         seg_all = np.unique(np.concatenate(list(reg["segment"])))
-        f = cost.kernel_facts(graph, seg_all)
-        fl, by = np.nan_to_num(f["flops"]), np.nan_to_num(f["bytes"])
-        w = np.nan_to_num(f["weight_bytes"])
-        nano = np.rint(cost.kernel_time_ns(graph, seg_all, fl / n, (by - w) / n + w)).astype(np.int64)
+        nano = np.rint(batch_part_ns(cost, graph, seg_all, n)).astype(np.int64)
         g = set_duration(graph, seg_all, nano, reason=f"{self.label()}: nano-batch 1 at 1/{n} of the activations")
         per_seg = [int(nano[np.searchsorted(seg_all, s)].sum()) for s in reg["segment"]]
         name = g.tasks["name"].astype(str).to_numpy()

@@ -42,6 +42,7 @@ from ..edit import note, remove, scale, set_duration
 from ..registry import register
 from .comm import Collective, comm_stream, insert_tasks, splice_tasks
 from .layers import backward_mask, find_blocks, gemm_io_bytes
+from .sharding import batch_part_ns
 
 SCHEDULES = ("1f1b", "gpipe", "serving")
 
@@ -175,10 +176,7 @@ class PipelineParallel(Transform):
             return g
         cost = ctx.require_cost(self.name)
         kern = np.flatnonzero(g.tasks["kind"].to_numpy() == int(TaskKind.KERNEL))
-        f = cost.kernel_facts(g, kern)
-        w = np.nan_to_num(f["weight_bytes"])
-        micro = cost.kernel_time_ns(g, kern, np.nan_to_num(f["flops"]) / m, (np.nan_to_num(f["bytes"]) - w) / m + w)
-        return set_duration(g, kern, np.rint(m * micro).astype(np.int64),
+        return set_duration(g, kern, np.rint(m * batch_part_ns(cost, g, kern, m)).astype(np.int64),
                             reason=f"{self.label()}: the step's sequences in {m} micro-batches, each kernel "
                                    f"{m} times at 1/{m} of its activations (weights read each time)")
 

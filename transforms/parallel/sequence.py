@@ -52,7 +52,7 @@ from ..edit import set_duration
 from ..registry import register
 from .comm import comm_stream, insert_tasks, next_on_resource, splice_tasks
 from .layers import backward_mask, find_blocks, gemm_io_bytes
-from .memory import attention_heads
+from .memory import HeadSplit, block_heads, head_split
 from .tensor import prev_on_resource
 
 MODES = ("ulysses", "ring", "torus", "usp")
@@ -157,7 +157,7 @@ class SequenceParallel(Transform):
         when unknown."""
         if self.heads:
             return self.heads, self.heads
-        found = attention_heads(graph, blocks.loc[blocks["part"] == "attention", "task"].to_numpy()[:8])
+        found = block_heads(graph, blocks)
         return (found[0], found[1]) if found else (0, 0)
 
     def ulysses_group(self, per: int) -> int:
@@ -174,10 +174,11 @@ class SequenceParallel(Transform):
             raise TransformError(f"{self.name}: usp's ulysses_degree {u} must divide the degree {self.degree}")
         if not heads or u == 1:
             return
-        if heads % u:
+        split = head_split(heads, kv_heads, u)
+        if split is HeadSplit.HEADS:
             raise TransformError(f"{self.name}: {self.mode} splits the {heads} attention heads over {u} GPUs, which "
                                  f"does not divide them (a ring, or a usp whose ulysses degree divides them, can run)")
-        if kv_heads % u and u % kv_heads:
+        if split is HeadSplit.KV_HEADS:
             raise TransformError(f"{self.name}: {self.mode}'s {u}-way head split neither divides the {kv_heads} KV "
                                  f"heads nor is a multiple of them")
 

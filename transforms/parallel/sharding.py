@@ -17,8 +17,14 @@ the sequence (then 1/t too).
 from __future__ import annotations
 
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from whatif.depgraph.graph import TaskGraph
+
+    from ..base import CostModel
 
 
 class Role(str, Enum):
@@ -52,3 +58,12 @@ def shard_arrays(roles: np.ndarray, flops: np.ndarray, in_bytes: np.ndarray, wei
         return np.zeros(0), np.zeros(0)
     arr = np.asarray(out, dtype=float)
     return arr[:, 0], arr[:, 1]
+
+
+def batch_part_ns(cost: CostModel, graph: TaskGraph, tasks: np.ndarray, parts: int) -> np.ndarray:
+    """Per kernel: its time on 1/``parts`` of its activations — a micro- or nano-batch: FLOPs/n,
+    bytes ``(B − W)/n + W`` (every part reads the weights; ``CostModel.kernel_time_ns``)."""
+    f = cost.kernel_facts(graph, tasks)
+    w = np.nan_to_num(f["weight_bytes"])
+    return np.asarray(cost.kernel_time_ns(graph, tasks, np.nan_to_num(f["flops"]) / parts,
+                                          (np.nan_to_num(f["bytes"]) - w) / parts + w), dtype=float)

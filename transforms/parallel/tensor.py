@@ -31,7 +31,7 @@ from ..edit import set_duration
 from ..registry import register
 from .comm import Collective, comm_stream, insert_tasks, next_on_resource
 from .layers import backward_blocks, find_blocks, gemm_io_bytes
-from .memory import attention_heads
+from .memory import HeadSplit, block_heads, head_split
 from .sharding import shard_arrays
 
 
@@ -84,7 +84,7 @@ class TensorParallel(Transform):
                                  f"GEMM) in the trace's kernels; see docs/multi-gpu.md for the heuristic")
         if self.degree == 1:
             return graph
-        check_heads(graph, ctx, self.name, self.degree)
+        check_heads(graph, blocks, self.name, self.degree)
         cost = ctx.require_cost(self.name)
         bwd = backward_blocks(graph, blocks, partial(_recorded_flops, cost, graph))
         if bwd is None:
@@ -151,17 +151,16 @@ def _recorded_flops(cost: CostModel, graph: TaskGraph, tasks: np.ndarray) -> np.
     return np.where(facts["estimated"], np.nan, np.asarray(facts["flops"], dtype=float))
 
 
-def check_heads(graph: TaskGraph, ctx: TransformContext, who: str, degree: int) -> None:
-    """Splitting attention heads ``degree`` ways needs the query heads divisible by it, and the KV
-    heads divisible by it or dividing it (a KV head is then replicated, as vLLM and Megatron's
-    query groups do); checked when the trace records the attention shapes."""
-    blocks = find_blocks(graph)
-    found = attention_heads(graph, blocks.loc[blocks["part"] == "attention", "task"].to_numpy()[:8])
+def check_heads(graph: TaskGraph, blocks: pd.DataFrame, who: str, degree: int) -> None:
+    """Splitting attention heads ``degree`` ways (:func:`~.memory.head_split`); checked when the trace
+    records the attention shapes."""
+    found = block_heads(graph, blocks)
     if found is None:
         return
     heads, kv_heads, _ = found
-    if heads % degree:
+    split = head_split(heads, kv_heads, degree)
+    if split is HeadSplit.HEADS:
         raise TransformError(f"{who}: degree {degree} does not divide the {heads} attention heads")
-    if kv_heads % degree and degree % kv_heads:
+    if split is HeadSplit.KV_HEADS:
         raise TransformError(f"{who}: degree {degree} neither divides the {kv_heads} KV heads nor is a multiple "
                              f"of them")
