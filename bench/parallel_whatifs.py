@@ -14,9 +14,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from _llm_tracegen import llm_trace  # noqa: E402
 
 from whatif.api import analyze, make_context  # noqa: E402
+from whatif.depgraph.graph import TaskKind  # noqa: E402
 from whatif.predictors.replay import replay  # noqa: E402
 from whatif.predictors.steps import step_times  # noqa: E402
 from whatif.transforms.parallel.data import DataParallel  # noqa: E402
+from whatif.transforms.parallel.layers import backward_blocks, find_blocks  # noqa: E402
 from whatif.transforms.parallel.overlap import Overlap, interference_from_trace  # noqa: E402
 from whatif.transforms.parallel.pim import PimOffload, search_pim  # noqa: E402
 from whatif.transforms.parallel.pipeline import PipelineParallel  # noqa: E402
@@ -58,6 +60,31 @@ def main() -> None:
         g = DataParallel(degree=d).apply(t.graph, ctx)
         print(f"dp{d}: {ms(g):.2f} ms ({g.changes[-1].tasks} buckets, "
               f"{g.changes[-1].after_ns / 1e6:.2f} ms of all-reduce)")
+    print("\n## pipeline_parallel serving at equal in-flight sequences vs tensor_parallel (8 layers; x one GPU)")
+    for name, kw in (("decode, 8 sequences", {"batch": 8, "new_tokens": 1, "kv_tokens": 2048}),
+                     ("prefill, 1024 tokens", {"new_tokens": 1024, "kv_tokens": 1024})):
+        a = analyze(llm_trace(tmp / f"pp_{kw['new_tokens']}.json.gz", layers=8, steps=2, **kw))
+        ctx = make_context(a.trace)
+        one = ms(a.graph)
+        pp4 = ms(PipelineParallel(degree=4, schedule="serving").apply(a.graph, ctx)) / one
+        tp4 = ms(TensorParallel(degree=4, topology="dgx_a100").apply(a.graph, ctx)) / one
+        print(f"{name}: pp4 {pp4:.2f}, tp4 {tp4:.2f}")
+    a = analyze(llm_trace(tmp / "pp8.json.gz", new_tokens=1024, kv_tokens=1024, layers=8, steps=3))
+    per_step = step_times(replay(PipelineParallel(degree=8, schedule="serving", stage=7).apply(
+        a.graph, make_context(a.trace))))["predicted_ns"] / 1e6
+    print("pp8 stage 7 of an 8-layer prefill, ms per step: " + ", ".join(f"{x:.2f}" for x in per_step))
+    print("\n## tensor_parallel(2) on the training step: backward gradient GEMMs and attention backward")
+    bwd = backward_blocks(t.graph, find_blocks(t.graph))
+    tp2 = TensorParallel(degree=2, topology="dgx_h100").apply(t.graph, make_context(t.trace))
+    d0, d1 = t.graph.tasks["dur_ns"].to_numpy(), tp2.tasks["dur_ns"].to_numpy()
+    for label, sel in (("gradient GEMMs", bwd["part"] != "bwd_attention"), ("attention backward",
+                                                                             bwd["part"] == "bwd_attention")):
+        ids = bwd.loc[sel, "task"].to_numpy()
+        print(f"{label}: {d0[ids].sum() / 1e6:.2f} -> {d1[ids].sum() / 1e6:.2f} ms "
+              f"({d1[ids].sum() / d0[ids].sum():.2f}x)")
+    comm = tp2.tasks[tp2.tasks["kind"] == int(TaskKind.COMM)]
+    print(f"collectives: {len(comm)} ({ms(t.graph):.2f} -> {ms(tp2):.2f} ms per step)")
+
     print("\n## overlap after tensor_parallel(8, dgx_a100) (512 tokens, 4 layers)")
     s = analyze(llm_trace(tmp / "serve.json.gz", new_tokens=512, layers=4, steps=1))
     ctx = make_context(s.trace)
