@@ -55,7 +55,9 @@ dtype falls back bf16→fp16→fp32, fp8/int8→fp16 (what frameworks do).
 
 **State carried by transformed graphs** (optional ``tasks`` columns the transforms write, read
 here): ``cost_precision`` — the specs applied to the task, ``+``-joined; ``cost_device`` — the
-catalog name of the GPU the task now runs on. They survive every primitive (tasks a transform
+catalog name of the GPU the task now runs on; ``cost_work`` — the task's
+:class:`~whatif.core.work.WorkShare` of its recorded work (``tensor_parallel``'s shards), which
+multiplies the recorded FLOPs, activation bytes and weight bytes. They survive every primitive (tasks a transform
 inserts get None: recorded state).
 """
 from __future__ import annotations
@@ -76,6 +78,7 @@ from whatif.core.dtypes import (
     element_bytes,
 )
 from whatif.core.kernels import KernelClass, op_flops_bytes
+from whatif.core.work import WORK_COLUMN, shares_of
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph, TaskKind, kind_codes
 from whatif.hardware.devices import DEVICES, Device, find_device, get_device
 from whatif.hardware.habitat import DEFAULT_FIXED_NS
@@ -363,7 +366,11 @@ class TraceCostModel(CostModelBase):
         nbytes = self._bytes(base, tasks, state)
         rec = base["dtype"][tasks]
         wb = base["weight_bytes"][tasks] * _lookup(state.weight, ELEMENT_BYTES) / _lookup(rec, ELEMENT_BYTES)
-        return {"kernel_class": base["kernel_class"][tasks], "flops": base["flops"][tasks].copy(), "bytes": nbytes,
+        flops = base["flops"][tasks].copy()
+        if WORK_COLUMN in graph.tasks:
+            fs, acts, ws = shares_of(graph.tasks[WORK_COLUMN].to_numpy()[tasks])
+            flops, nbytes, wb = flops * fs, (nbytes - wb) * acts + wb * ws, wb * ws
+        return {"kernel_class": base["kernel_class"][tasks], "flops": flops, "bytes": nbytes,
                 "weight_bytes": wb, "dtype": state.act, "weight_dtype": state.weight, "device": devices,
                 "estimated": base["estimated"][tasks]}
 

@@ -177,3 +177,22 @@ def test_capacity_is_per_rank(tmp_path) -> None:
     on = s.offloaded()
     per_rank = on.groupby("rank")["resident"].sum()
     assert len(per_rank) == 2 and (per_rank < 80e9).all() and per_rank.sum() > 80e9
+
+
+def test_after_tensor_parallel_pim_sees_one_ranks_share(tmp_path) -> None:
+    """tensor_parallel records each rank's share of a sharded kernel's work (``cost_work``), so a
+    PIM offload after it holds 1/t of the weights and KV heads: the 137 GB KV cache of
+    test_capacity_refuses_what_does_not_fit does not fit one GPU's stacks, its 1/8 does."""
+    from whatif.transforms.parallel.tensor import TensorParallel
+    a = analyze(llm_trace(tmp_path / "big.json.gz", batch=64, new_tokens=1, kv_tokens=8192, layers=8,
+                          hidden=8192, heads=64, ffn=28672, steps=1))
+    ctx = make_context(a.trace)
+    whole = search_pim(a.graph, ctx, max_intensity=100, classes=("gemm",)).offloaded()
+    tp = TensorParallel(degree=8, topology="dgx_h100").apply(a.graph, ctx)
+    s = search_pim(tp, ctx, max_intensity=100)
+    on = s.offloaded()
+    attention = on["cls"] == "attention"
+    gemm_w = on.loc[~attention, "resident"].sum()
+    assert gemm_w == pytest.approx(whole["resident"].sum() / 8, rel=0.01)
+    attn = on.loc[attention, "resident"]
+    assert len(attn) == 8 and attn.sum() == pytest.approx(137.4e9 / 8, rel=0.02)

@@ -35,6 +35,7 @@ import pandas as pd
 
 from whatif.core.dtypes import element_bytes
 from whatif.core.kernels import KernelClass
+from whatif.core.work import output_shares
 from whatif.depgraph.graph import TaskGraph, TaskKind
 from whatif.tracer.args import Arg
 from whatif.tracer.kinds import EventKind
@@ -270,7 +271,8 @@ ROLE_OF_PART = {"qkv": Role.COLUMN, "mlp_in": Role.COLUMN, "attn_out": Role.ROW,
 def gemm_io_bytes(graph: TaskGraph, tasks: np.ndarray, nbytes: np.ndarray,
                   weight_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per task: (input, weight, output) activation bytes. From the launching op's recorded shapes
-    (``mm``, ``addmm``, ``linear``, ``matmul``, ``bmm``: output ``M x N``) when there are some;
+    (``mm``, ``addmm``, ``linear``, ``matmul``, ``bmm``: output ``M x N``, times the task's
+    :class:`~whatif.core.work.WorkShare` of its output after a split) when there are some;
     else the non-weight bytes split evenly between input and output."""
     tasks = np.asarray(tasks, dtype=np.int64)
     act = np.maximum(np.nan_to_num(nbytes) - np.nan_to_num(weight_bytes), 0.0)
@@ -278,7 +280,7 @@ def gemm_io_bytes(graph: TaskGraph, tasks: np.ndarray, nbytes: np.ndarray,
     w = np.nan_to_num(weight_bytes).astype(float)
     shapes = _output_elems(graph, tasks)
     ok = ~np.isnan(shapes[:, 0])
-    out_b = shapes[:, 0] * shapes[:, 1]
+    out_b = shapes[:, 0] * shapes[:, 1] * output_shares(graph.tasks, tasks)
     ok &= out_b <= act
     out[ok] = out_b[ok]
     inp[ok] = act[ok] - out_b[ok]

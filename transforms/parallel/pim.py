@@ -47,6 +47,7 @@ import pandas as pd
 
 from whatif.core.dtypes import element_bytes
 from whatif.core.kernels import KernelClass
+from whatif.core.work import output_shares
 from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
 from whatif.hardware.pim import PIM_DEVICES, PimDevice, get_pim
 from whatif.tracer.args import Arg
@@ -85,7 +86,7 @@ def pim_device(name: str, link: str | None = None, power_limited: bool = True) -
 
 def _attention_io(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
     """Per attention task: bytes of its query (= its output), from the launching op's first input
-    dims; NaN when not recorded."""
+    dims times its share after a split (tensor parallelism's heads); NaN when not recorded."""
     out = np.full(len(tasks), np.nan)
     rows = linked_op_rows(graph, tasks)
     if graph.trace is None:
@@ -97,7 +98,7 @@ def _attention_io(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
         dims, types = all_dims[int(r)], all_types[int(r)]
         if isinstance(dims, list) and dims and isinstance(dims[0], list) and dims[0]:
             out[i] = float(np.prod(dims[0])) * (element_bytes(types[0] if types else None) or 2.0)
-    return out
+    return out * output_shares(graph.tasks, tasks)
 
 
 def kernel_table(graph: TaskGraph, ctx: TransformContext, *, max_intensity: float,

@@ -24,10 +24,11 @@ import numpy as np
 import pandas as pd
 
 from whatif.core.kernels import KernelClass
+from whatif.core.work import WORK_COLUMN, WorkShare, current_shares, split_further
 from whatif.depgraph.graph import EdgeKind, TaskGraph
 
 from ..base import CostModel, Transform, TransformContext, TransformError
-from ..edit import set_duration
+from ..edit import set_duration, set_state
 from ..registry import register
 from .comm import Collective, comm_stream, insert_tasks, next_on_resource
 from .layers import backward_blocks, find_blocks, gemm_io_bytes
@@ -45,8 +46,9 @@ def prev_on_resource(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
 
 
 def sharded_durations(graph: TaskGraph, ctx: TransformContext, name: str, tasks: np.ndarray, roles: np.ndarray,
-                      degree: int, sequence_parallel: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(new durations in ns, output activation bytes) of ``tasks`` under degree ``degree``."""
+                      degree: int, sequence_parallel: bool) -> tuple[np.ndarray, np.ndarray, list[WorkShare]]:
+    """(new durations in ns, output activation bytes, each task's :class:`WorkShare` of its work
+    before) of ``tasks`` under degree ``degree``."""
     cost = ctx.require_cost(name)
     facts = cost.kernel_facts(graph, tasks)
     nbytes = np.nan_to_num(np.asarray(facts["bytes"], dtype=float))
@@ -56,7 +58,13 @@ def sharded_durations(graph: TaskGraph, ctx: TransformContext, name: str, tasks:
     inp, w, out = gemm_io_bytes(graph, tasks, nbytes, weight)
     flops = np.nan_to_num(np.asarray(facts["flops"], dtype=float))
     f1, b1 = shard_arrays(roles, flops, inp, w, out, degree, sequence_parallel)
-    return np.rint(cost.kernel_time_ns(graph, tasks, f1, b1)).astype(np.int64), out
+    zero = np.zeros(len(w))
+    _, w1 = shard_arrays(roles, flops, zero, w, zero, degree, sequence_parallel)
+    _, o1 = shard_arrays(roles, flops, zero, zero, out, degree, sequence_parallel)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        shares = np.nan_to_num(np.c_[f1 / flops, (b1 - w1) / (inp + out), w1 / w, o1 / out], nan=1.0, posinf=1.0)
+    return (np.rint(cost.kernel_time_ns(graph, tasks, f1, b1)).astype(np.int64), out,
+            [WorkShare(*map(float, row)) for row in shares])
 
 
 @register
@@ -94,10 +102,12 @@ class TensorParallel(Transform):
                                  f"refusing rather than leaving the backward unsharded")
         both = pd.concat([blocks, bwd], ignore_index=True).sort_values("task", ignore_index=True)
         tasks = both["task"].to_numpy(np.int64)
-        dur, out_bytes = sharded_durations(graph, ctx, self.name, tasks, both["role"].to_numpy(), self.degree,
-                                           self.sequence_parallel)
+        dur, out_bytes, shares = sharded_durations(graph, ctx, self.name, tasks, both["role"].to_numpy(),
+                                                   self.degree, self.sequence_parallel)
         what = "sharded GEMMs/attention re-priced" + (", backward too" if len(bwd) else "")
         g = set_duration(graph, tasks, dur, reason=f"{self.label()}: {what}")
+        g = set_state(g, tasks, WORK_COLUMN, split_further(current_shares(graph.tasks, tasks), shares),
+                      reason=f"{self.label()}: each rank's share of the sharded kernels' work")
         both = both.assign(out_bytes=out_bytes)
         return self._insert_collectives(g, ctx, both)
 
