@@ -315,3 +315,37 @@ def test_kv_capacity_from_the_memory_model(tmp_path) -> None:
     none, why = recorded_kv_capacity(cpu.graph)
     assert none is None and why.startswith("unlimited: ") and "transformer block" in why
     assert SchedulerConfig().kv_capacity_tokens is None
+
+
+def test_kv_capacity_after_a_scenarios_transforms(tmp_path) -> None:
+    """A scenario's transforms place the replica: tensor parallelism over t GPUs holds the weights
+    and KV heads t ways (t× the tokens, plus what the weights freed); PIM stacks that run decode
+    attention hold the KV cache in what their capacity leaves after offloaded weights (AttAcc)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _llm_tracegen import llm_trace
+
+    from whatif.api import analyze, make_context
+    from whatif.serving import recorded_kv_capacity
+    from whatif.transforms.parallel.pim import PimOffload
+    from whatif.transforms.parallel.tensor import TensorParallel
+    from whatif.transforms.placement import Placement
+    from whatif.transforms.scenario import scenario_placement
+
+    a = analyze(llm_trace(tmp_path / "gqa.json.gz", batch=16, new_tokens=1, layers=8, heads=32, kv_heads=8, steps=1))
+    ctx = make_context(a.trace)
+    weights = 8 * (4096 * (32 + 16) * 128 + 4096 ** 2 + 3 * 4096 * 11008) * 2
+    one, _ = recorded_kv_capacity(a.graph)
+    tp = TensorParallel(degree=2, topology="dgx_h100")
+    p = scenario_placement([tp], [a.graph], ctx)
+    assert p == Placement(tensor=2)
+    two, source = recorded_kv_capacity(a.graph, p)
+    assert two == int((0.9 * 80 * 2**30 - weights / 2) // (2 * 8 * 4 * 128 * 2)) and two > 2 * one
+    assert "tensor 2 x pipeline 1" in source
+    pim = PimOffload(max_intensity=4)   # batch 16: the GEMMs (intensity ~16) stay, decode attention goes
+    g = tp.apply(a.graph, ctx)
+    p = scenario_placement([tp, pim], [a.graph, g], ctx)
+    assert p.tensor == 2 and p.weights_moved_bytes == 0 and p.kv_home_bytes == 80e9
+    pim_tokens, source = recorded_kv_capacity(a.graph, p)
+    assert pim_tokens == int(80e9 // (2 * 8 * 4 * 128 * 2)) and "attacc PIM stacks" in source

@@ -23,6 +23,7 @@ from whatif.depgraph.graph import TaskGraph
 from whatif.depgraph.schema import check_schema
 
 from .edit import applying
+from .placement import Placement
 
 
 class TransformError(WhatifError):
@@ -129,6 +130,12 @@ class Transform:
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
         """A new graph with the optimization applied (the input graph is left unchanged)."""
         raise NotImplementedError
+
+    def placement(self, placement: Placement, graph: TaskGraph, ctx: TransformContext) -> Placement:
+        """Where a replica's bytes live after this transform, given where they lived before
+        (``graph``: the graph it is applied to). Unchanged unless the transform spreads the model
+        over more GPUs or moves bytes out of HBM (:mod:`whatif.transforms.placement`)."""
+        return placement
 
     def params(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)} if dataclasses.is_dataclass(self) \

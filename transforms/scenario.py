@@ -24,6 +24,7 @@ import re
 import sys
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from whatif.depgraph.graph import TaskGraph
 
 from . import registry
 from .base import Transform, TransformContext, TransformError
+from .placement import Placement
 from .select import SelectionError, Selector
 
 if sys.version_info >= (3, 11):
@@ -66,6 +68,16 @@ class Scenario:
                 raise TransformError(f"scenario {self.name!r}, {t.label()}: {exc}") from None
             out.append(g)
         return out
+
+
+def scenario_placement(transforms: Sequence[Transform], graphs_before: Sequence[TaskGraph],
+                       ctx: TransformContext) -> Placement:
+    """Where one replica's bytes live after ``transforms`` in turn (:mod:`whatif.transforms.placement`),
+    each seeing the graph it was applied to (``graphs_before[i]``)."""
+    p = Placement()
+    for t, g in zip(transforms, graphs_before):
+        p = t.placement(p, g, ctx)
+    return p
 
 
 def _choice(value: Any, hint: Any, where: str) -> Any:

@@ -585,6 +585,8 @@ class LlmScenarioServing(Entry, frozen=True, kw_only=True):
     busy_fraction: float | None
     iterations: dict[str, int]
     iteration_model: LlmIterationModel
+    kv_capacity_tokens: int | None = None   # this scenario's replica (its tensor/pipeline degrees, PIM stacks)
+    kv_capacity_source: str = ""
     requests: list[LlmRequest] | UnsetType = UNSET
 
 
@@ -657,6 +659,8 @@ class LlmSweepCurve(Entry, frozen=True, kw_only=True):
     name: str
     iteration_model: LlmIterationModel
     points: list[LlmSweepPoint]
+    kv_capacity_tokens: int | None = None
+    kv_capacity_source: str = ""
 
 
 class DitSweepCurve(Entry, frozen=True, kw_only=True):

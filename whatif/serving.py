@@ -79,7 +79,8 @@ from whatif.predictors.serving.simulator import (
 )
 from whatif.transforms.base import Transform, TransformError
 from whatif.transforms.parallel.memory import device_capacity_bytes, kv_capacity_tokens, model_shape
-from whatif.transforms.scenario import Scenario, load_scenario
+from whatif.transforms.placement import Placement
+from whatif.transforms.scenario import Scenario, load_scenario, scenario_placement
 
 __all__ = ["DitOptions", "ServingModels", "Workload", "column_mapping", "fit_serving", "serve", "sweep", "token_range"]
 
@@ -205,10 +206,11 @@ class ServingModels:
 
     def __init__(self, source: str, log_path: Path, replays: Sequence[tuple[str, Replay]],
                  unprofiled_log: str | Path | None = None, *, reference: TaskGraph | None = None,
-                 step_options: StepOptions = COUNT_DEFAULT) -> None:
+                 step_options: StepOptions = COUNT_DEFAULT, placements: Sequence[Placement] = ()) -> None:
         self.source = source
         self.log_path = log_path
         self.reference = reference
+        self.placements = list(placements) or [Placement()] * len(replays)
         self.step_options = step_options
         self.log = logs.read_log(log_path)
         self.kind = "llm" if self.log["schema"] == logs.LLM_SCHEMA else "dit"
@@ -243,11 +245,13 @@ class ServingModels:
                                     for s, (mb, t) in zip(doc["steps"], logs.dit_compositions(doc))]))
         return ratio(plain) / ratio(self.log)
 
-    def with_kv_capacity(self, scheduler: SchedulerConfig) -> tuple[SchedulerConfig, str]:
-        """``scheduler`` with its KV capacity from :func:`recorded_kv_capacity` when none was given."""
+    def with_kv_capacity(self, scheduler: SchedulerConfig, model: int = 0) -> tuple[SchedulerConfig, str]:
+        """``scheduler`` with the KV capacity of model ``model`` (0: the first, the baseline when
+        fitted) from :func:`recorded_kv_capacity` and where its scenario placed the replica, when
+        none was given."""
         if scheduler.kv_capacity_tokens is not None:
             return scheduler, "given"
-        tokens, source = recorded_kv_capacity(self.reference)
+        tokens, source = recorded_kv_capacity(self.reference, self.placements[model])
         return (replace(scheduler, kv_capacity_tokens=tokens) if tokens is not None else scheduler), source
 
     def simulate(self, model: Model, workload: Workload, scheduler: SchedulerConfig, dit: DitOptions,
@@ -262,11 +266,12 @@ class ServingModels:
                             d.replicas)
 
 
-def recorded_kv_capacity(graph: TaskGraph | None) -> tuple[int | None, str]:
+def recorded_kv_capacity(graph: TaskGraph | None, placement: Placement | None = None) -> tuple[int | None, str]:
     """KV-cache tokens one replica holds, from the memory model of the recorded model and GPU
-    (:func:`~whatif.transforms.parallel.memory.kv_capacity_tokens`), and where that came from;
-    None (unlimited) with the reason when the recording has no transformer blocks or no cataloged
-    GPU (a CPU recording of the example servers)."""
+    (:func:`~whatif.transforms.parallel.memory.kv_capacity_tokens`) with the replica placed as
+    ``placement`` (a scenario's tensor/pipeline degrees, PIM stacks; default: as recorded), and
+    where that came from; None (unlimited) with the reason when the recording has no transformer
+    blocks or no cataloged GPU (a CPU recording of the example servers)."""
     if graph is None or graph.trace is None:
         return None, "unlimited: no recorded graph"
     try:
@@ -275,10 +280,16 @@ def recorded_kv_capacity(graph: TaskGraph | None) -> tuple[int | None, str]:
         capacity = device_capacity_bytes(ctx)
     except TransformError as exc:
         return None, f"unlimited: {exc}"
-    tokens = kv_capacity_tokens(shape, capacity)
-    return tokens, (f"memory model: {capacity / 1e9:.0f} GB {ctx.device} x 0.9 - {shape.weight_bytes / 1e9:.1f} GB "
-                    f"weights, {shape.kv_bytes_per_token / 1024:.0f} KiB per token ({shape.layers} layers, "
-                    f"{shape.kv_heads} KV heads of {shape.head_dim})")
+    placement = placement or Placement()
+    tokens = kv_capacity_tokens(shape, capacity, placement)
+    t, p = placement.tensor, placement.pipeline
+    per_token = shape.kv_bytes_per_rank_token(t, p)
+    where = (f"{placement.kv_home_bytes / 1e9:.1f} GB of {placement.kv_home}" if placement.kv_home_bytes > 0 else
+             f"{capacity / 1e9:.0f} GB {ctx.device} x 0.9 - {shape.weight_bytes / (t * p) / 1e9:.1f} GB weights"
+             + (f" + {placement.weights_moved_bytes / 1e9:.1f} GB moved out" if placement.weights_moved_bytes else ""))
+    return tokens, (f"memory model: {where}, {per_token / 1024:.0f} KiB per token per GPU ({shape.layers} layers, "
+                    f"{shape.kv_heads} KV heads of {shape.head_dim}"
+                    + (f"; {placement.label()}" if placement != Placement() else "") + ")")
 
 
 def _run_path(base: str | Path | Analysis) -> Path:
@@ -314,13 +325,23 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
     if step_options is not None:
         base = base.with_options(step_options)
     replays: list[tuple[str, Replay]] = [] if not baseline and loaded else [("baseline", base.replay)]
+    placements = [Placement()] * len(replays)
     todo = [s for s in loaded if not isinstance(s, ScenarioResult)]
     predicted = iter(predict(base, todo, cost_model=cost_model).scenarios if todo else [])
     for s in loaded:
         r = s if isinstance(s, ScenarioResult) else next(predicted)
         replays.append((r.scenario.name, r.replay))
+        placements.append(_placement(base, r, cost_model))
     return ServingModels(base.trace.source if isinstance(path, Analysis) else str(path), log_path, replays,
-                         unprofiled_log, reference=base.graph, step_options=base.options)
+                         unprofiled_log, reference=base.graph, step_options=base.options, placements=placements)
+
+
+def _placement(base: Analysis, result: ScenarioResult, cost_model: str | Enum) -> Placement:
+    """Where ``result``'s scenario places one replica (its transforms in turn on its graphs)."""
+    if not any(type(t).placement is not Transform.placement for t in result.scenario.transforms):
+        return Placement()
+    ctx = make_context(base.trace, scenario_cost_model(result.scenario, cost_model))
+    return scenario_placement(result.scenario.transforms, [base.graph, *result.graphs[:-1]], ctx)
 
 
 def _models(path: str | Path | Analysis | ServingModels, scenarios: Sequence[ScenarioLike],
@@ -355,13 +376,13 @@ def serve(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Scena
                                        "baseline": baseline, "cost_model": cost_model, "step_options": step_options})
     workload_entry = workload.describe(workload.rate)
     if fitted.kind == "llm":
-        scheduler, capacity_source = fitted.with_kv_capacity(scheduler)
+        per_model = [fitted.with_kv_capacity(scheduler, i) for i in range(len(fitted.models))]
         return LlmServingDocument(
             source=fitted.source, log=str(fitted.log_path), workload=workload_entry,
-            scheduler=_llm_scheduler(scheduler, capacity_source), profiler_correction=fitted.factor,
-            scenarios=[_llm_serving(name, model, fitted.simulate(model, workload, scheduler, dit, None, slo_ttft_ms,  # type: ignore[arg-type]
-                                                                 slo_tpot_ms), requests)
-                       for name, model in fitted.models])
+            scheduler=_llm_scheduler(*per_model[0]), profiler_correction=fitted.factor,
+            scenarios=[_llm_serving(name, model, fitted.simulate(model, workload, sched, dit, None, slo_ttft_ms,  # type: ignore[arg-type]
+                                                                 slo_tpot_ms), requests, sched, why)
+                       for (name, model), (sched, why) in zip(fitted.models, per_model)])
     return DitServingDocument(
         source=fitted.source, log=str(fitted.log_path), workload=workload_entry,
         scheduler=dit.settings(fitted.log, scheduler.replicas), profiler_correction=fitted.factor,
@@ -390,26 +411,26 @@ def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
     fitted = _models(path, scenarios, {"iterations_log": iterations_log, "unprofiled_log": unprofiled_log,
                                        "baseline": baseline, "cost_model": cost_model, "step_options": step_options})
 
-    capacity_source = ""
-    if fitted.kind == "llm":
-        scheduler, capacity_source = fitted.with_kv_capacity(scheduler)
+    per_model = [fitted.with_kv_capacity(scheduler, i) if fitted.kind == "llm" else (scheduler, "")
+                 for i in range(len(fitted.models))]
 
-    def simulate(model: Model, rate: float) -> SimResult:
-        return fitted.simulate(model, workload, scheduler, dit, float(rate), slo_ttft_ms, slo_tpot_ms)
+    def simulate(model: Model, sched: SchedulerConfig, rate: float) -> SimResult:
+        return fitted.simulate(model, workload, sched, dit, float(rate), slo_ttft_ms, slo_tpot_ms)
 
     if fitted.kind == "llm":
         return LlmSweepDocument(
             source=fitted.source, workload=workload.describe(None),
-            scheduler=_llm_scheduler(scheduler, capacity_source),
+            scheduler=_llm_scheduler(*per_model[0]),
             profiler_correction=fitted.factor,
             curves=[LlmSweepCurve(name=name, iteration_model=_llm_model(model),  # type: ignore[arg-type]
-                                  points=[_llm_point(rate, simulate(model, rate)) for rate in rates])
-                    for name, model in fitted.models])
+                                  points=[_llm_point(rate, simulate(model, sched, rate)) for rate in rates],
+                                  kv_capacity_tokens=sched.kv_capacity_tokens, kv_capacity_source=why)
+                    for (name, model), (sched, why) in zip(fitted.models, per_model)])
     return DitSweepDocument(
         source=fitted.source, workload=workload.describe(None), scheduler=dit.settings(fitted.log, scheduler.replicas),
         profiler_correction=fitted.factor,
         curves=[DitSweepCurve(name=name, iteration_model=_dit_model(model),  # type: ignore[arg-type]
-                              points=[_dit_point(rate, simulate(model, rate)) for rate in rates])
+                              points=[_dit_point(rate, simulate(model, scheduler, rate)) for rate in rates])
                 for name, model in fitted.models])
 
 
@@ -464,10 +485,12 @@ def _dit_model(model: DitStepModel) -> DitIterationModel:
                              excluded_iterations=_excluded_iterations(model.excluded))
 
 
-def _llm_serving(name: str, model: IterationModel, res: SimResult, requests: bool) -> LlmScenarioServing:
+def _llm_serving(name: str, model: IterationModel, res: SimResult, requests: bool, scheduler: SchedulerConfig,
+                 capacity_source: str) -> LlmScenarioServing:
     s = res.summary
     return LlmScenarioServing(
-        name=name, num_requests=int(s["num_requests"]), duration_s=float(s["duration_s"]),
+        name=name, kv_capacity_tokens=scheduler.kv_capacity_tokens, kv_capacity_source=capacity_source,
+        num_requests=int(s["num_requests"]), duration_s=float(s["duration_s"]),
         output_tokens=int(s["output_tokens"]), ttft_ms=_stats(s["ttft_ms"]), tpot_ms=_stats(s["tpot_ms"]),
         e2e_ms=_stats(s["e2e_ms"]), queue_ms=_stats(s["queue_ms"]),
         throughput_req_per_s=_opt(s["throughput_req_per_s"]),

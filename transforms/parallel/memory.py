@@ -44,6 +44,7 @@ from whatif.hardware.devices import find_device
 from whatif.tracer.args import Arg
 
 from ..base import TransformContext, TransformError
+from ..placement import Placement
 from .layers import backward_mask, find_blocks, linked_op_rows
 
 WORKSPACE_FRACTION = 0.10  # vLLM gpu_memory_utilization = 0.9: activations, workspace, CUDA graphs
@@ -119,21 +120,30 @@ def plan_memory(shape: ModelShape, *, tensor: int, pipeline: int, kv_tokens: flo
                       kv_bytes=kv, workspace_bytes=workspace_fraction * capacity_bytes, capacity_bytes=capacity_bytes)
 
 
-def kv_capacity_tokens(shape: ModelShape, capacity_bytes: float, *, tensor: int = 1, pipeline: int = 1,
+def kv_capacity_tokens(shape: ModelShape, capacity_bytes: float, placement: Placement | None = None, *,
                        workspace_fraction: float = WORKSPACE_FRACTION) -> int:
-    """KV-cache tokens one replica of t × p GPUs holds: on each rank, what the weights and the
-    workspace leave, ``(1 − workspace)·capacity − W/(t·p)``, over its bytes per token
-    ``2·ceil(L/p)·ceil(H_kv/t)·d·e`` (vLLM's ``gpu_memory_utilization`` rule); 0 when the weights
-    alone do not fit.
+    """KV-cache tokens one replica holds when placed as ``placement`` (t × p GPUs): on each rank,
+    what the weights and the workspace leave of its HBM, ``(1 − workspace)·capacity − W/(t·p) +
+    moved`` (vLLM's ``gpu_memory_utilization`` rule; ``moved``: weights held outside HBM), over its
+    bytes per token ``2·ceil(L/p)·ceil(H_kv/t)·d·e``; when the KV cache lives beside the GPU
+    (``placement.kv_home_bytes``: PIM stacks), that memory over the same bytes per token, provided
+    the weights fit HBM. 0 when the weights alone do not fit.
 
     >>> s = ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, weight_bytes=130e9)
-    >>> kv_capacity_tokens(s, 80e9, tensor=8)       # Llama-70B, TP 8 on 80 GB: 55.75 GB / 40 KiB per token
+    >>> kv_capacity_tokens(s, 80e9, Placement(tensor=8))    # Llama-70B, TP 8 on 80 GB: 55.75 GB / 40 KiB a token
     1361083
     >>> kv_capacity_tokens(s, 80e9)
     0
+    >>> kv_capacity_tokens(s, 80e9, Placement(tensor=8).kv_in(80e9, "PIM"))   # 80 GB of PIM stacks per GPU
+    1953125
     """
-    free = (1 - workspace_fraction) * capacity_bytes - shape.weight_bytes / (tensor * pipeline)
-    return max(0, int(free // shape.kv_bytes_per_rank_token(tensor, pipeline)))
+    placement = placement or Placement()
+    t, p = placement.tensor, placement.pipeline
+    per_token = shape.kv_bytes_per_rank_token(t, p)
+    free = (1 - workspace_fraction) * capacity_bytes - shape.weight_bytes / (t * p) + placement.weights_moved_bytes
+    if free < 0:
+        return 0
+    return int((placement.kv_home_bytes if placement.kv_home_bytes > 0 else free) // per_token)
 
 
 def device_capacity_bytes(ctx: TransformContext, override_gb: float = 0.0) -> float:

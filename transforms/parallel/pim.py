@@ -63,6 +63,7 @@ from ..edit import (
     remove_edges,
     set_duration,
 )
+from ..placement import Placement
 from ..registry import register
 from .layers import gemm_io_bytes, linked_op_rows
 
@@ -346,6 +347,21 @@ def _check_capacity(graph: TaskGraph, plan: pd.DataFrame, dev: PimDevice) -> Non
                              f"{(need - cap) / 1e9:.1f} GB)")
 
 
+def pim_placement(placement: Placement, search: PimSearch, graph: TaskGraph, dev: PimDevice) -> Placement:
+    """``placement`` after ``search``'s plan: per GPU (the largest rank and step) the offloaded
+    weights move out of HBM into the stacks; with attention offloaded, the KV cache lives in the
+    stacks' remaining ``capacity − weights``."""
+    on = search.offloaded()
+    if on.empty:
+        return placement
+    tasks = on["task"].to_numpy(np.int64)
+    keys = [graph.tasks["rank"].to_numpy()[tasks], graph.tasks["step"].to_numpy()[tasks]]
+    attention = (on["cls"] == KernelClass.ATTENTION.value).to_numpy()
+    weights = float(pd.Series(np.where(attention, 0.0, on["resident"].to_numpy(float))).groupby(keys).sum().max())
+    out = placement.weights_out(weights)
+    return out.kv_in(dev.capacity_bytes() - weights, f"{dev.name} PIM stacks") if attention.any() else out
+
+
 # ---------------------------------------------------------------------------------------------
 # the graph edit
 def _resource(g: TaskGraph, rank: int, kind: ResourceKind, label: str) -> tuple[TaskGraph, int]:
@@ -476,6 +492,12 @@ class PimOffload(Transform):
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         return np.sort(self._search(graph, ctx).offloaded()["task"].to_numpy(np.int64))
+
+    def placement(self, placement: Placement, graph: TaskGraph, ctx: TransformContext) -> Placement:
+        """Offloaded GEMMs' weights live in the PIM stacks; when decode attention is offloaded the
+        KV cache does too, in what the stacks have left (AttAcc: the larger batch)."""
+        return pim_placement(placement, self._search(graph, ctx), graph,
+                             pim_device(self.device, self.link or None, self.power_limited))
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
         return apply_plan(graph, self._search(graph, ctx))

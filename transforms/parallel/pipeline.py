@@ -39,6 +39,7 @@ from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import note, remove, scale, set_duration
+from ..placement import Placement
 from ..registry import register
 from .comm import Collective, comm_stream, insert_tasks, splice_tasks
 from .layers import backward_mask, find_blocks, gemm_io_bytes
@@ -136,6 +137,9 @@ class PipelineParallel(Transform):
     def m(self) -> int:
         """Micro-batches per step (``micro_batches``, or its default for the schedule)."""
         return self.micro_batches or (self.degree if self.schedule == "serving" else 4)
+
+    def placement(self, placement: Placement, graph: TaskGraph, ctx: TransformContext) -> Placement:
+        return placement.spread(pipeline=self.degree)
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         return stage_plan(graph, self.degree, self._check())[0]

@@ -46,6 +46,7 @@ from whatif.hardware.devices import find_device
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import note
+from ..placement import Placement
 from ..registry import register
 from .layers import find_blocks
 from .memory import ModelShape, device_capacity_bytes, model_shape, plan_memory
@@ -233,13 +234,21 @@ class Reshard(Transform):
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         return find_blocks(graph)["task"].to_numpy(np.int64)
 
+    def _search(self, graph: TaskGraph, ctx: TransformContext) -> ReshardSearch:
+        return search_reshard(graph, ctx, gpus=self.gpus, topology=self.topology, buffer_gb=self.buffer_gb,
+                              prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
+                              kv_heads=self.kv_heads, capacity_gb=self.capacity_gb,
+                              gpus_per_host_link=self.gpus_per_host_link)
+
+    def placement(self, placement: Placement, graph: TaskGraph, ctx: TransformContext) -> Placement:
+        """The decode plan's GPUs (the phase that holds the KV cache while serving)."""
+        t, p = (int(x[2:]) for x in self._search(graph, ctx).best["decode_plan"].split("·"))
+        return placement.spread(tensor=t, pipeline=p)
+
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
         """The graph of the best pair: its decode plan applied to decode steps' view (one representative
         rank; the graph holds one plan, so the prefill plan and the transitions are in the change log)."""
-        s = search_reshard(graph, ctx, gpus=self.gpus, topology=self.topology, buffer_gb=self.buffer_gb,
-                           prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
-                           kv_heads=self.kv_heads, capacity_gb=self.capacity_gb,
-                           gpus_per_host_link=self.gpus_per_host_link)
+        s = self._search(graph, ctx)
         t, p = (int(x[2:]) for x in s.best["decode_plan"].split("·"))
         g = TensorParallel(degree=t, topology=self.topology).apply(graph, ctx) if t > 1 else graph.copy()
         g = PipelineParallel(degree=p, schedule="serving", topology=self.topology).apply(g, ctx) if p > 1 else g

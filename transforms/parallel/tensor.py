@@ -29,6 +29,7 @@ from whatif.depgraph.graph import EdgeKind, TaskGraph
 
 from ..base import CostModel, Transform, TransformContext, TransformError
 from ..edit import set_duration, set_state
+from ..placement import Placement
 from ..registry import register
 from .comm import Collective, comm_stream, insert_tasks, next_on_resource
 from .layers import backward_blocks, find_blocks, gemm_io_bytes
@@ -110,6 +111,9 @@ class TensorParallel(Transform):
                       reason=f"{self.label()}: each rank's share of the sharded kernels' work")
         both = both.assign(out_bytes=out_bytes)
         return self._insert_collectives(g, ctx, both)
+
+    def placement(self, placement: Placement, graph: TaskGraph, ctx: TransformContext) -> Placement:
+        return placement.spread(tensor=self.degree)
 
     def _message(self, row_bytes: float) -> float:
         return float(self.activation_bytes) if self.activation_bytes > 0 else float(row_bytes)

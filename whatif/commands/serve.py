@@ -148,9 +148,13 @@ def render(doc: ServingDocument, console: Console) -> None:
         if s.iteration_model.excluded_iterations:
             console.print(f"  {s.name} fitted without: " + fitted_without(s.iteration_model.excluded_iterations))
     if isinstance(doc, LlmServingDocument):
-        tokens = doc.scheduler.kv_capacity_tokens
-        why = doc.scheduler.kv_capacity_source.removeprefix("unlimited: ")
-        console.print(f"  KV capacity per replica: {'unlimited' if tokens is None else f'{tokens:,} tokens'}"
-                      + (f" ({why})" if why else ""))
+        shown = [(s.name, s.kv_capacity_tokens, s.kv_capacity_source) for s in doc.scenarios
+                 if isinstance(s, LlmScenarioServing)]
+        if len({(t, w) for _, t, w in shown}) <= 1:   # one capacity for all: say it once
+            shown = [("", doc.scheduler.kv_capacity_tokens, doc.scheduler.kv_capacity_source)]
+        for name, tokens, source in shown:
+            why = source.removeprefix("unlimited: ")
+            console.print(f"  KV capacity per replica{f' ({name})' if name else ''}: "
+                          f"{'unlimited' if tokens is None else f'{tokens:,} tokens'}" + (f" ({why})" if why else ""))
     if doc.profiler_correction is not None:
         console.print(f"  profiler-overhead correction applied: {doc.profiler_correction}")
