@@ -12,9 +12,9 @@ bf16, 8 blocks: the ratio is per block) at 16k-64k tokens on 2x8 H100 (DGX H100 
 the best USP that can run (ulysses degree dividing 24 and 16: 1, 2, 4, 8), and on one machine.
 Paper: 1.35x on average, up to 1.77x, over xDiT (USP) on two machines.
 
-NanoFlow (OSDI 2025): 8x A100 SXM TP8 (DGX A100 preset), Llama-2-70B-like layers (hidden 8192, GQA
-8/64, FFN 28672, 4 layers) at a dense decode batch of 1,024 sequences of 1,024 tokens (NanoFlow's
-configs use 2,048-token dense batches); search_nanoflow over nano-batches and SM partitions, at
+NanoFlow (OSDI 2025): 8x A100 SXM TP8 (DGX A100 preset), Llama-2-70B-like (hidden 8192, GQA
+8/64, FFN 28672, 80 layers: the pipeline fills once per iteration) at a dense decode batch of
+1,024 sequences of 1,024 tokens (NanoFlow's configs use 2,048-token dense batches); search_nanoflow over nano-batches and SM partitions, at
 the default assumptions (memory-bound kernels saturate HBM on 40 % of the SMs, NCCL on 10 %) and
 at smaller shares. Paper: 1.91x throughput over TensorRT-LLM, 50-72 % of the optimal.
 
@@ -22,6 +22,12 @@ TokenWeave (MLSys 2026): 8x H100 TP8 (DGX H100 preset), a Llama-70B-like layer s
 64 heads, 8 KV heads, FFN 28672, 4 layers: the ratio is per layer) at 256-4,096 tokens per
 iteration; overlap with 2 token splits against TP8 without it, at the default interference 1.15
 and at 1.0. Paper: up to 1.28x latency; a loss at small token counts.
+
+AttAcc (ASPLOS 2024): a GPT-3-175B-like model (96 layers, hidden 12288, 96 heads, a gated FFN of
+32768 = GPT-3's 8h² MLP weights) on 8x H100 (TP8, DGX H100 preset), each GPU with AttAcc's 5 HBM
+stacks of 16 GB (power-limited x9); requests of 2,048 + 128 tokens. The decode batch each can
+hold comes from the memory model after the scenario's transforms (KV in HBM vs KV in PIM);
+throughput = batch / step time. Paper: up to 2.81x for 175B, from the larger batch.
 
 DCC (arXiv 2511.15503) on its AttAcc backend (bank-level units, x16 without the power limit, the
 backend DCC's figures use; NVLink4 link): GPT3-13B (40 layers, hidden 5120, 40 heads, FFN 20480)
@@ -53,13 +59,16 @@ from whatif.predictors.replay import replay  # noqa: E402
 from whatif.predictors.steps import step_times  # noqa: E402
 from whatif.transforms.base import TransformContext, TransformError  # noqa: E402
 from whatif.transforms.parallel.comm import Collective  # noqa: E402
+from whatif.transforms.parallel.memory import device_capacity_bytes, kv_capacity_tokens, model_shape  # noqa: E402
 from whatif.transforms.parallel.nanoflow import search_nanoflow  # noqa: E402
 from whatif.transforms.parallel.overlap import Overlap  # noqa: E402
 from whatif.transforms.parallel.pim import PimOffload  # noqa: E402
 from whatif.transforms.parallel.reshard import search_reshard  # noqa: E402
 from whatif.transforms.parallel.sequence import SequenceParallel  # noqa: E402
 from whatif.transforms.parallel.tensor import TensorParallel  # noqa: E402
+from whatif.transforms.scenario import scenario_placement  # noqa: E402
 
+ATTACC_PROMPT, ATTACC_OUTPUT = 2048, 128
 H100_GEMM_FRACTION = 798 / 989
 H100_BW_FRACTION = 3.0 / 3.35
 
@@ -160,6 +169,46 @@ def dcc(tmp: Path) -> None:
             print("; ".join(row))
 
 
+def attacc(tmp: Path) -> None:
+    print("## AttAcc (tensor_parallel 8 + pim_offload on DGX H100, power-limited x9): GPT-3-175B-like decode")
+    peak, bw = 989e12 * H100_GEMM_FRACTION, 3.35e12 * H100_BW_FRACTION
+    shape = {"layers": 96, "hidden": 12288, "heads": 96, "ffn": 32768}   # gated FFN of 3·h·32768 = 8h² weights
+    context = ATTACC_PROMPT + ATTACC_OUTPUT
+
+    def graphs(batch: int) -> tuple[TaskGraph, TaskGraph, TransformContext]:
+        a = analyze(llm_trace(tmp / f"attacc_{batch}.json.gz", batch=batch, new_tokens=1, kv_tokens=context, steps=2,
+                              peak=peak, bw=bw, **shape))
+        ctx = make_context(a.trace)
+        return a.graph, TensorParallel(degree=8, topology="dgx_h100").apply(a.graph, ctx), ctx
+
+    def per_step_ms(graph: TaskGraph) -> float:
+        return float(step_times(replay(graph))["predicted_ns"].mean()) / 1e6
+
+    g, tp, ctx = graphs(16)
+    found = model_shape(g, ctx, "attacc")
+    pim = PimOffload()
+    on_gpu = scenario_placement([TensorParallel(degree=8)], [g], ctx)
+    with_pim = scenario_placement([TensorParallel(degree=8), pim], [g, tp], ctx)
+    cap = device_capacity_bytes(ctx)
+    batches = {}
+    for label, where in (("HBM", on_gpu), ("PIM", with_pim)):
+        tokens = kv_capacity_tokens(found, cap, where)
+        batches[label] = tokens // context
+        print(f"KV in {label}: {tokens:,} tokens per replica ({where.label()}) -> {batches[label]} sequences of "
+              f"{context} tokens")
+    rows = {}
+    for label, batch, offload in (("GPU, HBM-limited batch", batches["HBM"], False),
+                                  ("AttAcc, same batch", batches["HBM"], True),
+                                  ("AttAcc, PIM-capacity batch", batches["PIM"], True)):
+        g, tp, ctx = graphs(batch)
+        ms = per_step_ms(pim.apply(tp, ctx) if offload else tp)
+        rows[label] = batch / ms * 1e3
+        print(f"{label}: batch {batch}, {ms:.2f} ms per step, {rows[label]:,.0f} tokens/s per replica")
+    base = rows["GPU, HBM-limited batch"]
+    print(f"throughput over the GPU: same batch {rows['AttAcc, same batch'] / base:.2f}x, "
+          f"with the capacity model's batch {rows['AttAcc, PIM-capacity batch'] / base:.2f}x (paper: up to 2.81x)")
+
+
 def _ms(graph: TaskGraph) -> float:
     return float(step_times(replay(graph))["predicted_ns"].sum()) / 1e6
 
@@ -183,7 +232,7 @@ def tokenweave(tmp: Path) -> None:
 def nanoflow(tmp: Path) -> None:
     print("## NanoFlow (search_nanoflow after tensor_parallel 8 on DGX A100): dense decode batch of 1,024")
     peak, bw = 312e12 * H100_GEMM_FRACTION, 2039e9 * H100_BW_FRACTION
-    a = analyze(llm_trace(tmp / "nanoflow.json.gz", batch=1024, new_tokens=1, kv_tokens=1024, layers=4, hidden=8192,
+    a = analyze(llm_trace(tmp / "nanoflow.json.gz", batch=1024, new_tokens=1, kv_tokens=1024, layers=80, hidden=8192,
                           heads=64, kv_heads=8, ffn=28672, steps=1, peak=peak, bw=bw,
                           gpu_name="NVIDIA A100-SXM4-80GB"))
     ctx = make_context(a.trace)
@@ -208,6 +257,8 @@ def main() -> None:
     tokenweave(tmp)
     print()
     dcc(tmp)
+    print()
+    attacc(tmp)
     print()
     streamfusion(tmp)
     print()

@@ -12,8 +12,8 @@ each) at their own speed.
 **Iteration** for a partition ``s_g + s_a + s_c = 1`` and n nano-batches: each kernel re-priced at
 1/n of its activations (FLOPs/n, bytes ``(B − W)/n + W``: every nano-batch reads the weights;
 ``CostModel.kernel_time_ns``), n times; each collective ``n`` parts, each paying the latency again;
-the three streams as a 3-stage pipeline of n items, ``max X + (ΣX − max X)/n`` with
-``X = (T_gemm/s_g, T_mem·max(1, σ/s_a), T_comm)``. The sequential iteration is ``ΣT`` (one kernel at
+the three resources busy ``X = (T_gemm/s_g, T_mem·max(1, σ/s_a), T_comm)`` in all, pipelined over n
+nano-batches and L layers as :func:`pipelined_ns`: ``max(max X + (ΣX − max X)/(n·L), ΣX/n)``. The sequential iteration is ``ΣT`` (one kernel at
 a time, as the trace ran). :func:`search_nanoflow` searches n and s_g as NanoFlow's auto-search does.
 
 Assumptions, stated in every result: σ = 0.4 (memory-bound kernels reach HBM bandwidth on 40 % of
@@ -33,6 +33,7 @@ from whatif.depgraph.graph import TaskGraph, TaskKind
 
 from ..base import TransformContext, TransformError
 from ..select import kernel_classes
+from .layers import find_blocks
 from .sharding import batch_part_ns
 
 SATURATING_SM_SHARE = 0.4
@@ -54,14 +55,20 @@ def shared_time_ns(compute_ns: float, memory_ns: float, sm_share: float,
     return max(compute_ns / sm_share, memory_ns * max(1.0, saturating_share / sm_share))
 
 
-def pipelined_ns(stages: list[float], nano_batches: int) -> float:
-    """n items through stages of total times ``stages``: ``max + (Σ − max)/n``.
+def pipelined_ns(stages: list[float], nano_batches: int, layers: int = 1) -> float:
+    """One iteration of n nano-batches through ``layers`` layers on resources busy ``stages`` in all:
+    ``max(max + (Σ − max)/(n·L), Σ/n)``. The busiest resource bounds it, plus the fill and drain of
+    one nano-batch's share of one layer on the others (nano-batch i of layer l+1 waits only for
+    nano-batch i of layer l, so the pipeline fills once per iteration, not once per layer); and
+    one nano-batch's own chain through every layer, ``Σ/n``, bounds it too.
 
     >>> pipelined_ns([30.0, 20.0, 10.0], 1), pipelined_ns([30.0, 20.0, 10.0], 4)
     (60.0, 37.5)
+    >>> pipelined_ns([30.0, 20.0, 10.0], 4, layers=10), pipelined_ns([30.0, 20.0, 10.0], 2, layers=10)
+    (30.75, 31.5)
     """
-    top = max(stages)
-    return top + (sum(stages) - top) / nano_batches
+    top, total = max(stages), sum(stages)
+    return max(top + (total - top) / (nano_batches * layers), total / nano_batches)
 
 
 @dataclass
@@ -100,6 +107,15 @@ def _parts(graph: TaskGraph, ctx: TransformContext, n: int) -> pd.DataFrame:
     return frame[frame["step"] >= 0].groupby("step").sum()
 
 
+def layers_per_step(graph: TaskGraph) -> int:
+    """Transformer blocks per step and rank (:func:`~.layers.find_blocks`; 1 when none is found)."""
+    blocks = find_blocks(graph)
+    if blocks.empty:
+        return 1
+    steps = graph.tasks["step"].to_numpy()[blocks["task"].to_numpy()]
+    return max(1, int(blocks.assign(step=steps).groupby(["rank", "step"])["block"].nunique().min()))
+
+
 def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, comm_latency_ns: float = 0.0,
                     saturating_share: float = SATURATING_SM_SHARE, comm_share: float = COMM_SM_SHARE,
                     nano_batches: tuple[int, ...] = NANO_BATCHES) -> NanoFlowSearch:
@@ -110,6 +126,7 @@ def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, comm_latency_ns:
     base = _parts(graph, ctx, 1)
     if base.empty or not (base["gemm_ns"] > 0).any():
         raise TransformError(f"{NAME}: the trace's steps have no GEMM kernels to overlap")
+    layers = layers_per_step(graph)
     rows = []
     for n in nano_batches:
         p = base if n == 1 else _parts(graph, ctx, n)
@@ -123,7 +140,8 @@ def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, comm_latency_ns:
             x = [shared_time_ns(gemm, 0.0, s_g, saturating_share), shared_time_ns(0.0, mem, s_a, saturating_share),
                  comm]
             rows.append({"nano_batches": n, "gemm_share": float(s_g), "memory_share": round(float(s_a), 2),
-                         "gemm_ns": x[0], "memory_ns": x[1], "comm_ns": x[2], "iteration_ns": pipelined_ns(x, n)})
+                         "gemm_ns": x[0], "memory_ns": x[1], "comm_ns": x[2],
+                         "iteration_ns": pipelined_ns(x, n, layers)})
     seq = float((base["gemm_ns"] + base["memory_ns"] + base["comm_ns"]).mean())
     rows.append({"nano_batches": 1, "gemm_share": 1.0, "memory_share": 1.0, "gemm_ns": float(base["gemm_ns"].mean()),
                  "memory_ns": float(base["memory_ns"].mean()), "comm_ns": float(base["comm_ns"].mean()),
