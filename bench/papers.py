@@ -12,11 +12,12 @@ bf16, 8 blocks: the ratio is per block) at 16k-64k tokens on 2x8 H100 (DGX H100 
 the best USP that can run (ulysses degree dividing 24 and 16: 1, 2, 4, 8), and on one machine.
 Paper: 1.35x on average, up to 1.77x, over xDiT (USP) on two machines.
 
-NanoFlow (OSDI 2025): 8x A100 SXM TP8 (DGX A100 preset), Llama-2-70B-like (hidden 8192, GQA
-8/64, FFN 28672, 80 layers: the pipeline fills once per iteration) at a dense decode batch of
-1,024 sequences of 1,024 tokens (NanoFlow's configs use 2,048-token dense batches);
-search_nanoflow over nano-batches and SM partitions, at the default assumptions (memory-bound kernels saturate HBM on 40 % of the SMs, NCCL on 10 %) and
-at smaller shares. Paper: 1.91x throughput over TensorRT-LLM, 50-72 % of the optimal.
+NanoFlow (OSDI 2025): 8x A100 SXM TP8 (DGX A100 preset), Llama-2-70B-like (hidden 8192, GQA 8/64,
+FFN 28672, 80 layers: the pipeline fills once per iteration) at a dense decode batch of 1,024
+sequences of 1,024 tokens (NanoFlow's configs use 2,048-token dense batches); search_nanoflow over
+nano-batches and SM partitions, at the default assumptions (memory-bound kernels saturate HBM on 40
+% of the SMs, NCCL on 10 %) and at smaller shares. Paper: 1.91x throughput over TensorRT-LLM, 50-72
+% of the optimal.
 
 TokenWeave (MLSys 2026): 8x H100 TP8 (DGX H100 preset), a Llama-70B-like layer stack (hidden 8192,
 64 heads, 8 KV heads, FFN 28672, 4 layers: the ratio is per layer) at 256-4,096 tokens per

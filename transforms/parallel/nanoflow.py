@@ -13,8 +13,9 @@ each) at their own speed.
 1/n of its activations (FLOPs/n, bytes ``(B − W)/n + W``: every nano-batch reads the weights;
 ``CostModel.kernel_time_ns``), n times; each collective ``n`` parts, each paying the latency again;
 the three resources busy ``X = (T_gemm/s_g, T_mem·max(1, σ/s_a), T_comm)`` in all, pipelined over n
-nano-batches and L layers as :func:`pipelined_ns`: ``max(max X + (ΣX − max X)/(n·L), ΣX/n)``.
-The sequential iteration is ``ΣT`` (one kernel at a time, as the trace ran). :func:`search_nanoflow` searches n and s_g as NanoFlow's auto-search does.
+nano-batches and L layers as :func:`pipelined_ns`: ``max(max X + (ΣX − max X)/(n·L), ΣX/n)``. The
+sequential iteration is ``ΣT`` (one kernel at a time, as the trace ran). :func:`search_nanoflow`
+searches n and s_g as NanoFlow's auto-search does.
 
 Assumptions, stated in every result: σ = 0.4 (memory-bound kernels reach HBM bandwidth on 40 % of
 the SMs; NanoFlow profiles this curve per kernel), s_c = 0.1 (NCCL's channels). Left out: the
