@@ -126,3 +126,30 @@ def test_ring_bytes_are_gqa_aware(tmp_path) -> None:
     assert hop[8] < 0.4 * hop[32]
     with pytest.raises(TransformError, match="32 attention heads over 64 GPUs"):   # heads read from the shapes
         SequenceParallel(mode="ulysses", degree=64).apply(a.graph, make_context(a.trace))
+
+
+def test_two_sided_hops_pay_a_handshake_and_sms(dit) -> None:
+    """A usp ring hop is a two-sided NCCL send/recv: the K, V transfer plus the receiver's ready
+    message, and its kernel's 4 SMs slow the attention block it overlaps; torus' one-sided chunk
+    of the same bytes pays only the transfer, and its overlapped blocks keep every SM."""
+    from whatif.hardware.devices import find_device
+    from whatif.transforms.parallel.sequence import NCCL_P2P_CTAS, nccl_p2p_sm_share
+
+    g, ctx = dit.graph, make_context(dit.trace)
+    share = nccl_p2p_sm_share(ctx)
+    assert share == NCCL_P2P_CTAS / find_device(ctx.device).sm_count and 0 < share < 0.05
+    usp = SequenceParallel(mode="usp", degree=16, topology="dgx_h100", heads=24).apply(g, ctx)
+    torus = SequenceParallel(mode="torus", degree=16, topology="dgx_h100", heads=24).apply(g, ctx)
+
+    def hop_ns(h) -> int:
+        comm = h.tasks[h.tasks["kind"].to_numpy() == int(TaskKind.COMM)]
+        return int(comm.loc[comm["name"].str.contains("hops|one-sided"), "dur_ns"].iloc[0])
+
+    def local_attention_ns(h) -> int:
+        b = find_blocks(h)
+        return int(h.tasks["dur_ns"].to_numpy()[b.loc[b["part"] == "attention", "task"].to_numpy()].sum())
+
+    latency = int(round(ctx.require_cost("t").collective_time_ns("send_recv", 0.0, 2, "dgx_h100", 1)))
+    assert hop_ns(usp) == hop_ns(torus) + latency                 # same bytes; the handshake on top
+    assert local_attention_ns(usp) == pytest.approx(local_attention_ns(torus) / (1 - share), rel=0.01)
+    assert step_ns(torus) < step_ns(usp)

@@ -23,7 +23,14 @@ needs every token, which the three modes get differently (one representative ran
   ``ulysses_degree`` u GPUs (0 = the GPUs of one machine, xDiT/yunchang's ``use_ulysses_low``
   placement) and Ring over the r = P/u groups: all-to-alls among u, then ``r−1`` two-sided hops of
   the K, V block (``2·N·h_kv·e/P`` bytes), each overlapped with attention on the block held,
-  ``t_c = T/(P·r)``; hops cross machines when P exceeds one machine. The baseline torus is compared
+  ``t_c = T/(P·r)``; hops cross machines when P exceeds one machine.
+
+**Two-sided vs one-sided** (StreamFusion's point): a ring or usp hop is a NCCL send/recv — it
+pays a handshake, the receiver's ready message before the data (one more zero-byte message
+latency of the link, NCCL's rendezvous for large messages), and its kernel holds
+``NCCL_P2P_CTAS`` = 4 SMs (send and receive on NCCL_NCHANNELS_PER_NET_PEER = 2 channels each,
+one CTA per channel) while the attention block it overlaps computes, which slows that block by
+``1/(1 − 4/SMs)``. Torus' one-sided chunks (NVSHMEM-style puts) pay neither. The baseline torus is compared
   with: the best USP that can run.
 
 **Heads**: Ulysses' all-to-all gives each GPU H/u heads, so u must divide the query heads, and
@@ -45,10 +52,12 @@ import numpy as np
 import pandas as pd
 
 from whatif.core.kernels import KernelClass
+from whatif.core.work import WORK_COLUMN, WorkShare, current_shares, split_further
 from whatif.depgraph.graph import TaskGraph
+from whatif.hardware.devices import find_device
 
 from ..base import Transform, TransformContext, TransformError
-from ..edit import set_duration
+from ..edit import set_duration, set_state
 from ..registry import register
 from .comm import comm_stream, insert_tasks, next_on_resource, splice_tasks
 from .layers import backward_mask, find_blocks, gemm_io_bytes
@@ -56,6 +65,7 @@ from .memory import HeadSplit, block_heads, head_split
 from .tensor import prev_on_resource
 
 MODES = ("ulysses", "ring", "torus", "usp")
+NCCL_P2P_CTAS = 4   # a hop's send and receive on NCCL_NCHANNELS_PER_NET_PEER = 2 channels each, one CTA per channel
 GPUS_PER_MACHINE = {"dgx_a100": 8, "hgx_a100": 8, "dgx_h100": 8, "hgx_h100": 8, "mi300x_8": 8,
                     "pcie_a100_8": 8, "pcie_l40s_8": 8, "a100_pairwise_nvlink": 4, "a40_pairwise_nvlink": 8}
 
@@ -87,6 +97,14 @@ def ring_hidden(block_tokens: int, hidden: int, flops_per_s: float, link_bytes_p
     """True when one block's attention takes at least as long as its K/V transfer."""
     return ring_block_flops(block_tokens, hidden) / flops_per_s >= \
         ring_block_bytes(block_tokens, hidden, elem_bytes) / link_bytes_per_s
+
+
+def nccl_p2p_sm_share(ctx: TransformContext) -> float:
+    """Share of the recorded GPU's SMs a two-sided NCCL send/recv holds while it runs:
+    ``NCCL_P2P_CTAS`` thread blocks (one SM each) of its SMs (the hardware catalog); 0 when the GPU
+    is not in the catalog."""
+    dev = find_device(ctx.device) if ctx.device else None
+    return NCCL_P2P_CTAS / dev.sm_count if dev is not None and dev.sm_count else 0.0
 
 
 @register
@@ -145,6 +163,9 @@ class SequenceParallel(Transform):
         new_dur = cost.kernel_time_ns(graph, tasks, flops / p, inp / p + w + out / p)
         g = set_duration(graph, tasks, np.rint(new_dur).astype(np.int64),
                          reason=f"{self.label()}: block work on 1/{p} of the tokens")
+        g = set_state(g, tasks, WORK_COLUMN, split_further(current_shares(graph.tasks, tasks), [
+            WorkShare(flops=1 / p, activation_bytes=1 / p, weight_bytes=1.0, output_bytes=1 / p)] * len(tasks)),
+            reason=f"{self.label()}: each GPU's share of the block work")
         b = blocks.assign(in_bytes=inp, out_bytes=out, dur=np.rint(new_dur).astype(np.int64))
         kv_share = 2 * kv_heads / (heads + 2 * kv_heads) if heads else 2 / 3
         u = self.ulysses_group(per)
@@ -189,6 +210,7 @@ class SequenceParallel(Transform):
     def _attention(self, g: TaskGraph, ctx: TransformContext, b: pd.DataFrame, machines: int, per: int,
                    kv_share: float) -> TaskGraph:
         p = self.degree
+        sm_share = nccl_p2p_sm_share(ctx)
         every = np.arange(len(g.tasks))
         succ, pred = next_on_resource(g, every), prev_on_resource(g, every)
         a2a_plan: list[tuple[int, int, int, int, str]] = []   # (key, after, before, dur, name)
@@ -218,8 +240,9 @@ class SequenceParallel(Transform):
                                      f"qkv ({qkv / 2**20:.2f} MiB x{u})"))
                     a2a_plan.append((last * 2 + 1, last, after, self._price(ctx, "all_to_all", o, u, min(u, per)),
                                      f"out ({o / 2**20:.2f} MiB x{u})"))
-                hop = self._price(ctx, "send_recv", kv, 2, 1 if machines > 1 else 2)
-                hops = [hop] * (steps - 1)
+                hop_per = 1 if machines > 1 else 2
+                handshake = self._price(ctx, "send_recv", 0.0, 2, hop_per)   # the receiver's ready message
+                hops = [self._price(ctx, "send_recv", kv, 2, hop_per) + handshake] * (steps - 1)
             else:   # torus: intra-machine all-to-all, inter-machine one-sided chunks
                 steps = machines
                 a2a_plan.append((first * 2, before, first, self._price(ctx, "all_to_all", qkv, per, per),
@@ -231,9 +254,13 @@ class SequenceParallel(Transform):
                 latency = self._price(ctx, "send_recv", 0.0, 2, 1) if machines > 1 else 0
                 hops = [full] + [max(full - latency, 0)] * (machines - 2) if machines > 1 else []
             share = max(t_attn // steps, 1)
+            # a two-sided hop's NCCL kernel holds SMs while the block it overlaps computes
+            slowed = share if self.mode == "torus" or not hops else int(round(share / (1 - sm_share)))
             for tk in core["task"].to_numpy(np.int64).tolist():
-                core_dur[tk] = int(g.tasks["dur_ns"].to_numpy()[int(tk)]) // steps
-            splice_anchor.append((int(blk["rank"].to_numpy()[0]), last, before, share, hops))
+                d = int(g.tasks["dur_ns"].to_numpy()[int(tk)]) // steps
+                core_dur[tk] = d if slowed == share else int(round(d / (1 - sm_share)))
+            blocks_after = [slowed] * (len(hops) - 1) + [share] if hops else []
+            splice_anchor.append((int(blk["rank"].to_numpy()[0]), last, before, blocks_after, hops))
         if core_dur:
             g = set_duration(g, list(core_dur), np.asarray([core_dur[k] for k in sorted(core_dur)]),
                              reason=f"{self.label()}: attention on the local block")
@@ -248,7 +275,7 @@ class SequenceParallel(Transform):
             g = self._blocks_and_hops(g, splice_anchor)
         return g
 
-    def _blocks_and_hops(self, g: TaskGraph, plan: list[tuple[int, int, int, int, list[int]]]) -> TaskGraph:
+    def _blocks_and_hops(self, g: TaskGraph, plan: list[tuple[int, int, int, list[int], list[int]]]) -> TaskGraph:
         """Hop transfers chained on a stream; block computations spliced after the local one,
         each waiting for its hop."""
         label = "sp torus one-sided" if self.mode == "torus" else f"sp {self.mode} ring hops"
@@ -268,7 +295,7 @@ class SequenceParallel(Transform):
             for i in mine:
                 hop_ids[i] = ids[k:k + len(plan[i][4])]
                 k += len(plan[i][4])
-        g, _ = splice_tasks(g, anchors=[x[1] for x in plan], durs=[[x[3]] * len(x[4]) for x in plan],
+        g, _ = splice_tasks(g, anchors=[x[1] for x in plan], durs=[x[3] for x in plan],
                             name=f"{self.mode} attention block", deps=[h.tolist() for h in hop_ids],
                             reason=f"{self.label()}: attention on the received blocks")
         return g
