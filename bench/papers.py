@@ -64,12 +64,14 @@ from whatif.transforms.parallel.memory import device_capacity_bytes, kv_capacity
 from whatif.transforms.parallel.nanoflow import search_nanoflow  # noqa: E402
 from whatif.transforms.parallel.overlap import Overlap  # noqa: E402
 from whatif.transforms.parallel.pim import PimOffload  # noqa: E402
-from whatif.transforms.parallel.reshard import search_reshard  # noqa: E402
+from whatif.transforms.parallel.reshard import ReshardSearch, search_reshard  # noqa: E402
 from whatif.transforms.parallel.sequence import SequenceParallel  # noqa: E402
 from whatif.transforms.parallel.tensor import TensorParallel  # noqa: E402
+from whatif.transforms.placement import Placement  # noqa: E402
 from whatif.transforms.scenario import scenario_placement  # noqa: E402
 
 ATTACC_PROMPT, ATTACC_OUTPUT = 2048, 128
+SEESAW_DECODE_BATCH = 256   # vLLM's default max_num_seqs
 H100_GEMM_FRACTION = 798 / 989
 H100_BW_FRACTION = 3.0 / 3.35
 
@@ -87,17 +89,29 @@ SEESAW = (Setup("8x A100 PCIe", "NVIDIA A100 80GB PCIe", 312, 1935, "pcie_a100_8
           Setup("8x A100 NVSwitch", "NVIDIA A100-SXM4-80GB", 312, 2039, "dgx_a100"))
 
 
-def seesaw(tmp: Path, setup: Setup) -> None:
+def _seesaw_search(tmp: Path, setup: Setup, decode_batch: int) -> tuple[ReshardSearch, int]:
+    """The search, and the decode batch the memory holds (KV of 1,024 + 256 tokens a sequence)."""
     peak, bw = setup.peak_tflops * 1e12 * H100_GEMM_FRACTION, setup.bw_gbps * 1e9 * H100_BW_FRACTION
-    # a prefill step of 8 x 1,024 tokens, then decode steps of 256 sequences attending to 1,024 tokens
-    path = llm_trace(tmp / f"seesaw_{setup.topology}.json.gz", batch=8, decode_batch=256, kv_tokens=1024,
-                     steps=4, phases=("prefill", "decode", "decode", "decode"), layers=80, hidden=8192, heads=64,
-                     kv_heads=8, ffn=28672, gpu_name=setup.gpu_name, peak=peak, bw=bw)
+    # a prefill step of 8 x 1,024 tokens, then decode steps of decode_batch sequences attending to 1,024 tokens
+    path = llm_trace(tmp / f"seesaw_{setup.topology}_{decode_batch}.json.gz", batch=8, decode_batch=decode_batch,
+                     kv_tokens=1024, steps=4, phases=("prefill", "decode", "decode", "decode"), layers=80,
+                     hidden=8192, heads=64, kv_heads=8, ffn=28672, gpu_name=setup.gpu_name, peak=peak, bw=bw)
     a = analyze(path)
-    s = search_reshard(a.graph, make_context(a.trace), gpus=8, topology=setup.topology, buffer_gb=512,
-                       prompt_tokens=1024, output_tokens=256, prefill_batch=8, decode_batch=256)
+    ctx = make_context(a.trace)
+    held = kv_capacity_tokens(model_shape(a.graph, ctx), device_capacity_bytes(ctx), Placement(tensor=8))
+    return search_reshard(a.graph, ctx, gpus=8, topology=setup.topology, buffer_gb=512, prompt_tokens=1024,
+                          output_tokens=256, prefill_batch=8, decode_batch=decode_batch), held // (1024 + 256)
+
+
+def _static(s: ReshardSearch) -> dict[str, float]:
     t = s.table
-    static = t[t["prefill_plan"] == t["decode_plan"]].iloc[0]
+    return t[t["prefill_plan"] == t["decode_plan"]].iloc[0].to_dict()
+
+
+def seesaw(tmp: Path, setup: Setup) -> None:
+    s, capacity = _seesaw_search(tmp, setup, SEESAW_DECODE_BATCH)
+    t = s.table
+    static = _static(s)
     steps = t.drop_duplicates("prefill_plan").set_index("prefill_plan")["prefill_step_ms"].to_frame().join(
         t.drop_duplicates("decode_plan").set_index("decode_plan")["decode_step_ms"])
     print(f"\n{setup.label} ({setup.topology})")
@@ -110,6 +124,13 @@ def seesaw(tmp: Path, setup: Setup) -> None:
           f"{s.best['requests_per_cycle']:.0f} requests per cycle")
     for line in s.assumptions:
         print(f"assumption: {line}")
+    # the decode batch the memory holds instead of vLLM's max_num_seqs
+    big, _ = _seesaw_search(tmp, setup, capacity)
+    dec = big.table.drop_duplicates("decode_plan").set_index("decode_plan")["decode_step_ms"].round(1)
+    print(f"at the decode batch the memory holds ({capacity} sequences): decode step ms "
+          + ", ".join(f"{k} {v}" for k, v in dec.items())
+          + f"; best pair {big.best['prefill_plan']} -> {big.best['decode_plan']}, reshard / static = "
+          f"{big.best['throughput_rps'] / _static(big)['throughput_rps']:.2f}x")
 
 
 def _step_ms(graph: TaskGraph, ctx: TransformContext, transform: SequenceParallel) -> float:
