@@ -349,11 +349,19 @@ class TraceCostModel(CostModelBase):
         return _State(act=act, weight=weight)
 
     @staticmethod
-    def _bytes(base: dict[str, np.ndarray], tasks: np.ndarray, state: _State) -> np.ndarray:
-        rec = base["dtype"][tasks]
-        rb = _lookup(rec, ELEMENT_BYTES)
+    def _work(graph: TaskGraph, base: dict[str, np.ndarray], tasks: np.ndarray,
+              state: _State) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(FLOPs, DRAM bytes, weight bytes) of ``tasks`` now: the recorded work in ``state``'s
+        dtypes, times each task's :class:`~whatif.core.work.WorkShare` (``cost_work``)."""
+        rb = _lookup(base["dtype"][tasks], ELEMENT_BYTES)
         total, w = base["bytes"][tasks], base["weight_bytes"][tasks]
-        return (total - w) * _lookup(state.act, ELEMENT_BYTES) / rb + w * _lookup(state.weight, ELEMENT_BYTES) / rb
+        act = (total - w) * _lookup(state.act, ELEMENT_BYTES) / rb
+        wb = w * _lookup(state.weight, ELEMENT_BYTES) / rb
+        flops = base["flops"][tasks].copy()
+        if WORK_COLUMN in graph.tasks:
+            fs, acts, ws = shares_of(graph.tasks[WORK_COLUMN].to_numpy()[tasks])
+            flops, act, wb = flops * fs, act * acts, wb * ws
+        return flops, act + wb, wb
 
     def kernel_facts(self, graph: TaskGraph, tasks: np.ndarray) -> dict[str, np.ndarray]:
         """Per task: ``kernel_class``, ``flops``, ``bytes`` and ``weight_bytes`` (DRAM bytes now),
@@ -363,13 +371,7 @@ class TraceCostModel(CostModelBase):
         base = self._base(graph)
         devices = self._devices(graph, tasks)
         state = self._state(graph, tasks, base, devices)
-        nbytes = self._bytes(base, tasks, state)
-        rec = base["dtype"][tasks]
-        wb = base["weight_bytes"][tasks] * _lookup(state.weight, ELEMENT_BYTES) / _lookup(rec, ELEMENT_BYTES)
-        flops = base["flops"][tasks].copy()
-        if WORK_COLUMN in graph.tasks:
-            fs, acts, ws = shares_of(graph.tasks[WORK_COLUMN].to_numpy()[tasks])
-            flops, nbytes, wb = flops * fs, (nbytes - wb) * acts + wb * ws, wb * ws
+        flops, nbytes, wb = self._work(graph, base, tasks, state)
         return {"kernel_class": base["kernel_class"][tasks], "flops": flops, "bytes": nbytes,
                 "weight_bytes": wb, "dtype": state.act, "weight_dtype": state.weight, "device": devices,
                 "estimated": base["estimated"][tasks]}
@@ -443,8 +445,8 @@ class TraceCostModel(CostModelBase):
         devices = self._devices(graph, tasks)
         old = self._state(graph, tasks, base, devices)
         new = self._state(graph, tasks, base, devices, extra=to_dtype)
-        b_old, b_new = self._bytes(base, tasks, old), self._bytes(base, tasks, new)
-        flops = base["flops"][tasks]
+        flops, b_old, _ = self._work(graph, base, tasks, old)
+        _, b_new, _ = self._work(graph, base, tasks, new)
         cls = base["kernel_class"][tasks]
         comp = np.ones(len(tasks))
         ridge = np.ones(len(tasks))

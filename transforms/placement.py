@@ -11,6 +11,8 @@ scenario by :func:`whatif.transforms.scenario.scenario_placement`; the memory mo
 'tensor 8 x pipeline 2'
 >>> Placement().kv_in(80e9, "attacc PIM stacks").label()
 'KV in 80 GB of attacc PIM stacks per GPU'
+>>> Placement().weights_out(8e9).spread(tensor=8).weights_moved_bytes   # moved before the split: 1/8 each
+1000000000.0
 """
 from __future__ import annotations
 
@@ -30,8 +32,15 @@ class Placement:
     weights_moved_bytes: float = 0.0
 
     def spread(self, *, tensor: int = 1, pipeline: int = 1) -> Placement:
-        """The replica spread over ``tensor`` × ``pipeline`` times as many GPUs."""
-        return replace(self, tensor=self.tensor * tensor, pipeline=self.pipeline * pipeline)
+        """The replica spread over ``tensor`` × ``pipeline`` times as many GPUs (each holds that
+        much less of what was moved out of HBM before)."""
+        return replace(self, tensor=self.tensor * tensor, pipeline=self.pipeline * pipeline,
+                       weights_moved_bytes=self.weights_moved_bytes / (tensor * pipeline))
+
+    @property
+    def kv_outside_hbm(self) -> bool:
+        """Whether the KV cache lives beside the GPU (``kv_in``), even in no bytes."""
+        return bool(self.kv_home)
 
     def kv_in(self, nbytes: float, where: str) -> Placement:
         """The KV cache held in ``nbytes`` per GPU of ``where`` instead of HBM."""
@@ -45,7 +54,7 @@ class Placement:
         parts = []
         if self.tensor > 1 or self.pipeline > 1:
             parts.append(f"tensor {self.tensor} x pipeline {self.pipeline}")
-        if self.kv_home_bytes > 0:
+        if self.kv_outside_hbm:
             parts.append(f"KV in {self.kv_home_bytes / 1e9:.0f} GB of {self.kv_home} per GPU")
         if self.weights_moved_bytes > 0:
             parts.append(f"{self.weights_moved_bytes / 1e9:.1f} GB of weights outside HBM per GPU")

@@ -13,9 +13,10 @@ whose JSON the commands write.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -206,11 +207,15 @@ class ServingModels:
 
     def __init__(self, source: str, log_path: Path, replays: Sequence[tuple[str, Replay]],
                  unprofiled_log: str | Path | None = None, *, reference: TaskGraph | None = None,
-                 step_options: StepOptions = COUNT_DEFAULT, placements: Sequence[Placement] = ()) -> None:
+                 step_options: StepOptions = COUNT_DEFAULT,
+                 placements: Sequence[Callable[[], Placement]] = ()) -> None:
         self.source = source
         self.log_path = log_path
         self.reference = reference
-        self.placements = list(placements) or [Placement()] * len(replays)
+        if placements and len(placements) != len(replays):
+            raise ValueError(f"{len(placements)} placements for {len(replays)} models")
+        self._placements = list(placements) or [Placement] * len(replays)
+        self._placed: dict[int, Placement] = {}
         self.step_options = step_options
         self.log = logs.read_log(log_path)
         self.kind = "llm" if self.log["schema"] == logs.LLM_SCHEMA else "dit"
@@ -245,13 +250,18 @@ class ServingModels:
                                     for s, (mb, t) in zip(doc["steps"], logs.dit_compositions(doc))]))
         return ratio(plain) / ratio(self.log)
 
-    def with_kv_capacity(self, scheduler: SchedulerConfig, model: int = 0) -> tuple[SchedulerConfig, str]:
-        """``scheduler`` with the KV capacity of model ``model`` (0: the first, the baseline when
-        fitted) from :func:`recorded_kv_capacity` and where its scenario placed the replica, when
-        none was given."""
+    def placement(self, model: int) -> Placement:
+        """Where model ``model``'s scenario places a replica (computed once, when first asked)."""
+        if model not in self._placed:
+            self._placed[model] = self._placements[model]()
+        return self._placed[model]
+
+    def with_kv_capacity(self, scheduler: SchedulerConfig, model: int | None = 0) -> tuple[SchedulerConfig, str]:
+        """``scheduler`` with the KV capacity of model ``model`` (None: the recorded placement) from
+        :func:`recorded_kv_capacity` and where its scenario placed the replica, when none was given."""
         if scheduler.kv_capacity_tokens is not None:
             return scheduler, "given"
-        tokens, source = recorded_kv_capacity(self.reference, self.placements[model])
+        tokens, source = recorded_kv_capacity(self.reference, Placement() if model is None else self.placement(model))
         return (replace(scheduler, kv_capacity_tokens=tokens) if tokens is not None else scheduler), source
 
     def simulate(self, model: Model, workload: Workload, scheduler: SchedulerConfig, dit: DitOptions,
@@ -284,7 +294,7 @@ def recorded_kv_capacity(graph: TaskGraph | None, placement: Placement | None = 
     tokens = kv_capacity_tokens(shape, capacity, placement)
     t, p = placement.tensor, placement.pipeline
     per_token = shape.kv_bytes_per_rank_token(t, p)
-    where = (f"{placement.kv_home_bytes / 1e9:.1f} GB of {placement.kv_home}" if placement.kv_home_bytes > 0 else
+    where = (f"{placement.kv_home_bytes / 1e9:.1f} GB of {placement.kv_home}" if placement.kv_outside_hbm else
              f"{capacity / 1e9:.0f} GB {ctx.device} x 0.9 - {shape.weight_bytes / (t * p) / 1e9:.1f} GB weights"
              + (f" + {placement.weights_moved_bytes / 1e9:.1f} GB moved out" if placement.weights_moved_bytes else ""))
     return tokens, (f"memory model: {where}, {per_token / 1024:.0f} KiB per token per GPU ({shape.layers} layers, "
@@ -325,13 +335,13 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
     if step_options is not None:
         base = base.with_options(step_options)
     replays: list[tuple[str, Replay]] = [] if not baseline and loaded else [("baseline", base.replay)]
-    placements = [Placement()] * len(replays)
+    placements: list[Callable[[], Placement]] = [Placement] * len(replays)
     todo = [s for s in loaded if not isinstance(s, ScenarioResult)]
     predicted = iter(predict(base, todo, cost_model=cost_model).scenarios if todo else [])
     for s in loaded:
         r = s if isinstance(s, ScenarioResult) else next(predicted)
         replays.append((r.scenario.name, r.replay))
-        placements.append(_placement(base, r, cost_model))
+        placements.append(partial(_placement, base, r, cost_model))
     return ServingModels(base.trace.source if isinstance(path, Analysis) else str(path), log_path, replays,
                          unprofiled_log, reference=base.graph, step_options=base.options, placements=placements)
 
@@ -379,7 +389,7 @@ def serve(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Scena
         per_model = [fitted.with_kv_capacity(scheduler, i) for i in range(len(fitted.models))]
         return LlmServingDocument(
             source=fitted.source, log=str(fitted.log_path), workload=workload_entry,
-            scheduler=_llm_scheduler(*per_model[0]), profiler_correction=fitted.factor,
+            scheduler=_llm_scheduler(*fitted.with_kv_capacity(scheduler, None)), profiler_correction=fitted.factor,
             scenarios=[_llm_serving(name, model, fitted.simulate(model, workload, sched, dit, None, slo_ttft_ms,  # type: ignore[arg-type]
                                                                  slo_tpot_ms), requests, sched, why)
                        for (name, model), (sched, why) in zip(fitted.models, per_model)])
@@ -420,7 +430,7 @@ def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
     if fitted.kind == "llm":
         return LlmSweepDocument(
             source=fitted.source, workload=workload.describe(None),
-            scheduler=_llm_scheduler(*per_model[0]),
+            scheduler=_llm_scheduler(*fitted.with_kv_capacity(scheduler, None)),
             profiler_correction=fitted.factor,
             curves=[LlmSweepCurve(name=name, iteration_model=_llm_model(model),  # type: ignore[arg-type]
                                   points=[_llm_point(rate, simulate(model, sched, rate)) for rate in rates],

@@ -143,7 +143,7 @@ def kv_capacity_tokens(shape: ModelShape, capacity_bytes: float, placement: Plac
     free = (1 - workspace_fraction) * capacity_bytes - shape.weight_bytes / (t * p) + placement.weights_moved_bytes
     if free < 0:
         return 0
-    return int((placement.kv_home_bytes if placement.kv_home_bytes > 0 else free) // per_token)
+    return int(max(0.0, placement.kv_home_bytes if placement.kv_outside_hbm else free) // per_token)
 
 
 def device_capacity_bytes(ctx: TransformContext, override_gb: float = 0.0) -> float:

@@ -109,12 +109,16 @@ def _parts(graph: TaskGraph, ctx: TransformContext, n: int) -> pd.DataFrame:
 
 
 def layers_per_step(graph: TaskGraph) -> int:
-    """Transformer blocks per step and rank (:func:`~.layers.find_blocks`; 1 when none is found)."""
+    """Transformer blocks per step and rank, the median over steps (:func:`~.layers.find_blocks`;
+    1 when none is found inside a step)."""
     blocks = find_blocks(graph)
     if blocks.empty:
         return 1
     steps = graph.tasks["step"].to_numpy()[blocks["task"].to_numpy()]
-    return max(1, int(blocks.assign(step=steps).groupby(["rank", "step"])["block"].nunique().min()))
+    counted = blocks.assign(step=steps)[steps >= 0]
+    if counted.empty:
+        return 1
+    return max(1, int(counted.groupby(["rank", "step"])["block"].nunique().median()))
 
 
 def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, comm_latency_ns: float = 0.0,

@@ -349,8 +349,8 @@ def _check_capacity(graph: TaskGraph, plan: pd.DataFrame, dev: PimDevice) -> Non
 
 def pim_placement(placement: Placement, search: PimSearch, graph: TaskGraph, dev: PimDevice) -> Placement:
     """``placement`` after ``search``'s plan: per GPU (the largest rank and step) the offloaded
-    weights move out of HBM into the stacks; with attention offloaded, the KV cache lives in the
-    stacks' remaining ``capacity − weights``."""
+    weights move out of HBM into the stacks; when every attention kernel is offloaded, the KV cache
+    lives in the stacks' remaining ``capacity − weights`` (when only some are, it stays in HBM)."""
     on = search.offloaded()
     if on.empty:
         return placement
@@ -359,7 +359,9 @@ def pim_placement(placement: Placement, search: PimSearch, graph: TaskGraph, dev
     attention = (on["cls"] == KernelClass.ATTENTION.value).to_numpy()
     weights = float(pd.Series(np.where(attention, 0.0, on["resident"].to_numpy(float))).groupby(keys).sum().max())
     out = placement.weights_out(weights)
-    return out.kv_in(dev.capacity_bytes() - weights, f"{dev.name} PIM stacks") if attention.any() else out
+    all_attention = int(attention.sum()) == int((search.plan["cls"] == KernelClass.ATTENTION.value).sum())
+    return out.kv_in(max(0.0, dev.capacity_bytes() - weights), f"{dev.name} PIM stacks") \
+        if attention.any() and all_attention else out
 
 
 # ---------------------------------------------------------------------------------------------

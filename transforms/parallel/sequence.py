@@ -23,15 +23,15 @@ needs every token, which the three modes get differently (one representative ran
   ``ulysses_degree`` u GPUs (0 = the GPUs of one machine, xDiT/yunchang's ``use_ulysses_low``
   placement) and Ring over the r = P/u groups: all-to-alls among u, then ``r−1`` two-sided hops of
   the K, V block (``2·N·h_kv·e/P`` bytes), each overlapped with attention on the block held,
-  ``t_c = T/(P·r)``; hops cross machines when P exceeds one machine.
+  ``t_c = T/(P·r)``; hops cross machines when P exceeds one machine. The baseline torus is
+  compared with: the best USP that can run.
 
 **Two-sided vs one-sided** (StreamFusion's point): a ring or usp hop is a NCCL send/recv — it
 pays a handshake, the receiver's ready message before the data (one more zero-byte message
 latency of the link, NCCL's rendezvous for large messages), and its kernel holds
 ``NCCL_P2P_CTAS`` = 4 SMs (send and receive on NCCL_NCHANNELS_PER_NET_PEER = 2 channels each,
 one CTA per channel) while the attention block it overlaps computes, which slows that block by
-``1/(1 − 4/SMs)``. Torus' one-sided chunks (NVSHMEM-style puts) pay neither. The baseline torus is compared
-  with: the best USP that can run.
+``1/(1 − 4/SMs)``. Torus' one-sided chunks (NVSHMEM-style puts) pay neither.
 
 **Heads**: Ulysses' all-to-all gives each GPU H/u heads, so u must divide the query heads, and
 divide the KV heads or be a multiple of them (a KV head replicated); checked on the attention op's
@@ -216,6 +216,7 @@ class SequenceParallel(Transform):
         a2a_plan: list[tuple[int, int, int, int, str]] = []   # (key, after, before, dur, name)
         splice_anchor: list = []
         core_dur: dict[int, int] = {}
+        steps_of_core = 1
         for _, blk in b.groupby(["rank", "block"]):
             core = blk[blk["part"] == "attention"]
             if core.empty:
@@ -255,15 +256,20 @@ class SequenceParallel(Transform):
                 hops = [full] + [max(full - latency, 0)] * (machines - 2) if machines > 1 else []
             share = max(t_attn // steps, 1)
             # a two-sided hop's NCCL kernel holds SMs while the block it overlaps computes
-            slowed = share if self.mode == "torus" or not hops else int(round(share / (1 - sm_share)))
+            slow = 1 / (1 - sm_share) if self.mode != "torus" and hops else 1.0
             for tk in core["task"].to_numpy(np.int64).tolist():
-                d = int(g.tasks["dur_ns"].to_numpy()[int(tk)]) // steps
-                core_dur[tk] = d if slowed == share else int(round(d / (1 - sm_share)))
-            blocks_after = [slowed] * (len(hops) - 1) + [share] if hops else []
+                core_dur[tk] = int(round(int(g.tasks["dur_ns"].to_numpy()[int(tk)]) // steps * slow))
+            blocks_after = [int(round(share * slow))] * (len(hops) - 1) + [share] if hops else []
             splice_anchor.append((int(blk["rank"].to_numpy()[0]), last, before, blocks_after, hops))
+            steps_of_core = steps
         if core_dur:
-            g = set_duration(g, list(core_dur), np.asarray([core_dur[k] for k in sorted(core_dur)]),
+            ids = np.asarray(sorted(core_dur), dtype=np.int64)
+            g = set_duration(g, ids, np.asarray([core_dur[k] for k in ids.tolist()]),
                              reason=f"{self.label()}: attention on the local block")
+            if steps_of_core > 1:
+                g = set_state(g, ids, WORK_COLUMN, split_further(current_shares(g.tasks, ids), [
+                    WorkShare(1 / steps_of_core, 1 / steps_of_core, 1.0, 1 / steps_of_core)] * len(ids)),
+                    reason=f"{self.label()}: the local block's share of the attention")
         if a2a_plan:
             for rank in b["rank"].unique():
                 g, res = comm_stream(g, int(rank), f"sp {self.mode} all-to-all")
