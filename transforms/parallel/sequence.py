@@ -52,16 +52,17 @@ import numpy as np
 import pandas as pd
 
 from whatif.core.kernels import KernelClass
-from whatif.core.work import WORK_COLUMN, WorkShare, current_shares, split_further
+from whatif.core.work import WorkShare
 from whatif.depgraph.graph import TaskGraph
 from whatif.hardware.devices import find_device
 
 from ..base import Transform, TransformContext, TransformError
-from ..edit import set_duration, set_state
+from ..edit import set_duration
 from ..registry import register
 from .comm import comm_stream, insert_tasks, next_on_resource, splice_tasks
 from .layers import backward_mask, find_blocks, gemm_io_bytes
 from .memory import HeadSplit, block_heads, head_split
+from .sharding import record_split
 from .tensor import prev_on_resource
 
 MODES = ("ulysses", "ring", "torus", "usp")
@@ -163,9 +164,8 @@ class SequenceParallel(Transform):
         new_dur = cost.kernel_time_ns(graph, tasks, flops / p, inp / p + w + out / p)
         g = set_duration(graph, tasks, np.rint(new_dur).astype(np.int64),
                          reason=f"{self.label()}: block work on 1/{p} of the tokens")
-        g = set_state(g, tasks, WORK_COLUMN, split_further(current_shares(graph.tasks, tasks), [
-            WorkShare(flops=1 / p, activation_bytes=1 / p, weight_bytes=1.0, output_bytes=1 / p)] * len(tasks)),
-            reason=f"{self.label()}: each GPU's share of the block work")
+        g = record_split(g, tasks, WorkShare(flops=1 / p, activation_bytes=1 / p, weight_bytes=1.0, output_bytes=1 / p),
+                         reason=f"{self.label()}: each GPU's share of the block work")
         b = blocks.assign(in_bytes=inp, out_bytes=out, dur=np.rint(new_dur).astype(np.int64))
         kv_share = 2 * kv_heads / (heads + 2 * kv_heads) if heads else 2 / 3
         u = self.ulysses_group(per)
@@ -188,6 +188,13 @@ class SequenceParallel(Transform):
         if self.mode == "usp":
             return self.ulysses_degree or per
         return per if self.mode == "torus" else 1
+
+    def attention_steps(self, machines: int, per: int) -> int:
+        """Blocks each GPU's attention is computed in: one per ring step (P/u for ring and usp), one
+        per machine's chunk (torus), one for ulysses."""
+        if self.mode in ("ring", "usp"):
+            return self.degree // self.ulysses_group(per)
+        return machines if self.mode == "torus" else 1
 
     def _check_heads(self, heads: int, kv_heads: int, per: int) -> None:
         u = self.ulysses_group(per)
@@ -216,7 +223,7 @@ class SequenceParallel(Transform):
         a2a_plan: list[tuple[int, int, int, int, str]] = []   # (key, after, before, dur, name)
         splice_anchor: list = []
         core_dur: dict[int, int] = {}
-        steps_of_core = 1
+        steps = self.attention_steps(machines, per)
         for _, blk in b.groupby(["rank", "block"]):
             core = blk[blk["part"] == "attention"]
             if core.empty:
@@ -235,7 +242,6 @@ class SequenceParallel(Transform):
                 continue
             if self.mode in ("ring", "usp"):
                 u = self.ulysses_group(per)
-                steps = p // u
                 if u > 1:
                     a2a_plan.append((first * 2, before, first, self._price(ctx, "all_to_all", qkv, u, min(u, per)),
                                      f"qkv ({qkv / 2**20:.2f} MiB x{u})"))
@@ -245,7 +251,6 @@ class SequenceParallel(Transform):
                 handshake = self._price(ctx, "send_recv", 0.0, 2, hop_per)   # the receiver's ready message
                 hops = [self._price(ctx, "send_recv", kv, 2, hop_per) + handshake] * (steps - 1)
             else:   # torus: intra-machine all-to-all, inter-machine one-sided chunks
-                steps = machines
                 a2a_plan.append((first * 2, before, first, self._price(ctx, "all_to_all", qkv, per, per),
                                  f"qkv ({qkv / 2**20:.2f} MiB x{per})"))
                 a2a_plan.append((last * 2 + 1, last, after, self._price(ctx, "all_to_all", o, per, per),
@@ -261,15 +266,13 @@ class SequenceParallel(Transform):
                 core_dur[tk] = int(round(int(g.tasks["dur_ns"].to_numpy()[int(tk)]) // steps * slow))
             blocks_after = [int(round(share * slow))] * (len(hops) - 1) + [share] if hops else []
             splice_anchor.append((int(blk["rank"].to_numpy()[0]), last, before, blocks_after, hops))
-            steps_of_core = steps
         if core_dur:
             ids = np.asarray(sorted(core_dur), dtype=np.int64)
             g = set_duration(g, ids, np.asarray([core_dur[k] for k in ids.tolist()]),
                              reason=f"{self.label()}: attention on the local block")
-            if steps_of_core > 1:
-                g = set_state(g, ids, WORK_COLUMN, split_further(current_shares(g.tasks, ids), [
-                    WorkShare(1 / steps_of_core, 1 / steps_of_core, 1.0, 1 / steps_of_core)] * len(ids)),
-                    reason=f"{self.label()}: the local block's share of the attention")
+            if steps > 1:
+                g = record_split(g, ids, WorkShare(1 / steps, 1 / steps, 1.0, 1 / steps),
+                                 reason=f"{self.label()}: the local block's share of the attention")
         if a2a_plan:
             for rank in b["rank"].unique():
                 g, res = comm_stream(g, int(rank), f"sp {self.mode} all-to-all")

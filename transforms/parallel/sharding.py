@@ -16,10 +16,15 @@ the sequence (then 1/t too).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from whatif.core.work import WORK_COLUMN, WorkShare, current_shares, split_further
+
+from ..edit import set_state
 
 if TYPE_CHECKING:
     from whatif.depgraph.graph import TaskGraph
@@ -67,3 +72,13 @@ def batch_part_ns(cost: CostModel, graph: TaskGraph, tasks: np.ndarray, parts: i
     w = np.nan_to_num(f["weight_bytes"])
     return np.asarray(cost.kernel_time_ns(graph, tasks, np.nan_to_num(f["flops"]) / parts,
                                           (np.nan_to_num(f["bytes"]) - w) / parts + w), dtype=float)
+
+
+def record_split(graph: TaskGraph, tasks: np.ndarray, shares: WorkShare | Sequence[WorkShare], *,
+                 reason: str) -> TaskGraph:
+    """``graph`` with ``tasks`` (sorted ids) split further by ``shares`` (one, or one per task) in
+    their ``cost_work`` state (:mod:`whatif.core.work`), so later transforms price their work now."""
+    tasks = np.asarray(tasks, dtype=np.int64)
+    each = [shares] * len(tasks) if isinstance(shares, WorkShare) else list(shares)
+    return set_state(graph, tasks, WORK_COLUMN, split_further(current_shares(graph.tasks, tasks), each),
+                     reason=reason)

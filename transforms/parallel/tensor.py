@@ -24,17 +24,17 @@ import numpy as np
 import pandas as pd
 
 from whatif.core.kernels import KernelClass
-from whatif.core.work import WORK_COLUMN, WorkShare, current_shares, split_further
+from whatif.core.work import WorkShare
 from whatif.depgraph.graph import EdgeKind, TaskGraph
 
 from ..base import CostModel, Transform, TransformContext, TransformError
-from ..edit import set_duration, set_state
+from ..edit import set_duration
 from ..placement import Placement
 from ..registry import register
 from .comm import Collective, comm_stream, insert_tasks, next_on_resource
 from .layers import backward_blocks, find_blocks, gemm_io_bytes
 from .memory import HeadSplit, block_heads, head_split
-from .sharding import shard_arrays
+from .sharding import record_split, shard_arrays
 
 
 def prev_on_resource(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
@@ -107,8 +107,7 @@ class TensorParallel(Transform):
                                                    self.degree, self.sequence_parallel)
         what = "sharded GEMMs/attention re-priced" + (", backward too" if len(bwd) else "")
         g = set_duration(graph, tasks, dur, reason=f"{self.label()}: {what}")
-        g = set_state(g, tasks, WORK_COLUMN, split_further(current_shares(graph.tasks, tasks), shares),
-                      reason=f"{self.label()}: each rank's share of the sharded kernels' work")
+        g = record_split(g, tasks, shares, reason=f"{self.label()}: each rank's share of the sharded kernels' work")
         both = both.assign(out_bytes=out_bytes)
         return self._insert_collectives(g, ctx, both)
 
