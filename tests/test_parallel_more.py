@@ -335,21 +335,38 @@ def test_reshard_one_phase_trace_states_assumption(serve) -> None:
 
 
 def test_nanoflow_search_follows_the_sm_share_physics(tmp_path: Path) -> None:
-    """Overlap pays only when memory-bound work can run on few SMs: the best iteration never beats
-    the GEMMs alone at the whole GPU, never loses to running one kernel at a time, and gets better
-    as the SM share that saturates HBM shrinks."""
-    from whatif.transforms.parallel.nanoflow import search_nanoflow, shared_time_ns
+    """Overlap pays only when kernels keep more speed than the share of the GPU they take: with
+    every kernel's speed in proportion to its share nothing beats one kernel at a time; the gain
+    grows as memory-bound work needs fewer SMs, NanoFlow's measured curves land between, and the
+    GEMMs at the whole GPU bound every schedule."""
+    from whatif.transforms.parallel.nanoflow import (
+        GEMM_CURVE,
+        NANOFLOW_GEMV,
+        NANOFLOW_NETWORK,
+        saturating_curve,
+        search_nanoflow,
+    )
 
-    a = analyze(llm_trace(tmp_path / "dense.json.gz", batch=512, new_tokens=1, kv_tokens=1024, layers=2, steps=1))
+    a = analyze(llm_trace(tmp_path / "dense.json.gz", batch=1024, new_tokens=1, kv_tokens=128, layers=8, steps=1))
     ctx = make_context(a.trace)
     tp = TensorParallel(degree=8, topology="dgx_a100").apply(a.graph, ctx)
-    got = {sigma: search_nanoflow(tp, ctx, saturating_share=sigma, comm_share=0.05) for sigma in (1.0, 0.4, 0.1, 0.02)}
+    got = {sigma: search_nanoflow(tp, ctx, memory_curve=saturating_curve(sigma), comm_curve=saturating_curve(0.05))
+           for sigma in (1.0, 0.4, 0.1, 0.02)}
     speedups = [got[s].speedup for s in (1.0, 0.4, 0.1, 0.02)]
-    assert speedups[0] == 1.0 and all(x >= 1.0 for x in speedups)
+    assert all(x >= 1.0 for x in speedups)
     assert speedups == sorted(speedups) and speedups[-1] > 1.05
+    linear = search_nanoflow(tp, ctx, memory_curve=GEMM_CURVE, comm_curve=GEMM_CURVE)
+    assert linear.speedup == 1.0 and linear.best["gemm_share"] == 1.0
+    measured = search_nanoflow(tp, ctx)
+    assert 1.0 < measured.speedup < speedups[-1]
+    assert any(NANOFLOW_GEMV.source in x for x in measured.assumptions)
+    b = measured.best
+    assert b["gemm_share"] + b["memory_share"] + b["comm_share"] == pytest.approx(1.0)
     parts = got[0.02].parts.mean()
     assert got[0.02].best["iteration_ns"] >= parts["gemm_ns"]          # GEMMs at the whole GPU bound it
-    assert shared_time_ns(0.0, 100.0, 0.2, saturating_share=0.4) == 200.0
+    assert NANOFLOW_NETWORK.time_ns(40.0, 0.1) == 100.0 and NANOFLOW_GEMV.performance(1.0) == 1.0
+    with pytest.raises(TransformError, match="share must be in"):
+        NANOFLOW_GEMV.performance(0.0)
     with pytest.raises(TransformError, match="no GEMM"):
         search_nanoflow(_no_gemm_graph(tmp_path), ctx)
 

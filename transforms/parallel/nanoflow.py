@@ -1,26 +1,31 @@
 """NanoFlow's intra-device parallelism (OSDI 2025), priced on a trace: one iteration's GEMMs
 (compute-bound), attention and other memory-bound kernels, and collectives run as n nano-batches
-on a partition of the GPU's SMs, so the three resources work at once instead of in turn.
+on a partition of the GPU, so the three resources work at once instead of in turn.
 
-**Resource share** (:func:`shared_time_ns`): a kernel given a share ``s`` of the SMs takes
-``T_c/s`` for its compute-bound part, and a memory-bound kernel keeps the full bandwidth while
-``s ≥ σ`` (the SM share that saturates HBM) and slows by ``σ/s`` below it:
-``max(T_c / s, T_m · max(1, σ / s))`` on the achievable roofline, with ``T_c``/``T_m`` the kernel's
-time split by its roofline class. Collectives run on ``s_c`` of the SMs (NCCL's channels, one SM
-each) at their own speed.
+**Resource share** (:class:`ShareCurve`): NanoFlow's own measure. A kernel that runs beside the
+GEMMs takes a share ``R`` of the GPU — R is the fraction of its speed the GEMM loses, so a GEMM
+on share ``R`` runs at ``P = R`` of its speed alone (:data:`GEMM_CURVE`) — and runs at a
+fraction ``P(R)`` of its own speed alone. NanoFlow measured ``P(R)`` on an A100 for its decode
+attention (GEMV) and network kernels co-running with a GEMM (efeslab/Nanoflow,
+``autosearch/trace/gemv_interference.csv`` and ``net_interference.csv``): memory-bound kernels
+keep 60 % of their speed on 40 % of the GPU (:data:`NANOFLOW_GEMV`), collectives 40 % on 10 %
+(:data:`NANOFLOW_NETWORK`). The curves include the HBM bandwidth the GEMM takes from the
+memory-bound kernel. :func:`saturating_curve` is the idealized alternative (full speed from a
+share σ on, linear below it). A kernel of time ``T`` alone takes ``T / P(R)``.
 
-**Iteration** for a partition ``s_g + s_a + s_c = 1`` and n nano-batches: each kernel re-priced at
+**Iteration** for a partition ``r_g + r_a + r_c = 1`` and n nano-batches: each kernel re-priced at
 1/n of its activations (FLOPs/n, bytes ``(B − W)/n + W``: every nano-batch reads the weights;
 ``CostModel.kernel_time_ns``), n times; each collective ``n`` parts, each paying the latency again;
-the three resources busy ``X = (T_gemm/s_g, T_mem·max(1, σ/s_a), T_comm)`` in all, pipelined over n
-nano-batches and L layers as :func:`pipelined_ns`: ``max(max X + (ΣX − max X)/(n·L), ΣX/n)``. The
-sequential iteration is ``ΣT`` (one kernel at a time, as the trace ran). :func:`search_nanoflow`
-searches n and s_g as NanoFlow's auto-search does.
+the three resources busy ``X = (T_gemm/r_g, T_mem/P_a(r_a), T_comm/P_c(r_c))`` in all, pipelined
+over n nano-batches and L layers as :func:`pipelined_ns`:
+``max(max X + (ΣX − max X)/(n·L), ΣX/n)``. The sequential iteration is ``ΣT`` (one kernel at a
+time on the whole GPU, as the trace ran). :func:`search_nanoflow` searches n, r_g and r_c in steps
+of 0.05, as NanoFlow's auto-search does over its profiled shares.
 
-Assumptions, stated in every result: σ = 0.4 (memory-bound kernels reach HBM bandwidth on 40 % of
-the SMs; NanoFlow profiles this curve per kernel), s_c = 0.1 (NCCL's channels). Left out: the
-bandwidth GEMMs take from attention when both stream from HBM, L2 interference, and CPU launch
-cost (NanoFlow and its baseline launch through CUDA graphs).
+Left out: the curves are NanoFlow's A100 measurements, used for every GPU and kernel shape (no
+per-kernel profile of the trace's own kernels); L2 interference beyond what they measured; CPU
+launch cost (NanoFlow and its baseline launch through CUDA graphs). An analysis, not a transform:
+the graph is not rewritten into the overlapped schedule.
 """
 from __future__ import annotations
 
@@ -37,23 +42,54 @@ from ..select import kernel_classes
 from .layers import find_blocks
 from .sharding import batch_part_ns
 
-SATURATING_SM_SHARE = 0.4
-COMM_SM_SHARE = 0.10
 NANO_BATCHES = (1, 2, 4, 8)
+SHARE_STEP = 0.05
 NAME = "nanoflow"
 
 
-def shared_time_ns(compute_ns: float, memory_ns: float, sm_share: float,
-                   saturating_share: float = SATURATING_SM_SHARE) -> float:
-    """Time of work of ``compute_ns`` compute-bound and ``memory_ns`` memory-bound time (at the whole
-    GPU) on a share ``sm_share`` of the SMs.
+@dataclass(frozen=True)
+class ShareCurve:
+    """Normalized speed ``P`` of a kernel given a share ``R`` of the GPU, piecewise linear through
+    ``points`` (``(R, P)`` pairs), with ``P(0) = 0`` and ``P(1) = 1``.
 
-    >>> shared_time_ns(100.0, 0.0, 0.5), shared_time_ns(0.0, 100.0, 0.5), shared_time_ns(0.0, 100.0, 0.2)
-    (200.0, 100.0, 200.0)
+    >>> NANOFLOW_GEMV.performance(0.4), NANOFLOW_GEMV.time_ns(60.0, 0.4)
+    (0.6, 100.0)
+    >>> GEMM_CURVE.time_ns(100.0, 0.5), saturating_curve(0.4).performance(0.2)
+    (200.0, 0.5)
     """
-    if not 0 < sm_share <= 1:
-        raise TransformError(f"{NAME}: an SM share must be in (0, 1], got {sm_share}")
-    return max(compute_ns / sm_share, memory_ns * max(1.0, saturating_share / sm_share))
+
+    name: str
+    points: tuple[tuple[float, float], ...]
+    source: str
+
+    def performance(self, share: float) -> float:
+        if not 0 < share <= 1:
+            raise TransformError(f"{NAME}: a GPU share must be in (0, 1], got {share}")
+        xs = [0.0, *(r for r, _ in self.points), 1.0]
+        ys = [0.0, *(p for _, p in self.points), 1.0]
+        return float(np.interp(share, xs, ys))
+
+    def time_ns(self, alone_ns: float, share: float) -> float:
+        """Time of work that takes ``alone_ns`` on the whole GPU, on ``share`` of it."""
+        return alone_ns / self.performance(share) if alone_ns > 0 else 0.0
+
+
+GEMM_CURVE = ShareCurve("GEMM", (), "NanoFlow's definition of the share: the GEMM's own speed")
+NANOFLOW_GEMV = ShareCurve(
+    "NanoFlow decode attention (GEMV), A100",
+    ((0.1, 0.25), (0.2, 0.4), (0.3, 0.5), (0.4, 0.6), (0.5, 0.7), (0.6, 0.8), (0.7, 0.85), (0.8, 0.9), (0.9, 0.95)),
+    "efeslab/Nanoflow autosearch/trace/gemv_interference.csv")
+NANOFLOW_NETWORK = ShareCurve(
+    "NanoFlow network kernels, A100", ((0.1, 0.4), (0.2, 0.6), (0.3, 0.7), (0.4, 0.8), (0.5, 0.9)),
+    "efeslab/Nanoflow autosearch/trace/net_interference.csv")
+
+
+def saturating_curve(sigma: float) -> ShareCurve:
+    """Memory-bound work at full speed from a share ``sigma`` on and in proportion below it (an
+    idealization: no bandwidth taken by the co-running GEMM)."""
+    if not 0 < sigma <= 1:
+        raise TransformError(f"{NAME}: the saturating share must be in (0, 1], got {sigma}")
+    return ShareCurve(f"saturates HBM on {sigma:.0%} of the GPU", ((sigma, 1.0),), "assumption")
 
 
 def pipelined_ns(stages: list[float], nano_batches: int, layers: int = 1) -> float:
@@ -121,13 +157,35 @@ def layers_per_step(graph: TaskGraph) -> int:
     return max(1, int(counted.groupby(["rank", "step"])["block"].nunique().median()))
 
 
+def _shares(with_comm: bool) -> list[tuple[float, float, float]]:
+    """Every partition (r_g, r_a, r_c) of the GPU in steps of :data:`SHARE_STEP`; r_c = 0 when
+    there is no collective."""
+    steps = round(1 / SHARE_STEP)
+    out = []
+    for g in range(1, steps):
+        for c in (range(1, steps - g) if with_comm else (0,)):
+            a = steps - g - c
+            if a > 0:
+                out.append((g / steps, a / steps, c / steps))
+    return out
+
+
 def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, comm_latency_ns: float = 0.0,
-                    saturating_share: float = SATURATING_SM_SHARE, comm_share: float = COMM_SM_SHARE,
+                    memory_curve: ShareCurve = NANOFLOW_GEMV, comm_curve: ShareCurve = NANOFLOW_NETWORK,
                     nano_batches: tuple[int, ...] = NANO_BATCHES) -> NanoFlowSearch:
-    """Best nano-batch count and SM partition for ``graph``'s iterations (see the module docstring).
-    ``comm_latency_ns``: what each extra collective part pays again (a collective's fixed cost)."""
-    if not 0 <= comm_share < 1 or not 0 < saturating_share <= 1:
-        raise TransformError(f"{NAME}: comm_share must be in [0, 1) and saturating_share in (0, 1]")
+    """Best nano-batch count and GPU partition for ``graph``'s iterations (see the module docstring).
+
+    Parameters
+    ----------
+    comm_latency_ns : what each extra collective part pays again (a collective's fixed cost).
+    memory_curve, comm_curve : speed of memory-bound kernels and of collectives on a share of the
+        GPU beside the GEMMs (default: NanoFlow's A100 measurements).
+
+    Raises
+    ------
+    TransformError
+        When the trace's steps have no GEMM kernels.
+    """
     base = _parts(graph, ctx, 1)
     if base.empty or not (base["gemm_ns"] > 0).any():
         raise TransformError(f"{NAME}: the trace's steps have no GEMM kernels to overlap")
@@ -137,24 +195,21 @@ def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, comm_latency_ns:
         p = base if n == 1 else _parts(graph, ctx, n)
         gemm, mem = float(p["gemm_ns"].mean()), float(p["memory_ns"].mean())
         comm = float(p["comm_ns"].mean()) + (n - 1) * comm_latency_ns * float(p["comm_count"].mean())
-        usable = 1.0 - (comm_share if comm > 0 else 0.0)
-        for s_g in np.round(np.arange(0.05, usable, 0.05), 2):
-            s_a = usable - s_g
-            if s_a <= 0:
-                continue
-            x = [shared_time_ns(gemm, 0.0, s_g, saturating_share), shared_time_ns(0.0, mem, s_a, saturating_share),
-                 comm]
-            rows.append({"nano_batches": n, "gemm_share": float(s_g), "memory_share": round(float(s_a), 2),
+        for r_g, r_a, r_c in _shares(comm > 0):
+            x = [GEMM_CURVE.time_ns(gemm, r_g), memory_curve.time_ns(mem, r_a),
+                 comm_curve.time_ns(comm, r_c) if r_c else 0.0]
+            rows.append({"nano_batches": n, "gemm_share": r_g, "memory_share": r_a, "comm_share": r_c,
                          "gemm_ns": x[0], "memory_ns": x[1], "comm_ns": x[2],
                          "iteration_ns": pipelined_ns(x, n, layers)})
     seq = float((base["gemm_ns"] + base["memory_ns"] + base["comm_ns"]).mean())
-    rows.append({"nano_batches": 1, "gemm_share": 1.0, "memory_share": 1.0, "gemm_ns": float(base["gemm_ns"].mean()),
-                 "memory_ns": float(base["memory_ns"].mean()), "comm_ns": float(base["comm_ns"].mean()),
-                 "iteration_ns": seq})   # one kernel at a time on the whole GPU: the trace's way
+    # one kernel at a time on the whole GPU, the trace's way
+    rows.append({"nano_batches": 1, "gemm_share": 1.0, "memory_share": 1.0, "comm_share": 1.0,
+                 "gemm_ns": float(base["gemm_ns"].mean()), "memory_ns": float(base["memory_ns"].mean()),
+                 "comm_ns": float(base["comm_ns"].mean()), "iteration_ns": seq})
     table = pd.DataFrame(rows).assign(sequential_ns=seq).sort_values(
-        ["iteration_ns", "nano_batches", "gemm_share"], ignore_index=True)
+        ["iteration_ns", "nano_batches", "gemm_share", "comm_share"], ignore_index=True)
     best = {k: float(v) for k, v in table.iloc[0].items()}
-    assumptions = [f"memory-bound kernels reach full HBM bandwidth on {saturating_share:.0%} of the SMs",
-                   f"collectives run on {comm_share:.0%} of the SMs",
-                   "GEMMs and attention do not contend for HBM bandwidth; CPU launches are not on the path"]
+    assumptions = [f"memory-bound kernels beside GEMMs: {memory_curve.name} ({memory_curve.source})",
+                   f"collectives beside GEMMs: {comm_curve.name} ({comm_curve.source})",
+                   "the curves hold for every kernel shape; CPU launches are not on the path"]
     return NanoFlowSearch(parts=base, table=table, best=best, assumptions=assumptions)
