@@ -28,6 +28,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from whatif.core import limits
 from whatif.core.errors import TraceError
 
 from .kinds import GPU_KINDS, IGNORED_CATEGORIES, EventKind, kind_of
@@ -85,8 +86,12 @@ def _first_line(exc: BaseException) -> str:
 
 
 def read_bytes(path: Path) -> bytes:
-    """The file's JSON text, gunzipped when it starts with the gzip magic, or :class:`TraceError`."""
+    """The file's JSON text, gunzipped when it starts with the gzip magic, or :class:`TraceError`.
+    Only regular files are read (a named pipe or a device would block or never end), and a gzip
+    file may inflate to at most :func:`~whatif.core.limits.inflate_cap_bytes` of its size."""
     try:
+        if path.exists() and not path.is_dir() and not path.is_file():
+            raise TraceError(path, "not a regular file (a pipe, socket or device is not read)")
         raw = path.read_bytes()
     except FileNotFoundError:
         raise TraceError(path, "no such file") from None
@@ -97,20 +102,33 @@ def read_bytes(path: Path) -> bytes:
     if not raw:
         raise TraceError(path, "empty file")
     if raw[:2] == b"\x1f\x8b":
-        parts = []
-        while raw[:2] == b"\x1f\x8b":  # one gzip member after the other, as gzip.decompress does
-            inflater = _inflate_lib.decompressobj(31)  # 31: gzip header and trailer
-            try:
-                parts.append(inflater.decompress(raw))
-            except (OSError, zlib.error, _inflate_lib.error) as exc:
-                raise TraceError(path, f"corrupt gzip ({_first_line(exc)})") from None
-            if not inflater.eof:
-                raise TraceError(path, "truncated gzip (the file ends before the compressed data does)")
-            raw = inflater.unused_data
-        raw = parts[0] if len(parts) == 1 else b"".join(parts)
-        if not raw:
-            raise TraceError(path, "empty file (gzip holds no data)")
+        raw = _inflate(path, raw)
     return raw
+
+
+def _inflate(path: Path, raw: bytes) -> bytes:
+    """Every gzip member of ``raw`` (as gzip.decompress), refused once it passes the cap: the
+    inflater never produces more than the bytes left under it."""
+    cap = limits.inflate_cap_bytes(len(raw))
+    parts, total = [], 0
+    while raw[:2] == b"\x1f\x8b":
+        inflater = _inflate_lib.decompressobj(31)  # 31: gzip header and trailer
+        try:
+            part = inflater.decompress(raw, cap - total + 1)
+        except (OSError, zlib.error, _inflate_lib.error) as exc:
+            raise TraceError(path, f"corrupt gzip ({_first_line(exc)})") from None
+        total += len(part)
+        if total > cap:
+            raise TraceError(path, f"inflates to more than {cap:,} bytes ({cap / len(raw):.0f}x its compressed size; "
+                                   "WHATIF_MAX_INFLATE_RATIO and WHATIF_MAX_TRACE_GB raise the caps)")
+        if not inflater.eof:
+            raise TraceError(path, "truncated gzip (the file ends before the compressed data does)")
+        parts.append(part)
+        raw = inflater.unused_data
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
+    if not data:
+        raise TraceError(path, "empty file (gzip holds no data)")
+    return data
 
 
 _TRAILING = re.compile(r"trailing characters \(byte (\d+)\)")
@@ -162,6 +180,16 @@ def _split_trace_object(raw: bytes) -> tuple[memoryview, dict[str, Any]] | None:
 
 def _decode_trace(path: Path, raw: bytes) -> tuple[list[_Event], dict[str, Any], int]:
     """JSON text -> (events, top-level metadata, number of entries that are not event objects)."""
+    try:
+        return _decode_json(path, raw)
+    except RecursionError:
+        raise TraceError(path, "not usable JSON (values nested deeper than the decoder's recursion limit)") from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(path, f"not valid JSON (a string is not UTF-8: byte {exc.object[exc.start:exc.start + 1]!r} "
+                               f"at {exc.start} of that string)") from None
+
+
+def _decode_json(path: Path, raw: bytes) -> tuple[list[_Event], dict[str, Any], int]:
     head = raw[:64].lstrip()[:1]
     if head == b"{" and (split := _split_trace_object(raw)) is not None:
         try:
@@ -249,7 +277,7 @@ def _int64(values: list[int]) -> np.ndarray:
                         dtype=np.int64)
 
 
-def _us_to_ns(values: list[int | float], path: Path, what: str) -> np.ndarray:
+def _us_to_ns(values: list[int | float], path: Path, what: str, bound_ns: int) -> np.ndarray:
     """Microseconds (ints, or floats with ns decimals) -> integer nanoseconds.
 
     Floats are split into whole and fractional microseconds so that values around 1e12 us
@@ -261,13 +289,14 @@ def _us_to_ns(values: list[int | float], path: Path, what: str) -> np.ndarray:
         arr = np.array(values)
     except OverflowError:
         arr = np.array(values, dtype=object)
+    limit = f"more than 2**{bound_ns.bit_length() - 1} ns"
     if arr.dtype.kind in "iu":
-        if np.abs(arr).max() > _INT64_MAX // 1000:
-            raise TraceError(path, f"{what} out of range (more than 2**63 ns)")
+        if np.abs(arr).max() > bound_ns // 1000:
+            raise TraceError(path, f"{what} out of range ({limit})")
         return arr.astype(np.int64) * 1000
     if arr.dtype.kind == "f":
-        if not np.isfinite(arr).all() or np.abs(arr).max() >= _INT64_MAX / 1000:
-            raise TraceError(path, f"{what} out of range (not finite or more than 2**63 ns)")
+        if not np.isfinite(arr).all() or np.abs(arr).max() > bound_ns / 1000:
+            raise TraceError(path, f"{what} out of range (not finite or {limit})")
         whole = np.floor(arr)
         return whole.astype(np.int64) * 1000 + np.rint((arr - whole) * 1000).astype(np.int64)
     raise TraceError(path, f"{what} out of range (integers beyond 64 bits)")
@@ -304,6 +333,22 @@ def parse_file(path: str | Path) -> FileTrace:
         return _parse_events(path, events, metadata, malformed)
 
 
+def _base_time_ns(path: Path, base: Any) -> int:
+    """``baseTimeNanoseconds`` as an int (0 when absent or not a number), within the time bound."""
+    if not isinstance(base, (int, float)) or isinstance(base, bool):
+        return 0
+    if not math.isfinite(base) or abs(base) > limits.MAX_TIME_NS:
+        raise TraceError(path, "baseTimeNanoseconds out of range (not finite or more than 2**62 ns)")
+    return int(base)
+
+
+def _check_steps(path: Path, names: list[str]) -> None:
+    """Refuse a ``ProfilerStep#N`` whose N does not fit the step columns."""
+    for name in names:
+        if name.startswith("ProfilerStep#") and (n := step_number(name)) is not None and n > limits.MAX_STEP:
+            raise TraceError(path, f"'{name[:48]}': step number beyond {limits.MAX_STEP}")
+
+
 def _parse_events(path: Path, events: list[_Event], metadata: dict[str, Any], malformed: int) -> FileTrace:
     """Decoded events -> :class:`FileTrace` (see :func:`parse_file`).
 
@@ -314,8 +359,7 @@ def _parse_events(path: Path, events: list[_Event], metadata: dict[str, Any], ma
         raise TraceError(path, "trace has no events")
     if not any(e.ph.__class__ is str for e in events):
         raise TraceError(path, "not a Chrome/Kineto trace (no entry is an event with a 'ph' phase)")
-    base = metadata.get("baseTimeNanoseconds")
-    base_ns = int(base) if isinstance(base, (int, float)) and not isinstance(base, bool) else 0
+    base_ns = _base_time_ns(path, metadata.get("baseTimeNanoseconds"))
 
     # Per-file lookup tables: a category becomes a small code once, a name an index.
     cat_code: dict[Any, int] = {}   # raw category -> code (>= 0 kept, < 0 ignored)
@@ -463,9 +507,13 @@ def _parse_events(path: Path, events: list[_Event], metadata: dict[str, Any], ma
         device[rows] = np.where(dev >= 0, dev, pid[rows])
         stream[rows] = np.where(strm >= 0, strm, tid[rows])
 
+    _check_steps(path, names)
+    ts_ns = _us_to_ns(ts_l, path, "timestamp", limits.MAX_TIME_NS)
+    if len(ts_ns) and max(abs(int(ts_ns.max()) + base_ns), abs(int(ts_ns.min()) + base_ns)) > limits.MAX_TIME_NS:
+        raise TraceError(path, "timestamp + baseTimeNanoseconds out of range (more than 2**62 ns)")
+    ts_ns += base_ns
     columns = FileColumns(
-        ts_ns=_us_to_ns(ts_l, path, "timestamp") + base_ns,
-        dur_ns=np.maximum(_us_to_ns(dur_l, path, "duration"), 0),
+        ts_ns=ts_ns, dur_ns=np.maximum(_us_to_ns(dur_l, path, "duration", limits.MAX_DURATION_NS), 0),
         kind=kind, name_code=name_codes, names=names, pid=pid, tid=tid, device=device, stream=stream,
         correlation=_int64(corr_l), external_id=_int64(ext_l), args=args_l)
     flows, thread_names, process_names, skipped = _other_events(rest, base_ns, interned)
@@ -495,8 +543,8 @@ def _other_events(events: list[_Event], base_ns: int, interned: _StringIds
                 skipped["launch_flow"] += 1  # the launch link is the correlation id itself
                 continue
             ts = ev.ts
-            if ts.__class__ not in (int, float) or ev.id is None:
-                skipped["malformed"] += 1
+            if ts.__class__ not in (int, float) or ev.id is None or not abs(ts) <= limits.MAX_TIME_NS / 1000:
+                skipped["malformed"] += 1   # no time, no id, or a time beyond the bound (or NaN)
                 continue
             flows.append(Flow(category=cat, flow_id=_int_id(ev.id, interned), phase=ph,
                               pid=_int_id(ev.pid, interned), tid=_int_id(ev.tid, interned),

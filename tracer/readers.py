@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from whatif.core import limits
 from whatif.core.errors import TraceError
 from whatif.core.plugins import load_plugins
 
@@ -139,14 +140,20 @@ class FileTrace:
     def rank_hint(self) -> int | None:
         """Rank from ``distributedInfo``, else from a ``rank<k>`` in the file name."""
         rank = self.distributed_info.get("rank")
-        if isinstance(rank, int) and rank >= 0:
-            return rank
-        match = _RANK_IN_NAME.search(self.path.name)
-        return int(match.group(1)) if match else None
+        if not (isinstance(rank, int) and rank >= 0):
+            match = _RANK_IN_NAME.search(self.path.name)
+            rank = int(match.group(1)) if match else None
+        if rank is not None and rank > limits.MAX_RANK:
+            raise TraceError(self.path, f"rank {rank} out of range (0..{limits.MAX_RANK})")
+        return rank
 
     def world_size_hint(self) -> int | None:
         size = self.distributed_info.get("world_size")
-        return size if isinstance(size, int) and size > 0 else None
+        if not (isinstance(size, int) and size > 0):
+            return None
+        if size > limits.MAX_RANK + 1:
+            raise TraceError(self.path, f"world size {size} out of range (1..{limits.MAX_RANK + 1})")
+        return size
 
 
 class TraceReader(ABC):
