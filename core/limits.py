@@ -4,7 +4,9 @@ with one line instead of overflowing, exhausting memory or hanging later (docs/r
 * Times, in nanoseconds: every timestamp (with ``baseTimeNanoseconds`` added) within
   ``±MAX_TIME_NS`` = 2^62 ns (146 years: epoch timestamps until 2116), every duration within
   ``MAX_DURATION_NS`` = 2^60 ns (36 years), so that ``ts + dur`` and a replay's sums stay inside int64.
-* Ranks, world sizes and step numbers fit the int32/int64 columns that hold them.
+* Ranks, world sizes and step numbers fit the int32/int64 columns that hold them; a plan has at
+  most ``MAX_GPUS`` GPUs and a batch at most ``MAX_PARTS`` parts (a transform parameter's
+  ``maximum``, checked when a scenario is read).
 * Decompression: a gzip file inflates to at most ``max_inflate_ratio()`` times its compressed size
   (real Kineto traces: 7-30x over the 44 gzipped traces in ../shared/traces) and at most
   ``max_trace_bytes()`` in all; both can be raised with the environment variables
@@ -19,6 +21,8 @@ from whatif.core.errors import WhatifError
 MAX_TIME_NS = 1 << 62
 MAX_DURATION_NS = 1 << 60
 MAX_RANK = (1 << 31) - 1
+MAX_GPUS = 1 << 17          # GPUs in one plan (the largest clusters hold ~10^5)
+MAX_PARTS = 4096            # nano-batches, micro-batches, workers, a batch's splits
 MAX_STEP = (1 << 31) - 1
 DEFAULT_INFLATE_RATIO = 100
 DEFAULT_TRACE_GB = 64

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from whatif.core import limits
 from whatif.depgraph.graph import (
     END_BOUND_EDGE_KINDS,
     Change,
@@ -122,14 +123,34 @@ def _edge_frame(src: Any, dst: Any, lat_ns: Any, kind: Any) -> pd.DataFrame:
                          "kind": np.broadcast_to(np.asarray(kind, dtype=np.int8), s.shape)})
 
 
-def set_duration(graph: TaskGraph, tasks: Tasks, dur_ns: int | np.ndarray, *, reason: str,
+def durations_ns(values: Any) -> np.ndarray:
+    """``values`` as int64 nanoseconds, refused unless every one is finite and within
+    ``0..MAX_DURATION_NS`` (a factor of 1e308 or a NaN would otherwise wrap around int64).
+
+    >>> durations_ns([1.4, 2]).tolist()
+    [1, 2]
+    >>> durations_ns([float("inf")])
+    Traceback (most recent call last):
+    whatif.depgraph.graph.GraphError: durations must be finite and within 0..2**60 ns (got inf)
+    """
+    arr = np.asarray(values)
+    if arr.dtype.kind in "iub":
+        bad = (arr < 0) | (arr > limits.MAX_DURATION_NS)
+    else:
+        arr = arr.astype(np.float64)
+        bad = ~np.isfinite(arr) | (arr < 0) | (arr > limits.MAX_DURATION_NS)
+    if bad.any():
+        raise GraphError(f"durations must be finite and within 0..2**60 ns (got {arr[bad].flat[0].item()!r})")
+    return np.rint(arr).astype(np.int64)
+
+
+def set_duration(graph: TaskGraph, tasks: Tasks, dur_ns: float | np.ndarray, *, reason: str,
                  transform: str | None = None) -> TaskGraph:
-    """Set the replay duration of ``tasks`` (one value, or one per task in sorted id order)."""
+    """Set the replay duration of ``tasks`` (one value, or one per task in sorted id order; rounded to
+    whole ns, refused unless finite and within 0..2**60 ns: :func:`durations_ns`)."""
     ids = _ids(graph, tasks)
     out = graph.copy()
-    new = np.broadcast_to(np.asarray(dur_ns, dtype=np.int64), ids.shape)
-    if (new < 0).any():
-        raise GraphError("durations must be >= 0 ns")
+    new = np.broadcast_to(durations_ns(dur_ns), ids.shape)
     before = int(out.tasks["dur_ns"].to_numpy()[ids].sum())
     out.tasks.loc[ids, "dur_ns"] = new
     _log(out, _transform_name("set_duration", transform), "set duration of", len(ids), before, int(new.sum()), reason)
@@ -144,7 +165,7 @@ def scale(graph: TaskGraph, tasks: Tasks, factor: float | np.ndarray, *, reason:
     if (factor_arr < 0).any():
         raise GraphError("scale factors must be >= 0")
     dur = graph.tasks["dur_ns"].to_numpy()[ids]
-    new = np.rint(dur * factor_arr).astype(np.int64)
+    new = durations_ns(dur * factor_arr)
     label = f"scale x{float(factor_arr):g}" if factor_arr.ndim == 0 else "scale"
     out = set_duration(graph, ids, new, reason=reason, transform=transform)
     last = out.changes.pop()
@@ -306,8 +327,7 @@ def insert(graph: TaskGraph, *, name: str, kind: TaskKind, resource: int, dur_ns
     ``lat_ns`` on the incoming ones). ``splice_after``: a task on the same ordered resource after
     which the new task runs; the resource's order edge out of it is split around the new task.
     """
-    if dur_ns < 0:
-        raise GraphError("durations must be >= 0 ns")
+    dur_ns = int(durations_ns(dur_ns))
     if not 0 <= resource < len(graph.resources):
         raise GraphError(f"resource {resource} does not exist")
     out = graph.copy()
@@ -544,12 +564,10 @@ def insert_many(graph: TaskGraph, *, kind: TaskKind | Sequence[int] | np.ndarray
     >>> ids.tolist(), h.edges[["src", "dst"]].values.tolist()
     ([2, 3], [[0, 1], [1, 2], [2, 3]])
     """
-    dur = np.asarray(dur_ns, dtype=np.int64)
+    dur = durations_ns(dur_ns)
     n_new = len(dur)
     if len(names) != n_new:
         raise GraphError("insert_many needs one name per task")
-    if (dur < 0).any():
-        raise GraphError("durations must be >= 0 ns")
     res = np.broadcast_to(np.asarray(resource, dtype=np.int64), dur.shape)
     if n_new and (res.min() < 0 or res.max() >= len(graph.resources)):
         raise GraphError(f"resource {int(res.max() if res.max() >= len(graph.resources) else res.min())} "
@@ -667,7 +685,7 @@ def scale_edge_latency(graph: TaskGraph, edges: np.ndarray, factor: float | np.n
     if (f < 0).any():
         raise GraphError("scale factors must be >= 0")
     sel = np.flatnonzero(edges) if np.asarray(edges).dtype == bool else np.asarray(edges, dtype=np.int64)
-    new = np.rint(graph.edges["lat_ns"].to_numpy()[sel] * f).astype(np.int64)
+    new = durations_ns(graph.edges["lat_ns"].to_numpy()[sel] * f)
     label = f"scale latency x{float(f):g} of" if f.ndim == 0 else "scale latency of"
     return set_edge_latency(graph, sel, new, reason=reason, action=label,
                             transform=_transform_name("scale_edge_latency", transform))

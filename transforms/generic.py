@@ -59,7 +59,7 @@ class SetDuration(Transform):
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
         if self.dur_us < 0:
             raise TransformError("set_duration: dur_us must be >= 0")
-        return set_duration(graph, _selected(self, self.select, graph), round(self.dur_us * 1000),
+        return set_duration(graph, _selected(self, self.select, graph), self.dur_us * 1000.0,
                             reason=self.label())
 
 

@@ -72,6 +72,7 @@ class Parameter:
     default: Any
     required: bool
     help: str
+    maximum: float | None = None
 
     @property
     def choices(self) -> tuple[Any, ...] | None:
@@ -122,5 +123,5 @@ def parameters(name: str) -> list[Parameter]:
         else:
             default, required = None, True
         out.append(Parameter(name=f.name, type=hints.get(f.name, Any), default=default, required=required,
-                             help=str(f.metadata.get("help", ""))))
+                             help=str(f.metadata.get("help", "")), maximum=f.metadata.get("maximum")))
     return out

@@ -20,6 +20,7 @@ parameter, a value outside a ``Literal`` or ``Enum`` parameter's choices, bad se
 from __future__ import annotations
 
 import enum
+import math
 import re
 import sys
 import types
@@ -30,12 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from whatif.core.errors import WhatifError
-from whatif.depgraph.graph import TaskGraph
+from whatif.depgraph.graph import GraphError, TaskGraph
 
 from . import registry
 from .base import Transform, TransformContext, TransformError
 from .placement import Placement
 from .select import SelectionError, Selector
+
+MAX_INT_PARAMETER = 1 << 53   # integers a float64 holds exactly
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -64,7 +67,7 @@ class Scenario:
         for t in self.transforms:
             try:
                 g = t.apply(g, ctx)
-            except (TransformError, SelectionError) as exc:
+            except (TransformError, SelectionError, GraphError) as exc:
                 raise TransformError(f"scenario {self.name!r}, {t.label()}: {exc}") from None
             out.append(g)
         return out
@@ -122,7 +125,11 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         except SelectionError as exc:
             raise ScenarioError(f"{where}: {exc}") from None
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ScenarioError(f"{where}: must be a finite number (got {value!r})")
         return float(value)
+    if hint is int and type(value) is int and abs(value) > MAX_INT_PARAMETER:
+        raise ScenarioError(f"{where}: must be an integer within ±2**53 (got {value!r})")
     if hint in (int, str, bool) and type(value) is hint:
         return value
     if origin is list and isinstance(value, list):
@@ -134,6 +141,13 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         return value
     name = getattr(hint, "__name__", str(hint))
     raise ScenarioError(f"{where}: expected {name}, got {type(value).__name__} {value!r}")
+
+
+def _bounded(value: Any, spec: registry.Parameter, where: str) -> Any:
+    """``value`` unless it exceeds the parameter's declared ``maximum``."""
+    if spec.maximum is not None and isinstance(value, (int, float)) and value > spec.maximum:
+        raise ScenarioError(f"{where}: must be at most {spec.maximum:,} (got {value!r})")
+    return value
 
 
 def build_transform(name: str, params: dict[str, Any], where: str = "") -> Transform:
@@ -151,7 +165,8 @@ def build_transform(name: str, params: dict[str, Any], where: str = "") -> Trans
     missing = [p for p, s in specs.items() if s.required and p not in params]
     if missing:
         raise ScenarioError(f"{prefix}{name}: missing parameter {missing[0]!r}")
-    kwargs = {k: _coerce(v, specs[k].type, f"{where or name}: {name}.{k}".lstrip(": ")) for k, v in params.items()}
+    kwargs = {k: _bounded(_coerce(v, specs[k].type, f"{where or name}: {name}.{k}".lstrip(": ")), specs[k],
+                          f"{where or name}: {name}.{k}".lstrip(": ")) for k, v in params.items()}
     try:
         return cls(**kwargs)
     except (TypeError, ValueError, TransformError) as exc:

@@ -43,6 +43,10 @@ class SelectionError(WhatifError):
     """A selection names something that does not exist (a kind, a class, a bad pattern)."""
 
 
+_TEXT_KEYS = frozenset({"name", "layer", "op", "resource"})   # one regular expression each
+_NUMBER_KEYS = frozenset({"step", "rank"})
+
+
 @dataclass(frozen=True)
 class Selector:
     """A reusable selection, as written in scenario files (every field optional, all must hold).
@@ -62,6 +66,19 @@ class Selector:
     rank: int | list[int] | None = None
     resource: str | None = None
     kernel_class: str | list[str] | None = None
+
+    def __post_init__(self) -> None:
+        for key in self.__dataclass_fields__:
+            value = getattr(self, key)
+            if value is None:
+                continue
+            text_only = key in _TEXT_KEYS
+            item = int if key in _NUMBER_KEYS else str
+            values = value if isinstance(value, list) and not text_only else [value]
+            if not values or not all(type(v) is item for v in values):
+                expected = "text" if item is str else "an integer"
+                shape = expected if text_only else f"{expected} or a non-empty list of them"
+                raise SelectionError(f"selection key {key!r} must be {shape} (got {value!r})")
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items())
@@ -96,6 +113,8 @@ def _regex(column: pd.Series, pattern: str) -> np.ndarray:
         raise SelectionError(f"bad pattern {pattern!r}: {exc}") from None
     if isinstance(column.dtype, pd.CategoricalDtype):
         cats = column.cat.categories
+        if not len(cats):
+            return np.zeros(len(column), dtype=bool)
         hit = np.fromiter((bool(rx.search(str(c))) for c in cats), dtype=bool, count=len(cats))
         codes = column.cat.codes.to_numpy()
         return np.where(codes >= 0, hit[np.maximum(codes, 0)], False)

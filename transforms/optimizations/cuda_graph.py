@@ -64,7 +64,7 @@ from whatif.depgraph.graph import (
 )
 
 from ..base import Transform, TransformContext, TransformError
-from ..edit import add_edges, remove, remove_edges, rename, set_duration
+from ..edit import add_edges, durations_ns, remove, remove_edges, rename, set_duration
 from ..registry import register
 from ..select import Selector
 from .fuse import name_mask, order_position
@@ -212,7 +212,7 @@ class CudaGraph(Transform):
         t = graph.tasks
         per_cap = np.bincount(c.gpu_capture, minlength=len(c.head))
         fixed, per_node = self.launch_cost_ns(graph)
-        launch = np.rint(fixed + per_cap * per_node).astype(np.int64)
+        launch = durations_ns(fixed + per_cap * per_node)
         cpu_time = int(t["dur_ns"].to_numpy()[np.concatenate([c.head, c.removed])].sum())
         gaps = int(graph.edges["lat_ns"].to_numpy()[c.inner_thread].sum())
         label = self.label()

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from whatif.core import limits
 from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
 
 from ..base import Transform, TransformContext, TransformError
@@ -78,8 +79,10 @@ class DataLoaderWorkers(Transform):
     name = "dataloader"
     description = "DataLoader worker processes: batch loading leaves the training thread (workers=N)"
 
-    workers: int = field(metadata={"help": "number of worker processes (PyTorch num_workers), >= 1"})
-    prefetch_factor: int = field(default=2, metadata={"help": "batches each worker loads ahead (PyTorch default 2)"})
+    workers: int = field(metadata={"help": "number of worker processes (PyTorch num_workers), >= 1",
+                                   "maximum": limits.MAX_PARTS})
+    prefetch_factor: int = field(default=2, metadata={"help": "batches each worker loads ahead (PyTorch default 2)",
+                                                       "maximum": limits.MAX_PARTS})
     fetch_us: float | None = field(default=None, metadata={
         "help": f"training-thread time to take a ready batch from a worker, µs (default {DEFAULT_FETCH_US:g})"})
     load_scale: float = field(default=1.0, metadata={

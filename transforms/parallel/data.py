@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from whatif.core import limits
 from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import TaskGraph, TaskKind
 
@@ -42,7 +43,7 @@ class DataParallel(Transform):
     name = "data_parallel"
     description = "data parallelism: d replicas; DDP gradient all-reduce buckets overlapped with backward"
 
-    degree: int = field(default=2, metadata={"help": "replicas d"})
+    degree: int = field(default=2, metadata={"help": "replicas d", "maximum": limits.MAX_GPUS})
     bucket_mb: float = field(default=25.0, metadata={"help": "gradient bucket size in MiB (PyTorch DDP: 25)"})
     grad_bytes: int = field(default=0, metadata={"help": "gradient bytes per step; 0 = forward GEMM/conv weight bytes"})
     topology: str = field(default="dgx_h100", metadata={"help": "topology preset for the all-reduces"})

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from whatif.core import limits
 from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 
@@ -120,7 +121,8 @@ class Overlap(Transform):
     name = "overlap"
     description = "nano-batch compute/communication overlap (NanoFlow, TokenWeave) with an interference factor"
 
-    nano_batches: int = field(default=2, metadata={"help": "nano-batches n per region (TokenWeave: 2)"})
+    nano_batches: int = field(default=2, metadata={"help": "nano-batches n per region (TokenWeave: 2)",
+                                                     "maximum": limits.MAX_PARTS})
     interference: float = field(default=0.0, metadata={
         "help": "slowdown of concurrent compute and communication (>= 1); 0 = calibrated from the trace, else 1.15"})
     topology: str = field(default="dgx_h100", metadata={"help": "topology preset that prices the collective parts"})

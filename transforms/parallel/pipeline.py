@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from whatif.core import limits
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 
 from ..base import Transform, TransformContext, TransformError
@@ -115,9 +116,9 @@ class PipelineParallel(Transform):
     description = ("pipeline parallelism: one stage's layers, send/recv between stages, GPipe/1F1B bubbles "
                    "or request pipelining")
 
-    degree: int = field(default=2, metadata={"help": "pipeline stages p"})
+    degree: int = field(default=2, metadata={"help": "pipeline stages p", "maximum": limits.MAX_GPUS})
     micro_batches: int = field(default=0, metadata={
-        "help": "micro-batches m per step; 0 = 4 for training, p for serving"})
+        "help": "micro-batches m per step; 0 = 4 for training, p for serving", "maximum": limits.MAX_PARTS})
     schedule: str = field(default="1f1b", metadata={"help": "1f1b | gpipe (training) | serving (request pipelining)"})
     stage: int = field(default=-1, metadata={"help": "stage modeled (0..p-1); -1 = the last (it holds the LM head)"})
     topology: str = field(default="dgx_h100", metadata={"help": "topology preset for the send/recv"})

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from whatif.core import limits
 from whatif.core.kernels import KernelClass
 from whatif.core.work import WorkShare
 from whatif.depgraph.graph import TaskGraph
@@ -115,12 +116,13 @@ class SequenceParallel(Transform):
     description = "Ulysses / Ring / Torus (StreamFusion) sequence-parallel attention of degree P"
 
     mode: str = field(default="ulysses", metadata={"help": "ulysses | ring | torus | usp"})
-    degree: int = field(default=8, metadata={"help": "GPUs sharing the sequence (P)"})
+    degree: int = field(default=8, metadata={"help": "GPUs sharing the sequence (P)", "maximum": limits.MAX_GPUS})
     topology: str = field(default="dgx_h100", metadata={"help": "topology preset; P > GPUs per machine spans machines"})
     heads: int = field(default=0, metadata={
         "help": "attention heads (KV heads taken equal); 0 = from the attention op's recorded shapes"})
     ulysses_degree: int = field(default=0, metadata={
-        "help": "usp: GPUs of the Ulysses group u (ring over P/u); 0 = the GPUs of one machine"})
+        "help": "usp: GPUs of the Ulysses group u (ring over P/u); 0 = the GPUs of one machine",
+        "maximum": limits.MAX_GPUS})
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         return find_blocks(graph)["task"].to_numpy(np.int64)

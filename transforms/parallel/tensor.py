@@ -23,6 +23,7 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
+from whatif.core import limits
 from whatif.core.kernels import KernelClass
 from whatif.core.work import WorkShare
 from whatif.depgraph.graph import EdgeKind, TaskGraph
@@ -74,7 +75,8 @@ class TensorParallel(Transform):
     name = "tensor_parallel"
     description = "Megatron tensor parallelism of degree t: sharded GEMMs/attention, all-reduces per block"
 
-    degree: int = field(default=2, metadata={"help": "tensor-parallel degree t (GPUs per model replica)"})
+    degree: int = field(default=2, metadata={"help": "tensor-parallel degree t (GPUs per model replica)",
+                                               "maximum": limits.MAX_GPUS})
     topology: str = field(default="dgx_h100", metadata={"help": "topology preset (whatif.hardware.topology)"})
     sequence_parallel: bool = field(default=False, metadata={
         "help": "reduce-scatter + all-gather instead of all-reduce; norms/residuals split along the sequence"})

@@ -1,0 +1,278 @@
+"""A structure-aware fuzzer of Kineto traces, shared by tests/test_fuzz.py (a short seeded campaign)
+and bench/fuzz.py (a long one in forked, memory-capped children).
+
+Each mutation class takes a decoded trace document and a random generator and returns the bytes
+of one hostile file (or, for ``multirank``, a folder's files). An input is *analyzed* (exit 0),
+*refused* (exit 2, one line) or a *crash* (any other exception, a hang, a memory blow-up).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import gzip
+import io
+import json
+import random
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _llm_tracegen import llm_trace
+from tracegen import KinetoTrace
+
+Doc = dict[str, Any]
+Files = dict[str, bytes]      # file name -> bytes (one entry, or several for a folder)
+
+EXTREMES: tuple[Any, ...] = (2 ** 63, -(2 ** 63) - 1, 2 ** 64, 2 ** 40, 1e308, -1e308, 0, -1, 1.5, 2 ** 53 + 1,
+                             "12", "x", None, True, [], {}, 1e-300)
+NUMERIC_KEYS = ("ts", "dur", "pid", "tid")
+ARG_KEYS = ("correlation", "External id", "device", "stream", "Input Dims", "Concrete Inputs")
+
+
+def _events(doc: Doc) -> list[dict]:
+    events = doc.get("traceEvents")
+    return events if isinstance(events, list) else []
+
+
+def _dump(doc: Doc) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def _splice(doc: Doc, raw: bytes) -> bytes:
+    """``doc`` as JSON with ``raw`` inserted inside a random event's object (or at top level)."""
+    text = _dump(doc)
+    at = text.rfind(b'"ph"')
+    return text[:at] + raw + b", " + text[at:] if at > 0 else text[:-1] + b", " + raw + b"}"
+
+
+def nesting(doc: Doc, rng: random.Random) -> Files:
+    depth = rng.choice((500, 1000, 3000, 20000))
+    open_, close = rng.choice(((b"[", b"]"), (b'{"a":', b"}")))
+    return {"t.json": _splice(doc, b'"deep": ' + open_ * depth + b"1" + close * depth)}
+
+
+def encoding(doc: Doc, rng: random.Random) -> Files:
+    bad = rng.choice((b"\xff", b"\xed\xa0\x80", b"\\udcff", b"\\ud800x", b"\xc3", b"\x00", b"\\u0000"))
+    return {"t.json": _splice(doc, b'"name2": "a' + bad + b'b"')}
+
+
+def number(doc: Doc, rng: random.Random) -> Files:
+    doc = copy.deepcopy(doc)
+    for _ in range(rng.randint(1, 3)):
+        events = _events(doc)
+        if rng.random() < 0.2 or not events:
+            doc["baseTimeNanoseconds"] = rng.choice(EXTREMES)
+            continue
+        ev = rng.choice(events)
+        if rng.random() < 0.5:
+            ev[rng.choice(NUMERIC_KEYS)] = rng.choice(EXTREMES)
+        else:
+            ev.setdefault("args", {})
+            if isinstance(ev["args"], dict):
+                ev["args"][rng.choice(ARG_KEYS)] = rng.choice(EXTREMES)
+    return {"t.json": _dump(doc)}
+
+
+def step(doc: Doc, rng: random.Random) -> Files:
+    doc = copy.deepcopy(doc)
+    events = _events(doc)
+    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    choice = rng.randrange(4)
+    if choice == 0:   # no step at all
+        doc["traceEvents"] = [e for e in events if e not in steps]
+    elif choice == 1 and events:
+        rng.choice(events)["name"] = f"ProfilerStep#{rng.choice((2 ** 63, 2 ** 31, -1, 0, 10 ** 30, 'x', ''))}"
+    elif choice == 2 and steps:
+        for s in steps:
+            s["name"] = steps[0]["name"]          # every step the same number
+    elif steps:
+        s = rng.choice(steps)
+        s["dur"] = rng.choice((0, -5, 1e-3, 10 ** 12))
+    return {"t.json": _dump(doc)}
+
+
+def metadata(doc: Doc, rng: random.Random) -> Files:
+    doc = copy.deepcopy(doc)
+    key = rng.choice(("distributedInfo", "deviceProperties", "schemaVersion", "displayTimeUnit", "traceName"))
+    if key == "distributedInfo":
+        doc[key] = {"rank": rng.choice(EXTREMES), "world_size": rng.choice(EXTREMES),
+                    "backend": rng.choice(EXTREMES)}
+    else:
+        doc[key] = rng.choice((*EXTREMES, [{"name": 5, "totalGlobalMem": "lots"}], [None]))
+    return {"t.json": _dump(doc)}
+
+
+def flows(doc: Doc, rng: random.Random) -> Files:
+    doc = copy.deepcopy(doc)
+    events = _events(doc)
+    x_events = [e for e in events if e.get("ph") == "X"]
+    for _ in range(rng.randint(1, 6)):
+        if not x_events:
+            break
+        e = rng.choice(x_events)
+        events.append({"ph": rng.choice(("s", "f", "t", "s")), "cat": rng.choice(("ac2g", "fwdbwd", "gpu_user", 5)),
+                       "id": rng.choice((1, 1, 2, "a", None, 2 ** 70)), "pid": e.get("pid"), "tid": e.get("tid"),
+                       "ts": e.get("ts") if rng.random() < 0.7 else rng.choice(EXTREMES), "bp": "e"})
+    return {"t.json": _dump(doc)}
+
+
+def correlation(doc: Doc, rng: random.Random) -> Files:
+    doc = copy.deepcopy(doc)
+    with_corr = [e for e in _events(doc) if isinstance(e.get("args"), dict) and "correlation" in e["args"]]
+    if with_corr:
+        value = rng.choice(with_corr)["args"]["correlation"]
+        for e in rng.sample(with_corr, k=max(1, len(with_corr) // rng.choice((1, 2, 5)))):
+            e["args"]["correlation"] = value if rng.random() < 0.7 else rng.choice(EXTREMES)
+    return {"t.json": _dump(doc)}
+
+
+def shuffle(doc: Doc, rng: random.Random) -> Files:
+    doc = copy.deepcopy(doc)
+    rng.shuffle(_events(doc))
+    return {"t.json": _dump(doc)}
+
+
+def drop(doc: Doc, rng: random.Random) -> Files:
+    doc = copy.deepcopy(doc)
+    events = _events(doc)
+    if rng.random() < 0.5:
+        keep = rng.random()
+        doc["traceEvents"] = [e for e in events if rng.random() < keep]
+    else:
+        for e in rng.sample(events, k=min(len(events), rng.randint(1, 20))):
+            e.pop(rng.choice(("ph", "ts", "dur", "name", "cat", "pid", "tid", "args")), None)
+    return {"t.json": _dump(doc)}
+
+
+def types(doc: Doc, rng: random.Random) -> Files:
+    doc = copy.deepcopy(doc)
+    events = _events(doc)
+    for e in rng.sample(events, k=min(len(events), rng.randint(1, 10))):
+        e[rng.choice(("ph", "ts", "dur", "name", "cat", "pid", "tid", "args", "id"))] = rng.choice(
+            (*EXTREMES, "X", ["X"], {"a": 1}))
+    if rng.random() < 0.1:
+        doc["traceEvents"] = rng.choice(({}, "events", 5, None, [[]], [1, 2]))
+    return {"t.json": _dump(doc)}
+
+
+def truncate(doc: Doc, rng: random.Random) -> Files:
+    text = _dump(doc)
+    return {"t.json": text[:rng.randrange(len(text))]}
+
+
+def gzipped(doc: Doc, rng: random.Random) -> Files:
+    data = gzip.compress(_dump(doc), mtime=0)
+    choice = rng.randrange(4)
+    if choice == 0:
+        data = data[:rng.randrange(2, len(data))]
+    elif choice == 1:
+        at = rng.randrange(10, len(data))
+        data = data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
+    elif choice == 2:   # a small bomb: 20 MiB of spaces after the document
+        data = gzip.compress(_dump(doc)[:-1] + b', "pad": "' + b" " * (20 << 20) + b'"}', mtime=0)
+    else:
+        data = data + b"garbage after the member"
+    return {"t.json.gz": data}
+
+
+def size(doc: Doc, rng: random.Random) -> Files:
+    doc = copy.deepcopy(doc)
+    events = _events(doc)
+    if events:
+        e = rng.choice(events)
+        big = rng.choice(("n" * (1 << 20), list(range(100_000)), [[1] * 50] * 2000))
+        e[rng.choice(("name", "args", "cat"))] = big if rng.random() < 0.5 else {"Input Dims": big}
+    return {"t.json": _dump(doc)}
+
+
+def multirank(doc: Doc, rng: random.Random) -> Files:
+    files = {}
+    for i in range(rng.randint(2, 3)):
+        d = copy.deepcopy(doc)
+        d["distributedInfo"] = {"rank": rng.choice((0, 1, i, 2 ** 31, -1, "1")),
+                                "world_size": rng.choice((2, 3, 1, 2 ** 31, 0))}
+        files[f"rank{rng.choice((i, 0, 2 ** 40))}.json"] = _dump(d)
+    return files
+
+
+MUTATIONS: dict[str, Callable[[Doc, random.Random], Files]] = {
+    f.__name__: f for f in (nesting, encoding, number, step, metadata, flows, correlation, shuffle, drop, types,
+                            truncate, gzipped, size, multirank)}
+
+
+def seed_documents(tmp: Path) -> list[Doc]:
+    """Small traces of the shapes the reader and builder meet: an LLM decode and a training step,
+    a multi-stream trace with flows and a NCCL kernel, and one without steps."""
+    docs = []
+    for kw in ({"layers": 1, "steps": 2}, {"layers": 1, "steps": 1, "backward": True, "batch": 2, "new_tokens": 8}):
+        path = llm_trace(tmp / f"seed{len(docs)}.json.gz", **kw)
+        docs.append(json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()))
+    tr = KinetoTrace(rank=0, world_size=2)
+    tr.step(1, 0, 200)
+    tr.gpu("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 50, 30, corr=3, stream=13)
+    tr.gpu("gemm", 20, 20, corr=2)
+    tr.runtime("cudaLaunchKernel", 10, 3, corr=2)
+    tr.runtime("cudaLaunchKernel", 15, 3, corr=3)
+    tr.flow("fwdbwd", 1, "s", 10, 1)
+    tr.flow("fwdbwd", 1, "f", 15, 1)
+    path = tr.write(tmp / "seed_nccl.json")
+    docs.append(json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()))
+    return docs
+
+
+@dataclass
+class Outcome:
+    mutation: str
+    seed: int
+    result: str          # "analyzed" | "refused" | "crash"
+    detail: str = ""
+
+
+def write_input(files: Files, where: Path) -> Path:
+    """The input's path: the file itself, or the folder holding several."""
+    where.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (where / name).write_bytes(data)
+    return where if len(files) > 1 else where / next(iter(files))
+
+
+def run_cli(path: Path, out: Path) -> tuple[int, str]:
+    """``whatif analyze PATH --json OUT`` in this process: (exit code, stderr); other exceptions
+    propagate (a crash)."""
+    from whatif.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(["analyze", str(path), "--json", str(out)])
+    return code, err.getvalue()
+
+
+def classify(code: int, stderr: str) -> str:
+    if code == 0:
+        return "analyzed"
+    lines = [x for x in stderr.strip().splitlines() if x.strip()]
+    if code == 2 and len(lines) == 1 and lines[0].startswith("whatif: "):
+        return "refused"
+    return "crash"
+
+
+def campaign(docs: list[Doc], count: int, seed: int, tmp: Path | None = None) -> list[Outcome]:
+    """``count`` mutated inputs, the mutation classes in turn, each run in this process."""
+    rng = random.Random(seed)
+    names = sorted(MUTATIONS)
+    out: list[Outcome] = []
+    with tempfile.TemporaryDirectory(dir=tmp) as d:
+        for i in range(count):
+            name = names[i % len(names)]
+            files = MUTATIONS[name](rng.choice(docs), rng)
+            path = write_input(files, Path(d) / f"in{i}")
+            try:
+                code, err = run_cli(path, Path(d) / f"out{i}.json")
+                out.append(Outcome(name, i, classify(code, err), err.strip()[:300]))
+            except Exception as exc:   # noqa: BLE001 - a crash is what the campaign counts
+                out.append(Outcome(name, i, "crash", f"{type(exc).__name__}: {str(exc)[:200]}"))
+    return out
