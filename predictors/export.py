@@ -8,13 +8,13 @@ Predicted slices on one track never overlap.
 """
 from __future__ import annotations
 
-import gzip
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
+from whatif.core.output import gzip_bytes, write_output
 from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskKind
 
 from .replay import Replay
@@ -130,5 +130,5 @@ def write_chrome_trace(replay: Replay, path: str | Path) -> Path:
     path = Path(path)
     data = orjson.dumps(chrome_trace(replay))
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(gzip.compress(data, compresslevel=6) if path.suffix == ".gz" else data)
+    write_output(path, gzip_bytes(data) if path.suffix == ".gz" else data)
     return path

@@ -26,6 +26,7 @@ import orjson
 from msgspec import UNSET, UnsetType
 
 from whatif.core.errors import WhatifError
+from whatif.core.output import write_output
 
 __all__ = [
     "UNSET",
@@ -715,10 +716,9 @@ def to_json(doc: Entry) -> str:
 
 
 def write_json(path: Path, doc: Entry) -> Path:
-    """Write :func:`to_json` of ``doc`` to ``path`` (UTF-8, folders made as needed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(to_json(doc).encode())
-    return path
+    """Write :func:`to_json` of ``doc`` to ``path`` (UTF-8, folders made as needed, atomically;
+    :class:`~whatif.core.output.OutputError` naming the path when it cannot be written)."""
+    return write_output(path, to_json(doc).encode())
 
 
 def _members(doc_type: object) -> tuple[type[Entry], ...]:

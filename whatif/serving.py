@@ -121,16 +121,18 @@ class Workload:
     how many to draw (default 20), or the first N of the file. Each field's metadata is its
     ``whatif serve`` option (see ``whatif/commands/_dataclass_args.py``)."""
 
-    rate: float | None = field(default=None, metadata={"help": "arrival rate (req/s); inf: all at t=0"})
-    num_requests: int | None = field(default=None, metadata={
+    rate: float | None = field(default=None, metadata={
+        "exclusive_minimum": 0, "allow_inf": True, "help": "arrival rate (req/s); inf: all at t=0"})
+    num_requests: int | None = field(default=None, metadata={"minimum": 1,
         "help": f"requests to draw (default {DEFAULT_REQUESTS}); with --workload, keep the first N"})
     prompt_tokens: tuple[int, int] = field(default=(16, 64), metadata={
         "help": "prompt lengths, uniform in [MIN, MAX]", "parse": token_range, "metavar": "MIN[:MAX]"})
     output_tokens: tuple[int, int] = field(default=(32, 128), metadata={
         "help": "output lengths, uniform in [MIN, MAX]", "parse": token_range, "metavar": "MIN[:MAX]"})
-    cv: float | None = field(default=None, metadata={
+    cv: float | None = field(default=None, metadata={"exclusive_minimum": 0,
         "help": "gamma arrivals with this coefficient of variation (bursty > 1); default Poisson"})
-    seed: int = field(default=0, metadata={"help": "seeds arrivals and lengths (same draws as the examples)"})
+    seed: int = field(default=0, metadata={
+        "minimum": 0, "help": "seeds arrivals and lengths (same draws as the examples)"})
     file: str | Path | None = field(default=None, metadata={
         "help": "CSV/JSONL: arrival_s, prompt_tokens, output_tokens", "flag": "--workload", "metavar": "FILE"})
     columns: Mapping[str, str] = field(default_factory=dict, metadata={
@@ -181,10 +183,11 @@ class Workload:
 class DitOptions:
     """DiT request shape; ``None`` keeps what the recording used."""
 
-    steps: int | None = field(default=None, metadata={"help": "denoising steps per request (default: as recorded)"})
-    resolution: int | None = field(default=None, metadata={"help": "latent side (default: as recorded)"})
-    frames: int | None = field(default=None, metadata={"help": "video frames (default: as recorded)"})
-    batch: int | None = field(default=None, metadata={
+    steps: int | None = field(default=None, metadata={
+        "minimum": 1, "help": "denoising steps per request (default: as recorded)"})
+    resolution: int | None = field(default=None, metadata={"minimum": 1, "help": "latent side (default: as recorded)"})
+    frames: int | None = field(default=None, metadata={"minimum": 1, "help": "video frames (default: as recorded)"})
+    batch: int | None = field(default=None, metadata={"minimum": 1,
         "help": "max requests denoised together (default: as recorded)"})
     cfg: bool | None = field(default=None, metadata={"help": "classifier-free guidance on/off (default: as recorded)"})
 

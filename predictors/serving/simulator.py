@@ -37,17 +37,19 @@ class SchedulerConfig:
 
     policy: Enum = field(default=PolicyName.VLLM, metadata={
         "help": "scheduling policy (docs/serving.md)", "choices": POLICIES.names})
-    max_seqs: int = field(default=8, metadata={"help": "sequence slots per replica", "aliases": ("--max-batch",)})
-    max_batched_tokens: int = field(default=512, metadata={"help": "prompt tokens one iteration may prefill"})
-    chunk_tokens: int | None = field(default=None, metadata={
+    max_seqs: int = field(default=8, metadata={
+        "minimum": 1, "help": "sequence slots per replica", "aliases": ("--max-batch",)})
+    max_batched_tokens: int = field(default=512, metadata={
+        "minimum": 1, "help": "prompt tokens one iteration may prefill"})
+    chunk_tokens: int | None = field(default=None, metadata={"minimum": 1,
         "help": "chunked: token budget per iteration (default max batched tokens)"})
-    kv_capacity_tokens: int | None = field(default=None, metadata={
+    kv_capacity_tokens: int | None = field(default=None, metadata={"minimum": 1,
         "help": "KV-cache tokens per replica (default: the memory model of the recorded model and GPU; "
                 "unlimited when the recording has no transformer blocks or no cataloged GPU)"})
-    kv_block_tokens: int = field(default=16, metadata={"help": "tokens per KV-cache block"})
-    replicas: int = field(default=1, metadata={"help": "replicas (disagg: decode replicas)"})
-    prefill_replicas: int = field(default=1, metadata={"help": "disagg: prefill replicas"})
-    kv_transfer_ns_per_token: float = field(default=0.0, metadata={
+    kv_block_tokens: int = field(default=16, metadata={"minimum": 1, "help": "tokens per KV-cache block"})
+    replicas: int = field(default=1, metadata={"minimum": 1, "help": "replicas (disagg: decode replicas)"})
+    prefill_replicas: int = field(default=1, metadata={"minimum": 1, "help": "disagg: prefill replicas"})
+    kv_transfer_ns_per_token: float = field(default=0.0, metadata={"minimum": 0,
         "help": "disagg: KV hand-off time per token (us)", "flag": "--kv-transfer-us-per-token", "cli_scale": 1e3})
     router: Enum = field(default=RouterName.LEAST_LOADED, metadata={
         "help": "which replica a request joins", "choices": ROUTERS.names})

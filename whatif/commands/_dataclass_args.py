@@ -11,7 +11,9 @@ A field becomes ``--field-name`` (``_`` -> ``-``) of the field's type; its metad
 * ``repeatable``: the option may be given several times (``parse`` makes each item; a mapping field
   gets the ``dict`` of the ``(key, value)`` items);
 * ``cli_scale``: the field's value is the option's times this (an option in us, a field in ns);
-* ``metavar``: the placeholder in the help (default: the option's name in capitals).
+* ``metavar``: the placeholder in the help (default: the option's name in capitals);
+* ``minimum`` / ``exclusive_minimum`` / ``maximum`` / ``allow_inf``: bounds of a number, checked
+  when the command line is parsed (floats must be finite unless ``allow_inf``).
 
 Options left out on the command line are left out of the constructor call too, so the
 dataclass's own default applies.
@@ -41,6 +43,8 @@ import typing
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
+
+from ._values import number
 
 
 def _dest(f: dataclasses.Field) -> str:
@@ -107,7 +111,10 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser | argparse._Argument
             kw["type"] = _checked(meta["parse"], f.name)
         elif hint is bool:
             kw["action"] = argparse.BooleanOptionalAction if optional else "store_true"
-        elif hint in (int, float, str, Path):
+        elif hint in (int, float):
+            kw["type"] = number(hint, minimum=meta.get("minimum"), exclusive_minimum=meta.get("exclusive_minimum"),
+                                maximum=meta.get("maximum"), allow_inf=bool(meta.get("allow_inf")))
+        elif hint in (str, Path):
             kw["type"] = hint
         elif isinstance(hint, type) and issubclass(hint, enum.Enum):
             kw["type"] = str  # the dataclass turns the name into its member

@@ -12,12 +12,14 @@ from whatif.summary import analysis_document, console, render_text
 from whatif.tracer.readers import accepted
 
 from ._dataclass_args import add_dataclass_arguments, from_args
+from ._values import positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", type=Path, help=f"trace file ({accepted()}), folder of per-rank traces, or run folder")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the whatif.analysis JSON document here")
-    parser.add_argument("--top", type=int, default=10, help="rows in the top kernels/ops/layers tables (default 10)")
+    parser.add_argument("--top", type=positive_int, default=10,
+                        help="rows in the top kernels/ops/layers tables (default 10)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json)")
     add_dataclass_arguments(parser, StepOptions)
 

@@ -11,14 +11,17 @@ import webbrowser
 
 from whatif.core.errors import WhatifError
 
+from ._values import port, positive_int
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="*", metavar="PATH", help="trace files, run folders, or folders of them")
-    p.add_argument("--port", type=int, default=8050, help="port (default 8050)")
+    p.add_argument("--port", type=port, default=8050, help="port (default 8050)")
     p.add_argument("--host", default="127.0.0.1",
                    help="interface to bind (default 127.0.0.1; anything else exposes your traces to the network)")
     p.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
-    p.add_argument("--max-upload-mb", type=int, default=200, help="largest trace upload accepted (default 200 MiB)")
+    p.add_argument("--max-upload-mb", type=positive_int, default=200,
+                   help="largest trace upload accepted (default 200 MiB)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,12 +12,14 @@ import orjson
 from rich.console import Console
 
 from whatif.api import analyze
+from whatif.core.output import write_output
 from whatif.core.steps import StepOptions
 from whatif.report.diff import diff_document
 from whatif.report.diff_text import render_diff
 from whatif.report.document import load_report
 
 from ._dataclass_args import add_dataclass_arguments, from_args
+from ._values import nonnegative_float, positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,8 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-p", "--prediction", type=Path, metavar="REPORT.json",
                         help="report.json (whatif report) or prediction JSON (whatif predict --json) made on BEFORE")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the whatif.diff JSON document")
-    parser.add_argument("--top", type=int, default=10, help="kernels listed per change (default 10)")
-    parser.add_argument("--tolerance", type=float, default=0.05,
+    parser.add_argument("--top", type=positive_int, default=10, help="kernels listed per change (default 10)")
+    parser.add_argument("--tolerance", type=nonnegative_float, default=0.05,
                         help="relative change under which a kernel counts as the same (default 0.05)")
     add_dataclass_arguments(parser, StepOptions)
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json)")
@@ -40,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
                         tolerance=args.tolerance)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        write_output(args.json, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     if not args.quiet:
         render_diff(doc, Console(width=140), top=args.top)
     return 0

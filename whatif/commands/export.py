@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from whatif.api import analyze
+from whatif.core.output import refuse_inside_input
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,6 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_inside_input(args.output, args.path)
     out = analyze(args.path).export(args.output)
     print(f"wrote {out}")
     return 0

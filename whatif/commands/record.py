@@ -18,6 +18,7 @@ from pathlib import Path
 from whatif.core.steps import StepOptions
 
 from ._dataclass_args import add_dataclass_arguments, from_args
+from ._values import nonnegative_int, positive_float, positive_int
 
 SCHEDULE_FLAGS = ("wait", "warmup", "active", "repeat")
 DEFAULT_WARMUP_STEPS = 1
@@ -30,16 +31,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--force", action="store_true", help="overwrite a recording in DIR")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
     sched = parser.add_argument_group("schedule (in steps; without these, everything is recorded)")
-    sched.add_argument("--wait", type=int, metavar="N", help="steps to skip first (default 0)")
-    sched.add_argument("--warmup", type=int, metavar="N",
+    sched.add_argument("--wait", type=nonnegative_int, metavar="N", help="steps to skip first (default 0)")
+    sched.add_argument("--warmup", type=nonnegative_int, metavar="N",
                        help=f"steps traced but dropped, so start-up cost stays out (default {DEFAULT_WARMUP_STEPS})")
-    sched.add_argument("--active", type=int, metavar="N", help="steps to record per cycle (default: until the end)")
-    sched.add_argument("--repeat", type=int, metavar="N", help="cycles (default 1; needs --active)")
+    sched.add_argument("--active", type=positive_int,
+                       metavar="N", help="steps to record per cycle (default: until the end)")
+    sched.add_argument("--repeat", type=positive_int, metavar="N", help="cycles (default 1; needs --active)")
     what = parser.add_argument_group("what to record")
     what.add_argument("--record-shapes", action="store_true", help="input shapes of each op")
     what.add_argument("--with-stack", action="store_true", help="Python call stacks (larger, slower)")
     what.add_argument("--profile-memory", action="store_true", help="tensor allocations")
-    what.add_argument("--duration", type=float, metavar="S",
+    what.add_argument("--duration", type=positive_float, metavar="S",
                       help="stop recording after S seconds of wall-clock time (for programs without steps)")
     what.add_argument("--step-on", metavar="MODULE:FUNCTION",
                       help="a step ends each time this function returns (e.g. mypkg.server:run_iteration)")

@@ -30,6 +30,7 @@ from whatif.serving import DitOptions, Workload, serve
 from whatif.summary import console
 
 from ._dataclass_args import add_dataclass_arguments, from_args
+from ._values import positive_float
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, rate_required: bool = True) -> None:
@@ -53,8 +54,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, rate_required: bool = 
     add_dataclass_arguments(parser.add_argument_group("workload"), Workload, exclude=_workload_exclude(rate_required))
     s = parser.add_argument_group("scheduler (LLM)")
     add_dataclass_arguments(s, SchedulerConfig)
-    s.add_argument("--slo-ttft-ms", type=float, help="TTFT objective of goodput and SLO attainment")
-    s.add_argument("--slo-tpot-ms", type=float, help="TPOT objective of goodput and SLO attainment")
+    s.add_argument("--slo-ttft-ms", type=positive_float, help="TTFT objective of goodput and SLO attainment")
+    s.add_argument("--slo-tpot-ms", type=positive_float, help="TPOT objective of goodput and SLO attainment")
     add_dataclass_arguments(parser.add_argument_group("DiT"), DitOptions)
 
 

@@ -4,6 +4,7 @@ and, with --html, the plotly figure (whatif.figures.serving_curves_figure)."""
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from rich.console import Console
@@ -21,8 +22,8 @@ def _rates(text: str) -> list[float]:
         rates = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated rates, got {text!r}") from None
-    if not rates or any(r <= 0 for r in rates):
-        raise argparse.ArgumentTypeError("rates must be > 0")
+    if not rates or not all(r > 0 and math.isfinite(r) for r in rates):
+        raise argparse.ArgumentTypeError(f"rates must be finite numbers > 0, got {text!r}")
     return rates
 
 

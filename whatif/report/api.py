@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from whatif.api import Prediction
+from whatif.core.output import write_output
 from whatif.documents import PredictionDocument, ReportDocument, RowServing, to_json
 from whatif.summary import analysis_document, prediction_document
 
@@ -132,10 +133,7 @@ def write_report(prediction: Prediction | PredictionDocument, out_dir: str | Pat
     files = {}
     for fmt in fmts:
         path = out / FILE_NAMES[fmt]
-        try:
-            path.write_text(render(doc, fmt), encoding="utf-8")
-        except OSError as exc:
-            raise ReportError(f"{path}: cannot be written ({exc.strerror})") from None
+        write_output(path, render(doc, fmt).encode("utf-8"))
         files[fmt] = path
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary and summary:

@@ -1,0 +1,69 @@
+"""Writing an output file: one place that makes the folder, writes atomically (a temp file beside
+it, then a rename, so a reader never sees half a file and a failed write leaves the old one; a
+device or pipe such as ``/dev/stdout`` is written in place) and turns every ``OSError`` into one
+line naming the path.
+
+>>> import tempfile, pathlib
+>>> out = pathlib.Path(tempfile.mkdtemp()) / "sub" / "x.json"
+>>> write_output(out, b"{}") == out and out.read_bytes()
+b'{}'
+>>> write_output(out.parent, b"{}")  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+whatif.core.output.OutputError: ...: is a folder, not a file to write
+"""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+from pathlib import Path
+
+from whatif.core.errors import WhatifError
+
+TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
+
+
+class OutputError(WhatifError):
+    """An output that cannot be written where it was asked for."""
+
+
+def write_output(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` (folders made as needed); :class:`OutputError` on any failure."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"{path}: is a folder, not a file to write")
+    special = path.exists() and not path.is_file()   # a device or pipe (/dev/stdout): written in place
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path if special else tmp, "wb") as f:
+            f.write(data)
+        if not special:
+            os.replace(tmp, path)
+    except OSError as exc:
+        with_reason = exc.strerror or type(exc).__name__
+        raise OutputError(f"{path}: cannot be written ({with_reason})") from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+    return path
+
+
+def gzip_bytes(data: bytes, level: int = 6) -> bytes:
+    """Gzip with a zero header time, so the same input gives the same bytes."""
+    return gzip.compress(data, compresslevel=level, mtime=0)
+
+
+def refuse_inside_input(output: str | Path, input_path: str | Path) -> None:
+    """Refuse a trace-like output inside an input folder: the folder would no longer load (a
+    second "rank" file).
+
+    >>> refuse_inside_input("/runs/a/predicted.json", "/runs/a")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    whatif.core.output.OutputError: /runs/a/predicted.json: inside the input folder /runs/a, ...
+    >>> refuse_inside_input("/runs/predicted.json", "/runs/a")
+    """
+    out, src = Path(output).absolute(), Path(input_path).absolute()
+    if out.name.endswith(TRACE_SUFFIXES) and src in out.parents:
+        raise OutputError(f"{output}: inside the input folder {input_path}, where a trace file would become part "
+                          "of it; write it elsewhere")
