@@ -20,8 +20,6 @@ from pathlib import Path
 
 from whatif.core.errors import WhatifError
 
-TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
-
 
 class OutputError(WhatifError):
     """An output that cannot be written where it was asked for."""
@@ -55,8 +53,8 @@ def gzip_bytes(data: bytes, level: int = 6) -> bytes:
 
 
 def refuse_inside_input(output: str | Path, input_path: str | Path) -> None:
-    """Refuse a trace-like output inside an input folder: the folder would no longer load (a
-    second "rank" file).
+    """Refuse an output that a trace reader would take for a trace, inside an input folder: the
+    folder would no longer load (a second "rank" file).
 
     >>> refuse_inside_input("/runs/a/predicted.json", "/runs/a")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -64,6 +62,8 @@ def refuse_inside_input(output: str | Path, input_path: str | Path) -> None:
     >>> refuse_inside_input("/runs/predicted.json", "/runs/a")
     """
     out, src = Path(output).absolute(), Path(input_path).absolute()
-    if out.name.endswith(TRACE_SUFFIXES) and src in out.parents:
+    from whatif.tracer.readers import is_trace_name  # the readers own the trace suffixes
+
+    if is_trace_name(out.name) and src in out.parents:
         raise OutputError(f"{output}: inside the input folder {input_path}, where a trace file would become part "
                           "of it; write it elsewhere")
