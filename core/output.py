@@ -50,20 +50,3 @@ def write_output(path: str | Path, data: bytes) -> Path:
 def gzip_bytes(data: bytes, level: int = 6) -> bytes:
     """Gzip with a zero header time, so the same input gives the same bytes."""
     return gzip.compress(data, compresslevel=level, mtime=0)
-
-
-def refuse_inside_input(output: str | Path, input_path: str | Path) -> None:
-    """Refuse an output that a trace reader would take for a trace, inside an input folder: the
-    folder would no longer load (a second "rank" file).
-
-    >>> refuse_inside_input("/runs/a/predicted.json", "/runs/a")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    whatif.core.output.OutputError: /runs/a/predicted.json: inside the input folder /runs/a, ...
-    >>> refuse_inside_input("/runs/predicted.json", "/runs/a")
-    """
-    out, src = Path(output).absolute(), Path(input_path).absolute()
-    from whatif.tracer.readers import is_trace_name  # the readers own the trace suffixes
-
-    if is_trace_name(out.name) and src in out.parents:
-        raise OutputError(f"{output}: inside the input folder {input_path}, where a trace file would become part "
-                          "of it; write it elsewhere")

@@ -6,13 +6,29 @@ import argparse
 from pathlib import Path
 
 from whatif.api import analyze
-from whatif.core.output import refuse_inside_input
+from whatif.core.output import OutputError
+from whatif.tracer.readers import is_trace_name
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", type=Path, help="trace file, folder of per-rank traces, or run folder")
     parser.add_argument("-o", "--output", type=Path, required=True,
                         help="output file (.json or .json.gz, e.g. predicted.pt.trace.json.gz)")
+
+
+def refuse_inside_input(output: str | Path, input_path: str | Path) -> None:
+    """Refuse an output that a trace reader would take for a trace, inside an input folder: the
+    folder would no longer load (a second "rank" file).
+
+    >>> refuse_inside_input("/runs/a/predicted.json", "/runs/a")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    whatif.core.output.OutputError: /runs/a/predicted.json: inside the input folder /runs/a, ...
+    >>> refuse_inside_input("/runs/predicted.json", "/runs/a")
+    """
+    out, src = Path(output).absolute(), Path(input_path).absolute()
+    if is_trace_name(out.name) and src in out.parents:
+        raise OutputError(f"{output}: inside the input folder {input_path}, where a trace file would become part "
+                          "of it; write it elsewhere")
 
 
 def run(args: argparse.Namespace) -> int:
