@@ -238,7 +238,7 @@ def test_two_gloo_ranks_write_two_traces(tmp_path: Path) -> None:
     (["missing.py"], "missing.py: no such script"),
     (["--bogus", "tiny.py"], "unrecognized arguments: --bogus"),
     (["-o", "taken", "tiny.py"], "taken: output folder already holds"),
-    (["--active", "0", "tiny.py"], "--active must be >= 1"),
+    (["--active", "0", "tiny.py"], "argument --active: must be an integer >= 1"),
     (["--step-on", "nosuchmodule:f", "tiny.py"], "cannot import module 'nosuchmodule'"),
     (["-m", "no_such_module_xyz"], "no_such_module_xyz: no such module"),
 ])
