@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import random
 import resource
 import sys
 import tempfile
@@ -57,23 +56,21 @@ def main() -> None:
     args = ap.parse_args()
     import whatif.cli  # noqa: F401 - imported once in the parent, shared by every forked child
 
-    rng = random.Random(args.seed)
     names = sorted(_fuzz.MUTATIONS)
     counts: Counter[tuple[str, str]] = Counter()
     crashes: list[str] = []
     deadline = time.monotonic() + args.minutes * 60
     with tempfile.TemporaryDirectory() as d:
-        docs = _fuzz.seed_documents(Path(d))
-        i = 0
-        while time.monotonic() < deadline:
-            name = names[i % len(names)]
-            path = _fuzz.write_input(_fuzz.MUTATIONS[name](rng.choice(docs), rng), Path(d) / f"in{i}")
+        for i, name, path in _fuzz.inputs(_fuzz.seed_documents(Path(d)), args.seed, Path(d)):
+            if time.monotonic() >= deadline:
+                break
             result, detail = run_one(path, Path(d) / f"out{i}.json", int(args.memory_gib * 2 ** 30), args.timeout_s)
             counts[(name, result)] += 1
             if result == "crash":
                 crashes.append(f"{name} #{i}: {detail}")
-            i += 1
-    total = Counter(r for (_, r), n in counts.items() for _ in range(n))
+    total: Counter[str] = Counter()
+    for (_, result), n in counts.items():
+        total[result] += n
     print(f"fuzz campaign: seed {args.seed}, {args.minutes:g} min, cap {args.memory_gib:g} GiB, "
           f"timeout {args.timeout_s:g} s per input")
     print(f"{'class':<12} {'tried':>6} {'analyzed':>9} {'refused':>8} {'crashes':>8}")

@@ -24,6 +24,7 @@ MAX_RANK = (1 << 31) - 1
 MAX_GPUS = 1 << 17          # GPUs in one plan (the largest clusters hold ~10^5)
 MAX_PARTS = 4096            # nano-batches, micro-batches, workers, a batch's splits
 MAX_STEP = (1 << 31) - 1
+MAX_INT_PARAMETER = 1 << 53     # a scenario's integers: what a float64 holds exactly
 DEFAULT_INFLATE_RATIO = 100
 DEFAULT_TRACE_GB = 64
 

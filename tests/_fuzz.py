@@ -11,11 +11,12 @@ import contextlib
 import copy
 import gzip
 import io
+import itertools
 import json
 import random
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -260,16 +261,21 @@ def classify(code: int, stderr: str) -> str:
     return "crash"
 
 
-def campaign(docs: list[Doc], count: int, seed: int, tmp: Path | None = None) -> list[Outcome]:
-    """``count`` mutated inputs, the mutation classes in turn, each run in this process."""
+def inputs(docs: list[Doc], seed: int, folder: Path) -> Iterator[tuple[int, str, Path]]:
+    """Endless (index, mutation class, input path) under ``folder``: the classes in turn, each
+    mutating a seed document drawn by ``random.Random(seed)``."""
     rng = random.Random(seed)
     names = sorted(MUTATIONS)
+    for i in itertools.count():
+        name = names[i % len(names)]
+        yield i, name, write_input(MUTATIONS[name](rng.choice(docs), rng), folder / f"in{i}")
+
+
+def campaign(docs: list[Doc], count: int, seed: int, tmp: Path | None = None) -> list[Outcome]:
+    """``count`` mutated inputs (:func:`inputs`), each run in this process."""
     out: list[Outcome] = []
     with tempfile.TemporaryDirectory(dir=tmp) as d:
-        for i in range(count):
-            name = names[i % len(names)]
-            files = MUTATIONS[name](rng.choice(docs), rng)
-            path = write_input(files, Path(d) / f"in{i}")
+        for i, name, path in itertools.islice(inputs(docs, seed, Path(d)), count):
             try:
                 code, err = run_cli(path, Path(d) / f"out{i}.json")
                 out.append(Outcome(name, i, classify(code, err), err.strip()[:300]))

@@ -165,9 +165,8 @@ def scale(graph: TaskGraph, tasks: Tasks, factor: float | np.ndarray, *, reason:
     if (factor_arr < 0).any():
         raise GraphError("scale factors must be >= 0")
     dur = graph.tasks["dur_ns"].to_numpy()[ids]
-    new = durations_ns(dur * factor_arr)
     label = f"scale x{float(factor_arr):g}" if factor_arr.ndim == 0 else "scale"
-    out = set_duration(graph, ids, new, reason=reason, transform=transform)
+    out = set_duration(graph, ids, dur * factor_arr, reason=reason, transform=transform)
     last = out.changes.pop()
     _log(out, _transform_name("scale", transform), label, last.count, last.before_ns, last.after_ns, reason)
     return out

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from whatif.core import limits
 from whatif.core.errors import WhatifError
 from whatif.depgraph.graph import GraphError, TaskGraph
 
@@ -37,8 +38,6 @@ from . import registry
 from .base import Transform, TransformContext, TransformError
 from .placement import Placement
 from .select import SelectionError, Selector
-
-MAX_INT_PARAMETER = 1 << 53   # integers a float64 holds exactly
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -128,7 +127,7 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         if not math.isfinite(value):
             raise ScenarioError(f"{where}: must be a finite number (got {value!r})")
         return float(value)
-    if hint is int and type(value) is int and abs(value) > MAX_INT_PARAMETER:
+    if hint is int and type(value) is int and abs(value) > limits.MAX_INT_PARAMETER:
         raise ScenarioError(f"{where}: must be an integer within ±2**53 (got {value!r})")
     if hint in (int, str, bool) and type(value) is hint:
         return value
@@ -143,8 +142,9 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     raise ScenarioError(f"{where}: expected {name}, got {type(value).__name__} {value!r}")
 
 
-def _bounded(value: Any, spec: registry.Parameter, where: str) -> Any:
-    """``value`` unless it exceeds the parameter's declared ``maximum``."""
+def _parameter(raw: Any, spec: registry.Parameter, where: str) -> Any:
+    """``raw`` coerced to the parameter's type, refused above its declared ``maximum``."""
+    value = _coerce(raw, spec.type, where)
     if spec.maximum is not None and isinstance(value, (int, float)) and value > spec.maximum:
         raise ScenarioError(f"{where}: must be at most {spec.maximum:,} (got {value!r})")
     return value
@@ -165,8 +165,7 @@ def build_transform(name: str, params: dict[str, Any], where: str = "") -> Trans
     missing = [p for p, s in specs.items() if s.required and p not in params]
     if missing:
         raise ScenarioError(f"{prefix}{name}: missing parameter {missing[0]!r}")
-    kwargs = {k: _bounded(_coerce(v, specs[k].type, f"{where or name}: {name}.{k}".lstrip(": ")), specs[k],
-                          f"{where or name}: {name}.{k}".lstrip(": ")) for k, v in params.items()}
+    kwargs = {k: _parameter(v, specs[k], f"{where or name}: {name}.{k}".lstrip(": ")) for k, v in params.items()}
     try:
         return cls(**kwargs)
     except (TypeError, ValueError, TransformError) as exc:

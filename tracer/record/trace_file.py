@@ -7,12 +7,13 @@ exactly one file, which is what HTA, TensorBoard and :func:`whatif.tracer.load_t
 from __future__ import annotations
 
 import gzip
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from whatif.core.output import write_output
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
@@ -58,11 +59,10 @@ def merge_cycles(cycles: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def write_trace(path: Path, doc: dict[str, Any]) -> int:
-    """Write ``doc`` as gzipped JSON atomically (temp file, then rename); returns bytes written."""
+    """Write ``doc`` as gzipped JSON atomically (:func:`~whatif.core.output.write_output`); returns
+    bytes written."""
     data = gzip.compress(orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY), compresslevel=GZIP_LEVEL)
-    tmp = path.with_name(f".{path.name}.part")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    write_output(path, data)
     return len(data)
 
 

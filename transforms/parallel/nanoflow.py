@@ -161,13 +161,8 @@ def _shares(with_comm: bool) -> list[tuple[float, float, float]]:
     """Every partition (r_g, r_a, r_c) of the GPU in steps of :data:`SHARE_STEP`; r_c = 0 when
     there is no collective."""
     steps = round(1 / SHARE_STEP)
-    out = []
-    for g in range(1, steps):
-        for c in (range(1, steps - g) if with_comm else (0,)):
-            a = steps - g - c
-            if a > 0:
-                out.append((g / steps, a / steps, c / steps))
-    return out
+    return [(g / steps, (steps - g - c) / steps, c / steps)
+            for g in range(1, steps) for c in (range(1, steps - g) if with_comm else (0,))]
 
 
 def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, comm_latency_ns: float = 0.0,
