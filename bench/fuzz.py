@@ -1,5 +1,6 @@
 """The long fuzzing campaign (issue 20): structure-aware mutations of small traces
-(tests/_fuzz.py, 14 mutation classes), each input run through ``whatif analyze`` in a forked child
+(tests/_fuzz.py, 14 mutation classes of traces and mutated serving logs), each input run through
+``whatif analyze``, ``predict``, ``export``, ``report`` (traces, in turn) or ``serve`` (serving logs) in a forked child
 with an address-space cap and a timeout, so that a crash, a hang and a memory blow-up each count
 instead of stopping the campaign. Prints inputs tried, analyzed, refused and crashed per class.
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -21,10 +23,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 import _fuzz  # noqa: E402
 
 
-def _child(path: str, out: str, memory_bytes: int, conn) -> None:   # noqa: ANN001 - a Connection
+def _child(path: str, out: str, command: str, memory_bytes: int, conn) -> None:   # noqa: ANN001 - a Connection
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     try:
-        code, err = _fuzz.run_cli(Path(path), Path(out))
+        code, err = _fuzz.run_cli(Path(path), Path(out), command)
         conn.send((_fuzz.classify(code, err), err.strip()[:200]))
     except MemoryError:
         conn.send(("crash", "MemoryError (over the cap)"))
@@ -32,10 +34,10 @@ def _child(path: str, out: str, memory_bytes: int, conn) -> None:   # noqa: ANN0
         conn.send(("crash", f"{type(exc).__name__}: {str(exc)[:200]}"))
 
 
-def run_one(path: Path, out: Path, memory_bytes: int, timeout_s: float) -> tuple[str, str]:
+def run_one(path: Path, out: Path, command: str, memory_bytes: int, timeout_s: float) -> tuple[str, str]:
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(str(path), str(out), memory_bytes, child))
+    proc = ctx.Process(target=_child, args=(str(path), str(out), command, memory_bytes, child))
     proc.start()
     child.close()
     if parent.poll(timeout_s):
@@ -56,18 +58,23 @@ def main() -> None:
     args = ap.parse_args()
     import whatif.cli  # noqa: F401 - imported once in the parent, shared by every forked child
 
-    names = sorted(_fuzz.MUTATIONS)
+    names = [*sorted(_fuzz.MUTATIONS), "servinglog"]
     counts: Counter[tuple[str, str]] = Counter()
+    by_command: Counter[tuple[str, str]] = Counter()
     crashes: list[str] = []
     deadline = time.monotonic() + args.minutes * 60
     with tempfile.TemporaryDirectory() as d:
-        for i, name, path in _fuzz.inputs(_fuzz.seed_documents(Path(d)), args.seed, Path(d)):
+        for i, name, command, path in _fuzz.inputs(_fuzz.seed_documents(Path(d)), args.seed, Path(d)):
             if time.monotonic() >= deadline:
                 break
-            result, detail = run_one(path, Path(d) / f"out{i}.json", int(args.memory_gib * 2 ** 30), args.timeout_s)
+            result, detail = run_one(path, Path(d) / f"out{i}", command, int(args.memory_gib * 2 ** 30),
+                                     args.timeout_s)
             counts[(name, result)] += 1
+            by_command[(command, result)] += 1
             if result == "crash":
-                crashes.append(f"{name} #{i}: {detail}")
+                crashes.append(f"{name} {command} #{i}: {detail}")
+            for used in (Path(d) / f"in{i}", *Path(d).glob(f"out{i}.*")):
+                shutil.rmtree(used, ignore_errors=True) if used.is_dir() else used.unlink(missing_ok=True)
     total: Counter[str] = Counter()
     for (_, result), n in counts.items():
         total[result] += n
@@ -78,6 +85,10 @@ def main() -> None:
         row = [counts[(name, r)] for r in ("analyzed", "refused", "crash")]
         print(f"{name:<12} {sum(row):>6} {row[0]:>9} {row[1]:>8} {row[2]:>8}")
     print(f"{'all':<12} {sum(total.values()):>6} {total['analyzed']:>9} {total['refused']:>8} {total['crash']:>8}")
+    print(f"{'command':<12} {'tried':>6} {'exit 0':>9} {'refused':>8} {'crashes':>8}")
+    for command in _fuzz.COMMANDS:
+        row = [by_command[(command, r)] for r in ("analyzed", "refused", "crash")]
+        print(f"{command:<12} {sum(row):>6} {row[0]:>9} {row[1]:>8} {row[2]:>8}")
     for line in crashes[:20]:
         print("crash:", line)
 

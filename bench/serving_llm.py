@@ -79,7 +79,7 @@ def oracle(log: Path) -> dict:
         llm_features,
     )
     doc = json.loads(log.read_text())
-    comp, its = logs.llm_compositions(doc), doc["iterations"]
+    comp, its = logs.llm_compositions(logs.read_log(log)), doc["iterations"]
     gaps = [b["start_s"] - a["end_s"] for a, b in itertools.pairwise(its) if b["phase"] == "decode"]
     over = float(np.median(gaps)) * 1e9
     y = np.array([it["duration_ms"] * 1e6 + over for it in its])

@@ -120,9 +120,19 @@ def chrome_trace(replay: Replay) -> dict[str, Any]:
     if g.trace is not None and len(g.trace.ranks) == 1:
         meta = g.trace.ranks[0].metadata
         for key in ("deviceProperties", "distributedInfo"):
-            if key in meta:
+            if key in meta and _writable(meta[key]):
                 doc[key] = meta[key]
     return doc
+
+
+def _writable(value: Any) -> bool:
+    """Whether a copied metadata value can be written back (a hostile trace may hold integers
+    beyond 64 bits there, which the reader never uses and the writer cannot encode)."""
+    try:
+        orjson.dumps(value)
+    except TypeError:
+        return False
+    return True
 
 
 def write_chrome_trace(replay: Replay, path: str | Path) -> Path:

@@ -200,6 +200,57 @@ def multirank(doc: Doc, rng: random.Random) -> Files:
     return files
 
 
+SERVING_RUNS = tuple(Path(__file__).resolve().parents[1] / "sample_traces" / n for n in ("dit_serve", "llm_serve"))
+
+
+def _json_paths(value: Any, path: tuple = ()) -> Iterator[tuple]:
+    yield path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in itertools.islice(items, 6):   # a few children per level keep the walk small
+        yield from _json_paths(child, (*path, key))
+
+
+def _mutate_json(doc: Any, rng: random.Random) -> None:
+    """Replace a random value of ``doc`` in place by an extreme, drop a key or empty a container."""
+    *parent_path, key = rng.choice([p for p in _json_paths(doc) if p])
+    parent = doc
+    for k in parent_path:
+        parent = parent[k]
+    choice = rng.randrange(4)
+    if choice == 0:
+        parent[key] = rng.choice((*EXTREMES, float("nan"), float("inf")))
+    elif choice == 1 and isinstance(parent, dict):
+        del parent[key]
+    elif choice == 2 and isinstance(parent[key], (list, dict)):
+        parent[key] = type(parent[key])()
+    else:
+        parent[key] = rng.choice(("prefill", "decode", "denoise", "--log", -1, [None]))
+
+
+def serving_log(rng: random.Random) -> Files:
+    """A sample serving run (trace, meta.json) with its serving log (or, one time in five, its
+    meta.json) mutated: values replaced by extremes, keys dropped, containers emptied, the bytes
+    truncated or made invalid UTF-8. meta.json's ``cwd`` points nowhere, so the log is the one in
+    the mutated folder."""
+    run = rng.choice(SERVING_RUNS)
+    files = {p.name: p.read_bytes() for p in sorted(run.iterdir()) if p.is_file()}
+    meta = json.loads(files["meta.json"])
+    meta["cwd"] = "/nonexistent-whatif-fuzz"
+    name = "meta.json" if rng.random() < 0.2 else "serving.log"
+    doc = meta if name == "meta.json" else json.loads(files[name])
+    for _ in range(rng.randint(1, 3)):
+        _mutate_json(doc, rng)
+    files["meta.json"] = json.dumps(meta).encode()
+    text = json.dumps(doc).encode()
+    tail = rng.randrange(3)
+    if tail == 1:
+        text = text[:rng.randrange(len(text))]
+    elif tail == 2:
+        text = text[:-1] + b', "bad": "\xff\\udcff"}'
+    files[name] = text
+    return files
+
+
 MUTATIONS: dict[str, Callable[[Doc, random.Random], Files]] = {
     f.__name__: f for f in (nesting, encoding, number, step, metadata, flows, correlation, shuffle, drop, types,
                             truncate, gzipped, size, multirank)}
@@ -231,6 +282,7 @@ class Outcome:
     seed: int
     result: str          # "analyzed" | "refused" | "crash"
     detail: str = ""
+    command: str = "analyze"
 
 
 def write_input(files: Files, where: Path) -> Path:
@@ -241,14 +293,28 @@ def write_input(files: Files, where: Path) -> Path:
     return where if len(files) > 1 else where / next(iter(files))
 
 
-def run_cli(path: Path, out: Path) -> tuple[int, str]:
-    """``whatif analyze PATH --json OUT`` in this process: (exit code, stderr); other exceptions
-    propagate (a crash)."""
+COMMANDS: dict[str, tuple[str, ...]] = {
+    "analyze": ("analyze", "{path}", "--json", "{out}.json"),
+    "predict": ("predict", "{path}", "-s", "{scenarios}/fuse_and_graph.toml", "-s", "{scenarios}/bf16_on_h100.toml",
+                "-q", "--json", "{out}.json"),
+    "export": ("export", "{path}", "-o", "{out}.trace.json"),
+    "report": ("report", "{path}", "-s", "{scenarios}/bf16_on_h100.toml", "-o", "{out}.report", "-q",
+               "--no-step-summary"),
+    "serve": ("serve", "{path}", "--rate", "4", "--num-requests", "16", "-q", "--json", "{out}.json"),
+}
+TRACE_COMMANDS = ("analyze", "predict", "export", "report")
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+
+
+def run_cli(path: Path, out: Path, command: str = "analyze") -> tuple[int, str]:
+    """``whatif COMMAND PATH ...`` (:data:`COMMANDS`, writing beside ``out``) in this process:
+    (exit code, stderr); other exceptions propagate (a crash)."""
     from whatif.cli import main
 
+    argv = [a.format(path=path, out=out, scenarios=SCENARIOS) for a in COMMANDS[command]]
     err = io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        code = main(["analyze", str(path), "--json", str(out)])
+        code = main(argv)
     return code, err.getvalue()
 
 
@@ -261,24 +327,30 @@ def classify(code: int, stderr: str) -> str:
     return "crash"
 
 
-def inputs(docs: list[Doc], seed: int, folder: Path) -> Iterator[tuple[int, str, Path]]:
-    """Endless (index, mutation class, input path) under ``folder``: the classes in turn, each
-    mutating a seed document drawn by ``random.Random(seed)``."""
+def inputs(docs: list[Doc], seed: int, folder: Path) -> Iterator[tuple[int, str, str, Path]]:
+    """Endless (index, mutation class, command, input path) under ``folder``: the classes in turn,
+    each mutating a seed document drawn by ``random.Random(seed)``; the trace commands take turns
+    by round of classes (so every class meets every command), and every round ends with one
+    mutated serving log run through ``serve``."""
     rng = random.Random(seed)
     names = sorted(MUTATIONS)
     for i in itertools.count():
-        name = names[i % len(names)]
-        yield i, name, write_input(MUTATIONS[name](rng.choice(docs), rng), folder / f"in{i}")
+        r, k = divmod(i, len(names) + 1)
+        if k == len(names):
+            yield i, "servinglog", "serve", write_input(serving_log(rng), folder / f"in{i}")
+        else:
+            command = TRACE_COMMANDS[r % len(TRACE_COMMANDS)]
+            yield i, names[k], command, write_input(MUTATIONS[names[k]](rng.choice(docs), rng), folder / f"in{i}")
 
 
 def campaign(docs: list[Doc], count: int, seed: int, tmp: Path | None = None) -> list[Outcome]:
     """``count`` mutated inputs (:func:`inputs`), each run in this process."""
     out: list[Outcome] = []
     with tempfile.TemporaryDirectory(dir=tmp) as d:
-        for i, name, path in itertools.islice(inputs(docs, seed, Path(d)), count):
+        for i, name, command, path in itertools.islice(inputs(docs, seed, Path(d)), count):
             try:
-                code, err = run_cli(path, Path(d) / f"out{i}.json")
-                out.append(Outcome(name, i, classify(code, err), err.strip()[:300]))
+                code, err = run_cli(path, Path(d) / f"out{i}", command)
+                out.append(Outcome(name, i, classify(code, err), err.strip()[:300], command))
             except Exception as exc:   # noqa: BLE001 - a crash is what the campaign counts
-                out.append(Outcome(name, i, "crash", f"{type(exc).__name__}: {str(exc)[:200]}"))
+                out.append(Outcome(name, i, "crash", f"{type(exc).__name__}: {str(exc)[:200]}", command))
     return out

@@ -105,3 +105,14 @@ def test_a_named_pipe_is_refused_not_read(tmp_path: Path) -> None:
     pipe = tmp_path / "trace.json"
     os.mkfifo(pipe)
     assert "not a regular file" in one_line_error(pipe)
+
+
+def test_export_leaves_out_metadata_it_cannot_write(tmp_path: Path) -> None:
+    from whatif.api import analyze
+
+    doc = minimal(distributedInfo={"rank": {}, "world_size": -(2 ** 63) - 1},
+                  deviceProperties=[{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}])
+    out = analyze(write(tmp_path / "t.json", doc)).export(tmp_path / "out.json")
+    exported = json.loads(out.read_text())
+    assert "distributedInfo" not in exported
+    assert exported["deviceProperties"] == [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}]

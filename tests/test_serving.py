@@ -349,3 +349,34 @@ def test_kv_capacity_after_a_scenarios_transforms(tmp_path) -> None:
     assert p.tensor == 2 and p.weights_moved_bytes == 0 and p.kv_home_bytes == 80e9
     pim_tokens, source = recorded_kv_capacity(a.graph, p)
     assert pim_tokens == int(80e9 // (2 * 8 * 4 * 128 * 2)) and "attacc PIM stacks" in source
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d["iterations"][0].update(phase="denoise"), "Invalid enum value 'denoise'"),
+    (lambda d: d["iterations"][0].update(request_ids=[99]), "iteration 0 names request 99"),
+    (lambda d: d["requests"][0].update(prompt_tokens=2 ** 40), "Expected `int` <="),
+    (lambda d: d["iterations"][1].update(duration_ms=-1), "Expected `float` >= 0"),
+    (lambda d: d.update(iterations=[]), "has no iterations"),
+    (lambda d: d.update(schema="whatif.examples.other/1"), "not a serving log (expected schema"),
+])
+def test_a_corrupt_serving_log_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], edit,
+                                           message: str) -> None:
+    run_dir, log = serving_run(tmp_path)
+    doc = json.loads(log.read_text())
+    edit(doc)
+    log.write_text(json.dumps(doc))
+    assert main(["serve", str(run_dir), "--iterations-log", str(log), "--rate", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"whatif: {log}: ") and message in err and err.count("\n") == 1
+
+
+def test_a_dit_log_with_bad_config_is_one_line(tmp_path: Path) -> None:
+    from whatif.predictors.serving.logs import ServingLogError, read_log
+
+    sample = Path(__file__).resolve().parents[1] / "sample_traces" / "dit_serve" / "serving.log"
+    doc = json.loads(sample.read_text())
+    assert read_log(sample).config.patch == doc["config"]["patch"]
+    doc["config"]["patch"] = 0
+    (tmp_path / "dit.log").write_text(json.dumps(doc))
+    with pytest.raises(ServingLogError, match=r"Expected `int` >= 1 - at `\$.config.patch`"):
+        read_log(tmp_path / "dit.log")

@@ -191,15 +191,15 @@ class DitOptions:
         "help": "max requests denoised together (default: as recorded)"})
     cfg: bool | None = field(default=None, metadata={"help": "classifier-free guidance on/off (default: as recorded)"})
 
-    def settings(self, log: dict[str, Any], replicas: int = 1) -> DitSettings:
+    def settings(self, log: logs.DitLog, replicas: int = 1) -> DitSettings:
         """Resolved settings against the recorded ``log`` config (the ``scheduler`` entry of DiT documents)."""
-        c = log["config"]
-        res, frames = self.resolution or c["resolution"], self.frames or c["frames"]
-        if res % c["patch"]:
-            raise WorkloadError(f"resolution {res} is not a multiple of the recorded patch {c['patch']}")
-        cfg = (c["cfg_scale"] > 1.0) if self.cfg is None else self.cfg
-        return DitSettings(steps=self.steps or c["steps"], resolution=res, frames=frames, patch=c["patch"],
-                           tokens=frames * (res // c["patch"]) ** 2, batch=self.batch or c["batch"], cfg=cfg,
+        c = log.config
+        res, frames = self.resolution or c.resolution, self.frames or c.frames
+        if res % c.patch:
+            raise WorkloadError(f"resolution {res} is not a multiple of the recorded patch {c.patch}")
+        cfg = (c.cfg_scale > 1.0) if self.cfg is None else self.cfg
+        return DitSettings(steps=self.steps or c.steps, resolution=res, frames=frames, patch=c.patch,
+                           tokens=frames * (res // c.patch) ** 2, batch=self.batch or c.batch, cfg=cfg,
                            replicas=replicas)
 
 
@@ -221,7 +221,7 @@ class ServingModels:
         self._placed: dict[int, Placement] = {}
         self.step_options = step_options
         self.log = logs.read_log(log_path)
-        self.kind = "llm" if self.log["schema"] == logs.LLM_SCHEMA else "dit"
+        self.kind = "llm" if isinstance(self.log, logs.LlmLog) else "dit"
         self.models: list[tuple[str, Model]] = [(n, self._fit(rp)) for n, rp in replays]
         self.factor: Any = None
         if unprofiled_log:
@@ -234,24 +234,34 @@ class ServingModels:
 
     def _fit(self, rp: Replay) -> Model:
         iters = replayed_iterations(rp, self.reference, self.step_options)
-        if self.kind == "llm":
+        if isinstance(self.log, logs.LlmLog):
             return fit_llm_model(iters, logs.llm_compositions(self.log))
-        over = [b["duration_ms"] - sum(b["step_ms"]) for b in self.log["batches"]]
+        over = [b.duration_ms - sum(b.step_ms) for b in self.log.batches]
         return fit_dit_model(iters, logs.dit_compositions(self.log), float(np.median(over)) * 1e6 if over else 0.0)
 
-    def _profiler_factor(self, plain: dict[str, Any]) -> Any:
-        if plain["schema"] != self.log["schema"]:
-            raise WorkloadError(f"the unprofiled log is a {plain['schema']} log, the recording's is "
-                                f"{self.log['schema']}")
+    def _profiler_factor(self, plain: logs.ServingLog) -> Any:
+        if type(plain) is not type(self.log):
+            raise WorkloadError(f"the unprofiled log is a {type(plain).__struct_config__.tag} log, the "
+                                f"recording's is {type(self.log).__struct_config__.tag}")
         model = self.models[0][1]
-        if isinstance(model, IterationModel):
+        if isinstance(model, IterationModel) and isinstance(plain, logs.LlmLog):
             return profiler_correction(model, [(p, b, d) for (p, b), d in zip(logs.llm_compositions(plain),
                                                                              logs.llm_durations_ms(plain))])
+        assert isinstance(plain, logs.DitLog) and isinstance(self.log, logs.DitLog)
+        assert isinstance(model, DitStepModel)   # fitted on the DiT log
+        dit_model = model
 
-        def ratio(doc: dict[str, Any]) -> float:
-            return float(np.median([s["duration_ms"] * 1e6 / model.step_ns(mb, t)
-                                    for s, (mb, t) in zip(doc["steps"], logs.dit_compositions(doc))]))
+        def ratio(log: logs.DitLog) -> float:
+            return float(np.median([s.duration_ms * 1e6 / dit_model.step_ns(mb, t)
+                                    for s, (mb, t) in zip(log.steps, logs.dit_compositions(log))]))
         return ratio(plain) / ratio(self.log)
+
+    @property
+    def dit_log(self) -> logs.DitLog:
+        """The serving log of a DiT run (refused for an LLM run)."""
+        if not isinstance(self.log, logs.DitLog):
+            raise WorkloadError(f"{self.log_path}: an LLM serving log, not a DiT one")
+        return self.log
 
     def placement(self, model: int) -> Placement:
         """Where model ``model``'s scenario places a replica (computed once, when first asked)."""
@@ -274,7 +284,7 @@ class ServingModels:
         if self.kind == "llm":
             return simulate_llm(workload.llm_requests(rate), model.time_ns, scheduler,  # type: ignore[union-attr]
                                 slo_ttft_ms, slo_tpot_ms)
-        d = dit.settings(self.log, scheduler.replicas)
+        d = dit.settings(self.dit_log, scheduler.replicas)
         return simulate_dit(workload.dit_arrivals(rate), model, d.steps, d.tokens, d.batch, d.cfg,  # type: ignore[arg-type]
                             d.replicas)
 
@@ -398,7 +408,7 @@ def serve(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Scena
                        for (name, model), (sched, why) in zip(fitted.models, per_model)])
     return DitServingDocument(
         source=fitted.source, log=str(fitted.log_path), workload=workload_entry,
-        scheduler=dit.settings(fitted.log, scheduler.replicas), profiler_correction=fitted.factor,
+        scheduler=dit.settings(fitted.dit_log, scheduler.replicas), profiler_correction=fitted.factor,
         scenarios=[_dit_serving(name, model, fitted.simulate(model, workload, scheduler, dit, None, slo_ttft_ms,  # type: ignore[arg-type]
                                                              slo_tpot_ms), requests)
                    for name, model in fitted.models])
@@ -440,7 +450,8 @@ def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
                                   kv_capacity_tokens=sched.kv_capacity_tokens, kv_capacity_source=why)
                     for (name, model), (sched, why) in zip(fitted.models, per_model)])
     return DitSweepDocument(
-        source=fitted.source, workload=workload.describe(None), scheduler=dit.settings(fitted.log, scheduler.replicas),
+        source=fitted.source, workload=workload.describe(None),
+        scheduler=dit.settings(fitted.dit_log, scheduler.replicas),
         profiler_correction=fitted.factor,
         curves=[DitSweepCurve(name=name, iteration_model=_dit_model(model),  # type: ignore[arg-type]
                               points=[_dit_point(rate, simulate(model, scheduler, rate)) for rate in rates])

@@ -12,7 +12,7 @@ from dash import Input, Output, State, dcc, html
 
 from whatif import figures
 from whatif.documents import DitScenarioServing, LlmScenarioServing, LlmScheduler, mean_breakdown_ns
-from whatif.predictors.serving.logs import read_log
+from whatif.predictors.serving.logs import LlmConfig, read_log
 from whatif.serving import Workload
 
 from ..derive import breakdown_row
@@ -60,13 +60,13 @@ def default_workload(run: Run) -> Workload | None:
     path = run.serving_log
     if path is None:
         return None
-    c = read_log(path).get("config") or {}
-    rate = c.get("rate")
+    c = read_log(path).config
+    rate = c.rate
     w = Workload(rate=float(rate) if isinstance(rate, (int, float)) and 0 < rate < math.inf else DEFAULT_RATE,
-                 num_requests=int(c["num_requests"]) if c.get("num_requests") else None)  # None: Workload's default
-    if all(isinstance(c.get(k), int) for k in ("prompt_min", "prompt_max", "output_min", "output_max")):
-        w = replace(w, prompt_tokens=(c["prompt_min"], c["prompt_max"]),
-                    output_tokens=(c["output_min"], c["output_max"]))
+                 num_requests=c.num_requests)  # None: Workload's default
+    ranges = c.token_ranges() if isinstance(c, LlmConfig) else None
+    if ranges is not None:
+        w = replace(w, prompt_tokens=ranges[0], output_tokens=ranges[1])
     return w
 
 
