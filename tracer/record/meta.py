@@ -72,13 +72,14 @@ def software_and_hardware() -> dict[str, Any]:
 def build_meta(*, command: list[str], argv: list[str], cwd: str, exit_status: int, wall_time_s: float,
                started_at_s: float, backend: str, rank: int, world_size: int, steps: int,
                step_source: str, gpu_activity: bool, source_dir: Path, trace_files: list[str],
-               options: dict[str, Any]) -> dict[str, Any]:
-    """The ``meta.json`` document."""
+               options: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
+    """The ``meta.json`` document; ``end``: how the run ended (:class:`~.signals.RunEnd`)."""
     return {
         "command": command,
         "argv": argv,
         "cwd": cwd,
         "exit_status": exit_status,
+        "end": end,
         "wall_time_s": round(wall_time_s, 6),
         "started_at": dt.datetime.fromtimestamp(started_at_s, dt.timezone.utc).isoformat(),
         "backend": backend,

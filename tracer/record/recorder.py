@@ -1,7 +1,8 @@
 """``record()``: run a program under tracing and write its run folder.
 
 Order of events: check the output folder and the backend (errors before anything runs), arm
-the step detector, start tracing, run the program, stop tracing whatever happened, then write
+the step detector and the signal guard, start tracing, run the program, stop tracing whatever
+happened (SIGINT/SIGTERM from here on are deferred, :mod:`.signals`), then write
 ``rank<k>.pt.trace.json.gz`` and (rank 0) ``meta.json``.
 """
 from __future__ import annotations
@@ -17,12 +18,15 @@ from typing import Any, Protocol
 
 import orjson
 
+from whatif.core.output import write_output
+
 from ..markers import add_step_hook, remove_step_hook
 from .distributed import DistributedWatcher, rank_from_env
 from .meta import build_meta
 from .options import RecordOptions
 from .output import META_NAME, prepare_output
 from .progress import ProgressLine
+from .signals import ProgramTerminated, SignalGuard, exit_status
 from .steps import StepDetector
 from .summary import RunSummary, format_summary, summarize
 from .target import Target, run_target
@@ -102,7 +106,9 @@ def _options_record(options: RecordOptions) -> dict[str, Any]:
 
 
 def record(target: Target, options: RecordOptions, command: list[str]) -> RecordResult:
-    """Run ``target`` under tracing; returns the program's exit status and what was written."""
+    """Run ``target`` under tracing; returns the exit status (the program's, or 128 + a signal
+    deferred while writing) and what was written. Raises :class:`RecordingAborted` on a second
+    signal while writing (no temp file left behind)."""
     env_rank = rank_from_env()
     out = options.output
     session = make_session(options, out)
@@ -118,24 +124,41 @@ def record(target: Target, options: RecordOptions, command: list[str]) -> Record
     progress = ProgressLine(target.name, lambda: detector.steps, enabled=options.progress)
     alarm = DurationAlarm(options.duration_s, session.stop)
 
+    guard = SignalGuard()
     started_at_s = time.time()
     t0 = time.perf_counter()
     add_step_hook(detector.on_mark)
     watcher.install()
+    guard.install()
     try:
-        session.start(on_yield=detector.yield_to_program)
-        alarm.arm()
-        progress.start()
-        status = run_target(target)
+        try:
+            session.start(on_yield=detector.yield_to_program)
+            alarm.arm()
+            progress.start()
+            status = run_target(target)
+        except KeyboardInterrupt:   # a signal outside the program's own code (tracing start-up)
+            status = exit_status(signal.SIGINT)
+        except ProgramTerminated as exc:
+            status = exit_status(exc.signum)
+        finally:
+            guard.defer()
+            alarm.disarm()
+            progress.stop()
+            remove_step_hook(detector.on_mark)
+            detector.uninstall()
+            session.stop()
+            watcher.uninstall()
+        return _write_run(target, options, command, session, detector, watcher, guard, status,
+                          started_at_s, time.perf_counter() - t0)
     finally:
-        alarm.disarm()
-        progress.stop()
-        remove_step_hook(detector.on_mark)
-        detector.uninstall()
-        session.stop()
-        watcher.uninstall()
-    wall_time_s = time.perf_counter() - t0
+        guard.restore()
 
+
+def _write_run(target: Target, options: RecordOptions, command: list[str], session: Session,
+               detector: StepDetector, watcher: DistributedWatcher, guard: SignalGuard, status: int,
+               started_at_s: float, wall_time_s: float) -> RecordResult:
+    """Write the trace and (rank 0) meta.json of a recording that has stopped."""
+    out = options.output
     rank = watcher.current()
     folded = detector.tentative_steps if options.schedule.records_from_start else 0
     step_source = detector.source.name.lower()
@@ -171,8 +194,8 @@ def record(target: Target, options: RecordOptions, command: list[str]) -> Record
                       step_source=step_source, gpu_activity=bool(summary and summary.gpu_event_count),
                       source_dir=target.source_dir,
                       trace_files=[trace_path.name] if trace_path else [],
-                      options=_options_record(options))
+                      options=_options_record(options), end=guard.end().as_meta())
     if rank.rank == 0:
-        (out / META_NAME).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
-    return RecordResult(exit_status=status, run_dir=out, trace_path=trace_path, trace_bytes=trace_bytes,
+        write_output(out / META_NAME, orjson.dumps(meta, option=orjson.OPT_INDENT_2))
+    return RecordResult(exit_status=guard.status(status), run_dir=out, trace_path=trace_path, trace_bytes=trace_bytes,
                         meta=meta, summary=summary, report_lines=report)

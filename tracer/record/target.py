@@ -2,7 +2,8 @@
 
 :func:`run_target` returns the exit status the program would have had when run by ``python``:
 0 on normal end, ``n`` for ``sys.exit(n)``, 1 for an uncaught exception (traceback printed),
-130 for Ctrl-C (``KeyboardInterrupt``).
+130 for Ctrl-C (``KeyboardInterrupt``), 143 for SIGTERM (:class:`ProgramTerminated`, raised by the
+recorder's signal guard).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 
 from .errors import ScriptNotFoundError
+from .signals import ProgramTerminated, exit_status
 
 EXIT_INTERRUPTED = 130
 
@@ -115,6 +117,9 @@ def run_target(target: Target) -> int:
     except KeyboardInterrupt:
         print("KeyboardInterrupt", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except ProgramTerminated as exc:
+        print(f"Terminated ({exc})", file=sys.stderr)
+        return exit_status(exc.signum)
     except BaseException as exc:  # the program's own failure: report it like python would
         _print_user_traceback(exc, origin)
         return 1

@@ -6,7 +6,8 @@
 
 Steps come from ``whatif.step()`` in the program, its own torch.profiler schedule, each
 ``optimizer.step()``, each call of the outermost model, or ``--step-on module:function``.
-Exit status is the program's (an uncaught exception gives 1, Ctrl-C 130); 2 for bad options.
+Exit status is the program's (an uncaught exception gives 1, Ctrl-C 130, SIGTERM 143); 2 for bad
+options; 128 + the signal number when a signal arrived while the trace was being written.
 """
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         resolve_target,
     )
     from whatif.tracer.record.distributed import rank_from_env
+    from whatif.tracer.record.signals import RecordingAborted, exit_status
 
     script, prog_args = args.script, list(args.args)
     if args.module is not None and script is not None:
@@ -90,7 +92,11 @@ def run(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr)
     command = ["whatif", "record", *sys.argv[2:]] if sys.argv[1:2] == ["record"] else ["whatif", "record"]
-    result = record(target, options, command)
+    try:
+        result = record(target, options, command)
+    except RecordingAborted as exc:
+        print(f"whatif: {exc}", file=sys.stderr)
+        return exit_status(exc.signum)
     if args.summary:
         lines = [f"whatif record: {target.name} exited with status {result.exit_status} "
                  f"after {result.meta['wall_time_s']:.1f} s"]
