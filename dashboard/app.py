@@ -15,6 +15,9 @@ from dash import Input, Output
 from .layout import INDEX, shell
 from .pages import discover_pages
 from .state import RunStore, set_store
+from .uploads import add_upload_route
+
+MAX_REQUEST_BYTES = 4 << 20
 
 
 def create_app(paths: Sequence[str | Path] = (), *, store: RunStore | None = None,
@@ -27,8 +30,10 @@ def create_app(paths: Sequence[str | Path] = (), *, store: RunStore | None = Non
                     update_title=None,  # type: ignore[arg-type]
                     assets_folder=str(Path(__file__).parent / "assets"), serve_locally=True)
     app.index_string = INDEX
-    # Uploads travel base64-encoded inside a callback request: cap the request body accordingly.
-    app.server.config["MAX_CONTENT_LENGTH"] = int(store.max_upload_bytes * 1.4) + (1 << 20)
+    # Traces are streamed to UPLOAD_ROUTE (its own limit); every other request body is a callback's
+    # small JSON (a scenario upload is at most MAX_SCENARIO_BYTES, base64-encoded).
+    app.server.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
+    add_upload_route(app.server, store)
     pages = discover_pages()
     for page in pages:
         dash.register_page(page.module, path=page.path, name=page.title, title=f"whatif · {page.title}",

@@ -9,9 +9,12 @@ cached per options; graphs and replays are shared.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
+import os
 import re
+import shutil
 import tempfile
 import threading
 from collections import OrderedDict
@@ -54,6 +57,9 @@ from .guard import PathGuard
 
 RANK_FILE = re.compile(r"rank[-_]?\d+", re.IGNORECASE)
 MAX_PREDICTIONS = 8  # per run
+# Traces parsed at once, whatever the number of request threads: a burst of requests for many runs
+# waits for a slot instead of holding every trace in memory together.
+ANALYSIS_SLOTS = threading.BoundedSemaphore(max(1, min(4, (os.cpu_count() or 2) // 2)))
 
 
 def discover(path: Path) -> list[Path]:
@@ -109,7 +115,8 @@ class Run:
                 if self.path is None:
                     raise RuntimeError(f"run {self.id} has no source")
                 try:
-                    self._analysis = analyze(self.path)
+                    with ANALYSIS_SLOTS:
+                        self._analysis = analyze(self.path)
                 except Exception as exc:
                     self.error = str(exc)
                     raise
@@ -240,8 +247,11 @@ class RunStore:
 
     def __init__(self, paths: Sequence[str | Path] = (), upload_dir: str | Path | None = None,
                  max_upload_bytes: int = 200 * 1024 * 1024) -> None:
+        self._owns_upload_dir = upload_dir is None
         self.upload_dir = Path(upload_dir or tempfile.mkdtemp(prefix="whatif-dashboard-")).resolve()
         self.upload_dir.mkdir(parents=True, exist_ok=True)
+        if self._owns_upload_dir:
+            atexit.register(self.close)
         self.guard = PathGuard.for_paths(paths, extra=[self.upload_dir])
         self.max_upload_bytes = max_upload_bytes
         self.runs: dict[str, Run] = {}
@@ -281,6 +291,11 @@ class RunStore:
 
     def options(self) -> list[dict[str, str]]:
         return [{"label": r.label, "value": r.id} for r in self.runs.values()]
+
+    def close(self) -> None:
+        """Remove the upload folder this store made (not one it was given); called on exit."""
+        if self._owns_upload_dir:
+            shutil.rmtree(self.upload_dir, ignore_errors=True)
 
 
 _STORE: RunStore | None = None

@@ -99,6 +99,49 @@ def test_upload_checks(tmp_path: Path) -> None:
         save_trace(tmp_path, "t.json", _data_url(b"\x80\x04pickle"), 1 << 20)
 
 
+def _bomb(inflated_mib: int, member_mib: int = 64) -> bytes:
+    """A gzip trace that inflates to ``inflated_mib`` MiB: a JSON object with one long string,
+    as gzip members of ``member_mib`` MiB of spaces (each compresses ~1000x)."""
+    member = gzip.compress(b" " * (member_mib << 20), compresslevel=9, mtime=0)
+    return (gzip.compress(b'{"traceEvents": [], "pad": "', mtime=0) + member * (inflated_mib // member_mib)
+            + gzip.compress(b'"}', mtime=0))
+
+
+def test_upload_route_streams_to_disk_and_refuses_in_one_line(tmp_path: Path) -> None:
+    from whatif.dashboard.app import create_app
+    from whatif.dashboard.uploads import UPLOAD_ROUTE
+
+    store = RunStore([], upload_dir=tmp_path / "up", max_upload_bytes=4 << 20)
+    client = create_app(store=store).server.test_client()
+    good = gzip.compress(json.dumps({"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "pid": 1,
+                                                      "tid": 1}]}).encode())
+    r = client.post(f"{UPLOAD_ROUTE}?name=../x/t.json.gz", data=good)
+    assert r.status_code == 200 and r.json["run"] in store.runs and r.json["label"].endswith("t.json.gz")
+    refusals = {"model.pkl": (b"\x80\x04", 400, "only trace files"),
+                "t.json": (b"\x80pickle", 400, "not JSON"),
+                "big.json": (b"{" + b" " * (5 << 20) + b"}", 413, "limit of 4 MiB"),
+                "bomb.json.gz": (_bomb(64, member_mib=16), 413, "inflates to more than"),
+                "cut.json.gz": (good[:-12], 400, "truncated gzip"),
+                "empty.json": (b"", 400, "empty upload")}
+    for name, (body, status, message) in refusals.items():
+        r = client.post(f"{UPLOAD_ROUTE}?name={name}", data=body)
+        assert (r.status_code, message in r.json["error"], "\n" in r.json["error"]) == (status, True, False), name
+    stored = sorted(str(p.relative_to(store.upload_dir)) for p in store.upload_dir.rglob("*") if p.is_file())
+    assert len(stored) == 1 and stored[0].endswith("/t.json.gz")     # no temp file left by a refusal
+    r = client.post("/_dash-update-component", data=b"{" + b" " * (5 << 20) + b"}",
+                    content_type="application/json")
+    assert r.status_code == 413      # a callback body is capped far below the upload limit
+
+
+def test_the_upload_folder_the_store_made_is_removed_on_close(tmp_path: Path) -> None:
+    made = RunStore([])
+    given = RunStore([], upload_dir=tmp_path / "mine")
+    (made.upload_dir / "x").write_text("upload")
+    made.close()
+    given.close()
+    assert not made.upload_dir.exists() and given.upload_dir.exists()
+
+
 def test_scale_form_round_trip(tmp_path: Path) -> None:
     ids = json.dumps([c.to_plotly_json() for c in transform_form("scale")], default=str)
     assert "'select.kind'" in ids and "'factor'" in ids
@@ -193,10 +236,8 @@ def test_app_serves_no_file_outside(tmp_path: Path) -> None:
                                                                ("run", "value"), ("runs-message", "children"),
                                                                ("runs-error", "children"))],
             "inputs": [{"id": "runs-add", "property": "n_clicks", "value": 1},
-                       {"id": "runs-upload", "property": "contents", "value": None},
                        {"id": "runs-analyze", "property": "n_clicks", "value": None}],
             "state": [{"id": "runs-path", "property": "value", "value": "/etc"},
-                      {"id": "runs-upload", "property": "filename", "value": None},
                       {"id": "run", "property": "value", "value": None}],
             "changedPropIds": ["runs-add.n_clicks"]}
     r = client.post("/_dash-update-component", json=body)

@@ -413,3 +413,33 @@ def test_graph_and_runs(server: Any, browser: Any, shots: Path) -> None:
     _wait(browser, lambda b: "outside the folders" in _text(b, "runs-error"))
     assert "llm_serve" in _text(browser, "runs-table")
     browser.save_screenshot(str(shots / "dashboard-runs.png"))
+
+
+def test_upload_a_trace_and_a_bomb_from_the_runs_page(server: Any, browser: Any, shots: Path, tmp_path: Path) -> None:
+    """The Runs page streams a chosen file to the upload route (assets/upload.js): a trace becomes
+    the selected run, a gzip bomb is refused with the reader's one line."""
+    import gzip
+    import shutil
+
+    from selenium.webdriver.common.by import By
+
+    def choose(path: Path) -> None:
+        browser.get(f"{server.url}/")
+        _wait(browser, lambda b: b.find_elements(By.ID, "runs-choose"))
+        _click(browser, "runs-choose")
+        _wait(browser, lambda b: b.find_elements(By.ID, "runs-file"))
+        browser.find_element(By.ID, "runs-file").send_keys(str(path))
+
+    trace = tmp_path / "uploaded.pt.trace.json.gz"
+    shutil.copy(SAMPLE / "rank0.pt.trace.json.gz", trace)
+    choose(trace)
+    _wait(browser, lambda b: "run=" in b.current_url)
+    rid = browser.current_url.split("run=")[1]
+    assert server.store.runs[rid].label.endswith("uploaded.pt.trace.json.gz")
+    _wait(browser, lambda b: "uploaded.pt.trace.json.gz" in _text(b, "runs-table"))
+    bomb = tmp_path / "bomb.json.gz"
+    bomb.write_bytes(gzip.compress(b'{"traceEvents": [], "pad": "' + b" " * (64 << 20) + b'"}', mtime=0))
+    choose(bomb)
+    _wait(browser, lambda b: "inflates to more than" in _text(b, "runs-upload-status"))
+    assert "bomb.json.gz: inflates to more than" in _text(browser, "runs-upload-status")
+    browser.save_screenshot(str(shots / "dashboard-upload-refused.png"))

@@ -106,10 +106,46 @@ def read_bytes(path: Path) -> bytes:
     return raw
 
 
+def _over_cap(cap: int, compressed_bytes: int) -> str:
+    return (f"inflates to more than {cap:,} bytes ({cap / max(compressed_bytes, 1):.0f}x its compressed size; "
+            "WHATIF_MAX_INFLATE_RATIO and WHATIF_MAX_TRACE_GB raise the caps)")
+
+
+def gzip_problem(path: Path, chunk_bytes: int = 1 << 20) -> str | None:
+    """What :func:`_inflate` would refuse in the gzip file at ``path`` (over the inflate cap,
+    corrupt, truncated, empty), found by streaming: memory stays at a few chunks whatever the
+    file inflates to, so an upload can be checked before anything holds it. None: it inflates."""
+    compressed = path.stat().st_size
+    cap = limits.inflate_cap_bytes(compressed)
+    total = 0
+    with open(path, "rb") as f:
+        pending = f.read(chunk_bytes)
+        while pending[:2] == b"\x1f\x8b":             # one gzip member per pass, as _inflate reads them
+            inflater = _inflate_lib.decompressobj(31)
+            while not inflater.eof:
+                data = pending or f.read(chunk_bytes)
+                pending = b""
+                if not data:
+                    return "truncated gzip (the file ends before the compressed data does)"
+                try:
+                    total += len(inflater.decompress(data, chunk_bytes))
+                    while inflater.unconsumed_tail and total <= cap:
+                        total += len(inflater.decompress(inflater.unconsumed_tail, chunk_bytes))
+                except (OSError, zlib.error, _inflate_lib.error) as exc:
+                    return f"corrupt gzip ({_first_line(exc)})"
+                if total > cap:
+                    return _over_cap(cap, compressed)
+            pending = inflater.unused_data
+            if len(pending) < 2:
+                pending += f.read(chunk_bytes)
+    return None if total else "empty file (gzip holds no data)"
+
+
 def _inflate(path: Path, raw: bytes) -> bytes:
     """Every gzip member of ``raw`` (as gzip.decompress), refused once it passes the cap: the
     inflater never produces more than the bytes left under it."""
-    cap = limits.inflate_cap_bytes(len(raw))
+    compressed = len(raw)
+    cap = limits.inflate_cap_bytes(compressed)
     parts, total = [], 0
     while raw[:2] == b"\x1f\x8b":
         inflater = _inflate_lib.decompressobj(31)  # 31: gzip header and trailer
@@ -119,8 +155,7 @@ def _inflate(path: Path, raw: bytes) -> bytes:
             raise TraceError(path, f"corrupt gzip ({_first_line(exc)})") from None
         total += len(part)
         if total > cap:
-            raise TraceError(path, f"inflates to more than {cap:,} bytes ({cap / len(raw):.0f}x its compressed size; "
-                                   "WHATIF_MAX_INFLATE_RATIO and WHATIF_MAX_TRACE_GB raise the caps)")
+            raise TraceError(path, _over_cap(cap, compressed))
         if not inflater.eof:
             raise TraceError(path, "truncated gzip (the file ends before the compressed data does)")
         parts.append(part)
@@ -588,6 +623,9 @@ class KinetoReader(TraceReader):
         if filename.lower().endswith(".gz"):
             return None if data[:2] == b"\x1f\x8b" else "not gzip data"
         return None if data.lstrip()[:1] in (b"{", b"[") else "not JSON"
+
+    def check_file(self, filename: str, path: Path) -> str | None:
+        return gzip_problem(path) if filename.lower().endswith(".gz") else None
 
 
 register_reader(KinetoReader())

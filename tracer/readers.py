@@ -176,6 +176,12 @@ class TraceReader(ABC):
         or None when they may be this format. The default accepts anything; :meth:`read` decides."""
         return None
 
+    def check_file(self, filename: str, path: Path) -> str | None:
+        """A bounded-memory look at a whole upload named ``filename``, stored at ``path`` (a gzip
+        bomb, a corrupt stream): the problem :meth:`read` would refuse, or None. The default finds
+        none; :meth:`read` decides."""
+        return None
+
 
 _READERS: dict[str, TraceReader] = {}  # suffix -> reader
 _loaded = False

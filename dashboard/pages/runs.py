@@ -1,4 +1,5 @@
-"""Runs: the loaded traces and run folders (device, ranks, steps); add one by path or upload."""
+"""Runs: the loaded traces and run folders (device, ranks, steps); add one by path or upload (streamed
+to the upload route by assets/upload.js)."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,7 +11,7 @@ from whatif.tracer.readers import accepted
 
 from ..layout import error_box, guarded, loading, table
 from ..state import get_store
-from ..uploads import save_trace
+from ..uploads import UPLOAD_ROUTE
 from . import Page
 
 COLUMNS = ("run", "device", "ranks", "steps", "tasks", "status", "path", "id")
@@ -34,11 +35,12 @@ def layout(**_: Any) -> html.Div:
                        + ", ".join(str(r) for r in store.guard.roots) + ")"), html.Br(),
             dcc.Input(id="runs-path", type="text", style={"width": "60%"}, debounce=False),
             html.Button("Add", id="runs-add"),
-            dcc.Upload(id="runs-upload", max_size=store.max_upload_bytes, multiple=False,
-                       children=html.Div([f"Drop a trace here ({accepted()}, at most "
-                                          f"{store.max_upload_bytes / 2**20:,.0f} MiB) or ", html.A("choose one")]),
-                       style={"border": "1px dashed #99a", "borderRadius": 6, "padding": 14, "marginTop": 10,
-                              "textAlign": "center"}),
+            html.Div([f"Drop a trace here ({accepted()}, at most {store.max_upload_bytes / 2**20:,.0f} MiB) or ",
+                      html.A("choose one", id="runs-choose", href="#")],
+                     id="runs-drop", **{"data-upload-url": UPLOAD_ROUTE},  # type: ignore[arg-type] # a data-* attribute
+                     style={"border": "1px dashed #99a", "borderRadius": 6, "padding": 14, "marginTop": 10,
+                            "textAlign": "center"}),
+            html.Div(id="runs-upload-status", className="note"),
             loading(html.Div(id="runs-message", className="note")), error_box("runs-error"),
         ], className="panel"),
     ])
@@ -47,14 +49,15 @@ def layout(**_: Any) -> html.Div:
 def register(app: dash.Dash) -> None:
     @app.callback(Output("runs-table", "data"), Output("run", "options"), Output("run", "value"),
                   Output("runs-message", "children"), Output("runs-error", "children"),
-                  Input("runs-add", "n_clicks"), Input("runs-upload", "contents"), Input("runs-analyze", "n_clicks"),
-                  State("runs-path", "value"), State("runs-upload", "filename"), State("run", "value"),
-                  prevent_initial_call=True)
+                  Input("runs-add", "n_clicks"), Input("runs-analyze", "n_clicks"),
+                  State("runs-path", "value"), State("run", "value"), prevent_initial_call=True)
     @guarded(5)
-    def add(_add: int | None, contents: str | None, _analyze: int | None, path: str | None,
-            filename: str | None, current: str | None) -> tuple[Any, ...]:
+    def add(add_clicks: int | None, analyze_clicks: int | None, path: str | None,
+            current: str | None) -> tuple[Any, ...]:
         store = get_store()
         trigger = dash.ctx.triggered_id
+        if not (add_clicks if trigger == "runs-add" else analyze_clicks):   # the first render, not a click
+            raise dash.exceptions.PreventUpdate
         if trigger == "runs-analyze":
             failed = []
             for run in store.runs.values():
@@ -64,14 +67,9 @@ def register(app: dash.Dash) -> None:
                     failed.append(f"{run.label}: {exc}")
             msg = "analyzed all runs" + (f"; failed: {'; '.join(failed)}" if failed else "")
             return rows(), store.options(), current, msg
-        if trigger == "runs-upload":
-            if not contents:
-                raise dash.exceptions.PreventUpdate
-            added = store.add_path(save_trace(store.upload_dir, filename or "", contents, store.max_upload_bytes))
-        else:
-            if not path or not path.strip():
-                raise ValueError("type the path of a trace file or run folder first")
-            added = store.add_path(path.strip())
+        if not path or not path.strip():
+            raise ValueError("type the path of a trace file or run folder first")
+        added = store.add_path(path.strip())
         for run in added:  # analyze now, so the table shows device, ranks and steps (or the error)
             _ = run.analysis
         return rows(), store.options(), added[0].id, f"added {', '.join(r.label for r in added)}"

@@ -6,8 +6,10 @@ The app reads files only inside the given paths, their parent folders and its up
 from __future__ import annotations
 
 import argparse
+import signal
 import threading
 import webbrowser
+from types import FrameType
 
 from whatif.core.errors import WhatifError
 
@@ -35,10 +37,26 @@ def run(args: argparse.Namespace) -> int:
     for p in args.paths:
         if not Path(p).exists():
             raise WhatifError(f"{p}: no such file or folder")
+    from whatif.dashboard.state import get_store
+
     app = create_app(args.paths, max_upload_mb=args.max_upload_mb)
+    store = get_store()
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}/"
-    print(f"whatif dashboard on {url} (Ctrl+C to stop)", flush=True)
+    print(f"whatif dashboard on {url} (Ctrl+C to stop); uploads go to {store.upload_dir}, removed on exit",
+          flush=True)
     if not args.no_browser:
         threading.Timer(1.0, webbrowser.open, args=(url,)).start()
-    app.run(host=args.host, port=args.port, debug=False)
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        app.run(host=args.host, port=args.port, debug=False)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        store.close()
     return 0
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM ends the server like Ctrl+C does, so the upload folder is removed."""
+    raise KeyboardInterrupt
