@@ -139,6 +139,5 @@ def write_chrome_trace(replay: Replay, path: str | Path) -> Path:
     """Write :func:`chrome_trace` to ``path`` (gzip when it ends in ``.gz``)."""
     path = Path(path)
     data = orjson.dumps(chrome_trace(replay))
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_output(path, gzip_bytes(data) if path.suffix == ".gz" else data)
     return path

@@ -22,6 +22,13 @@ def prepare_output(folder: Path, rank: int, world_size: int, force: bool) -> Non
     One process: the folder must not exist or be empty. Several ranks share one folder, so each
     rank only checks for its own trace file (and rank 0 for ``meta.json``).
     """
+    try:
+        _prepare(folder, rank, world_size, force)
+    except OSError as exc:      # a path under a file, no permission, a full disk
+        raise RecordError(f"{folder}: cannot be used as the output folder ({exc.strerror or exc})") from None
+
+
+def _prepare(folder: Path, rank: int, world_size: int, force: bool) -> None:
     if folder.exists() and not folder.is_dir():
         raise RecordError(f"{folder}: output path exists and is not a folder")
     if folder.is_dir():

@@ -6,7 +6,9 @@ The app reads files only inside the given paths, their parent folders and its up
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
+import socket
 import threading
 import webbrowser
 from types import FrameType
@@ -39,7 +41,11 @@ def run(args: argparse.Namespace) -> int:
             raise WhatifError(f"{p}: no such file or folder")
     from whatif.dashboard.state import get_store
 
-    app = create_app(args.paths, max_upload_mb=args.max_upload_mb)
+    _check_port_free(args.host, args.port)
+    try:
+        app = create_app(args.paths, max_upload_mb=args.max_upload_mb)
+    except (OSError, ValueError) as exc:   # a path with no runs, outside the guard, unreadable
+        raise WhatifError(str(exc)) from None
     store = get_store()
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}/"
     print(f"whatif dashboard on {url} (Ctrl+C to stop); uploads go to {store.upload_dir}, removed on exit",
@@ -55,6 +61,18 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         store.close()
     return 0
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse a port another program listens on, before anything starts (werkzeug would exit 1)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            reason = "in use by another program" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+            raise WhatifError(f"--port {port} on {host}: {reason} (pick another with --port)") from None
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:

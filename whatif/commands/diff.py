@@ -41,7 +41,6 @@ def run(args: argparse.Namespace) -> int:
     doc = diff_document(analyze(args.before, steps), analyze(args.after, steps), prediction, top=args.top,
                         tolerance=args.tolerance)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         write_output(args.json, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     if not args.quiet:
         render_diff(doc, Console(width=140), top=args.top)

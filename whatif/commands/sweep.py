@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from whatif.core.output import write_output
 from whatif.documents import LlmSweepPoint, SweepDocument, write_json
 from whatif.serving import sweep
 from whatif.summary import console
@@ -42,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         from whatif.figures import serving_curves_figure
 
-        args.html.parent.mkdir(parents=True, exist_ok=True)
-        serving_curves_figure(doc).write_html(str(args.html), include_plotlyjs="cdn")
+        html = serving_curves_figure(doc).to_html(include_plotlyjs="cdn")
+        write_output(args.html, html.encode("utf-8"))
     if not args.quiet:
         render(doc, console())
     return 0
