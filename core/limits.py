@@ -7,6 +7,9 @@ with one line instead of overflowing, exhausting memory or hanging later (docs/r
 * Ranks, world sizes and step numbers fit the int32/int64 columns that hold them; a plan has at
   most ``MAX_GPUS`` GPUs and a batch at most ``MAX_PARTS`` parts (a transform parameter's
   ``maximum``, checked when a scenario is read).
+* Serving: token counts within int32 (``MAX_TOKENS``), at most ``MAX_REQUESTS`` simulated requests
+  (a config field's ``maximum``, checked by the command line and by the dataclass itself,
+  :mod:`whatif.core.bounds`).
 * Decompression: a gzip file inflates to at most ``max_inflate_ratio()`` times its compressed size
   (real Kineto traces: 7-30x over the 44 gzipped traces in ../shared/traces) and at most
   ``max_trace_bytes()`` in all; both can be raised with the environment variables
@@ -25,6 +28,8 @@ MAX_GPUS = 1 << 17          # GPUs in one plan (the largest clusters hold ~10^5)
 MAX_PARTS = 4096            # nano-batches, micro-batches, workers, a batch's splits
 MAX_STEP = (1 << 31) - 1
 MAX_INT_PARAMETER = 1 << 53     # a scenario's integers: what a float64 holds exactly
+MAX_TOKENS = (1 << 31) - 1      # a request's or an iteration's tokens, a KV-cache block
+MAX_REQUESTS = 10 ** 6          # requests one serving simulation draws
 DEFAULT_INFLATE_RATIO = 100
 DEFAULT_TRACE_GB = 64
 

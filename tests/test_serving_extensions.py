@@ -190,7 +190,7 @@ def test_flags_map_onto_the_fields() -> None:
     (["--prompt-tokens", "x"], "argument --prompt-tokens: expected N or MIN:MAX tokens, got 'x'"),
     (["--column", "ts"], "argument --column: expected FIELD=COLUMN, got 'ts'"),
     (["--policy", "sjf"], "argument --policy: invalid choice: 'sjf'"),
-    (["--max-seqs", "many"], "argument --max-seqs/--max-batch: must be an integer >= 1, got 'many'"),
+    (["--max-seqs", "many"], "argument --max-seqs/--max-batch: must be an integer >= 1 and <= 2147483647, got 'many'"),
 ])
 def test_bad_options_are_one_line_usage_errors(argv: list[str], message: str,
                                                capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 
 from whatif.analysis import Analysis, ScenarioResult, analyze, make_context, predict, scenario_cost_model
+from whatif.core.bounds import check_fields
 from whatif.core.errors import TraceError
+from whatif.core.limits import MAX_INT_PARAMETER, MAX_PARTS, MAX_REQUESTS, MAX_STEP, MAX_TOKENS
 from whatif.core.steps import COUNT_DEFAULT, Exclusion, StepOptions
 from whatif.depgraph.graph import TaskGraph
 from whatif.documents import (
@@ -123,16 +125,16 @@ class Workload:
 
     rate: float | None = field(default=None, metadata={
         "exclusive_minimum": 0, "allow_inf": True, "help": "arrival rate (req/s); inf: all at t=0"})
-    num_requests: int | None = field(default=None, metadata={"minimum": 1,
+    num_requests: int | None = field(default=None, metadata={"minimum": 1, "maximum": MAX_REQUESTS,
         "help": f"requests to draw (default {DEFAULT_REQUESTS}); with --workload, keep the first N"})
     prompt_tokens: tuple[int, int] = field(default=(16, 64), metadata={
         "help": "prompt lengths, uniform in [MIN, MAX]", "parse": token_range, "metavar": "MIN[:MAX]"})
     output_tokens: tuple[int, int] = field(default=(32, 128), metadata={
         "help": "output lengths, uniform in [MIN, MAX]", "parse": token_range, "metavar": "MIN[:MAX]"})
-    cv: float | None = field(default=None, metadata={"exclusive_minimum": 0,
+    cv: float | None = field(default=None, metadata={"exclusive_minimum": 0, "maximum": 1000,
         "help": "gamma arrivals with this coefficient of variation (bursty > 1); default Poisson"})
     seed: int = field(default=0, metadata={
-        "minimum": 0, "help": "seeds arrivals and lengths (same draws as the examples)"})
+        "minimum": 0, "maximum": MAX_INT_PARAMETER, "help": "seeds arrivals and lengths (same draws as the examples)"})
     file: str | Path | None = field(default=None, metadata={
         "help": "CSV/JSONL: arrival_s, prompt_tokens, output_tokens", "flag": "--workload", "metavar": "FILE"})
     columns: Mapping[str, str] = field(default_factory=dict, metadata={
@@ -140,6 +142,15 @@ class Workload:
         "parse": column_mapping, "repeatable": True, "metavar": "FIELD=NAME"})
     time_unit: str = field(default="s", metadata={"help": "unit of the file's arrival column",
                                                    "choices": tuple(TIME_UNITS)})
+
+    def __post_init__(self) -> None:
+        check_fields(self, WorkloadError)
+        for name, tokens in (("prompt_tokens", self.prompt_tokens), ("output_tokens", self.output_tokens)):
+            if not (isinstance(tokens, tuple) and len(tokens) == 2 and all(
+                    isinstance(t, int) and not isinstance(t, bool) for t in tokens)
+                    and 1 <= tokens[0] <= tokens[1] <= MAX_TOKENS):
+                raise WorkloadError(f"{name} must be (MIN, MAX) integers with 1 <= MIN <= MAX <= {MAX_TOKENS}, "
+                                    f"got {tokens!r}")
 
     @property
     def n(self) -> int:
@@ -184,12 +195,17 @@ class DitOptions:
     """DiT request shape; ``None`` keeps what the recording used."""
 
     steps: int | None = field(default=None, metadata={
-        "minimum": 1, "help": "denoising steps per request (default: as recorded)"})
-    resolution: int | None = field(default=None, metadata={"minimum": 1, "help": "latent side (default: as recorded)"})
-    frames: int | None = field(default=None, metadata={"minimum": 1, "help": "video frames (default: as recorded)"})
-    batch: int | None = field(default=None, metadata={"minimum": 1,
+        "minimum": 1, "maximum": MAX_STEP, "help": "denoising steps per request (default: as recorded)"})
+    resolution: int | None = field(default=None, metadata={
+        "minimum": 1, "maximum": 1 << 20, "help": "latent side (default: as recorded)"})
+    frames: int | None = field(default=None, metadata={
+        "minimum": 1, "maximum": 1 << 20, "help": "video frames (default: as recorded)"})
+    batch: int | None = field(default=None, metadata={"minimum": 1, "maximum": MAX_PARTS,
         "help": "max requests denoised together (default: as recorded)"})
     cfg: bool | None = field(default=None, metadata={"help": "classifier-free guidance on/off (default: as recorded)"})
+
+    def __post_init__(self) -> None:
+        check_fields(self, WorkloadError)
 
     def settings(self, log: logs.DitLog, replicas: int = 1) -> DitSettings:
         """Resolved settings against the recorded ``log`` config (the ``scheduler`` entry of DiT documents)."""

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from whatif.core.bounds import check_fields
+from whatif.core.limits import MAX_DURATION_NS, MAX_GPUS, MAX_INT_PARAMETER, MAX_TOKENS
+
 from .arrivals import RequestSpec, WorkloadError
 from .iteration_model import DitStepModel
 from .kvcache import KVCache
@@ -38,18 +41,21 @@ class SchedulerConfig:
     policy: Enum = field(default=PolicyName.VLLM, metadata={
         "help": "scheduling policy (docs/serving.md)", "choices": POLICIES.names})
     max_seqs: int = field(default=8, metadata={
-        "minimum": 1, "help": "sequence slots per replica", "aliases": ("--max-batch",)})
+        "minimum": 1, "maximum": MAX_TOKENS, "help": "sequence slots per replica", "aliases": ("--max-batch",)})
     max_batched_tokens: int = field(default=512, metadata={
-        "minimum": 1, "help": "prompt tokens one iteration may prefill"})
-    chunk_tokens: int | None = field(default=None, metadata={"minimum": 1,
+        "minimum": 1, "maximum": MAX_TOKENS, "help": "prompt tokens one iteration may prefill"})
+    chunk_tokens: int | None = field(default=None, metadata={"minimum": 1, "maximum": MAX_TOKENS,
         "help": "chunked: token budget per iteration (default max batched tokens)"})
-    kv_capacity_tokens: int | None = field(default=None, metadata={"minimum": 1,
+    kv_capacity_tokens: int | None = field(default=None, metadata={"minimum": 1, "maximum": MAX_INT_PARAMETER,
         "help": "KV-cache tokens per replica (default: the memory model of the recorded model and GPU; "
                 "unlimited when the recording has no transformer blocks or no cataloged GPU)"})
-    kv_block_tokens: int = field(default=16, metadata={"minimum": 1, "help": "tokens per KV-cache block"})
-    replicas: int = field(default=1, metadata={"minimum": 1, "help": "replicas (disagg: decode replicas)"})
-    prefill_replicas: int = field(default=1, metadata={"minimum": 1, "help": "disagg: prefill replicas"})
-    kv_transfer_ns_per_token: float = field(default=0.0, metadata={"minimum": 0,
+    kv_block_tokens: int = field(default=16, metadata={
+        "minimum": 1, "maximum": MAX_TOKENS, "help": "tokens per KV-cache block"})
+    replicas: int = field(default=1, metadata={
+        "minimum": 1, "maximum": MAX_GPUS, "help": "replicas (disagg: decode replicas)"})
+    prefill_replicas: int = field(default=1, metadata={
+        "minimum": 1, "maximum": MAX_GPUS, "help": "disagg: prefill replicas"})
+    kv_transfer_ns_per_token: float = field(default=0.0, metadata={"minimum": 0, "maximum": MAX_DURATION_NS,
         "help": "disagg: KV hand-off time per token (us)", "flag": "--kv-transfer-us-per-token", "cli_scale": 1e3})
     router: Enum = field(default=RouterName.LEAST_LOADED, metadata={
         "help": "which replica a request joins", "choices": ROUTERS.names})
@@ -57,13 +63,11 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         self.policy = POLICIES.key(self.policy)
         self.router = ROUTERS.key(self.router)
+        self.check()
 
     def check(self) -> None:
-        limits = {"max_seqs": self.max_seqs, "max_batched_tokens": self.max_batched_tokens, "replicas": self.replicas,
-                  "prefill_replicas": self.prefill_replicas, "kv_block_tokens": self.kv_block_tokens}
-        for name, value in limits.items():
-            if value < 1:
-                raise WorkloadError(f"{name} must be >= 1, got {value}")
+        """Every field within the bounds its metadata declares (also after fields were reassigned)."""
+        check_fields(self, WorkloadError)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v.value if isinstance(v, Enum) else v for k, v in vars(self).items()}

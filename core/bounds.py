@@ -1,0 +1,86 @@
+"""Numeric bounds declared once, in a config dataclass field's metadata (``minimum``,
+``exclusive_minimum``, ``maximum``, ``allow_inf``), and checked wherever a value enters: at parse
+time by the command line (``whatif/commands/_values.py``) and at construction by the dataclass
+itself (:func:`check_fields`), so a Python caller meets the same refusal as a CLI user.
+
+>>> Bounds(int, minimum=1).describe()
+'an integer >= 1'
+>>> Bounds(float, exclusive_minimum=0, allow_inf=True).holds(float("inf"))
+True
+>>> Bounds(float, minimum=0).holds(float("nan"))
+False
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from whatif.core.errors import WhatifError
+
+BOUND_KEYS = ("minimum", "exclusive_minimum", "maximum", "allow_inf")
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values a number may take: ``kind`` (int or float), finite unless ``allow_inf`` (then
+    +inf stands for "unbounded"), within the bounds."""
+
+    kind: type = float
+    minimum: float | None = None
+    exclusive_minimum: float | None = None
+    maximum: float | None = None
+    allow_inf: bool = False
+
+    @classmethod
+    def of(cls, kind: type, metadata: Mapping[str, Any]) -> Bounds:
+        return cls(kind, metadata.get("minimum"), metadata.get("exclusive_minimum"), metadata.get("maximum"),
+                   bool(metadata.get("allow_inf")))
+
+    def describe(self) -> str:
+        parts = [f">= {_show(self.minimum)}"] if self.minimum is not None else []
+        parts += [f"> {_show(self.exclusive_minimum)}"] if self.exclusive_minimum is not None else []
+        parts += [f"<= {_show(self.maximum)}"] if self.maximum is not None else []
+        what = "an integer" if self.kind is int else ("a number" if self.allow_inf else "a finite number")
+        return what + (" " + " and ".join(parts) if parts else "") + (" (or inf)" if self.allow_inf else "")
+
+    def holds(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int if self.kind is int else (int, float)):
+            return False
+        if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+            return self.allow_inf and value > 0
+        return ((self.minimum is None or value >= self.minimum)
+                and (self.exclusive_minimum is None or value > self.exclusive_minimum)
+                and (self.maximum is None or value <= self.maximum))
+
+
+def _show(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+
+
+def check_fields(obj: Any, error: type[Exception] = WhatifError) -> None:
+    """Raise ``error`` naming the first field of dataclass instance ``obj`` whose value (when not
+    None) breaks the bounds its metadata declares.
+
+    >>> from dataclasses import field
+    >>> @dataclass
+    ... class Knobs:
+    ...     slots: int = field(default=8, metadata={"minimum": 1})
+    >>> check_fields(Knobs(slots=0))
+    Traceback (most recent call last):
+    whatif.core.errors.WhatifError: slots must be an integer >= 1, got 0
+    """
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        if not any(k in f.metadata for k in BOUND_KEYS):
+            continue
+        value = obj.__dict__[f.name]
+        if value is None:
+            continue
+        kind = next((t for t in (int, float) if t is hints[f.name] or t in typing.get_args(hints[f.name])), float)
+        bounds = Bounds.of(kind, f.metadata)
+        if not bounds.holds(value):
+            raise error(f"{f.name} must be {bounds.describe()}, got {value!r}")
