@@ -89,8 +89,10 @@ def main() -> None:
     for command in _fuzz.COMMANDS:
         row = [by_command[(command, r)] for r in ("analyzed", "refused", "crash")]
         print(f"{command:<12} {sum(row):>6} {row[0]:>9} {row[1]:>8} {row[2]:>8}")
-    for line in crashes[:20]:
-        print("crash:", line)
+    causes = Counter(line.split(": ", 1)[1][:100] for line in crashes)
+    for cause, n in causes.most_common(20):
+        first = next(line for line in crashes if line.split(": ", 1)[1][:100] == cause)
+        print(f"crash x{n}: {cause} (first: {first.split(':', 1)[0]})")
 
 
 if __name__ == "__main__":
