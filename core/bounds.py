@@ -62,8 +62,8 @@ def _show(x: float) -> str:
 
 
 def check_fields(obj: Any, error: type[Exception] = WhatifError) -> None:
-    """Raise ``error`` naming the first field of dataclass instance ``obj`` whose value (when not
-    None) breaks the bounds its metadata declares.
+    """Raise ``error`` naming the first field of dataclass instance ``obj`` whose value breaks the
+    bounds its metadata declares (None passes only where the field's type allows it).
 
     >>> from dataclasses import field
     >>> @dataclass
@@ -77,10 +77,10 @@ def check_fields(obj: Any, error: type[Exception] = WhatifError) -> None:
     for f in dataclasses.fields(obj):
         if not any(k in f.metadata for k in BOUND_KEYS):
             continue
-        value = obj.__dict__[f.name]
-        if value is None:
+        value, hint = obj.__dict__[f.name], hints[f.name]
+        if value is None and type(None) in typing.get_args(hint):
             continue
-        kind = next((t for t in (int, float) if t is hints[f.name] or t in typing.get_args(hints[f.name])), float)
+        kind = next((t for t in (int, float) if t is hint or t in typing.get_args(hint)), float)
         bounds = Bounds.of(kind, f.metadata)
         if not bounds.holds(value):
             raise error(f"{f.name} must be {bounds.describe()}, got {value!r}")

@@ -1,7 +1,10 @@
 """Hostile load on whatif processes, shared by tests/test_hostile_server.py and
 bench/hostile_memory.py: a 6 GiB gzip bomb through ``whatif analyze``, and a dashboard hit by 200
 concurrent requests (uploads, pages, callbacks that analyze) with the bomb among them. Each
-whatif process is a child whose peak resident memory comes from the kernel (``wait4``)."""
+whatif process is a child that writes its own peak resident memory (``VmHWM`` of
+``/proc/self/status``, Linux) when it exits. (The kernel's ``wait4`` rusage is no measure here:
+a child's ``ru_maxrss`` keeps the resident size of the process it was forked from, so after a
+long test session it reports pytest's own size.)"""
 from __future__ import annotations
 
 import gzip
@@ -33,18 +36,43 @@ def bomb(inflated_gib: float = 6.0, member_mib: int = 64) -> bytes:
             + gzip.compress(b'"}', mtime=0))
 
 
-def finish(proc: subprocess.Popen, timeout_s: float = 120) -> tuple[int, int]:
-    """Wait for ``proc``: (exit status, peak resident bytes), the peak from the kernel's rusage."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return proc.returncode, usage.ru_maxrss * 1024   # Linux: KiB
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"{proc.args} did not end in {timeout_s} s")
-        time.sleep(0.05)
+# ``whatif`` as a child that writes its peak resident KiB to $WHATIF_PEAK_FILE when it exits.
+WHATIF_REPORTING_PEAK = (
+    "import atexit, os, sys\n"
+    "def _peak():\n"
+    "    with open('/proc/self/status') as f:\n"
+    "        kib = next(line.split()[1] for line in f if line.startswith('VmHWM:'))\n"
+    "    with open(os.environ['WHATIF_PEAK_FILE'], 'w') as out:\n"
+    "        out.write(kib)\n"
+    "atexit.register(_peak)\n"
+    "from whatif.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n")
+
+
+def has_peak() -> bool:
+    """Whether this system reports a process's peak resident memory (``VmHWM``)."""
+    try:
+        return "VmHWM:" in Path("/proc/self/status").read_text()
+    except OSError:
+        return False
+
+
+def start(argv: list[str], peak_file: Path) -> subprocess.Popen:
+    """``whatif ARGV`` as a child reporting its peak to ``peak_file``."""
+    peak_file.unlink(missing_ok=True)
+    return subprocess.Popen([sys.executable, "-c", WHATIF_REPORTING_PEAK, *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "WHATIF_PEAK_FILE": str(peak_file)})
+
+
+def finish(proc: subprocess.Popen, peak_file: Path, timeout_s: float = 120) -> tuple[int, int]:
+    """Wait for ``proc``: (exit status, peak resident bytes it reported; 0 if it reported none)."""
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"{proc.args[3:]} did not end in {timeout_s} s") from None
+    peak = int(peak_file.read_text()) * 1024 if peak_file.is_file() else 0
+    return proc.returncode, peak
 
 
 @dataclass
@@ -62,9 +90,8 @@ def cli_bomb(tmp: Path, inflated_gib: float = 6.0) -> CliBomb:
     path = tmp / "bomb.json.gz"
     path.write_bytes(bomb(inflated_gib))
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "whatif.cli", "analyze", str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    status, peak = finish(proc)
+    proc = start(["analyze", str(path)], tmp / "peak.txt")
+    status, peak = finish(proc, tmp / "peak.txt")
     return CliBomb(path, path.stat().st_size, status, proc.stderr.read() if proc.stderr else "", peak,
                    time.perf_counter() - t0)
 
@@ -117,13 +144,12 @@ class Burst:
     seconds: float = 0.0
 
 
-def dashboard_burst(uploads: int = 50) -> Burst:
+def dashboard_burst(tmp: Path, uploads: int = 50) -> Burst:
     """Start ``whatif dashboard`` on the sample run; send 200 requests at once (the bomb, ``uploads``
     small traces, pages, layouts, Overview callbacks of the sample run), then the Overview of every
     uploaded run at once; stop it with SIGTERM."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "whatif.cli", "dashboard", "--no-browser", "--port", str(port),
-                             str(SAMPLE)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start(["dashboard", "--no-browser", "--port", str(port), str(SAMPLE)], tmp / "peak.txt")
     out = Burst()
     t0 = time.perf_counter()
     try:
@@ -151,10 +177,10 @@ def dashboard_burst(uploads: int = 50) -> Burst:
             *[(f"page{i}", lambda: request(port, "GET", "/")) for i in range(rest // 3)],
             *[(f"layout{i}", lambda: request(port, "GET", "/_dash-layout")) for i in range(rest // 3)],
             *[(f"overview{i}", lambda: overview(port, sample_id)) for i in range(rest - 2 * (rest // 3))]]
-        start = threading.Barrier(len(jobs))
+        gate = threading.Barrier(len(jobs))
 
         def go(job: tuple[str, Callable[[], tuple[int, bytes]]]) -> tuple[str, tuple[int, bytes]]:
-            start.wait()
+            gate.wait()
             return job[0], job[1]()
         with ThreadPoolExecutor(len(jobs)) as pool:
             out.answers = dict(pool.map(go, jobs))
@@ -164,7 +190,7 @@ def dashboard_burst(uploads: int = 50) -> Burst:
         out.uploads_stored = len(list(out.upload_dir.iterdir())) if out.upload_dir else 0
     finally:
         proc.send_signal(signal.SIGTERM)
-        out.status, out.peak_bytes = finish(proc)
+        out.status, out.peak_bytes = finish(proc, tmp / "peak.txt")
         out.stderr = proc.stderr.read() if proc.stderr else ""
         out.seconds = time.perf_counter() - t0
     return out

@@ -5,7 +5,11 @@ The transform registry is process-wide: a test that registers a transform must a
 test that leaves the registry changed.
 
 ``WHATIF_CHECK_SCHEMA=1`` is set for the whole run (CLI subprocesses inherit it): every graph the
-builder makes and every transform returns is checked against ``whatif.depgraph.schema``."""
+builder makes and every transform returns is checked against ``whatif.depgraph.schema``.
+
+Property-based tests (hypothesis) draw the same examples on every run (profile ``deterministic``),
+so CI passes or fails the same way twice; ``HYPOTHESIS_PROFILE=explore`` draws new ones each run
+(the way to hunt for new failures; bench/fuzz.py is the long campaign)."""
 from __future__ import annotations
 
 import os
@@ -14,6 +18,11 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("deterministic", derandomize=True, database=None)
+settings.register_profile("explore")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 os.environ["WHATIF_CHECK_SCHEMA"] = "1"  # every built and transformed graph is checked against its schema
 
