@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+from .arrivals import WorkloadError
+
 
 class KVCache:
     """``capacity_tokens`` tokens in blocks of ``block_tokens``; ``None`` capacity = unlimited.
@@ -22,9 +24,9 @@ class KVCache:
 
     def __init__(self, capacity_tokens: int | None = None, block_tokens: int = 16) -> None:
         if block_tokens < 1:
-            raise ValueError("block_tokens must be >= 1")
+            raise WorkloadError(f"kv_block_tokens must be >= 1, got {block_tokens}")
         if capacity_tokens is not None and capacity_tokens < block_tokens:
-            raise ValueError(f"KV capacity {capacity_tokens} tokens is less than one block ({block_tokens})")
+            raise WorkloadError(f"KV capacity {capacity_tokens} tokens is less than one block ({block_tokens} tokens)")
         self.block_tokens = block_tokens
         self.total_blocks = None if capacity_tokens is None else capacity_tokens // block_tokens
         self.tokens: dict[int, int] = {}
