@@ -44,6 +44,8 @@ CASES: dict[str, list[tuple[str, ...]]] = {
     "predict": [("{dit}",), ("{dit}", "-s", "{missing}"), ("{dit}", "-s", "{not_toml}"), ("{dit}", "-s", "{unknown}"),
                 ("{dit}", "-s", "{scenario}", "--json", "{empty}"), ("{missing}", "-s", "{scenario}"),
                 ("{dit}", "-s", "{scenario}", "--cost-model", "magic")],
+    "suggest": [("{missing}",), ("{dit}", "-s", "{unknown}"), ("{dit}", "-s", "{not_toml}"),
+                ("{dit}", "--json", "{empty}"), ("{dit}", "--top", "0")],
     "transforms": [("no_such_transform",)],
     "record": [("{missing}",), ("{script_dir}",), ("-o", "{blocker}/run", "{script}"), ("-o", "{blocker}", "{script}"),
                ("--duration", "-1", "{script}"), ("--active", "0", "{script}"), ("--backend", "nope", "{script}"),

@@ -23,6 +23,7 @@ from whatif.depgraph.graph import TaskGraph
 from whatif.depgraph.schema import check_schema
 
 from .edit import applying
+from .needs import Need
 from .placement import Placement
 
 
@@ -99,11 +100,20 @@ class Transform:
 
     Set ``name`` (the registry and scenario-file key) and ``description`` (one line), implement
     ``apply`` (and ``match`` where the transform can tell which tasks it changes); register with
-    :func:`whatif.transforms.registry.register`.
+    :func:`whatif.transforms.registry.register`. An optimization ``whatif suggest`` should try
+    declares ``requires`` (:class:`~whatif.transforms.needs.Need`) and ``candidates``.
     """
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    requires: ClassVar[tuple[Need, ...]] = ()   # what a trace must hold for it to be worth trying
+
+    @classmethod
+    def candidates(cls, graph: TaskGraph, ctx: TransformContext) -> list[Transform]:
+        """The settings ``whatif suggest`` tries on ``graph`` (its needs met): sensible defaults,
+        several where a parameter matters. Empty (the default): the transform needs a choice only
+        the user can make (a device, a degree, a factor) and is not suggested on its own."""
+        return []
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Run every subclass's ``apply`` inside :func:`~whatif.transforms.edit.applying` its name,
@@ -143,4 +153,18 @@ class Transform:
 
     def label(self) -> str:
         shown = ", ".join(f"{k}={v}" for k, v in self.params().items() if v not in (None, {}, []))
+        return f"{self.name}({shown})"
+
+    def changed_params(self) -> dict[str, Any]:
+        """The parameters that differ from their defaults (what a scenario file must say)."""
+        if not dataclasses.is_dataclass(self):
+            return {}
+        defaults = {f.name: f.default if f.default is not dataclasses.MISSING else
+                    f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING
+                    for f in dataclasses.fields(self)}
+        return {k: v for k, v in self.params().items() if v != defaults[k]}
+
+    def setting(self) -> str:
+        """The name and the parameters that differ from their defaults: ``precision(dtype=fp8)``."""
+        shown = ", ".join(f"{k}={v}" for k, v in self.changed_params().items())
         return f"{self.name}({shown})"

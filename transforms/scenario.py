@@ -67,9 +67,17 @@ class Scenario:
             try:
                 g = t.apply(g, ctx)
             except (TransformError, SelectionError, GraphError) as exc:
-                raise TransformError(f"scenario {self.name!r}, {t.label()}: {exc}") from None
+                raise ScenarioStepError(self.name, t.label(), str(exc)) from None
             out.append(g)
         return out
+
+
+class ScenarioStepError(TransformError):
+    """A scenario's transform refused the graph: ``reason`` is the transform's own message."""
+
+    def __init__(self, scenario: str, transform: str, reason: str) -> None:
+        super().__init__(f"scenario {scenario!r}, {transform}: {reason}")
+        self.reason = reason
 
 
 def scenario_placement(transforms: Sequence[Transform], graphs_before: Sequence[TaskGraph],

@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "analyze": "Replay a trace and summarize measured vs predicted step times",
     "export": "Write the predicted timeline as a Chrome/Kineto trace (Perfetto, HTA)",
     "predict": "Predict step times under what-if scenarios (TOML files of transforms)",
+    "suggest": "Try every optimization whatif knows on a trace and rank them by predicted speedup",
     "transforms": "List the registered transforms and their parameters",
     "record": "Run a PyTorch script under tracing and write a run folder",
     "dashboard": "Open the web dashboard on traces and run folders",

@@ -19,7 +19,7 @@ are the JSON's keys and order (``docs/analysis-schema.md``, ``docs/prediction-sc
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Literal, Protocol, TypeVar, Union, get_args
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, Union, get_args
 
 import msgspec
 import orjson
@@ -363,6 +363,40 @@ class ScenarioPrediction(Entry, frozen=True, kw_only=True):
     cap: Cap | None = None
 
 
+class Suggestion(Entry, frozen=True, kw_only=True):
+    """One optimization ``whatif suggest`` tried and predicted: the best setting of a transform
+    (``others``: the other settings tried, with their speedups)."""
+
+    rank: int
+    transform: str
+    setting: str
+    params: dict[str, Any]       # the setting as a scenario file's [[transform]] table (name = transform)
+    headline: ScenarioHeadline
+    saved_ns_per_step: int
+    where: list[str]
+    others: dict[str, float]
+
+
+class SkippedSuggestion(Entry, frozen=True, kw_only=True):
+    """A registered transform ``whatif suggest`` did not predict, and why."""
+
+    transform: str
+    reason: str
+
+
+class SuggestDocument(Entry, frozen=True, kw_only=True):
+    """The ``whatif.suggest`` v1 document (``whatif suggest --json``): the optimizations whose
+    needs the trace meets, each predicted alone, ranked by predicted mean-step speedup."""
+
+    schema: Literal["whatif.suggest"] = "whatif.suggest"
+    version: Literal[1] = 1
+    source: str
+    device: str | None
+    baseline_mean_step_ns: int
+    suggestions: list[Suggestion]
+    skipped: list[SkippedSuggestion]
+
+
 class PredictionDocument(Entry, frozen=True, kw_only=True):
     """The ``whatif.prediction`` v1 document (``whatif predict --json``)."""
 
@@ -697,7 +731,7 @@ class DitSweepDocument(Entry, frozen=True, kw_only=True):
 ServingDocument = Union[LlmServingDocument, DitServingDocument]  # noqa: UP007 - a runtime value for from_json
 SweepDocument = Union[LlmSweepDocument, DitSweepDocument]  # noqa: UP007
 Document = Union[AnalysisDocument, PredictionDocument, ReportDocument, LlmServingDocument,  # noqa: UP007
-                 DitServingDocument, LlmSweepDocument, DitSweepDocument]
+                 DitServingDocument, LlmSweepDocument, DitSweepDocument, SuggestDocument]
 D = TypeVar("D", bound=Entry)
 
 _JSON_OPTIONS = orjson.OPT_INDENT_2

@@ -65,6 +65,7 @@ from whatif.depgraph.graph import (
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import add_edges, durations_ns, remove, remove_edges, rename, set_duration
+from ..needs import Need
 from ..registry import register
 from ..select import Selector
 from .fuse import name_mask, order_position
@@ -180,6 +181,11 @@ def find_captures(graph: TaskGraph, region: np.ndarray, min_kernels: int) -> Cap
 class CudaGraph(Transform):
     name = "cuda_graph"
     description = "Capture a region's launches in CUDA graphs: one graph launch per step replaces per-kernel launches"
+    requires = (Need.GPU_KERNELS,)
+
+    @classmethod
+    def candidates(cls, graph: TaskGraph, ctx: TransformContext) -> list[Transform]:
+        return [cls()]
 
     region: Selector = field(default_factory=Selector, metadata={
         "help": "which GPU work to capture (a step, phase, layer…); default: every step"})

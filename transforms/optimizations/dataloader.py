@@ -79,6 +79,11 @@ class DataLoaderWorkers(Transform):
     name = "dataloader"
     description = "DataLoader worker processes: batch loading leaves the training thread (workers=N)"
 
+    @classmethod
+    def candidates(cls, graph: TaskGraph, ctx: TransformContext) -> list[Transform]:
+        """2, 4 and 8 workers (PyTorch's common settings); a trace with no loading refuses them."""
+        return [cls(workers=n) for n in (2, 4, 8)]
+
     workers: int = field(metadata={"help": "number of worker processes (PyTorch num_workers), >= 1",
                                    "maximum": limits.MAX_PARTS})
     prefetch_factor: int = field(default=2, metadata={"help": "batches each worker loads ahead (PyTorch default 2)",

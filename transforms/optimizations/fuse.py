@@ -59,6 +59,7 @@ from whatif.hardware.habitat import DEFAULT_FIXED_NS
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import fuse as fuse_tasks
+from ..needs import Need
 from ..registry import register
 from ..select import Selector, kernel_classes
 
@@ -248,6 +249,11 @@ def fused_durations(graph: TaskGraph, ids: np.ndarray, label: np.ndarray, ctx: T
 class Fuse(Transform):
     name = "fuse"
     description = "Fuse chains of memory-bound kernels (or a named pattern) into one kernel: unique bytes, one launch"
+    requires = (Need.GPU_KERNELS,)
+
+    @classmethod
+    def candidates(cls, graph: TaskGraph, ctx: TransformContext) -> list[Transform]:
+        return [cls()]
 
     select: Selector | None = field(default=None, metadata={"help": "only kernels in this selection (a layer, phase…)"})
     min_chain: int = field(default=2, metadata={"help": "shortest chain to fuse (kernels)"})

@@ -34,6 +34,7 @@ from whatif.depgraph.graph import TaskGraph
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import scale, set_state
+from ..needs import Need
 from ..registry import register
 from ..select import Selector
 
@@ -54,6 +55,12 @@ def record_spec(graph: TaskGraph, tasks: np.ndarray, spec: str) -> TaskGraph:
 class Precision(Transform):
     name = "precision"
     description = "Lower precision: bf16/fp16 AMP, tf32, fp8, int8 (W8A8), int4 weight-only (by peak and byte ratios)"
+    requires = (Need.GPU_KERNELS, Need.KNOWN_GPU)
+
+    @classmethod
+    def candidates(cls, graph: TaskGraph, ctx: TransformContext) -> list[Transform]:
+        """bf16 (AMP), fp8 and int4 weight-only: a GPU without fp8 refuses that one, and suggest says so."""
+        return [cls(dtype="bf16"), cls(dtype="fp8"), cls(dtype="int4_weight")]
 
     dtype: str = field(default="bf16", metadata={"help": "tf32, bf16, fp16, fp8, int8 (W8A8) or int4_weight"})
     select: Selector = field(default_factory=lambda: Selector(kind="kernel"),

@@ -38,6 +38,7 @@ from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import add_edges, set_duration
+from ..needs import Need
 from ..registry import register
 from ..select import kernel_classes
 from .comm import KINDS, Collective, splice_tasks
@@ -120,6 +121,12 @@ def _regions(graph: TaskGraph) -> pd.DataFrame:
 class Overlap(Transform):
     name = "overlap"
     description = "nano-batch compute/communication overlap (NanoFlow, TokenWeave) with an interference factor"
+    requires = (Need.COLLECTIVES,)
+
+    @classmethod
+    def candidates(cls, graph: TaskGraph, ctx: TransformContext) -> list[Transform]:
+        """2 and 4 nano-batches, the interference calibrated from the trace (or the default)."""
+        return [cls(nano_batches=n) for n in (2, 4)]
 
     nano_batches: int = field(default=2, metadata={"help": "nano-batches n per region (TokenWeave: 2)",
                                                      "maximum": limits.MAX_PARTS})
