@@ -290,3 +290,26 @@ def test_documents_are_keyed_by_the_steps_counted() -> None:
                                                                                                         every))
     assert steady_fit.scenarios[0].iteration_model.phases["prefill"].n == 7
     assert all_fit.scenarios[0].iteration_model.phases["prefill"].n == 8
+
+
+def test_suggest_page_ranks_what_the_cli_ranks(tmp_path: Path) -> None:
+    import sys
+    sys.path.insert(0, str(REPO / "tests"))
+    from _llm_tracegen import llm_trace
+
+    from whatif.dashboard.app import create_app
+    from whatif.dashboard.pages import suggest as page
+    from whatif.dashboard.state import get_store
+    from whatif.suggest import suggest
+
+    trace = llm_trace(tmp_path / "t.json.gz", layers=2, steps=3, batch=8, kv_tokens=512)
+    create_app([trace])
+    run = next(iter(get_store().runs.values()))
+    doc = page.document(run.id)
+    assert page.document(run.id) is doc                       # cached per run and step options
+    assert doc.suggestions == suggest(trace).suggestions
+    rows = page.rows(doc)
+    assert [r["optimization"] for r in rows] == [s.setting for s in doc.suggestions]
+    assert rows[0]["speedup"] == round(doc.suggestions[0].headline.speedup, 4)
+    html_text = json.dumps(page.body(run.id).to_plotly_json(), default=str)
+    assert "sg-table" in html_text and "needs collective kernels" in html_text

@@ -443,3 +443,23 @@ def test_upload_a_trace_and_a_bomb_from_the_runs_page(server: Any, browser: Any,
     _wait(browser, lambda b: "inflates to more than" in _text(b, "runs-upload-status"))
     assert "bomb.json.gz: inflates to more than" in _text(browser, "runs-upload-status")
     browser.save_screenshot(str(shots / "dashboard-upload-refused.png"))
+
+
+def test_suggest_page(server: Any, browser: Any, shots: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    label = "Qwen" if any("Qwen" in r.label for r in server.store.runs.values()) else "llm_serve"
+    browser.get(f"{server.url}/suggest?run={_run_id(server, label)}")
+    _wait(browser, lambda b: b.find_elements(By.ID, "sg-run"))
+    _click(browser, "sg-run")
+    _wait(browser, lambda b: _text(b, "sg-best"))
+    _no_error(browser)
+    if label == "Qwen":
+        assert _text(browser, "sg-best").startswith("precision(dtype=fp8) 1.138x")
+        assert _cell_texts(browser, "#sg-table td[data-dash-column='optimization']")[:3] == [
+            "precision(dtype=fp8)", "fuse()", "cuda_graph()"]
+    else:
+        assert _text(browser, "sg-best") == "none applies"
+    assert "needs collective kernels" in _text(browser, "sg-skipped")
+    _wait(browser, _settled)
+    browser.save_screenshot(str(shots / "dashboard-suggest.png"))
