@@ -37,7 +37,7 @@ def test_analyze_writes_the_documented_json(tmp_path: Path, capsys: pytest.Captu
     assert doc["top_kernels"][0]["name"] == "gemm" and doc["top_kernels"][0]["gpu_ns"] == 120_000
     assert sum(doc["critical_path"][0]["breakdown_ns"].values()) == 90_000
     text = capsys.readouterr().out
-    assert "measured vs replayed" in text and "gemm" in text
+    assert "measured mean" in text and "replayed mean" in text and "gemm" in text
 
 
 def test_export_is_a_readable_trace_without_overlaps(tmp_path: Path) -> None:
@@ -97,3 +97,15 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         main(["analyze"])
     assert exc.value.code == 2
     assert main([]) == 2
+
+
+def test_analyze_text_is_compact_and_honours_top(capsys) -> None:
+    sample = Path(__file__).resolve().parents[1] / "sample_traces" / "llm_serve"
+    assert main(["analyze", str(sample), "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) < 40 and "steps: 161 (159 counted)" in out and "--steps shows every step" in out
+    top_ops = out.split("Top ops")[1].split("Top layers")[0]
+    assert top_ops.count("aten::") == 2                       # --top 2: two rows, not the old fixed 8
+    assert main(["analyze", str(sample), "--steps"]) == 0
+    full = capsys.readouterr().out
+    assert "Steps: measured vs replayed" in full and len(full.splitlines()) > 161

@@ -140,34 +140,50 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:,.3f}"
 
 
-def render_text(doc: AnalysisDocument, console: Any) -> None:
-    """Print the summary with rich tables on ``console`` (a :class:`rich.console.Console`)."""
+def render_text(doc: AnalysisDocument, console: Any, steps: bool = False) -> None:
+    """Print the summary with rich tables on ``console`` (a :class:`rich.console.Console`):
+    compact by default (step statistics, the mean critical path over the counted steps); with
+    ``steps`` one row per step in both tables."""
     from rich.table import Table
 
     ranks = ", ".join(f"rank {r.rank} ({r.gpu or 'GPU unknown'})" for r in doc.ranks)
     console.print(f"[bold]{doc.source}[/bold]: {ranks}; {doc.tasks:,} tasks, {doc.edges:,} edges")
-    table = Table(title="Steps: measured vs replayed", title_justify="left")
-    for col in ("rank", "step", "measured ms", "replayed ms", "error"):
-        table.add_column(col, justify="right", no_wrap=True)
-    table.add_column("counted", no_wrap=True)
-    for s in doc.steps:
-        table.add_row(str(s.rank), str(s.step), _ms(s.measured_ns), _ms(s.predicted_ns), f"{s.error * 100:+.2f}%",
-                      "yes" if s.excluded is UNSET else f"no: {s.excluded}")
-    console.print(table)
+    if steps:
+        table = Table(title="Steps: measured vs replayed", title_justify="left")
+        for col in ("rank", "step", "measured ms", "replayed ms", "error"):
+            table.add_column(col, justify="right", no_wrap=True)
+        table.add_column("counted", no_wrap=True)
+        for s in doc.steps:
+            table.add_row(str(s.rank), str(s.step), _ms(s.measured_ns), _ms(s.predicted_ns),
+                          f"{s.error * 100:+.2f}%", "yes" if s.excluded is UNSET else f"no: {s.excluded}")
+        console.print(table)
+    else:
+        kept = counted(doc.steps)
+        measured = [s.measured_ns for s in kept]
+        console.print(f"steps: {len(doc.steps)} ({len(kept)} counted); measured mean "
+                      f"{_ms(doc.mean_measured_step_ns)} ms"
+                      + (f" (min {_ms(min(measured))}, max {_ms(max(measured))})" if measured else "")
+                      + f", replayed mean {_ms(doc.mean_predicted_step_ns)} ms; --steps shows every step")
     line = excluded_line(doc.steps)
     if line:
         console.print(line)
     fid = doc.fidelity
     if fid.median_abs_error is not None and fid.max_abs_error is not None:
         console.print(f"replay error: median {fid.median_abs_error * 100:.2f}%, worst {fid.max_abs_error * 100:.2f}%")
-    cp = Table(title="Critical path breakdown (ms)", title_justify="left")
-    cp.add_column("rank", justify="right")
-    cp.add_column("step", justify="right")
     cats = list(doc.critical_path[0].breakdown_ns) if doc.critical_path else []
+    cp = Table(title="Critical path breakdown (ms" + (")" if steps else ", mean per step)"),
+               title_justify="left")
+    if steps:
+        cp.add_column("rank", justify="right")
+        cp.add_column("step", justify="right")
     for c in cats:
         cp.add_column(c, justify="right", no_wrap=True)
-    for p in counted(doc.critical_path):
-        cp.add_row(str(p.rank), str(p.step), *(_ms(p.breakdown_ns[c]) for c in cats))
+    if steps:
+        for p in counted(doc.critical_path):
+            cp.add_row(str(p.rank), str(p.step), *(_ms(p.breakdown_ns[c]) for c in cats))
+    elif doc.critical_path:
+        mean = mean_breakdown_ns(counted(doc.critical_path))
+        cp.add_row(*(_ms(mean.get(c, 0)) for c in cats))
     console.print(cp)
     for rows, title in ((doc.top_kernels, "Top kernels"), (doc.top_ops, "Top ops"), (doc.top_layers, "Top layers")):
         if not rows:
@@ -176,7 +192,7 @@ def render_text(doc: AnalysisDocument, console: Any) -> None:
         tab.add_column("name", overflow="ellipsis", no_wrap=True, max_width=44)
         for col in ("count", "GPU ms", "CPU ms"):
             tab.add_column(col, justify="right", no_wrap=True)
-        for r in rows[:8]:
+        for r in rows:   # the document holds the --top rows
             tab.add_row(r.name, str(r.count), _ms(r.gpu_ns), _ms(r.cpu_ns))
         console.print(tab)
     notable = {k: v for k, v in doc.graph_report.items() if v and k not in ("roots_anchored",)}

@@ -20,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the whatif.analysis JSON document here")
     parser.add_argument("--top", type=positive_int, default=10,
                         help="rows in the top kernels/ops/layers tables (default 10)")
+    parser.add_argument("--steps", action="store_true",
+                        help="one row per step in the step and critical-path tables (default: their summary)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json)")
     add_dataclass_arguments(parser, StepOptions)
 
@@ -29,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, doc)
     if not args.quiet:
-        render_text(doc, console())
+        render_text(doc, console(), steps=args.steps)
         if args.json:
             print(f"wrote {args.json}")
     return 0
