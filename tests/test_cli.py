@@ -109,3 +109,21 @@ def test_analyze_text_is_compact_and_honours_top(capsys) -> None:
     assert main(["analyze", str(sample), "--steps"]) == 0
     full = capsys.readouterr().out
     assert "Steps: measured vs replayed" in full and len(full.splitlines()) > 161
+
+
+def test_a_scenario_that_matches_nothing_does_not_stop_the_others(tmp_path: Path, capsys) -> None:
+    trace = small_trace(tmp_path / "t.json.gz")
+    nothing = tmp_path / "nothing.toml"
+    nothing.write_text('name = "no such op"\n[[transform]]\nname = "scale"\nfactor = 0.5\n'
+                       'select = { op = "^aten::linear$" }\n')
+    fine = tmp_path / "fine.toml"
+    fine.write_text('name = "gemm 2x"\n[[transform]]\nname = "scale"\nfactor = 0.5\nselect = { name = "gemm" }\n')
+    out = tmp_path / "p.json"
+    assert main(["predict", str(trace), "-s", str(nothing), "-s", str(fine), "-q", "--json", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "scenario 'no such op'" in err[0] and "op '^aten::linear$' matches nothing" in err[0]
+    assert "most common ops: aten::mm (4)" in err[0]   # two ops and their two kernels
+    doc = orjson.loads(out.read_bytes())
+    assert [s["name"] for s in doc["scenarios"]] == ["gemm 2x"]          # predicted despite the other's refusal
+    assert [w["transform"] for w in doc["scenarios"][0]["waterfall"]] == [
+        "scale(select=Selector(name='gemm'), factor=0.5)"]

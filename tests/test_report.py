@@ -176,7 +176,8 @@ def test_unsafe_or_bad_thresholds_are_refused(expr: str, message: str) -> None:
 
 def test_threshold_errors_at_evaluation(prediction: Prediction) -> None:
     doc = build_report(prediction).prediction
-    with pytest.raises(ThresholdError, match=r"unknown scenario 'nope' \(scenarios: fuse, relu x0.5\)"):
+    with pytest.raises(ThresholdError, match=r"unknown scenario 'nope' \(scenarios: fuse, relu x0.5; a scenario "
+                                              r"file's stem works too\)"):
         evaluate("speedup(nope) < 1", doc)
     with pytest.raises(ThresholdError, match="speedup needs a scenario name"):
         evaluate("speedup < 1", doc)
@@ -261,3 +262,15 @@ def test_cli_serving_file(trace: Path, tmp_path: Path) -> None:
     assert main([*args, "--fail-if", "ttft_ms > 40"]) == 1
     assert main([*args, "--fail-if", "tpot_ms(fuse) > 40"]) == 2  # no TPOT for fuse: a usage error
     assert main([*args[:-1], str(sc)]) == 2
+
+
+def test_fail_if_accepts_a_scenario_files_stem(tmp_path: Path) -> None:
+    from whatif.documents import PredictionDocument, from_json
+    from whatif.report.thresholds import evaluate as check
+
+    sample = Path(__file__).resolve().parents[1] / "sample_traces" / "llm_serve"
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "faster_linear.toml"
+    assert main(["predict", str(sample), "-s", str(scenario), "-q", "--json", str(tmp_path / "p.json")]) == 0
+    doc = from_json((tmp_path / "p.json").read_text(), PredictionDocument)
+    by_name, by_stem = check("speedup(linear 2x faster) < 1", doc), check("speedup(faster_linear) < 1", doc)
+    assert list(by_name.values.values()) == list(by_stem.values.values()) and not by_stem.failed

@@ -22,7 +22,7 @@ from .select import Selector
 def _selected(t: Transform, select: Selector, graph: TaskGraph) -> np.ndarray:
     ids = select(graph)
     if len(ids) == 0:
-        raise TransformError(f"{t.name}: the selection matches no task ({select})")
+        raise TransformError(f"{t.name}: {select.why_empty(graph)}")
     return ids
 
 

@@ -97,9 +97,42 @@ class Selector:
             raise SelectionError(f"unknown selection key {unknown[0]!r} (known: {', '.join(sorted(known))})")
         return cls(**data)
 
+    def why_empty(self, graph: TaskGraph) -> str:
+        """Why this selection matches no task of ``graph``: which of its keys matches nothing on
+        its own, and for a text key the closest values the graph holds (``op`` is the innermost
+        aten op under a task, so ``aten::linear`` shows up as ``aten::addmm``/``aten::mm`` where
+        linear decomposes)."""
+        head = f"the selection matches no task ({self})"
+        if not len(graph.tasks):
+            return f"{head}: the graph has no task"
+        alone = [k for k, v in self.as_dict().items() if not len(Selector(**{k: v})(graph))]
+        if not alone:
+            return f"{head}: each key matches on its own, not all together"
+        hints = []
+        for key in alone:
+            value = self.as_dict()[key]
+            if key in _TEXT_KEYS:
+                column = graph.resources["name"] if key == "resource" else graph.tasks[key]
+                hints.append(f"{key} {value!r} matches nothing; {_closest(column, str(value), key)}")
+            else:
+                hints.append(f"{key} {value!r} matches nothing")
+        return f"{head}: " + "; ".join(hints)
+
     def __call__(self, graph: TaskGraph) -> np.ndarray:
         return select(graph, kind=self.kind, name=self.name, layer=self.layer, op=self.op, phase=self.phase,
                       step=self.step, rank=self.rank, resource=self.resource, kernel_class=self.kernel_class)
+
+
+def _closest(column: pd.Series, pattern: str, key: str, n: int = 3) -> str:
+    """The values of ``column`` a user probably meant: those sharing the pattern's last word, else
+    the most common ones (with their task counts)."""
+    counts = column.dropna().astype(str).value_counts()
+    word = re.sub(r"[^A-Za-z0-9_]", " ", pattern.split("::")[-1]).split()
+    near = counts[[any(w.lower() in v.lower() for w in word[-1:]) for v in counts.index]] if word else counts[:0]
+    shown = near if len(near) else counts
+    listed = ", ".join(f"{v} ({c:,})" for v, c in shown.head(n).items())
+    return (f"{key}s containing {word[-1]!r}: {listed}" if len(near) else f"most common {key}s: {listed}") \
+        if len(shown) else f"no task has a {key}"
 
 
 def _as_list(value: Any) -> list:

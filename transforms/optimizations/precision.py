@@ -94,7 +94,7 @@ class Precision(Transform):
         cost = ctx.require_cost(self.name)
         ids = self.select(graph)
         if not len(ids):
-            raise TransformError(f"precision: the selection matches no task ({self.select})")
+            raise TransformError(f"precision: {self.select.why_empty(graph)}")
         factor = cost.precision_factor(graph, ids, spec)
         changed = factor != 1.0
         out = scale(record_spec(graph, ids, spec), ids[changed], factor[changed],

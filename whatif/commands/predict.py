@@ -1,16 +1,20 @@
 """Predict step times under what-if scenarios: replay the baseline graph and the graph each
 scenario (a TOML file of transforms, see docs/writing-a-transform.md) produces, and report the
-predicted step time, the speedup after every transform, what changed, and the new critical path."""
+predicted step time, the speedup after every transform, what changed, and the new critical path.
+A scenario a transform refuses (a selection that matches nothing, with what it could have
+matched) is reported on stderr while the others are still predicted (exit 2)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from whatif.api import analyze, predict
+from whatif.api import Prediction, analyze, predict
 from whatif.documents import write_json
 from whatif.predictors.cost_models import CostConfig
 from whatif.predictors.steps import StepOptions
 from whatif.summary import console, prediction_document, render_prediction
+from whatif.transforms.base import TransformError
 from whatif.transforms.scenario import load_scenario
 
 from ._dataclass_args import add_dataclass_arguments, from_args
@@ -27,12 +31,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Exit 0, or 2 when a scenario could not be applied: each such scenario is one ``whatif:``
+    line on stderr (with the transform's reason), and every other scenario is still predicted."""
     cost = from_args(CostConfig, args)
     scenarios = [load_scenario(p) for p in args.scenario]  # validate every file before the slow part
-    doc = prediction_document(predict(analyze(args.path, from_args(StepOptions, args)), scenarios,
-                                       cost_model=cost.cost_model))
+    base = analyze(args.path, from_args(StepOptions, args))
+    results, refused = [], []
+    for scenario in scenarios:
+        try:
+            results += predict(base, [scenario], cost_model=cost.cost_model).scenarios
+        except TransformError as exc:
+            refused.append(str(exc))
+    doc = prediction_document(Prediction(baseline=base, scenarios=results))
     if args.json:
         write_json(args.json, doc)
     if not args.quiet:
         render_prediction(doc, console())
-    return 0
+    for line in refused:
+        print(f"whatif: {line}", file=sys.stderr)
+    return 2 if refused else 0

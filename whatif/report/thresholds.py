@@ -28,6 +28,7 @@ import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -199,7 +200,11 @@ def _entry(doc: PredictionDocument, metric: str, scenario: str | None, text: str
     for s in doc.scenarios:
         if s.name == scenario:
             return f"{metric}({scenario})", s
-    raise ThresholdError(f"{text!r}: unknown scenario {scenario!r} (scenarios: {', '.join(names) or 'none'})")
+    by_stem = [s for s in doc.scenarios if s.source and Path(s.source).stem == scenario]
+    if len(by_stem) == 1:   # the scenario's file name without .toml, as in `-s scenarios/fuse.toml`
+        return f"{metric}({scenario})", by_stem[0]
+    raise ThresholdError(f"{text!r}: unknown scenario {scenario!r} (scenarios: {', '.join(names) or 'none'}; "
+                         "a scenario file's stem works too)")
 
 
 def evaluate(threshold: Threshold | str, doc: PredictionDocument) -> CheckResult:
