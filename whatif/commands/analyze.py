@@ -12,6 +12,7 @@ from whatif.summary import analysis_document, console, render_text
 from whatif.tracer.readers import accepted
 
 from ._dataclass_args import add_dataclass_arguments, from_args
+from ._progress import working
 from ._values import positive_int
 
 
@@ -27,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    doc = analysis_document(analyze(args.path, from_args(StepOptions, args)), top=args.top)
+    with working(f"whatif analyze: reading, building and replaying {args.path}", args.quiet):
+        doc = analysis_document(analyze(args.path, from_args(StepOptions, args)), top=args.top)
     if args.json:
         write_json(args.json, doc)
     if not args.quiet:

@@ -19,6 +19,7 @@ from whatif.report.diff_text import render_diff
 from whatif.report.document import load_report
 
 from ._dataclass_args import add_dataclass_arguments, from_args
+from ._progress import working
 from ._values import nonnegative_float, positive_int
 
 
@@ -38,7 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     prediction = load_report(args.prediction) if args.prediction else None  # input errors first
     steps = from_args(StepOptions, args)
-    doc = diff_document(analyze(args.before, steps), analyze(args.after, steps), prediction, top=args.top,
+    with working(f"whatif diff: analyzing {args.before} and {args.after}", args.quiet):
+        before, after = analyze(args.before, steps), analyze(args.after, steps)
+    doc = diff_document(before, after, prediction, top=args.top,
                         tolerance=args.tolerance)
     if args.json:
         write_output(args.json, orjson.dumps(doc, option=orjson.OPT_INDENT_2))

@@ -9,6 +9,8 @@ from whatif.api import analyze
 from whatif.core.output import OutputError
 from whatif.tracer.readers import is_trace_name
 
+from ._progress import working
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", type=Path, help="trace file, folder of per-rank traces, or run folder")
@@ -33,6 +35,7 @@ def refuse_inside_input(output: str | Path, input_path: str | Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     refuse_inside_input(args.output, args.path)
-    out = analyze(args.path).export(args.output)
+    with working(f"whatif export: analyzing {args.path}"):
+        out = analyze(args.path).export(args.output)
     print(f"wrote {out}")
     return 0

@@ -18,6 +18,7 @@ from whatif.transforms.base import TransformError
 from whatif.transforms.scenario import load_scenario
 
 from ._dataclass_args import add_dataclass_arguments, from_args
+from ._progress import working
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,14 +36,17 @@ def run(args: argparse.Namespace) -> int:
     line on stderr (with the transform's reason), and every other scenario is still predicted."""
     cost = from_args(CostConfig, args)
     scenarios = [load_scenario(p) for p in args.scenario]  # validate every file before the slow part
-    base = analyze(args.path, from_args(StepOptions, args))
-    results, refused = [], []
-    for scenario in scenarios:
-        try:
-            results += predict(base, [scenario], cost_model=cost.cost_model).scenarios
-        except TransformError as exc:
-            refused.append(str(exc))
-    doc = prediction_document(Prediction(baseline=base, scenarios=results))
+    with working(f"whatif predict: analyzing {args.path}", args.quiet) as status:
+        base = analyze(args.path, from_args(StepOptions, args))
+        results, refused = [], []
+        for scenario in scenarios:
+            status(f"whatif predict: {scenario.name}")
+            try:
+                results += predict(base, [scenario], cost_model=cost.cost_model).scenarios
+            except TransformError as exc:
+                refused.append(str(exc))
+        status("whatif predict: critical paths")
+        doc = prediction_document(Prediction(baseline=base, scenarios=results))
     if args.json:
         write_json(args.json, doc)
     if not args.quiet:

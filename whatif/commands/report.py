@@ -24,6 +24,7 @@ from whatif.report.thresholds import parse
 from whatif.transforms.scenario import load_scenario
 
 from ._dataclass_args import add_dataclass_arguments, from_args
+from ._progress import working
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     serving = load_serving(args.serving) if args.serving else None
     cost = from_args(CostConfig, args)
     scenarios = [load_scenario(p) for p in args.scenario]
-    prediction = predict(analyze(args.path, from_args(StepOptions, args)), scenarios, cost_model=cost.cost_model)
+    with working(f"whatif report: predicting {len(scenarios)} scenario(s) on {args.path}", args.quiet):
+        prediction = predict(analyze(args.path, from_args(StepOptions, args)), scenarios, cost_model=cost.cost_model)
     report = write_report(prediction, args.out, formats, thresholds, args.baseline, limit,
                           step_summary=not args.no_step_summary, serving=serving)
     if not args.quiet:

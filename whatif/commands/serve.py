@@ -30,6 +30,7 @@ from whatif.serving import DitOptions, Workload, serve
 from whatif.summary import console
 
 from ._dataclass_args import add_dataclass_arguments, from_args
+from ._progress import working
 from ._values import positive_float
 
 
@@ -85,7 +86,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    doc = serve(args.path, args.scenario, workload(args), requests=args.requests, **options(args))
+    with working(f"whatif serve: fitting and simulating {args.path}", args.quiet):
+        doc = serve(args.path, args.scenario, workload(args), requests=args.requests, **options(args))
     if args.json:
         write_json(args.json, doc)
     if not args.quiet:

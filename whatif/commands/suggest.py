@@ -20,6 +20,7 @@ from whatif.summary import console
 from whatif.transforms.scenario import load_scenario
 
 from ._dataclass_args import add_dataclass_arguments, from_args
+from ._progress import working
 from ._values import positive_int
 
 
@@ -38,23 +39,15 @@ def run(args: argparse.Namespace) -> int:
     cost = from_args(CostConfig, args)
     extra = [load_scenario(p) for p in args.scenario]   # every file checked before the slow part
     out = console()
-    with out.status("suggest: analyzing", spinner="dots") if out.is_terminal and not args.quiet else _Quiet() as status:
+    with working(f"whatif suggest: analyzing {args.path}", args.quiet) as status:
         base = analyze(args.path, from_args(StepOptions, args))
         doc = suggest(base, extra, cost_model=cost.cost_model,
-                      progress=(lambda label: status.update(f"suggest: predicting {label}")) if status else None)
+                      progress=lambda label: status(f"whatif suggest: predicting {label}"))
     if args.json:
         write_json(args.json, doc)
     if not args.quiet:
         render_suggestions(doc, out, top=args.top)
     return 0
-
-
-class _Quiet:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def render_suggestions(doc: SuggestDocument, out: Console, top: int = 10) -> None:

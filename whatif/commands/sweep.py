@@ -15,6 +15,7 @@ from whatif.documents import LlmSweepPoint, SweepDocument, write_json
 from whatif.serving import sweep
 from whatif.summary import console
 
+from ._progress import working
 from .serve import add_common_arguments, cell, options, workload
 
 
@@ -37,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    doc = sweep(args.path, args.rates, args.scenario, workload(args), **options(args))
+    with working(f"whatif sweep: fitting and simulating {len(args.rates)} rates on {args.path}", args.quiet):
+        doc = sweep(args.path, args.rates, args.scenario, workload(args), **options(args))
     if args.json:
         write_json(args.json, doc)
     if args.html:
