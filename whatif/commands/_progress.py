@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Iterator
 
 from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 
 @contextlib.contextmanager
@@ -21,5 +22,7 @@ def working(label: str, quiet: bool = False) -> Iterator[Callable[[str], None]]:
     if quiet or not err.is_terminal or not sys.stderr.isatty():
         yield lambda _text: None
         return
-    with err.status(label, spinner="dots") as status:
-        yield lambda text: status.update(text)
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as progress:
+        task = progress.add_task(label, total=None)
+        yield lambda text: progress.update(task, description=text)
