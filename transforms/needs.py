@@ -10,15 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import Enum
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from whatif.depgraph.graph import TaskGraph, TaskKind
 from whatif.hardware.devices import find_device
-
-if TYPE_CHECKING:
-    from .base import TransformContext
 
 
 class Need(Enum):
@@ -33,13 +29,13 @@ def _has_kind(graph: TaskGraph, *kinds: TaskKind) -> bool:
     return bool(np.isin(graph.tasks["kind"].to_numpy(), [int(k) for k in kinds]).any())
 
 
-_CHECKS: dict[Need, Callable[[TaskGraph, TransformContext], bool]] = {
-    Need.GPU_KERNELS: lambda g, ctx: _has_kind(g, TaskKind.KERNEL),
-    Need.KNOWN_GPU: lambda g, ctx: find_device(ctx.device) is not None,
-    Need.COLLECTIVES: lambda g, ctx: _has_kind(g, TaskKind.COMM),
+_CHECKS: dict[Need, Callable[[TaskGraph, str | None], bool]] = {
+    Need.GPU_KERNELS: lambda g, device: _has_kind(g, TaskKind.KERNEL),
+    Need.KNOWN_GPU: lambda g, device: find_device(device) is not None,
+    Need.COLLECTIVES: lambda g, device: _has_kind(g, TaskKind.COMM),
 }
 
 
-def unmet(needs: tuple[Need, ...], graph: TaskGraph, ctx: TransformContext) -> Need | None:
-    """The first of ``needs`` the graph (and its context) does not meet, or None."""
-    return next((n for n in needs if not _CHECKS[n](graph, ctx)), None)
+def unmet(needs: tuple[Need, ...], graph: TaskGraph, device: str | None) -> Need | None:
+    """The first of ``needs`` that ``graph``, recorded on GPU ``device``, does not meet, or None."""
+    return next((n for n in needs if not _CHECKS[n](graph, device)), None)

@@ -96,7 +96,7 @@ def suggest(path_or_analysis: str | Path | Analysis, extra: Sequence[Scenario | 
 def _try_transform(base: Analysis, ctx: TransformContext, cls: type[Transform],
                    progress: Callable[[str], None] | None) -> list[Tried] | str:
     """Each candidate setting predicted alone, or why the transform was not predicted."""
-    need = unmet(cls.requires, base.graph, ctx)
+    need = unmet(cls.requires, base.graph, ctx.device)
     if need is not None:
         return f"needs {need.value}"
     candidates = cls.candidates(base.graph, ctx)
