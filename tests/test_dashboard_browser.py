@@ -463,3 +463,18 @@ def test_suggest_page(server: Any, browser: Any, shots: Path) -> None:
     assert "needs collective kernels" in _text(browser, "sg-skipped")
     _wait(browser, _settled)
     browser.save_screenshot(str(shots / "dashboard-suggest.png"))
+
+
+def test_sweep_html_renders_offline(browser: Any, tmp_path: Path, shots: Path) -> None:
+    """`whatif sweep --html` embeds plotly: the page draws its figure from a file, with no network
+    (the machines that run CI have none, and a CDN script would leave it blank)."""
+    from selenium.webdriver.common.by import By
+
+    from whatif.cli import main
+
+    html = tmp_path / "sweep.html"
+    assert main(["sweep", str(SAMPLE), "--rates", "5,20", "--num-requests", "10", "--html", str(html), "-q"]) == 0
+    browser.get(html.as_uri())
+    _wait(browser, lambda b: b.find_elements(By.CSS_SELECTOR, ".main-svg .scatterlayer .trace"))
+    assert browser.execute_script("return typeof Plotly") == "object"
+    browser.save_screenshot(str(shots / "sweep-offline.png"))

@@ -254,6 +254,8 @@ def test_sweep_cli_gives_one_point_per_rate(tmp_path: Path) -> None:
     assert [p["rate_req_per_s"] for p in curve["points"]] == [10.0, 100.0, 1000.0]
     ttft = [p["ttft_ms"]["mean"] for p in curve["points"]]
     assert ttft[0] <= ttft[1] <= ttft[2] and html.stat().st_size > 0
+    page = html.read_text()
+    assert "<script src=\"http" not in page and "Plotly.newPlot" in page   # plotly inline: renders offline
 
 
 def test_serve_without_a_log_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

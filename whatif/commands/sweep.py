@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser, rate_required=False)
     parser.add_argument("--rates", type=_rates, required=True, metavar="R1,R2,...", help="arrival rates (req/s)")
     parser.add_argument("--json", type=Path, metavar="OUT", help="write the whatif.serving-sweep JSON document")
-    parser.add_argument("--html", type=Path, metavar="OUT", help="write the latency-vs-throughput figure (HTML)")
+    parser.add_argument("--html", type=Path, metavar="OUT",
+                        help="write the latency-vs-throughput figure (self-contained HTML: works offline)")
     parser.add_argument("-q", "--quiet", action="store_true")
 
 
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         from whatif.figures import serving_curves_figure
 
-        html = serving_curves_figure(doc).to_html(include_plotlyjs="cdn")
+        html = serving_curves_figure(doc).to_html(include_plotlyjs=True)
         write_output(args.html, html.encode("utf-8"))
     if not args.quiet:
         render(doc, console())
