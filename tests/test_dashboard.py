@@ -313,3 +313,24 @@ def test_suggest_page_ranks_what_the_cli_ranks(tmp_path: Path) -> None:
     assert rows[0]["speedup"] == round(doc.suggestions[0].headline.speedup, 4)
     html_text = json.dumps(page.body(run.id).to_plotly_json(), default=str)
     assert "sg-table" in html_text and "needs collective kernels" in html_text
+
+
+def test_wsgi_entry_point_serves_the_paths_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setenv("WHATIF_DASHBOARD_PATHS", str(SAMPLE))
+    monkeypatch.setenv("WHATIF_DASHBOARD_MAX_UPLOAD_MB", "5")
+    sys.modules.pop("whatif.dashboard.wsgi", None)
+    wsgi = importlib.import_module("whatif.dashboard.wsgi")
+    from whatif.dashboard.state import get_store
+
+    assert wsgi.server is wsgi.app.server and wsgi.server.test_client().get("/").status_code == 200
+    store = get_store()
+    assert [r.label for r in store.runs.values()] == ["sample_traces/llm_serve"] and store.max_upload_bytes == 5 << 20
+    monkeypatch.setenv("WHATIF_DASHBOARD_MAX_UPLOAD_MB", "lots")
+    sys.modules.pop("whatif.dashboard.wsgi", None)
+    from whatif.core.errors import WhatifError
+
+    with pytest.raises(WhatifError, match="WHATIF_DASHBOARD_MAX_UPLOAD_MB='lots'"):
+        importlib.import_module("whatif.dashboard.wsgi")
+    sys.modules.pop("whatif.dashboard.wsgi", None)
