@@ -478,3 +478,18 @@ def test_sweep_html_renders_offline(browser: Any, tmp_path: Path, shots: Path) -
     _wait(browser, lambda b: b.find_elements(By.CSS_SELECTOR, ".main-svg .scatterlayer .trace"))
     assert browser.execute_script("return typeof Plotly") == "object"
     browser.save_screenshot(str(shots / "sweep-offline.png"))
+
+
+def test_report_html_renders_offline(browser: Any, tmp_path: Path) -> None:
+    """The CI report's HTML is self-contained too: drawn from a file, no network."""
+    from selenium.webdriver.common.by import By
+
+    from whatif.cli import main
+
+    scenario = REPO / "scenarios" / "faster_linear.toml"
+    assert main(["report", str(SAMPLE), "-s", str(scenario), "-o", str(tmp_path / "r"), "-f", "html", "-q",
+                 "--no-step-summary"]) == 0
+    browser.get((tmp_path / "r" / "report.html").as_uri())
+    _wait(browser, lambda b: b.find_elements(By.CSS_SELECTOR, ".main-svg .trace"))
+    assert browser.execute_script("return typeof Plotly") == "object"
+    assert "linear 2x faster" in browser.page_source
