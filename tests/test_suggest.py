@@ -47,6 +47,7 @@ def test_suggestions_are_ranked_and_each_equals_its_scenario_alone(tmp_path: Pat
     speedups = [s.headline.speedup for s in doc.suggestions]
     assert len(speedups) >= 2 and speedups == sorted(speedups, reverse=True)
     assert [s.rank for s in doc.suggestions] == list(range(1, len(speedups) + 1))
+    assert {s.headline.baseline_mean_step_ns for s in doc.suggestions} == {doc.baseline_mean_step_ns}
     for s in doc.suggestions:
         assert _alone(base, s) == s.headline.speedup
         assert s.saved_ns_per_step == s.headline.baseline_mean_step_ns - s.headline.mean_step_ns
@@ -72,7 +73,7 @@ def test_suggest_on_shared_traces_top_entry_verified_alone(shared_traces: Path, 
     doc = suggest(base)
     assert doc.suggestions, [k.reason for k in doc.skipped]
     top = doc.suggestions[0]
-    assert top.headline.speedup > 1.0
+    assert top.headline.speedup > 1.0 and top.headline.baseline_mean_step_ns == doc.baseline_mean_step_ns
     assert _alone(base, top) == top.headline.speedup
 
 

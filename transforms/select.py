@@ -105,12 +105,11 @@ class Selector:
         head = f"the selection matches no task ({self})"
         if not len(graph.tasks):
             return f"{head}: the graph has no task"
-        alone = [k for k, v in self.as_dict().items() if not len(Selector(**{k: v})(graph))]
+        alone = {k: v for k, v in self.as_dict().items() if not len(Selector(**{k: v})(graph))}
         if not alone:
             return f"{head}: each key matches on its own, not all together"
         hints = []
-        for key in alone:
-            value = self.as_dict()[key]
+        for key, value in alone.items():
             if key in _TEXT_KEYS:
                 column = graph.resources["name"] if key == "resource" else graph.tasks[key]
                 hints.append(f"{key} {value!r} matches nothing; {_closest(column, str(value), key)}")

@@ -23,7 +23,8 @@ from whatif.core.errors import WhatifError
 from whatif.depgraph.graph import TaskGraph
 from whatif.documents import ScenarioHeadline, SkippedSuggestion, SuggestDocument, Suggestion
 from whatif.predictors.cost_models import CostModelName
-from whatif.summary import scenario_headline
+from whatif.report.diff_text import short_name
+from whatif.summary import mean_counted_step_ns, scenario_headline
 from whatif.transforms import registry
 from whatif.transforms.base import Transform, TransformContext
 from whatif.transforms.needs import unmet
@@ -89,7 +90,7 @@ def suggest(path_or_analysis: str | Path | Analysis, extra: Sequence[Scenario | 
         tried.append((s.name, [Tried(s.name, {}, scenario_headline(base, result),
                                      _where(base.graph, s.transforms, ctx))]))
     return SuggestDocument(source=str(base.trace.source), device=ctx.device,
-                           baseline_mean_step_ns=_baseline_ns(base, tried),
+                           baseline_mean_step_ns=mean_counted_step_ns(base.steps),
                            suggestions=_ranked(tried), skipped=skipped)
 
 
@@ -121,13 +122,6 @@ def _first_reason(refusals: list[str]) -> str:
     return reason + (f" (and {len(refusals) - 1} other setting(s) refused)" if len(refusals) > 1 else "")
 
 
-def _baseline_ns(base: Analysis, tried: list[tuple[str, list[Tried]]]) -> int:
-    if tried:
-        return tried[0][1][0].headline.baseline_mean_step_ns
-    counted = base.steps[base.steps["included"]] if base.steps["included"].any() else base.steps
-    return int(counted["predicted_ns"].mean()) if len(counted) else 0
-
-
 def _ranked(tried: list[tuple[str, list[Tried]]]) -> list[Suggestion]:
     best = []
     for name, settings in tried:
@@ -151,9 +145,4 @@ def _where(graph: TaskGraph, transforms: Sequence[Transform], ctx: TransformCont
     total: Counter[str] = Counter()
     for name, d in zip(names, durs):
         total[name] += int(d)
-    return [f"{_short(name)} ({ns / 1e6:.2f} ms)" for name, ns in total.most_common(TOP_WHERE)]
-
-
-def _short(name: str, width: int = 48) -> str:
-    """``name`` shortened from the middle to ``width`` characters."""
-    return name if len(name) <= width else f"{name[:width // 2 - 1]}…{name[-(width // 2):]}"
+    return [f"{short_name(name, 48)} ({ns / 1e6:.2f} ms)" for name, ns in total.most_common(TOP_WHERE)]

@@ -204,6 +204,11 @@ def _speedup(base_ns: float, new_ns: float) -> float:
     return round(float(base_ns) / float(new_ns), 6) if new_ns > 0 else float("inf")
 
 
+def mean_counted_step_ns(steps: pd.DataFrame) -> int:
+    """The mean predicted step over the steps that count (0 without steps)."""
+    return int(steps["predicted_ns"].to_numpy()[_counted_rows(steps)].mean()) if len(steps) else 0
+
+
 def _counted_rows(steps: pd.DataFrame) -> np.ndarray:
     """Rows of a step-times frame that count in means (all of them when none does)."""
     inc = steps["included"].to_numpy(dtype=bool)
@@ -270,7 +275,7 @@ def baseline_document(analysis: Analysis) -> BaselinePrediction:
     steps = analysis.steps
     marks = excluded_marks(steps)
     return BaselinePrediction(
-        mean_step_ns=int(steps["predicted_ns"].to_numpy()[_counted_rows(steps)].mean()) if len(steps) else 0,
+        mean_step_ns=mean_counted_step_ns(steps),
         steps=[BaselineStep(rank=int(rank), step=int(step), measured_ns=int(measured), predicted_ns=int(predicted),
                             excluded=mark)
                for rank, step, measured, predicted, mark in zip(*_columns(steps, STEP_COLUMNS[:4]), marks)],

@@ -17,16 +17,13 @@ from whatif.summary import console, prediction_document, render_prediction
 from whatif.transforms.base import TransformError
 from whatif.transforms.scenario import load_scenario
 
-from ._dataclass_args import add_dataclass_arguments, from_args
+from ._dataclass_args import from_args
 from ._progress import working
+from ._trace_scenarios import add_trace_and_scenarios
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", type=Path, help="trace file, folder of per-rank traces, or run folder")
-    parser.add_argument("-s", "--scenario", type=Path, action="append", required=True, metavar="FILE",
-                        help="scenario TOML file (repeatable)")
-    add_dataclass_arguments(parser, CostConfig)
-    add_dataclass_arguments(parser, StepOptions)
+    add_trace_and_scenarios(parser, scenarios_required=True)
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the whatif.prediction JSON document")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json)")
 

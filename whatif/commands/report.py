@@ -23,16 +23,13 @@ from whatif.report.document import load_report, load_serving
 from whatif.report.thresholds import parse
 from whatif.transforms.scenario import load_scenario
 
-from ._dataclass_args import add_dataclass_arguments, from_args
+from ._dataclass_args import from_args
 from ._progress import working
+from ._trace_scenarios import add_trace_and_scenarios
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", type=Path, help="trace file, folder of per-rank traces, or run folder")
-    parser.add_argument("-s", "--scenario", type=Path, action="append", default=[], metavar="FILE",
-                        help="scenario TOML file (repeatable)")
-    add_dataclass_arguments(parser, CostConfig)
-    add_dataclass_arguments(parser, StepOptions)
+    add_trace_and_scenarios(parser)
     parser.add_argument("-o", "--out", type=Path, default=Path("whatif-report"), metavar="DIR",
                         help="output folder (default whatif-report/)")
     parser.add_argument("-f", "--format", default=",".join(FORMATS), metavar="LIST",

@@ -19,17 +19,15 @@ from whatif.suggest import suggest
 from whatif.summary import console
 from whatif.transforms.scenario import load_scenario
 
-from ._dataclass_args import add_dataclass_arguments, from_args
+from ._dataclass_args import from_args
 from ._progress import working
+from ._trace_scenarios import add_trace_and_scenarios
 from ._values import positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", type=Path, help="trace file, folder of per-rank traces, or run folder")
-    parser.add_argument("-s", "--scenario", type=Path, action="append", default=[], metavar="FILE",
-                        help="an extra scenario TOML file to rank with the suggestions (repeatable)")
-    add_dataclass_arguments(parser, CostConfig)
-    add_dataclass_arguments(parser, StepOptions)
+    add_trace_and_scenarios(parser, scenario_help="an extra scenario TOML file to rank with the suggestions "
+                                                  "(repeatable)")
     parser.add_argument("--top", type=positive_int, default=10, help="suggestions shown (default 10)")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the whatif.suggest JSON document")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json)")
