@@ -31,6 +31,7 @@ MAX_INT_PARAMETER = 1 << 53     # a scenario's integers: what a float64 holds ex
 MAX_TOKENS = (1 << 31) - 1      # a request's or an iteration's tokens, a KV-cache block
 MAX_REQUESTS = 10 ** 6          # requests one serving simulation draws
 DEFAULT_INFLATE_RATIO = 100
+OVER_INFLATE_CAP = "inflates to more than"   # how a refusal over the inflate cap begins (readers, uploads)
 DEFAULT_TRACE_GB = 64
 
 

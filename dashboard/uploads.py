@@ -28,6 +28,7 @@ import flask
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from whatif.core.errors import TraceError
+from whatif.core.limits import OVER_INFLATE_CAP
 from whatif.tracer import readers
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ def store_upload(upload_dir: Path, filename: str, read: Callable[[int], bytes], 
             raise UploadError(f"{name}: empty upload")
         problem = reader.check_file(name, tmp)
         if problem:
-            raise UploadError(f"{name}: {problem}", status=413 if "inflates to more than" in problem else 400)
+            raise UploadError(f"{name}: {problem}", status=413 if problem.startswith(OVER_INFLATE_CAP) else 400)
         folder = upload_dir / digest[:12]
         folder.mkdir(exist_ok=True)
         path = folder / re.sub(r"[^A-Za-z0-9._-]", "_", name)

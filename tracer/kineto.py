@@ -107,7 +107,7 @@ def read_bytes(path: Path) -> bytes:
 
 
 def _over_cap(cap: int, compressed_bytes: int) -> str:
-    return (f"inflates to more than {cap:,} bytes ({cap / max(compressed_bytes, 1):.0f}x its compressed size; "
+    return (f"{limits.OVER_INFLATE_CAP} {cap:,} bytes ({cap / max(compressed_bytes, 1):.0f}x its compressed size; "
             "WHATIF_MAX_INFLATE_RATIO and WHATIF_MAX_TRACE_GB raise the caps)")
 
 
