@@ -1,6 +1,8 @@
 """`whatif suggest` on the shared traces the issue names (Qwen H100 inference, ResNet50 V100
 training, AlexNet A100) and the bundled sample: the ranked suggestions, the time taken, and the
 top entry checked by predicting its setting alone as a scenario (the two speedups must be equal).
+Then the one real before/after pair for a suggested setting: ResNet50 with DataLoader
+num_workers=0, the suggestion dataloader(workers=4) against the num_workers=4 captures.
 
 Run: .venv/bin/python bench/suggest.py   (the shared traces are read from ../shared/traces)
 """
@@ -11,7 +13,7 @@ from pathlib import Path
 
 from whatif.api import analyze, predict
 from whatif.suggest import suggest
-from whatif.summary import scenario_headline
+from whatif.summary import analysis_document, scenario_headline
 from whatif.transforms.scenario import scenario_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,5 +51,31 @@ def main() -> None:
         print(f"  not tried: {len(doc.skipped)} ({', '.join(reasons)})")
 
 
+KINETO = SHARED / "kineto"
+BEFORE = ["resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz",   # the capture suggest ran on
+          "resnet50_num_workers_0__worker0.1623143566756.pt.trace.json.gz"]   # its twin: run-to-run noise
+AFTER = ["resnet50_num_workers_4__worker0.1623212756351.pt.trace.json.gz",
+         "resnet50_num_workers_4__worker0.1623213129365.pt.trace.json.gz"]
+
+
+def before_after() -> None:
+    if not all((KINETO / n).exists() for n in BEFORE + AFTER):
+        print("ResNet50 num_workers pair: absent, skipped")
+        return
+    base = analyze(KINETO / BEFORE[0])
+    table = {"name": "dataloader", "workers": 4}
+    predicted = scenario_headline(base, predict(base, [scenario_from_dict(
+        {"name": "workers 4", "transform": [table]}, source="<bench>")]).scenarios[0])
+    measured = [analysis_document(analyze(KINETO / n)).mean_measured_step_ns for n in BEFORE + AFTER]
+    before_ns, twin_ns, after_ns = measured[0], measured[1], sum(measured[2:]) / 2
+    print(f"ResNet50 V100, DataLoader num_workers 0 -> 4: before {before_ns / 1e6:.1f} ms (twin capture "
+          f"{twin_ns / 1e6:.1f} ms, noise {abs(twin_ns / before_ns - 1):.0%}); after measured "
+          f"{measured[2] / 1e6:.1f} / {measured[3] / 1e6:.1f} ms")
+    print(f"  dataloader(workers=4) predicts {predicted.mean_step_ns / 1e6:.1f} ms "
+          f"({predicted.speedup:.2f}x; measured {before_ns / after_ns:.2f}x): error "
+          f"{predicted.mean_step_ns / after_ns - 1:+.0%}, 'no change' {before_ns / after_ns - 1:+.0%}")
+
+
 if __name__ == "__main__":
     main()
+    before_after()
