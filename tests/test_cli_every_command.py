@@ -40,6 +40,8 @@ def _files(tmp: Path) -> dict[str, str]:
 CASES: dict[str, list[tuple[str, ...]]] = {
     "analyze": [("{missing}",), ("{empty}",), ("{pkl}",), ("{not_json}",), ("{dit}", "--json", "{empty}"),
                 ("{dit}", "--json", "{blocker}/x.json"), ("{dit}", "--top", "x")],
+    "breakdown": [("{missing}",), ("{pkl}",), ("{dit}", "--json", "{empty}"), ("{dit}", "--kernel-wait-ns", "-1"),
+                  ("{dit}", "--long-delay-ns", "x"), ("{dit}", "--top", "0")],
     "export": [("{missing}", "-o", "{tmp}/o.json"), ("{dit}", "-o", "{empty}"), ("{dit}", "-o", "{blocker}/o.json")],
     "predict": [("{dit}",), ("{dit}", "-s", "{missing}"), ("{dit}", "-s", "{not_toml}"), ("{dit}", "-s", "{unknown}"),
                 ("{dit}", "-s", "{scenario}", "--json", "{empty}"), ("{missing}", "-s", "{scenario}"),

@@ -465,6 +465,29 @@ def test_suggest_page(server: Any, browser: Any, shots: Path) -> None:
     browser.save_screenshot(str(shots / "dashboard-suggest.png"))
 
 
+def test_breakdown_page(server: Any, browser: Any, shots: Path) -> None:
+    """The Breakdown page shows the figures of the `whatif breakdown` document of the same run."""
+    from selenium.webdriver.common.by import By
+
+    from whatif.breakdown import WHOLE_RANK, breakdown
+
+    if not any("Qwen" in r.label for r in server.store.runs.values()):
+        browser.get(f"{server.url}/breakdown?run={_run_id(server, 'llm_serve')}")
+        _wait(browser, lambda b: _text(b, "bd-empty"))
+        assert "No GPU activity" in _text(browser, "bd-empty")
+        return
+    rid = _run_id(server, "Qwen")
+    browser.get(f"{server.url}/breakdown?run={rid}")
+    _wait(browser, lambda b: b.find_elements(By.ID, "bd-idle") and _text(b, "bd-idle"))
+    _no_error(browser)
+    analysis = server.store.get(rid).analysis
+    whole = next(r for r in breakdown(analysis.trace, analysis.graph).temporal if r.step == WHOLE_RANK)
+    assert _text(browser, "bd-idle") == f"{100 * whole.idle_ns / whole.span_ns:.1f} %"
+    assert _cell_texts(browser, "#bd-temporal-table td[data-dash-column='step']")[0] == "all"
+    _wait(browser, _settled)
+    browser.save_screenshot(str(shots / "dashboard-breakdown.png"))
+
+
 def test_sweep_html_renders_offline(browser: Any, tmp_path: Path, shots: Path) -> None:
     """`whatif sweep --html` embeds plotly: the page draws its figure from a file, with no network
     (the machines that run CI have none, and a CDN script would leave it blank)."""

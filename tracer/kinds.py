@@ -34,6 +34,8 @@ class EventKind(IntEnum):
 
 GPU_ACTIVITY_KINDS = frozenset({EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET})
 """Events that occupy a GPU stream: what becomes a GPU task of the graph."""
+GPU_MEMORY_KINDS = frozenset({EventKind.MEMCPY, EventKind.MEMSET})
+"""Activities that move or set memory rather than compute (HTA's "memory" kernel type)."""
 GPU_KINDS = GPU_ACTIVITY_KINDS | {EventKind.GPU_ANNOTATION, EventKind.GPU_SYNC}
 """Every event recorded on a GPU track (the activities, plus annotations and sync records)."""
 

@@ -17,6 +17,7 @@ from whatif.core.errors import WhatifError
 # name -> module in whatif.commands; each module has ``add_arguments(parser)`` and ``run(args) -> int``
 COMMANDS: dict[str, str] = {
     "analyze": "Replay a trace and summarize measured vs predicted step times",
+    "breakdown": "Where each GPU's time went: idle, compute, communication, idle causes, launch delays, queues",
     "export": "Write the predicted timeline as a Chrome/Kineto trace (Perfetto, HTA)",
     "predict": "Predict step times under what-if scenarios (TOML files of transforms)",
     "suggest": "Try every optimization whatif knows on a trace and rank them by predicted speedup",

@@ -34,9 +34,11 @@ __all__ = [
     "BaselinePrediction",
     "BaselineReportRef",
     "BaselineStep",
+    "BreakdownDocument",
     "Cap",
     "ChangeEntry",
     "Check",
+    "ClassTime",
     "Contributor",
     "CriticalPathEntry",
     "DitIterationModel",
@@ -50,7 +52,9 @@ __all__ = [
     "Document",
     "DocumentError",
     "Fidelity",
+    "IdleGaps",
     "LatencyStats",
+    "LaunchDelays",
     "LlmIterationModel",
     "LlmRequest",
     "LlmScenarioServing",
@@ -64,6 +68,7 @@ __all__ = [
     "PhaseFitEntry",
     "PredictionDocument",
     "ProfilerOffset",
+    "QueueLength",
     "RankEntry",
     "ReportDocument",
     "ReportRow",
@@ -77,6 +82,7 @@ __all__ = [
     "StepBreakdown",
     "StepFidelity",
     "SweepDocument",
+    "TemporalBreakdown",
     "TopEntry",
     "UtilizationEntry",
     "WaterfallEntry",
@@ -395,6 +401,89 @@ class SuggestDocument(Entry, frozen=True, kw_only=True):
     baseline_mean_step_ns: int
     suggestions: list[Suggestion]
     skipped: list[SkippedSuggestion]
+
+
+# --- whatif.breakdown ------------------------------------------------------------------------
+
+
+class TemporalBreakdown(Entry, frozen=True, kw_only=True):
+    """A GPU's time from its first activity to its last, for a rank (``step`` -2) or the
+    activities one step launched (-1: launched outside any step). ``idle + compute + non_compute
+    = span``; ``non_compute`` is communication and memory time not under compute;
+    ``comm_overlapped`` is the communication time during which compute also ran."""
+
+    rank: int
+    step: int
+    excluded: str | None
+    activities: int
+    span_ns: int
+    idle_ns: int
+    compute_ns: int
+    non_compute_ns: int
+    communication_ns: int
+    memory_ns: int
+    comm_overlapped_ns: int
+
+
+class IdleGaps(Entry, frozen=True, kw_only=True):
+    """The gaps between consecutive activities of one stream (``device:stream``), by cause."""
+
+    rank: int
+    stream: str
+    gaps: int
+    host_wait_ns: int
+    kernel_wait_ns: int
+    other_ns: int
+
+
+class LaunchDelays(Entry, frozen=True, kw_only=True):
+    """Activity start - end of its launch call (clipped at 0) over a rank's launched activities."""
+
+    rank: int
+    launches: int
+    p50_ns: int
+    p90_ns: int
+    p99_ns: int
+    max_ns: int
+    long_delays: int
+    shorter_than_launch: int
+
+
+class QueueLength(Entry, frozen=True, kw_only=True):
+    """Operations launched on a stream and not yet started: the maximum, the time-weighted mean
+    and the share of the time nothing was queued, from the first launch to the last start."""
+
+    rank: int
+    stream: str
+    max: int
+    mean: float
+    empty_share: float
+
+
+class ClassTime(Entry, frozen=True, kw_only=True):
+    """GPU time of one kernel class in a rank (``step`` -2) or a step."""
+
+    rank: int
+    step: int
+    kernel_class: str
+    count: int
+    total_ns: int
+    share: float
+
+
+class BreakdownDocument(Entry, frozen=True, kw_only=True):
+    """The ``whatif.breakdown`` v1 document (``whatif breakdown --json``)."""
+
+    schema: Literal["whatif.breakdown"] = "whatif.breakdown"
+    version: Literal[1] = 1
+    source: str
+    kernel_wait_ns: int
+    long_delay_ns: int
+    temporal: list[TemporalBreakdown]
+    idle: list[IdleGaps]
+    launches: list[LaunchDelays]
+    queues: list[QueueLength]
+    classes: list[ClassTime]
 
 
 class PredictionDocument(Entry, frozen=True, kw_only=True):
@@ -731,7 +820,8 @@ class DitSweepDocument(Entry, frozen=True, kw_only=True):
 ServingDocument = Union[LlmServingDocument, DitServingDocument]  # noqa: UP007 - a runtime value for from_json
 SweepDocument = Union[LlmSweepDocument, DitSweepDocument]  # noqa: UP007
 Document = Union[AnalysisDocument, PredictionDocument, ReportDocument, LlmServingDocument,  # noqa: UP007
-                 DitServingDocument, LlmSweepDocument, DitSweepDocument, SuggestDocument]
+                 DitServingDocument, LlmSweepDocument, DitSweepDocument, SuggestDocument,
+                 BreakdownDocument]
 D = TypeVar("D", bound=Entry)
 
 _JSON_OPTIONS = orjson.OPT_INDENT_2
