@@ -47,6 +47,24 @@ def write_output(path: str | Path, data: bytes) -> Path:
     return path
 
 
+def refuse_overwrite(paths: list[Path], force: bool) -> None:
+    """The one overwrite rule of every command's main output (``-o``): an existing file is
+    replaced only with ``--force``; :class:`OutputError` naming the first existing path otherwise.
+
+    >>> import tempfile, pathlib
+    >>> taken = pathlib.Path(tempfile.mkdtemp()) / "t.json"; _ = taken.write_text("{}")
+    >>> refuse_overwrite([taken], force=True)
+    >>> refuse_overwrite([taken], force=False)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    whatif.core.output.OutputError: .../t.json: exists; --force overwrites it
+    """
+    if force:
+        return
+    for path in paths:
+        if path.exists() and path.is_file():
+            raise OutputError(f"{path}: exists; --force overwrites it")
+
+
 def gzip_bytes(data: bytes, level: int = 6) -> bytes:
     """Gzip with a zero header time, so the same input gives the same bytes."""
     return gzip.compress(data, compresslevel=level, mtime=0)

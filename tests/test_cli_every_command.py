@@ -60,7 +60,7 @@ CASES: dict[str, list[tuple[str, ...]]] = {
               ("{llm}", "--rate", "1", "--prompt-tokens", "9:1")],
     "sweep": [("{dit}", "--rates", "a,b"), ("{dit}", "--rates", "1,2", "--html", "{empty}"),
               ("{missing}", "--rates", "1")],
-    "report": [("{dit}", "-s", "{scenario}", "-o", "{blocker}"), ("{dit}", "-f", "pdf", "-o", "{tmp}/r"),
+    "report": [("{dit}", "-s", "{scenario}", "-o", "{blocker}"), ("{dit}", "--format", "pdf", "-o", "{tmp}/r"),
                ("{dit}", "--fail-if", "speedup((( < 1", "-o", "{tmp}/r"),
                ("{dit}", "--baseline", "{not_json}", "-o", "{tmp}/r"),
                ("{dit}", "--max-regression", "x", "-o", "{tmp}/r"),

@@ -510,7 +510,7 @@ def test_report_html_renders_offline(browser: Any, tmp_path: Path) -> None:
     from whatif.cli import main
 
     scenario = REPO / "scenarios" / "faster_linear.toml"
-    assert main(["report", str(SAMPLE), "-s", str(scenario), "-o", str(tmp_path / "r"), "-f", "html", "-q",
+    assert main(["report", str(SAMPLE), "-s", str(scenario), "-o", str(tmp_path / "r"), "--format", "html", "-q",
                  "--no-step-summary"]) == 0
     browser.get((tmp_path / "r" / "report.html").as_uri())
     _wait(browser, lambda b: b.find_elements(By.CSS_SELECTOR, ".main-svg .trace"))

@@ -57,7 +57,7 @@ def test_cli_with_report_json(pair: tuple[Path, Path, Path], tmp_path: Path,
                               capsys: pytest.CaptureFixture[str]) -> None:
     before, _, after = pair
     sc = write(tmp_path / "fuse.toml", SCENARIO)
-    assert main(["report", str(before), "-s", str(sc), "-o", str(tmp_path / "r"), "-f", "json", "-q"]) == 0
+    assert main(["report", str(before), "-s", str(sc), "-o", str(tmp_path / "r"), "--format", "json", "-q"]) == 0
     out = tmp_path / "diff.json"
     assert main(["diff", str(before), str(after), "-p", str(tmp_path / "r" / "report.json"), "--json", str(out)]) == 0
     text = capsys.readouterr().out

@@ -199,7 +199,7 @@ def test_serving_columns_and_thresholds_when_present(prediction: Prediction) -> 
 
 def test_cli_exit_codes(trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sc = write(tmp_path / "fuse.toml", SCENARIO)
-    base = ["report", str(trace), "-s", str(sc), "-o", str(tmp_path / "out"), "--no-step-summary"]
+    base = ["report", str(trace), "-s", str(sc), "-o", str(tmp_path / "out"), "--no-step-summary", "--force"]
     assert main([*base, "--fail-if", "speedup(fuse) < 1.01", "--fail-if", "step_ms > 10"]) == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["junit.xml", "report.html", "report.json",
                                                                    "report.md"]
@@ -221,10 +221,11 @@ def test_cli_exit_codes(trace: Path, tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_max_regression_against_a_baseline_report(trace: Path, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     sc = write(tmp_path / "fuse.toml", SCENARIO)
-    assert main(["report", str(trace), "-s", str(sc), "-o", str(tmp_path / "old"), "-f", "json", "-q"]) == 0
+    assert main(["report", str(trace), "-s", str(sc), "-o", str(tmp_path / "old"), "--format", "json", "-q"]) == 0
     old = tmp_path / "old" / "report.json"
     slower = gpu_trace(tmp_path / "slower.json.gz", gemm_us=90)
-    args = ["-o", str(tmp_path / "new"), "-f", "json,md", "--baseline", str(old), "-q", "--no-step-summary"]
+    args = ["-o", str(tmp_path / "new"), "--format", "json,md", "--baseline", str(old), "-q", "--no-step-summary",
+            "--force"]
     assert main(["report", str(trace), "-s", str(sc), "--max-regression", "5%", *args]) == 0
     capsys.readouterr()
     assert main(["report", str(slower), "-s", str(sc), "--max-regression", "5%", *args]) == 1
@@ -256,7 +257,7 @@ def test_cli_serving_file(trace: Path, tmp_path: Path) -> None:
     serving.write_bytes(orjson.dumps({"schema": "whatif.serving/1", "scenarios": [
         {"name": "baseline", "ttft_ms": stats, "tpot_ms": stats},
         {"name": "fuse", "ttft_ms": stats, "tpot_ms": None}]}))
-    args = ["report", str(trace), "-s", str(sc), "-o", str(tmp_path / "o"), "-f", "json", "-q",
+    args = ["report", str(trace), "-s", str(sc), "-o", str(tmp_path / "o"), "--format", "json", "-q", "--force",
             "--serving", str(serving)]
     assert main([*args, "--fail-if", "p99_ttft_ms(fuse) > 100"]) == 0
     assert main([*args, "--fail-if", "ttft_ms > 40"]) == 1

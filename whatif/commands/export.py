@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from whatif.api import analyze
-from whatif.core.output import OutputError
+from whatif.core.output import OutputError, refuse_overwrite
 from whatif.tracer.readers import is_trace_name
 
 from ._progress import working
@@ -16,6 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", type=Path, help="trace file, folder of per-rank traces, or run folder")
     parser.add_argument("-o", "--output", type=Path, required=True,
                         help="output file (.json or .json.gz, e.g. predicted.pt.trace.json.gz)")
+    parser.add_argument("-f", "--force", action="store_true", help="overwrite the output file if it exists")
 
 
 def refuse_inside_input(output: str | Path, input_path: str | Path) -> None:
@@ -35,6 +36,7 @@ def refuse_inside_input(output: str | Path, input_path: str | Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     refuse_inside_input(args.output, args.path)
+    refuse_overwrite([args.output], args.force)
     with working(f"whatif export: analyzing {args.path}"):
         out = analyze(args.path).export(args.output)
     print(f"wrote {out}")

@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 
 from whatif.api import analyze, predict
+from whatif.core.output import refuse_overwrite
 from whatif.predictors.cost_models import CostConfig
 from whatif.predictors.steps import StepOptions
-from whatif.report.api import FORMATS, parse_formats, parse_percent, write_report
+from whatif.report.api import FILE_NAMES, FORMATS, parse_formats, parse_percent, write_report
 from whatif.report.document import load_report, load_serving
 from whatif.report.thresholds import parse
 from whatif.transforms.scenario import load_scenario
@@ -30,9 +31,10 @@ from ._trace_scenarios import add_trace_and_scenarios
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_trace_and_scenarios(parser)
-    parser.add_argument("-o", "--out", type=Path, default=Path("whatif-report"), metavar="DIR",
-                        help="output folder (default whatif-report/)")
-    parser.add_argument("-f", "--format", default=",".join(FORMATS), metavar="LIST",
+    parser.add_argument("-o", "--output", "--out", dest="out", type=Path, default=Path("whatif-report"),
+                        metavar="DIR", help="output folder (default whatif-report/)")
+    parser.add_argument("-f", "--force", action="store_true", help="overwrite the report files already in DIR")
+    parser.add_argument("--format", default=",".join(FORMATS), metavar="LIST",
                         help=f"comma-separated formats among {','.join(FORMATS)} (default all)")
     parser.add_argument("--fail-if", action="append", default=[], metavar="EXPR",
                         help="fail (exit 1) when EXPR holds, e.g. \"speedup(fuse) < 1.10\" (repeatable)")
@@ -48,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # every usage error before the slow part
     formats = parse_formats(args.format)
+    refuse_overwrite([args.out / FILE_NAMES[f] for f in formats], args.force)
     thresholds = [parse(t) for t in args.fail_if]
     limit = None if args.max_regression is None else parse_percent(args.max_regression)
     if limit is not None and args.baseline is None:
