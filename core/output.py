@@ -61,7 +61,7 @@ def refuse_overwrite(paths: list[Path], force: bool) -> None:
     if force:
         return
     for path in paths:
-        if path.exists() and path.is_file():
+        if path.is_file():
             raise OutputError(f"{path}: exists; --force overwrites it")
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 from whatif.core.kernels import is_collective
 from whatif.tracer.kinds import GPU_ACTIVITY_KINDS, EventKind, codes
 from whatif.tracer.kineto import step_number
-from whatif.tracer.trace import Trace
+from whatif.tracer.trace import Trace, per_name
 
 from .graph import CPU_KINDS, ResourceKind, TaskKind, kind_codes, task_kind_codes
 from .hierarchy import CpuHierarchy, build_hierarchy
@@ -109,7 +109,7 @@ class _TaskMaker:
         work_pos = np.flatnonzero(np.isin(h_kind, [int(EventKind.CPU_OP), int(EventKind.ANNOTATION)])
                                   & ~hier.has_call & ~hier.has_structure & parent_ok)
 
-        is_step = _per_name(self.names, lambda n: step_number(n) is not None)[h_rows]
+        is_step = per_name(self.names, lambda n: step_number(n) is not None)[h_rows]
         step_ann = np.flatnonzero(is_step & (h_kind == int(EventKind.ANNOTATION)))
 
         s_rows = h_rows[step_ann]
@@ -134,7 +134,7 @@ class _TaskMaker:
         g_res = _resource_ids(lambda r, d, s: self.res.get(r, ResourceKind.STREAM, d, s, f"GPU {d} stream {s}"),
                               rank[g_rows], ev["device"].to_numpy()[g_rows], ev["stream"].to_numpy()[g_rows])
         g_kind = task_kind_codes(self.kinds[g_rows])
-        is_comm = _per_name(self.names, is_collective)[g_rows]
+        is_comm = per_name(self.names, is_collective)[g_rows]
         g_kind[is_comm & (g_kind == int(TaskKind.KERNEL))] = int(TaskKind.COMM)
         ng = len(g_rows)
         self.gpu_resource = g_res
@@ -289,10 +289,3 @@ def _resource_ids(make: Callable[[int, int, int], int], a: np.ndarray, b: np.nda
     first = np.unique(groups, return_index=True)[1]
     ids = np.asarray([make(int(x), int(y), int(z)) for x, y, z in zip(a[first], b[first], c[first])], dtype=np.int64)
     return ids[groups]
-
-
-def _per_name(names: pd.Series, predicate: Callable[[str], bool]) -> np.ndarray:
-    """``predicate`` of every event's name, evaluated once per distinct name (names are categorical)."""
-    cat = names.cat
-    per_category = np.fromiter((predicate(str(n)) for n in cat.categories), dtype=bool, count=len(cat.categories))
-    return per_category[cat.codes.to_numpy()]

@@ -21,6 +21,7 @@ args           object  the event's ``args`` dict (shapes, collective metadata), 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,18 @@ from .kineto import gc_paused
 from .readers import FileTrace, Flow, accepted, is_trace_file, read_file, reader_for
 
 LAUNCH_NAMES = ("LaunchKernel", "GraphLaunch", "LaunchCooperativeKernel", "ModuleLaunchKernel")
+
+
+def per_name(names: pd.Series, predicate: Callable[[str], bool]) -> np.ndarray:
+    """``predicate`` of every event's name, evaluated once per distinct name (the table's ``name``
+    column is categorical).
+
+    >>> per_name(pd.Series(["a", "bb", "a"], dtype="category"), lambda n: len(n) > 1).tolist()
+    [False, True, False]
+    """
+    cat = names.cat
+    per_category = np.fromiter((predicate(str(n)) for n in cat.categories), dtype=bool, count=len(cat.categories))
+    return per_category[cat.codes.to_numpy()]
 
 
 @dataclass

@@ -45,15 +45,26 @@ from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph
 from whatif.documents import BreakdownDocument, ClassTime, IdleGaps, LaunchDelays, QueueLength, TemporalBreakdown
 from whatif.predictors.steps import step_exclusions
 from whatif.tracer.kinds import GPU_ACTIVITY_KINDS, GPU_MEMORY_KINDS, EventKind, codes
-from whatif.tracer.trace import Trace
+from whatif.tracer.trace import Trace, per_name
 
-__all__ = ["OUTSIDE_STEPS", "WHOLE_RANK", "BreakdownOptions", "IdleCause", "WorkClass", "breakdown",
-           "gpu_work", "queue_series", "summarize", "union_ns"]
+__all__ = ["OUTSIDE_STEPS", "WHOLE_RANK", "BreakdownOptions", "WorkClass", "breakdown", "gpu_work",
+           "queue_series", "step_label", "summarize", "union_ns"]
 
 WHOLE_RANK = -2
 """``step`` of a row that covers every activity of the rank."""
 OUTSIDE_STEPS = -1
 """``step`` of a row of the activities launched outside any step."""
+
+
+def step_label(step: int, excluded: str | None = None, prefix: str = "") -> str:
+    """How a row's ``step`` reads in a table: "all", "outside steps" or ``prefix`` + the number,
+    with the reason a left-out step does not count.
+
+    >>> step_label(WHOLE_RANK), step_label(3, "warm-up", prefix="step ")
+    ('all', 'step 3 (warm-up)')
+    """
+    label = {WHOLE_RANK: "all", OUTSIDE_STEPS: "outside steps"}.get(step, f"{prefix}{step}")
+    return f"{label} ({excluded})" if excluded else label
 
 
 class WorkClass(str, Enum):
@@ -62,12 +73,6 @@ class WorkClass(str, Enum):
     COMPUTE = "compute"
     COMMUNICATION = "communication"
     MEMORY = "memory"
-
-
-class IdleCause(str, Enum):
-    HOST_WAIT = "host wait"
-    KERNEL_WAIT = "kernel wait"
-    OTHER = "other"
 
 
 @dataclass(frozen=True)
@@ -101,10 +106,6 @@ def union_ns(start: np.ndarray, end: np.ndarray) -> int:
     return int((np.maximum.reduceat(e, first) - s[first]).sum())
 
 
-def _class_of_names(categories: pd.Index, fn) -> np.ndarray:
-    return np.array([fn(str(n)) for n in categories], dtype=object)
-
-
 def gpu_work(trace: Trace, graph: TaskGraph | None = None) -> pd.DataFrame:
     """One row per GPU activity (kernel, copy, memset) of every rank: ``rank``, ``stream`` (the
     device and stream, as ``"device:stream"``), ``ts_ns``, ``end_ns``, ``name``, ``work``
@@ -118,7 +119,7 @@ def gpu_work(trace: Trace, graph: TaskGraph | None = None) -> pd.DataFrame:
     names = ev["name"]
     cat_codes = names.cat.codes.to_numpy()[rows]
     categories = names.cat.categories
-    collective = _class_of_names(categories, is_collective).astype(bool)[cat_codes]
+    collective = per_name(names, is_collective)[rows]
     memory = np.isin(kinds[rows], codes(GPU_MEMORY_KINDS))
     work = np.where(memory, WorkClass.MEMORY.value,
                     np.where(collective, WorkClass.COMMUNICATION.value, WorkClass.COMPUTE.value))

@@ -136,7 +136,8 @@ def console() -> Any:
     return Console(width=None if sys.stdout.isatty() else 150)
 
 
-def _ms(ns: float) -> str:
+def ms_text(ns: float) -> str:
+    """Nanoseconds as milliseconds in text tables: ``1,234.568``."""
     return f"{ns / 1e6:,.3f}"
 
 
@@ -154,16 +155,16 @@ def render_text(doc: AnalysisDocument, console: Any, steps: bool = False) -> Non
             table.add_column(col, justify="right", no_wrap=True)
         table.add_column("counted", no_wrap=True)
         for s in doc.steps:
-            table.add_row(str(s.rank), str(s.step), _ms(s.measured_ns), _ms(s.predicted_ns),
+            table.add_row(str(s.rank), str(s.step), ms_text(s.measured_ns), ms_text(s.predicted_ns),
                           f"{s.error * 100:+.2f}%", "yes" if s.excluded is UNSET else f"no: {s.excluded}")
         console.print(table)
     else:
         kept = counted(doc.steps)
         measured = [s.measured_ns for s in kept]
         console.print(f"steps: {len(doc.steps)} ({len(kept)} counted); measured mean "
-                      f"{_ms(doc.mean_measured_step_ns)} ms"
-                      + (f" (min {_ms(min(measured))}, max {_ms(max(measured))})" if measured else "")
-                      + f", replayed mean {_ms(doc.mean_predicted_step_ns)} ms; --steps shows every step")
+                      f"{ms_text(doc.mean_measured_step_ns)} ms"
+                      + (f" (min {ms_text(min(measured))}, max {ms_text(max(measured))})" if measured else "")
+                      + f", replayed mean {ms_text(doc.mean_predicted_step_ns)} ms; --steps shows every step")
     line = excluded_line(doc.steps)
     if line:
         console.print(line)
@@ -180,10 +181,10 @@ def render_text(doc: AnalysisDocument, console: Any, steps: bool = False) -> Non
         cp.add_column(c, justify="right", no_wrap=True)
     if steps:
         for p in counted(doc.critical_path):
-            cp.add_row(str(p.rank), str(p.step), *(_ms(p.breakdown_ns[c]) for c in cats))
+            cp.add_row(str(p.rank), str(p.step), *(ms_text(p.breakdown_ns[c]) for c in cats))
     elif doc.critical_path:
         mean = mean_breakdown_ns(counted(doc.critical_path))
-        cp.add_row(*(_ms(mean.get(c, 0)) for c in cats))
+        cp.add_row(*(ms_text(mean.get(c, 0)) for c in cats))
     console.print(cp)
     for rows, title in ((doc.top_kernels, "Top kernels"), (doc.top_ops, "Top ops"), (doc.top_layers, "Top layers")):
         if not rows:
@@ -193,7 +194,7 @@ def render_text(doc: AnalysisDocument, console: Any, steps: bool = False) -> Non
         for col in ("count", "GPU ms", "CPU ms"):
             tab.add_column(col, justify="right", no_wrap=True)
         for r in rows:   # the document holds the --top rows
-            tab.add_row(r.name, str(r.count), _ms(r.gpu_ns), _ms(r.cpu_ns))
+            tab.add_row(r.name, str(r.count), ms_text(r.gpu_ns), ms_text(r.cpu_ns))
         console.print(tab)
     notable = {k: v for k, v in doc.graph_report.items() if v and k not in ("roots_anchored",)}
     if notable:
@@ -302,7 +303,7 @@ def render_prediction(doc: PredictionDocument, console: Any) -> None:
 
     base = doc.baseline
     console.print(f"[bold]{doc.source}[/bold] ({doc.device or 'GPU unknown'}): baseline mean step "
-                  f"{_ms(base.mean_step_ns)} ms over {len(counted(base.steps))} of {len(base.steps)} steps")
+                  f"{ms_text(base.mean_step_ns)} ms over {len(counted(base.steps))} of {len(base.steps)} steps")
     line = excluded_line(base.steps)
     if line:
         console.print(line)
@@ -316,18 +317,18 @@ def render_prediction(doc: PredictionDocument, console: Any) -> None:
 
     def breakdown(paths: list[StepBreakdown]) -> list[str]:
         mean = mean_breakdown_ns(paths)
-        return [_ms(mean.get(c, 0)) for c in cats]
+        return [ms_text(mean.get(c, 0)) for c in cats]
 
-    table.add_row("baseline", _ms(base.mean_step_ns), "1.000x", *breakdown(base.critical_path))
+    table.add_row("baseline", ms_text(base.mean_step_ns), "1.000x", *breakdown(base.critical_path))
     for s in doc.scenarios:
-        table.add_row(s.name, _ms(s.mean_step_ns), f"{s.speedup:.3f}x", *breakdown(s.critical_path))
+        table.add_row(s.name, ms_text(s.mean_step_ns), f"{s.speedup:.3f}x", *breakdown(s.critical_path))
     console.print(table)
     for s in doc.scenarios:
         console.print(f"[bold]{s.name}[/bold]")
         if s.cap is not None:
             console.print(f"  {s.cap.reason}")
         for w in s.waterfall:
-            console.print(f"  after {w.transform}: {_ms(w.mean_step_ns)} ms ({w.speedup:.3f}x)")
+            console.print(f"  after {w.transform}: {ms_text(w.mean_step_ns)} ms ({w.speedup:.3f}x)")
         for change in s.changes:
             delta = (change.after_ns - change.before_ns) / 1e6
             console.print(f"    {change.action} {change.tasks:,} tasks, task time {delta:+,.3f} ms")

@@ -10,7 +10,7 @@ import dash
 import plotly.graph_objects as go
 from dash import Input, Output, dcc, html
 
-from whatif.breakdown import OUTSIDE_STEPS, WHOLE_RANK, breakdown
+from whatif.breakdown import WHOLE_RANK, breakdown, step_label
 from whatif.documents import BreakdownDocument
 
 from ..layout import card, error_box, guarded, loading, ms, table
@@ -38,14 +38,9 @@ def document(run_id: str | None) -> BreakdownDocument:
         return run.cache["breakdown"]  # type: ignore[no-any-return]
 
 
-def _step(step: int, excluded: str | None) -> str:
-    label = {WHOLE_RANK: "all", OUTSIDE_STEPS: "outside steps"}.get(step, f"step {step}")
-    return f"{label} ({excluded})" if excluded else label
-
-
 def temporal_figure(doc: BreakdownDocument) -> go.Figure:
     rows = [r for r in doc.temporal if r.step != WHOLE_RANK] or doc.temporal
-    x = [f"rank {r.rank} · {_step(r.step, r.excluded)}" for r in rows]
+    x = [f"rank {r.rank} · {step_label(r.step, r.excluded, prefix='step ')}" for r in rows]
     fig = go.Figure()
     for name, values, color in (("compute", [r.compute_ns for r in rows], "#4c78a8"),
                                 ("non-compute", [r.non_compute_ns for r in rows], "#f58518"),
@@ -68,7 +63,8 @@ def body(run_id: str | None) -> html.Div:
     hidden = sum(r.comm_overlapped_ns for r in whole)
     host = sum(g.host_wait_ns for g in doc.idle)
     gaps = sum(g.host_wait_ns + g.kernel_wait_ns + g.other_ns for g in doc.idle)
-    temporal = [{"rank": r.rank, "step": _step(r.step, r.excluded), "span ms": ms(r.span_ns), "idle ms": ms(r.idle_ns),
+    temporal = [{"rank": r.rank, "step": step_label(r.step, r.excluded, prefix="step "), "span ms": ms(r.span_ns),
+                 "idle ms": ms(r.idle_ns),
                  "compute ms": ms(r.compute_ns), "non-compute ms": ms(r.non_compute_ns),
                  "comm ms": ms(r.communication_ns), "memory ms": ms(r.memory_ns),
                  "comm overlapped ms": ms(r.comm_overlapped_ns), "activities": r.activities} for r in doc.temporal]
@@ -79,7 +75,8 @@ def body(run_id: str | None) -> html.Div:
                     "GPU < launch": d.shorter_than_launch} for d in doc.launches]
     queue_rows = [{"rank": q.rank, "stream": q.stream, "max": q.max, "mean": q.mean,
                    "empty %": round(100 * q.empty_share, 1)} for q in doc.queues]
-    class_rows = [{"rank": c.rank, "step": _step(c.step, None), "class": c.kernel_class, "ms": ms(c.total_ns),
+    class_rows = [{"rank": c.rank, "step": step_label(c.step, prefix="step "), "class": c.kernel_class,
+                   "ms": ms(c.total_ns),
                    "share %": round(100 * c.share, 1), "count": c.count} for c in doc.classes]
     return html.Div([
         html.Div([card("GPU idle", f"{100 * idle / span:.1f} %" if span else "-", id="bd-idle"),

@@ -10,10 +10,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from whatif.breakdown import OUTSIDE_STEPS, WHOLE_RANK, BreakdownOptions, breakdown
+from whatif.breakdown import WHOLE_RANK, BreakdownOptions, breakdown, step_label
 from whatif.depgraph.build import build_graph
 from whatif.documents import BreakdownDocument, write_json
-from whatif.summary import console
+from whatif.summary import console, ms_text
 from whatif.tracer.readers import accepted
 from whatif.tracer.trace import load_trace
 
@@ -47,17 +47,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ms(ns: int) -> str:
-    return f"{ns / 1e6:,.3f}"
-
-
 def _pct(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f} %" if whole else "-"
-
-
-def _step_label(step: int, excluded: str | None) -> str:
-    label = {WHOLE_RANK: "all", OUTSIDE_STEPS: "outside steps"}.get(step, str(step))
-    return f"{label} ({excluded})" if excluded else label
 
 
 def _table(out: Console, title: str, columns: list[str], rows: list[list[str]]) -> None:
@@ -78,14 +69,14 @@ def render_breakdown(doc: BreakdownDocument, out: Console, steps: bool = False, 
     temporal = [r for r in doc.temporal if steps or r.step == WHOLE_RANK]
     _table(out, "GPU time (share of the span from first to last activity)",
            ["rank", "step", "span ms", "idle", "compute", "non-compute", "comm", "memory", "comm overlapped"],
-           [[str(r.rank), _step_label(r.step, r.excluded), _ms(r.span_ns), _pct(r.idle_ns, r.span_ns),
-             _pct(r.compute_ns, r.span_ns), _pct(r.non_compute_ns, r.span_ns), _ms(r.communication_ns),
-             _ms(r.memory_ns), _pct(r.comm_overlapped_ns, r.communication_ns)] for r in temporal[: top * 4]])
+           [[str(r.rank), step_label(r.step, r.excluded), ms_text(r.span_ns), _pct(r.idle_ns, r.span_ns),
+             _pct(r.compute_ns, r.span_ns), _pct(r.non_compute_ns, r.span_ns), ms_text(r.communication_ns),
+             ms_text(r.memory_ns), _pct(r.comm_overlapped_ns, r.communication_ns)] for r in temporal[: top * 4]])
     idle = sorted(doc.idle, key=lambda g: -(g.host_wait_ns + g.kernel_wait_ns + g.other_ns))[:top]
     _table(out, f"idle gaps by cause (kernel wait: under {doc.kernel_wait_ns / 1e3:g} us, launched in time)",
            ["rank", "stream", "host wait ms", "kernel wait ms", "other ms", "gaps"],
-           [[str(g.rank), g.stream, _ms(g.host_wait_ns), _ms(g.kernel_wait_ns), _ms(g.other_ns), str(g.gaps)]
-            for g in idle])
+           [[str(g.rank), g.stream, ms_text(g.host_wait_ns), ms_text(g.kernel_wait_ns), ms_text(g.other_ns),
+             str(g.gaps)] for g in idle])
     _table(out, f"launch delay (activity start - end of its launch call; long: over {doc.long_delay_ns / 1e3:g} us)",
            ["rank", "", "launches", "p50 us", "p90 us", "p99 us", "max us", "long", "GPU < launch"],
            [[str(d.rank), "", str(d.launches), f"{d.p50_ns / 1e3:.1f}", f"{d.p90_ns / 1e3:.1f}",
@@ -96,5 +87,5 @@ def render_breakdown(doc: BreakdownDocument, out: Console, steps: bool = False, 
            [[str(q.rank), q.stream, str(q.max), f"{q.mean:.2f}", f"{100 * q.empty_share:.1f} %"] for q in queues])
     classes = [c for c in doc.classes if steps or c.step == WHOLE_RANK]
     _table(out, "GPU time by kernel class", ["rank", "step", "class", "ms", "share", "count"],
-           [[str(c.rank), _step_label(c.step, None), c.kernel_class, _ms(c.total_ns), f"{100 * c.share:.1f} %",
+           [[str(c.rank), step_label(c.step, None), c.kernel_class, ms_text(c.total_ns), f"{100 * c.share:.1f} %",
              str(c.count)] for c in classes[: top * 10]])
