@@ -1,5 +1,5 @@
 """The short fuzzing campaign (issue 20): seeded structure-aware mutations of small traces through
-``whatif analyze``, ``predict``, ``export`` and ``report``, and of serving logs through ``serve``,
+``whatif analyze``, ``predict``, ``export``, ``report`` and ``memory``, and of serving logs through ``serve``,
 every mutation class and command represented; a crash (traceback, or an exit that is not
 0 or one ``whatif:`` line with exit 2) fails the test with the input's class and seed. The long
 campaign is bench/fuzz.py."""

@@ -43,7 +43,7 @@ from whatif.core.bounds import check_fields
 from whatif.core.kernels import KernelClass, classify_kernel, is_collective
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph
 from whatif.documents import BreakdownDocument, ClassTime, IdleGaps, LaunchDelays, QueueLength, TemporalBreakdown
-from whatif.predictors.steps import step_exclusions
+from whatif.predictors.steps import exclusion_reasons
 from whatif.tracer.kinds import GPU_ACTIVITY_KINDS, GPU_MEMORY_KINDS, EventKind, codes
 from whatif.tracer.trace import Trace, per_name
 
@@ -237,14 +237,6 @@ def _classes(rank: int, step: int, w: pd.DataFrame) -> list[ClassTime]:
                       share=round(float(by.loc[c, "sum"]) / total, 4) if total else 0.0) for c in order]
 
 
-def _excluded(graph: TaskGraph | None) -> dict[tuple[int, int], str]:
-    if graph is None:
-        return {}
-    steps = graph.steps
-    return {(int(r), int(s)): why.value for r, s, why in
-            zip(steps["rank"].tolist(), steps["step"].tolist(), step_exclusions(graph)) if why is not None}
-
-
 def _by(work: pd.DataFrame, column: str) -> Iterable[tuple[Any, pd.DataFrame]]:
     values = work[column].to_numpy()
     for value in sorted(set(values.tolist())):
@@ -271,7 +263,8 @@ def breakdown(trace: Trace, graph: TaskGraph | None = None,
         classed by its op); None: rank rows only.
     options : thresholds (:class:`BreakdownOptions`).
     """
-    return summarize(gpu_work(trace, graph), trace.source, options, _excluded(graph), per_step=graph is not None)
+    excluded = exclusion_reasons(graph) if graph is not None else {}
+    return summarize(gpu_work(trace, graph), trace.source, options, excluded, per_step=graph is not None)
 
 
 def summarize(work: pd.DataFrame, source: str, options: BreakdownOptions = BreakdownOptions(),

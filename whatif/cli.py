@@ -18,6 +18,7 @@ from whatif.core.errors import WhatifError
 COMMANDS: dict[str, str] = {
     "analyze": "Replay a trace and summarize measured vs predicted step times",
     "breakdown": "Where each GPU's time went: idle, compute, communication, idle causes, launch delays, queues",
+    "memory": "The memory timeline: peak allocated/reserved per device, what held it, per step and operator",
     "export": "Write the predicted timeline as a Chrome/Kineto trace (Perfetto, HTA)",
     "predict": "Predict step times under what-if scenarios (TOML files of transforms)",
     "suggest": "Try every optimization whatif knows on a trace and rank them by predicted speedup",
