@@ -661,6 +661,7 @@ class ReportDocument(Entry, frozen=True, kw_only=True):
     top_ops: list[TopEntry]
     top_layers: list[TopEntry]
     prediction: PredictionDocument
+    suggestions: SuggestDocument | UnsetType = UNSET  # ``whatif report --suggest``
 
 
 # --- whatif.serving and whatif.serving-sweep ------------------------------------------------
