@@ -42,6 +42,8 @@ CASES: dict[str, list[tuple[str, ...]]] = {
                 ("{dit}", "--json", "{blocker}/x.json"), ("{dit}", "--top", "x")],
     "breakdown": [("{missing}",), ("{pkl}",), ("{dit}", "--json", "{empty}"), ("{dit}", "--kernel-wait-ns", "-1"),
                   ("{dit}", "--long-delay-ns", "x"), ("{dit}", "--top", "0")],
+    "collectives": [("{missing}",), ("{pkl}",), ("{dit}", "--json", "{empty}"), ("{dit}", "-o", "{tmp}/t.xlsx"),
+                    ("{dit}", "--ranks-per-node", "0"), ("{dit}", "--top", "x")],
     "memory": [("{missing}",), ("{pkl}",), ("{dit}", "--json", "{empty}"), ("{dit}", "-o", "{tmp}/t.xlsx"),
                ("{dit}", "-o", "{blocker}/t.csv"), ("{dit}", "--max-points", "1"), ("{dit}", "--top", "0")],
     "export": [("{missing}", "-o", "{tmp}/o.json"), ("{dit}", "-o", "{empty}"), ("{dit}", "-o", "{blocker}/o.json")],

@@ -39,6 +39,8 @@ __all__ = [
     "ChangeEntry",
     "Check",
     "ClassTime",
+    "CollectiveCall",
+    "CollectivesDocument",
     "Contributor",
     "CriticalPathEntry",
     "DitIterationModel",
@@ -74,6 +76,7 @@ __all__ = [
     "PredictionDocument",
     "ProfilerOffset",
     "QueueLength",
+    "RankCollectives",
     "RankEntry",
     "ReportDocument",
     "ReportRow",
@@ -489,6 +492,56 @@ class BreakdownDocument(Entry, frozen=True, kw_only=True):
     launches: list[LaunchDelays]
     queues: list[QueueLength]
     classes: list[ClassTime]
+
+
+# --- whatif.collectives ---------------------------------------------------------------------
+
+
+class CollectiveCall(Entry, frozen=True, kw_only=True):
+    """One collective across the loaded ranks (``ranks``): the ``occurrence``-th call of ``key``
+    (collective name and process group, else kernel name). Times on the lowest rank's clock;
+    ``waited_ns`` sums every rank's wait for the last arrival (``straggler``); ``algbw_gbps`` =
+    ``message_bytes`` / ``transfer_ns`` and ``busbw_gbps`` = algbw x the bus factor of ``kind`` at
+    ``group_size`` (GB/s = bytes/ns), None where the trace records no size."""
+
+    key: str
+    occurrence: int
+    kind: str
+    step: int
+    message_bytes: float | None
+    group_size: int | None
+    ranks: list[int]
+    span: str
+    first_arrival_ns: int
+    skew_ns: int
+    transfer_ns: int
+    straggler: int | None
+    waited_ns: int
+    algbw_gbps: float | None
+    busbw_gbps: float | None
+
+
+class RankCollectives(Entry, frozen=True, kw_only=True):
+    """One rank's collectives: time transferring, time waiting for later peers, how often it was
+    the last to arrive, and the waiting that cost the others."""
+
+    rank: int
+    calls: int
+    transfer_ns: int
+    waited_ns: int
+    straggler_calls: int
+    caused_wait_ns: int
+
+
+class CollectivesDocument(Entry, frozen=True, kw_only=True):
+    """The ``whatif.collectives`` v1 document (``whatif collectives --json``)."""
+
+    schema: Literal["whatif.collectives"] = "whatif.collectives"
+    version: Literal[1] = 1
+    source: str
+    ranks_per_node: int | None
+    calls: list[CollectiveCall]
+    ranks: list[RankCollectives]
 
 
 # --- whatif.memory ---------------------------------------------------------------------------
@@ -917,7 +970,7 @@ ServingDocument = Union[LlmServingDocument, DitServingDocument]  # noqa: UP007 -
 SweepDocument = Union[LlmSweepDocument, DitSweepDocument]  # noqa: UP007
 Document = Union[AnalysisDocument, PredictionDocument, ReportDocument, LlmServingDocument,  # noqa: UP007
                  DitServingDocument, LlmSweepDocument, DitSweepDocument, SuggestDocument,
-                 BreakdownDocument, MemoryDocument]
+                 BreakdownDocument, MemoryDocument, CollectivesDocument]
 D = TypeVar("D", bound=Entry)
 
 _JSON_OPTIONS = orjson.OPT_INDENT_2
