@@ -131,13 +131,13 @@ def gpu_work(trace: Trace, graph: TaskGraph | None = None) -> pd.DataFrame:
     calls = np.flatnonzero(np.isin(kinds, codes({EventKind.RUNTIME, EventKind.DRIVER})) & (corr >= 0))
     call_index = pd.MultiIndex.from_arrays([rank[calls], corr[calls]])
     first = ~call_index.duplicated(keep="first")   # the outer call: rows sorted by start, longer first
-    launch = pd.DataFrame({"launch_ns": ts[calls][first], "launch_end_ns": end[calls][first]},
-                          index=call_index[first])
-    keys = pd.MultiIndex.from_arrays([rank[rows], corr[rows]])
-    found = launch.reindex(keys)
-    has = corr[rows] >= 0
-    launch_ns = np.where(has, found["launch_ns"].fillna(-1).to_numpy(), -1).astype(np.int64)
-    launch_end_ns = np.where(has, found["launch_end_ns"].fillna(-1).to_numpy(), -1).astype(np.int64)
+    # positions, not a reindexed frame: a NaN fill would pass epoch nanoseconds through float64,
+    # which keeps only 53 bits (a launch time off by up to 128 ns)
+    where = call_index[first].get_indexer(pd.MultiIndex.from_arrays([rank[rows], corr[rows]]))
+    has = (corr[rows] >= 0) & (where >= 0)
+    pick = np.maximum(where, 0)
+    launch_ns = np.where(has, ts[calls][first][pick], -1).astype(np.int64)
+    launch_end_ns = np.where(has, end[calls][first][pick], -1).astype(np.int64)
 
     step = np.full(len(rows), OUTSIDE_STEPS, dtype=np.int64)
     op: list[str | None] = [None] * len(rows)
