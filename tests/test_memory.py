@@ -196,3 +196,17 @@ def test_record_memory_then_memory(tmp_path: Path) -> None:
     assert {s.step for s in doc.steps} >= {1, 2} and any(s.excluded == "warm-up" for s in doc.steps)
     held = sum(o.held_at_peak_bytes or 0 for o in doc.ops)
     assert held + (cpu.held_at_peak_unrecorded_bytes or 0) == cpu.peak_allocated_bytes
+
+
+def test_ids_beyond_64_bits_in_a_record(tmp_path: Path) -> None:
+    """A record's pid/tid beyond int64 is stored as the event table stores them (found by the fuzz
+    campaign: OverflowError)."""
+    t = KinetoTrace()
+    t.memory(10, 64, addr=1)
+    t.events[-1]["pid"] = 2**70
+    t.events[-1]["tid"] = 2**64 - 1
+    t.gpu("gemm", 20, 5, corr=1)
+    path = tmp_path / "ids.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(t.document()).encode()))  # orjson refuses 70-bit ints
+    trace = load_trace(path)
+    assert trace.memory[["pid", "tid"]].values.tolist() == [[-1, -1]]

@@ -302,15 +302,24 @@ def _coerce_id(value: Any) -> int:
 _INT64_MIN, _INT64_MAX, _UINT64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
 
 
+def _fit_int64(v: int) -> int:
+    """One id as :func:`_int64` stores it.
+
+    >>> _fit_int64(7), _fit_int64(2**64 - 1), _fit_int64(2**70)
+    (7, -1, -1)
+    """
+    if _INT64_MIN <= v <= _INT64_MAX:
+        return v
+    return v - (1 << 64) if _INT64_MAX < v <= _UINT64_MAX else -1
+
+
 def _int64(values: list[int]) -> np.ndarray:
     """Python ints -> int64; unsigned 64-bit values above 2**63 wrap to negative (two's
     complement, as C++ would store them), anything outside 64 bits becomes -1."""
     try:
         return np.array(values, dtype=np.int64)
     except OverflowError:
-        return np.array([v if _INT64_MIN <= v <= _INT64_MAX else
-                         (v - (1 << 64) if _INT64_MAX < v <= _UINT64_MAX else -1) for v in values],
-                        dtype=np.int64)
+        return np.array([_fit_int64(v) for v in values], dtype=np.int64)
 
 
 def _us_to_ns(values: list[int | float], path: Path, what: str, bound_ns: int) -> np.ndarray:
@@ -578,7 +587,8 @@ def _memory_row(ev: _Event, base_ns: int, interned: _StringIds) -> _MemoryRow | 
 
     dev = args.get("Device Id")
     addr = args.get("Addr")
-    return (base_ns + _scalar_us_to_ns(ts), _int_id(ev.pid, interned), _int_id(ev.tid, interned),
+    return (base_ns + _scalar_us_to_ns(ts), _fit_int64(_int_id(ev.pid, interned)),
+            _fit_int64(_int_id(ev.tid, interned)),
             dtype if abs(dtype) < 1 << 15 else UNKNOWN, dev if dev.__class__ is int and abs(dev) < 1 << 31 else UNKNOWN,
             size, known("Total Allocated"), known("Total Reserved"),
             addr if addr.__class__ is int and 0 <= addr < 1 << 63 else UNKNOWN)
