@@ -11,12 +11,10 @@ from pathlib import Path
 import msgspec
 import pandas as pd
 from rich.console import Console
-from rich.table import Table
 
 from whatif.collectives import CollectivesOptions, collectives
-from whatif.core.output import check_table_path, refuse_overwrite, write_table
 from whatif.depgraph.build import build_graph
-from whatif.documents import CollectivesDocument, write_json
+from whatif.documents import CollectivesDocument
 from whatif.report.diff_text import short_name
 from whatif.summary import console, mib_text, ms_text
 from whatif.tracer.readers import accepted
@@ -24,6 +22,7 @@ from whatif.tracer.trace import load_trace
 
 from ._dataclass_args import add_dataclass_arguments, from_args
 from ._progress import working
+from ._tables import check_outputs, print_table, write_outputs
 from ._values import positive_int
 
 
@@ -39,22 +38,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     options = from_args(CollectivesOptions, args)
-    if args.output:
-        check_table_path(args.output)
-        refuse_overwrite([args.output], args.force)
+    check_outputs(args)
     with working(f"whatif collectives: reading {args.path}", args.quiet) as status:
         trace = load_trace(args.path)
         status(f"whatif collectives: building the graph of {args.path}")
         doc = collectives(trace, build_graph(trace), options)
-    if args.json:
-        write_json(args.json, doc)
-    if args.output:
-        write_table(args.output, calls_table(doc))
+    written = write_outputs(args, doc, calls_table(doc) if args.output else None)
     if not args.quiet:
         render_collectives(doc, console(), top=args.top)
-        for out in (args.json, args.output):
-            if out:
-                print(f"wrote {out}")
+        for path in written:
+            print(f"wrote {path}")
     return 0
 
 
@@ -65,15 +58,6 @@ def calls_table(doc: CollectivesDocument) -> pd.DataFrame:
         r["ranks"] = " ".join(str(x) for x in r["ranks"])
     columns = list(msgspec.structs.fields(type(doc.calls[0])) if doc.calls else [])
     return pd.DataFrame(rows, columns=[f.name for f in columns] or None)
-
-
-def _table(out: Console, title: str, columns: list[str], rows: list[list[str]], text: set[int]) -> None:
-    t = Table(title=title, title_justify="left", show_edge=False)
-    for i, col in enumerate(columns):
-        t.add_column(col, justify="left" if i in text else "right")
-    for row in rows:
-        t.add_row(*row)
-    out.print(t)
 
 
 def _us(ns: float) -> str:
@@ -105,16 +89,17 @@ def render_collectives(doc: CollectivesDocument, out: Console, top: int = 10) ->
                         ms_text(sum(c.waited_ns for c in calls)),
                         _opt(bus[len(bus) // 2] if bus else None), _opt(bus[-1] if bus else None),
                         mib_text(sum(c.message_bytes or 0 for c in calls))])
-    _table(out, "collectives by kind (busbw: nccl-tests' bus bandwidth, GB/s)",
+    print_table(out, "collectives by kind (busbw: nccl-tests' bus bandwidth, GB/s)",
            ["kind", "span", "calls", "transfer ms", "waited ms", "median busbw", "max busbw", "MiB"], summary, {0, 1})
     worst = sorted(doc.calls, key=lambda c: (-c.waited_ns, -c.transfer_ns, c.first_arrival_ns))[:top]
-    _table(out, "calls that cost the most waiting, then the longest (waited: every rank's wait for the last arrival)",
+    print_table(out, "calls that cost the most waiting, then the longest (waited: every rank's wait for the last "
+                     "arrival)",
            ["waited us", "skew us", "transfer us", "straggler", "MiB", "busbw", "step", "call"],
            [[_us(c.waited_ns), _us(c.skew_ns), _us(c.transfer_ns), _opt(c.straggler, "{}"),
              _opt(None if c.message_bytes is None else c.message_bytes / 2**20, "{:,.2f}"), _opt(c.busbw_gbps),
              str(c.step), f"{short_name(c.key, 50)} #{c.occurrence}"] for c in worst], {7})
     ranks = sorted(doc.ranks, key=lambda r: (-r.caused_wait_ns, r.rank))[:top]
-    _table(out, "ranks, by the waiting they caused (straggler: arrived last)",
+    print_table(out, "ranks, by the waiting they caused (straggler: arrived last)",
            ["rank", "calls", "transfer ms", "waited ms", "straggler calls", "caused wait ms"],
            [[str(r.rank), f"{r.calls:,}", ms_text(r.transfer_ns), ms_text(r.waited_ns), f"{r.straggler_calls:,}",
              ms_text(r.caused_wait_ns)] for r in ranks], set())

@@ -8,11 +8,9 @@ import argparse
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
-from whatif.core.output import check_table_path, refuse_overwrite, write_table
 from whatif.depgraph.build import build_graph
-from whatif.documents import MemoryDocument, write_json
+from whatif.documents import MemoryDocument
 from whatif.memory import MemoryOptions, memory, memory_table
 from whatif.report.diff_text import short_name
 from whatif.summary import console, mib_text, ms_text
@@ -21,6 +19,7 @@ from whatif.tracer.trace import load_trace
 
 from ._dataclass_args import add_dataclass_arguments, from_args
 from ._progress import working
+from ._tables import check_outputs, print_table, write_outputs
 from ._values import positive_int
 
 NO_RECORDS = ("no allocator records in this trace: record it with profile_memory "
@@ -42,33 +41,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     options = from_args(MemoryOptions, args)
-    if args.output:
-        check_table_path(args.output)
-        refuse_overwrite([args.output], args.force)
+    check_outputs(args)
     with working(f"whatif memory: reading {args.path}", args.quiet) as status:
         trace = load_trace(args.path)
         status(f"whatif memory: building the graph of {args.path}")
         doc = memory(trace, build_graph(trace), options)
         table = memory_table(trace) if args.output else None
-    if args.json:
-        write_json(args.json, doc)
-    if args.output and table is not None:
-        write_table(args.output, table)
+    written = write_outputs(args, doc, table)
     if not args.quiet:
         render_memory(doc, console(), steps=args.steps, top=args.top)
-        for out in (args.json, args.output):
-            if out:
-                print(f"wrote {out}")
+        for path in written:
+            print(f"wrote {path}")
     return 0
-
-
-def _table(out: Console, title: str, columns: list[str], rows: list[list[str]], text: set[int]) -> None:
-    t = Table(title=title, title_justify="left", show_edge=False)
-    for i, col in enumerate(columns):
-        t.add_column(col, justify="left" if i in text else "right")
-    for row in rows:
-        t.add_row(*row)
-    out.print(t)
 
 
 def _step(step: int) -> str:
@@ -82,7 +66,7 @@ def render_memory(doc: MemoryDocument, out: Console, steps: bool = False, top: i
         out.print(NO_RECORDS)
         return
     relative = any(d.baseline == "relative" for d in doc.devices)
-    _table(out, "allocated memory per device (MiB" + ("; relative: from 0 at the first record, the trace has "
+    print_table(out, "allocated memory per device (MiB" + ("; relative: from 0 at the first record, the trace has "
                                                        "sizes only)" if relative else ")"),
            ["rank", "device", "peak", "peak reserved", "start", "end", "at ms", "step", "allocations", "baseline",
             "op at the peak"],
@@ -92,7 +76,7 @@ def render_memory(doc: MemoryDocument, out: Console, steps: bool = False, top: i
              _step(d.peak_step), f"{d.allocations:,}", d.baseline, short_name(d.peak_op, 40)] for d in doc.devices],
            text={0, 1, 9, 10})
     if steps:
-        _table(out, "allocated memory per step (MiB)",
+        print_table(out, "allocated memory per step (MiB)",
                ["rank", "device", "step", "start", "peak", "end", "allocated", "records"],
                [[str(s.rank), s.device, f"{s.step}{f' ({s.excluded})' if s.excluded else ''}",
                  mib_text(s.start_allocated_bytes), mib_text(s.peak_allocated_bytes), mib_text(s.end_allocated_bytes),
@@ -102,7 +86,7 @@ def render_memory(doc: MemoryDocument, out: Console, steps: bool = False, top: i
         held = d.held_at_peak_unrecorded_bytes
         note = (f"; {mib_text(held)} MiB of the peak was allocated before the recording" if held is not None else
                 "; the records carry no addresses: nothing is matched to the peak")
-        _table(out, f"rank {d.rank} {d.device}: operators by memory held at the peak (MiB){note}",
+        print_table(out, f"rank {d.rank} {d.device}: operators by memory held at the peak (MiB){note}",
                ["held at peak", "allocated", "freed", "net", "allocations", "op"],
                [[mib_text(o.held_at_peak_bytes) if o.held_at_peak_bytes is not None else "-",
                  mib_text(o.allocated_bytes), mib_text(o.freed_bytes), mib_text(o.net_bytes), f"{o.allocations:,}",
