@@ -1,6 +1,6 @@
 """Large multi-rank jobs made from one real rank's trace, for tests and benches (issue 15 item 6).
 
-:func:`generate_job` writes N Kineto files, ``rank<r>.pt.trace.json.gz``, that a folder loader
+:func:`generate_job` writes N Kineto files, named as ``whatif record`` names a rank's trace, that a folder loader
 reads as one job: every rank runs the source rank's events, with
 
 * **jitter**: before each collective, each rank arrives late by an exponential delay of mean
@@ -39,6 +39,7 @@ from whatif.core.kernels import is_collective
 from whatif.core.limits import MAX_RANK
 from whatif.core.output import write_output
 from whatif.tracer.kineto import read_bytes
+from whatif.tracer.record.trace_file import trace_file_name
 
 __all__ = ["JobOptions", "JobPlan", "generate_job"]
 
@@ -177,5 +178,5 @@ def _write_rank(doc: dict[str, Any], events: list[Any], colls: list[int], rank: 
     info.pop("pg_config", None)  # the source's process groups no longer describe the job
     rank_doc["distributedInfo"] = info
     rank_doc["traceEvents"] = new_events
-    path = out / f"rank{rank}.pt.trace.json.gz"
+    path = out / trace_file_name(rank)
     return write_output(path, gzip.compress(orjson.dumps(rank_doc), compresslevel=1, mtime=0))
