@@ -20,7 +20,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import Enum
+
+import numpy as np
 
 from .dtypes import DEFAULT_ELEMENT_BYTES, element_bytes
 
@@ -244,6 +247,17 @@ def _numel(dims: Sequence[int]) -> int:
     return math.prod(int(d) for d in dims)
 
 
+def duration_shares(op_index: np.ndarray, dur_ns: np.ndarray) -> np.ndarray:
+    """Each kernel's share of its launching op's work: its duration over the op's kernels' total
+    (each counted as at least 1 ns), so an op's FLOPs and bytes land on the kernels that did them.
+
+    >>> duration_shares(np.array([0, 0, 1]), np.array([300.0, 100.0, 0.0])).tolist()
+    [0.75, 0.25, 1.0]
+    """
+    w = np.maximum(np.asarray(dur_ns, dtype=float), 1.0)
+    return w / np.bincount(op_index, weights=w)[op_index]
+
+
 def _tensors(dims: Sequence, types: Sequence | None) -> list[tuple[list[int], int] | None]:
     """(shape, bytes per element) of each argument that looks like a tensor, else None."""
     out: list[tuple[list[int], int] | None] = []
@@ -278,14 +292,17 @@ _ELEMENTWISE_FLOPS: dict[str, int] = {
 
 
 def op_flops_bytes(op_name: str, input_dims: Sequence | None,
-                   input_types: Sequence | None = None) -> tuple[int, int] | None:
+                   input_types: Sequence | None = None,
+                   concrete_inputs: Sequence | None = None) -> tuple[int, int] | None:
     """(FLOPs, DRAM bytes) of one aten op call from recorded shapes, or None when unknown.
 
     Bytes count each input once and the output once (ideal reuse, as a roofline wants). Without
-    ``input_types`` tensors are taken as fp32. Attention assumes a fused (flash) kernel: Q, K, V
-    and O move once; FLOPs are 4·B·H·Sq·Sk·D (non-causal: traces do not record the flag's value
-    in ``Input Dims``). Convolution stride/padding come from the recorded int lists when present
-    (defaults 1/0 otherwise, as 2021 traces record them empty).
+    ``input_types`` tensors are taken as fp32. ``concrete_inputs`` (the trace's ``Concrete
+    Inputs``: the values of non-tensor arguments, as strings) gives attention its causal flag and
+    varlen maximum lengths. Attention assumes a fused (flash) kernel: Q, K, V and O move once;
+    FLOPs are 2·B·Hq·(D_qk + D_v)·P over the P unmasked (query, key) pairs: Sq·Sk, or the causal
+    triangle. Convolution stride/padding come from the recorded int lists when present (defaults
+    1/0 otherwise, as 2021 traces record them empty). Formulas and sources: docs/cost-models.md.
 
     >>> op_flops_bytes("aten::addmm", [[512], [64, 256], [256, 512], [], []],
     ...                ["float", "float", "float", "Scalar", "Scalar"])
@@ -294,12 +311,19 @@ def op_flops_bytes(op_name: str, input_dims: Sequence | None,
     (1048576, 12582912)
     >>> op_flops_bytes("aten::conv2d", [[32, 3, 224, 224], [64, 3, 7, 7], [], [2, 2], [3, 3], [], []], [])
     (7552892928, 122065664)
+    >>> sdpa = [[1, 8, 128, 64]] * 3 + [[], [], [], [], []]
+    >>> op_flops_bytes("aten::scaled_dot_product_attention", sdpa, ["c10::BFloat16"] * 3,
+    ...                ["", "", "", "", "0.", "True", "", "False"])[0]   # causal: 128·129/2 pairs
+    16908288
     """
     if not input_dims:
         return None
     op = _op_key(op_name)
     try:
         args = _tensors(input_dims, input_types)
+        attention = _ATTENTION_OPS.get(op)
+        if attention is not None:
+            return _attention(attention, args, input_dims, list(concrete_inputs or ()))
         return _dispatch(op, args, input_dims, input_types)
     except (ValueError, TypeError, IndexError, ZeroDivisionError):
         return None
@@ -348,11 +372,13 @@ def _dispatch(op: str, args, dims, types) -> tuple[int, int] | None:
     if op in ("conv1d", "conv2d", "conv3d", "convolution", "_convolution", "cudnn_convolution",
               "miopen_convolution"):
         return _conv(args, dims)
-    if op in ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
-              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"):
-        return _attention(args, heads_dim=1)
-    if op in ("_flash_attention_forward", "_efficient_attention_forward"):
-        return _attention(args, heads_dim=2)
+    if op in ("_grouped_mm", "_scaled_grouped_mm"):
+        return _grouped_gemm(args)
+    if op in ("embedding", "index_select"):
+        return _gather(op, args)
+    if op in ("cat", "stack"):     # each input read once, the result written once
+        esz = element_bytes(types[0] if types else None)   # a TensorList's dtype is not recorded
+        return None if esz is None else (0, int(2 * sum(_numel(d) for d in dims[0]) * esz))
     if op in ("layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm", "group_norm",
               "native_group_norm", "batch_norm", "native_batch_norm", "cudnn_batch_norm"):
         (x, ex) = args[0]
@@ -408,16 +434,153 @@ def _conv(args, dims) -> tuple[int, int] | None:
     return flops, nbytes
 
 
-def _attention(args, heads_dim: int) -> tuple[int, int] | None:
-    (q, eq), (k, _ek), (v, _ev) = args[0], args[1], args[2]
-    if len(q) != 4 or len(k) != 4:
+def _grouped_gemm(args) -> tuple[int, int] | None:
+    """MoE grouped GEMM (``_grouped_mm(a, b, offs)``): 2-D ``a`` (tokens of all groups, K) times
+    3-D ``b`` (groups, K, N), each token through its group's weights; or 3-D × 3-D, a bmm."""
+    (a, ea), (b, _eb) = args[0], args[1]
+    if len(b) != 3 or a[-1] != b[1]:
         return None
-    if heads_dim == 1:                       # (B, H, S, D)
-        b, h, sq, d = q
-        sk, dv = k[2], v[3]
-    else:                                    # (B, S, H, D)
-        b, sq, h, d = q
-        sk, dv = k[1], v[3]
-    flops = 2 * b * h * sq * sk * d + 2 * b * h * sq * sk * dv
-    nbytes = (_numel(q) + _numel(k) + _numel(v)) * eq + b * h * sq * dv * eq
-    return flops, nbytes
+    groups, k, n = b
+    if len(a) == 2:
+        tokens = a[0]
+        return 2 * tokens * k * n, (tokens * k + groups * k * n + tokens * n) * ea
+    if len(a) == 3 and a[0] == groups:
+        return _gemm(a[1], n, k, groups, ea)
+    return None
+
+
+def _gather(op: str, args) -> tuple[int, int] | None:
+    """``embedding(weight, indices)`` / ``index_select(x, dim, index)``: no FLOPs; each selected
+    row is read once and written once, plus the indices."""
+    if op == "embedding":
+        (w, ew), (idx, ei) = args[0], args[1]
+        if len(w) != 2:
+            return None
+        rows = _numel(idx)
+        return 0, 2 * rows * w[1] * ew + rows * ei
+    (x, ex), (idx, ei) = args[0], args[2]
+    rows = _numel(idx)
+    return 0, 2 * rows * (_numel(x) // max(x[0], 1)) * ex + rows * ei
+
+
+class Layout(str, Enum):
+    """Axis order of an attention op's Q/K/V tensors."""
+
+    BHSD = "bhsd"      # (batch, heads, seq, head dim): torch SDPA
+    BSHD = "bshd"      # (batch, seq, heads, head dim): flash/efficient kernels; varlen when 3-D (tokens, heads, dim)
+    PAGED = "paged"    # vLLM paged_attention: query (seqs, heads, dim), K/V in a block cache
+
+
+@dataclass(frozen=True)
+class AttentionOp:
+    """Where an attention op keeps its operands (argument positions in ``Input Dims`` and
+    ``Concrete Inputs``). ``causal`` is the position of its causal flag (an int ``custom_mask_type``
+    for the efficient kernels: 0 none, 1 top-left, 2 bottom-right); ``bottom_right``: a causal
+    mask aligned to the last key (FlashAttention >= 2.1, vLLM) rather than the first (torch's
+    ``is_causal``); ``backward``: the op computes dQ, dK, dV. Varlen ops give the cumulative
+    sequence lengths at ``cu_seqlens`` and the longest sequence at ``max_seqlen``."""
+
+    layout: Layout
+    causal: int | None
+    q: int = 0
+    bottom_right: bool = False
+    backward: bool = False
+    cu_seqlens: int | None = None
+    max_seqlen: int | None = None
+    mask_type: bool = False
+
+
+_ATTENTION_OPS: dict[str, AttentionOp] = {
+    "scaled_dot_product_attention": AttentionOp(Layout.BHSD, causal=5),
+    "_scaled_dot_product_flash_attention": AttentionOp(Layout.BHSD, causal=4),
+    "_scaled_dot_product_efficient_attention": AttentionOp(Layout.BHSD, causal=6),
+    "_scaled_dot_product_cudnn_attention": AttentionOp(Layout.BHSD, causal=6),
+    "_scaled_dot_product_flash_attention_backward": AttentionOp(Layout.BHSD, causal=11, q=1, backward=True),
+    "_scaled_dot_product_efficient_attention_backward": AttentionOp(Layout.BHSD, causal=11, q=1, backward=True),
+    "_scaled_dot_product_cudnn_attention_backward": AttentionOp(Layout.BHSD, causal=14, q=1, backward=True),
+    "_flash_attention_forward": AttentionOp(Layout.BSHD, causal=8, cu_seqlens=3, max_seqlen=5),
+    "_flash_attention_backward": AttentionOp(Layout.BSHD, causal=11, q=1, backward=True, cu_seqlens=6,
+                                             max_seqlen=8),
+    "_efficient_attention_forward": AttentionOp(Layout.BSHD, causal=9, cu_seqlens=4, max_seqlen=6,
+                                                mask_type=True),
+    "_flash_attn_forward": AttentionOp(Layout.BSHD, causal=5, bottom_right=True),
+    "_flash_attn_varlen_forward": AttentionOp(Layout.BSHD, causal=9, bottom_right=True, cu_seqlens=3,
+                                              max_seqlen=5),
+    "_flash_attn_backward": AttentionOp(Layout.BSHD, causal=11, q=1, backward=True, bottom_right=True),
+    "paged_attention_v1": AttentionOp(Layout.PAGED, causal=None, q=1, max_seqlen=9),
+    "paged_attention_v2": AttentionOp(Layout.PAGED, causal=None, q=4, max_seqlen=12),
+}
+
+
+def _concrete(values: list, i: int | None) -> str:
+    return str(values[i]).strip() if i is not None and i < len(values) and values[i] is not None else ""
+
+
+def causal_pairs(sq: int, sk: int, bottom_right: bool = False) -> int:
+    """Unmasked (query, key) pairs of one head under a causal mask: query i sees keys
+    ``j <= i`` (top-left, torch's ``is_causal``) or ``j <= i + sk - sq`` (bottom-right,
+    FlashAttention >= 2.1 and vLLM: the queries are the last ``sq`` positions).
+
+    >>> causal_pairs(4, 4), causal_pairs(1, 100, bottom_right=True), causal_pairs(1, 100)
+    (10, 100, 1)
+    """
+    first = 1 + (sk - sq if bottom_right else 0)       # keys query 0 would see, before clipping
+    lo = max(0, min(sq, 1 - first))                     # queries before lo see no key
+    hi = max(lo, min(sq, sk - first))                   # queries from hi on see every key
+    return (hi - lo) * first + (lo + hi - 1) * (hi - lo) // 2 + (sq - hi) * sk
+
+
+def _varlen_lengths(total: int, seqs: int, longest: int) -> list[int]:
+    """Sequence lengths of a varlen batch whose shapes give only the total, the count and the
+    longest: the longest one plus equal shares of the rest (TraceLens's rule)."""
+    if seqs <= 1 or longest <= 0 or longest > total:
+        return [total]
+    return [longest] + [(total - longest) // (seqs - 1)] * (seqs - 1)
+
+
+def _attention(spec: AttentionOp, args, dims, concrete: list) -> tuple[int, int] | None:
+    """FLOPs and bytes of an attention op (forward: QKᵀ and PV; backward: the recomputed QKᵀ
+    plus dV, dP, dQ, dK, i.e. 2.5× the forward FLOPs; softmax ignored: O(1/D) of the rest)."""
+    (q, eq), (k, _ek), (v, _ev) = args[spec.q], args[spec.q + 1], args[spec.q + 2]
+    flag = _concrete(concrete, spec.causal)
+    causal = flag in ("1", "2") if spec.mask_type else flag == "True"
+    bottom_right = spec.bottom_right or (spec.mask_type and flag == "2")
+    if spec.layout is Layout.PAGED:           # query (seqs, Hq, D); K/V cache blocks: (blocks, Hkv, ...)
+        seqs, hq, d = q
+        hkv = k[1]
+        longest = int(float(_concrete(concrete, spec.max_seqlen)))
+        pairs = [(1, longest)] * seqs          # decode: one query per sequence, up to max_seq_len keys
+        batch_heads, dv = hq, d
+        kv_elems = seqs * longest * hkv * (d + dv)
+    elif spec.layout is Layout.BHSD:
+        if len(q) != 4 or len(k) != 4:
+            return None
+        b, hq, sq, d = q
+        hkv, sk, dv = k[1], k[2], v[3]
+        pairs, batch_heads = [(sq, sk)], b * hq
+        kv_elems = b * hkv * sk * (d + dv)
+    elif len(q) == 4:                          # (B, S, H, D)
+        b, sq, hq, d = q
+        sk, hkv, dv = k[1], k[2], v[3]
+        pairs, batch_heads = [(sq, sk)], b * hq
+        kv_elems = b * sk * hkv * (d + dv)
+    elif len(q) == 3 and spec.cu_seqlens is not None:   # varlen: (tokens, H, D) and cu_seqlens (B + 1,)
+        (tq, hq, d), (tk, hkv, dv) = q, (k[0], k[1], v[2])
+        seqs = _numel(dims[spec.cu_seqlens]) - 1
+        assert spec.max_seqlen is not None
+        longest_q = int(float(_concrete(concrete, spec.max_seqlen) or 0))
+        longest_k = int(float(_concrete(concrete, spec.max_seqlen + 1) or 0))
+        pairs = list(zip(_varlen_lengths(tq, seqs, longest_q), _varlen_lengths(tk, seqs, longest_k)))
+        batch_heads = hq
+        kv_elems = tk * hkv * (d + dv)
+    else:
+        return None
+    unmasked = sum(causal_pairs(a, c, bottom_right) if causal else a * c for a, c in pairs)
+    flops = 2 * batch_heads * unmasked * (d + dv)
+    if spec.layout is Layout.PAGED:
+        q_elems = o_elems = seqs * hq * d
+    else:
+        q_elems, o_elems = _numel(q), _numel(q) // d * dv
+    if spec.backward:   # read Q, K, V, dO; write dQ, dK, dV
+        return flops * 5 // 2, (2 * q_elems + o_elems + 2 * kv_elems) * eq
+    return flops, (q_elems + kv_elems + o_elems) * eq
