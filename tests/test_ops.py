@@ -185,3 +185,21 @@ def test_the_table_of_a_shared_trace_sums_to_its_gpu_time():
     assert attention.flops == attention.count * 4 * 16 * 16 * (559 * 560 // 2) * 64
     assert {r.bound for r in doc.rows} >= {Bound.COMPUTE.value, Bound.MEMORY.value, Bound.LAUNCH.value}
     assert all(np.isfinite(r.roofline_pct) for r in doc.rows if r.flops is not None and r.flops > 0)
+
+
+def test_dashboard_page_shows_the_table_numbers_first(tmp_path: Path):
+    from whatif.dashboard.app import create_app
+    from whatif.dashboard.pages import ops as page
+    from whatif.dashboard.state import get_store
+
+    create_app([_known(tmp_path)])
+    run = next(iter(get_store().runs.values()))
+    doc = page.document(run.id, "op")
+    table = page.rows(doc)
+    assert list(table[0])[:3] == ["total ms", "share %", "count"] and list(table[0])[-3:] == ["op", "shapes", "dtype"]
+    assert [r["op"] for r in table] == [r.op for r in doc.rows] and table[0]["bound"] == "compute"
+    assert table[0]["GFLOP"] == round(2 * 1024 ** 3 / 1e9, 2) and table[2]["% roof"] is not None
+    text = json.dumps(page.body(run.id, "kernel").to_plotly_json(), default=str)
+    assert "ops-table" in text and "splitKreduce_kernel" in text
+    bars = {t.name: t.x[0] for t in page.bound_figure(doc).data}
+    assert bars == {"compute": 0.04, "latency": 0.003, "launch": 0.002}
