@@ -210,7 +210,8 @@ def _row(key: tuple, g: pd.DataFrame, by: GroupBy) -> OpRow:
         intensity = flops / nbytes if nbytes else np.nan
     main = g.iloc[int(np.argmax(g["dur_ns"].to_numpy()))]   # the longest activity: the group's class and roof
     ridge = float(main["ridge"])
-    roof = float(np.minimum(ridge, intensity)) * get_device(str(main["device"])).mem_bw_bytes_per_s if main["device"] else np.nan
+    bw = get_device(str(main["device"])).mem_bw_bytes_per_s if main["device"] else np.nan
+    roof = float(np.minimum(ridge, intensity)) * bw
     per_ns = 1 / total if total else np.nan
     known = _round(intensity, 3)
     return OpRow(

@@ -53,7 +53,8 @@ def bound_figure(doc: OpsDocument) -> go.Figure:
     for b in Bound:
         total = sum(r.total_ns for r in doc.rows if r.bound == b.value)
         if total:
-            fig.add_bar(name=b.value, y=["GPU time"], x=[ms(total)], orientation="h", marker_color=BOUND_COLORS[b.value])
+            fig.add_bar(name=b.value, y=["GPU time"], x=[ms(total)], orientation="h",
+                        marker_color=BOUND_COLORS[b.value])
     fig.update_layout(barmode="stack", xaxis_title="ms", height=150, margin=dict(l=80, r=10, t=10, b=40),
                       legend=dict(orientation="h", y=1.3))
     return fig
