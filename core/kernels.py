@@ -277,18 +277,23 @@ def _tensors(dims: Sequence, types: Sequence | None) -> list[tuple[list[int], in
 def _gemm(m: int, n: int, k: int, batch: int, esz: int, out_esz: int | None = None,
           bias: int = 0) -> tuple[int, int]:
     out_esz = out_esz or esz
-    flops = 2 * batch * m * n * k
+    flops = 2 * batch * m * n * k + (batch * m * n if bias else 0)   # the bias: one add per output
     nbytes = batch * (m * k + k * n) * esz + batch * m * n * out_esz + bias
     return flops, nbytes
 
 
+# FLOPs per output element: one per arithmetic operation, a transcendental (exp, tanh, rsqrt…)
+# counting one, as TraceLens's elementwise perf models do; copies and fills do none.
 _ELEMENTWISE_FLOPS: dict[str, int] = {
     "add": 1, "add_": 1, "sub": 1, "sub_": 1, "mul": 1, "mul_": 1, "div": 1, "div_": 1,
     "relu": 1, "relu_": 1, "threshold_backward": 1, "neg": 1, "clamp": 1, "clamp_min": 1,
-    "clamp_min_": 1, "where": 1, "masked_fill": 1, "abs": 1, "copy_": 0, "_to_copy": 0,
-    "gelu": 8, "silu": 4, "silu_": 4, "sigmoid": 4, "tanh": 4, "exp": 4, "rsqrt": 2, "pow": 2,
-    "sqrt": 2, "dropout": 2, "addcmul_": 2, "addcdiv_": 2, "lerp_": 2, "fill_": 0, "zero_": 0,
+    "clamp_min_": 1, "where": 1, "masked_fill": 1, "abs": 1, "_to_copy": 0,
+    "gelu": 1, "silu": 1, "silu_": 1, "sigmoid": 1, "tanh": 1, "exp": 1, "rsqrt": 1, "pow": 1,
+    "sqrt": 1, "dropout": 2, "addcmul_": 2, "addcdiv_": 2, "lerp_": 2, "fill_": 0, "zero_": 0,
 }
+_LAYER_NORMS = ("layer_norm", "native_layer_norm", "group_norm", "native_group_norm")
+_BATCH_NORMS = ("batch_norm", "native_batch_norm", "cudnn_batch_norm")
+_RMS_NORMS = ("rms_norm", "_fused_rms_norm")
 
 
 def op_flops_bytes(op_name: str, input_dims: Sequence | None,
@@ -306,7 +311,7 @@ def op_flops_bytes(op_name: str, input_dims: Sequence | None,
 
     >>> op_flops_bytes("aten::addmm", [[512], [64, 256], [256, 512], [], []],
     ...                ["float", "float", "float", "Scalar", "Scalar"])
-    (16777216, 722944)
+    (16809984, 722944)
     >>> op_flops_bytes("aten::add", [[1024, 1024], [1024, 1024], []], ["float", "float", "Scalar"])
     (1048576, 12582912)
     >>> op_flops_bytes("aten::conv2d", [[32, 3, 224, 224], [64, 3, 7, 7], [], [2, 2], [3, 3], [], []], [])
@@ -324,12 +329,12 @@ def op_flops_bytes(op_name: str, input_dims: Sequence | None,
         attention = _ATTENTION_OPS.get(op)
         if attention is not None:
             return _attention(attention, args, input_dims, list(concrete_inputs or ()))
-        return _dispatch(op, args, input_dims, input_types)
+        return _dispatch(op, args, input_dims, input_types, list(concrete_inputs or ()))
     except (ValueError, TypeError, IndexError, ZeroDivisionError):
         return None
 
 
-def _dispatch(op: str, args, dims, types) -> tuple[int, int] | None:
+def _dispatch(op: str, args, dims, types, concrete: list) -> tuple[int, int] | None:
     if op in ("mm", "_int_mm", "_scaled_mm"):
         (a, ea), (b, _eb) = args[0], args[1]
         if len(a) != 2 or len(b) != 2 or a[1] != b[0]:
@@ -371,7 +376,7 @@ def _dispatch(op: str, args, dims, types) -> tuple[int, int] | None:
         return _gemm(a[-2], b[-1], a[-1], batch, ea)
     if op in ("conv1d", "conv2d", "conv3d", "convolution", "_convolution", "cudnn_convolution",
               "miopen_convolution"):
-        return _conv(args, dims)
+        return _conv(args, dims, concrete)
     if op in ("_grouped_mm", "_scaled_grouped_mm"):
         return _grouped_gemm(args)
     if op in ("embedding", "index_select"):
@@ -379,12 +384,8 @@ def _dispatch(op: str, args, dims, types) -> tuple[int, int] | None:
     if op in ("cat", "stack"):     # each input read once, the result written once
         esz = element_bytes(types[0] if types else None)   # a TensorList's dtype is not recorded
         return None if esz is None else (0, int(2 * sum(_numel(d) for d in dims[0]) * esz))
-    if op in ("layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm", "group_norm",
-              "native_group_norm", "batch_norm", "native_batch_norm", "cudnn_batch_norm"):
-        (x, ex) = args[0]
-        n = _numel(x)
-        params = sum(_numel(a[0]) * a[1] for a in args[1:] if a is not None and len(a[0]) > 0)
-        return 8 * n, 2 * n * ex + params
+    if op in _LAYER_NORMS or op in _BATCH_NORMS or op in _RMS_NORMS:
+        return _norm(op, args, concrete)
     if op in ("softmax", "_softmax", "log_softmax", "_log_softmax"):
         (x, ex) = args[0]
         n = _numel(x)
@@ -393,6 +394,10 @@ def _dispatch(op: str, args, dims, types) -> tuple[int, int] | None:
         (x, ex) = args[0]
         n = _numel(x)
         return n, n * ex + ex
+    if op == "copy_":   # copy_(self, src): src read, self written; one conversion per element (TraceLens)
+        (dst, ed), (src, es) = args[0], args[1]
+        n = _numel(dst)
+        return n, n * (ed + es)
     if op in _ELEMENTWISE_FLOPS:
         tensors = [a for a in args if a is not None]
         if not tensors:
@@ -406,7 +411,46 @@ def _dispatch(op: str, args, dims, types) -> tuple[int, int] | None:
     return None
 
 
-def _conv(args, dims) -> tuple[int, int] | None:
+def _norm(op: str, args, concrete: list) -> tuple[int, int]:
+    """TraceLens's normalization perf models, over N elements of C channels (the normalized
+    shape for layer/RMS norm, dim 1 for batch/group norm). Batch norm (and layer/group norm,
+    always computing their statistics): 3N for the statistics when training, 6C for the
+    per-channel scale and shift, 2N to apply them; bytes: the activations in and out, and 2
+    (running mean, variance) + γ + β (+ 2 written when training) per-channel vectors. RMS norm:
+    (2C + 2) per row for the root mean square, N (+ N with γ) to apply it."""
+    (x, ex) = args[0]
+    n = _numel(x)
+    if op in _RMS_NORMS:
+        weight = args[2] if len(args) > 2 else None
+        c = _numel(weight[0]) if weight is not None and weight[0] else x[-1]
+        return (n // c) * (2 * c + 2) + n * (2 if weight is not None else 1), \
+            2 * n * ex + (c * ex if weight is not None else 0)
+    if op in _BATCH_NORMS:
+        c = x[1]
+        training = _concrete(concrete, 5) != "False"
+    elif op in ("group_norm", "native_group_norm"):
+        c, training = x[1], True
+    else:
+        weight = args[2] if len(args) > 2 else None
+        c, training = (_numel(weight[0]) if weight is not None and weight[0] else x[-1]), True
+    flops = 6 * c + 2 * n + (3 * n if training else 0)
+    return flops, 2 * n * ex + (6 if training else 4) * c * ex
+
+
+def _int_list(value: object, nd: int) -> list[int] | None:
+    """An int-list argument from ``Input Dims`` (2021-2023 traces) or ``Concrete Inputs`` (the
+    string ``'[16, 16]'``), broadcast from one value to ``nd``; None when absent."""
+    if isinstance(value, str):
+        text = value.strip().strip("[]()")
+        value = [int(t) for t in text.split(",") if t.strip()] if text else None
+    if isinstance(value, (list, tuple)) and len(value) == nd:
+        return [int(t) for t in value]
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        return [int(value[0])] * nd
+    return None
+
+
+def _conv(args, dims, concrete: list) -> tuple[int, int] | None:
     (x, ex), (w, _ew) = args[0], args[1]
     nd = len(x) - 2
     if nd < 1 or len(w) != len(x):
@@ -415,12 +459,8 @@ def _conv(args, dims) -> tuple[int, int] | None:
     cout, cin_g, kernel = w[0], w[1], w[2:]
 
     def param(i: int, default: int) -> list[int]:
-        v = dims[i] if i < len(dims) else None
-        if isinstance(v, (list, tuple)) and len(v) == nd:
-            return [int(t) for t in v]
-        if isinstance(v, (list, tuple)) and len(v) == 1:
-            return [int(v[0])] * nd
-        return [default] * nd
+        return (_int_list(dims[i] if i < len(dims) else None, nd)
+                or _int_list(_concrete(concrete, i), nd) or [default] * nd)
 
     stride, padding, dilation = param(3, 1), param(4, 0), param(5, 1)
     out_sp = [(s + 2 * p - d * (k - 1) - 1) // st + 1

@@ -34,8 +34,10 @@ def _sdpa(q: list[int], k: list[int], causal: bool) -> tuple[int, int]:
 def test_gemm_family():
     m, n, k = 64, 32, 128
     assert op_flops_bytes("aten::mm", [[m, k], [k, n]], [BF16] * 2) == (2 * m * n * k, (m * k + k * n + m * n) * 2)
-    assert op_flops_bytes("aten::addmm", [[n], [m, k], [k, n], [], []], [BF16] * 3 + ["Scalar"] * 2)[0] == 2 * m * n * k
-    assert op_flops_bytes("aten::linear", [[4, m, k], [n, k], [n]], [BF16] * 3)[0] == 2 * 4 * m * n * k
+    bias_add = m * n
+    assert op_flops_bytes("aten::addmm", [[n], [m, k], [k, n], [], []], [BF16] * 3 + ["Scalar"] * 2)[0] == \
+        2 * m * n * k + bias_add
+    assert op_flops_bytes("aten::linear", [[4, m, k], [n, k], [n]], [BF16] * 3)[0] == 4 * (2 * m * n * k + bias_add)
     assert op_flops_bytes("aten::bmm", [[3, m, k], [3, k, n]], ["float"] * 2)[0] == 2 * 3 * m * n * k
     # MoE grouped GEMM: 96 tokens routed over 8 experts of (k, n) weights
     f, b = op_flops_bytes("aten::_grouped_mm", [[96, k], [8, k, n], [8]], [BF16, BF16, "int"])
