@@ -92,7 +92,8 @@ def main() -> None:
     rows: list[Compared] = []
     for gpu, folder in GPUS.items():
         for trace_path in sorted((SHARED / folder).glob("*.json.gz")):
-            report = args.tracelens / "tests" / "traces" / gpu / (trace_path.name[: -len(".json.gz")] + "_perf_report_csvs")
+            stem = trace_path.name[: -len(".json.gz")]
+            report = args.tracelens / "tests" / "traces" / gpu / f"{stem}_perf_report_csvs"
             if not report.is_dir():
                 print(f"skip {trace_path.name} ({gpu}): no TraceLens report at {report}")
                 continue
@@ -118,7 +119,7 @@ def main() -> None:
         print(f"{family:<18} {len(group):>4} {100 * f_ok / len(group):>8.1f}% {100 * b_ok / len(group):>8.1f}%  "
               f"{text if miss > TOLERANCE else 'none over 1 %, worst ' + f'{100 * miss:.2f} %'}")
     bytes_worst = max(rows, key=lambda c: c.miss(c.nbytes, c.tl_bytes))
-    print(f"worst bytes miss: {100 * bytes_worst.miss(bytes_worst.nbytes, bytes_worst.tl_bytes):.1f} %: "
+    print(f"worst bytes miss: {100 * bytes_worst.miss(bytes_worst.nbytes, bytes_worst.tl_bytes):.2f} %: "
           f"{bytes_worst.op} {bytes_worst.args[:90]} ({bytes_worst.nbytes} vs {bytes_worst.tl_bytes:.0f})")
 
 

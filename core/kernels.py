@@ -395,7 +395,7 @@ def _dispatch(op: str, args, dims, types, concrete: list) -> tuple[int, int] | N
         n = _numel(x)
         return n, n * ex + ex
     if op == "copy_":   # copy_(self, src): src read, self written; one conversion per element (TraceLens)
-        (dst, ed), (src, es) = args[0], args[1]
+        (dst, ed), es = args[0], args[1][1]
         n = _numel(dst)
         return n, n * (ed + es)
     if op in _ELEMENTWISE_FLOPS:
