@@ -18,7 +18,7 @@ from whatif.core.errors import WhatifError
 COMMANDS: dict[str, str] = {
     "analyze": "Replay a trace and summarize measured vs predicted step times",
     "breakdown": "Where each GPU's time went: idle, compute, communication, idle causes, launch delays, queues",
-    "ops": "Per-op roofline table: time, FLOPs, bytes, achieved TFLOP/s and TB/s, % of roofline, bound",
+    "ops": "Per-op roofline table: time, FLOPs, bytes, achieved TFLOP/s and TB/s, share of the roofline, bound",
     "export": "Write the predicted timeline as a Chrome/Kineto trace (Perfetto, HTA)",
     "predict": "Predict step times under what-if scenarios (TOML files of transforms)",
     "suggest": "Try every optimization whatif knows on a trace and rank them by predicted speedup",

@@ -27,6 +27,7 @@ True
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -166,11 +167,10 @@ def activities(trace: Trace) -> pd.DataFrame:
         share = duration_shares(inv, dur[li].astype(float))
         flops[li] = np.array([f.flops for f in facts])[inv] * share
         nbytes[li] = np.array([f.nbytes for f in facts])[inv] * share
-    for i in np.flatnonzero(dtype == ""):
-        found = dtype_in_kernel_name(kernels[i])
-        dtype[i] = found.value if found is not None else ""
-    cls = np.array([classify_kernel(k, o if linked[i] else None).value
-                    for i, (k, o) in enumerate(zip(kernels.tolist(), op.tolist()))], dtype=object)
+    named = dtype == ""
+    dtype[named] = _per_distinct(kernels[named], lambda k: (d.value if (d := dtype_in_kernel_name(k)) else ""))
+    codes, pairs = pd.factorize(pd.MultiIndex.from_arrays([kernels, np.where(linked, op, "")]))
+    cls = np.asarray([classify_kernel(k, o or None).value for k, o in pairs] + [""], dtype=object)[codes]
     devices = {r.rank: find_device(r.gpu_name) for r in trace.ranks}
     device = np.array([(d.name.value if (d := devices.get(r)) else "") for r in work["rank"].tolist()], dtype=object)
     ideal, ridge = _roofline(devices, work["rank"].to_numpy(), cls, dtype, flops, nbytes)
@@ -179,6 +179,12 @@ def activities(trace: Trace) -> pd.DataFrame:
                          "shapes": shapes, "dtype": dtype, "kernel_class": cls, "dur_ns": dur, "flops": flops,
                          "bytes": nbytes, "ideal_ns": ideal, "ridge": ridge, "device": device,
                          "launch_bound": _launch_bound(work)})
+
+
+def _per_distinct(values: np.ndarray, fn: Callable[[str], str]) -> np.ndarray:
+    """``fn`` of every value, called once per distinct value."""
+    codes, uniques = pd.factorize(np.asarray(values, dtype=object))
+    return np.asarray([fn(str(u)) for u in uniques] + [""], dtype=object)[codes]
 
 
 def _roofline(devices: dict[int, Device | None], ranks: np.ndarray, cls: np.ndarray, dtype: np.ndarray,
