@@ -205,3 +205,25 @@ def test_dashboard_page_shows_the_table_numbers_first(tmp_path: Path):
     assert "ops-table" in text and "splitKreduce_kernel" in text
     bars = {t.name: t.x[0] for t in page.bound_figure(doc).data}
     assert bars == {"compute": 0.04, "latency": 0.003, "launch": 0.002}
+
+
+@pytest.mark.skipif(not QWEN.exists(), reason="shared traces not present (../shared/traces)")
+def test_the_cost_model_prices_kernels_with_the_same_formulas():
+    """One home: the trace cost model's FLOPs per kernel (what transforms scale) are the table's,
+    causal attention included (it was priced 2x before Concrete Inputs were read)."""
+    from whatif.depgraph.build import build_graph
+    from whatif.ops import activities
+    from whatif.predictors.costs import TraceCostModel
+
+    trace = load_trace(QWEN)
+    graph = build_graph(trace)
+    acts = activities(trace).set_index("event")
+    tasks = graph.tasks
+    gpu = np.flatnonzero(tasks["event"].isin(acts.index[acts["linked"]]).to_numpy())
+    facts = TraceCostModel(trace).kernel_facts(graph, gpu)
+    expected = acts.loc[tasks["event"].to_numpy()[gpu], "flops"].to_numpy()
+    priced = ~np.isnan(expected)           # the cost model estimates the rest from their durations
+    assert priced.sum() > 900 and not facts["estimated"][priced].any() and facts["estimated"][~priced].all()
+    np.testing.assert_allclose(facts["flops"][priced], expected[priced], rtol=1e-9)
+    flash = acts["op"].to_numpy() == "aten::_flash_attention_forward"
+    assert acts.loc[flash, "flops"].sum() == 24 * 4 * 16 * 16 * (559 * 560 // 2) * 64
