@@ -227,3 +227,25 @@ def test_the_cost_model_prices_kernels_with_the_same_formulas():
     np.testing.assert_allclose(facts["flops"][priced], expected[priced], rtol=1e-9)
     flash = acts["op"].to_numpy() == "aten::_flash_attention_forward"
     assert acts.loc[flash, "flops"].sum() == 24 * 4 * 16 * 16 * (559 * 560 // 2) * 64
+
+
+@pytest.mark.slow
+def test_every_shared_trace_gets_a_table_that_sums_to_its_gpu_time(shared_traces: Path):
+    from whatif.core.errors import WhatifError
+    from whatif.tracer.kinds import GPU_ACTIVITY_KINDS, codes
+
+    files = sorted(p for p in shared_traces.rglob("*") if p.name.endswith((".json", ".json.gz")))
+    tables = 0
+    for path in files:
+        try:
+            trace = load_trace(path)
+        except WhatifError:      # refused with one line (no GPU activity, not a GPU trace)
+            continue
+        ev = trace.events
+        gpu_ns = int(ev["dur_ns"].to_numpy()[np.isin(ev["kind"].to_numpy(), codes(GPU_ACTIVITY_KINDS))].sum())
+        doc = ops_table(trace)
+        assert doc.gpu_total_ns == gpu_ns == sum(r.total_ns for r in doc.rows), path
+        assert {r.bound for r in doc.rows} <= {b.value for b in Bound}, path
+        assert all(r.flops is None or r.flops >= 0 for r in doc.rows), path
+        tables += 1
+    assert tables >= 40
