@@ -4,7 +4,9 @@
 CUTLASS, cuDNN, nvjet, FlashAttention, PyTorch's ATen kernels, Triton/Inductor, NCCL/RCCL,
 hipBLASLt/Tensile ``Cijk_*``, Composable Kernel, MIOpen) and, when given, the aten op that
 launched the kernel. ``op_flops_bytes`` counts FLOPs and DRAM bytes of common aten ops from the
-``Input Dims``/``Input type`` a trace records with ``record_shapes=True``.
+``Input Dims``/``Input type``/``Concrete Inputs`` a trace records with ``record_shapes=True``: the
+one home of these formulas (docs/cost-models.md lists each with its source; ``bench/ops_flops.py``
+checks them against TraceLens's perf models).
 
 >>> classify_kernel("sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x32_stage4")
 <KernelClass.GEMM: 'gemm'>
@@ -578,49 +580,56 @@ def _varlen_lengths(total: int, seqs: int, longest: int) -> list[int]:
     return [longest] + [(total - longest) // (seqs - 1)] * (seqs - 1)
 
 
+@dataclass(frozen=True)
+class _Attention:
+    """What an attention call computes: ``batch_heads`` query heads (× batch), each over the
+    (queries, keys) of ``lengths`` (one pair per sequence), head dims ``d`` (QK) and ``dv`` (V),
+    and the K + V elements it reads (with the KV heads of their own shape: GQA)."""
+
+    batch_heads: int
+    lengths: list[tuple[int, int]]
+    d: int
+    dv: int
+    kv_elems: int
+
+
+def _attention_shape(spec: AttentionOp, q: list[int], k: list[int], v: list[int], dims,
+                     concrete: list) -> _Attention | None:
+    if spec.layout is Layout.PAGED:             # query (seqs, Hq, D); K/V cache blocks (blocks, Hkv, ...)
+        seqs, hq, d = q
+        longest = int(float(_concrete(concrete, spec.max_seqlen)))
+        return _Attention(hq, [(1, longest)] * seqs, d, d, seqs * longest * k[1] * 2 * d)
+    if len(q) == 4 and len(k) == 4:
+        if spec.layout is Layout.BHSD:
+            b, hq, sq, d = q
+            hkv, sk = k[1], k[2]
+        else:                                   # (B, S, H, D)
+            b, sq, hq, d = q
+            sk, hkv = k[1], k[2]
+        return _Attention(b * hq, [(sq, sk)], d, v[3], b * hkv * sk * (d + v[3]))
+    if len(q) == 3 and spec.layout is Layout.BSHD and spec.cu_seqlens is not None and spec.max_seqlen is not None:
+        (tq, hq, d), (tk, hkv), dv = q, k[:2], v[2]   # varlen: (tokens, H, D), cu_seqlens (B + 1,)
+        seqs = _numel(dims[spec.cu_seqlens]) - 1
+        longest_q, longest_k = (int(float(_concrete(concrete, spec.max_seqlen + i) or 0)) for i in (0, 1))
+        lengths = list(zip(_varlen_lengths(tq, seqs, longest_q), _varlen_lengths(tk, seqs, longest_k)))
+        return _Attention(hq, lengths, d, dv, tk * hkv * (d + dv))
+    return None
+
+
 def _attention(spec: AttentionOp, args, dims, concrete: list) -> tuple[int, int] | None:
     """FLOPs and bytes of an attention op (forward: QKᵀ and PV; backward: the recomputed QKᵀ
     plus dV, dP, dQ, dK, i.e. 2.5× the forward FLOPs; softmax ignored: O(1/D) of the rest)."""
     (q, eq), (k, _ek), (v, _ev) = args[spec.q], args[spec.q + 1], args[spec.q + 2]
+    shape = _attention_shape(spec, q, k, v, dims, concrete)
+    if shape is None:
+        return None
     flag = _concrete(concrete, spec.causal)
     causal = flag in ("1", "2") if spec.mask_type else flag == "True"
     bottom_right = spec.bottom_right or (spec.mask_type and flag == "2")
-    if spec.layout is Layout.PAGED:           # query (seqs, Hq, D); K/V cache blocks: (blocks, Hkv, ...)
-        seqs, hq, d = q
-        hkv = k[1]
-        longest = int(float(_concrete(concrete, spec.max_seqlen)))
-        pairs = [(1, longest)] * seqs          # decode: one query per sequence, up to max_seq_len keys
-        batch_heads, dv = hq, d
-        kv_elems = seqs * longest * hkv * (d + dv)
-    elif spec.layout is Layout.BHSD:
-        if len(q) != 4 or len(k) != 4:
-            return None
-        b, hq, sq, d = q
-        hkv, sk, dv = k[1], k[2], v[3]
-        pairs, batch_heads = [(sq, sk)], b * hq
-        kv_elems = b * hkv * sk * (d + dv)
-    elif len(q) == 4:                          # (B, S, H, D)
-        b, sq, hq, d = q
-        sk, hkv, dv = k[1], k[2], v[3]
-        pairs, batch_heads = [(sq, sk)], b * hq
-        kv_elems = b * sk * hkv * (d + dv)
-    elif len(q) == 3 and spec.cu_seqlens is not None:   # varlen: (tokens, H, D) and cu_seqlens (B + 1,)
-        (tq, hq, d), (tk, hkv, dv) = q, (k[0], k[1], v[2])
-        seqs = _numel(dims[spec.cu_seqlens]) - 1
-        assert spec.max_seqlen is not None
-        longest_q = int(float(_concrete(concrete, spec.max_seqlen) or 0))
-        longest_k = int(float(_concrete(concrete, spec.max_seqlen + 1) or 0))
-        pairs = list(zip(_varlen_lengths(tq, seqs, longest_q), _varlen_lengths(tk, seqs, longest_k)))
-        batch_heads = hq
-        kv_elems = tk * hkv * (d + dv)
-    else:
-        return None
-    unmasked = sum(causal_pairs(a, c, bottom_right) if causal else a * c for a, c in pairs)
-    flops = 2 * batch_heads * unmasked * (d + dv)
-    if spec.layout is Layout.PAGED:
-        q_elems = o_elems = seqs * hq * d
-    else:
-        q_elems, o_elems = _numel(q), _numel(q) // d * dv
+    unmasked = sum(causal_pairs(a, c, bottom_right) if causal else a * c for a, c in shape.lengths)
+    flops = 2 * shape.batch_heads * unmasked * (shape.d + shape.dv)
+    q_elems = _numel(q)
+    o_elems = q_elems // shape.d * shape.dv
     if spec.backward:   # read Q, K, V, dO; write dQ, dK, dV
-        return flops * 5 // 2, (2 * q_elems + o_elems + 2 * kv_elems) * eq
-    return flops, (q_elems + kv_elems + o_elems) * eq
+        return flops * 5 // 2, (2 * q_elems + o_elems + 2 * shape.kv_elems) * eq
+    return flops, (q_elems + shape.kv_elems + o_elems) * eq
