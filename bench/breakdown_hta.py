@@ -81,9 +81,12 @@ def _round_in(ns: np.ndarray, base: np.ndarray, up: bool) -> np.ndarray:
 
 
 def hta_window(trace: Trace, work: pd.DataFrame) -> pd.DataFrame:
-    """The activities HTA keeps, with HTA's rounding, in whatif's work table."""
+    """The activities HTA keeps, with HTA's rounding, in whatif's work table. HTA's "last
+    ProfilerStep start" is the latest start of any event so named that is not a GPU activity with
+    a correlation id, so a ``gpu_user_annotation`` step mirrored on the GPU counts too (on the
+    MI300X trace it starts 37 ms after the CPU's last step began)."""
     ev = trace.events
-    ann = ev[ev["kind"].to_numpy() == int(EventKind.ANNOTATION)]
+    ann = ev[np.isin(ev["kind"].to_numpy(), [int(EventKind.ANNOTATION), int(EventKind.GPU_ANNOTATION)])]
     is_step = np.array([step_number(str(n)) is not None and str(n).startswith("ProfilerStep#")
                         for n in ann["name"].tolist()], dtype=bool)
     last = ann[is_step].groupby("rank")["ts_ns"].max()
@@ -109,6 +112,26 @@ def hta_classes(work: pd.DataFrame) -> pd.DataFrame:
     w = work.copy()
     w["work"] = np.where(comm, "communication", np.where(mem, "memory", "compute"))
     return w
+
+
+def hta_rule_idle(work: pd.DataFrame, rank: int, kernel_wait_ns: int) -> dict[str, float]:
+    """Idle by cause with HTA's own gap rule (``_analyze_idle_time_for_stream``): each gap from the
+    *previous* activity's end in start order (not the latest end so far), every gap summed, the
+    negative ones of activities that overlap on a stream included. whatif counts a gap only where
+    nothing runs on the stream."""
+    out: dict[str, float] = {}
+    mine = work[work["rank"].to_numpy() == rank]
+    for stream in sorted(set(mine["stream"].tolist())):
+        w = mine[mine["stream"].to_numpy() == stream].sort_values("ts_ns", kind="stable")
+        ts, end, launch = w["ts_ns"].to_numpy(), w["end_ns"].to_numpy(), w["launch_ns"].to_numpy()
+        gap, prev_end = ts[1:] - end[:-1], end[:-1]
+        host = launch[1:] > prev_end
+        kernel = ~host & (gap < kernel_wait_ns)
+        s = stream.split(":")[1]
+        out[f"host_wait s{s}"] = gap[host].sum() / US
+        out[f"kernel_wait s{s}"] = gap[kernel].sum() / US
+        out[f"other s{s}"] = gap[~host & ~kernel].sum() / US
+    return out
 
 
 def figures(doc: BreakdownDocument, rank: int) -> dict[str, float]:
@@ -150,7 +173,7 @@ def main() -> int:
     if py is None:
         print("HolisticTraceAnalysis could not be installed here: skipped")
         return 0
-    worst = 0.0
+    worst = worst_rule = 0.0
     for name in TRACES:
         path = SHARED / name
         if not path.exists():
@@ -165,21 +188,27 @@ def main() -> int:
         graph = build_graph(trace)
         work = gpu_work(trace, graph)
         ours = summarize(work, trace.source, BreakdownOptions(), per_step=False)
-        inside = summarize(hta_classes(hta_window(trace, work)), trace.source, BreakdownOptions(), per_step=False)
+        window = hta_classes(hta_window(trace, work))
+        inside = summarize(window, trace.source, BreakdownOptions(), per_step=False)
         for rank in sorted({int(r["rank"]) for r in hta["temporal"]}):
             h, w, a = hta_figures(hta, rank), figures(inside, rank), figures(ours, rank)
+            x = {**w, **hta_rule_idle(window, rank, BreakdownOptions().kernel_wait_ns)}
             kept = sum(hta["kept"].get(str(rank), {}).get(c, 0) for c in ("kernel", "gpu_memcpy", "gpu_memset",
                                                                             "Kernel", "Memcpy", "Memset"))
             print(f"\n{name} rank {rank}: HTA keeps {kept} of {int((work['rank'] == rank).sum())} GPU activities "
                   f"(steps {hta['iterations'].get(str(rank))}); HTA's GPU-track events by category: "
                   f"{hta['kept'].get(str(rank))}")
-            print(f"  {'figure':<22}{'HTA':>14}{'whatif in window':>18}{'diff':>9}{'whatif, all':>14}")
+            print(f"  {'figure':<22}{'HTA':>14}{'whatif in window':>18}{'diff':>9}{'HTA gap rule':>14}{'diff':>9}"
+                  f"{'whatif, all':>14}")
             for key in h:
-                d = _rel(w.get(key, 0.0), h[key])
+                d, dx = _rel(w.get(key, 0.0), h[key]), _rel(x.get(key, 0.0), h[key])
                 if key != "overlap_pct":
                     worst = max(worst, d if h[key] > 1000 else 0.0)
-                print(f"  {key:<22}{h[key]:>14,.1f}{w.get(key, 0.0):>18,.1f}{100 * d:>8.3f}%{a.get(key, 0.0):>14,.1f}")
-    print(f"\nlargest relative difference inside HTA's window (figures over 1 ms): {100 * worst:.3f} %")
+                    worst_rule = max(worst_rule, dx if h[key] > 1000 else 0.0)
+                print(f"  {key:<22}{h[key]:>14,.1f}{w.get(key, 0.0):>18,.1f}{100 * d:>8.3f}%{x.get(key, 0.0):>14,.1f}"
+                      f"{100 * dx:>8.3f}%{a.get(key, 0.0):>14,.1f}")
+    print(f"\nlargest relative difference inside HTA's window (figures over 1 ms): {100 * worst:.3f} %; "
+          f"with HTA's gap rule: {100 * worst_rule:.3f} %")
     return 0
 
 

@@ -7,6 +7,8 @@ with one line instead of overflowing, exhausting memory or hanging later (docs/r
 * Ranks, world sizes and step numbers fit the int32/int64 columns that hold them; a plan has at
   most ``MAX_GPUS`` GPUs and a batch at most ``MAX_PARTS`` parts (a transform parameter's
   ``maximum``, checked when a scenario is read).
+* Memory: an allocator record's sizes and totals within ``MAX_MEMORY_BYTES`` = 2^50 bytes (1 PiB,
+  far above any device's memory), so that a timeline's running sums stay inside int64.
 * Serving: token counts within int32 (``MAX_TOKENS``), at most ``MAX_REQUESTS`` simulated requests
   (a config field's ``maximum``, checked by the command line and by the dataclass itself,
   :mod:`whatif.core.bounds`).
@@ -30,6 +32,7 @@ MAX_STEP = (1 << 31) - 1
 MAX_INT_PARAMETER = 1 << 53     # a scenario's integers: what a float64 holds exactly
 MAX_TOKENS = (1 << 31) - 1      # a request's or an iteration's tokens, a KV-cache block
 MAX_REQUESTS = 10 ** 6          # requests one serving simulation draws
+MAX_MEMORY_BYTES = 1 << 50      # an allocator record's Bytes / Total Allocated / Total Reserved
 DEFAULT_INFLATE_RATIO = 100
 OVER_INFLATE_CAP = "inflates to more than"   # how a refusal over the inflate cap begins (readers, uploads)
 DEFAULT_TRACE_GB = 64

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import os
 from pathlib import Path
+
+import pandas as pd
 
 from whatif.core.errors import WhatifError
 
@@ -68,3 +71,35 @@ def refuse_overwrite(paths: list[Path], force: bool) -> None:
 def gzip_bytes(data: bytes, level: int = 6) -> bytes:
     """Gzip with a zero header time, so the same input gives the same bytes."""
     return gzip.compress(data, compresslevel=level, mtime=0)
+
+
+TABLE_SUFFIXES = (".csv", ".parquet")
+"""The table formats a command's ``-o`` writes, by suffix."""
+
+
+def check_table_path(path: str | Path) -> str:
+    """The table format of ``path`` (its suffix, lower-case), or :class:`OutputError` when it is
+    not one of :data:`TABLE_SUFFIXES`: checked before the work that makes the table."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in TABLE_SUFFIXES:
+        raise OutputError(f"{path}: unknown table format (write {' or '.join(TABLE_SUFFIXES)})")
+    return suffix
+
+
+def write_table(path: str | Path, frame: pd.DataFrame) -> Path:
+    """Write ``frame`` as CSV or Parquet (pyarrow), by ``path``'s suffix, through
+    :func:`write_output`; :class:`OutputError` for another suffix.
+
+    >>> import tempfile, pathlib
+    >>> out = write_table(pathlib.Path(tempfile.mkdtemp()) / "t.csv", pd.DataFrame({"a_ns": [1, 2]}))
+    >>> out.read_text().splitlines()
+    ['a_ns', '1', '2']
+    >>> write_table("t.xlsx", pd.DataFrame())
+    Traceback (most recent call last):
+    whatif.core.output.OutputError: t.xlsx: unknown table format (write .csv or .parquet)
+    """
+    if check_table_path(path) == ".csv":
+        return write_output(path, frame.to_csv(index=False).encode())
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, index=False, engine="pyarrow")
+    return write_output(path, buffer.getvalue())

@@ -72,6 +72,14 @@ def step_exclusions(graph: TaskGraph) -> list[Exclusion | None]:
     return out
 
 
+def exclusion_reasons(graph: TaskGraph) -> dict[tuple[int, int], str]:
+    """(rank, step) -> why the step is left out of means by default, for the steps that are
+    (:func:`step_exclusions` keyed by step instead of by row)."""
+    steps = graph.steps
+    return {(int(r), int(s)): why.value for r, s, why in
+            zip(steps["rank"].tolist(), steps["step"].tolist(), step_exclusions(graph)) if why is not None}
+
+
 def counted_steps(graph: TaskGraph, options: StepOptions = COUNT_DEFAULT) -> np.ndarray:
     """Per row of ``graph.steps`` (the measured graph): whether the step counts under ``options``."""
     return np.array([options.counts(r) for r in step_exclusions(graph)], dtype=bool)

@@ -271,6 +271,9 @@ def seed_documents(tmp: Path) -> list[Doc]:
     tr.runtime("cudaLaunchKernel", 15, 3, corr=3)
     tr.flow("fwdbwd", 1, "s", 10, 1)
     tr.flow("fwdbwd", 1, "f", 15, 1)
+    tr.memory(12, 4096, addr=7, total_allocated=8192, total_reserved=1 << 20)
+    tr.memory(60, -4096, addr=7, total_allocated=4096, total_reserved=1 << 20)
+    tr.memory(70, 16, addr=None, device=-1, device_type=0)
     path = tr.write(tmp / "seed_nccl.json")
     docs.append(json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()))
     return docs
@@ -298,11 +301,13 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "predict": ("predict", "{path}", "-s", "{scenarios}/fuse_and_graph.toml", "-s", "{scenarios}/bf16_on_h100.toml",
                 "-q", "--json", "{out}.json"),
     "export": ("export", "{path}", "-o", "{out}.trace.json"),
+    "memory": ("memory", "{path}", "-q", "--json", "{out}.json", "-o", "{out}.parquet"),
+    "collectives": ("collectives", "{path}", "-q", "--json", "{out}.json", "-o", "{out}.csv"),
     "report": ("report", "{path}", "-s", "{scenarios}/bf16_on_h100.toml", "-o", "{out}.report", "-q",
                "--no-step-summary"),
     "serve": ("serve", "{path}", "--rate", "4", "--num-requests", "16", "-q", "--json", "{out}.json"),
 }
-TRACE_COMMANDS = ("analyze", "predict", "export", "report")
+TRACE_COMMANDS = ("analyze", "predict", "export", "report", "memory", "collectives")
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
 
@@ -319,10 +324,12 @@ def run_cli(path: Path, out: Path, command: str = "analyze") -> tuple[int, str]:
 
 
 def classify(code: int, stderr: str) -> str:
+    """``analyzed`` (exit 0), ``refused`` (exit 2 and only ``whatif:`` lines: one per problem, e.g.
+    one per scenario ``predict`` refused) or ``crash`` (anything else: a traceback, another exit)."""
     if code == 0:
         return "analyzed"
     lines = [x for x in stderr.strip().splitlines() if x.strip()]
-    if code == 2 and len(lines) == 1 and lines[0].startswith("whatif: "):
+    if code == 2 and lines and all(line.startswith("whatif: ") for line in lines):
         return "refused"
     return "crash"
 

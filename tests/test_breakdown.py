@@ -255,3 +255,21 @@ def test_left_out_steps_are_shown_with_their_reason(tmp_path):
 def test_a_trace_without_gpu_activity(capsys):
     assert main(["breakdown", "sample_traces/llm_serve"]) == 0
     assert "no GPU activity" in capsys.readouterr().out
+
+
+def test_epoch_launch_times_stay_exact(tmp_path):
+    """Launch times in epoch nanoseconds (~1.7e18) are beyond float64's 53 bits: carried through a
+    NaN-filled column they moved by up to 128 ns, which turned a gap that HTA calls kernel wait
+    (launch exactly at the previous end) into host wait (trace_diff_test, stream 14)."""
+    t = KinetoTrace(base_us=1661938466240491)
+    t.runtime("cudaLaunchKernel", 600630, 7, corr=1)
+    t.gpu("gemm", 600640, 10, corr=1)
+    t.runtime("cudaLaunchKernel", 600650, 7, corr=2)     # launched exactly when gemm ends
+    t.gpu("relu", 600672, 27, corr=2)
+    t.gpu("orphan", 600710, 5, corr=99)                 # no launch call in the trace
+    trace = load_trace(t.write(tmp_path / "epoch.json.gz"))
+    w = gpu_work(trace)
+    base_ns = 1661938466240491 * 1000
+    assert w["launch_ns"].tolist() == [base_ns + 600630_000, base_ns + 600650_000, -1]
+    idle = breakdown(trace).idle[0]
+    assert (idle.host_wait_ns, idle.kernel_wait_ns) == (0, 22_000 + 11_000)

@@ -488,6 +488,32 @@ def test_breakdown_page(server: Any, browser: Any, shots: Path) -> None:
     browser.save_screenshot(str(shots / "dashboard-breakdown.png"))
 
 
+def test_memory_page(server: Any, browser: Any, shots: Path) -> None:
+    """The Memory page shows the `whatif memory` document of the same run: the peak, the timeline
+    and the operators that held the peak; a run recorded without profile_memory says so."""
+    from selenium.webdriver.common.by import By
+
+    from whatif.memory import memory
+
+    browser.get(f"{server.url}/memory?run={_run_id(server, 'llm_serve')}")
+    _wait(browser, lambda b: _text(b, "mem-empty"))
+    assert "No allocator records" in _text(browser, "mem-empty")
+    if not any("Qwen" in r.label for r in server.store.runs.values()):
+        return
+    rid = _run_id(server, "Qwen")
+    browser.get(f"{server.url}/memory?run={rid}")
+    _wait(browser, lambda b: b.find_elements(By.ID, "mem-peak") and _text(b, "mem-peak"))
+    _no_error(browser)
+    analysis = server.store.get(rid).analysis
+    gpu = memory(analysis.trace, analysis.graph).devices[0]
+    assert gpu.device == "GPU 0"
+    assert _text(browser, "mem-peak") == f"{round(gpu.peak_allocated_bytes / 2**20, 1):,}"
+    assert _text(browser, "mem-at").startswith(f"step {gpu.peak_step} · aten::mul")
+    assert _cell_texts(browser, "#mem-ops td[data-dash-column='op']")[:2] == ["aten::add", "aten::addmm"]
+    _wait(browser, _settled)
+    browser.save_screenshot(str(shots / "dashboard-memory.png"))
+
+
 def test_ops_page(server: Any, browser: Any, shots: Path) -> None:
     """The Ops page shows the `whatif ops` table of the same run, longest group first, numbers first."""
     from selenium.webdriver.common.by import By

@@ -1,8 +1,8 @@
 """The short fuzzing campaign (issue 20): seeded structure-aware mutations of small traces through
-``whatif analyze``, ``predict``, ``export`` and ``report``, and of serving logs through ``serve``,
-every mutation class and command represented; a crash (traceback, or an exit that is not
-0 or one ``whatif:`` line with exit 2) fails the test with the input's class and seed. The long
-campaign is bench/fuzz.py."""
+``whatif analyze``, ``predict``, ``export``, ``report``, ``memory`` and ``collectives``, and of
+serving logs through ``serve``, every mutation class and command represented; a crash (traceback,
+or an exit that is not 0 or ``whatif:`` lines with exit 2) fails the test with the input's class
+and seed. The long campaign is bench/fuzz.py."""
 from __future__ import annotations
 
 from collections import Counter
@@ -24,8 +24,10 @@ def test_fuzz_campaign_has_no_crash(tmp_path: Path) -> None:
     assert results["analyzed"] > 0 and results["refused"] > 0
 
 
-def test_classify_counts_a_traceback_or_a_multiline_refusal_as_a_crash() -> None:
+def test_classify_counts_a_traceback_or_a_stray_line_as_a_crash() -> None:
     assert _fuzz.classify(0, "") == "analyzed"
     assert _fuzz.classify(2, "whatif: t.json: not valid JSON\n") == "refused"
-    assert _fuzz.classify(2, "whatif: a\nwhatif: b\n") == "crash"
+    assert _fuzz.classify(2, "whatif: scenario a: refused\nwhatif: scenario b: refused\n") == "refused"
+    assert _fuzz.classify(2, "whatif: a\n  File x, line 3\n") == "crash"
+    assert _fuzz.classify(2, "") == "crash"
     assert _fuzz.classify(1, "Traceback (most recent call last):\n") == "crash"

@@ -88,7 +88,7 @@ def test_json_follows_the_schema_and_is_stable(prediction: Prediction, tmp_path:
     assert fuse["speedup"] > 1 and fuse["contributors"][0]["delta_ns"] < 0
     assert fuse["critical_path_shift"][0]["category"] == "gpu" and fuse["critical_path_shift"][0]["delta_ns"] < 0
     assert doc["top_kernels"][0]["name"] == "gemm" and doc["prediction"]["schema"] == "whatif.prediction"
-    assert list(doc) == list(REPORT_SCHEMA["properties"])  # documented key order
+    assert list(doc) == REPORT_SCHEMA["required"]  # documented key order; "suggestions" only with --suggest
 
 
 def test_schema_catches_broken_documents(prediction: Prediction) -> None:
@@ -195,6 +195,32 @@ def test_serving_columns_and_thresholds_when_present(prediction: Prediction) -> 
     assert "| TTFT ms | TPOT ms |" in md and "| 60.00 | 15.00 |" in md
     with pytest.raises(ReportError, match="name none of the report's rows"):
         build_report(prediction, serving={"fsue": {}})
+
+
+def test_suggestions_are_whatif_suggest_on_the_baseline(trace: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """``report --suggest`` embeds the ``whatif suggest`` document of the same trace, the Markdown and
+    HTML show its ranking, and the JSON follows the schema with the key last."""
+    from whatif.api import analyze
+    from whatif.documents import SuggestDocument, from_json, to_json
+    from whatif.suggest import suggest
+
+    sc = write(tmp_path / "fuse.toml", SCENARIO)
+    assert main(["report", str(trace), "-s", str(sc), "-o", str(tmp_path / "out"), "--no-step-summary", "-q",
+                 "--suggest"]) == 0
+    doc = orjson.loads((tmp_path / "out" / "report.json").read_bytes())
+    validate(doc)
+    assert list(doc) == [*REPORT_SCHEMA["required"], "suggestions"]
+    expected = suggest(analyze(trace))
+    assert from_json(orjson.dumps(doc["suggestions"]), SuggestDocument) == expected and expected.suggestions
+    best = expected.suggestions[0]
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "### What to try next" in md and f"| `{best.setting}` | {best.headline.speedup:.3f}x |" in md
+    assert md.index("What to try next") < md.index("<summary><b>fuse</b>")
+    assert f"<td>{best.setting}</td>" in (tmp_path / "out" / "report.html").read_text()
+    bad = orjson.loads(to_json(expected))
+    bad["suggestions"][0]["saved_ns_per_step"] = "lots"
+    assert any("saved_ns_per_step" in e for e in errors(REPORT_SCHEMA, {**doc, "suggestions": bad}))
 
 
 def test_cli_exit_codes(trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

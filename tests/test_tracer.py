@@ -96,7 +96,10 @@ def test_2021_category_names_and_profiler_step_under_operator(tmp_path: Path) ->
               {"ph": "s", "cat": "async", "name": "launch", "id": 3, "pid": CPU_PID, "tid": 25738, "ts": BASE_US + 2},
               {"ph": "f", "cat": "async", "name": "launch", "id": 3, "pid": GPU_PID, "tid": "stream 7",
                "ts": BASE_US + 12, "bp": "e"},
-              {"ph": "i", "name": "[memory]", "pid": CPU_PID, "tid": 25738, "ts": BASE_US + 3, "s": "t"}]
+              {"ph": "i", "name": "[memory]", "pid": CPU_PID, "tid": 25738, "ts": BASE_US + 3, "s": "t",
+               "args": {"Device Type": 0, "Device Id": -1, "Bytes": 4}},
+              {"ph": "i", "name": "[memory]", "pid": CPU_PID, "tid": 25738, "ts": BASE_US + 4, "s": "t"},
+              {"ph": "i", "name": "marker", "pid": CPU_PID, "tid": 25738, "ts": BASE_US + 5, "s": "t"}]
     trace = load_trace(write(tmp_path / "old.pt.trace.json.gz", {"schemaVersion": 1, "traceEvents": events}))
     ev = trace.events
     kinds = dict(zip(ev["name"], ev["kind"]))
@@ -105,9 +108,11 @@ def test_2021_category_names_and_profiler_step_under_operator(tmp_path: Path) ->
                      "Memcpy HtoD": EventKind.MEMCPY, "Memset": EventKind.MEMSET}
     # lowercase "external id" on runtime/GPU events links them to the op's "External id"
     assert set(ev.loc[ev["name"].isin(["aten::conv2d", "cudaLaunchKernel", "gemm"]), "external_id"]) == {9}
-    # launch flows are not kept (the correlation id is the link); instants are counted
+    # launch flows are not kept (the correlation id is the link); allocator records are kept (2021: no
+    # cat, sizes only), one without args is malformed; other instants are counted
     assert trace.flows == []
     assert trace.ranks[0].skipped["launch_flow"] == 2 and trace.ranks[0].skipped["instant"] == 1
+    assert trace.memory["bytes"].tolist() == [4] and trace.ranks[0].skipped["malformed"] == 1
     assert trace.ranks[0].category_counts["Operator"] == 2
 
 

@@ -49,6 +49,17 @@ class KinetoTrace:
         self._x("cuda_sync", kind, ts, dur, device, stream, correlation=corr, cuda_sync_kind=kind, device=device,
                 stream=stream, **args)
 
+    def memory(self, ts: float, nbytes: int, addr: int | None, total_allocated: int | None = None,
+               total_reserved: int | None = None, device: int = 0, device_type: int = 1, tid: int = MAIN_TID) -> None:
+        """An allocator record (``profile_memory``): ``nbytes`` < 0 is a free; a total left None is
+        not written (as in 2021 traces)."""
+        args: dict[str, Any] = {"Device Type": device_type, "Device Id": device, "Bytes": nbytes}
+        for key, value in (("Addr", addr), ("Total Allocated", total_allocated), ("Total Reserved", total_reserved)):
+            if value is not None:
+                args[key] = value
+        self.events.append({"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": CPU_PID,
+                            "tid": tid, "ts": self.base + ts, "args": args})
+
     def flow(self, cat: str, fid: int, ph: str, ts: float, tid: int) -> None:
         self.events.append({"ph": ph, "cat": cat, "name": cat, "id": fid, "pid": CPU_PID, "tid": tid,
                             "ts": self.base + ts, **({"bp": "e"} if ph == "f" else {})})

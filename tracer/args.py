@@ -47,6 +47,7 @@ class Arg(Enum):
     CONCRETE_INPUTS = ArgSpec("concrete_inputs", ("Concrete Inputs",), (list,), default=())
     COLLECTIVE_NAME = ArgSpec("collective_name", ("Collective name",), (str,), default="")
     PROCESS_GROUP = ArgSpec("process_group", ("Process Group Name",), (str, int), default="")
+    PROCESS_GROUP_RANKS = ArgSpec("process_group_ranks", ("Process Group Ranks",), (str, list), default="")
     GROUP_SIZE = ArgSpec("group_size", ("Group size",), (int, float))
     IN_MSG_NELEMS = ArgSpec("in_msg_nelems", ("In msg nelems",), (int, float))
     OUT_MSG_NELEMS = ArgSpec("out_msg_nelems", ("Out msg nelems",), (int, float))

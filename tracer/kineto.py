@@ -32,6 +32,7 @@ from whatif.core import limits
 from whatif.core.errors import TraceError
 
 from .kinds import GPU_KINDS, IGNORED_CATEGORIES, EventKind, kind_of
+from .memory import MEMORY_EVENT_NAME, UNKNOWN, MemoryColumns
 from .readers import FileColumns, FileTrace, Flow, TraceReader, register_reader
 
 _inflate_lib: types.ModuleType
@@ -301,15 +302,24 @@ def _coerce_id(value: Any) -> int:
 _INT64_MIN, _INT64_MAX, _UINT64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
 
 
+def _fit_int64(v: int) -> int:
+    """One id as :func:`_int64` stores it.
+
+    >>> _fit_int64(7), _fit_int64(2**64 - 1), _fit_int64(2**70)
+    (7, -1, -1)
+    """
+    if _INT64_MIN <= v <= _INT64_MAX:
+        return v
+    return v - (1 << 64) if _INT64_MAX < v <= _UINT64_MAX else -1
+
+
 def _int64(values: list[int]) -> np.ndarray:
     """Python ints -> int64; unsigned 64-bit values above 2**63 wrap to negative (two's
     complement, as C++ would store them), anything outside 64 bits becomes -1."""
     try:
         return np.array(values, dtype=np.int64)
     except OverflowError:
-        return np.array([v if _INT64_MIN <= v <= _INT64_MAX else
-                         (v - (1 << 64) if _INT64_MAX < v <= _UINT64_MAX else -1) for v in values],
-                        dtype=np.int64)
+        return np.array([_fit_int64(v) for v in values], dtype=np.int64)
 
 
 def _us_to_ns(values: list[int | float], path: Path, what: str, bound_ns: int) -> np.ndarray:
@@ -551,17 +561,45 @@ def _parse_events(path: Path, events: list[_Event], metadata: dict[str, Any], ma
         ts_ns=ts_ns, dur_ns=np.maximum(_us_to_ns(dur_l, path, "duration", limits.MAX_DURATION_NS), 0),
         kind=kind, name_code=name_codes, names=names, pid=pid, tid=tid, device=device, stream=stream,
         correlation=_int64(corr_l), external_id=_int64(ext_l), args=args_l)
-    flows, thread_names, process_names, skipped = _other_events(rest, base_ns, interned)
+    flows, thread_names, process_names, memory, skipped = _other_events(rest, base_ns, interned)
     skipped["malformed"] += malformed
     return FileTrace(path=path, columns=columns, flows=flows, metadata=metadata,
                      thread_names=thread_names, process_names=process_names,
-                     category_counts=category_counts, skipped=skipped)
+                     category_counts=category_counts, skipped=skipped, memory=memory)
+
+
+_MemoryRow = tuple[int, int, int, int, int, int, int, int, int]
+
+
+def _memory_row(ev: _Event, base_ns: int, interned: _StringIds) -> _MemoryRow | None:
+    """An allocator record as a :class:`~whatif.tracer.memory.MemoryColumns` row, or None when it
+    is malformed (no time, or no integer ``Bytes``/``Device Type``)."""
+    args, ts = ev.args, ev.ts
+    if args.__class__ is not dict or ts.__class__ not in (int, float) or not abs(ts) <= limits.MAX_TIME_NS / 1000:
+        return None
+    size, dtype = args.get("Bytes"), args.get("Device Type")
+    if size.__class__ is not int or dtype.__class__ is not int or not abs(size) <= limits.MAX_MEMORY_BYTES:
+        return None
+
+    def known(key: str) -> int:
+        value = args.get(key)
+        return value if value.__class__ is int and 0 <= value <= limits.MAX_MEMORY_BYTES else UNKNOWN
+
+    dev = args.get("Device Id")
+    addr = args.get("Addr")
+    return (base_ns + _scalar_us_to_ns(ts), _fit_int64(_int_id(ev.pid, interned)),
+            _fit_int64(_int_id(ev.tid, interned)),
+            dtype if abs(dtype) < 1 << 15 else UNKNOWN, dev if dev.__class__ is int and abs(dev) < 1 << 31 else UNKNOWN,
+            size, known("Total Allocated"), known("Total Reserved"),
+            addr if addr.__class__ is int and 0 <= addr < 1 << 63 else UNKNOWN)
 
 
 def _other_events(events: list[_Event], base_ns: int, interned: _StringIds
-                  ) -> tuple[list[Flow], dict[tuple[int, int], str], dict[int, str], dict[str, int]]:
-    """Flows, thread/process names and skip counts from the events that are not ``ph: "X"``."""
+                  ) -> tuple[list[Flow], dict[tuple[int, int], str], dict[int, str], MemoryColumns, dict[str, int]]:
+    """Flows, thread/process names, allocator records and skip counts from the events that are
+    not ``ph: "X"``."""
     flows: list[Flow] = []
+    memory: list[_MemoryRow] = []
     thread_names: dict[tuple[int, int], str] = {}
     process_names: dict[int, str] = {}
     skipped = {"instant": 0, "malformed": 0, "launch_flow": 0, "other_phase": 0}
@@ -592,12 +630,17 @@ def _other_events(events: list[_Event], base_ns: int, interned: _StringIds
                 elif ev.name == "process_name":
                     process_names[_int_id(ev.pid, interned)] = label.strip()
         elif ph == "i" or ph == "I":
-            skipped["instant"] += 1
+            if ev.name != MEMORY_EVENT_NAME:
+                skipped["instant"] += 1
+            elif (row := _memory_row(ev, base_ns, interned)) is not None:
+                memory.append(row)
+            else:
+                skipped["malformed"] += 1
         elif ph.__class__ is str:
             skipped["other_phase"] += 1
         else:
             skipped["malformed"] += 1
-    return flows, thread_names, process_names, skipped
+    return flows, thread_names, process_names, MemoryColumns.from_rows(memory), skipped
 
 
 def step_number(name: str) -> int | None:

@@ -18,9 +18,9 @@ import pandas as pd
 
 from whatif.core.dtypes import element_bytes
 from whatif.core.kernels import collective_kind, is_collective
-from whatif.tracer.args import Arg
+from whatif.tracer.args import Arg, arg_column
 from whatif.tracer.kinds import EventKind
-from whatif.tracer.trace import Trace
+from whatif.tracer.trace import Trace, per_name
 
 
 @dataclass(frozen=True)
@@ -50,21 +50,26 @@ def collective_points(trace: Trace) -> list[CollectivePoint]:
     kernels = np.flatnonzero(ev["kind"].to_numpy() == int(EventKind.KERNEL))
     if len(kernels) == 0:
         return []
-    names = ev["name"].astype(str).to_numpy()
-    coll = [k for k in kernels.tolist() if is_collective(names[k])]
-    if not coll:
+    coll = kernels[per_name(ev["name"], is_collective)[kernels]]
+    if not len(coll):
         return []
-    group_size = trace.arg(Arg.GROUP_SIZE)
-    coll_name, dtype = trace.arg(Arg.COLLECTIVE_NAME), trace.arg(Arg.DTYPE)
-    in_nelems, out_nelems = trace.arg(Arg.IN_MSG_NELEMS), trace.arg(Arg.OUT_MSG_NELEMS)
+    names = ev["name"].astype(str).to_numpy()
     ext = ev["external_id"].to_numpy()
     ranks = ev["rank"].to_numpy()
-    ops = np.flatnonzero((ev["kind"].to_numpy() == int(EventKind.CPU_OP)) & (ext >= 0))
     # the CPU op that launched a kernel records the arguments when the kernel does not
+    launched = set(zip(ranks[coll].tolist(), ext[coll].tolist()))
+    ops = np.flatnonzero((ev["kind"].to_numpy() == int(EventKind.CPU_OP)) & (ext >= 0))
+    ops = np.asarray([r for r, key in zip(ops.tolist(), zip(ranks[ops].tolist(), ext[ops].tolist()))
+                      if key in launched], dtype=np.int64)
+    rows = np.concatenate([coll, ops])  # arguments are read for these rows only (a job has millions)
+    values = {arg: dict(zip(rows.tolist(), arg_column(ev, arg, rows).tolist()))
+              for arg in (Arg.GROUP_SIZE, Arg.COLLECTIVE_NAME, Arg.DTYPE, Arg.IN_MSG_NELEMS, Arg.OUT_MSG_NELEMS)}
+    group_size, coll_name, dtype = values[Arg.GROUP_SIZE], values[Arg.COLLECTIVE_NAME], values[Arg.DTYPE]
+    in_nelems, out_nelems = values[Arg.IN_MSG_NELEMS], values[Arg.OUT_MSG_NELEMS]
     op_row = {(int(ranks[r]), int(ext[r])): r for r in ops.tolist() if group_size[r] is not None}
     out: list[CollectivePoint] = []
     dur = ev["dur_ns"].to_numpy()
-    for k in coll:
+    for k in coll.tolist():
         row = k if group_size[k] is not None else op_row.get((int(ranks[k]), int(ext[k])))
         if row is None:
             continue

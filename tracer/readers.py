@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -36,6 +36,7 @@ from whatif.core.errors import TraceError
 from whatif.core.plugins import load_plugins
 
 from .kinds import EventKind
+from .memory import MemoryColumns
 
 ENTRY_POINT_GROUP = "whatif.trace_readers"
 BUILTIN_MODULES = ("whatif.tracer.kineto",)
@@ -131,6 +132,7 @@ class FileTrace:
     process_names: dict[int, str]
     category_counts: dict[str, int]
     skipped: dict[str, int]
+    memory: MemoryColumns = field(default_factory=MemoryColumns.empty)
 
     @property
     def distributed_info(self) -> dict[str, Any]:

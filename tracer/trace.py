@@ -34,6 +34,7 @@ from whatif.core.errors import TraceError
 from .args import Arg, arg_column
 from .kinds import GPU_ACTIVITY_KINDS, EventKind, codes
 from .kineto import gc_paused
+from .memory import memory_frame
 from .readers import FileTrace, Flow, accepted, is_trace_file, read_file, reader_for
 
 LAUNCH_NAMES = ("LaunchKernel", "GraphLaunch", "LaunchCooperativeKernel", "ModuleLaunchKernel")
@@ -78,6 +79,8 @@ class Trace:
     events: pd.DataFrame
     ranks: list[RankInfo]
     flows: list[tuple[int, Flow]] = field(default_factory=list)  # (rank, flow end)
+    memory: pd.DataFrame = field(default_factory=lambda: memory_frame([], []))
+    """Allocator records (``profile_memory``) of every rank: :data:`~whatif.tracer.memory.MEMORY_COLUMNS`."""
     _arg_columns: dict[Arg, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
     _op_index: pd.Series | None = field(default=None, repr=False, compare=False)
 
@@ -243,4 +246,5 @@ def _load_files(paths: list[Path]) -> Trace:
              for ft, r in zip(files, ranks)]
     flows = [(r, fl) for ft, r in zip(files, ranks) for fl in ft.flows]
     events = _to_frame(files, ranks)
-    return Trace(events=events, ranks=sorted(infos, key=lambda i: i.rank), flows=flows)
+    return Trace(events=events, ranks=sorted(infos, key=lambda i: i.rank), flows=flows,
+                 memory=memory_frame([ft.memory for ft in files], ranks))

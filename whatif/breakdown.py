@@ -43,7 +43,7 @@ from whatif.core.bounds import check_fields
 from whatif.core.kernels import KernelClass, classify_kernel, is_collective
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph
 from whatif.documents import BreakdownDocument, ClassTime, IdleGaps, LaunchDelays, QueueLength, TemporalBreakdown
-from whatif.predictors.steps import step_exclusions
+from whatif.predictors.steps import exclusion_reasons
 from whatif.tracer.kinds import GPU_ACTIVITY_KINDS, GPU_MEMORY_KINDS, EventKind, codes
 from whatif.tracer.trace import Trace, per_name
 
@@ -132,13 +132,13 @@ def gpu_work(trace: Trace, graph: TaskGraph | None = None) -> pd.DataFrame:
     calls = np.flatnonzero(np.isin(kinds, codes({EventKind.RUNTIME, EventKind.DRIVER})) & (corr >= 0))
     call_index = pd.MultiIndex.from_arrays([rank[calls], corr[calls]])
     first = ~call_index.duplicated(keep="first")   # the outer call: rows sorted by start, longer first
-    launch = pd.DataFrame({"launch_ns": ts[calls][first], "launch_end_ns": end[calls][first]},
-                          index=call_index[first])
-    keys = pd.MultiIndex.from_arrays([rank[rows], corr[rows]])
-    found = launch.reindex(keys)
-    has = corr[rows] >= 0
-    launch_ns = np.where(has, found["launch_ns"].fillna(-1).to_numpy(), -1).astype(np.int64)
-    launch_end_ns = np.where(has, found["launch_end_ns"].fillna(-1).to_numpy(), -1).astype(np.int64)
+    # positions, not a reindexed frame: a NaN fill would pass epoch nanoseconds through float64,
+    # which keeps only 53 bits (a launch time off by up to 128 ns)
+    where = call_index[first].get_indexer(pd.MultiIndex.from_arrays([rank[rows], corr[rows]]))
+    has = (corr[rows] >= 0) & (where >= 0)
+    pick = np.maximum(where, 0)
+    launch_ns = np.where(has, ts[calls][first][pick], -1).astype(np.int64)
+    launch_end_ns = np.where(has, end[calls][first][pick], -1).astype(np.int64)
 
     step = np.full(len(rows), OUTSIDE_STEPS, dtype=np.int64)
     op: list[str | None] = [None] * len(rows)
@@ -238,14 +238,6 @@ def _classes(rank: int, step: int, w: pd.DataFrame) -> list[ClassTime]:
                       share=round(float(by.loc[c, "sum"]) / total, 4) if total else 0.0) for c in order]
 
 
-def _excluded(graph: TaskGraph | None) -> dict[tuple[int, int], str]:
-    if graph is None:
-        return {}
-    steps = graph.steps
-    return {(int(r), int(s)): why.value for r, s, why in
-            zip(steps["rank"].tolist(), steps["step"].tolist(), step_exclusions(graph)) if why is not None}
-
-
 def _by(work: pd.DataFrame, column: str) -> Iterable[tuple[Any, pd.DataFrame]]:
     values = work[column].to_numpy()
     for value in sorted(set(values.tolist())):
@@ -272,7 +264,8 @@ def breakdown(trace: Trace, graph: TaskGraph | None = None,
         classed by its op); None: rank rows only.
     options : thresholds (:class:`BreakdownOptions`).
     """
-    return summarize(gpu_work(trace, graph), trace.source, options, _excluded(graph), per_step=graph is not None)
+    excluded = exclusion_reasons(graph) if graph is not None else {}
+    return summarize(gpu_work(trace, graph), trace.source, options, excluded, per_step=graph is not None)
 
 
 def summarize(work: pd.DataFrame, source: str, options: BreakdownOptions = BreakdownOptions(),

@@ -18,6 +18,8 @@ from whatif.core.errors import WhatifError
 COMMANDS: dict[str, str] = {
     "analyze": "Replay a trace and summarize measured vs predicted step times",
     "breakdown": "Where each GPU's time went: idle, compute, communication, idle causes, launch delays, queues",
+    "memory": "The memory timeline: peak allocated/reserved per device, what held it, per step and operator",
+    "collectives": "The collectives of a multi-rank job: bus bandwidth, arrival skew, stragglers, per rank",
     "ops": "Per-op roofline table: time, FLOPs, bytes, achieved TFLOP/s and TB/s, share of the roofline, bound",
     "export": "Write the predicted timeline as a Chrome/Kineto trace (Perfetto, HTA)",
     "predict": "Predict step times under what-if scenarios (TOML files of transforms)",

@@ -39,6 +39,8 @@ __all__ = [
     "ChangeEntry",
     "Check",
     "ClassTime",
+    "CollectiveCall",
+    "CollectivesDocument",
     "Contributor",
     "CriticalPathEntry",
     "DitIterationModel",
@@ -63,6 +65,11 @@ __all__ = [
     "LlmSweepCurve",
     "LlmSweepDocument",
     "LlmSweepPoint",
+    "MemoryDevice",
+    "MemoryDocument",
+    "MemoryOp",
+    "MemorySeries",
+    "MemoryStep",
     "NotJsonError",
     "OpRow",
     "OpsDocument",
@@ -71,6 +78,7 @@ __all__ = [
     "PredictionDocument",
     "ProfilerOffset",
     "QueueLength",
+    "RankCollectives",
     "RankEntry",
     "ReportDocument",
     "ReportRow",
@@ -488,6 +496,146 @@ class BreakdownDocument(Entry, frozen=True, kw_only=True):
     classes: list[ClassTime]
 
 
+# --- whatif.collectives ---------------------------------------------------------------------
+
+
+class CollectiveCall(Entry, frozen=True, kw_only=True):
+    """One collective across the loaded ranks (``ranks``): the ``occurrence``-th call of ``key``
+    (collective name and process group, else kernel name). Times on the lowest rank's clock;
+    ``waited_ns`` sums every rank's wait for the last arrival (``straggler``); ``algbw_gbps`` =
+    ``message_bytes`` / ``transfer_ns`` and ``busbw_gbps`` = algbw x the bus factor of ``kind`` at
+    ``group_size`` (GB/s = bytes/ns), None where the trace records no size."""
+
+    key: str
+    occurrence: int
+    kind: str
+    step: int
+    message_bytes: float | None
+    group_size: int | None
+    ranks: list[int]
+    span: str
+    first_arrival_ns: int
+    skew_ns: int
+    transfer_ns: int
+    straggler: int | None
+    waited_ns: int
+    algbw_gbps: float | None
+    busbw_gbps: float | None
+
+
+class RankCollectives(Entry, frozen=True, kw_only=True):
+    """One rank's collectives: time transferring, time waiting for later peers, how often it was
+    the last to arrive, and the waiting that cost the others."""
+
+    rank: int
+    calls: int
+    transfer_ns: int
+    waited_ns: int
+    straggler_calls: int
+    caused_wait_ns: int
+
+
+class CollectivesDocument(Entry, frozen=True, kw_only=True):
+    """The ``whatif.collectives`` v1 document (``whatif collectives --json``)."""
+
+    schema: Literal["whatif.collectives"] = "whatif.collectives"
+    version: Literal[1] = 1
+    source: str
+    ranks_per_node: int | None
+    calls: list[CollectiveCall]
+    ranks: list[RankCollectives]
+
+
+# --- whatif.memory ---------------------------------------------------------------------------
+
+
+class MemoryDevice(Entry, frozen=True, kw_only=True):
+    """One device's allocator records on one rank: how many, how much, and the peak.
+
+    ``baseline`` says what the byte figures are measured from: ``"recorded"`` when every record
+    carries the allocator's ``Total Allocated`` (PyTorch >= 1.13), ``"relative"`` when only the
+    sizes are known (2021 traces): the running sum from 0 at the first record, so the memory
+    allocated before the recording began is not in it. ``held_at_peak_unrecorded_bytes``: the part
+    of the peak that no record in the trace allocated (made before the recording began; None when
+    the baseline is relative or the records carry no addresses)."""
+
+    rank: int
+    device: str
+    records: int
+    allocations: int
+    frees: int
+    allocated_bytes: int
+    freed_bytes: int
+    baseline: Literal["recorded", "relative"]
+    first_ns: int
+    last_ns: int
+    start_allocated_bytes: int
+    end_allocated_bytes: int
+    peak_allocated_bytes: int
+    peak_ns: int
+    peak_step: int
+    peak_op: str
+    peak_reserved_bytes: int | None
+    held_at_peak_unrecorded_bytes: int | None
+
+
+class MemoryStep(Entry, frozen=True, kw_only=True):
+    """Allocated memory over one step of one device (records in the step's time window on the rank):
+    before its first record, its peak, after its last record."""
+
+    rank: int
+    device: str
+    step: int
+    excluded: str | None
+    records: int
+    allocated_bytes: int
+    start_allocated_bytes: int
+    peak_allocated_bytes: int
+    end_allocated_bytes: int
+
+
+class MemoryOp(Entry, frozen=True, kw_only=True):
+    """The records of one device made inside one operator (the innermost aten op on the recording
+    thread, else its innermost annotation or module). ``net_bytes`` = allocated - freed inside it;
+    ``held_at_peak_bytes``: bytes it allocated that were still allocated at the device's peak
+    (None when records carry no addresses)."""
+
+    rank: int
+    device: str
+    op: str
+    allocations: int
+    allocated_bytes: int
+    freed_bytes: int
+    net_bytes: int
+    held_at_peak_bytes: int | None
+
+
+class MemorySeries(Entry, frozen=True, kw_only=True):
+    """One device's allocated (and reserved) bytes after each record, in time order; thinned to
+    the document's ``max_points`` by keeping each bucket's lowest and highest point (the peak is
+    always kept). ``reserved_bytes`` is None when the records carry no ``Total Reserved``."""
+
+    rank: int
+    device: str
+    points: int
+    ts_ns: list[int]
+    allocated_bytes: list[int]
+    reserved_bytes: list[int] | None
+
+
+class MemoryDocument(Entry, frozen=True, kw_only=True):
+    """The ``whatif.memory`` v1 document (``whatif memory --json``)."""
+
+    schema: Literal["whatif.memory"] = "whatif.memory"
+    version: Literal[1] = 1
+    source: str
+    max_points: int
+    devices: list[MemoryDevice]
+    steps: list[MemoryStep]
+    ops: list[MemoryOp]
+    timeline: list[MemorySeries]
+
+
 # --- whatif.ops ------------------------------------------------------------------------------
 
 
@@ -611,6 +759,7 @@ class ReportDocument(Entry, frozen=True, kw_only=True):
     top_ops: list[TopEntry]
     top_layers: list[TopEntry]
     prediction: PredictionDocument
+    suggestions: SuggestDocument | UnsetType = UNSET  # ``whatif report --suggest``
 
 
 # --- whatif.serving and whatif.serving-sweep ------------------------------------------------
@@ -866,7 +1015,7 @@ ServingDocument = Union[LlmServingDocument, DitServingDocument]  # noqa: UP007 -
 SweepDocument = Union[LlmSweepDocument, DitSweepDocument]  # noqa: UP007
 Document = Union[AnalysisDocument, PredictionDocument, ReportDocument, LlmServingDocument,  # noqa: UP007
                  DitServingDocument, LlmSweepDocument, DitSweepDocument, SuggestDocument,
-                 BreakdownDocument]
+                 BreakdownDocument, MemoryDocument, CollectivesDocument]
 D = TypeVar("D", bound=Entry)
 
 _JSON_OPTIONS = orjson.OPT_INDENT_2

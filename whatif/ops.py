@@ -26,11 +26,9 @@ True
 """
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 
 import msgspec
 import numpy as np
@@ -40,14 +38,13 @@ from whatif.breakdown import gpu_work
 from whatif.core.dtypes import dtype_in_kernel_name, op_dtype
 from whatif.core.errors import WhatifError
 from whatif.core.kernels import KernelClass, classify_kernel, duration_shares, op_flops_bytes
-from whatif.core.output import write_output
 from whatif.documents import OpRow, OpsDocument
 from whatif.hardware.devices import Device, find_device, get_device
 from whatif.hardware.roofline import compute_peak, roofline_time_ns
 from whatif.tracer.args import Arg
 from whatif.tracer.trace import Trace
 
-__all__ = ["SHORT_NS", "Bound", "GroupBy", "activities", "bound", "ops_table", "write_table"]
+__all__ = ["SHORT_NS", "Bound", "GroupBy", "activities", "bound", "ops_table", "table_frame"]
 
 SHORT_NS = 5_000
 """An activity shorter than this (mean over a group) is latency-bound: its fixed costs (launch,
@@ -266,16 +263,3 @@ def table_frame(doc: OpsDocument) -> pd.DataFrame:
     """The rows of an ops document as a table, one column per field (CSV and Parquet)."""
     return pd.DataFrame([msgspec.structs.asdict(r) for r in doc.rows],
                         columns=list(OpRow.__struct_fields__))
-
-
-def write_table(doc: OpsDocument, path: str | Path) -> Path:
-    """Write the rows as CSV (``.csv``) or Parquet (``.parquet``); WhatifError for another suffix."""
-    path = Path(path)
-    frame = table_frame(doc)
-    if path.suffix == ".csv":
-        return write_output(path, frame.to_csv(index=False).encode())
-    if path.suffix == ".parquet":
-        buffer = io.BytesIO()
-        frame.to_parquet(buffer, index=False)
-        return write_output(path, buffer.getvalue())
-    raise WhatifError(f"{path}: the table is written as .csv or .parquet")

@@ -141,6 +141,15 @@ def ms_text(ns: float) -> str:
     return f"{ns / 1e6:,.3f}"
 
 
+def mib_text(nbytes: float) -> str:
+    """Bytes as MiB in text tables: ``1,024.0``.
+
+    >>> mib_text(3 * 2**20 + 2**19), mib_text(-2**20)
+    ('3.5', '-1.0')
+    """
+    return f"{nbytes / 2**20:,.1f}"
+
+
 def render_text(doc: AnalysisDocument, console: Any, steps: bool = False) -> None:
     """Print the summary with rich tables on ``console`` (a :class:`rich.console.Console`):
     compact by default (step statistics, the mean critical path over the counted steps); with

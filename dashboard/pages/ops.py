@@ -108,4 +108,4 @@ def register(app: dash.Dash) -> None:
         return (body(run_id, by),)
 
 
-PAGE = Page(path="/ops", title="Ops", order=27, layout=layout, register_callbacks=register)
+PAGE = Page(path="/ops", title="Ops", order=24, layout=layout, register_callbacks=register)

@@ -64,7 +64,7 @@ class CuptiSession:
             raise OptionError("--wait/--warmup/--active/--repeat need --backend torch "
                               "(the cupti backend records the whole run)")
         if options.record_shapes or options.with_stack or options.profile_memory:
-            raise OptionError("--record-shapes/--with-stack/--profile-memory need --backend torch "
+            raise OptionError("--record-shapes/--with-stack/--memory need --backend torch "
                               "(CUPTI does not see CPU operators)")
         self._cupti = check_cupti_available()
         self.gpu = True

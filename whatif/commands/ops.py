@@ -8,20 +8,17 @@ import argparse
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
-from whatif.core.output import OutputError, refuse_overwrite
-from whatif.documents import OpsDocument, write_json
-from whatif.ops import GroupBy, ops_table, write_table
+from whatif.documents import OpsDocument
+from whatif.ops import GroupBy, ops_table, table_frame
 from whatif.report.diff_text import short_name
 from whatif.summary import console, ms_text
 from whatif.tracer.readers import accepted
 from whatif.tracer.trace import load_trace
 
 from ._progress import working
+from ._tables import check_outputs, print_table, write_outputs
 from ._values import positive_int
-
-TABLE_SUFFIXES = (".csv", ".parquet")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,17 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.output is not None:
-        if args.output.suffix not in TABLE_SUFFIXES:
-            raise OutputError(f"{args.output}: the table is written as {' or '.join(TABLE_SUFFIXES)}")
-        refuse_overwrite([args.output], args.force)
+    check_outputs(args)
     with working(f"whatif ops: reading {args.path}", args.quiet) as status:
         trace = load_trace(args.path)
         status(f"whatif ops: pricing the ops of {args.path}")
         doc = ops_table(trace, args.by)
-    written = [write_table(doc, args.output)] if args.output is not None else []
-    if args.json:
-        written.append(write_json(args.json, doc))
+    written = write_outputs(args, doc, table_frame(doc))
     if not args.quiet:
         render_ops(doc, console(), top=args.top)
         for path in written:
@@ -67,17 +59,16 @@ def render_ops(doc: OpsDocument, out: Console, top: int = 20) -> None:
     if not doc.rows:
         out.print("no GPU activity (kernel, copy or memset) in this trace: no ops to price")
         return
-    t = Table(show_edge=False)
-    for col in ("total ms", "share", "count", "mean us", "GFLOP", "MB", "FLOP/B", "TFLOP/s", "TB/s",
-                "roof TFLOP/s", "% roof", "bound", "op", "shapes", "dtype"):
-        t.add_column(col, justify="left" if col in ("bound", "op", "shapes", "dtype") else "right")
+    columns = ["total ms", "share", "count", "mean us", "GFLOP", "MB", "FLOP/B", "TFLOP/s", "TB/s", "roof TFLOP/s",
+               "% roof", "bound", "op", "shapes", "dtype"]
+    rows = []
     for r in doc.rows[:top]:
         name = r.op if not r.kernel else f"{r.op} / {r.kernel}"
-        t.add_row(ms_text(r.total_ns), f"{100 * r.total_ns / doc.gpu_total_ns:.1f} %", str(r.count),
-                  f"{r.mean_ns / 1e3:,.1f}", _num(None if r.flops is None else r.flops / 1e9, ",.2f"),
-                  _num(None if r.bytes is None else r.bytes / 1e6, ",.2f"), _num(r.intensity, ",.1f"),
-                  _num(r.achieved_tflops, ",.2f"), _num(r.achieved_tbps, ".3f"), _num(r.roofline_tflops, ",.1f"),
-                  _num(r.roofline_pct, ".1f"), r.bound, short_name(name, 48), short_name(r.shapes, 40), r.dtype)
-    out.print(t)
+        rows.append([ms_text(r.total_ns), f"{100 * r.total_ns / doc.gpu_total_ns:.1f} %", str(r.count),
+                     f"{r.mean_ns / 1e3:,.1f}", _num(None if r.flops is None else r.flops / 1e9, ",.2f"),
+                     _num(None if r.bytes is None else r.bytes / 1e6, ",.2f"), _num(r.intensity, ",.1f"),
+                     _num(r.achieved_tflops, ",.2f"), _num(r.achieved_tbps, ".3f"), _num(r.roofline_tflops, ",.1f"),
+                     _num(r.roofline_pct, ".1f"), r.bound, short_name(name, 48), short_name(r.shapes, 40), r.dtype])
+    print_table(out, "", columns, rows, text={11, 12, 13, 14})
     if len(doc.rows) > top:
         out.print(f"({len(doc.rows) - top} more rows: --top, -o table.csv or --json for all)")

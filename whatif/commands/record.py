@@ -41,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_argument_group("what to record")
     what.add_argument("--record-shapes", action="store_true", help="input shapes of each op")
     what.add_argument("--with-stack", action="store_true", help="Python call stacks (larger, slower)")
-    what.add_argument("--profile-memory", action="store_true", help="tensor allocations")
+    what.add_argument("--memory", "--profile-memory", dest="profile_memory", action="store_true",
+                      help="allocator records of every tensor allocation and free, for whatif memory (torch.profiler's "
+                           "profile_memory)")
     what.add_argument("--duration", type=positive_float, metavar="S",
                       help="stop recording after S seconds of wall-clock time (for programs without steps)")
     what.add_argument("--step-on", metavar="MODULE:FUNCTION",

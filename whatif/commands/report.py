@@ -22,6 +22,7 @@ from whatif.predictors.steps import StepOptions
 from whatif.report.api import FILE_NAMES, FORMATS, parse_formats, parse_percent, write_report
 from whatif.report.document import load_report, load_serving
 from whatif.report.thresholds import parse
+from whatif.suggest import suggest
 from whatif.transforms.scenario import load_scenario
 
 from ._dataclass_args import from_args
@@ -43,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fail when a mean step time grew by more than PCT (e.g. 5%%) over --baseline")
     parser.add_argument("--serving", type=Path, metavar="SERVING.json",
                         help="TTFT/TPOT per scenario from 'whatif serve --json' run with the same scenarios")
+    parser.add_argument("--suggest", action="store_true",
+                        help="also rank every optimization whatif knows on the trace (whatif suggest) under "
+                             "'What to try next'")
     parser.add_argument("--no-step-summary", action="store_true", help="do not append to $GITHUB_STEP_SUMMARY")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only failures")
 
@@ -61,10 +65,12 @@ def run(args: argparse.Namespace) -> int:
     serving = load_serving(args.serving) if args.serving else None
     cost = from_args(CostConfig, args)
     scenarios = [load_scenario(p) for p in args.scenario]
-    with working(f"whatif report: predicting {len(scenarios)} scenario(s) on {args.path}", args.quiet):
+    with working(f"whatif report: predicting {len(scenarios)} scenario(s) on {args.path}", args.quiet) as status:
         prediction = predict(analyze(args.path, from_args(StepOptions, args)), scenarios, cost_model=cost.cost_model)
+        suggestions = suggest(prediction.baseline, cost_model=cost.cost_model,
+                              progress=lambda what: status(f"whatif report: suggest: {what}")) if args.suggest else None
     report = write_report(prediction, args.out, formats, thresholds, args.baseline, limit,
-                          step_summary=not args.no_step_summary, serving=serving)
+                          step_summary=not args.no_step_summary, serving=serving, suggestions=suggestions)
     if not args.quiet:
         for row in report.document.rows:
             print(f"{row.name}: {row.mean_step_ns / 1e6:,.3f} ms, {row.speedup:.3f}x")

@@ -15,6 +15,7 @@ from whatif.core.errors import WhatifError
 from whatif.documents import (
     PREDICTION_SCHEMA,
     REPORT_SCHEMA,
+    UNSET,
     AnalysisDocument,
     BaselinePrediction,
     BaselineReportRef,
@@ -30,6 +31,7 @@ from whatif.documents import (
     RowServing,
     ScenarioPrediction,
     StepBreakdown,
+    SuggestDocument,
     from_json,
     mean_breakdown_ns,
 )
@@ -230,13 +232,15 @@ def report_document(prediction: PredictionDocument, analysis: AnalysisDocument |
                     thresholds: Sequence[Threshold | str] = (),
                     baseline_report: ReportDocument | PredictionDocument | None = None,
                     max_regression: float | None = None, baseline_path: str | None = None,
-                    serving: Mapping[str, RowServing] | None = None) -> ReportDocument:
+                    serving: Mapping[str, RowServing] | None = None,
+                    suggestions: SuggestDocument | None = None) -> ReportDocument:
     """The ``whatif.report`` v1 document.
 
     ``prediction``: a ``whatif.prediction`` document; ``analysis``: the baseline's
     ``whatif.analysis`` document (for top kernels/ops/layers; optional); ``thresholds``:
     ``--fail-if`` expressions; ``baseline_report`` + ``max_regression``: the regression check;
-    ``serving``: TTFT/TPOT per row (see :func:`with_serving`), when the prediction has none.
+    ``serving``: TTFT/TPOT per row (see :func:`with_serving`), when the prediction has none;
+    ``suggestions``: the baseline's ``whatif.suggest`` document, ranked optimizations to try next.
     """
     if serving:
         prediction = with_serving(prediction, serving)
@@ -263,6 +267,7 @@ def report_document(prediction: PredictionDocument, analysis: AnalysisDocument |
         top_ops=analysis.top_ops if analysis is not None else [],
         top_layers=analysis.top_layers if analysis is not None else [],
         prediction=prediction,
+        suggestions=UNSET if suggestions is None else suggestions,
     )
 
 

@@ -8,10 +8,10 @@ from typing import Any
 import plotly.graph_objects as go
 
 from whatif import figures
-from whatif.documents import LatencyStats, ReportDocument, counted
+from whatif.documents import LatencyStats, ReportDocument, SuggestDocument, counted
 from whatif.summary import excluded_line
 
-from .markdown import ICON, ms
+from .markdown import ICON, SUGGEST_ROWS, ms
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1100px; color: #222; }
@@ -71,6 +71,21 @@ def _checks(report: ReportDocument) -> str:
     return "<h2>Checks</h2>" + _table(["status", "check", "values"], rows) if rows else ""
 
 
+def _suggestions(report: ReportDocument) -> str:
+    doc = report.suggestions
+    if not isinstance(doc, SuggestDocument):
+        return ""
+    rows = [f"<tr>{_td(s.setting)}{_td(f'{s.headline.speedup:.3f}x', True)}{_td(ms(s.saved_ns_per_step), True)}"
+            f"{_td('; '.join(s.where) or '-')}{_td(s.headline.cap.reason if s.headline.cap else '-')}</tr>"
+            for s in doc.suggestions[:SUGGEST_ROWS]]
+    skipped = "".join(f"<li>{html.escape(k.transform)}: {html.escape(k.reason)}</li>" for k in doc.skipped)
+    return ("<h2>What to try next (whatif suggest)</h2>"
+            + (_table(["optimization, alone", "predicted speedup", "saved ms/step", "acts on", "cap"], rows) if rows
+               else "<p>No optimization whatif knows applies to this trace.</p>")
+            + (f"<details><summary>Not tried: {len(doc.skipped)} transform(s)</summary><ul>{skipped}</ul></details>"
+               if skipped else ""))
+
+
 def render_html(report: ReportDocument) -> str:
     """The whole page; plotly.js is inlined once, before the first figure."""
     divs = []
@@ -88,5 +103,5 @@ def render_html(report: ReportDocument) -> str:
     status += "".join(f"<p>{html.escape(n)}</p>" for n in notes if n)
     return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>{status}{_summary(report)}"
-            f"{_checks(report)}<h2>Figures</h2>{''.join(divs)}"
+            f"{_checks(report)}{_suggestions(report)}<h2>Figures</h2>{''.join(divs)}"
             f"<p>whatif {html.escape(report.whatif_version)}</p></body></html>\n")

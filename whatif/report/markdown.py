@@ -10,6 +10,7 @@ from whatif.documents import (
     ReportDocument,
     ScenarioPrediction,
     Stat,
+    SuggestDocument,
     counted,
     mean_breakdown_ns,
 )
@@ -113,6 +114,27 @@ def scenario_details(scenario: ScenarioPrediction, baseline: BaselinePrediction)
                     f"{n:,} task changes, {scenario.speedup:.3f}x", body)
 
 
+SUGGEST_ROWS = 5
+"""Suggestions shown in a report (the document keeps them all)."""
+
+
+def suggest_section(report: ReportDocument) -> list[str]:
+    """The optimizations ``whatif suggest`` ranked on the baseline, and what it could not try."""
+    doc = report.suggestions
+    if not isinstance(doc, SuggestDocument):
+        return []
+    rows = [[f"`{cell(s.setting, 50)}`", f"{s.headline.speedup:.3f}x", ms(s.saved_ns_per_step),
+             cell("; ".join(s.where) or "-", 60), cell(s.headline.cap.reason if s.headline.cap else "-", 60)]
+            for s in doc.suggestions[:SUGGEST_ROWS]]
+    out = ["### What to try next (`whatif suggest`)", ""]
+    out += [*_table(["optimization, alone", "predicted speedup", "saved ms/step", "acts on", "cap"], rows, "lrrll"),
+            ""] if rows else ["No optimization whatif knows applies to this trace.", ""]
+    if doc.skipped:
+        out += _details(f"Not tried: {len(doc.skipped)} transform(s)",
+                        [f"- `{k.transform}`: {cell(k.reason, 120)}" for k in doc.skipped])
+    return out
+
+
 def top_details(report: ReportDocument) -> list[str]:
     out = []
     for rows, title in ((report.top_kernels, "kernels"), (report.top_ops, "ops"), (report.top_layers, "layers")):
@@ -139,6 +161,7 @@ def render_markdown(report: ReportDocument) -> str:
     lines += [*summary_table(report), ""]
     if report.checks:
         lines += ["### Checks", "", *checks_table(report), ""]
+    lines += suggest_section(report)
     for s in pred.scenarios:
         lines += scenario_details(s, base)
     lines += top_details(report)

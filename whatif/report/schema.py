@@ -55,7 +55,19 @@ PREDICTION_SCHEMA: dict[str, Any] = _obj({
     })),
 })
 
-REPORT_SCHEMA: dict[str, Any] = _obj({
+_SUGGEST = _obj({
+    "schema": {"const": "whatif.suggest"},
+    "version": {"const": 1},
+    "source": _STR,
+    "device": _OPT_STR,
+    "baseline_mean_step_ns": _INT,
+    "suggestions": _list(_obj({"rank": _INT, "transform": _STR, "setting": _STR, "params": {"type": "object"},
+                               "headline": {"type": "object"}, "saved_ns_per_step": _INT, "where": _list(_STR),
+                               "others": {"type": "object", "additionalProperties": _NUM}})),
+    "skipped": _list(_obj({"transform": _STR, "reason": _STR})),
+})
+
+_REPORT_PROPERTIES: dict[str, Any] = {
     "schema": {"const": "whatif.report"},
     "version": {"const": 1},
     "whatif_version": _STR,
@@ -89,7 +101,9 @@ REPORT_SCHEMA: dict[str, Any] = _obj({
     "top_ops": _TOP,
     "top_layers": _TOP,
     "prediction": PREDICTION_SCHEMA,
-})
+    "suggestions": _SUGGEST,
+}
+REPORT_SCHEMA: dict[str, Any] = _obj(_REPORT_PROPERTIES, required=[k for k in _REPORT_PROPERTIES if k != "suggestions"])
 
 _TYPES: dict[str, Any] = {"object": dict, "array": list, "string": str, "null": type(None), "boolean": bool}
 

@@ -1,0 +1,102 @@
+"""Allocator records (``profile_memory``): what a memory event is, defined once.
+
+With ``profile_memory=True`` PyTorch's profiler writes one instant event named ``[memory]`` per
+allocation and free of its allocators (the CUDA/HIP caching allocator and the CPU allocator):
+``Bytes`` (negative for a free), ``Addr``, ``Device Type`` and ``Device Id``, and, since 2022,
+the allocator's running ``Total Allocated`` and ``Total Reserved`` after the event. The reader
+keeps them as :class:`MemoryColumns`; :func:`whatif.tracer.trace.load_trace` joins the files'
+columns into ``Trace.memory`` (one row per record, every rank).
+
+``Device Type`` is c10's ``DeviceType`` code (``c10/core/DeviceType.h``): 0 CPU, 1 CUDA, 6 HIP
+(ROCm builds that report HIP), others for accelerators whatif does not analyze.
+
+>>> device_label(1, 0), device_label(6, 2), device_label(0, -1), device_label(13, 0)
+('GPU 0', 'GPU 2', 'CPU', 'device type 13:0')
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+import pandas as pd
+
+MEMORY_EVENT_NAME = "[memory]"
+"""The name of an allocator record (an instant event, ``ph: "i"``)."""
+
+UNKNOWN = -1
+"""A ``Total Allocated``/``Total Reserved``/``Addr`` the record does not carry."""
+
+
+class DeviceType(IntEnum):
+    """The c10 device types whatif tells apart in allocator records."""
+
+    CPU = 0
+    CUDA = 1
+    HIP = 6
+
+
+GPU_DEVICE_TYPES = frozenset({DeviceType.CUDA, DeviceType.HIP})
+"""Device types whose allocations are GPU memory."""
+
+
+def device_label(device_type: int, device_id: int) -> str:
+    """How a record's device reads in tables: ``GPU <id>``, ``CPU``, or the raw code."""
+    if device_type in GPU_DEVICE_TYPES:
+        return f"GPU {device_id}"
+    if device_type == DeviceType.CPU:
+        return "CPU"
+    return f"device type {device_type}:{device_id}"
+
+
+@dataclass
+class MemoryColumns:
+    """One file's allocator records as parallel arrays, in file order (times in nanoseconds,
+    ``baseTimeNanoseconds`` applied; :data:`UNKNOWN` where a record lacks a field)."""
+
+    ts_ns: np.ndarray                  # int64
+    pid: np.ndarray                    # int64
+    tid: np.ndarray                    # int64
+    device_type: np.ndarray            # int16, c10 DeviceType
+    device_id: np.ndarray              # int32
+    bytes: np.ndarray                  # int64, negative for a free
+    total_allocated_bytes: np.ndarray  # int64
+    total_reserved_bytes: np.ndarray   # int64
+    addr: np.ndarray                   # int64
+
+    def __len__(self) -> int:
+        return len(self.ts_ns)
+
+    @classmethod
+    def empty(cls) -> MemoryColumns:
+        return cls.from_rows([])
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[tuple[int, int, int, int, int, int, int, int, int]]) -> MemoryColumns:
+        """Columns from ``(ts_ns, pid, tid, device_type, device_id, bytes, total_allocated_bytes,
+        total_reserved_bytes, addr)`` tuples.
+
+        >>> MemoryColumns.from_rows([(5, 1, 1, 1, 0, 512, 1024, 2048, 7)]).total_reserved_bytes.tolist()
+        [2048]
+        """
+        cols = list(zip(*rows)) if rows else [()] * 9
+        dtypes = (np.int64, np.int64, np.int64, np.int16, np.int32, np.int64, np.int64, np.int64, np.int64)
+        arrays = [np.array(c, dtype=d) for c, d in zip(cols, dtypes)]
+        return cls(*arrays)
+
+
+MEMORY_COLUMNS = ("rank", "ts_ns", "pid", "tid", "device_type", "device_id", "bytes",
+                  "total_allocated_bytes", "total_reserved_bytes", "addr")
+"""The columns of ``Trace.memory``, in order."""
+
+
+def memory_frame(columns: Sequence[MemoryColumns], ranks: Sequence[int]) -> pd.DataFrame:
+    """Every file's records in one table, sorted by (rank, ts_ns) and, at equal times, in file
+    order (the allocator's own order)."""
+    data = {"rank": np.concatenate([np.full(len(c), r, dtype=np.int32) for c, r in zip(columns, ranks)]
+                                   or [np.zeros(0, dtype=np.int32)])}
+    for key in MEMORY_COLUMNS[1:]:
+        data[key] = np.concatenate([getattr(c, key) for c in columns] or [getattr(MemoryColumns.empty(), key)])
+    order = np.lexsort((data["ts_ns"], data["rank"]))
+    return pd.DataFrame({k: data[k][order] for k in MEMORY_COLUMNS}, copy=False)

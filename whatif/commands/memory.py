@@ -1,0 +1,93 @@
+"""The memory timeline of a trace recorded with profile_memory (whatif record --memory): the peak of
+allocated and reserved bytes per device, when it happened (step, operator), which operators held
+the memory at the peak, and allocated bytes per step. -o writes every allocator record with what
+was derived from it as a table (.csv or .parquet). See docs/memory.md."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from whatif.depgraph.build import build_graph
+from whatif.documents import MemoryDocument
+from whatif.memory import MemoryOptions, memory, memory_table
+from whatif.report.diff_text import short_name
+from whatif.summary import console, mib_text, ms_text
+from whatif.tracer.readers import accepted
+from whatif.tracer.trace import load_trace
+
+from ._dataclass_args import add_dataclass_arguments, from_args
+from ._progress import working
+from ._tables import check_outputs, print_table, write_outputs
+from ._values import positive_int
+
+NO_RECORDS = ("no allocator records in this trace: record it with profile_memory "
+              "(whatif record --memory, or torch.profiler.profile(profile_memory=True))")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", type=Path, help=f"trace file ({accepted()}), folder of per-rank traces, or run folder")
+    parser.add_argument("-o", "--output", type=Path, metavar="TABLE",
+                        help="write every allocator record with its allocated/reserved bytes, step and op (.csv or "
+                             ".parquet)")
+    parser.add_argument("-f", "--force", action="store_true", help="overwrite the -o table if it exists")
+    parser.add_argument("--json", type=Path, metavar="OUT", help="also write the whatif.memory JSON document here")
+    parser.add_argument("--steps", action="store_true", help="a row per step and device (default: per device)")
+    parser.add_argument("--top", type=positive_int, default=10, help="operators per device (default 10)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json or -o)")
+    add_dataclass_arguments(parser, MemoryOptions)
+
+
+def run(args: argparse.Namespace) -> int:
+    options = from_args(MemoryOptions, args)
+    check_outputs(args)
+    with working(f"whatif memory: reading {args.path}", args.quiet) as status:
+        trace = load_trace(args.path)
+        status(f"whatif memory: building the graph of {args.path}")
+        doc = memory(trace, build_graph(trace), options)
+        table = memory_table(trace) if args.output else None
+    written = write_outputs(args, doc, table)
+    if not args.quiet:
+        render_memory(doc, console(), steps=args.steps, top=args.top)
+        for path in written:
+            print(f"wrote {path}")
+    return 0
+
+
+def _step(step: int) -> str:
+    return "-" if step < 0 else str(step)
+
+
+def render_memory(doc: MemoryDocument, out: Console, steps: bool = False, top: int = 10) -> None:
+    """The device, per-step and operator tables, numbers first after the rank and device."""
+    out.print(f"whatif memory: {doc.source}")
+    if not doc.devices:
+        out.print(NO_RECORDS)
+        return
+    relative = any(d.baseline == "relative" for d in doc.devices)
+    print_table(out, "allocated memory per device (MiB" + ("; relative: from 0 at the first record, the trace has "
+                                                       "sizes only)" if relative else ")"),
+           ["rank", "device", "peak", "peak reserved", "start", "end", "at ms", "step", "allocations", "baseline",
+            "op at the peak"],
+           [[str(d.rank), d.device, mib_text(d.peak_allocated_bytes),
+             mib_text(d.peak_reserved_bytes) if d.peak_reserved_bytes is not None else "-",
+             mib_text(d.start_allocated_bytes), mib_text(d.end_allocated_bytes), ms_text(d.peak_ns - d.first_ns),
+             _step(d.peak_step), f"{d.allocations:,}", d.baseline, short_name(d.peak_op, 40)] for d in doc.devices],
+           text={0, 1, 9, 10})
+    if steps:
+        print_table(out, "allocated memory per step (MiB)",
+               ["rank", "device", "step", "start", "peak", "end", "allocated", "records"],
+               [[str(s.rank), s.device, f"{s.step}{f' ({s.excluded})' if s.excluded else ''}",
+                 mib_text(s.start_allocated_bytes), mib_text(s.peak_allocated_bytes), mib_text(s.end_allocated_bytes),
+                 mib_text(s.allocated_bytes), f"{s.records:,}"] for s in doc.steps], text={0, 1, 2})
+    for d in doc.devices:
+        ops = [o for o in doc.ops if o.rank == d.rank and o.device == d.device][:top]
+        held = d.held_at_peak_unrecorded_bytes
+        note = (f"; {mib_text(held)} MiB of the peak was allocated before the recording" if held is not None else
+                "; the records carry no addresses: nothing is matched to the peak")
+        print_table(out, f"rank {d.rank} {d.device}: operators by memory held at the peak (MiB){note}",
+               ["held at peak", "allocated", "freed", "net", "allocations", "op"],
+               [[mib_text(o.held_at_peak_bytes) if o.held_at_peak_bytes is not None else "-",
+                 mib_text(o.allocated_bytes), mib_text(o.freed_bytes), mib_text(o.net_bytes), f"{o.allocations:,}",
+                 short_name(o.op, 60)] for o in ops], text={5})

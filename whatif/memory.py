@@ -1,0 +1,324 @@
+"""The memory timeline of a trace recorded with ``profile_memory`` (``whatif record --memory``):
+allocated and reserved bytes per device over time, the peak and what held it, per step and per
+operator.
+
+Every allocator record of every rank counts (``Trace.memory``, :mod:`whatif.tracer.memory`);
+records are grouped by rank and device (each GPU, the CPU). A record belongs to
+
+* the **step** whose ``ProfilerStep#N`` window on its rank holds its time (any thread), and
+* the **operator** that made it: the innermost aten op enclosing it on its own thread, else the
+  innermost annotation or module there (``(no op)`` outside any CPU event).
+
+The allocated bytes after each record are the allocator's own ``Total Allocated`` when every
+record of the device carries it, else the running sum of the records' sizes from 0 (2021 traces;
+``baseline`` says which). At the peak, the blocks still allocated are matched to the records that
+allocated them by address, so each operator's ``held_at_peak_bytes`` is what it allocated and had
+not freed at the peak; what no record allocated was allocated before the recording began.
+
+>>> from whatif.tracer.trace import load_trace
+>>> doc = memory(load_trace("../shared/traces/hta/df_index_resolver_v100_rank1of2.json.gz"))  # doctest: +SKIP
+>>> doc.devices[0].device, doc.devices[0].peak_allocated_bytes                                   # doctest: +SKIP
+('GPU 1', 6375419904)
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from whatif.core.bounds import check_fields
+from whatif.depgraph.graph import TaskGraph
+from whatif.depgraph.hierarchy import CpuHierarchy, build_hierarchy
+from whatif.documents import MemoryDevice, MemoryDocument, MemoryOp, MemorySeries, MemoryStep
+from whatif.predictors.steps import exclusion_reasons
+from whatif.tracer.kinds import EventKind
+from whatif.tracer.kineto import step_number
+from whatif.tracer.memory import GPU_DEVICE_TYPES, UNKNOWN, device_label
+from whatif.tracer.trace import Trace
+
+__all__ = ["NO_OP", "OUTSIDE_STEPS", "MemoryOptions", "device_order", "memory", "memory_table", "thin"]
+
+NO_OP = "(no op)"
+"""The operator of a record made outside any CPU event of its thread."""
+OUTSIDE_STEPS = -1
+"""The step of a record outside every ``ProfilerStep`` window of its rank."""
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    max_points: int = field(default=2000, metadata={
+        "minimum": 4, "maximum": 10_000_000,
+        "help": "points per device in the timeline of the JSON document and the dashboard (default 2000; "
+                "each bucket keeps its lowest and highest point, so the peak is always kept)"})
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+def device_order(device_type: int, device_id: int) -> tuple[int, int]:
+    """Sort key of a device: GPUs first, by index, then the CPU and others.
+
+    >>> sorted([(0, -1), (1, 1), (1, 0)], key=lambda d: device_order(*d))
+    [(1, 0), (1, 1), (0, -1)]
+    """
+    return (0 if device_type in GPU_DEVICE_TYPES else 1, device_id)
+
+
+def thin(values: np.ndarray, max_points: int) -> np.ndarray:
+    """Indices of at most ``max_points`` points of a series that keep its shape: the series cut
+    into ``max_points // 2`` runs of consecutive points, each keeping its lowest and highest one
+    (so the global maximum is always kept), in order.
+
+    >>> thin(np.array([0, 5, 1, 9, 2, 3, 8, 0]), 4).tolist()
+    [0, 3, 6, 7]
+    >>> thin(np.array([1, 2]), 4).tolist()
+    [0, 1]
+    """
+    n = len(values)
+    if n <= max_points:
+        return np.arange(n)
+    bounds = np.linspace(0, n, max_points // 2 + 1).astype(np.int64)
+    keep: list[int] = []
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        if b > a:
+            part = values[a:b]
+            keep.extend((a + int(np.argmin(part)), a + int(np.argmax(part))))
+    return np.unique(np.asarray(keep, dtype=np.int64))
+
+
+@dataclass
+class _Device:
+    """One device's records of one rank, in time order, with what the analysis derives."""
+
+    rank: int
+    device_type: int
+    device_id: int
+    frame: pd.DataFrame        # rows of Trace.memory
+    ops: np.ndarray            # object: the operator of each record
+    steps: np.ndarray          # int: the step of each record
+    allocated: np.ndarray      # int64: allocated bytes after each record
+    recorded: bool             # allocated is the allocator's Total Allocated
+
+    @property
+    def label(self) -> str:
+        return device_label(self.device_type, self.device_id)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return self.frame["bytes"].to_numpy()
+
+    @property
+    def reserved(self) -> np.ndarray | None:
+        """Reserved bytes after each record, when every record says and they are not all 0 (the
+        CPU allocator reserves nothing)."""
+        values = self.frame["total_reserved_bytes"].to_numpy()
+        return values if len(values) and (values != UNKNOWN).all() and values.any() else None
+
+    @property
+    def peak(self) -> int:
+        """Position of the (first) highest allocated value."""
+        return int(np.argmax(self.allocated))
+
+    def held_at_peak(self) -> dict[str, int] | None:
+        """Operator -> bytes it allocated that were still allocated at the peak; None without
+        addresses. Frees and reallocations are matched by address, in record order."""
+        addrs = self.frame["addr"].to_numpy()
+        if (addrs == UNKNOWN).all():
+            return None
+        live: dict[int, tuple[str, int]] = {}
+        sizes = self.sizes
+        for i in range(self.peak + 1):
+            addr, size = int(addrs[i]), int(sizes[i])
+            if addr == UNKNOWN:
+                continue
+            if size > 0:
+                live[addr] = (str(self.ops[i]), size)
+            elif size < 0:
+                live.pop(addr, None)
+        held: dict[str, int] = {}
+        for op, size in live.values():
+            held[op] = held.get(op, 0) + size
+        return held
+
+
+def _record_ops(trace: Trace, hierarchy: CpuHierarchy) -> np.ndarray:
+    """Per row of ``trace.memory``: the innermost aten op enclosing the record on its thread, else
+    the innermost annotation or module, else :data:`NO_OP`."""
+    mem = trace.memory
+    out = np.full(len(mem), NO_OP, dtype=object)
+    if not len(mem) or not len(hierarchy.rows):
+        return out
+    sub = trace.events.iloc[hierarchy.rows]
+    ts = sub["ts_ns"].to_numpy()
+    end = ts + sub["dur_ns"].to_numpy()
+    names = sub["name"].astype(str).to_numpy()
+    label = np.where(pd.isna(hierarchy.op), np.where(pd.isna(hierarchy.layer), names, hierarchy.layer), hierarchy.op)
+    kinds = sub["kind"].to_numpy()
+    label = np.where((kinds == int(EventKind.ANNOTATION)) & pd.isna(hierarchy.op) & pd.isna(hierarchy.layer),
+                     NO_OP, label)  # a bare step or phase window names no operator
+    threads = pd.DataFrame({"rank": sub["rank"].to_numpy(), "pid": sub["pid"].to_numpy(),
+                            "tid": sub["tid"].to_numpy()})
+    starts = threads.groupby(["rank", "pid", "tid"], sort=False).indices
+    parent = hierarchy.parent
+    for key, rows in mem.groupby(["rank", "pid", "tid"], sort=False).indices.items():
+        mine = starts.get(key)
+        if mine is None:
+            continue
+        mine_ts = ts[mine]
+        rows = np.asarray(rows)
+        for row, t in zip(rows.tolist(), mem["ts_ns"].to_numpy()[rows].tolist()):
+            j = int(np.searchsorted(mine_ts, t, side="right")) - 1
+            pos = int(mine[j]) if j >= 0 else -1
+            while pos >= 0 and end[pos] < t:
+                pos = int(parent[pos])
+            if pos >= 0:
+                out[row] = label[pos]
+    return out
+
+
+def _step_windows(trace: Trace) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per rank: the ``ProfilerStep#N`` windows (begin, end, N) in begin order."""
+    ev = trace.events
+    ann = ev[ev["kind"].to_numpy() == int(EventKind.ANNOTATION)]
+    numbers = ann["name"].astype(str).map(step_number)
+    ann = ann[numbers.notna().to_numpy()]
+    numbers = numbers[numbers.notna()].astype(np.int64)
+    out = {}
+    for rank in np.unique(ann["rank"].to_numpy()).tolist():
+        mine = ann["rank"].to_numpy() == rank
+        begin = ann["ts_ns"].to_numpy()[mine]
+        order = np.argsort(begin, kind="stable")
+        out[int(rank)] = (begin[order], (begin + ann["dur_ns"].to_numpy()[mine])[order],
+                          numbers.to_numpy()[mine][order])
+    return out
+
+
+def _record_steps(trace: Trace) -> np.ndarray:
+    """Per row of ``trace.memory``: the step whose window on the rank holds it, else -1."""
+    mem = trace.memory
+    out = np.full(len(mem), OUTSIDE_STEPS, dtype=np.int64)
+    ranks = mem["rank"].to_numpy()
+    ts = mem["ts_ns"].to_numpy()
+    for rank, (begin, end, number) in _step_windows(trace).items():
+        rows = np.flatnonzero(ranks == rank)
+        j = np.searchsorted(begin, ts[rows], side="right") - 1
+        inside = (j >= 0) & (ts[rows] <= end[np.maximum(j, 0)])
+        out[rows[inside]] = number[j[inside]]
+    return out
+
+
+def _devices(trace: Trace) -> Iterator[_Device]:
+    mem = trace.memory
+    if not len(mem):
+        return
+    hierarchy = build_hierarchy(trace.events)
+    ops = _record_ops(trace, hierarchy)
+    steps = _record_steps(trace)
+    groups: dict[tuple[int, int, int], np.ndarray] = {}
+    keys = mem[["rank", "device_type", "device_id"]].to_numpy()
+    for rows in mem.groupby(["rank", "device_type", "device_id"], sort=False).indices.values():
+        rows = np.asarray(rows)
+        r, t, d = keys[rows[0]].tolist()
+        groups[(r, t, d)] = rows
+    for rank, dtype, dev in sorted(groups, key=lambda k: (k[0], *device_order(k[1], k[2]))):
+        rows = groups[(rank, dtype, dev)]
+        frame = mem.iloc[rows]
+        totals = frame["total_allocated_bytes"].to_numpy()
+        recorded = bool((totals != UNKNOWN).all())
+        allocated = totals if recorded else np.cumsum(frame["bytes"].to_numpy())
+        yield _Device(rank, dtype, dev, frame, ops[rows], steps[rows], allocated, recorded)
+
+
+def _device_entry(d: _Device, held: dict[str, int] | None) -> MemoryDevice:
+    sizes, allocated, peak = d.sizes, d.allocated, d.peak
+    reserved = d.reserved
+    ts = d.frame["ts_ns"].to_numpy()
+    unrecorded = int(allocated[peak]) - sum(held.values()) if held is not None and d.recorded else None
+    return MemoryDevice(
+        rank=d.rank, device=d.label, records=len(sizes), allocations=int((sizes > 0).sum()),
+        frees=int((sizes < 0).sum()), allocated_bytes=int(sizes[sizes > 0].sum()),
+        freed_bytes=int(-sizes[sizes < 0].sum()), baseline="recorded" if d.recorded else "relative",
+        first_ns=int(ts[0]), last_ns=int(ts[-1]), start_allocated_bytes=int(allocated[0] - sizes[0]),
+        end_allocated_bytes=int(allocated[-1]), peak_allocated_bytes=int(allocated[peak]), peak_ns=int(ts[peak]),
+        peak_step=int(d.steps[peak]), peak_op=str(d.ops[peak]),
+        peak_reserved_bytes=int(reserved.max()) if reserved is not None else None,
+        held_at_peak_unrecorded_bytes=unrecorded)
+
+
+def _step_entries(d: _Device, excluded: dict[tuple[int, int], str]) -> list[MemoryStep]:
+    out = []
+    before = d.allocated - d.sizes
+    for step in sorted(set(d.steps.tolist()) - {OUTSIDE_STEPS}):
+        rows = np.flatnonzero(d.steps == step)
+        sizes = d.sizes[rows]
+        out.append(MemoryStep(rank=d.rank, device=d.label, step=step, excluded=excluded.get((d.rank, step)),
+                              records=len(rows), allocated_bytes=int(sizes[sizes > 0].sum()),
+                              start_allocated_bytes=int(before[rows[0]]),
+                              peak_allocated_bytes=int(max(before[rows[0]], d.allocated[rows].max())),
+                              end_allocated_bytes=int(d.allocated[rows[-1]])))
+    return out
+
+
+def _op_entries(d: _Device, held: dict[str, int] | None) -> list[MemoryOp]:
+    frame = pd.DataFrame({"op": d.ops.astype(str), "alloc": np.maximum(d.sizes, 0), "free": np.maximum(-d.sizes, 0),
+                          "n": (d.sizes > 0).astype(np.int64)})
+    sums = frame.groupby("op", sort=True)[["alloc", "free", "n"]].sum()
+    entries = [MemoryOp(rank=d.rank, device=d.label, op=str(op), allocations=int(r.n), allocated_bytes=int(r.alloc),
+                        freed_bytes=int(r.free), net_bytes=int(r.alloc - r.free),
+                        held_at_peak_bytes=None if held is None else held.get(str(op), 0))
+               for op, r in sums.iterrows()]
+    return sorted(entries, key=lambda e: (-(e.held_at_peak_bytes or 0), -e.allocated_bytes, e.op))
+
+
+def _series(d: _Device, max_points: int) -> MemorySeries:
+    keep = thin(d.allocated, max_points)
+    reserved = d.reserved
+    return MemorySeries(rank=d.rank, device=d.label, points=len(d.allocated),
+                        ts_ns=d.frame["ts_ns"].to_numpy()[keep].tolist(), allocated_bytes=d.allocated[keep].tolist(),
+                        reserved_bytes=None if reserved is None else reserved[keep].tolist())
+
+
+def memory(trace: Trace, graph: TaskGraph | None = None, options: MemoryOptions = MemoryOptions()) -> MemoryDocument:
+    """The memory timeline of ``trace`` (its ``profile_memory`` allocator records).
+
+    Parameters
+    ----------
+    trace : the event table (:func:`whatif.tracer.trace.load_trace`); a trace recorded without
+        ``profile_memory`` gives a document with no devices.
+    graph : its dependency graph, for the steps left out of means (warm-up, partial); None: no
+        step is marked.
+    options : :class:`MemoryOptions`.
+
+    Raises
+    ------
+    WhatifError : from :class:`MemoryOptions` for a ``max_points`` out of bounds.
+    """
+    excluded = exclusion_reasons(graph) if graph is not None else {}
+    devices, steps, ops, timeline = [], [], [], []
+    for d in _devices(trace):
+        held = d.held_at_peak()
+        devices.append(_device_entry(d, held))
+        steps.extend(_step_entries(d, excluded))
+        ops.extend(_op_entries(d, held))
+        timeline.append(_series(d, options.max_points))
+    return MemoryDocument(source=trace.source, max_points=options.max_points, devices=devices, steps=steps, ops=ops,
+                          timeline=timeline)
+
+
+def memory_table(trace: Trace) -> pd.DataFrame:
+    """Every allocator record with what the timeline derives from it, one row each (what
+    ``whatif memory -o`` writes): ``rank``, ``device``, ``ts_ns``, ``bytes`` (negative: a free),
+    ``allocated_bytes`` and ``reserved_bytes`` after it (reserved: <NA> when not recorded),
+    ``step`` (-1 outside steps), ``op``; grouped by rank and device, in time order."""
+    parts = []
+    for d in _devices(trace):
+        reserved = d.reserved
+        parts.append(pd.DataFrame({
+            "rank": np.full(len(d.sizes), d.rank, dtype=np.int32), "device": d.label,
+            "ts_ns": d.frame["ts_ns"].to_numpy(), "bytes": d.sizes, "allocated_bytes": d.allocated,
+            "reserved_bytes": pd.array(reserved if reserved is not None else [None] * len(d.sizes), dtype="Int64"),
+            "step": d.steps, "op": d.ops.astype(str)}))
+    columns = ["rank", "device", "ts_ns", "bytes", "allocated_bytes", "reserved_bytes", "step", "op"]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({c: [] for c in columns})
