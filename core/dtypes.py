@@ -14,6 +14,7 @@ Spellings are compared after :func:`normalize` (lower case, no ``c10::`` prefix)
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
 
 
@@ -94,6 +95,16 @@ def compute_dtype(type_name: str | None) -> DType | None:
         return None
     entry = _SPELLINGS.get(normalize(str(type_name)))
     return entry[1] if entry else None
+
+
+def op_dtype(input_types: Sequence[str] | None) -> str:
+    """The dtype an op computes in: its first argument whose ``Input type`` is a compute dtype
+    ("" when none is).
+
+    >>> op_dtype(["", "c10::BFloat16", "float"]), op_dtype(["Scalar"])
+    ('bf16', '')
+    """
+    return next((d.value for d in map(compute_dtype, input_types or []) if d is not None), "")
 
 
 def dtype_in_kernel_name(name: str) -> DType | None:

@@ -4,7 +4,9 @@
 CUTLASS, cuDNN, nvjet, FlashAttention, PyTorch's ATen kernels, Triton/Inductor, NCCL/RCCL,
 hipBLASLt/Tensile ``Cijk_*``, Composable Kernel, MIOpen) and, when given, the aten op that
 launched the kernel. ``op_flops_bytes`` counts FLOPs and DRAM bytes of common aten ops from the
-``Input Dims``/``Input type`` a trace records with ``record_shapes=True``.
+``Input Dims``/``Input type``/``Concrete Inputs`` a trace records with ``record_shapes=True``: the
+one home of these formulas (docs/cost-models.md lists each with its source; ``bench/ops_flops.py``
+checks them against TraceLens's perf models).
 
 >>> classify_kernel("sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x32_stage4")
 <KernelClass.GEMM: 'gemm'>
@@ -20,7 +22,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import Enum
+
+import numpy as np
 
 from .dtypes import DEFAULT_ELEMENT_BYTES, element_bytes
 
@@ -244,6 +249,17 @@ def _numel(dims: Sequence[int]) -> int:
     return math.prod(int(d) for d in dims)
 
 
+def duration_shares(op_index: np.ndarray, dur_ns: np.ndarray) -> np.ndarray:
+    """Each kernel's share of its launching op's work: its duration over the op's kernels' total
+    (each counted as at least 1 ns), so an op's FLOPs and bytes land on the kernels that did them.
+
+    >>> duration_shares(np.array([0, 0, 1]), np.array([300.0, 100.0, 0.0])).tolist()
+    [0.75, 0.25, 1.0]
+    """
+    w = np.maximum(np.asarray(dur_ns, dtype=float), 1.0)
+    return w / np.bincount(op_index, weights=w)[op_index]
+
+
 def _tensors(dims: Sequence, types: Sequence | None) -> list[tuple[list[int], int] | None]:
     """(shape, bytes per element) of each argument that looks like a tensor, else None."""
     out: list[tuple[list[int], int] | None] = []
@@ -263,49 +279,64 @@ def _tensors(dims: Sequence, types: Sequence | None) -> list[tuple[list[int], in
 def _gemm(m: int, n: int, k: int, batch: int, esz: int, out_esz: int | None = None,
           bias: int = 0) -> tuple[int, int]:
     out_esz = out_esz or esz
-    flops = 2 * batch * m * n * k
+    flops = 2 * batch * m * n * k + (batch * m * n if bias else 0)   # the bias: one add per output
     nbytes = batch * (m * k + k * n) * esz + batch * m * n * out_esz + bias
     return flops, nbytes
 
 
+# FLOPs per output element: one per arithmetic operation, a transcendental (exp, tanh, rsqrt…)
+# counting one, as TraceLens's elementwise perf models do; copies and fills do none.
 _ELEMENTWISE_FLOPS: dict[str, int] = {
     "add": 1, "add_": 1, "sub": 1, "sub_": 1, "mul": 1, "mul_": 1, "div": 1, "div_": 1,
     "relu": 1, "relu_": 1, "threshold_backward": 1, "neg": 1, "clamp": 1, "clamp_min": 1,
-    "clamp_min_": 1, "where": 1, "masked_fill": 1, "abs": 1, "copy_": 0, "_to_copy": 0,
-    "gelu": 8, "silu": 4, "silu_": 4, "sigmoid": 4, "tanh": 4, "exp": 4, "rsqrt": 2, "pow": 2,
-    "sqrt": 2, "dropout": 2, "addcmul_": 2, "addcdiv_": 2, "lerp_": 2, "fill_": 0, "zero_": 0,
+    "clamp_min_": 1, "where": 1, "masked_fill": 1, "abs": 1, "_to_copy": 0,
+    "gelu": 1, "silu": 1, "silu_": 1, "sigmoid": 1, "tanh": 1, "exp": 1, "rsqrt": 1, "pow": 1,
+    "sqrt": 1, "dropout": 2, "addcmul_": 2, "addcdiv_": 2, "lerp_": 2, "fill_": 0, "zero_": 0,
 }
+_LAYER_NORMS = ("layer_norm", "native_layer_norm", "group_norm", "native_group_norm")
+_BATCH_NORMS = ("batch_norm", "native_batch_norm", "cudnn_batch_norm")
+_RMS_NORMS = ("rms_norm", "_fused_rms_norm")
 
 
 def op_flops_bytes(op_name: str, input_dims: Sequence | None,
-                   input_types: Sequence | None = None) -> tuple[int, int] | None:
+                   input_types: Sequence | None = None,
+                   concrete_inputs: Sequence | None = None) -> tuple[int, int] | None:
     """(FLOPs, DRAM bytes) of one aten op call from recorded shapes, or None when unknown.
 
     Bytes count each input once and the output once (ideal reuse, as a roofline wants). Without
-    ``input_types`` tensors are taken as fp32. Attention assumes a fused (flash) kernel: Q, K, V
-    and O move once; FLOPs are 4·B·H·Sq·Sk·D (non-causal: traces do not record the flag's value
-    in ``Input Dims``). Convolution stride/padding come from the recorded int lists when present
-    (defaults 1/0 otherwise, as 2021 traces record them empty).
+    ``input_types`` tensors are taken as fp32. ``concrete_inputs`` (the trace's ``Concrete
+    Inputs``: the values of non-tensor arguments, as strings) gives attention its causal flag and
+    varlen maximum lengths. Attention assumes a fused (flash) kernel: Q, K, V and O move once;
+    FLOPs are 2·B·Hq·(D_qk + D_v)·P over the P unmasked (query, key) pairs: Sq·Sk, or the causal
+    triangle. Convolution stride/padding come from the recorded int lists when present (defaults
+    1/0 otherwise, as 2021 traces record them empty). Formulas and sources: docs/cost-models.md.
 
     >>> op_flops_bytes("aten::addmm", [[512], [64, 256], [256, 512], [], []],
     ...                ["float", "float", "float", "Scalar", "Scalar"])
-    (16777216, 722944)
+    (16809984, 722944)
     >>> op_flops_bytes("aten::add", [[1024, 1024], [1024, 1024], []], ["float", "float", "Scalar"])
     (1048576, 12582912)
     >>> op_flops_bytes("aten::conv2d", [[32, 3, 224, 224], [64, 3, 7, 7], [], [2, 2], [3, 3], [], []], [])
     (7552892928, 122065664)
+    >>> sdpa = [[1, 8, 128, 64]] * 3 + [[], [], [], [], []]
+    >>> op_flops_bytes("aten::scaled_dot_product_attention", sdpa, ["c10::BFloat16"] * 3,
+    ...                ["", "", "", "", "0.", "True", "", "False"])[0]   # causal: 128·129/2 pairs
+    16908288
     """
     if not input_dims:
         return None
     op = _op_key(op_name)
     try:
         args = _tensors(input_dims, input_types)
-        return _dispatch(op, args, input_dims, input_types)
+        attention = _ATTENTION_OPS.get(op)
+        if attention is not None:
+            return _attention(attention, args, input_dims, list(concrete_inputs or ()))
+        return _dispatch(op, args, input_dims, input_types, list(concrete_inputs or ()))
     except (ValueError, TypeError, IndexError, ZeroDivisionError):
         return None
 
 
-def _dispatch(op: str, args, dims, types) -> tuple[int, int] | None:
+def _dispatch(op: str, args, dims, types, concrete: list) -> tuple[int, int] | None:
     if op in ("mm", "_int_mm", "_scaled_mm"):
         (a, ea), (b, _eb) = args[0], args[1]
         if len(a) != 2 or len(b) != 2 or a[1] != b[0]:
@@ -347,18 +378,16 @@ def _dispatch(op: str, args, dims, types) -> tuple[int, int] | None:
         return _gemm(a[-2], b[-1], a[-1], batch, ea)
     if op in ("conv1d", "conv2d", "conv3d", "convolution", "_convolution", "cudnn_convolution",
               "miopen_convolution"):
-        return _conv(args, dims)
-    if op in ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
-              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"):
-        return _attention(args, heads_dim=1)
-    if op in ("_flash_attention_forward", "_efficient_attention_forward"):
-        return _attention(args, heads_dim=2)
-    if op in ("layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm", "group_norm",
-              "native_group_norm", "batch_norm", "native_batch_norm", "cudnn_batch_norm"):
-        (x, ex) = args[0]
-        n = _numel(x)
-        params = sum(_numel(a[0]) * a[1] for a in args[1:] if a is not None and len(a[0]) > 0)
-        return 8 * n, 2 * n * ex + params
+        return _conv(args, dims, concrete)
+    if op in ("_grouped_mm", "_scaled_grouped_mm"):
+        return _grouped_gemm(args)
+    if op in ("embedding", "index_select"):
+        return _gather(op, args)
+    if op in ("cat", "stack"):     # each input read once, the result written once
+        esz = element_bytes(types[0] if types else None)   # a TensorList's dtype is not recorded
+        return None if esz is None else (0, int(2 * sum(_numel(d) for d in dims[0]) * esz))
+    if op in _LAYER_NORMS or op in _BATCH_NORMS or op in _RMS_NORMS:
+        return _norm(op, args, concrete)
     if op in ("softmax", "_softmax", "log_softmax", "_log_softmax"):
         (x, ex) = args[0]
         n = _numel(x)
@@ -367,6 +396,10 @@ def _dispatch(op: str, args, dims, types) -> tuple[int, int] | None:
         (x, ex) = args[0]
         n = _numel(x)
         return n, n * ex + ex
+    if op == "copy_":   # copy_(self, src): src read, self written; one conversion per element (TraceLens)
+        (dst, ed), es = args[0], args[1][1]
+        n = _numel(dst)
+        return n, n * (ed + es)
     if op in _ELEMENTWISE_FLOPS:
         tensors = [a for a in args if a is not None]
         if not tensors:
@@ -380,7 +413,46 @@ def _dispatch(op: str, args, dims, types) -> tuple[int, int] | None:
     return None
 
 
-def _conv(args, dims) -> tuple[int, int] | None:
+def _norm(op: str, args, concrete: list) -> tuple[int, int]:
+    """TraceLens's normalization perf models, over N elements of C channels (the normalized
+    shape for layer/RMS norm, dim 1 for batch/group norm). Batch norm (and layer/group norm,
+    always computing their statistics): 3N for the statistics when training, 6C for the
+    per-channel scale and shift, 2N to apply them; bytes: the activations in and out, and 2
+    (running mean, variance) + γ + β (+ 2 written when training) per-channel vectors. RMS norm:
+    (2C + 2) per row for the root mean square, N (+ N with γ) to apply it."""
+    (x, ex) = args[0]
+    n = _numel(x)
+    if op in _RMS_NORMS:
+        weight = args[2] if len(args) > 2 else None
+        c = _numel(weight[0]) if weight is not None and weight[0] else x[-1]
+        return (n // c) * (2 * c + 2) + n * (2 if weight is not None else 1), \
+            2 * n * ex + (c * ex if weight is not None else 0)
+    if op in _BATCH_NORMS:
+        c = x[1]
+        training = _concrete(concrete, 5) != "False"
+    elif op in ("group_norm", "native_group_norm"):
+        c, training = x[1], True
+    else:
+        weight = args[2] if len(args) > 2 else None
+        c, training = (_numel(weight[0]) if weight is not None and weight[0] else x[-1]), True
+    flops = 6 * c + 2 * n + (3 * n if training else 0)
+    return flops, 2 * n * ex + (6 if training else 4) * c * ex
+
+
+def _int_list(value: object, nd: int) -> list[int] | None:
+    """An int-list argument from ``Input Dims`` (2021-2023 traces) or ``Concrete Inputs`` (the
+    string ``'[16, 16]'``), broadcast from one value to ``nd``; None when absent."""
+    if isinstance(value, str):
+        text = value.strip().strip("[]()")
+        value = [int(t) for t in text.split(",") if t.strip()] if text else None
+    if isinstance(value, (list, tuple)) and len(value) == nd:
+        return [int(t) for t in value]
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        return [int(value[0])] * nd
+    return None
+
+
+def _conv(args, dims, concrete: list) -> tuple[int, int] | None:
     (x, ex), (w, _ew) = args[0], args[1]
     nd = len(x) - 2
     if nd < 1 or len(w) != len(x):
@@ -389,12 +461,8 @@ def _conv(args, dims) -> tuple[int, int] | None:
     cout, cin_g, kernel = w[0], w[1], w[2:]
 
     def param(i: int, default: int) -> list[int]:
-        v = dims[i] if i < len(dims) else None
-        if isinstance(v, (list, tuple)) and len(v) == nd:
-            return [int(t) for t in v]
-        if isinstance(v, (list, tuple)) and len(v) == 1:
-            return [int(v[0])] * nd
-        return [default] * nd
+        return (_int_list(dims[i] if i < len(dims) else None, nd)
+                or _int_list(_concrete(concrete, i), nd) or [default] * nd)
 
     stride, padding, dilation = param(3, 1), param(4, 0), param(5, 1)
     out_sp = [(s + 2 * p - d * (k - 1) - 1) // st + 1
@@ -408,16 +476,160 @@ def _conv(args, dims) -> tuple[int, int] | None:
     return flops, nbytes
 
 
-def _attention(args, heads_dim: int) -> tuple[int, int] | None:
-    (q, eq), (k, _ek), (v, _ev) = args[0], args[1], args[2]
-    if len(q) != 4 or len(k) != 4:
+def _grouped_gemm(args) -> tuple[int, int] | None:
+    """MoE grouped GEMM (``_grouped_mm(a, b, offs)``): 2-D ``a`` (tokens of all groups, K) times
+    3-D ``b`` (groups, K, N), each token through its group's weights; or 3-D × 3-D, a bmm."""
+    (a, ea), (b, _eb) = args[0], args[1]
+    if len(b) != 3 or a[-1] != b[1]:
         return None
-    if heads_dim == 1:                       # (B, H, S, D)
-        b, h, sq, d = q
-        sk, dv = k[2], v[3]
-    else:                                    # (B, S, H, D)
-        b, sq, h, d = q
-        sk, dv = k[1], v[3]
-    flops = 2 * b * h * sq * sk * d + 2 * b * h * sq * sk * dv
-    nbytes = (_numel(q) + _numel(k) + _numel(v)) * eq + b * h * sq * dv * eq
-    return flops, nbytes
+    groups, k, n = b
+    if len(a) == 2:
+        tokens = a[0]
+        return 2 * tokens * k * n, (tokens * k + groups * k * n + tokens * n) * ea
+    if len(a) == 3 and a[0] == groups:
+        return _gemm(a[1], n, k, groups, ea)
+    return None
+
+
+def _gather(op: str, args) -> tuple[int, int] | None:
+    """``embedding(weight, indices)`` / ``index_select(x, dim, index)``: no FLOPs; each selected
+    row is read once and written once, plus the indices."""
+    if op == "embedding":
+        (w, ew), (idx, ei) = args[0], args[1]
+        if len(w) != 2:
+            return None
+        rows = _numel(idx)
+        return 0, 2 * rows * w[1] * ew + rows * ei
+    (x, ex), (idx, ei) = args[0], args[2]
+    rows = _numel(idx)
+    return 0, 2 * rows * (_numel(x) // max(x[0], 1)) * ex + rows * ei
+
+
+class Layout(str, Enum):
+    """Axis order of an attention op's Q/K/V tensors."""
+
+    BHSD = "bhsd"      # (batch, heads, seq, head dim): torch SDPA
+    BSHD = "bshd"      # (batch, seq, heads, head dim): flash/efficient kernels; varlen when 3-D (tokens, heads, dim)
+    PAGED = "paged"    # vLLM paged_attention: query (seqs, heads, dim), K/V in a block cache
+
+
+@dataclass(frozen=True)
+class AttentionOp:
+    """Where an attention op keeps its operands (argument positions in ``Input Dims`` and
+    ``Concrete Inputs``). ``causal`` is the position of its causal flag (an int ``custom_mask_type``
+    for the efficient kernels: 0 none, 1 top-left, 2 bottom-right); ``bottom_right``: a causal
+    mask aligned to the last key (FlashAttention >= 2.1, vLLM) rather than the first (torch's
+    ``is_causal``); ``backward``: the op computes dQ, dK, dV. Varlen ops give the cumulative
+    sequence lengths at ``cu_seqlens`` and the longest sequence at ``max_seqlen``."""
+
+    layout: Layout
+    causal: int | None
+    q: int = 0
+    bottom_right: bool = False
+    backward: bool = False
+    cu_seqlens: int | None = None
+    max_seqlen: int | None = None
+    mask_type: bool = False
+
+
+_ATTENTION_OPS: dict[str, AttentionOp] = {
+    "scaled_dot_product_attention": AttentionOp(Layout.BHSD, causal=5),
+    "_scaled_dot_product_flash_attention": AttentionOp(Layout.BHSD, causal=4),
+    "_scaled_dot_product_efficient_attention": AttentionOp(Layout.BHSD, causal=6),
+    "_scaled_dot_product_cudnn_attention": AttentionOp(Layout.BHSD, causal=6),
+    "_scaled_dot_product_flash_attention_backward": AttentionOp(Layout.BHSD, causal=11, q=1, backward=True),
+    "_scaled_dot_product_efficient_attention_backward": AttentionOp(Layout.BHSD, causal=11, q=1, backward=True),
+    "_scaled_dot_product_cudnn_attention_backward": AttentionOp(Layout.BHSD, causal=14, q=1, backward=True),
+    "_flash_attention_forward": AttentionOp(Layout.BSHD, causal=8, cu_seqlens=3, max_seqlen=5),
+    "_flash_attention_backward": AttentionOp(Layout.BSHD, causal=11, q=1, backward=True, cu_seqlens=6,
+                                             max_seqlen=8),
+    "_efficient_attention_forward": AttentionOp(Layout.BSHD, causal=9, cu_seqlens=4, max_seqlen=6,
+                                                mask_type=True),
+    "_flash_attn_forward": AttentionOp(Layout.BSHD, causal=5, bottom_right=True),
+    "_flash_attn_varlen_forward": AttentionOp(Layout.BSHD, causal=9, bottom_right=True, cu_seqlens=3,
+                                              max_seqlen=5),
+    "_flash_attn_backward": AttentionOp(Layout.BSHD, causal=11, q=1, backward=True, bottom_right=True),
+    "paged_attention_v1": AttentionOp(Layout.PAGED, causal=None, q=1, max_seqlen=9),
+    "paged_attention_v2": AttentionOp(Layout.PAGED, causal=None, q=4, max_seqlen=12),
+}
+
+
+def _concrete(values: list, i: int | None) -> str:
+    return str(values[i]).strip() if i is not None and i < len(values) and values[i] is not None else ""
+
+
+def causal_pairs(sq: int, sk: int, bottom_right: bool = False) -> int:
+    """Unmasked (query, key) pairs of one head under a causal mask: query i sees keys
+    ``j <= i`` (top-left, torch's ``is_causal``) or ``j <= i + sk - sq`` (bottom-right,
+    FlashAttention >= 2.1 and vLLM: the queries are the last ``sq`` positions).
+
+    >>> causal_pairs(4, 4), causal_pairs(1, 100, bottom_right=True), causal_pairs(1, 100)
+    (10, 100, 1)
+    """
+    first = 1 + (sk - sq if bottom_right else 0)       # keys query 0 would see, before clipping
+    lo = max(0, min(sq, 1 - first))                     # queries before lo see no key
+    hi = max(lo, min(sq, sk - first))                   # queries from hi on see every key
+    return (hi - lo) * first + (lo + hi - 1) * (hi - lo) // 2 + (sq - hi) * sk
+
+
+def _varlen_lengths(total: int, seqs: int, longest: int) -> list[int]:
+    """Sequence lengths of a varlen batch whose shapes give only the total, the count and the
+    longest: the longest one plus equal shares of the rest (TraceLens's rule)."""
+    if seqs <= 1 or longest <= 0 or longest > total:
+        return [total]
+    return [longest] + [(total - longest) // (seqs - 1)] * (seqs - 1)
+
+
+@dataclass(frozen=True)
+class _Attention:
+    """What an attention call computes: ``batch_heads`` query heads (× batch), each over the
+    (queries, keys) of ``lengths`` (one pair per sequence), head dims ``d`` (QK) and ``dv`` (V),
+    and the K + V elements it reads (with the KV heads of their own shape: GQA)."""
+
+    batch_heads: int
+    lengths: list[tuple[int, int]]
+    d: int
+    dv: int
+    kv_elems: int
+
+
+def _attention_shape(spec: AttentionOp, q: list[int], k: list[int], v: list[int], dims,
+                     concrete: list) -> _Attention | None:
+    if spec.layout is Layout.PAGED:             # query (seqs, Hq, D); K/V cache blocks (blocks, Hkv, ...)
+        seqs, hq, d = q
+        longest = int(float(_concrete(concrete, spec.max_seqlen)))
+        return _Attention(hq, [(1, longest)] * seqs, d, d, seqs * longest * k[1] * 2 * d)
+    if len(q) == 4 and len(k) == 4:
+        if spec.layout is Layout.BHSD:
+            b, hq, sq, d = q
+            hkv, sk = k[1], k[2]
+        else:                                   # (B, S, H, D)
+            b, sq, hq, d = q
+            sk, hkv = k[1], k[2]
+        return _Attention(b * hq, [(sq, sk)], d, v[3], b * hkv * sk * (d + v[3]))
+    if len(q) == 3 and spec.layout is Layout.BSHD and spec.cu_seqlens is not None and spec.max_seqlen is not None:
+        (tq, hq, d), (tk, hkv), dv = q, k[:2], v[2]   # varlen: (tokens, H, D), cu_seqlens (B + 1,)
+        seqs = _numel(dims[spec.cu_seqlens]) - 1
+        longest_q, longest_k = (int(float(_concrete(concrete, spec.max_seqlen + i) or 0)) for i in (0, 1))
+        lengths = list(zip(_varlen_lengths(tq, seqs, longest_q), _varlen_lengths(tk, seqs, longest_k)))
+        return _Attention(hq, lengths, d, dv, tk * hkv * (d + dv))
+    return None
+
+
+def _attention(spec: AttentionOp, args, dims, concrete: list) -> tuple[int, int] | None:
+    """FLOPs and bytes of an attention op (forward: QKᵀ and PV; backward: the recomputed QKᵀ
+    plus dV, dP, dQ, dK, i.e. 2.5× the forward FLOPs; softmax ignored: O(1/D) of the rest)."""
+    (q, eq), (k, _ek), (v, _ev) = args[spec.q], args[spec.q + 1], args[spec.q + 2]
+    shape = _attention_shape(spec, q, k, v, dims, concrete)
+    if shape is None:
+        return None
+    flag = _concrete(concrete, spec.causal)
+    causal = flag in ("1", "2") if spec.mask_type else flag == "True"
+    bottom_right = spec.bottom_right or (spec.mask_type and flag == "2")
+    unmasked = sum(causal_pairs(a, c, bottom_right) if causal else a * c for a, c in shape.lengths)
+    flops = 2 * shape.batch_heads * unmasked * (shape.d + shape.dv)
+    q_elems = _numel(q)
+    o_elems = q_elems // shape.d * shape.dv
+    if spec.backward:   # read Q, K, V, dO; write dQ, dK, dV
+        return flops * 5 // 2, (2 * q_elems + o_elems + 2 * shape.kv_elems) * eq
+    return flops, (q_elems + shape.kv_elems + o_elems) * eq

@@ -73,18 +73,17 @@ from whatif.core.dtypes import (
     ELEMENT_BYTES,
     PRECISION_RANK,
     DType,
-    compute_dtype,
     dtype_in_kernel_name,
     element_bytes,
+    op_dtype,
 )
-from whatif.core.kernels import KernelClass, op_flops_bytes
+from whatif.core.kernels import KernelClass, duration_shares, op_flops_bytes
 from whatif.core.work import WORK_COLUMN, shares_of
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph, TaskKind, kind_codes
 from whatif.hardware.devices import DEVICES, Device, find_device, get_device
 from whatif.hardware.habitat import DEFAULT_FIXED_NS
 from whatif.hardware.roofline import compute_peak
 from whatif.tracer.args import Arg
-from whatif.tracer.kinds import EventKind
 from whatif.tracer.trace import Trace
 from whatif.transforms.base import TransformError
 from whatif.transforms.select import kernel_classes
@@ -178,30 +177,24 @@ class TraceCostModel(CostModelBase):
         gpu = next((r.gpu_name for r in trace.ranks if r.gpu_name), None)
         self.device = device or find_device(gpu)
         self.gpu_name = gpu
-        ev = trace.events
-        ops = ev[ev["kind"].to_numpy() == int(EventKind.CPU_OP)]
-        ops = ops[ops["external_id"].to_numpy() >= 0]
-        self._op_by_ext = pd.Series(ops.index.to_numpy(),
-                                    index=pd.MultiIndex.from_arrays([ops["rank"].to_numpy(),
-                                                                     ops["external_id"].to_numpy()]))
-        self._op_by_ext = self._op_by_ext[~self._op_by_ext.index.duplicated(keep="last")]
         self._bw: float | None = None
         self._collective_calibrations: dict[tuple[str, int, int], CollectiveCalibration | None] = {}
-        self._op_memo: dict[tuple[str, str, str], tuple[float, float, float, str]] = {}
+        self._op_memo: dict[tuple[str, str, str, str], tuple[float, float, float, str]] = {}
 
     # -- recorded facts, all tasks of a graph, cached ------------------------------------------
     def _base(self, graph: TaskGraph) -> dict[str, np.ndarray]:
         """Facts of every task as recorded (before any transform's precision/device change)."""
         return graph.memo(f"{_FACTS_KEY}@{self.key.value}@{id(self.trace)}", lambda: self._compute_base(graph))
 
-    def _op_facts(self, op_name: str, dims: list | None, types: Sequence[str]) -> tuple[float, float, float, str]:
+    def _op_facts(self, op_name: str, dims: list | None, types: Sequence[str],
+                  concrete: Sequence[str]) -> tuple[float, float, float, str]:
         """(FLOPs, bytes, weight bytes, dtype) of one recorded op; NaN/'' when unknown. Memoized by shape."""
-        key = (op_name, repr(dims), repr(types))
+        key = (op_name, repr(dims), repr(types), repr(concrete))
         got = self._op_memo.get(key)
         if got is not None:
             return got
         flops = nbytes = wbytes = np.nan
-        fb = op_flops_bytes(op_name, dims, types) if dims is not None else None
+        fb = op_flops_bytes(op_name, dims, types, concrete) if dims is not None else None
         if fb is not None:
             flops, nbytes = float(fb[0]), float(fb[1])
             wbytes = 0.0
@@ -211,8 +204,7 @@ class TraceCostModel(CostModelBase):
                 esz = element_bytes(types[w] if types and w < len(types) else None) or 4
                 wbytes = float(np.prod([int(x) for x in dims[w]] or [0])) * esz
                 wbytes = min(wbytes, nbytes)
-        dtype = next((d.value for d in map(compute_dtype, types or []) if d is not None), "")
-        got = (flops, nbytes, wbytes, dtype)
+        got = (flops, nbytes, wbytes, op_dtype(types))
         self._op_memo[key] = got
         return got
 
@@ -239,23 +231,22 @@ class TraceCostModel(CostModelBase):
         wbytes = np.full(n, np.nan)
         vi = np.flatnonzero(valid)
         if len(vi):
-            ext = ev["external_id"].to_numpy()[rows[vi]]
-            rank = ev["rank"].to_numpy()[rows[vi]]
-            op_row = self._op_by_ext.reindex(pd.MultiIndex.from_arrays([rank, ext])).to_numpy()
+            op_row = self.trace.launching_op_rows(rows[vi])
             linked = ~np.isnan(op_row)
             li = vi[linked]
             op_rows = op_row[linked].astype(np.int64)
             uniq_rows, inv = np.unique(op_rows, return_inverse=True)
             dims, types = self.trace.arg(Arg.INPUT_DIMS), self.trace.arg(Arg.INPUT_TYPES)
+            concrete = self.trace.arg(Arg.CONCRETE_INPUTS)
             op_names = ev["name"].astype(str).to_numpy()
-            per_op = np.asarray([self._op_facts(op_names[r], dims[r], types[r]) for r in uniq_rows], dtype=object)
+            per_op = np.asarray([self._op_facts(op_names[r], dims[r], types[r], concrete[r]) for r in uniq_rows],
+                                dtype=object)
             if len(per_op):
                 of = per_op[:, 0].astype(float)[inv]
                 ob = per_op[:, 1].astype(float)[inv]
                 ow = per_op[:, 2].astype(float)[inv]
                 odt = per_op[:, 3][inv]
-                w = np.maximum(rec_dur[li], 1.0)
-                share = w / np.bincount(inv, weights=w)[inv]
+                share = duration_shares(inv, rec_dur[li])
                 flops[li], nbytes[li], wbytes[li] = of * share, ob * share, ow * share
                 has = odt != ""
                 # an fp32 op whose kernel runs tf32 tensor cores (cuDNN/cuBLAS with allow_tf32)

@@ -514,6 +514,28 @@ def test_memory_page(server: Any, browser: Any, shots: Path) -> None:
     browser.save_screenshot(str(shots / "dashboard-memory.png"))
 
 
+def test_ops_page(server: Any, browser: Any, shots: Path) -> None:
+    """The Ops page shows the `whatif ops` table of the same run, longest group first, numbers first."""
+    from selenium.webdriver.common.by import By
+
+    from whatif.ops import ops_table
+
+    if not any("Qwen" in r.label for r in server.store.runs.values()):
+        pytest.skip("the Qwen H100 trace is not in ../shared/traces")
+    rid = _run_id(server, "Qwen")
+    browser.get(f"{server.url}/ops?run={rid}")
+    _wait(browser, lambda b: b.find_elements(By.ID, "ops-total") and _text(b, "ops-total"))
+    _no_error(browser)
+    doc = ops_table(server.store.get(rid).analysis.trace)
+    assert _text(browser, "ops-total") == f"{doc.gpu_total_ns / 1e6:,.3f} ms"
+    assert _cell_texts(browser, "#ops-table td[data-dash-column='op']")[0] == doc.rows[0].op
+    assert _cell_texts(browser, "#ops-table td[data-dash-column='bound']")[0] == doc.rows[0].bound
+    headers = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "#ops-table th .column-header-name")]
+    assert headers[:2] == ["total ms", "share %"]
+    _wait(browser, _settled)
+    browser.save_screenshot(str(shots / "dashboard-ops.png"))
+
+
 def test_sweep_html_renders_offline(browser: Any, tmp_path: Path, shots: Path) -> None:
     """`whatif sweep --html` embeds plotly: the page draws its figure from a file, with no network
     (the machines that run CI have none, and a CDN script would leave it blank)."""

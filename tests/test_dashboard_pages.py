@@ -21,7 +21,8 @@ from whatif.dashboard.state import get_store  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "sample_traces" / "llm_serve"
 BUILT_IN = [("/", "Runs", "nav-runs"), ("/overview", "Overview", "nav-overview"),
-            ("/timeline", "Timeline", "nav-timeline"), ("/breakdown", "Breakdown", "nav-breakdown"),
+            ("/timeline", "Timeline", "nav-timeline"),
+            ("/ops", "Ops", "nav-ops"), ("/breakdown", "Breakdown", "nav-breakdown"),
             ("/memory", "Memory", "nav-memory"), ("/suggest", "Suggest", "nav-suggest"),
             ("/collectives", "Collectives", "nav-collectives"),
             ("/whatif", "What-if", "nav-whatif"),
@@ -82,7 +83,7 @@ def test_built_in_pages_are_discovered_in_order() -> None:
     assert [(p.path, p.title, p.nav_id) for p in found] == BUILT_IN
     assert [p.order for p in found] == sorted(p.order for p in found)
     assert all(p.module == f"whatif.dashboard.pages.{m}" for p, m in
-               zip(found, ["runs", "overview", "timeline", "breakdown", "memory", "suggest", "collectives",
+               zip(found, ["runs", "overview", "timeline", "ops", "breakdown", "memory", "suggest", "collectives",
                              "builder", "compare", "graph"]))
     app = create_app([SAMPLE])
     assert nav_links(app) == [(path, title, nav) for path, title, nav in BUILT_IN]
@@ -96,8 +97,8 @@ def test_a_page_added_as_one_module_is_served(extra_pages: Path) -> None:
     (extra_pages / "toy_steps.py").write_text(toy_page(25))  # between Timeline and What-if
     app = create_app([SAMPLE])
     titles = [t for _, t, _ in nav_links(app)]
-    assert titles == ["Runs", "Overview", "Timeline", "Steps", "Breakdown", "Memory", "Suggest", "Collectives",
-                      "What-if", "Compare", "Graph"]
+    assert titles == ["Runs", "Overview", "Timeline", "Ops", "Steps", "Breakdown", "Memory", "Suggest",
+                      "Collectives", "What-if", "Compare", "Graph"]
     assert ("/toy-steps", "Steps", "nav-steps") in nav_links(app)
     assert dash.page_registry["whatif.dashboard.pages.toy_steps"]["title"] == "whatif · Steps"
     run_id = next(iter(app.layout().children[0].children[-1].options))["value"]

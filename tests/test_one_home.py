@@ -71,6 +71,8 @@ DTYPE_SPELLINGS = {"bf16", "fp16", "fp32", "bfloat16", "float16", "half", "float
 COLLECTIVE = re.compile(r"^(nccl|rccl)$|nccl\||rccl\||all_\?reduce|cross_device_reduce|multimem")
 ATTENTION = re.compile(r"fmha|flash_fwd|flash_attn|scaled_dot_product\||sdpa\|")
 SUFFIX = re.compile(r"^\.json\.gz$|^\.pt\.trace")
+OP_LAYOUT = re.compile(r"^_?(flash_attention|efficient_attention|flash_attn)_\w+$|^paged_attention_v\d$|"
+                       r"^_scaled_dot_product_\w+_attention(_backward)?$|^_(scaled_)?grouped_mm$")
 
 
 def gpu_task_set(node: ast.AST) -> str | None:
@@ -105,6 +107,8 @@ FACTS = [
     ("dtype sizes", {"core/dtypes.py"}, dtype_table),
     ("collective kernels", {"core/kernels.py"}, pattern(COLLECTIVE, "a collective-kernel rule")),
     ("attention kernels", {"core/kernels.py"}, pattern(ATTENTION, "an attention-kernel rule")),
+    # FLOPs and bytes from shapes: op_flops_bytes (whatif ops, the cost models, the transforms)
+    ("attention / grouped-GEMM argument layouts", {"core/kernels.py"}, pattern(OP_LAYOUT, "an op's argument layout")),
     # the reader registry asks KinetoReader.suffixes; the recorder names the files it writes as
     # PyTorch's profiler does (rank<k>.pt.trace.json.gz), which that reader accepts
     ("trace suffixes", {"tracer/kineto.py", "tracer/record/trace_file.py"}, pattern(SUFFIX, "a trace suffix")),

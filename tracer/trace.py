@@ -82,6 +82,7 @@ class Trace:
     memory: pd.DataFrame = field(default_factory=lambda: memory_frame([], []))
     """Allocator records (``profile_memory``) of every rank: :data:`~whatif.tracer.memory.MEMORY_COLUMNS`."""
     _arg_columns: dict[Arg, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+    _op_index: pd.Series | None = field(default=None, repr=False, compare=False)
 
     def arg(self, arg: Arg) -> np.ndarray:
         """The typed column of one event argument (declared in :mod:`whatif.tracer.args`), one
@@ -101,6 +102,26 @@ class Trace:
 
     def count(self, kind: EventKind) -> int:
         return int((self.events["kind"].to_numpy() == kind).sum())
+
+    def launching_op_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Per event row (GPU work, or a launch call): the row of the CPU op that launched it, the
+        innermost op of its rank with its ``External id`` (ops are sorted by start, longer
+        first, so the last one is innermost); NaN when there is none or ``rows`` holds -1."""
+        rows = np.asarray(rows, dtype=np.int64)
+        index = self._op_index
+        ev = self.events
+        if index is None:
+            ops = ev[(ev["kind"].to_numpy() == int(EventKind.CPU_OP)) & (ev["external_id"].to_numpy() >= 0)]
+            series = pd.Series(ops.index.to_numpy(), index=pd.MultiIndex.from_arrays(
+                [ops["rank"].to_numpy(), ops["external_id"].to_numpy()]))
+            index = self._op_index = series[~series.index.duplicated(keep="last")]
+        valid = rows >= 0
+        safe = np.maximum(rows, 0)
+        keys = pd.MultiIndex.from_arrays([np.where(valid, ev["rank"].to_numpy()[safe], -1),
+                                          np.where(valid, ev["external_id"].to_numpy()[safe], -1)])
+        found = index.reindex(keys).to_numpy().astype(float)
+        found[~valid | (ev["external_id"].to_numpy()[safe] < 0)] = np.nan
+        return found
 
 
 def find_trace_files(path: Path) -> list[Path]:

@@ -22,6 +22,7 @@ from whatif.analysis import (
     predict,
     replay,
 )
+from whatif.ops import ops_table
 from whatif.serving import (
     DitOptions,
     ServingModels,
@@ -32,5 +33,5 @@ from whatif.serving import (
 )
 
 __all__ = ["Analysis", "DitOptions", "Prediction", "ScenarioResult", "ServingModels", "Workload", "analyze",
-           "build_graph", "fit_serving", "load_scenario", "load_trace", "make_context", "predict", "replay", "serve",
-           "sweep"]
+           "build_graph", "fit_serving", "load_scenario", "load_trace", "make_context", "ops_table", "predict",
+           "replay", "serve", "sweep"]

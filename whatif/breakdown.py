@@ -107,7 +107,8 @@ def union_ns(start: np.ndarray, end: np.ndarray) -> int:
 
 
 def gpu_work(trace: Trace, graph: TaskGraph | None = None) -> pd.DataFrame:
-    """One row per GPU activity (kernel, copy, memset) of every rank: ``rank``, ``stream`` (the
+    """One row per GPU activity (kernel, copy, memset) of every rank: ``event`` (its row in the
+    event table), ``rank``, ``stream`` (the
     device and stream, as ``"device:stream"``), ``ts_ns``, ``end_ns``, ``name``, ``work``
     (:class:`WorkClass` value), ``kernel_class`` (:class:`KernelClass` value), ``launch_ns`` and
     ``launch_end_ns`` (start and end of the runtime or driver call that launched it, −1 when the
@@ -157,7 +158,7 @@ def gpu_work(trace: Trace, graph: TaskGraph | None = None) -> pd.DataFrame:
     device = ev["device"].to_numpy()[rows]
     stream = ev["stream"].to_numpy()[rows]
     return pd.DataFrame({
-        "rank": rank[rows], "stream": [f"{d}:{s}" for d, s in zip(device.tolist(), stream.tolist())],
+        "event": rows, "rank": rank[rows], "stream": [f"{d}:{s}" for d, s in zip(device.tolist(), stream.tolist())],
         "ts_ns": ts[rows], "end_ns": end[rows], "name": row_names, "work": work,
         "kernel_class": kernel_class, "launch_ns": launch_ns, "launch_end_ns": launch_end_ns, "step": step,
     })

@@ -71,6 +71,8 @@ __all__ = [
     "MemorySeries",
     "MemoryStep",
     "NotJsonError",
+    "OpRow",
+    "OpsDocument",
     "PathShift",
     "PhaseFitEntry",
     "PredictionDocument",
@@ -632,6 +634,49 @@ class MemoryDocument(Entry, frozen=True, kw_only=True):
     steps: list[MemoryStep]
     ops: list[MemoryOp]
     timeline: list[MemorySeries]
+
+
+# --- whatif.ops ------------------------------------------------------------------------------
+
+
+class OpRow(Entry, frozen=True, kw_only=True):
+    """One group of GPU activities: the launching op (else the kernel name), its input shapes and
+    dtype, and with ``by: kernel`` the kernel name. ``count``: op calls (kernels with ``by:
+    kernel``); ``mean_ns`` per count. FLOPs and bytes are the op's shared among its kernels by
+    duration; None (and the figures from them) when the op's shapes give none. ``roofline_tflops``:
+    the datasheet roof at the row's intensity; ``roofline_pct``: roofline time / measured time."""
+
+    op: str
+    kernel: str
+    shapes: str
+    dtype: str
+    kernel_class: str
+    count: int
+    kernels: int
+    total_ns: int
+    mean_ns: float
+    flops: float | None
+    bytes: float | None
+    intensity: float | None
+    achieved_tflops: float | None
+    achieved_tbps: float | None
+    roofline_tflops: float | None
+    roofline_pct: float | None
+    bound: str
+
+
+class OpsDocument(Entry, frozen=True, kw_only=True):
+    """The ``whatif.ops`` v1 document (``whatif ops --json``): the rows sorted by total time;
+    ``gpu_total_ns`` is the time of every GPU activity, which the rows sum to."""
+
+    schema: Literal["whatif.ops"] = "whatif.ops"
+    version: Literal[1] = 1
+    source: str
+    by: str
+    devices: list[str]
+    short_ns: int
+    gpu_total_ns: int
+    rows: list[OpRow]
 
 
 class PredictionDocument(Entry, frozen=True, kw_only=True):

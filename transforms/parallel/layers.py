@@ -38,7 +38,6 @@ from whatif.core.kernels import KernelClass
 from whatif.core.work import output_shares
 from whatif.depgraph.graph import TaskGraph, TaskKind
 from whatif.tracer.args import Arg
-from whatif.tracer.kinds import EventKind
 
 from ..select import kernel_classes
 from .sharding import Role
@@ -294,16 +293,7 @@ def linked_op_rows(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
     tr = graph.trace
     if tr is None or not len(tasks):
         return np.full(len(tasks), np.nan)
-    ev = tr.events
-    rows = graph.tasks["event"].to_numpy()[tasks]
-    ops = ev[(ev["kind"].to_numpy() == int(EventKind.CPU_OP)) & (ev["external_id"].to_numpy() >= 0)]
-    index = pd.Series(ops.index.to_numpy(), index=pd.MultiIndex.from_arrays(
-        [ops["rank"].to_numpy(), ops["external_id"].to_numpy()]))
-    index = index[~index.index.duplicated(keep="last")]
-    valid = rows >= 0
-    keys = pd.MultiIndex.from_arrays([np.where(valid, ev["rank"].to_numpy()[np.maximum(rows, 0)], -1),
-                                      np.where(valid, ev["external_id"].to_numpy()[np.maximum(rows, 0)], -1)])
-    return index.reindex(keys).to_numpy().astype(float)
+    return tr.launching_op_rows(graph.tasks["event"].to_numpy()[tasks])
 
 
 def _output_elems(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
