@@ -18,6 +18,7 @@ under the topmost unmatched node that holds it.
 """
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from difflib import SequenceMatcher
@@ -38,6 +39,7 @@ from whatif.tracer.kineto import step_number
 MODULE_PREFIX = "nn.Module: "
 STEP_KEY = "ProfilerStep#*"
 NO_OP = "(no CPU op)"
+HASH = re.compile(r"\b(?=[0-9a-z]*[0-9])(?=[0-9a-z]*[a-z])[0-9a-z]{20,}\b")
 
 
 class NodeKind(IntEnum):
@@ -103,12 +105,27 @@ class OpTree:
     gpu_node: np.ndarray
 
     def label(self, node: int) -> str:
-        """The node's name, any step number left out."""
-        return STEP_KEY if self.kind[node] == NodeKind.STEP else self.name[node]
+        """The node's name as the two traces compare it (:func:`label`)."""
+        return label(NodeKind(int(self.kind[node])), self.name[node])
 
-    def key(self, node: int) -> tuple[int, str, str]:
-        """What must be equal for two nodes to match: kind, label, input shapes."""
-        return int(self.kind[node]), self.label(node), self.shapes[node]
+    def keys(self) -> list[tuple[int, str, str]]:
+        """Per node, what must be equal for two nodes to match: kind, label, input shapes."""
+        kinds = list(NodeKind)
+        return [(k, label(kinds[k], n), s) for k, n, s in zip(self.kind.tolist(), self.name, self.shapes)]
+
+
+def label(kind: NodeKind, name: str) -> str:
+    """A node's name without what differs between two runs of one program: the step number, and
+    in annotations the hashes that name compiled graphs.
+
+    >>> label(NodeKind.STEP, "ProfilerStep#7")
+    'ProfilerStep#*'
+    >>> label(NodeKind.ANNOTATION, "## Call CompiledFxGraph fvjmd63htmfdi5w7aufk2x5kqz7y6tcoyia5 ##")
+    '## Call CompiledFxGraph * ##'
+    """
+    if kind == NodeKind.STEP:
+        return STEP_KEY
+    return HASH.sub("*", name) if kind == NodeKind.ANNOTATION else name
 
 
 def _launchers(a: Analysis, tasks: np.ndarray) -> np.ndarray:
@@ -136,7 +153,8 @@ def _by_thread(nodes: list[int], ts: list[int], thread: list[tuple[int, int]]) -
     first: dict[tuple[int, int], tuple[int, int]] = {}
     for u in nodes:
         first[thread[u]] = min(first.get(thread[u], (ts[u], u)), (ts[u], u))
-    return sorted(nodes, key=lambda u: (first[thread[u]], ts[u], u))
+    order = {u: (first[thread[u]], ts[u], u) for u in nodes}
+    return sorted(nodes, key=order.__getitem__)
 
 
 def op_tree(a: Analysis) -> OpTree:
@@ -217,8 +235,8 @@ def match_nodes(before: OpTree, after: OpTree) -> np.ndarray:
     """
     match = np.full(len(before.name), -1, dtype=np.int64)
     ids: dict[tuple[int, str, str], int] = {}
-    key_a = [ids.setdefault(before.key(u), len(ids)) for u in range(len(before.name))]
-    key_b = [ids.setdefault(after.key(u), len(ids)) for u in range(len(after.name))]
+    key_a = [ids.setdefault(k, len(ids)) for k in before.keys()]
+    key_b = [ids.setdefault(k, len(ids)) for k in after.keys()]
     stack = [(before.roots[ra], after.roots[rb]) for ra, rb in zip(before.roots, after.roots)]
     while stack:
         ca, cb = stack.pop()
@@ -242,8 +260,10 @@ class OpSide:
 
 @dataclass(frozen=True)
 class MatchedOp:
-    """Matched ops of one (name, input shapes), over all their instances."""
+    """Matched nodes of one (kind, name, input shapes), over all their instances: aten ops, and
+    modules, annotations or steps for the GPU work launched right under them (no op between)."""
 
+    kind: NodeKind
     name: str
     shapes: str
     before: OpSide
@@ -263,15 +283,18 @@ class OneSidedOp:
 
 @dataclass(frozen=True)
 class OpAlignment:
-    """GPU time per step of both traces split into matched ops and one-sided work. Each side's
-    matched plus one-sided time is its total: ``total_ns``; ``ops``: how many aten ops hold GPU
-    work on each side, ``ops_matched``: how many of them were matched."""
+    """GPU time per step of both traces split into matched and one-sided work. Each side's
+    matched plus one-sided time is its total: ``total_ns``; ``matched_op_ns``: the part of
+    ``matched_ns`` under a matched aten op (the rest is launched right under a matched module,
+    annotation or step); ``ops``: how many aten ops hold GPU work on each side (whole trace),
+    ``ops_matched``: how many of them were matched."""
 
     matched: list[MatchedOp]
     only_before: list[OneSidedOp]
     only_after: list[OneSidedOp]
     total_ns: tuple[float, float]
     matched_ns: tuple[float, float]
+    matched_op_ns: tuple[float, float]
     ops: tuple[int, int]
     ops_matched: int
 
@@ -311,25 +334,30 @@ def _new() -> _Acc:
     return _Acc(set(), 0, {})
 
 
+_Group = tuple[int, str, str]  # kind, label, shapes
+
+
 def _split(tree: OpTree, matched: np.ndarray, pair_of: np.ndarray
-           ) -> tuple[dict[tuple[str, str], _Acc], dict[tuple[str, str, str | None], _Acc]]:
-    """Each GPU entry of ``tree`` into its matched op group (keyed by name and shapes; instances
-    are pair ids ``pair_of[anchor]``) or its one-sided group."""
+           ) -> tuple[dict[_Group, _Acc], dict[tuple[str, str, str | None], _Acc]]:
+    """Each GPU entry of ``tree`` into its matched group (keyed by kind, label and shapes;
+    instances are pair ids ``pair_of[node]``) or its one-sided group. An entry is matched when
+    the deepest matched node above it is an aten op, or when its own node is matched."""
     anchor, top = _anchors(tree, matched)
-    on_op: dict[tuple[str, str], _Acc] = defaultdict(_new)
+    kinds, op = tree.kind.tolist(), int(NodeKind.OP)
+    on_node: dict[_Group, _Acc] = defaultdict(_new)
     alone: dict[tuple[str, str, str | None], _Acc] = defaultdict(_new)
     for i, (node, ns, cls) in enumerate(zip(tree.gpu_node.tolist(), tree.gpu.ns.tolist(), tree.gpu.kernel_class)):
         if node < 0:  # counted per activity
             alone[(NO_OP, "", None)].add(-1 - i, ns, cls)
             continue
         an = int(anchor[node])
-        if an >= 0 and tree.kind[an] == NodeKind.OP:
-            on_op[(tree.name[an], tree.shapes[an])].add(int(pair_of[an]), ns, cls)
+        if an >= 0 and (kinds[an] == op or an == node):
+            on_node[(kinds[an], tree.label(an), tree.shapes[an])].add(int(pair_of[an]), ns, cls)
             continue
-        holder = int(top[node]) if top[node] >= 0 else node
-        under = tree.label(an) if an >= 0 and an != holder else None
+        holder = int(top[node])
+        under = tree.label(an) if an >= 0 else None
         alone[(tree.label(holder), tree.shapes[holder], under)].add(holder, ns, cls)
-    return on_op, alone
+    return on_node, alone
 
 
 def align_ops(before: Analysis, after: Analysis) -> OpAlignment:
@@ -346,12 +374,12 @@ def align_ops(before: Analysis, after: Analysis) -> OpAlignment:
     op_a, alone_a = _split(a, matched_a, pair_a)
     op_b, alone_b = _split(b, matched_b, pair_b)
     matched = []
-    for name, shapes in sorted(set(op_a) | set(op_b)):
-        sa, sb = op_a.get((name, shapes), _new()), op_b.get((name, shapes), _new())
+    for group in sorted(set(op_a) | set(op_b)):
+        sa, sb = op_a.get(group, _new()), op_b.get(group, _new())
         pairs = len(sa.instances | sb.instances)
-        matched.append(MatchedOp(name=name, shapes=shapes, before=sa.side(a.gpu.steps, pairs),
-                                 after=sb.side(b.gpu.steps, pairs)))
-    matched.sort(key=lambda m: (-max(m.before.ns, m.after.ns), m.name, m.shapes))
+        matched.append(MatchedOp(kind=NodeKind(group[0]), name=group[1], shapes=group[2],
+                                 before=sa.side(a.gpu.steps, pairs), after=sb.side(b.gpu.steps, pairs)))
+    matched.sort(key=lambda m: (-max(m.before.ns, m.after.ns), m.kind, m.name, m.shapes))
 
     def one_sided(groups: dict[tuple[str, str, str | None], _Acc], steps: int) -> list[OneSidedOp]:
         out = [OneSidedOp(name=n, shapes=s, under=u, side=acc.side(steps)) for (n, s, u), acc in groups.items()]
@@ -363,4 +391,6 @@ def align_ops(before: Analysis, after: Analysis) -> OpAlignment:
         total_ns=(float(a.gpu.ns.sum()) / a.gpu.steps, float(b.gpu.ns.sum()) / b.gpu.steps),
         matched_ns=(sum(acc.ns for acc in op_a.values()) / a.gpu.steps,
                     sum(acc.ns for acc in op_b.values()) / b.gpu.steps),
+        matched_op_ns=(sum(acc.ns for g, acc in op_a.items() if g[0] == NodeKind.OP) / a.gpu.steps,
+                       sum(acc.ns for g, acc in op_b.items() if g[0] == NodeKind.OP) / b.gpu.steps),
         ops=(int(is_op_a.sum()), int(is_op_b.sum())), ops_matched=int((matched_a & is_op_a).sum()))

@@ -2,7 +2,7 @@
 GPUs): step times, GPU work per op with the two op trees aligned (:mod:`whatif.optree`), by
 kernel name (added, removed, slower, faster; meaningful on one vendor) and by kernel class, and
 the critical-path breakdown; given a prediction made on *before*, how far each scenario's
-prediction is from what *after* measured. The result is the ``whatif.diff`` v2 document
+prediction is from what *after* measured. The result is the ``whatif.diff`` v1 document
 (docs/report-schema.md)."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from whatif.optree import OneSidedOp, OpAlignment, OpSide, align_ops, counted_gp
 from .document import CATEGORIES, prediction_of
 
 SCHEMA = "whatif.diff"
-VERSION = 2
+VERSION = 1
 
 
 def _steps(a: Analysis) -> dict[str, Any]:
@@ -73,19 +73,20 @@ def _one_sided(o: OneSidedOp) -> dict[str, Any]:
 
 
 def ops_section(al: OpAlignment) -> dict[str, Any]:
-    """The ``ops`` part of the document: each side's GPU time per step split into matched ops and
-    one-sided work (``matched_ns + unmatched_ns == gpu_ns``), every matched op group and every
+    """The ``ops`` part of the document: each side's GPU time per step split into matched and
+    one-sided work (``matched_ns + unmatched_ns == gpu_ns``), every matched group and every
     one-sided group, largest first."""
     def side(i: int) -> dict[str, Any]:
         total, matched = int(round(al.total_ns[i])), int(round(al.matched_ns[i]))
         return {"gpu_ns": total, "matched_ns": matched, "unmatched_ns": total - matched,
-                "matched_share": round(matched / total, 6) if total else None, "ops": al.ops[i]}
+                "matched_share": round(matched / total, 6) if total else None,
+                "matched_op_ns": int(round(al.matched_op_ns[i])), "ops": al.ops[i]}
 
     return {
         "before": side(0), "after": side(1), "ops_matched": al.ops_matched,
-        "matched": [{"name": m.name, "shapes": m.shapes, "count_before": round(m.before.count, 3),
-                     "count_after": round(m.after.count, 3), "ns_before": int(round(m.before.ns)),
-                     "ns_after": int(round(m.after.ns)),
+        "matched": [{"kind": m.kind.name.lower(), "name": m.name, "shapes": m.shapes,
+                     "count_before": round(m.before.count, 3), "count_after": round(m.after.count, 3),
+                     "ns_before": int(round(m.before.ns)), "ns_after": int(round(m.after.ns)),
                      "ratio": round(m.after.ns / m.before.ns, 6) if m.before.ns else None,
                      "classes_before": _classes_ns(m.before), "classes_after": _classes_ns(m.after)}
                     for m in al.matched],
@@ -138,7 +139,7 @@ def compare_prediction(prediction: ReportDocument | PredictionDocument, before: 
 def diff_document(before: Analysis, after: Analysis, prediction: ReportDocument | PredictionDocument | None = None,
                   top: int = 10,
                   tolerance: float = 0.05) -> dict[str, Any]:
-    """The ``whatif.diff`` v2 document. Kernel and op times are per step (``*_ns`` = measured GPU time per
+    """The ``whatif.diff`` v1 document. Kernel and op times are per step (``*_ns`` = measured GPU time per
     step, ``count_*`` = launches per step) so traces with different step counts compare;
     ``tolerance``: relative change below which a kernel counts as ``same``."""
     b_steps, a_steps = _steps(before), _steps(after)

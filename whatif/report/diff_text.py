@@ -39,19 +39,22 @@ def _render_ops(ops: dict[str, Any], console: Any, top: int) -> None:
 
     b, a = ops["before"], ops["after"]
     console.print(f"ops aligned by op tree: matched {ms(b['matched_ns'])} of {ms(b['gpu_ns'])} GPU ms per step "
-                  f"before ({_share(b['matched_share'])}), {ms(a['matched_ns'])} of {ms(a['gpu_ns'])} after "
-                  f"({_share(a['matched_share'])}); aten ops matched {ops['ops_matched']} of {b['ops']} before, "
+                  f"before ({_share(b['matched_share'])}, under aten ops {ms(b['matched_op_ns'])}), "
+                  f"{ms(a['matched_ns'])} of {ms(a['gpu_ns'])} after ({_share(a['matched_share'])}, under aten ops "
+                  f"{ms(a['matched_op_ns'])}); aten ops matched {ops['ops_matched']} of {b['ops']} before, "
                   f"{a['ops']} after")
     if ops["matched"]:
-        tab = Table(title="matched ops (GPU time per step)", title_justify="left")
-        tab.add_column("op", no_wrap=True, overflow="ellipsis", max_width=30)
-        tab.add_column("shapes", no_wrap=True, overflow="ellipsis", max_width=28)
+        tab = Table(title="matched ops (GPU time per step; a module, annotation or step: the work launched right "
+                          "under it)", title_justify="left")
+        tab.add_column("op", no_wrap=True, overflow="ellipsis", max_width=28)
+        tab.add_column("shapes", no_wrap=True, overflow="ellipsis", max_width=24)
         for col in ("calls", "ms before", "ms after", "ratio"):
             tab.add_column(col, justify="right", no_wrap=True, min_width=len(col))
-        tab.add_column("kernels before", no_wrap=True, overflow="ellipsis", max_width=22)
-        tab.add_column("kernels after", no_wrap=True, overflow="ellipsis", max_width=22)
+        tab.add_column("kernels before", no_wrap=True, overflow="ellipsis", max_width=18)
+        tab.add_column("kernels after", no_wrap=True, overflow="ellipsis", max_width=18)
         for r in ops["matched"][:top]:
-            tab.add_row(r["name"], r["shapes"], f"{r['count_before']:g}", ms(r["ns_before"]), ms(r["ns_after"]),
+            name = r["name"] if r["kind"] == "op" else f"{r['name']} ({r['kind']})"
+            tab.add_row(name, r["shapes"], f"{r['count_before']:g}", ms(r["ns_before"]), ms(r["ns_after"]),
                         "-" if r["ratio"] is None else f"{r['ratio']:.2f}", _class_text(r["classes_before"]),
                         _class_text(r["classes_after"]))
         console.print(tab)
