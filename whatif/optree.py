@@ -12,9 +12,11 @@ play no part, so an H100 trace (cuBLAS ``sm90_xmma_gemm…``) aligns with an MI3
 An op whose lowering differs by vendor (``aten::scaled_dot_product_attention`` calling
 ``aten::_scaled_dot_product_flash_attention`` on one, ``…_efficient_attention`` on the other)
 leaves those children unmatched; their kernels count for the deepest matched op above them, the
-lowest common node of TraceLens's TraceDiff. A kernel with no matched aten op above it
-(under a matched module only, or under ops that exist on one side) is one-sided work, reported
-under the topmost unmatched node that holds it.
+lowest common node of TraceLens's TraceDiff. A kernel launched right under a matched module,
+annotation or step (no op between: Triton kernels recorded into a CUDA graph) is matched work of
+that node. Any other kernel (below nodes that exist on one side only, or with no launch call in
+the file) is one-sided work, reported under the topmost unmatched node that holds it. Names
+compare without step numbers and without the hashes that name compiled graphs.
 """
 from __future__ import annotations
 
@@ -91,7 +93,7 @@ def _gpu_rows(a: Analysis) -> GpuRows:
 class OpTree:
     """The CPU nodes that hold GPU work, parents before children (node index order).
 
-    ``roots``: per rank, the top-level nodes of all its threads in start order; ``gpu_node``: per
+    ``roots``: per rank, the top-level nodes of its threads (:func:`_by_thread`); ``gpu_node``: per
     entry of ``gpu``, the innermost node above its launch call, -1 when none (no launch call, or
     a call outside every operator)."""
 
