@@ -123,11 +123,8 @@ def vendor_trace(path: Path, ops: list[tuple[str, list[list[int]], str | None, s
         if orphan_us:
             tr.gpu("orphan_elementwise_kernel", gpu_t, orphan_us, corr=100_000 + n)
             gpu_t += orphan_us
-        cpu_t = t0 + 1 + 10 * len(ops)
         corr += 1
-        tr.runtime("cudaDeviceSynchronize", cpu_t, gpu_t + 1 - cpu_t, corr=corr)
-        tr.step(n, t0, gpu_t + 2 - t0)
-        t0 = gpu_t + 4
+        t0 = tr.synced_step(n, t0, t0 + 1 + 10 * len(ops), gpu_t, corr)
     return tr.write(path)
 
 
