@@ -158,6 +158,30 @@ def test_ops_align_across_vendors(tmp_path: Path) -> None:
     assert orjson.dumps(again) == orjson.dumps(doc)
 
 
+def compiled_trace(path: Path, graph_hash: str, kernel_us: float) -> Path:
+    """Three steps of one Triton kernel launched right under a compiled graph's annotation."""
+    tr = KinetoTrace()
+    t0 = 0.0
+    for n in range(3):
+        tr.annotation(f"## Call CompiledFxGraph {graph_hash} ##", t0 + 1, 8)
+        tr.runtime("cuLaunchKernel", t0 + 2, 4, corr=2 * n + 1)
+        tr.gpu("triton_poi_fused_add_0", t0 + 10, kernel_us, corr=2 * n + 1)
+        t0 = tr.synced_step(n, t0, t0 + 9, t0 + 10 + kernel_us, 2 * n + 2)
+    return tr.write(path)
+
+
+def test_compiled_graphs_match_whatever_their_hash(tmp_path: Path) -> None:
+    before = compiled_trace(tmp_path / "a.json.gz", "fvjmd63htmfdi5w7aufk2x5kqz7y6tcoyia5", 10)
+    after = compiled_trace(tmp_path / "b.json.gz", "fjs75i4jmhjizyb5d2n4c6ohbmzk6a6xq3u2", 7)
+    ops = diff_document(analyze(before), analyze(after))["ops"]
+    assert [(r["kind"], r["name"], r["count_before"], r["ns_before"], r["ns_after"]) for r in ops["matched"]] == [
+        ("annotation", "## Call CompiledFxGraph * ##", 1, 10_000, 7_000)]
+    assert ops["before"]["matched_share"] == 1.0 and ops["before"]["matched_op_ns"] == 0 and ops["ops_matched"] == 0
+    other = compiled_trace(tmp_path / "c.json.gz", "not a hash", 7)  # another name: nothing in common
+    ops = diff_document(analyze(before), analyze(other))["ops"]
+    assert ops["matched"] == [] and [r["name"] for r in ops["only_after"]] == ["## Call CompiledFxGraph not a hash ##"]
+
+
 def test_the_same_trace_matches_every_op(pair: tuple[Path, Path, Path]) -> None:
     before, exact, _ = pair
     ops = diff_document(analyze(before), analyze(exact))["ops"]
