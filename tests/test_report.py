@@ -50,11 +50,8 @@ def gpu_trace(path: Path, gemm_us: float = 60, relu_us: float = 10, extra_kernel
             tr.runtime("cudaLaunchKernel", t0 + 4 + 10 * i, 4, corr=corr)
             tr.gpu(kernel, gpu_t, dur, corr=corr)
             gpu_t += dur
-        cpu_t = t0 + 2 + 10 * len(kernels)
         corr += 1
-        tr.runtime("cudaDeviceSynchronize", cpu_t, gpu_t + 1 - cpu_t, corr=corr)
-        tr.step(n, t0, gpu_t + 2 - t0)
-        t0 = gpu_t + 4
+        t0 = tr.synced_step(n, t0, t0 + 2 + 10 * len(kernels), gpu_t, corr)
     return tr.write(path)
 
 

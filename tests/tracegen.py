@@ -30,6 +30,13 @@ class KinetoTrace:
     def step(self, n: int, ts: float, dur: float, tid: int = MAIN_TID) -> None:
         self._x("user_annotation", f"ProfilerStep#{n}", ts, dur, CPU_PID, tid)
 
+    def synced_step(self, n: int, ts: float, sync_ts: float, gpu_end: float, corr: int) -> float:
+        """Step ``n`` from ``ts``, ended by a ``cudaDeviceSynchronize`` from ``sync_ts`` that returns
+        1 us after the GPU is done at ``gpu_end``; returns where the next step may start."""
+        self.runtime("cudaDeviceSynchronize", sync_ts, gpu_end + 1 - sync_ts, corr=corr)
+        self.step(n, ts, gpu_end + 2 - ts)
+        return gpu_end + 4
+
     def annotation(self, name: str, ts: float, dur: float, tid: int = MAIN_TID) -> None:
         self._x("user_annotation", name, ts, dur, CPU_PID, tid)
 

@@ -1,7 +1,9 @@
-"""Compare two traces of the same program (before and after a change): step times, GPU work by
-kernel name (added, removed, slower, faster) and by kernel class, and the critical-path breakdown;
-given a prediction made on *before*, how far each scenario's prediction is from what *after*
-measured. The result is the ``whatif.diff`` v1 document (docs/report-schema.md)."""
+"""Compare two traces of the same program (before and after a change, or the same program on two
+GPUs): step times, GPU work per op with the two op trees aligned (:mod:`whatif.optree`), by
+kernel name (added, removed, slower, faster; meaningful on one vendor) and by kernel class, and
+the critical-path breakdown; given a prediction made on *before*, how far each scenario's
+prediction is from what *after* measured. The result is the ``whatif.diff`` v1 document
+(docs/report-schema.md)."""
 from __future__ import annotations
 
 from typing import Any
@@ -13,7 +15,7 @@ from whatif import __version__
 from whatif.api import Analysis
 from whatif.core.kernels import classify_kernel
 from whatif.documents import PredictionDocument, ReportDocument, counted
-from whatif.summary import GPU_KINDS
+from whatif.optree import OneSidedOp, OpAlignment, OpSide, align_ops, counted_gpu_tasks, counted_rows
 
 from .document import CATEGORIES, prediction_of
 
@@ -21,14 +23,8 @@ SCHEMA = "whatif.diff"
 VERSION = 1
 
 
-def _counted(a: Analysis) -> np.ndarray:
-    """Rows of ``a.steps`` that count (warm-up and partial steps left out unless ``a.options`` says)."""
-    inc = a.steps["included"].to_numpy(dtype=bool)
-    return inc if inc.any() else np.ones(len(inc), dtype=bool)
-
-
 def _steps(a: Analysis) -> dict[str, Any]:
-    ns = a.steps["measured_ns"].to_numpy(dtype=float)[_counted(a)]
+    ns = a.steps["measured_ns"].to_numpy(dtype=float)[counted_rows(a)]
     return {"count": int(len(ns)),
             "mean_ns": int(ns.mean()) if len(ns) else 0,
             "median_ns": int(np.median(ns)) if len(ns) else 0,
@@ -42,13 +38,7 @@ def _steps(a: Analysis) -> dict[str, Any]:
 def gpu_work(a: Analysis) -> pd.DataFrame:
     """Measured GPU time and count per kernel name, per counted step (work attributed to a step
     that counts; the whole trace when it has no step markers). Columns ``name``, ``count``, ``ns``."""
-    t = a.graph.tasks
-    gpu = t[t["kind"].isin(GPU_KINDS) & (t["measured_start_ns"] >= 0)]
-    keep = a.steps[_counted(a)]
-    keys = set(zip(keep["rank"].tolist(), keep["step"].tolist()))
-    in_steps = gpu[[k in keys for k in zip(gpu["rank"].tolist(), gpu["step"].tolist())]]
-    sel = in_steps if len(in_steps) else gpu
-    n = max(len(keys), 1)
+    sel, n = counted_gpu_tasks(a)
     frame = pd.DataFrame({"name": sel["name"].astype(str).to_numpy(),
                           "ns": (sel["measured_end_ns"] - sel["measured_start_ns"]).to_numpy()})
     agg = frame.groupby("name", sort=True).agg(count=("ns", "size"), ns=("ns", "sum")).reset_index()
@@ -73,8 +63,40 @@ def _kernel_entry(r: Any) -> dict[str, Any]:
             "ns_after": int(round(r.ns_after)), "delta_ns": int(round(r.delta_ns))}
 
 
+def _classes_ns(side: OpSide) -> dict[str, int]:
+    return {c.value: int(round(ns)) for c, ns in sorted(side.classes.items(), key=lambda kv: (-kv[1], kv[0].value))}
+
+
+def _one_sided(o: OneSidedOp) -> dict[str, Any]:
+    return {"name": o.name, "shapes": o.shapes, "under": o.under, "count": round(o.side.count, 3),
+            "ns": int(round(o.side.ns)), "classes": _classes_ns(o.side)}
+
+
+def ops_section(al: OpAlignment) -> dict[str, Any]:
+    """The ``ops`` part of the document: each side's GPU time per step split into matched and
+    one-sided work (``matched_ns + unmatched_ns == gpu_ns``), every matched group and every
+    one-sided group, largest first."""
+    def side(i: int) -> dict[str, Any]:
+        total, matched = int(round(al.total_ns[i])), int(round(al.matched_ns[i]))
+        return {"gpu_ns": total, "matched_ns": matched, "unmatched_ns": total - matched,
+                "matched_share": round(matched / total, 6) if total else None,
+                "matched_op_ns": int(round(al.matched_op_ns[i])), "ops": al.ops[i]}
+
+    return {
+        "before": side(0), "after": side(1), "ops_matched": al.ops_matched,
+        "matched": [{"kind": m.kind.name.lower(), "name": m.name, "shapes": m.shapes,
+                     "count_before": round(m.before.count, 3), "count_after": round(m.after.count, 3),
+                     "ns_before": int(round(m.before.ns)), "ns_after": int(round(m.after.ns)),
+                     "ratio": round(m.after.ns / m.before.ns, 6) if m.before.ns else None,
+                     "classes_before": _classes_ns(m.before), "classes_after": _classes_ns(m.after)}
+                    for m in al.matched],
+        "only_before": [_one_sided(o) for o in al.only_before],
+        "only_after": [_one_sided(o) for o in al.only_after],
+    }
+
+
 def _breakdown(a: Analysis) -> dict[str, int]:
-    paths = [a.critical_path(int(i)) for i in np.flatnonzero(_counted(a))]
+    paths = [a.critical_path(int(i)) for i in np.flatnonzero(counted_rows(a))]
     n = max(len(paths), 1)
     return {c: int(round(sum(p.breakdown_ns.get(c, 0) for p in paths) / n)) for c in CATEGORIES}
 
@@ -117,7 +139,7 @@ def compare_prediction(prediction: ReportDocument | PredictionDocument, before: 
 def diff_document(before: Analysis, after: Analysis, prediction: ReportDocument | PredictionDocument | None = None,
                   top: int = 10,
                   tolerance: float = 0.05) -> dict[str, Any]:
-    """The ``whatif.diff`` v1 document. Kernel times are per step (``*_ns`` = measured GPU time per
+    """The ``whatif.diff`` v1 document. Kernel and op times are per step (``*_ns`` = measured GPU time per
     step, ``count_*`` = launches per step) so traces with different step counts compare;
     ``tolerance``: relative change below which a kernel counts as ``same``."""
     b_steps, a_steps = _steps(before), _steps(after)
@@ -142,6 +164,7 @@ def diff_document(before: Analysis, after: Analysis, prediction: ReportDocument 
         "speedup": round(b_steps["mean_ns"] / a_steps["mean_ns"], 6) if a_steps["mean_ns"] else None,
         "median_speedup": round(b_steps["median_ns"] / a_steps["median_ns"], 6) if a_steps["median_ns"] else None,
         "gpu_ns_per_step": {"before": int(round(b_gpu["ns"].sum())), "after": int(round(a_gpu["ns"].sum()))},
+        "ops": ops_section(align_ops(before, after)),
         "kernels": kernels,
         "kernel_classes": [{"class": c, "ns_before": b_cls.get(c, 0), "ns_after": a_cls.get(c, 0),
                             "delta_ns": a_cls.get(c, 0) - b_cls.get(c, 0)}

@@ -20,8 +20,62 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x * 100:+.1f}%"
 
 
+def _class_text(classes: dict[str, int]) -> str:
+    """Kernel classes largest first (the document's order).
+
+    >>> _class_text({"gemm": 4016, "memset": 40}), _class_text({})
+    ('gemm+memset', '-')
+    """
+    return "+".join(classes) or "-"
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:.1f}%"
+
+
+def _render_ops(ops: dict[str, Any], console: Any, top: int) -> None:
+    """The op-tree alignment: matched shares, the largest matched ops, the largest one-sided work."""
+    from rich.table import Table
+
+    b, a = ops["before"], ops["after"]
+    console.print(f"ops aligned by op tree: matched {ms(b['matched_ns'])} of {ms(b['gpu_ns'])} GPU ms per step "
+                  f"before ({_share(b['matched_share'])}, under aten ops {ms(b['matched_op_ns'])}), "
+                  f"{ms(a['matched_ns'])} of {ms(a['gpu_ns'])} after ({_share(a['matched_share'])}, under aten ops "
+                  f"{ms(a['matched_op_ns'])}); aten ops matched {ops['ops_matched']} of {b['ops']} before, "
+                  f"{a['ops']} after")
+    if ops["matched"]:
+        tab = Table(title="matched ops (GPU time per step; a module, annotation or step: the work launched right "
+                          "under it)", title_justify="left")
+        tab.add_column("op", no_wrap=True, overflow="ellipsis", max_width=28)
+        tab.add_column("shapes", no_wrap=True, overflow="ellipsis", max_width=24)
+        for col in ("calls", "ms before", "ms after", "ratio"):
+            tab.add_column(col, justify="right", no_wrap=True, min_width=len(col))
+        tab.add_column("kernels before", no_wrap=True, overflow="ellipsis", max_width=18)
+        tab.add_column("kernels after", no_wrap=True, overflow="ellipsis", max_width=18)
+        for r in ops["matched"][:top]:
+            name = r["name"] if r["kind"] == "op" else f"{r['name']} ({r['kind']})"
+            tab.add_row(name, r["shapes"], f"{r['count_before']:g}", ms(r["ns_before"]), ms(r["ns_after"]),
+                        "-" if r["ratio"] is None else f"{r['ratio']:.2f}", _class_text(r["classes_before"]),
+                        _class_text(r["classes_after"]))
+        console.print(tab)
+    for side in ("before", "after"):
+        rows = ops[f"only_{side}"][:top]
+        if not rows:
+            continue
+        tab = Table(title=f"GPU work with no matched op, only in {side} (per step)", title_justify="left")
+        tab.add_column("held by", no_wrap=True, overflow="ellipsis", max_width=48)
+        tab.add_column("under", no_wrap=True, overflow="ellipsis", max_width=32)
+        tab.add_column("calls", justify="right", no_wrap=True, min_width=5)
+        tab.add_column("ms", justify="right", no_wrap=True, min_width=7)
+        tab.add_column("kernels", no_wrap=True, overflow="ellipsis", max_width=40)
+        for r in rows:
+            tab.add_row(r["name"], r["under"] or "-", f"{r['count']:g}", ms(r["ns"]), _class_text(r["classes"]))
+        console.print(tab)
+
+
 def render_diff(doc: dict[str, Any], console: Any, top: int = 8) -> None:
-    """Print steps, kernel changes, kernel classes, critical path and the prediction check."""
+    """Print steps, the ops aligned by op tree, kernel changes by name, kernel classes, critical
+    path and the prediction check."""
     from rich.table import Table
 
     b, a = doc["before"], doc["after"]
@@ -31,6 +85,7 @@ def render_diff(doc: dict[str, Any], console: Any, top: int = 8) -> None:
                   f"mean {ms(a['mean_ns'])} ms, median {ms(a['median_ns'])} ms")
     console.print(f"measured speedup {doc['speedup']:.3f}x (median {doc['median_speedup']:.3f}x); GPU time per step "
                   f"{ms(doc['gpu_ns_per_step']['before'])} -> {ms(doc['gpu_ns_per_step']['after'])} ms")
+    _render_ops(doc["ops"], console, top)
     k = doc["kernels"]
     console.print("kernels by name (GPU ms per step): " + ", ".join(
         f"{c} {k[c]['names']} ({ms(k[c]['delta_ns'], True)})"
