@@ -213,13 +213,94 @@ def _writable(value: Any) -> bool:
 def _synthetic_track(replay: Replay, resource: int) -> tuple[int, int]:
     """pid and tid for a task with no input event, from its resource."""
     res = replay.graph.resources
-    kind = ResourceKind(int(res["kind"].iat[resource]))
-    key = int(res["key"].iat[resource])
+    kind = ResourceKind(int(res["kind"].to_numpy()[resource]))
+    key = int(res["key"].to_numpy()[resource])
     if kind == ResourceKind.STREAM:
-        return int(res["device"].iat[resource]), key
+        return int(res["device"].to_numpy()[resource]), key
     if kind == ResourceKind.THREAD:
         return key >> 32, key & 0xFFFFFFFF
     return -1, resource
+
+
+class _Writer:
+    """Accumulates each rank's events, times in microseconds from one base."""
+
+    def __init__(self, replay: Replay, times: EventTimes, base_ns: int) -> None:
+        self.replay, self.times, self.base_ns = replay, times, base_ns
+        trace = replay.graph.trace
+        assert trace is not None
+        self.events: dict[int, list[dict[str, Any]]] = {info.rank: [] for info in trace.ranks}
+        self.flow_ids = {info.rank: _FlowIds() for info in trace.ranks}
+
+    def us(self, ns: int) -> float:
+        return round((ns - self.base_ns) / 1000.0, 3)
+
+    def slice(self, rank: int, cat: str, name: str, pid: int, tid: int, start_ns: int, end_ns: int,
+              args: dict[str, Any] | None) -> None:
+        e: dict[str, Any] = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": self.us(start_ns),
+                             "dur": round((end_ns - start_ns) / 1000.0, 3)}
+        if args is not None:
+            e["args"] = args if _writable(args) else {}
+        self.events[rank].append(e)
+
+    def flow(self, rank: int, cat: str, flow_id: int, phase: str, pid: int, tid: int, ts_ns: int) -> None:
+        e = {"ph": phase, "id": self.flow_ids[rank].of(cat, flow_id), "pid": pid, "tid": tid, "ts": self.us(ts_ns),
+             "cat": cat, "name": cat}
+        if phase == "f":
+            e["bp"] = "e"
+        self.events[rank].append(e)
+
+
+def _names(replay: Replay) -> dict[int, list[dict[str, Any]]]:
+    """Each rank's process and thread name events."""
+    assert replay.graph.trace is not None
+    out: dict[int, list[dict[str, Any]]] = {}
+    for info in replay.graph.trace.ranks:
+        out[info.rank] = [{"ph": "M", "name": "process_name", "pid": p, "tid": 0, "args": {"name": name}}
+                          for p, name in sorted(info.process_names.items())]
+        out[info.rank] += [{"ph": "M", "name": "thread_name", "pid": p, "tid": th, "args": {"name": name}}
+                           for (p, th), name in sorted(info.thread_names.items())]
+    return out
+
+
+def _input_events(w: _Writer, ev: pd.DataFrame) -> None:
+    """Every kept input event, in (rank, replayed start, longer first, input order) order."""
+    times = w.times
+    names = ev["name"].astype(str).to_numpy()
+    kinds, ranks = ev["kind"].to_numpy(), ev["rank"].to_numpy()
+    pid, tid, args = ev["pid"].to_numpy(), ev["tid"].to_numpy(), ev["args"].to_numpy()
+    kept = np.flatnonzero(times.kept)
+    order = kept[np.lexsort((kept, times.start_ns[kept] - times.end_ns[kept], times.start_ns[kept], ranks[kept]))]
+    for row in order.tolist():
+        w.slice(int(ranks[row]), KINETO_CATEGORY[EventKind(int(kinds[row]))], names[row], int(pid[row]), int(tid[row]),
+                int(times.start_ns[row]), int(times.end_ns[row]), args[row])
+
+
+def _added_tasks(w: _Writer, synthetic: np.ndarray) -> None:
+    """Work a transform added (tasks with no input event), from its task."""
+    t = w.replay.graph.tasks
+    res, kinds, ranks, names = (t[c].to_numpy() for c in ("resource", "kind", "rank", "name"))
+    for i in synthetic.tolist():
+        pid, tid = _synthetic_track(w.replay, int(res[i]))
+        w.slice(int(ranks[i]), _CATEGORY[TaskKind(int(kinds[i]))], str(names[i]), pid, tid,
+                int(w.replay.start_ns[i]), int(w.replay.end_ns[i]), {"whatif task": i})
+
+
+def _flows(w: _Writer, ev: pd.DataFrame) -> None:
+    """A launch flow per launch edge (id: the correlation id), then the input's other flows."""
+    g, times = w.replay.graph, w.times
+    assert g.trace is not None
+    ranks, pid, tid, corr = (ev[c].to_numpy() for c in ("rank", "pid", "tid", "correlation"))
+    e_rows = g.tasks["event"].to_numpy()
+    launch = g.edges[g.edges["kind"] == int(EdgeKind.LAUNCH)]
+    for s, d in zip(e_rows[launch["src"].to_numpy()].tolist(), e_rows[launch["dst"].to_numpy()].tolist()):
+        if s < 0 or d < 0 or corr[d] < 0 or not times.kept[d]:
+            continue
+        rank = int(ranks[d])
+        w.flow(rank, "ac2g", int(corr[d]), "s", int(pid[s]), int(tid[s]), int(times.start_ns[s]))
+        w.flow(rank, "ac2g", int(corr[d]), "f", int(pid[d]), int(tid[d]), int(times.start_ns[d]))
+    for rank, f in g.trace.flows:
+        w.flow(rank, f.category, f.flow_id, f.phase, f.pid, f.tid, times.moved((rank, False, f.pid, f.tid), f.ts_ns))
 
 
 def chrome_traces(replay: Replay) -> dict[int, dict[str, Any]]:
@@ -227,75 +308,19 @@ def chrome_traces(replay: Replay) -> dict[int, dict[str, Any]]:
     shares one ``baseTimeNanoseconds`` so that their times compare."""
     g = replay.graph
     assert g.trace is not None, "export needs the graph's trace"
-    ev = g.trace.events
     times = event_times(replay)
     t = g.tasks
-    synthetic = np.flatnonzero((t["event"].to_numpy() < 0)
-                               & np.isin(t["kind"].to_numpy(), codes(_CATEGORY)))
+    synthetic = np.flatnonzero((t["event"].to_numpy() < 0) & np.isin(t["kind"].to_numpy(), codes(_CATEGORY)))
     starts = np.r_[times.start_ns[times.kept], replay.start_ns[synthetic]]
-    base_ns = int(starts.min()) if len(starts) else 0
-
-    def us(ns: int) -> float:
-        return round((ns - base_ns) / 1000.0, 3)
-
-    names = ev["name"].astype(str).to_numpy()
-    kinds, ranks = ev["kind"].to_numpy(), ev["rank"].to_numpy()
-    pid, tid, args = ev["pid"].to_numpy(), ev["tid"].to_numpy(), ev["args"].to_numpy()
-    corr = ev["correlation"].to_numpy()
+    w = _Writer(replay, times, int(starts.min()) if len(starts) else 0)
+    _input_events(w, g.trace.events)
+    _added_tasks(w, synthetic)
+    _flows(w, g.trace.events)
     docs: dict[int, dict[str, Any]] = {}
-    flow_ids: dict[int, _FlowIds] = {}
-    events: dict[int, list[dict[str, Any]]] = {}
-    for info in g.trace.ranks:
-        out: list[dict[str, Any]] = []
-        for p, name in sorted(info.process_names.items()):
-            out.append({"ph": "M", "name": "process_name", "pid": p, "tid": 0, "args": {"name": name}})
-        for (p, th), name in sorted(info.thread_names.items()):
-            out.append({"ph": "M", "name": "thread_name", "pid": p, "tid": th, "args": {"name": name}})
-        events[info.rank], flow_ids[info.rank] = out, _FlowIds()
+    for info, (rank, names) in zip(g.trace.ranks, _names(replay).items()):
         meta = {k: v for k, v in info.metadata.items() if k != "traceEvents" and _writable(v)}
-        docs[info.rank] = {**meta, "schemaVersion": meta.get("schemaVersion", 1), "baseTimeNanoseconds": base_ns,
-                           "traceName": EXPORT_NAME}
-
-    kept = np.flatnonzero(times.kept)
-    order = kept[np.lexsort((kept, times.start_ns[kept] - times.end_ns[kept], times.start_ns[kept], ranks[kept]))]
-    for row in order.tolist():
-        e: dict[str, Any] = {"ph": "X", "cat": KINETO_CATEGORY[EventKind(int(kinds[row]))], "name": names[row],
-                             "pid": int(pid[row]), "tid": int(tid[row]), "ts": us(int(times.start_ns[row])),
-                             "dur": round((int(times.end_ns[row]) - int(times.start_ns[row])) / 1000.0, 3)}
-        a = args[row]
-        if a is not None:
-            e["args"] = a if _writable(a) else {}
-        events[int(ranks[row])].append(e)
-
-    res = t["resource"].to_numpy()
-    for i in synthetic.tolist():
-        p, th = _synthetic_track(replay, int(res[i]))
-        k = TaskKind(int(t["kind"].iat[i]))
-        events[int(t["rank"].iat[i])].append(
-            {"ph": "X", "cat": _CATEGORY[k], "name": str(t["name"].iat[i]), "pid": p, "tid": th,
-             "ts": us(int(replay.start_ns[i])), "dur": round(int(replay.end_ns[i] - replay.start_ns[i]) / 1000.0, 3),
-             "args": {"whatif task": i}})
-
-    e_rows = t["event"].to_numpy()
-    launch = g.edges[g.edges["kind"] == int(EdgeKind.LAUNCH)]
-    for s, d in zip(e_rows[launch["src"].to_numpy()].tolist(), e_rows[launch["dst"].to_numpy()].tolist()):
-        if s < 0 or d < 0 or corr[d] < 0 or not times.kept[d]:
-            continue
-        rank = int(ranks[d])
-        fid = flow_ids[rank].of("ac2g", int(corr[d]))
-        events[rank].append({"ph": "s", "id": fid, "pid": int(pid[s]), "tid": int(tid[s]),
-                             "ts": us(int(times.start_ns[s])), "cat": "ac2g", "name": "ac2g"})
-        events[rank].append({"ph": "f", "id": fid, "pid": int(pid[d]), "tid": int(tid[d]),
-                             "ts": us(int(times.start_ns[d])), "cat": "ac2g", "name": "ac2g", "bp": "e"})
-    for rank, flow in g.trace.flows:
-        moved = times.moved((rank, False, flow.pid, flow.tid), flow.ts_ns)
-        e = {"ph": flow.phase, "id": flow_ids[rank].of(flow.category, flow.flow_id), "pid": flow.pid,
-             "tid": flow.tid, "ts": us(moved), "cat": flow.category, "name": flow.category}
-        if flow.phase == "f":
-            e["bp"] = "e"
-        events[rank].append(e)
-    for rank, doc in docs.items():
-        doc["traceEvents"] = events[rank]
+        docs[rank] = {**meta, "schemaVersion": meta.get("schemaVersion", 1), "baseTimeNanoseconds": w.base_ns,
+                      "traceName": EXPORT_NAME, "traceEvents": names + w.events[rank]}
     return docs
 
 

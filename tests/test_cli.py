@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import gzip
-import itertools
 import subprocess
 import sys
 from pathlib import Path
