@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from conftest import SHARED_TRACES
+from test_shared_replay import REFUSED, shared_inputs
 from tracegen import KinetoTrace
 
 from whatif.api import analyze
@@ -213,3 +215,15 @@ def test_old_run_folders_keep_loading(tmp_path: Path) -> None:
     assert run_meta_path(run) == run / RUN_META_NAME
     prepare_output(run, rank=0, world_size=2, force=True)  # a new recording replaces both names
     assert run_meta_path(run) is None
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "corpus_input" in metafunc.fixturenames:
+        names = shared_inputs(SHARED_TRACES) if SHARED_TRACES.is_dir() else ["<absent>"]
+        metafunc.parametrize("corpus_input", [n for n in names if n not in REFUSED])
+
+
+@pytest.mark.slow
+def test_every_shared_trace_round_trips(shared_traces: Path, tmp_path: Path, corpus_input: str) -> None:
+    src = shared_traces / corpus_input
+    round_trips(src, tmp_path / ("out" if src.is_dir() else "out.json.gz"))
