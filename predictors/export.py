@@ -31,7 +31,7 @@ import orjson
 import pandas as pd
 
 from whatif.core.output import OutputError, gzip_bytes, write_output
-from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskKind
+from whatif.depgraph.graph import LOCAL_GPU_WORK_KINDS, EdgeKind, ResourceKind, TaskKind
 from whatif.tracer.kinds import GPU_ACTIVITY_KINDS, GPU_KINDS, KINETO_CATEGORY, EventKind, codes
 from whatif.tracer.kineto import kineto_json
 from whatif.tracer.readers import is_trace_name
@@ -43,7 +43,7 @@ _CATEGORY = {TaskKind.CPU_CALL: "cuda_runtime", TaskKind.WAIT: "cuda_runtime", T
              TaskKind.KERNEL: "kernel", TaskKind.COMM: "kernel", TaskKind.MEMCPY: "gpu_memcpy",
              TaskKind.MEMSET: "gpu_memset"}
 """Category of a task with no input event (work a transform added)."""
-_PINNING_KINDS = (TaskKind.CPU_CALL, TaskKind.KERNEL, TaskKind.MEMCPY, TaskKind.MEMSET)
+_PINNING_KINDS = LOCAL_GPU_WORK_KINDS | {TaskKind.CPU_CALL}
 """Tasks whose measured start is their event's start (shifted by the rank's clock alignment)."""
 EXPORT_NAME = "whatif predicted timeline"
 
@@ -182,7 +182,13 @@ def event_times(replay: Replay) -> EventTimes:
 
 
 class _FlowIds:
-    """Flow ids unique in one file: a flow keeps its input id unless another flow took it."""
+    """Flow ids unique in one file: a flow keeps its input id unless another flow took it (or it
+    is not a 64-bit id the writer can encode).
+
+    >>> ids = _FlowIds()
+    >>> ids.of("ac2g", 7), ids.of("ac2g", 7), ids.of("fwdbwd", 7), ids.of("fwdbwd", 2 ** 70)
+    (7, 7, 1, 2)
+    """
 
     def __init__(self) -> None:
         self.given: dict[tuple[str, int], int] = {}
@@ -193,7 +199,7 @@ class _FlowIds:
         key = (category, flow_id)
         if key not in self.given:
             new = flow_id
-            while new in self.used or new < 0:
+            while new in self.used or not 0 <= new < 2 ** 63:
                 new, self.next = self.next, self.next + 1
             self.used.add(new)
             self.given[key] = new
