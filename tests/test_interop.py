@@ -227,3 +227,24 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def test_every_shared_trace_round_trips(shared_traces: Path, tmp_path: Path, corpus_input: str) -> None:
     src = shared_traces / corpus_input
     round_trips(src, tmp_path / ("out" if src.is_dir() else "out.json.gz"))
+
+
+def test_export_of_an_edited_graph_moves_scaled_work_and_leaves_out_removed_work(tmp_path: Path) -> None:
+    from whatif.predictors.export import chrome_traces
+    from whatif.predictors.replay import replay
+    from whatif.transforms import edit
+
+    a = analyze(two_rank_folder(tmp_path / "in"))
+    t = a.graph.tasks
+    gemms = np.flatnonzero((t["name"].astype(str) == "sm80_xmma_gemm_f32f32").to_numpy())
+    halved = edit.scale(a.graph, gemms, 0.5, reason="test")
+    r = replay(halved)
+    docs = chrome_traces(r)
+    for i in gemms.tolist():
+        rank, corr = int(t["rank"].iat[i]), int(a.trace.events["correlation"].iat[int(t["event"].iat[i])])
+        e = next(e for e in docs[rank]["traceEvents"] if e.get("args", {}).get("correlation") == corr
+                 and e["cat"] == "kernel" and e["name"] == "sm80_xmma_gemm_f32f32")
+        assert round(e["dur"] * 1000) == int(r.end_ns[i] - r.start_ns[i]) == int(t["dur_ns"].iat[i]) // 2
+    removed = chrome_traces(replay(edit.remove(a.graph, gemms[:1], reason="test")))
+    kernels = [e for d in removed.values() for e in d["traceEvents"] if e.get("name") == "sm80_xmma_gemm_f32f32"]
+    assert len(kernels) == len(gemms) - 1
