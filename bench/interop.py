@@ -4,8 +4,9 @@
    and from the same folder as whatif wrote it before (``meta.json``, compact ``"rank":k``).
 2. HTA's critical path (``TraceAnalysis.critical_path_analysis``) on a shared A100 trace and on its
    ``whatif export``: success, graph size, breakdown.
-3. TraceLens's perf report (``generate_perf_report_pytorch``) on a shared H100 trace and on its
-   ``whatif export``: the GEMM and SDPA op rows (name, parameters, shapes, counts) and kernel time.
+3. TraceLens's perf report (``generate_perf_report_pytorch``) on six shared HuggingFace traces
+   (H100, MI300X) and on their ``whatif export``: the GEMM and SDPA op rows (name, parameters,
+   shapes, counts) and kernel time.
 4. The ranks HTA loads from a ``whatif export`` of a 2-rank trace (one file per rank).
 
 HTA comes from pip into a throw-away venv (bench/common/hta.py); TraceLens from a checkout named by
@@ -39,7 +40,10 @@ HTA_SCRIPT = BENCH / "hta" / "hta_interop.py"
 TRACELENS_SCRIPT = BENCH / "tracelens" / "tracelens_tables.py"
 CRITICAL_PATH_TRACE = SHARED / "hta" / "critical_path_alexnet_a100.json.gz"
 CRITICAL_PATH_ANNOTATION = ("[param|pytorch.model.alex_net|0|0|0|measure|forward]", 1)
-TRACELENS_TRACE = SHARED / "tracelens" / "hf_h100" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+HF_MODELS = ("Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", "gaunernst_bert-small-uncased__1016001.json.gz",
+             "Falconsai_nsfw_image_detection__1016002.json.gz")
+TRACELENS_TRACES = [f"tracelens/{gpu}/{model}" for gpu in ("hf_h100", "hf_mi300") for model in HF_MODELS]
+"""HuggingFace models on an H100 and an MI300X, each with GEMM and SDPA ops."""
 TWO_RANK_TRACE = SHARED / "hta" / "sampled_world128"
 DDP_SCRIPT = """
     import torch, torch.distributed as dist, whatif
@@ -112,6 +116,24 @@ def export(trace: Path, out: Path) -> Path:
     return analyze(trace).export(out)
 
 
+def compare_tracelens(py: Path, source: Path, trace: Path, out: Path) -> None:
+    """Print TraceLens's GEMM and SDPA tables of ``trace`` against those of its export."""
+    if not trace.exists():
+        print(f"3. {trace}: absent, skipped")
+        return
+    original = tracelens(py, source, trace)
+    exported = tracelens(py, source, export(trace, out))
+    print(f"3. TraceLens perf report, {trace.parent.name}/{trace.name}: same sheets: "
+          f"{original['sheets'] == exported['sheets']} ({len(original['sheets'])})")
+    for sheet in ("GEMM", "SDPA_fwd"):
+        a, b = original.get(sheet), exported.get(sheet)
+        if a is None or b is None:
+            print(f"   {sheet}: original {'present' if a else 'absent'}, export {'present' if b else 'absent'}")
+            continue
+        print(f"   {sheet}: {len(a['rows'])} op rows on the original, {len(b['rows'])} on the export, "
+              f"same rows: {a['rows'] == b['rows']}; kernel time {a['kernel_us']} us vs {b['kernel_us']} us")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hta-python", default=os.environ.get("HTA_PYTHON"))
@@ -145,20 +167,9 @@ def main() -> int:
         if tl_py is None or source is None:
             print("3. TraceLens: no checkout (--tracelens DIR or $WHATIF_TRACELENS) or its dependencies "
                   "could not be installed: skipped")
-        elif not TRACELENS_TRACE.exists():
-            print(f"3. {TRACELENS_TRACE}: absent, skipped")
         else:
-            original = tracelens(tl_py, source, TRACELENS_TRACE)
-            exported = tracelens(tl_py, source, export(TRACELENS_TRACE, work / "tl" / "exported.json.gz"))
-            print(f"3. TraceLens perf report, {TRACELENS_TRACE.name}: sheets original {original['sheets']}, "
-                  f"export {exported['sheets']}")
-            for sheet in ("GEMM", "SDPA_fwd"):
-                a, b = original.get(sheet), exported.get(sheet)
-                if a is None or b is None:
-                    print(f"   {sheet}: original {'present' if a else 'absent'}, export {'present' if b else 'absent'}")
-                    continue
-                print(f"   {sheet}: {len(a['rows'])} op rows on the original, {len(b['rows'])} on the export, "
-                      f"same rows: {a['rows'] == b['rows']}; kernel time {a['kernel_us']} us vs {b['kernel_us']} us")
+            for i, name in enumerate(TRACELENS_TRACES):
+                compare_tracelens(tl_py, source, SHARED / name, work / f"tl{i}" / "exported.json.gz")
     return 0
 
 

@@ -48,8 +48,9 @@ def test_hta_critical_path_runs_on_an_export(interop: ModuleType, hta_py: Path, 
     assert exported == original
 
 
+@pytest.mark.parametrize("name", bench_module("interop").TRACELENS_TRACES)
 def test_tracelens_builds_the_same_gemm_and_sdpa_rows_on_an_export(interop: ModuleType, shared_traces: Path,
-                                                                  tmp_path: Path) -> None:
+                                                                  tmp_path: Path, name: str) -> None:
     common = bench_module("common.tracelens")
     source = common.tracelens_source()
     if source is None:
@@ -57,7 +58,7 @@ def test_tracelens_builds_the_same_gemm_and_sdpa_rows_on_an_export(interop: Modu
     py = common.tracelens_python(source)
     if py is None:
         pytest.skip("TraceLens's dependencies could not be installed (no network?)")
-    trace = shared_traces / "tracelens" / "hf_h100" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+    trace = shared_traces / name
     original = interop.tracelens(py, source, trace)
     exported = interop.tracelens(py, source, interop.export(trace, tmp_path / "exported.json.gz"))
     for sheet in ("GEMM", "SDPA_fwd"):
