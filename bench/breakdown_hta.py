@@ -21,11 +21,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import venv
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from common.hta import hta_python
 
 from whatif.breakdown import BreakdownOptions, gpu_work, summarize
 from whatif.depgraph.build import build_graph
@@ -47,21 +47,6 @@ TRACES = ["kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz
           "tracelens/mi300x_resnet_act_ckpt_rank0of8.json.gz",
           "hta/mi250_minitoy_rocm6.2.json.gz"]
 US = 1000
-
-
-def hta_python(given: str | None) -> Path | None:
-    """A python with HolisticTraceAnalysis: the one given, else a cached throw-away venv."""
-    if given:
-        return Path(given)
-    home = Path.home() / ".cache" / "whatif-bench" / "hta"
-    py = home / "bin" / "python"
-    if not py.exists():
-        venv.create(home, with_pip=True)
-    if subprocess.run([py, "-c", "import hta"], capture_output=True).returncode != 0:
-        done = subprocess.run([py, "-m", "pip", "install", "-q", "HolisticTraceAnalysis"], capture_output=True)
-        if done.returncode != 0:
-            return None
-    return py
 
 
 def run_hta(py: Path, trace: Path) -> dict:

@@ -11,7 +11,7 @@ files; then, in fresh subprocesses and interleaved (HTA, whatif, HTA, whatif, ..
   a change before/after.
 
 Only the call is timed (imports excluded); each figure is the median over ``--repeat`` runs.
-HTA is installed, when missing, into its own venv ``bench/.hta-venv`` (it needs pandas < 3,
+HTA is installed, when missing, into its own venv (``bench/common/hta.py``: it needs pandas < 3,
 whatif does not), so anyone can rerun this script.
 
     .venv/bin/python bench/parse_speed.py                     # table on stdout
@@ -34,11 +34,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common.docs import replace_section
+from common.hta import HTA_SPEC, hta_python
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces"
-HTA_VENV = REPO / "bench" / ".hta-venv"
-HTA_SPEC = ["holistictraceanalysis==0.5.0", "pandas<3"]
 DOC = REPO / "docs" / "traces.md"
 BEGIN, END = "<!-- parse-speed:begin -->", "<!-- parse-speed:end -->"
 
@@ -98,17 +97,11 @@ class Row:
 
 
 def ensure_hta_venv() -> Path:
-    """The python of ``bench/.hta-venv``, created with HTA 0.5 installed when missing."""
-    python = HTA_VENV / "bin" / "python"
-    probe = [str(python), "-c", "import hta.trace_analysis"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
-        return python
-    print(f"installing {' '.join(HTA_SPEC)} into {HTA_VENV.relative_to(REPO)} (once) ...", file=sys.stderr)
-    base = getattr(sys, "_base_executable", sys.executable)
-    subprocess.run([base, "-m", "venv", str(HTA_VENV)], check=True)
-    result = subprocess.run([str(python), "-m", "pip", "install", "-q", *HTA_SPEC], capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.exit(f"bench/parse_speed.py: installing HTA failed:\n{result.stderr[-2000:]}")
+    """The python of the benches' HTA 0.5.0 venv (:func:`common.hta.hta_python`); exits when it
+    cannot be installed."""
+    python = hta_python()
+    if python is None:
+        sys.exit("bench/parse_speed.py: installing HTA failed (pip install " + " ".join(HTA_SPEC) + ")")
     return python
 
 

@@ -17,10 +17,12 @@ import sys
 import time
 from pathlib import Path
 
+from common.hta import HTA_HOME
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = (ROOT.parent / "shared" / "traces" / "kineto"
                  / "resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz")
-HTA_PYTHON = ROOT / "bench" / ".hta-venv" / "bin" / "python"
+HTA_PYTHON = HTA_HOME / "bin" / "python"  # bench/common/hta.py makes it
 HTA_FALLBACKS = [ROOT.parent / "shared" / "traces" / "hta" / name for name in  # HTA's own test traces
                  ("nccl_data_a100_rank0of2.json.gz", "negative_queue_a100_rank0of16.json.gz",
                   "trace_diff_control_rank3.json.gz")]
@@ -72,7 +74,7 @@ shutil.rmtree(d)
 
 def hta_critical_path(trace: str, step: int) -> str:
     if not HTA_PYTHON.exists():
-        return "HTA venv absent (run bench/parse_speed.py first to create it)"
+        return "HTA venv absent (bench/interop.py, breakdown_hta.py or parse_speed.py create it)"
     proc = subprocess.run([str(HTA_PYTHON), "-c", HTA_SCRIPT, trace, str(step)], capture_output=True, text=True,
                           timeout=900)
     if proc.returncode != 0:

@@ -1,7 +1,7 @@
 """Validate `whatif serve` against real runs of examples/llm_serve.py on this machine.
 
 1. record one configuration with `whatif record` (its --log goes into the run folder, where
-   `whatif serve` finds it through meta.json), and run the same configuration once without the
+   `whatif serve` finds it through the run folder's meta.jsonc), and run the same configuration once without the
    profiler (its log gives the profiler-overhead factor, --unprofiled-log);
 2. for each other configuration (rate, max batch, prompt/output lengths): predict with
    `whatif serve --json` (same seed, so the very same request list), and run the example for real,

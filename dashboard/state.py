@@ -49,7 +49,7 @@ from whatif.predictors.cost_models import COST_MODELS, CostModelName
 from whatif.predictors.serving.logs import find_log
 from whatif.serving import Workload, fit_serving, serve, sweep
 from whatif.summary import analysis_document, baseline_document, prediction_document, scenario_headline
-from whatif.tracer.readers import accepted, is_trace_file
+from whatif.tracer.readers import accepted, is_trace_file, run_meta_path
 from whatif.transforms.base import TransformContext
 from whatif.transforms.scenario import Scenario, scenario_from_dict
 
@@ -63,19 +63,19 @@ ANALYSIS_SLOTS = threading.BoundedSemaphore(max(1, min(4, (os.cpu_count() or 2) 
 
 
 def discover(path: Path) -> list[Path]:
-    """The runs at ``path``: a trace file; a run folder (``meta.json`` or ``rank<k>`` files) or a
+    """The runs at ``path``: a trace file; a run folder (its metadata file or ``rank<k>`` files) or a
     folder of per-rank files; otherwise each trace file and each run folder inside it."""
     if path.is_file():
         return [path]
     if not path.is_dir():
         return []
     traces = sorted(p for p in path.iterdir() if is_trace_file(p))
-    if (path / "meta.json").is_file() or (traces and all(RANK_FILE.search(p.name) for p in traces)):
+    if run_meta_path(path) is not None or (traces and all(RANK_FILE.search(p.name) for p in traces)):
         return [path]
     runs = list(traces)
     for sub in sorted(p for p in path.iterdir() if p.is_dir()):
         inner = [p for p in sub.iterdir() if is_trace_file(p)]
-        if (sub / "meta.json").is_file() or (inner and all(RANK_FILE.search(p.name) for p in inner)):
+        if run_meta_path(sub) is not None or (inner and all(RANK_FILE.search(p.name) for p in inner)):
             runs.append(sub)
     return runs
 

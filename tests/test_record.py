@@ -78,7 +78,7 @@ def step_names(run: Path) -> list[str]:
 
 
 def meta(run: Path) -> dict:
-    return json.loads((run / "meta.json").read_text())
+    return json.loads((run / "meta.jsonc").read_text())
 
 
 @pytest.mark.slow
@@ -90,7 +90,7 @@ def test_marked_steps_and_phases_are_recorded(tmp_path: Path) -> None:
     proc = whatif("record", "-f", "-o", str(run), str(script), str(tmp_path / "argv.txt"), "ok", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "argv.txt").read_text() == f"{tmp_path / 'argv.txt'} ok"  # the script's own argv
-    assert sorted(p.name for p in run.iterdir()) == ["meta.json", "rank0.pt.trace.json.gz"]
+    assert sorted(p.name for p in run.iterdir()) == ["meta.jsonc", "rank0.pt.trace.json.gz"]
     trace = load_trace(run)
     ev = trace.events
     assert step_names(run) == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"]
@@ -226,7 +226,7 @@ def test_two_gloo_ranks_write_two_traces(tmp_path: Path) -> None:
              for r in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    assert sorted(p.name for p in run.iterdir()) == ["meta.json", "rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"]
+    assert sorted(p.name for p in run.iterdir()) == ["meta.jsonc", "rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"]
     trace = load_trace(run)
     infos = [r.metadata["distributedInfo"] for r in trace.ranks]
     assert [(i["rank"], i["world_size"], i["backend"]) for i in infos] == [(0, 2, "gloo"), (1, 2, "gloo")]

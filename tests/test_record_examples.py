@@ -30,7 +30,7 @@ def test_recorded_example_analyzes_with_steps_and_phases(tmp_path: Path, name: s
     proc = subprocess.run([sys.executable, "-m", "whatif.cli", "record", "-o", str(out), "--no-summary",
                            str(EXAMPLES / f"{name}.py"), "--", *args], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert (out / "rank0.pt.trace.json.gz").exists() and (out / "meta.json").exists()
+    assert (out / "rank0.pt.trace.json.gz").exists() and (out / "meta.jsonc").exists()
     a = analyze(out)
     assert len(a.steps) >= min_steps
     assert phases <= set(a.graph.tasks["phase"].dropna().astype(str))

@@ -47,7 +47,7 @@ def _record(tmp_path: Path, *args: str) -> tuple[int, Path]:
 
 
 def _meta(run: Path) -> dict:
-    return json.loads((run / "meta.json").read_text())
+    return json.loads((run / "meta.jsonc").read_text())
 
 
 def _steps(run: Path) -> int:

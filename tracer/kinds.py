@@ -62,6 +62,14 @@ CATEGORY_KINDS: dict[str, EventKind] = {
     "cuda_sync": EventKind.GPU_SYNC,
 }
 
+KINETO_CATEGORY: dict[EventKind, str] = {
+    EventKind.CPU_OP: "cpu_op", EventKind.ANNOTATION: "user_annotation", EventKind.PYTHON: "python_function",
+    EventKind.RUNTIME: "cuda_runtime", EventKind.DRIVER: "cuda_driver", EventKind.KERNEL: "kernel",
+    EventKind.MEMCPY: "gpu_memcpy", EventKind.MEMSET: "gpu_memset", EventKind.GPU_ANNOTATION: "gpu_user_annotation",
+    EventKind.GPU_SYNC: "cuda_sync", EventKind.OTHER: "other",
+}
+"""Each kind's category as current Kineto spells it (what a written trace uses; read back as the same kind)."""
+
 # Complete events of these categories carry no information for the graph.
 IGNORED_CATEGORIES = frozenset({"trace", "critical_path"})
 

@@ -40,7 +40,11 @@ from .memory import MemoryColumns
 
 ENTRY_POINT_GROUP = "whatif.trace_readers"
 BUILTIN_MODULES = ("whatif.tracer.kineto",)
-NOT_TRACES = frozenset({"meta.json"})  # a run folder's metadata, not a trace
+RUN_META_NAME = "meta.jsonc"
+"""A ``whatif record`` run folder's metadata (plain JSON). Not ``*.json``: HolisticTraceAnalysis
+opens every ``*.json``/``*.gz`` file of a folder as a trace, so a ``meta.json`` became a rank."""
+OLD_RUN_META_NAME = "meta.json"  # what folders recorded before the rename hold; still read
+NOT_TRACES = frozenset({OLD_RUN_META_NAME})  # a run folder's metadata, not a trace
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
@@ -249,8 +253,22 @@ def reader_for(path: str | Path) -> TraceReader:
     return _READERS[suffix]
 
 
+def run_meta_path(folder: Path) -> Path | None:
+    """The metadata file of a run folder: :data:`RUN_META_NAME`, else an older folder's
+    ``meta.json``; None when neither is there.
+
+    >>> run_meta_path(Path("no/such/run")) is None
+    True
+    """
+    for name in (RUN_META_NAME, OLD_RUN_META_NAME):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
 def is_trace_name(name: str) -> bool:
-    """Whether a file of this name is a trace (a reader owns its suffix, and it is not ``meta.json``)."""
+    """Whether a file of this name is a trace (a reader owns its suffix, and it is not an old run
+    folder's ``meta.json``)."""
     return name not in NOT_TRACES and _suffix_of(name) is not None
 
 

@@ -72,7 +72,9 @@ class Analysis:
         return utilization(self.replay)
 
     def export(self, path: str | Path) -> Path:
-        """Write the predicted timeline as a Chrome/Kineto trace (``.json`` or ``.json.gz``)."""
+        """Write the predicted timeline as Kineto traces (:func:`~whatif.predictors.export.write_chrome_trace`):
+        the file ``path`` (``.json`` or ``.json.gz``) for one rank, the folder ``path`` with a
+        ``rank<k>.pt.trace.json.gz`` per rank for several; returns ``path``."""
         return write_chrome_trace(self.replay, path)
 
 

@@ -80,6 +80,7 @@ from whatif.predictors.serving.simulator import (
     simulate_dit,
     simulate_llm,
 )
+from whatif.tracer.readers import RUN_META_NAME
 from whatif.transforms.base import Transform, TransformError
 from whatif.transforms.parallel.memory import device_capacity_bytes, kv_capacity_tokens, model_shape
 from whatif.transforms.placement import Placement
@@ -345,7 +346,7 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
                 step_options: StepOptions | None = None) -> ServingModels:
     """Fit the iteration models of the baseline (unless ``baseline=False`` and there are scenarios)
     and of each scenario on a run folder/trace (or its :class:`Analysis`). The serving log is
-    ``iterations_log``, else the ``--log`` named in the run folder's meta.json. Scenarios without
+    ``iterations_log``, else the ``--log`` named in the run folder's meta.jsonc (meta.json before). Scenarios without
     a ``cost_model`` key are priced by ``cost_model``. The fits use the steps ``step_options``
     counts (default: an Analysis's own options, else warm-up and partial steps left out)."""
     loaded = [load_scenario(s) if isinstance(s, (str, Path)) else s for s in scenarios]  # validate files first
@@ -357,7 +358,7 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
     if log_path is None:
         folder = run if run.is_dir() else run.parent
         raise WorkloadError(f"{folder}: no serving log found (looked for the --log file named in "
-                            f"{folder / 'meta.json'} "
+                            f"{folder / RUN_META_NAME} "
                             "and a file of that name in the folder); pass --iterations-log FILE (the --log of "
                             "examples/llm_serve.py or dit_serve.py for this recording)")
     base = path if isinstance(path, Analysis) else analyze(path, step_options or COUNT_DEFAULT)

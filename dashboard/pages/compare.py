@@ -20,7 +20,7 @@ from ..layout import COUNT_ALL, error_box, guarded, loading, ms, table
 from ..state import Run, get_store, step_options
 from . import Page
 
-NO_LOG = ("No serving log for this run: whatif serve looks for the --log file named in the run folder's meta.json "
+NO_LOG = ("No serving log for this run: whatif serve looks for the --log file named in the run folder's meta.jsonc "
           "(or a file of that name inside the folder), so TTFT/TPOT are not predicted here.")
 DEFAULT_RATE = 10.0  # req/s, when the serving log names no rate
 SWEEP_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)  # latency-vs-throughput rates, relative to the workload's

@@ -3,7 +3,7 @@
 The CPU traces of this project carry no tensor shapes by default, so the composition of an
 iteration (sequences, new tokens, context lengths) comes from the server's own log
 (``--log`` of examples/llm_serve.py or examples/dit_serve.py; schemas at the top of each file).
-``find_log`` finds it from a run folder's ``meta.json`` (the recorded command's ``--log``).
+``find_log`` finds it from a run folder's metadata (the recorded command's ``--log``).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import msgspec
 
 from whatif.core.errors import WhatifError
 from whatif.core.limits import MAX_DURATION_NS, MAX_STEP
+from whatif.tracer.readers import run_meta_path
 
 LLM_SCHEMA = "whatif.examples.llm_serve/1"
 DIT_SCHEMA = "whatif.examples.dit_serve/1"
@@ -45,7 +46,8 @@ class LLMBatch:
 
 
 def find_log(run: Path) -> Path | None:
-    """The ``--log`` file named in a run folder's ``meta.json``, if it exists: where the recording
+    """The ``--log`` file named in a run folder's metadata (``meta.jsonc``, or an older folder's
+    ``meta.json``), if it exists: where the recording
     wrote it (relative to its ``cwd``), else a file of that name inside the run folder (so a run
     folder that was moved or cloned keeps its log).
 
@@ -53,8 +55,11 @@ def find_log(run: Path) -> Path | None:
     True
     """
     run_dir = run if run.is_dir() else run.parent
+    meta_path = run_meta_path(run_dir)
+    if meta_path is None:
+        return None
     try:
-        meta = msgspec.json.decode((run_dir / "meta.json").read_bytes(), type=_RunCommand)
+        meta = msgspec.json.decode(meta_path.read_bytes(), type=_RunCommand)
     except (OSError, msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
     argv = meta.argv
@@ -72,7 +77,7 @@ def find_log(run: Path) -> Path | None:
 
 
 class _RunCommand(msgspec.Struct, frozen=True):
-    """The part of a run folder's meta.json that names the serving log."""
+    """The part of a run folder's metadata that names the serving log."""
 
     argv: list[str] = []
     cwd: str | None = None

@@ -1,4 +1,4 @@
-"""``meta.json``: what was run, how it ended, and on what software and hardware."""
+"""``meta.jsonc``: what was run, how it ended, and on what software and hardware."""
 from __future__ import annotations
 
 import datetime as dt
@@ -73,7 +73,7 @@ def build_meta(*, command: list[str], argv: list[str], cwd: str, exit_status: in
                started_at_s: float, backend: str, rank: int, world_size: int, steps: int,
                step_source: str, gpu_activity: bool, source_dir: Path, trace_files: list[str],
                options: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
-    """The ``meta.json`` document; ``end``: how the run ended (:class:`~.signals.RunEnd`)."""
+    """The ``meta.jsonc`` document; ``end``: how the run ended (:class:`~.signals.RunEnd`)."""
     return {
         "command": command,
         "argv": argv,

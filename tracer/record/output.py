@@ -4,23 +4,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..kineto import KinetoReader
+from ..readers import OLD_RUN_META_NAME, RUN_META_NAME
 from .errors import OutputExistsError, RecordError
 from .trace_file import trace_file_name
 
-META_NAME = "meta.json"
+META_NAME = RUN_META_NAME
 
 
 def _recording_files(folder: Path) -> list[Path]:
-    """What a recording writes: Kineto JSON traces and ``meta.json``."""
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(KinetoReader.suffixes))
+    """What a recording writes: Kineto JSON traces and its metadata (``meta.jsonc``, or an older
+    recording's ``meta.json``)."""
+    return sorted(p for p in folder.iterdir()
+                  if p.is_file() and (p.name.endswith(KinetoReader.suffixes) or p.name == RUN_META_NAME))
 
 
 def prepare_output(folder: Path, rank: int, world_size: int, force: bool) -> None:
     """Create ``folder`` or check it is free for this rank; with ``force`` delete what a previous
-    recording left there (trace files and ``meta.json``; nothing else is touched).
+    recording left there (trace files and its metadata; nothing else is touched).
 
     One process: the folder must not exist or be empty. Several ranks share one folder, so each
-    rank only checks for its own trace file (and rank 0 for ``meta.json``).
+    rank only checks for its own trace file (and rank 0 for the metadata, new or old name).
     """
     try:
         _prepare(folder, rank, world_size, force)
@@ -33,7 +36,8 @@ def _prepare(folder: Path, rank: int, world_size: int, force: bool) -> None:
         raise RecordError(f"{folder}: output path exists and is not a folder")
     if folder.is_dir():
         if world_size > 1:
-            own = [folder / trace_file_name(rank)] + ([folder / META_NAME] if rank == 0 else [])
+            own = [folder / trace_file_name(rank)] + ([folder / META_NAME, folder / OLD_RUN_META_NAME]
+                                                      if rank == 0 else [])
             taken = [p for p in own if p.exists()]
             if taken and not force:
                 raise OutputExistsError(folder, f"{taken[0].name} of an earlier recording")

@@ -3,7 +3,7 @@
 Order of events: check the output folder and the backend (errors before anything runs), arm
 the step detector and the signal guard, start tracing, run the program, stop tracing whatever
 happened (SIGINT/SIGTERM from here on are deferred, :mod:`.signals`), then write
-``rank<k>.pt.trace.json.gz`` and (rank 0) ``meta.json``.
+``rank<k>.pt.trace.json.gz`` and (rank 0) ``meta.jsonc``.
 """
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def record(target: Target, options: RecordOptions, command: list[str]) -> Record
 def _write_run(target: Target, options: RecordOptions, command: list[str], session: Session,
                detector: StepDetector, watcher: DistributedWatcher, guard: SignalGuard, status: int,
                started_at_s: float, wall_time_s: float) -> RecordResult:
-    """Write the trace and (rank 0) meta.json of a recording that has stopped."""
+    """Write the trace and (rank 0) meta.jsonc of a recording that has stopped."""
     out = options.output
     rank = watcher.current()
     folded = detector.tentative_steps if options.schedule.records_from_start else 0

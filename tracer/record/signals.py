@@ -3,9 +3,9 @@
 While the program runs, SIGINT raises ``KeyboardInterrupt`` (as under ``python``) and SIGTERM
 raises :class:`ProgramTerminated`; both end the program with status 128 + the signal number and
 the trace is still written. From the moment the program has ended, a first signal is *deferred*
-(one line on stderr; the trace and ``meta.json`` are finished, then whatif exits with 128 + the
+(one line on stderr; the trace and ``meta.jsonc`` are finished, then whatif exits with 128 + the
 signal number) and a second one raises :class:`RecordingAborted`: nothing more is written and
-no temp file stays behind. ``meta.json`` says how the run ended (:class:`RunEnd`).
+no temp file stays behind. ``meta.jsonc`` says how the run ended (:class:`RunEnd`).
 
 A signal inherited as ignored (SIGINT in a background job of a non-interactive shell) stays
 ignored, as under ``python``. A program that installs its own handler keeps it while it runs.
@@ -50,7 +50,7 @@ class RecordingAborted(BaseException):
 
 @dataclass(frozen=True)
 class RunEnd:
-    """How a recorded run ended, for ``meta.json``: ``signal`` is the first SIGINT/SIGTERM whatif
+    """How a recorded run ended, for ``meta.jsonc``: ``signal`` is the first SIGINT/SIGTERM whatif
     received (``None``: none), ``during`` is ``"program"`` or ``"write"``."""
 
     signal: str | None = None

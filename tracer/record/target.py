@@ -43,7 +43,7 @@ class Target:
 
     @property
     def source_dir(self) -> Path:
-        """Folder of the program's source (for the git commit in ``meta.json``)."""
+        """Folder of the program's source (for the git commit in ``meta.jsonc``)."""
         if self.path is not None:
             return self.path.resolve().parent
         spec = importlib.util.find_spec(str(self.module))

@@ -15,6 +15,8 @@ import orjson
 
 from whatif.core.output import write_output
 
+from ..kineto import kineto_json
+
 TRACE_SUFFIX = ".pt.trace.json.gz"
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 GZIP_LEVEL = 6
@@ -59,9 +61,10 @@ def merge_cycles(cycles: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def write_trace(path: Path, doc: dict[str, Any]) -> int:
-    """Write ``doc`` as gzipped JSON atomically (:func:`~whatif.core.output.write_output`); returns
-    bytes written."""
-    data = gzip.compress(orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY), compresslevel=GZIP_LEVEL)
+    """Write ``doc`` as gzipped JSON atomically (:func:`~whatif.core.output.write_output`), its
+    ``distributedInfo`` first in Kineto's spelling (:func:`~whatif.tracer.kineto.kineto_json`: HTA reads
+    the rank from it); returns bytes written."""
+    data = gzip.compress(kineto_json(doc), compresslevel=GZIP_LEVEL)
     write_output(path, data)
     return len(data)
 

@@ -1,5 +1,5 @@
 """Run a PyTorch script (or ``-m module``) in this process under tracing and write a run folder:
-``rank<k>.pt.trace.json.gz`` (Kineto JSON, one per rank) and ``meta.json``.
+``rank<k>.pt.trace.json.gz`` (Kineto JSON, one per rank) and ``meta.jsonc``.
 
   whatif record [options] [--] script.py [args...]
   whatif record [options] -m module [args...]

@@ -47,7 +47,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, rate_required: bool = 
     add_dataclass_arguments(parser.add_argument_group("steps fitted"), StepOptions)
     parser.add_argument("--iterations-log", type=Path, metavar="FILE",
                         help="the server's JSON log of the recorded run (batch composition per iteration); "
-                             "default: the --log named in the run folder's meta.json")
+                             "default: the --log named in the run folder's meta.jsonc")
     parser.add_argument("--unprofiled-log", type=Path, metavar="FILE",
                         help="log of the same program run without the profiler: rescales iteration times by "
                              "the measured profiler overhead")
