@@ -14,8 +14,10 @@ reads as one job: every rank runs the source rank's events, with
 
 The collective arguments are rewritten for the whole job (``Group size`` N, ``Process Group
 Ranks`` 0..N-1) and ``distributedInfo`` says the rank and world size. The same seed gives the same
-bytes. The :class:`JobPlan` returned says what was injected, so a test can check that an analysis
-recovers it (the straggler, the skew of every call, the clock offsets).
+bytes, written as ``whatif record`` writes a trace (``distributedInfo`` first, spelled so that
+HolisticTraceAnalysis finds each file's rank). The :class:`JobPlan` returned says what was
+injected, so a test can check that an analysis recovers it (the straggler, the skew of every call,
+the clock offsets).
 
 >>> plan = generate_job("../shared/traces/hta/nccl_data_a100_rank0of2.json.gz", "job/", ranks=8,
 ...                     stragglers={5: 200_000})      # doctest: +SKIP
@@ -38,7 +40,7 @@ from whatif.core.errors import TraceError
 from whatif.core.kernels import is_collective
 from whatif.core.limits import MAX_RANK
 from whatif.core.output import write_output
-from whatif.tracer.kineto import read_bytes
+from whatif.tracer.kineto import kineto_json, read_bytes
 from whatif.tracer.record.trace_file import trace_file_name
 
 __all__ = ["JobOptions", "JobPlan", "generate_job"]
@@ -179,4 +181,4 @@ def _write_rank(doc: dict[str, Any], events: list[Any], colls: list[int], rank: 
     rank_doc["distributedInfo"] = info
     rank_doc["traceEvents"] = new_events
     path = out / trace_file_name(rank)
-    return write_output(path, gzip.compress(orjson.dumps(rank_doc), compresslevel=1, mtime=0))
+    return write_output(path, gzip.compress(kineto_json(rank_doc), compresslevel=1, mtime=0))
