@@ -54,6 +54,7 @@ from whatif.transforms.base import TransformContext
 from whatif.transforms.scenario import Scenario, scenario_from_dict
 
 from .guard import PathGuard
+from .jobs import Jobs
 
 RANK_FILE = re.compile(r"rank[-_]?\d+", re.IGNORECASE)
 MAX_PREDICTIONS = 8  # per run
@@ -255,6 +256,8 @@ class RunStore:
         self.guard = PathGuard.for_paths(paths, extra=[self.upload_dir])
         self.max_upload_bytes = max_upload_bytes
         self.runs: dict[str, Run] = {}
+        self.jobs = Jobs()
+        """Heavy work of this dashboard's callbacks (analyses, breakdowns, suggestions), off the request threads."""
         self._lock = threading.Lock()
         for p in paths:
             self.add_path(p)
@@ -293,7 +296,9 @@ class RunStore:
         return [{"label": r.label, "value": r.id} for r in self.runs.values()]
 
     def close(self) -> None:
-        """Remove the upload folder this store made (not one it was given); called on exit."""
+        """Remove the upload folder this store made (not one it was given), start no more jobs;
+        called on exit."""
+        self.jobs.close()
         if self._owns_upload_dir:
             shutil.rmtree(self.upload_dir, ignore_errors=True)
 
