@@ -13,14 +13,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from dash import dcc, html
-
-if TYPE_CHECKING:
-    from whatif.api import Analysis
-
-    from .state import Run
 
 T = TypeVar("T")
 
@@ -91,7 +86,3 @@ def working(what: str) -> html.Div:
     """The "working" state a page shows while its job runs."""
     return html.Div([html.Span(className="spinner"), f"working: {what}…"], className="working", role="status")
 
-
-def analysis(jobs: Jobs, run: Run) -> Analysis | Pending:
-    """``run``'s analysis, or :data:`PENDING` while one of ``jobs`` parses and analyses its trace."""
-    return run.analysis if run.loaded else jobs.result(("analysis", run.id), lambda: run.analysis)

@@ -114,9 +114,9 @@ def table(id: str, rows: list[dict[str, Any]], columns: Sequence[str] | None = N
           **kwargs: Any) -> dash_table.DataTable:  # type: ignore[name-defined]  # see below
     """A sortable, filterable table of ``rows`` (numbers stay numbers, so sorting is numeric).
 
-    Numbers come first, then text, then the ``names`` columns (kernels, ops, runs), shortened from
-    the middle to ``name_width`` characters with the full name in the cell's tooltip. Cells wrap
-    instead of clipping."""
+    Numbers come first (right-aligned), then text, then the ``names`` columns (kernels, ops, runs),
+    shortened from the middle to ``name_width`` characters with the full name in the cell's tooltip
+    (text left-aligned). Cells wrap instead of clipping."""
     given = list(columns or (rows[0].keys() if rows else []))
     cols = ([c for c in given if _numeric(rows, c) and c not in names]
             + [c for c in given if not _numeric(rows, c) and c not in names] + [c for c in given if c in names])
@@ -130,8 +130,8 @@ def table(id: str, rows: list[dict[str, Any]], columns: Sequence[str] | None = N
         style_table={"overflowX": "auto"},
         style_cell={"fontSize": 12, "padding": "3px 6px", "whiteSpace": "normal", "height": "auto",
                     "overflowWrap": "anywhere"},
-        style_cell_conditional=[{"if": {"column_id": c}, "textAlign": "left", "minWidth": 160} for c in names]
-        + kwargs.pop("style_cell_conditional", []),
+        style_cell_conditional=[{"if": {"column_id": c}, "textAlign": "left"} for c in cols if not _numeric(rows, c)]
+        + [{"if": {"column_id": c}, "minWidth": 160} for c in names] + kwargs.pop("style_cell_conditional", []),
         style_header={"fontWeight": 600, "backgroundColor": "#eef1f6"}, **kwargs)
 
 

@@ -54,7 +54,7 @@ from whatif.transforms.base import TransformContext
 from whatif.transforms.scenario import Scenario, scenario_from_dict
 
 from .guard import PathGuard
-from .jobs import Jobs
+from .jobs import Jobs, Pending
 
 RANK_FILE = re.compile(r"rank[-_]?\d+", re.IGNORECASE)
 MAX_PREDICTIONS = 8  # per run
@@ -286,6 +286,11 @@ class RunStore:
         with self._lock:
             self.runs[rid] = Run(id=rid, path=None, label=label, _analysis=analysis)
             return self.runs[rid]
+
+    def analysed(self, run: Run) -> Analysis | Pending:
+        """``run``'s analysis, or :data:`~whatif.dashboard.jobs.PENDING` while one of this store's
+        jobs parses and analyses its trace."""
+        return run.analysis if run.loaded else self.jobs.result(("analysis", run.id), lambda: run.analysis)
 
     def get(self, run_id: str | None) -> Run:
         if not run_id or run_id not in self.runs:

@@ -19,7 +19,7 @@ from ..derive import (
     slowest_steady_step,
     task_details,
 )
-from ..jobs import Pending, analysis, poller, working
+from ..jobs import Pending, poller, working
 from ..layout import error_box, guarded, loading
 from ..state import get_store
 from ..timeline import origin_ns
@@ -81,7 +81,7 @@ def register(app: dash.Dash) -> None:
     @guarded(5, poll=2)
     def steps(run_id: str | None, _: int | None) -> tuple[Any, ...]:
         run = get_store().get(run_id)
-        a = analysis(get_store().jobs, run)
+        a = get_store().analysed(run)
         if isinstance(a, Pending):
             return [], None, False, working(f"analysing {run.label}")
         s = a.steps
@@ -112,8 +112,9 @@ def register(app: dash.Dash) -> None:
                 {"width": "100%", "height": f"{height}px"}, info
         els = neighbourhood(a.graph, a.replay, int(task or 0), depth=int(depth or 1))
         n = sum(1 for e in els if "source" not in e["data"])
-        return els, {"name": "breadthfirst", "directed": True, "roots": f"#{int(task or 0)}"} if n < 12 else \
-            {"name": "cose"}, {"width": "100%", "height": f"{NEIGHBOURHOOD_HEIGHT_PX}px"}, \
+        drawing = {"name": "breadthfirst", "directed": True, "roots": f"#{int(task or 0)}"} if n < 12 else \
+            {"name": "cose"}
+        return els, {**drawing, "padding": 40}, {"width": "100%", "height": f"{NEIGHBOURHOOD_HEIGHT_PX}px"}, \
             f"{n} tasks within {depth} edge(s) of task {task}"
 
     @app.callback(Output("gr-task", "value"), Output("gr-mode", "value"), Input("gr-cyto", "tapNodeData"),

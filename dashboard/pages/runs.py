@@ -9,7 +9,7 @@ from dash import Input, Output, State, dcc, html
 
 from whatif.tracer.readers import accepted
 
-from ..jobs import analysis, poller
+from ..jobs import poller
 from ..layout import error_box, guarded, loading, name_cells, table
 from ..state import Run, get_store
 from ..uploads import UPLOAD_ROUTE
@@ -60,7 +60,7 @@ def analyse(runs: list[Run]) -> None:
     """Start analysing ``runs`` in the background (the table shows their progress)."""
     for run in runs:
         if not run.loaded:
-            analysis(get_store().jobs, run)
+            get_store().analysed(run)
 
 
 def register(app: dash.Dash) -> None:
