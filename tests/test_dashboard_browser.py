@@ -648,3 +648,31 @@ def test_graph_opens_on_the_slowest_steady_step(server: Any, browser: Any, shots
         (y0, x0), (y1, x1) = rows[i - 1], rows[i]
         assert (y1 == y0 and x1 > x0) if same_row else y1 > y0
     browser.save_screenshot(str(shots / f"dashboard-graph-{label}.png"))
+
+
+def test_working_state_while_a_trace_is_analysed(server: Any, browser: Any, shots: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run nobody analysed yet: the Overview shows "working" at once (the analysis runs in a job,
+    held here on an event) and the page once the job is done, without a reload."""
+    import threading
+
+    from whatif.dashboard import state
+
+    gate, analyze = threading.Event(), state.analyze
+
+    def held(path: Any) -> Any:
+        gate.wait()
+        return analyze(path)
+
+    monkeypatch.setattr(state, "analyze", held)
+    run = server.store.add_path(SAMPLE.parent / "dit_serve")[0]
+    assert not run.loaded
+    browser.get(f"{server.url}/overview?run={run.id}")
+    try:
+        _wait(browser, lambda b: "working: analysing sample_traces/dit_serve" in _text(b, "ov-body"))
+        browser.save_screenshot(str(shots / "dashboard-working.png"))
+    finally:
+        gate.set()
+    _wait(browser, lambda b: _text(b, "ov-tasks") and _idle(b))
+    assert _text(browser, "ov-tasks") == f"{run.analysis.graph.num_tasks:,}"
+    _no_error(browser)

@@ -114,7 +114,10 @@ def register(app: dash.Dash) -> None:
         n = sum(1 for e in els if "source" not in e["data"])
         drawing = {"name": "breadthfirst", "directed": True, "roots": f"#{int(task or 0)}"} if n < 12 else \
             {"name": "cose"}
-        return els, {**drawing, "padding": 40}, {"width": "100%", "height": f"{NEIGHBOURHOOD_HEIGHT_PX}px"}, \
+        # laid out inside a box smaller than the panel, so that the fit keeps labels at zoom >= 1
+        box = {"x1": 0, "y1": 0, "w": 1100, "h": NEIGHBOURHOOD_HEIGHT_PX - 140}
+        return els, {**drawing, "padding": 40, "boundingBox": box}, \
+            {"width": "100%", "height": f"{NEIGHBOURHOOD_HEIGHT_PX}px"}, \
             f"{n} tasks within {depth} edge(s) of task {task}"
 
     @app.callback(Output("gr-task", "value"), Output("gr-mode", "value"), Input("gr-cyto", "tapNodeData"),

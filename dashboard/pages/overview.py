@@ -52,7 +52,8 @@ def body(run_id: str | None, count_all: list[str] | None = None) -> html.Div:
                  for s, cp in zip(steps, doc.critical_path)]
     phases = phase_rows(run.analysis.graph, doc.critical_path)
     excluded = excluded_line(steps)
-    top_panels = [html.Div([html.H4(title), table(f"ov-{key}", _top(rows), page_size=10, names=("name",))],
+    top_panels = [html.Div([html.H4(title), table(f"ov-{key}", _top(rows), page_size=10, names=("name",)) if rows
+                            else html.P(f"No {title.lower().removeprefix('top ')} in this run.", className="note")],
                            className="panel")
                   for key, rows, title in (("top_kernels", doc.top_kernels, "Top kernels"),
                                            ("top_ops", doc.top_ops, "Top ops"),
