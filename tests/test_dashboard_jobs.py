@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ pytest.importorskip("dash", reason="the dashboard needs the ui extra (pip instal
 from whatif.core.steps import COUNT_DEFAULT
 from whatif.dashboard import state
 from whatif.dashboard.app import create_app
-from whatif.dashboard.jobs import PENDING, Jobs
+from whatif.dashboard.jobs import Jobs, Pending
 from whatif.dashboard.state import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,10 +32,11 @@ def test_a_job_runs_once_and_keeps_its_result_or_error() -> None:
         gate.wait()
         return 42
 
-    assert jobs.result("k", work) is PENDING and jobs.running("k")
-    assert jobs.result("k", work) is PENDING           # asked again while it runs: not started again
+    assert jobs.result("k", work) == Pending("'k'") and jobs.running("k") and not jobs.done("'k'")
+    assert jobs.result("k", work) == Pending("'k'")     # asked again while it runs: not started again
     gate.set()
     assert jobs.wait("k") == 42 and jobs.result("k", work) == 42 and calls == [1] and not jobs.running("k")
+    assert jobs.done("'k'") and jobs.done("'no such job'")
 
     def fail() -> int:
         calls.append(2)
@@ -50,12 +52,12 @@ def test_a_job_runs_once_and_keeps_its_result_or_error() -> None:
 
 
 def _overview(client: Any, run_id: str) -> dict[str, Any]:
-    outputs = (("ov-body", "children"), ("ov-poll", "disabled"), ("ov-error", "children"))
+    outputs = (("ov-body", "children"), ("ov-poll", "disabled"), ("ov-waiting", "data"), ("ov-error", "children"))
     body = {"output": ".." + "...".join(f"{i}.{p}" for i, p in outputs) + "..",
             "outputs": [{"id": i, "property": p} for i, p in outputs],
             "inputs": [{"id": "run", "property": "value", "value": run_id},
                        {"id": "count-all", "property": "value", "value": []},
-                       {"id": "ov-poll", "property": "n_intervals", "value": None}],
+                       {"id": "ov-ready", "property": "data", "value": None}],
             "changedPropIds": ["run.value"]}
     r = client.post("/_dash-update-component", json=body)
     assert r.status_code == 200
@@ -63,8 +65,8 @@ def _overview(client: Any, run_id: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def gate(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """Analyses wait for this event before they start."""
+def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """Analyses wait for this event before they start (opened at the end whatever happened)."""
     opened, analyze = threading.Event(), state.analyze
 
     def held(path: Any) -> Any:
@@ -72,18 +74,39 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
         return analyze(path)
 
     monkeypatch.setattr(state, "analyze", held)
-    return opened
+    yield opened
+    opened.set()
+
+
+def _ready(app: Any, token: str, ticks: int) -> dict[str, Any] | None:
+    """The poll callback after ``ticks`` ticks: its response, or None when it made no update (204)."""
+    output = next(k for k in app.callback_map if k.startswith("..ov-ready.data..."))  # ov-poll.disabled@<hash>
+    body = {"output": output,
+            "outputs": [{"id": "ov-ready", "property": "data"},
+                        {"id": "ov-poll", "property": output.split("...")[1].split(".", 1)[1].rstrip(".")}],
+            "inputs": [{"id": "ov-poll", "property": "n_intervals", "value": ticks}],
+            "state": [{"id": "ov-waiting", "property": "data", "value": token}],
+            "changedPropIds": ["ov-poll.n_intervals"]}
+    r = app.server.test_client().post("/_dash-update-component", json=body)
+    assert r.status_code in (200, 204)
+    return json.loads(r.data)["response"] if r.status_code == 200 else None
 
 
 def test_overview_answers_working_then_the_page(gate: threading.Event) -> None:
     store = RunStore([SAMPLE])
-    client = create_app(store=store).server.test_client()
+    app = create_app(store=store)
+    client = app.server.test_client()
     run = next(iter(store.runs.values()))
     first = _overview(client, run.id)          # answered while the analysis is held
     assert "working: analysing sample_traces/llm_serve" in json.dumps(first["ov-body"])
     assert first["ov-poll"]["disabled"] is False and not run.loaded
+    token = first["ov-waiting"]["data"]
+    assert token == Jobs.token(("document", run.id, COUNT_DEFAULT))
+    assert _ready(app, token, 1) is None            # a tick while the job runs changes nothing
     gate.set()
     store.jobs.wait(("document", run.id, COUNT_DEFAULT))
+    ready = _ready(app, token, 2)                    # the tick after: ready changes, polling stops
+    assert ready is not None and ready["ov-poll"]["disabled"] is True and ready["ov-ready"]["data"]
     done = _overview(client, run.id)
     assert "ov-fidelity" in json.dumps(done["ov-body"]) and done["ov-poll"]["disabled"] is True
     store.close()

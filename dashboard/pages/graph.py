@@ -68,7 +68,7 @@ def layout(task: str | None = None, **_: Any) -> html.Div:
                                         minZoom=0.9, maxZoom=1.6,
                                         style={"width": "100%", "height": f"{NEIGHBOURHOOD_HEIGHT_PX}px"})),
                  className="panel"),
-        html.Div(id="gr-info", className="note"), poller("gr-poll"),
+        html.Div(id="gr-info", className="note"), poller("gr"),
         html.Div(id="gr-details", className="panel"),
     ])
 

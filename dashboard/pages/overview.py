@@ -13,7 +13,7 @@ from whatif.documents import TopEntry
 from whatif.summary import excluded_line
 
 from ..derive import phase_rows
-from ..jobs import PENDING, poller, working
+from ..jobs import Pending, poller, watch, working
 from ..layout import COUNT_ALL, card, error_box, guarded, loading, ms, table
 from ..state import get_store, step_options
 from . import Page
@@ -21,7 +21,7 @@ from . import Page
 
 def layout(**_: Any) -> html.Div:
     return html.Div([html.H2("Overview"), error_box("ov-error"), loading(html.Div(id="ov-body"), id="ov-loading"),
-                     poller("ov-poll")])
+                     poller("ov")])
 
 
 def _top(rows: list[TopEntry]) -> list[dict[str, Any]]:
@@ -72,15 +72,19 @@ def body(run_id: str | None, count_all: list[str] | None = None) -> html.Div:
 
 
 def register(app: dash.Dash) -> None:
-    @app.callback(Output("ov-body", "children"), Output("ov-poll", "disabled"), Output("ov-error", "children"),
-                  Input("run", "value"), Input(COUNT_ALL, "value"), Input("ov-poll", "n_intervals"))
-    @guarded(3, poll=1)
-    def show(run_id: str | None, count_all: list[str] | None, _: int | None) -> tuple[Any, bool]:
+    watch(app, "ov", lambda: get_store().jobs)
+
+    @app.callback(Output("ov-body", "children"), Output("ov-poll", "disabled"), Output("ov-waiting", "data"),
+                  Output("ov-error", "children"),
+                  Input("run", "value"), Input(COUNT_ALL, "value"), Input("ov-ready", "data"))
+    @guarded(4, poll=1)
+    def show(run_id: str | None, count_all: list[str] | None, _: str | None) -> tuple[Any, ...]:
         run = get_store().get(run_id)
         options = step_options(count_all)
-        if get_store().jobs.result(("document", run.id, options), lambda: run.document(options)) is PENDING:
-            return working(f"analysing {run.label}"), False
-        return body(run_id, count_all), True
+        doc = get_store().jobs.result(("document", run.id, options), lambda: run.document(options))
+        if isinstance(doc, Pending):
+            return working(f"analysing {run.label}"), False, doc.token
+        return body(run_id, count_all), True, dash.no_update
 
 
 PAGE = Page(path="/overview", title="Overview", order=10, layout=layout, register_callbacks=register)

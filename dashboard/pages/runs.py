@@ -51,7 +51,7 @@ def layout(**_: Any) -> html.Div:
                      style={"border": "1px dashed #99a", "borderRadius": 6, "padding": 14, "marginTop": 10,
                             "textAlign": "center"}),
             html.Div(id="runs-upload-status", className="note"),
-            loading(html.Div(id="runs-message", className="note")), error_box("runs-error"), poller("runs-poll"),
+            loading(html.Div(id="runs-message", className="note")), error_box("runs-error"), poller("runs"),
         ], className="panel"),
     ])
 

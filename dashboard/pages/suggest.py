@@ -11,7 +11,7 @@ from dash import Input, Output, State, html
 from whatif.documents import SuggestDocument
 from whatif.suggest import suggest
 
-from ..jobs import PENDING, poller, working
+from ..jobs import Pending, poller, watch, working
 from ..layout import COUNT_ALL, card, error_box, guarded, loading, ms, table
 from ..state import get_store, step_options
 from . import Page
@@ -26,7 +26,7 @@ def layout(**_: Any) -> html.Div:
                "applied alone at its candidate settings and replayed; ranked by predicted speedup over the steps "
                "that count.", className="note"),
         html.Button("Suggest", id="sg-run"), error_box("sg-error"),
-        loading(html.Div(id="sg-body"), id="sg-loading"), poller("sg-poll"),
+        loading(html.Div(id="sg-body"), id="sg-loading"), poller("sg"),
     ])
 
 
@@ -71,19 +71,21 @@ def body(run_id: str | None, count_all: list[str] | None = None) -> html.Div:
 
 
 def register(app: dash.Dash) -> None:
-    @app.callback(Output("sg-body", "children"), Output("sg-poll", "disabled"), Output("sg-error", "children"),
-                  Input("sg-run", "n_clicks"), Input("sg-poll", "n_intervals"),
+    watch(app, "sg", lambda: get_store().jobs)
+
+    @app.callback(Output("sg-body", "children"), Output("sg-poll", "disabled"), Output("sg-waiting", "data"),
+                  Output("sg-error", "children"), Input("sg-run", "n_clicks"), Input("sg-ready", "data"),
                   State("run", "value"), State(COUNT_ALL, "value"), prevent_initial_call=True)
-    @guarded(3, poll=1)
-    def show(clicks: int | None, _: int | None, run_id: str | None,
-             count_all: list[str] | None) -> tuple[Any, bool]:
+    @guarded(4, poll=1)
+    def show(clicks: int | None, _: str | None, run_id: str | None, count_all: list[str] | None) -> tuple[Any, ...]:
         if not clicks:
             raise dash.exceptions.PreventUpdate
         run = get_store().get(run_id)
         options = step_options(count_all)
-        if get_store().jobs.result(("suggest", run.id, options), lambda: document(run_id, count_all)) is PENDING:
-            return working(f"trying every optimization on {run.label}"), False
-        return body(run_id, count_all), True
+        doc = get_store().jobs.result(("suggest", run.id, options), lambda: document(run_id, count_all))
+        if isinstance(doc, Pending):
+            return working(f"trying every optimization on {run.label}"), False, doc.token
+        return body(run_id, count_all), True, dash.no_update
 
 
 PAGE = Page(path="/suggest", title="Suggest", order=28, layout=layout, register_callbacks=register)
