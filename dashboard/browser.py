@@ -58,3 +58,44 @@ def chrome(download_dir: str | Path | None = None) -> Any:
 
     browser.quit = quit_and_clean  # type: ignore[method-assign]  # this driver's quit also removes its profile
     return browser
+
+
+# Text in the page's main panels (everything under .page except plotly and cytoscape drawings, which
+# draw their own text) that the reader cannot see whole: a text element whose content is wider or
+# taller than its box with overflow not visible (an ellipsis, a hidden tail); a text element whose
+# content is wider than its box, or that lies outside its panel or card; a panel, card or table
+# wrapper whose content is wider than it (columns scrolled off the side). Returns one line per problem.
+CLIPPED_TEXT = """
+const root = document.querySelector(arguments[0]);
+if (!root) return ['no element matches ' + arguments[0]];
+const drawn = el => el.closest('.js-plotly-plot, #gr-cyto, [class*="cytoscape"]');
+const visible = el => el.getClientRects().length > 0 && getComputedStyle(el).visibility !== 'hidden';
+const name = el => el.tagName.toLowerCase() + (el.id ? '#' + el.id : '') +
+  (el.dataset && el.dataset.dashColumn ? '[' + el.dataset.dashColumn + ']' : '') +
+  ' "' + (el.innerText || '').trim().slice(0, 60) + '"';
+const problems = [];
+const texts = 'td, th, .card .value, .card .label, h1, h2, h3, h4, p, li, label, button, .note, pre';
+for (const el of root.querySelectorAll(texts)) {
+  if (drawn(el) || !visible(el) || !(el.innerText || '').trim()) continue;
+  const s = getComputedStyle(el);
+  const wide = el.scrollWidth > el.clientWidth + 1, tall = el.scrollHeight > el.clientHeight + 1;
+  if ((wide && s.overflowX !== 'visible' && el.tagName !== 'PRE') || (tall && s.overflowY === 'hidden'))
+    problems.push('clipped: ' + name(el));
+  else if (wide && s.overflowX === 'visible') problems.push('overflows its box: ' + name(el));
+  const box = el.closest('.panel, .card');
+  if (box && box !== el) {
+    const r = el.getBoundingClientRect(), b = box.getBoundingClientRect();
+    if (r.right > b.right + 1 || r.left < b.left - 1) problems.push('outside its panel: ' + name(el));
+  }
+}
+for (const el of root.querySelectorAll('.panel, .card, .dash-spreadsheet-container, .dash-table-container')) {
+  if (drawn(el) || !visible(el)) continue;
+  if (el.scrollWidth > el.clientWidth + 1) problems.push('wider than its box (scrolls sideways): ' + name(el));
+}
+if (root.scrollWidth > root.clientWidth + 1) problems.push('the page scrolls sideways');
+return problems;"""
+
+
+def clipped_text(browser: Any, root: str = ".page") -> list[str]:
+    """One line per text of ``root``'s panels that is clipped or overflows (:data:`CLIPPED_TEXT`)."""
+    return list(browser.execute_script(CLIPPED_TEXT, root))

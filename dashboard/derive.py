@@ -3,13 +3,12 @@ small sub-graphs the Graph page draws (a task's neighbourhood, a step's critical
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from whatif.api import Analysis
 from whatif.depgraph.graph import (
     GPU_WORK_KINDS,
     EdgeKind,
@@ -21,6 +20,7 @@ from whatif.documents import CriticalPathEntry, counted, mean_breakdown_ns
 from whatif.figures import PhaseBreakdown
 from whatif.predictors.replay import Replay
 from whatif.predictors.steps import CATEGORIES, critical_path
+from whatif.report.diff_text import short_name
 
 GPU = kind_codes(GPU_WORK_KINDS)
 
@@ -109,13 +109,19 @@ def task_details(graph: TaskGraph, replay: Replay | None, task: int, cache: dict
     return out
 
 
+LABEL_CHARS = 28
+"""Characters of a task name a graph node shows (the middle elided)."""
+
+
 def _node(graph: TaskGraph, v: int, replay: Replay | None, classes: str = "") -> dict[str, Any]:
     t = graph.tasks
     k = TaskKind(int(t["kind"].to_numpy()[v]))
     dur = int(replay.end_ns[v] - replay.start_ns[v]) if replay is not None else int(t["dur_ns"].to_numpy()[v])
     group = "gpu" if int(k) in GPU else ("cpu" if k in (TaskKind.CPU_CALL, TaskKind.CPU_WORK, TaskKind.WAIT)
                                          else "other")
-    return {"data": {"id": str(v), "label": f"{str(t['name'].iat[v])[:28]}\n{dur / 1e3:,.1f} us", "task": v},
+    name = str(t["name"].iat[v])
+    return {"data": {"id": str(v), "label": f"{short_name(name, LABEL_CHARS)}\n{dur / 1e3:,.1f} us", "task": v,
+                     "name": name},
             "classes": f"{group} {classes}".strip()}
 
 
@@ -144,37 +150,97 @@ def neighbourhood(graph: TaskGraph, replay: Replay | None, task: int, depth: int
     return nodes + edges
 
 
-def critical_path_elements(analysis: Analysis, replay: Replay, row: int, max_nodes: int = 60) -> list[dict[str, Any]]:
-    """Cytoscape elements of the critical path of step row ``row``: consecutive tasks of one kind
-    on the same resource are merged into one node (count, time), and if still too many, neighbours are merged
-    further, so a long path stays readable."""
+PATH_NODES = 24
+"""Most segments a drawn critical path has (:func:`path_segments`)."""
+PATH_COLUMNS = 6
+"""Segments per row of a drawn critical path: rows read left to right, top to bottom."""
+SLOWEST = 5
+"""Segments of a drawn critical path highlighted as the slowest."""
+X_GAP, Y_GAP = 215, 120  # model units between segment centres; the page draws them at zoom ~1
+
+
+def path_segments(tasks: Sequence[int], resource: np.ndarray, kind: np.ndarray, start_ns: np.ndarray,
+                  end_ns: np.ndarray, max_segments: int = PATH_NODES) -> list[list[int]]:
+    """The tasks of a critical path (in path order) cut into at most ``max_segments`` runs of
+    consecutive tasks: a task per segment at first, then, while there are too many, the two
+    neighbouring segments that take least time together are merged, neighbours of one kind on one
+    resource first; so a long path keeps its slow segments apart and lumps the many short ones.
+
+    >>> res, kind = np.array([0, 0, 1, 1, 0]), np.zeros(5, int)
+    >>> start, end = np.array([0, 1, 2, 10, 11]), np.array([1, 2, 10, 11, 30])
+    >>> path_segments([0, 1, 2, 3, 4], res, kind, start, end, 3)
+    [[0, 1], [2, 3], [4]]
+    >>> path_segments([0, 1, 2, 3, 4], res, kind, start, end, 2)
+    [[0, 1, 2, 3], [4]]
+    """
+    segments = [[int(v)] for v in tasks]
+    if len(segments) <= max(1, max_segments):
+        return segments
+    first = np.asarray(tasks, dtype=np.int64)
+    lo, hi = start_ns[first].astype(np.int64), end_ns[first].astype(np.int64)
+    res, knd = resource[first].astype(np.int64), kind[first].astype(np.int64)  # -1: mixed
+    apart = int(hi.max() - lo.min()) + 1  # added to a pair on two resources or kinds: merged last
+    while len(segments) > max(1, max_segments):
+        same = (res[:-1] == res[1:]) & (knd[:-1] == knd[1:]) & (res[:-1] >= 0)
+        cost = (hi[:-1] - lo[:-1]) + (hi[1:] - lo[1:]) + np.where(same, 0, apart)
+        i = int(np.argmin(cost))
+        segments[i:i + 2] = [segments[i] + segments[i + 1]]
+        hi[i] = hi[i + 1]
+        if not same[i]:
+            res[i] = knd[i] = -1
+        lo, hi, res, knd = (np.delete(a, i + 1) for a in (lo, hi, res, knd))
+    return segments
+
+
+def critical_path_elements(replay: Replay, row: int, max_nodes: int = PATH_NODES) -> list[dict[str, Any]]:
+    """Cytoscape elements of the critical path of step row ``row``, placed left to right in rows of
+    :data:`PATH_COLUMNS` (preset positions): one node per segment of :func:`path_segments`, the
+    :data:`SLOWEST` slowest of class ``slow``."""
     graph = replay.graph
-    path = critical_path(replay, row).tasks
     t = graph.tasks
     res = t["resource"].to_numpy()
-    kinds = t["kind"].to_numpy()
-    groups: list[list[int]] = []
-    for v in path:
-        if groups and res[groups[-1][-1]] == res[v] and kinds[groups[-1][-1]] == kinds[v]:
-            groups[-1].append(v)
-        else:
-            groups.append([v])
-    chunk = max(1, -(-len(groups) // max_nodes))
-    merged = [[v for g in groups[i:i + chunk] for v in g] for i in range(0, len(groups), chunk)]
+    segments = path_segments(critical_path(replay, row).tasks, res, t["kind"].to_numpy(), replay.start_ns,
+                             replay.end_ns, max_nodes)
+    times = [int(replay.end_ns[g[-1]] - replay.start_ns[g[0]]) for g in segments]
+    slow = set(sorted(range(len(segments)), key=lambda i: (-times[i], i))[:SLOWEST])
     elements: list[dict[str, Any]] = []
-    for i, g in enumerate(merged):
-        time_ns = int(replay.end_ns[g[-1]] - replay.start_ns[g[0]])
-        if len(g) == 1:
-            node = _node(graph, g[0], replay, "critical")
-        else:
-            names = {str(t["name"].iat[v])[:24] for v in g[:3]}
-            node = {"data": {"id": f"g{i}", "task": g[0], "label": f"{len(g)} tasks: {', '.join(sorted(names))}"
-                             f"\n{time_ns / 1e3:,.1f} us"}, "classes": "group critical"}
-        node["data"]["id"] = f"g{i}"
+    for i, (g, time_ns) in enumerate(zip(segments, times)):
+        node = _node(graph, g[0], replay, "critical")
+        if len(g) > 1:
+            longest = max(g, key=lambda v: (int(replay.end_ns[v] - replay.start_ns[v]), -v))
+            names = ", ".join(dict.fromkeys(str(t["name"].iat[v]) for v in g))
+            where = str(graph.resources["name"].iat[int(res[g[0]])]) if len(set(res[g].tolist())) == 1 \
+                else "several resources"
+            top = short_name(str(t["name"].iat[longest]), LABEL_CHARS)
+            node["data"].update(name=names, label=f"{len(g)} tasks on {short_name(where, 22)}\n"
+                                                  f"{top}\n{time_ns / 1e3:,.1f} us")
+            node["classes"] = "group critical"
+        node["data"].update(id=f"g{i}", time_us=round(time_ns / 1e3, 3))
+        node["position"] = {"x": (i % PATH_COLUMNS) * X_GAP, "y": (i // PATH_COLUMNS) * Y_GAP}
+        if i in slow:
+            node["classes"] += " slow"
         elements.append(node)
         if i:
-            elements.append({"data": {"source": f"g{i - 1}", "target": f"g{i}", "label": ""}})
+            wrap = " wrap" if i % PATH_COLUMNS == 0 else ""
+            elements.append({"data": {"source": f"g{i - 1}", "target": f"g{i}", "label": ""}, "classes": wrap.strip()})
     return elements
+
+
+def path_rows(n_segments: int) -> int:
+    """Rows a critical path of ``n_segments`` segments is drawn on."""
+    return max(1, -(-n_segments // PATH_COLUMNS))
+
+
+def slowest_steady_step(steps: pd.DataFrame) -> int | None:
+    """Row of ``steps`` (a graph's step table) with the longest measured time among the steps that
+    count by default (:mod:`whatif.core.steps`: not the warm-up, not a partial last step); among all
+    steps when none counts; None when there are none."""
+    if not len(steps):
+        return None
+    measured = steps["measured_ns"].to_numpy()
+    counted = np.flatnonzero(steps["included"].to_numpy().astype(bool))
+    rows = counted if len(counted) else np.arange(len(steps))
+    return int(rows[int(np.argmax(measured[rows]))])
 
 
 def breakdown_row(breakdown: dict[str, float]) -> dict[str, float]:

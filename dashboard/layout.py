@@ -11,6 +11,8 @@ from typing import Any
 import dash
 from dash import dash_table, dcc, html
 
+from whatif.report.diff_text import short_name
+
 from .pages import Page
 
 log = logging.getLogger("whatif.dashboard")
@@ -36,6 +38,10 @@ body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0;
 .error { background: #fdecea; color: #8a1c12; border: 1px solid #f5c2bd; padding: 8px 12px; border-radius: 6px;
          margin: 6px 0; white-space: pre-wrap; }
 .note { color: #556; font-size: 13px; }
+.working { color: #3b5b9a; font-size: 14px; padding: 10px 0; display: flex; align-items: center; gap: 10px; }
+.spinner { width: 16px; height: 16px; border: 3px solid #c9d3e6; border-top-color: #3b5b9a; border-radius: 50%;
+           animation: spin 0.8s linear infinite; }
+@keyframes spin { to { transform: rotate(360deg); } }
 label { font-size: 13px; color: #445; }
 fieldset { border: 1px solid #dde; border-radius: 6px; margin: 6px 0; }
 input[type=text], input[type=number] { padding: 4px 6px; border: 1px solid #ccd; border-radius: 4px; }
@@ -79,17 +85,53 @@ def error_box(id: str) -> html.Div:
     return html.Div(id=id)
 
 
+NAME_WIDTH = 48
+"""Characters a name keeps in a table cell (the middle elided: :func:`whatif.report.diff_text.short_name`)."""
+
+
+def _numeric(rows: list[dict[str, Any]], column: str) -> bool:
+    """Whether the first row that has ``column`` holds a number there."""
+    value = next((r[column] for r in rows if r.get(column) is not None), None)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def name_cells(rows: list[dict[str, Any]], names: Sequence[str],
+               width: int = NAME_WIDTH) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``rows`` with the ``names`` columns shortened from the middle to ``width`` characters, and
+    the DataTable ``tooltip_data`` holding the full names of the shortened cells.
+
+    >>> name_cells([{"n": 1, "name": "a" * 60}], ["name"], 9)[0]
+    [{'n': 1, 'name': 'aaaa…aaaa'}]
+    """
+    shown = [{**r, **{c: short_name(str(r[c]), width) for c in names if r.get(c) is not None}} for r in rows]
+    tips = [{c: {"value": str(r[c]), "type": "text"} for c in names
+             if r.get(c) is not None and str(r[c]) != s[c]} for r, s in zip(rows, shown)]
+    return shown, tips
+
+
 def table(id: str, rows: list[dict[str, Any]], columns: Sequence[str] | None = None, page_size: int = 12,
+          names: Sequence[str] = (), name_width: int = NAME_WIDTH,
           **kwargs: Any) -> dash_table.DataTable:  # type: ignore[name-defined]  # see below
-    """A sortable, filterable table of ``rows`` (numbers stay numbers, so sorting is numeric)."""
-    cols = list(columns or (rows[0].keys() if rows else []))
+    """A sortable, filterable table of ``rows`` (numbers stay numbers, so sorting is numeric).
+
+    Numbers come first (right-aligned), then text, then the ``names`` columns (kernels, ops, runs),
+    shortened from the middle to ``name_width`` characters with the full name in the cell's tooltip
+    (text left-aligned). Cells wrap instead of clipping."""
+    given = list(columns or (rows[0].keys() if rows else []))
+    cols = ([c for c in given if _numeric(rows, c) and c not in names]
+            + [c for c in given if not _numeric(rows, c) and c not in names] + [c for c in given if c in names])
+    shown, tips = name_cells(rows, names, name_width)
     # dash/dash_table/__init__.py is `# type: ignore`d as a whole, so mypy sees none of its names
     return dash_table.DataTable(  # type: ignore[attr-defined]
-        id=id, data=rows, columns=[{"name": c, "id": c, "type": "numeric" if rows and isinstance(rows[0].get(c),
-                                   (int, float)) else "text"} for c in cols],
+        id=id, data=shown, columns=[{"name": c, "id": c, "type": "numeric" if _numeric(rows, c) else "text"}
+                                    for c in cols],
         sort_action="native", filter_action="native", page_size=page_size,
-        style_table={"overflowX": "auto"}, style_cell={"fontSize": 12, "padding": "3px 6px", "maxWidth": 420,
-                                                       "overflow": "hidden", "textOverflow": "ellipsis"},
+        **({"tooltip_data": tips, "tooltip_duration": None} if any(tips) else {}),
+        style_table={"overflowX": "auto"},
+        style_cell={"fontSize": 12, "padding": "3px 6px", "whiteSpace": "normal", "height": "auto",
+                    "overflowWrap": "anywhere"},
+        style_cell_conditional=[{"if": {"column_id": c}, "textAlign": "left"} for c in cols if not _numeric(rows, c)]
+        + [{"if": {"column_id": c}, "minWidth": 160} for c in names] + kwargs.pop("style_cell_conditional", []),
         style_header={"fontWeight": 600, "backgroundColor": "#eef1f6"}, **kwargs)
 
 
@@ -98,9 +140,10 @@ def loading(*children: Any, id: str | None = None) -> dcc.Loading:
     return dcc.Loading(list(children), type="default", delay_show=150, **kw)
 
 
-def guarded(n_outputs: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def guarded(n_outputs: int, poll: int | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a callback whose last output is an error box: any exception becomes a message
-    there (the other outputs are left as they were), so the app never dies on bad input."""
+    there (the other outputs are left as they were, except output ``poll``, a poller's
+    ``disabled``, set to stop polling), so the app never dies on bad input."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -114,7 +157,9 @@ def guarded(n_outputs: int) -> Callable[[Callable[..., Any]], Callable[..., Any]
                 message = str(exc) or type(exc).__name__
                 if isinstance(exc, KeyError) and exc.args:
                     message = str(exc.args[0])
-                rest = [dash.no_update] * (n_outputs - 1)
+                rest: list[Any] = [dash.no_update] * (n_outputs - 1)
+                if poll is not None:
+                    rest[poll] = True
                 return (*rest, error(f"{type(exc).__name__}: {message}")) if n_outputs > 1 else \
                     error(f"{type(exc).__name__}: {message}")
             if n_outputs == 1:

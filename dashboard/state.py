@@ -54,6 +54,7 @@ from whatif.transforms.base import TransformContext
 from whatif.transforms.scenario import Scenario, scenario_from_dict
 
 from .guard import PathGuard
+from .jobs import Jobs, Pending
 
 RANK_FILE = re.compile(r"rank[-_]?\d+", re.IGNORECASE)
 MAX_PREDICTIONS = 8  # per run
@@ -255,6 +256,8 @@ class RunStore:
         self.guard = PathGuard.for_paths(paths, extra=[self.upload_dir])
         self.max_upload_bytes = max_upload_bytes
         self.runs: dict[str, Run] = {}
+        self.jobs = Jobs()
+        """Heavy work of this dashboard's callbacks (analyses, breakdowns, suggestions), off the request threads."""
         self._lock = threading.Lock()
         for p in paths:
             self.add_path(p)
@@ -284,6 +287,11 @@ class RunStore:
             self.runs[rid] = Run(id=rid, path=None, label=label, _analysis=analysis)
             return self.runs[rid]
 
+    def analysed(self, run: Run) -> Analysis | Pending:
+        """``run``'s analysis, or :data:`~whatif.dashboard.jobs.PENDING` while one of this store's
+        jobs parses and analyses its trace."""
+        return run.analysis if run.loaded else self.jobs.result(("analysis", run.id), lambda: run.analysis)
+
     def get(self, run_id: str | None) -> Run:
         if not run_id or run_id not in self.runs:
             raise KeyError("no run selected: pick one in the run menu, or add one on the Runs page")
@@ -293,7 +301,9 @@ class RunStore:
         return [{"label": r.label, "value": r.id} for r in self.runs.values()]
 
     def close(self) -> None:
-        """Remove the upload folder this store made (not one it was given); called on exit."""
+        """Remove the upload folder this store made (not one it was given), start no more jobs;
+        called on exit."""
+        self.jobs.close()
         if self._owns_upload_dir:
             shutil.rmtree(self.upload_dir, ignore_errors=True)
 

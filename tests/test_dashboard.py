@@ -231,10 +231,10 @@ def test_app_serves_no_file_outside(tmp_path: Path) -> None:
         r = client.get(url)
         assert r.status_code == 404 or b"whatif" not in r.data[:2000] or b"<!DOCTYPE html>" in r.data[:50], url
         assert b"A profiler and what-if analyzer" not in r.data and b"root:" not in r.data, url
-    body = {"output": "..runs-table.data...run.options...run.value...runs-message.children...runs-error.children..",
-            "outputs": [{"id": i, "property": p} for i, p in (("runs-table", "data"), ("run", "options"),
-                                                               ("run", "value"), ("runs-message", "children"),
-                                                               ("runs-error", "children"))],
+    outputs = (("runs-table", "data"), ("runs-table", "tooltip_data"), ("run", "options"), ("run", "value"),
+               ("runs-poll", "disabled"), ("runs-message", "children"), ("runs-error", "children"))
+    body = {"output": ".." + "...".join(f"{i}.{p}" for i, p in outputs) + "..",
+            "outputs": [{"id": i, "property": p} for i, p in outputs],
             "inputs": [{"id": "runs-add", "property": "n_clicks", "value": 1},
                        {"id": "runs-analyze", "property": "n_clicks", "value": None}],
             "state": [{"id": "runs-path", "property": "value", "value": "/etc"},

@@ -25,6 +25,8 @@ pytest.importorskip("dash", reason="the dashboard needs the ui extra (pip instal
 pytest.importorskip("selenium", reason="browser tests need selenium (pip install -e '.[dev]')")
 
 from whatif.dashboard.browser import chrome, find_browser
+from whatif.dashboard.layout import NAME_WIDTH
+from whatif.report.diff_text import short_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser,
               pytest.mark.skipif(bool(find_browser()[2]), reason=find_browser()[2] or "ok")]
@@ -207,8 +209,10 @@ def _check_overview(browser: Any, doc: dict[str, Any]) -> None:
     cells = browser.find_elements(By.CSS_SELECTOR, "#ov-steps td[data-dash-column='replayed ms']")
     assert cells and float(cells[0].text) == round(steps[0]["predicted_ns"] / 1e6, 3)
     first_kernel = browser.find_elements(By.CSS_SELECTOR, "#ov-top_kernels td[data-dash-column='name']")
-    if doc["top_kernels"]:
-        assert first_kernel[0].text == doc["top_kernels"][0]["name"][:len(first_kernel[0].text)]
+    if doc["top_kernels"]:  # shortened from the middle, numbers first
+        assert first_kernel[0].text == short_name(doc["top_kernels"][0]["name"], NAME_WIDTH)
+        headers = _cell_texts(browser, "#ov-top_kernels th.dash-header")
+        assert [h.strip() for h in headers] == ["count", "GPU ms", "CPU ms", "name"], headers
 
 
 def test_overview_matches_analyze(server: Any, browser: Any, shots: Path, tmp_path: Path) -> None:
@@ -564,3 +568,159 @@ def test_report_html_renders_offline(browser: Any, tmp_path: Path) -> None:
     _wait(browser, lambda b: b.find_elements(By.CSS_SELECTOR, ".main-svg .trace"))
     assert browser.execute_script("return typeof Plotly") == "object"
     assert "linear 2x faster" in browser.page_source
+
+
+PAGE_ACTIONS = {"/suggest": ("sg-run", "sg-body")}
+"""The button a page waits for before it shows its numbers, and where they appear (pressed by
+:func:`test_every_page`)."""
+
+
+# dash-cytoscape draws asynchronously: its instance (window.cy) holds the nodes, none moving
+CYTOSCAPE_DRAWN = """
+if (!document.getElementById('gr-cyto')) return true;
+return !!window.cy && window.cy.nodes().length > 0 && !window.cy.nodes().some(x => x.animated());"""
+
+
+def _idle(browser: Any) -> bool:
+    """The page settled, no job "working" message left (pages poll while their job runs), a graph
+    drawing drawn."""
+    from selenium.webdriver.common.by import By
+
+    return _settled(browser) and not browser.find_elements(By.CSS_SELECTOR, ".working") and \
+        bool(browser.execute_script(CYTOSCAPE_DRAWN))
+
+
+def _runs() -> list[str]:
+    return ["llm_serve", "Qwen"]
+
+
+def _whole_page_screenshot(browser: Any, path: Path, most_px: int = 5000) -> None:
+    """The whole page (up to ``most_px`` high) in one screenshot; the window is put back after."""
+    height = min(most_px, int(browser.execute_script("return document.documentElement.scrollHeight")))
+    browser.set_window_size(1400, max(1000, height + 140))
+    _wait(browser, _idle)
+    browser.save_screenshot(str(path))
+    browser.set_window_size(1400, 1000)
+
+
+@pytest.mark.parametrize("label", _runs())
+def test_every_page(server: Any, browser: Any, shots: Path, label: str) -> None:
+    """Every registered page (pages added as modules included) on the sample and on the Qwen H100
+    trace: drawn without an error, no text in its main panels clipped or overflowing; a screenshot of
+    each to look at."""
+    from whatif.dashboard.browser import clipped_text
+    from whatif.dashboard.pages import discover_pages
+
+    if not any(label in r.label for r in server.store.runs.values()):
+        pytest.skip(f"needs ../shared/traces/{QWEN}")
+    rid = _run_id(server, label)
+    for page in discover_pages():
+        browser.get(f"{server.url}{page.path}?run={rid}")
+        _wait(browser, _idle)
+        if page.path in PAGE_ACTIONS:
+            button, body = PAGE_ACTIONS[page.path]
+            _click(browser, button)
+            _wait(browser, lambda b, body=body: _text(b, body) and _idle(b))
+        _no_error(browser)
+        problems = clipped_text(browser)
+        _whole_page_screenshot(browser, shots / f"page-{page.path.strip('/') or 'runs'}-{label}.png")
+        assert not problems, f"{page.title} on {label}:\n" + "\n".join(problems)
+
+
+BROKEN_PAGE = """<!DOCTYPE html><html><head><style>{css}</style></head><body><div class="page">
+<div class="cards"><div class="card" style="width: 90px; overflow: hidden"><div class="label">mean step</div>
+  <div class="value" style="white-space: nowrap">123,456,789.000 ms</div></div></div>
+<div class="panel" style="width: 320px"><h4>Top kernels</h4><div style="overflow-x: auto">
+  <table><tr><th>name</th><th>count</th><th>GPU ms</th><th>CPU ms</th></tr>
+  <tr><td style="max-width: 120px; overflow: hidden; text-overflow: ellipsis; white-space: nowrap">
+    void at::native::vectorized_elementwise_kernel&lt;4, at::native::FillFunctor&lt;float&gt;&gt;</td>
+  <td>1,204</td><td>12.345</td><td>0.123</td></tr></table></div></div>
+</div></body></html>"""
+
+
+def test_clipping_check_fails_on_a_broken_page(browser: Any, tmp_path: Path) -> None:
+    """The check finds what the issue's screenshots showed: a name cut by an ellipsis, numbers
+    scrolled off the side of a panel, a card value spilling out of its card; and nothing once fixed."""
+    from whatif.dashboard.browser import clipped_text
+    from whatif.dashboard.layout import CSS
+
+    page = tmp_path / "broken.html"
+    page.write_text(BROKEN_PAGE.format(css=CSS))
+    browser.get(page.as_uri())
+    problems = clipped_text(browser)
+    assert any(p.startswith('clipped: td "void at::native::vectorized') for p in problems), problems
+    assert any(p.startswith("wider than its box (scrolls sideways): div") for p in problems), problems
+    assert any(p.startswith('overflows its box: div "123,456,789.000 ms"') for p in problems), problems
+    fixed = BROKEN_PAGE.replace("width: 90px; overflow: hidden", "").replace('style="width: 320px"', "")
+    page.write_text(fixed.replace("max-width: 120px; overflow: hidden; text-overflow: ellipsis; white-space: nowrap",
+                                  "").format(css=CSS))
+    browser.get(page.as_uri())
+    assert clipped_text(browser) == []
+
+
+# the drawn critical path: node labels' size on screen, rows (y, x of each node), highlighted nodes
+PATH_DRAWN = """
+const c = window.cy, nodes = c.nodes();
+return {zoom: c.zoom(), n: nodes.length, slow: nodes.filter('.slow').length,
+        rows: nodes.map(n => [Math.round(n.position('y')), Math.round(n.position('x'))]),
+        inside: nodes.every(n => { const b = n.renderedBoundingBox({includeLabels: true});
+                                   return b.x1 >= 0 && b.x2 <= c.width() && b.y1 >= 0 && b.y2 <= c.height(); })};"""
+
+
+@pytest.mark.parametrize("label", _runs())
+def test_graph_opens_on_the_slowest_steady_step(server: Any, browser: Any, shots: Path, label: str) -> None:
+    """The Graph page opens on the critical path of the slowest step that counts (not the warm-up
+    ProfilerStep#0), drawn left to right in rows that fit the panel, labels at least 10 px, the
+    slowest segments highlighted."""
+    from whatif.dashboard.derive import PATH_COLUMNS, PATH_NODES, SLOWEST, slowest_steady_step
+    from whatif.dashboard.pages.graph import FONT_PX
+
+    if not any(label in r.label for r in server.store.runs.values()):
+        pytest.skip(f"needs ../shared/traces/{QWEN}")
+    rid = _run_id(server, label)
+    steps = server.store.get(rid).analysis.steps
+    row = slowest_steady_step(steps)
+    assert row is not None and bool(steps["included"].iat[row])
+    assert steps["measured_ns"].iat[row] == steps[steps["included"]]["measured_ns"].max()
+    browser.get(f"{server.url}/graph?run={rid}")
+    _wait(browser, lambda b: "critical path of" in _text(b, "gr-info") and _idle(b))
+    _no_error(browser)
+    assert _text(browser, "gr-info").startswith(f"critical path of step {steps['step'].iat[row]}: ")
+    drawn = browser.execute_script(PATH_DRAWN)
+    assert 1 < drawn["n"] <= PATH_NODES and drawn["slow"] == min(SLOWEST, drawn["n"])
+    assert drawn["zoom"] * FONT_PX >= 10, drawn["zoom"]       # labels readable
+    assert drawn["inside"]                                     # sized to fit: every node and label on screen
+    rows = drawn["rows"]
+    for i in range(1, len(rows)):                              # left to right, then the next row
+        same_row = i % PATH_COLUMNS != 0
+        (y0, x0), (y1, x1) = rows[i - 1], rows[i]
+        assert (y1 == y0 and x1 > x0) if same_row else y1 > y0
+    browser.save_screenshot(str(shots / f"dashboard-graph-{label}.png"))
+
+
+def test_working_state_while_a_trace_is_analysed(server: Any, browser: Any, shots: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run nobody analysed yet: the Overview shows "working" at once (the analysis runs in a job,
+    held here on an event) and the page once the job is done, without a reload."""
+    import threading
+
+    from whatif.dashboard import state
+
+    gate, analyze = threading.Event(), state.analyze
+
+    def held(path: Any) -> Any:
+        gate.wait()
+        return analyze(path)
+
+    monkeypatch.setattr(state, "analyze", held)
+    run = server.store.add_path(SAMPLE.parent / "dit_serve")[0]
+    assert not run.loaded
+    browser.get(f"{server.url}/overview?run={run.id}")
+    try:
+        _wait(browser, lambda b: "working: analysing sample_traces/dit_serve" in _text(b, "ov-body"))
+        browser.save_screenshot(str(shots / "dashboard-working.png"))
+    finally:
+        gate.set()
+    _wait(browser, lambda b: _text(b, "ov-tasks") and _idle(b))
+    assert _text(browser, "ov-tasks") == f"{run.analysis.graph.num_tasks:,}"
+    _no_error(browser)

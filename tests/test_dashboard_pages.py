@@ -15,6 +15,7 @@ pytest.importorskip("dash_cytoscape", reason="the dashboard needs the ui extra (
 
 import whatif.dashboard.pages as pages_pkg  # noqa: E402
 from whatif.dashboard.app import create_app  # noqa: E402
+from whatif.dashboard.layout import COUNT_ALL  # noqa: E402
 from whatif.dashboard.pages import Page, discover_pages  # noqa: E402
 from whatif.dashboard.state import get_store  # noqa: E402
 
@@ -134,3 +135,28 @@ def test_page_modules_must_declare_one_page_each(extra_pages: Path) -> None:
 def test_nav_id_from_title() -> None:
     page = Page(path="/x", title="Foo-bar", order=1, layout=lambda **_: None, register_callbacks=lambda app: None)
     assert page.nav_id == "nav-foobar" and page.module == ""
+
+
+def _ids(component: object, found: set[str]) -> set[str]:
+    """The string ids of ``component`` and everything inside it."""
+    if isinstance(component, (list, tuple)):
+        for c in component:
+            _ids(c, found)
+    elif isinstance(component, dash.development.base_component.Component):
+        if isinstance(getattr(component, "id", None), str):
+            found.add(component.id)
+        _ids(getattr(component, "children", None), found)
+    return found
+
+
+def test_every_callback_input_is_laid_out() -> None:
+    """Each callback's inputs and states are components of the shell or of a page's layout (a
+    misnamed one leaves the callback silently never firing in the browser)."""
+    app = create_app([SAMPLE])
+    laid_out = _ids(app.layout(), set())
+    for page in discover_pages():
+        _ids(page.layout(), laid_out)
+    wanted = {d["id"] for cb in app.callback_map.values() for d in [*cb["inputs"], *cb.get("state", [])]
+              if not d["id"].startswith("{")}  # pattern-matching ids are JSON objects
+    assert {"ov-ready", "tl-ready", "run", COUNT_ALL} <= wanted
+    assert wanted - laid_out == set()

@@ -13,6 +13,7 @@ from dash import Input, Output, dcc, html
 from whatif.breakdown import WHOLE_RANK, breakdown, step_label
 from whatif.documents import BreakdownDocument
 
+from ..jobs import Pending, poller, watch, working
 from ..layout import card, error_box, guarded, loading, ms, table
 from ..state import get_store
 from . import Page
@@ -24,7 +25,7 @@ def layout(**_: Any) -> html.Div:
         html.P("Every GPU activity of the run, HolisticTraceAnalysis's definitions with no step window: "
                "idle is time with nothing running between a GPU's first and last activity; host wait is an idle "
                "gap that began before its launch call did.", className="note"),
-        error_box("bd-error"), loading(html.Div(id="bd-body"), id="bd-loading"),
+        error_box("bd-error"), loading(html.Div(id="bd-body"), id="bd-loading"), poller("bd"),
     ])
 
 
@@ -96,12 +97,19 @@ def body(run_id: str | None) -> html.Div:
 
 
 def register(app: dash.Dash) -> None:
-    @app.callback(Output("bd-body", "children"), Output("bd-error", "children"), Input("run", "value"))
-    @guarded(2)
-    def show(run_id: str | None) -> tuple[Any]:
+    watch(app, "bd", lambda: get_store().jobs)
+
+    @app.callback(Output("bd-body", "children"), Output("bd-poll", "disabled"), Output("bd-waiting", "data"),
+                  Output("bd-error", "children"), Input("run", "value"), Input("bd-ready", "data"))
+    @guarded(4, poll=1)
+    def show(run_id: str | None, _: str | None) -> tuple[Any, ...]:
         if not run_id:
             raise dash.exceptions.PreventUpdate
-        return (body(run_id),)
+        run = get_store().get(run_id)
+        doc = get_store().jobs.result(("breakdown", run.id), lambda: document(run_id))
+        if isinstance(doc, Pending):
+            return working(f"breaking down the GPU time of {run.label}"), False, doc.token
+        return body(run_id), True, dash.no_update
 
 
 PAGE = Page(path="/breakdown", title="Breakdown", order=26, layout=layout, register_callbacks=register)

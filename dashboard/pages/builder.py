@@ -156,7 +156,8 @@ def register(app: dash.Dash) -> None:
                       card("speedup", f"{doc.speedup:.3f}x", id="wb-speedup")], className="cards"),
             html.P(doc.cap.reason if doc.cap is not None else "", id="wb-cap"),
             dcc.Graph(id="wb-waterfall", figure=figures.waterfall_figure(doc.baseline_mean_step_ns, doc)),
-            html.H4("Changed tasks (change log)"), table("wb-changes", changes, page_size=8),
+            html.H4("Changed tasks (change log)"),
+            table("wb-changes", changes, page_size=8, names=("reason",), name_width=120),
         ])
         return result, spec
 

@@ -97,7 +97,7 @@ def serving_body(run_id: str | None, names: list[str], rate: float | None,
                f"{w.num_requests} requests, prompt {prompt[0]}-{prompt[1]} and output "
                f"{output[0]}-{output[1]} tokens, {policy} "
                f"scheduler; curves over {', '.join(f'{r:g}' for r in rates)} req/s.", className="note"),
-        table("cmp-serving-table", rows, page_size=20),
+        table("cmp-serving-table", rows, page_size=20, names=("scenario",)),
         dcc.Graph(id="cmp-serving-curves", figure=figures.serving_curves_figure(curves).update_layout(legend_y=-0.25)),
     ])
 
@@ -129,7 +129,7 @@ def body(run_id: str | None, names: list[str], count_all: list[str] | None = Non
     rows = [{"scenario": r.name, "mean step ms": ms(r.mean_step_ns), "speedup": round(r.speedup, 4),
              **breakdown_row({c: int(v) for c, v in mean_breakdown_ns(r.critical_path).items()})} for r in doc.rows()]
     return html.Div([
-        html.Div(table("cmp-table", rows, page_size=20), className="panel"),
+        html.Div(table("cmp-table", rows, page_size=20, names=("scenario",)), className="panel"),
         html.Div([html.Div(dcc.Graph(id="cmp-means", figure=figures.scenarios_figure(doc)), className="panel"),
                   html.Div(dcc.Graph(id="cmp-breakdown", figure=figures.scenario_breakdown_figure(doc)),
                            className="panel")], className="row"),

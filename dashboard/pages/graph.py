@@ -1,5 +1,6 @@
-"""Graph: the dependency neighbourhood of one task, or the critical path of one step (runs of
-tasks on one resource merged), drawn with dash-cytoscape. Never the whole graph."""
+"""Graph: the critical path of one step (at first the slowest step that counts), drawn left to
+right in rows with its slowest segments highlighted, or the dependency neighbourhood of one task;
+drawn with dash-cytoscape. Never the whole graph."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,7 +9,17 @@ import dash
 import dash_cytoscape as cyto
 from dash import Input, Output, State, dcc, html
 
-from ..derive import critical_path_elements, neighbourhood, task_details
+from ..derive import (
+    SLOWEST,
+    X_GAP,
+    Y_GAP,
+    critical_path_elements,
+    neighbourhood,
+    path_rows,
+    slowest_steady_step,
+    task_details,
+)
+from ..jobs import Pending, poller, working
 from ..layout import error_box, guarded, loading
 from ..state import get_store
 from ..timeline import origin_ns
@@ -16,17 +27,24 @@ from . import Page
 from .timeline import render_details
 
 INLINE = {"display": "inline-block", "marginRight": 16, "verticalAlign": "middle"}
+FONT_PX = 12
 STYLE = [
-    {"selector": "node", "style": {"label": "data(label)", "font-size": 9, "text-wrap": "wrap", "width": 18,
-                                   "height": 18, "background-color": "#BAB0AC", "text-valign": "bottom"}},
+    {"selector": "node", "style": {"label": "data(label)", "font-size": FONT_PX, "text-wrap": "wrap",
+                                   "text-max-width": f"{X_GAP - 15}px", "width": 18, "height": 18,
+                                   "background-color": "#BAB0AC", "text-valign": "bottom", "text-margin-y": 3}},
     {"selector": ".cpu", "style": {"background-color": "#4C78A8"}},
     {"selector": ".gpu", "style": {"background-color": "#54A24B"}},
     {"selector": ".group", "style": {"shape": "round-rectangle", "background-color": "#F58518", "width": 26}},
     {"selector": ".selected", "style": {"border-width": 4, "border-color": "#E45756", "width": 26, "height": 26}},
+    {"selector": ".slow", "style": {"border-width": 4, "border-color": "#E45756", "width": 30, "height": 30,
+                                    "color": "#B0271C", "font-weight": "bold"}},
     {"selector": "edge", "style": {"curve-style": "bezier", "target-arrow-shape": "triangle", "width": 1.2,
-                                   "label": "data(label)", "font-size": 7, "line-color": "#99a",
+                                   "label": "data(label)", "font-size": 10, "line-color": "#99a",
                                    "target-arrow-color": "#99a"}},
+    {"selector": ".wrap", "style": {"line-style": "dashed", "opacity": 0.35}},
 ]
+PATH_HEIGHT_PX = 90  # drawn height of a path row beyond its Y_GAP: margins and the last row's labels
+NEIGHBOURHOOD_HEIGHT_PX = 560
 
 
 def layout(task: str | None = None, **_: Any) -> html.Div:
@@ -35,7 +53,7 @@ def layout(task: str | None = None, **_: Any) -> html.Div:
         html.Div([
             dcc.RadioItems(id="gr-mode", options=[{"label": " neighbourhood of a task", "value": "task"},
                                                   {"label": " critical path of a step", "value": "path"}],
-                           value="task", inline=True, labelStyle={"marginRight": 16}),
+                           value="task" if task else "path", inline=True, labelStyle={"marginRight": 16}),
             html.Div([html.Label(" task id "), dcc.Input(id="gr-task", type="number", value=int(task) if task else 0,
                                                          min=0, style={"width": 140})], style=INLINE),
             html.Div([html.Label(" depth "), dcc.Input(id="gr-depth", type="number", value=2, min=1, max=3,
@@ -47,43 +65,60 @@ def layout(task: str | None = None, **_: Any) -> html.Div:
         error_box("gr-error"),
         html.Div(loading(cyto.Cytoscape(id="gr-cyto", elements=[], stylesheet=STYLE,
                                         layout={"name": "breadthfirst", "directed": True},
-                                        style={"width": "100%", "height": "560px"})), className="panel"),
-        html.Div(id="gr-info", className="note"),
+                                        minZoom=0.9, maxZoom=1.6,
+                                        style={"width": "100%", "height": f"{NEIGHBOURHOOD_HEIGHT_PX}px"})),
+                 className="panel"),
+        html.Div(id="gr-info", className="note"), poller("gr"),
         html.Div(id="gr-details", className="panel"),
     ])
 
 
 def register(app: dash.Dash) -> None:
-    @app.callback(Output("gr-step", "options"), Output("gr-step", "value"), Input("run", "value"))
-    def steps(run_id: str | None) -> tuple[list[dict[str, Any]], Any]:
-        store = get_store()
-        if run_id not in store.runs or not store.runs[run_id].loaded:
-            return [], None
-        s = store.runs[run_id].analysis.steps
+    @app.callback(Output("gr-step", "options"), Output("gr-step", "value"), Output("gr-poll", "disabled"),
+                  Output("gr-info", "children", allow_duplicate=True),
+                  Output("gr-error", "children", allow_duplicate=True),
+                  Input("run", "value"), Input("gr-poll", "n_intervals"), prevent_initial_call="initial_duplicate")
+    @guarded(5, poll=2)
+    def steps(run_id: str | None, _: int | None) -> tuple[Any, ...]:
+        run = get_store().get(run_id)
+        a = get_store().analysed(run)
+        if isinstance(a, Pending):
+            return [], None, False, working(f"analysing {run.label}")
+        s = a.steps
         multi = s["rank"].nunique() > 1
         opts = [{"label": f"rank {r} step {k}" if multi else f"step {k}", "value": i}
                 for i, (r, k) in enumerate(zip(s["rank"], s["step"]))]
-        slowest = int(s["predicted_ns"].to_numpy().argmax()) if len(s) else None
-        return opts, slowest
+        return opts, slowest_steady_step(s), True, dash.no_update
 
-    @app.callback(Output("gr-cyto", "elements"), Output("gr-cyto", "layout"), Output("gr-info", "children"),
-                  Output("gr-error", "children"),
+    @app.callback(Output("gr-cyto", "elements"), Output("gr-cyto", "layout"), Output("gr-cyto", "style"),
+                  Output("gr-info", "children"), Output("gr-error", "children"),
                   Input("run", "value"), Input("gr-mode", "value"), Input("gr-task", "value"),
                   Input("gr-depth", "value"), Input("gr-step", "value"))
-    @guarded(4)
+    @guarded(5)
     def draw(run_id: str | None, mode: str, task: int | None, depth: int | None, step: int | None) -> tuple[Any, ...]:
         run = get_store().get(run_id)
         a = run.analysis
         if mode == "path":
             if step is None:
-                raise ValueError("pick a step")
-            els = critical_path_elements(a, a.replay, int(step))
-            info = f"critical path of step row {step}: {sum(1 for e in els if 'source' not in e['data'])} nodes"
-            return els, {"name": "breadthfirst", "directed": True}, info
+                raise dash.exceptions.PreventUpdate  # the step menu fills in the slowest step next
+            els = critical_path_elements(a.replay, int(step))
+            nodes = [e for e in els if "source" not in e["data"]]
+            r, k = (int(a.steps[c].to_numpy()[int(step)]) for c in ("rank", "step"))
+            info = (f"critical path of {f'rank {r} ' if a.steps['rank'].nunique() > 1 else ''}step {k}: "
+                    f"{len(nodes)} segments, the {min(SLOWEST, len(nodes))} slowest in red; "
+                    "read left to right, row by row")
+            height = path_rows(len(nodes)) * Y_GAP + PATH_HEIGHT_PX
+            return els, {"name": "preset", "fit": True, "padding": 30}, \
+                {"width": "100%", "height": f"{height}px"}, info
         els = neighbourhood(a.graph, a.replay, int(task or 0), depth=int(depth or 1))
         n = sum(1 for e in els if "source" not in e["data"])
-        return els, {"name": "breadthfirst", "directed": True, "roots": f"#{int(task or 0)}"} if n < 12 else \
-            {"name": "cose"}, f"{n} tasks within {depth} edge(s) of task {task}"
+        drawing = {"name": "breadthfirst", "directed": True, "roots": f"#{int(task or 0)}"} if n < 12 else \
+            {"name": "cose"}
+        # laid out inside a box smaller than the panel, so that the fit keeps labels at zoom >= 1
+        box = {"x1": 0, "y1": 0, "w": 1100, "h": NEIGHBOURHOOD_HEIGHT_PX - 140}
+        return els, {**drawing, "padding": 40, "boundingBox": box}, \
+            {"width": "100%", "height": f"{NEIGHBOURHOOD_HEIGHT_PX}px"}, \
+            f"{n} tasks within {depth} edge(s) of task {task}"
 
     @app.callback(Output("gr-task", "value"), Output("gr-mode", "value"), Input("gr-cyto", "tapNodeData"),
                   prevent_initial_call=True)
@@ -92,10 +127,13 @@ def register(app: dash.Dash) -> None:
             raise dash.exceptions.PreventUpdate
         return int(node["task"]), "task"
 
-    @app.callback(Output("gr-details", "children"), Input("gr-task", "value"), State("run", "value"))
-    def details(task: int | None, run_id: str | None) -> Any:
+    @app.callback(Output("gr-details", "children"), Input("gr-task", "value"), Input("gr-mode", "value"),
+                  Input("gr-step", "options"), State("run", "value"))
+    def details(task: int | None, mode: str, _: Any, run_id: str | None) -> Any:
+        """The task's details, in the neighbourhood view (a tapped path segment switches to it); the
+        step menu filled in means the run is analysed."""
         store = get_store()
-        if task is None or run_id not in store.runs or not store.runs[run_id].loaded:
+        if task is None or mode != "task" or run_id not in store.runs or not store.runs[run_id].loaded:
             return None
         run = store.runs[run_id]
         try:

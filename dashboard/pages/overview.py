@@ -13,17 +13,19 @@ from whatif.documents import TopEntry
 from whatif.summary import excluded_line
 
 from ..derive import phase_rows
+from ..jobs import Pending, poller, watch, working
 from ..layout import COUNT_ALL, card, error_box, guarded, loading, ms, table
 from ..state import get_store, step_options
 from . import Page
 
 
 def layout(**_: Any) -> html.Div:
-    return html.Div([html.H2("Overview"), error_box("ov-error"), loading(html.Div(id="ov-body"), id="ov-loading")])
+    return html.Div([html.H2("Overview"), error_box("ov-error"), loading(html.Div(id="ov-body"), id="ov-loading"),
+                     poller("ov")])
 
 
 def _top(rows: list[TopEntry]) -> list[dict[str, Any]]:
-    return [{"name": r.name, "count": r.count, "GPU ms": ms(r.gpu_ns), "CPU ms": ms(r.cpu_ns)} for r in rows]
+    return [{"count": r.count, "GPU ms": ms(r.gpu_ns), "CPU ms": ms(r.cpu_ns), "name": r.name} for r in rows]
 
 
 def body(run_id: str | None, count_all: list[str] | None = None) -> html.Div:
@@ -50,6 +52,12 @@ def body(run_id: str | None, count_all: list[str] | None = None) -> html.Div:
                  for s, cp in zip(steps, doc.critical_path)]
     phases = phase_rows(run.analysis.graph, doc.critical_path)
     excluded = excluded_line(steps)
+    top_panels = [html.Div([html.H4(title), table(f"ov-{key}", _top(rows), page_size=10, names=("name",)) if rows
+                            else html.P(f"No {title.lower().removeprefix('top ')} in this run.", className="note")],
+                           className="panel")
+                  for key, rows, title in (("top_kernels", doc.top_kernels, "Top kernels"),
+                                           ("top_ops", doc.top_ops, "Top ops"),
+                                           ("top_layers", doc.top_layers, "Top layers"))]
     return html.Div([
         cards,
         html.P(excluded or "", id="ov-excluded"),
@@ -57,21 +65,26 @@ def body(run_id: str | None, count_all: list[str] | None = None) -> html.Div:
                   html.Div(dcc.Graph(id="ov-breakdown", figure=figures.breakdown_figure(doc.critical_path)),
                            className="panel")], className="row"),
         html.Div([html.Div(dcc.Graph(id="ov-phases", figure=figures.phase_breakdown_figure(phases)), className="panel"),
-                  html.Div([html.H4("Steps"), table("ov-steps", step_rows, page_size=10)], className="panel")],
-                 className="row"),
-        html.Div([html.Div([html.H4(title), table(f"ov-{key}", _top(rows), page_size=10)], className="panel")
-                  for key, rows, title in (("top_kernels", doc.top_kernels, "Top kernels"),
-                                           ("top_ops", doc.top_ops, "Top ops"),
-                                           ("top_layers", doc.top_layers, "Top layers"))], className="row"),
+                  top_panels[0]], className="row"),
+        html.Div(top_panels[1:], className="row"),
+        html.Div([html.H4("Steps"), table("ov-steps", step_rows, page_size=10)], className="panel"),
     ])
 
 
 def register(app: dash.Dash) -> None:
-    @app.callback(Output("ov-body", "children"), Output("ov-error", "children"), Input("run", "value"),
-                  Input(COUNT_ALL, "value"))
-    @guarded(2)
-    def show(run_id: str | None, count_all: list[str] | None) -> tuple[Any]:
-        return (body(run_id, count_all),)
+    watch(app, "ov", lambda: get_store().jobs)
+
+    @app.callback(Output("ov-body", "children"), Output("ov-poll", "disabled"), Output("ov-waiting", "data"),
+                  Output("ov-error", "children"),
+                  Input("run", "value"), Input(COUNT_ALL, "value"), Input("ov-ready", "data"))
+    @guarded(4, poll=1)
+    def show(run_id: str | None, count_all: list[str] | None, _: str | None) -> tuple[Any, ...]:
+        run = get_store().get(run_id)
+        options = step_options(count_all)
+        doc = get_store().jobs.result(("document", run.id, options), lambda: run.document(options))
+        if isinstance(doc, Pending):
+            return working(f"analysing {run.label}"), False, doc.token
+        return body(run_id, count_all), True, dash.no_update
 
 
 PAGE = Page(path="/overview", title="Overview", order=10, layout=layout, register_callbacks=register)

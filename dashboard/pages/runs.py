@@ -9,16 +9,26 @@ from dash import Input, Output, State, dcc, html
 
 from whatif.tracer.readers import accepted
 
-from ..layout import error_box, guarded, loading, table
-from ..state import get_store
+from ..jobs import poller
+from ..layout import error_box, guarded, loading, name_cells, table
+from ..state import Run, get_store
 from ..uploads import UPLOAD_ROUTE
 from . import Page
 
 COLUMNS = ("run", "device", "ranks", "steps", "tasks", "status", "path", "id")
 
 
+NAMES = ("run", "path")
+
+
 def rows() -> list[dict[str, Any]]:
-    return [r.summary() for r in get_store().runs.values()]
+    return [{**r.summary(), **({"status": "analysing…"} if get_store().jobs.running(("analysis", r.id)) else {})}
+            for r in get_store().runs.values()]
+
+
+def cells() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The table's data (long run names and paths shortened from the middle) and its tooltips."""
+    return name_cells(rows(), NAMES)
 
 
 def layout(**_: Any) -> html.Div:
@@ -27,7 +37,7 @@ def layout(**_: Any) -> html.Div:
         html.H2("Runs"),
         html.P("Traces and run folders this dashboard has loaded. Pick one in the run menu (top right); it is "
                "analyzed on first use.", className="note"),
-        html.Div([loading(table("runs-table", rows(), COLUMNS, row_selectable=False)),
+        html.Div([loading(table("runs-table", rows(), COLUMNS, names=NAMES, row_selectable=False)),
                   html.Button("Analyze all", id="runs-analyze", className="secondary")], className="panel"),
         html.Div([
             html.H4("Add a run"),
@@ -41,17 +51,25 @@ def layout(**_: Any) -> html.Div:
                      style={"border": "1px dashed #99a", "borderRadius": 6, "padding": 14, "marginTop": 10,
                             "textAlign": "center"}),
             html.Div(id="runs-upload-status", className="note"),
-            loading(html.Div(id="runs-message", className="note")), error_box("runs-error"),
+            loading(html.Div(id="runs-message", className="note")), error_box("runs-error"), poller("runs"),
         ], className="panel"),
     ])
 
 
+def analyse(runs: list[Run]) -> None:
+    """Start analysing ``runs`` in the background (the table shows their progress)."""
+    for run in runs:
+        if not run.loaded:
+            get_store().analysed(run)
+
+
 def register(app: dash.Dash) -> None:
-    @app.callback(Output("runs-table", "data"), Output("run", "options"), Output("run", "value"),
+    @app.callback(Output("runs-table", "data"), Output("runs-table", "tooltip_data"), Output("run", "options"),
+                  Output("run", "value"), Output("runs-poll", "disabled"),
                   Output("runs-message", "children"), Output("runs-error", "children"),
                   Input("runs-add", "n_clicks"), Input("runs-analyze", "n_clicks"),
                   State("runs-path", "value"), State("run", "value"), prevent_initial_call=True)
-    @guarded(5)
+    @guarded(7)
     def add(add_clicks: int | None, analyze_clicks: int | None, path: str | None,
             current: str | None) -> tuple[Any, ...]:
         store = get_store()
@@ -59,32 +77,26 @@ def register(app: dash.Dash) -> None:
         if not (add_clicks if trigger == "runs-add" else analyze_clicks):   # the first render, not a click
             raise dash.exceptions.PreventUpdate
         if trigger == "runs-analyze":
-            failed = []
-            for run in store.runs.values():
-                try:
-                    _ = run.analysis
-                except Exception as exc:  # noqa: BLE001 - listed, the others still load
-                    failed.append(f"{run.label}: {exc}")
-            msg = "analyzed all runs" + (f"; failed: {'; '.join(failed)}" if failed else "")
-            return rows(), store.options(), current, msg
+            analyse(list(store.runs.values()))
+            return *cells(), store.options(), current, False, "analysing every run (the status column follows)"
         if not path or not path.strip():
             raise ValueError("type the path of a trace file or run folder first")
         added = store.add_path(path.strip())
-        for run in added:  # analyze now, so the table shows device, ranks and steps (or the error)
-            _ = run.analysis
-        return rows(), store.options(), added[0].id, f"added {', '.join(r.label for r in added)}"
+        analyse(added)  # so the table shows device, ranks and steps (or the error)
+        return *cells(), store.options(), added[0].id, False, f"added {', '.join(r.label for r in added)}"
 
-    @app.callback(Output("runs-table", "data", allow_duplicate=True), Input("run", "value"),
+    @app.callback(Output("runs-table", "data", allow_duplicate=True),
+                  Output("runs-table", "tooltip_data", allow_duplicate=True),
+                  Output("runs-poll", "disabled", allow_duplicate=True),
+                  Input("run", "value"), Input("runs-poll", "n_intervals"),
                   prevent_initial_call="initial_duplicate")
-    def refresh(run_id: str | None) -> list[dict[str, Any]]:
-        """Selecting a run analyzes it (the Runs table then shows its device, ranks and steps)."""
+    def refresh(run_id: str | None, _: int | None) -> tuple[Any, ...]:
+        """Selecting a run analyses it in the background; the table follows until no run is analysing."""
         store = get_store()
         if run_id in store.runs:
-            try:
-                _ = store.runs[run_id].analysis
-            except Exception:  # noqa: BLE001 - the table's status column shows the error
-                pass
-        return rows()
+            analyse([store.runs[run_id]])
+        busy = any(get_store().jobs.running(("analysis", r)) for r in store.runs)
+        return *cells(), not busy
 
 
 PAGE = Page(path="/", title="Runs", order=0, layout=layout, register_callbacks=register)

@@ -11,6 +11,7 @@ from dash import Input, Output, State, html
 from whatif.documents import SuggestDocument
 from whatif.suggest import suggest
 
+from ..jobs import Pending, poller, watch, working
 from ..layout import COUNT_ALL, card, error_box, guarded, loading, ms, table
 from ..state import get_store, step_options
 from . import Page
@@ -25,7 +26,7 @@ def layout(**_: Any) -> html.Div:
                "applied alone at its candidate settings and replayed; ranked by predicted speedup over the steps "
                "that count.", className="note"),
         html.Button("Suggest", id="sg-run"), error_box("sg-error"),
-        loading(html.Div(id="sg-body"), id="sg-loading"),
+        loading(html.Div(id="sg-body"), id="sg-loading"), poller("sg"),
     ])
 
 
@@ -60,7 +61,6 @@ def body(run_id: str | None, count_all: list[str] | None = None) -> html.Div:
                        id="sg-best"),
                   card("tried / not tried", f"{len(doc.suggestions)} / {len(doc.skipped)}")], className="cards"),
         html.Div([table("sg-table", rows(doc), COLUMNS, page_size=20,
-                        style_data={"whiteSpace": "normal", "height": "auto"},
                         style_cell_conditional=[{"if": {"column_id": c}, "textAlign": "left", "minWidth": 180}
                                                 for c in ("acts on", "cap", "also tried")])],
                  className="panel"),
@@ -71,13 +71,21 @@ def body(run_id: str | None, count_all: list[str] | None = None) -> html.Div:
 
 
 def register(app: dash.Dash) -> None:
-    @app.callback(Output("sg-body", "children"), Output("sg-error", "children"), Input("sg-run", "n_clicks"),
+    watch(app, "sg", lambda: get_store().jobs)
+
+    @app.callback(Output("sg-body", "children"), Output("sg-poll", "disabled"), Output("sg-waiting", "data"),
+                  Output("sg-error", "children"), Input("sg-run", "n_clicks"), Input("sg-ready", "data"),
                   State("run", "value"), State(COUNT_ALL, "value"), prevent_initial_call=True)
-    @guarded(2)
-    def show(clicks: int | None, run_id: str | None, count_all: list[str] | None) -> tuple[Any]:
+    @guarded(4, poll=1)
+    def show(clicks: int | None, _: str | None, run_id: str | None, count_all: list[str] | None) -> tuple[Any, ...]:
         if not clicks:
             raise dash.exceptions.PreventUpdate
-        return (body(run_id, count_all),)
+        run = get_store().get(run_id)
+        options = step_options(count_all)
+        doc = get_store().jobs.result(("suggest", run.id, options), lambda: document(run_id, count_all))
+        if isinstance(doc, Pending):
+            return working(f"trying every optimization on {run.label}"), False, doc.token
+        return body(run_id, count_all), True, dash.no_update
 
 
 PAGE = Page(path="/suggest", title="Suggest", order=28, layout=layout, register_callbacks=register)

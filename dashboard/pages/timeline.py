@@ -12,6 +12,7 @@ from whatif import figures
 
 from .. import timeline as tl
 from ..derive import task_details
+from ..jobs import Pending, poller, watch, working
 from ..layout import error_box, guarded, loading
 from ..state import Run, get_store
 from . import Page
@@ -44,7 +45,7 @@ def layout(**_: Any) -> html.Div:
                                    figure=figures.timeline_figure({"lanes": [], "range_ms": [0, 1], "panels": []}))),
                  className="panel"),
         dcc.Store(id="tl-window"),
-        dcc.Store(id="tl-zoom"),
+        dcc.Store(id="tl-zoom"), poller("tl"),
         html.Div([html.H4("Task"), error_box("tl-details-error"),
                   html.Div("Click a slice (zoom in until slices are exact) to see the task.", id="tl-details",
                            className="note")], className="panel"),
@@ -71,6 +72,7 @@ def timelines(run: Run, scenario: str | None) -> tuple[list[tl.Timeline], tl.Lan
 
 
 def register(app: dash.Dash) -> None:
+    watch(app, "tl", lambda: get_store().jobs)
     app.clientside_callback(ZOOM_ONLY, Output("tl-zoom", "data"), Input("tl-graph", "relayoutData"),
                             prevent_initial_call=True)
 
@@ -81,12 +83,12 @@ def register(app: dash.Dash) -> None:
         return [{"label": "baseline replay", "value": BASELINE}] + [{"label": n, "value": n} for n in names]
 
     @app.callback(Output("tl-graph", "figure"), Output("tl-window", "data"), Output("tl-info", "children"),
-                  Output("tl-error", "children"),
+                  Output("tl-poll", "disabled"), Output("tl-waiting", "data"), Output("tl-error", "children"),
                   Input("run", "value"), Input("tl-predicted", "value"), Input("tl-zoom", "data"),
-                  Input("tl-reset", "n_clicks"), State("tl-window", "data"))
-    @guarded(4)
+                  Input("tl-reset", "n_clicks"), Input("tl-ready", "data"), State("tl-window", "data"))
+    @guarded(6, poll=3)
     def draw(run_id: str | None, scenario: str | None, relayout: dict[str, Any] | None, _reset: int | None,
-             window: list[int] | None) -> tuple[Any, ...]:
+             _ready: str | None, window: list[int] | None) -> tuple[Any, ...]:
         trigger = dash.ctx.triggered_id
         current: tuple[int, int] | None = (window[0], window[1]) if window else None
         if trigger == "tl-zoom":
@@ -96,11 +98,15 @@ def register(app: dash.Dash) -> None:
             current = new
         elif trigger in ("tl-reset", "run", "tl-predicted"):
             current = None if trigger != "tl-predicted" else current
-        run = get_store().get(run_id)
+        store = get_store()
+        run = store.get(run_id)
+        analysis = store.analysed(run)
+        if isinstance(analysis, Pending):
+            return dash.no_update, dash.no_update, working(f"analysing {run.label}"), False, analysis.token
         lines, lanes, _ = timelines(run, scenario)
         v = tl.view(lines, lanes, current)
         info = " · ".join(f"{p['name']}: {p['tasks']:,} tasks in view ({p['mode']})" for p in v["panels"])
-        return figures.timeline_figure(v), list(current) if current else None, info
+        return figures.timeline_figure(v), list(current) if current else None, info, True, dash.no_update
 
     @app.callback(Output("tl-details", "children"), Output("tl-details-error", "children"),
                   Input("tl-graph", "clickData"), State("run", "value"), State("tl-predicted", "value"),
