@@ -113,14 +113,23 @@ def request(port: int, method: str, url: str, body: bytes | None = None,
         conn.close()
 
 
-def overview(port: int, run_id: str) -> tuple[int, bytes]:
-    """The Overview page's callback for ``run_id`` (analyzes the run on first use)."""
-    body = {"output": "..ov-body.children...ov-error.children..",
-            "outputs": [{"id": "ov-body", "property": "children"}, {"id": "ov-error", "property": "children"}],
+def overview(port: int, run_id: str, deadline_s: float = 240) -> tuple[int, bytes]:
+    """The Overview page's callback for ``run_id``: the first call starts the run's analysis on the
+    dashboard's job threads and answers "working"; it is called again, as the page's poller would,
+    until the page itself comes back (or an error, or the deadline)."""
+    body = {"output": "..ov-body.children...ov-poll.disabled...ov-waiting.data...ov-error.children..",
+            "outputs": [{"id": "ov-body", "property": "children"}, {"id": "ov-poll", "property": "disabled"},
+                        {"id": "ov-waiting", "property": "data"}, {"id": "ov-error", "property": "children"}],
             "inputs": [{"id": "run", "property": "value", "value": run_id},
-                       {"id": "count-all", "property": "value", "value": []}],
+                       {"id": "count-all", "property": "value", "value": []},
+                       {"id": "ov-ready", "property": "data", "value": None}],
             "changedPropIds": ["run.value"]}
-    return request(port, "POST", "/_dash-update-component", json.dumps(body).encode(), "application/json")
+    end = time.monotonic() + deadline_s
+    while True:
+        status, answer = request(port, "POST", "/_dash-update-component", json.dumps(body).encode(), "application/json")
+        if status != 200 or b"working:" not in answer or time.monotonic() > end:
+            return status, answer
+        time.sleep(0.2)
 
 
 def tiny_trace(i: int) -> bytes:
@@ -152,10 +161,18 @@ def dashboard_burst(tmp: Path, uploads: int = 50) -> Burst:
     proc = start(["dashboard", "--no-browser", "--port", str(port), str(SAMPLE)], tmp / "peak.txt")
     out = Burst()
     t0 = time.perf_counter()
+    logged: list[str] = []
+    drains = [threading.Thread(target=lambda s=s: logged.extend(iter(s.readline, "")), daemon=True)
+              for s in (proc.stderr,) if s is not None]
+    for d in drains:   # a server whose log pipe nobody reads blocks on its next write
+        d.start()
     try:
         first = proc.stdout.readline() if proc.stdout else ""
         found = re.search(r"uploads go to (\S+), removed on exit", first)
         out.upload_dir = Path(found.group(1)) if found else None
+        if proc.stdout is not None:
+            drains.append(threading.Thread(target=lambda: logged.extend(iter(proc.stdout.readline, "")), daemon=True))
+            drains[-1].start()
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -191,6 +208,8 @@ def dashboard_burst(tmp: Path, uploads: int = 50) -> Burst:
     finally:
         proc.send_signal(signal.SIGTERM)
         out.status, out.peak_bytes = finish(proc, tmp / "peak.txt")
-        out.stderr = proc.stderr.read() if proc.stderr else ""
+        for d in drains:
+            d.join(10)
+        out.stderr = "".join(logged)
         out.seconds = time.perf_counter() - t0
     return out
