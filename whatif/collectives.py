@@ -102,7 +102,8 @@ def _default_ranks_per_node(trace: Trace) -> int | None:
 
 @dataclass
 class _Calls:
-    """The COMM tasks of the graph with their call (barrier task, or -1 for a call of one rank)."""
+    """The COMM tasks of the graph with their call (its barrier task, or ``-(1 + task id)`` for a
+    kernel whose peers are not loaded: a call of one rank)."""
 
     comm: np.ndarray       # task ids of COMM tasks
     call: np.ndarray       # per COMM task: its barrier task id, or -(1 + task id) for a lone kernel
@@ -148,7 +149,7 @@ def collectives(trace: Trace, graph: TaskGraph | None = None,
                                     for arg in (Arg.COLLECTIVE_NAME, Arg.PROCESS_GROUP_RANKS, Arg.PROCESS_GROUP))
     frame = pd.DataFrame({"task": found.comm, "call": found.call, "rank": ranks_col[found.comm],
                           "arrival": start[found.comm], "end": end[found.comm]})
-    frame = frame.sort_values(["arrival", "rank"], kind="stable")
+    frame = _with_waits(frame.sort_values(["arrival", "rank"], kind="stable"))
     calls: list[CollectiveCall] = []
     occurrence: dict[str, int] = {}
     for _, members in frame.groupby("call", sort=False):
@@ -160,9 +161,7 @@ def collectives(trace: Trace, graph: TaskGraph | None = None,
         key = collective_key(names[first], coll_name[ev], pg_name[ev])
         n = occurrence[key] = occurrence.get(key, -1) + 1
         arrival = members["arrival"].to_numpy()
-        last = int(arrival.max())
-        transfer = int(members["end"].to_numpy().max()) - last if len(members) > 1 else \
-            int(members["end"].iloc[0] - members["arrival"].iloc[0])
+        transfer = int(members["transfer"].max())
         group = point.ranks if point is not None else None
         nbytes = point.message_bytes if point is not None else None
         algbw = nbytes / transfer if nbytes is not None and transfer > 0 else None
@@ -172,9 +171,9 @@ def collectives(trace: Trace, graph: TaskGraph | None = None,
         straggler = int(members["rank"].to_numpy()[int(np.argmax(arrival))]) if len(members) > 1 else None
         calls.append(CollectiveCall(
             key=key, occurrence=n, kind=kind, step=int(steps[first]), message_bytes=nbytes, group_size=group,
-            ranks=sorted(int(r) for r in members["rank"]), span=span_of(known, per_node),
-            first_arrival_ns=int(arrival.min()), skew_ns=last - int(arrival.min()), transfer_ns=max(transfer, 0),
-            straggler=straggler, waited_ns=int((last - arrival).sum()),
+            ranks=list(loaded), span=span_of(known, per_node),
+            first_arrival_ns=int(arrival.min()), skew_ns=int(arrival.max() - arrival.min()),
+            transfer_ns=max(transfer, 0), straggler=straggler, waited_ns=int(members["waited"].sum()),
             algbw_gbps=None if algbw is None else round(algbw, 6),
             busbw_gbps=None if busbw is None else round(busbw, 6)))
     calls.sort(key=lambda c: (c.first_arrival_ns, c.key, c.occurrence))
@@ -182,11 +181,16 @@ def collectives(trace: Trace, graph: TaskGraph | None = None,
                                ranks=_rank_totals(frame, calls))
 
 
-def _rank_totals(frame: pd.DataFrame, calls: list[CollectiveCall]) -> list[RankCollectives]:
+def _with_waits(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each member's ``waited`` (last arrival of its call - its arrival) and ``transfer`` (its end -
+    the last arrival; for a call of one rank, the whole kernel)."""
     last = frame.groupby("call")["arrival"].transform("max").to_numpy()
     lone = frame.groupby("call")["rank"].transform("size").to_numpy() == 1
-    frame = frame.assign(waited=np.where(lone, 0, last - frame["arrival"].to_numpy()),
-                         transfer=np.where(lone, frame["end"] - frame["arrival"], frame["end"].to_numpy() - last))
+    arrival, end = frame["arrival"].to_numpy(), frame["end"].to_numpy()
+    return frame.assign(waited=last - arrival, transfer=np.where(lone, end - arrival, end - last))
+
+
+def _rank_totals(frame: pd.DataFrame, calls: list[CollectiveCall]) -> list[RankCollectives]:
     caused: dict[int, int] = {}
     straggled: dict[int, int] = {}
     for c in calls:
