@@ -40,12 +40,12 @@ from whatif.core.errors import TraceError
 from whatif.core.kernels import is_collective
 from whatif.core.limits import MAX_RANK
 from whatif.core.output import write_output
+from whatif.tracer.kinds import EventKind, kind_of
 from whatif.tracer.kineto import kineto_json, read_bytes
 from whatif.tracer.record.trace_file import trace_file_name
 
 __all__ = ["JobOptions", "JobPlan", "generate_job"]
 
-_GPU_KERNEL_CATEGORIES = frozenset({"kernel"})
 _GROUP_ARGS = ("Group size", "Process Group Ranks")
 
 
@@ -81,7 +81,7 @@ class JobPlan:
 def _collectives(events: list[dict[str, Any]]) -> list[int]:
     """Indices of the collective kernels, in start order."""
     found = [i for i, e in enumerate(events)
-             if isinstance(e, dict) and e.get("ph") == "X" and str(e.get("cat", "")).lower() in _GPU_KERNEL_CATEGORIES
+             if isinstance(e, dict) and e.get("ph") == "X" and kind_of(str(e.get("cat", ""))) is EventKind.KERNEL
              and is_collective(str(e.get("name", ""))) and isinstance(e.get("ts"), (int, float))]
     return sorted(found, key=lambda i: (float(events[i]["ts"]), i))
 
