@@ -115,15 +115,23 @@ def test_dashboard_page_shows_the_document(tmp_path: Path) -> None:
     import json
 
     from whatif.dashboard.app import create_app
+    from whatif.dashboard.state import get_store
 
     folder = job(tmp_path / "job")
     app = create_app([folder])
     run_id = next(iter(app.layout().children[0].children[-1].options))["value"]
-    body = {"output": "..coll-body.children...coll-error.children..",
-            "outputs": [{"id": "coll-body", "property": "children"}, {"id": "coll-error", "property": "children"}],
-            "inputs": [{"id": "run", "property": "value", "value": run_id}], "changedPropIds": ["run.value"]}
-    r = app.server.test_client().post("/_dash-update-component", json=body)
+    body = {"output": "..coll-body.children...coll-poll.disabled...coll-waiting.data...coll-error.children..",
+            "outputs": [{"id": "coll-body", "property": "children"}, {"id": "coll-poll", "property": "disabled"},
+                        {"id": "coll-waiting", "property": "data"}, {"id": "coll-error", "property": "children"}],
+            "inputs": [{"id": "run", "property": "value", "value": run_id},
+                       {"id": "coll-ready", "property": "data", "value": None}], "changedPropIds": ["run.value"]}
+    client = app.server.test_client()
+    r = client.post("/_dash-update-component", json=body)
     assert r.status_code == 200
+    if b"working:" in r.data:   # the first call starts the job; the page's poller calls again when it is done
+        get_store().jobs.wait(("collectives", run_id), timeout_s=120)
+        r = client.post("/_dash-update-component", json=body)
+    assert r.status_code == 200 and b"working:" not in r.data
     text = json.dumps(json.loads(r.data)["response"]["coll-body"]["children"])
     doc = collectives(load_trace(folder))
     assert f"{sum(c.waited_ns for c in doc.calls) / 1e6:,.3f}" in text  # 0.115 ms of waiting

@@ -13,6 +13,7 @@ from whatif.collectives import collectives
 from whatif.documents import CollectivesDocument
 from whatif.report.diff_text import short_name
 
+from ..jobs import Pending, poller, watch, working
 from ..layout import card, error_box, guarded, loading, ms, table
 from ..state import get_store
 from . import Page
@@ -24,7 +25,7 @@ def layout(**_: Any) -> html.Div:
         html.P("Each collective matched across the loaded ranks: the last rank to arrive is the straggler, and "
                "every other rank waits for it; busbw is nccl-tests' bus bandwidth. With one rank loaded, a call's "
                "time includes its wait for the ranks that are not.", className="note"),
-        error_box("coll-error"), loading(html.Div(id="coll-body"), id="coll-loading"),
+        error_box("coll-error"), loading(html.Div(id="coll-body"), id="coll-loading"), poller("coll"),
     ])
 
 
@@ -75,12 +76,19 @@ def body(run_id: str | None) -> html.Div:
 
 
 def register(app: dash.Dash) -> None:
-    @app.callback(Output("coll-body", "children"), Output("coll-error", "children"), Input("run", "value"))
-    @guarded(2)
-    def show(run_id: str | None) -> tuple[html.Div]:
+    watch(app, "coll", lambda: get_store().jobs)
+
+    @app.callback(Output("coll-body", "children"), Output("coll-poll", "disabled"), Output("coll-waiting", "data"),
+                  Output("coll-error", "children"), Input("run", "value"), Input("coll-ready", "data"))
+    @guarded(4, poll=1)
+    def show(run_id: str | None, _: str | None) -> tuple[Any, ...]:
         if not run_id:
             raise dash.exceptions.PreventUpdate
-        return (body(run_id),)
+        run = get_store().get(run_id)
+        doc = get_store().jobs.result(("collectives", run.id), lambda: document(run_id))
+        if isinstance(doc, Pending):
+            return working(f"matching the collectives of {run.label}"), False, doc.token
+        return body(run_id), True, dash.no_update
 
 
 PAGE = Page(path="/collectives", title="Collectives", order=29, layout=layout, register_callbacks=register)

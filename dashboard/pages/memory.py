@@ -8,13 +8,14 @@ from typing import Any
 
 import dash
 import plotly.graph_objects as go
-from dash import Input, Output, dcc, html
+from dash import Input, Output, State, dcc, html
 
 from whatif.breakdown import step_label
 from whatif.documents import MemoryDevice, MemoryDocument
 from whatif.memory import memory
 from whatif.report.diff_text import short_name
 
+from ..jobs import Pending, poller, watch, working
 from ..layout import card, error_box, guarded, loading, table
 from ..state import get_store
 from . import Page
@@ -31,6 +32,7 @@ def layout(**_: Any) -> html.Div:
                "allocated is matched by address to the operator that allocated it.", className="note"),
         dcc.Dropdown(id="mem-device", clearable=False, placeholder="device", style={"maxWidth": "320px"}),
         error_box("mem-error"), error_box("mem-body-error"), loading(html.Div(id="mem-body"), id="mem-loading"),
+        poller("mem"),
     ])
 
 
@@ -104,21 +106,31 @@ def body(run_id: str | None, key: str | None) -> html.Div:
 
 
 def register(app: dash.Dash) -> None:
-    @app.callback(Output("mem-device", "options"), Output("mem-device", "value"), Output("mem-error", "children"),
-                  Input("run", "value"))
-    @guarded(3)
-    def devices(run_id: str | None) -> tuple[list[dict[str, str]], str | None]:
+    watch(app, "mem", lambda: get_store().jobs)
+
+    @app.callback(Output("mem-device", "options"), Output("mem-device", "value"), Output("mem-body", "children"),
+                  Output("mem-poll", "disabled"), Output("mem-waiting", "data"), Output("mem-error", "children"),
+                  Input("run", "value"), Input("mem-ready", "data"))
+    @guarded(6, poll=3)
+    def devices(run_id: str | None, _: str | None) -> tuple[Any, ...]:
+        """The run's devices once its memory document is made (on the job threads); until then,
+        the working state."""
         if not run_id:
             raise dash.exceptions.PreventUpdate
-        doc = document(run_id)
+        run = get_store().get(run_id)
+        doc = get_store().jobs.result(("memory", run.id), lambda: document(run_id))
+        if isinstance(doc, Pending):
+            return [], None, working(f"reading the allocator records of {run.label}"), False, doc.token
         options = [{"label": f"rank {d.rank} · {d.device}", "value": device_key(d)} for d in doc.devices]
-        return options, options[0]["value"] if options else None
+        if not options:  # no device to pick: the page says why
+            return [], None, body(run_id, None), True, dash.no_update
+        return options, options[0]["value"], dash.no_update, True, dash.no_update
 
-    @app.callback(Output("mem-body", "children"), Output("mem-body-error", "children"), Input("run", "value"),
-                  Input("mem-device", "value"))
+    @app.callback(Output("mem-body", "children", allow_duplicate=True), Output("mem-body-error", "children"),
+                  Input("mem-device", "value"), State("run", "value"), prevent_initial_call=True)
     @guarded(2)
-    def show(run_id: str | None, key: str | None) -> tuple[html.Div]:
-        if not run_id:
+    def show(key: str | None, run_id: str | None) -> tuple[html.Div]:
+        if not run_id or not key:
             raise dash.exceptions.PreventUpdate
         return (body(run_id, key),)
 

@@ -14,6 +14,7 @@ from whatif.documents import OpsDocument
 from whatif.ops import Bound, GroupBy, ops_table
 from whatif.report.diff_text import short_name
 
+from ..jobs import Pending, poller, watch, working
 from ..layout import card, error_box, guarded, loading, ms, table
 from ..state import get_store
 from . import Page
@@ -33,7 +34,7 @@ def layout(**_: Any) -> html.Div:
                "5 us), else compute or memory by the roofline's ridge.", className="note"),
         dcc.RadioItems(id="ops-by", options=[{"label": f" by {g.value}", "value": g.value} for g in GroupBy],
                        value=GroupBy.OP.value, inline=True),
-        error_box("ops-error"), loading(html.Div(id="ops-body"), id="ops-loading"),
+        error_box("ops-error"), loading(html.Div(id="ops-body"), id="ops-loading"), poller("ops"),
     ])
 
 
@@ -99,13 +100,20 @@ def body(run_id: str | None, by: str = GroupBy.OP.value) -> html.Div:
 
 
 def register(app: dash.Dash) -> None:
-    @app.callback(Output("ops-body", "children"), Output("ops-error", "children"), Input("run", "value"),
-                  Input("ops-by", "value"))
-    @guarded(2)
-    def show(run_id: str | None, by: str) -> tuple[Any]:
+    watch(app, "ops", lambda: get_store().jobs)
+
+    @app.callback(Output("ops-body", "children"), Output("ops-poll", "disabled"), Output("ops-waiting", "data"),
+                  Output("ops-error", "children"), Input("run", "value"), Input("ops-by", "value"),
+                  Input("ops-ready", "data"))
+    @guarded(4, poll=1)
+    def show(run_id: str | None, by: str, _: str | None) -> tuple[Any, ...]:
         if not run_id:
             raise dash.exceptions.PreventUpdate
-        return (body(run_id, by),)
+        run = get_store().get(run_id)
+        doc = get_store().jobs.result(("ops", run.id, by), lambda: document(run_id, by))
+        if isinstance(doc, Pending):
+            return working(f"pricing the ops of {run.label}"), False, doc.token
+        return body(run_id, by), True, dash.no_update
 
 
 PAGE = Page(path="/ops", title="Ops", order=24, layout=layout, register_callbacks=register)
