@@ -11,6 +11,15 @@ and a recorder finds the steps from ``optimizer.step()`` (one per ``--steps``).
 The data set is ``--batches`` fixed random batches cycled in order, so the model can
 memorize them and the loss goes down.
 
+Variants (the GPU harvest's before/after pairs, ``bench/gpu_harvest``):
+
+* ``--autocast bf16|fp16``: forward and loss under ``torch.autocast`` (mixed precision);
+* ``--compile``: ``torch.compile`` the model (inductor);
+* ``--sdpa math|flash|efficient|cudnn``: force one scaled-dot-product-attention backend;
+* ``--workers N``: batches come from a ``torch.utils.data.DataLoader`` with ``num_workers=N``
+  (0: loaded in the training thread) whose dataset spends ``--load-ms`` of CPU time per batch,
+  as tokenization or decoding would; without ``--workers`` the batches are pre-made tensors.
+
 Log (``--log OUT.json``)::
 
     {"schema": "whatif.examples.train/1",
@@ -19,7 +28,8 @@ Log (``--log OUT.json``)::
      "summary": {"steps", "first_loss", "last_loss", "duration_s", "mean_step_ms",
                  "tokens_per_s"}}
 
-``step_ms`` is the wall time of one iteration in milliseconds (device synchronized).
+``step_ms`` is the wall time in milliseconds from the end of the previous iteration (the start,
+for the first) to the end of this one, device synchronized: loading the batch is included.
 """
 from __future__ import annotations
 
@@ -31,10 +41,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import contextlib
+import random
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from _runtime import add_runtime_args, pick_device, set_threads
 from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 SCHEMA = "whatif.examples.train/1"
 
@@ -81,12 +98,62 @@ def make_data(args: argparse.Namespace, device: torch.device) -> list[torch.Tens
     return [torch.randint(args.vocab, shape, generator=g).to(device) for _ in range(args.batches)]
 
 
+class TokenDataset(Dataset):
+    """``steps * batch_size`` random sequences, each costing ``load_ms / batch_size`` of CPU time.
+
+    The CPU time is spent drawing the tokens one by one with Python's ``random`` and then spinning
+    until the sequence's share of ``load_ms`` has passed, so a batch costs at least ``load_ms``
+    wherever it is loaded (training thread or worker process).
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.vocab, self.seq, self.seed = args.vocab, args.seq_len + 1, args.seed
+        self.size = args.steps * args.batch_size
+        self.item_s = args.load_ms / 1e3 / args.batch_size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        end = time.perf_counter() + self.item_s
+        rng = random.Random(self.seed * 1_000_003 + i)
+        tokens = torch.tensor([rng.randrange(self.vocab) for _ in range(self.seq)])
+        while time.perf_counter() < end:
+            pass
+        return tokens
+
+
+def batches(args: argparse.Namespace, device: torch.device) -> Iterator[torch.Tensor]:
+    """The training batches: pre-made tensors cycled, or a DataLoader's (``--workers``)."""
+    if args.workers is None:
+        data = make_data(args, device)
+        for i in range(args.steps):
+            yield data[i % len(data)]
+        return
+    loader = DataLoader(TokenDataset(args), batch_size=args.batch_size, shuffle=False,
+                        num_workers=args.workers, pin_memory=device.type == "cuda")
+    for batch in loader:
+        yield batch.to(device, non_blocking=True)
+
+
+def attention_backend(name: str) -> contextlib.AbstractContextManager[Any]:
+    """``--sdpa``: a context forcing one SDPA backend, or nothing for ``auto``."""
+    if name == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel({"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
+                        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                        "cudnn": SDPBackend.CUDNN_ATTENTION}[name])
+
+
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: torch.Tensor,
-               clip: float) -> torch.Tensor:
+               clip: float, autocast: str = "off") -> torch.Tensor:
     """One optimizer step on next-token cross-entropy; returns the (detached) loss."""
     opt.zero_grad(set_to_none=True)
-    logits = model(batch[:, :-1])
-    loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+    with (torch.autocast(batch.device.type, dtype=AUTOCAST_DTYPES[autocast]) if autocast != "off"
+          else contextlib.nullcontext()):
+        logits = model(batch[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
     loss.backward()
     if clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
@@ -117,8 +184,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--clip", type=float, default=1.0, help="max grad norm; 0 disables clipping")
+    p.add_argument("--autocast", default="off", choices=["off", *AUTOCAST_DTYPES],
+                   help="mixed precision for forward and loss")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--sdpa", default="auto", choices=["auto", "math", "flash", "efficient", "cudnn"],
+                   help="scaled-dot-product-attention backend")
+    p.add_argument("--workers", type=int, default=None,
+                   help="load batches with a DataLoader of this many worker processes (0: in the "
+                        "training thread); default: pre-made batches, no DataLoader")
+    p.add_argument("--load-ms", type=float, default=0.0, help="CPU time to load one batch (with --workers)")
     p.add_argument("--log", default=None, help="write the JSON log here")
     args = p.parse_args(argv)
+    if args.workers is not None and args.workers < 0:
+        p.error("--workers must be >= 0")
+    if args.load_ms < 0:
+        p.error("--load-ms must be >= 0")
     for name in ("steps", "batch_size", "seq_len", "batches", "layers", "d_model", "heads", "vocab"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -136,13 +216,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"train: error: {e}", file=sys.stderr)
         return 2
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    data = make_data(args, device)
+    forward = torch.compile(model) if args.compile else model
     steps: list[dict[str, Any]] = []
-    start = now(device)
-    for i in range(args.steps):
-        t0 = now(device)
-        loss = train_step(model, opt, data[i % len(data)], args.clip).item()
-        steps.append({"step": i, "loss": loss, "step_ms": (now(device) - t0) * 1e3})
+    start = t0 = now(device)
+    with attention_backend(args.sdpa):
+        for i, batch in enumerate(batches(args, device)):
+            loss = train_step(forward, opt, batch, args.clip, args.autocast).item()
+            t1 = now(device)
+            steps.append({"step": i, "loss": loss, "step_ms": (t1 - t0) * 1e3})
+            t0 = t1
     duration = now(device) - start
     summary = {"steps": len(steps), "first_loss": steps[0]["loss"], "last_loss": steps[-1]["loss"],
                "duration_s": duration, "mean_step_ms": duration * 1e3 / len(steps),
