@@ -5,10 +5,15 @@ and the ``DataLoader`` parameters ``num_workers`` and ``prefetch_factor``; the m
 Daydream's (Zhu et al., USENIX ATC 2020): data loading is CPU work on the training thread, and
 the optimization is a graph edit (Insert on new threads, Schedule edges) that the replay prices):
 
-* In a ``num_workers=0`` trace each batch is loaded inside the training thread: one CPU task
-  per step, ``enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__`` (its dataset
-  ``__getitem__`` calls, transforms and collation are nested in it, so it is one ``CPU_WORK``
-  task of duration ``L_b``, ns).
+* In a ``num_workers=0`` trace each batch is loaded inside the training thread, inside one
+  ``enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__`` range per step (its dataset
+  ``__getitem__`` calls, transforms, collation and ``pin_memory`` are nested in it). Where that
+  range holds no recorded op (PyTorch 1.8-era traces) it is one ``CPU_WORK`` task of duration
+  ``L_b``, ns. Where it holds ops (``aten::tensor``, ``aten::stack``, ``aten::pin_memory``...
+  with the dataset's Python time as gaps between them, as PyTorch 2.x records it) those tasks
+  are first fused into one task spanning the first to the last of them
+  (:func:`fold_loader_ranges`), so the load is again one task; the GPU harvest's pair 5
+  (``sample_traces/gpu/pairs/p5_dataloader-*``) is such a trace.
 * With ``workers=N``, batch ``b`` is loaded by worker ``b mod N`` (PyTorch's round-robin
   ``_worker_queue_idx_cycle``) on its own ordered CPU resource, one batch after another, taking
   ``L_b · load_scale`` (``load_scale`` > 1 models workers contending for cores or memory
@@ -58,7 +63,9 @@ from ..edit import (
     add_edges,
     add_resource,
     duplicate,
+    fuse,
     move,
+    reclassify,
     remove_edges,
     rename,
     scale,
@@ -71,6 +78,67 @@ DEFAULT_FETCH_US = 1000.0
 """Training-thread cost of taking one ready batch from a worker (µs); see the module docstring."""
 DEFAULT_SELECT = Selector(kind="cpu_work", name="DataLoader")
 MULTIPROCESS_MARK = "_MultiProcessingDataLoaderIter"
+
+
+def fold_loader_ranges(graph: TaskGraph, *, reason: str) -> TaskGraph:
+    """Fuse the tasks recorded inside each single-process ``__next__`` range into one task.
+
+    PyTorch 2.x records the dataset's ops (``aten::tensor``, ``aten::stack``,
+    ``aten::pin_memory``...) inside ``enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__``,
+    so the range is no task of its own: its time is those tasks plus the Python time between them
+    (the thread-order gaps). For each such range (a CPU event of the trace whose name holds
+    ``DataLoader``), the tasks of its thread that start and end inside it become one ``CPU_WORK``
+    task named like the range, spanning the first task's start to the last task's end; the gap
+    before the first and after the last stay edge latencies. Launch and other edges of the members
+    stay on the fused task. Ranges holding fewer than two tasks are left as they are; a graph
+    without its trace is returned unchanged.
+    """
+    trace = graph.trace
+    if trace is None or not len(graph.tasks):
+        return graph
+    ev = trace.events
+    names = ev["name"].astype(str).to_numpy()
+    cpu_ranges = np.flatnonzero((np.char.find(names.astype(str), "DataLoader") >= 0)
+                                & (ev["device"].to_numpy() < 0) & (ev["dur_ns"].to_numpy() > 0))
+    if not len(cpu_ranges):
+        return graph
+    t = graph.tasks
+    event = t["event"].to_numpy()
+    real = event >= 0
+    kind = t["kind"].to_numpy()
+    cpu = real & np.isin(kind, (int(TaskKind.CPU_CALL), int(TaskKind.CPU_WORK)))
+    pid = np.full(len(t), -1, np.int64)
+    tid = np.full(len(t), -1, np.int64)
+    pid[cpu] = ev["pid"].to_numpy()[event[cpu]]
+    tid[cpu] = ev["tid"].to_numpy()[event[cpu]]
+    rank = t["rank"].to_numpy()
+    start, end = t["measured_start_ns"].to_numpy(), t["measured_end_ns"].to_numpy()
+    ids: list[np.ndarray] = []
+    labels: list[np.ndarray] = []
+    spans: list[int] = []
+    range_names: list[str] = []
+    taken = np.zeros(len(t), dtype=bool)
+    ev_rank, ev_pid, ev_tid = ev["rank"].to_numpy(), ev["pid"].to_numpy(), ev["tid"].to_numpy()
+    ev_ts, ev_dur = ev["ts_ns"].to_numpy(), ev["dur_ns"].to_numpy()
+    for r in cpu_ranges.tolist():
+        inside = np.flatnonzero(cpu & ~taken & (rank == ev_rank[r]) & (pid == ev_pid[r]) & (tid == ev_tid[r])
+                                & (start >= ev_ts[r]) & (end <= ev_ts[r] + ev_dur[r]))
+        if len(inside) < 2:
+            continue
+        taken[inside] = True
+        ids.append(inside)
+        labels.append(np.full(len(inside), len(spans)))
+        spans.append(int(end[inside].max() - start[inside].min()))
+        range_names.append(str(names[r]))
+    if not ids:
+        return graph
+    members, groups = np.concatenate(ids), np.concatenate(labels)
+    heads = np.asarray([g.min() for g in ids], dtype=np.int64)
+    gone = np.sort(np.setdiff1d(members, heads))
+    out = fuse(graph, members, np.asarray(spans, dtype=np.int64), name=range_names, drop_launches=False,
+               groups=groups, reason=reason, transform=DataLoaderWorkers.name)
+    new_heads = heads - np.searchsorted(gone, heads)  # fuse removes the other members and renumbers
+    return reclassify(out, new_heads, TaskKind.CPU_WORK, reason=reason, transform=DataLoaderWorkers.name)
 
 
 @register
@@ -113,6 +181,7 @@ class DataLoaderWorkers(Transform):
         """The per-batch loading tasks (sorted ids); raises :class:`TransformError` when none."""
         sel = self.select or DEFAULT_SELECT
         ids = sel(graph)
+        ids = ids[graph.tasks["kind"].to_numpy()[ids] == int(TaskKind.CPU_WORK)] if self.select is None else ids
         names = graph.tasks["name"].astype(str).to_numpy()[ids]
         multi = np.char.find(names.astype(str), MULTIPROCESS_MARK) >= 0 if len(ids) else np.zeros(0, bool)
         if multi.any():
@@ -128,6 +197,8 @@ class DataLoaderWorkers(Transform):
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
         self._check()
+        if self.select is None:
+            graph = fold_loader_ranges(graph, reason=f"{self.label()}: one load task per batch")
         loads = self.match(graph, ctx)
         t = graph.tasks
         n_workers, window = self.workers, self.workers * self.prefetch_factor

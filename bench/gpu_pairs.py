@@ -1,0 +1,205 @@
+"""The GPU harvest's nine before/after pairs: each "after" predicted from its "before" trace, against
+what the "after" recording measured and against predicting no change (issue 19, item 3).
+
+Reads the recordings of ``bench/gpu_harvest/run.py`` (round 1 committed under
+``sample_traces/gpu/pairs``; round 2's traces with ``--round2 DIR`` when they are at hand, else
+round 2's program logs only). For the step-time pairs the figure is the mean step time of the
+counted steps (warm-up and partial steps left out) in the trace, their median (a compiled
+program's rare recompilation step would dominate a mean of 11 to 60 steps); for the serving pairs it is the
+serving metrics of ``whatif serve`` against the example's own log. A prediction "beats unchanged"
+when its error is smaller than that of predicting the "before" value.
+
+    .venv/bin/python bench/gpu_pairs.py [--round2 /path/to/round2/pairs] [--json OUT]
+
+About a minute and a half on a 2-core machine; figures measured in this run are printed, nothing
+is stored or assumed. docs/accuracy.md holds the table of one run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from whatif.api import analyze, predict
+from whatif.depgraph.graph import TaskGraph, TaskKind
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIRS_DIR = ROOT / "sample_traces" / "gpu" / "pairs"
+SCENARIOS = ROOT / "bench" / "gpu_harvest" / "scenarios"
+
+
+@dataclass(frozen=True)
+class StepPair:
+    """A pair judged on the mean step time; ``scenario`` is a TOML file under :data:`SCENARIOS`."""
+
+    name: str
+    change: str
+    scenario: str
+    kind: str = "prediction"  # or "bound": the scenario bounds the change rather than models it
+
+
+STEP_PAIRS = (
+    StepPair("p1_precision", "fp32 -> bf16 autocast", "p1_precision.toml"),
+    StepPair("p2_cuda_graph", "eager -> CUDA graph", "p2_cuda_graph.toml"),
+    StepPair("p3_compile", "eager -> torch.compile", "p3_compile.toml"),
+    StepPair("p4_sdpa", "SDPA math -> flash", "p4_sdpa_bound.toml", "bound"),
+    StepPair("p5_dataloader", "num_workers 0 -> 4", "p5_dataloader.toml"),
+    StepPair("p6_batch", "decode batch 8 -> 32", "p6_batch_bound.toml", "bound"),
+    StepPair("p9_tp", "TP-1 -> TP-2 emulated", "p9_tp.toml"),
+)
+
+
+@dataclass
+class StepRow:
+    pair: str
+    change: str
+    kind: str
+    round: int
+    before_ms: float
+    after_ms: float
+    predicted_ms: float | None
+    gpu_before_ms: float
+    gpu_after_ms: float
+    gpu_predicted_ms: float | None
+
+    @property
+    def error(self) -> float | None:
+        return None if self.predicted_ms is None else self.predicted_ms / self.after_ms - 1
+
+    @property
+    def unchanged_error(self) -> float:
+        return self.before_ms / self.after_ms - 1
+
+
+def median_counted_ms(steps: pd.DataFrame, column: str) -> float:
+    """Median over the counted steps (robust to the rare recompilation or GC step), ms."""
+    counted = steps[steps["included"]]
+    return float(counted[column].median() / 1e6)
+
+
+def kernel_busy_ms(graph: TaskGraph, steps: pd.DataFrame) -> float:
+    """GPU kernel time (compute kernels, not collectives) per counted step, ms."""
+    t = graph.tasks
+    counted = set(steps.loc[steps["included"], "step"].tolist())
+    dur = t["dur_ns"].to_numpy()
+    keep = (t["kind"].to_numpy() == int(TaskKind.KERNEL)) & np.isin(t["step"].to_numpy(), list(counted))
+    return float(dur[keep].sum() / 1e6 / max(len(counted), 1))
+
+
+def step_row(pair: StepPair, before: Path, after: Path, rnd: int) -> StepRow:
+    b, a = analyze(before), analyze(after)
+    pred = predict(b, [SCENARIOS / pair.scenario]).scenarios[0]
+    return StepRow(pair.name, pair.change, pair.kind, rnd,
+                   before_ms=median_counted_ms(b.steps, "measured_ns"),
+                   after_ms=median_counted_ms(a.steps, "measured_ns"),
+                   predicted_ms=median_counted_ms(pred.steps, "predicted_ns"),
+                   gpu_before_ms=kernel_busy_ms(b.graph, b.steps), gpu_after_ms=kernel_busy_ms(a.graph, a.steps),
+                   gpu_predicted_ms=kernel_busy_ms(pred.graph, pred.steps))
+
+
+def log_step_ms(run: Path) -> float:
+    """The program's own median step time (after the first step), from its log."""
+    steps = json.loads((run / "program.log").read_text())["steps"]
+    return float(np.median([s["step_ms"] for s in steps[1:]]))
+
+
+# -- serving pairs ------------------------------------------------------------------------------
+SERVE_PAIRS = {
+    "p7_serve_rate": ("LLM server 8 -> 24 req/s",
+                      ["--rate", "24", "--num-requests", "16", "--prompt-tokens", "16:64", "--output-tokens", "32:48",
+                       "--seed", "0"],
+                      {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "e2e_ms": "e2e_ms"}),
+    "p8_dit_tokens": ("DiT latent 16 -> 32 (tokens x4)",
+                      ["--rate", "inf", "--num-requests", "8", "--resolution", "32", "--steps", "8", "--batch", "4"],
+                      {"latency_ms": "latency_ms", "service_ms": "service_ms"}),
+}
+
+
+@dataclass
+class ServeRow:
+    pair: str
+    change: str
+    round: int
+    metric: str
+    before: float
+    after: float
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.after - 1
+
+    @property
+    def unchanged_error(self) -> float:
+        return self.before / self.after - 1
+
+
+def serve_rows(name: str, before: Path, after: Path, rnd: int) -> list[ServeRow]:
+    change, flags, metrics = SERVE_PAIRS[name]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "serve.json"
+        subprocess.run([sys.executable, "-m", "whatif.cli", "serve", str(before), *flags, "--json", str(out), "-q"],
+                       check=True, cwd=ROOT)
+        doc = json.loads(out.read_text())["scenarios"][0]
+    b = json.loads((before / "program.log").read_text())["summary"]
+    a = json.loads((after / "program.log").read_text())["summary"]
+    return [ServeRow(name, change, rnd, f"{m} mean", b[m]["mean"], a[m]["mean"], doc[key]["mean"])
+            for m, key in metrics.items()]
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:+.1f}%"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--round2", type=Path, default=None, help="folder of round 2's pair run folders (with traces)")
+    ap.add_argument("--json", type=Path, default=None, help="also write every row here")
+    opts = ap.parse_args()
+    rounds = [(1, PAIRS_DIR)] + ([(2, opts.round2)] if opts.round2 else [])
+    rows: list[StepRow] = []
+    srows: list[ServeRow] = []
+    for rnd, folder in rounds:
+        for pair in STEP_PAIRS:
+            rows.append(step_row(pair, folder / f"{pair.name}-before-r{rnd}", folder / f"{pair.name}-after-r{rnd}", rnd))
+        for name in SERVE_PAIRS:
+            srows += serve_rows(name, folder / f"{name}-before-r{rnd}", folder / f"{name}-after-r{rnd}", rnd)
+    print("Step-time pairs (median of counted steps in the trace, ms; error = predicted / measured after - 1)")
+    print(f"{'pair':15} {'rnd':>3} {'kind':10} {'before':>8} {'after':>8} {'predicted':>9} {'error':>8} "
+          f"{'unchanged':>9} {'beats':>5} | {'GPU ms/step before':>18} {'after':>7} {'predicted':>9}")
+    for r in rows:
+        beats = "yes" if r.error is not None and abs(r.error) < abs(r.unchanged_error) else "no"
+        print(f"{r.pair:15} {r.round:>3} {r.kind:10} {r.before_ms:8.3f} {r.after_ms:8.3f} {r.predicted_ms:9.3f} "
+              f"{pct(r.error):>8} {pct(r.unchanged_error):>9} {beats:>5} | {r.gpu_before_ms:18.3f} "
+              f"{r.gpu_after_ms:7.3f} {r.gpu_predicted_ms:9.3f}")
+    print("\nServing pairs (whatif serve on the before trace vs the example's own log)")
+    print(f"{'pair':15} {'rnd':>3} {'metric':15} {'before':>9} {'after':>9} {'predicted':>9} {'error':>8} "
+          f"{'unchanged':>9} {'beats':>5}")
+    for s in srows:
+        beats = "yes" if abs(s.error) < abs(s.unchanged_error) else "no"
+        print(f"{s.pair:15} {s.round:>3} {s.metric:15} {s.before:9.2f} {s.after:9.2f} {s.predicted:9.2f} "
+              f"{pct(s.error):>8} {pct(s.unchanged_error):>9} {beats:>5}")
+    print("\nRun-to-run noise (program's own median step time, ms, round 1 vs round 2)")
+    for pair in STEP_PAIRS:
+        for side in ("before", "after"):
+            r1, r2 = (PAIRS_DIR / f"{pair.name}-{side}-r{k}" for k in (1, 2))
+            if (r2 / "program.log").exists():
+                a, b = log_step_ms(r1), log_step_ms(r2)
+                print(f"  {pair.name:15} {side:6} r1 {a:8.3f}  r2 {b:8.3f}  ({pct(b / a - 1)})")
+    if opts.json:
+        opts.json.write_text(json.dumps({"steps": [asdict(r) | {"error": r.error, "unchanged_error": r.unchanged_error}
+                                                   for r in rows],
+                                         "serving": [asdict(s) | {"error": s.error, "unchanged_error": s.unchanged_error}
+                                                     for s in srows]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
