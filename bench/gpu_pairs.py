@@ -168,7 +168,8 @@ def main() -> int:
     srows: list[ServeRow] = []
     for rnd, folder in rounds:
         for pair in STEP_PAIRS:
-            rows.append(step_row(pair, folder / f"{pair.name}-before-r{rnd}", folder / f"{pair.name}-after-r{rnd}", rnd))
+            before, after = (folder / f"{pair.name}-{side}-r{rnd}" for side in ("before", "after"))
+            rows.append(step_row(pair, before, after, rnd))
         for name in SERVE_PAIRS:
             srows += serve_rows(name, folder / f"{name}-before-r{rnd}", folder / f"{name}-after-r{rnd}", rnd)
     print("Step-time pairs (median of counted steps in the trace, ms; error = predicted / measured after - 1)")
@@ -194,10 +195,10 @@ def main() -> int:
                 a, b = log_step_ms(r1), log_step_ms(r2)
                 print(f"  {pair.name:15} {side:6} r1 {a:8.3f}  r2 {b:8.3f}  ({pct(b / a - 1)})")
     if opts.json:
-        opts.json.write_text(json.dumps({"steps": [asdict(r) | {"error": r.error, "unchanged_error": r.unchanged_error}
-                                                   for r in rows],
-                                         "serving": [asdict(s) | {"error": s.error, "unchanged_error": s.unchanged_error}
-                                                     for s in srows]}, indent=1))
+        def judged(row: StepRow | ServeRow) -> dict[str, object]:
+            return asdict(row) | {"error": row.error, "unchanged_error": row.unchanged_error}
+        opts.json.write_text(json.dumps({"steps": [judged(r) for r in rows], "serving": [judged(s) for s in srows]},
+                                        indent=1))
     return 0
 
 

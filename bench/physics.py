@@ -14,12 +14,13 @@ from pathlib import Path
 from whatif.api import analyze
 from whatif.physics import Relation, check
 from whatif.tracer import TraceError
+from whatif.tracer.readers import run_folders
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from replay_fidelity import inputs
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLES = sorted(p for p in (ROOT / "sample_traces").iterdir() if p.is_dir())
+SAMPLES = run_folders(ROOT / "sample_traces")  # the CPU samples and every GPU harvest recording
 
 
 def _num(x: float, fmt: str) -> str:

@@ -34,16 +34,15 @@ for the first) to the end of this one, device synchronized: loading the batch is
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import random
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import contextlib
-import random
-from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F

@@ -14,7 +14,7 @@ from _cost_data import REPO, TRACES
 from whatif.api import analyze
 from whatif.physics import Relation, check
 from whatif.tracer import TraceError
-from whatif.tracer.readers import is_trace_name
+from whatif.tracer.readers import is_trace_name, run_folders
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared]
 
@@ -35,7 +35,7 @@ def known_exceptions() -> dict[tuple[str, Relation], str]:
 
 
 def _inputs() -> list[str]:
-    names = [f"sample_traces/{p.name}" for p in sorted((REPO / "sample_traces").iterdir()) if p.is_dir()]
+    names = [str(p.relative_to(REPO)) for p in run_folders(REPO / "sample_traces")]
     if TRACES.is_dir():
         multi = [TRACES / d for d in MULTI_RANK_DIRS]
         names += [str(p.relative_to(TRACES)) for p in sorted(TRACES.rglob("*"))

@@ -266,6 +266,21 @@ def run_meta_path(folder: Path) -> Path | None:
     return None
 
 
+def run_folders(root: Path) -> list[Path]:
+    """Every run folder at or under ``root``, sorted: a folder with run metadata
+    (:func:`run_meta_path`) and at least one trace file of its own. A recording whose traces were
+    not kept (metadata and logs only) is no run folder.
+
+    >>> run_folders(Path("no/such/folder"))
+    []
+    """
+    if not root.is_dir():
+        return []
+    found = [d for d in [root, *sorted(p for p in root.rglob("*") if p.is_dir())]
+             if run_meta_path(d) is not None and any(is_trace_name(f.name) for f in d.iterdir() if f.is_file())]
+    return sorted(found)
+
+
 def is_trace_name(name: str) -> bool:
     """Whether a file of this name is a trace (a reader owns its suffix, and it is not an old run
     folder's ``meta.json``)."""
