@@ -855,6 +855,8 @@ class DitIterationModel(Entry, frozen=True, kw_only=True):
     attention_ns: list[float]
     rest_ns: list[float]
     batch_overhead_ns: float
+    cpu_ns: list[float] = []
+    overlap_ns: float = 0.0
     n: int
     mape: float
     loo_mape: float

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from whatif.analysis import Analysis, ScenarioResult, analyze, make_context, predict, scenario_cost_model
 from whatif.core.bounds import check_fields
@@ -56,7 +57,7 @@ from whatif.documents import (
     WorkloadEntry,
 )
 from whatif.predictors.cost_models import CostModelName
-from whatif.predictors.replay import Replay
+from whatif.predictors.replay import Replay, replay
 from whatif.predictors.serving import logs
 from whatif.predictors.serving.arrivals import (
     RequestSpec,
@@ -68,9 +69,11 @@ from whatif.predictors.serving.arrivals import (
 )
 from whatif.predictors.serving.iteration_model import (
     DitStepModel,
+    DitStepWork,
     IterationModel,
     fit_dit_model,
     fit_llm_model,
+    gpu_work_per_step,
     profiler_correction,
     replayed_iterations,
 )
@@ -81,10 +84,12 @@ from whatif.predictors.serving.simulator import (
     simulate_llm,
 )
 from whatif.tracer.readers import RUN_META_NAME
-from whatif.transforms.base import Transform, TransformError
+from whatif.transforms.base import Transform, TransformContext, TransformError
+from whatif.transforms.generic import Scale
 from whatif.transforms.parallel.memory import device_capacity_bytes, kv_capacity_tokens, model_shape
 from whatif.transforms.placement import Placement
 from whatif.transforms.scenario import Scenario, load_scenario, scenario_placement
+from whatif.transforms.select import Selector
 
 __all__ = ["DitOptions", "ServingModels", "Workload", "column_mapping", "fit_serving", "serve", "sweep", "token_range"]
 
@@ -254,7 +259,23 @@ class ServingModels:
         if isinstance(self.log, logs.LlmLog):
             return fit_llm_model(iters, logs.llm_compositions(self.log))
         over = [b.duration_ms - sum(b.step_ms) for b in self.log.batches]
-        return fit_dit_model(iters, logs.dit_compositions(self.log), float(np.median(over)) * 1e6 if over else 0.0)
+        return fit_dit_model(iters, logs.dit_compositions(self.log), self._dit_work(rp, iters),
+                             float(np.median(over)) * 1e6 if over else 0.0)
+
+    def _dit_work(self, rp: Replay, iters: pd.DataFrame) -> DitStepWork:
+        """Each denoising step's CPU-only time (the replay with every GPU task at zero time) and
+        GPU work, aligned with ``iters``. A recording without GPU work ran the model on the CPU:
+        its steps' replayed time is then the work (attention ops and the rest), nothing a floor."""
+        gpu = Selector(kind="gpu")
+        if not len(gpu(rp.graph)):
+            attn = iters["attn_ns"].to_numpy(float)
+            return DitStepWork(cpu_ns=np.zeros(len(iters)), attn_ns=attn,
+                               rest_ns=iters["cycle_ns"].to_numpy(float) - attn)
+        no_gpu = Scale(select=gpu, factor=0.0).apply(rp.graph, TransformContext())
+        cpu_iters = replayed_iterations(replay(no_gpu), self.reference, self.step_options).set_index("step")
+        steps = iters["step"].to_numpy()
+        attn, rest = gpu_work_per_step(rp.graph, steps)
+        return DitStepWork(cpu_ns=cpu_iters["cycle_ns"].reindex(steps).to_numpy(float), attn_ns=attn, rest_ns=rest)
 
     def _profiler_factor(self, plain: logs.ServingLog) -> Any:
         if type(plain) is not type(self.log):
@@ -520,6 +541,7 @@ def _llm_model(model: IterationModel) -> LlmIterationModel:
 def _dit_model(model: DitStepModel) -> DitIterationModel:
     return DitIterationModel(tokens_ref=int(model.tokens_ref), attention_ns=[float(v) for v in model.attn],
                              rest_ns=[float(v) for v in model.rest], batch_overhead_ns=float(model.batch_overhead_ns),
+                             cpu_ns=[float(v) for v in model.cpu], overlap_ns=float(model.overlap_ns),
                              n=int(model.n), mape=float(model.mape), loo_mape=float(model.loo_mape),
                              model_batches_seen=[int(b) for b in model.batches_seen],
                              profiler_correction=float(model.factor),

@@ -34,7 +34,7 @@ import pandas as pd
 
 from whatif.core.kernels import is_attention
 from whatif.core.steps import COUNT_DEFAULT, Exclusion, StepOptions
-from whatif.depgraph.graph import TaskGraph
+from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph
 from whatif.predictors.replay import Replay
 from whatif.predictors.steps import step_end_tasks, step_exclusions
 
@@ -294,11 +294,28 @@ def profiler_correction(model: IterationModel,
 
 @dataclass
 class DitStepModel:
-    """Time (ns) of one denoising step at a model batch and token count, fitted at ``tokens_ref``."""
+    """Time (ns) of one denoising step at a model batch and token count, fitted at ``tokens_ref``.
+
+    Two resources, as the replay sees them: the CPU thread's own work per step (``cpu``, what the
+    step takes when every GPU task takes zero time) and the GPU's work (``attn``, attention kernels,
+    growing with the model batch and the square of the tokens; ``rest``, every other GPU task,
+    growing with the model batch and the tokens). The step takes the larger of the two plus
+    ``overlap_ns``, the part of the recorded step that neither explains (dependencies between them):
+
+        step(b, T) = max(cpu(b), attn(b) r^2 + rest(b) r) + overlap_ns,   r = T / tokens_ref
+
+    so a launch-bound step (cpu > GPU work) does not grow with the tokens until its GPU work
+    overtakes the CPU, and a GPU-bound one grows with its GPU work. Each of ``cpu``, ``attn`` and
+    ``rest`` is a line (intercept_ns, slope_ns per model-batch element) over the model batches the
+    recording saw; with one model batch the GPU lines go through zero (work per element) and the
+    CPU line is flat (one launch sequence per step whatever the batch).
+    """
 
     tokens_ref: int
-    attn: tuple[float, float]   # intercept_ns, ns per model-batch element at tokens_ref
-    rest: tuple[float, float]
+    attn: tuple[float, float]   # GPU attention work: intercept_ns, ns per model-batch element at tokens_ref
+    rest: tuple[float, float]   # every other GPU task, likewise
+    cpu: tuple[float, float]    # the step with zero-time GPU work (the CPU thread's own work)
+    overlap_ns: float
     batch_overhead_ns: float    # per served batch, outside the steps (noise, result copy)
     n: int
     mape: float
@@ -307,13 +324,17 @@ class DitStepModel:
     factor: float = 1.0
     excluded: list[tuple[int, str, Exclusion]] = field(default_factory=list)  # (step, phase, reason) not fitted
 
-    def step_ns(self, model_batch: int, tokens: int) -> float:
+    def gpu_ns(self, model_batch: int, tokens: int) -> float:
         r = tokens / self.tokens_ref
-        t = self.attn[0] + self.attn[1] * model_batch * r * r + self.rest[0] + self.rest[1] * model_batch * r
-        return max(t, 1.0) * self.factor
+        return self.attn[0] + self.attn[1] * model_batch * r * r + self.rest[0] + self.rest[1] * model_batch * r
+
+    def step_ns(self, model_batch: int, tokens: int) -> float:
+        cpu = self.cpu[0] + self.cpu[1] * model_batch
+        return max(max(cpu, self.gpu_ns(model_batch, tokens)) + self.overlap_ns, 1.0) * self.factor
 
     def to_dict(self) -> dict[str, Any]:
         return {"tokens_ref": self.tokens_ref, "attention_ns": list(self.attn), "rest_ns": list(self.rest),
+                "cpu_ns": list(self.cpu), "overlap_ns": self.overlap_ns,
                 "batch_overhead_ns": self.batch_overhead_ns, "n": self.n, "mape": self.mape,
                 "loo_mape": self.loo_mape, "model_batches_seen": self.batches_seen, "profiler_correction": self.factor,
                 "excluded": _excluded_dicts(self.excluded)}
@@ -329,10 +350,44 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(icpt), float(slope)
 
 
-def fit_dit_model(iters: pd.DataFrame, compositions: list[tuple[int, int]],
+def _flat_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Least-squares line, flat (the median) when ``x`` takes one value or the slope is negative."""
+    if len(np.unique(x)) < 2:
+        return float(np.median(y)), 0.0
+    slope, icpt = np.polyfit(x, y, 1)
+    return (float(np.median(y)), 0.0) if slope < 0 else (float(icpt), float(slope))
+
+
+@dataclass(frozen=True)
+class DitStepWork:
+    """Per replayed denoising step (aligned with the iterations): the step with zero-time GPU work
+    (``cpu_ns``) and the GPU's attention and other work (``attn_ns``, ``rest_ns``), ns."""
+
+    cpu_ns: np.ndarray
+    attn_ns: np.ndarray
+    rest_ns: np.ndarray
+
+
+def gpu_work_per_step(graph: TaskGraph, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(attention, other) GPU busy time of each of ``steps``, ns: the summed durations of the GPU
+    tasks (kernels, copies, memsets, collectives) of the step, the slowest rank's."""
+    t = graph.tasks
+    gpu = np.isin(t["kind"].to_numpy(), [int(k) for k in GPU_WORK_KINDS])
+    names = t["name"].astype(str).to_numpy()[gpu]
+    attention = {n: is_attention(n) for n in np.unique(names).tolist()}
+    frame = pd.DataFrame({"rank": t["rank"].to_numpy()[gpu], "step": t["step"].to_numpy()[gpu],
+                          "dur": t["dur_ns"].to_numpy()[gpu].astype(float)})
+    frame["attn"] = np.where([attention[n] for n in names.tolist()], frame["dur"], 0.0)
+    per = frame.groupby(["step", "rank"]).agg(attn=("attn", "sum"), dur=("dur", "sum")).groupby("step").max()
+    per = per.reindex(steps, fill_value=0.0)
+    return per["attn"].to_numpy(float), (per["dur"] - per["attn"]).to_numpy(float)
+
+
+def fit_dit_model(iters: pd.DataFrame, compositions: list[tuple[int, int]], work: DitStepWork,
                   batch_overhead_ns: float = 0.0) -> DitStepModel:
     """Fit on replayed denoising steps matched in order to the log's (model batch, tokens); the
-    steps that count only (all of them when none does)."""
+    steps that count only (all of them when none does). ``work`` holds each step's CPU-only time
+    and GPU work, aligned with ``iters``."""
     if len(iters) != len(compositions):
         raise ServingLogError(f"trace and serving log disagree: {len(iters)} denoise steps vs "
                               f"{len(compositions)} logged steps (is the log from this recording?)")
@@ -343,17 +398,26 @@ def fit_dit_model(iters: pd.DataFrame, compositions: list[tuple[int, int]],
     used = np.flatnonzero(_counted(iters))
     mb = np.array([b for b, _ in compositions], dtype=float)[used]
     y = (iters["cycle_ns"].to_numpy(float) + over)[used]
-    attn = iters["attn_ns"].to_numpy(float)[used]
-    a, r = _line(mb, attn), _line(mb, y - attn)
-    pred = a[0] + a[1] * mb + r[0] + r[1] * mb
-    loo = []
-    for i in range(len(y)):
-        keep = np.arange(len(y)) != i
-        if len(np.unique(mb[keep])) < 1:
-            continue
-        ai, ri = _line(mb[keep], attn[keep]), _line(mb[keep], (y - attn)[keep])
-        loo.append(abs(ai[0] + ai[1] * mb[i] + ri[0] + ri[1] * mb[i] - y[i]) / y[i])
-    return DitStepModel(tokens_ref=tokens.pop(), attn=a, rest=r, batch_overhead_ns=batch_overhead_ns, n=len(y),
-                        mape=float(np.mean(np.abs(pred / y - 1))),
+    cpu_y = work.cpu_ns[used] + over
+    attn_y, rest_y = work.attn_ns[used], work.rest_ns[used]
+
+    def fit(rows: np.ndarray) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float], float]:
+        a, r, c = _line(mb[rows], attn_y[rows]), _line(mb[rows], rest_y[rows]), _flat_line(mb[rows], cpu_y[rows])
+        bound = np.maximum(c[0] + c[1] * mb[rows], a[0] + a[1] * mb[rows] + r[0] + r[1] * mb[rows])
+        return a, r, c, max(float(np.median(y[rows] - bound)), 0.0)
+
+    def predict(model: tuple[tuple[float, float], tuple[float, float], tuple[float, float], float],
+                rows: np.ndarray) -> np.ndarray:
+        a, r, c, o = model
+        return np.maximum(c[0] + c[1] * mb[rows], a[0] + a[1] * mb[rows] + r[0] + r[1] * mb[rows]) + o
+
+    everything = np.arange(len(y))
+    fitted = fit(everything)
+    loo = [abs(predict(fit(everything[everything != i]), np.array([i]))[0] - y[i]) / y[i]
+           for i in range(len(y)) if len(y) > 1]
+    a, r, c, o = fitted
+    return DitStepModel(tokens_ref=tokens.pop(), attn=a, rest=r, cpu=c, overlap_ns=o,
+                        batch_overhead_ns=batch_overhead_ns, n=len(y),
+                        mape=float(np.mean(np.abs(predict(fitted, everything) / y - 1))),
                         loo_mape=float(np.mean(loo)) if loo else float("nan"),
                         batches_seen=sorted({int(b) for b in mb}), excluded=_excluded(iters, set(used.tolist())))
