@@ -27,6 +27,7 @@ Nothing here predicts or compares: ``bench/gpu_pairs.py`` and the tests read the
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
@@ -255,10 +256,10 @@ def environment(device: str) -> dict[str, object]:
     except ImportError as e:
         env["torch"] = f"missing: {e}"
     try:
-        from cupti import cupti  # type: ignore[import-not-found]
-        env["cupti_version"] = int(cupti.get_version())
+        from cupti import cupti  # type: ignore[import-not-found]  # noqa: F401  (loading it is the check)
+        env["cupti_python"] = importlib.metadata.version("cupti-python")
     except Exception as e:  # noqa: BLE001  (any failure to load is the answer)
-        env["cupti_version"] = f"unavailable: {type(e).__name__}: {e}"[:300]
+        env["cupti_python"] = f"unavailable: {type(e).__name__}: {e}"[:300]
     if shutil.which("nvidia-smi"):
         q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,"
                             "power.limit,memory.total", "--format=csv,noheader"], capture_output=True, text=True)
