@@ -54,6 +54,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from whatif.core import limits
 from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
@@ -118,15 +119,25 @@ def fold_loader_ranges(graph: TaskGraph, *, reason: str) -> TaskGraph:
     spans: list[int] = []
     range_names: list[str] = []
     taken = np.zeros(len(t), dtype=bool)
+    threads: dict[tuple[int, int, int], np.ndarray] = {}  # (rank, pid, tid) -> CPU tasks by start
+    cpu_ids = np.flatnonzero(cpu)
+    for key, group in pd.DataFrame({"rank": rank[cpu_ids], "pid": pid[cpu_ids], "tid": tid[cpu_ids],
+                                    "id": cpu_ids}).groupby(["rank", "pid", "tid"]):
+        members = group["id"].to_numpy()
+        threads[(int(key[0]), int(key[1]), int(key[2]))] = members[np.argsort(start[members], kind="stable")]
     ev_rank, ev_pid, ev_tid = ev["rank"].to_numpy(), ev["pid"].to_numpy(), ev["tid"].to_numpy()
     ev_ts, ev_dur = ev["ts_ns"].to_numpy(), ev["dur_ns"].to_numpy()
     for r in cpu_ranges.tolist():
-        inside = np.flatnonzero(cpu & ~taken & (rank == ev_rank[r]) & (pid == ev_pid[r]) & (tid == ev_tid[r])
-                                & (start >= ev_ts[r]) & (end <= ev_ts[r] + ev_dur[r]))
+        on_thread = threads.get((int(ev_rank[r]), int(ev_pid[r]), int(ev_tid[r])))
+        if on_thread is None:
+            continue
+        lo, hi = np.searchsorted(start[on_thread], [ev_ts[r], ev_ts[r] + ev_dur[r]], side="left")
+        inside = on_thread[lo:hi]
+        inside = inside[(end[inside] <= ev_ts[r] + ev_dur[r]) & ~taken[inside]]
         if len(inside) < 2:
             continue
         taken[inside] = True
-        ids.append(inside)
+        ids.append(np.sort(inside))
         labels.append(np.full(len(inside), len(spans)))
         spans.append(int(end[inside].max() - start[inside].min()))
         range_names.append(str(names[r]))
@@ -181,7 +192,6 @@ class DataLoaderWorkers(Transform):
         """The per-batch loading tasks (sorted ids); raises :class:`TransformError` when none."""
         sel = self.select or DEFAULT_SELECT
         ids = sel(graph)
-        ids = ids[graph.tasks["kind"].to_numpy()[ids] == int(TaskKind.CPU_WORK)] if self.select is None else ids
         names = graph.tasks["name"].astype(str).to_numpy()[ids]
         multi = np.char.find(names.astype(str), MULTIPROCESS_MARK) >= 0 if len(ids) else np.zeros(0, bool)
         if multi.any():
