@@ -20,7 +20,13 @@ into DIR (the device tool brings back at most 8 files, 16 MiB each).
 skipped with their reason, so a GPU's minutes are spent recording, not debugging::
 
   python bench/gpu_harvest/run.py --device cpu --out /tmp/harvest --only backends
-  python3 bench/gpu_harvest/run.py --device cuda --out /tmp/h --pack $OUT --budget-s 470
+
+On a lent GPU: ``bench/gpu_harvest/wheels.sh`` here (the wheels the machine lacks, into ``.whl``),
+then the device tool runs ``bash bench/gpu_harvest/device.sh --budget-s 400`` with ``.whl``
+carried. On the H200 each job took 10-20 s (process start, CUDA context, trace writing), so the
+58 jobs need two calls of about 7 and 5 minutes: the second names what is left with ``--jobs``
+(sample_traces/gpu/README.md). Keep the repository's working tree under the tool's 64 MiB with
+the wheels (about 18 MB) included.
 
 Nothing here predicts or compares: ``bench/gpu_pairs.py`` and the tests read the recordings.
 """
