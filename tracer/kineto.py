@@ -3,7 +3,8 @@ built-in :class:`KinetoReader` of :mod:`whatif.tracer.readers`.
 
 Handles the format drift of real traces 2021 -> 2025 (see ``docs/traces.md``): old category
 names, string tids such as ``"stream 7"``, ``external id`` vs ``External id``, float ``ts``
-relative to ``baseTimeNanoseconds``, missing metadata events, HIP runtime names.
+relative to ``baseTimeNanoseconds``, missing metadata events, HIP runtime names, mangled kernel names and CUPTI's versioned
+call names (``tracer/names.py``).
 All times become integer nanoseconds (``ts`` and ``dur`` are always microseconds in Kineto,
 whatever ``displayTimeUnit`` says).
 
@@ -35,6 +36,7 @@ from whatif.core.errors import TraceError
 
 from .kinds import GPU_KINDS, IGNORED_CATEGORIES, EventKind, kind_of
 from .memory import MEMORY_EVENT_NAME, UNKNOWN, MemoryColumns
+from .names import kineto_name
 from .readers import FileColumns, FileTrace, Flow, TraceReader, register_reader
 
 _inflate_lib: types.ModuleType
@@ -438,7 +440,7 @@ def _parse_events(path: Path, events: list[_Event], metadata: dict[str, Any], ma
         return code
 
     def register_name(name: Any) -> int:
-        text = _text(name)
+        text = kineto_name(_text(name))
         code = name_index.get(text)
         if code is None:
             code = name_index[text] = len(names)

@@ -79,6 +79,7 @@ class CuptiSession:
         self._step_start_ns = 0
         self._step_id = 0
         self._patched: list[tuple[Any, str, Any]] = []
+        self._thread_ids: dict[int, int] = {}
 
     # -- CUPTI buffers ------------------------------------------------------------------------
     def _buffer_requested(self) -> tuple[int, int]:
@@ -135,6 +136,7 @@ class CuptiSession:
 
     def _add_range(self, name: str, start_ns: int, ext: int) -> None:
         with self._lock:
+            self._thread_ids[cupti_thread_id(threading.get_ident())] = threading.get_native_id()
             self._ranges.append(CpuRange(name=name, start_ns=start_ns, end_ns=self._now_ns(), pid=os.getpid(),
                                          tid=threading.get_native_id(), external_id=ext))
 
@@ -181,8 +183,38 @@ class CuptiSession:
         def api_name(kind: int, cbid: int) -> str:
             return str(cupti.get_callback_name(domain[kind], cbid))
 
-        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
-            if torch.cuda.is_available() else []
+        devices = [kineto_device_properties(torch.cuda.get_device_properties(i))
+                   for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
         with self._lock:
+            for thread in threading.enumerate():
+                if thread.ident is not None and thread.native_id is not None:
+                    self._thread_ids[cupti_thread_id(thread.ident)] = thread.native_id
             self.cycles = [cupti_to_kineto(self._records, annotations=self._ranges, api_name=api_name,
-                                           pid=os.getpid(), device_names=names)]
+                                           pid=os.getpid(), device_properties=devices,
+                                           thread_ids=self._thread_ids)]
+
+
+def cupti_thread_id(ident: int) -> int:
+    """The thread id CUPTI gives a thread's calls: the low 32 bits of ``pthread_self()``, which is
+    ``threading.get_ident()`` on Linux (the recordings of ``sample_traces/gpu`` show the main
+    thread's calls under ``0x45ba5740``, the low half of a glibc ``pthread_t``).
+
+    >>> hex(cupti_thread_id(0x7F2A45BA5740))
+    '0x45ba5740'
+    """
+    return ident & 0xFFFFFFFF
+
+
+def kineto_device_properties(props: Any) -> dict[str, Any]:
+    """A device's ``deviceProperties`` entry under Kineto's keys, from the fields of
+    ``torch.cuda.get_device_properties`` that torch has had since 1.x (Kineto also writes
+    register and shared-memory sizes; whatif reads only the name).
+
+    >>> from types import SimpleNamespace
+    >>> kineto_device_properties(SimpleNamespace(name="NVIDIA H200", total_memory=150109880320, major=9, minor=0,
+    ...     max_threads_per_multi_processor=2048, multi_processor_count=132))["numSms"]
+    132
+    """
+    return {"name": props.name, "totalGlobalMem": props.total_memory, "computeMajor": props.major,
+            "computeMinor": props.minor, "maxThreadsPerMultiprocessor": props.max_threads_per_multi_processor,
+            "numSms": props.multi_processor_count}
