@@ -10,8 +10,9 @@ H200 of the first GPU harvest (``bench/gpu_harvest/run.py``; environment in
 3. launch links: the fraction of kernels whose correlation id matches a runtime/driver call;
 4. steps: how many, their numbers, which count, and the measured step time (mean and median of
    the counted steps) in each trace;
-5. CPU calls: runtime and driver calls in each trace (the cupti recordings made before the
-   converter dropped Kineto's noisy calls carry them all).
+5. CPU calls: runtime and driver calls in each trace, and how many are calls the converter now
+   leaves out as Kineto does (``cupti_records.is_noise_call``): the committed cupti recordings
+   were converted before, so they carry them all.
 
 The two recordings are separate runs of the program, so kernel durations differ by run-to-run
 noise; step times also differ by each backend's own overhead (Kineto records every CPU operator).
@@ -32,6 +33,7 @@ from whatif.depgraph.build import build_graph
 from whatif.depgraph.graph import TaskGraph, TaskKind
 from whatif.predictors.steps import counted_steps, measured_step_ns
 from whatif.tracer import EventKind, load_trace
+from whatif.tracer.record.cupti_records import KIND_DRIVER, KIND_RUNTIME, is_noise_call
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ROOT / "sample_traces" / "gpu" / "backends"
@@ -52,6 +54,7 @@ class Recording:
     step_ms: dict[int, float]
     runtime_calls: int
     driver_calls: int
+    noise_calls: int
 
     @property
     def total_kernels(self) -> Counter[str]:
@@ -74,6 +77,9 @@ def _recording(graph: TaskGraph) -> Recording:
     kinds = ev["kind"].to_numpy()
     corr = ev["correlation"].to_numpy()
     calls = np.isin(kinds, [int(EventKind.RUNTIME), int(EventKind.DRIVER)])
+    names = ev["name"].astype(str).to_numpy()
+    cupti_kind = {int(EventKind.RUNTIME): KIND_RUNTIME, int(EventKind.DRIVER): KIND_DRIVER}
+    noise = sum(is_noise_call(cupti_kind[int(k)], str(n)) for k, n in zip(kinds[calls], names[calls], strict=True))
     kernel_rows = kinds == int(EventKind.KERNEL)
     launched = np.isin(corr[kernel_rows], corr[calls & (corr > 0)]) & (corr[kernel_rows] > 0)
 
@@ -91,7 +97,7 @@ def _recording(graph: TaskGraph) -> Recording:
                      counted=tuple(int(s) for s, c in zip(steps["step"], counted, strict=True) if c),
                      step_ms={int(s): float(t) / 1e6 for s, t in zip(steps["step"], step_ns, strict=True)},
                      runtime_calls=int((kinds == int(EventKind.RUNTIME)).sum()),
-                     driver_calls=int((kinds == int(EventKind.DRIVER)).sum()))
+                     driver_calls=int((kinds == int(EventKind.DRIVER)).sum()), noise_calls=int(noise))
 
 
 def differing_steps(a: Recording, b: Recording) -> list[int]:
@@ -135,7 +141,8 @@ def report(program: str, torch_rec: Recording, cupti_rec: Recording) -> list[str
         lines.append(f"{side}: {len(rec.steps)} steps {rec.steps[0]}..{rec.steps[-1]}, counted {len(rec.counted)}; "
                      f"step ms mean {ms.mean():.3f}, median {np.median(ms):.3f} (min {ms.min():.3f}, "
                      f"max {ms.max():.3f}); step {first} {rec.step_ms[first]:.1f} ms; "
-                     f"runtime calls {rec.runtime_calls}, driver calls {rec.driver_calls}")
+                     f"runtime calls {rec.runtime_calls}, driver calls {rec.driver_calls}, of which Kineto's noise "
+                     f"{rec.noise_calls} ({rec.noise_calls / max(1, rec.runtime_calls + rec.driver_calls):.1%})")
     return lines
 
 

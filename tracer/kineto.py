@@ -3,8 +3,8 @@ built-in :class:`KinetoReader` of :mod:`whatif.tracer.readers`.
 
 Handles the format drift of real traces 2021 -> 2025 (see ``docs/traces.md``): old category
 names, string tids such as ``"stream 7"``, ``external id`` vs ``External id``, float ``ts``
-relative to ``baseTimeNanoseconds``, missing metadata events, HIP runtime names, mangled kernel names and CUPTI's versioned
-call names (``tracer/names.py``).
+relative to ``baseTimeNanoseconds``, missing metadata events, HIP runtime names, mangled kernel
+names and CUPTI's versioned call names (``tracer/names.py``).
 All times become integer nanoseconds (``ts`` and ``dur`` are always microseconds in Kineto,
 whatever ``displayTimeUnit`` says).
 

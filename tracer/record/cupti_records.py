@@ -14,7 +14,8 @@ What Kineto does and the converter repeats (compared on the H200 recordings of
 without CUPTI's ``_v7000`` suffix (:func:`whatif.tracer.names.kineto_name`); the runtime calls
 Kineto blocklists as noise (``cudaGetDevice``... :data:`SKIPPED_RUNTIME_CALLS`) left out, and of
 the driver calls only those Kineto tracks (launches and virtual-memory calls,
-:data:`KEPT_DRIVER_CALLS`) or that launched GPU work kept; CUPTI's thread ids (the low 32 bits of
+:data:`KEPT_DRIVER_CALLS`), those that can launch GPU work (copies, memsets) and any that did
+launch some kept (:func:`is_noise_call`); CUPTI's thread ids (the low 32 bits of
 ``pthread_self``) replaced by the system thread ids the annotations carry where the recorder knows
 them; ``deviceProperties`` as given.
 """
@@ -68,6 +69,22 @@ SKIPPED_RUNTIME_CALLS = frozenset({"cudaGetDevice", "cudaSetDevice", "cudaGetLas
 KEPT_DRIVER_CALLS = frozenset({"cuLaunchKernel", "cuLaunchKernelEx", "cuMemCreate", "cuMemMap", "cuMemUnmap",
                                "cuMemRelease", "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle"})
 GPU_WORK_KINDS = frozenset({KIND_KERNEL, KIND_CONCURRENT_KERNEL, KIND_MEMCPY, KIND_MEMSET})
+DRIVER_WORK_PREFIXES = ("cuLaunch", "cuGraphLaunch", "cuMemcpy", "cuMemset")
+"""Driver calls that may put work on a GPU stream: kept even where Kineto would not track them."""
+
+
+def is_noise_call(kind: int, name: str) -> bool:
+    """Whether a runtime/driver call (``name`` without CUPTI's suffix) is one Kineto leaves out and
+    that cannot have launched GPU work: the backend drops such records as they arrive.
+
+    >>> is_noise_call(KIND_RUNTIME, "cudaGetDevice"), is_noise_call(KIND_RUNTIME, "cudaLaunchKernel")
+    (True, False)
+    >>> is_noise_call(KIND_DRIVER, "cuDevicePrimaryCtxGetState"), is_noise_call(KIND_DRIVER, "cuMemcpyHtoDAsync_v2")
+    (True, False)
+    """
+    if kind == KIND_RUNTIME:
+        return name in SKIPPED_RUNTIME_CALLS
+    return name not in KEPT_DRIVER_CALLS and not name.startswith(DRIVER_WORK_PREFIXES)
 
 
 @dataclass(frozen=True)
@@ -183,11 +200,7 @@ class _Converter:
         return ev
 
     def _kept_call(self, kind: int, name: str, corr: int) -> bool:
-        if corr in self.launching:
-            return True
-        if kind == KIND_RUNTIME:
-            return name not in SKIPPED_RUNTIME_CALLS
-        return name in KEPT_DRIVER_CALLS
+        return corr in self.launching or not is_noise_call(kind, name)
 
     def _gpu_work(self, r: Mapping[str, Any], ev: dict[str, Any], args: dict[str, Any]) -> None:
         kind = int(r["kind"])
