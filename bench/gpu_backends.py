@@ -7,7 +7,9 @@ H200 of the first GPU harvest (``bench/gpu_harvest/run.py``; environment in
    normalizes them, ``tracer/names.py``), and the steps whose multisets differ;
 2. kernel time: per kernel name, the ratio of total GPU time cupti / torch (median, 10th-90th
    percentile and extremes over the names) and the ratio of all kernel time;
-3. launch links: the fraction of kernels whose correlation id matches a runtime/driver call;
+3. launch links: the fraction of kernels whose correlation id matches a runtime/driver call, and
+   of kernels with an ``External id`` (Kineto: the launching operator's; cupti: the innermost
+   ``record_function`` or step range pushed on the launching thread);
 4. steps: how many, their numbers, which count, and the measured step time (mean and median of
    the counted steps) in each trace;
 5. CPU calls: runtime and driver calls in each trace, and how many are calls the converter now
@@ -49,6 +51,7 @@ class Recording:
     kernel_ns_per_name: dict[str, int]
     kernels: int
     kernels_launched: int
+    kernels_with_external_id: int
     steps: tuple[int, ...]
     counted: tuple[int, ...]
     step_ms: dict[int, float]
@@ -93,6 +96,7 @@ def _recording(graph: TaskGraph) -> Recording:
     counted = counted_steps(graph)
     return Recording(kernels_per_step=per_step, kernel_ns_per_name={str(k): int(v) for k, v in ns.items()},
                      kernels=int(kernel_rows.sum()), kernels_launched=int(launched.sum()),
+                     kernels_with_external_id=int((ev["external_id"].to_numpy()[kernel_rows] > 0).sum()),
                      steps=tuple(int(s) for s in steps["step"]),
                      counted=tuple(int(s) for s, c in zip(steps["step"], counted, strict=True) if c),
                      step_ms={int(s): float(t) / 1e6 for s, t in zip(steps["step"], step_ns, strict=True)},
@@ -134,7 +138,9 @@ def report(program: str, torch_rec: Recording, cupti_rec: Recording) -> list[str
                      f"{p10:.3f}-{p90:.3f}, min {ratios.min():.3f}, max {ratios.max():.3f}; all kernels "
                      f"{total_c / total_t:.3f} ({total_t / 1e6:.3f} ms torch, {total_c / 1e6:.3f} ms cupti)")
     lines.append(f"kernels with a launch call: torch {torch_rec.launched_fraction:.3f}, "
-                 f"cupti {cupti_rec.launched_fraction:.3f}")
+                 f"cupti {cupti_rec.launched_fraction:.3f}; with an External id: torch "
+                 f"{torch_rec.kernels_with_external_id / torch_rec.kernels:.3f}, cupti "
+                 f"{cupti_rec.kernels_with_external_id / cupti_rec.kernels:.3f}")
     for side, rec in (("torch", torch_rec), ("cupti", cupti_rec)):
         ms = _counted_ms(rec)
         first = rec.steps[0] if rec.steps else None
