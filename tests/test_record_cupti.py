@@ -193,6 +193,61 @@ def test_device_properties_are_written_with_their_ids() -> None:
     assert doc["deviceProperties"] == [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "numSms": 132}]
 
 
+class FakeCupti:
+    """The part of ``cupti.cupti`` the backend calls, on a CPU: a clock, no-op activity
+    switches, and CUPTI's callback names."""
+
+    CallbackDomain = SimpleNamespace(RUNTIME_API=1, DRIVER_API=2)
+    ExternalCorrelationKind = SimpleNamespace(CUSTOM0=3)
+
+    def __init__(self) -> None:
+        self.now_ns = T0
+        self.name_lookups = 0
+
+    def get_timestamp(self) -> int:
+        self.now_ns += 1_000
+        return self.now_ns
+
+    def get_callback_name(self, domain: int, cbid: int) -> str:
+        self.name_lookups += 1
+        return CALLBACKS[KIND_RUNTIME if domain == 1 else KIND_DRIVER, cbid]
+
+    def activity_register_callbacks(self, *callbacks: object) -> None: ...
+    def activity_enable(self, kind: int) -> None: ...
+    def activity_disable(self, kind: int) -> None: ...
+    def activity_flush_all(self, flag: int) -> None: ...
+    def activity_push_external_correlation_id(self, kind: int, ext: int) -> None: ...
+    def activity_pop_external_correlation_id(self, kind: int) -> None: ...
+
+
+def test_backend_drops_noise_as_records_arrive_and_maps_its_threads(monkeypatch, tmp_path: Path) -> None:
+    import threading
+
+    import torch
+
+    from whatif.tracer.record import cupti_backend
+    from whatif.tracer.record.options import RecordOptions
+
+    fake = FakeCupti()
+    monkeypatch.setattr(cupti_backend, "check_cupti_available", lambda: fake)
+    session = cupti_backend.CuptiSession(RecordOptions(output=tmp_path, backend="cupti"))
+    session.start(lambda: None)
+    with torch.autograd.profiler.record_function("phase:decode"):
+        me = cupti_backend.cupti_thread_id(threading.get_ident())
+        arrived = [call(KIND_RUNTIME, 3, 40 + i, 10_000 + i, 10_001 + i, thread=me) for i in range(50)]
+        arrived += [call(KIND_RUNTIME, 211, 90, 11_000, 12_000, thread=me), kernel(90, 13_000, 14_000)]
+        session._buffer_completed([SimpleNamespace(**r) for r in arrived])
+    session.step()
+    session.stop()
+    assert len(session._records) == 2 and fake.name_lookups == 2  # one lookup per callback id
+    events = complete(session.cycles[0])
+    launch = next(e for e in events if e["cat"] == "cuda_runtime")
+    assert launch["name"] == "cudaLaunchKernel" and launch["tid"] == threading.get_native_id()
+    assert {e["name"] for e in events if e["cat"] == "user_annotation"} == {"phase:decode", "ProfilerStep#0",
+                                                                             "ProfilerStep#1"}
+    assert {e["tid"] for e in events if e["cat"] == "user_annotation"} == {threading.get_native_id()}
+
+
 def _gpu_and_cupti() -> bool:
     try:
         import torch

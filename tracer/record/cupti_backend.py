@@ -84,6 +84,7 @@ class CuptiSession:
         self._patched: list[tuple[Any, str, Any]] = []
         self._thread_ids: dict[int, int] = {}
         self._noise_ids: dict[tuple[int, int], bool] = {}
+        self._api_names: dict[tuple[int, int], str] = {}
 
     # -- CUPTI buffers ------------------------------------------------------------------------
     def _buffer_requested(self) -> tuple[int, int]:
@@ -109,9 +110,13 @@ class CuptiSession:
         return noise
 
     def _api_name(self, kind: int, cbid: int) -> str:
-        domains = self._cupti.CallbackDomain
-        domain = domains.RUNTIME_API if kind == KIND_RUNTIME else domains.DRIVER_API
-        return str(self._cupti.get_callback_name(domain, cbid))
+        """CUPTI's name of a runtime/driver callback, asked once per callback id."""
+        name = self._api_names.get((kind, cbid))
+        if name is None:
+            domains = self._cupti.CallbackDomain
+            domain = domains.RUNTIME_API if kind == KIND_RUNTIME else domains.DRIVER_API
+            name = self._api_names[kind, cbid] = str(self._cupti.get_callback_name(domain, cbid))
+        return name
 
     def _now_ns(self) -> int:
         return int(self._cupti.get_timestamp())
