@@ -2,21 +2,25 @@
 version suffix.
 
 Kineto demangles every kernel name with ``abi::__cxa_demangle`` and names runtime calls from its
-own table (``cudaLaunchKernel``). Raw CUPTI records (whatif's ``--backend cupti`` before the
-converter did this, other CUPTI-based tools, some AMD/third-party traces) carry the mangled
-symbol (``_ZN2at6native...``) and CUPTI's callback name (``cudaLaunchKernel_v7000``: the suffix
-is the CUDA version that introduced the callback). The reader normalizes every event name with
-:func:`kineto_name`, and the CUPTI converter writes names through it, so both spell a kernel
-and a call the way a Kineto trace does: a kernel's name is the same in both backends' traces,
-and the rules that match whole call names (``QUERY_CALL`` in ``depgraph/rules/sync_lookup.py``)
-see ``cudaEventQuery``, not ``cudaEventQuery_v3020``.
+own table (``cudaLaunchKernel``). Traces written from raw CUPTI records (whatif's ``--backend
+cupti`` before its converter did this, other CUPTI-based tools) carry the mangled symbol
+(``_ZN2at6native...``) and CUPTI's callback name (``cudaLaunchKernel_v7000``: the suffix is the
+CUDA version that introduced the callback). That suffix is what tells such a file apart: the
+reader respells the names of a file whose calls carry it (:func:`kineto_spelling`), so its
+kernels are named as in a Kineto trace of the same program and the rules that match whole call
+names (``QUERY_CALL`` in ``depgraph/rules/sync_lookup.py``) see ``cudaEventQuery``. A trace that
+Kineto wrote keeps its names as written, mangled ones included (seven shared traces hold kernels
+Kineto left mangled): whatif then names them as HTA and TraceLens do on the same file. The CUPTI
+converter writes names through :func:`kineto_name`.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+import numpy as np
 
 # The CUPTI callback suffix: ``_v`` and the CUDA version (3020, 7000, 11060...). API functions
 # whose own name has a short version (``cudaGetDeviceProperties_v2``, ``cuMemcpyDtoH_v2``) keep it.
@@ -92,3 +96,27 @@ def kineto_name(name: str) -> str:
     'aten::mm'
     """
     return api_call_name(demangle(name))
+
+
+def kineto_spelling(names: Sequence[str]) -> tuple[list[str], np.ndarray] | None:
+    """For the distinct event names of a file written from raw CUPTI records (some call carries
+    CUPTI's callback suffix): the distinct names as Kineto spells them and, per old name index,
+    its new index (two raw names may become one). ``None`` for any other file.
+
+    >>> names, remap = kineto_spelling(["cudaLaunchKernel_v7000", "_ZN2at6native6kernelEv", "at::native::kernel()"])
+    >>> names, remap.tolist()
+    (['cudaLaunchKernel', 'at::native::kernel()'], [0, 1, 1])
+    >>> kineto_spelling(["cudaLaunchKernel", "_ZN2at6native6kernelEv"]) is None
+    True
+    """
+    if not any(_CALLBACK_VERSION.match(n) for n in names):
+        return None
+    spelled: list[str] = []
+    index: dict[str, int] = {}
+    remap = np.empty(len(names), dtype=np.int32)
+    for i, name in enumerate(names):
+        new = kineto_name(name)
+        remap[i] = index.setdefault(new, len(spelled))
+        if remap[i] == len(spelled):
+            spelled.append(new)
+    return spelled, remap
