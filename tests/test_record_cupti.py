@@ -15,6 +15,7 @@ import pytest
 from whatif.tracer import EventKind, load_trace
 from whatif.tracer.record.cupti_records import (
     KIND_CONCURRENT_KERNEL,
+    KIND_DRIVER,
     KIND_EXTERNAL_CORRELATION,
     KIND_MEMCPY,
     KIND_MEMSET,
@@ -52,13 +53,15 @@ def records() -> list[dict]:
             api(13, 131, 33_900, 40_100), kernel, memcpy, memset, sync, *ext]
 
 
-NAMES = {211: "cudaLaunchKernel", 31: "cudaMemcpyAsync", 41: "cudaMemsetAsync", 131: "cudaStreamSynchronize"}
+# CUPTI's callback names, as cupti.get_callback_name gives them (the version suffix included).
+NAMES = {211: "cudaLaunchKernel_v7000", 31: "cudaMemcpyAsync_v3020", 41: "cudaMemsetAsync_v3020",
+         131: "cudaStreamSynchronize_v3020"}
 
 
 def convert() -> dict:
     phase = CpuRange(name="phase:prefill", start_ns=T0, end_ns=T0 + 41_000, pid=PID, tid=TID, external_id=7)
     return cupti_to_kineto(records(), annotations=[phase], api_name=lambda kind, cbid: NAMES[cbid], pid=PID,
-                           device_names=["NVIDIA H100 80GB HBM3"])
+                           device_properties=[{"name": "NVIDIA H100 80GB HBM3", "numSms": 132}])
 
 
 def test_converted_records_read_back_as_linked_gpu_events(tmp_path: Path) -> None:
@@ -102,6 +105,147 @@ def test_snapshot_keeps_documented_fields_of_a_record_object() -> None:
     obj = SimpleNamespace(**records()[6], extra_field="not copied")
     assert snapshot(obj) == records()[6]
     assert snapshot(SimpleNamespace(kind=17)) is None  # OVERHEAD: not converted
+
+
+# What the H200 recordings of sample_traces/gpu/backends showed (bench/gpu_backends.py): mangled
+# kernel names, CUPTI's versioned call names, Kineto-blocklisted runtime calls (cudaGetDevice
+# around each launch), driver calls nested in runtime calls, and the calls of the annotated thread
+# under CUPTI's thread id (the low 32 bits of pthread_self) rather than the system tid.
+MAIN_PTHREAD, MAIN_TID = 0x45BA5740, 596
+CALLBACKS = {(KIND_RUNTIME, 211): "cudaLaunchKernel_v7000", (KIND_RUNTIME, 3): "cudaGetDevice_v3020",
+             (KIND_RUNTIME, 10): "cudaGetLastError_v3020", (KIND_RUNTIME, 131): "cudaStreamSynchronize_v3020",
+             (KIND_DRIVER, 392): "cuDevicePrimaryCtxGetState", (KIND_DRIVER, 307): "cuLaunchKernel",
+             (KIND_DRIVER, 735): "cuKernelGetName", (KIND_DRIVER, 31): "cuMemcpyHtoDAsync_v2"}
+MANGLED = "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEESt5arrayIPcLm1EEEEviT0_T1_"
+
+
+def call(kind: int, cbid: int, corr: int, start: int, end: int, thread: int = MAIN_PTHREAD) -> dict:
+    return {"kind": kind, "cbid": cbid, "start": T0 + start, "end": T0 + end, "process_id": PID,
+            "thread_id": thread, "correlation_id": corr}
+
+
+def kernel(corr: int, start: int, end: int, name: str = MANGLED) -> dict:
+    return {"kind": KIND_CONCURRENT_KERNEL, "name": name, "start": T0 + start, "end": T0 + end, "device_id": 0,
+            "context_id": 1, "stream_id": 7, "correlation_id": corr, "grid_x": 1, "grid_y": 1, "grid_z": 1,
+            "block_x": 128, "block_y": 1, "block_z": 1, "registers_per_thread": 16, "static_shared_memory": 0,
+            "dynamic_shared_memory": 0}
+
+
+def h200_like() -> dict:
+    recs = [call(KIND_RUNTIME, 3, 20, 1_000, 1_100),                   # cudaGetDevice before the launch
+            call(KIND_RUNTIME, 211, 21, 1_200, 4_000),                 # cudaLaunchKernel ...
+            call(KIND_DRIVER, 735, 22, 1_300, 1_400),                  # ... with a driver call inside
+            kernel(21, 5_000, 6_000),
+            call(KIND_RUNTIME, 10, 23, 4_100, 4_150),                  # cudaGetLastError after it
+            call(KIND_DRIVER, 392, 24, 4_200, 4_250),                  # a lone driver query
+            call(KIND_DRIVER, 307, 25, 4_300, 5_500),                  # cuLaunchKernel (cuBLAS, Triton)
+            kernel(25, 6_000, 7_000, name="sm90_xmma_gemm_bf16bf16_bf16f32"),
+            call(KIND_DRIVER, 31, 26, 7_100, 7_300),                   # an untracked driver call with GPU work
+            {"kind": KIND_MEMCPY, "copy_kind": 1, "src_kind": 2, "dst_kind": 3, "bytes": 64, "start": T0 + 7_400,
+             "end": T0 + 7_500, "device_id": 0, "context_id": 1, "stream_id": 7, "correlation_id": 26},
+            call(KIND_RUNTIME, 131, 27, 7_600, 9_000),                 # cudaStreamSynchronize
+            call(KIND_RUNTIME, 211, 28, 9_100, 9_900, thread=0xE0FC46C0),  # a thread the recorder never saw
+            kernel(28, 10_000, 10_500)]
+    step = CpuRange(name="ProfilerStep#1", start_ns=T0 + 500, end_ns=T0 + 11_000, pid=PID, tid=MAIN_TID,
+                    external_id=3)
+    return cupti_to_kineto(recs, annotations=[step], api_name=lambda kind, cbid: CALLBACKS[kind, cbid], pid=PID,
+                           thread_ids={MAIN_PTHREAD: MAIN_TID})
+
+
+def complete(doc: dict) -> list[dict]:
+    return [e for e in doc["traceEvents"] if e["ph"] == "X"]
+
+
+def test_kernel_names_are_demangled_as_kineto_writes_them() -> None:
+    names = [e["name"] for e in complete(h200_like()) if e["cat"] == "kernel"]
+    assert names == ["void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+                     "std::array<char*, 1ul> >(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)",
+                     "sm90_xmma_gemm_bf16bf16_bf16f32", names[0]]
+
+
+def test_calls_are_the_ones_kineto_keeps_under_their_api_names() -> None:
+    calls = [(e["cat"], e["name"]) for e in complete(h200_like()) if e["cat"] in ("cuda_runtime", "cuda_driver")]
+    assert calls == [("cuda_runtime", "cudaLaunchKernel"), ("cuda_driver", "cuLaunchKernel"),
+                     ("cuda_driver", "cuMemcpyHtoDAsync_v2"), ("cuda_runtime", "cudaStreamSynchronize"),
+                     ("cuda_runtime", "cudaLaunchKernel")]
+
+
+def test_calls_of_a_known_thread_nest_in_its_step_and_every_kernel_keeps_its_launch(tmp_path: Path) -> None:
+    path = tmp_path / "rank0.pt.trace.json.gz"
+    path.write_bytes(gzip.compress(orjson.dumps(h200_like())))
+    trace = load_trace(path)
+    ev = trace.events
+    calls = ev[ev["kind"].isin([EventKind.RUNTIME, EventKind.DRIVER])]
+    assert sorted(set(calls["tid"])) == [MAIN_TID, 0xE0FC46C0]
+    assert (calls[calls["tid"] == MAIN_TID]["pid"] == PID).all()
+    gpu = ev[ev["kind"].isin([EventKind.KERNEL, EventKind.MEMCPY])]
+    assert set(gpu["correlation"]) <= set(calls["correlation"]) and len(gpu) == 4
+    from whatif.depgraph.build import build_graph
+    from whatif.depgraph.graph import TaskKind
+    tasks = build_graph(trace).tasks
+    assert set(tasks[tasks["kind"] == int(TaskKind.CPU_CALL)]["name"]) == {
+        "cudaLaunchKernel", "cuLaunchKernel", "cuMemcpyHtoDAsync_v2", "cudaStreamSynchronize"}
+    assert set(tasks[tasks["kind"] == int(TaskKind.KERNEL)]["step"]) == {1}
+
+
+def test_device_properties_are_written_with_their_ids() -> None:
+    doc = convert()
+    assert doc["deviceProperties"] == [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "numSms": 132}]
+
+
+class FakeCupti:
+    """The part of ``cupti.cupti`` the backend calls, on a CPU: a clock, no-op activity
+    switches, and CUPTI's callback names."""
+
+    CallbackDomain = SimpleNamespace(RUNTIME_API=1, DRIVER_API=2)
+    ExternalCorrelationKind = SimpleNamespace(CUSTOM0=3)
+
+    def __init__(self) -> None:
+        self.now_ns = T0
+        self.name_lookups = 0
+
+    def get_timestamp(self) -> int:
+        self.now_ns += 1_000
+        return self.now_ns
+
+    def get_callback_name(self, domain: int, cbid: int) -> str:
+        self.name_lookups += 1
+        return CALLBACKS[KIND_RUNTIME if domain == 1 else KIND_DRIVER, cbid]
+
+    def activity_register_callbacks(self, *callbacks: object) -> None: ...
+    def activity_enable(self, kind: int) -> None: ...
+    def activity_disable(self, kind: int) -> None: ...
+    def activity_flush_all(self, flag: int) -> None: ...
+    def activity_push_external_correlation_id(self, kind: int, ext: int) -> None: ...
+    def activity_pop_external_correlation_id(self, kind: int) -> None: ...
+
+
+def test_backend_drops_noise_as_records_arrive_and_maps_its_threads(monkeypatch, tmp_path: Path) -> None:
+    import threading
+
+    import torch
+
+    from whatif.tracer.record import cupti_backend
+    from whatif.tracer.record.options import RecordOptions
+
+    fake = FakeCupti()
+    monkeypatch.setattr(cupti_backend, "check_cupti_available", lambda: fake)
+    session = cupti_backend.CuptiSession(RecordOptions(output=tmp_path, backend="cupti"))
+    session.start(lambda: None)
+    with torch.autograd.profiler.record_function("phase:decode"):
+        me = cupti_backend.cupti_thread_id(threading.get_ident())
+        arrived = [call(KIND_RUNTIME, 3, 40 + i, 10_000 + i, 10_001 + i, thread=me) for i in range(50)]
+        arrived += [call(KIND_RUNTIME, 211, 90, 11_000, 12_000, thread=me), kernel(90, 13_000, 14_000)]
+        session._buffer_completed([SimpleNamespace(**r) for r in arrived])
+    session.step()
+    session.stop()
+    assert len(session._records) == 2 and fake.name_lookups == 2  # one lookup per callback id
+    events = complete(session.cycles[0])
+    launch = next(e for e in events if e["cat"] == "cuda_runtime")
+    assert launch["name"] == "cudaLaunchKernel" and launch["tid"] == threading.get_native_id()
+    assert {e["name"] for e in events if e["cat"] == "user_annotation"} == {"phase:decode", "ProfilerStep#0",
+                                                                             "ProfilerStep#1"}
+    assert {e["tid"] for e in events if e["cat"] == "user_annotation"} == {threading.get_native_id()}
 
 
 def _gpu_and_cupti() -> bool:

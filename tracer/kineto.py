@@ -3,7 +3,8 @@ built-in :class:`KinetoReader` of :mod:`whatif.tracer.readers`.
 
 Handles the format drift of real traces 2021 -> 2025 (see ``docs/traces.md``): old category
 names, string tids such as ``"stream 7"``, ``external id`` vs ``External id``, float ``ts``
-relative to ``baseTimeNanoseconds``, missing metadata events, HIP runtime names.
+relative to ``baseTimeNanoseconds``, missing metadata events, HIP runtime names, and the mangled kernels
+and versioned call names of traces written from raw CUPTI records (``tracer/names.py``).
 All times become integer nanoseconds (``ts`` and ``dur`` are always microseconds in Kineto,
 whatever ``displayTimeUnit`` says).
 
@@ -35,6 +36,7 @@ from whatif.core.errors import TraceError
 
 from .kinds import GPU_KINDS, IGNORED_CATEGORIES, EventKind, kind_of
 from .memory import MEMORY_EVENT_NAME, UNKNOWN, MemoryColumns
+from .names import kineto_spelling
 from .readers import FileColumns, FileTrace, Flow, TraceReader, register_reader
 
 _inflate_lib: types.ModuleType
@@ -538,6 +540,10 @@ def _parse_events(path: Path, events: list[_Event], metadata: dict[str, Any], ma
             category_counts[label] = category_counts.get(label, 0) + count
 
     name_codes = np.fromiter(nc_l, dtype=np.int32, count=n)
+    respelled = kineto_spelling(names)
+    if respelled is not None:  # written from raw CUPTI records: Kineto's names
+        names, remap = respelled
+        name_codes = remap[name_codes]
     kind = np.array(code_kind or [0], dtype=np.int8)[cc]
     step_codes = [i for i, text in enumerate(names) if text.startswith("ProfilerStep#")]
     if step_codes:  # 2021 traces file ProfilerStep#N under "Operator"

@@ -8,12 +8,24 @@ The output follows Kineto's JSON: categories ``cuda_runtime``/``cuda_driver``/``
 ``pid`` = device, ``tid`` = stream; ``ts``/``dur`` in microseconds relative to
 ``baseTimeNanoseconds``; ``correlation`` and ``External id`` in ``args``; ``ac2g`` flows from
 each launch to its GPU work.
+
+What Kineto does and the converter repeats (compared on the H200 recordings of
+``sample_traces/gpu/backends``, ``bench/gpu_backends.py``): kernel names demangled and call names
+without CUPTI's ``_v7000`` suffix (:func:`whatif.tracer.names.kineto_name`); the runtime calls
+Kineto blocklists as noise (``cudaGetDevice``... :data:`SKIPPED_RUNTIME_CALLS`) left out, and of
+the driver calls only those Kineto tracks (launches and virtual-memory calls,
+:data:`KEPT_DRIVER_CALLS`), those that can launch GPU work (copies, memsets) and any that did
+launch some kept (:func:`is_noise_call`); CUPTI's thread ids (the low 32 bits of
+``pthread_self``) replaced by the system thread ids the annotations carry where the recorder knows
+them; ``deviceProperties`` as given.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from whatif.tracer.names import api_call_name, demangle
 
 # CUpti_ActivityKind values (cupti_activity.h; part of CUPTI's stable ABI).
 KIND_MEMCPY = 1
@@ -50,6 +62,30 @@ MEMORY_KINDS = ("Unknown", "Pageable", "Pinned", "Device", "Array", "Managed", "
 SYNC_TYPES = ("Unknown Sync", "Event Sync", "Stream Wait Event", "Stream Sync", "Context Sync")
 INVALID_ID = 0xFFFFFFFF
 
+# Kineto's CuptiCbidRegistry: runtime callbacks it drops as noise, and the only driver callbacks
+# it records (each cuLaunchKernel the runtime did not already cover, and the virtual-memory calls).
+SKIPPED_RUNTIME_CALLS = frozenset({"cudaGetDevice", "cudaSetDevice", "cudaGetLastError", "cudaEventCreate",
+                                   "cudaEventCreateWithFlags", "cudaEventDestroy"})
+KEPT_DRIVER_CALLS = frozenset({"cuLaunchKernel", "cuLaunchKernelEx", "cuMemCreate", "cuMemMap", "cuMemUnmap",
+                               "cuMemRelease", "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle"})
+GPU_WORK_KINDS = frozenset({KIND_KERNEL, KIND_CONCURRENT_KERNEL, KIND_MEMCPY, KIND_MEMSET})
+DRIVER_WORK_PREFIXES = ("cuLaunch", "cuGraphLaunch", "cuMemcpy", "cuMemset")
+"""Driver calls that may put work on a GPU stream: kept even where Kineto would not track them."""
+
+
+def is_noise_call(kind: int, name: str) -> bool:
+    """Whether a runtime/driver call (``name`` without CUPTI's suffix) is one Kineto leaves out and
+    that cannot have launched GPU work: the backend drops such records as they arrive.
+
+    >>> is_noise_call(KIND_RUNTIME, "cudaGetDevice"), is_noise_call(KIND_RUNTIME, "cudaLaunchKernel")
+    (True, False)
+    >>> is_noise_call(KIND_DRIVER, "cuDevicePrimaryCtxGetState"), is_noise_call(KIND_DRIVER, "cuMemcpyHtoDAsync_v2")
+    (True, False)
+    """
+    if kind == KIND_RUNTIME:
+        return name in SKIPPED_RUNTIME_CALLS
+    return name not in KEPT_DRIVER_CALLS and not name.startswith(DRIVER_WORK_PREFIXES)
+
 
 @dataclass(frozen=True)
 class CpuRange:
@@ -79,93 +115,128 @@ def _name(table: Sequence[str], index: Any) -> str:
 
 def cupti_to_kineto(records: Iterable[Mapping[str, Any]], *, annotations: Sequence[CpuRange] = (),
                     api_name: Callable[[int, int], str], pid: int,
-                    device_names: Sequence[str] = ()) -> dict[str, Any]:
+                    device_properties: Sequence[Mapping[str, Any]] = (),
+                    thread_ids: Mapping[int, int] | None = None) -> dict[str, Any]:
     """Build a Kineto trace document from activity records and CPU annotations.
 
-    ``api_name(kind, cbid)`` names a runtime/driver call (e.g. ``cudaLaunchKernel``);
-    ``pid`` is the traced process (for annotations and the process-name metadata).
+    ``api_name(kind, cbid)`` names a runtime/driver call (CUPTI's callback name, e.g.
+    ``cudaLaunchKernel_v7000``); ``pid`` is the traced process (for annotations and the
+    process-name metadata); ``device_properties[i]`` the properties of device ``i`` as Kineto
+    names them (``name``, ``totalGlobalMem``, ``numSms``...); ``thread_ids`` maps CUPTI's thread
+    id of a call to the system thread id (a thread left out keeps CUPTI's id).
     """
     recs = [r for r in records if int(r.get("kind", -1)) in RECORD_FIELDS]
-    external_of = {int(r["correlation_id"]): int(r["external_id"]) for r in recs
-                   if r["kind"] == KIND_EXTERNAL_CORRELATION}
-    device_of_context = {int(r["context_id"]): int(r["device_id"]) for r in recs
-                         if "device_id" in r and "context_id" in r}
-    starts = [int(r["start"]) for r in recs if r["kind"] != KIND_EXTERNAL_CORRELATION and int(r["start"]) > 0]
-    starts += [a.start_ns for a in annotations]
+    timed = [r for r in recs if r["kind"] != KIND_EXTERNAL_CORRELATION and (int(r["start"]) or int(r["end"]))]
+    starts = [int(r["start"]) for r in timed if int(r["start"]) > 0] + [a.start_ns for a in annotations]
     base_ns = (min(starts) // 1_000_000_000) * 1_000_000_000 if starts else 0
+    conv = _Converter(base_ns=base_ns, api_name=api_name, thread_ids=thread_ids or {},
+                      external_of={int(r["correlation_id"]): int(r["external_id"]) for r in recs
+                                   if r["kind"] == KIND_EXTERNAL_CORRELATION},
+                      device_of_context={int(r["context_id"]): int(r["device_id"]) for r in recs
+                                         if "device_id" in r and "context_id" in r},
+                      launching={int(r["correlation_id"]) for r in timed if r["kind"] in GPU_WORK_KINDS})
+    events = [{"ph": "X", "cat": "user_annotation", "name": a.name, "pid": a.pid, "tid": a.tid,
+               "ts": conv.us(a.start_ns), "dur": (a.end_ns - a.start_ns) / 1000.0,
+               "args": {"External id": a.external_id}} for a in annotations]
+    conv.threads.update((a.pid, a.tid) for a in annotations)
+    for r in timed:
+        ev = conv.event(r)
+        if ev is not None:
+            events.append(ev)
+    events.extend(_launch_flows(events, conv.launches))
+    return {"schemaVersion": 1, "displayTimeUnit": "ms", "baseTimeNanoseconds": base_ns,
+            "deviceProperties": [{"id": i, **props} for i, props in enumerate(device_properties)],
+            "traceEvents": conv.metadata(pid) + events}
 
-    def us(ns: int) -> float:
-        return (int(ns) - base_ns) / 1000.0
 
-    events: list[dict[str, Any]] = []
-    launches: dict[int, tuple[int, int, float]] = {}  # correlation -> (pid, tid, ts us)
-    for a in annotations:
-        events.append({"ph": "X", "cat": "user_annotation", "name": a.name, "pid": a.pid, "tid": a.tid,
-                       "ts": us(a.start_ns), "dur": (a.end_ns - a.start_ns) / 1000.0,
-                       "args": {"External id": a.external_id}})
-    threads: set[tuple[int, int]] = {(a.pid, a.tid) for a in annotations}
-    streams: set[tuple[int, int]] = set()
-    for r in recs:
+@dataclass
+class _Converter:
+    """The state of one conversion: the time base, the lookups between records, and the threads,
+    streams and launches seen so far."""
+
+    base_ns: int
+    api_name: Callable[[int, int], str]
+    thread_ids: Mapping[int, int]
+    external_of: dict[int, int]
+    device_of_context: dict[int, int]
+    launching: set[int]
+    threads: set[tuple[int, int]] = field(default_factory=set)
+    streams: set[tuple[int, int]] = field(default_factory=set)
+    launches: dict[int, tuple[int, int, float]] = field(default_factory=dict)  # correlation -> (pid, tid, ts us)
+
+    def us(self, ns: int) -> float:
+        return (int(ns) - self.base_ns) / 1000.0
+
+    def event(self, r: Mapping[str, Any]) -> dict[str, Any] | None:
+        """One record as a complete event; ``None`` for a call Kineto would not write."""
         kind = int(r["kind"])
-        if kind == KIND_EXTERNAL_CORRELATION:
-            continue
         start, end = int(r["start"]), int(r["end"])
-        if start == 0 and end == 0:
-            continue  # CUPTI could not time it
         corr = int(r["correlation_id"])
         args: dict[str, Any] = {"correlation": corr}
-        if corr in external_of:
-            args["External id"] = external_of[corr]
-        ev: dict[str, Any] = {"ph": "X", "ts": us(start), "dur": max(0, end - start) / 1000.0}
+        if corr in self.external_of:
+            args["External id"] = self.external_of[corr]
+        ev: dict[str, Any] = {"ph": "X", "ts": self.us(start), "dur": max(0, end - start) / 1000.0}
         if kind in (KIND_RUNTIME, KIND_DRIVER):
-            proc, thread = int(r["process_id"]), int(r["thread_id"])
-            ev.update(cat="cuda_runtime" if kind == KIND_RUNTIME else "cuda_driver",
-                      name=api_name(kind, int(r["cbid"])), pid=proc, tid=thread)
+            name = api_call_name(self.api_name(kind, int(r["cbid"])))
+            if not self._kept_call(kind, name, corr):
+                return None
+            proc = int(r["process_id"])
+            thread = self.thread_ids.get(int(r["thread_id"]), int(r["thread_id"]))
+            ev.update(cat="cuda_runtime" if kind == KIND_RUNTIME else "cuda_driver", name=name, pid=proc, tid=thread)
             args["cbid"] = int(r["cbid"])
-            launches[corr] = (proc, thread, ev["ts"])
-            threads.add((proc, thread))
+            self.launches[corr] = (proc, thread, ev["ts"])
+            self.threads.add((proc, thread))
         elif kind == KIND_SYNCHRONIZATION:
-            ctx = int(r["context_id"])
-            stream = int(r["stream_id"])
-            device = device_of_context.get(ctx, 0)
+            ctx, stream = int(r["context_id"]), int(r["stream_id"])
+            device = self.device_of_context.get(ctx, 0)
             ev.update(cat="cuda_sync", name=_name(SYNC_TYPES, r["type"]), pid=device,
                       tid=stream if stream != INVALID_ID else 0)
             args.update(device=device, context=ctx, stream=stream if stream != INVALID_ID else -1)
             if int(r.get("cuda_event_id", INVALID_ID)) != INVALID_ID:
                 args["cuda_event_id"] = int(r["cuda_event_id"])
         else:
-            device, stream = int(r["device_id"]), int(r["stream_id"])
-            ev.update(pid=device, tid=stream)
-            args.update(device=device, context=int(r["context_id"]), stream=stream)
-            if kind in (KIND_KERNEL, KIND_CONCURRENT_KERNEL):
-                ev.update(cat="kernel", name=str(r["name"]))
-                args.update({"registers per thread": int(r["registers_per_thread"]),
-                             "shared memory": int(r["static_shared_memory"]) + int(r["dynamic_shared_memory"]),
-                             "grid": [int(r["grid_x"]), int(r["grid_y"]), int(r["grid_z"])],
-                             "block": [int(r["block_x"]), int(r["block_y"]), int(r["block_z"])]})
-            elif kind == KIND_MEMCPY:
-                ev.update(cat="gpu_memcpy", name=f"Memcpy {_name(MEMCPY_KINDS, r['copy_kind'])} "
-                          f"({_name(MEMORY_KINDS, r['src_kind'])} -> {_name(MEMORY_KINDS, r['dst_kind'])})")
-                args["bytes"] = int(r["bytes"])
-                if end > start:
-                    args["memory bandwidth (GB/s)"] = int(r["bytes"]) / (end - start)
-            else:
-                ev.update(cat="gpu_memset", name="Memset (Device)")
-                args["bytes"] = int(r["bytes"])
-            streams.add((device, stream))
+            self._gpu_work(r, ev, args)
         ev["args"] = args
-        events.append(ev)
-    events.extend(_launch_flows(events, launches))
-    meta = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "python"}}]
-    meta += [{"ph": "M", "name": "thread_name", "pid": p, "tid": t, "args": {"name": f"thread {t}"}}
-             for p, t in sorted(threads)]
-    for device in sorted({d for d, _ in streams}):
-        meta.append({"ph": "M", "name": "process_name", "pid": device, "tid": 0, "args": {"name": f"GPU {device}"}})
-    meta += [{"ph": "M", "name": "thread_name", "pid": d, "tid": s, "args": {"name": f"stream {s}"}}
-             for d, s in sorted(streams)]
-    return {"schemaVersion": 1, "displayTimeUnit": "ms", "baseTimeNanoseconds": base_ns,
-            "deviceProperties": [{"id": i, "name": n} for i, n in enumerate(device_names)],
-            "traceEvents": meta + events}
+        return ev
+
+    def _kept_call(self, kind: int, name: str, corr: int) -> bool:
+        return corr in self.launching or not is_noise_call(kind, name)
+
+    def _gpu_work(self, r: Mapping[str, Any], ev: dict[str, Any], args: dict[str, Any]) -> None:
+        kind = int(r["kind"])
+        start, end = int(r["start"]), int(r["end"])
+        device, stream = int(r["device_id"]), int(r["stream_id"])
+        ev.update(pid=device, tid=stream)
+        args.update(device=device, context=int(r["context_id"]), stream=stream)
+        if kind in (KIND_KERNEL, KIND_CONCURRENT_KERNEL):
+            ev.update(cat="kernel", name=demangle(str(r["name"])))
+            args.update({"registers per thread": int(r["registers_per_thread"]),
+                         "shared memory": int(r["static_shared_memory"]) + int(r["dynamic_shared_memory"]),
+                         "grid": [int(r["grid_x"]), int(r["grid_y"]), int(r["grid_z"])],
+                         "block": [int(r["block_x"]), int(r["block_y"]), int(r["block_z"])]})
+        elif kind == KIND_MEMCPY:
+            ev.update(cat="gpu_memcpy", name=f"Memcpy {_name(MEMCPY_KINDS, r['copy_kind'])} "
+                      f"({_name(MEMORY_KINDS, r['src_kind'])} -> {_name(MEMORY_KINDS, r['dst_kind'])})")
+            args["bytes"] = int(r["bytes"])
+            if end > start:
+                args["memory bandwidth (GB/s)"] = int(r["bytes"]) / (end - start)
+        else:
+            ev.update(cat="gpu_memset", name="Memset (Device)")
+            args["bytes"] = int(r["bytes"])
+        self.streams.add((device, stream))
+
+    def metadata(self, pid: int) -> list[dict[str, Any]]:
+        """Process and thread names: the traced process, its threads, each device and stream."""
+        meta: list[dict[str, Any]] = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                                       "args": {"name": "python"}}]
+        meta += [{"ph": "M", "name": "thread_name", "pid": p, "tid": t, "args": {"name": f"thread {t}"}}
+                 for p, t in sorted(self.threads)]
+        for device in sorted({d for d, _ in self.streams}):
+            meta.append({"ph": "M", "name": "process_name", "pid": device, "tid": 0,
+                         "args": {"name": f"GPU {device}"}})
+        meta += [{"ph": "M", "name": "thread_name", "pid": d, "tid": s, "args": {"name": f"stream {s}"}}
+                 for d, s in sorted(self.streams)]
+        return meta
 
 
 def _launch_flows(events: list[dict[str, Any]], launches: dict[int, tuple[int, int, float]]) -> list[dict[str, Any]]:
