@@ -220,6 +220,36 @@ def test_suggestions_are_whatif_suggest_on_the_baseline(trace: Path, tmp_path: P
     assert any("saved_ns_per_step" in e for e in errors(REPORT_SCHEMA, {**doc, "suggestions": bad}))
 
 
+def test_ops_table_is_whatif_ops_on_the_baseline(tmp_path: Path) -> None:
+    """``report --ops`` embeds the ``whatif ops`` document of the baseline (here our own H200
+    recording, with shapes), and the Markdown and HTML show its top rows by GPU time."""
+    from whatif.api import load_trace
+    from whatif.documents import OpsDocument, from_json, to_json
+    from whatif.ops import ops_table
+    from whatif.report.markdown import OPS_ROWS
+
+    run = Path(__file__).resolve().parents[1] / "sample_traces" / "gpu" / "pairs" / "p1_precision-before-r1"
+    sc = write(tmp_path / "fuse.toml", SCENARIO)
+    assert main(["report", str(run), "-s", str(sc), "-o", str(tmp_path / "out"), "--no-step-summary", "-q",
+                 "--ops", "--suggest"]) == 0
+    doc = orjson.loads((tmp_path / "out" / "report.json").read_bytes())
+    validate(doc)
+    assert list(doc) == [*REPORT_SCHEMA["required"], "suggestions", "ops"]
+    expected = ops_table(load_trace(run))
+    assert from_json(orjson.dumps(doc["ops"]), OpsDocument) == expected and len(expected.rows) > OPS_ROWS
+    top = expected.rows[0]
+    assert top.op == "aten::mm" and top.dtype == "fp32" and top.achieved_tflops is not None
+    md = (tmp_path / "out" / "report.md").read_text()
+    section = md.split("### Where the GPU time goes, per op", 1)[1].split("\n\n")[2]  # heading, caption, table
+    assert section.count("\n| `aten::") == OPS_ROWS and f"| {top.achieved_tflops:.1f} |" in section
+    assert md.index("What to try next") < md.index("Where the GPU time goes")
+    html_text = (tmp_path / "out" / "report.html").read_text()
+    assert "Where the GPU time goes" in html_text and f"<td class=num>{top.achieved_tflops:.1f}</td>" in html_text
+    bad = orjson.loads(to_json(expected))
+    bad["rows"][0]["total_ns"] = "long"
+    assert any("total_ns" in e for e in errors(REPORT_SCHEMA, {**doc, "ops": bad}))
+
+
 def test_cli_exit_codes(trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sc = write(tmp_path / "fuse.toml", SCENARIO)
     base = ["report", str(trace), "-s", str(sc), "-o", str(tmp_path / "out"), "--no-step-summary", "--force"]

@@ -760,6 +760,7 @@ class ReportDocument(Entry, frozen=True, kw_only=True):
     top_layers: list[TopEntry]
     prediction: PredictionDocument
     suggestions: SuggestDocument | UnsetType = UNSET  # ``whatif report --suggest``
+    ops: OpsDocument | UnsetType = UNSET  # ``whatif report --ops``
 
 
 # --- whatif.serving and whatif.serving-sweep ------------------------------------------------

@@ -22,6 +22,7 @@ from whatif.predictors.steps import StepOptions
 from whatif.report.api import FILE_NAMES, FORMATS, parse_formats, parse_percent, write_report
 from whatif.report.document import load_report, load_serving
 from whatif.report.thresholds import parse
+from whatif.ops import ops_table
 from whatif.suggest import suggest
 from whatif.transforms.scenario import load_scenario
 
@@ -47,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suggest", action="store_true",
                         help="also rank every optimization whatif knows on the trace (whatif suggest) under "
                              "'What to try next'")
+    parser.add_argument("--ops", action="store_true",
+                        help="also show where the baseline's GPU time goes per op, on the roofline (whatif ops)")
     parser.add_argument("--no-step-summary", action="store_true", help="do not append to $GITHUB_STEP_SUMMARY")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only failures")
 
@@ -69,8 +72,9 @@ def run(args: argparse.Namespace) -> int:
         prediction = predict(analyze(args.path, from_args(StepOptions, args)), scenarios, cost_model=cost.cost_model)
         suggestions = suggest(prediction.baseline, cost_model=cost.cost_model,
                               progress=lambda what: status(f"whatif report: suggest: {what}")) if args.suggest else None
+        ops = ops_table(prediction.baseline.trace) if args.ops else None
     report = write_report(prediction, args.out, formats, thresholds, args.baseline, limit,
-                          step_summary=not args.no_step_summary, serving=serving, suggestions=suggestions)
+                          step_summary=not args.no_step_summary, serving=serving, suggestions=suggestions, ops=ops)
     if not args.quiet:
         for row in report.document.rows:
             print(f"{row.name}: {row.mean_step_ns / 1e6:,.3f} ms, {row.speedup:.3f}x")

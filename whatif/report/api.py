@@ -15,7 +15,7 @@ from typing import Any
 
 from whatif.api import Prediction
 from whatif.core.output import write_output
-from whatif.documents import PredictionDocument, ReportDocument, RowServing, SuggestDocument, to_json
+from whatif.documents import OpsDocument, PredictionDocument, ReportDocument, RowServing, SuggestDocument, to_json
 from whatif.summary import analysis_document, prediction_document
 
 from .document import ReportError, failures, load_report, load_serving, report_document, serving_by_row
@@ -89,14 +89,16 @@ Serving = str | Path | Mapping[str, RowServing | Mapping[str, Any]]
 def build_report(prediction: Prediction | PredictionDocument, fail_if: Sequence[str | Threshold] = (),
                  baseline: str | Path | ReportDocument | PredictionDocument | None = None,
                  max_regression: str | float | None = None, top: int = 10,
-                 serving: Serving | None = None, suggestions: SuggestDocument | None = None) -> ReportDocument:
+                 serving: Serving | None = None, suggestions: SuggestDocument | None = None,
+                 ops: OpsDocument | None = None) -> ReportDocument:
     """The ``whatif.report`` document of a prediction (a :class:`Prediction` or a
     ``whatif.prediction`` document), with the ``fail_if`` thresholds and, given a baseline report
     (path or document) and ``max_regression`` (``"5%"``), the regression checks. ``serving``:
     TTFT/TPOT statistics per row name, ``{"baseline": {"ttft_ms": {"mean": ..., "p99": ...}}}`` (or
     :class:`~whatif.documents.RowServing` values), or the path of a ``whatif serve --json`` document
     made with the same scenarios. ``suggestions``: a ``whatif.suggest`` document of the same trace
-    (:func:`whatif.suggest.suggest`), shown as "what to try next"."""
+    (:func:`whatif.suggest.suggest`), shown as "what to try next". ``ops``: a ``whatif.ops`` document
+    of the same trace (:func:`whatif.ops.ops_table`), shown as the per-op roofline table."""
     thresholds = [parse(t) if isinstance(t, str) else t for t in fail_if]  # usage errors before any work
     limit = None if max_regression is None else parse_percent(max_regression)
     rows = load_serving(serving) if isinstance(serving, (str, Path)) else serving_by_row(serving) if serving else None
@@ -106,7 +108,7 @@ def build_report(prediction: Prediction | PredictionDocument, fail_if: Sequence[
         pred_doc, analysis = _prediction_doc(prediction), analysis_document(prediction.baseline, top=top)
     else:
         pred_doc, analysis = prediction, None
-    return report_document(pred_doc, analysis, thresholds, base_doc, limit, base_path, rows, suggestions)
+    return report_document(pred_doc, analysis, thresholds, base_doc, limit, base_path, rows, suggestions, ops)
 
 
 def render(report: ReportDocument, fmt: str) -> str:
@@ -120,12 +122,13 @@ def write_report(prediction: Prediction | PredictionDocument, out_dir: str | Pat
                  formats: str | Iterable[str] = FORMATS, fail_if: Sequence[str | Threshold] = (),
                  baseline: str | Path | ReportDocument | PredictionDocument | None = None,
                  max_regression: str | float | None = None, step_summary: bool = True,
-                 serving: Serving | None = None, suggestions: SuggestDocument | None = None) -> Report:
+                 serving: Serving | None = None, suggestions: SuggestDocument | None = None,
+                 ops: OpsDocument | None = None) -> Report:
     """Build the report and write ``report.md``, ``report.json``, ``report.html`` and/or
     ``junit.xml`` into ``out_dir``. With ``step_summary`` and ``$GITHUB_STEP_SUMMARY`` set, the
     Markdown is appended there too. Returns the document and the paths; check ``.passed``."""
     fmts = parse_formats(formats)
-    doc = build_report(prediction, fail_if, baseline, max_regression, serving=serving, suggestions=suggestions)
+    doc = build_report(prediction, fail_if, baseline, max_regression, serving=serving, suggestions=suggestions, ops=ops)
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ from whatif.documents import (
     RowServing,
     ScenarioPrediction,
     StepBreakdown,
+    OpsDocument,
     SuggestDocument,
     from_json,
     mean_breakdown_ns,
@@ -233,14 +234,15 @@ def report_document(prediction: PredictionDocument, analysis: AnalysisDocument |
                     baseline_report: ReportDocument | PredictionDocument | None = None,
                     max_regression: float | None = None, baseline_path: str | None = None,
                     serving: Mapping[str, RowServing] | None = None,
-                    suggestions: SuggestDocument | None = None) -> ReportDocument:
+                    suggestions: SuggestDocument | None = None, ops: OpsDocument | None = None) -> ReportDocument:
     """The ``whatif.report`` v1 document.
 
     ``prediction``: a ``whatif.prediction`` document; ``analysis``: the baseline's
     ``whatif.analysis`` document (for top kernels/ops/layers; optional); ``thresholds``:
     ``--fail-if`` expressions; ``baseline_report`` + ``max_regression``: the regression check;
     ``serving``: TTFT/TPOT per row (see :func:`with_serving`), when the prediction has none;
-    ``suggestions``: the baseline's ``whatif.suggest`` document, ranked optimizations to try next.
+    ``suggestions``: the baseline's ``whatif.suggest`` document, ranked optimizations to try next;
+    ``ops``: the baseline's ``whatif.ops`` document, the per-op roofline table.
     """
     if serving:
         prediction = with_serving(prediction, serving)
@@ -268,6 +270,7 @@ def report_document(prediction: PredictionDocument, analysis: AnalysisDocument |
         top_layers=analysis.top_layers if analysis is not None else [],
         prediction=prediction,
         suggestions=UNSET if suggestions is None else suggestions,
+        ops=UNSET if ops is None else ops,
     )
 
 

@@ -8,10 +8,10 @@ from typing import Any
 import plotly.graph_objects as go
 
 from whatif import figures
-from whatif.documents import LatencyStats, ReportDocument, SuggestDocument, counted
+from whatif.documents import LatencyStats, OpsDocument, ReportDocument, SuggestDocument, counted
 from whatif.summary import excluded_line
 
-from .markdown import ICON, SUGGEST_ROWS, ms
+from .markdown import ICON, OPS_HEADER, OPS_ROWS, SUGGEST_ROWS, ms, ops_caption, ops_cells
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1100px; color: #222; }
@@ -86,6 +86,16 @@ def _suggestions(report: ReportDocument) -> str:
                if skipped else ""))
 
 
+def _ops(report: ReportDocument) -> str:
+    doc = report.ops
+    if not isinstance(doc, OpsDocument):
+        return ""
+    rows = ["<tr>" + "".join(_td(c, i >= 3 and i < 8) for i, c in enumerate(ops_cells(r))) + "</tr>"
+            for r in doc.rows[:OPS_ROWS]]
+    return ("<h2>Where the GPU time goes, per op (whatif ops)</h2>"
+            f"<p>{html.escape(ops_caption(doc).replace('`', ''))}</p>" + _table(OPS_HEADER, rows))
+
+
 def render_html(report: ReportDocument) -> str:
     """The whole page; plotly.js is inlined once, before the first figure."""
     divs = []
@@ -103,5 +113,5 @@ def render_html(report: ReportDocument) -> str:
     status += "".join(f"<p>{html.escape(n)}</p>" for n in notes if n)
     return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>{status}{_summary(report)}"
-            f"{_checks(report)}{_suggestions(report)}<h2>Figures</h2>{''.join(divs)}"
+            f"{_checks(report)}{_suggestions(report)}{_ops(report)}<h2>Figures</h2>{''.join(divs)}"
             f"<p>whatif {html.escape(report.whatif_version)}</p></body></html>\n")

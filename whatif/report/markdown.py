@@ -7,6 +7,8 @@ import re
 from whatif.documents import (
     BaselinePrediction,
     LatencyStats,
+    OpRow,
+    OpsDocument,
     ReportDocument,
     ScenarioPrediction,
     Stat,
@@ -116,6 +118,39 @@ def scenario_details(scenario: ScenarioPrediction, baseline: BaselinePrediction)
 
 SUGGEST_ROWS = 5
 """Suggestions shown in a report (the document keeps them all)."""
+OPS_ROWS = 10
+"""Rows of the per-op roofline table shown in a report (the document keeps them all)."""
+OPS_HEADER = ["op", "shapes", "dtype", "count", "total ms", "TFLOP/s", "TB/s", "% of roofline", "bound"]
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def ops_cells(row: OpRow) -> list[str]:
+    """One row of the report's per-op table (:data:`OPS_HEADER`), plain text."""
+    return [row.op, row.shapes or "-", row.dtype or "-", str(row.count), ms(row.total_ns),
+            _num(row.achieved_tflops, ".1f"), _num(row.achieved_tbps, ".2f"), _num(row.roofline_pct, ".1f"),
+            row.bound]
+
+
+def ops_caption(doc: OpsDocument) -> str:
+    shown = doc.rows[:OPS_ROWS]
+    share = sum(r.total_ns for r in shown) / doc.gpu_total_ns if doc.gpu_total_ns else 0.0
+    return (f"The {len(shown)} of {len(doc.rows)} op groups with the most GPU time ({share:.0%} of "
+            f"{ms(doc.gpu_total_ns)} ms) on {', '.join(doc.devices) or 'an unknown GPU'}; roofline: "
+            "the datasheet roof at each row's intensity (`whatif ops`; docs/cost-models.md).")
+
+
+def ops_section(report: ReportDocument) -> list[str]:
+    """The baseline's per-op roofline table (``whatif report --ops``), its top rows."""
+    doc = report.ops
+    if not isinstance(doc, OpsDocument):
+        return []
+    rows = [[f"`{cell(c, 50)}`" if i == 0 else cell(c, 40) for i, c in enumerate(ops_cells(r))]
+            for r in doc.rows[:OPS_ROWS]]
+    return ["### Where the GPU time goes, per op (`whatif ops`)", "", ops_caption(doc), "",
+            *_table(OPS_HEADER, rows, "lllrrrrrl"), ""]
 
 
 def suggest_section(report: ReportDocument) -> list[str]:
@@ -162,6 +197,7 @@ def render_markdown(report: ReportDocument) -> str:
     if report.checks:
         lines += ["### Checks", "", *checks_table(report), ""]
     lines += suggest_section(report)
+    lines += ops_section(report)
     for s in pred.scenarios:
         lines += scenario_details(s, base)
     lines += top_details(report)

@@ -67,6 +67,23 @@ _SUGGEST = _obj({
     "skipped": _list(_obj({"transform": _STR, "reason": _STR})),
 })
 
+_OPS = _obj({
+    "schema": {"const": "whatif.ops"},
+    "version": {"const": 1},
+    "source": _STR,
+    "by": _STR,
+    "devices": _list(_STR),
+    "short_ns": _INT,
+    "gpu_total_ns": _INT,
+    "rows": _list(_obj({"op": _STR, "kernel": _STR, "shapes": _STR, "dtype": _STR, "kernel_class": _STR,
+                        "count": _INT, "kernels": _INT, "total_ns": _INT, "mean_ns": _NUM,
+                        "flops": {"type": ["number", "null"]}, "bytes": {"type": ["number", "null"]},
+                        "intensity": {"type": ["number", "null"]}, "achieved_tflops": {"type": ["number", "null"]},
+                        "achieved_tbps": {"type": ["number", "null"]},
+                        "roofline_tflops": {"type": ["number", "null"]},
+                        "roofline_pct": {"type": ["number", "null"]}, "bound": _STR})),
+})
+
 _REPORT_PROPERTIES: dict[str, Any] = {
     "schema": {"const": "whatif.report"},
     "version": {"const": 1},
@@ -102,8 +119,11 @@ _REPORT_PROPERTIES: dict[str, Any] = {
     "top_layers": _TOP,
     "prediction": PREDICTION_SCHEMA,
     "suggestions": _SUGGEST,
+    "ops": _OPS,
 }
-REPORT_SCHEMA: dict[str, Any] = _obj(_REPORT_PROPERTIES, required=[k for k in _REPORT_PROPERTIES if k != "suggestions"])
+OPTIONAL_SECTIONS = ("suggestions", "ops")  # ``whatif report --suggest`` / ``--ops``
+REPORT_SCHEMA: dict[str, Any] = _obj(_REPORT_PROPERTIES,
+                                     required=[k for k in _REPORT_PROPERTIES if k not in OPTIONAL_SECTIONS])
 
 _TYPES: dict[str, Any] = {"object": dict, "array": list, "string": str, "null": type(None), "boolean": bool}
 
