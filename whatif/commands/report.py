@@ -17,12 +17,12 @@ from pathlib import Path
 
 from whatif.api import analyze, predict
 from whatif.core.output import refuse_overwrite
+from whatif.ops import ops_table
 from whatif.predictors.cost_models import CostConfig
 from whatif.predictors.steps import StepOptions
 from whatif.report.api import FILE_NAMES, FORMATS, parse_formats, parse_percent, write_report
 from whatif.report.document import load_report, load_serving
 from whatif.report.thresholds import parse
-from whatif.ops import ops_table
 from whatif.suggest import suggest
 from whatif.transforms.scenario import load_scenario
 
