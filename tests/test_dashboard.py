@@ -220,6 +220,39 @@ def test_sample_run_views() -> None:
         compare.serving_body(run.id, ["half cpu"], 0)
 
 
+def test_overview_shows_the_ops_on_the_roofline() -> None:
+    """A GPU run's Overview holds the Ops page's top rows by GPU time; a CPU-only run says it has none."""
+    from whatif.dashboard.app import create_app
+    from whatif.dashboard.pages import overview
+    from whatif.dashboard.state import get_store
+    from whatif.ops import ops_table
+
+    gpu_run = Path(__file__).resolve().parents[1] / "sample_traces" / "gpu" / "pairs" / "p1_precision-before-r1"
+    create_app([gpu_run, SAMPLE])
+    runs = {Path(r.path).name: r for r in get_store().runs.values()}
+    page = overview.body(runs[gpu_run.name].id).to_plotly_json()
+    found = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if node.get("props", {}).get("id") == "ov-roofline":
+                found.append(node["props"]["data"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, (list, tuple)):
+            for v in node:
+                walk(v)
+        elif hasattr(node, "to_plotly_json"):
+            walk(node.to_plotly_json())
+    walk(page)
+    expected = ops_table(runs[gpu_run.name].analysis.trace).rows[:overview.ROOFLINE_ROWS]
+    assert found and [r["count"] for r in found[0]] == [r.count for r in expected]
+    assert expected[0].achieved_tflops is not None  # recorded with shapes
+    assert found[0][0]["TFLOP/s"] == round(expected[0].achieved_tflops, 2)
+    cpu = json.dumps(overview.body(runs[SAMPLE.name].id).to_plotly_json(), default=str)
+    assert "no ops to price" in cpu and "ov-roofline" not in cpu
+
+
 def test_app_serves_no_file_outside(tmp_path: Path) -> None:
     """Through HTTP: static routes do not leak files, and adding a path outside is refused in the page."""
     from whatif.dashboard.app import create_app

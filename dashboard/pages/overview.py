@@ -1,5 +1,6 @@
 """Overview: measured vs replayed step times, critical-path breakdown per step and by phase,
-top kernels / ops / layers (the numbers of ``whatif analyze``'s document)."""
+top kernels / ops / layers (the numbers of ``whatif analyze``'s document), and the ops with the
+most GPU time on the roofline (the Ops page's table, its top rows)."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,6 +11,7 @@ from msgspec import UNSET
 
 from whatif import figures
 from whatif.documents import TopEntry
+from whatif.ops import GroupBy
 from whatif.summary import excluded_line
 
 from ..derive import phase_rows
@@ -17,6 +19,11 @@ from ..jobs import Pending, poller, watch, working
 from ..layout import COUNT_ALL, card, error_box, guarded, loading, ms, table
 from ..state import get_store, step_options
 from . import Page
+from .ops import document as ops_document
+from .ops import rows as ops_rows
+
+ROOFLINE_ROWS = 10
+ROOFLINE_COLUMNS = ("total ms", "share %", "count", "TFLOP/s", "TB/s", "% roof", "bound", "op", "shapes", "dtype")
 
 
 def layout(**_: Any) -> html.Div:
@@ -58,6 +65,12 @@ def body(run_id: str | None, count_all: list[str] | None = None) -> html.Div:
                   for key, rows, title in (("top_kernels", doc.top_kernels, "Top kernels"),
                                            ("top_ops", doc.top_ops, "Top ops"),
                                            ("top_layers", doc.top_layers, "Top layers"))]
+    ops = ops_document(run_id, GroupBy.OP.value)
+    roofline = html.Div([
+        html.H4("Ops with the most GPU time, on the roofline (the Ops page has them all)"),
+        table("ov-roofline", [{c: r[c] for c in ROOFLINE_COLUMNS} for r in ops_rows(ops)[:ROOFLINE_ROWS]],
+              page_size=ROOFLINE_ROWS, names=("op", "shapes")) if ops.rows
+        else html.P("No GPU activity in this run: no ops to price.", className="note")], className="panel")
     return html.Div([
         cards,
         html.P(excluded or "", id="ov-excluded"),
@@ -67,6 +80,7 @@ def body(run_id: str | None, count_all: list[str] | None = None) -> html.Div:
         html.Div([html.Div(dcc.Graph(id="ov-phases", figure=figures.phase_breakdown_figure(phases)), className="panel"),
                   top_panels[0]], className="row"),
         html.Div(top_panels[1:], className="row"),
+        roofline,
         html.Div([html.H4("Steps"), table("ov-steps", step_rows, page_size=10)], className="panel"),
     ])
 
@@ -81,7 +95,8 @@ def register(app: dash.Dash) -> None:
     def show(run_id: str | None, count_all: list[str] | None, _: str | None) -> tuple[Any, ...]:
         run = get_store().get(run_id)
         options = step_options(count_all)
-        doc = get_store().jobs.result(("document", run.id, options), lambda: run.document(options))
+        doc = get_store().jobs.result(("document", run.id, options),
+                                      lambda: (run.document(options), ops_document(run_id, GroupBy.OP.value)))
         if isinstance(doc, Pending):
             return working(f"analysing {run.label}"), False, doc.token
         return body(run_id, count_all), True, dash.no_update
