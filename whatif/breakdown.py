@@ -154,7 +154,9 @@ def gpu_work(trace: Trace, graph: TaskGraph | None = None) -> pd.DataFrame:
         for p, o in zip(pos.tolist(), ops.tolist()):
             op[p] = o if isinstance(o, str) else None
     row_names = np.asarray(categories)[cat_codes]
-    kernel_class = [classify_kernel(str(n), o).value for n, o in zip(row_names.tolist(), op)]
+    classes: dict[tuple[str, str | None], str] = {}  # one classification per distinct (kernel, op)
+    kernel_class = [classes.get(key) or classes.setdefault(key, classify_kernel(*key).value)
+                    for key in zip(map(str, row_names.tolist()), op)]
     device = ev["device"].to_numpy()[rows]
     stream = ev["stream"].to_numpy()[rows]
     return pd.DataFrame({

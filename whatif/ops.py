@@ -27,7 +27,7 @@ True
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import Enum
 
 import msgspec
@@ -202,28 +202,55 @@ def _roofline(devices: dict[int, Device | None], ranks: np.ndarray, cls: np.ndar
     return ideal, ridge
 
 
-def _row(key: tuple, g: pd.DataFrame, by: GroupBy) -> OpRow:
+@dataclass(frozen=True)
+class _Columns:
+    """The activities' columns as arrays, so a group is an index array, not a frame slice."""
+
+    dur_ns: np.ndarray
+    op_event: np.ndarray
+    linked: np.ndarray
+    event: np.ndarray
+    flops: np.ndarray
+    bytes: np.ndarray
+    ideal_ns: np.ndarray
+    ridge: np.ndarray
+    device: np.ndarray
+    kernel_class: np.ndarray
+    launch_bound: np.ndarray
+
+    @classmethod
+    def of(cls, acts: pd.DataFrame) -> _Columns:
+        return cls(**{f.name: acts[f.name].to_numpy() for f in fields(cls)})
+
+
+def _sum_known(x: np.ndarray) -> float:
+    """The sum, NaN when any value is unknown (pandas' ``sum(min_count=len)``)."""
+    return float(x.sum()) if len(x) and not np.isnan(x).any() else np.nan
+
+
+def _row(key: tuple, idx: np.ndarray, c: _Columns, by: GroupBy) -> OpRow:
     """One group's figures; NaN stands for unknown until the row turns it into None."""
     op, shapes, dtype, kernel = key if by is GroupBy.KERNEL else (*key, "")
-    total = int(g["dur_ns"].sum())
-    count = len(g) if by is GroupBy.KERNEL else int(
-        g["op_event"].where(g["linked"], -1 - g["event"]).nunique())
-    flops, nbytes, ideal = (float(g[c].sum(min_count=len(g))) for c in ("flops", "bytes", "ideal_ns"))
+    dur = c.dur_ns[idx]
+    total = int(dur.sum())
+    count = len(idx) if by is GroupBy.KERNEL else len(np.unique(np.where(c.linked[idx], c.op_event[idx],
+                                                                          -1 - c.event[idx])))
+    flops, nbytes, ideal = (_sum_known(col[idx].astype(float)) for col in (c.flops, c.bytes, c.ideal_ns))
     with np.errstate(divide="ignore", invalid="ignore"):
         intensity = flops / nbytes if nbytes else np.nan
-    main = g.iloc[int(np.argmax(g["dur_ns"].to_numpy()))]   # the longest activity: the group's class and roof
-    ridge = float(main["ridge"])
-    bw = get_device(str(main["device"])).mem_bw_bytes_per_s if main["device"] else np.nan
+    main = int(idx[int(np.argmax(dur))])   # the longest activity: the group's class and roof
+    ridge = float(c.ridge[main])
+    bw = get_device(str(c.device[main])).mem_bw_bytes_per_s if c.device[main] else np.nan
     roof = float(np.minimum(ridge, intensity)) * bw
     per_ns = 1 / total if total else np.nan
     known = _round(intensity, 3)
     return OpRow(
-        op=op, kernel=kernel, shapes=shapes, dtype=dtype, kernel_class=str(main["kernel_class"]),
-        count=count, kernels=len(g), total_ns=total, mean_ns=round(total / max(count, 1), 1),
+        op=op, kernel=kernel, shapes=shapes, dtype=dtype, kernel_class=str(c.kernel_class[main]),
+        count=count, kernels=len(idx), total_ns=total, mean_ns=round(total / max(count, 1), 1),
         flops=_round(flops, 1), bytes=_round(nbytes, 1), intensity=known,
         achieved_tflops=_round(flops * per_ns / 1e3, 4), achieved_tbps=_round(nbytes * per_ns / 1e3, 4),
         roofline_tflops=_round(roof / 1e12, 3), roofline_pct=_round(100 * ideal * per_ns, 2),
-        bound=bound(float(g["launch_bound"].mean()), total / len(g), known,
+        bound=bound(float(c.launch_bound[idx].mean()), total / len(idx), known,
                     ridge if np.isfinite(ridge) else None).value)
 
 
@@ -252,7 +279,9 @@ def ops_table(trace: Trace, by: GroupBy | str = GroupBy.OP) -> OpsDocument:
         raise WhatifError(f"--by {by!r}: choose one of {', '.join(g.value for g in GroupBy)}") from None
     acts = activities(trace)
     keys = ["op", "shapes", "dtype"] + (["kernel"] if by is GroupBy.KERNEL else [])
-    rows = [_row(tuple(k), g, by) for k, g in acts.groupby(keys, sort=True)] if len(acts) else []
+    columns = _Columns.of(acts) if len(acts) else None
+    rows = [_row(k if isinstance(k, tuple) else (k,), np.asarray(idx), columns, by)
+            for k, idx in sorted(acts.groupby(keys, sort=False).indices.items())] if columns is not None else []
     rows.sort(key=lambda r: -r.total_ns)   # stable: equal times keep the key order
     devices = sorted({d for d in acts["device"].tolist() if d})
     return OpsDocument(source=trace.source, by=by.value, devices=devices, short_ns=SHORT_NS,
