@@ -7,6 +7,7 @@ Imported as a sibling module (``python examples/x.py`` and ``whatif record examp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import random
 import time
@@ -44,6 +45,18 @@ def set_threads(threads: int | None, device: torch.device) -> None:
         threads = 1
     if threads:
         torch.set_num_threads(threads)
+
+
+SDPA_BACKENDS = ("auto", "math", "flash", "efficient", "cudnn")
+
+
+def attention_backend(name: str) -> contextlib.AbstractContextManager[Any]:
+    """``--sdpa``: a context forcing one scaled-dot-product-attention backend (``auto``: none)."""
+    if name == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel({"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
+                        "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[name])
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:

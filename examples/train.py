@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _runtime import add_runtime_args, pick_device, set_threads
+from _runtime import SDPA_BACKENDS, add_runtime_args, attention_backend, pick_device, set_threads
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -135,16 +135,6 @@ def batches(args: argparse.Namespace, device: torch.device) -> Iterator[torch.Te
         yield batch.to(device, non_blocking=True)
 
 
-def attention_backend(name: str) -> contextlib.AbstractContextManager[Any]:
-    """``--sdpa``: a context forcing one SDPA backend, or nothing for ``auto``."""
-    if name == "auto":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel({"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
-                        "efficient": SDPBackend.EFFICIENT_ATTENTION,
-                        "cudnn": SDPBackend.CUDNN_ATTENTION}[name])
-
-
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: torch.Tensor,
                clip: float, autocast: str = "off") -> torch.Tensor:
     """One optimizer step on next-token cross-entropy; returns the (detached) loss."""
@@ -186,7 +176,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--autocast", default="off", choices=["off", *AUTOCAST_DTYPES],
                    help="mixed precision for forward and loss")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--sdpa", default="auto", choices=["auto", "math", "flash", "efficient", "cudnn"],
+    p.add_argument("--sdpa", default="auto", choices=SDPA_BACKENDS,
                    help="scaled-dot-product-attention backend")
     p.add_argument("--workers", type=int, default=None,
                    help="load batches with a DataLoader of this many worker processes (0: in the "

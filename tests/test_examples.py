@@ -9,6 +9,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -302,3 +303,66 @@ def test_train_runs_as_a_script(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("train: 2 steps")
+
+
+TINY_TRAIN = ["--device", "cpu", "--steps", "3", "--batch-size", "2", "--seq-len", "16", "--d-model", "32",
+              "--layers", "1", "--vocab", "64"]
+
+
+def _losses(train: ModuleType, tmp_path: Path, *extra: str) -> list[float]:
+    log_path = tmp_path / f"train{len(list(tmp_path.iterdir()))}.json"
+    assert train.main([*TINY_TRAIN, *extra, "--log", str(log_path)]) == 0
+    return [s["loss"] for s in json.loads(log_path.read_text())["steps"]]
+
+
+def test_train_variants_of_the_gpu_pairs(tmp_path: Path) -> None:
+    """The flags the GPU harvest's pairs differ in: autocast changes the numerics a little, the SDPA
+    backend none (math on CPU either way), and a DataLoader (in the thread or in workers) feeds
+    other batches than the pre-made ones, the same ones whatever the number of workers."""
+    train = load("train")
+    plain = _losses(train, tmp_path)
+    bf16 = _losses(train, tmp_path, "--autocast", "bf16")
+    assert bf16 != plain and all(abs(a - b) < 0.05 for a, b in zip(plain, bf16))
+    assert _losses(train, tmp_path, "--sdpa", "math") == plain
+    inline = _losses(train, tmp_path, "--workers", "0", "--load-ms", "1")
+    assert inline != plain and _losses(train, tmp_path, "--workers", "2", "--load-ms", "1") == inline
+    with pytest.raises(SystemExit):
+        train.parse_args([*TINY_TRAIN, "--workers", "-1"])
+
+
+def test_train_loader_spends_its_load_time_per_batch() -> None:
+    train = load("train")
+    args = train.parse_args([*TINY_TRAIN, "--workers", "0", "--load-ms", "20"])
+    data = train.TokenDataset(args)
+    assert len(data) == 3 * 2
+    t0 = time.perf_counter()
+    item = data[1]
+    assert time.perf_counter() - t0 >= 0.010  # half a batch's 20 ms, batch size 2
+    assert item.shape == (17,) and int(item.max()) < 64 and torch.equal(item, data[1])
+
+
+def test_decode_steps_and_shapes(tmp_path: Path) -> None:
+    """examples/decode.py: one whatif.step() per decode step plus one after the warm-up, the log's
+    schema, and --tp 2 holding one rank's half of every sharded weight."""
+    decode = load("decode")
+    marks: list[int] = []
+
+    def hook() -> None:
+        marks.append(1)
+    markers.add_step_hook(hook)
+    try:
+        log_path = tmp_path / "decode.json"
+        assert decode.main(["--device", "cpu", "--dtype", "fp32", "--steps", "4", "--warmup", "1", "--d-model", "64",
+                            "--heads", "4", "--layers", "1", "--context", "16", "--batch", "2",
+                            "--log", str(log_path)]) == 0
+    finally:
+        markers.remove_step_hook(hook)
+    log = json.loads(log_path.read_text())
+    assert log["schema"] == "whatif.bench.decode/1" and len(log["steps"]) == 4 == len(marks) - 1
+    args = decode.parse_args(["--d-model", "64", "--heads", "4", "--tp", "2"])
+    layer = decode.Decoder(args).layers[0]
+    assert layer.qkv.out_features == 3 * 32 and layer.proj.in_features == 32 and layer.up.out_features == 128
+    with pytest.raises(SystemExit):
+        decode.parse_args(["--device", "cpu", "--cuda-graph"])
+    with pytest.raises(SystemExit):
+        decode.parse_args(["--heads", "3", "--tp", "2"])

@@ -47,7 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-DECODE = Path(__file__).resolve().parent / "decode.py"
+DECODE = EXAMPLES / "decode.py"
 BARE = ROOT / "bench" / "record_overhead.py"
 GROUPS = ("backends", "pairs", "overhead")
 MODES = ("plain", "bare", "torch", "cupti")  # no profiler, bare torch.profiler, whatif record x2

@@ -1,4 +1,5 @@
-"""A static-shape decode loop: the GPU harvest's workload for the decode-side before/after pairs.
+"""A static-shape decode loop: the workload of the GPU harvest's decode-side before/after pairs
+(``bench/gpu_harvest``).
 
 A decoder-only transformer with random weights generates ``--steps`` tokens for ``--batch``
 sequences whose KV cache holds ``--context`` positions (the cache is treated as full: every step
@@ -25,12 +26,11 @@ Log (``--log OUT.json``): ``{"schema": "whatif.bench.decode/1", "config": {...},
 "steps": [{"step", "step_ms"}], "summary": {"steps", "duration_s", "mean_step_ms",
 "tokens_per_s"}}`` with ``step_ms`` the wall time of one step, device synchronized.
 
-  python bench/gpu_harvest/decode.py --device cpu --steps 5
+  python examples/decode.py --device cpu --steps 5
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _runtime import SDPA_BACKENDS, attention_backend
 from torch import nn
 
 import whatif
@@ -86,15 +87,6 @@ class Decoder(nn.Module):
         return self.head(self.norm(h[:, -1:])).argmax(-1)
 
 
-def attention_backend(name: str) -> contextlib.AbstractContextManager[Any]:
-    if name == "auto":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel({"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
-                        "efficient": SDPBackend.EFFICIENT_ATTENTION,
-                        "cudnn": SDPBackend.CUDNN_ATTENTION}[name])
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -111,7 +103,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     p.add_argument("--tp", type=int, default=1, choices=[1, 2, 4], help="emulated tensor-parallel rank share")
-    p.add_argument("--sdpa", default="auto", choices=["auto", "math", "flash", "efficient", "cudnn"])
+    p.add_argument("--sdpa", default="auto", choices=SDPA_BACKENDS)
     p.add_argument("--cuda-graph", action="store_true", help="capture the step in a CUDA graph")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--log", default=None)
