@@ -165,7 +165,9 @@ def test_a_signal_from_outside_leaves_a_trace_analyze_loads(tmp_path: Path, sign
                              str(progress)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        if progress.exists() and progress.read_text().isdigit() and int(progress.read_text()) >= after_steps:
+        # read once: the loop rewrites the file ("w" truncates first), so a second read may see ""
+        done = progress.read_text() if progress.exists() else ""
+        if done.isdigit() and int(done) >= after_steps:
             break
         time.sleep(0.02)
     proc.send_signal(signum)
