@@ -20,13 +20,19 @@ import torch
 # metrics are computed alike.
 from whatif.predictors.serving.metrics import percentile, stats  # noqa: F401  (re-exported)
 
+SDPA_BACKENDS = ("auto", "math", "flash", "efficient", "cudnn")
+
 
 def add_runtime_args(parser: argparse.ArgumentParser, dtype: bool = True) -> None:
-    """The ``--device`` and ``--threads`` flags (and ``--dtype`` when ``dtype``) every example takes."""
+    """The ``--device``, ``--threads`` and ``--sdpa`` flags (and ``--dtype`` when ``dtype``) every
+    example takes."""
     parser.add_argument("--device", default=None, help="cpu or cuda[:N]; None: cuda if available")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads; None: 1 on cpu (intra-op threads make timings erratic "
                              "on small shared machines), unchanged on cuda; 0: torch's default")
+    parser.add_argument("--sdpa", default="auto", choices=SDPA_BACKENDS,
+                        help="scaled-dot-product-attention backend (auto: torch's choice; on Hopper GPUs that can "
+                             "be cuDNN, which builds a plan for every new sequence length)")
     if dtype:
         parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                             help="auto: bfloat16 on cuda, float32 on cpu")
@@ -45,9 +51,6 @@ def set_threads(threads: int | None, device: torch.device) -> None:
         threads = 1
     if threads:
         torch.set_num_threads(threads)
-
-
-SDPA_BACKENDS = ("auto", "math", "flash", "efficient", "cudnn")
 
 
 def attention_backend(name: str) -> contextlib.AbstractContextManager[Any]:

@@ -62,6 +62,7 @@ import torch
 import torch.nn.functional as F
 from _runtime import (
     add_runtime_args,
+    attention_backend,
     json_safe,
     pick_device,
     pick_dtype,
@@ -381,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dit_serve: error: {e}", file=sys.stderr)
         return 2
     requests = make_requests(args)
-    with torch.inference_mode():
+    with torch.inference_mode(), attention_backend(args.sdpa):
         for _ in range(args.warmup):
             warm_up(model, args, device, dtype)
         server = Server(model, requests, args, device, dtype)

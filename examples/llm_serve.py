@@ -63,6 +63,7 @@ import torch
 import torch.nn.functional as F
 from _runtime import (
     add_runtime_args,
+    attention_backend,
     json_safe,
     pick_device,
     pick_dtype,
@@ -491,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     if not requests:
         print("llm_serve: error: no requests", file=sys.stderr)
         return 2
-    with torch.inference_mode():
+    with torch.inference_mode(), attention_backend(args.sdpa):
         for _ in range(args.warmup):
             warm_up(model, args)
         server = Server(model, requests, args.max_batch, args.max_batched_tokens, device)

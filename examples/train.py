@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _runtime import SDPA_BACKENDS, add_runtime_args, attention_backend, pick_device, set_threads
+from _runtime import add_runtime_args, attention_backend, pick_device, set_threads
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -176,8 +176,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--autocast", default="off", choices=["off", *AUTOCAST_DTYPES],
                    help="mixed precision for forward and loss")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--sdpa", default="auto", choices=SDPA_BACKENDS,
-                   help="scaled-dot-product-attention backend")
     p.add_argument("--workers", type=int, default=None,
                    help="load batches with a DataLoader of this many worker processes (0: in the "
                         "training thread); default: pre-made batches, no DataLoader")

@@ -330,6 +330,15 @@ def test_train_variants_of_the_gpu_pairs(tmp_path: Path) -> None:
         train.parse_args([*TINY_TRAIN, "--workers", "-1"])
 
 
+def test_every_example_takes_an_attention_backend() -> None:
+    for name in ("train", "llm_serve", "dit_serve"):
+        module = load(name)
+        assert module.parse_args(["--sdpa", "math"]).sdpa == "math"
+        assert module.parse_args([]).sdpa == "auto"
+        with pytest.raises(SystemExit):
+            module.parse_args(["--sdpa", "fastest"])
+
+
 def test_train_loader_spends_its_load_time_per_batch() -> None:
     train = load("train")
     args = train.parse_args([*TINY_TRAIN, "--workers", "0", "--load-ms", "20"])

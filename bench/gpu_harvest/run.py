@@ -94,6 +94,11 @@ DECODE_WIDE = ("--d-model", "1024", "--heads", "16", "--layers", "8", "--context
 TP_STACK = ("--d-model", "2048", "--heads", "16", "--layers", "4", "--batch", "4", "--query-len", "256",
             "--context", "1024", "--steps", "20")
 
+# The example servers' attention pinned: torch's default on Hopper can be cuDNN, which builds an
+# execution plan for every new key length (40-52 ms of CPU in the 2026-11-27 harvest's llm_serve
+# decode iterations, docs/accuracy.md p7), which no real engine pays.
+SERVER_SDPA = ("--sdpa", "efficient")
+
 PAIRS: tuple[Pair, ...] = (
     Pair("p1_precision", "fp32 -> bf16 autocast (precision)",
          train(*TRAIN_GPU), train(*TRAIN_GPU, "--autocast", "bf16")),
@@ -111,8 +116,8 @@ PAIRS: tuple[Pair, ...] = (
     Pair("p6_batch", "decode batch 8 -> 32 (iteration model extrapolation)",
          decode(*DECODE_WIDE, "--batch", "8"), decode(*DECODE_WIDE, "--batch", "32")),
     Pair("p7_serve_rate", "LLM server at 1x and 3x request rate (serve extrapolation)",
-         Program(LLM, ("--num-requests", "16", "--rate", "8", "--output-max", "48", "--seed", "0")),
-         Program(LLM, ("--num-requests", "16", "--rate", "24", "--output-max", "48", "--seed", "0"))),
+         Program(LLM, ("--num-requests", "16", "--rate", "8", "--output-max", "48", "--seed", "0", *SERVER_SDPA)),
+         Program(LLM, ("--num-requests", "16", "--rate", "24", "--output-max", "48", "--seed", "0", *SERVER_SDPA))),
     Pair("p8_dit_tokens", "DiT latent 16 -> 32 (tokens x4)",
          Program(DIT, ("--num-requests", "8", "--rate", "inf", "--steps", "8", "--resolution", "16")),
          Program(DIT, ("--num-requests", "8", "--rate", "inf", "--steps", "8", "--resolution", "32"))),
@@ -127,11 +132,13 @@ BACKEND_PROGRAMS = {
 }
 OVERHEAD_PROGRAMS = {
     "train": train(*TRAIN_GPU, "--autocast", "bf16", "--steps", "30"),
-    "llm_serve": Program(LLM, ("--num-requests", "16", "--rate", "inf", "--output-max", "48", "--seed", "0")),
+    "llm_serve": Program(LLM, ("--num-requests", "16", "--rate", "inf", "--output-max", "48", "--seed", "0",
+                               *SERVER_SDPA)),
 }
 
-# --device cpu: the sizes a 2-core machine runs in seconds.
-CPU_SIZES = {"--d-model": "64", "--heads": "4", "--layers": "2", "--vocab": "512", "--batch-size": "4",
+# --device cpu: the sizes a 2-core machine runs in seconds, and an attention backend the CPU has
+# (CUDA-only backends stay only in jobs that need CUDA, which the rehearsal skips).
+CPU_SIZES = {"--sdpa": "math", "--d-model": "64", "--heads": "4", "--layers": "2", "--vocab": "512", "--batch-size": "4",
              "--seq-len": "32", "--steps": "4", "--context": "64", "--query-len": "8", "--num-requests": "4",
              "--load-ms": "2"}
 CPU_SCALED = {"--batch": 4, "--resolution": 2}  # divided, so a pair's ratio survives
