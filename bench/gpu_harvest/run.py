@@ -139,8 +139,8 @@ OVERHEAD_PROGRAMS = {
 # --device cpu: the sizes a 2-core machine runs in seconds, and an attention backend the CPU has
 # (CUDA-only backends stay only in jobs that need CUDA, which the rehearsal skips).
 CPU_SIZES = {"--sdpa": "math", "--d-model": "64", "--heads": "4", "--layers": "2", "--vocab": "512",
-             "--batch-size": "4", "--seq-len": "32", "--steps": "4", "--context": "64", "--query-len": "8", "--num-requests": "4",
-             "--load-ms": "2"}
+             "--batch-size": "4", "--seq-len": "32", "--steps": "4", "--context": "64", "--query-len": "8",
+             "--num-requests": "4", "--load-ms": "2"}
 CPU_SCALED = {"--batch": 4, "--resolution": 2}  # divided, so a pair's ratio survives
 
 
