@@ -235,3 +235,25 @@ def test_real_v100_amp(shared_traces: Path) -> None:
     assert _gpu_busy(out) < 0.7 * _gpu_busy(v100.graph)
     with pytest.raises(TransformError, match="V100"):
         apply(v100, Precision(dtype="bf16"))
+
+
+def test_a_destination_too_small_for_the_recorded_peak_is_refused(tmp_path: Path) -> None:
+    """With allocator records (record --memory), moving to a GPU with less memory than a device's
+    allocated peak is refused in one line; a GPU with room, or a trace without records, is not."""
+    gib = 1 << 30
+    tr = ops_trace()
+    tr.memory(15, 8 * gib, addr=1, total_allocated=60 * gib, total_reserved=64 * gib)
+    tr.memory(40, -8 * gib, addr=1, total_allocated=52 * gib, total_reserved=64 * gib)
+    big = analyze(tr.write(tmp_path / "big.json.gz"))
+    with pytest.raises(TransformError, match=r"gpu: rank 0 GPU 0 held 60\.0 GiB allocated at its peak, more than "
+                                             r"the A40's 48 GiB: the work does not fit"):
+        apply(big, Gpu(device="A40"))
+    assert len(apply(big, Gpu(device="H100_SXM")).tasks)  # 80 GB: fits
+    assert len(apply(fp32_a100_trace(tmp_path), Gpu(device="A40")).tasks)  # no records: not checked
+    relative = ops_trace()  # sizes only (2021 traces): the peak is relative, so no verdict
+    relative.memory(15, 60 * gib, addr=1)
+    assert len(apply(analyze(relative.write(tmp_path / "rel.json.gz")), Gpu(device="A40")).tasks)
+
+
+def fp32_a100_trace(tmp_path: Path) -> Analysis:
+    return analyze(ops_trace().write(tmp_path / "plain.json.gz"))

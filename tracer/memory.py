@@ -91,6 +91,46 @@ MEMORY_COLUMNS = ("rank", "ts_ns", "pid", "tid", "device_type", "device_id", "by
 """The columns of ``Trace.memory``, in order."""
 
 
+def allocated_bytes(records: pd.DataFrame) -> tuple[np.ndarray, bool]:
+    """Allocated bytes after each of one device's records (time order), and whether they are the
+    allocator's own ``Total Allocated``; without it (2021 traces), the running sum of the records'
+    sizes, relative to what was allocated before the recording.
+
+    >>> frame = pd.DataFrame({"bytes": [512, 256, -512], "total_allocated_bytes": [UNKNOWN] * 3})
+    >>> allocated_bytes(frame)[0].tolist()
+    [512, 768, 256]
+    """
+    totals = records["total_allocated_bytes"].to_numpy()
+    recorded = bool((totals != UNKNOWN).all())
+    return (totals if recorded else np.cumsum(records["bytes"].to_numpy())), recorded
+
+
+@dataclass(frozen=True)
+class DevicePeak:
+    """The most GPU memory one device of one rank held allocated during the recording."""
+
+    rank: int
+    device_type: int
+    device_id: int
+    allocated_bytes: int
+    ts_ns: int
+    recorded: bool  # the allocator's Total Allocated (else relative to the recording's start)
+
+
+def gpu_peaks(memory: pd.DataFrame) -> list[DevicePeak]:
+    """Per GPU device of each rank in ``memory`` (``Trace.memory``), its allocated peak; empty
+    when the trace has no allocator records (``record --memory``)."""
+    gpu = memory[memory["device_type"].isin([int(t) for t in GPU_DEVICE_TYPES])]
+    peaks = []
+    for (rank, dtype, dev), rows in sorted(gpu.groupby(["rank", "device_type", "device_id"]).indices.items()):
+        frame = gpu.iloc[rows]
+        allocated, recorded = allocated_bytes(frame)
+        top = int(np.argmax(allocated))
+        peaks.append(DevicePeak(int(rank), int(dtype), int(dev), int(allocated[top]),
+                                int(frame["ts_ns"].to_numpy()[top]), recorded))
+    return peaks
+
+
 def memory_frame(columns: Sequence[MemoryColumns], ranks: Sequence[int]) -> pd.DataFrame:
     """Every file's records in one table, sorted by (rank, ts_ns) and, at equal times, in file
     order (the allocator's own order)."""

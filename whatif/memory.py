@@ -35,7 +35,7 @@ from whatif.documents import MemoryDevice, MemoryDocument, MemoryOp, MemorySerie
 from whatif.predictors.steps import exclusion_reasons
 from whatif.tracer.kinds import EventKind
 from whatif.tracer.kineto import step_number
-from whatif.tracer.memory import GPU_DEVICE_TYPES, UNKNOWN, device_label
+from whatif.tracer.memory import GPU_DEVICE_TYPES, UNKNOWN, allocated_bytes, device_label
 from whatif.tracer.trace import Trace
 
 __all__ = ["NO_OP", "OUTSIDE_STEPS", "MemoryOptions", "device_order", "memory", "memory_table", "thin"]
@@ -225,9 +225,7 @@ def _devices(trace: Trace) -> Iterator[_Device]:
     for rank, dtype, dev in sorted(groups, key=lambda k: (k[0], *device_order(k[1], k[2]))):
         rows = groups[(rank, dtype, dev)]
         frame = mem.iloc[rows]
-        totals = frame["total_allocated_bytes"].to_numpy()
-        recorded = bool((totals != UNKNOWN).all())
-        allocated = totals if recorded else np.cumsum(frame["bytes"].to_numpy())
+        allocated, recorded = allocated_bytes(frame)
         yield _Device(rank, dtype, dev, frame, ops[rows], steps[rows], allocated, recorded)
 
 

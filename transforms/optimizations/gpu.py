@@ -13,6 +13,10 @@
   ``host_speed`` is given: then CPU calls, CPU work and the CPU gaps between them (thread-order
   edge latencies) take ``1/host_speed`` of their time. Launch latencies and GPU idle stay.
 
+Capacity: when the trace holds allocator records (``whatif record --memory``), a destination
+with less memory than a device's recorded allocated peak is refused in one line (the work does
+not fit; ``whatif memory`` says what held the peak). Without records nothing is checked.
+
 Not modeled: a different vendor's kernel library picks other kernels (cuBLAS vs hipBLASLt tile
 shapes, more or fewer helper kernels), and per-kernel fixed costs differ by platform.
 
@@ -32,7 +36,8 @@ from whatif.depgraph.graph import (
     TaskKind,
     kind_codes,
 )
-from whatif.hardware.devices import find_device
+from whatif.hardware.devices import GIB, find_device
+from whatif.tracer.memory import device_label, gpu_peaks
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import scale_edge_latency, set_duration, set_state
@@ -79,6 +84,7 @@ class Gpu(Transform):
         ids = self._gpu_ids(graph)
         if not len(ids) and self.host_speed == 1.0:
             raise TransformError(f"gpu: the selection matches no GPU task ({self.select})")
+        self._check_capacity(graph)
         new = np.rint(cost.move_to_device(graph, ids, self.device)).astype(np.int64)
         dest = _catalog_name(self.device)
         out = set_state(graph, ids, COLUMN, dest, reason=f"kernels now priced as on {dest}")
@@ -88,6 +94,19 @@ class Gpu(Transform):
         if self.host_speed != 1.0:
             out = _scale_host(out, 1.0 / self.host_speed, self.label())
         return out
+
+
+    def _check_capacity(self, graph: TaskGraph) -> None:
+        """Refuse a destination with less memory than the recording's allocated peak."""
+        dest = find_device(self.device)
+        if graph.trace is None or dest is None:
+            return
+        for peak in gpu_peaks(graph.trace.memory):
+            if peak.recorded and peak.allocated_bytes > dest.mem_bytes:
+                raise TransformError(
+                    f"gpu: rank {peak.rank} {device_label(peak.device_type, peak.device_id)} held "
+                    f"{peak.allocated_bytes / GIB:.1f} GiB allocated at its peak, more than the {dest.name.value}'s "
+                    f"{dest.mem_bytes / GIB:.0f} GiB: the work does not fit ('whatif memory' shows what held it)")
 
 
 def _catalog_name(device: str) -> str:
