@@ -249,6 +249,8 @@ def test_a_destination_too_small_for_the_recorded_peak_is_refused(tmp_path: Path
                                              r"the A40's 48 GiB: the work does not fit"):
         apply(big, Gpu(device="A40"))
     assert len(apply(big, Gpu(device="H100_SXM")).tasks)  # 80 GB: fits
+    with pytest.raises(TransformError, match=r"more than the RTX_2080_TI's 11 GiB"):  # a catalog name, as written
+        apply(big, Gpu(device="RTX_2080_TI"))
     assert len(apply(fp32_a100_trace(tmp_path), Gpu(device="A40")).tasks)  # no records: not checked
     relative = ops_trace()  # sizes only (2021 traces): the peak is relative, so no verdict
     relative.memory(15, 60 * gib, addr=1)

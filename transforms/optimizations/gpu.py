@@ -36,7 +36,7 @@ from whatif.depgraph.graph import (
     TaskKind,
     kind_codes,
 )
-from whatif.hardware.devices import GIB, find_device
+from whatif.hardware.devices import GIB, find_device, get_device
 from whatif.tracer.memory import device_label, gpu_peaks
 
 from ..base import Transform, TransformContext, TransformError
@@ -98,8 +98,11 @@ class Gpu(Transform):
 
     def _check_capacity(self, graph: TaskGraph) -> None:
         """Refuse a destination with less memory than the recording's allocated peak."""
-        dest = find_device(self.device)
-        if graph.trace is None or dest is None:
+        try:
+            dest = get_device(self.device)
+        except (KeyError, ValueError):  # an unknown name: the cost model refuses it, naming the catalog
+            return
+        if graph.trace is None:
             return
         for peak in gpu_peaks(graph.trace.memory):
             if peak.recorded and peak.allocated_bytes > dest.mem_bytes:
