@@ -1,5 +1,6 @@
-"""What the trace-analysis commands (memory, collectives) share: their text tables and their two
-outputs, a versioned JSON document (``--json``) and a table (``-o``, .csv or .parquet)."""
+"""What the trace-analysis commands (memory, collectives, ops) share: their output flags, their
+text tables and their two outputs, a versioned JSON document (``--json``) and a table (``-o``,
+.csv or .parquet)."""
 from __future__ import annotations
 
 import argparse
@@ -21,6 +22,15 @@ def print_table(out: Console, title: str, columns: list[str], rows: list[list[st
     for row in rows:
         t.add_row(*row)
     out.print(t)
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, table: str, schema: str) -> None:
+    """The outputs these commands share (docs/cli.md): ``-o TABLE`` (``table`` says what its rows
+    are), ``-f``, ``--json OUT`` (the ``schema`` document) and ``-q``."""
+    parser.add_argument("-o", "--output", type=Path, metavar="TABLE", help=f"write {table} (.csv or .parquet)")
+    parser.add_argument("-f", "--force", action="store_true", help="overwrite the -o table if it exists")
+    parser.add_argument("--json", type=Path, metavar="OUT", help=f"also write the {schema} JSON document here")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json or -o)")
 
 
 def check_outputs(args: argparse.Namespace) -> None:

@@ -22,17 +22,14 @@ from whatif.tracer.trace import load_trace
 
 from ._dataclass_args import add_dataclass_arguments, from_args
 from ._progress import working
-from ._tables import check_outputs, print_table, write_outputs
+from ._tables import add_output_arguments, check_outputs, print_table, write_outputs
 from ._values import positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", type=Path, help=f"folder of per-rank traces, run folder, or one trace ({accepted()})")
-    parser.add_argument("-o", "--output", type=Path, metavar="TABLE", help="write one row per call (.csv or .parquet)")
-    parser.add_argument("-f", "--force", action="store_true", help="overwrite the -o table if it exists")
-    parser.add_argument("--json", type=Path, metavar="OUT", help="also write the whatif.collectives JSON document here")
+    add_output_arguments(parser, "one row per call", "whatif.collectives")
     parser.add_argument("--top", type=positive_int, default=10, help="calls and ranks per table (default 10)")
-    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json or -o)")
     add_dataclass_arguments(parser, CollectivesOptions)
 
 

@@ -19,7 +19,7 @@ from whatif.tracer.trace import load_trace
 
 from ._dataclass_args import add_dataclass_arguments, from_args
 from ._progress import working
-from ._tables import check_outputs, print_table, write_outputs
+from ._tables import add_output_arguments, check_outputs, print_table, write_outputs
 from ._values import positive_int
 
 NO_RECORDS = ("no allocator records in this trace: record it with profile_memory "
@@ -28,14 +28,10 @@ NO_RECORDS = ("no allocator records in this trace: record it with profile_memory
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", type=Path, help=f"trace file ({accepted()}), folder of per-rank traces, or run folder")
-    parser.add_argument("-o", "--output", type=Path, metavar="TABLE",
-                        help="write every allocator record with its allocated/reserved bytes, step and op (.csv or "
-                             ".parquet)")
-    parser.add_argument("-f", "--force", action="store_true", help="overwrite the -o table if it exists")
-    parser.add_argument("--json", type=Path, metavar="OUT", help="also write the whatif.memory JSON document here")
+    add_output_arguments(parser, "every allocator record with its allocated/reserved bytes, step and op",
+                         "whatif.memory")
     parser.add_argument("--steps", action="store_true", help="a row per step and device (default: per device)")
     parser.add_argument("--top", type=positive_int, default=10, help="operators per device (default 10)")
-    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json or -o)")
     add_dataclass_arguments(parser, MemoryOptions)
 
 

@@ -17,7 +17,7 @@ from whatif.tracer.readers import accepted
 from whatif.tracer.trace import load_trace
 
 from ._progress import working
-from ._tables import check_outputs, print_table, write_outputs
+from ._tables import add_output_arguments, check_outputs, print_table, write_outputs
 from ._values import positive_int
 
 
@@ -26,11 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--by", choices=[g.value for g in GroupBy], default=GroupBy.OP.value,
                         help="group by launching op, shapes and dtype (op, default) or by the kernel as well (kernel)")
     parser.add_argument("--top", type=positive_int, default=20, help="rows printed (default 20; files get all rows)")
-    parser.add_argument("-o", "--output", type=Path, metavar="TABLE",
-                        help="write every row as CSV (.csv) or Parquet (.parquet)")
-    parser.add_argument("-f", "--force", action="store_true", help="overwrite the output file if it exists")
-    parser.add_argument("--json", type=Path, metavar="OUT", help="also write the whatif.ops JSON document here")
-    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (with -o or --json)")
+    add_output_arguments(parser, "every row", "whatif.ops")
 
 
 def run(args: argparse.Namespace) -> int:
