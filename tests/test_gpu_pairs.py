@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from whatif.api import analyze, predict
@@ -18,19 +17,11 @@ from whatif.depgraph.graph import TaskKind
 from whatif.transforms.optimizations.dataloader import fold_loader_ranges
 
 REPO = Path(__file__).resolve().parents[1]
-PAIRS = REPO / "sample_traces" / "gpu" / "pairs"
-SCENARIOS = REPO / "bench" / "gpu_harvest" / "scenarios"
-
-
-def median_ms(steps, column: str) -> float:  # type: ignore[no-untyped-def]
-    return float(steps.loc[steps["included"], column].median() / 1e6)
-
-
-def kernel_ms_per_step(graph, steps) -> float:  # type: ignore[no-untyped-def]
-    counted = steps.loc[steps["included"], "step"].to_numpy()
-    t = graph.tasks
-    keep = (t["kind"].to_numpy() == int(TaskKind.KERNEL)) & np.isin(t["step"].to_numpy(), counted)
-    return float(t["dur_ns"].to_numpy()[keep].sum() / 1e6 / len(counted))
+sys.path.insert(0, str(REPO / "bench"))
+from gpu_pairs import PAIRS_DIR as PAIRS  # noqa: E402  (the bench's figures, computed once)
+from gpu_pairs import SCENARIOS  # noqa: E402
+from gpu_pairs import kernel_busy_ms as kernel_ms_per_step  # noqa: E402
+from gpu_pairs import median_counted_ms as median_ms  # noqa: E402
 
 
 def pair(name: str):  # type: ignore[no-untyped-def]
