@@ -64,7 +64,7 @@ def predictions() -> pd.DataFrame:
         ctx = make_context(a.trace)
         base_step, base_busy = a.steps["predicted_ns"].mean() / 1e6, kernel_busy_ms(a.graph)
         found = find_device(ctx.device)
-        dev = found.name.value if found is not None else "?"
+        dev = found.name if found is not None else "?"
         for d in dtypes:
             row = {"trace": Path(rel).name[:42], "gpu": dev, "dtype": d, "step_ms": base_step}
             try:

@@ -10,14 +10,15 @@ dtype runs on them. fp16/bf16 peaks are with fp32 accumulation, which is what Py
 >>> round(a100.ridge_point(DType.BF16), 1)        # FLOP per byte
 153.0
 >>> find_device("NVIDIA A100-SXM4-80GB").name
-<DeviceName.A100_SXM_80GB: 'A100_SXM_80GB'>
+'A100_SXM_80GB'
 >>> find_device("AMD Instinct MI300X VF").name
-<DeviceName.MI300X: 'MI300X'>
+'MI300X'
 >>> find_device("a toaster") is None
 True
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from enum import Enum
@@ -45,26 +46,43 @@ class Vendor(str, Enum):
     AMD = "amd"
 
 
-class DeviceName(str, Enum):
-    V100_SXM2_16GB = "V100_SXM2_16GB"
-    V100_SXM2_32GB = "V100_SXM2_32GB"
-    V100_PCIE_32GB = "V100_PCIE_32GB"
-    A100_SXM_40GB = "A100_SXM_40GB"
-    A100_SXM_80GB = "A100_SXM_80GB"
-    A100_PCIE_40GB = "A100_PCIE_40GB"
-    A100_PCIE_80GB = "A100_PCIE_80GB"
-    A40 = "A40"
-    L40S = "L40S"
-    RTX_4090 = "RTX_4090"
-    RTX_2080_TI = "RTX_2080_TI"
-    GP100 = "GP100"
-    H100_SXM = "H100_SXM"
-    H100_PCIE = "H100_PCIE"
-    H200 = "H200"
-    B200 = "B200"
-    MI210 = "MI210"
-    MI250X = "MI250X"
-    MI300X = "MI300X"
+SMALL_GEMM_FLOPS = 2.0 * 1024 ** 3   # the GEMM at which ``Achievable.small_gemm_flops`` is measured
+LARGE_GEMM_FLOPS = 2.0 * 8192 ** 3   # the GEMM at which ``Achievable.gemm_flops`` is measured
+
+
+@dataclass(frozen=True)
+class Achievable:
+    """What a device reaches in practice, as measured by others (``sources``: field -> source).
+
+    ``gemm_flops``: dense FLOP/s of an M=N=K=8192 GEMM through the vendor BLAS, per dtype;
+    ``small_gemm_flops`` the same at M=N=K=1024 (a GEMM of 2^31 FLOPs fills few waves);
+    ``stream_bw_bytes_per_s`` a large device-memory copy or STREAM triad (read + write bytes);
+    ``l2_bw_bytes_per_s`` the L2 cache's; ``launch_ns`` the shortest kernel's time on the GPU
+    (launch, ramp-up and drain of an empty kernel); ``link_bw_bytes_per_s`` a peer copy over the
+    GPU's links per direction, ``pcie_bw_bytes_per_s`` a pinned host copy per direction.
+    """
+
+    gemm_flops: dict[DType, float]
+    small_gemm_flops: dict[DType, float]
+    stream_bw_bytes_per_s: float
+    l2_bw_bytes_per_s: float
+    launch_ns: float
+    link_bw_bytes_per_s: float
+    pcie_bw_bytes_per_s: float
+    sources: dict[str, str]
+
+    def matrix_flops(self, dtype: DType, flops: float) -> float | None:
+        """FLOP/s a GEMM of ``flops`` reaches: log-linear in log(FLOPs) between the small and the
+        large figure, clamped at both ends; None when there is no figure for ``dtype``."""
+        large, small = self.gemm_flops.get(dtype), self.small_gemm_flops.get(dtype)
+        if not large:
+            return None
+        if not small or flops >= LARGE_GEMM_FLOPS:
+            return large
+        if flops <= SMALL_GEMM_FLOPS:
+            return small
+        w = math.log(flops / SMALL_GEMM_FLOPS) / math.log(LARGE_GEMM_FLOPS / SMALL_GEMM_FLOPS)
+        return small * (large / small) ** w
 
 
 @dataclass(frozen=True)
@@ -76,7 +94,7 @@ class Device:
     ``pcie_bw`` the host link per direction.
     """
 
-    name: DeviceName
+    name: str
     vendor: Vendor
     peak: dict[DType, float]
     mem_bw_bytes_per_s: float
@@ -87,6 +105,7 @@ class Device:
     link_bw_bytes_per_s: float
     link_kind: str
     pcie_bw_bytes_per_s: float
+    achievable: Achievable | None = None
 
     def __hash__(self) -> int:  # dict field: hash by name
         return hash(self.name)
@@ -97,7 +116,7 @@ class Device:
         for d in (dtype, *_FALLBACK[dtype]):
             if self.peak.get(d):
                 return self.peak[d]
-        raise KeyError(f"{self.name.value} has no rate for {dtype.value}")
+        raise KeyError(f"{self.name} has no rate for {dtype.value}")
 
     def ridge_point(self, dtype: DType | str) -> float:
         """Roofline ridge point in FLOP/byte: peak FLOP/s over memory bytes/s."""
@@ -113,7 +132,7 @@ def _d(name, vendor, fp32, tf32, bf16, fp16, fp8, int8, bw, sms, mhz, mem_gb, l2
        pcie) -> Device:
     peak = {DType.FP32: fp32 * T, DType.TF32: tf32 * T, DType.BF16: bf16 * T, DType.FP16: fp16 * T,
             DType.FP8: fp8 * T, DType.INT8: int8 * T}
-    return Device(DeviceName(name), vendor, {k: v for k, v in peak.items() if v}, bw * G, sms,
+    return Device(name, vendor, {k: v for k, v in peak.items() if v}, bw * G, sms,
                   mhz * 1e6, int(mem_gb * GIB), int(l2_mb * MIB), link * G, kind, pcie * G)
 
 
@@ -141,54 +160,58 @@ _ROWS = [
     _d("MI300X",           AMD, 163.4, 653.7, 1307.4, 1307.4, 2614.9, 2614.9, 5300, 304, 2100, 192, 32,  448, "infinity-fabric", 64),
 ]
 
-DEVICES: dict[DeviceName, Device] = {d.name: d for d in _ROWS}
+DEVICES: dict[str, Device] = {d.name: d for d in _ROWS}
 
 
-def get_device(name: DeviceName | str) -> Device:
-    """Catalog entry by :class:`DeviceName` or its string value (case-insensitive)."""
-    if isinstance(name, DeviceName):
-        return DEVICES[name]
-    try:
-        return DEVICES[DeviceName(str(name).upper())]
-    except ValueError:
-        found = find_device(str(name))
-        if found is None:
-            raise KeyError(f"unknown device {name!r}; known: {', '.join(d.value for d in DEVICES)}") from None
-        return found
+def get_device(name: str) -> Device:
+    """Catalog entry by its name (case-insensitive) or by a name as traces write it.
+
+    Raises
+    ------
+    KeyError
+        When neither the catalog nor the trace-name rules know ``name``.
+    """
+    got = DEVICES.get(str(name).upper())
+    if got is not None:
+        return got
+    found = find_device(str(name))
+    if found is None:
+        raise KeyError(f"unknown device {name!r}; known: {', '.join(DEVICES)}")
+    return found
 
 
 # (pattern on the lower-cased trace name, catalog entry); first match wins.
-_NAME_RULES: list[tuple[str, DeviceName]] = [
-    (r"a100.*pg509-2[1-9]0", DeviceName.A100_SXM_80GB),   # Meta OAM boards: -200 is 40 GB
-    (r"a100.*pg509", DeviceName.A100_SXM_40GB),
-    (r"a100.*(pcie.*80|80.*pcie)", DeviceName.A100_PCIE_80GB),
-    (r"a100.*pcie", DeviceName.A100_PCIE_40GB),
-    (r"a100.*80", DeviceName.A100_SXM_80GB),
-    (r"a100", DeviceName.A100_SXM_40GB),
-    (r"h100.*pcie", DeviceName.H100_PCIE),
-    (r"h100|h800", DeviceName.H100_SXM),
-    (r"h200", DeviceName.H200),
-    (r"b200", DeviceName.B200),
-    (r"l40s", DeviceName.L40S),
-    (r"\ba40\b", DeviceName.A40),
-    (r"4090", DeviceName.RTX_4090),
-    (r"2080 ?ti", DeviceName.RTX_2080_TI),
-    (r"gp100", DeviceName.GP100),
-    (r"v100.*pcie", DeviceName.V100_PCIE_32GB),
-    (r"v100.*16gb", DeviceName.V100_SXM2_16GB),
-    (r"v100", DeviceName.V100_SXM2_32GB),
-    (r"mi300x", DeviceName.MI300X),
-    (r"mi250", DeviceName.MI250X),
-    (r"mi210", DeviceName.MI210),
+_NAME_RULES: list[tuple[str, str]] = [
+    (r"a100.*pg509-2[1-9]0", "A100_SXM_80GB"),   # Meta OAM boards: -200 is 40 GB
+    (r"a100.*pg509", "A100_SXM_40GB"),
+    (r"a100.*(pcie.*80|80.*pcie)", "A100_PCIE_80GB"),
+    (r"a100.*pcie", "A100_PCIE_40GB"),
+    (r"a100.*80", "A100_SXM_80GB"),
+    (r"a100", "A100_SXM_40GB"),
+    (r"h100.*pcie", "H100_PCIE"),
+    (r"h100|h800", "H100_SXM"),
+    (r"h200", "H200"),
+    (r"b200", "B200"),
+    (r"l40s", "L40S"),
+    (r"\ba40\b", "A40"),
+    (r"4090", "RTX_4090"),
+    (r"2080 ?ti", "RTX_2080_TI"),
+    (r"gp100", "GP100"),
+    (r"v100.*pcie", "V100_PCIE_32GB"),
+    (r"v100.*16gb", "V100_SXM2_16GB"),
+    (r"v100", "V100_SXM2_32GB"),
+    (r"mi300x", "MI300X"),
+    (r"mi250", "MI250X"),
+    (r"mi210", "MI210"),
 ]
 
 
 def find_device(name_from_trace: str | None) -> Device | None:
     """Catalog entry for a trace's ``deviceProperties`` name, or None when unknown.
 
-    >>> find_device("Tesla V100-SXM2-16GB").name.value
+    >>> find_device("Tesla V100-SXM2-16GB").name
     'V100_SXM2_16GB'
-    >>> find_device("NVIDIA H100 80GB HBM3").name.value
+    >>> find_device("NVIDIA H100 80GB HBM3").name
     'H100_SXM'
     """
     if not name_from_trace:

@@ -205,7 +205,7 @@ def kernel_time_ns(flops: float, nbytes: float, device: Device, dtype: DType | s
     """
     if calibration is not None:
         if calibration.device.name != device.name:
-            raise ValueError(f"calibration is for {calibration.device.name.value}, "
-                             f"not {device.name.value}")
+            raise ValueError(f"calibration is for {calibration.device.name}, "
+                             f"not {device.name}")
         return calibration.kernel_time_ns(kernel_class or KernelClass.OTHER, flops, nbytes)
     return roofline_time_ns(flops, nbytes, device, dtype, kernel_class)

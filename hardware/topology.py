@@ -15,8 +15,6 @@ import math
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from .devices import DeviceName
-
 G = 1e9
 
 
@@ -48,7 +46,7 @@ class Topology:
     gpus_per_machine: int
     intra: Link
     inter: Link | None = None
-    device: DeviceName | None = None
+    device: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -89,26 +87,26 @@ _ETH_100 = Link(LinkKind.ETHERNET, 12.5 * G, 10_000)   # 100 Gb/s per machine sh
 
 _PRESETS: dict[TopologyName, Topology] = {
     TopologyName.DGX_A100: Topology("DGX A100", 1, 8, Link(LinkKind.NVSWITCH, 300 * G, 1_000),
-                                    _HDR_IB, DeviceName.A100_SXM_80GB),
+                                    _HDR_IB, "A100_SXM_80GB"),
     TopologyName.HGX_A100: Topology("HGX A100", 1, 8, Link(LinkKind.NVSWITCH, 300 * G, 1_000),
-                                    _HDR_IB, DeviceName.A100_SXM_80GB),
+                                    _HDR_IB, "A100_SXM_80GB"),
     TopologyName.DGX_H100: Topology("DGX H100", 1, 8, Link(LinkKind.NVSWITCH, 450 * G, 1_000),
-                                    _NDR_IB, DeviceName.H100_SXM),
+                                    _NDR_IB, "H100_SXM"),
     TopologyName.HGX_H100: Topology("HGX H100", 1, 8, Link(LinkKind.NVSWITCH, 450 * G, 1_000),
-                                    _NDR_IB, DeviceName.H100_SXM),
+                                    _NDR_IB, "H100_SXM"),
     TopologyName.MI300X_8: Topology("8x MI300X", 1, 8,
                                     Link(LinkKind.INFINITY_FABRIC, 448 * G, 1_500),
-                                    Link(LinkKind.ROCE, 50 * G, 5_000), DeviceName.MI300X),
+                                    Link(LinkKind.ROCE, 50 * G, 5_000), "MI300X"),
     TopologyName.PCIE_A100_8: Topology("8x A100 PCIe", 1, 8, Link(LinkKind.PCIE, 32 * G, 2_000),
-                                       _ETH_100, DeviceName.A100_PCIE_80GB),
+                                       _ETH_100, "A100_PCIE_80GB"),
     TopologyName.PCIE_L40S_8: Topology("8x L40S PCIe", 1, 8, Link(LinkKind.PCIE, 32 * G, 2_000),
-                                       _ETH_100, DeviceName.L40S),
+                                       _ETH_100, "L40S"),
     TopologyName.A100_PAIRWISE_NVLINK: Topology(
         "A100 pairwise NVLink", 1, 4, Link(LinkKind.NVLINK, 300 * G, 1_000), _ETH_100,
-        DeviceName.A100_SXM_80GB),
+        "A100_SXM_80GB"),
     TopologyName.A40_PAIRWISE_NVLINK: Topology(
         "A40 pairwise NVLink", 1, 8, Link(LinkKind.NVLINK, 56.25 * G, 1_000), _ETH_100,
-        DeviceName.A40),
+        "A40"),
 }
 
 

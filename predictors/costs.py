@@ -147,7 +147,7 @@ def resolve_device(name: str) -> Device:
     try:
         return get_device(name)
     except (KeyError, ValueError):
-        raise TransformError(f"unknown GPU {name!r}; use a catalog name ({', '.join(d.value for d in DEVICES)}) "
+        raise TransformError(f"unknown GPU {name!r}; use a catalog name ({', '.join(DEVICES)}) "
                              f"or a name as traces write it ('NVIDIA H100 80GB HBM3'); 'whatif devices' lists "
                              f"the catalog") from None
 
@@ -281,7 +281,7 @@ class TraceCostModel(CostModelBase):
     # -- current facts (after the transforms' precision and device changes) ---------------------
     def _devices(self, graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
         """Per task: the catalog name of the GPU it runs on now (None when unknown)."""
-        rec = self.device.name.value if self.device is not None else None
+        rec = self.device.name if self.device is not None else None
         out = np.full(len(tasks), rec, dtype=object)
         if DEVICE_COLUMN in graph.tasks:
             cur = graph.tasks[DEVICE_COLUMN].to_numpy()[tasks]
@@ -327,7 +327,7 @@ class TraceCostModel(CostModelBase):
         weight = act.copy()
         cls = base["kernel_class"][tasks]
         half = _lookup(np.asarray([d or "" for d in devices], dtype=object),
-                       {d.value: sixteen_bit(dev) for d, dev in DEVICES.items()} | {"": "bf16"}).astype(object)
+                       {d: sixteen_bit(dev) for d, dev in DEVICES.items()} | {"": "bf16"}).astype(object)
         specs = self._specs(graph, tasks)
         for joined in pd.unique(specs[pd.notna(specs)]):
             sel = np.flatnonzero(specs == joined)
@@ -422,7 +422,7 @@ class TraceCostModel(CostModelBase):
             if not dev.peak.get(need):
                 alt = {DType.BF16: " (use dtype='fp16')", DType.FP8: " (use int8, or fp8_weight / int4_weight)",
                        DType.TF32: ""}.get(need, "")
-                raise TransformError(f"precision: {dev.name.value} has no native {need.value} rate{alt}; "
+                raise TransformError(f"precision: {dev.name} has no native {need.value} rate{alt}; "
                                      f"its native dtypes: {', '.join(d.value for d in dev.peak)}")
 
     def precision_factor(self, graph: TaskGraph, tasks: np.ndarray, to_dtype: str) -> np.ndarray:
@@ -530,7 +530,7 @@ class TraceCostModel(CostModelBase):
             fastest_per_size,
         )
         same = self.device is not None and base.device is not None \
-            and self.device.name.value.split("_")[0] == base.device.value.split("_")[0]
+            and self.device.name.split("_")[0] == base.device.split("_")[0]
         pts = fastest_per_size(collective_points(self.trace)) if same else []
         pts = [p for p in pts if p[3] <= MAX_WAIT_RATIO * collective_time_ns(
             p[0], p[1], p[2], base.with_machines(max(1, -(-p[2] // base.gpus_per_machine))))]

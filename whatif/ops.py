@@ -169,7 +169,7 @@ def activities(trace: Trace) -> pd.DataFrame:
     codes, pairs = pd.factorize(pd.MultiIndex.from_arrays([kernels, np.where(linked, op, "")]))
     cls = np.asarray([classify_kernel(k, o or None).value for k, o in pairs] + [""], dtype=object)[codes]
     devices = {r.rank: find_device(r.gpu_name) for r in trace.ranks}
-    device = np.array([(d.name.value if (d := devices.get(r)) else "") for r in work["rank"].tolist()], dtype=object)
+    device = np.array([(d.name if (d := devices.get(r)) else "") for r in work["rank"].tolist()], dtype=object)
     ideal, ridge = _roofline(devices, work["rank"].to_numpy(), cls, dtype, flops, nbytes)
     return pd.DataFrame({"event": work["event"].to_numpy(), "rank": work["rank"].to_numpy(), "kernel": kernels,
                          "op": op, "linked": linked, "op_event": np.where(linked, op_row, -1).astype(np.int64),

@@ -108,14 +108,14 @@ class Gpu(Transform):
             if peak.recorded and peak.allocated_bytes > dest.mem_bytes:
                 raise TransformError(
                     f"gpu: rank {peak.rank} {device_label(peak.device_type, peak.device_id)} held "
-                    f"{peak.allocated_bytes / GIB:.1f} GiB allocated at its peak, more than the {dest.name.value}'s "
+                    f"{peak.allocated_bytes / GIB:.1f} GiB allocated at its peak, more than the {dest.name}'s "
                     f"{dest.mem_bytes / GIB:.0f} GiB: the work does not fit ('whatif memory' shows what held it)")
 
 
 def _catalog_name(device: str) -> str:
     """The catalog name of a GPU given as traces write it; the name itself when not in the catalog."""
     found = find_device(device)
-    return found.name.value if found is not None else device
+    return found.name if found is not None else device
 
 
 def _scale_host(graph: TaskGraph, factor: float, reason: str) -> TaskGraph:

@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     devices = list(DEVICES.values())
     if args.name:
         key = args.name.lower()
-        devices = [d for d in devices if key in d.name.value.lower()]
+        devices = [d for d in devices if key in d.name.lower()]
         if not devices:
             found = find_device(args.name)
             devices = [found] if found is not None else []
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     for d in devices:
         peaks = [f"{d.peak[t] / 1e12:g}" if d.peak.get(t) else "-" for t in _DTYPES]
         link = f"{d.link_bw_bytes_per_s / 1e9:g} {d.link_kind}" if d.link_bw_bytes_per_s else "-"
-        table.add_row(d.name.value, d.vendor.value, *peaks, f"{d.mem_bytes / (1 << 30):g}",
+        table.add_row(d.name, d.vendor.value, *peaks, f"{d.mem_bytes / (1 << 30):g}",
                       f"{d.mem_bw_bytes_per_s / 1e12:.3g}", str(d.sm_count), f"{d.clock_hz / 1e9:.3g}", link)
     Console(width=200).print(table)
     return 0
