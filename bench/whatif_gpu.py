@@ -18,6 +18,7 @@ function), catalogued as an MI300X. Prints tables measured in one run; a few sec
 """
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -71,14 +72,15 @@ def main() -> int:
     rows, classes, paths = [], [], []
     for m in models:
         short = m.split("__")[0]
-        for src, dst in (("H100", "MI300X"), ("MI300X", "H100")):
+        for (src, dst), fitted in itertools.product((("H100", "MI300X"), ("MI300X", "H100")), (False, True)):
             a, b = loaded[(m, src)], loaded[(m, dst)]
-            pred = predict(a, [Gpu(device=SIDES[dst][1])]).scenarios[0]
+            others = [f"{TRACES / SIDES[src][0] / o}={TRACES / SIDES[dst][0] / o}" for o in models if o != m]
+            pred = predict(a, [Gpu(device=SIDES[dst][1], fit_from=others if fitted else None)]).scenarios[0]
             p_ms = pred.steps["predicted_ns"].sum() / 1e6
             s_ms = a.steps["measured_ns"].sum() / 1e6
             d_ms = b.steps["measured_ns"].sum() / 1e6
             ps, pd_, pm = gpu_busy_by_class(a.graph), gpu_busy_by_class(pred.graph), gpu_busy_by_class(b.graph)
-            rows.append({"model": short, "direction": f"{src}->{dst}", "src_ms": s_ms, "dst_measured_ms": d_ms,
+            rows.append({"model": short, "direction": f"{src}->{dst}", "fit": "LOMO" if fitted else "-", "src_ms": s_ms, "dst_measured_ms": d_ms,
                          "dst_predicted_ms": p_ms, "error_%": 100 * (p_ms / d_ms - 1),
                          "no_change_err_%": 100 * (s_ms / d_ms - 1),
                          "gpu_busy_err_%": 100 * (pd_.sum() / pm.sum() - 1),
@@ -86,14 +88,15 @@ def main() -> int:
                                             f"{int(b.graph.tasks['kind'].isin(GPU_KINDS).sum())}"})
             for c in sorted(set(ps.index) | set(pm.index)):
                 src_c, pr_c, me_c = ps.get(c, 0.0), pd_.get(c, 0.0), pm.get(c, 0.0)
-                classes.append({"model": short, "direction": f"{src}->{dst}", "class": c, "src_ms": src_c,
+                classes.append({"model": short, "direction": f"{src}->{dst}", "fit": "LOMO" if fitted else "-", "class": c, "src_ms": src_c,
                                 "predicted_ms": pr_c, "measured_ms": me_c,
                                 "error_%": 100 * (pr_c / me_c - 1) if me_c > 0 else np.nan,
                                 "error_ms": pr_c - me_c})
             bp, bm = breakdown(pred.replay), breakdown(b.replay)
             for cat in sorted(set(bp) | set(bm)):
                 if bp.get(cat, 0) or bm.get(cat, 0):
-                    paths.append({"model": short, "direction": f"{src}->{dst}", "category": cat,
+                    paths.append({"model": short, "direction": f"{src}->{dst}", "fit": "LOMO" if fitted else "-",
+                                  "category": cat,
                                   "predicted_ms": bp.get(cat, 0.0), "measured_ms": bm.get(cat, 0.0)})
     elapsed = time.perf_counter() - t0
     steps = pd.DataFrame(rows)
@@ -108,7 +111,7 @@ def main() -> int:
     cls = pd.DataFrame(classes)
     print("\n## GPU busy time per kernel class (ms over the step): source, predicted, measured on destination\n")
     print(cls.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    agg = cls.groupby(["direction", "class"])[["src_ms", "predicted_ms", "measured_ms"]].sum()
+    agg = cls.groupby(["fit", "direction", "class"])[["src_ms", "predicted_ms", "measured_ms"]].sum()
     agg["error_%"] = 100 * (agg["predicted_ms"] / agg["measured_ms"] - 1)
     agg["measured/src"] = agg["measured_ms"] / agg["src_ms"]
     agg["predicted/src"] = agg["predicted_ms"] / agg["src_ms"]

@@ -110,13 +110,35 @@ class Device:
     def __hash__(self) -> int:  # dict field: hash by name
         return hash(self.name)
 
-    def peak_flops(self, dtype: DType | str) -> float:
-        """Peak FLOP/s for ``dtype``, falling back along bf16->fp16->fp32 when not native."""
+    def native_dtype(self, dtype: DType | str) -> DType:
+        """The dtype ``dtype`` runs in here: itself when native, else the first native one along
+        bf16->fp16->fp32 (what frameworks fall back to)."""
         dtype = DType(dtype)
         for d in (dtype, *_FALLBACK[dtype]):
             if self.peak.get(d):
-                return self.peak[d]
+                return d
         raise KeyError(f"{self.name} has no rate for {dtype.value}")
+
+    def peak_flops(self, dtype: DType | str) -> float:
+        """Peak FLOP/s for ``dtype``, falling back along bf16->fp16->fp32 when not native."""
+        return self.peak[self.native_dtype(dtype)]
+
+    def achievable_matrix_flops(self, dtype: DType | str, flops: float) -> float:
+        """FLOP/s a GEMM of ``flops`` FLOPs reaches in ``dtype`` (its native fallback): the
+        achievable figures where the device has them, else the datasheet peak."""
+        native = self.native_dtype(dtype)
+        if self.achievable is not None:
+            rate = self.achievable.matrix_flops(native, flops)
+            if rate:
+                return rate
+        return self.peak[native]
+
+    @property
+    def stream_bw_bytes_per_s(self) -> float:
+        """Device-memory bandwidth a streaming kernel reaches (achievable, else the datasheet's)."""
+        if self.achievable is not None and self.achievable.stream_bw_bytes_per_s > 0:
+            return self.achievable.stream_bw_bytes_per_s
+        return self.mem_bw_bytes_per_s
 
     def ridge_point(self, dtype: DType | str) -> float:
         """Roofline ridge point in FLOP/byte: peak FLOP/s over memory bytes/s."""

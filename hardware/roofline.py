@@ -52,6 +52,24 @@ def roofline_time_ns(flops: float, nbytes: float, device: Device, dtype: DType |
     return max(flops / peak, nbytes / device.mem_bw_bytes_per_s) * 1e9
 
 
+def achievable_time_ns(flops: float, nbytes: float, device: Device, dtype: DType | str = DType.BF16,
+                       kernel_class: KernelClass | str | None = None) -> float:
+    """Time in ns at what the device achieves rather than its datasheet:
+    ``max(flops / P_a, bytes / BW_a)``. ``P_a`` is the achievable rate of a GEMM of that size for
+    matrix classes (:meth:`~whatif.hardware.devices.Device.achievable_matrix_flops`), the fp32 peak
+    for vector classes (which are memory-bound); ``BW_a`` the streaming bandwidth. A device without
+    achievable figures gives its datasheet roofline.
+
+    >>> from whatif.hardware.devices import get_device
+    >>> a100 = get_device("A100_SXM_80GB")
+    >>> achievable_time_ns(1e9, 1e6, a100, "bf16", "gemm") >= roofline_time_ns(1e9, 1e6, a100, "bf16", "gemm")
+    True
+    """
+    cls = KernelClass(kernel_class) if kernel_class is not None else KernelClass.GEMM
+    rate = device.achievable_matrix_flops(dtype, flops) if cls.compute_bound else device.peak_flops(DType.FP32)
+    return max(flops / rate, nbytes / device.stream_bw_bytes_per_s) * 1e9
+
+
 def arithmetic_intensity(flops: float, nbytes: float) -> float:
     """FLOP per byte (inf when no bytes move)."""
     return flops / nbytes if nbytes > 0 else float("inf")

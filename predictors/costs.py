@@ -82,6 +82,7 @@ from whatif.core.work import WORK_COLUMN, shares_of
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph, TaskKind, kind_codes
 from whatif.hardware.devices import DEVICES, Device, find_device, get_device
 from whatif.hardware.habitat import DEFAULT_FIXED_NS
+from whatif.hardware.retarget import PairedKernels, RetargetFit, fit_retarget, retarget_ns
 from whatif.hardware.roofline import compute_peak
 from whatif.tracer.args import Arg
 from whatif.tracer.trace import Trace
@@ -89,6 +90,7 @@ from whatif.transforms.base import TransformError
 from whatif.transforms.select import kernel_classes
 
 from .cost_models import CostModelBase, CostModelName, register_cost_model
+from .pairs import paired_ops
 
 if TYPE_CHECKING:
     from whatif.hardware.collectives import CollectiveCalibration
@@ -180,6 +182,7 @@ class TraceCostModel(CostModelBase):
         self._bw: float | None = None
         self._collective_calibrations: dict[tuple[str, int, int], CollectiveCalibration | None] = {}
         self._op_memo: dict[tuple[str, str, str, str], tuple[float, float, float, str]] = {}
+        self._retarget_fits: dict[tuple[str, str, tuple[tuple[str, str], ...]], RetargetFit] = {}
 
     # -- recorded facts, all tasks of a graph, cached ------------------------------------------
     def _base(self, graph: TaskGraph) -> dict[str, np.ndarray]:
@@ -459,8 +462,13 @@ class TraceCostModel(CostModelBase):
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(dur > 0, (fixed + (dur - fixed) * busy_factor) / dur, 1.0)
 
-    def move_to_device(self, graph: TaskGraph, tasks: np.ndarray, device: str) -> np.ndarray:
-        """Per task: its duration (ns) on GPU ``device`` instead of the one it runs on now."""
+    def move_to_device(self, graph: TaskGraph, tasks: np.ndarray, device: str,
+                       fit_from: Sequence[tuple[Trace, Trace]] = ()) -> np.ndarray:
+        """Per task: its duration (ns) on GPU ``device`` instead of the one it runs on now.
+
+        Kernels and memsets keep their efficiency (:func:`whatif.hardware.retarget.retarget_ns`),
+        with residual curves fitted on ``fit_from``: pairs of traces of one program, recorded on
+        this trace's GPU and on ``device`` (:func:`whatif.predictors.pairs.paired_ops`)."""
         tasks = np.asarray(tasks, dtype=np.int64)
         dst = resolve_device(device)
         facts = self.kernel_facts(graph, tasks)
@@ -471,28 +479,57 @@ class TraceCostModel(CostModelBase):
         dur = t["dur_ns"].to_numpy()[tasks].astype(float)
         kinds = t["kind"].to_numpy()[tasks]
         names = t["name"].astype(str).to_numpy()[tasks]
-        factor = np.ones(len(tasks))
-        keys = pd.DataFrame({"d": facts["device"], "t": facts["dtype"], "c": facts["kernel_class"], "k": kinds})
-        keys = keys.astype({"d": str, "t": str, "c": str})
-        with np.errstate(divide="ignore", invalid="ignore"):
-            intensity = np.where(facts["bytes"] > 0, facts["flops"] / facts["bytes"], np.inf)
-        for (d, dt, c, k), idx in keys.groupby(["d", "t", "c", "k"]).indices.items():
+        ops = t["op"].astype(object).to_numpy()[tasks] if "op" in t else np.full(len(tasks), None, dtype=object)
+        out = dur.copy()
+        keys = pd.DataFrame({"d": facts["device"], "k": kinds, "c": facts["kernel_class"]}).astype({"d": str, "c": str})
+        for (d, k, c), idx in keys.groupby(["d", "k", "c"]).indices.items():
             src = get_device(d)
             if src.name == dst.name:
                 continue
-            if k == int(TaskKind.MEMCPY):
-                factor[idx] = _copy_ratio(names[idx], src, dst)
-            elif k == int(TaskKind.COMM) or c == KernelClass.COLLECTIVE.value:
-                factor[idx] = _link(src) / _link(dst)
-            elif k == int(TaskKind.MEMSET) or c == KernelClass.MEMSET.value:
-                factor[idx] = src.mem_bw_bytes_per_s / dst.mem_bw_bytes_per_s
+            if k == int(TaskKind.MEMCPY) or k == int(TaskKind.COMM) or c == KernelClass.COLLECTIVE.value:
+                ratio = _copy_ratio(names[idx], src, dst) if k == int(TaskKind.MEMCPY) else _link(src) / _link(dst)
+                fixed = np.minimum(dur[idx], FIXED_NS)
+                out[idx] = fixed + (dur[idx] - fixed) * ratio
             else:
-                p_src, p_dst = compute_peak(src, dt, c), compute_peak(dst, dt, c)
-                gamma = habitat_gamma_array(intensity[idx], np.full(len(idx), p_dst / dst.mem_bw_bytes_per_s))
-                factor[idx] = (src.mem_bw_bytes_per_s / dst.mem_bw_bytes_per_s) ** gamma \
-                    * (p_src / p_dst) ** (1.0 - gamma)
-        fixed = np.minimum(dur, FIXED_NS)
-        return fixed + (dur - fixed) * factor
+                fit = self.retarget_fit(src, dst, fit_from) if fit_from else None
+                family = np.where(pd.notna(ops[idx]), ops[idx], facts["kernel_class"][idx])
+                out[idx] = retarget_ns(dur[idx], facts["kernel_class"][idx], facts["dtype"][idx],
+                                       facts["flops"][idx], facts["bytes"][idx], src, dst, fit, family)
+        return out
+
+    def retarget_fit(self, src: Device, dst: Device, fit_from: Sequence[tuple[Trace, Trace]]) -> RetargetFit:
+        """The residual curves of moving ``src`` kernels to ``dst``, fitted on the op calls the
+        pairs of traces share (memoized per pair of GPUs and traces).
+
+        Raises
+        ------
+        TransformError
+            When a pair was not recorded on ``src`` and ``dst`` or shares no op.
+        """
+        key = (src.name, dst.name, tuple((a.source, b.source) for a, b in fit_from))
+        got = self._retarget_fits.get(key)
+        if got is not None:
+            return got
+        pairs: PairedKernels | None = None
+        for a, b in fit_from:
+            for trace, want in ((a, src), (b, dst)):
+                found = find_device(next((r.gpu_name for r in trace.ranks if r.gpu_name), None))
+                if found is None or found.name != want.name:
+                    raise TransformError(f"gpu: {trace.source} was recorded on "
+                                         f"{found.name if found else 'an unknown GPU'}, not {want.name}: a fit "
+                                         f"pair is (a trace on {src.name}, the same program on {dst.name})")
+            try:
+                got_pairs = paired_ops(a, b)
+            except ValueError as exc:
+                raise TransformError(f"gpu: {exc}") from None
+            pairs = got_pairs if pairs is None else pairs.concat(got_pairs)
+        assert pairs is not None
+        try:
+            fit = fit_retarget(pairs, src, dst)
+        except ValueError as exc:
+            raise TransformError(f"gpu: {exc}") from None
+        self._retarget_fits[key] = fit
+        return fit
 
     # -- multi-GPU (whatif.transforms.parallel, docs/multi-gpu.md) -------------------------------
     def collective_time_ns(self, kind: str, message_bytes: float, ranks: int, topology_name: str,
@@ -582,9 +619,19 @@ def anchored_time_ns(device: Device | None, dur_ns: np.ndarray, classes: np.ndar
     return fixed + (dur - fixed) * ratio
 
 
+def _pcie(device: Device) -> float:
+    """Host-link bandwidth (bytes/s per direction): achieved by a pinned copy, else the datasheet's."""
+    ach = device.achievable
+    return ach.pcie_bw_bytes_per_s if ach is not None and ach.pcie_bw_bytes_per_s > 0 else device.pcie_bw_bytes_per_s
+
+
 def _link(device: Device) -> float:
-    """Peer-to-peer bandwidth (bytes/s per direction): its links, or PCIe when it has none."""
-    return device.link_bw_bytes_per_s or device.pcie_bw_bytes_per_s
+    """Peer-to-peer bandwidth (bytes/s per direction): its links (achieved by a peer copy where the
+    catalog has the figure), or the host link when it has none."""
+    if not device.link_bw_bytes_per_s:
+        return _pcie(device)
+    ach = device.achievable
+    return ach.link_bw_bytes_per_s if ach is not None and ach.link_bw_bytes_per_s > 0 else device.link_bw_bytes_per_s
 
 
 def _copy_ratio(names: Sequence[str], src: Device, dst: Device) -> np.ndarray:
@@ -593,9 +640,9 @@ def _copy_ratio(names: Sequence[str], src: Device, dst: Device) -> np.ndarray:
     for i, n in enumerate(names):
         low = n.lower()
         if "dtod" in low or "d2d" in low:
-            out[i] = src.mem_bw_bytes_per_s / dst.mem_bw_bytes_per_s
+            out[i] = src.stream_bw_bytes_per_s / dst.stream_bw_bytes_per_s
         elif "ptop" in low or "p2p" in low or "peer" in low:
             out[i] = _link(src) / _link(dst)
         else:
-            out[i] = src.pcie_bw_bytes_per_s / dst.pcie_bw_bytes_per_s
+            out[i] = _pcie(src) / _pcie(dst)
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from abc import abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -21,6 +21,7 @@ import pandas as pd
 from whatif.core.errors import WhatifError
 from whatif.depgraph.graph import TaskGraph
 from whatif.depgraph.schema import check_schema
+from whatif.tracer.trace import Trace
 
 from .edit import applying
 from .needs import Need
@@ -51,8 +52,10 @@ class CostModel(Protocol):
         """Per task: time multiplier when its math and data move to ``to_dtype``."""
 
     @abstractmethod
-    def move_to_device(self, graph: TaskGraph, tasks: np.ndarray, device: str) -> np.ndarray:
-        """Per task: its duration (ns) on GPU ``device`` instead of the recorded one."""
+    def move_to_device(self, graph: TaskGraph, tasks: np.ndarray, device: str,
+                       fit_from: Sequence[tuple[Trace, Trace]] = ()) -> np.ndarray:
+        """Per task: its duration (ns) on GPU ``device`` instead of the recorded one; ``fit_from``:
+        pairs of traces of one program on the recorded GPU and on ``device`` to fit the move on."""
 
     @abstractmethod
     def collective_time_ns(self, kind: str, message_bytes: float, ranks: int, topology_name: str,

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from whatif.core.errors import WhatifError
 from whatif.depgraph.graph import (
     GPU_WORK_KINDS,
     EdgeKind,
@@ -38,6 +39,7 @@ from whatif.depgraph.graph import (
 )
 from whatif.hardware.devices import GIB, find_device, get_device
 from whatif.tracer.memory import device_label, gpu_peaks
+from whatif.tracer.trace import Trace, load_trace
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import scale_edge_latency, set_duration, set_state
@@ -59,6 +61,9 @@ class Gpu(Transform):
                                                              "tasks and gaps take half the time)"})
     select: Selector = field(default_factory=lambda: Selector(kind="gpu"),
                              metadata={"help": "which GPU work moves (default: all)"})
+    fit_from: list[str] | None = field(default=None, metadata={
+        "help": "pairs 'ON_SOURCE=ON_DEST' of traces of one program recorded on the traced GPU and on the "
+                "destination: the move is fitted on the op calls they share"})
 
     def _check(self) -> None:
         if not str(self.device).strip():
@@ -85,7 +90,7 @@ class Gpu(Transform):
         if not len(ids) and self.host_speed == 1.0:
             raise TransformError(f"gpu: the selection matches no GPU task ({self.select})")
         self._check_capacity(graph)
-        new = np.rint(cost.move_to_device(graph, ids, self.device)).astype(np.int64)
+        new = np.rint(cost.move_to_device(graph, ids, self.device, self._fit_traces())).astype(np.int64)
         dest = _catalog_name(self.device)
         out = set_state(graph, ids, COLUMN, dest, reason=f"kernels now priced as on {dest}")
         out = set_duration(out, ids, new,
@@ -95,6 +100,19 @@ class Gpu(Transform):
             out = _scale_host(out, 1.0 / self.host_speed, self.label())
         return out
 
+
+    def _fit_traces(self) -> list[tuple[Trace, Trace]]:
+        """The ``fit_from`` pairs, loaded (a malformed pair or an unreadable trace: TransformError)."""
+        out = []
+        for pair in self.fit_from or []:
+            parts = str(pair).split("=")
+            if len(parts) != 2 or not all(p.strip() for p in parts):
+                raise TransformError(f"gpu: fit_from item {pair!r} is not 'TRACE_ON_SOURCE=TRACE_ON_DESTINATION'")
+            try:
+                out.append((load_trace(parts[0].strip()), load_trace(parts[1].strip())))
+            except WhatifError as exc:
+                raise TransformError(f"gpu: fit_from: {exc}") from None
+        return out
 
     def _check_capacity(self, graph: TaskGraph) -> None:
         """Refuse a destination with less memory than the recording's allocated peak."""
