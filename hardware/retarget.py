@@ -51,22 +51,24 @@ def launch_ns(device: Device) -> float:
 
 @dataclass(frozen=True)
 class Curve:
-    """A piecewise-linear function of ``x`` through (``knots``, ``values``): constant below the
-    first knot, fading linearly to 0 over ``FADE_DECADES`` above the last (a kernel larger than
-    any fitted one is priced by the roofline ratio alone: what makes small kernels differ, launch
-    and tail effects, shrinks with size). ``samples``: the paired kernels it was fitted on.
+    """A piecewise-linear function of ``x`` through (``knots``, ``values``): constant outside the
+    knots up to ``x_max`` (the largest fitted point), then fading linearly to 0 over
+    ``FADE_DECADES`` (a kernel larger than any fitted one is priced by the roofline ratio alone:
+    what makes small kernels differ, launch and tail effects, shrinks with size). ``samples``: the
+    paired kernels it was fitted on.
 
-    >>> Curve((0.0, 1.0), (0.2, 0.4), 80).at(np.array([-1.0, 0.5, 1.5, 3.0])).round(3).tolist()
+    >>> Curve((0.0, 1.0), (0.2, 0.4), 80, 1.0).at(np.array([-1.0, 0.5, 1.5, 3.0])).round(3).tolist()
     [0.2, 0.3, 0.2, 0.0]
     """
 
     knots: tuple[float, ...]
     values: tuple[float, ...]
     samples: int
+    x_max: float
 
     def at(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=float)
-        fade = np.clip(1.0 - (x - self.knots[-1]) / FADE_DECADES, 0.0, 1.0)
+        fade = np.clip(1.0 - (x - self.x_max) / FADE_DECADES, 0.0, 1.0)
         return np.interp(x, self.knots, self.values) * fade
 
 
@@ -94,7 +96,7 @@ def fit_curve(x: np.ndarray, y: np.ndarray, points_per_knot: int = POINTS_PER_KN
         else:
             knots.append(kx)
             values.append(ky)
-    return Curve(tuple(knots), tuple(values), int(len(x)))
+    return Curve(tuple(knots), tuple(values), int(len(x)), float(x[-1]))
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ def paired_ops(src: Trace, dst: Trace) -> PairedKernels:
         per.append(calls.groupby(_KEYS, sort=True).agg(
             kernel_class=("kernel_class", "first"), dtype=("dtype", "first"), flops=("flops", "first"),
             bytes=("bytes", "first"), ns=("gpu_ns", "mean")))
-    joined = per[0].join(per[1][["ns"]], rsuffix="_dst", how="inner").reset_index()
+    joined = per[0].join(per[1][["ns"]].rename(columns={"ns": "ns_dst"}), how="inner").reset_index()
     if joined.empty:
         raise ValueError(f"{src.source} and {dst.source} share no op of the same shapes and types")
     return PairedKernels(joined.rename(columns={"ns": "src_ns", "ns_dst": "dst_ns"})[list(PairedKernels.COLUMNS)])
