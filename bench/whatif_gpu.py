@@ -80,7 +80,8 @@ def main() -> int:
             s_ms = a.steps["measured_ns"].sum() / 1e6
             d_ms = b.steps["measured_ns"].sum() / 1e6
             ps, pd_, pm = gpu_busy_by_class(a.graph), gpu_busy_by_class(pred.graph), gpu_busy_by_class(b.graph)
-            rows.append({"model": short, "direction": f"{src}->{dst}", "fit": "LOMO" if fitted else "-", "src_ms": s_ms, "dst_measured_ms": d_ms,
+            rows.append({"model": short, "direction": f"{src}->{dst}", "fit": "LOMO" if fitted else "-",
+                         "src_ms": s_ms, "dst_measured_ms": d_ms,
                          "dst_predicted_ms": p_ms, "error_%": 100 * (p_ms / d_ms - 1),
                          "no_change_err_%": 100 * (s_ms / d_ms - 1),
                          "gpu_busy_err_%": 100 * (pd_.sum() / pm.sum() - 1),
@@ -88,7 +89,8 @@ def main() -> int:
                                             f"{int(b.graph.tasks['kind'].isin(GPU_KINDS).sum())}"})
             for c in sorted(set(ps.index) | set(pm.index)):
                 src_c, pr_c, me_c = ps.get(c, 0.0), pd_.get(c, 0.0), pm.get(c, 0.0)
-                classes.append({"model": short, "direction": f"{src}->{dst}", "fit": "LOMO" if fitted else "-", "class": c, "src_ms": src_c,
+                classes.append({"model": short, "direction": f"{src}->{dst}", "fit": "LOMO" if fitted else "-",
+                                "class": c, "src_ms": src_c,
                                 "predicted_ms": pr_c, "measured_ms": me_c,
                                 "error_%": 100 * (pr_c / me_c - 1) if me_c > 0 else np.nan,
                                 "error_ms": pr_c - me_c})

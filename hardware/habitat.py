@@ -35,9 +35,7 @@ from whatif.core.dtypes import DType
 from whatif.core.kernels import KernelClass
 
 from .devices import Device
-from .roofline import arithmetic_intensity, compute_peak
-
-DEFAULT_FIXED_NS = 2_000.0
+from .roofline import DEFAULT_FIXED_NS, arithmetic_intensity, compute_peak
 
 
 def habitat_gamma(intensity: float, ridge: float) -> float:

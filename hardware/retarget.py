@@ -9,7 +9,7 @@ of what the destination achieves at the same work:
 ``A`` is the achievable roofline time (:func:`whatif.hardware.roofline.achievable_time_ns`: the
 device's achievable GEMM rate at that GEMM's size, its streaming bandwidth; the datasheet where a
 device has no achievable figures), ``L`` the device's launch-to-end time of an empty kernel
-(``Achievable.launch_ns``; ``DEFAULT_FIXED_NS`` without one). ``r`` is 0 unless the pair of GPUs has
+(:func:`~whatif.hardware.roofline.fixed_latency_ns`). ``r`` is 0 unless the pair of GPUs has
 a :class:`RetargetFit`: per op family, a curve of the log residual ``log(T_d/T_s) − log(A_d/A_s)``
 over ``x = log10 A_s`` fitted on kernels measured on both GPUs (two traces of the same program, or
 a measurement table such as Vidur's). The curve captures what a roofline ratio cannot: one vendor's
@@ -34,19 +34,11 @@ from numpy.typing import ArrayLike
 from whatif.core.kernels import KernelClass
 
 from .devices import Device
-from .roofline import achievable_time_ns
+from .roofline import achievable_time_ns, fixed_latency_ns
 
-DEFAULT_FIXED_NS = 2_000.0
 MIN_FAMILY_SAMPLES = 8     # a family curve needs this many paired kernels, else its class's curve
 POINTS_PER_KNOT = 40
 FADE_DECADES = 1.0         # above the largest fitted kernel, the residual fades out over this (log10 ns)
-
-
-def launch_ns(device: Device) -> float:
-    """The device's fixed per-kernel time (its achievable launch figure, else ``DEFAULT_FIXED_NS``)."""
-    if device.achievable is not None and device.achievable.launch_ns > 0:
-        return device.achievable.launch_ns
-    return DEFAULT_FIXED_NS
 
 
 @dataclass(frozen=True)
@@ -181,9 +173,9 @@ def fit_retarget(pairs: PairedKernels, src: Device, dst: Device,
         raise ValueError("no paired kernel with positive times and known work to fit on")
     x = np.log10(np.where(ok, a_s, 1.0))
     with np.errstate(divide="ignore", invalid="ignore"):
-        base = _moved(s, a_s, a_d, launch_ns(src), launch_ns(dst))
-        y = np.log((d - _fixed_part(s, launch_ns(src), launch_ns(dst))) / (base - _fixed_part(
-            s, launch_ns(src), launch_ns(dst))))
+        base = _moved(s, a_s, a_d, fixed_latency_ns(src), fixed_latency_ns(dst))
+        y = np.log((d - _fixed_part(s, fixed_latency_ns(src), fixed_latency_ns(dst))) / (base - _fixed_part(
+            s, fixed_latency_ns(src), fixed_latency_ns(dst))))
     ok &= np.isfinite(y)
     families: dict[str, Curve] = {}
     classes: dict[str, Curve] = {}
@@ -227,7 +219,7 @@ def retarget_ns(dur_ns: ArrayLike, classes: ArrayLike, dtypes: ArrayLike, flops:
     cls, dts, f, b = _arrays(classes, dtypes, flops, nbytes)
     a_s = _achievable(src, cls, dts, f, b)
     a_d = _achievable(dst, cls, dts, f, b)
-    l_s, l_d = launch_ns(src), launch_ns(dst)
+    l_s, l_d = fixed_latency_ns(src), fixed_latency_ns(dst)
     out = _moved(dur, a_s, a_d, l_s, l_d)
     if fit is not None:
         if (fit.src, fit.dst) != (src.name, dst.name):

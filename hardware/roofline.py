@@ -34,6 +34,7 @@ from whatif.core.kernels import KernelClass
 from .devices import Device
 
 MIN_PEERS = 3
+DEFAULT_FIXED_NS = 2_000.0   # a kernel's fixed time where the device has no launch figure (Habitat's small-kernel rule)
 
 
 def compute_peak(device: Device, dtype: DType | str, kernel_class: KernelClass | str | None = None
@@ -43,6 +44,18 @@ def compute_peak(device: Device, dtype: DType | str, kernel_class: KernelClass |
     if cls.compute_bound:
         return device.peak_flops(dtype)
     return device.peak_flops(DType.FP32)
+
+
+def fixed_latency_ns(device: Device | None) -> float:
+    """The part of a kernel's time that no change of its work removes (launch, ramp-up, drain):
+    the device's achievable launch figure (an empty kernel's time), else ``DEFAULT_FIXED_NS``.
+
+    >>> fixed_latency_ns(None)
+    2000.0
+    """
+    if device is not None and device.achievable is not None and device.achievable.launch_ns > 0:
+        return device.achievable.launch_ns
+    return DEFAULT_FIXED_NS
 
 
 def roofline_time_ns(flops: float, nbytes: float, device: Device, dtype: DType | str = DType.BF16,
@@ -65,9 +78,16 @@ def achievable_time_ns(flops: float, nbytes: float, device: Device, dtype: DType
     >>> achievable_time_ns(1e9, 1e6, a100, "bf16", "gemm") >= roofline_time_ns(1e9, 1e6, a100, "bf16", "gemm")
     True
     """
-    cls = KernelClass(kernel_class) if kernel_class is not None else KernelClass.GEMM
-    rate = device.achievable_matrix_flops(dtype, flops) if cls.compute_bound else device.peak_flops(DType.FP32)
+    rate = achievable_rate(device, dtype, kernel_class, flops)
     return max(flops / rate, nbytes / device.stream_bw_bytes_per_s) * 1e9
+
+
+def achievable_rate(device: Device, dtype: DType | str, kernel_class: KernelClass | str | None,
+                    flops: float) -> float:
+    """FLOP/s of the achievable roofline for a kernel of ``flops`` FLOPs: the achievable GEMM rate
+    at that size for matrix classes, the fp32 (vector-unit) peak otherwise."""
+    cls = KernelClass(kernel_class) if kernel_class is not None else KernelClass.GEMM
+    return device.achievable_matrix_flops(dtype, flops) if cls.compute_bound else device.peak_flops(DType.FP32)
 
 
 def arithmetic_intensity(flops: float, nbytes: float) -> float:

@@ -18,7 +18,8 @@ Volta/Turing fp16 tensor-core names); else fp32 (Daydream-era traces). An fp32 o
 name says tf32 (cuDNN on Ampere) is tf32.
 
 **Bandwidth.** The median achieved DRAM bandwidth of the trace's memory-bound kernels with
-known bytes (>= ``MIN_PEERS`` kernels of >= 5 us), else ``ASSUMED_BW_EFFICIENCY`` of the peak.
+known bytes (>= ``MIN_PEERS`` kernels of >= 5 us), else the device's achievable streaming bandwidth
+(``ASSUMED_BW_EFFICIENCY`` of the peak for a device without achievable figures).
 
 **Precision** (``precision_factor``; the ``precision`` transform). A spec is a dtype (tf32, bf16,
 fp16, fp8, int8 = W8A8) or ``<dtype>_weight`` (weight-only: int4/int8/fp8 weights, 16-bit
@@ -81,9 +82,8 @@ from whatif.core.kernels import KernelClass, duration_shares, op_flops_bytes
 from whatif.core.work import WORK_COLUMN, shares_of
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph, TaskKind, kind_codes
 from whatif.hardware.devices import DEVICES, Device, find_device, get_device
-from whatif.hardware.habitat import DEFAULT_FIXED_NS
 from whatif.hardware.retarget import PairedKernels, RetargetFit, fit_retarget, retarget_ns
-from whatif.hardware.roofline import compute_peak
+from whatif.hardware.roofline import DEFAULT_FIXED_NS, achievable_rate, achievable_time_ns, fixed_latency_ns
 from whatif.tracer.args import Arg
 from whatif.tracer.trace import Trace
 from whatif.transforms.base import TransformError
@@ -99,7 +99,6 @@ if TYPE_CHECKING:
 MIN_PEERS = 5
 ASSUMED_BW_EFFICIENCY = 0.7      # of peak DRAM bandwidth, when the trace cannot calibrate it
 ASSUMED_MATRIX_EFFICIENCY = 0.5  # of peak FLOP/s, to estimate FLOPs of a matrix kernel without shapes
-FIXED_NS = DEFAULT_FIXED_NS      # per-kernel latency that no precision or bandwidth change removes
 DEFAULT_BW_BYTES_PER_S = 1.0e12  # when neither the trace nor the device tells
 MAX_WAIT_RATIO = 4.0             # a collective kernel longer than this x the model mostly waited for peers
 PRECISION_COLUMN = "cost_precision"
@@ -262,7 +261,7 @@ class TraceCostModel(CostModelBase):
             self._calibrate(graph, {"kernel_class": cls, "bytes": nbytes})
         if estimated.any():
             bw = self._bw
-            busy = np.maximum(rec_dur - FIXED_NS, 0.0)
+            busy = np.maximum(rec_dur - fixed_latency_ns(self.device), 0.0)
             matrix = np.isin(cls, list(MATRIX)) & (self.device is not None)
             mem = estimated & ~matrix
             nbytes[mem] = busy[mem] * 1e-9 * bw
@@ -385,6 +384,8 @@ class TraceCostModel(CostModelBase):
         self._bw = measured if measured is not None else self._datasheet_bandwidth_bytes_per_s()
 
     def _datasheet_bandwidth_bytes_per_s(self) -> float:
+        if self.device is not None and self.device.achievable is not None:
+            return self.device.stream_bw_bytes_per_s
         if self.device is not None:
             return self.device.mem_bw_bytes_per_s * ASSUMED_BW_EFFICIENCY
         return DEFAULT_BW_BYTES_PER_S
@@ -444,12 +445,14 @@ class TraceCostModel(CostModelBase):
         cls = base["kernel_class"][tasks]
         comp = np.ones(len(tasks))
         ridge = np.ones(len(tasks))
+        fixed_ns = np.full(len(tasks), DEFAULT_FIXED_NS)
         keys = pd.DataFrame({"d": devices, "o": old.act, "n": new.act, "c": cls}).astype(str)
         for (d, o, nw, c), idx in keys.groupby(["d", "o", "n", "c"]).indices.items():
             dev = get_device(d)
-            p_new = compute_peak(dev, nw, c)
-            comp[idx] = compute_peak(dev, o, c) / p_new
-            ridge[idx] = p_new / dev.mem_bw_bytes_per_s
+            p_new = np.array([achievable_rate(dev, nw, c, f) for f in np.nan_to_num(flops[idx])])
+            comp[idx] = np.array([achievable_rate(dev, o, c, f) for f in np.nan_to_num(flops[idx])]) / p_new
+            ridge[idx] = p_new / dev.stream_bw_bytes_per_s
+            fixed_ns[idx] = fixed_latency_ns(dev)
         with np.errstate(divide="ignore", invalid="ignore"):
             mem = np.where(b_old > 0, b_new / b_old, 1.0)
             intensity = np.where(b_new > 0, flops / b_new, np.inf)
@@ -458,7 +461,7 @@ class TraceCostModel(CostModelBase):
         changed = (new.act != old.act) | (new.weight != old.weight)
         busy_factor = np.where(changed & np.isfinite(busy_factor), busy_factor, 1.0)
         dur = graph.tasks["dur_ns"].to_numpy()[tasks].astype(float)
-        fixed = np.minimum(dur, FIXED_NS)
+        fixed = np.minimum(dur, fixed_ns)
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(dur > 0, (fixed + (dur - fixed) * busy_factor) / dur, 1.0)
 
@@ -488,7 +491,7 @@ class TraceCostModel(CostModelBase):
                 continue
             if k == int(TaskKind.MEMCPY) or k == int(TaskKind.COMM) or c == KernelClass.COLLECTIVE.value:
                 ratio = _copy_ratio(names[idx], src, dst) if k == int(TaskKind.MEMCPY) else _link(src) / _link(dst)
-                fixed = np.minimum(dur[idx], FIXED_NS)
+                fixed = np.minimum(dur[idx], fixed_latency_ns(src))
                 out[idx] = fixed + (dur[idx] - fixed) * ratio
             else:
                 fit = self.retarget_fit(src, dst, fit_from) if fit_from else None
@@ -591,15 +594,16 @@ class TraceCostModel(CostModelBase):
 
 def anchored_time_ns(device: Device | None, dur_ns: np.ndarray, classes: np.ndarray, flops: np.ndarray,
                      nbytes: np.ndarray, new_flops: np.ndarray, new_bytes: np.ndarray, dtype: str = "bf16",
-                     fixed_ns: float = FIXED_NS, calibration: Any = None) -> np.ndarray:
+                     fixed_ns: float | None = None, calibration: Any = None) -> np.ndarray:
     """Measured ``dur_ns`` moved to new work (FLOPs, DRAM bytes):
-    ``T' = F' + (T − F')·roofline(f', b')/roofline(f, b)``, ``F' = min(T, F)``: the time above a
-    fixed latency F scales like the ideal roofline time (Williams et al. 2009; F as in Habitat's
-    small-kernel rule). ``calibration`` (a :class:`~whatif.hardware.roofline.CalibratedRoofline`)
-    prices the ratio on its curves instead; without a device, the FLOP ratio for matrix classes and
-    the byte ratio otherwise. Used by ``tensor_parallel`` and the other parallel transforms;
-    ``bench/parallel_tp.py`` measures it (and the calibrated variant) on Vidur's TP profiles."""
-    from whatif.hardware.roofline import roofline_time_ns
+    ``T' = F' + (T − F')·A(f', b')/A(f, b)``, ``F' = min(T, F)``: the time above the device's fixed
+    latency F (:func:`~whatif.hardware.roofline.fixed_latency_ns`; ``fixed_ns`` overrides it)
+    scales like the achievable roofline time A (:func:`~whatif.hardware.roofline.achievable_time_ns`,
+    the kernel keeps its efficiency; Williams et al. 2009). ``calibration`` (a
+    :class:`~whatif.hardware.roofline.CalibratedRoofline`) prices the ratio on its curves instead;
+    without a device, the FLOP ratio for matrix classes and the byte ratio otherwise. Used by
+    ``tensor_parallel`` and the other parallel transforms; ``bench/parallel_tp.py`` measures it
+    (and the calibrated variant) on Vidur's TP profiles."""
     classes = np.asarray(classes, dtype=object)
     with np.errstate(divide="ignore", invalid="ignore"):
         if calibration is not None:
@@ -607,15 +611,16 @@ def anchored_time_ns(device: Device | None, dur_ns: np.ndarray, classes: np.ndar
             new = np.array([calibration.kernel_time_ns(c, f, b) for c, f, b in zip(classes, new_flops, new_bytes)])
             ratio = new / old
         elif device is not None:
-            old = np.array([roofline_time_ns(f, b, device, dtype, c) for c, f, b in zip(classes, flops, nbytes)])
-            new = np.array([roofline_time_ns(f, b, device, dtype, c)
+            old = np.array([achievable_time_ns(f, b, device, dtype, c) for c, f, b in zip(classes, flops, nbytes)])
+            new = np.array([achievable_time_ns(f, b, device, dtype, c)
                             for c, f, b in zip(classes, new_flops, new_bytes)])
             ratio = new / old
         else:
             ratio = np.where(np.isin(classes, list(MATRIX)), new_flops / flops, new_bytes / nbytes)
     ratio = np.where(np.isfinite(ratio) & (ratio >= 0), ratio, 1.0)
     dur = np.asarray(dur_ns, dtype=float)
-    fixed = np.minimum(dur, fixed_ns) if calibration is None else np.zeros_like(dur)
+    latency = fixed_latency_ns(device) if fixed_ns is None else fixed_ns
+    fixed = np.minimum(dur, latency) if calibration is None else np.zeros_like(dur)
     return fixed + (dur - fixed) * ratio
 
 

@@ -11,11 +11,13 @@ from tracegen import KinetoTrace
 
 from whatif.api import Analysis, analyze, make_context, predict
 from whatif.depgraph.graph import TaskGraph, TaskKind
+from whatif.hardware.devices import find_device
+from whatif.hardware.roofline import fixed_latency_ns
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import critical_path, step_times
 from whatif.transforms.base import TransformError
 from whatif.transforms.optimizations.cuda_graph import CudaGraph, graph_launch_cost_ns
-from whatif.transforms.optimizations.fuse import FIXED_NS, Fuse
+from whatif.transforms.optimizations.fuse import Fuse
 from whatif.transforms.select import Selector
 
 US = 1000
@@ -112,8 +114,9 @@ def test_fused_time_is_unique_bytes_over_bandwidth(tmp_path: Path) -> None:
     fused = h.tasks["dur_ns"].to_numpy()[np.char.startswith(np.asarray(names(h)), "fused")]
     # Three elementwise-like kernels of 50 us, bytes estimated from time (b = busy x BW): links
     # save 2 x b/3 each, so unique = 3b - 4b/3 = 5b/3 and T = t0 + 5/3 x busy.
-    busy = 50 * US - FIXED_NS
-    assert fused.tolist() == [FIXED_NS + round(busy * 5 / 3)]
+    t0 = fixed_latency_ns(find_device(ctx.device))      # the recorded GPU's fixed kernel latency
+    busy = 50 * US - t0
+    assert fused.tolist() == [t0 + round(busy * 5 / 3)]
     assert 50 * US <= fused[0] <= 150 * US
     # GPU-bound: the step shrinks by the GPU time saved plus the two 1 us stream gaps inside the chain
     assert total(g) - total(h) == 150 * US - fused[0] + 2 * US

@@ -19,10 +19,9 @@ from whatif.hardware.retarget import (
     PairedKernels,
     fit_curve,
     fit_retarget,
-    launch_ns,
     retarget_ns,
 )
-from whatif.hardware.roofline import achievable_time_ns, roofline_time_ns
+from whatif.hardware.roofline import achievable_time_ns, fixed_latency_ns, roofline_time_ns
 from whatif.predictors.pairs import op_calls, paired_ops
 from whatif.transforms.base import TransformError
 from whatif.transforms.optimizations.gpu import Gpu
@@ -55,13 +54,13 @@ def test_a_kernel_keeps_its_efficiency():
     dst = _with_achievable(H100, 700, 300, 3000)
     flops, nbytes = 2 * 8192.0 ** 3, 3 * 8192.0 ** 2 * 2
     ideal_src = achievable_time_ns(flops, nbytes, src, "bf16", "gemm")
-    measured = launch_ns(src) + ideal_src / 0.6
+    measured = fixed_latency_ns(src) + ideal_src / 0.6
     got = retarget_ns([measured], ["gemm"], ["bf16"], [flops], [nbytes], src, dst)[0]
     ideal_dst = achievable_time_ns(flops, nbytes, dst, "bf16", "gemm")
-    assert got == pytest.approx(launch_ns(dst) + ideal_dst / 0.6, rel=1e-9)
+    assert got == pytest.approx(fixed_latency_ns(dst) + ideal_dst / 0.6, rel=1e-9)
     # a memory-bound kernel moves by the streaming-bandwidth ratio, not the datasheet one
-    add = retarget_ns([launch_ns(src) + 100_000], ["elementwise"], ["bf16"], [1e7], [1e8], src, dst)[0]
-    assert add == pytest.approx(launch_ns(dst) + 100_000 * 1700 / 3000)
+    add = retarget_ns([fixed_latency_ns(src) + 100_000], ["elementwise"], ["bf16"], [1e7], [1e8], src, dst)[0]
+    assert add == pytest.approx(fixed_latency_ns(dst) + 100_000 * 1700 / 3000)
 
 
 def test_achievable_rate_between_small_and_large_gemm():
@@ -91,7 +90,8 @@ def test_faster_destination_never_slower():
 def test_curve_fit_and_fade():
     c = fit_curve(np.r_[np.zeros(40), np.ones(40)], np.r_[np.full(40, 0.5), np.full(40, 0.1)])
     assert c.knots == (0.0, 1.0) and c.values == (0.5, 0.1) and c.samples == 80 and c.x_max == 1.0
-    assert Curve((0.0,), (0.3,), 1, 0.0).at(np.array([-5.0, 0.0, 0.5, 2.0])).tolist() == pytest.approx([0.3, 0.3, 0.15, 0.0])
+    faded = Curve((0.0,), (0.3,), 1, 0.0).at(np.array([-5.0, 0.0, 0.5, 2.0]))
+    assert faded.tolist() == pytest.approx([0.3, 0.3, 0.15, 0.0])
     with pytest.raises(ValueError, match="no finite points"):
         fit_curve(np.array([np.nan]), np.array([1.0]))
 
@@ -103,12 +103,12 @@ def test_fit_recovers_a_residual_by_family():
     frame = pd.DataFrame({"family": ["aten::mm"] * n, "kernel_class": "gemm", "dtype": "bf16", "flops": flops,
                           "bytes": flops / 200, "src_ns": 0.0, "dst_ns": 0.0})
     frame["src_ns"] = 2_000 + flops / 150e12 * 1e9
-    base = retarget_ns(frame["src_ns"], frame["kernel_class"], frame["dtype"], frame["flops"], frame["bytes"], A100, H100)
+    work = (frame["kernel_class"], frame["dtype"], frame["flops"], frame["bytes"])
+    base = retarget_ns(frame["src_ns"], *work, A100, H100)
     frame["dst_ns"] = 2_000 + (base - 2_000) * 1.3          # the destination is 30 % slower than its roofline says
     fit = fit_retarget(PairedKernels(frame), A100, H100)
     assert set(fit.families) == {"aten::mm"} and set(fit.classes) == {"gemm"}
-    got = retarget_ns(frame["src_ns"], frame["kernel_class"], frame["dtype"], frame["flops"], frame["bytes"], A100, H100,
-                      fit, frame["family"])
+    got = retarget_ns(frame["src_ns"], *work, A100, H100, fit, frame["family"])
     assert np.allclose(got, frame["dst_ns"], rtol=1e-6)
     other = retarget_ns(frame["src_ns"][:3], ["elementwise"] * 3, ["bf16"] * 3, frame["flops"][:3],
                         frame["bytes"][:3], A100, H100, fit, ["aten::add"] * 3)    # no curve: roofline ratio only
@@ -159,7 +159,7 @@ def test_gpu_fit_from_refusals(tmp_path: Path):
         _apply(src, Gpu(device="MI300X", fit_from=["just_one.json"]))
     with pytest.raises(TransformError, match="was recorded on H100_SXM, not MI300X"):
         _apply(src, Gpu(device="MI300X", fit_from=[f"{HF / 'hf_h100' / FALCON}={HF / 'hf_h100' / FALCON}"]))
-    with pytest.raises(TransformError, match="fit_from: .*no such file"):
+    with pytest.raises(TransformError, match=r"fit_from: .*no such file"):
         _apply(src, Gpu(device="MI300X", fit_from=[f"{tmp_path / 'a.json'}={tmp_path / 'b.json'}"]))
 
 

@@ -15,10 +15,11 @@ the consecutive kernels (one regex per kernel name, matched left to right, witho
 
     T_fused = t0 + U / BW,   clipped to  max_i T_i <= T_fused <= sum_i T_i
 
-* ``t0`` = ``FIXED_NS`` (2 us): the one fixed launch-to-retire latency a kernel pays whatever its
-  size (the same constant the cost models subtract before scaling, ``predictors/habitat.py``).
+* ``t0`` = :func:`~whatif.hardware.roofline.fixed_latency_ns` of the recorded GPU (its
+  achievable launch figure, 2 us without one): the one fixed launch-to-retire latency a kernel
+  pays whatever its size (the same one every cost model subtracts before scaling).
 * ``BW`` = ``ctx.cost.memory_bandwidth_bytes_per_s``: the median achieved DRAM bandwidth of the
-  trace's memory-bound kernels.
+  trace's memory-bound kernels (the device's achievable streaming bandwidth when too few).
 * ``U``, the unique DRAM bytes the fused kernel moves: it reads the chain's external inputs once
   and writes its final output once; intermediates are neither written nor re-read. With ``b_i``
   the bytes of member i (``ctx.cost.kernel_facts``: from recorded shapes, else duration x BW),
@@ -55,7 +56,8 @@ import pandas as pd
 
 from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
-from whatif.hardware.habitat import DEFAULT_FIXED_NS
+from whatif.hardware.devices import find_device
+from whatif.hardware.roofline import fixed_latency_ns
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import fuse as fuse_tasks
@@ -63,7 +65,6 @@ from ..needs import Need
 from ..registry import register
 from ..select import Selector, kernel_classes
 
-FIXED_NS = DEFAULT_FIXED_NS  # one kernel's fixed latency, ns
 CHAIN_CLASSES = (KernelClass.ELEMENTWISE.value, KernelClass.NORMALIZATION.value, KernelClass.REDUCTION.value)
 COMPUTE_CLASSES = (KernelClass.GEMM.value, KernelClass.CONV.value, KernelClass.ATTENTION.value)
 # bytes of a kernel per byte of its output tensor (w), and per byte of an input it consumes (r)
@@ -217,7 +218,8 @@ def fused_durations(graph: TaskGraph, ids: np.ndarray, label: np.ndarray, ctx: T
     b = np.nan_to_num(np.asarray(facts["bytes"], dtype=float), nan=0.0)
     bw = float(cost.memory_bandwidth_bytes_per_s(graph))
     dur = graph.tasks["dur_ns"].to_numpy()[ids].astype(float)
-    busy = np.maximum(dur - FIXED_NS, 0.0)
+    t0 = fixed_latency_ns(find_device(ctx.device))
+    busy = np.maximum(dur - t0, 0.0)
     compute = np.isin(cls, COMPUTE_CLASSES)
     b_mem = np.where(compute, 0.0, b)
     w = np.asarray([_WRITE_RATIO.get(c, 3.0) for c in cls])
@@ -237,7 +239,7 @@ def fused_durations(graph: TaskGraph, ids: np.ndarray, label: np.ndarray, ctx: T
     moved = np.maximum(total - saved, biggest)     # DRAM bytes of the fused kernel
     unique = np.maximum(moved, slowest)
     compute_busy = np.bincount(g, weights=np.where(compute, busy, 0.0), minlength=n_g)
-    fused = FIXED_NS + compute_busy + unique / bw * 1e9
+    fused = t0 + compute_busy + unique / bw * 1e9
     longest = np.zeros(n_g)
     np.maximum.at(longest, g, dur)
     fused = np.clip(fused, longest, np.bincount(g, weights=dur, minlength=n_g))
