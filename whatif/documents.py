@@ -644,7 +644,8 @@ class OpRow(Entry, frozen=True, kw_only=True):
     dtype, and with ``by: kernel`` the kernel name. ``count``: op calls (kernels with ``by:
     kernel``); ``mean_ns`` per count. FLOPs and bytes are the op's shared among its kernels by
     duration; None (and the figures from them) when the op's shapes give none. ``roofline_tflops``:
-    the datasheet roof at the row's intensity; ``roofline_pct``: roofline time / measured time."""
+    the device's achievable roof at the row's intensity; ``roofline_pct``: roofline time / measured
+    time."""
 
     op: str
     kernel: str

@@ -7,17 +7,18 @@ FLOPs and bytes are those of the launching aten op's recorded shapes
 (:func:`whatif.core.kernels.op_flops_bytes`, the formulas the cost models use), shared among the
 op's kernels by duration (:func:`whatif.core.kernels.duration_shares`). Activities without a
 launching op (launched before the window, graph replays, no ``External id``) are grouped under
-their kernel name, with no FLOPs. The roofline is the catalog's datasheet peak
-(:mod:`whatif.hardware.devices`: tensor-core peak of the op's dtype for GEMM, conv and attention,
-the fp32 peak otherwise, and the peak DRAM bandwidth); the catalog holds no measured "achievable"
-figures, so 100 % is the datasheet roof.
+their kernel name, with no FLOPs. The roofline is the device's *achievable* one
+(:func:`whatif.hardware.roofline.achievable_time_ns`: the achievable GEMM rate of the op's dtype at
+its size for GEMM, conv and attention, the fp32 peak otherwise, and the achievable streaming
+bandwidth), so 100 % is what the hardware reaches in practice, not its datasheet; a device without
+achievable figures falls back to its datasheet.
 
 **Bound** (:func:`bound`, the one rule; docs/cost-models.md): *launch* when at least half of the
 group's activities found their stream idle waiting for the launch call (it started after the
 stream's previous activity ended, HTA's host wait) and ran shorter than that call: a faster kernel
 would change nothing; else *latency* when its mean activity is under :data:`SHORT_NS` (fixed
 launch, ramp and tail costs dominate); else *compute* or *memory* by which side of the roofline
-ridge (peak FLOP/s / DRAM bytes/s) its intensity falls; *unknown* without FLOPs and bytes.
+ridge (achievable FLOP/s / streaming bytes/s) its intensity falls; *unknown* without FLOPs and bytes.
 
 >>> from whatif.tracer.trace import load_trace
 >>> doc = ops_table(load_trace("sample_traces/llm_serve"))
@@ -40,7 +41,7 @@ from whatif.core.errors import WhatifError
 from whatif.core.kernels import KernelClass, classify_kernel, duration_shares, op_flops_bytes
 from whatif.documents import OpRow, OpsDocument
 from whatif.hardware.devices import Device, find_device, get_device
-from whatif.hardware.roofline import compute_peak, roofline_time_ns
+from whatif.hardware.roofline import achievable_rate, achievable_time_ns
 from whatif.tracer.args import Arg
 from whatif.tracer.trace import Trace
 
@@ -141,7 +142,7 @@ def activities(trace: Trace) -> pd.DataFrame:
     """One row per GPU activity (kernel, copy, memset) of every rank: ``kernel``, ``op`` (the
     launching op, else the kernel name), ``linked`` (whether it has one), ``op_event`` (its row,
     -1), ``shapes``, ``dtype``, ``kernel_class``, ``dur_ns``, ``flops``/``bytes`` (its share of
-    its op's, NaN when unknown), ``ideal_ns`` (datasheet roofline time, NaN when unknown),
+    its op's, NaN when unknown), ``ideal_ns`` (achievable roofline time, NaN when unknown),
     ``ridge`` (FLOP/byte), ``device`` (catalog name, "" when unknown) and ``launch_bound``."""
     work = gpu_work(trace)
     n = len(work)
@@ -186,8 +187,9 @@ def _per_distinct(values: np.ndarray, fn: Callable[[str], str]) -> np.ndarray:
 
 def _roofline(devices: dict[int, Device | None], ranks: np.ndarray, cls: np.ndarray, dtype: np.ndarray,
               flops: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per activity: its datasheet roofline time (ns) and the ridge point (FLOP/byte) of its class
-    and dtype on its rank's device (fp32 when the dtype is unknown); NaN without a device or work."""
+    """Per activity: its achievable roofline time (ns) and the ridge point (FLOP/byte) of its class,
+    dtype and size on its rank's device (fp32 when the dtype is unknown; datasheet figures for a
+    device without achievable ones); NaN without a device or work."""
     ideal = np.full(len(cls), np.nan)
     ridge = np.full(len(cls), np.nan)
     keys = pd.DataFrame({"r": ranks, "c": cls, "t": np.where(dtype == "", "fp32", dtype)})
@@ -195,10 +197,10 @@ def _roofline(devices: dict[int, Device | None], ranks: np.ndarray, cls: np.ndar
         dev = devices.get(int(r))
         if dev is None:
             continue
-        peak = compute_peak(dev, t, KernelClass(c))
-        ridge[idx] = peak / dev.mem_bw_bytes_per_s
+        size = np.nan_to_num(flops[idx])
+        ridge[idx] = [achievable_rate(dev, t, KernelClass(c), f) / dev.stream_bw_bytes_per_s for f in size]
         ok = idx[~np.isnan(flops[idx]) & ~np.isnan(nbytes[idx])]
-        ideal[ok] = [roofline_time_ns(f, b, dev, t, c) for f, b in zip(flops[ok], nbytes[ok])]
+        ideal[ok] = [achievable_time_ns(f, b, dev, t, c) for f, b in zip(flops[ok], nbytes[ok])]
     return ideal, ridge
 
 
@@ -240,7 +242,7 @@ def _row(key: tuple, idx: np.ndarray, c: _Columns, by: GroupBy) -> OpRow:
         intensity = flops / nbytes if nbytes else np.nan
     main = int(idx[int(np.argmax(dur))])   # the longest activity: the group's class and roof
     ridge = float(c.ridge[main])
-    bw = get_device(str(c.device[main])).mem_bw_bytes_per_s if c.device[main] else np.nan
+    bw = get_device(str(c.device[main])).stream_bw_bytes_per_s if c.device[main] else np.nan
     roof = float(np.minimum(ridge, intensity)) * bw
     per_ns = 1 / total if total else np.nan
     known = _round(intensity, 3)
