@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
+from functools import cache
 
 from whatif.core.dtypes import DType
 
@@ -175,15 +176,256 @@ _ROWS = [
     _d("GP100",            NV,  10.3,  0,     0,      20.7,   0,      0,      717,  56,  1442, 16,  4,   40,  "nvlink1-bridge", 16),
     _d("H100_SXM",         NV,  67,    494.7, 989.4,  989.4,  1978.9, 1978.9, 3350, 132, 1980, 80,  50,  450, "nvlink4",  64),
     _d("H100_PCIE",        NV,  51,    378,   756,    756,    1513,   1513,   2000, 114, 1755, 80,  50,  300, "nvlink4-bridge", 64),
+    _d("H100_NVL",         NV,  60,    417.5, 835.5,  835.5,  1670.5, 1670.5, 3900, 132, 1785, 94,  50,  300, "nvlink4-bridge", 64),
     _d("H200",             NV,  67,    494.7, 989.4,  989.4,  1978.9, 1978.9, 4800, 132, 1980, 141, 50,  450, "nvlink4",  64),
     _d("B200",             NV,  74.4,  1100,  2250,   2250,   4500,   4500,   8000, 148, 1965, 180, 126, 900, "nvlink5",  64),
+    _d("GB200",            NV,  80,    1250,  2500,   2500,   5000,   5000,   8000, 148, 1965, 186, 126, 900, "nvlink5",  450),
+    _d("L4",               NV,  30.3,  60,    121,    121,    242.5,  242.5,  300,  58,  2040, 24,  48,  0,   "",         32),
     _d("MI210",            AMD, 45.3,  0,     181,    181,    0,      181,    1638, 104, 1700, 64,  8,   150, "infinity-fabric", 32),
     _d("MI250X",           AMD, 47.85, 0,     191.5,  191.5,  0,      191.5,  1638, 110, 1700, 64,  8,   200, "infinity-fabric", 32),
     _d("MI300X",           AMD, 163.4, 653.7, 1307.4, 1307.4, 2614.9, 2614.9, 5300, 304, 2100, 192, 32,  448, "infinity-fabric", 64),
+    _d("MI325X",           AMD, 163.4, 653.7, 1307.4, 1307.4, 2614.9, 2614.9, 6000, 304, 2100, 256, 32,  448, "infinity-fabric", 64),
+    _d("MI355X",           AMD, 157.3, 0,     2500,   2500,   5000,   5000,   8000, 256, 2400, 288, 32,  537.6, "infinity-fabric", 64),
 ]
 
-DEVICES: dict[str, Device] = {d.name: d for d in _ROWS}
 
+# ---------------------------------------------------------------------------------------------
+# Achievable figures. Each is measured by a named public source (``Measured``) or derived from a
+# sibling's measured share of its datasheet figure (``Like``); ``_derive`` states the rule in the
+# figure's source. ``bench/device_achievable.py`` prints the figures read from Vidur's tables
+# and the shared traces.
+
+@dataclass(frozen=True)
+class Measured:
+    """A figure as a public source measured it (TFLOP/s, GB/s or us, as its field says)."""
+
+    value: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Like:
+    """A figure derived from a sibling device's figure by the rule of its field (``_derive``)."""
+
+    sibling: str
+
+
+@dataclass(frozen=True)
+class Share:
+    """A figure as a share of the device's own datasheet figure, with how the share was found."""
+
+    share: float
+    source: str
+
+
+Figure = Measured | Like | Share
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Where each achievable figure of one device comes from: ``gemm`` holds the measured large-GEMM
+    rates (TFLOP/s, M=N=K=8192 or the best shape), other dtypes scale with the device's own
+    bf16 (else fp16) share of peak; ``small`` the 2^31-FLOP GEMM rate; ``stream``/``l2``/``link``/
+    ``pcie`` GB/s; ``launch`` us."""
+
+    gemm: dict[DType, Measured] | Like
+    small: Measured | Like
+    stream: Figure
+    l2: Figure
+    launch: Measured | Like
+    link: Figure
+    pcie: Figure
+
+
+_MAMF = "Bekman, ml-engineering, 'Maximum Achievable Matmul FLOPS' table (torch.matmul, best shape)"
+_GPUB = "te42kyfo/gpu-benches @1c36d50"
+_VIDUR = "Vidur profiling data (shared/perfdata/vidur; bench/device_achievable.py)"
+_TRACES = "shared public traces (bench/device_achievable.py)"
+_PCIE = Share(0.8, "derived: 0.8 x the host link's rate (an assumed pinned-copy efficiency, not measured)")
+
+
+def _stream(file: str, gbs: float, note: str = "") -> Measured:
+    return Measured(gbs, f"{_GPUB} gpu-stream/{file} (best triad){note}")
+
+
+def _l2(file: str, gbs: float, note: str = "") -> Measured:
+    return Measured(gbs, f"{_GPUB} gpu-l2-cache/{file} (8 MB data set){note}")
+
+
+def _graph_launch(file: str, us: float, note: str = "") -> Measured:
+    return Measured(us, f"{_GPUB} gpu-small-kernels/{file} (64 kB SCALE kernels back to back in a CUDA graph){note}")
+
+
+def _trace_launch(us: float) -> Measured:
+    return Measured(us, f"1st percentile of kernel durations in the {_TRACES}")
+
+
+def _mamf(bf16: float, fp8: float = 0.0, note: str = "") -> dict[DType, Measured]:
+    gemm = {DType.BF16: Measured(bf16, f"{_MAMF}{note}")}
+    if fp8:
+        gemm[DType.FP8] = Measured(fp8, f"{_MAMF}{note}")
+    return gemm
+
+
+_A100_LINK = Measured(228.3, f"{_VIDUR}: send_recv of 64 MB between two GPUs of a DGX A100 (NVSwitch)")
+_SMALL_TRACE = f"bf16 GEMMs of 0.5-8 GFLOP in the {_TRACES}, log-linear fit read at 2^31 FLOPs"
+
+_EVIDENCE: dict[str, Evidence] = {
+    "H100_SXM": Evidence(_mamf(794.5, 1402.6), Measured(159.0, _SMALL_TRACE), Like("H100_PCIE"), Like("H200"),
+                         _trace_launch(1.57), Like("A100_SXM_80GB"), _PCIE),
+    "MI300X": Evidence(_mamf(668.4, note=", PYTORCH_TUNABLEOP_ENABLED=1"), Measured(120.6, _SMALL_TRACE),
+                       Like("MI210"), Like("MI210"), _trace_launch(1.60), Like("A100_SXM_80GB"), _PCIE),
+    "A100_SXM_80GB": Evidence(_mamf(271.2, note="; Vidur's best GEMM: 271.0"),
+                              Measured(146.4, f"{_VIDUR}: 90th percentile of GEMMs of 1-4.3 GFLOP"),
+                              _stream("a100_80.txt", 1759), _l2("a100_80.txt", 5437), _trace_launch(1.86),
+                              _A100_LINK, _PCIE),
+    "A40": Evidence({DType.BF16: Measured(127.6, f"{_VIDUR}: best GEMM of at least 0.5 TFLOP")},
+                    Measured(81.3, f"{_VIDUR}: 90th percentile of GEMMs of 1-4.3 GFLOP"),
+                    _stream("a40.txt", 663), Like("L40S"), _graph_launch("a40_graph.txt", 1.09),
+                    Like("A100_SXM_80GB"), _PCIE),
+}
+_EVIDENCE |= {
+    "A100_SXM_40GB": Evidence(Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), _stream("a100_40.txt", 1375),
+                              Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), _PCIE),
+    "A100_PCIE_40GB": Evidence(_mamf(252.9, note=" (A100 PCIe)"), Like("A100_SXM_80GB"), Like("A100_SXM_40GB"),
+                               Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), _PCIE),
+    "A100_PCIE_80GB": Evidence(_mamf(252.9, note=" (A100 PCIe)"), Like("A100_SXM_80GB"), Like("A100_SXM_80GB"),
+                               Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), _PCIE),
+    "V100_SXM2_16GB": Evidence(Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), _stream("v100.txt", 814),
+                               Like("L40S"), Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), _PCIE),
+    "V100_SXM2_32GB": Evidence(Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), _stream("v100.txt", 814),
+                               Like("L40S"), Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), _PCIE),
+    "V100_PCIE_32GB": Evidence(Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), _stream("v100.txt", 814),
+                               Like("L40S"), Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), _PCIE),
+    "L40S": Evidence(Like("A40"), Like("A40"), _stream("l40.txt", 803, ": the L40, same AD102 and 864 GB/s GDDR6"),
+                     _l2("l40.txt", 5332, ": the L40, same AD102"),
+                     _graph_launch("l40_graph.txt", 0.94, ": the L40"), Like("A100_SXM_80GB"), _PCIE),
+    "L4": Evidence(Like("A40"), Like("A40"), Like("L40S"), Like("L40S"), Like("L40S"), Like("A100_SXM_80GB"), _PCIE),
+    "RTX_4090": Evidence(Like("A40"), Like("A40"), Like("L40S"), Like("L40S"), Like("L40S"), Like("A100_SXM_80GB"),
+                         _PCIE),
+    "RTX_2080_TI": Evidence(Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), Like("A40"), Like("L40S"),
+                            Like("A40"), Like("A100_SXM_80GB"), _PCIE),
+    "GP100": Evidence(Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), Like("V100_SXM2_32GB"), Like("L40S"),
+                      _trace_launch(2.00), Like("A100_SXM_80GB"), _PCIE),
+    "H100_PCIE": Evidence(Like("H100_SXM"), Like("H100_SXM"), _stream("h100_pcie.txt", 1832),
+                          _l2("h100_pcie.txt", 7034), Like("H100_SXM"), Like("A100_SXM_80GB"), _PCIE),
+    "H100_NVL": Evidence(Like("H100_SXM"), Like("H100_SXM"), Like("H100_PCIE"), Like("H100_PCIE"), Like("H100_SXM"),
+                         Like("A100_SXM_80GB"), _PCIE),
+    "H200": Evidence(_mamf(794.5, 1453.4, note=" (bf16: 'H200 is the same' as H100)"), Like("H100_SXM"),
+                     _stream("h200.txt", 3534), _l2("h200.txt", 10252), _graph_launch("h200_graph.txt", 1.26),
+                     Like("A100_SXM_80GB"), _PCIE),
+    "B200": Evidence(_mamf(1745.0, 3432.5), Measured(306.3, _SMALL_TRACE), Like("H200"), Like("H200"),
+                     _trace_launch(2.62), Like("A100_SXM_80GB"), _PCIE),
+    "GB200": Evidence(_mamf(1822.0, 3615.6), Like("B200"), Like("H200"), Like("H200"), Like("B200"),
+                      Like("A100_SXM_80GB"), _PCIE),
+    "MI210": Evidence(Like("MI300X"), Like("MI300X"), _stream("mi210.txt", 1305),
+                      Measured(5064, f"{_GPUB} gpu-l2-cache/mi210.txt (4 MB data set, half its L2)"),
+                      _graph_launch("mi210_graph.txt", 2.05, " (hipGraph)"), Like("A100_SXM_80GB"), _PCIE),
+    "MI250X": Evidence(Like("MI300X"), Like("MI300X"), Like("MI210"), Like("MI210"), Like("MI210"),
+                       Like("A100_SXM_80GB"), _PCIE),
+    "MI325X": Evidence(_mamf(784.9, note=", PYTORCH_TUNABLEOP_ENABLED=1, 1000 W"), Like("MI300X"), Like("MI300X"),
+                       Like("MI300X"), Like("MI300X"), Like("A100_SXM_80GB"), _PCIE),
+    "MI355X": Evidence(_mamf(1565.0, note=", PYTORCH_TUNABLEOP_ENABLED=0"), Like("MI300X"), Like("MI300X"),
+                       Like("MI300X"), Like("MI300X"), Like("A100_SXM_80GB"), _PCIE),
+}
+
+
+def _sixteen_bit(rates: dict[DType, float]) -> float:
+    """The bf16 rate, else the fp16 one (the dtype every catalog GPU has a GEMM figure for)."""
+    return rates[DType.BF16] if DType.BF16 in rates else rates[DType.FP16]
+
+
+class _Bandwidth(Enum):
+    """The bandwidth-like figures: how each is read from evidence, datasheet and Achievable."""
+
+    STREAM = "stream_bw_bytes_per_s"
+    L2 = "l2_bw_bytes_per_s"
+    LINK = "link_bw_bytes_per_s"
+    PCIE = "pcie_bw_bytes_per_s"
+
+    def evidence(self, ev: Evidence) -> Figure:
+        return {_Bandwidth.STREAM: ev.stream, _Bandwidth.L2: ev.l2, _Bandwidth.LINK: ev.link,
+                _Bandwidth.PCIE: ev.pcie}[self]
+
+    def datasheet(self, d: Device) -> float:
+        """The datasheet figure the achieved one is a share of (L2: SMs x clock, no datasheet rate)."""
+        return {_Bandwidth.STREAM: d.mem_bw_bytes_per_s, _Bandwidth.L2: d.sm_count * d.clock_hz,
+                _Bandwidth.LINK: d.link_bw_bytes_per_s, _Bandwidth.PCIE: d.pcie_bw_bytes_per_s}[self]
+
+
+@cache
+def _gemm(name: str) -> tuple[dict[DType, float], str]:
+    """Large-GEMM FLOP/s per dtype: measured ones, the rest at the 16-bit share of their peak; a
+    ``Like`` device takes its sibling's 16-bit share."""
+    device, figure = _DATASHEET[name], _EVIDENCE[name].gemm
+    if isinstance(figure, Like):
+        sib = _DATASHEET[figure.sibling]
+        share = _sixteen_bit(_gemm(sib.name)[0]) / _sixteen_bit(sib.peak)
+        return ({d: share * peak for d, peak in device.peak.items()},
+                f"derived: {sib.name}'s 16-bit GEMM share of peak ({share:.2f}) x this device's peaks")
+    measured = {d: m.value * T for d, m in figure.items()}
+    share = _sixteen_bit(measured) / _sixteen_bit(device.peak)
+    by_source: dict[str, list[str]] = {}
+    for d, m in figure.items():
+        by_source.setdefault(m.source, []).append(d.value)
+    source = "; ".join(f"{', '.join(dtypes)}: {src}" for src, dtypes in by_source.items())
+    return ({d: measured.get(d, share * peak) for d, peak in device.peak.items()},
+            f"{source}; other dtypes derived: the 16-bit share of peak ({share:.2f}) x their peak")
+
+
+@cache
+def _small_ratio(name: str) -> tuple[float, str]:
+    """The 2^31-FLOP GEMM rate over the large one (the same for every dtype). Derived from a
+    sibling: its ratio x sqrt(its large rate / ours), at most 1 -- a wider GPU fills less of itself
+    with the same FLOPs; the square root splits "same ratio" and "same time" evenly."""
+    figure = _EVIDENCE[name].small
+    if isinstance(figure, Like):
+        ratio, _ = _small_ratio(figure.sibling)
+        width = _sixteen_bit(_gemm(figure.sibling)[0]) / _sixteen_bit(_gemm(name)[0])
+        scaled = min(1.0, ratio * math.sqrt(width))
+        return scaled, (f"derived: {figure.sibling}'s small/large GEMM ratio ({ratio:.2f}) x sqrt of its large "
+                        f"rate over ours ({width:.2f}) = {scaled:.2f} x the large figures")
+    return (figure.value * T / _sixteen_bit(_gemm(name)[0]),
+            f"16-bit: {figure.source}; other dtypes: the same share of their large figure")
+
+
+@cache
+def _bandwidth(kind: _Bandwidth, name: str) -> tuple[float, str]:
+    """Bytes/s: measured, a share of this device's datasheet figure, or the sibling's share of its
+    own datasheet figure (L2: per SM x clock) times this device's."""
+    device, figure = _DATASHEET[name], kind.evidence(_EVIDENCE[name])
+    if isinstance(figure, Measured):
+        return figure.value * G, figure.source
+    if isinstance(figure, Share):
+        return figure.share * kind.datasheet(device), figure.source
+    sib = _DATASHEET[figure.sibling]
+    share = _bandwidth(kind, sib.name)[0] / kind.datasheet(sib) if kind.datasheet(sib) else 0.0
+    unit = "per SM x clock " if kind is _Bandwidth.L2 else ""
+    return (share * kind.datasheet(device),
+            f"derived: {sib.name}'s figure {unit}({share:.3g} of its datasheet) x this device's")
+
+
+@cache
+def _launch(name: str) -> tuple[float, str]:
+    figure = _EVIDENCE[name].launch
+    if isinstance(figure, Like):
+        return _launch(figure.sibling)[0], f"derived: {figure.sibling}'s"
+    return figure.value * 1e3, figure.source
+
+
+def _achievable(name: str) -> Achievable:
+    """``name``'s Achievable from its evidence, each figure with its source."""
+    gemm, ratio = _gemm(name), _small_ratio(name)
+    bw = {kind: _bandwidth(kind, name) for kind in _Bandwidth}
+    launch = _launch(name)
+    sources = {"gemm_flops": gemm[1], "small_gemm_flops": ratio[1], "launch_ns": launch[1],
+               **{kind.value: bw[kind][1] for kind in _Bandwidth}}
+    return Achievable(gemm[0], {d: ratio[0] * v for d, v in gemm[0].items()}, bw[_Bandwidth.STREAM][0],
+                      bw[_Bandwidth.L2][0], launch[0], bw[_Bandwidth.LINK][0], bw[_Bandwidth.PCIE][0], sources)
+
+
+_DATASHEET: dict[str, Device] = {d.name: d for d in _ROWS}
+DEVICES: dict[str, Device] = {name: replace(d, achievable=_achievable(name)) for name, d in _DATASHEET.items()}
 
 def get_device(name: str) -> Device:
     """Catalog entry by its name (case-insensitive) or by a name as traces write it.
@@ -211,10 +453,13 @@ _NAME_RULES: list[tuple[str, str]] = [
     (r"a100.*80", "A100_SXM_80GB"),
     (r"a100", "A100_SXM_40GB"),
     (r"h100.*pcie", "H100_PCIE"),
+    (r"h100 ?nvl", "H100_NVL"),
     (r"h100|h800", "H100_SXM"),
     (r"h200", "H200"),
+    (r"gb200", "GB200"),
     (r"b200", "B200"),
     (r"l40s", "L40S"),
+    (r"\bl4\b", "L4"),
     (r"\ba40\b", "A40"),
     (r"4090", "RTX_4090"),
     (r"2080 ?ti", "RTX_2080_TI"),
@@ -223,6 +468,8 @@ _NAME_RULES: list[tuple[str, str]] = [
     (r"v100.*16gb", "V100_SXM2_16GB"),
     (r"v100", "V100_SXM2_32GB"),
     (r"mi300x", "MI300X"),
+    (r"mi325x", "MI325X"),
+    (r"mi355x", "MI355X"),
     (r"mi250", "MI250X"),
     (r"mi210", "MI210"),
 ]

@@ -3,13 +3,17 @@ import pytest
 from _cost_data import TRACES, need
 
 from whatif.core.dtypes import DType
-from whatif.hardware.devices import DEVICES, Vendor, find_device, get_device
+from whatif.hardware.devices import DEVICES, LARGE_GEMM_FLOPS, SMALL_GEMM_FLOPS, Vendor, find_device, get_device
+
+ACHIEVABLE_FIELDS = ("gemm_flops", "small_gemm_flops", "stream_bw_bytes_per_s", "l2_bw_bytes_per_s", "launch_ns",
+                     "link_bw_bytes_per_s", "pcie_bw_bytes_per_s")
 
 
 def test_catalog_covers_required_devices():
     for name in ("V100_SXM2_32GB", "A100_SXM_40GB", "A100_SXM_80GB", "A100_PCIE_40GB",
                  "A100_PCIE_80GB", "A40", "L40S", "RTX_4090", "H100_SXM", "H100_PCIE", "H200",
-                 "B200", "MI250X", "MI300X", "RTX_2080_TI", "GP100"):
+                 "B200", "MI250X", "MI300X", "RTX_2080_TI", "GP100", "L4", "GB200", "H100_NVL", "MI210",
+                 "MI325X", "MI355X"):
         assert name in DEVICES
 
 
@@ -44,6 +48,8 @@ def test_ridge_point_by_hand():
     ("NVIDIA GeForce RTX 2080 Ti", "RTX_2080_TI"), ("NVIDIA GeForce RTX 4090", "RTX_4090"),
     ("NVIDIA A40", "A40"), ("NVIDIA L40S", "L40S"), ("AMD Instinct MI210", "MI210"),
     ("NVIDIA A100 80GB PCIe", "A100_PCIE_80GB"), ("NVIDIA H200", "H200"),
+    ("NVIDIA GB200", "GB200"), ("NVIDIA L4", "L4"), ("NVIDIA H100 NVL", "H100_NVL"),
+    ("AMD Instinct MI325X", "MI325X"), ("AMD Instinct MI355X", "MI355X"),
 ])
 def test_find_device(trace_name, expected):
     assert find_device(trace_name).name == expected
@@ -78,3 +84,57 @@ def test_every_named_gpu_in_shared_traces_is_known():
     assert names
     unknown = {n for n in names if find_device(n) is None} - {"AMD Radeon Graphics", "ARTEMIS"}  # APU, MTIA: not GPUs
     assert not unknown, unknown
+
+
+@pytest.mark.parametrize("name", sorted(DEVICES))
+def test_every_gpu_has_achievable_figures_within_its_datasheet(name):
+    d = DEVICES[name]
+    a = d.achievable
+    assert a is not None
+    assert set(a.gemm_flops) == set(d.peak)                       # a GEMM figure for every dtype it runs
+    for dtype, rate in a.gemm_flops.items():
+        assert 0.3 * d.peak[dtype] <= rate <= d.peak[dtype]
+        assert 0 < a.small_gemm_flops[dtype] <= rate               # a 2^31-FLOP GEMM never beats 8192^3
+    assert 0.5 * d.mem_bw_bytes_per_s <= a.stream_bw_bytes_per_s <= d.mem_bw_bytes_per_s
+    assert a.l2_bw_bytes_per_s > a.stream_bw_bytes_per_s          # the L2 is faster than DRAM on every GPU
+    assert 0 <= a.link_bw_bytes_per_s <= d.link_bw_bytes_per_s
+    assert (a.link_bw_bytes_per_s == 0) == (d.link_bw_bytes_per_s == 0)
+    assert 0 < a.pcie_bw_bytes_per_s <= d.pcie_bw_bytes_per_s
+    assert 500 <= a.launch_ns <= 5000
+    assert set(a.sources) == set(ACHIEVABLE_FIELDS)
+    assert all(a.sources[f].strip() for f in ACHIEVABLE_FIELDS)
+
+
+def test_measured_figures_and_their_sources():
+    h100, mi300x = get_device("H100_SXM").achievable, get_device("MI300X").achievable
+    # the brief's point: MI300X's datasheet bf16 peak is 1.32x H100's, its achieved GEMM rate is lower
+    assert get_device("MI300X").peak_flops("bf16") > get_device("H100_SXM").peak_flops("bf16")
+    assert mi300x.gemm_flops[DType.BF16] < h100.gemm_flops[DType.BF16]
+    assert h100.gemm_flops[DType.BF16] == pytest.approx(794.5e12)
+    assert "Maximum Achievable Matmul FLOPS" in h100.sources["gemm_flops"]
+    a100 = get_device("A100_SXM_80GB").achievable
+    assert a100.stream_bw_bytes_per_s == pytest.approx(1759e9) and "gpu-stream/a100_80.txt" in a100.sources[
+        "stream_bw_bytes_per_s"]
+    assert "Vidur" in get_device("A40").achievable.sources["gemm_flops"]
+
+
+def test_derived_figures_follow_their_sibling_and_say_so():
+    pcie, sxm = get_device("H100_PCIE"), get_device("H100_SXM")
+    share = pcie.achievable.stream_bw_bytes_per_s / pcie.mem_bw_bytes_per_s
+    assert sxm.achievable.stream_bw_bytes_per_s == pytest.approx(share * sxm.mem_bw_bytes_per_s)
+    assert sxm.achievable.sources["stream_bw_bytes_per_s"].startswith("derived: H100_PCIE")
+    # dtypes without a measurement run at the measured 16-bit share of their own peak
+    assert sxm.achievable.gemm_flops[DType.TF32] / sxm.peak[DType.TF32] == pytest.approx(794.5 / 989.4)
+    # a GPU without a measured GEMM figure takes its sibling's share of peak
+    l40s, a40 = get_device("L40S"), get_device("A40")
+    assert l40s.achievable.gemm_flops[DType.BF16] / l40s.peak[DType.BF16] == pytest.approx(
+        a40.achievable.gemm_flops[DType.BF16] / a40.peak[DType.BF16])
+
+
+def test_matrix_flops_spans_the_small_and_large_figures():
+    a = get_device("H100_SXM").achievable
+    small, large = a.small_gemm_flops[DType.BF16], a.gemm_flops[DType.BF16]
+    assert a.matrix_flops(DType.BF16, SMALL_GEMM_FLOPS / 8) == small
+    assert a.matrix_flops(DType.BF16, LARGE_GEMM_FLOPS * 8) == large
+    middle = a.matrix_flops(DType.BF16, (SMALL_GEMM_FLOPS * LARGE_GEMM_FLOPS) ** 0.5)
+    assert middle == pytest.approx((small * large) ** 0.5)
