@@ -38,7 +38,7 @@ from .roofline import achievable_time_ns, fixed_latency_ns
 
 MIN_FAMILY_SAMPLES = 8     # a family curve needs this many paired kernels, else its class's curve
 POINTS_PER_KNOT = 40
-FADE_DECADES = 1.0         # above the largest fitted kernel, the residual fades out over this (log10 ns)
+FADE_DECADES = 0.25        # above the largest fitted kernel, the residual fades out over this (log10 ns)
 
 
 @dataclass(frozen=True)
