@@ -49,7 +49,7 @@ class Curve:
     what makes small kernels differ, launch and tail effects, shrinks with size). ``samples``: the
     paired kernels it was fitted on.
 
-    >>> Curve((0.0, 1.0), (0.2, 0.4), 80, 1.0).at(np.array([-1.0, 0.5, 1.5, 3.0])).round(3).tolist()
+    >>> Curve((0.0, 1.0), (0.2, 0.4), 80, 1.0).at(np.array([-1.0, 0.5, 1.125, 3.0])).round(3).tolist()
     [0.2, 0.3, 0.2, 0.0]
     """
 

@@ -19,6 +19,7 @@ from whatif.commands import devices as devices_command
 from whatif.depgraph.graph import TaskGraph, TaskKind
 from whatif.hardware.devices import get_device
 from whatif.hardware.retarget import retarget_ns
+from whatif.hardware.roofline import fixed_latency_ns
 from whatif.predictors.costs import TraceCostModel
 from whatif.transforms.base import TransformContext, TransformError
 from whatif.transforms.optimizations.gpu import Gpu
@@ -28,7 +29,7 @@ from whatif.transforms.select import Selector
 
 A100, H100 = get_device("A100_SXM_80GB"), get_device("H100_SXM")
 N = 4096
-FIXED_NS = 2_000
+FIXED_NS = fixed_latency_ns(A100)   # the recorded GPU's fixed kernel latency
 GEMM_US, ADD_US, GEMV_US = 8000, 120, 30
 
 
@@ -69,11 +70,12 @@ def kernel(graph: TaskGraph, prefix: str) -> np.ndarray:
     return ids
 
 
-def busy_ratio(before: TaskGraph, after: TaskGraph, ids: np.ndarray) -> float:
-    """(T' − F)/(T − F) averaged over ``ids``: the factor on the scalable part."""
+def busy_ratio(before: TaskGraph, after: TaskGraph, ids: np.ndarray, fixed_after: float = FIXED_NS) -> float:
+    """(T' − F')/(T − F) averaged over ``ids``: the factor on the scalable part (F, F' the fixed
+    kernel latencies of the GPUs before and after)."""
     b = before.tasks["dur_ns"].to_numpy()[ids].astype(float)
     a = after.tasks["dur_ns"].to_numpy()[ids].astype(float)
-    return float(np.mean((a - FIXED_NS) / (b - FIXED_NS)))
+    return float(np.mean((a - fixed_after) / (b - FIXED_NS)))
 
 
 def apply(analysis: Analysis, *transforms) -> TaskGraph:
@@ -124,7 +126,8 @@ def test_int4_weight_only_shrinks_decode_gemv_by_weight_bytes(tmp_path: Path) ->
     a = analyze(ops_trace(types="c10::BFloat16").write(tmp_path / "bf16.json.gz"))
     out = apply(a, Precision(dtype="int4_weight"))
     g = a.graph
-    assert busy_ratio(g, out, kernel(g, "gemv2T")) == pytest.approx(0.25, rel=0.02)   # 4 bits / 16 bits
+    # 4 bits / 16 bits, to the power Habitat's gamma: just under 1 at intensity ~1 (achievable ridge)
+    assert busy_ratio(g, out, kernel(g, "gemv2T")) == pytest.approx(0.25, rel=0.05)
     assert busy_ratio(g, out, kernel(g, "ampere_sgemm")) > 0.85          # compute-bound: barely changes
     assert busy_ratio(g, out, kernel(g, "vectorized_elementwise")) == 1.0  # activations stay bf16
     int8w = apply(a, Precision(dtype="int8", weight_only=True))
@@ -155,10 +158,12 @@ def test_refusals(fp32_a100: Analysis, tmp_path: Path) -> None:
 def test_gpu_a100_to_h100(fp32_a100: Analysis) -> None:
     g = fp32_a100.graph
     out = apply(fp32_a100, Gpu(device="NVIDIA H100 80GB HBM3"))       # trace-style names work too
-    bw = A100.mem_bw_bytes_per_s / H100.mem_bw_bytes_per_s
-    assert busy_ratio(g, out, kernel(g, "vectorized_elementwise")) == pytest.approx(bw, rel=0.01)
-    peak = A100.peak_flops("fp32") / H100.peak_flops("fp32")
-    assert busy_ratio(g, out, kernel(g, "ampere_sgemm")) == pytest.approx(peak, rel=0.05)
+    bw = A100.stream_bw_bytes_per_s / H100.stream_bw_bytes_per_s     # achievable streaming bandwidths
+    h100_fixed = fixed_latency_ns(H100)
+    assert busy_ratio(g, out, kernel(g, "vectorized_elementwise"), h100_fixed) == pytest.approx(bw, rel=0.01)
+    flops = 2.0 * N ** 3                                              # compute-bound: achievable GEMM rates at its size
+    rates = A100.achievable_matrix_flops("fp32", flops) / H100.achievable_matrix_flops("fp32", flops)
+    assert busy_ratio(g, out, kernel(g, "ampere_sgemm"), h100_fixed) == pytest.approx(rates, rel=0.01)
     # the transform prices each kernel as the retargeting function does: same efficiency on the destination
     add = kernel(g, "vectorized_elementwise")[0]
     moved = retarget_ns([ADD_US * 1000], ["elementwise"], ["fp32"], [N * N], [3 * N * N * 4], A100, H100)

@@ -15,6 +15,7 @@ from whatif.core.dtypes import DType
 from whatif.depgraph.graph import GPU_WORK_KINDS, kind_codes
 from whatif.hardware.devices import Achievable, get_device
 from whatif.hardware.retarget import (
+    FADE_DECADES,
     Curve,
     PairedKernels,
     fit_curve,
@@ -72,7 +73,9 @@ def test_achievable_rate_between_small_and_large_gemm():
     assert 300e12 < mid < 700e12 and mid == pytest.approx((300e12 * 700e12) ** 0.5, rel=0.01)
     # no figure for fp8: its datasheet peak; a device without figures: its datasheet roofline
     assert dev.achievable_matrix_flops("fp8", large) == H100.peak_flops("fp8")
-    assert achievable_time_ns(1e12, 1e9, A40, "fp16", "gemm") == roofline_time_ns(1e12, 1e9, A40, "fp16", "gemm")
+    bare = replace(A40, achievable=None)
+    assert achievable_time_ns(1e12, 1e9, bare, "fp16", "gemm") == roofline_time_ns(1e12, 1e9, bare, "fp16", "gemm")
+    assert achievable_time_ns(1e12, 1e9, A40, "fp16", "gemm") > roofline_time_ns(1e12, 1e9, A40, "fp16", "gemm")
 
 
 def test_faster_destination_never_slower():
@@ -90,7 +93,8 @@ def test_faster_destination_never_slower():
 def test_curve_fit_and_fade():
     c = fit_curve(np.r_[np.zeros(40), np.ones(40)], np.r_[np.full(40, 0.5), np.full(40, 0.1)])
     assert c.knots == (0.0, 1.0) and c.values == (0.5, 0.1) and c.samples == 80 and c.x_max == 1.0
-    faded = Curve((0.0,), (0.3,), 1, 0.0).at(np.array([-5.0, 0.0, 0.5, 2.0]))
+    half = FADE_DECADES / 2
+    faded = Curve((0.0,), (0.3,), 1, 0.0).at(np.array([-5.0, 0.0, half, 2.0]))
     assert faded.tolist() == pytest.approx([0.3, 0.3, 0.15, 0.0])
     with pytest.raises(ValueError, match="no finite points"):
         fit_curve(np.array([np.nan]), np.array([1.0]))
@@ -105,7 +109,8 @@ def test_fit_recovers_a_residual_by_family():
     frame["src_ns"] = 2_000 + flops / 150e12 * 1e9
     work = (frame["kernel_class"], frame["dtype"], frame["flops"], frame["bytes"])
     base = retarget_ns(frame["src_ns"], *work, A100, H100)
-    frame["dst_ns"] = 2_000 + (base - 2_000) * 1.3          # the destination is 30 % slower than its roofline says
+    fixed = np.minimum(frame["src_ns"], fixed_latency_ns(A100)) * fixed_latency_ns(H100) / fixed_latency_ns(A100)
+    frame["dst_ns"] = fixed + (base - fixed) * 1.3          # the destination is 30 % slower than its roofline says
     fit = fit_retarget(PairedKernels(frame), A100, H100)
     assert set(fit.families) == {"aten::mm"} and set(fit.classes) == {"gemm"}
     got = retarget_ns(frame["src_ns"], *work, A100, H100, fit, frame["family"])
@@ -136,20 +141,21 @@ def _apply(path: Path, transform: Gpu):
     return a.graph, Scenario("t", [transform]).apply(a.graph, make_context(a.trace))[-1]
 
 
-def test_gpu_fit_from_moves_gpu_time_toward_the_measured_one():
-    """BERT H100 -> MI300X fitted on the Falconsai pair: the GPU busy time lands closer to BERT's
-    measured MI300X busy time than the unfitted move does."""
+def test_gpu_fit_from_its_own_pair_lands_on_the_measured_gpu_time():
+    """BERT H100 -> MI300X fitted on BERT's own pair (in sample: the plumbing from two traces to
+    the fitted curves to the moved kernels): the GPU busy time lands within 3 % of the measured
+    one, far closer than without the fit (bench/whatif_gpu.py scores the honest leave-one-out)."""
     need(HF)
-    src = HF / "hf_h100" / BERT
-    measured = analyze(HF / "hf_mi300" / BERT).graph
+    src, dst = HF / "hf_h100" / BERT, HF / "hf_mi300" / BERT
+    measured = analyze(dst).graph
 
     def busy(g) -> float:
         t = g.tasks
         return float(t["dur_ns"][t["kind"].isin(kind_codes(GPU_WORK_KINDS)) & (t["step"] >= 0)].sum())
     _, plain = _apply(src, Gpu(device="MI300X"))
-    _, fitted = _apply(src, Gpu(device="MI300X", fit_from=[f"{HF / 'hf_h100' / FALCON}={HF / 'hf_mi300' / FALCON}"]))
+    _, fitted = _apply(src, Gpu(device="MI300X", fit_from=[f"{src}={dst}"]))
     target = busy(measured)
-    assert abs(busy(fitted) - target) < abs(busy(plain) - target)
+    assert abs(busy(fitted) / target - 1) < 0.03 < abs(busy(plain) / target - 1)
 
 
 def test_gpu_fit_from_refusals(tmp_path: Path):
