@@ -12,7 +12,8 @@ from _cost_data import TRACES, VIDUR, bench_module, need
 
 from whatif.api import analyze, make_context
 from whatif.core.dtypes import DType
-from whatif.depgraph.graph import GPU_WORK_KINDS, kind_codes
+from whatif.core.errors import WhatifError
+from whatif.depgraph.graph import GPU_WORK_KINDS, TaskKind, kind_codes
 from whatif.hardware.devices import Achievable, get_device
 from whatif.hardware.retarget import (
     FADE_DECADES,
@@ -24,6 +25,7 @@ from whatif.hardware.retarget import (
 )
 from whatif.hardware.roofline import achievable_time_ns, fixed_latency_ns, roofline_time_ns
 from whatif.predictors.pairs import op_calls, paired_ops
+from whatif.tracer.host import host_time_ratio
 from whatif.transforms.base import TransformError
 from whatif.transforms.optimizations.gpu import Gpu
 from whatif.transforms.scenario import Scenario
@@ -176,3 +178,34 @@ def test_vidur_families_within_goal_leave_one_model_out():
     errors = bench.retargeted(bench.paired(), fitted=True)
     medians = errors.groupby(["direction", "family"])["err"].median()
     assert len(medians) == 10 and (medians <= bench.FAMILY_GOAL_PCT).all(), medians.to_dict()
+
+
+def test_host_ratio_of_the_same_program_on_two_hosts():
+    need(HF)
+    h100, mi300 = analyze(HF / "hf_h100" / BERT).trace, analyze(HF / "hf_mi300" / BERT).trace
+    there = host_time_ratio(h100, mi300)
+    back = host_time_ratio(mi300, h100)
+    assert there.matched_ops >= 20 and 0.5 < there.coverage <= 1.0
+    assert 0.7 < there.time_ratio < 1.0            # the MI300X machine runs BERT's CPU ops faster
+    assert there.time_ratio * back.time_ratio == pytest.approx(1.0, rel=0.15)
+    assert host_time_ratio(h100, h100).time_ratio == pytest.approx(1.0)
+
+
+def test_host_ratio_refuses_unrelated_programs(tmp_path: Path):
+    need(HF)
+    h100 = analyze(HF / "hf_h100" / BERT).trace
+    other = analyze(need(TRACES / "tracelens" / "mi210_gpu_only.json.gz")).trace
+    with pytest.raises(WhatifError, match="CPU ops of the same name and shapes"):
+        host_time_ratio(h100, other)
+
+
+def test_gpu_host_from_scales_the_cpu_side():
+    need(HF)
+    src, dst = HF / "hf_h100" / BERT, HF / "hf_mi300" / BERT
+    g, out = _apply(src, Gpu(device="MI300X", host_from=str(dst)))
+    ratio = host_time_ratio(analyze(src).trace, analyze(dst).trace).time_ratio
+    cpu = g.tasks["kind"].isin([int(TaskKind.CPU_CALL), int(TaskKind.CPU_WORK)]).to_numpy()
+    before, after = g.tasks["dur_ns"].to_numpy()[cpu], out.tasks["dur_ns"].to_numpy()[cpu]
+    assert np.allclose(after, np.rint(before * ratio), atol=1)
+    with pytest.raises(TransformError, match="host_speed or host_from, not both"):
+        _apply(src, Gpu(device="MI300X", host_from=str(dst), host_speed=2.0))

@@ -1,17 +1,21 @@
-"""``gpu``: run the selected GPU work on another GPU of the catalog (Habitat-style, per task).
+"""``gpu``: run the selected GPU work on another GPU of the catalog, each kernel keeping its efficiency.
 
-* Kernels and memsets: Habitat's wave scaling (Yu et al., USENIX ATC 2021) of the time above a
-  fixed 2 µs latency: ``T' = F' + (T − F')·(B_o/B_d)^γ·(P_o/P_d)^(1−γ)``, ``F' = min(T, 2 µs)``,
-  ``B`` DRAM bandwidth, ``P`` the peak FLOP/s of the kernel's dtype on the unit it uses (tensor
-  cores for GEMM/conv/attention, fp32 vector units otherwise; whatif's refinement of Habitat's
-  clock×SM term), ``γ = 1 − 0.5·I/R`` for ``I ≤ R`` else ``0.5·R/I`` with the kernel's
-  arithmetic intensity ``I`` (recorded shapes, or estimated) and the destination ridge ``R``.
+* Kernels and memsets keep the share they reached of the recorded GPU's *achievable* roofline
+  (:func:`whatif.hardware.retarget.retarget_ns`): ``T' = F·L_d/L_s + (T − F)·A_d/A_s``,
+  ``F = min(T, L_s)``, ``A`` the achievable roofline time of the kernel's FLOPs and bytes (the
+  achievable GEMM rate of its dtype at its size for GEMM/conv/attention, the fp32 peak
+  otherwise, and the streaming bandwidth), ``L`` each GPU's fixed kernel latency. ``fit_from``
+  adds residual curves per op family fitted on pairs of traces of one program recorded on both
+  GPUs (``'ON_SOURCE=ON_DEST'``; :mod:`whatif.predictors.pairs`).
 * Memcpys: host↔device by the PCIe bandwidth ratio, device↔device by the DRAM ratio, peer
   copies by the peer-link ratio; collectives by the peer-link ratio (NVLink / Infinity Fabric
   per direction; PCIe for a GPU without peer links). Topology changes are not modeled.
 * CPU tasks are unchanged (the host, driver and launch path are not part of the GPU) unless
   ``host_speed`` is given: then CPU calls, CPU work and the CPU gaps between them (thread-order
-  edge latencies) take ``1/host_speed`` of their time. Launch latencies and GPU idle stay.
+  edge latencies) take ``1/host_speed`` of their time. ``host_from`` instead measures that
+  factor: a trace of the same program on the destination's host, whose CPU ops of the same name
+  and shapes ran at some ratio of this trace's (:func:`whatif.tracer.host.host_time_ratio`).
+  Launch latencies and GPU idle stay.
 
 Capacity: when the trace holds allocator records (``whatif record --memory``), a destination
 with less memory than a device's recorded allocated peak is refused in one line (the work does
@@ -38,6 +42,7 @@ from whatif.depgraph.graph import (
     kind_codes,
 )
 from whatif.hardware.devices import GIB, find_device, get_device
+from whatif.tracer.host import host_time_ratio
 from whatif.tracer.memory import device_label, gpu_peaks
 from whatif.tracer.trace import Trace, load_trace
 
@@ -54,13 +59,17 @@ _CPU_KINDS = (int(TaskKind.CPU_CALL), int(TaskKind.CPU_WORK))
 @dataclass
 class Gpu(Transform):
     name = "gpu"
-    description = "Run on another GPU of the catalog (Habitat scaling per kernel; CPU unchanged unless host_speed)"
+    description = ("Run on another GPU of the catalog (each kernel keeps its share of the achievable roofline; "
+                   "CPU unchanged unless host_speed or host_from)")
 
     device: str = field(default="", metadata={"help": "catalog name (H100_SXM, MI300X…) or a trace-style GPU name"})
     host_speed: float = field(default=1.0, metadata={"help": "CPU speed relative to the recorded host (2 = CPU "
                                                              "tasks and gaps take half the time)"})
     select: Selector = field(default_factory=lambda: Selector(kind="gpu"),
                              metadata={"help": "which GPU work moves (default: all)"})
+    host_from: str | None = field(default=None, metadata={
+        "help": "a trace of the same program recorded on the destination's host: CPU tasks and gaps take "
+                "its measured speed (instead of host_speed)"})
     fit_from: list[str] | None = field(default=None, metadata={
         "help": "pairs 'ON_SOURCE=ON_DEST' of traces of one program recorded on the traced GPU and on the "
                 "destination: the move is fitted on the op calls they share"})
@@ -70,6 +79,12 @@ class Gpu(Transform):
             raise TransformError("gpu: name the destination, e.g. device = \"H100_SXM\" ('whatif devices' lists them)")
         if not self.host_speed > 0:
             raise TransformError(f"gpu: host_speed must be > 0 (1 = the recorded host), not {self.host_speed!r}")
+        if self.host_from and self.host_speed != 1.0:
+            raise TransformError("gpu: give host_speed or host_from, not both")
+
+    @property
+    def _moves_host(self) -> bool:
+        return self.host_speed != 1.0 or bool(self.host_from)
 
     def _gpu_ids(self, graph: TaskGraph) -> np.ndarray:
         ids = self.select(graph)
@@ -79,7 +94,7 @@ class Gpu(Transform):
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         self._check()
         ids = self._gpu_ids(graph)
-        if self.host_speed != 1.0:
+        if self._moves_host:
             ids = np.union1d(ids, select(graph, where=lambda t: t["kind"].isin(_CPU_KINDS).to_numpy()))
         return ids
 
@@ -87,18 +102,29 @@ class Gpu(Transform):
         self._check()
         cost = ctx.require_cost(self.name)
         ids = self._gpu_ids(graph)
-        if not len(ids) and self.host_speed == 1.0:
+        if not len(ids) and not self._moves_host:
             raise TransformError(f"gpu: the selection matches no GPU task ({self.select})")
         self._check_capacity(graph)
         new = np.rint(cost.move_to_device(graph, ids, self.device, self._fit_traces())).astype(np.int64)
         dest = _catalog_name(self.device)
         out = set_state(graph, ids, COLUMN, dest, reason=f"kernels now priced as on {dest}")
         out = set_duration(out, ids, new,
-                           reason=f"to {dest}: Habitat scaling per kernel (bandwidth^γ·peak^(1−γ)), copies "
+                           reason=f"to {dest}: each kernel keeps its share of the achievable roofline, copies "
                                   f"by PCIe/DRAM/link ratios, collectives by link ratio")
-        if self.host_speed != 1.0:
-            out = _scale_host(out, 1.0 / self.host_speed, self.label())
+        if self._moves_host:
+            out = _scale_host(out, self._host_time_factor(graph), self.label())
         return out
+
+    def _host_time_factor(self, graph: TaskGraph) -> float:
+        """CPU time on the destination host per CPU time on the recorded one."""
+        if not self.host_from:
+            return 1.0 / self.host_speed
+        if graph.trace is None:
+            raise TransformError("gpu: host_from needs the graph's trace (its CPU ops are matched by name and shapes)")
+        try:
+            return host_time_ratio(graph.trace, load_trace(str(self.host_from))).time_ratio
+        except WhatifError as exc:
+            raise TransformError(f"gpu: host_from: {exc}") from None
 
 
     def _fit_traces(self) -> list[tuple[Trace, Trace]]:
