@@ -14,6 +14,7 @@ Spellings are compared after :func:`normalize` (lower case, no ``c10::`` prefix)
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from enum import Enum
 
@@ -72,6 +73,16 @@ _KERNEL_NAME_SPELLINGS: tuple[tuple[DType, tuple[str, ...]], ...] = (
 )
 
 
+# AMD Tensile (rocBLAS/hipBLASLt) GEMM names: Cijk_<A layout>_<B layout>_<types>_..., the types token
+# giving the A/B type, then the output and compute types (BBS: bf16 in and out, fp32 accumulate)
+_TENSILE = re.compile(r"Cijk_[A-Za-z]+_[A-Za-z]+_([A-Z0-9]+)_")
+_TENSILE_TYPES: dict[str, DType] = {
+    "S": DType.FP32, "SB": DType.FP32, "BBS": DType.BF16, "BSS": DType.BF16, "BB": DType.BF16, "B": DType.BF16,
+    "HHS": DType.FP16, "HSS": DType.FP16, "HH": DType.FP16, "H": DType.FP16, "I8I32": DType.INT8,
+    "F8F8S": DType.FP8, "F8BS": DType.FP8, "F8HS": DType.FP8, "F8SS": DType.FP8,
+}
+
+
 def normalize(type_name: str) -> str:
     """The spelling tables are keyed by: lower case, stripped, without ``c10::``.
 
@@ -112,9 +123,13 @@ def dtype_in_kernel_name(name: str) -> DType | None:
     tensor-core names, templates such as ``<c10::Half>``), None when it says none.
 
     >>> [dtype_in_kernel_name(n) for n in ("sm80_xmma_gemm_bf16bf16_bf16f32", "volta_sgemm_128x64",
-    ...                                    "sm80_xmma_fprop_implicit_gemm_tf32f32", "relu")]
-    [<DType.BF16: 'bf16'>, <DType.FP32: 'fp32'>, <DType.TF32: 'tf32'>, None]
+    ...                                    "sm80_xmma_fprop_implicit_gemm_tf32f32", "relu",
+    ...                                    "Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT96x96x128_MI16x16x1")]
+    [<DType.BF16: 'bf16'>, <DType.FP32: 'fp32'>, <DType.TF32: 'tf32'>, None, <DType.BF16: 'bf16'>]
     """
+    tensile = _TENSILE.match(name)
+    if tensile:
+        return _TENSILE_TYPES.get(tensile.group(1))
     low = name.lower()
     for dtype, spellings in _KERNEL_NAME_SPELLINGS:
         if any(s in low for s in spellings):
