@@ -66,19 +66,20 @@ def roofline_time_ns(flops: float, nbytes: float, device: Device, dtype: DType |
 
 
 def achievable_time_ns(flops: float, nbytes: float, device: Device, dtype: DType | str = DType.BF16,
-                       kernel_class: KernelClass | str | None = None) -> float:
+                       kernel_class: KernelClass | str | None = None, size_flops: float | None = None) -> float:
     """Time in ns at what the device achieves rather than its datasheet:
     ``max(flops / P_a, bytes / BW_a)``. ``P_a`` is the achievable rate of a GEMM of that size for
-    matrix classes (:meth:`~whatif.hardware.devices.Device.achievable_matrix_flops`), the fp32 peak
-    for vector classes (which are memory-bound); ``BW_a`` the streaming bandwidth. A device without
-    achievable figures gives its datasheet roofline.
+    matrix classes (:meth:`~whatif.hardware.devices.Device.achievable_matrix_flops`; read at
+    ``size_flops`` when given: a shard of a measured kernel keeps the rate of the kernel's size), the
+    fp32 peak for vector classes (which are memory-bound); ``BW_a`` the streaming bandwidth. A
+    device without achievable figures gives its datasheet roofline.
 
     >>> from whatif.hardware.devices import get_device
     >>> a100 = get_device("A100_SXM_80GB")
     >>> achievable_time_ns(1e9, 1e6, a100, "bf16", "gemm") >= roofline_time_ns(1e9, 1e6, a100, "bf16", "gemm")
     True
     """
-    rate = achievable_rate(device, dtype, kernel_class, flops)
+    rate = achievable_rate(device, dtype, kernel_class, flops if size_flops is None else size_flops)
     return max(flops / rate, nbytes / device.stream_bw_bytes_per_s) * 1e9
 
 

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from whatif.core.limits import MAX_DURATION_NS
 from whatif.depgraph.graph import (
     LOCAL_GPU_WORK_KINDS,
     EdgeKind,
@@ -208,9 +209,11 @@ class CudaGraph(Transform):
         return (self.launch_us or 0.0) * 1000.0, (self.launch_per_kernel_us or 0.0) * 1000.0
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
-        for p in ("launch_us", "launch_per_kernel_us", "kernel_gap_us"):
-            if (getattr(self, p) or 0.0) < 0:
-                raise TransformError(f"cuda_graph: {p} must be >= 0")
+        for name, value in (("launch_us", self.launch_us), ("launch_per_kernel_us", self.launch_per_kernel_us),
+                            ("kernel_gap_us", self.kernel_gap_us)):
+            if not 0 <= (value or 0.0) * 1000.0 <= MAX_DURATION_NS:
+                raise TransformError(f"cuda_graph: {name} must be >= 0 and at most {MAX_DURATION_NS / 1e3:.3g} us, "
+                                     f"not {value!r}")
         c = find_captures(graph, self.region(graph), self.min_kernels)
         if not len(c.head):
             raise TransformError(f"cuda_graph: the region ({self.region}) has no {max(self.min_kernels, 1)}+ GPU tasks "
