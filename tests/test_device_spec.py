@@ -176,3 +176,30 @@ def test_predict_takes_device_spec_on_the_command_line(shared_traces, tmp_path, 
     assert "unknown GPU 'RTX_6000_ADA'" in capsys.readouterr().err
     assert main(["predict", trace, "-s", str(scenario), "--device-spec", str(SAMPLE), "-q",
                  "--json", str(tmp_path / "p.json")]) == 0
+
+
+def test_ops_prices_a_trace_of_an_unknown_gpu_with_a_spec_naming_it(shared_traces, tmp_path):
+    import orjson
+
+    trace = str(shared_traces / "hta" / "mi250_minitoy_rocm6.2.json.gz")   # deviceProperties: "AMD Radeon Graphics"
+    spec = tmp_path / "mi250.toml"
+    spec.write_text(device_spec_toml(get_device("MI250X")).replace('"MI250X"', '"MY_MI250"', 1)
+                    .replace('vendor = "amd"', 'vendor = "amd"\ntrace_names = ["radeon graphics"]'))
+    without, with_spec = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(["ops", trace, "-q", "--json", str(without)]) == 0
+    assert main(["ops", trace, "-q", "--json", str(with_spec), "--device-spec", str(spec)]) == 0
+    a, b = orjson.loads(without.read_bytes()), orjson.loads(with_spec.read_bytes())
+    assert a["devices"] == [] and all(r["roofline_tflops"] is None for r in a["rows"])
+    assert b["devices"] == ["MY_MI250"] and any(r["roofline_tflops"] for r in b["rows"])
+
+
+def test_the_schema_in_the_docs_is_a_valid_spec(tmp_path):
+    import re
+
+    text = (ROOT / "docs" / "device-specs.md").read_text()
+    schema = text[text.index("## The schema"):]
+    block = re.search(r"```toml\n(.*?)```", schema, flags=re.S).group(1)
+    path = tmp_path / "schema.toml"
+    path.write_text(block)
+    d = load_device_spec(path)
+    assert d.name == "MY_GPU" and d.achievable.sources["stream_bw_bytes_per_s"] == "BabelStream triad"
