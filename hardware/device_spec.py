@@ -47,9 +47,7 @@ class DeviceSpecError(WhatifError):
     """
 
     def __init__(self, path: str | Path, problem: str) -> None:
-        self.path = str(path)
-        self.problem = problem
-        super().__init__(f"{self.path}: {problem}")
+        super().__init__(f"{path}: {problem}")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,11 @@
-"""Device catalog: peak FLOP/s per dtype, memory bandwidth, SM count, clocks, interconnect.
+"""Device catalog: peak FLOP/s per dtype, memory bandwidth, SM count, clocks, interconnect, and
+what each GPU achieves (:class:`Achievable`), plus the devices registered from spec files.
 
-Figures are dense (no structured sparsity) vendor datasheet/whitepaper numbers; every one has its
-source in ``docs/cost-models.md``. Matrix-engine (tensor core / MFMA) peaks are used where the
-dtype runs on them. fp16/bf16 peaks are with fp32 accumulation, which is what PyTorch uses.
+Datasheet figures are dense (no structured sparsity) vendor datasheet/whitepaper numbers; every
+one has its source in ``docs/cost-models.md``. Matrix-engine (tensor core / MFMA) peaks are used
+where the dtype runs on them. fp16/bf16 peaks are with fp32 accumulation, which is what PyTorch
+uses. Achievable figures carry their own source (``Achievable.sources``): measured by a named
+public source, or derived from a sibling GPU's measured share by a stated rule.
 
 >>> a100 = get_device("A100_SXM_80GB")
 >>> a100.peak_flops(DType.BF16) / 1e12
@@ -15,6 +18,9 @@ dtype runs on them. fp16/bf16 peaks are with fp32 accumulation, which is what Py
 'MI300X'
 >>> find_device("a toaster") is None
 True
+>>> h100, mi300x = get_device("H100_SXM").achievable, get_device("MI300X").achievable
+>>> round(h100.gemm_flops[DType.BF16] / 1e12), round(mi300x.gemm_flops[DType.BF16] / 1e12)
+(794, 668)
 """
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ op's kernels by duration (:func:`whatif.core.kernels.duration_shares`). Activiti
 launching op (launched before the window, graph replays, no ``External id``) are grouped under
 their kernel name, with no FLOPs. The roofline is the catalog's datasheet peak
 (:mod:`whatif.hardware.devices`: tensor-core peak of the op's dtype for GEMM, conv and attention,
-the fp32 peak otherwise, and the peak DRAM bandwidth); the catalog holds no measured "achievable"
-figures, so 100 % is the datasheet roof.
+the fp32 peak otherwise, and the peak DRAM bandwidth), so 100 % is the datasheet roof; what the
+hardware achieves is ``Device.achievable`` (``whatif devices``).
 
 **Bound** (:func:`bound`, the one rule; docs/cost-models.md): *launch* when at least half of the
 group's activities found their stream idle waiting for the launch call (it started after the
