@@ -267,7 +267,7 @@ _EVIDENCE: dict[str, Evidence] = {
                        Like("MI210"), Like("MI210"), _trace_launch(1.60), Like("A100_SXM_80GB"), _PCIE),
     "A100_SXM_80GB": Evidence(_mamf(271.2, note="; Vidur's best GEMM: 271.0"),
                               Measured(146.4, f"{_VIDUR}: 90th percentile of GEMMs of 1-4.3 GFLOP"),
-                              _stream("a100_80.txt", 1759), _l2("a100_80.txt", 5437), _trace_launch(1.86),
+                              _stream("a100_80.txt", 1759), _l2("a100_80.txt", 5437), Like("A100_SXM_40GB"),
                               _A100_LINK, _PCIE),
     "A40": Evidence({DType.BF16: Measured(127.6, f"{_VIDUR}: best GEMM of at least 0.5 TFLOP")},
                     Measured(81.3, f"{_VIDUR}: 90th percentile of GEMMs of 1-4.3 GFLOP"),
@@ -276,7 +276,7 @@ _EVIDENCE: dict[str, Evidence] = {
 }
 _EVIDENCE |= {
     "A100_SXM_40GB": Evidence(Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), _stream("a100_40.txt", 1375),
-                              Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), _PCIE),
+                              Like("A100_SXM_80GB"), _trace_launch(1.86), Like("A100_SXM_80GB"), _PCIE),
     "A100_PCIE_40GB": Evidence(_mamf(252.9, note=" (A100 PCIe)"), Like("A100_SXM_80GB"), Like("A100_SXM_40GB"),
                                Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), _PCIE),
     "A100_PCIE_80GB": Evidence(_mamf(252.9, note=" (A100 PCIe)"), Like("A100_SXM_80GB"), Like("A100_SXM_80GB"),
