@@ -172,6 +172,8 @@ def device_from_spec(data: dict[str, Any], path: str | Path = "<device spec>") -
     if not isinstance(link_kind, str):
         raise r.fail(f"link_kind must be a string, not {link_kind!r}")
     fig = {k: r.number(r.required(data, k), spec, k) * spec.scale for k, spec in _DATASHEET.items()}
+    if not fig["sm_count"].is_integer():
+        raise r.fail(f"sm_count must be a whole number, not {data['sm_count']!r}")
     peak = r.dtype_rates(r.required(data, "peak_tflops"), "peak_tflops")
     device = Device(name.upper(), vendor, peak, fig["memory_bw_gbps"], int(fig["sm_count"]), fig["clock_mhz"],
                     int(fig["memory_gib"]), int(fig["l2_mib"]), fig["link_gbps"], link_kind, fig["pcie_gbps"],

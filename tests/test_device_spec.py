@@ -66,6 +66,7 @@ BAD = [
     ("memory_bw_gbps = 960", "memory_bw_gbps = -960", "memory_bw_gbps must be > 0"),
     ("clock_mhz = 2505", "clock_mhz = 2505000", "clock_mhz = 2505000 is not plausible"),
     ("sm_count = 142", "sm_count = \"many\"", "sm_count must be a number"),
+    ("sm_count = 142", "sm_count = 142.5", "sm_count must be a whole number"),
     ("fp8 = 728.5, int8", "fp4 = 1457, int8", "unknown dtype peak_tflops.fp4"),
     ("gemm_tflops = { bf16 = 310.8 }", "gemm_tflops = { bf16 = 400 }",
      "achievable.gemm_tflops.bf16 = 400 is above its datasheet peak 364.2"),
@@ -203,3 +204,13 @@ def test_the_schema_in_the_docs_is_a_valid_spec(tmp_path):
     path.write_text(block)
     d = load_device_spec(path)
     assert d.name == "MY_GPU" and d.achievable.sources["stream_bw_bytes_per_s"] == "BabelStream triad"
+
+
+def test_a_spec_without_achievable_figures_is_listed_with_dashes(tmp_path, capsys):
+    text = SAMPLE.read_text()
+    path = tmp_path / "bare.toml"
+    path.write_text(text[:text.index("[achievable]")])
+    assert load_device_spec(path).achievable is None
+    assert main(["devices", "--device-spec", str(path), "RTX_6000_ADA"]) == 0
+    out = capsys.readouterr().out
+    assert "364.2 " in out and "no achieved figures" in out
