@@ -16,6 +16,7 @@ Run: ``python bench/device_achievable.py``; it prints one table per source.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +25,11 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common.vidur import GEMM_OPS, PERFDATA, compute_models, op_work
 
+from whatif.core.errors import WhatifError
 from whatif.hardware.devices import SMALL_GEMM_FLOPS, find_device
 from whatif.ops import ops_table, table_frame
 from whatif.tracer.kinds import EventKind
-from whatif.tracer.trace import load_trace
+from whatif.tracer.trace import Trace, load_trace
 
 TRACES = PERFDATA.parents[1] / "traces"
 LARGE_MIN_FLOPS = 0.5e12
@@ -51,9 +53,29 @@ def vidur_rows(gpu: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["op", "flops", "bytes", "s"])
 
 
-def vidur_figures() -> None:
-    print("Vidur operator timings (fp16/bf16)")
-    print(f"{'gpu':6} {'large max':>10} {'large p90':>10} {'n':>5} {'small p90':>10} {'n':>5} {'add GB/s max':>13}")
+@dataclass(frozen=True)
+class VidurFigures:
+    large_max_tflops: float
+    large_p90_tflops: float
+    large_count: int
+    small_p90_tflops: float
+    small_count: int
+    add_max_gbps: float
+
+
+@dataclass(frozen=True)
+class TraceFigures:
+    kernels: int
+    min_us: float
+    p1_us: float
+    files: int
+    small_gemms: int
+    small_tflops: float | None
+
+
+def vidur_figures() -> dict[str, VidurFigures]:
+    """Per Vidur GPU (a100, a40): the GEMM and bandwidth figures the catalog quotes."""
+    out = {}
     for gpu in ("a100", "a40"):
         t = vidur_rows(gpu)
         gemm = t[t.op != "add"]
@@ -61,12 +83,12 @@ def vidur_figures() -> None:
         large = rate[gemm.flops >= LARGE_MIN_FLOPS]
         small = rate[(gemm.flops > SMALL_FLOPS[0]) & (gemm.flops < SMALL_FLOPS[1])]
         add = t[(t.op == "add") & (t.bytes > STREAM_MIN_BYTES)]
-        bw = (add.bytes / add.s / 1e9).max()
-        print(f"{gpu:6} {large.max():10.1f} {large.quantile(0.9):10.1f} {len(large):5d} "
-              f"{small.quantile(0.9):10.1f} {len(small):5d} {bw:13.0f}")
+        out[gpu] = VidurFigures(float(large.max()), float(large.quantile(0.9)), len(large),
+                                float(small.quantile(0.9)), len(small), float((add.bytes / add.s / 1e9).max()))
+    return out
 
 
-def small_gemm_points(trace) -> pd.DataFrame:
+def small_gemm_points(trace: Trace) -> pd.DataFrame:
     """(FLOPs per call, TFLOP/s) of the trace's bf16 GEMM groups in the small range."""
     rows = table_frame(ops_table(trace))
     rows = rows[(rows["kernel_class"] == "gemm") & (rows["dtype"] == "bf16")]
@@ -81,17 +103,14 @@ def small_gemm_rate(points: pd.DataFrame) -> float:
     return float(np.exp(intercept + slope * np.log(SMALL_GEMM_FLOPS)))
 
 
-def trace_figures() -> None:
-    print("\nShortest kernels and small bf16 GEMMs in the shared traces")
-    print(f"{'catalog GPU':16} {'kernels':>8} {'min us':>7} {'p1 us':>6} {'files':>5} "
-          f"{'GEMMs':>5} {'2^31 TFLOP/s':>13}")
+def trace_figures() -> dict[str, TraceFigures]:
+    """Per catalog GPU with shared traces: its shortest kernels and its small-GEMM rate."""
     durations: dict[str, list[np.ndarray]] = {}
-    files: dict[str, int] = {}
     gemms: dict[str, list[pd.DataFrame]] = {}
     for path in sorted(TRACES.rglob("*.json*")):
         try:
             trace = load_trace(path)
-        except Exception as error:  # a corpus file the reader refuses is reported, not fatal
+        except WhatifError as error:  # a corpus file the reader refuses is reported, not fatal
             print(f"  skipped {path.name}: {error}", file=sys.stderr)
             continue
         device = find_device(trace.ranks[0].gpu_name)
@@ -101,22 +120,32 @@ def trace_figures() -> None:
         dur = ev.loc[(ev["kind"] == int(EventKind.KERNEL)) & (ev["dur_ns"] > 0), "dur_ns"].to_numpy()
         if len(dur):
             durations.setdefault(device.name, []).append(dur)
-            files[device.name] = files.get(device.name, 0) + 1
             gemms.setdefault(device.name, []).append(small_gemm_points(trace))
+    out = {}
     for name in sorted(durations):
         dur = np.concatenate(durations[name]) / 1e3
         points = pd.concat(gemms[name])
-        small = f"{small_gemm_rate(points):13.1f}" if points["flops"].nunique() >= 2 else f"{'-':>13}"
-        print(f"{name:16} {len(dur):8d} {dur.min():7.2f} {np.percentile(dur, 1):6.2f} {files[name]:5d} "
-              f"{len(points):5d} {small}")
+        small = small_gemm_rate(points) if points["flops"].nunique() >= 2 else None
+        out[name] = TraceFigures(len(dur), float(dur.min()), float(np.percentile(dur, 1)), len(durations[name]),
+                                 len(points), small)
+    return out
 
 
 def main() -> int:
     if not PERFDATA.is_dir() or not TRACES.is_dir():
         print(f"skipped: needs {PERFDATA} and {TRACES} next to the repository")
         return 0
-    vidur_figures()
-    trace_figures()
+    print("Vidur operator timings (fp16/bf16)")
+    print(f"{'gpu':6} {'large max':>10} {'large p90':>10} {'n':>5} {'small p90':>10} {'n':>5} {'add GB/s max':>13}")
+    for gpu, v in vidur_figures().items():
+        print(f"{gpu:6} {v.large_max_tflops:10.1f} {v.large_p90_tflops:10.1f} {v.large_count:5d} "
+              f"{v.small_p90_tflops:10.1f} {v.small_count:5d} {v.add_max_gbps:13.0f}")
+    print("\nShortest kernels and small bf16 GEMMs in the shared traces")
+    print(f"{'catalog GPU':16} {'kernels':>8} {'min us':>7} {'p1 us':>6} {'files':>5} "
+          f"{'GEMMs':>5} {'2^31 TFLOP/s':>13}")
+    for name, f in trace_figures().items():
+        small = f"{f.small_tflops:13.1f}" if f.small_tflops is not None else f"{'-':>13}"
+        print(f"{name:16} {f.kernels:8d} {f.min_us:7.2f} {f.p1_us:6.2f} {f.files:5d} {f.small_gemms:5d} {small}")
     return 0
 
 

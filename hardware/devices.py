@@ -1,8 +1,11 @@
-"""Device catalog: peak FLOP/s per dtype, memory bandwidth, SM count, clocks, interconnect.
+"""Device catalog: peak FLOP/s per dtype, memory bandwidth, SM count, clocks, interconnect, and
+what each GPU achieves (:class:`Achievable`), plus the devices registered from spec files.
 
-Figures are dense (no structured sparsity) vendor datasheet/whitepaper numbers; every one has its
-source in ``docs/cost-models.md``. Matrix-engine (tensor core / MFMA) peaks are used where the
-dtype runs on them. fp16/bf16 peaks are with fp32 accumulation, which is what PyTorch uses.
+Datasheet figures are dense (no structured sparsity) vendor datasheet/whitepaper numbers; every
+one has its source in ``docs/cost-models.md``. Matrix-engine (tensor core / MFMA) peaks are used
+where the dtype runs on them. fp16/bf16 peaks are with fp32 accumulation, which is what PyTorch
+uses. Achievable figures carry their own source (``Achievable.sources``): measured by a named
+public source, or derived from a sibling GPU's measured share by a stated rule.
 
 >>> a100 = get_device("A100_SXM_80GB")
 >>> a100.peak_flops(DType.BF16) / 1e12
@@ -15,11 +18,17 @@ dtype runs on them. fp16/bf16 peaks are with fp32 accumulation, which is what Py
 'MI300X'
 >>> find_device("a toaster") is None
 True
+>>> h100, mi300x = get_device("H100_SXM").achievable, get_device("MI300X").achievable
+>>> round(h100.gemm_flops[DType.BF16] / 1e12), round(mi300x.gemm_flops[DType.BF16] / 1e12)
+(794, 668)
 """
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from enum import Enum
 from functools import cache
@@ -107,6 +116,9 @@ class Device:
     link_kind: str
     pcie_bw_bytes_per_s: float
     achievable: Achievable | None = None
+    trace_names: tuple[str, ...] = ()
+    """Lower-case names (substrings) a trace's ``deviceProperties`` gives this GPU, for devices
+    from a spec file; the catalog's own rules are ``_NAME_RULES``."""
 
     def __hash__(self) -> int:  # dict field: hash by name
         return hash(self.name)
@@ -277,7 +289,7 @@ _EVIDENCE: dict[str, Evidence] = {
                        Like("MI210"), Like("MI210"), _trace_launch(1.60), Like("A100_SXM_80GB"), _PCIE),
     "A100_SXM_80GB": Evidence(_mamf(271.2, note="; Vidur's best GEMM: 271.0"),
                               Measured(146.4, f"{_VIDUR}: 90th percentile of GEMMs of 1-4.3 GFLOP"),
-                              _stream("a100_80.txt", 1759), _l2("a100_80.txt", 5437), _trace_launch(1.86),
+                              _stream("a100_80.txt", 1759), _l2("a100_80.txt", 5437), Like("A100_SXM_40GB"),
                               _A100_LINK, _PCIE),
     "A40": Evidence({DType.BF16: Measured(127.6, f"{_VIDUR}: best GEMM of at least 0.5 TFLOP")},
                     Measured(81.3, f"{_VIDUR}: 90th percentile of GEMMs of 1-4.3 GFLOP"),
@@ -286,7 +298,7 @@ _EVIDENCE: dict[str, Evidence] = {
 }
 _EVIDENCE |= {
     "A100_SXM_40GB": Evidence(Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), _stream("a100_40.txt", 1375),
-                              Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), _PCIE),
+                              Like("A100_SXM_80GB"), _trace_launch(1.86), Like("A100_SXM_80GB"), _PCIE),
     "A100_PCIE_40GB": Evidence(_mamf(252.9, note=" (A100 PCIe)"), Like("A100_SXM_80GB"), Like("A100_SXM_40GB"),
                                Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), Like("A100_SXM_80GB"), _PCIE),
     "A100_PCIE_80GB": Evidence(_mamf(252.9, note=" (A100 PCIe)"), Like("A100_SXM_80GB"), Like("A100_SXM_80GB"),
@@ -335,6 +347,35 @@ def _sixteen_bit(rates: dict[DType, float]) -> float:
     return rates[DType.BF16] if DType.BF16 in rates else rates[DType.FP16]
 
 
+def _reference(rates: dict[DType, float]) -> DType:
+    """The dtype a share is taken from: bf16, else fp16, else the first measured one."""
+    return next(d for d in (DType.BF16, DType.FP16, *DType) if d in rates)
+
+
+def gemm_at_peak_share(peak: dict[DType, float], measured: dict[DType, float]) -> dict[DType, float]:
+    """Large-GEMM FLOP/s for every dtype of ``peak``: the measured ones, the others at the measured
+    16-bit (else first measured) rate's share of its peak.
+
+    >>> gemm_at_peak_share({DType.BF16: 100.0, DType.FP8: 200.0}, {DType.BF16: 80.0})[DType.FP8]
+    160.0
+    """
+    ref = _reference(measured)
+    share = measured[ref] / peak[ref]
+    return {d: measured.get(d, share * p) for d, p in peak.items()}
+
+
+def small_at_ratio(gemm: dict[DType, float], small: dict[DType, float]) -> dict[DType, float]:
+    """Small-GEMM FLOP/s for every dtype of ``gemm``: the given ones, the others at the given
+    16-bit (else first) small/large ratio.
+
+    >>> small_at_ratio({DType.BF16: 100.0, DType.FP8: 200.0}, {DType.BF16: 25.0})[DType.FP8]
+    50.0
+    """
+    ref = _reference(small)
+    ratio = small[ref] / gemm[ref]
+    return {d: small.get(d, ratio * g) for d, g in gemm.items()}
+
+
 class _Bandwidth(Enum):
     """The bandwidth-like figures: how each is read from evidence, datasheet and Achievable."""
 
@@ -364,12 +405,13 @@ def _gemm(name: str) -> tuple[dict[DType, float], str]:
         return ({d: share * peak for d, peak in device.peak.items()},
                 f"derived: {sib.name}'s 16-bit GEMM share of peak ({share:.2f}) x this device's peaks")
     measured = {d: m.value * T for d, m in figure.items()}
-    share = _sixteen_bit(measured) / _sixteen_bit(device.peak)
+    ref = _reference(measured)
+    share = measured[ref] / device.peak[ref]
     by_source: dict[str, list[str]] = {}
     for d, m in figure.items():
         by_source.setdefault(m.source, []).append(d.value)
     source = "; ".join(f"{', '.join(dtypes)}: {src}" for src, dtypes in by_source.items())
-    return ({d: measured.get(d, share * peak) for d, peak in device.peak.items()},
+    return (gemm_at_peak_share(device.peak, measured),
             f"{source}; other dtypes derived: the 16-bit share of peak ({share:.2f}) x their peak")
 
 
@@ -400,9 +442,11 @@ def _bandwidth(kind: _Bandwidth, name: str) -> tuple[float, str]:
         return figure.share * kind.datasheet(device), figure.source
     sib = _DATASHEET[figure.sibling]
     share = _bandwidth(kind, sib.name)[0] / kind.datasheet(sib) if kind.datasheet(sib) else 0.0
-    unit = "per SM x clock " if kind is _Bandwidth.L2 else ""
+    if kind is _Bandwidth.L2:
+        return (share * kind.datasheet(device), f"derived: {sib.name}'s L2 bandwidth per SM per GHz "
+                                                f"({share * 1e9 / G:.3g} GB/s) x this device's SMs x GHz")
     return (share * kind.datasheet(device),
-            f"derived: {sib.name}'s figure {unit}({share:.3g} of its datasheet) x this device's")
+            f"derived: {sib.name}'s share of its datasheet figure ({share:.3g}) x this device's")
 
 
 @cache
@@ -425,10 +469,54 @@ def _achievable(name: str) -> Achievable:
 
 
 _DATASHEET: dict[str, Device] = {d.name: d for d in _ROWS}
-DEVICES: dict[str, Device] = {name: replace(d, achievable=_achievable(name)) for name, d in _DATASHEET.items()}
+_CATALOG: dict[str, Device] = {name: replace(d, achievable=_achievable(name)) for name, d in _DATASHEET.items()}
+
+# Devices from spec files, registered for the code running inside ``registered()`` (a context
+# variable: a registration ends with its block and never leaks into another test or thread).
+_REGISTERED: ContextVar[tuple[Device, ...]] = ContextVar("whatif_registered_devices", default=())
+
+
+@contextmanager
+def registered(*devices: Device) -> Iterator[None]:
+    """Make ``devices`` known to :func:`get_device`, :func:`find_device` (by their ``trace_names``)
+    and :data:`DEVICES` inside the block; a registered name shadows the catalog entry of that name.
+
+    >>> mine = replace(get_device("L4"), name="MY_L4", trace_names=("rtx 4000 ada",))
+    >>> with registered(mine):
+    ...     get_device("my_l4").name, find_device("NVIDIA RTX 4000 Ada Generation").name
+    ('MY_L4', 'MY_L4')
+    >>> "MY_L4" in DEVICES
+    False
+    """
+    token = _REGISTERED.set((*_REGISTERED.get(), *devices))
+    try:
+        yield
+    finally:
+        _REGISTERED.reset(token)
+
+
+class _Devices(Mapping[str, Device]):
+    """The catalog and, inside ``registered()``, the registered devices (they come last and win)."""
+
+    def _merged(self) -> dict[str, Device]:
+        return _CATALOG | {d.name.upper(): d for d in _REGISTERED.get()}
+
+    def __getitem__(self, name: str) -> Device:
+        return self._merged()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._merged())
+
+    def __len__(self) -> int:
+        return len(self._merged())
+
+
+DEVICES: Mapping[str, Device] = _Devices()
+"""Every known GPU by catalog name: the catalog plus the devices registered by ``registered()``."""
 
 def get_device(name: str) -> Device:
-    """Catalog entry by its name (case-insensitive) or by a name as traces write it.
+    """Catalog entry (or registered device) by its name, case-insensitive, or by a name as traces
+    write it.
 
     Raises
     ------
@@ -486,6 +574,9 @@ def find_device(name_from_trace: str | None) -> Device | None:
     if not name_from_trace:
         return None
     low = name_from_trace.lower()
+    for device in reversed(_REGISTERED.get()):
+        if device.name.lower() == low or any(n in low for n in device.trace_names):
+            return device
     for pattern, dev in _NAME_RULES:
         if re.search(pattern, low):
             return DEVICES[dev]

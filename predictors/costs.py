@@ -150,7 +150,7 @@ def resolve_device(name: str) -> Device:
     except (KeyError, ValueError):
         raise TransformError(f"unknown GPU {name!r}; use a catalog name ({', '.join(DEVICES)}) "
                              f"or a name as traces write it ('NVIDIA H100 80GB HBM3'); 'whatif devices' lists "
-                             f"the catalog") from None
+                             f"the catalog, and --device-spec FILE adds your own (docs/device-specs.md)") from None
 
 
 @dataclass(frozen=True)

@@ -138,3 +138,41 @@ def test_matrix_flops_spans_the_small_and_large_figures():
     assert a.matrix_flops(DType.BF16, LARGE_GEMM_FLOPS * 8) == large
     middle = a.matrix_flops(DType.BF16, (SMALL_GEMM_FLOPS * LARGE_GEMM_FLOPS) ** 0.5)
     assert middle == pytest.approx((small * large) ** 0.5)
+
+
+def _bench():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import device_achievable
+
+    return device_achievable
+
+
+@pytest.mark.shared
+def test_the_vidur_figures_are_what_the_bench_reads_from_vidur():
+    bench = _bench()
+    if not bench.PERFDATA.is_dir():
+        pytest.skip(f"Vidur's measurements not found at {bench.PERFDATA} (../shared is absent)")
+    vidur = bench.vidur_figures()
+    a100, a40 = get_device("A100_SXM_80GB").achievable, get_device("A40").achievable
+    assert a100.small_gemm_flops[DType.BF16] / 1e12 == pytest.approx(vidur["a100"].small_p90_tflops, abs=0.05)
+    assert a40.small_gemm_flops[DType.BF16] / 1e12 == pytest.approx(vidur["a40"].small_p90_tflops, abs=0.05)
+    assert a40.gemm_flops[DType.BF16] / 1e12 == pytest.approx(vidur["a40"].large_max_tflops, abs=0.05)
+    # the MAMF table's A100 figure and Vidur's best GEMM agree within 0.5 %
+    assert a100.gemm_flops[DType.BF16] / 1e12 == pytest.approx(vidur["a100"].large_max_tflops, rel=0.005)
+
+
+@pytest.mark.shared
+@pytest.mark.slow
+def test_the_trace_figures_are_what_the_bench_reads_from_the_traces():
+    bench = _bench()
+    if not bench.TRACES.is_dir():
+        pytest.skip(f"third-party traces not found at {bench.TRACES} (../shared is absent)")
+    traces = bench.trace_figures()
+    for name in ("H100_SXM", "MI300X", "B200"):
+        assert get_device(name).achievable.small_gemm_flops[DType.BF16] / 1e12 == pytest.approx(
+            traces[name].small_tflops, abs=0.05), name
+    for name in ("H100_SXM", "MI300X", "B200", "A100_SXM_40GB", "GP100"):
+        assert get_device(name).achievable.launch_ns / 1e3 == pytest.approx(traces[name].p1_us, abs=0.005), name

@@ -207,12 +207,13 @@ def test_selection_limits_the_change(fp32_a100: Analysis) -> None:
 
 def test_devices_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert "devices" in COMMANDS
-    assert devices_command.run(argparse.Namespace(name=None)) == 0
+    flags = {"sources": False, "toml": False}
+    assert devices_command.run(argparse.Namespace(name=None, **flags)) == 0
     out = capsys.readouterr().out
     assert "MI300X" in out and "1307.4" in out and "V100_SXM2_16GB" in out
-    assert devices_command.run(argparse.Namespace(name="AMD Instinct MI300X VF")) == 0
+    assert devices_command.run(argparse.Namespace(name="AMD Instinct MI300X VF", **flags)) == 0
     assert "MI300X" in capsys.readouterr().out
-    assert devices_command.run(argparse.Namespace(name="no such gpu")) == 2
+    assert devices_command.run(argparse.Namespace(name="no such gpu", **flags)) == 2
 
 
 # -- real traces: the direction is right ----------------------------------------------------------

@@ -3,6 +3,8 @@
 ```toml
 name = "fused and bf16"          # optional; defaults to the file name
 cost_model = "datasheet"         # optional; which cost model prices it (default: --cost-model, else trace)
+device_spec = "my_gpu.toml"      # optional; GPUs described by spec files (docs/device-specs.md), a
+                                 # path or a list, relative to this file: gpu(device = "MY_GPU") finds them
 
 [[transform]]
 name = "fuse"
@@ -33,6 +35,8 @@ from typing import Any
 from whatif.core import limits
 from whatif.core.errors import WhatifError
 from whatif.depgraph.graph import GraphError, TaskGraph
+from whatif.hardware.device_spec import DeviceSpecError, load_device_spec
+from whatif.hardware.devices import Device, registered
 
 from . import registry
 from .base import Transform, TransformContext, TransformError
@@ -52,23 +56,26 @@ class ScenarioError(WhatifError):
 @dataclass
 class Scenario:
     """``cost_model``: the name of the cost model that prices it (checked against the registry of
-    ``whatif.predictors.cost_models`` by the front door, which builds the context), or None."""
+    ``whatif.predictors.cost_models`` by the front door, which builds the context), or None;
+    ``devices``: the GPUs of its ``device_spec`` files, known by name while it applies."""
 
     name: str
     transforms: list[Transform] = field(default_factory=list)
     source: str | None = None
     cost_model: str | None = None
+    devices: tuple[Device, ...] = ()
 
     def apply(self, graph: TaskGraph, ctx: TransformContext | None = None) -> list[TaskGraph]:
         """The graph after each transform in turn (the input graph is left unchanged)."""
         ctx = ctx or TransformContext()
         out, g = [], graph
-        for t in self.transforms:
-            try:
-                g = t.apply(g, ctx)
-            except (TransformError, SelectionError, GraphError) as exc:
-                raise ScenarioStepError(self.name, t.label(), str(exc)) from None
-            out.append(g)
+        with registered(*self.devices):
+            for t in self.transforms:
+                try:
+                    g = t.apply(g, ctx)
+                except (TransformError, SelectionError, GraphError) as exc:
+                    raise ScenarioStepError(self.name, t.label(), str(exc)) from None
+                out.append(g)
         return out
 
 
@@ -203,10 +210,11 @@ def load_scenario(path: str | Path) -> Scenario:
 
 def scenario_from_dict(data: dict[str, Any], *, source: str = "<scenario>", default_name: str = "scenario",
                        lines: list[int] | None = None) -> Scenario:
-    unknown = sorted(set(data) - {"name", "description", "cost_model", "transform"})
+    unknown = sorted(set(data) - {"name", "description", "cost_model", "device_spec", "transform"})
     if unknown:
         raise ScenarioError(f"{source}: unknown top-level key {unknown[0]!r} (expected name, description, "
-                            f"cost_model, [[transform]] tables)")
+                            f"cost_model, device_spec, [[transform]] tables)")
+    devices = _device_specs(data.get("device_spec", []), source)
     cost_model = data.get("cost_model")
     if cost_model is not None and not isinstance(cost_model, str):
         raise ScenarioError(f"{source}: cost_model must be a name like \"trace\", got {cost_model!r}")
@@ -222,4 +230,17 @@ def scenario_from_dict(data: dict[str, Any], *, source: str = "<scenario>", defa
         params = {k: v for k, v in item.items() if k != "name"}
         transforms.append(build_transform(item["name"], params, where))
     name = data.get("name", default_name)
-    return Scenario(name=str(name), transforms=transforms, source=source, cost_model=cost_model)
+    return Scenario(name=str(name), transforms=transforms, source=source, cost_model=cost_model, devices=devices)
+
+
+def _device_specs(value: Any, source: str) -> tuple[Device, ...]:
+    """The devices of a scenario's ``device_spec`` (a path or a list of paths, relative to the
+    scenario file); ScenarioError naming the scenario and the spec's problem."""
+    paths = [value] if isinstance(value, str) else value
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise ScenarioError(f"{source}: device_spec must be a path or a list of paths, not {value!r}")
+    base = Path(source).parent if source != "<scenario>" else Path()
+    try:
+        return tuple(load_device_spec(base / p) for p in paths)
+    except DeviceSpecError as exc:
+        raise ScenarioError(f"{source}: device_spec: {exc}") from None

@@ -14,6 +14,8 @@ from typing import NoReturn
 from whatif import __version__
 from whatif.core.errors import WhatifError
 
+from .commands._device_specs import device_specs
+
 # name -> module in whatif.commands; each module has ``add_arguments(parser)`` and ``run(args) -> int``
 COMMANDS: dict[str, str] = {
     "analyze": "Replay a trace and summarize measured vs predicted step times",
@@ -64,7 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return int(args._run(args) or 0)
+        with device_specs(args):
+            return int(args._run(args) or 0)
     except WhatifError as exc:
         print(f"whatif: {exc}", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ from whatif.summary import console, ms_text
 from whatif.tracer.readers import accepted
 from whatif.tracer.trace import load_trace
 
+from ._device_specs import add_device_spec_argument
 from ._progress import working
 from ._tables import add_output_arguments, check_outputs, print_table, write_outputs
 from ._values import positive_int
@@ -27,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="group by launching op, shapes and dtype (op, default) or by the kernel as well (kernel)")
     parser.add_argument("--top", type=positive_int, default=20, help="rows printed (default 20; files get all rows)")
     add_output_arguments(parser, "every row", "whatif.ops")
+    add_device_spec_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,6 +30,7 @@ from whatif.serving import DitOptions, Workload, serve
 from whatif.summary import console
 
 from ._dataclass_args import add_dataclass_arguments, from_args
+from ._device_specs import add_device_spec_argument
 from ._progress import working
 from ._values import positive_float
 
@@ -44,6 +45,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, rate_required: bool = 
     parser.add_argument("-s", "--scenario", type=Path, action="append", default=[], metavar="FILE",
                         help="scenario TOML applied to the graph before fitting (repeatable)")
     add_dataclass_arguments(parser, CostConfig)
+    add_device_spec_argument(parser)
     add_dataclass_arguments(parser.add_argument_group("steps fitted"), StepOptions)
     parser.add_argument("--iterations-log", type=Path, metavar="FILE",
                         help="the server's JSON log of the recorded run (batch composition per iteration); "
