@@ -34,25 +34,27 @@ activation dtype ``a`` and weight dtype ``w``:
 * weight-only specs set ``w`` (GEMM/conv only) and move fp32 activations to 16-bit;
 * a kernel already at or below the target (16-bit for bf16/fp16, 8-bit for fp8/int8) is unchanged.
 
-The time above a fixed per-kernel latency ``F = FIXED_NS`` (launch, ramp, drain; never scales)
+The time above the device's fixed per-kernel latency ``F`` (:func:`~whatif.hardware.roofline.fixed_latency_ns`:
+launch, ramp, drain; never scales)
 then scales Habitat-style with the *precision change as the destination*:
 ``T' = F' + (T − F')·m^γ·c^(1−γ)`` with ``F' = min(T, F)``, memory ratio
 ``m = bytes'/bytes`` (``bytes' = act·b(a)/b(r) + weights·b(w)/b(r)``), compute ratio
-``c = P(r)/P(a)`` (tensor-core peaks of the device for matrix classes, 1 for vector kernels:
+``c = P(r)/P(a)`` (achievable GEMM rates of the device at the kernel's size for matrix classes,
+:func:`~whatif.hardware.roofline.achievable_rate`; 1 for vector kernels:
 they compute in fp32 whatever they store), and ``γ = 1 − 0.5·I'/R'`` for ``I' ≤ R'`` else
 ``0.5·R'/I'`` (Habitat, Yu et al. ATC'21) with the new intensity ``I' = FLOPs/bytes'`` and the
-new ridge ``R' = P(a)/BW_peak``. A pure memory-bound kernel (γ→1) scales by the byte ratio, a
+new ridge ``R' = P(a)/BW_a`` (``BW_a`` the achievable streaming bandwidth). A pure memory-bound kernel (γ→1) scales by the byte ratio, a
 large GEMM (γ→0) by the peak ratio, a decode GEMV (I≈1) by the weight-byte ratio.
 Daydream's AMP model (Zhu et al. ATC'20) uses ×1/3 compute-bound, ×1/2 memory-bound on
 V100 fp32→fp16; ``bench/whatif_precision.py`` compares the two on a V100 ResNet-50 trace.
 
-**Another GPU** (``move_to_device``; the ``gpu`` transform). Kernels and memsets: Habitat's
-scaling (:mod:`whatif.hardware.habitat`, ``compute="peak"``) of the time above ``F``:
-``(B_o/B_d)^γ·(P_o/P_d)^(1−γ)``, P the peak of the kernel's current dtype and class, γ from its
-intensity and the destination ridge. Memcpys: H2D/D2H by the PCIe ratio ``pcie_o/pcie_d``,
-D2D by the DRAM ratio, P2P by the peer-link ratio. Collectives: by the peer-link ratio
-(``link_o/link_d``; PCIe for a GPU without peer links). A device without a native rate for the
-dtype falls back bf16→fp16→fp32, fp8/int8→fp16 (what frameworks do).
+**Another GPU** (``move_to_device``; the ``gpu`` transform). Kernels and memsets keep their
+share of the achievable roofline (:func:`whatif.hardware.retarget.retarget_ns`), with residual
+curves per op family fitted on ``fit_from`` pairs of traces (:func:`retarget_fit`). Memcpys:
+H2D/D2H by the (achievable) PCIe ratio, D2D by the streaming-bandwidth ratio, P2P by the
+peer-link ratio. Collectives: by the peer-link ratio (PCIe for a GPU without peer links). A
+device without a native rate for the dtype falls back bf16→fp16→fp32, fp8/int8→fp16 (what
+frameworks do).
 
 **State carried by transformed graphs** (optional ``tasks`` columns the transforms write, read
 here): ``cost_precision`` — the specs applied to the task, ``+``-joined; ``cost_device`` — the

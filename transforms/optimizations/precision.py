@@ -2,8 +2,9 @@
 int8 (W8A8), or weight-only quantization (``int4_weight``, or ``weight_only=true`` with int8/fp8).
 
 Each selected kernel's duration ``T`` becomes ``F' + (T − F')·m^γ·c^(1−γ)`` with ``F' =
-min(T, 2 µs)`` a fixed latency that never scales, ``m`` the ratio of DRAM bytes after/before,
-``c`` the ratio of the recorded device's peak FLOP/s before/after (``Device.peak_flops``;
+min(T, L)`` a fixed latency that never scales (``L``: the device's, ``fixed_latency_ns``),
+``m`` the ratio of DRAM bytes after/before, ``c`` the ratio of the recorded device's achievable
+FLOP/s before/after (``achievable_rate``: its achievable GEMM rate at the kernel's size;
 vector-unit kernels compute in fp32 whatever they store: ``c = 1``), and Habitat's memory
 weight ``γ`` (Yu et al., USENIX ATC 2021) from the kernel's new arithmetic intensity and the
 ridge point of the new dtype. So a memory-bound kernel scales by the byte ratio, a large GEMM
@@ -99,6 +100,6 @@ class Precision(Transform):
         changed = factor != 1.0
         out = scale(record_spec(graph, ids, spec), ids[changed], factor[changed],
                     reason=f"{spec}: {int(changed.sum()):,} of {len(ids):,} selected kernels change "
-                           f"(tensor-core peak and byte ratios, Habitat γ); the rest are already at or below "
+                           f"(achievable-rate and byte ratios, Habitat γ); the rest are already at or below "
                            f"{spec} or are fixed latency")
         return out
