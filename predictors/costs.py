@@ -44,7 +44,8 @@ then scales Habitat-style with the *precision change as the destination*:
 they compute in fp32 whatever they store), and ``γ = 1 − 0.5·I'/R'`` for ``I' ≤ R'`` else
 ``0.5·R'/I'`` (Habitat, Yu et al. ATC'21) with the new intensity ``I' = FLOPs/bytes'`` and the
 new ridge ``R' = P(a)/BW_a`` (``BW_a`` the achievable streaming bandwidth). A pure memory-bound
-kernel (γ→1) scales by the byte ratio, a large GEMM (γ→0) by the peak ratio, a decode GEMV (I≈1) by the weight-byte ratio.
+kernel (γ→1) scales by the byte ratio, a large GEMM (γ→0) by the rate ratio, a decode GEMV (I≈1)
+by the weight-byte ratio.
 Daydream's AMP model (Zhu et al. ATC'20) uses ×1/3 compute-bound, ×1/2 memory-bound on
 V100 fp32→fp16; ``bench/whatif_precision.py`` compares the two on a V100 ResNet-50 trace.
 
