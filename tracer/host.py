@@ -58,7 +58,7 @@ def host_time_ratio(this: Trace, other: Trace) -> HostRatio:
         program, and a ratio from them would say more about the programs than the hosts.
     """
     a, b = _per_op(this), _per_op(other)
-    both = a.join(b, rsuffix="_other", how="inner")
+    both = a.join(b.add_suffix("_other"), how="inner")
     both = both[(both["median"] > 0) & (both["median_other"] > 0)]
     if len(both) < MIN_MATCHED_OPS:
         raise WhatifError(f"{other.source}: only {len(both)} CPU ops of the same name and shapes as in "
