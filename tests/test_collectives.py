@@ -1,3 +1,5 @@
+import itertools
+
 import pytest
 from _cost_data import VIDUR, bench_module, need
 
@@ -73,7 +75,7 @@ def test_more_bytes_never_faster():
                              (preset("dgx_a100", 2), 4, 2)):
         for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"):
             t = [collective_time_ns(kind, s, ranks, topo, ranks_per_machine=per) for s in sizes]
-            assert all(b >= a * (1 - 1e-9) for a, b in zip(t, t[1:])), (topo.name, kind)
+            assert all(b >= a * (1 - 1e-9) for a, b in itertools.pairwise(t)), (topo.name, kind)
 
 
 def test_more_ranks_on_one_machine_never_faster():
@@ -81,7 +83,7 @@ def test_more_ranks_on_one_machine_never_faster():
     for topo in (DGX, preset("dgx_h100"), preset("pcie_a100_8"), preset("mi300x_8")):
         for size in (4e3, 1e6, 64e6, 1e9):
             t = [collective_time_ns("all_reduce", size, p, topo) for p in range(2, 9)]
-            assert all(b >= a * (1 - 1e-9) for a, b in zip(t, t[1:])), (topo.name, size)
+            assert all(b >= a * (1 - 1e-9) for a, b in itertools.pairwise(t)), (topo.name, size)
 
 
 def test_network_bounds_rings_across_machines():
