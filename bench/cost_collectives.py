@@ -71,6 +71,20 @@ def picked(df: pd.DataFrame, topo: Topology) -> list[str]:
     return out
 
 
+def neighbour_error(df: pd.DataFrame, rows: pd.Index) -> np.ndarray:
+    """|error| of predicting each held-out size by the mean of its two measured neighbours (the
+    fitted sizes on either side): how far the measurements themselves scatter, a floor for any
+    model calibrated on alternate sizes."""
+    out = []
+    for (_r, _p), g in df.loc[:, ["ranks", "ranks_per_node", "dur_ns"]].groupby(
+            [df["ranks"], df["ranks_per_node"]]):
+        t = g["dur_ns"].to_numpy()
+        mid = np.full(len(t), np.nan)
+        mid[1:-1] = (t[:-2] + t[2:]) / 2
+        out.append(pd.Series(np.abs(mid - t) / t * 100, index=g.index))
+    return pd.concat(out).reindex(rows).to_numpy()
+
+
 def size_class(nbytes: pd.Series) -> pd.Series:
     return pd.Series(np.where(nbytes < SMALL_BYTES, "small", np.where(nbytes < LARGE_BYTES, "mid",
                                                                       "large")), index=nbytes.index)
@@ -87,6 +101,7 @@ def report(df: pd.DataFrame) -> pd.DataFrame:
         "uncal_bias_%": g["signed"].median(),
         "cal_med_%": g["cal_err"].median(),
         "cal_max_%": g["cal_err"].max(),
+        "noise_%": g["noise"].median(),
     })
     for cls in ("small", "mid", "large"):
         sub = df[df["size"] == cls].groupby(BY)
@@ -115,6 +130,8 @@ def main() -> int:
         cal = calibrate(points(train), topo)
         df["cal_err"] = np.nan
         df.loc[test.index, "cal_err"] = abs_pct_error(predict(test, topo, cal), test["dur_ns"])
+        df["noise"] = np.nan
+        df.loc[test.index, "noise"] = neighbour_error(df, test.index)
         frames.append(df)
         smallest = df["ranks"].min()
         tr2, te2 = df[df["ranks"] == smallest], df[df["ranks"] > smallest].copy()
@@ -128,7 +145,8 @@ def main() -> int:
     pd.set_option("display.width", 250)
     print("== per (cluster, collective, ranks, ranks per machine): uncalibrated = NCCL's tuning "
           "model on the preset;\n   calibrated = fitted on alternate sizes, tested on the sizes "
-          "in between; small < 64 kB <= mid < 4 MB <= large")
+          "in between; noise = each held-out size predicted by the mean of its two neighbours;\n"
+          "   small < 64 kB <= mid < 4 MB <= large")
     print(table.to_string())
     print()
     print("== what the model picks (share of sizes)")

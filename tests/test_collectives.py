@@ -1,4 +1,5 @@
 import itertools
+from pathlib import Path
 
 import pytest
 from _cost_data import VIDUR, bench_module, need
@@ -146,3 +147,59 @@ def test_vidur_collectives_calibrated_within_goal(capsys):
     assert groups == 15 and groups_met >= 14
     overall = float(line.split("overall median ")[1].split(" %")[0])
     assert overall <= 2.0
+
+
+NCCL_TESTS_OUT = """# nThread 1 nGpus 1 minBytes 8 maxBytes 134217728 step: 4(factor) warmup iters: 5 iters: 20
+# Collective test starting: all_reduce_perf
+#
+# Using devices
+#  Rank  0 Group  0 Pid  101 on     node-a device  0 [0x07] NVIDIA A100-SXM4-80GB
+#  Rank  1 Group  0 Pid  102 on     node-a device  1 [0x0b] NVIDIA A100-SXM4-80GB
+#  Rank  2 Group  0 Pid  201 on     node-b device  0 [0x07] NVIDIA A100-SXM4-80GB
+#  Rank  3 Group  0 Pid  202 on     node-b device  1 [0x0b] NVIDIA A100-SXM4-80GB
+#
+#                                                              out-of-place                       in-place
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+           8             2     float     sum      -1    30.12    0.00    0.00      0    29.80    0.00    0.00      0
+     1048576        262144     float     sum      -1    95.40   10.99   16.49      0    96.10   10.91   16.37    N/A
+   134217728      33554432     float     sum      -1   7500.0   17.90   26.84      0   7490.0   17.92   26.88      0
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 14.5
+"""
+
+
+def test_read_nccl_tests(tmp_path):
+    from whatif.core.errors import TraceError
+    from whatif.tracer.measured_collectives import read_nccl_tests
+    p = tmp_path / "out.txt"
+    p.write_text(NCCL_TESTS_OUT)
+    run = read_nccl_tests(p)
+    assert (run.kind.value, run.ranks, run.ranks_per_node) == ("all_reduce", 4, 2)
+    assert run.sizes_bytes == (8.0, 1048576.0, 134217728.0)
+    assert run.times_ns == pytest.approx((30_120.0, 95_400.0, 7_500_000.0))
+    assert run.points()[1] == ("all_reduce", 1048576.0, 4, pytest.approx(95_400.0), 2)
+    (tmp_path / "plain.txt").write_text(NCCL_TESTS_OUT.replace("all_reduce_perf", "a test"))
+    with pytest.raises(TraceError, match="names no nccl-tests program"):
+        read_nccl_tests(tmp_path / "plain.txt")
+    assert read_nccl_tests(tmp_path / "plain.txt", kind="all_gather").kind.value == "all_gather"
+    (tmp_path / "empty.txt").write_text("# all_reduce_perf\n#  Rank  0 Group 0 Pid 1 on a device 0\n")
+    with pytest.raises(TraceError, match="no nccl-tests result row"):
+        read_nccl_tests(tmp_path / "empty.txt")
+
+
+def test_trace_cost_model_calibrates_on_a_measurement_file(tmp_path):
+    from whatif.api import analyze, make_context
+    from whatif.tracer.measured_collectives import read_nccl_tests
+    cost = make_context(analyze(Path(__file__).resolve().parents[1] / "sample_traces" / "llm_serve").trace).cost
+    before = cost.collective_time_ns("all_reduce", 64e6, 4, "dgx_a100", 2)
+    # the cluster's measured all-reduces take 3x the model's time at every size
+    topo = preset("dgx_a100", machines=2)
+    rows = "".join(f"{int(b)} {int(b) // 4} float sum -1 "
+                   f"{3 * collective_time_ns('all_reduce', b, 4, topo, ranks_per_machine=2) / 1e3:.3f}"
+                   " 0 0 0 0 0 0 0\n" for b in (1e6, 4e6, 16e6, 128e6, 512e6))
+    p = tmp_path / "all_reduce_perf.log"
+    p.write_text(NCCL_TESTS_OUT.split("#       size")[0] + rows)
+    cost.measure_collectives(read_nccl_tests(p).points())
+    after = cost.collective_time_ns("all_reduce", 64e6, 4, "dgx_a100", 2)
+    assert after == pytest.approx(3 * before, rel=0.05)
