@@ -1,11 +1,11 @@
 """Collective cost model: NCCL's own tuning model, on a topology, calibrated from measurements.
 
 Every (algorithm, protocol) NCCL could run a collective with is priced the way NCCL's tuner
-prices it (``src/graph/tuning.cc``, NVIDIA/nccl commit b6475625): a per-call base latency per
+prices it (``src/graph/tuning.cc``, NVIDIA/nccl commit 5067397c): a per-call base latency per
 (algorithm, protocol), a latency per hop by the hop's hardware class (NVLink, PCI, network), and
 the bytes over the bus bandwidth the topology gives NCCL's channels, reduced by the protocol's
 efficiency (LL moves 4 data bytes per 8, LL128 120 per 128) and capped per channel, converted to
-algorithm bandwidth (ring: ``P/nsteps``; tree and CollNet: 1/2; NVLS: 5/6). The fastest one is
+algorithm bandwidth (ring and NVLS: ``P/nsteps``; tree and CollNet: 1/2). The fastest one is
 what NCCL runs, as its tuner picks it; a call smaller than NCCL's per-thread thresholds runs on
 fewer channels and threads. Intra- and inter-machine parts of ring and tree are one pipelined
 kernel in NCCL: the slower fabric bounds the bandwidth, they are not summed. Per-rank bytes for
@@ -42,6 +42,7 @@ class Algorithm(str, Enum):
     AUTO = "auto"
     RING = "ring"
     TREE = "tree"
+    PAT = "pat"                        # parallel aggregated trees: all-gather/reduce-scatter, 1 GPU/machine
     NVLS = "nvls"                      # NVSwitch multicast (SHARP in the switch), one machine
     NVLS_TREE = "nvls_tree"            # NVLS inside machines, tree between them
     COLLNET_DIRECT = "collnet_direct"  # in-network reduction (SHARP on the NICs' switches)
@@ -58,64 +59,81 @@ class Protocol(str, Enum):
 _A, _P = Algorithm, Protocol
 US = 1_000.0             # ns per µs: NCCL's tables are in µs and GB/s
 
-# baseLat[algorithm][protocol], µs (tuning.cc)
+# baseLatencies[algorithm][protocol], µs (tuning.cc)
 _BASE_US: dict[tuple[Algorithm, Protocol], float] = {
-    (_A.TREE, _P.LL): 6.8, (_A.TREE, _P.LL128): 14.0, (_A.TREE, _P.SIMPLE): 0.0,
+    (_A.TREE, _P.LL): 6.8, (_A.TREE, _P.LL128): 14.0, (_A.TREE, _P.SIMPLE): 8.4,
     (_A.RING, _P.LL): 6.6, (_A.RING, _P.LL128): 14.0, (_A.RING, _P.SIMPLE): 8.4,
+    (_A.PAT, _P.SIMPLE): 8.0,
 }
 
-# hwLat[hw][algorithm][protocol], µs per hop (tuning.cc)
+# hwLatencies[hw][algorithm][protocol], µs per hop (tuning.cc)
 _HOP_US: dict[tuple[NcclHw, Algorithm, Protocol], float] = {
     (NcclHw.NVLINK, _A.TREE, _P.LL): 0.6, (NcclHw.NVLINK, _A.TREE, _P.LL128): 1.25,
-    (NcclHw.NVLINK, _A.TREE, _P.SIMPLE): 28.0,
+    (NcclHw.NVLINK, _A.TREE, _P.SIMPLE): 4.0,
     (NcclHw.NVLINK, _A.RING, _P.LL): 0.6, (NcclHw.NVLINK, _A.RING, _P.LL128): 1.9,
     (NcclHw.NVLINK, _A.RING, _P.SIMPLE): 3.4,
     (NcclHw.NVLINK, _A.COLLNET_DIRECT, _P.SIMPLE): 3.7,
     (NcclHw.NVLINK, _A.COLLNET_CHAIN, _P.SIMPLE): 2.8,
-    (NcclHw.NVLINK, _A.NVLS, _P.SIMPLE): 23.0, (NcclHw.NVLINK, _A.NVLS_TREE, _P.SIMPLE): 23.0,
+    (NcclHw.NVLINK, _A.NVLS, _P.SIMPLE): 25.0, (NcclHw.NVLINK, _A.NVLS_TREE, _P.SIMPLE): 25.0,
+    (NcclHw.NVLINK, _A.PAT, _P.SIMPLE): 4.0,
     (NcclHw.PCI, _A.TREE, _P.LL): 1.0, (NcclHw.PCI, _A.TREE, _P.LL128): 1.9,
-    (NcclHw.PCI, _A.TREE, _P.SIMPLE): 28.0,
+    (NcclHw.PCI, _A.TREE, _P.SIMPLE): 4.0,
     (NcclHw.PCI, _A.RING, _P.LL): 1.0, (NcclHw.PCI, _A.RING, _P.LL128): 2.5,
     (NcclHw.PCI, _A.RING, _P.SIMPLE): 5.7,
     (NcclHw.PCI, _A.COLLNET_DIRECT, _P.SIMPLE): 3.7,
     (NcclHw.PCI, _A.COLLNET_CHAIN, _P.SIMPLE): 2.8,
+    (NcclHw.PCI, _A.PAT, _P.SIMPLE): 4.0,
     (NcclHw.NET, _A.TREE, _P.LL): 5.0, (NcclHw.NET, _A.TREE, _P.LL128): 8.5,
-    (NcclHw.NET, _A.TREE, _P.SIMPLE): 28.0,
+    (NcclHw.NET, _A.TREE, _P.SIMPLE): 14.0,
     (NcclHw.NET, _A.RING, _P.LL): 2.7, (NcclHw.NET, _A.RING, _P.LL128): 4.0,
     (NcclHw.NET, _A.RING, _P.SIMPLE): 14.0,
     (NcclHw.NET, _A.COLLNET_DIRECT, _P.SIMPLE): 31.0,
     (NcclHw.NET, _A.COLLNET_CHAIN, _P.SIMPLE): 30.0,
-    (NcclHw.NET, _A.NVLS, _P.SIMPLE): 18.0, (NcclHw.NET, _A.NVLS_TREE, _P.SIMPLE): 14.0,
+    (NcclHw.NET, _A.NVLS, _P.SIMPLE): 18.0, (NcclHw.NET, _A.NVLS_TREE, _P.SIMPLE): 20.9,
+    (NcclHw.NET, _A.PAT, _P.SIMPLE): 14.0,
 }
 
 
 @dataclass(frozen=True)
 class _ArchCaps:
-    """NCCL's per-generation caps, GB/s, indexed by machines (1, 2, more): ``llMaxBws`` (one
-    machine; several machines use the Intel-CPU row), ``perChMaxRingLL128Bws``,
-    ``perChMaxTreeLL128Bws``, ``perChMaxTreeBws``."""
+    """NCCL's per-generation tuner constants (tuning.cc), GB/s, indexed by machines (1, 2, more):
+    ``llMaxBws`` (one machine; several machines use the Intel-host row), ``perChMaxRingLL128Bws``,
+    ``perChMaxTreeLL128Bws``, ``perChMaxTreeBws``, ``perChMaxNVLSTreeBws``; ``nvlsEfficiency``;
+    and the per-channel speeds NCCL's graph search tries (``src/graph/search.cc``)."""
 
     ll_max: tuple[float, float, float]
     ring_ll128_per_channel: tuple[float, float, float]
     tree_ll128_per_channel: tuple[float, float, float]
     tree_per_channel: tuple[float, float, float]
+    nvls_tree_per_channel: tuple[float, float, float]
+    nvls_efficiency: float
+    speeds: tuple[float, ...]
 
 
-_VOLTA = _ArchCaps((39.0, 39.0, 20.4), (20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (26.5, 18.5, 10.0))
-_AMPERE = _ArchCaps((87.7, 39.0, 20.4), (20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (24.0, 23.6, 17.8))
-_HOPPER = _ArchCaps((87.7, 39.0, 20.4), (36.7, 36.7, 36.7), (36.7, 36.7, 29.0), (38.7, 41.4, 36.0))
-# Blackwell and MI300X take the Hopper row: that commit has no later one (docs/cost-models.md)
+_INTEL_LL = (39.0, 20.4)     # llMaxBws' Intel-host row for two and more machines
+_SPEEDS = (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0)
+_VOLTA = _ArchCaps((39.0, *_INTEL_LL), (20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (26.5, 18.5, 10.0),
+                   (26.5, 18.5, 10.0), 0.0, _SPEEDS)
+_AMPERE = _ArchCaps((87.7, *_INTEL_LL), (20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (24.0, 23.6, 17.8),
+                    (24.0, 23.6, 17.8), 0.0, _SPEEDS)
+_HOPPER = _ArchCaps((141.0, *_INTEL_LL), (36.7, 36.7, 36.7), (36.7, 36.7, 29.0),
+                    (38.7, 41.4, 36.0), (0.0, 57.7, 45.5), 0.85,
+                    (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0))
+_BLACKWELL = _ArchCaps((282.0, *_INTEL_LL), (40.0, 40.0, 40.0), (55.6, 31.67, 20.0),
+                       (70.0, 42.8, 24.0), (0.0, 96.0, 80.0), 0.74,
+                       (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0))
+# MI300X (RCCL has its own tuning tables) takes the Hopper row: an assumption (docs/cost-models.md)
 _CAPS = {Arch.VOLTA: _VOLTA, Arch.AMPERE: _AMPERE, Arch.HOPPER: _HOPPER,
-         Arch.BLACKWELL: _HOPPER, Arch.CDNA3: _HOPPER}
+         Arch.BLACKWELL: _BLACKWELL, Arch.CDNA3: _HOPPER}
 
 # treeCorrectionFactor[protocol][log2(bytes / 64)] (tuning.cc), interpolated between powers of 2
 _TREE_CORRECTION: dict[Protocol, tuple[float, ...]] = {
     _P.LL: (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0,
-            1.0, 1.0, 1.0),
+            1.0, 1.0, 1.0, 1.0),
     _P.LL128: (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9,
-               .9, .9, 1.0, 1.0),
+               .9, .9, 1.0, 1.0, 1.0),
     _P.SIMPLE: (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7,
-                .8, .9, .9),
+                .8, .9, .9, .9),
 }
 
 NET_OVERHEAD_US = 1.0       # getNetOverhead on an Intel x86 host (×3 for Simple)
@@ -183,11 +201,13 @@ class _Call:
 
     @property
     def inter_steps(self) -> int:
-        if self.kind is CollectiveKind.ALL_REDUCE:
-            return 2 * self.nodes if self.nodes > 1 else 0
-        if self.kind in (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER):
-            return self.nodes - 1
-        return self.nodes
+        if self.nodes == 1:
+            return 0
+        return 2 * (self.nodes - 1) if self.kind is CollectiveKind.ALL_REDUCE else self.nodes - 1
+
+    @property
+    def caps(self) -> _ArchCaps:
+        return _CAPS[self.topo.arch]
 
     def intra_link(self) -> Link:
         return self.topo.ring_link(self.per)
@@ -207,14 +227,25 @@ class _Call:
         intra = self.intra_link().nccl_bw_bytes_per_s if self.per > 1 else math.inf
         return intra if self.nodes == 1 else min(intra, self.net_bw())
 
+    def nvls_channel_bw(self) -> float:
+        """Bytes/s of one NVLS channel: NCCL's graph search gives each of the machine's GPUs a
+        channel at the fastest speed of its list that the GPUs' NVLink bandwidth holds."""
+        fit = self.intra_link().nccl_bw_bytes_per_s / 1e9 / self.per
+        return next((v for v in self.caps.speeds if v <= fit), self.caps.speeds[-1]) * 1e9
+
     def intra_hop_us(self, algo: Algorithm, proto: Protocol) -> float:
         link = self.intra_link()
         return _HOP_US.get((link.kind.hw, algo, proto), 0.0) + link.latency_ns / US
 
     def inter_hop_us(self, algo: Algorithm, proto: Protocol) -> float:
+        # with one rank per machine every network latency is exposed: NCCL takes the tree's
+        hop = _HOP_US.get((NcclHw.NET, _A.TREE if self.per == 1 else algo, proto), 0.0)
         extra = self.net().latency_ns / US
         # NCCL adds the network's latency once more for Simple's flush
-        return _HOP_US.get((NcclHw.NET, algo, proto), 0.0) + extra * (2 if proto is _P.SIMPLE else 1)
+        return hop + extra * (2 if proto is _P.SIMPLE else 1)
+
+
+_GATHERS = (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER)
 
 
 def _candidates(call: _Call) -> list[tuple[Algorithm, Protocol]]:
@@ -228,31 +259,46 @@ def _candidates(call: _Call) -> list[tuple[Algorithm, Protocol]]:
         algos.append(_A.TREE)
         if topo.collnet and call.nodes > 1:
             algos += [_A.COLLNET_DIRECT, _A.COLLNET_CHAIN]
-    if topo.nvls and call.per > 1 and kind in (CollectiveKind.ALL_REDUCE, CollectiveKind.ALL_GATHER,
-                                               CollectiveKind.REDUCE_SCATTER):
+    if kind in _GATHERS and call.per == 1:
+        algos.append(_A.PAT)
+    if topo.nvls and call.caps.nvls_efficiency > 0 and call.per > 1 \
+            and (kind is CollectiveKind.ALL_REDUCE or kind in _GATHERS):
         if call.nodes == 1:
             algos.append(_A.NVLS)
         elif kind is CollectiveKind.ALL_REDUCE:
             algos.append(_A.NVLS_TREE)
     out = []
     for a in algos:
-        simple_only = a in (_A.NVLS, _A.NVLS_TREE, _A.COLLNET_DIRECT, _A.COLLNET_CHAIN)
+        simple_only = a not in (_A.RING, _A.TREE)
         out += [(a, p) for p in protos if not simple_only or p is _P.SIMPLE]
     return out
 
 
+def _nvls_bus_bw(call: _Call, algo: Algorithm) -> float:
+    """NVLS: each GPU's channel pulls through the switch at ``nvlsEfficiency`` of its speed, all-reduce
+    running its two halves at once; NVLS-tree also bounded by the NICs (×2 on two machines) and
+    NCCL's per-channel cap."""
+    ch_bw, per = call.nvls_channel_bw(), call.per
+    intra = ch_bw * call.caps.nvls_efficiency * (per - 1) / per
+    intra *= 2 if call.kind is CollectiveKind.ALL_REDUCE else (per - 1) / per
+    if algo is _A.NVLS:
+        return per * intra
+    nic = call.net().nccl_bw_bytes_per_s * (2 if call.nodes <= 2 else 1)
+    return per * min(intra, nic, call.caps.nvls_tree_per_channel[call.node_index] * 1e9)
+
+
 def _bus_bw(call: _Call, algo: Algorithm, proto: Protocol) -> float:
     """Bus bandwidth (bytes/s) of one (algorithm, protocol) after NCCL's refinements."""
-    caps, n, ch = _CAPS[call.topo.arch], call.node_index, call.topo.channels
+    caps, n, ch = call.caps, call.node_index, call.topo.channels
     g = 1e9
+    if algo in (_A.NVLS, _A.NVLS_TREE):
+        return _nvls_bus_bw(call, algo)
     bw = call.graph_bw()
     if algo is _A.RING:
         if proto is _P.LL:
-            share = 1 / 4 if call.nodes > 1 or call.kind in (CollectiveKind.ALL_REDUCE,
-                                                             CollectiveKind.REDUCE) else 1 / 3
-            return min(caps.ll_max[n] * g, bw * share)
+            return min(caps.ll_max[n] * g, bw * 0.5)
         if proto is _P.LL128:
-            return min(bw * (0.7 if call.per < 2 else 0.92), ch * caps.ring_ll128_per_channel[n] * g)
+            return min(bw * 0.92, ch * caps.ring_ll128_per_channel[n] * g)
         return bw
     if algo is _A.TREE:
         bw = min(bw * 0.92, ch * caps.tree_per_channel[n] * g)
@@ -262,14 +308,10 @@ def _bus_bw(call: _Call, algo: Algorithm, proto: Protocol) -> float:
             return min(bw * (7 / 9 if call.nodes == 1 else 120 / 128),
                        ch * caps.tree_ll128_per_channel[n] * g)
         return bw
-    intra = call.intra_link().nccl_bw_bytes_per_s
-    if algo is _A.NVLS:
-        return intra
-    if algo is _A.NVLS_TREE:
-        net = call.net_bw()
-        return min(intra, net if call.nodes <= 2 else net / 2)
+    if algo is _A.PAT:
+        return bw * 0.75
     nics = min(call.per, call.topo.nics_per_machine)
-    bw = min(intra, call.net_bw())
+    bw = min(call.intra_link().nccl_bw_bytes_per_s, call.net_bw())
     if algo is _A.COLLNET_DIRECT:
         ratio = call.per / nics                   # GPUs per NIC
         bw /= ratio - (ratio - 1) / 2
@@ -280,10 +322,10 @@ def _bus_bw(call: _Call, algo: Algorithm, proto: Protocol) -> float:
 
 def _alg_bw(call: _Call, algo: Algorithm, proto: Protocol) -> float:
     bw = _bus_bw(call, algo, proto)
-    if algo is _A.RING:
+    if algo in (_A.RING, _A.NVLS, _A.NVLS_TREE):
         return bw * call.ranks / call.nsteps
-    if algo in (_A.NVLS, _A.NVLS_TREE):
-        return bw * 5 / 6
+    if algo is _A.PAT:
+        return bw                                  # tuning.cc converts no gather but the ring's
     return bw / 2
 
 
@@ -303,6 +345,8 @@ def _latency_us(call: _Call, algo: Algorithm, proto: Protocol) -> float:
         return lat + (call.nsteps - call.inter_steps) * intra + call.inter_steps * inter
     if algo is _A.TREE:
         return lat + 2 * ((per - 1) * intra + log_nodes * inter)
+    if algo is _A.PAT:
+        return lat + log_nodes * inter / 3.5 + call.ranks * 2.8
     if algo is _A.COLLNET_DIRECT:
         return lat + 2 * (min(1, per - 1) * intra + (per - 1) * 0.4) + inter
     if algo is _A.COLLNET_CHAIN:
@@ -328,7 +372,7 @@ def _tree_correction(proto: Protocol, nbytes: float) -> float:
 
 def _collective(call: _Call, algo: Algorithm, proto: Protocol) -> Estimate:
     bw = _alg_bw(call, algo, proto) * _channel_share(call, algo, proto)
-    if algo is _A.TREE:
+    if algo is _A.TREE or (algo is _A.NVLS_TREE and call.topo.arch is Arch.BLACKWELL):
         bw *= _tree_correction(proto, call.nbytes)
     lat = _latency_us(call, algo, proto)
     if (algo is _A.RING and proto is _P.SIMPLE and call.nodes > 1
@@ -347,7 +391,7 @@ def _direct(call: _Call, proto: Protocol) -> Estimate:
         intra_bytes, inter_bytes = (s, 0.0) if call.nodes == 1 else (0.0, s)
     else:
         intra_bytes, inter_bytes = (per - 1) / p * s, (p - per) / p * s
-    share = 1 / 3 if proto is _P.LL else 1.0
+    share = 0.5 if proto is _P.LL else 1.0          # LL: 4 data bytes in every 8
     times = []
     if intra_bytes:
         link = call.topo.intra if call.kind is CollectiveKind.SEND_RECV else call.intra_link()
