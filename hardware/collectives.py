@@ -250,7 +250,9 @@ _GATHERS = (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER)
 
 def _candidates(call: _Call) -> list[tuple[Algorithm, Protocol]]:
     kind, topo = call.kind, call.topo
-    if kind in (CollectiveKind.SEND_RECV, CollectiveKind.ALL_TO_ALL):
+    if kind is CollectiveKind.SEND_RECV:            # NCCL picks by size, not by its tuner
+        return [(_A.DIRECT, _P.LL if call.nbytes <= P2P_LL_THRESHOLD_BYTES else _P.SIMPLE)]
+    if kind is CollectiveKind.ALL_TO_ALL:
         return [(_A.DIRECT, _P.LL), (_A.DIRECT, _P.SIMPLE)]
     ll128 = call.intra_link().kind.hw is NcclHw.NVLINK and topo.arch is not Arch.CDNA3
     protos = [_P.LL, _P.LL128, _P.SIMPLE] if ll128 else [_P.LL, _P.SIMPLE]
@@ -409,19 +411,8 @@ def _estimates(kind: CollectiveKind, nbytes: float, ranks: int, topo: Topology,
                per: int) -> tuple[Estimate, ...]:
     nodes = math.ceil(ranks / per)
     call = _Call(kind, max(nbytes, 1.0), ranks, nodes, per, topo)
-    out = []
-    for algo, proto in _candidates(call):
-        if algo is _A.DIRECT:
-            if kind is CollectiveKind.SEND_RECV and proto is _P.LL \
-                    and nbytes > P2P_LL_THRESHOLD_BYTES:
-                continue
-            if kind is CollectiveKind.SEND_RECV and proto is _P.SIMPLE \
-                    and nbytes <= P2P_LL_THRESHOLD_BYTES:
-                continue
-            out.append(_direct(call, proto))
-        else:
-            out.append(_collective(call, algo, proto))
-    return tuple(out)
+    return tuple(_direct(call, proto) if algo is _A.DIRECT else _collective(call, algo, proto)
+                 for algo, proto in _candidates(call))
 
 
 def estimates(kind: CollectiveKind | str, message_bytes: float, ranks: int, topology: Topology,
