@@ -28,19 +28,15 @@ import pandas as pd
 from whatif.api import analyze
 from whatif.depgraph.graph import TaskKind
 from whatif.hardware.collectives import calibrate, collective_time_ns
-from whatif.hardware.devices import get_device
-from whatif.hardware.topology import Link, LinkKind, Topology, preset
+from whatif.hardware.topology import preset
 from whatif.predictors.costs import MAX_WAIT_RATIO
 from whatif.tracer.measured_collectives import collective_points, points_frame
 from whatif.tracer.trace import load_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-B200 = get_device("B200")
 SIZED = {
     "hta/nccl_data_a100_rank0of2.json.gz": preset("dgx_a100"),
-    "tracelens/b200_eager_rank0of8.json.gz": Topology("8x B200 (NVLink5 NVSwitch)", 1, 8,
-                                                      Link(LinkKind.NVSWITCH, B200.link_bw_bytes_per_s, 1_000),
-                                                      None, B200.name),
+    "tracelens/b200_eager_rank0of8.json.gz": preset("hgx_b200"),
     "tracelens/mi300x_resnet_act_ckpt_rank0of8.json.gz": preset("mi300x_8"),
 }
 
@@ -94,7 +90,7 @@ def waiting() -> pd.DataFrame | None:
 def main() -> int:
     if not TRACES.is_dir():
         sys.exit(f"skipped: shared traces not found at {TRACES}")
-    print("== 1. sized collective kernels vs the alpha-beta model")
+    print("== 1. sized collective kernels vs NCCL's tuning model")
     df = sized()
     if not df.empty:
         g = df.groupby(["trace", "kind", "ranks", "message_bytes"]).agg(

@@ -66,7 +66,7 @@ inserts get None: recorded state).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -183,6 +183,7 @@ class TraceCostModel(CostModelBase):
         self.gpu_name = gpu
         self._bw: float | None = None
         self._collective_calibrations: dict[tuple[str, int, int], CollectiveCalibration | None] = {}
+        self._measured_collectives: list[tuple] = []
         self._op_memo: dict[tuple[str, str, str, str], tuple[float, float, float, str]] = {}
         self._retarget_fits: dict[tuple[str, str, tuple[tuple[str, str], ...]], RetargetFit] = {}
 
@@ -565,8 +566,18 @@ class TraceCostModel(CostModelBase):
         return float(collective_time_ns(kind, message_bytes, ranks, topo, ranks_per_machine=per,
                                         calibration=self._collective_calibrations[key]))
 
+    def measure_collectives(self, points: Iterable[tuple]) -> None:
+        """Calibrate collectives on measured ``(kind, message_bytes, ranks, dur_ns[,
+        ranks_per_machine])`` points as well, e.g. an nccl-tests run of the cluster
+        (:func:`whatif.tracer.measured_collectives.read_nccl_tests`, ``.points()``): they describe
+        the machine the job runs on, so they fit whatever preset prices it, unfiltered (an
+        nccl-tests time is a transfer, not a wait for peers)."""
+        self._measured_collectives.extend(points)
+        self._collective_calibrations.clear()
+
     def _collective_calibration(self, base: Topology, topo: Topology) -> CollectiveCalibration | None:
-        """The fit of the trace's collective kernels when its GPU is of the preset ``base``'s family."""
+        """The fit of the trace's collective kernels when its GPU is of the preset ``base``'s family,
+        with the measured points of :meth:`measure_collectives`."""
         from whatif.hardware.collectives import calibrate, collective_time_ns
         from whatif.tracer.measured_collectives import (
             collective_points,
@@ -577,7 +588,13 @@ class TraceCostModel(CostModelBase):
         pts = fastest_per_size(collective_points(self.trace)) if same else []
         pts = [p for p in pts if p[3] <= MAX_WAIT_RATIO * collective_time_ns(
             p[0], p[1], p[2], base.with_machines(max(1, -(-p[2] // base.gpus_per_machine))))]
-        return calibrate(pts, topo, residual=False) if pts else None
+        pts += self._measured_collectives
+        if not pts:
+            return None
+        # a measured point may span more machines than this call: the fit does not depend on it
+        machines = max(-(-int(p[2]) // int(p[4] if len(p) > 4 and p[4] else base.gpus_per_machine))
+                       for p in pts)
+        return calibrate(pts, topo.with_machines(max(topo.machines, machines)), residual=False)
 
     def kernel_time_ns(self, graph: TaskGraph, tasks: np.ndarray, flops: np.ndarray,
                        nbytes: np.ndarray) -> np.ndarray:

@@ -5,7 +5,7 @@ calibrations on the trace, so every rate comes from the device catalog
 * DRAM bandwidth: ``ASSUMED_BW_EFFICIENCY`` of the device's peak (the trace model measures the
   median achieved bandwidth of the trace's memory-bound kernels); it prices ``fuse`` and the bytes
   of kernels recorded without shapes;
-* collectives: the uncalibrated alpha-beta model of the topology preset
+* collectives: the uncalibrated NCCL tuning model on the topology preset
   (:func:`whatif.hardware.collectives.collective_time_ns`; the trace model fits it to the trace's
   own collective kernels when its GPU is of the preset's family).
 

@@ -1,49 +1,129 @@
+import itertools
+from pathlib import Path
+
 import pytest
 from _cost_data import VIDUR, bench_module, need
 
 from whatif.hardware.collectives import (
     Algorithm,
+    Protocol,
     bus_bytes,
     calibrate,
     collective_time_ns,
-    phases,
+    estimate,
+    estimates,
 )
 from whatif.hardware.topology import LinkKind, TopologyName, preset, presets
 
 DGX = preset("dgx_a100")
 
 
-def test_ring_all_reduce_moves_2_p_minus_1_over_p():
+def test_bus_bytes_follow_nccl_tests_factors():
     for p in (2, 4, 8):
         assert bus_bytes("all_reduce", 800, p) == pytest.approx(2 * (p - 1) / p * 800)
         assert bus_bytes("all_gather", 800, p) == pytest.approx((p - 1) / p * 800)
-    ph = phases("all_reduce", 1e9, 8, DGX, "ring")
-    assert len(ph) == 1 and ph[0].steps == 14 and ph[0].nbytes == pytest.approx(1.75e9)
+        assert bus_bytes("send_recv", 800, p) == 800
 
 
-def test_alpha_beta_by_hand():
-    # ring all-reduce of 1 GB on 8 GPUs, 300 GB/s, 1 us per step, efficiency 1:
-    t = collective_time_ns("all_reduce", 1e9, 8, DGX, algorithm="ring", efficiency=1.0)
-    assert t == pytest.approx(14 * 1000 + 1.75e9 / 300e9 * 1e9)
-    t = collective_time_ns("send_recv", 3e8, 2, DGX, efficiency=1.0)
-    assert t == pytest.approx(1000 + 1e6)
+def test_ring_simple_by_hand():
+    # NCCL's tuning model, ring/Simple all-reduce of 1 GB on 8 A100s over NVSwitch:
+    # latency 8.4 us + 14 hops x 3.4 us; bus bandwidth 12 NVLinks x 20 GB/s, algbw x 8/14
+    e = estimate("all_reduce", 1e9, 8, DGX, algorithm="ring", protocol="simple")
+    assert e.latency_ns == pytest.approx((8.4 + 14 * 3.4) * 1e3)
+    assert e.transfer_ns == pytest.approx(1e9 / (240e9 * 8 / 14) * 1e9)
     assert collective_time_ns("all_reduce", 1e9, 1, DGX) == 0.0
 
 
-def test_tree_beats_ring_on_small_messages_and_hierarchical_across_machines():
-    assert choose(1e3, 8, preset("dgx_a100")) is Algorithm.TREE
+def test_small_messages_pick_ll_large_pick_simple():
+    for topo in (DGX, preset("dgx_h100"), preset("pcie_a100_8")):
+        assert estimate("all_reduce", 4096, 8, topo).protocol is Protocol.LL
+        assert estimate("all_reduce", 1 << 30, 8, topo).protocol in (Protocol.SIMPLE,)
+    # in between, LL128 on NVLink (NCCL enables it there only)
+    assert estimate("all_reduce", 8e6, 8, DGX).protocol is Protocol.LL128
+    assert all(e.protocol is not Protocol.LL128 for e in estimates("all_reduce", 8e6, 8,
+                                                                   preset("pcie_a100_8")))
+
+
+def test_nvls_only_where_the_switch_has_it_and_wins_large():
+    assert not any(e.algorithm is Algorithm.NVLS for e in estimates("all_reduce", 1e9, 8, DGX))
+    h100 = preset("dgx_h100")
+    assert estimate("all_reduce", 1 << 30, 8, h100).algorithm is Algorithm.NVLS
+    assert estimate("all_reduce", 4096, 8, h100).algorithm is not Algorithm.NVLS
     two = preset("dgx_h100", machines=2)
-    ring = collective_time_ns("all_reduce", 1e9, 16, two, algorithm="ring")
-    hier = collective_time_ns("all_reduce", 1e9, 16, two, algorithm="hierarchical")
-    assert hier < ring
+    assert any(e.algorithm is Algorithm.NVLS_TREE for e in estimates("all_reduce", 1e9, 16, two))
+
+
+def test_nvls_bandwidth_as_nvidia_states_it():
+    # NVIDIA/nccl-tests#212 (NCCL's maintainer): 8 H100s reach ~480 GB/s of all-reduce bus
+    # bandwidth with NVLS, ~370 GB/s over a ring; NCCL's model: 8 channels x 40 GB/s (its speed
+    # list's step under 370.8/8) x 0.85 x 7/8 x 2 = 476 GB/s
+    h100 = preset("dgx_h100")
+    e = estimate("all_reduce", 1 << 34, 8, h100)
+    assert e.algorithm is Algorithm.NVLS
+    assert bus_bytes("all_reduce", 1 << 34, 8) / e.time_ns == pytest.approx(476, rel=0.01)
+    ring = estimate("all_reduce", 1 << 34, 8, h100, algorithm="ring", protocol="simple")
+    assert bus_bytes("all_reduce", 1 << 34, 8) / ring.time_ns == pytest.approx(18 * 20.6, rel=0.01)
+
+
+def test_pairwise_nvlink_ring_crosses_pcie():
+    for name in (TopologyName.A100_PAIRWISE_NVLINK, TopologyName.H100_PAIRWISE_NVLINK,
+                 TopologyName.A40_PAIRWISE_NVLINK):
+        t = preset(name)
+        assert t.ring_link(2).kind is LinkKind.NVLINK and t.ring_link(4).kind is LinkKind.PCIE
+    t = preset("a100_pairwise_nvlink")
+    pair = estimate("all_reduce", 256e6, 2, t)
+    four = estimate("all_reduce", 256e6, 4, t)
+    # 2 GPUs: NVLink (12 x 20 GB/s); 4 GPUs: the ring's bottleneck is PCIe Gen4 (24 GB/s credited)
+    assert pair.transfer_ns == pytest.approx(256e6 / 240e9 * 1e9, rel=1e-6)
+    assert four.transfer_ns == pytest.approx(256e6 / (24e9 * 4 / 6) * 1e9, rel=1e-6)
+    assert four.protocol is Protocol.SIMPLE
+    assert all(e.protocol is not Protocol.LL128 for e in estimates("all_reduce", 8e6, 4, t))
+
+
+def test_more_bytes_never_faster():
+    sizes = [2 ** k for k in range(8, 33)] + [3 * 2 ** k for k in range(8, 31)]
+    sizes.sort()
+    for topo, ranks, per in ((DGX, 8, None), (preset("dgx_h100", 2), 16, None),
+                             (preset("a100_pairwise_nvlink"), 4, None),
+                             (preset("dgx_a100", 2), 4, 2)):
+        for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"):
+            t = [collective_time_ns(kind, s, ranks, topo, ranks_per_machine=per) for s in sizes]
+            assert all(b >= a * (1 - 1e-9) for a, b in itertools.pairwise(t)), (topo.name, kind)
+
+
+def test_more_ranks_on_one_machine_never_faster():
+    # all-reduce of a fixed message over ring and tree on one machine's fabric, 2 to 8 ranks.
+    # Not NVLS: there every GPU adds a channel pulling through the switch, so 8 GPUs reduce a
+    # message faster than 4 (H100: 476 vs 306 GB/s of bus bandwidth), as on the real machine.
+    for topo in (DGX, preset("pcie_a100_8"), preset("mi300x_8"), preset("a40_pairwise_nvlink")):
+        for size in (4e3, 1e6, 64e6, 1e9):
+            t = [collective_time_ns("all_reduce", size, p, topo) for p in range(2, 9)]
+            assert all(b >= a * (1 - 1e-9) for a, b in itertools.pairwise(t)), (topo.name, size)
+
+
+def test_network_bounds_rings_across_machines():
+    two = preset("dgx_h100", machines=2)
+    inside = estimate("all_reduce", 1e9, 8, two)
+    across = estimate("all_reduce", 1e9, 8, two, ranks_per_machine=4)
+    # NVLS inside the machine: 8 channels x 40 GB/s x 0.85 x 7/8 x 2; across, NVLS-tree: 4
+    # channels, each the least of 60 x 0.85 x 3/4 x 2, two NICs' worth (100) and Hopper's 57.7
+    assert inside.algorithm is Algorithm.NVLS and across.algorithm is Algorithm.NVLS_TREE
+    assert inside.transfer_ns == pytest.approx(1e9 / (8 * 40e9 * 0.85 * 7 / 8 * 2 * 8 / 14) * 1e9)
+    assert across.transfer_ns == pytest.approx(1e9 / (4 * 57.7e9 * 8 / 14) * 1e9)
+    ring = estimate("all_reduce", 1e9, 8, two, ranks_per_machine=4, algorithm="ring")
+    assert ring.transfer_ns == pytest.approx(1e9 / (4 * 50e9 * 8 / 14) * 1e9)   # 4 NICs bound it
     # all-to-all across machines is bound by the NIC share that leaves the machine
-    a2a = collective_time_ns("all_to_all", 1.6e9, 16, two, efficiency=1.0)
-    assert a2a >= 0.5 * 1.6e9 / 50e9 * 1e9
+    a2a = estimate("all_to_all", 1.6e9, 16, two)
+    assert a2a.transfer_ns == pytest.approx(0.5 * 1.6e9 / 50e9 * 1e9)
 
 
-def choose(nbytes, ranks, topo):
-    from whatif.hardware.collectives import choose_algorithm
-    return choose_algorithm("all_reduce", nbytes, ranks, topo)
+def test_collnet_only_with_sharp():
+    two = preset("dgx_h100", machines=2)
+    assert not any(e.algorithm is Algorithm.COLLNET_DIRECT
+                   for e in estimates("all_reduce", 1e9, 16, two))
+    sharp = two.__class__(**{**two.__dict__, "collnet": True})
+    assert any(e.algorithm is Algorithm.COLLNET_DIRECT
+               for e in estimates("all_reduce", 1e9, 16, sharp))
 
 
 def test_presets_and_placement():
@@ -53,23 +133,90 @@ def test_presets_and_placement():
     assert t.placement(2, ranks_per_machine=1) == (2, 1)
     with pytest.raises(ValueError):
         t.placement(32)
+    assert preset("gb200_nvl72").gpus_per_machine == 72
+    with pytest.raises(ValueError, match="no inter-machine network"):
+        collective_time_ns("all_reduce", 1e6, 16, t.__class__(**{**t.__dict__, "inter": None}))
 
 
-def test_calibrate_recovers_alpha_beta():
-    # measured t = 20 us + bytes / 100 GB/s on 8 ranks: latency 14 steps of 1 us -> scale 20/14
-    pts = [("all_reduce", b, 8, 20_000 + 1.75 * b / 100e9 * 1e9) for b in (1e5, 1e6, 1e7, 1e8)]
+def test_calibrate_recovers_latency_and_bandwidth_scales():
+    # measured: 1.5x the model's latency, 1/0.8 of its transfer time (ring/Simple sizes)
+    sizes = (64e6, 128e6, 256e6, 512e6, 1e9)
+    model = {s: estimate("all_reduce", s, 8, DGX) for s in sizes}
+    pts = [("all_reduce", s, 8, 1.5 * e.latency_ns + e.transfer_ns / 0.8) for s, e in model.items()]
     cal = calibrate(pts, DGX, residual=False)
     fit = cal.entries[next(iter(cal.entries))]
-    assert fit.latency_scale == pytest.approx(20 / 14, rel=1e-6)
-    assert fit.efficiency == pytest.approx(100 / 300, rel=1e-6)
-    assert collective_time_ns("all_reduce", 5e7, 8, DGX, calibration=cal) == \
-        pytest.approx(20_000 + 1.75 * 5e7 / 100e9 * 1e9)
+    assert fit.latency_scale == pytest.approx(1.5, rel=1e-6)
+    assert fit.efficiency == pytest.approx(0.8, rel=1e-6)
+    e = estimate("all_reduce", 300e6, 8, DGX)
+    assert collective_time_ns("all_reduce", 300e6, 8, DGX, calibration=cal) == \
+        pytest.approx(1.5 * e.latency_ns + e.transfer_ns / 0.8)
 
 
 @pytest.mark.shared
-def test_vidur_collectives_held_out_sizes_within_goal(capsys):
+def test_vidur_collectives_calibrated_within_goal(capsys):
     need(VIDUR)
     bench = bench_module("cost_collectives")
     assert bench.main() == 0
     out = capsys.readouterr().out
-    assert "-> MET" in out.splitlines()[-1]
+    line = next(x for x in out.splitlines() if x.startswith("calibrated (held-out sizes)"))
+    groups_met, groups = (int(x) for x in line.split(" groups")[0].split("in ")[-1].split(" of "))
+    # 14 of 15 groups within 5 % held out; the noisy inter-node pairwise send/recv is the miss
+    assert groups == 15 and groups_met >= 14
+    overall = float(line.split("overall median ")[1].split(" %")[0])
+    assert overall <= 2.0
+
+
+NCCL_TESTS_OUT = """# nThread 1 nGpus 1 minBytes 8 maxBytes 134217728 step: 4(factor) warmup iters: 5 iters: 20
+# Collective test starting: all_reduce_perf
+#
+# Using devices
+#  Rank  0 Group  0 Pid  101 on     node-a device  0 [0x07] NVIDIA A100-SXM4-80GB
+#  Rank  1 Group  0 Pid  102 on     node-a device  1 [0x0b] NVIDIA A100-SXM4-80GB
+#  Rank  2 Group  0 Pid  201 on     node-b device  0 [0x07] NVIDIA A100-SXM4-80GB
+#  Rank  3 Group  0 Pid  202 on     node-b device  1 [0x0b] NVIDIA A100-SXM4-80GB
+#
+#                                                              out-of-place                       in-place
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+           8             2     float     sum      -1    30.12    0.00    0.00      0    29.80    0.00    0.00      0
+     1048576        262144     float     sum      -1    95.40   10.99   16.49      0    96.10   10.91   16.37    N/A
+   134217728      33554432     float     sum      -1   7500.0   17.90   26.84      0   7490.0   17.92   26.88      0
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 14.5
+"""
+
+
+def test_read_nccl_tests(tmp_path):
+    from whatif.core.errors import TraceError
+    from whatif.tracer.measured_collectives import read_nccl_tests
+    p = tmp_path / "out.txt"
+    p.write_text(NCCL_TESTS_OUT)
+    run = read_nccl_tests(p)
+    assert (run.kind.value, run.ranks, run.ranks_per_node) == ("all_reduce", 4, 2)
+    assert run.sizes_bytes == (8.0, 1048576.0, 134217728.0)
+    assert run.times_ns == pytest.approx((30_120.0, 95_400.0, 7_500_000.0))
+    assert run.points()[1] == ("all_reduce", 1048576.0, 4, pytest.approx(95_400.0), 2)
+    (tmp_path / "plain.txt").write_text(NCCL_TESTS_OUT.replace("all_reduce_perf", "a test"))
+    with pytest.raises(TraceError, match="names no nccl-tests program"):
+        read_nccl_tests(tmp_path / "plain.txt")
+    assert read_nccl_tests(tmp_path / "plain.txt", kind="all_gather").kind.value == "all_gather"
+    (tmp_path / "empty.txt").write_text("# all_reduce_perf\n#  Rank  0 Group 0 Pid 1 on a device 0\n")
+    with pytest.raises(TraceError, match="no nccl-tests result row"):
+        read_nccl_tests(tmp_path / "empty.txt")
+
+
+def test_trace_cost_model_calibrates_on_a_measurement_file(tmp_path):
+    from whatif.api import analyze, make_context
+    from whatif.tracer.measured_collectives import read_nccl_tests
+    cost = make_context(analyze(Path(__file__).resolve().parents[1] / "sample_traces" / "llm_serve").trace).cost
+    before = cost.collective_time_ns("all_reduce", 64e6, 4, "dgx_a100", 2)
+    # the cluster's measured all-reduces take 3x the model's time at every size
+    topo = preset("dgx_a100", machines=2)
+    rows = "".join(f"{int(b)} {int(b) // 4} float sum -1 "
+                   f"{3 * collective_time_ns('all_reduce', b, 4, topo, ranks_per_machine=2) / 1e3:.3f}"
+                   " 0 0 0 0 0 0 0\n" for b in (1e6, 4e6, 16e6, 128e6, 512e6))
+    p = tmp_path / "all_reduce_perf.log"
+    p.write_text(NCCL_TESTS_OUT.split("#       size")[0] + rows)
+    cost.measure_collectives(read_nccl_tests(p).points())
+    after = cost.collective_time_ns("all_reduce", 64e6, 4, "dgx_a100", 2)
+    assert after == pytest.approx(3 * before, rel=0.05)

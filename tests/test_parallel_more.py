@@ -94,8 +94,12 @@ def test_pipeline_keeps_n_over_p_blocks_in_every_step(tmp_path) -> None:
         assert kept.assign(step=g.tasks["step"].to_numpy()[kept["task"].to_numpy()]).groupby("step")[
             "block"].nunique().tolist() == [1, 1, 1]
         pred = step_times(replay(g))["predicted_ns"].to_numpy()
-        # every step is the same stage's work: later steps differ from step 0 as the baseline's do
-        assert np.allclose(pred[1:] - pred[0], base[1:] - base[0], atol=1_000)
+        # every step is the same stage's work: later steps differ from step 0 as the baseline's do,
+        # up to the stage's sends of one step (step 0 has no earlier send running beside it)
+        comm = g.tasks["dur_ns"].to_numpy()[kinds(g, TaskKind.COMM)]
+        sends_ns = comm.sum() / len(pred)
+        assert sends_ns < 0.25 * pred[0]        # far below the doubled stage time this guards
+        assert np.allclose(pred[1:] - pred[0], base[1:] - base[0], atol=1_000 + sends_ns)
 
 
 def test_tensor_parallel_shards_the_backward(train) -> None:
@@ -221,9 +225,12 @@ def _fwd(train):
     return remove(g, np.flatnonzero(backward_mask(g)), reason="forward only")
 
 
-def test_overlap_splits_and_bounds(serve) -> None:
-    ctx = make_context(serve.trace)
-    tp = TensorParallel(degree=8, topology="dgx_a100").apply(serve.graph, ctx)
+def test_overlap_splits_and_bounds(serve, tmp_path) -> None:
+    # 2048 tokens: all-reduces of 16 MB, bandwidth-bound, so splitting them in two hides more than
+    # the second call's latency costs (at 512 tokens NCCL's per-call latency makes it a loss)
+    big = analyze(llm_trace(tmp_path / "serve2k.json.gz", new_tokens=2048, layers=4, steps=1))
+    ctx = make_context(big.trace)
+    tp = TensorParallel(degree=8, topology="dgx_a100").apply(big.graph, ctx)
     n_comm = len(kinds(tp, TaskKind.COMM))
     base = step_ns(tp)
     got = {}

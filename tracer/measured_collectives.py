@@ -11,13 +11,16 @@ the linked multi-rank transfer times (``COMM`` tasks after :mod:`whatif.depgraph
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from whatif.core.dtypes import element_bytes
-from whatif.core.kernels import collective_kind, is_collective
+from whatif.core.errors import TraceError
+from whatif.core.kernels import CollectiveKind, collective_kind, is_collective
 from whatif.tracer.args import Arg, arg_column
 from whatif.tracer.kinds import EventKind
 from whatif.tracer.trace import Trace, per_name
@@ -99,3 +102,92 @@ def fastest_per_size(points: list[CollectivePoint]) -> list[tuple[str, float, in
         key = (p.kind, p.message_bytes, p.ranks)
         best[key] = min(best.get(key, p.dur_ns), p.dur_ns)
     return [(k, b, r, d) for (k, b, r), d in sorted(best.items())]
+
+
+# nccl-tests program names (``<name>_perf``) -> the collective they time
+_NCCL_TESTS_KINDS = {
+    "all_reduce": CollectiveKind.ALL_REDUCE, "all_gather": CollectiveKind.ALL_GATHER,
+    "reduce_scatter": CollectiveKind.REDUCE_SCATTER, "alltoall": CollectiveKind.ALL_TO_ALL,
+    "sendrecv": CollectiveKind.SEND_RECV, "broadcast": CollectiveKind.BROADCAST,
+    "reduce": CollectiveKind.REDUCE,
+}
+_PROGRAM = re.compile(r"\b(" + "|".join(sorted(_NCCL_TESTS_KINDS, key=len, reverse=True)) + r")_perf\b")
+_RANK_LINE = re.compile(r"^#\s+Rank\s+(\d+)\b.*?\bon\s+(\S+)")
+
+
+@dataclass(frozen=True)
+class NcclTestsRun:
+    """One nccl-tests run: what it timed and its (message bytes, out-of-place time) rows."""
+
+    kind: CollectiveKind
+    ranks: int
+    ranks_per_node: int
+    sizes_bytes: tuple[float, ...]
+    times_ns: tuple[float, ...]
+
+    def points(self) -> list[tuple[str, float, int, float, int]]:
+        """``(kind, message_bytes, ranks, dur_ns, ranks_per_node)`` for
+        :func:`whatif.hardware.collectives.calibrate`."""
+        return [(self.kind.value, b, self.ranks, t, self.ranks_per_node)
+                for b, t in zip(self.sizes_bytes, self.times_ns)]
+
+
+def read_nccl_tests(path: str | Path, kind: CollectiveKind | str | None = None,
+                    ranks: int | None = None) -> NcclTestsRun:
+    """The rows of an nccl-tests output (``all_reduce_perf`` and friends, NVIDIA/nccl-tests).
+
+    ``size`` is the full buffer in bytes (the gathered output for all-gather, as the cost model
+    takes it); the time is the out-of-place column, µs. The collective comes from the program name
+    in the output or the file name, else ``kind``; the ranks and nodes from its ``#  Rank`` lines
+    (distinct hosts), else ``ranks`` on one node.
+
+    Raises:
+        TraceError: the file cannot be read, names no collective, lists no ranks, or holds no row.
+
+    >>> import tempfile, os
+    >>> text = ("# Collective test starting: all_reduce_perf\\n"
+    ...         "#  Rank  0 Group  0 Pid 1 on node-a device  0 [0x07] NVIDIA A100-SXM4-80GB\\n"
+    ...         "#  Rank  1 Group  0 Pid 2 on node-a device  1 [0x0b] NVIDIA A100-SXM4-80GB\\n"
+    ...         "     1048576   262144  float  sum  -1   30.10  34.84  34.84  0   29.90  35.07  35.07  0\\n")
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     p = os.path.join(d, "out.txt"); _ = open(p, "w").write(text)
+    ...     run = read_nccl_tests(p)
+    >>> run.kind.value, run.ranks, run.ranks_per_node, run.points()[0][1], run.points()[0][3]
+    ('all_reduce', 2, 2, 1048576.0, 30100.0)
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        raise TraceError(path, f"cannot read: {exc.strerror}") from None
+    program = _PROGRAM.search(text) or _PROGRAM.search(path.name)
+    if kind is not None:
+        coll = CollectiveKind(kind)
+    elif program is not None:
+        coll = _NCCL_TESTS_KINDS[program.group(1)]
+    else:
+        raise TraceError(path, "names no nccl-tests program (all_reduce_perf, ...); pass the kind")
+    hosts: dict[int, str] = {}
+    sizes, times = [], []
+    for line in text.splitlines():
+        rank = _RANK_LINE.match(line)
+        if rank:
+            hosts[int(rank.group(1))] = rank.group(2)
+            continue
+        tok = line.split()
+        if line.startswith("#") or len(tok) < 11 or not (tok[0].isdigit() and tok[1].isdigit()):
+            continue
+        try:
+            time_us = float(tok[-8])
+        except ValueError:
+            continue
+        if time_us > 0:
+            sizes.append(float(tok[0]))
+            times.append(time_us * 1e3)
+    n = len(hosts) or ranks
+    if not n:
+        raise TraceError(path, "lists no ranks (no '#  Rank' lines); pass the number of ranks")
+    if not sizes:
+        raise TraceError(path, "holds no nccl-tests result row")
+    nodes = len(set(hosts.values())) or 1
+    return NcclTestsRun(coll, n, n // nodes, tuple(sizes), tuple(times))

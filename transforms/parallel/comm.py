@@ -4,7 +4,7 @@ A collective becomes one task on an ordered STREAM resource of its rank (NCCL ru
 communicator on its own stream), chained in program order with the other collectives of that
 stream, with FLOW edges from the work that produces its input and to the work that consumes its
 output. Its duration comes from the cost model in the transform context
-(:meth:`whatif.transforms.base.CostModel.collective_time_ns`, i.e. the alpha-beta models of
+(:meth:`whatif.transforms.base.CostModel.collective_time_ns`, i.e. NCCL's tuning model in
 :mod:`whatif.hardware.collectives`, calibrated on the trace's own collective kernels when it
 has some). Transforms here run on one device's trace and model **one representative rank**:
 with symmetric parallelism every rank runs the same schedule, so the rank's step time is the

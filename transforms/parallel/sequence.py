@@ -56,6 +56,7 @@ from whatif.core.kernels import KernelClass
 from whatif.core.work import WorkShare
 from whatif.depgraph.graph import TaskGraph
 from whatif.hardware.devices import find_device
+from whatif.hardware.topology import presets
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import set_duration
@@ -68,8 +69,6 @@ from .tensor import prev_on_resource
 
 MODES = ("ulysses", "ring", "torus", "usp")
 NCCL_P2P_CTAS = 4   # a hop's send and receive on NCCL_NCHANNELS_PER_NET_PEER = 2 channels each, one CTA per channel
-GPUS_PER_MACHINE = {"dgx_a100": 8, "hgx_a100": 8, "dgx_h100": 8, "hgx_h100": 8, "mi300x_8": 8,
-                    "pcie_a100_8": 8, "pcie_l40s_8": 8, "a100_pairwise_nvlink": 4, "a40_pairwise_nvlink": 8}
 
 
 def ulysses_elements_per_gpu(seq_len: int, hidden: int, degree: int) -> float:
@@ -128,10 +127,11 @@ class SequenceParallel(Transform):
         return find_blocks(graph)["task"].to_numpy(np.int64)
 
     def _layout(self) -> tuple[int, int]:
-        if self.topology not in GPUS_PER_MACHINE:
+        machines = {name.value: topo.gpus_per_machine for name, topo in presets().items()}
+        if self.topology not in machines:
             raise TransformError(f"{self.name}: unknown topology {self.topology!r} (presets: "
-                                 f"{', '.join(GPUS_PER_MACHINE)})")
-        g = min(self.degree, GPUS_PER_MACHINE[self.topology])
+                                 f"{', '.join(machines)})")
+        g = min(self.degree, machines[self.topology])
         if self.degree % g:
             raise TransformError(f"{self.name}: degree {self.degree} is not a multiple of the {g} GPUs per machine")
         return self.degree // g, g
