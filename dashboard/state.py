@@ -97,7 +97,7 @@ class Run:
     error: str | None = None
     scenarios: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> spec
     _docs_by_options: dict[StepOptions, AnalysisDocument] = field(default_factory=dict)
-    _contexts: dict[Enum, TransformContext] = field(default_factory=dict)  # per cost model
+    _contexts: dict[tuple[Enum, tuple[tuple, ...]], TransformContext] = field(default_factory=dict)
     _baseline_docs: dict[StepOptions, BaselinePrediction] = field(default_factory=dict)
     _results: OrderedDict[tuple[str, StepOptions], ScenarioResult] = field(default_factory=OrderedDict)
     _docs: dict[tuple[str, StepOptions], ScenarioPrediction] = field(default_factory=dict)
@@ -153,12 +153,14 @@ class Run:
                        ranks=len(a.trace.ranks), steps=len(a.steps), tasks=a.graph.num_tasks)
         return row
 
-    def context(self, cost_model: str | Enum = CostModelName.TRACE) -> TransformContext:
-        """The transform context of this run priced by ``cost_model`` (built once per cost model)."""
-        key = COST_MODELS.key(cost_model)
+    def context(self, cost_model: str | Enum = CostModelName.TRACE,
+                collective_points: tuple[tuple, ...] = ()) -> TransformContext:
+        """The transform context of this run priced by ``cost_model`` and calibrated on the measured
+        ``collective_points`` too (built once per pair)."""
+        key = (COST_MODELS.key(cost_model), collective_points)
         with self.lock:
             if key not in self._contexts:
-                self._contexts[key] = make_context(self.analysis.trace, key)
+                self._contexts[key] = make_context(self.analysis.trace, *key)
             return self._contexts[key]
 
     def scenario(self, spec: dict[str, Any]) -> Scenario:
@@ -177,7 +179,8 @@ class Run:
                 res = replace(self.result(spec), options=options)
             else:
                 scenario = self.scenario(spec)
-                pred = predict(self.analysis, [scenario], self.context(scenario_cost_model(scenario)))
+                pred = predict(self.analysis, [scenario],
+                               self.context(scenario_cost_model(scenario), scenario.collective_points))
                 res = pred.scenarios[0]
             self._results[key] = res
             while len(self._results) > MAX_PREDICTIONS:

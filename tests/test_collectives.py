@@ -220,3 +220,37 @@ def test_trace_cost_model_calibrates_on_a_measurement_file(tmp_path):
     cost.measure_collectives(read_nccl_tests(p).points())
     after = cost.collective_time_ns("all_reduce", 64e6, 4, "dgx_a100", 2)
     assert after == pytest.approx(3 * before, rel=0.05)
+
+
+def _slow_cluster_log(tmp_path: Path) -> Path:
+    """An nccl-tests log of a 2 x 2 A100 cluster whose all-reduces take 3x the model's time."""
+    topo = preset("dgx_a100", machines=2)
+    rows = "".join(f"{int(b)} {int(b) // 4} float sum -1 "
+                   f"{3 * collective_time_ns('all_reduce', b, 4, topo, ranks_per_machine=2) / 1e3:.3f}"
+                   " 0 0 0 0 0 0 0\n" for b in (1e6, 4e6, 16e6, 128e6, 512e6))
+    p = tmp_path / "all_reduce_perf.log"
+    p.write_text(NCCL_TESTS_OUT.split("#       size")[0] + rows)
+    return p
+
+
+def test_a_scenario_calibrates_collectives_on_its_measurement_files(tmp_path):
+    """``collectives_measured`` (relative to the scenario file) reaches the cost model of the
+    contexts that price that scenario, and only those."""
+    from whatif.api import analyze, make_context
+    from whatif.transforms.scenario import ScenarioError, load_scenario
+    _slow_cluster_log(tmp_path)
+    toml = tmp_path / "tp.toml"
+    toml.write_text('collectives_measured = "all_reduce_perf.log"\n[[transform]]\nname = "scale"\nfactor = 0.5\n')
+    scenario = load_scenario(toml)
+    assert len(scenario.collective_points) == 5 and scenario.collective_points[0][:3] == ("all_reduce", 1e6, 4)
+    trace = analyze(Path(__file__).resolve().parents[1] / "sample_traces" / "llm_serve").trace
+    plain = make_context(trace).cost.collective_time_ns("all_reduce", 64e6, 4, "dgx_a100", 2)
+    measured = make_context(trace, "trace", scenario.collective_points).cost
+    assert measured.collective_time_ns("all_reduce", 64e6, 4, "dgx_a100", 2) == pytest.approx(3 * plain, rel=0.05)
+    assert make_context(trace).cost.collective_time_ns("all_reduce", 64e6, 4, "dgx_a100", 2) == plain
+    toml.write_text('collectives_measured = ["missing.log"]\n[[transform]]\nname = "scale"\nfactor = 0.5\n')
+    with pytest.raises(ScenarioError, match=r"tp.toml: collectives_measured: .*missing.log"):
+        load_scenario(toml)
+    toml.write_text('collectives_measured = 3\n[[transform]]\nname = "scale"\nfactor = 0.5\n')
+    with pytest.raises(ScenarioError, match="must be a path or a list of paths"):
+        load_scenario(toml)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -63,6 +63,12 @@ class CostModel(Protocol):
         """ns of one collective (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``,
         ``send_recv``, ``broadcast``) of ``message_bytes`` (the full buffer) over ``ranks`` GPUs of a
         preset topology, calibrated on the trace's own collective kernels when the model does that."""
+
+    @abstractmethod
+    def measure_collectives(self, points: Iterable[tuple]) -> None:
+        """Calibrate collectives on measured ``(kind, message_bytes, ranks, dur_ns[,
+        ranks_per_machine])`` points of the cluster as well (an nccl-tests run), where the model
+        calibrates at all."""
 
     @abstractmethod
     def kernel_time_ns(self, graph: TaskGraph, tasks: np.ndarray, flops: np.ndarray,

@@ -5,6 +5,8 @@ name = "fused and bf16"          # optional; defaults to the file name
 cost_model = "datasheet"         # optional; which cost model prices it (default: --cost-model, else trace)
 device_spec = "my_gpu.toml"      # optional; GPUs described by spec files (docs/device-specs.md), a
                                  # path or a list, relative to this file: gpu(device = "MY_GPU") finds them
+collectives_measured = "all_reduce_perf.txt"   # optional; nccl-tests outputs of the cluster (a path or
+                                 # a list, relative to this file): collectives are calibrated on them
 
 [[transform]]
 name = "fuse"
@@ -33,10 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from whatif.core import limits
-from whatif.core.errors import WhatifError
+from whatif.core.errors import TraceError, WhatifError
 from whatif.depgraph.graph import GraphError, TaskGraph
 from whatif.hardware.device_spec import DeviceSpecError, load_device_spec
 from whatif.hardware.devices import Device, registered
+from whatif.tracer.measured_collectives import read_nccl_tests
 
 from . import registry
 from .base import Transform, TransformContext, TransformError
@@ -57,13 +60,17 @@ class ScenarioError(WhatifError):
 class Scenario:
     """``cost_model``: the name of the cost model that prices it (checked against the registry of
     ``whatif.predictors.cost_models`` by the front door, which builds the context), or None;
-    ``devices``: the GPUs of its ``device_spec`` files, known by name while it applies."""
+    ``devices``: the GPUs of its ``device_spec`` files, known by name while it applies;
+    ``collective_points``: the measured collectives of its ``collectives_measured`` files
+    (``(kind, bytes, ranks, dur_ns, ranks_per_machine)``), which the front door gives the cost
+    model that prices it (:meth:`~whatif.transforms.base.CostModel.measure_collectives`)."""
 
     name: str
     transforms: list[Transform] = field(default_factory=list)
     source: str | None = None
     cost_model: str | None = None
     devices: tuple[Device, ...] = ()
+    collective_points: tuple[tuple, ...] = ()
 
     def apply(self, graph: TaskGraph, ctx: TransformContext | None = None) -> list[TaskGraph]:
         """The graph after each transform in turn (the input graph is left unchanged)."""
@@ -210,11 +217,13 @@ def load_scenario(path: str | Path) -> Scenario:
 
 def scenario_from_dict(data: dict[str, Any], *, source: str = "<scenario>", default_name: str = "scenario",
                        lines: list[int] | None = None) -> Scenario:
-    unknown = sorted(set(data) - {"name", "description", "cost_model", "device_spec", "transform"})
+    unknown = sorted(set(data) - {"name", "description", "cost_model", "device_spec", "collectives_measured",
+                                  "transform"})
     if unknown:
         raise ScenarioError(f"{source}: unknown top-level key {unknown[0]!r} (expected name, description, "
-                            f"cost_model, device_spec, [[transform]] tables)")
+                            f"cost_model, device_spec, collectives_measured, [[transform]] tables)")
     devices = _device_specs(data.get("device_spec", []), source)
+    points = _collective_points(data.get("collectives_measured", []), source)
     cost_model = data.get("cost_model")
     if cost_model is not None and not isinstance(cost_model, str):
         raise ScenarioError(f"{source}: cost_model must be a name like \"trace\", got {cost_model!r}")
@@ -230,17 +239,32 @@ def scenario_from_dict(data: dict[str, Any], *, source: str = "<scenario>", defa
         params = {k: v for k, v in item.items() if k != "name"}
         transforms.append(build_transform(item["name"], params, where))
     name = data.get("name", default_name)
-    return Scenario(name=str(name), transforms=transforms, source=source, cost_model=cost_model, devices=devices)
+    return Scenario(name=str(name), transforms=transforms, source=source, cost_model=cost_model, devices=devices,
+                    collective_points=points)
+
+
+def _relative_paths(key: str, value: Any, source: str) -> list[Path]:
+    """A scenario's path-or-list-of-paths key, relative to the scenario file."""
+    paths = [value] if isinstance(value, str) else value
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise ScenarioError(f"{source}: {key} must be a path or a list of paths, not {value!r}")
+    base = Path(source).parent if source != "<scenario>" else Path()
+    return [base / p for p in paths]
+
+
+def _collective_points(value: Any, source: str) -> tuple[tuple, ...]:
+    """The measured collectives of a scenario's ``collectives_measured`` nccl-tests files."""
+    try:
+        return tuple(pt for path in _relative_paths("collectives_measured", value, source)
+                     for pt in read_nccl_tests(path).points())
+    except TraceError as exc:
+        raise ScenarioError(f"{source}: collectives_measured: {exc}") from None
 
 
 def _device_specs(value: Any, source: str) -> tuple[Device, ...]:
     """The devices of a scenario's ``device_spec`` (a path or a list of paths, relative to the
     scenario file); ScenarioError naming the scenario and the spec's problem."""
-    paths = [value] if isinstance(value, str) else value
-    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-        raise ScenarioError(f"{source}: device_spec must be a path or a list of paths, not {value!r}")
-    base = Path(source).parent if source != "<scenario>" else Path()
     try:
-        return tuple(load_device_spec(base / p) for p in paths)
+        return tuple(load_device_spec(p) for p in _relative_paths("device_spec", value, source))
     except DeviceSpecError as exc:
         raise ScenarioError(f"{source}: device_spec: {exc}") from None

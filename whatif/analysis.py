@@ -86,11 +86,16 @@ def analyze(path: str | Path, options: StepOptions = COUNT_DEFAULT) -> Analysis:
     return Analysis(trace=trace, graph=graph, replay=replay(graph), options=options)
 
 
-def make_context(trace: Trace, cost_model: str | Enum = CostModelName.TRACE) -> TransformContext:
+def make_context(trace: Trace, cost_model: str | Enum = CostModelName.TRACE,
+                 collective_points: Sequence[tuple] = ()) -> TransformContext:
     """The context transforms get for ``trace``: the recorded GPU, the cost model named
-    ``cost_model`` (``COST_MODELS.names()``; default the trace-calibrated one) and the replay."""
+    ``cost_model`` (``COST_MODELS.names()``; default the trace-calibrated one), calibrated on the
+    measured ``collective_points`` as well (a scenario's ``collectives_measured``), and the replay."""
     gpu = next((r.gpu_name for r in trace.ranks if r.gpu_name), None)
-    return TransformContext(device=gpu, cost=COST_MODELS.get(cost_model)(trace), step_times_ns=step_times_ns)
+    cost = COST_MODELS.get(cost_model)(trace)
+    if collective_points:
+        cost.measure_collectives(collective_points)
+    return TransformContext(device=gpu, cost=cost, step_times_ns=step_times_ns)
 
 
 def scenario_cost_model(scenario: Scenario, default: str | Enum = CostModelName.TRACE) -> Enum:
@@ -151,13 +156,14 @@ def predict(path_or_analysis: str | Path | Analysis, scenarios: Sequence[Scenari
               else item if isinstance(item, Scenario) else load_scenario(item) for item in scenarios]
     models = [scenario_cost_model(s, cost_model) for s in loaded]
     base = path_or_analysis if isinstance(path_or_analysis, Analysis) else analyze(path_or_analysis)
-    contexts: dict[Enum, TransformContext] = {}
+    contexts: dict[tuple[Enum, tuple[tuple, ...]], TransformContext] = {}
     results = []
     for scenario, model in zip(loaded, models):
-        if ctx is None and model not in contexts:
-            contexts[model] = make_context(base.trace, model)
+        key = (model, scenario.collective_points)
+        if ctx is None and key not in contexts:
+            contexts[key] = make_context(base.trace, model, scenario.collective_points)
         # an empty scenario predicts the baseline graph itself (copied, replayed afresh)
-        graphs = scenario.apply(base.graph, ctx or contexts[model]) or [base.graph.copy()]
+        graphs = scenario.apply(base.graph, ctx or contexts[key]) or [base.graph.copy()]
         results.append(ScenarioResult(scenario=scenario, graphs=graphs, replays=[replay(g) for g in graphs],
                                       reference=base.graph, options=base.options))
     return Prediction(baseline=base, scenarios=results)

@@ -401,7 +401,7 @@ def _placement(base: Analysis, result: ScenarioResult, cost_model: str | Enum) -
     """Where ``result``'s scenario places one replica (its transforms in turn on its graphs)."""
     if not any(type(t).placement is not Transform.placement for t in result.scenario.transforms):
         return Placement()
-    ctx = make_context(base.trace, scenario_cost_model(result.scenario, cost_model))
+    ctx = make_context(base.trace, scenario_cost_model(result.scenario, cost_model), result.scenario.collective_points)
     return scenario_placement(result.scenario.transforms, [base.graph, *result.graphs[:-1]], ctx)
 
 
