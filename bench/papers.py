@@ -1,11 +1,13 @@
 """The papers' setups, reproduced on synthetic Kineto traces (tests/_llm_tracegen.py) through the
 public API, for docs/multi-gpu.md's "Papers" table. Run: .venv/bin/python bench/papers.py (~1 min).
 
-Kernel model of the traces: ``3 us + max(F / peak, B / bw)`` with *achievable* rates: the H100
-measured in ../shared/BACKGROUND.md reaches 0.81 of its dense bf16 datasheet (798 of 989 TFLOP/s)
-and 0.90 of its HBM bandwidth (3.0 of 3.35 TB/s); the A100 rates below are its datasheet (312
-TFLOP/s bf16, 1,935 GB/s for the PCIe 80 GB, 2,039 GB/s SXM 80 GB) at the same fractions — an
-assumption, stated here because no A100 measurement is in ../shared.
+Kernel model of the traces: ``3 us + A(F, B)``, ``A`` the device catalog's achievable roofline
+(``llm_trace(device=...)``, :func:`whatif.hardware.roofline.achievable_time_ns`: the achievable bf16
+GEMM rate at the kernel's size, from 159 TFLOP/s at 2^31 FLOPs to 794.5 at 2^40 on the H100 SXM,
+271.2 on the A100 SXM at large sizes, and the streaming bandwidth, 3.07 / 1.76 TB/s; sources in
+docs/cost-models.md), the roofline the transforms price with. Until 2026-11-27 this bench timed
+kernels at one rate per GPU, the H100's measured fractions of its datasheet (0.81, 0.90), whatever
+their size.
 
 StreamFusion (arXiv 2601.20273): a FLUX-like DiT block stack (hidden 3072, 24 heads, FFN 12288,
 bf16, 8 blocks: the ratio is per block) at 16k-64k tokens on 2x8 H100 (DGX H100 preset): torus over
@@ -78,30 +80,27 @@ from whatif.transforms.scenario import scenario_placement  # noqa: E402
 
 ATTACC_PROMPT, ATTACC_OUTPUT = 2048, 128
 SEESAW_DECODE_BATCH = 256   # vLLM's default max_num_seqs
-H100_GEMM_FRACTION = 798 / 989
-H100_BW_FRACTION = 3.0 / 3.35
+
+
 
 
 @dataclass(frozen=True)
 class Setup:
     label: str
     gpu_name: str
-    peak_tflops: float
-    bw_gbps: float
     topology: str
 
 
-SEESAW = (Setup("8x A100 PCIe", "NVIDIA A100 80GB PCIe", 312, 1935, "pcie_a100_8"),
-          Setup("8x A100 NVSwitch", "NVIDIA A100-SXM4-80GB", 312, 2039, "dgx_a100"))
+SEESAW = (Setup("8x A100 PCIe", "NVIDIA A100 80GB PCIe", "pcie_a100_8"),
+          Setup("8x A100 NVSwitch", "NVIDIA A100-SXM4-80GB", "dgx_a100"))
 
 
 def _seesaw_search(tmp: Path, setup: Setup, decode_batch: int) -> tuple[ReshardSearch, int]:
     """The search, and the decode batch the memory holds (KV of 1,024 + 256 tokens a sequence)."""
-    peak, bw = setup.peak_tflops * 1e12 * H100_GEMM_FRACTION, setup.bw_gbps * 1e9 * H100_BW_FRACTION
     # a prefill step of 8 x 1,024 tokens, then decode steps of decode_batch sequences attending to 1,024 tokens
     path = llm_trace(tmp / f"seesaw_{setup.topology}_{decode_batch}.json.gz", batch=8, decode_batch=decode_batch,
                      kv_tokens=1024, steps=4, phases=("prefill", "decode", "decode", "decode"), layers=80,
-                     hidden=8192, heads=64, kv_heads=8, ffn=28672, gpu_name=setup.gpu_name, peak=peak, bw=bw)
+                     hidden=8192, heads=64, kv_heads=8, ffn=28672, gpu_name=setup.gpu_name, device=setup.gpu_name)
     a = analyze(path)
     ctx = make_context(a.trace)
     held = kv_capacity_tokens(model_shape(a.graph, ctx), device_capacity_bytes(ctx), Placement(tensor=8))
@@ -145,10 +144,10 @@ def _step_ms(graph: TaskGraph, ctx: TransformContext, transform: SequenceParalle
 
 def streamfusion(tmp: Path) -> None:
     print("## StreamFusion (sequence_parallel torus vs usp): FLUX-like, 24 heads, H100, ms per step")
-    peak, bw = 989e12 * H100_GEMM_FRACTION, 3.35e12 * H100_BW_FRACTION
+    device = "H100_SXM"
     for tokens in (16384, 32768, 65536):
         a = analyze(llm_trace(tmp / f"dit_{tokens}.json.gz", new_tokens=tokens, kv_tokens=tokens, layers=8,
-                              hidden=3072, heads=24, ffn=12288, steps=1, peak=peak, bw=bw))
+                              hidden=3072, heads=24, ffn=12288, steps=1, device=device))
         ctx = make_context(a.trace)
         ms = partial(_step_ms, a.graph, ctx)
 
@@ -175,14 +174,14 @@ DCC_MODELS = {"GPT3-13B": {"layers": 40, "hidden": 5120, "heads": 40, "ffn": 204
 
 def dcc(tmp: Path) -> None:
     print("## DCC (pim_offload, attacc backend without the power limit): end-to-end, 2k context, 256 tokens")
-    peak, bw = 989e12 * H100_GEMM_FRACTION, 3.35e12 * H100_BW_FRACTION
+    device = "H100_SXM"
     for name, shape in DCC_MODELS.items():
-        pf = analyze(llm_trace(tmp / f"dcc_{name}_pf.json.gz", new_tokens=2048, kv_tokens=2048, steps=1, peak=peak,
-                               bw=bw, **shape))
+        pf = analyze(llm_trace(tmp / f"dcc_{name}_pf.json.gz", new_tokens=2048, kv_tokens=2048, steps=1, device=device,
+                               **shape))
         t_pf = float(step_times(replay(pf.graph))["predicted_ns"].sum())
         for batch in (1, 4):
             dec = analyze(llm_trace(tmp / f"dcc_{name}_{batch}.json.gz", batch=batch, new_tokens=1, kv_tokens=2048,
-                                    steps=2, peak=peak, bw=bw, **shape))
+                                    steps=2, device=device, **shape))
             ctx = make_context(dec.trace)
             t0 = float(step_times(replay(dec.graph))["predicted_ns"].mean())
             row = [f"{name} batch {batch}: decode step {t0 / 1e6:.2f} ms"]
@@ -199,13 +198,13 @@ def dcc(tmp: Path) -> None:
 
 def attacc(tmp: Path) -> None:
     print("## AttAcc (tensor_parallel 8 + pim_offload on DGX H100, power-limited x9): GPT-3-175B-like decode")
-    peak, bw = 989e12 * H100_GEMM_FRACTION, 3.35e12 * H100_BW_FRACTION
+    device = "H100_SXM"
     shape = {"layers": 96, "hidden": 12288, "heads": 96, "ffn": 32768}   # gated FFN of 3·h·32768 = 8h² weights
     context = ATTACC_PROMPT + ATTACC_OUTPUT
 
     def graphs(batch: int) -> tuple[TaskGraph, TaskGraph, TransformContext]:
         a = analyze(llm_trace(tmp / f"attacc_{batch}.json.gz", batch=batch, new_tokens=1, kv_tokens=context, steps=2,
-                              peak=peak, bw=bw, **shape))
+                              device=device, **shape))
         ctx = make_context(a.trace)
         return a.graph, TensorParallel(degree=8, topology="dgx_h100").apply(a.graph, ctx), ctx
 
@@ -243,10 +242,10 @@ def _ms(graph: TaskGraph) -> float:
 
 def tokenweave(tmp: Path) -> None:
     print("## TokenWeave (overlap, 2 splits, after tensor_parallel 8 on DGX H100): ms per iteration")
-    peak, bw = 989e12 * H100_GEMM_FRACTION, 3.35e12 * H100_BW_FRACTION
+    device = "H100_SXM"
     for tokens in (256, 1024, 2048, 4096):
         a = analyze(llm_trace(tmp / f"tw_{tokens}.json.gz", new_tokens=tokens, kv_tokens=tokens, layers=4,
-                              hidden=8192, heads=64, kv_heads=8, ffn=28672, steps=1, peak=peak, bw=bw))
+                              hidden=8192, heads=64, kv_heads=8, ffn=28672, steps=1, device=device))
         ctx = make_context(a.trace)
         tp = TensorParallel(degree=8, topology="dgx_h100").apply(a.graph, ctx)
         base = _ms(tp)
@@ -259,10 +258,10 @@ def tokenweave(tmp: Path) -> None:
 
 def nanoflow(tmp: Path) -> None:
     print("## NanoFlow (search_nanoflow after tensor_parallel 8 on DGX A100): dense decode batch of 1,024")
-    peak, bw = 312e12 * H100_GEMM_FRACTION, 2039e9 * H100_BW_FRACTION
+    device = "A100_SXM_80GB"
     layers, hidden, heads, kv_heads, ffn, batch = 80, 8192, 64, 8, 28672, 1024
     a = analyze(llm_trace(tmp / "nanoflow.json.gz", batch=batch, new_tokens=1, kv_tokens=1024, layers=layers,
-                          hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, steps=1, peak=peak, bw=bw,
+                          hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, steps=1, device=device,
                           gpu_name="NVIDIA A100-SXM4-80GB"))
     ctx = make_context(a.trace)
     tp = TensorParallel(degree=8, topology="dgx_a100").apply(a.graph, ctx)

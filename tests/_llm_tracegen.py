@@ -6,6 +6,9 @@ from pathlib import Path
 
 from tracegen import KinetoTrace
 
+from whatif.hardware.devices import get_device
+from whatif.hardware.roofline import achievable_time_ns
+
 PEAK, BW, FIXED_US, ELEM = 700e12, 3.0e12, 3.0, 2     # H100-like achieved rates, bf16
 BF16 = "c10::BFloat16"
 
@@ -15,7 +18,7 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
               phases: tuple[str, ...] = (), backward: bool = False, kv_heads: int = 0,
               gpu_name: str = "NVIDIA H100 80GB HBM3", peak: float = PEAK, bw: float = BW,
               decode_batch: int = 0, fa_backward_kernels: int = 1, rank: int | None = None,
-              world_size: int | None = None) -> Path:
+              world_size: int | None = None, device: str | None = None) -> Path:
     """One forward per step of ``batch`` sequences of ``new_tokens`` tokens (1 = decode) attending
     to ``kv_tokens`` cached tokens. ``phases``: a ``phase:<name>`` annotation per step (cycled), in
     which case the tokens of a ``prefill`` step are ``kv_tokens`` and of a ``decode`` step 1.
@@ -26,8 +29,11 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
     GPU and the achieved rates of the kernel model. ``decode_batch``: sequences of a ``decode``
     phase step (0 = ``batch``). ``fa_backward_kernels``: 3 launches FlashAttention-2's backward as
     its three kernels (dot(dO, O), dQ/dK/dV, convert dQ). ``rank``/``world_size``: the
-    ``distributedInfo`` of one rank's file."""
+    ``distributedInfo`` of one rank's file. ``device``: a catalog GPU whose achievable roofline
+    (:func:`whatif.hardware.roofline.achievable_time_ns`, the one the cost models price with) times
+    the kernels instead of ``peak``/``bw``."""
     tr = KinetoTrace(gpu_name=gpu_name, rank=rank, world_size=world_size)
+    dev = get_device(device) if device is not None else None
     corr, ts, gpu_t = 0, 0.0, 0.0
     d = hidden // heads
     hkv = kv_heads or heads
@@ -37,7 +43,11 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
         corr += 1
         tr._x("cpu_op", op, ts, 6, 100, 1, **{"Input Dims": dims, "Input type": types, "External id": corr})
         tr.runtime("cudaLaunchKernel", ts + 1, 4, corr=corr)
-        us = FIXED_US + max(flops / peak, nbytes / bw) * 1e6
+        if dev is not None:
+            cls = "gemm" if "gemm" in name else "attention" if "flash" in name else "elementwise"
+            us = FIXED_US + achievable_time_ns(flops, nbytes, dev, "bf16", cls) / 1e3
+        else:
+            us = FIXED_US + max(flops / peak, nbytes / bw) * 1e6
         start = max(gpu_t, ts + 8)
         tr.gpu(name, start, us, corr=corr, **{"External id": corr})
         gpu_t = start + us + 1
