@@ -365,15 +365,20 @@ def gemm_at_peak_share(peak: dict[DType, float], measured: dict[DType, float]) -
 
 
 def small_at_ratio(gemm: dict[DType, float], small: dict[DType, float]) -> dict[DType, float]:
-    """Small-GEMM FLOP/s for every dtype of ``gemm``: the given ones, the others at the given
-    16-bit (else first) small/large ratio.
+    """Small-GEMM FLOP/s for every dtype of ``gemm``: the given ones; the others take the extra
+    time the given 16-bit (else first) small GEMM spends beyond its large rate (ramp-up, tail
+    wave: a time, not a share of the rate, so a slower dtype loses less of its rate to it):
+    ``F / (F / large_d + F / small_ref − F / large_ref)`` with ``F`` = ``SMALL_GEMM_FLOPS``.
 
-    >>> small_at_ratio({DType.BF16: 100.0, DType.FP8: 200.0}, {DType.BF16: 25.0})[DType.FP8]
-    50.0
+    >>> round(small_at_ratio({DType.BF16: 100.0, DType.FP8: 200.0, DType.FP32: 10.0},
+    ...                      {DType.BF16: 25.0})[DType.FP8], 1)
+    28.6
+    >>> round(small_at_ratio({DType.BF16: 100.0, DType.FP32: 10.0}, {DType.BF16: 25.0})[DType.FP32], 2)
+    7.69
     """
     ref = _reference(small)
-    ratio = small[ref] / gemm[ref]
-    return {d: small.get(d, ratio * g) for d, g in gemm.items()}
+    extra_s = SMALL_GEMM_FLOPS / small[ref] - SMALL_GEMM_FLOPS / gemm[ref]
+    return {d: small.get(d, SMALL_GEMM_FLOPS / (SMALL_GEMM_FLOPS / g + extra_s)) for d, g in gemm.items()}
 
 
 class _Bandwidth(Enum):
@@ -428,7 +433,7 @@ def _small_ratio(name: str) -> tuple[float, str]:
         return scaled, (f"derived: {figure.sibling}'s small/large GEMM ratio ({ratio:.2f}) x sqrt of its large "
                         f"rate over ours ({width:.2f}) = {scaled:.2f} x the large figures")
     return (figure.value * T / _sixteen_bit(_gemm(name)[0]),
-            f"16-bit: {figure.source}; other dtypes: the same share of their large figure")
+            f"16-bit: {figure.source}; other dtypes: their large figure slowed by the same extra time")
 
 
 @cache
@@ -464,7 +469,8 @@ def _achievable(name: str) -> Achievable:
     launch = _launch(name)
     sources = {"gemm_flops": gemm[1], "small_gemm_flops": ratio[1], "launch_ns": launch[1],
                **{kind.value: bw[kind][1] for kind in _Bandwidth}}
-    return Achievable(gemm[0], {d: ratio[0] * v for d, v in gemm[0].items()}, bw[_Bandwidth.STREAM][0],
+    ref = _reference(gemm[0])
+    return Achievable(gemm[0], small_at_ratio(gemm[0], {ref: ratio[0] * gemm[0][ref]}), bw[_Bandwidth.STREAM][0],
                       bw[_Bandwidth.L2][0], launch[0], bw[_Bandwidth.LINK][0], bw[_Bandwidth.PCIE][0], sources)
 
 

@@ -183,7 +183,7 @@ def test_dashboard_prices_a_spec_by_its_cost_model(adds: Path) -> None:
     assert spec_from_toml(spec_to_toml(sheet_spec)) == sheet_spec
     assert run.quick_document(sheet_spec).speedup != trace
     assert run.quick_document({**spec, "cost_model": "trace"}).speedup == trace
-    assert set(run._contexts) == {CostModelName.TRACE, CostModelName.DATASHEET}
+    assert {model for model, _points in run._contexts} == {CostModelName.TRACE, CostModelName.DATASHEET}
 
 
 def test_a_broken_cost_model_plugin_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch,

@@ -10,7 +10,7 @@ import pytest
 from whatif.cli import main
 from whatif.core.dtypes import DType
 from whatif.hardware.device_spec import DeviceSpecError, device_spec_toml, load_device_spec
-from whatif.hardware.devices import DEVICES, find_device, get_device, registered
+from whatif.hardware.devices import DEVICES, SMALL_GEMM_FLOPS, find_device, get_device, registered
 from whatif.transforms.scenario import ScenarioError, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,9 +24,12 @@ def test_the_sample_spec_loads_with_its_figures_and_sources():
     assert d.peak_flops("bf16") == pytest.approx(364.2e12) and d.mem_bw_bytes_per_s == pytest.approx(960e9)
     a = d.achievable
     assert a.gemm_flops[DType.BF16] == pytest.approx(310.8e12)
-    # dtypes without their own figure run at the bf16 share of their peak, small at the bf16 ratio
+    # dtypes without their own figure run at the bf16 share of their peak; small ones lose the bf16
+    # small GEMM's extra time over its large rate
     assert a.gemm_flops[DType.FP8] == pytest.approx(310.8 / 364.2 * 728.5e12)
-    assert a.small_gemm_flops[DType.FP8] == pytest.approx(127 / 310.8 * a.gemm_flops[DType.FP8])
+    extra_s = SMALL_GEMM_FLOPS / 127e12 - SMALL_GEMM_FLOPS / 310.8e12
+    assert a.small_gemm_flops[DType.FP8] == pytest.approx(SMALL_GEMM_FLOPS / (SMALL_GEMM_FLOPS / a.gemm_flops[DType.FP8]
+                                                                              + extra_s))
     assert a.launch_ns == pytest.approx(940) and a.pcie_bw_bytes_per_s == pytest.approx(25.6e9)
     assert "L40S" in a.sources["gemm_flops"]
     assert a.sources["link_bw_bytes_per_s"] == "rtx_6000_ada.toml (user device spec)"   # no source given

@@ -99,9 +99,12 @@ def test_bf16_gemm_by_peak_ratio_add_by_byte_ratio(fp32_a100: Analysis) -> None:
     g = fp32_a100.graph
     before = [c for c in g.changes]
     out = apply(fp32_a100, Precision(dtype="bf16"))
-    peak = A100.peak_flops("fp32") / A100.peak_flops("bf16")            # 1/16
+    # the achievable rates of each dtype at this GEMM's size: above the datasheet's 1/16, since a
+    # small bf16 GEMM loses more of its rate to ramp-up and tail than an fp32 one
+    rates = A100.achievable_matrix_flops("fp32", 2.0 * N ** 3) / A100.achievable_matrix_flops("bf16", 2.0 * N ** 3)
+    assert rates > A100.peak_flops("fp32") / A100.peak_flops("bf16")
     r_gemm = busy_ratio(g, out, kernel(g, "ampere_sgemm"))
-    assert peak <= r_gemm <= 1.15 * peak                                 # large GEMM: gamma ~ 0.06
+    assert rates <= r_gemm <= 1.15 * rates                               # large GEMM: gamma ~ 0.06
     assert busy_ratio(g, out, kernel(g, "vectorized_elementwise")) == pytest.approx(0.5, rel=0.01)
     # the input graph is unchanged; the change log says what happened
     assert g.changes == before and "cost_precision" not in g.tasks
