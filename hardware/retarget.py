@@ -172,10 +172,9 @@ def fit_retarget(pairs: PairedKernels, src: Device, dst: Device,
     if not ok.any():
         raise ValueError("no paired kernel with positive times and known work to fit on")
     x = np.log10(np.where(ok, a_s, 1.0))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        base = _moved(s, a_s, a_d, fixed_latency_ns(src), fixed_latency_ns(dst))
-        y = np.log((d - _fixed_part(s, fixed_latency_ns(src), fixed_latency_ns(dst))) / (base - _fixed_part(
-            s, fixed_latency_ns(src), fixed_latency_ns(dst))))
+    fixed = _fixed_part(s, fixed_latency_ns(src), fixed_latency_ns(dst))
+    with np.errstate(divide="ignore", invalid="ignore"):   # measured over predicted, beyond the fixed part
+        y = np.log((d - fixed) / (_moved(s, a_s, a_d, fixed_latency_ns(src), fixed_latency_ns(dst)) - fixed))
     ok &= np.isfinite(y)
     families: dict[str, Curve] = {}
     classes: dict[str, Curve] = {}
@@ -191,14 +190,15 @@ def fit_retarget(pairs: PairedKernels, src: Device, dst: Device,
 
 
 def _fixed_part(dur: np.ndarray, l_src: float, l_dst: float) -> np.ndarray:
+    """The fixed part of each kernel on the destination: ``min(T, L_s)·L_d/L_s``."""
     return np.minimum(dur, l_src) * (l_dst / l_src)
 
 
 def _moved(dur: np.ndarray, a_src: np.ndarray, a_dst: np.ndarray, l_src: float, l_dst: float) -> np.ndarray:
-    fixed = np.minimum(dur, l_src)
+    """``T'`` without a residual: the fixed part, plus the rest times the achievable-roofline ratio."""
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where((a_src > 0) & np.isfinite(a_dst), a_dst / a_src, 1.0)
-    return fixed * (l_dst / l_src) + (dur - fixed) * ratio
+    return _fixed_part(dur, l_src, l_dst) + (dur - np.minimum(dur, l_src)) * ratio
 
 
 def retarget_ns(dur_ns: ArrayLike, classes: ArrayLike, dtypes: ArrayLike, flops: ArrayLike,
