@@ -89,27 +89,28 @@ class Trace:
     memory: pd.DataFrame = field(default_factory=lambda: memory_frame([], []))
     """Allocator records (``profile_memory``) of every rank: :data:`~whatif.tracer.memory.MEMORY_COLUMNS`."""
     args: EventArgs = field(default_factory=lambda: EventArgs.of([]), repr=False, compare=False)
-    """Each event's ``args`` (same rows as ``events``); an empty one means no event has any."""
+    """Each event's ``args`` (same rows as ``events``); left out, no event has any."""
     _arg_columns: dict[Arg, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
     _op_index: pd.Series | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.args) != len(self.events):
+            if len(self.args):
+                raise ValueError(f"{len(self.args)} args for {len(self.events)} events")
+            self.args = EventArgs.of([None] * len(self.events))
 
     def arg(self, arg: Arg) -> np.ndarray:
         """The typed column of one event argument (declared in :mod:`whatif.tracer.args`), one
         value per event, read once per trace."""
         column = self._arg_columns.get(arg)
         if column is None:
-            column = self._arg_columns[arg] = arg_column(self._all_args(), arg)
+            column = self._arg_columns[arg] = arg_column(self.args, arg)
         return column
 
     def raw_args(self, rows: np.ndarray | None = None) -> np.ndarray:
         """The ``args`` dict (or None) of every event, or of ``rows``, as an object array. For
         the arguments :mod:`whatif.tracer.args` declares, read :meth:`arg` instead."""
-        return self._all_args().values(rows)
-
-    def _all_args(self) -> EventArgs:
-        if len(self.args) != len(self.events):  # built without args: no event has any
-            self.args = EventArgs.of([None] * len(self.events))
-        return self.args
+        return self.args.values(rows)
 
     @property
     def source(self) -> str:
