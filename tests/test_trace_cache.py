@@ -4,6 +4,7 @@ field by field; a corrupt, stale or foreign entry is rebuilt, never trusted; ``-
 here it is on, in a temporary folder."""
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -139,26 +140,48 @@ def _garble_manifest(entry: Path) -> None:
     (entry / "manifest.json").write_bytes(b'{"schema_version": 1, "key": ')
 
 
-def _old_schema(entry: Path) -> None:
+def _rewrite_manifest(entry: Path, change) -> None:
+    """The manifest changed and its digest recomputed: an entry that is whole but wrong (written by
+    an older whatif, or for other files), caught by what the manifest says, not by its digest."""
     doc = msgspec.json.decode((entry / "manifest.json").read_bytes())
-    doc["schema_version"] = cache.SCHEMA_VERSION - 1
-    (entry / "manifest.json").write_bytes(msgspec.json.encode(doc))
+    change(doc)
+    text = msgspec.json.encode(doc)
+    (entry / "manifest.json").write_bytes(text)
+    (entry / "manifest.blake2b").write_text(hashlib.blake2b(text, digest_size=20).hexdigest())
+
+
+def _edited_manifest(entry: Path) -> None:
+    text = (entry / "manifest.json").read_bytes()
+    (entry / "manifest.json").write_bytes(text.replace(b'"rank":0', b'"rank":5'))
+
+
+def _old_schema(entry: Path) -> None:
+    _rewrite_manifest(entry, lambda doc: doc.update(schema_version=cache.SCHEMA_VERSION - 1))
 
 
 def _other_key(entry: Path) -> None:
-    doc = msgspec.json.decode((entry / "manifest.json").read_bytes())
-    doc["key"] = "0" * len(doc["key"])
-    (entry / "manifest.json").write_bytes(msgspec.json.encode(doc))
+    _rewrite_manifest(entry, lambda doc: doc.update(key="0" * len(doc["key"])))
 
 
 def _wrong_rows(entry: Path) -> None:
-    doc = msgspec.json.decode((entry / "manifest.json").read_bytes())
-    doc["rows"]["events.parquet"] += 1
-    (entry / "manifest.json").write_bytes(msgspec.json.encode(doc))
+    _rewrite_manifest(entry, lambda doc: doc["rows"].update({"events.parquet": doc["rows"]["events.parquet"] + 1}))
 
 
-@pytest.mark.parametrize("damage", [_truncate, _flip_a_byte, _drop_memory, _garble_manifest, _old_schema, _other_key,
-                                    _wrong_rows])
+def _file_out_of_range(entry: Path) -> None:
+    _rewrite_manifest(entry, lambda doc: doc["ranks"][0].update(file=1))
+
+
+def _foreign_parquet(entry: Path) -> None:
+    """A whole Parquet file of another layout, its digest recorded."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"ts_ns": [1, 2]}), entry / "events.parquet")
+    digest = hashlib.blake2b((entry / "events.parquet").read_bytes(), digest_size=20).hexdigest()
+    _rewrite_manifest(entry, lambda doc: doc["digests"].update({"events.parquet": digest}))
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip_a_byte, _drop_memory, _garble_manifest, _edited_manifest,
+                                    _old_schema, _other_key, _wrong_rows, _file_out_of_range, _foreign_parquet])
 def test_a_damaged_entry_is_rebuilt_never_trusted(cache_root, damage, monkeypatch):
     with cache.bypassed():
         parsed = load_trace(SAMPLE)
@@ -172,7 +195,7 @@ def test_a_damaged_entry_is_rebuilt_never_trusted(cache_root, damage, monkeypatc
     assert len(parses) == 1  # the damaged entry was not used: the file was parsed again
     load_trace(SAMPLE)
     assert len(parses) == 1  # and the rebuilt entry is used
-    assert cache.fetch(entry.name) is not None
+    assert cache.fetch(entry.name, 1) is not None
 
 
 def test_a_changed_file_is_a_new_entry(cache_root, tmp_path):
@@ -182,6 +205,7 @@ def test_a_changed_file_is_a_new_entry(cache_root, tmp_path):
     copy.write_bytes(src.read_bytes())
     first = load_trace(copy)
     key = cache.trace_key([copy])
+    assert key is not None
     copy.write_bytes(src.read_bytes() + b"\n")
     assert cache.trace_key([copy]) != key
     other = tmp_path / "t" / "rank1.pt.trace.json.gz"  # same bytes, another name: ranks come from names
@@ -194,17 +218,17 @@ def test_a_changed_file_is_a_new_entry(cache_root, tmp_path):
 def test_a_concurrent_writer_keeps_the_first_entry(cache_root):
     load_trace(SAMPLE)
     entry = _entry(cache_root)
-    found = cache.fetch(entry.name)
+    found = cache.fetch(entry.name, 1)
     assert found is not None
-    assert cache.store(entry.name, found) is False  # the rename finds the entry in place
+    assert cache.store(entry.name, 1, found) is False  # the rename finds the entry in place
     assert [p.name for p in cache_root.iterdir()] == [entry.name]  # no temporary folder left
-    assert cache.fetch(entry.name) is not None
+    assert cache.fetch(entry.name, 1) is not None
 
 
 def test_values_json_cannot_keep_are_not_stored(cache_root):
     found = cache.Cached(columns={}, codes=np.zeros(0, dtype=np.int32), names=[],
                          args=EventArgs.of([{"x": float("nan")}]), memory=pd.DataFrame(), flows=[], ranks=[])
-    assert cache.store("k", found) is False
+    assert cache.store("k", 1, found) is False
     assert not cache_root.exists()
 
 

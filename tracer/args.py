@@ -127,7 +127,9 @@ class EventArgs:
         return cls(None, encoded)
 
     def __len__(self) -> int:
-        return len(self._decoded) if self._decoded is not None else len(self._encoded or ())
+        if self._decoded is not None:
+            return len(self._decoded)
+        return 0 if self._encoded is None else len(self._encoded)
 
     @property
     def arrow(self) -> pa.BinaryArray:

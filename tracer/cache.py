@@ -12,11 +12,12 @@ Key (:func:`trace_key`): BLAKE2b over :data:`SCHEMA_VERSION`, and for each file 
 reader, its name (ranks may come from file names) and its bytes. Any change to a file, to the
 files of a folder, or to what the reader produces (bump :data:`SCHEMA_VERSION`) is a new entry.
 
-An entry is a folder named by the key: ``events.parquet``, ``memory.parquet`` and
-``manifest.json`` (the key, the schema version, each Parquet file's BLAKE2b digest and row count,
-the names, flows and per-rank facts). It is written into a temporary folder and renamed into
-place in one step, so concurrent writers never leave a half entry. It is trusted only when the
-manifest decodes with the expected fields, names the same key and version, and each Parquet file
+An entry is a folder named by the key: ``events.parquet``, ``memory.parquet``, ``manifest.json``
+(the key, the schema version, the number of files, each Parquet file's BLAKE2b digest and row
+count, the names, flows and per-rank facts) and ``manifest.blake2b`` (the manifest's digest). It
+is written into a temporary folder and renamed into place in one step, so concurrent writers
+never leave half an entry. It is trusted only when the manifest has its recorded digest, decodes
+with the expected fields and names the same key, version and file count, and each Parquet file
 has its recorded digest, schema and rows; anything else (a truncated file, a flipped bit, an old
 layout) is removed and the trace is parsed and stored again. A trace whose values JSON cannot
 keep exactly (a NaN) is not stored.
@@ -52,7 +53,7 @@ SCHEMA_VERSION = 1
 
 CACHE_DIR_ENV = "WHATIF_CACHE_DIR"
 NO_CACHE_ENV = "WHATIF_NO_CACHE"
-_EVENTS, _MEMORY, _MANIFEST = "events.parquet", "memory.parquet", "manifest.json"
+_EVENTS, _MEMORY, _MANIFEST, _CHECK = "events.parquet", "memory.parquet", "manifest.json", "manifest.blake2b"
 _CHUNK_BYTES = 1 << 20
 _DICTIONARY = ["rank", "kind", "name_code", "pid", "tid", "device", "stream", "device_type", "device_id"]
 
@@ -86,6 +87,7 @@ class CachedRank(msgspec.Struct):
 class _Manifest(msgspec.Struct, forbid_unknown_fields=True):
     schema_version: int
     key: str
+    files: int
     digests: dict[str, str]
     rows: dict[str, int]
     names: list[str]
@@ -133,15 +135,18 @@ def bypassed(bypass: bool = True) -> Iterator[None]:
         _bypass_depth -= bypass
 
 
-def trace_key(paths: list[Path]) -> str:
+def trace_key(paths: list[Path]) -> str | None:
     """The key of the trace made of ``paths`` (in load order): hex BLAKE2b of the schema version
-    and each file's reader, name and bytes."""
+    and each file's reader, name and bytes; None when a file cannot be read (the reader says why)."""
     h = hashlib.blake2b(f"whatif trace cache {SCHEMA_VERSION}".encode(), digest_size=20)
-    for path in paths:
-        h.update(f"\0{reader_for(path).name}\0{path.name}\0{path.stat().st_size}\0".encode())
-        with path.open("rb") as f:
-            while chunk := f.read(_CHUNK_BYTES):
-                h.update(chunk)
+    try:
+        for path in paths:
+            h.update(f"\0{reader_for(path).name}\0{path.name}\0{path.stat().st_size}\0".encode())
+            with path.open("rb") as f:
+                while chunk := f.read(_CHUNK_BYTES):
+                    h.update(chunk)
+    except OSError:
+        return None
     return h.hexdigest()
 
 
@@ -149,16 +154,20 @@ def _digest(data: pa.Buffer | bytes) -> str:
     return hashlib.blake2b(memoryview(data), digest_size=20).hexdigest()
 
 
-def fetch(key: str) -> Cached | None:
-    """The entry of ``key``, or None when there is none or it cannot be trusted (then it is
+def fetch(key: str, files: int) -> Cached | None:
+    """The entry of ``key`` (a trace of ``files`` files), or None when there is none or it cannot be trusted (then it is
     removed, so that the caller's :func:`store` replaces it)."""
     entry = cache_dir() / key
     if not entry.is_dir():
         return None
     try:
-        manifest = msgspec.json.decode((entry / _MANIFEST).read_bytes(), type=_Manifest)
-        if manifest.schema_version != SCHEMA_VERSION or manifest.key != key:
-            raise ValueError("another key or schema version")
+        text = (entry / _MANIFEST).read_bytes()
+        if (entry / _CHECK).read_text() != _digest(text):
+            raise ValueError("manifest digest differs")
+        manifest = msgspec.json.decode(text, type=_Manifest)
+        if manifest.schema_version != SCHEMA_VERSION or manifest.key != key or manifest.files != files \
+                or any(not 0 <= r.file < files for r in manifest.ranks):
+            raise ValueError("another key, schema version or file count")
         events = _table(entry, _EVENTS, EVENT_SCHEMA, manifest)
         memory = _table(entry, _MEMORY, MEMORY_SCHEMA, manifest)
         found = _unpack(events, memory, manifest)
@@ -196,11 +205,11 @@ def _unpack(events: pa.Table, memory: pa.Table, manifest: _Manifest) -> Cached:
                   flows=manifest.flows, ranks=manifest.ranks)
 
 
-def store(key: str, cached: Cached) -> bool:
-    """Write the entry of ``key`` (atomically: a temporary folder renamed into place). False
+def store(key: str, files: int, cached: Cached) -> bool:
+    """Write the entry of ``key``, a trace of ``files`` files (atomically: a temporary folder renamed into place). False
     when it was not written: JSON cannot keep a value exactly, or the folder cannot be written
     (the load goes on without the cache either way)."""
-    manifest = _Manifest(schema_version=SCHEMA_VERSION, key=key, digests={}, rows={}, names=cached.names,
+    manifest = _Manifest(schema_version=SCHEMA_VERSION, key=key, files=files, digests={}, rows={}, names=cached.names,
                          flows=cached.flows, ranks=cached.ranks)
     if not exact_json(cached.args.values().tolist()) or not _exact(manifest):
         return False
@@ -221,7 +230,9 @@ def store(key: str, cached: Cached) -> bool:
             data = sink.getvalue()
             (tmp / name).write_bytes(memoryview(data))
             manifest.digests[name], manifest.rows[name] = _digest(data), table.num_rows
-        (tmp / _MANIFEST).write_bytes(msgspec.json.encode(manifest))
+        text = msgspec.json.encode(manifest)
+        (tmp / _MANIFEST).write_bytes(text)
+        (tmp / _CHECK).write_text(_digest(text))
         os.rename(tmp, root / key)  # fails when another writer got there first: theirs is kept
     except OSError:
         _remove(tmp)

@@ -259,13 +259,13 @@ def load_trace(path: str | Path) -> Trace:
         paths = [path]
     with gc_paused():
         key = cache.trace_key(paths) if cache.enabled() else None
-        found = cache.fetch(key) if key is not None else None
+        found = cache.fetch(key, len(paths)) if key is not None else None
         if found is not None:
             return _from_cache(found, paths)
         trace = _load_files(paths)
         entry = _to_cache(trace, paths) if key is not None else None
         if key is not None and entry is not None:
-            cache.store(key, entry)
+            cache.store(key, len(paths), entry)
         return trace
 
 
