@@ -2,10 +2,11 @@
 on the biggest shared traces, a two-rank folder and jobs of 8 and 32 ranks generated from a real
 A100 rank (``whatif.jobgen``).
 
-Every figure is one ``load_trace`` in a fresh child process (imports not counted), the median of
-``--repeat`` children: *parse* with the cache off, *first load* (parse and write the entry, once),
-*reload* (read the entry back), and *reload + args* (the reload and then every argument column
-``Trace.arg`` declares: the part of the work the reload defers, which the cost model does).
+Every figure is one ``load_trace`` in a fresh child process (imports and the reader registry not
+counted), the median of ``--repeat`` children: *parse* with the cache off, *first load* (parse
+and write the entry, once), *reload* (read the entry back), and *reload + args* (the reload and
+then every argument column ``Trace.arg`` declares: the part of the work the reload defers, which
+the cost model does).
 Prints one row per trace and the ratios; ``--write-docs`` puts the table into docs/scale.md and
 docs/accuracy.md.
 
@@ -41,7 +42,9 @@ BEGIN, END = "<!-- bench/trace_cache.py begin -->", "<!-- bench/trace_cache.py e
 CHILD = r"""
 import json, sys, time
 from whatif.tracer.args import Arg
+from whatif.tracer.readers import suffixes
 from whatif.tracer.trace import load_trace
+suffixes()  # the reader registry (loaded by every CLI command before it loads a trace)
 t0 = time.perf_counter(); trace = load_trace(sys.argv[1]); t1 = time.perf_counter()
 if sys.argv[2] == "args":
     for arg in Arg:

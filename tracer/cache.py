@@ -182,7 +182,7 @@ def _table(entry: Path, name: str, schema: pa.Schema, manifest: _Manifest) -> pa
         data = source.read_buffer()
     if _digest(data) != manifest.digests[name]:
         raise ValueError(f"{name}: digest differs")
-    table = pq.read_table(pa.BufferReader(data), use_threads=False)
+    table = pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)  # not read_table: it imports pyarrow.dataset
     if not table.schema.equals(schema, check_metadata=False) or table.num_rows != manifest.rows[name]:
         raise ValueError(f"{name}: unexpected schema or rows")
     return table.combine_chunks()
