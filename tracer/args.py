@@ -23,6 +23,7 @@ decoded when the trace was parsed, or one JSON text per event when it came from 
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -31,7 +32,8 @@ from typing import Any
 import msgspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+
+from .kineto import gc_paused
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,11 @@ def _read(args: dict[str, Any] | None, spec: ArgSpec) -> Any:
     return spec.default
 
 
+SPARSE = 8
+"""An argument held by fewer than one event in ``SPARSE`` is read from its events alone; a denser
+one makes every event's encoded ``args`` decoded once (and kept) instead."""
+
+
 class EventArgs:
     """Every event's ``args`` dict (or None), in the event table's row order.
 
@@ -102,11 +109,12 @@ class EventArgs:
     ([{'Group size': 8}, None], [{'Group size': 8}], 2)
     """
 
-    __slots__ = ("_decoded", "_encoded")
+    __slots__ = ("_decoded", "_encoded", "_text")
 
     def __init__(self, decoded: np.ndarray | None, encoded: pa.BinaryArray | None) -> None:
         self._decoded = decoded
         self._encoded = encoded
+        self._text: tuple[np.ndarray, bytes] | None = None  # each row's start in one text, the text
 
     @classmethod
     def of(cls, values: Sequence[dict[str, Any] | None] | np.ndarray) -> EventArgs:
@@ -135,37 +143,51 @@ class EventArgs:
     def arrow(self) -> pa.BinaryArray:
         """The encoded form (encoding decoded values first)."""
         if self._encoded is None:
-            return EventArgs.encode(self.values()).arrow
+            self._encoded = EventArgs.encode(self.values()).arrow
         return self._encoded
 
     def values(self, rows: np.ndarray | None = None) -> np.ndarray:
         """The ``args`` of every event (or of ``rows``), as an object array; once every event's
-        are decoded they are kept."""
+        are decoded they are kept (and the encoded texts too, for :meth:`sparse_rows`)."""
         if self._decoded is not None:
             return self._decoded if rows is None else self._decoded[rows]
         assert self._encoded is not None
         if rows is None:
             self._decoded = _decode(self._encoded)
-            self._encoded = None
             return self._decoded
         return _decode(self._encoded.take(pa.array(np.asarray(rows, dtype=np.int64))))
 
-    def rows_with(self, keys: tuple[str, ...]) -> np.ndarray | None:
-        """Rows whose encoded ``args`` may hold one of ``keys`` (a superset: every row that holds
-        one is among them); None when the values are decoded (then every row is read)."""
+    def sparse_rows(self, keys: tuple[str, ...]) -> np.ndarray | None:
+        """The rows whose encoded ``args`` may hold one of ``keys`` (a superset: every row that
+        holds one is among them), when they are fewer than one in :data:`SPARSE`; None when they
+        are not, or there are no encoded texts (then every row is read)."""
         if self._encoded is None:
             return None
-        found = np.zeros(len(self._encoded), dtype=bool)
-        for key in keys:
-            hit = pc.match_substring(self._encoded, pattern=msgspec.json.encode(key).decode() + ":")
-            found |= hit.fill_null(False).to_numpy(zero_copy_only=False)
-        return np.flatnonzero(found)
+        if self._text is None:
+            self._text = _text(self._encoded)
+        starts, data = self._text
+        pattern = re.compile(b"|".join(re.escape(msgspec.json.encode(key) + b":") for key in keys))
+        most = len(starts) // SPARSE
+        found: list[int] = []
+        for match in pattern.finditer(data):
+            if len(found) >= most:  # dense: stop scanning
+                return None
+            found.append(match.start())
+        return np.unique(np.searchsorted(starts, np.asarray(found, dtype=np.int64), side="right") - 1)
+
+
+def _text(encoded: pa.BinaryArray) -> tuple[np.ndarray, bytes]:
+    """Every row's encoded ``args`` as one text, and where each row starts in it."""
+    _, offsets, data = encoded.buffers()
+    starts = np.frombuffer(offsets, dtype=np.int32)[encoded.offset:encoded.offset + len(encoded) + 1]
+    return starts[:-1].astype(np.int64) - int(starts[0]), bytes(data)[int(starts[0]):int(starts[-1])] if data else b""
 
 
 def _decode(encoded: pa.BinaryArray) -> np.ndarray:
     texts = encoded.to_pylist()
     out = np.empty(len(texts), dtype=object)
-    out[:] = msgspec.json.decode(b"[" + b",".join(b"null" if t is None else t for t in texts) + b"]")
+    with gc_paused():  # as when parsing: the decoded dicts all survive
+        out[:] = msgspec.json.decode(b"[" + b",".join(b"null" if t is None else t for t in texts) + b"]")
     return out
 
 
@@ -184,10 +206,11 @@ def exact_json(value: Any) -> bool:
 
 def arg_column(args: EventArgs, arg: Arg, rows: np.ndarray | None = None) -> np.ndarray:
     """The typed values of ``arg`` for every event (or the given rows), as an object array.
-    Encoded ``args`` are decoded only where their text names one of the argument's spellings."""
+    Encoded ``args`` of a sparse argument are decoded only where their text names one of its
+    spellings."""
     spec = arg.spec  # resolved once, not per event
     if rows is None:
-        holding = args.rows_with(spec.raw)
+        holding = args.sparse_rows(spec.raw)
         if holding is not None:
             out = np.empty(len(args), dtype=object)
             out.fill(spec.default)
