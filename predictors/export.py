@@ -235,6 +235,7 @@ class _Writer:
         self.replay, self.times, self.base_ns = replay, times, base_ns
         trace = replay.graph.trace
         assert trace is not None
+        self.trace = trace
         self.events: dict[int, list[dict[str, Any]]] = {info.rank: [] for info in trace.ranks}
         self.flow_ids = {info.rank: _FlowIds() for info in trace.ranks}
 
@@ -274,8 +275,9 @@ def _input_events(w: _Writer, ev: pd.DataFrame) -> None:
     times = w.times
     names = ev["name"].astype(str).to_numpy()
     kinds, ranks = ev["kind"].to_numpy(), ev["rank"].to_numpy()
-    pid, tid, args = ev["pid"].to_numpy(), ev["tid"].to_numpy(), ev["args"].to_numpy()
+    pid, tid = ev["pid"].to_numpy(), ev["tid"].to_numpy()
     kept = np.flatnonzero(times.kept)
+    args = w.trace.raw_args()
     order = kept[np.lexsort((kept, times.start_ns[kept] - times.end_ns[kept], times.start_ns[kept], ranks[kept]))]
     for row in order.tolist():
         w.slice(int(ranks[row]), KINETO_CATEGORY[EventKind(int(kinds[row]))], names[row], int(pid[row]), int(tid[row]),

@@ -6,6 +6,9 @@ test that leaves the registry changed.
 
 ``WHATIF_CHECK_SCHEMA=1`` is set for the whole run (CLI subprocesses inherit it): every graph the
 builder makes and every transform returns is checked against ``whatif.depgraph.schema``.
+``WHATIF_NO_CACHE=1`` too: no test reads or writes the user's trace cache (``~/.cache/whatif``), and
+a test that patches a reader or a limit sees its file parsed; ``tests/test_trace_cache.py`` turns
+the cache on in a temporary folder.
 
 Property-based tests (hypothesis) draw the same examples on every run (profile ``deterministic``),
 so CI passes or fails the same way twice; ``HYPOTHESIS_PROFILE=explore`` draws new ones each run
@@ -25,6 +28,7 @@ settings.register_profile("explore")
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 os.environ["WHATIF_CHECK_SCHEMA"] = "1"  # every built and transformed graph is checked against its schema
+os.environ["WHATIF_NO_CACHE"] = "1"  # every load parses its files; tests/test_trace_cache.py turns the cache on
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 SHARED_TRACES = SHARED / "traces"

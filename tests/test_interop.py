@@ -76,7 +76,7 @@ def file_doc(path: Path) -> dict[str, Any]:
 
 def parents(trace: Trace) -> Counter[tuple[int, str, str, str]]:
     """(rank, event, its innermost enclosing event on the thread, the event's args) of every CPU event."""
-    ev = trace.events
+    ev = trace.events.assign(args=trace.raw_args())
     out: Counter[tuple[int, str, str, str]] = Counter()
     cpu = ev[~ev["kind"].isin([int(k) for k in GPU_KINDS])]
     for (_, _, _), group in cpu.groupby(["rank", "pid", "tid"], sort=True):

@@ -1,5 +1,6 @@
 import doctest
 
+import numpy as np
 import pytest
 from _cost_data import TRACES, need
 
@@ -102,9 +103,9 @@ def test_real_trace_shapes_priced():
     files = sorted(path.glob("*.json*"))
     if not files:
         pytest.skip(f"no trace in {path}")
-    ev = load_trace(files[0]).events
-    ops = ev[(ev["kind"] == 0) & ev["name"].astype(str).isin(["aten::mm", "aten::addmm",
-                                                              "aten::linear"])]
+    trace = load_trace(files[0])
+    ev = trace.events
+    rows = np.flatnonzero((ev["kind"] == 0) & ev["name"].astype(str).isin(["aten::mm", "aten::addmm", "aten::linear"]))
     priced = [op_flops_bytes(n, a.get("Input Dims"), a.get("Input type"))
-              for n, a in zip(ops["name"].astype(str), ops["args"]) if isinstance(a, dict)]
+              for n, a in zip(ev["name"].astype(str).to_numpy()[rows], trace.raw_args(rows)) if isinstance(a, dict)]
     assert priced and sum(p is not None for p in priced) / len(priced) > 0.9

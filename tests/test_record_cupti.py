@@ -68,7 +68,7 @@ def test_converted_records_read_back_as_linked_gpu_events(tmp_path: Path) -> Non
     path = tmp_path / "rank0.pt.trace.json.gz"
     path.write_bytes(gzip.compress(orjson.dumps(convert())))
     trace = load_trace(path)
-    ev = trace.events.set_index(trace.events["name"].astype(str))
+    ev = trace.events.assign(args=trace.raw_args()).set_index(trace.events["name"].astype(str))
     kernel = ev.loc["ampere_sgemm_128x64_nn"]
     assert kernel["kind"] == EventKind.KERNEL
     assert (kernel["ts_ns"], kernel["dur_ns"]) == (T0 + 5_000, 20_000)  # exact ns through base + us

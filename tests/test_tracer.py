@@ -60,12 +60,13 @@ def one_line_error(path: Path) -> str:
 def test_columns_dtypes_and_sort_order(tmp_path: Path) -> None:
     doc = minimal(x("user_annotation", "ProfilerStep#1", BASE_US, 100),  # same start as aten::mm, longer
                   x("cpu_op", "aten::relu", BASE_US - 50, 10))
-    ev = load_trace(write(tmp_path / "t.json", doc)).events
+    trace = load_trace(write(tmp_path / "t.json", doc))
+    ev = trace.events
     assert tuple(ev.columns) == COLUMNS
     dtypes = {c: str(t) for c, t in ev.dtypes.items()}
     assert dtypes == {"rank": "int32", "ts_ns": "int64", "dur_ns": "int64", "kind": "int8", "name": "category",
                       "pid": "int64", "tid": "int64", "device": "int32", "stream": "int64",
-                      "correlation": "int64", "external_id": "int64", "args": "object"}
+                      "correlation": "int64", "external_id": "int64"}
     assert list(ev["name"]) == ["aten::relu", "ProfilerStep#1", "aten::mm", "cudaLaunchKernel", "gemm"]
     assert (np.diff(ev["ts_ns"].to_numpy()) >= 0).all()
     assert ev["ts_ns"].iloc[0] == (BASE_US - 50) * 1000
@@ -73,15 +74,15 @@ def test_columns_dtypes_and_sort_order(tmp_path: Path) -> None:
     assert (kernel.device, kernel.stream, kernel.correlation, kernel.external_id) == (0, STREAM, 11, 5)
     op = ev[ev["name"] == "aten::mm"].iloc[0]
     assert (op.device, op.stream, op.correlation) == (-1, -1, -1)
-    assert op.args == {"External id": 5}
+    assert trace.raw_args(np.flatnonzero(ev["name"] == "aten::mm"))[0] == {"External id": 5}
 
 
 def test_args_are_kept_for_every_kind(tmp_path: Path) -> None:
     py = {"ph": "X", "cat": "python_function", "name": "nn.Module: Linear", "pid": CPU_PID, "tid": CPU_TID,
           "ts": BASE_US + 2, "dur": 3, "args": {"Python id": 7, "Python parent id": 3}}
-    ev = load_trace(write(tmp_path / "t.json", minimal(py))).events
-    row = ev[ev["kind"] == EventKind.PYTHON].iloc[0]
-    assert row.args == {"Python id": 7, "Python parent id": 3}
+    trace = load_trace(write(tmp_path / "t.json", minimal(py)))
+    row = np.flatnonzero(trace.events["kind"] == EventKind.PYTHON)[0]
+    assert trace.raw_args()[row] == {"Python id": 7, "Python parent id": 3}
 
 
 # --- format quirks (../shared/traces/README.md, "Format quirks") ------------------------------
@@ -183,8 +184,8 @@ def test_collective_metadata_and_overlap_kept(tmp_path: Path) -> None:
     events = [x("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", BASE_US, 50, pid=0, tid=STREAM, device=0,
                 stream=STREAM, correlation=1, **nccl),
               x("kernel", "gemm", BASE_US + 48, 10, pid=0, tid=STREAM, device=0, stream=STREAM, correlation=2)]
-    ev = load_trace(write(tmp_path / "t.json", {"traceEvents": events})).events
-    assert {k: ev["args"].iloc[0][k] for k in nccl} == nccl and len(ev) == 2
+    trace = load_trace(write(tmp_path / "t.json", {"traceEvents": events}))
+    assert {k: trace.raw_args()[0][k] for k in nccl} == nccl and len(trace.events) == 2
 
 
 def test_device_names_from_either_key_and_syncs_off_stream(tmp_path: Path) -> None:
@@ -227,9 +228,10 @@ def test_large_64_bit_ids(tmp_path: Path) -> None:
     big = 2**64 - 1
     doc = minimal(x("cpu_op", "record_param_comms", BASE_US + 30, 5,
                     **{"External id": 2**53 + 1, "Comms Id": big, "correlation": 2**63 + 5}))
-    ev = load_trace(write(tmp_path / "t.json", doc)).events
+    trace = load_trace(write(tmp_path / "t.json", doc))
+    ev = trace.events
     row = ev[ev["name"] == "record_param_comms"].iloc[0]
-    assert row.args["Comms Id"] == big  # args keep the exact integer
+    assert trace.raw_args(np.flatnonzero(ev["name"] == "record_param_comms"))[0]["Comms Id"] == big  # exact
     assert row.external_id == 2**53 + 1
     assert row.correlation == 2**63 + 5 - 2**64  # unsigned 64-bit wraps to int64, distinct from -1
 

@@ -11,21 +11,29 @@ Correlation ids, external ids, devices and streams are read by the parser itself
 ``correlation``/``external_id``/``device``/``stream`` columns (``tracer/kineto.py``): they are on
 every event and its hot loop.
 
->>> import pandas as pd
->>> events = pd.DataFrame({"args": [{"Input dims": [[2, 3]], "Input type": ["float"]}, None, {"Input Dims": "bad"}]})
->>> arg_column(events, Arg.INPUT_DIMS).tolist()
+Each event's raw ``args`` dict is held by :class:`EventArgs`, beside the event table (not in it):
+decoded when the trace was parsed, or one JSON text per event when it came from the trace cache
+(:mod:`whatif.tracer.cache`), decoded only for the rows and arguments that are read.
+
+>>> args = EventArgs.of([{"Input dims": [[2, 3]], "Input type": ["float"]}, None, {"Input Dims": "bad"}])
+>>> arg_column(args, Arg.INPUT_DIMS).tolist()
 [[[2, 3]], None, None]
->>> arg_column(events, Arg.INPUT_TYPES).tolist()
+>>> arg_column(EventArgs.encode(args.values()), Arg.INPUT_TYPES).tolist()
 [['float'], (), ()]
 """
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+import msgspec
 import numpy as np
-import pandas as pd
+import pyarrow as pa
+
+from .kineto import gc_paused
 
 
 @dataclass(frozen=True)
@@ -82,12 +90,136 @@ def _read(args: dict[str, Any] | None, spec: ArgSpec) -> Any:
     return spec.default
 
 
-def arg_column(events: pd.DataFrame, arg: Arg, rows: np.ndarray | None = None) -> np.ndarray:
-    """The typed values of ``arg`` for every event (or the given rows), as an object array."""
-    raw = events["args"].to_numpy()
-    if rows is not None:
-        raw = raw[rows]
+SPARSE = 8
+"""An argument held by fewer than one event in ``SPARSE`` is read from its events alone; a denser
+one makes every event's encoded ``args`` decoded once (and kept) instead."""
+
+
+class EventArgs:
+    """Every event's ``args`` dict (or None), in the event table's row order.
+
+    Held either decoded (an object array, as the reader made it) or encoded: one compact JSON
+    text per event (a binary Arrow array, None where the event had no ``args``), as the trace
+    cache stores it. Encoded values are decoded on reading, only for the rows asked for; JSON
+    keeps every value the reader can produce exactly (integers of any size, floats, strings,
+    lists, dicts in their key order), which :func:`exact_json` checks before the cache stores them.
+
+    >>> enc = EventArgs.encode([{"Group size": 8}, None])
+    >>> enc.values().tolist(), enc.values(np.array([0])).tolist(), len(enc)
+    ([{'Group size': 8}, None], [{'Group size': 8}], 2)
+    """
+
+    __slots__ = ("_decoded", "_encoded", "_text")
+
+    def __init__(self, decoded: np.ndarray | None, encoded: pa.BinaryArray | None) -> None:
+        self._decoded = decoded
+        self._encoded = encoded
+        self._text: tuple[np.ndarray, bytes] | None = None  # each row's start in one text, the text
+
+    @classmethod
+    def of(cls, values: Sequence[dict[str, Any] | None] | np.ndarray) -> EventArgs:
+        """Decoded ``args``, one per event."""
+        out = np.empty(len(values), dtype=object)
+        out[:] = values if isinstance(values, np.ndarray) else list(values)
+        return cls(out, None)
+
+    @classmethod
+    def encode(cls, values: Sequence[dict[str, Any] | None] | np.ndarray) -> EventArgs:
+        """The same ``args``, held encoded (what the trace cache writes)."""
+        encoder = msgspec.json.Encoder()
+        return cls(None, pa.array([None if v is None else encoder.encode(v) for v in values], type=pa.binary()))
+
+    @classmethod
+    def from_arrow(cls, encoded: pa.BinaryArray) -> EventArgs:
+        """``args`` held encoded in ``encoded`` (read from the trace cache)."""
+        return cls(None, encoded)
+
+    def __len__(self) -> int:
+        if self._decoded is not None:
+            return len(self._decoded)
+        return 0 if self._encoded is None else len(self._encoded)
+
+    @property
+    def arrow(self) -> pa.BinaryArray:
+        """The encoded form (encoding decoded values first)."""
+        if self._encoded is None:
+            self._encoded = EventArgs.encode(self.values()).arrow
+        return self._encoded
+
+    def values(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """The ``args`` of every event (or of ``rows``), as an object array; once every event's
+        are decoded they are kept (and the encoded texts too, for :meth:`sparse_rows`)."""
+        if self._decoded is not None:
+            return self._decoded if rows is None else self._decoded[rows]
+        assert self._encoded is not None
+        if rows is None:
+            self._decoded = _decode(self._encoded)
+            return self._decoded
+        return _decode(self._encoded.take(pa.array(np.asarray(rows, dtype=np.int64))))
+
+    def sparse_rows(self, keys: tuple[str, ...]) -> np.ndarray | None:
+        """The rows whose encoded ``args`` may hold one of ``keys`` (a superset: every row that
+        holds one is among them), when they are fewer than one in :data:`SPARSE`; None when they
+        are not, or there are no encoded texts (then every row is read)."""
+        if self._encoded is None:
+            return None
+        if self._text is None:
+            self._text = _text(self._encoded)
+        starts, data = self._text
+        pattern = re.compile(b"|".join(re.escape(msgspec.json.encode(key) + b":") for key in keys))
+        most = len(starts) // SPARSE
+        found: list[int] = []
+        for match in pattern.finditer(data):
+            if len(found) >= most:  # dense: stop scanning
+                return None
+            found.append(match.start())
+        return np.unique(np.searchsorted(starts, np.asarray(found, dtype=np.int64), side="right") - 1)
+
+
+def _text(encoded: pa.BinaryArray) -> tuple[np.ndarray, bytes]:
+    """Every row's encoded ``args`` as one text, and where each row starts in it."""
+    _, offsets, data = encoded.buffers()
+    starts = np.frombuffer(offsets, dtype=np.int32)[encoded.offset:encoded.offset + len(encoded) + 1]
+    return starts[:-1].astype(np.int64) - int(starts[0]), bytes(data)[int(starts[0]):int(starts[-1])] if data else b""
+
+
+def _decode(encoded: pa.BinaryArray) -> np.ndarray:
+    texts = encoded.to_pylist()
+    out = np.empty(len(texts), dtype=object)
+    with gc_paused():  # as when parsing: the decoded dicts all survive
+        out[:] = msgspec.json.decode(b"[" + b",".join(b"null" if t is None else t for t in texts) + b"]")
+    return out
+
+
+def exact_json(value: Any) -> bool:
+    """Whether ``value`` comes back equal from JSON (a NaN or infinity does not: JSON spells
+    neither; a tuple comes back a list).
+
+    >>> exact_json([{"a": [1, 2.5, "x"]}, None]), exact_json({"a": float("nan")}), exact_json((1,))
+    (True, False, False)
+    """
+    try:
+        return bool(msgspec.json.decode(msgspec.json.encode(value)) == value)
+    except (msgspec.EncodeError, msgspec.DecodeError, TypeError, ValueError):
+        return False
+
+
+def arg_column(args: EventArgs, arg: Arg, rows: np.ndarray | None = None) -> np.ndarray:
+    """The typed values of ``arg`` for every event (or the given rows), as an object array.
+    Encoded ``args`` of a sparse argument are decoded only where their text names one of its
+    spellings."""
     spec = arg.spec  # resolved once, not per event
+    if rows is None:
+        holding = args.sparse_rows(spec.raw)
+        if holding is not None:
+            out = np.empty(len(args), dtype=object)
+            out.fill(spec.default)
+            out[holding] = _typed(args.values(holding), spec)
+            return out
+    return _typed(args.values(rows), spec)
+
+
+def _typed(raw: np.ndarray, spec: ArgSpec) -> np.ndarray:
     out = np.empty(len(raw), dtype=object)
     out[:] = [_read(a, spec) for a in raw]
     return out

@@ -65,7 +65,7 @@ def collective_points(trace: Trace) -> list[CollectivePoint]:
     ops = np.asarray([r for r, key in zip(ops.tolist(), zip(ranks[ops].tolist(), ext[ops].tolist()))
                       if key in launched], dtype=np.int64)
     rows = np.concatenate([coll, ops])  # arguments are read for these rows only (a job has millions)
-    values = {arg: dict(zip(rows.tolist(), arg_column(ev, arg, rows).tolist()))
+    values = {arg: dict(zip(rows.tolist(), arg_column(trace.args, arg, rows).tolist()))
               for arg in (Arg.GROUP_SIZE, Arg.COLLECTIVE_NAME, Arg.DTYPE, Arg.IN_MSG_NELEMS, Arg.OUT_MSG_NELEMS)}
     group_size, coll_name, dtype = values[Arg.GROUP_SIZE], values[Arg.COLLECTIVE_NAME], values[Arg.DTYPE]
     in_nelems, out_nelems = values[Arg.IN_MSG_NELEMS], values[Arg.OUT_MSG_NELEMS]

@@ -12,6 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from .args import EventArgs
 from .kineto import step_number
 from .readers import Flow
 from .trace import Trace
@@ -24,7 +25,7 @@ def repeat_trace(trace: Trace, copies: int) -> Trace:
     >>> from whatif.tracer.trace import Trace
     >>> ev = pd.DataFrame({"rank": [0, 0], "ts_ns": [0, 10], "dur_ns": [100, 5], "kind": [1, 3],
     ...                    "name": pd.Categorical(["ProfilerStep#7", "cudaLaunchKernel"]), "pid": 1, "tid": 1,
-    ...                    "device": -1, "stream": -1, "correlation": [-1, 4], "external_id": -1, "args": None})
+    ...                    "device": -1, "stream": -1, "correlation": [-1, 4], "external_id": -1})
     >>> big = repeat_trace(Trace(events=ev, ranks=[]), 3)
     >>> big.events["name"].astype(str).tolist()[::2], big.events["ts_ns"].tolist()[::2]
     (['ProfilerStep#7', 'ProfilerStep#8', 'ProfilerStep#9'], [0, 100, 200])
@@ -56,6 +57,7 @@ def repeat_trace(trace: Trace, copies: int) -> Trace:
     events["name"] = pd.Categorical(events["name"])
     order = np.lexsort((-events["dur_ns"].to_numpy(), events["ts_ns"].to_numpy(), events["rank"].to_numpy()))
     events = events.iloc[order].reset_index(drop=True)
+    args = EventArgs.of(np.tile(trace.raw_args(), copies)[order])
     flows = [(r, replace(f, ts_ns=f.ts_ns + c * window, flow_id=f.flow_id + c * (1 << 40)))
              for c in range(copies) for r, f in trace.flows] if trace.flows else []
-    return Trace(events=events, ranks=trace.ranks, flows=[(r, Flow(**vars(f))) for r, f in flows])
+    return Trace(events=events, ranks=trace.ranks, flows=[(r, Flow(**vars(f))) for r, f in flows], args=args)

@@ -16,8 +16,14 @@ device         int32   GPU device index, -1 on CPU events
 stream         int64   GPU stream id, -1 on CPU events
 correlation    int64   CUPTI/roctracer correlation id, -1 when absent
 external_id    int64   ``External id`` linking ops, runtime calls and GPU work, -1 when absent
-args           object  the event's ``args`` dict (shapes, collective metadata), or None
 ============== ======= =========================================================
+
+Each event's ``args`` dict (shapes, collective metadata), or None, is held beside the table in
+``Trace.args`` (:class:`~whatif.tracer.args.EventArgs`, same row order) and read through
+:meth:`Trace.arg` (one typed argument) or :meth:`Trace.raw_args` (the dicts themselves).
+
+A loaded trace is kept in the columnar trace cache (:mod:`whatif.tracer.cache`): later loads of
+the same files read it back instead of parsing them.
 """
 from __future__ import annotations
 
@@ -31,7 +37,8 @@ import pandas as pd
 
 from whatif.core.errors import TraceError
 
-from .args import Arg, arg_column
+from . import cache
+from .args import Arg, EventArgs, arg_column
 from .kinds import GPU_ACTIVITY_KINDS, EventKind, codes
 from .kineto import gc_paused
 from .memory import memory_frame
@@ -81,16 +88,29 @@ class Trace:
     flows: list[tuple[int, Flow]] = field(default_factory=list)  # (rank, flow end)
     memory: pd.DataFrame = field(default_factory=lambda: memory_frame([], []))
     """Allocator records (``profile_memory``) of every rank: :data:`~whatif.tracer.memory.MEMORY_COLUMNS`."""
+    args: EventArgs = field(default_factory=lambda: EventArgs.of([]), repr=False, compare=False)
+    """Each event's ``args`` (same rows as ``events``); left out, no event has any."""
     _arg_columns: dict[Arg, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
     _op_index: pd.Series | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.args) != len(self.events):
+            if len(self.args):
+                raise ValueError(f"{len(self.args)} args for {len(self.events)} events")
+            self.args = EventArgs.of([None] * len(self.events))
 
     def arg(self, arg: Arg) -> np.ndarray:
         """The typed column of one event argument (declared in :mod:`whatif.tracer.args`), one
         value per event, read once per trace."""
         column = self._arg_columns.get(arg)
         if column is None:
-            column = self._arg_columns[arg] = arg_column(self.events, arg)
+            column = self._arg_columns[arg] = arg_column(self.args, arg)
         return column
+
+    def raw_args(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """The ``args`` dict (or None) of every event, or of ``rows``, as an object array. For
+        the arguments :mod:`whatif.tracer.args` declares, read :meth:`arg` instead."""
+        return self.args.values(rows)
 
     @property
     def source(self) -> str:
@@ -190,12 +210,21 @@ def _assign_ranks(files: list[FileTrace]) -> list[int]:
 
 
 COLUMNS = ("rank", "ts_ns", "dur_ns", "kind", "name", "pid", "tid", "device", "stream",
-           "correlation", "external_id", "args")
+           "correlation", "external_id")
 _NUMERIC = ("ts_ns", "dur_ns", "kind", "pid", "tid", "device", "stream", "correlation", "external_id")
 
 
-def _to_frame(files: list[FileTrace], ranks: list[int]) -> pd.DataFrame:
-    """All files' columns in one frame, sorted by (rank, ts_ns, longer first), stable."""
+def _frame(columns: dict[str, np.ndarray], codes: np.ndarray, categories: list[str]) -> pd.DataFrame:
+    """The event table from its numeric columns (:data:`COLUMNS` but ``name``) and the names'
+    codes into ``categories`` (sorted)."""
+    index = pd.Index(categories) if categories else pd.Index([], dtype=object)
+    name = pd.Categorical.from_codes(codes, categories=index)
+    return pd.DataFrame({k: name if k == "name" else columns[k] for k in COLUMNS}, copy=False)
+
+
+def _to_frame(files: list[FileTrace], ranks: list[int]) -> tuple[pd.DataFrame, EventArgs]:
+    """All files' columns in one frame, sorted by (rank, ts_ns, longer first), stable, and the
+    events' ``args`` in the same order."""
     cols = [f.columns for f in files]
     data: dict[str, np.ndarray] = {
         "rank": np.concatenate([np.full(len(c), r, dtype=np.int32) for c, r in zip(cols, ranks)])}
@@ -210,11 +239,8 @@ def _to_frame(files: list[FileTrace], ranks: list[int]) -> pd.DataFrame:
     args[:] = cols[0].args if len(cols) == 1 else [a for c in cols for a in c.args]
     # Sort by (rank, start, longer first) so that parents precede the events they enclose.
     order = np.lexsort((-data["dur_ns"], data["ts_ns"], data["rank"]))
-    data["args"] = args
-    columns: dict[str, Any] = {k: data[k][order] for k in COLUMNS if k != "name"}
-    columns["name"] = pd.Categorical.from_codes(codes[order], categories=pd.Index(categories) if categories
-                                                      else pd.Index([], dtype=object))
-    return pd.DataFrame({k: columns[k] for k in COLUMNS}, copy=False)
+    return _frame({k: data[k][order] for k in COLUMNS if k != "name"}, codes[order], categories), \
+        EventArgs.of(args[order])
 
 
 def load_trace(path: str | Path) -> Trace:
@@ -232,7 +258,39 @@ def load_trace(path: str | Path) -> Trace:
         reader_for(path)  # an unknown suffix is refused before anything is read
         paths = [path]
     with gc_paused():
-        return _load_files(paths)
+        key = cache.trace_key(paths) if cache.enabled() else None
+        found = cache.fetch(key, len(paths)) if key is not None else None
+        if found is not None:
+            return _from_cache(found, paths)
+        trace = _load_files(paths)
+        entry = _to_cache(trace, paths) if key is not None else None
+        if key is not None and entry is not None:
+            cache.store(key, len(paths), entry)
+        return trace
+
+
+def _to_cache(trace: Trace, paths: list[Path]) -> cache.Cached | None:
+    ev = trace.events
+    file_of = {p: i for i, p in enumerate(paths)}
+    if any(r.path not in file_of for r in trace.ranks):  # a reader that renamed its file
+        return None
+    ranks = [cache.CachedRank(file=file_of[r.path], rank=r.rank, world_size=r.world_size, device_names=r.device_names,
+                              metadata=r.metadata, thread_names=[(p, t, n) for (p, t), n in r.thread_names.items()],
+                              process_names=r.process_names, category_counts=r.category_counts, skipped=r.skipped)
+             for r in trace.ranks]
+    return cache.Cached(columns={k: ev[k].to_numpy() for k in COLUMNS if k != "name"},
+                        codes=ev["name"].cat.codes.to_numpy().astype(np.int32),
+                        names=[str(n) for n in ev["name"].cat.categories], args=trace.args, memory=trace.memory,
+                        flows=trace.flows, ranks=ranks)
+
+
+def _from_cache(found: cache.Cached, paths: list[Path]) -> Trace:
+    ranks = [RankInfo(rank=r.rank, path=paths[r.file], world_size=r.world_size, device_names=r.device_names,
+                      metadata=r.metadata, thread_names={(p, t): n for p, t, n in r.thread_names},
+                      process_names=r.process_names, category_counts=r.category_counts, skipped=r.skipped)
+             for r in found.ranks]
+    return Trace(events=_frame(found.columns, found.codes, found.names), ranks=ranks, flows=found.flows,
+                 memory=found.memory, args=found.args)
 
 
 def _load_files(paths: list[Path]) -> Trace:
@@ -245,6 +303,6 @@ def _load_files(paths: list[Path]) -> Trace:
                       category_counts=ft.category_counts, skipped=ft.skipped)
              for ft, r in zip(files, ranks)]
     flows = [(r, fl) for ft, r in zip(files, ranks) for fl in ft.flows]
-    events = _to_frame(files, ranks)
+    events, args = _to_frame(files, ranks)
     return Trace(events=events, ranks=sorted(infos, key=lambda i: i.rank), flows=flows,
-                 memory=memory_frame([ft.memory for ft in files], ranks))
+                 memory=memory_frame([ft.memory for ft in files], ranks), args=args)

@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from whatif import __version__
 from whatif.core.errors import WhatifError
+from whatif.tracer import cache
 
 from .commands._device_specs import device_specs
 
@@ -36,6 +37,8 @@ COMMANDS: dict[str, str] = {
     "diff": "Compare two traces (steps, kernels, critical path) and check a prediction against the after one",
 }
 
+NO_TRACES = frozenset({"transforms", "devices", "record"})  # the commands that load no trace (no --no-cache)
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, exit 2
@@ -51,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(f"whatif.commands.{name}")
         cmd = sub.add_parser(name, help=help_text, description=module.__doc__)
         module.add_arguments(cmd)
+        if name not in NO_TRACES:
+            cmd.add_argument("--no-cache", action="store_true",
+                             help="parse the trace files, neither reading nor writing the trace cache (docs/scale.md)")
         cmd.set_defaults(_run=module.run)
     return parser
 
@@ -66,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        with device_specs(args):
+        with device_specs(args), cache.bypassed(bool(vars(args).get("no_cache"))):
             return int(args._run(args) or 0)
     except WhatifError as exc:
         print(f"whatif: {exc}", file=sys.stderr)

@@ -145,7 +145,7 @@ def collectives(trace: Trace, graph: TaskGraph | None = None,
     events, ranks_col = t["event"].to_numpy(), t["rank"].to_numpy()
     start, end, steps = t["measured_start_ns"].to_numpy(), t["measured_end_ns"].to_numpy(), t["step"].to_numpy()
     rows = np.unique(events[found.comm])  # arguments are read for these rows only (a job has millions)
-    coll_name, pg_ranks, pg_name = ({int(r): v for r, v in zip(rows.tolist(), arg_column(trace.events, arg, rows))}
+    coll_name, pg_ranks, pg_name = ({int(r): v for r, v in zip(rows.tolist(), arg_column(trace.args, arg, rows))}
                                     for arg in (Arg.COLLECTIVE_NAME, Arg.PROCESS_GROUP_RANKS, Arg.PROCESS_GROUP))
     frame = pd.DataFrame({"task": found.comm, "call": found.call, "rank": ranks_col[found.comm],
                           "arrival": start[found.comm], "end": end[found.comm]})

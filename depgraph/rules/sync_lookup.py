@@ -151,11 +151,13 @@ def _sync_records(state: BuildState) -> dict[tuple[int, int], SyncRecord]:
     ev = tr.events
     rows = np.flatnonzero(ev["kind"].to_numpy() == int(EventKind.GPU_SYNC))
     # read on the sync records only: `device` and `stream` are also on every kernel's arguments
-    cols = [arg_column(ev, a, rows) for a in (Arg.SYNC_DEVICE, Arg.SYNC_STREAM, Arg.WAIT_ON_STREAM,
+    raw = tr.args
+    cols = [arg_column(raw, a, rows) for a in (Arg.SYNC_DEVICE, Arg.SYNC_STREAM, Arg.WAIT_ON_STREAM,
                                               Arg.WAIT_ON_EVENT_CORRELATION)]
     out: dict[tuple[int, int], SyncRecord] = {}
+    has_args = [a.__class__ is dict for a in raw.values(rows)]
     for i, (r, c) in enumerate(zip(ev["rank"].to_numpy()[rows].tolist(), ev["correlation"].to_numpy()[rows].tolist())):
-        if c >= 0 and ev["args"].iat[int(rows[i])].__class__ is dict:
+        if c >= 0 and has_args[i]:
             out[(r, c)] = SyncRecord(*(-1 if col[i] is None else int(col[i]) for col in cols))
     return out
 
