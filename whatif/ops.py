@@ -36,13 +36,13 @@ import numpy as np
 import pandas as pd
 
 from whatif.breakdown import gpu_work
-from whatif.core.dtypes import dtype_in_kernel_name, op_dtype
+from whatif.core.dtypes import dtype_in_kernel_name
 from whatif.core.errors import WhatifError
-from whatif.core.kernels import KernelClass, classify_kernel, duration_shares, op_flops_bytes
+from whatif.core.kernels import KernelClass, classify_kernel, duration_shares
 from whatif.documents import OpRow, OpsDocument
 from whatif.hardware.devices import Device, find_device, get_device
 from whatif.hardware.roofline import achievable_rate, achievable_time_ns
-from whatif.tracer.args import Arg
+from whatif.tracer.op_facts import op_facts
 from whatif.tracer.trace import Trace
 
 __all__ = ["SHORT_NS", "Bound", "GroupBy", "activities", "bound", "ops_table", "table_frame"]
@@ -84,45 +84,6 @@ def bound(launch_share: float, mean_ns: float, intensity: float | None, ridge: f
     return Bound.COMPUTE if intensity >= ridge else Bound.MEMORY
 
 
-@dataclass(frozen=True)
-class _OpFacts:
-    name: str
-    shapes: str
-    dtype: str
-    flops: float
-    nbytes: float
-
-
-def _op_facts(trace: Trace, op_rows: np.ndarray) -> list[_OpFacts]:
-    """Facts of each distinct launching op row, memoized by (name, shapes, types, concrete)."""
-    ev = trace.events
-    names = ev["name"].astype(str).to_numpy()
-    dims, types = trace.arg(Arg.INPUT_DIMS), trace.arg(Arg.INPUT_TYPES)
-    concrete = trace.arg(Arg.CONCRETE_INPUTS)
-    memo: dict[tuple[str, str, str, str], _OpFacts] = {}
-    out = []
-    for r in op_rows.tolist():
-        key = (names[r], repr(dims[r]), repr(types[r]), repr(concrete[r]))
-        got = memo.get(key)
-        if got is None:
-            fb = op_flops_bytes(names[r], dims[r], types[r], concrete[r]) if dims[r] is not None else None
-            got = memo[key] = _OpFacts(names[r], "" if dims[r] is None else _shapes(dims[r]), op_dtype(types[r]),
-                                       float(fb[0]) if fb else np.nan, float(fb[1]) if fb else np.nan)
-        out.append(got)
-    return out
-
-
-def _shapes(dims: list) -> str:
-    """Input Dims as one short string, the empty (scalar) arguments left out.
-
-    >>> _shapes([[16, 559, 1024], [1024, 1024], [1024], [], []]), _shapes([[[2, 3], [2, 3]], []])
-    ('[16,559,1024] [1024,1024] [1024]', '[[2,3],[2,3]]')
-    """
-    def one(d: list) -> str:
-        return "[" + ",".join(one(x) if isinstance(x, list) else str(x) for x in d) + "]"
-    return " ".join(one(d) for d in dims if isinstance(d, list) and d)
-
-
 def _launch_bound(work: pd.DataFrame) -> np.ndarray:
     """Per activity: its stream sat idle waiting for its launch call (the call started after the
     stream's previous activity ended) and it ran shorter than the call."""
@@ -158,7 +119,7 @@ def activities(trace: Trace) -> pd.DataFrame:
     li = np.flatnonzero(linked)
     if len(li):
         uniq, inv = np.unique(op_row[li].astype(np.int64), return_inverse=True)
-        facts = _op_facts(trace, uniq)
+        facts = op_facts(trace, uniq)
         op[li] = [facts[i].name for i in inv]
         shapes[li] = [facts[i].shapes for i in inv]
         dtype[li] = [facts[i].dtype for i in inv]
