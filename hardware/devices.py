@@ -146,12 +146,29 @@ class Device:
                 return rate
         return self.peak[native]
 
+    def _reached(self, achieved: float, datasheet: float) -> float:
+        return achieved if self.achievable is not None and achieved > 0 else datasheet
+
     @property
     def stream_bw_bytes_per_s(self) -> float:
         """Device-memory bandwidth a streaming kernel reaches (achievable, else the datasheet's)."""
-        if self.achievable is not None and self.achievable.stream_bw_bytes_per_s > 0:
-            return self.achievable.stream_bw_bytes_per_s
-        return self.mem_bw_bytes_per_s
+        ach = self.achievable
+        return self._reached(ach.stream_bw_bytes_per_s if ach else 0.0, self.mem_bw_bytes_per_s)
+
+    @property
+    def host_copy_bw_bytes_per_s(self) -> float:
+        """Host-link bandwidth per direction a pinned copy reaches (achievable, else the datasheet's)."""
+        ach = self.achievable
+        return self._reached(ach.pcie_bw_bytes_per_s if ach else 0.0, self.pcie_bw_bytes_per_s)
+
+    @property
+    def peer_copy_bw_bytes_per_s(self) -> float:
+        """Peer-to-peer bandwidth per direction: its links (achievable, else the datasheet's), or the
+        host link when it has none."""
+        if not self.link_bw_bytes_per_s:
+            return self.host_copy_bw_bytes_per_s
+        ach = self.achievable
+        return self._reached(ach.link_bw_bytes_per_s if ach else 0.0, self.link_bw_bytes_per_s)
 
     def ridge_point(self, dtype: DType | str) -> float:
         """Roofline ridge point in FLOP/byte: peak FLOP/s over memory bytes/s."""

@@ -494,7 +494,8 @@ class TraceCostModel(CostModelBase):
             if src.name == dst.name:
                 continue
             if k == int(TaskKind.MEMCPY) or k == int(TaskKind.COMM) or c == KernelClass.COLLECTIVE.value:
-                ratio = _copy_ratio(names[idx], src, dst) if k == int(TaskKind.MEMCPY) else _link(src) / _link(dst)
+                ratio = _copy_ratio(names[idx], src, dst) if k == int(TaskKind.MEMCPY) \
+                    else src.peer_copy_bw_bytes_per_s / dst.peer_copy_bw_bytes_per_s
                 fixed = np.minimum(dur[idx], fixed_latency_ns(src))
                 out[idx] = fixed + (dur[idx] - fixed) * ratio
             else:
@@ -646,21 +647,6 @@ def anchored_time_ns(device: Device | None, dur_ns: np.ndarray, classes: np.ndar
     return fixed + (dur - fixed) * ratio
 
 
-def _pcie(device: Device) -> float:
-    """Host-link bandwidth (bytes/s per direction): achieved by a pinned copy, else the datasheet's."""
-    ach = device.achievable
-    return ach.pcie_bw_bytes_per_s if ach is not None and ach.pcie_bw_bytes_per_s > 0 else device.pcie_bw_bytes_per_s
-
-
-def _link(device: Device) -> float:
-    """Peer-to-peer bandwidth (bytes/s per direction): its links (achieved by a peer copy where the
-    catalog has the figure), or the host link when it has none."""
-    if not device.link_bw_bytes_per_s:
-        return _pcie(device)
-    ach = device.achievable
-    return ach.link_bw_bytes_per_s if ach is not None and ach.link_bw_bytes_per_s > 0 else device.link_bw_bytes_per_s
-
-
 def _copy_ratio(names: Sequence[str], src: Device, dst: Device) -> np.ndarray:
     """T'/T of memcpys by direction: host copies by PCIe, device copies by DRAM, peer copies by link."""
     out = np.empty(len(names))
@@ -669,7 +655,7 @@ def _copy_ratio(names: Sequence[str], src: Device, dst: Device) -> np.ndarray:
         if "dtod" in low or "d2d" in low:
             out[i] = src.stream_bw_bytes_per_s / dst.stream_bw_bytes_per_s
         elif "ptop" in low or "p2p" in low or "peer" in low:
-            out[i] = _link(src) / _link(dst)
+            out[i] = src.peer_copy_bw_bytes_per_s / dst.peer_copy_bw_bytes_per_s
         else:
-            out[i] = _pcie(src) / _pcie(dst)
+            out[i] = src.host_copy_bw_bytes_per_s / dst.host_copy_bw_bytes_per_s
     return out
