@@ -1,0 +1,201 @@
+"""Extrapolation check against a Vidur peer run (issue 18): whatif's LLM iteration model fitted on
+Vidur's 2 req/s iterations, whatif's simulator serving Vidur's 6 req/s requests, compared with
+Vidur's own 6 req/s run (Llama-2-7B, A100, TP 1, Vidur's vLLM replica scheduler).
+
+The runs are in ``bench/data/vidur/`` (README.md there: Vidur's commit, commands, configuration,
+the logging patch, what each column means). Per scenario:
+
+* ``fit X -> Y``: the iteration model is fitted on run X's batches (composition and Vidur's
+  execution time of every iteration) and the simulator serves run Y's requests (Vidur's arrival
+  times and lengths) under a :class:`SchedulerConfig` matching Vidur's scheduler; the result is
+  compared with run Y's per-request latencies;
+* ``oracle Y``: the model is fitted on run Y's own batches, which separates the scheduler's error
+  (what remains here) from the iteration model's (the difference to ``fit X -> Y``).
+
+TTFT, TPOT and end-to-end latency are computed the same way on both sides: TTFT = first token
+- arrival, e2e = last token - arrival, TPOT = (e2e - TTFT) / (output tokens - 1). Nothing is
+stored or assumed: every figure is computed from the saved runs in this invocation.
+
+  .venv/bin/python bench/serving_vidur.py [--json FILE] [--no-docs]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from whatif.predictors.serving.arrivals import RequestSpec
+from whatif.predictors.serving.iteration_model import fit_llm_model
+from whatif.predictors.serving.logs import LLMBatch
+from whatif.predictors.serving.metrics import stats
+from whatif.predictors.serving.scheduler import PolicyName
+from whatif.predictors.serving.simulator import SchedulerConfig, simulate_llm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common.docs import replace_section  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+DATA = ROOT / "bench" / "data" / "vidur"
+BEGIN, END = "<!-- bench/serving_vidur.py begin -->", "<!-- bench/serving_vidur.py end -->"
+DOCS = (ROOT / "docs" / "serving.md", ROOT / "docs" / "accuracy.md")
+METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
+LIMITS = {"mean": 0.15, "p99": 0.25}  # issue 18's "done when" tolerances
+SCENARIOS = (("fit 2 -> 2", "qps2", "qps2"), ("fit 2 -> 3", "qps2", "qps3"), ("fit 2 -> 6", "qps2", "qps6"),
+             ("oracle 6", "qps6", "qps6"))
+
+IterationTime = Callable[[LLMBatch], float]
+
+
+@dataclass(frozen=True)
+class VidurRun:
+    """One saved Vidur run: per request, per batch (start, end) and per (batch, request) rows."""
+
+    tag: str
+    rate: float
+    requests: pd.DataFrame
+    batches: pd.DataFrame
+    members: pd.DataFrame
+    scheduler: dict
+    num_blocks: int
+
+
+def load_run(tag: str, data: Path = DATA) -> VidurRun:
+    """The run ``tag`` (``qps2``…) of ``data``; its scheduler settings from ``runs.json``."""
+    meta = json.loads((data / "runs.json").read_text())[tag]
+    return VidurRun(tag, float(meta["qps"]), pd.read_csv(data / f"requests_{tag}.csv"),
+                    pd.read_csv(data / f"batches_{tag}.csv.gz"), pd.read_csv(data / f"batch_requests_{tag}.csv.gz"),
+                    meta["replica_scheduler"], int(meta["num_blocks"]))
+
+
+def compositions(run: VidurRun) -> list[tuple[str, LLMBatch]]:
+    """``(phase, LLMBatch)`` of each batch in batch order. A prefill member's ``context_before`` is
+    its cached tokens; a decode member attends to ``context_before`` tokens (Vidur counts the token
+    the prefill produced as processed, as whatif's decode context does)."""
+    m = run.members.sort_values(["batch_id", "request_id"], kind="stable")
+    ids, ctx, tok, pre = (m[c].to_numpy() for c in ("batch_id", "context_before", "tokens", "is_prefill"))
+    cuts = np.flatnonzero(np.diff(ids)) + 1
+    out = []
+    for c, t, p in zip(np.split(ctx, cuts), np.split(tok, cuts), np.split(pre.astype(bool), cuts)):
+        batch = LLMBatch(prefill_tokens=tuple(t[p].tolist()), prefill_cached=tuple(c[p].tolist()),
+                         decode_context=tuple(c[~p].tolist()))
+        out.append((batch.phase, batch))
+    return out
+
+
+def iterations(run: VidurRun, comps: list[tuple[str, LLMBatch]]) -> pd.DataFrame:
+    """The batches as :func:`replayed_iterations` rows: cycle = Vidur's execution time, no gap."""
+    b = run.batches.sort_values("batch_id")
+    return pd.DataFrame({"rank": 0, "step": b.batch_id.to_numpy(), "phase": [p for p, _ in comps],
+                         "cycle_ns": ((b.end_s - b.start_s) * 1e9).to_numpy(), "pre_gap_ns": 0.0, "attn_ns": 0.0,
+                         "excluded_reason": None, "included": True})
+
+
+def current_model(run: VidurRun) -> IterationTime:
+    """whatif's iteration model fitted on ``run``'s batches (the one function to switch models)."""
+    comps = compositions(run)
+    return fit_llm_model(iterations(run, comps), comps).time_ns
+
+
+def scheduler_config(run: VidurRun) -> SchedulerConfig:
+    """Vidur's vLLM replica scheduler in whatif's terms (what cannot be expressed: docs/serving.md)."""
+    s = run.scheduler
+    return SchedulerConfig(policy=PolicyName.VLLM, max_seqs=int(s["batch_size_cap"]),
+                           max_batched_tokens=int(s["max_tokens_in_batch"]),
+                           kv_capacity_tokens=run.num_blocks * int(s["block_size"]),
+                           kv_block_tokens=int(s["block_size"]))
+
+
+def request_specs(run: VidurRun) -> list[RequestSpec]:
+    r = run.requests
+    return [RequestSpec(int(i), float(a), int(p), int(o))
+            for i, a, p, o in zip(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens)]
+
+
+def vidur_latencies(run: VidurRun) -> dict[str, dict[str, float | None]]:
+    r = run.requests
+    ttft, e2e = r.ttft_s * 1e3, r.e2e_s * 1e3
+    tpot = (e2e - ttft) / (r.output_tokens - 1)
+    return {"ttft_ms": stats(ttft.tolist()), "tpot_ms": stats(tpot.tolist()), "e2e_ms": stats(e2e.tolist())}
+
+
+def batch_error(model: IterationTime, run: VidurRun) -> dict[str, float]:
+    """Per phase: mean relative error of ``model`` on ``run``'s own batches."""
+    comps = compositions(run)
+    dur_ns = ((run.batches.sort_values("batch_id").end_s - run.batches.sort_values("batch_id").start_s) * 1e9)
+    err: dict[str, list[float]] = {}
+    for (phase, batch), y in zip(comps, dur_ns):
+        err.setdefault(phase, []).append(model(batch) / y - 1)
+    return {p: float(np.mean(v)) for p, v in sorted(err.items())}
+
+
+def decode_sizes(run: VidurRun) -> tuple[float, int]:
+    """Mean and largest decode batch (sequences) of a run."""
+    dec = run.members[run.members.is_prefill == 0].groupby("batch_id").size()
+    return float(dec.mean()), int(dec.max())
+
+
+def scenario(name: str, fit: VidurRun, target: VidurRun,
+             fit_model: Callable[[VidurRun], IterationTime] = current_model) -> dict:
+    model = fit_model(fit)
+    sim = simulate_llm(request_specs(target), model, scheduler_config(target))
+    pred = {k: sim.summary[k] for k in METRICS}
+    meas = vidur_latencies(target)
+    err = {f"{k}.{q}": pred[k][q] / meas[k][q] - 1 for k in METRICS for q in LIMITS}  # type: ignore[operator]
+    vidur_iters = {"prefill": int((target.members.groupby("batch_id").is_prefill.max() == 1).sum()),
+                   "decode": int((target.members.groupby("batch_id").is_prefill.max() == 0).sum())}
+    return {"scenario": name, "fit": fit.tag, "target": target.tag, "predicted": pred, "vidur": meas, "error": err,
+            "within": {k: abs(v) <= LIMITS[k.split(".")[1]] for k, v in err.items()},
+            "iterations": {"whatif": sim.iterations, "vidur": vidur_iters},
+            "batch_error_on_target": batch_error(model, target), "preemptions": sim.summary["preemptions"]}
+
+
+def table(rows: list[dict], runs: dict[str, VidurRun]) -> str:
+    head = "| scenario | " + " | ".join(f"{k.removesuffix('_ms').upper()} {q}" for k in METRICS for q in LIMITS) + \
+           " | iterations whatif / Vidur | batch error on target (prefill, decode) |"
+    lines = [head, "|" + "---|" * (2 + len(METRICS) * len(LIMITS) + 1)]
+    for r in rows:
+        cells = []
+        for k in METRICS:
+            for q in LIMITS:
+                e = r["error"][f"{k}.{q}"]
+                cells.append(f"{r['predicted'][k][q]:.1f} vs {r['vidur'][k][q]:.1f} ({e:+.1%}{'' if r['within'][f'{k}.{q}'] else ' MISS'})")
+        it = r["iterations"]
+        be = r["batch_error_on_target"]
+        lines.append(f"| {r['scenario']} | " + " | ".join(cells) +
+                     f" | {it['whatif']['prefill']}+{it['whatif']['decode']} / {it['vidur']['prefill']}+{it['vidur']['decode']}"
+                     f" | {be.get('prefill', float('nan')):+.1%}, {be.get('decode', float('nan')):+.1%} |")
+    sizes = ", ".join(f"{t}: mean {m:.1f}, max {x}" for t, (m, x) in ((t, decode_sizes(r)) for t, r in runs.items()))
+    lines.append("")
+    lines.append(f"Cells: whatif vs Vidur in ms (relative error; MISS beyond {LIMITS['mean']:.0%} on means, "
+                 f"{LIMITS['p99']:.0%} on p99). Decode batch sizes in Vidur's runs (sequences): {sizes}.")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path, help="write every figure here")
+    ap.add_argument("--no-docs", action="store_true", help="do not rewrite the tables in docs/")
+    args = ap.parse_args()
+    tags = sorted({t for _, f, g in SCENARIOS for t in (f, g)}, key=lambda t: float(t[3:]))
+    runs = {t: load_run(t) for t in tags}
+    rows = [scenario(name, runs[f], runs[g]) for name, f, g in SCENARIOS]
+    text = table(rows, runs)
+    print(text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=1, sort_keys=True))
+    if not args.no_docs:
+        for doc in DOCS:
+            replace_section(doc, BEGIN, END, text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
