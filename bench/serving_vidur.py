@@ -38,7 +38,7 @@ from whatif.predictors.serving.scheduler import PolicyName
 from whatif.predictors.serving.simulator import SchedulerConfig, simulate_llm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common.docs import replace_section  # noqa: E402
+from common.docs import replace_section
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,20 +156,22 @@ def scenario(name: str, fit: VidurRun, target: VidurRun,
             "batch_error_on_target": batch_error(model, target), "preemptions": sim.summary["preemptions"]}
 
 
+def cell(r: dict, key: str, q: str) -> str:
+    """``whatif vs Vidur (error)`` of one metric, MISS when beyond the tolerance."""
+    e = r["error"][f"{key}.{q}"]
+    miss = "" if r["within"][f"{key}.{q}"] else " MISS"
+    return f"{r['predicted'][key][q]:.1f} vs {r['vidur'][key][q]:.1f} ({e:+.1%}{miss})"
+
+
 def table(rows: list[dict], runs: dict[str, VidurRun]) -> str:
     head = "| scenario | " + " | ".join(f"{k.removesuffix('_ms').upper()} {q}" for k in METRICS for q in LIMITS) + \
-           " | iterations whatif / Vidur | batch error on target (prefill, decode) |"
-    lines = [head, "|" + "---|" * (2 + len(METRICS) * len(LIMITS) + 1)]
+           " | iterations whatif / Vidur (prefill+decode) | iteration-time error on target (prefill, decode) |"
+    lines = [head, "|" + "---|" * (3 + len(METRICS) * len(LIMITS))]
     for r in rows:
-        cells = []
-        for k in METRICS:
-            for q in LIMITS:
-                e = r["error"][f"{k}.{q}"]
-                cells.append(f"{r['predicted'][k][q]:.1f} vs {r['vidur'][k][q]:.1f} ({e:+.1%}{'' if r['within'][f'{k}.{q}'] else ' MISS'})")
-        it = r["iterations"]
+        w, v = r["iterations"]["whatif"], r["iterations"]["vidur"]
         be = r["batch_error_on_target"]
-        lines.append(f"| {r['scenario']} | " + " | ".join(cells) +
-                     f" | {it['whatif']['prefill']}+{it['whatif']['decode']} / {it['vidur']['prefill']}+{it['vidur']['decode']}"
+        lines.append(f"| {r['scenario']} | " + " | ".join(cell(r, k, q) for k in METRICS for q in LIMITS) +
+                     f" | {w['prefill']}+{w['decode']} / {v['prefill']}+{v['decode']}"
                      f" | {be.get('prefill', float('nan')):+.1%}, {be.get('decode', float('nan')):+.1%} |")
     sizes = ", ".join(f"{t}: mean {m:.1f}, max {x}" for t, (m, x) in ((t, decode_sizes(r)) for t, r in runs.items()))
     lines.append("")

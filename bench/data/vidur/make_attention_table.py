@@ -55,7 +55,7 @@ def main(out: Path) -> None:
     b, kv = (a.ravel() for a in np.meshgrid(np.arange(1, 129), contexts(), indexing="ij"))
     d = pd.DataFrame({"batch_size": b, "prefill_chunk_size": 0, "kv_cache_size": kv, "is_prefill": False,
                       "time_stats.attn_decode.median": features(b, 0 * b, kv, DECODE) @ dec})
-    pairs = [(c, k) for c in chunks() for k in [0] + contexts() if c + k <= 4096]
+    pairs = [(c, k) for c in chunks() for k in [0, *contexts()] if c + k <= 4096]
     c, k = (np.array(v) for v in zip(*pairs))
     p = pd.DataFrame({"batch_size": 1, "prefill_chunk_size": c, "kv_cache_size": k, "is_prefill": True,
                       "time_stats.attn_prefill.median": features(0 * c + 1, c, k, PREFILL) @ pre})
