@@ -47,8 +47,13 @@ BEGIN, END = "<!-- bench/serving_vidur.py begin -->", "<!-- bench/serving_vidur.
 DOCS = (ROOT / "docs" / "serving.md", ROOT / "docs" / "accuracy.md")
 METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 LIMITS = {"mean": 0.15, "p99": 0.25}  # issue 18's "done when" tolerances
-SCENARIOS = (("fit 2 -> 2", "qps2", "qps2"), ("fit 2 -> 3", "qps2", "qps3"), ("fit 2 -> 6", "qps2", "qps6"),
-             ("oracle 6", "qps6", "qps6"))
+# (name, fitted run, target run, whatif applies Vidur's KV admission watermark)
+SCENARIOS = (("256-1536: fit 2 -> 2", "u1536_qps2", "u1536_qps2", True),
+             ("256-1536: fit 2 -> 6", "u1536_qps2", "u1536_qps6", True),
+             ("256-1536: oracle 6", "u1536_qps6", "u1536_qps6", True),
+             ("256-2048: fit 2 -> 6", "u2048_qps2", "u2048_qps6", True),
+             ("256-2048: oracle 6", "u2048_qps6", "u2048_qps6", True),
+             ("256-2048: oracle 6, no watermark", "u2048_qps6", "u2048_qps6", False))
 
 IterationTime = Callable[[LLMBatch], float]
 
@@ -103,13 +108,15 @@ def current_model(run: VidurRun) -> IterationTime:
     return fit_llm_model(iterations(run, comps), comps).time_ns
 
 
-def scheduler_config(run: VidurRun) -> SchedulerConfig:
-    """Vidur's vLLM replica scheduler in whatif's terms (what cannot be expressed: docs/serving.md)."""
+def scheduler_config(run: VidurRun, watermark: bool = True) -> SchedulerConfig:
+    """Vidur's vLLM replica scheduler in whatif's terms (what cannot be expressed: docs/serving.md);
+    ``watermark=False`` leaves out its KV admission watermark (a diagnostic)."""
     s = run.scheduler
     return SchedulerConfig(policy=PolicyName.VLLM, max_seqs=int(s["batch_size_cap"]),
                            max_batched_tokens=int(s["max_tokens_in_batch"]),
                            kv_capacity_tokens=run.num_blocks * int(s["block_size"]),
-                           kv_block_tokens=int(s["block_size"]))
+                           kv_block_tokens=int(s["block_size"]),
+                           kv_watermark=float(s["watermark_blocks_fraction"]) if watermark else 0.0)
 
 
 def request_specs(run: VidurRun) -> list[RequestSpec]:
@@ -141,10 +148,10 @@ def decode_sizes(run: VidurRun) -> tuple[float, int]:
     return float(dec.mean()), int(dec.max())
 
 
-def scenario(name: str, fit: VidurRun, target: VidurRun,
+def scenario(name: str, fit: VidurRun, target: VidurRun, watermark: bool = True,
              fit_model: Callable[[VidurRun], IterationTime] = current_model) -> dict:
     model = fit_model(fit)
-    sim = simulate_llm(request_specs(target), model, scheduler_config(target))
+    sim = simulate_llm(request_specs(target), model, scheduler_config(target, watermark))
     pred = {k: sim.summary[k] for k in METRICS}
     meas = vidur_latencies(target)
     err = {f"{k}.{q}": pred[k][q] / meas[k][q] - 1 for k in METRICS for q in LIMITS}  # type: ignore[operator]
@@ -153,7 +160,8 @@ def scenario(name: str, fit: VidurRun, target: VidurRun,
     return {"scenario": name, "fit": fit.tag, "target": target.tag, "predicted": pred, "vidur": meas, "error": err,
             "within": {k: abs(v) <= LIMITS[k.split(".")[1]] for k, v in err.items()},
             "iterations": {"whatif": sim.iterations, "vidur": vidur_iters},
-            "batch_error_on_target": batch_error(model, target), "preemptions": sim.summary["preemptions"]}
+            "batch_error_on_target": batch_error(model, target), "preemptions": sim.summary["preemptions"],
+            "vidur_restarts": int(target.requests.restarts.sum())}
 
 
 def cell(r: dict, key: str, q: str) -> str:
@@ -165,13 +173,15 @@ def cell(r: dict, key: str, q: str) -> str:
 
 def table(rows: list[dict], runs: dict[str, VidurRun]) -> str:
     head = "| scenario | " + " | ".join(f"{k.removesuffix('_ms').upper()} {q}" for k in METRICS for q in LIMITS) + \
-           " | iterations whatif / Vidur (prefill+decode) | iteration-time error on target (prefill, decode) |"
-    lines = [head, "|" + "---|" * (3 + len(METRICS) * len(LIMITS))]
+           " | iterations whatif / Vidur (prefill+decode) | preemptions whatif / Vidur" \
+           " | iteration-time error on target (prefill, decode) |"
+    lines = [head, "|" + "---|" * (4 + len(METRICS) * len(LIMITS))]
     for r in rows:
         w, v = r["iterations"]["whatif"], r["iterations"]["vidur"]
         be = r["batch_error_on_target"]
         lines.append(f"| {r['scenario']} | " + " | ".join(cell(r, k, q) for k in METRICS for q in LIMITS) +
                      f" | {w['prefill']}+{w['decode']} / {v['prefill']}+{v['decode']}"
+                     f" | {r['preemptions']} / {r['vidur_restarts']}"
                      f" | {be.get('prefill', float('nan')):+.1%}, {be.get('decode', float('nan')):+.1%} |")
     sizes = ", ".join(f"{t}: mean {m:.1f}, max {x}" for t, (m, x) in ((t, decode_sizes(r)) for t, r in runs.items()))
     lines.append("")
@@ -185,9 +195,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write every figure here")
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite the tables in docs/")
     args = ap.parse_args()
-    tags = sorted({t for _, f, g in SCENARIOS for t in (f, g)}, key=lambda t: float(t[3:]))
-    runs = {t: load_run(t) for t in tags}
-    rows = [scenario(name, runs[f], runs[g]) for name, f, g in SCENARIOS]
+    runs = {t: load_run(t) for t in sorted({t for _, f, g, _ in SCENARIOS for t in (f, g)})}
+    rows = [scenario(name, runs[f], runs[g], watermark) for name, f, g, watermark in SCENARIOS]
     text = table(rows, runs)
     print(text)
     if args.json:

@@ -86,7 +86,7 @@ class ChunkedPrefill(SchedulingPolicy):
         while rep.waiting and len(rep.running) < rep.max_seqs and budget > 0:
             s = rep.waiting[0]
             c = min(s.target - s.prefilled, budget)
-            if not rep.kv.can_grow(s.id, c):
+            if not rep.kv.can_admit(s.id, c):
                 break
             rep.admit(rep.waiting.popleft(), c)
             pre.append((s, c))
@@ -104,7 +104,7 @@ class Disaggregated(SchedulingPolicy):
 
     def next_work(self, rep: ReplicaState) -> Work | None:
         if rep.role is Role.DECODE:
-            while rep.waiting and len(rep.running) < rep.max_seqs and rep.kv.can_grow(rep.waiting[0].id,
+            while rep.waiting and len(rep.running) < rep.max_seqs and rep.kv.can_admit(rep.waiting[0].id,
                                                                                      rep.waiting[0].prefilled):
                 s = rep.waiting.popleft()
                 rep.admit(s, s.prefilled)

@@ -110,7 +110,7 @@ class ReplicaState:
         while self.waiting and len(self.running) < self.max_seqs:
             s = self.waiting[0]
             n = s.target - s.prefilled
-            if n > budget or not self.kv.can_grow(s.id, n):
+            if n > budget or not self.kv.can_admit(s.id, n):
                 break
             budget -= n
             self.admit(self.waiting.popleft(), n)

@@ -51,6 +51,8 @@ class SchedulerConfig:
                 "unlimited when the recording has no transformer blocks or no cataloged GPU)"})
     kv_block_tokens: int = field(default=16, metadata={
         "minimum": 1, "maximum": MAX_TOKENS, "help": "tokens per KV-cache block"})
+    kv_watermark: float = field(default=0.0, metadata={"minimum": 0, "maximum": 1,
+        "help": "fraction of KV blocks a new admission must leave free (vLLM V0's and Vidur's default: 0.01)"})
     replicas: int = field(default=1, metadata={
         "minimum": 1, "maximum": MAX_GPUS, "help": "replicas (disagg: decode replicas)"})
     prefill_replicas: int = field(default=1, metadata={
@@ -93,7 +95,7 @@ def simulate_llm(requests: list[RequestSpec], time_ns: Callable[[LLMBatch], floa
 
     def replica(i: int, role: Role) -> ReplicaState:
         return ReplicaState(i, role, policy, cfg.max_seqs, cfg.max_batched_tokens, chunk,
-                            KVCache(cfg.kv_capacity_tokens, cfg.kv_block_tokens))
+                            KVCache(cfg.kv_capacity_tokens, cfg.kv_block_tokens, cfg.kv_watermark))
 
     if policy.disaggregated:
         front = [replica(i, Role.PREFILL) for i in range(cfg.prefill_replicas)]

@@ -62,7 +62,7 @@ def collect(run: Path, out: Path) -> tuple[str, dict]:
         "vidur_tpot_s": rm.decode_time_execution_plus_preemption_normalized.to_numpy(),
         "restarts": rm.request_num_restarts.to_numpy()})
     gen = cfg["request_generator_config"]
-    tag = f"qps{gen['interval_generator_config']['qps']:g}"
+    tag = f"u{gen['length_generator_config']['max_tokens']}_qps{gen['interval_generator_config']['qps']:g}"
     req.to_csv(out / f"requests_{tag}.csv", index=False, float_format="%.9f")
     write_gz(bt.drop_duplicates("batch_id")[["batch_id", "start_s", "end_s"]], out / f"batches_{tag}.csv.gz")
     write_gz(bt[["batch_id", "request_id", "context_before", "tokens", "is_prefill"]],
