@@ -96,7 +96,7 @@ def test_drivers_of_a_mixed_batch() -> None:
 def test_every_kernel_of_an_iteration_gets_its_law(decode8) -> None:
     model, _ = decode8
     anchor = model.phases["decode"].anchors[0]
-    counts = np.bincount(anchor.law, minlength=len(KernelLaw))
+    counts = np.bincount(anchor.kernels.law, minlength=len(KernelLaw))
     # per layer: 4 GEMMs, 1 attention, 5 norms/elementwise (2 layers)
     assert counts.tolist() == [8, 2, 10]
 

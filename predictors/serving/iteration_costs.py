@@ -194,10 +194,60 @@ class DeviceLaw:
         return heads
 
 
+@dataclass(frozen=True)
+class Kernels:
+    """Measured kernels of one iteration, each with its law, its fixed part (at most the device's
+    fixed latency), the part above it and its inferred size (GEMM: the weights P; attention: the
+    KV heads × layers it covers; per-token: ns per token more or fewer), recorded at ``drivers``."""
+
+    law: np.ndarray
+    fixed_ns: np.ndarray
+    var_ns: np.ndarray
+    size: np.ndarray
+    drivers: Drivers
+
+    @classmethod
+    def measured(cls, laws: np.ndarray, dur_ns: np.ndarray, drivers: Drivers, dev: DeviceLaw) -> Kernels:
+        """Kernels of measured durations ``dur_ns`` and laws ``laws`` at ``drivers``.
+
+        >>> from whatif.hardware.devices import get_device
+        >>> dev = DeviceLaw.of(get_device("H100_SXM"), DType.BF16, 4.0, 128, 4096)
+        >>> k = Kernels.measured(np.array([KernelLaw.GEMM]), np.array([100_000.0]), Drivers.of(
+        ...     LLMBatch(decode_context=(512,) * 8)), dev)
+        >>> [round(t / 1e3) for t in (k.at(Drivers.of(LLMBatch(decode_context=(512,) * n)), dev)[0]
+        ...                             for n in (1, 64, 2048))]   # us: weight-bound up to the knee, then FLOPs
+        [100, 100, 905]
+        """
+        law = laws.astype(np.int8)
+        fixed = np.minimum(dur_ns, dev.fixed_ns)
+        var = dur_ns - fixed
+        tokens = max(drivers.tokens, 1.0)
+        per_token = dev.token_bytes / dev.bw_bytes_per_ns if dev.token_bytes > 0 else var / tokens
+        size = np.where(law == KernelLaw.PER_TOKEN, per_token, 0.0)
+        gemm, attn = law == KernelLaw.GEMM, law == KernelLaw.ATTENTION
+        size[gemm] = dev.implied_params(var[gemm], tokens)
+        size[attn] = dev.implied_heads(var[attn], drivers)
+        return cls(law=law, fixed_ns=fixed, var_ns=var, size=size, drivers=drivers)
+
+    @property
+    def sum_ns(self) -> float:
+        return float(self.fixed_ns.sum() + self.var_ns.sum())
+
+    def at(self, d: Drivers, dev: DeviceLaw) -> np.ndarray:
+        """Each kernel's time at drivers ``d``: its fixed part plus its law's achievable time."""
+        var = np.empty(len(self.law))
+        gemm, attn = self.law == KernelLaw.GEMM, self.law == KernelLaw.ATTENTION
+        tok = self.law == KernelLaw.PER_TOKEN
+        var[gemm] = dev.gemm_ns(self.size[gemm], d.tokens)
+        var[attn] = dev.attention_ns(self.size[attn], d)
+        var[tok] = np.maximum(self.var_ns[tok] + (d.tokens - self.drivers.tokens) * self.size[tok], 0.0)
+        return self.fixed_ns + var
+
+
 @dataclass
 class Anchor:
-    """One recorded iteration: its composition, replayed span, CPU-only span, the overlap between
-    them, and its GPU kernels (law, fixed part, variable part)."""
+    """One recorded iteration: its composition, replayed cycle, CPU-only time, GPU busy time, the
+    overlap left between them, and its GPU kernels."""
 
     phase: str
     batch: LLMBatch
@@ -206,28 +256,15 @@ class Anchor:
     cpu_ns: float
     gpu_busy_ns: float
     overlap_ns: float
-    law: np.ndarray
-    fixed_ns: np.ndarray
-    var_ns: np.ndarray
-    size: np.ndarray           # GEMM: implied weights; ATTENTION: implied KV heads; PER_TOKEN: ns per token
-
-    @property
-    def gpu_sum_ns(self) -> float:
-        return float(self.fixed_ns.sum() + self.var_ns.sum())
+    kernels: Kernels
 
     def gpu_ns(self, d: Drivers, dev: DeviceLaw) -> float:
-        """The anchor's GPU busy time at drivers ``d``: each kernel's fixed part plus its law's
-        achievable time at ``d``, the sum scaled by the anchor's busy / sum (stream overlap)."""
-        total = self.gpu_sum_ns
-        if not len(self.law) or total <= 0:
+        """The anchor's GPU busy time at drivers ``d``: its kernels' new total, scaled by the
+        anchor's busy / sum (the overlap of its streams)."""
+        total = self.kernels.sum_ns
+        if not len(self.kernels.law) or total <= 0:
             return self.gpu_busy_ns
-        var = np.empty(len(self.law))
-        gemm, attn = self.law == KernelLaw.GEMM, self.law == KernelLaw.ATTENTION
-        tok = self.law == KernelLaw.PER_TOKEN
-        var[gemm] = dev.gemm_ns(self.size[gemm], d.tokens)
-        var[attn] = dev.attention_ns(self.size[attn], d)
-        var[tok] = np.maximum(self.var_ns[tok] + (d.tokens - self.drivers.tokens) * self.size[tok], 0.0)
-        return self.gpu_busy_ns * float((self.fixed_ns + var).sum()) / total
+        return self.gpu_busy_ns * float(self.kernels.at(d, dev).sum()) / total
 
     def time_ns(self, d: Drivers, dev: DeviceLaw, cpu_per_seq_ns: float) -> float:
         cpu = max(self.cpu_ns + cpu_per_seq_ns * (d.seqs - self.drivers.seqs), 0.0)
@@ -260,7 +297,8 @@ class PhaseCosts:
         """Mean GPU time per anchor by kernel law (ns, measured durations)."""
         out = {}
         for law in KernelLaw:
-            out[law] = float(np.mean([(a.fixed_ns + a.var_ns)[a.law == law].sum() for a in self.anchors]))
+            out[law] = float(np.mean([(a.kernels.fixed_ns + a.kernels.var_ns)[a.kernels.law == law].sum()
+                                      for a in self.anchors]))
         return out
 
 
@@ -432,22 +470,14 @@ def anchors_from_replay(replay: Replay, cpu_replay: Replay, found: FoundIteratio
             if key not in classes:
                 classes[key] = kernel_law(classify_kernel(*key))
             laws[j] = classes[key]
-        d = dur[rows]
-        fixed = np.minimum(d, law.fixed_ns)
         drivers = Drivers.of(it.llm)
-        var = d - fixed
-        per_token = law.token_bytes / law.bw_bytes_per_ns if law.token_bytes > 0 else var / max(drivers.tokens, 1.0)
-        size = np.where(laws == KernelLaw.PER_TOKEN, per_token, 0.0)
-        g, at = laws == KernelLaw.GEMM, laws == KernelLaw.ATTENTION
-        size[g] = law.implied_params(var[g], max(drivers.tokens, 1.0))
-        size[at] = law.implied_heads(var[at], drivers)
+        kernels = Kernels.measured(laws, dur[rows], drivers, law)
         span = _busy_ns(replay.start_ns[rows], replay.end_ns[rows])
         cycle = float(last[i] - first[i])
         cpu = float(c_last[i] - c_first[i]) if np.isfinite(c_first[i]) else 0.0
         anchors.append(Anchor(phase=it.phase.value if it.phase is not IterationPhase.MIXED else "mixed",
                               batch=it.llm, drivers=drivers, cycle_ns=cycle, cpu_ns=cpu,
-                              gpu_busy_ns=span, overlap_ns=max(cycle - max(cpu, span), 0.0), law=laws,
-                              fixed_ns=fixed, var_ns=var, size=size))
+                              gpu_busy_ns=span, overlap_ns=max(cycle - max(cpu, span), 0.0), kernels=kernels))
     order = np.argsort(first[np.isfinite(first)])
     fs, ls = first[np.isfinite(first)][order], last[np.isfinite(first)][order]
     gaps = fs[1:] - ls[:-1]
