@@ -46,7 +46,8 @@ MODELS = {  # a few layers of each: the laws are per kernel
     "Llama-3-8B-like (4096, GQA 32/8, FFN 14336)": {"hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336},
     "Llama-2-70B-like (8192, GQA 64/8, FFN 28672)": {"hidden": 8192, "heads": 64, "kv_heads": 8, "ffn": 28672},
 }
-DEVICES = {"H100_SXM": "NVIDIA H100 80GB HBM3", "MI300X": "AMD Instinct MI300X", "A100_SXM_80GB": "NVIDIA A100-SXM4-80GB"}
+DEVICES = {"H100_SXM": "NVIDIA H100 80GB HBM3", "MI300X": "AMD Instinct MI300X",
+           "A100_SXM_80GB": "NVIDIA A100-SXM4-80GB"}
 CASES = [  # (recorded, target)
     (("decode", 8, 2048), ("decode", 64, 2048)),
     (("decode", 8, 2048), ("decode", 256, 2048)),

@@ -23,12 +23,12 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common.docs import replace_section  # noqa: E402
-from common.vidur import GEMM_OPS, compute_models, require_perfdata  # noqa: E402
+from common.docs import replace_section
+from common.vidur import GEMM_OPS, compute_models, require_perfdata
 
-from whatif.core.dtypes import DType  # noqa: E402
-from whatif.hardware.devices import get_device  # noqa: E402
-from whatif.predictors.serving.iteration_costs import DeviceLaw, Drivers, KernelLaw, Kernels  # noqa: E402
+from whatif.core.dtypes import DType
+from whatif.hardware.devices import get_device
+from whatif.predictors.serving.iteration_costs import DeviceLaw, Drivers, KernelLaw, Kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- bench/serving_op_laws.py begin -->", "<!-- bench/serving_op_laws.py end -->"
