@@ -172,3 +172,17 @@ def test_iteration_of_tasks_holds_every_kernel(tmp_path: Path) -> None:
     kernels = a.graph.tasks["kind"].to_numpy() == 4
     assert (member[kernels] >= 0).all()
     assert sorted(np.unique(member[kernels]).tolist()) == list(range(len(a.graph.steps)))
+
+
+def test_a_gpu_scenario_prices_the_batches_on_the_destination(tmp_path: Path) -> None:
+    """After ``gpu(device=MI300X)`` the laws read the MI300X's roofline (its knee, its bandwidth),
+    and a prefill far beyond the recorded decode batch costs what the destination's GEMM rate says."""
+    from whatif.transforms.optimizations.gpu import Gpu
+
+    batch = _decode(8, 2048)
+    a = analyze(_trace(tmp_path, batch))
+    ctx = make_context(a.trace)
+    moved = Gpu(device="A100_SXM_80GB").apply(a.graph, ctx)
+    base, slow = _fit(a.graph, batch, a.trace), _fit(moved, batch, a.trace)
+    assert slow.device_law.knee_tokens != base.device_law.knee_tokens
+    assert slow.raw_time_ns(_prefill(4096)) > 1.5 * base.raw_time_ns(_prefill(4096))   # A100 < H100 in bf16

@@ -58,8 +58,9 @@ import numpy as np
 from whatif.core.dtypes import DType, dtype_in_kernel_name, element_bytes
 from whatif.core.kernels import KernelClass, classify_kernel
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph
-from whatif.hardware.devices import Device
+from whatif.hardware.devices import Device, find_device
 from whatif.hardware.roofline import fixed_latency_ns
+from whatif.predictors.costs import DEVICE_COLUMN
 from whatif.predictors.replay import Replay
 from whatif.transforms.parallel.memory import DEFAULT_HEAD_DIM, ModelShape
 
@@ -485,10 +486,24 @@ def anchors_from_replay(replay: Replay, cpu_replay: Replay, found: FoundIteratio
     return anchors, loop
 
 
+def current_device(graph: TaskGraph, recorded: Device | None) -> Device | None:
+    """The GPU the graph's kernels run on now: the destination a ``gpu`` transform wrote on most of
+    them (the ``cost_device`` column), else ``recorded``."""
+    if DEVICE_COLUMN not in graph.tasks:
+        return recorded
+    t = graph.tasks
+    gpu = np.isin(t["kind"].to_numpy(), [int(k) for k in GPU_WORK_KINDS])
+    moved = t.loc[gpu, DEVICE_COLUMN].dropna().astype(str)
+    if not len(moved) or len(moved) * 2 < int(gpu.sum()):
+        return recorded
+    return find_device(moved.value_counts().sort_index().idxmax()) or recorded
+
+
 def fit_cost_model(replay: Replay, cpu_replay: Replay, found: FoundIterations, device: Device | None,
                    shape: ModelShape | None = None, notes: tuple[str, ...] = ()) -> CostIterationModel:
     """The cost-grounded iteration model of ``found`` priced on ``replay`` (``cpu_replay``: the same
-    graph with every GPU task at zero time), on ``device``'s achievable roofline, with ``shape``
+    graph with every GPU task at zero time), on the achievable roofline of ``device`` (or of the GPU
+    a ``gpu`` transform moved the kernels to: :func:`current_device`), with ``shape``
     (the memory model's :class:`~whatif.transforms.parallel.memory.ModelShape`: GQA ratio, head
     size, hidden size) when the trace has transformer blocks.
 
@@ -499,6 +514,7 @@ def fit_cost_model(replay: Replay, cpu_replay: Replay, found: FoundIterations, d
     """
     if found.kind != "llm":
         raise ServingLogError(f"{found.adapter}: denoising steps, not LLM iterations")
+    device = current_device(replay.graph, device)
     if shape is None:
         law = DeviceLaw.of(device, iteration_dtype(replay.graph), 1.0, DEFAULT_HEAD_DIM)
         notes = (*notes, "no transformer block found: attention priced as MHA, per-token kernels by their own time")
