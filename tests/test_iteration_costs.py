@@ -175,7 +175,7 @@ def test_iteration_of_tasks_holds_every_kernel(tmp_path: Path) -> None:
 
 
 def test_a_gpu_scenario_prices_the_batches_on_the_destination(tmp_path: Path) -> None:
-    """After ``gpu(device=MI300X)`` the laws read the MI300X's roofline (its knee, its bandwidth),
+    """After ``gpu(device=A100_SXM_80GB)`` the laws read the A100's roofline (its knee, its bandwidth),
     and a prefill far beyond the recorded decode batch costs what the destination's GEMM rate says."""
     from whatif.transforms.optimizations.gpu import Gpu
 

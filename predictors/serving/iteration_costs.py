@@ -496,7 +496,7 @@ def current_device(graph: TaskGraph, recorded: Device | None) -> Device | None:
     moved = t.loc[gpu, DEVICE_COLUMN].dropna().astype(str)
     if not len(moved) or len(moved) * 2 < int(gpu.sum()):
         return recorded
-    return find_device(moved.value_counts().sort_index().idxmax()) or recorded
+    return find_device(str(moved.value_counts().sort_index().idxmax())) or recorded
 
 
 def fit_cost_model(replay: Replay, cpu_replay: Replay, found: FoundIterations, device: Device | None,
