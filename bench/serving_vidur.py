@@ -36,6 +36,7 @@ from whatif.predictors.serving.logs import LLMBatch
 from whatif.predictors.serving.metrics import stats
 from whatif.predictors.serving.scheduler import PolicyName
 from whatif.predictors.serving.simulator import SchedulerConfig, simulate_llm
+from whatif.serving import LlmModel, RangeWatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common.docs import replace_section
@@ -54,9 +55,6 @@ SCENARIOS = (("256-1536: fit 2 -> 2", "u1536_qps2", "u1536_qps2", True),
              ("256-2048: fit 2 -> 6", "u2048_qps2", "u2048_qps6", True),
              ("256-2048: oracle 6", "u2048_qps6", "u2048_qps6", True),
              ("256-2048: oracle 6, no watermark", "u2048_qps6", "u2048_qps6", False))
-
-IterationTime = Callable[[LLMBatch], float]
-
 
 @dataclass(frozen=True)
 class VidurRun:
@@ -102,10 +100,10 @@ def iterations(run: VidurRun, comps: list[tuple[str, LLMBatch]]) -> pd.DataFrame
                          "excluded_reason": None, "included": True})
 
 
-def current_model(run: VidurRun) -> IterationTime:
+def current_model(run: VidurRun) -> LlmModel:
     """whatif's iteration model fitted on ``run``'s batches (the one function to switch models)."""
     comps = compositions(run)
-    return fit_llm_model(iterations(run, comps), comps).time_ns
+    return fit_llm_model(iterations(run, comps), comps)
 
 
 def scheduler_config(run: VidurRun, watermark: bool = True) -> SchedulerConfig:
@@ -132,13 +130,13 @@ def vidur_latencies(run: VidurRun) -> dict[str, dict[str, float | None]]:
     return {"ttft_ms": stats(ttft.tolist()), "tpot_ms": stats(tpot.tolist()), "e2e_ms": stats(e2e.tolist())}
 
 
-def batch_error(model: IterationTime, run: VidurRun) -> dict[str, float]:
+def batch_error(model: LlmModel, run: VidurRun) -> dict[str, float]:
     """Per phase: mean relative error of ``model`` on ``run``'s own batches."""
     comps = compositions(run)
     dur_ns = ((run.batches.sort_values("batch_id").end_s - run.batches.sort_values("batch_id").start_s) * 1e9)
     err: dict[str, list[float]] = {}
     for (phase, batch), y in zip(comps, dur_ns):
-        err.setdefault(phase, []).append(model(batch) / y - 1)
+        err.setdefault(phase, []).append(model.time_ns(batch) / y - 1)
     return {p: float(np.mean(v)) for p, v in sorted(err.items())}
 
 
@@ -149,9 +147,10 @@ def decode_sizes(run: VidurRun) -> tuple[float, int]:
 
 
 def scenario(name: str, fit: VidurRun, target: VidurRun, watermark: bool = True,
-             fit_model: Callable[[VidurRun], IterationTime] = current_model) -> dict:
+             fit_model: Callable[[VidurRun], LlmModel] = current_model) -> dict:
     model = fit_model(fit)
-    sim = simulate_llm(request_specs(target), model, scheduler_config(target, watermark))
+    watch = RangeWatch(model)
+    sim = simulate_llm(request_specs(target), watch.time_ns, scheduler_config(target, watermark))
     pred = {k: sim.summary[k] for k in METRICS}
     meas = vidur_latencies(target)
     err = {f"{k}.{q}": pred[k][q] / meas[k][q] - 1 for k in METRICS for q in LIMITS}  # type: ignore[operator]
@@ -161,7 +160,8 @@ def scenario(name: str, fit: VidurRun, target: VidurRun, watermark: bool = True,
             "within": {k: abs(v) <= LIMITS[k.split(".")[1]] for k, v in err.items()},
             "iterations": {"whatif": sim.iterations, "vidur": vidur_iters},
             "batch_error_on_target": batch_error(model, target), "preemptions": sim.summary["preemptions"],
-            "vidur_restarts": int(target.requests.restarts.sum())}
+            "vidur_restarts": int(target.requests.restarts.sum()),
+            "beyond_fitted_range": {"iterations": watch.iterations, "drivers": dict(sorted(watch.drivers.items()))}}
 
 
 def cell(r: dict, key: str, q: str) -> str:
@@ -171,18 +171,26 @@ def cell(r: dict, key: str, q: str) -> str:
     return f"{r['predicted'][key][q]:.1f} vs {r['vidur'][key][q]:.1f} ({e:+.1%}{miss})"
 
 
+def beyond(r: dict) -> str:
+    """How many simulated iterations left the fitted range, and on which drivers."""
+    b = r["beyond_fitted_range"]
+    drivers = ", ".join(f"{k} {v:,}" for k, v in b["drivers"].items())
+    return f"{b['iterations']:,}" + (f" ({drivers})" if drivers else "")
+
+
 def table(rows: list[dict], runs: dict[str, VidurRun]) -> str:
     head = "| scenario | " + " | ".join(f"{k.removesuffix('_ms').upper()} {q}" for k in METRICS for q in LIMITS) + \
            " | iterations whatif / Vidur (prefill+decode) | preemptions whatif / Vidur" \
-           " | iteration-time error on target (prefill, decode) |"
-    lines = [head, "|" + "---|" * (4 + len(METRICS) * len(LIMITS))]
+           " | iteration-time error on target (prefill, decode) | simulated iterations beyond the fitted range |"
+    lines = [head, "|" + "---|" * (5 + len(METRICS) * len(LIMITS))]
     for r in rows:
         w, v = r["iterations"]["whatif"], r["iterations"]["vidur"]
         be = r["batch_error_on_target"]
         lines.append(f"| {r['scenario']} | " + " | ".join(cell(r, k, q) for k in METRICS for q in LIMITS) +
                      f" | {w['prefill']}+{w['decode']} / {v['prefill']}+{v['decode']}"
                      f" | {r['preemptions']} / {r['vidur_restarts']}"
-                     f" | {be.get('prefill', float('nan')):+.1%}, {be.get('decode', float('nan')):+.1%} |")
+                     f" | {be.get('prefill', float('nan')):+.1%}, {be.get('decode', float('nan')):+.1%}"
+                     f" | {beyond(r)} |")
     sizes = ", ".join(f"{t}: mean {m:.1f}, max {x}" for t, (m, x) in ((t, decode_sizes(r)) for t, r in runs.items()))
     lines.append("")
     lines.append(f"Cells: whatif vs Vidur in ms (relative error; MISS beyond {LIMITS['mean']:.0%} on means, "
