@@ -24,7 +24,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +42,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common.docs import replace_section
 
 ROOT = Path(__file__).resolve().parent.parent
-
 DATA = ROOT / "bench" / "data" / "vidur"
 BEGIN, END = "<!-- bench/serving_vidur.py begin -->", "<!-- bench/serving_vidur.py end -->"
 DOCS = (ROOT / "docs" / "serving.md", ROOT / "docs" / "accuracy.md")
@@ -55,6 +54,7 @@ SCENARIOS = (("256-1536: fit 2 -> 2", "u1536_qps2", "u1536_qps2", True),
              ("256-2048: fit 2 -> 6", "u2048_qps2", "u2048_qps6", True),
              ("256-2048: oracle 6", "u2048_qps6", "u2048_qps6", True),
              ("256-2048: oracle 6, no watermark", "u2048_qps6", "u2048_qps6", False))
+
 
 @dataclass(frozen=True)
 class VidurRun:
@@ -70,7 +70,7 @@ class VidurRun:
 
 
 def load_run(tag: str, data: Path = DATA) -> VidurRun:
-    """The run ``tag`` (``qps2``…) of ``data``; its scheduler settings from ``runs.json``."""
+    """The run ``tag`` (``u1536_qps2``…) of ``data``; its scheduler settings from ``runs.json``."""
     meta = json.loads((data / "runs.json").read_text())[tag]
     return VidurRun(tag, float(meta["qps"]), pd.read_csv(data / f"requests_{tag}.csv"),
                     pd.read_csv(data / f"batches_{tag}.csv.gz"), pd.read_csv(data / f"batch_requests_{tag}.csv.gz"),
@@ -123,7 +123,10 @@ def request_specs(run: VidurRun) -> list[RequestSpec]:
             for i, a, p, o in zip(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens)]
 
 
-def vidur_latencies(run: VidurRun) -> dict[str, dict[str, float | None]]:
+Stats = dict[str, float | None]  # whatif's metrics.stats: mean, p50, p90, p99 (ms)
+
+
+def vidur_latencies(run: VidurRun) -> dict[str, Stats]:
     r = run.requests
     ttft, e2e = r.ttft_s * 1e3, r.e2e_s * 1e3
     tpot = (e2e - ttft) / (r.output_tokens - 1)
@@ -132,10 +135,9 @@ def vidur_latencies(run: VidurRun) -> dict[str, dict[str, float | None]]:
 
 def batch_error(model: LlmModel, run: VidurRun) -> dict[str, float]:
     """Per phase: mean relative error of ``model`` on ``run``'s own batches."""
-    comps = compositions(run)
-    dur_ns = ((run.batches.sort_values("batch_id").end_s - run.batches.sort_values("batch_id").start_s) * 1e9)
+    b = run.batches.sort_values("batch_id")
     err: dict[str, list[float]] = {}
-    for (phase, batch), y in zip(comps, dur_ns):
+    for (phase, batch), y in zip(compositions(run), (b.end_s - b.start_s) * 1e9):
         err.setdefault(phase, []).append(model.time_ns(batch) / y - 1)
     return {p: float(np.mean(v)) for p, v in sorted(err.items())}
 
@@ -146,49 +148,65 @@ def decode_sizes(run: VidurRun) -> tuple[float, int]:
     return float(dec.mean()), int(dec.max())
 
 
+@dataclass
+class Comparison:
+    """One scenario: whatif's and Vidur's latency statistics and what explains the difference."""
+
+    scenario: str
+    fit: str
+    target: str
+    predicted: dict[str, Stats]
+    vidur: dict[str, Stats]
+    iterations_whatif: tuple[int, int]      # prefill, decode
+    iterations_vidur: tuple[int, int]
+    preemptions_whatif: int
+    restarts_vidur: int
+    batch_error: dict[str, float]           # phase -> mean relative error of the model on the target's batches
+    beyond_range: int                       # simulated iterations outside the fitted range
+    beyond_drivers: dict[str, int]
+
+    def error(self, metric: str, q: str) -> float:
+        return self.predicted[metric][q] / self.vidur[metric][q] - 1  # type: ignore[operator]
+
+    def within(self, metric: str, q: str) -> bool:
+        return abs(self.error(metric, q)) <= LIMITS[q]
+
+
 def scenario(name: str, fit: VidurRun, target: VidurRun, watermark: bool = True,
-             fit_model: Callable[[VidurRun], LlmModel] = current_model) -> dict:
+             fit_model: Callable[[VidurRun], LlmModel] = current_model) -> Comparison:
     model = fit_model(fit)
     watch = RangeWatch(model)
     sim = simulate_llm(request_specs(target), watch.time_ns, scheduler_config(target, watermark))
-    pred = {k: sim.summary[k] for k in METRICS}
-    meas = vidur_latencies(target)
-    err = {f"{k}.{q}": pred[k][q] / meas[k][q] - 1 for k in METRICS for q in LIMITS}  # type: ignore[operator]
-    vidur_iters = {"prefill": int((target.members.groupby("batch_id").is_prefill.max() == 1).sum()),
-                   "decode": int((target.members.groupby("batch_id").is_prefill.max() == 0).sum())}
-    return {"scenario": name, "fit": fit.tag, "target": target.tag, "predicted": pred, "vidur": meas, "error": err,
-            "within": {k: abs(v) <= LIMITS[k.split(".")[1]] for k, v in err.items()},
-            "iterations": {"whatif": sim.iterations, "vidur": vidur_iters},
-            "batch_error_on_target": batch_error(model, target), "preemptions": sim.summary["preemptions"],
-            "vidur_restarts": int(target.requests.restarts.sum()),
-            "beyond_fitted_range": {"iterations": watch.iterations, "drivers": dict(sorted(watch.drivers.items()))}}
+    kinds = target.members.groupby("batch_id").is_prefill.max()
+    return Comparison(name, fit.tag, target.tag, {k: sim.summary[k] for k in METRICS}, vidur_latencies(target),
+                      (sim.iterations["prefill"], sim.iterations["decode"]),
+                      (int((kinds == 1).sum()), int((kinds == 0).sum())), sim.summary["preemptions"],
+                      int(target.requests.restarts.sum()), batch_error(model, target), watch.iterations,
+                      dict(sorted(watch.drivers.items())))
 
 
-def cell(r: dict, key: str, q: str) -> str:
+def cell(r: Comparison, metric: str, q: str) -> str:
     """``whatif vs Vidur (error)`` of one metric, MISS when beyond the tolerance."""
-    e = r["error"][f"{key}.{q}"]
-    miss = "" if r["within"][f"{key}.{q}"] else " MISS"
-    return f"{r['predicted'][key][q]:.1f} vs {r['vidur'][key][q]:.1f} ({e:+.1%}{miss})"
+    miss = "" if r.within(metric, q) else " MISS"
+    return f"{r.predicted[metric][q]:.1f} vs {r.vidur[metric][q]:.1f} ({r.error(metric, q):+.1%}{miss})"
 
 
-def beyond(r: dict) -> str:
+def beyond(r: Comparison) -> str:
     """How many simulated iterations left the fitted range, and on which drivers."""
-    b = r["beyond_fitted_range"]
-    drivers = ", ".join(f"{k} {v:,}" for k, v in b["drivers"].items())
-    return f"{b['iterations']:,}" + (f" ({drivers})" if drivers else "")
+    drivers = ", ".join(f"{k} {v:,}" for k, v in r.beyond_drivers.items())
+    return f"{r.beyond_range:,}" + (f" ({drivers})" if drivers else "")
 
 
-def table(rows: list[dict], runs: dict[str, VidurRun]) -> str:
+def table(rows: list[Comparison], runs: dict[str, VidurRun]) -> str:
     head = "| scenario | " + " | ".join(f"{k.removesuffix('_ms').upper()} {q}" for k in METRICS for q in LIMITS) + \
            " | iterations whatif / Vidur (prefill+decode) | preemptions whatif / Vidur" \
            " | iteration-time error on target (prefill, decode) | simulated iterations beyond the fitted range |"
     lines = [head, "|" + "---|" * (5 + len(METRICS) * len(LIMITS))]
     for r in rows:
-        w, v = r["iterations"]["whatif"], r["iterations"]["vidur"]
-        be = r["batch_error_on_target"]
-        lines.append(f"| {r['scenario']} | " + " | ".join(cell(r, k, q) for k in METRICS for q in LIMITS) +
-                     f" | {w['prefill']}+{w['decode']} / {v['prefill']}+{v['decode']}"
-                     f" | {r['preemptions']} / {r['vidur_restarts']}"
+        (wp, wd), (vp, vd) = r.iterations_whatif, r.iterations_vidur
+        be = r.batch_error
+        lines.append(f"| {r.scenario} | " + " | ".join(cell(r, k, q) for k in METRICS for q in LIMITS) +
+                     f" | {wp}+{wd} / {vp}+{vd} | {r.preemptions_whatif} / {r.restarts_vidur}"
                      f" | {be.get('prefill', float('nan')):+.1%}, {be.get('decode', float('nan')):+.1%}"
                      f" | {beyond(r)} |")
     sizes = ", ".join(f"{t}: mean {m:.1f}, max {x}" for t, (m, x) in ((t, decode_sizes(r)) for t, r in runs.items()))
@@ -209,7 +227,7 @@ def main() -> int:
     print(text)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=1, sort_keys=True))
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1, sort_keys=True))
     if not args.no_docs:
         for doc in DOCS:
             replace_section(doc, BEGIN, END, text)
