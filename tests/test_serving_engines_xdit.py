@@ -24,7 +24,7 @@ from whatif.depgraph.graph import TaskKind
 from whatif.predictors.serving import fit_dit_model
 from whatif.predictors.serving.dit_steps import dit_fit_inputs, measured_spans, replayed_spans, span_ns
 from whatif.predictors.serving.engines import DitBatch, find_iterations, iteration_of_tasks
-from whatif.predictors.serving.engines.xdit import XditAdapter
+from whatif.predictors.serving.engines.xdit import XditAdapter, steps_per_request
 from whatif.predictors.serving.logs import ServingLogError
 from whatif.tracer.trace import load_trace
 
@@ -177,6 +177,7 @@ def test_eager_diffusers_steps_nested_forwards_and_a_step_without_shapes(tmp_pat
     assert [(it.start_ns, it.end_ns) for it in found.iterations] == [(100_000, 400_000), (600_000, 900_000)]
     assert any("step 1: no shapes recorded" in n for n in found.notes)
     assert any("steps per call: 2" in n for n in found.notes)
+    assert steps_per_request(load_trace(tmp_path / "trace.json")) == [2]
 
 
 def test_a_step_with_no_shapes_and_none_before_is_one_line_error(tmp_path):

@@ -205,8 +205,10 @@ def step_shapes(trace: Trace, w: DenoiserCall) -> tuple[list[Gemm], list[Attenti
     return gemms, attention
 
 
-def requests_of(trace: Trace, steps: Sequence[DenoiserCall]) -> list[int]:
-    """Steps per pipeline call (``diffusers/pipelines/…: __call__``), for calls holding a step."""
+def steps_per_request(trace: Trace, steps: Sequence[DenoiserCall] | None = None) -> list[int]:
+    """Denoising steps per pipeline call (``diffusers/pipelines/…: __call__``, one request), in
+    time order, for the calls holding a step; ``steps`` default :func:`denoiser_calls`."""
+    steps = denoiser_calls(trace) if steps is None else steps
     ev = trace.events
     calls = ev[(ev["kind"].to_numpy() == int(EventKind.PYTHON))
                & per_name(ev["name"], lambda n: "diffusers/pipelines/" in n and n.endswith(": __call__"))]
@@ -253,7 +255,7 @@ class XditAdapter(EngineAdapter):
                              "capture pass")
             found.append(FoundIteration(rank=w.rank, start_ns=start, end_ns=end, phase=IterationPhase.DENOISE,
                                         evidence=evidence, dit=read[0]))
-        per_request = requests_of(trace, calls)
+        per_request = steps_per_request(trace, calls)
         if per_request:
             notes.append(f"{len(per_request)} pipeline call(s), steps per call: {', '.join(map(str, per_request))}")
         return FoundIterations(adapter=self.name, iterations=tuple(found), source=CompositionSource.SHAPES,
