@@ -21,11 +21,20 @@ from whatif.analysis import analyze
 from whatif.core.kernels import KernelClass, classify_kernel
 from whatif.depgraph.build import build_graph
 from whatif.depgraph.graph import TaskKind
+from whatif.predictors.replay import replay
 from whatif.predictors.serving import fit_dit_model
 from whatif.predictors.serving.dit_steps import dit_fit_inputs, measured_spans, replayed_spans, span_ns
-from whatif.predictors.serving.engines import DitBatch, find_iterations, iteration_of_tasks
+from whatif.predictors.serving.engines import (
+    CompositionSource,
+    DitBatch,
+    FoundIteration,
+    FoundIterations,
+    IterationPhase,
+    find_iterations,
+    iteration_of_tasks,
+)
 from whatif.predictors.serving.engines.xdit import XditAdapter, steps_per_request
-from whatif.predictors.serving.logs import ServingLogError
+from whatif.predictors.serving.logs import LLMBatch, ServingLogError
 from whatif.tracer.trace import load_trace
 
 BASELINE = TRACES / "tracelens" / "xdit_flux1_baseline_mi300x.json.gz"
@@ -191,3 +200,16 @@ def test_a_unet_pipeline_and_a_non_dit_trace_give_none(tmp_path):
     assert _found(_write(tmp_path, unet)) is None
     llm = REPO / "sample_traces" / "llm_serve"
     assert XditAdapter().find(build_graph(load_trace(llm))) is None
+
+
+def test_fit_inputs_refuse_llm_iterations_and_steps_without_tasks(tmp_path):
+    graph = build_graph(load_trace(_write(tmp_path, _eager_step(100, 1))))
+    rp = replay(graph)
+    llm = FoundIterations("x", (FoundIteration(0, 100_000, 400_000, IterationPhase.DECODE, "e",
+                                               llm=LLMBatch(decode_context=(5,))),), CompositionSource.SHAPES)
+    with pytest.raises(ServingLogError, match="not denoising steps"):
+        dit_fit_inputs(rp, llm)
+    far = FoundIterations("x", (FoundIteration(0, 10**12, 10**12 + 5, IterationPhase.DENOISE, "e",
+                                               dit=DitBatch(1, 256)),), CompositionSource.SHAPES)
+    with pytest.raises(ServingLogError, match="holds no task"):
+        dit_fit_inputs(rp, far)
