@@ -18,6 +18,7 @@ from typing import ClassVar
 import numpy as np
 
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
+from whatif.tracer.trace import Trace
 
 from ..logs import LLMBatch
 
@@ -69,7 +70,8 @@ class FoundIteration:
         if self.end_ns <= self.start_ns:
             raise ValueError(f"empty iteration window [{self.start_ns}, {self.end_ns})")
         if (self.phase is IterationPhase.DENOISE) != (self.dit is not None) or (self.llm is None) == (self.dit is None):
-            raise ValueError(f"a {self.phase.value} iteration needs {'dit' if self.phase is IterationPhase.DENOISE else 'llm'}"
+            need = "dit" if self.phase is IterationPhase.DENOISE else "llm"
+            raise ValueError(f"a {self.phase.value} iteration needs {need}"
                              " composition and no other")
 
 
@@ -106,6 +108,43 @@ class EngineAdapter(ABC):
         """The iterations of ``graph`` (built from ``graph.trace``), or None when the trace is not
         this engine's. Raises :class:`~whatif.predictors.serving.logs.ServingLogError` when it is
         this engine's but cannot be read (one line naming the problem)."""
+
+
+@dataclass(frozen=True)
+class EventWindow:
+    """One trace event as an adapter reads it: its row, where it ran and when (``[start_ns,
+    end_ns)``, at least 1 ns long), and its name."""
+
+    row: int
+    rank: int
+    tid: int
+    start_ns: int
+    end_ns: int
+    name: str
+
+
+def event_windows(trace: Trace, rows: np.ndarray) -> list[EventWindow]:
+    """The events at ``rows`` of ``trace``'s table, in the order given."""
+    ev = trace.events
+    rows = np.asarray(rows, dtype=np.int64)
+    start = ev["ts_ns"].to_numpy()[rows]
+    end = start + np.maximum(ev["dur_ns"].to_numpy()[rows], 1)
+    return [EventWindow(int(r), int(k), int(t), int(s), int(e), str(n)) for r, k, t, s, e, n in
+            zip(rows, ev["rank"].to_numpy()[rows], ev["tid"].to_numpy()[rows], start, end,
+                ev["name"].to_numpy()[rows])]
+
+
+def equal_shares(total: int, parts: int) -> tuple[int, ...]:
+    """``total`` split into ``parts`` integers as equal as they go, the larger first: how an
+    adapter spreads a sum the trace gives (tokens, context) over sequences it does not detail.
+
+    >>> equal_shares(10, 4), equal_shares(3, 0)
+    ((3, 3, 2, 2), ())
+    """
+    if parts <= 0:
+        return ()
+    base, extra = divmod(total, parts)
+    return (base + 1,) * extra + (base,) * (parts - extra)
 
 
 def iteration_of_tasks(graph: TaskGraph, found: FoundIterations) -> np.ndarray:

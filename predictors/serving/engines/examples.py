@@ -1,0 +1,165 @@
+"""This project's example servers (``examples/llm_serve.py``, ``examples/dit_serve.py``) and any
+loop marked the same way: one iteration per step (``whatif.step()``) that ran a phase
+(``whatif.phase("prefill"|"decode"|"denoise")``), its window the step's measured window.
+
+The trace says which steps are iterations, not what they computed: compositions come from the
+server's JSON log (``--log``, found through the run folder's metadata, or given), matched in order
+as :func:`~whatif.predictors.serving.logs.llm_compositions` /
+:func:`~whatif.predictors.serving.logs.dit_compositions` read it; without a log, from shapes when
+the recording had ``--record-shapes`` (LLM only): the example packs a prefill's prompts into one
+attention call over ``T`` tokens and computes the logits of each prompt's last token (its last
+``aten::linear`` has one row per sequence), and pads a decode's attention to the longest context.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from whatif.depgraph.graph import TaskGraph
+from whatif.tracer.args import Arg
+from whatif.tracer.kinds import EventKind
+from whatif.tracer.trace import Trace
+
+from .. import logs
+from ..logs import LLMBatch, ServingLogError
+from . import register
+from .base import (
+    CompositionSource,
+    DitBatch,
+    EngineAdapter,
+    FoundIteration,
+    FoundIterations,
+    IterationPhase,
+    equal_shares,
+)
+from .generic import shape_composition
+
+LM_HEAD_OP = "aten::linear"
+
+
+@dataclass(frozen=True)
+class PhaseStep:
+    """A step that ran a phase: its measured window and that of its phase-marked tasks."""
+
+    rank: int
+    step: int
+    phase: str
+    start_ns: int
+    end_ns: int
+    phase_start_ns: int
+    phase_end_ns: int
+
+
+def phase_steps(graph: TaskGraph) -> list[PhaseStep]:
+    """Every step that ran a phase, in step order, then rank."""
+    t = graph.tasks
+    marked = t[t["phase"].notna().to_numpy() & (t["step"].to_numpy() >= 0) & (t["measured_start_ns"].to_numpy() >= 0)]
+    if not len(marked):
+        return []
+    per_step = marked.groupby(["rank", "step"], sort=False).agg(
+        phase=("phase", "first"), first=("measured_start_ns", "min"), last=("measured_end_ns", "max"))
+    windows = graph.steps.set_index(["rank", "step"])
+    out = []
+    for (rank, step), row in per_step.iterrows():
+        if (rank, step) in windows.index:
+            w = windows.loc[(rank, step)]
+            out.append(PhaseStep(int(rank), int(step), str(row["phase"]), int(w["measured_begin_ns"]),
+                                 int(w["measured_end_ns"]), int(row["first"]), int(row["last"])))
+    return sorted(out, key=lambda s: (s.step, s.rank))
+
+
+@register
+class ExamplesAdapter(EngineAdapter):
+    """Phase-marked steps (``whatif.phase``), composed from the server's log, else recorded shapes."""
+
+    name = "examples"
+    order = 40
+
+    def __init__(self, log: Path | None = None) -> None:
+        self.log = log
+
+    def find(self, graph: TaskGraph) -> FoundIterations | None:
+        trace = graph.trace
+        steps = phase_steps(graph)
+        if trace is None or not steps:
+            return None
+        path = self.log or logs.find_log(trace.ranks[0].path)
+        if path is not None:
+            return self._from_log(trace, steps, path)
+        if any(s.phase == IterationPhase.DENOISE.value for s in steps) or not _has_shapes(trace):
+            raise ServingLogError(f"{trace.source}: {len(steps)} phase-marked steps but no serving log (the recorded "
+                                  "command's --log) and no recorded shapes: pass --iterations-log FILE or record "
+                                  "with --record-shapes")
+        return self._from_shapes(trace, steps)
+
+    def _from_log(self, trace: Trace, steps: list[PhaseStep], path: Path) -> FoundIterations:
+        log = logs.read_log(path)
+        compositions: list[tuple[str, LLMBatch | DitBatch]]
+        if isinstance(log, logs.LlmLog):
+            compositions = list(logs.llm_compositions(log))
+        else:
+            compositions = [(IterationPhase.DENOISE.value, DitBatch(model_batch=b, tokens=n))
+                            for b, n in logs.dit_compositions(log)]
+        found = []
+        for rank in sorted({s.rank for s in steps}):
+            mine = [s for s in steps if s.rank == rank]
+            phases = [s.phase for s in mine]
+            logged = [p for p, _ in compositions]
+            if phases != logged:
+                n = next((i for i, (a, b) in enumerate(zip(phases, logged)) if a != b), min(len(phases), len(logged)))
+                raise ServingLogError(f"{trace.source}: trace and serving log {path} disagree: {len(phases)} phase "
+                                      f"steps on rank {rank} vs {len(logged)} logged iterations, first difference "
+                                      f"at iteration {n} (is the log from this recording?)")
+            found += [_iteration(s, c, f"step {s.step} phase:{s.phase}, composition from {path.name}")
+                      for s, (_, c) in zip(mine, compositions)]
+        return FoundIterations(self.name, tuple(sorted(found, key=lambda f: (f.start_ns, f.rank))),
+                               CompositionSource.LOG,
+                               (f"compositions from the serving log {path}: the trace marks the iterations, "
+                                "not what they computed",))
+
+    def _from_shapes(self, trace: Trace, steps: list[PhaseStep]) -> FoundIterations:
+        found = []
+        for s in steps:
+            seen = shape_composition(trace, s.rank, s.phase_start_ns, s.phase_end_ns)
+            if seen is None:
+                raise ServingLogError(f"{trace.source}: step {s.step} ({s.phase}) has no attention shapes and there "
+                                      "is no serving log: pass --iterations-log FILE")
+            if s.phase == IterationPhase.PREFILL.value:
+                tokens = sum(seen.prefill_tokens) or sum(seen.decode_context)
+                seqs = _last_linear_rows(trace, s.rank, s.phase_start_ns, s.phase_end_ns)
+                n = seqs if 1 <= seqs <= tokens else 1
+                batch = LLMBatch(prefill_tokens=equal_shares(tokens, n), prefill_cached=(0,) * n)
+            else:
+                batch = LLMBatch(decode_context=seen.decode_context or tuple(k for k in seen.prefill_tokens))
+            found.append(_iteration(s, batch, f"step {s.step} phase:{s.phase}, attention shapes"))
+        return FoundIterations(self.name, tuple(found), CompositionSource.SHAPES,
+                               ("no serving log: compositions from recorded shapes; a prefill's prompts in equal "
+                                "shares of its packed tokens, a decode's contexts the padded (longest) length",))
+
+
+def _iteration(step: PhaseStep, batch: LLMBatch | DitBatch, evidence: str) -> FoundIteration:
+    if isinstance(batch, DitBatch):
+        return FoundIteration(rank=step.rank, start_ns=step.start_ns, end_ns=step.end_ns,
+                              phase=IterationPhase.DENOISE, evidence=evidence, dit=batch)
+    return FoundIteration(rank=step.rank, start_ns=step.start_ns, end_ns=step.end_ns,
+                          phase=IterationPhase(step.phase), evidence=evidence, llm=batch)
+
+
+def _has_shapes(trace: Trace) -> bool:
+    return any(d is not None for d in trace.arg(Arg.INPUT_DIMS))
+
+
+def _last_linear_rows(trace: Trace, rank: int, start: int, end: int) -> int:
+    """Rows (leading dims) of the input of the last ``aten::linear`` starting in the window: the
+    example's LM head over each prompt's last token; 0 when there is none."""
+    ev = trace.events
+    ts = ev["ts_ns"].to_numpy()
+    rows = np.flatnonzero((ev["rank"].to_numpy() == rank) & (ts >= start) & (ts < end)
+                          & (ev["kind"].to_numpy() == int(EventKind.CPU_OP)) & (ev["name"].to_numpy() == LM_HEAD_OP))
+    dims = trace.arg(Arg.INPUT_DIMS)
+    shape = dims[rows[-1]] if len(rows) else None
+    if not shape or not shape[0]:
+        return 0
+    return int(np.prod(shape[0][:-1]))

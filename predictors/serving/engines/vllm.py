@@ -1,0 +1,267 @@
+"""vLLM's iterations: one per ``execute_…`` range that vLLM's GPU worker opens around each
+``execute_model`` while its torch profiler runs (``Worker.annotate_profile``,
+``vllm/v1/worker/gpu_worker.py``). Two spellings, both read here:
+
+* native (vLLM v0.14.0's own ``annotate_profile``): ``execute_context_{Rc}({Tc})_generation_{Rg}({Tg})``,
+  the requests and scheduled tokens of the context (prefill) and generation (decode) groups;
+* detailed (``--profiler-config.detailed_trace_annotation True``: upstream from v0.26.0, TraceLens's
+  patches for v0.14–v0.25; the TraceLens patches of SGLang write it too):
+  ``execute_{T}_context_{Rc}(sq…sk…sqsq…sqsk…)_generation_{Rg}(sq…sk…sqsq…sqsk…)`` where, per
+  request, ``sq`` = tokens scheduled this step and ``sk`` = tokens computed before + ``sq`` (the keys
+  it attends to), summed per group as Σsq, Σsk, Σsq², Σsq·sk, and ``T`` = Σsq of both groups.
+
+Read from AMD-AGI/TraceLens @ 171dd74721 ``examples/custom_workflows/inference_analysis/vllm_patches/
+config_vllm_v0.14.0.patch`` (its ``vllm/v1/worker/gpu_worker.py`` hunk: the native code it replaces
+and the detailed code) and vllm-project/vllm @ 04b022935c ``vllm/config/profiler.py``
+(``detailed_trace_annotation``). The annotation gives sums, not each request: :func:`split_group`
+says how they are spread over the requests. A trace of vLLM without these ranges (V0, or a profiler
+run without the annotation) has ``execute_model`` Python frames: each is an iteration, its
+composition read from recorded attention shapes (:func:`.generic.shape_composition`); without
+shapes the adapter says what to record.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from whatif.depgraph.graph import TaskGraph
+from whatif.tracer.kinds import EventKind
+from whatif.tracer.trace import Trace, per_name
+
+from ..logs import LLMBatch, ServingLogError
+from . import register
+from .base import (
+    CompositionSource,
+    EngineAdapter,
+    FoundIteration,
+    FoundIterations,
+    IterationPhase,
+    equal_shares,
+    event_windows,
+)
+from .generic import shape_composition
+
+_GROUP = r"_(context|generation)_(\d+)\(sq(\d+)sk(\d+)sqsq(\d+)sqsk(\d+)\)"
+DETAILED = re.compile(rf"execute_(\d+){_GROUP}{_GROUP}")
+NATIVE = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
+_EXECUTE_MODEL = re.compile(r"vllm/.*\): execute_model$")
+
+
+@dataclass(frozen=True)
+class Group:
+    """One request group of an iteration: ``requests``, Σ scheduled tokens ``sq`` and, where the
+    annotation is detailed, Σ keys ``sk``, Σ sq² ``sqsq`` and Σ sq·sk ``sqsk``."""
+
+    requests: int
+    sq: int
+    sk: int | None = None
+    sqsq: int | None = None
+    sqsk: int | None = None
+
+    def check(self) -> None:
+        """Raises ValueError when the sums cannot come from ``requests`` requests."""
+        if self.requests == 0 and (self.sq or self.sk or self.sqsq or self.sqsk):
+            raise ValueError("tokens without requests")
+        if self.requests and self.sq < self.requests:
+            raise ValueError(f"{self.sq} tokens for {self.requests} requests")
+        if self.sk is not None and (self.sk < self.sq or (self.sqsq or 0) < self.sq
+                                    or (self.sqsk or 0) < (self.sqsq or 0)):
+            raise ValueError("sums out of order (need sk >= sq, sqsq >= sq, sqsk >= sqsq)")
+
+
+@dataclass(frozen=True)
+class ExecuteAnnotation:
+    """What one ``execute_…`` range says: its context (prefill) and generation (decode) groups."""
+
+    context: Group
+    generation: Group
+
+    @property
+    def detailed(self) -> bool:
+        return self.context.sk is not None
+
+    def batch(self) -> LLMBatch:
+        """The composition, each group spread over its requests by :func:`split_group` (a decode
+        request's context is its ``sk``; without ``sk`` it is unknown and set to 1)."""
+        tokens, cached = split_group(self.context)
+        g = self.generation
+        contexts = equal_shares(g.sk, g.requests) if g.sk is not None else (1,) * g.requests
+        return LLMBatch(prefill_tokens=tokens, prefill_cached=cached, decode_context=contexts)
+
+
+def parse_execute(name: str) -> ExecuteAnnotation | None:
+    """The groups of a vLLM ``execute_…`` range, None for any other name.
+
+    >>> a = parse_execute("execute_32_context_0(sq0sk0sqsq0sqsk0)_generation_32(sq32sk55086sqsq32sqsk55086)")
+    >>> a.generation
+    Group(requests=32, sq=32, sk=55086, sqsq=32, sqsk=55086)
+    >>> parse_execute("execute_context_2(100)_generation_8(8)").context
+    Group(requests=2, sq=100, sk=None, sqsq=None, sqsk=None)
+
+    Raises
+    ------
+    ValueError
+        The name starts like one but does not parse, or its sums are inconsistent.
+    """
+    if not is_execute(name):
+        return None
+    m = DETAILED.fullmatch(name)
+    if m:
+        total, *rest = m.groups()
+        if rest[0] != "context" or rest[6] != "generation":
+            raise ValueError("groups out of order")
+        ctx = Group(*(int(v) for v in rest[1:6]))
+        gen = Group(*(int(v) for v in rest[7:12]))
+        if int(total) != ctx.sq + gen.sq:
+            raise ValueError(f"{total} scheduled tokens but the groups hold {ctx.sq + gen.sq}")
+    else:
+        m = NATIVE.fullmatch(name)
+        if not m:
+            raise ValueError("not execute_N_context_R(sq…sk…sqsq…sqsk…)_generation_R(…) "
+                             "nor execute_context_R(T)_generation_R(T)")
+        rc, tc, rg, tg = (int(v) for v in m.groups())
+        ctx, gen = Group(rc, tc), Group(rg, tg)
+    ctx.check()
+    gen.check()
+    return ExecuteAnnotation(ctx, gen)
+
+
+def is_execute(name: str) -> bool:
+    """Whether ``name`` is meant as an ``execute_…`` iteration range (parsed or not)."""
+    return name.startswith("execute_") and "_context_" in name and "_generation_" in name
+
+
+def split_group(group: Group) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(new tokens, cached tokens) per request of a context group whose annotation gives only sums.
+
+    Σ new and Σ cached are kept exactly. With the detailed sums, the requests are taken as one of
+    ``b`` new tokens and the rest of ``a`` each, ``a`` and ``b`` solving Σsq² (a request's
+    attention grows with its square), and the cached tokens placed so that Σ new·(cached + new)
+    is Σsq·sk: the two moments the prefill time depends on, up to rounding. Without them: equal
+    shares, nothing cached.
+
+    >>> split_group(Group(1, 6144, 7144, 6144 ** 2, 6144 * 7144))
+    ((6144,), (1000,))
+    >>> split_group(Group(3, 300, 300, 45000, 45000))   # one 200-token prompt, two of 50
+    ((200, 50, 50), (0, 0, 0))
+    >>> split_group(Group(2, 6144, 7144, 20971520, 23019520))   # 1000 cached tokens, on the short one
+    ((4096, 2048), (0, 1000))
+    >>> split_group(Group(2, 100))
+    ((50, 50), (0, 0))
+    """
+    r, s = group.requests, group.sq
+    if r == 0:
+        return (), ()
+    if group.sk is None or group.sqsq is None or group.sqsk is None:
+        return equal_shares(s, r), (0,) * r
+    cached_total = group.sk - s
+    if r == 1:
+        return (s,), (cached_total,)
+    spread = r * group.sqsq - s * s                      # r²·variance of the requests' tokens
+    a = s // r if spread <= 0 else int(round((s * (r - 1) - math.sqrt((r - 1) * spread)) / ((r - 1) * r)))
+    a = min(max(a, 1), s // r)
+    b = s - (r - 1) * a
+    tokens = (b,) + (a,) * (r - 1)
+    excess = group.sqsk - sum(t * t for t in tokens)     # Σ new·cached wanted
+    big = 0 if b == a else min(max(int(round((excess - a * cached_total) / (b - a))), 0), cached_total)
+    return tokens, (big, *equal_shares(cached_total - big, r - 1))
+
+
+def annotation_rows(trace: Trace, predicate) -> np.ndarray:
+    """Rows of the CPU annotations (``record_function`` ranges) whose name passes ``predicate``,
+    in the table's order (rank, start)."""
+    ev = trace.events
+    return np.flatnonzero((ev["kind"].to_numpy() == int(EventKind.ANNOTATION)) & per_name(ev["name"], predicate))
+
+
+def execute_iterations(trace: Trace, rows: np.ndarray, engine: str) -> tuple[list[FoundIteration], int]:
+    """One iteration per ``execute_…`` range at ``rows`` (the idle ones, no request, left out:
+    their count is returned beside).
+
+    Raises
+    ------
+    ServingLogError
+        A range that does not parse (one line naming the trace and the range).
+    """
+    out: list[FoundIteration] = []
+    idle = 0
+    for w in event_windows(trace, rows):
+        try:
+            ann = parse_execute(w.name)
+        except ValueError as exc:
+            raise ServingLogError(f"{trace.source}: malformed {engine} iteration annotation {w.name!r} ({exc})") \
+                from None
+        assert ann is not None
+        if not (ann.context.requests or ann.generation.requests):
+            idle += 1
+            continue
+        out.append(_iteration(w.rank, w.start_ns, w.end_ns, ann.batch(), w.name))
+    return out, idle
+
+
+def _iteration(rank: int, start: int, end: int, batch: LLMBatch, evidence: str) -> FoundIteration:
+    return FoundIteration(rank=rank, start_ns=start, end_ns=end, phase=IterationPhase(batch.phase),
+                          evidence=evidence, llm=batch)
+
+
+def annotation_notes(annotations: list[ExecuteAnnotation], idle: int) -> tuple[str, ...]:
+    """What the ``execute_…`` ranges could not say, one line each."""
+    notes = []
+    if any(a.context.requests > 1 for a in annotations):
+        notes.append("prompts per request not in the trace: Σ tokens split to keep Σsq² and Σsq·sk "
+                     "(detailed annotation) or in equal shares (native)")
+    if any(a.generation.requests > 1 and a.detailed for a in annotations):
+        notes.append("decode contexts per request not in the trace: Σ context (sk) split in equal shares "
+                     "(decode attention depends on Σ context)")
+    if any(not a.detailed for a in annotations):
+        notes.append("native annotation (no sk): contexts unknown, decode context set to 1 and no cached "
+                     "prompt tokens; record with --profiler-config.detailed_trace_annotation True")
+    if any(a.generation.sq > a.generation.requests for a in annotations):
+        notes.append("speculative decoding (more decode tokens than requests): draft tokens not modelled")
+    if idle:
+        notes.append(f"{idle} idle iteration(s) (no request) left out")
+    return tuple(notes)
+
+
+@register
+class VllmAdapter(EngineAdapter):
+    """vLLM V1 (and V0 with recorded shapes): ``execute_…`` ranges, else ``execute_model`` frames."""
+
+    name = "vllm"
+    order = 20
+
+    def find(self, graph: TaskGraph) -> FoundIterations | None:
+        trace = graph.trace
+        if trace is None:
+            return None
+        rows = annotation_rows(trace, is_execute)
+        if len(rows):
+            iterations, idle = execute_iterations(trace, rows, "vLLM")
+            anns = [a for a in (parse_execute(str(n)) for n in trace.events["name"].to_numpy()[rows]) if a]
+            if not iterations:
+                raise ServingLogError(f"{trace.source}: every vLLM iteration annotation is idle (no request)")
+            return FoundIterations(self.name, tuple(iterations), CompositionSource.ANNOTATION,
+                                   annotation_notes(anns, idle))
+        return self._from_frames(trace)
+
+    def _from_frames(self, trace: Trace) -> FoundIterations | None:
+        ev = trace.events
+        frames = np.flatnonzero((ev["kind"].to_numpy() == int(EventKind.PYTHON))
+                                & per_name(ev["name"], lambda n: bool(_EXECUTE_MODEL.search(n))))
+        if not len(frames):
+            return None
+        found = []
+        for w in event_windows(trace, frames):
+            batch = shape_composition(trace, w.rank, w.start_ns, w.end_ns)
+            if batch is None:
+                raise ServingLogError(
+                    f"{trace.source}: vLLM execute_model calls without iteration annotations or attention "
+                    "shapes; record with --profiler-config.detailed_trace_annotation True (V1) or "
+                    "torch_profiler_record_shapes")
+            found.append(_iteration(w.rank, w.start_ns, w.end_ns, batch, f"{w.name} (attention shapes)"))
+        return FoundIterations(self.name, tuple(found), CompositionSource.SHAPES,
+                               ("no execute_… annotations: compositions from attention shapes (padded "
+                                "batches give every sequence the padded length)",))
