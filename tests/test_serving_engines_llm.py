@@ -103,6 +103,14 @@ def test_examples_adapter_gives_the_log_compositions_in_order() -> None:
         (int(steps.loc[s, "measured_begin_ns"]), int(steps.loc[s, "measured_end_ns"])) for s in (0, 1, 2)]
 
 
+def test_examples_adapter_reads_the_dit_log() -> None:
+    run = ROOT / "sample_traces" / "dit_serve"
+    found = find_iterations(graph_of(run))
+    expected = logs.dit_compositions(logs.read_log(logs.find_log(run)))
+    assert found.adapter == "examples" and found.kind == "dit" and len(expected) == 6
+    assert [(it.dit.model_batch, it.dit.tokens) for it in found.iterations if it.dit] == expected
+
+
 def test_examples_adapter_refuses_a_log_of_another_recording(tmp_path: Path) -> None:
     short = tmp_path / "short.log"
     doc = json.loads((LLM_SERVE / "serving.log").read_text())

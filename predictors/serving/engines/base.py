@@ -11,6 +11,7 @@ trace cannot say.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import ClassVar
@@ -18,7 +19,8 @@ from typing import ClassVar
 import numpy as np
 
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
-from whatif.tracer.trace import Trace
+from whatif.tracer.kinds import EventKind
+from whatif.tracer.trace import Trace, per_name
 
 from ..logs import LLMBatch
 
@@ -121,6 +123,13 @@ class EventWindow:
     start_ns: int
     end_ns: int
     name: str
+
+
+def annotation_rows(trace: Trace, predicate: Callable[[str], bool]) -> np.ndarray:
+    """Rows of the CPU annotations (``record_function`` ranges) whose name passes ``predicate``,
+    in the table's order (rank, start)."""
+    ev = trace.events
+    return np.flatnonzero((ev["kind"].to_numpy() == int(EventKind.ANNOTATION)) & per_name(ev["name"], predicate))
 
 
 def event_windows(trace: Trace, rows: np.ndarray) -> list[EventWindow]:

@@ -30,6 +30,7 @@ from .base import (
     FoundIteration,
     FoundIterations,
     IterationPhase,
+    annotation_rows,
     event_windows,
 )
 
@@ -79,9 +80,7 @@ def _step_windows(graph: TaskGraph) -> list[tuple[int, int, int, str]]:
 
 
 def _has_step_annotations(trace: Trace) -> bool:
-    ev = trace.events
-    return bool(((ev["kind"].to_numpy() == int(EventKind.ANNOTATION))
-                 & per_name(ev["name"], lambda n: n.startswith("ProfilerStep#"))).any())
+    return bool(len(annotation_rows(trace, lambda n: n.startswith("ProfilerStep#"))))
 
 
 def _module_windows(trace: Trace) -> list[tuple[int, int, int, str]]:

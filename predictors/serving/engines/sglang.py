@@ -23,8 +23,16 @@ from whatif.tracer.trace import Trace, per_name
 
 from ..logs import ServingLogError
 from . import register
-from .base import CompositionSource, EngineAdapter, FoundIteration, FoundIterations, IterationPhase, event_windows
-from .vllm import ExecuteAnnotation, Group, annotation_notes, annotation_rows, is_execute, parse_execute
+from .base import (
+    CompositionSource,
+    EngineAdapter,
+    FoundIteration,
+    FoundIterations,
+    IterationPhase,
+    annotation_rows,
+    event_windows,
+)
+from .vllm import ExecuteAnnotation, Group, annotation_notes, is_execute, parse_execute
 
 STEP = re.compile(r"step\[(EXTEND|DECODE|MIXED)\b([^\]]*)\]")
 

@@ -39,6 +39,7 @@ from .base import (
     FoundIteration,
     FoundIterations,
     IterationPhase,
+    annotation_rows,
     equal_shares,
     event_windows,
 )
@@ -168,13 +169,6 @@ def split_group(group: Group) -> tuple[tuple[int, ...], tuple[int, ...]]:
     excess = group.sqsk - sum(t * t for t in tokens)     # Σ new·cached wanted
     big = 0 if b == a else min(max(int(round((excess - a * cached_total) / (b - a))), 0), cached_total)
     return tokens, (big, *equal_shares(cached_total - big, r - 1))
-
-
-def annotation_rows(trace: Trace, predicate) -> np.ndarray:
-    """Rows of the CPU annotations (``record_function`` ranges) whose name passes ``predicate``,
-    in the table's order (rank, start)."""
-    ev = trace.events
-    return np.flatnonzero((ev["kind"].to_numpy() == int(EventKind.ANNOTATION)) & per_name(ev["name"], predicate))
 
 
 def execute_iterations(trace: Trace, rows: np.ndarray, engine: str) -> tuple[list[FoundIteration], int]:
