@@ -265,3 +265,30 @@ def test_iteration_windows_hold_every_phase_task_of_the_example() -> None:
     steps = t["step"].to_numpy()
     first_of_step = {int(s): i for i, s in enumerate(sorted(set(steps[marked])))}
     assert np.array_equal(index[marked], [first_of_step[int(s)] for s in steps[marked]])
+
+
+def test_iterations_of_every_rank_on_its_own_clock(tmp_path: Path) -> None:
+    """Two tensor-parallel ranks, rank 1's clock 1000 us ahead: the build aligns the graph on the
+    all-reduces, the iterations stay on each rank's trace clock, and every kernel lands in its own."""
+    run = tmp_path / "tp2"
+    run.mkdir()
+    name = "execute_2_context_0(sq0sk0sqsq0sqsk0)_generation_2(sq2sk{k}sqsq2sqsk{k})"
+    for rank, skew in ((0, 0), (1, 1000)):
+        tr = KinetoTrace(rank=rank, world_size=2)
+        for i, t0 in enumerate((0, 300)):
+            tr.annotation(name.format(k=40 + 2 * i), skew + t0, 100)
+            tr.runtime("cudaLaunchKernel", skew + t0 + 10, 5, corr=10 * i + 1)
+            tr.gpu("gemm_kernel", skew + t0 + 20, 50, corr=10 * i + 1)
+            tr.runtime("cudaLaunchKernel", skew + t0 + 20, 5, corr=10 * i + 2)
+            tr.gpu("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*)", skew + t0 + 70, 60, corr=10 * i + 2,
+                   stream=20, **{"Collective name": "allreduce", "Process Group Name": "0"})
+        tr.write(run / f"rank{rank}.pt.trace.json.gz")
+    graph = graph_of(run)
+    assert graph.report["clock_offsets_ns_max_abs"] == 1_000_000
+    found = find_iterations(graph)
+    assert [(it.rank, it.llm.decode_context) for it in found.iterations if it.llm] == [
+        (0, (20, 20)), (0, (21, 21)), (1, (20, 20)), (1, (21, 21))]
+    index = iteration_of_tasks(graph, found)
+    t = graph.tasks
+    gemm = np.flatnonzero(t["name"].astype(str).to_numpy() == "gemm_kernel")
+    assert sorted(zip(t["rank"].to_numpy()[gemm].tolist(), index[gemm].tolist())) == [(0, 0), (0, 1), (1, 2), (1, 3)]

@@ -79,8 +79,9 @@ class FoundIteration:
 
 @dataclass(frozen=True)
 class FoundIterations:
-    """Every iteration an adapter found, in time order, with where the compositions came from and
-    what the adapter could not say (``notes``: one line each, printed by `whatif serve`)."""
+    """Every iteration an adapter found, rank by rank, each rank's in time order, with where the
+    compositions came from and what the adapter could not say (``notes``: one line each, printed
+    by `whatif serve`)."""
 
     adapter: str
     iterations: tuple[FoundIteration, ...]
@@ -156,10 +157,26 @@ def equal_shares(total: int, parts: int) -> tuple[int, ...]:
     return (base + 1,) * extra + (base,) * (parts - extra)
 
 
+def clock_offsets_ns(graph: TaskGraph) -> dict[int, int]:
+    """Per rank, the graph's clock minus the rank's trace clock: what the build's clock alignment
+    added to the rank's measured times (0 for the lowest rank, and for every rank without
+    collectives or without the trace)."""
+    t = graph.tasks
+    if graph.trace is None or not len(t):
+        return {}
+    event = t["event"].to_numpy()
+    start = t["measured_start_ns"].to_numpy()
+    ok = (event >= 0) & (start >= 0)
+    shift = start[ok] - graph.trace.events["ts_ns"].to_numpy()[event[ok]]
+    ranks = t["rank"].to_numpy()[ok]
+    return {int(r): int(np.median(shift[ranks == r])) for r in np.unique(ranks)}
+
+
 def iteration_of_tasks(graph: TaskGraph, found: FoundIterations) -> np.ndarray:
     """Per task of ``graph``, the index of the iteration it belongs to (-1: none).
 
-    A CPU task belongs to the iteration whose window holds its measured start on its rank; GPU work
+    A CPU task belongs to the iteration whose window holds its measured start on its rank (on the
+    rank's trace clock, the build's clock alignment taken back: :func:`clock_offsets_ns`); GPU work
     belongs to the iteration of the call that launched it, and GPU work with no launching call in
     any window (a CUDA/HIP graph's kernels whose launch flows are missing) to the window holding
     its own measured start. Tasks a transform inserted (no measured time) inherit nothing here:
@@ -169,9 +186,10 @@ def iteration_of_tasks(graph: TaskGraph, found: FoundIterations) -> np.ndarray:
     n = len(t)
     out = np.full(n, -1, dtype=np.int64)
     rank = t["rank"].to_numpy()
-    start = t["measured_start_ns"].to_numpy()
+    offsets = clock_offsets_ns(graph)
+    measured = t["measured_start_ns"].to_numpy() >= 0
+    start = t["measured_start_ns"].to_numpy() - np.array([offsets.get(int(r), 0) for r in rank], dtype=np.int64)
     kind = t["kind"].to_numpy()
-    measured = start >= 0
     for i, it in enumerate(found.iterations):
         inside = measured & (rank == it.rank) & (start >= it.start_ns) & (start < it.end_ns)
         out[inside & (out < 0)] = i

@@ -32,6 +32,7 @@ from .base import (
     FoundIteration,
     FoundIterations,
     IterationPhase,
+    clock_offsets_ns,
     equal_shares,
 )
 from .generic import shape_composition
@@ -41,7 +42,8 @@ LM_HEAD_OP = "aten::linear"
 
 @dataclass(frozen=True)
 class PhaseStep:
-    """A step that ran a phase: its measured window and that of its phase-marked tasks."""
+    """A step that ran a phase: its measured window and that of its phase-marked tasks, on the
+    rank's trace clock."""
 
     rank: int
     step: int
@@ -53,7 +55,7 @@ class PhaseStep:
 
 
 def phase_steps(graph: TaskGraph) -> list[PhaseStep]:
-    """Every step that ran a phase, in step order, then rank."""
+    """Every step that ran a phase, rank by rank, in step order."""
     t = graph.tasks
     marked = t[t["phase"].notna().to_numpy() & (t["step"].to_numpy() >= 0) & (t["measured_start_ns"].to_numpy() >= 0)]
     if not len(marked):
@@ -61,13 +63,15 @@ def phase_steps(graph: TaskGraph) -> list[PhaseStep]:
     per_step = marked.groupby(["rank", "step"], sort=False).agg(
         phase=("phase", "first"), first=("measured_start_ns", "min"), last=("measured_end_ns", "max"))
     windows = graph.steps.set_index(["rank", "step"])
+    offsets = clock_offsets_ns(graph)
     out = []
     for (rank, step), row in per_step.iterrows():
         if (rank, step) in windows.index:
-            w = windows.loc[(rank, step)]
-            out.append(PhaseStep(int(rank), int(step), str(row["phase"]), int(w["measured_begin_ns"]),
-                                 int(w["measured_end_ns"]), int(row["first"]), int(row["last"])))
-    return sorted(out, key=lambda s: (s.step, s.rank))
+            w, shift = windows.loc[(rank, step)], offsets.get(int(rank), 0)
+            out.append(PhaseStep(int(rank), int(step), str(row["phase"]), int(w["measured_begin_ns"]) - shift,
+                                 int(w["measured_end_ns"]) - shift, int(row["first"]) - shift,
+                                 int(row["last"]) - shift))
+    return sorted(out, key=lambda s: (s.rank, s.step))
 
 
 @register
@@ -114,7 +118,7 @@ class ExamplesAdapter(EngineAdapter):
                                       f"at iteration {n} (is the log from this recording?)")
             found += [_iteration(s, c, f"step {s.step} phase:{s.phase}, composition from {path.name}")
                       for s, (_, c) in zip(mine, compositions)]
-        return FoundIterations(self.name, tuple(sorted(found, key=lambda f: (f.start_ns, f.rank))),
+        return FoundIterations(self.name, tuple(sorted(found, key=lambda f: (f.rank, f.start_ns))),
                                CompositionSource.LOG,
                                (f"compositions from the serving log {path}: the trace marks the iterations, "
                                 "not what they computed",))

@@ -130,7 +130,7 @@ class GenericAdapter(EngineAdapter):
         if len(found) < 2:
             return None
         kind = "annotated steps" if windows and windows[0][3].startswith("step ") else f"calls of {windows[0][3]}"
-        return FoundIterations(self.name, tuple(sorted(found, key=lambda f: (f.start_ns, f.rank))),
+        return FoundIterations(self.name, tuple(sorted(found, key=lambda f: (f.rank, f.start_ns))),
                                CompositionSource.SHAPES,
                                (f"guessed: no engine annotation; iterations = the {kind} with attention shapes "
                                 f"({len(found)} of {len(windows)}), compositions from the first attention op of "
