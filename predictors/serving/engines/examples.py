@@ -19,7 +19,6 @@ import numpy as np
 
 from whatif.depgraph.graph import TaskGraph
 from whatif.tracer.args import Arg
-from whatif.tracer.kinds import EventKind
 from whatif.tracer.trace import Trace
 
 from .. import logs
@@ -35,7 +34,7 @@ from .base import (
     clock_offsets_ns,
     equal_shares,
 )
-from .generic import shape_composition
+from .generic import AttentionShapes, ShapedOps
 
 LM_HEAD_OP = "aten::linear"
 
@@ -125,18 +124,21 @@ class ExamplesAdapter(EngineAdapter):
 
     def _from_shapes(self, trace: Trace, steps: list[PhaseStep]) -> FoundIterations:
         found = []
+        shapes, linears = AttentionShapes(trace), ShapedOps(trace, lambda n: n == LM_HEAD_OP)
+        dims = trace.arg(Arg.INPUT_DIMS)
         for s in steps:
-            seen = shape_composition(trace, s.rank, s.phase_start_ns, s.phase_end_ns)
+            seen = shapes.composition(s.rank, s.phase_start_ns, s.phase_end_ns)
             if seen is None:
                 raise ServingLogError(f"{trace.source}: step {s.step} ({s.phase}) has no attention shapes and there "
                                       "is no serving log: pass --iterations-log FILE")
             if s.phase == IterationPhase.PREFILL.value:
                 tokens = sum(seen.prefill_tokens) or sum(seen.decode_context)
-                seqs = _last_linear_rows(trace, s.rank, s.phase_start_ns, s.phase_end_ns)
+                heads = linears.within(s.rank, s.phase_start_ns, s.phase_end_ns)
+                seqs = _leading_rows(dims[heads[-1]]) if len(heads) else 0
                 n = seqs if 1 <= seqs <= tokens else 1
                 batch = LLMBatch(prefill_tokens=equal_shares(tokens, n), prefill_cached=(0,) * n)
             else:
-                batch = LLMBatch(decode_context=seen.decode_context or tuple(k for k in seen.prefill_tokens))
+                batch = LLMBatch(decode_context=seen.decode_context or seen.prefill_tokens)
             found.append(_iteration(s, batch, f"step {s.step} phase:{s.phase}, attention shapes"))
         return FoundIterations(self.name, tuple(found), CompositionSource.SHAPES,
                                ("no serving log: compositions from recorded shapes; a prefill's prompts in equal "
@@ -155,15 +157,8 @@ def _has_shapes(trace: Trace) -> bool:
     return any(d is not None for d in trace.arg(Arg.INPUT_DIMS))
 
 
-def _last_linear_rows(trace: Trace, rank: int, start: int, end: int) -> int:
-    """Rows (leading dims) of the input of the last ``aten::linear`` starting in the window: the
-    example's LM head over each prompt's last token; 0 when there is none."""
-    ev = trace.events
-    ts = ev["ts_ns"].to_numpy()
-    rows = np.flatnonzero((ev["rank"].to_numpy() == rank) & (ts >= start) & (ts < end)
-                          & (ev["kind"].to_numpy() == int(EventKind.CPU_OP)) & (ev["name"].to_numpy() == LM_HEAD_OP))
-    dims = trace.arg(Arg.INPUT_DIMS)
-    shape = dims[rows[-1]] if len(rows) else None
-    if not shape or not shape[0]:
-        return 0
-    return int(np.prod(shape[0][:-1]))
+def _leading_rows(input_dims: list) -> int:
+    """Rows (product of the leading dims) of an op's first input, 0 when not recorded: for the
+    example's last ``aten::linear``, its LM head over each prompt's last token, the sequences."""
+    first = input_dims[0] if input_dims else None
+    return int(np.prod(first[:-1])) if isinstance(first, list) and first else 0

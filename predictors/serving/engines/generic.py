@@ -4,7 +4,7 @@ passes and their compositions read from recorded attention shapes.
 Iterations are the rank's annotated steps (``ProfilerStep#N``, at least two), else the calls of
 its most repeated outermost ``nn.Module`` (``with_stack``/``with_modules`` recordings name them
 ``nn.Module: <class>_<i>``). An iteration's composition comes from the first forward attention
-op inside it (:func:`shape_composition`): each sequence of its batch with one query decodes over
+op inside it (:class:`AttentionShapes`): each sequence of its batch with one query decodes over
 its keys, one with more queries prefills them. A window without attention shapes has no
 composition; with fewer than two composed iterations the adapter finds nothing. It always says
 that it guessed.
@@ -12,6 +12,7 @@ that it guessed.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 
@@ -37,36 +38,54 @@ from .base import (
 MODULE_PREFIX = "nn.Module: "
 
 
-def shape_composition(trace: Trace, rank: int, start_ns: int, end_ns: int) -> LLMBatch | None:
-    """The composition of the iteration ``[start_ns, end_ns)`` of ``rank``, read from the first
-    forward attention op starting in it whose recorded shapes say its sequences (None without
-    one): a sequence with one query decodes over its keys, one with more prefills its queries
-    over its earlier keys (cached = keys − queries). A padded batch gives every sequence the
-    padded lengths."""
-    ev = trace.events
-    candidates = trace_attention_rows(trace)
-    ts = ev["ts_ns"].to_numpy()[candidates]
-    ranks = ev["rank"].to_numpy()[candidates]
-    inside = candidates[(ranks == rank) & (ts >= start_ns) & (ts < end_ns)]
-    dims, concrete = trace.arg(Arg.INPUT_DIMS), trace.arg(Arg.CONCRETE_INPUTS)
-    names = ev["name"].to_numpy()
-    for row in inside:
-        seqs = attention_sequences(str(names[row]), dims[row], concrete[row])
-        if seqs:
-            prefill = [(q, k) for q, k in seqs if q > 1]
-            return LLMBatch(prefill_tokens=tuple(q for q, _ in prefill),
-                            prefill_cached=tuple(max(k - q, 0) for q, k in prefill),
-                            decode_context=tuple(k for q, k in seqs if q == 1))
-    return None
+class ShapedOps:
+    """The CPU ops of a trace with recorded shapes whose name passes ``predicate``, indexed so
+    that the ones starting in a window of one rank are found by bisection."""
+
+    def __init__(self, trace: Trace, predicate: Callable[[str], bool]) -> None:
+        ev = trace.events
+        dims = trace.arg(Arg.INPUT_DIMS)
+        has_dims = np.fromiter((d is not None for d in dims), dtype=bool, count=len(dims))
+        # the table is sorted by rank, then start: so are these rows
+        self.rows = np.flatnonzero((ev["kind"].to_numpy() == int(EventKind.CPU_OP)) & has_dims
+                                   & per_name(ev["name"], predicate))
+        self._rank = ev["rank"].to_numpy()[self.rows]
+        self._ts = ev["ts_ns"].to_numpy()[self.rows]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def within(self, rank: int, start_ns: int, end_ns: int) -> np.ndarray:
+        """Rows of the ops of ``rank`` starting in ``[start_ns, end_ns)``, in time order."""
+        lo, hi = np.searchsorted(self._rank, rank, "left"), np.searchsorted(self._rank, rank, "right")
+        ts = self._ts[lo:hi]
+        return self.rows[lo + np.searchsorted(ts, start_ns, "left"):lo + np.searchsorted(ts, end_ns, "left")]
 
 
-def trace_attention_rows(trace: Trace) -> np.ndarray:
-    """Rows of the trace's CPU ops named like attention, with recorded shapes, in table order."""
-    ev = trace.events
-    dims = trace.arg(Arg.INPUT_DIMS)
-    has_dims = np.fromiter((d is not None for d in dims), dtype=bool, count=len(dims))
-    return np.flatnonzero((ev["kind"].to_numpy() == int(EventKind.CPU_OP)) & has_dims
-                          & per_name(ev["name"], is_attention))
+class AttentionShapes:
+    """Compositions of a trace's iterations read from its attention ops' recorded shapes."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.ops = ShapedOps(trace, is_attention)
+
+    def composition(self, rank: int, start_ns: int, end_ns: int) -> LLMBatch | None:
+        """The composition of the iteration ``[start_ns, end_ns)`` of ``rank``, read from the first
+        forward attention op starting in it whose shapes say its sequences (None without one): a
+        sequence with one query decodes over its keys, one with more prefills its queries over its
+        earlier keys (cached = keys − queries). A padded batch gives every sequence the padded
+        lengths."""
+        trace = self.trace
+        dims, concrete = trace.arg(Arg.INPUT_DIMS), trace.arg(Arg.CONCRETE_INPUTS)
+        names = trace.events["name"].to_numpy()
+        for row in self.ops.within(rank, start_ns, end_ns):
+            seqs = attention_sequences(str(names[row]), dims[row], concrete[row])
+            if seqs:
+                prefill = [(q, k) for q, k in seqs if q > 1]
+                return LLMBatch(prefill_tokens=tuple(q for q, _ in prefill),
+                                prefill_cached=tuple(max(k - q, 0) for q, k in prefill),
+                                decode_context=tuple(k for q, k in seqs if q == 1))
+        return None
 
 
 def _step_windows(graph: TaskGraph) -> list[tuple[int, int, int, str]]:
@@ -118,12 +137,13 @@ class GenericAdapter(EngineAdapter):
 
     def find(self, graph: TaskGraph) -> FoundIterations | None:
         trace = graph.trace
-        if trace is None or not len(trace_attention_rows(trace)):
+        shapes = AttentionShapes(trace) if trace is not None else None
+        if trace is None or shapes is None or not len(shapes.ops):
             return None
         windows = _step_windows(graph) or _module_windows(trace)
         found = []
         for rank, start, end, what in windows:
-            batch = shape_composition(trace, rank, start, end)
+            batch = shapes.composition(rank, start, end)
             if batch is not None:
                 found.append(FoundIteration(rank=rank, start_ns=start, end_ns=end, phase=IterationPhase(batch.phase),
                                             evidence=f"{what}: attention shapes", llm=batch))

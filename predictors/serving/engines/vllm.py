@@ -16,7 +16,7 @@ and the detailed code) and vllm-project/vllm @ 04b022935c ``vllm/config/profiler
 (``detailed_trace_annotation``). The annotation gives sums, not each request: :func:`split_group`
 says how they are spread over the requests. A trace of vLLM without these ranges (V0, or a profiler
 run without the annotation) has ``execute_model`` Python frames: each is an iteration, its
-composition read from recorded attention shapes (:func:`.generic.shape_composition`); without
+composition read from recorded attention shapes (:class:`.generic.AttentionShapes`); without
 shapes the adapter says what to record.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ from .base import (
     equal_shares,
     event_windows,
 )
-from .generic import shape_composition
+from .generic import AttentionShapes
 
 _GROUP = r"_(context|generation)_(\d+)\(sq(\d+)sk(\d+)sqsq(\d+)sqsk(\d+)\)"
 DETAILED = re.compile(rf"execute_(\d+){_GROUP}{_GROUP}")
@@ -171,16 +171,17 @@ def split_group(group: Group) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tokens, (big, *equal_shares(cached_total - big, r - 1))
 
 
-def execute_iterations(trace: Trace, rows: np.ndarray, engine: str) -> tuple[list[FoundIteration], int]:
-    """One iteration per ``execute_…`` range at ``rows`` (the idle ones, no request, left out:
-    their count is returned beside).
+def execute_iterations(trace: Trace, rows: np.ndarray, engine: str) -> tuple[list[FoundIteration], tuple[str, ...]]:
+    """One iteration per ``execute_…`` range at ``rows`` (the idle ones, no request, left out),
+    with the notes on what the ranges could not say.
 
     Raises
     ------
     ServingLogError
-        A range that does not parse (one line naming the trace and the range).
+        A range that does not parse, or only idle ones (one line naming the trace).
     """
     out: list[FoundIteration] = []
+    anns: list[ExecuteAnnotation] = []
     idle = 0
     for w in event_windows(trace, rows):
         try:
@@ -193,7 +194,10 @@ def execute_iterations(trace: Trace, rows: np.ndarray, engine: str) -> tuple[lis
             idle += 1
             continue
         out.append(_iteration(w.rank, w.start_ns, w.end_ns, ann.batch(), w.name))
-    return out, idle
+        anns.append(ann)
+    if not out:
+        raise ServingLogError(f"{trace.source}: every {engine} iteration annotation is idle (no request)")
+    return out, annotation_notes(anns, idle)
 
 
 def _iteration(rank: int, start: int, end: int, batch: LLMBatch, evidence: str) -> FoundIteration:
@@ -233,12 +237,8 @@ class VllmAdapter(EngineAdapter):
             return None
         rows = annotation_rows(trace, is_execute)
         if len(rows):
-            iterations, idle = execute_iterations(trace, rows, "vLLM")
-            anns = [a for a in (parse_execute(str(n)) for n in trace.events["name"].to_numpy()[rows]) if a]
-            if not iterations:
-                raise ServingLogError(f"{trace.source}: every vLLM iteration annotation is idle (no request)")
-            return FoundIterations(self.name, tuple(iterations), CompositionSource.ANNOTATION,
-                                   annotation_notes(anns, idle))
+            iterations, notes = execute_iterations(trace, rows, "vLLM")
+            return FoundIterations(self.name, tuple(iterations), CompositionSource.ANNOTATION, notes)
         return self._from_frames(trace)
 
     def _from_frames(self, trace: Trace) -> FoundIterations | None:
@@ -248,8 +248,9 @@ class VllmAdapter(EngineAdapter):
         if not len(frames):
             return None
         found = []
+        shapes = AttentionShapes(trace)
         for w in event_windows(trace, frames):
-            batch = shape_composition(trace, w.rank, w.start_ns, w.end_ns)
+            batch = shapes.composition(w.rank, w.start_ns, w.end_ns)
             if batch is None:
                 raise ServingLogError(
                     f"{trace.source}: vLLM execute_model calls without iteration annotations or attention "
