@@ -144,11 +144,12 @@ def test_examples_adapter_reads_recorded_shapes_without_a_log(tmp_path: Path) ->
             if batch.decode_context else not it.llm.decode_context
 
 
-def vllm_trace(path: Path, names: list[str]) -> Path:
+def vllm_trace(path: Path, names: list[str], frame: str = "vllm/v1/worker/gpu_model_runner.py(3380): execute_model") \
+        -> Path:
     tr = KinetoTrace()
     for i, name in enumerate(names):
         tr.annotation(name, 1000 * i, 900)
-        tr.python("vllm/v1/worker/gpu_model_runner.py(3380): execute_model", 1000 * i + 10, 800)
+        tr.python(frame, 1000 * i + 10, 800)
     return tr.write(path)
 
 
@@ -207,6 +208,16 @@ def test_vllm_without_annotations_reads_attention_shapes(tmp_path: Path) -> None
     bare.python("vllm/worker/model_runner.py(1560): execute_model", 0, 90)
     with pytest.raises(ServingLogError, match="without iteration annotations or attention shapes"):
         find_iterations(graph_of(bare.write(tmp_path / "bare.json.gz")))
+
+
+def test_only_idle_iterations_is_an_error_and_sglang_frames_claim_execute_ranges(tmp_path: Path) -> None:
+    idle = "execute_0_context_0(sq0sk0sqsq0sqsk0)_generation_0(sq0sk0sqsq0sqsk0)"
+    with pytest.raises(ServingLogError, match="every vLLM iteration annotation is idle"):
+        find_iterations(graph_of(vllm_trace(tmp_path / "idle.json.gz", [idle])))
+    busy = "execute_1_context_0(sq0sk0sqsq0sqsk0)_generation_1(sq1sk9sqsq1sqsk9)"
+    frame = "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py(1100): run_batch"
+    found = find_iterations(graph_of(vllm_trace(tmp_path / "sgl.json.gz", [busy], frame)))
+    assert found.adapter == "sglang" and found.iterations[0].llm == logs.LLMBatch(decode_context=(9,))
 
 
 def test_sglang_native_steps(tmp_path: Path) -> None:

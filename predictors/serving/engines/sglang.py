@@ -15,24 +15,23 @@ sglang_roofline_patches/sglang_0_5_12/scheduler_profiler_mixin.patch``. A trace 
 """
 from __future__ import annotations
 
+import bisect
 import re
 
 from whatif.depgraph.graph import TaskGraph
 from whatif.tracer.kinds import EventKind
 from whatif.tracer.trace import Trace, per_name
 
-from ..logs import ServingLogError
 from . import register
 from .base import (
     CompositionSource,
     EngineAdapter,
-    FoundIteration,
+    EventWindow,
     FoundIterations,
-    IterationPhase,
     annotation_rows,
     event_windows,
 )
-from .vllm import ExecuteAnnotation, Group, annotation_notes, is_execute, parse_execute
+from .vllm import ExecuteAnnotation, Group, annotated_iterations, is_execute, parse_execute
 
 STEP = re.compile(r"step\[(EXTEND|DECODE|MIXED)\b([^\]]*)\]")
 
@@ -77,6 +76,19 @@ def parse_step(name: str) -> ExecuteAnnotation | None:
     return ann
 
 
+def _enclosing(ranges: list[EventWindow], at: EventWindow) -> EventWindow:
+    """The last of ``ranges`` (sorted by rank, then start) of ``at``'s rank that starts at or before
+    it and is still open when it starts; ``at`` itself when none is."""
+    lo = bisect.bisect_left(ranges, at.rank, key=lambda w: w.rank)
+    hi = bisect.bisect_right(ranges, at.rank, key=lambda w: w.rank)
+    j = bisect.bisect_right(ranges, at.start_ns, lo, hi, key=lambda w: w.start_ns) - 1
+    return ranges[j] if j >= lo and ranges[j].end_ns > at.start_ns else at
+
+
+def _parse(name: str) -> ExecuteAnnotation | None:
+    return parse_execute(name) or parse_step(name)
+
+
 def _is_step(name: str) -> bool:
     return name.startswith("step[")
 
@@ -103,31 +115,10 @@ class SglangAdapter(EngineAdapter):
             if not len(executes) or not self._has_frames(trace):
                 return None
             steps = executes
-        executes_at = event_windows(trace, executes)
-        found, anns, idle = [], [], 0
-        for step in event_windows(trace, steps):
-            outer = next((x for x in executes_at if x.rank == step.rank and x.start_ns <= step.start_ns < x.end_ns),
-                         step)
-            try:
-                ann = parse_execute(outer.name) or parse_step(outer.name)
-            except ValueError as exc:
-                raise ServingLogError(f"{trace.source}: malformed SGLang iteration annotation {outer.name!r} ({exc})") \
-                    from None
-            if ann is None:
-                raise ServingLogError(f"{trace.source}: malformed SGLang iteration annotation {outer.name!r} "
-                                      "(expected step[EXTEND|DECODE|MIXED bs=N …])")
-            if not (ann.context.requests or ann.generation.requests):
-                idle += 1
-                continue
-            batch = ann.batch()
-            found.append(FoundIteration(rank=step.rank, start_ns=min(step.start_ns, outer.start_ns),
-                                        end_ns=max(step.end_ns, outer.end_ns), phase=IterationPhase(batch.phase),
-                                        evidence=step.name if outer is step else f"{step.name} in {outer.name}",
-                                        llm=batch))
-            anns.append(ann)
-        if not found:
-            raise ServingLogError(f"{trace.source}: every SGLang iteration annotation is idle (no request)")
-        return FoundIterations(self.name, tuple(found), CompositionSource.ANNOTATION, annotation_notes(anns, idle))
+        ranges = event_windows(trace, executes)
+        spans = [(step, _enclosing(ranges, step)) for step in event_windows(trace, steps)]
+        iterations, notes = annotated_iterations(trace, spans, _parse, "SGLang")
+        return FoundIterations(self.name, tuple(iterations), CompositionSource.ANNOTATION, notes)
 
     @staticmethod
     def _has_frames(trace: Trace) -> bool:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,7 @@ from . import register
 from .base import (
     CompositionSource,
     EngineAdapter,
+    EventWindow,
     FoundIteration,
     FoundIterations,
     IterationPhase,
@@ -171,29 +173,39 @@ def split_group(group: Group) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tokens, (big, *equal_shares(cached_total - big, r - 1))
 
 
-def execute_iterations(trace: Trace, rows: np.ndarray, engine: str) -> tuple[list[FoundIteration], tuple[str, ...]]:
-    """One iteration per ``execute_…`` range at ``rows`` (the idle ones, no request, left out),
-    with the notes on what the ranges could not say.
+def annotated_iterations(trace: Trace, spans: list[tuple[EventWindow, EventWindow]],
+                         parse: Callable[[str], ExecuteAnnotation | None],
+                         engine: str) -> tuple[list[FoundIteration], tuple[str, ...]]:
+    """One iteration per (range, annotation) pair: its window spans both, its composition is what
+    ``parse`` reads in the annotation's name (the range itself, or one enclosing it); idle ones
+    (no request) are left out. With the notes on what the annotations could not say.
 
     Raises
     ------
     ServingLogError
-        A range that does not parse, or only idle ones (one line naming the trace).
+        An annotation that does not parse, or only idle ones (one line naming the trace).
     """
     out: list[FoundIteration] = []
     anns: list[ExecuteAnnotation] = []
     idle = 0
-    for w in event_windows(trace, rows):
+    for span, ann_at in spans:
         try:
-            ann = parse_execute(w.name)
+            ann = parse(ann_at.name)
         except ValueError as exc:
-            raise ServingLogError(f"{trace.source}: malformed {engine} iteration annotation {w.name!r} ({exc})") \
-                from None
-        assert ann is not None
+            ann, why = None, f" ({exc})"
+        else:
+            why = ""
+        if ann is None:
+            raise ServingLogError(f"{trace.source}: malformed {engine} iteration annotation {ann_at.name!r}"
+                                  f"{why or ' (not a known spelling)'}")
         if not (ann.context.requests or ann.generation.requests):
             idle += 1
             continue
-        out.append(_iteration(w.rank, w.start_ns, w.end_ns, ann.batch(), w.name))
+        batch = ann.batch()
+        out.append(FoundIteration(rank=span.rank, start_ns=min(span.start_ns, ann_at.start_ns),
+                                  end_ns=max(span.end_ns, ann_at.end_ns), phase=IterationPhase(batch.phase),
+                                  evidence=span.name if ann_at is span else f"{span.name} in {ann_at.name}",
+                                  llm=batch))
         anns.append(ann)
     if not out:
         raise ServingLogError(f"{trace.source}: every {engine} iteration annotation is idle (no request)")
@@ -237,7 +249,8 @@ class VllmAdapter(EngineAdapter):
             return None
         rows = annotation_rows(trace, is_execute)
         if len(rows):
-            iterations, notes = execute_iterations(trace, rows, "vLLM")
+            iterations, notes = annotated_iterations(trace, [(w, w) for w in event_windows(trace, rows)],
+                                                     parse_execute, "vLLM")
             return FoundIterations(self.name, tuple(iterations), CompositionSource.ANNOTATION, notes)
         return self._from_frames(trace)
 
