@@ -618,6 +618,17 @@ def _attention_shape(spec: AttentionOp, q: list[int], k: list[int], v: list[int]
     return None
 
 
+def is_attention_backward(op_name: str) -> bool:
+    """Whether a CPU op computes an attention's gradients (a training step's backward pass).
+
+    >>> is_attention_backward("aten::_scaled_dot_product_flash_attention_backward"), \\
+    ...     is_attention_backward("aten::scaled_dot_product_attention")
+    (True, False)
+    """
+    spec = _ATTENTION_OPS.get(_op_key(op_name))
+    return spec is not None and spec.backward
+
+
 def attention_sequences(op_name: str, input_dims: Sequence | None,
                         concrete_inputs: Sequence | None = None) -> list[tuple[int, int]] | None:
     """Per sequence of a forward attention op's batch, its (queries, keys), read from the op's

@@ -35,6 +35,7 @@ LLM_SERVE = ROOT / "sample_traces" / "llm_serve"
 VLLM = "tracelens/vllm_decode_full_graph_execution_mi300x.json.gz"
 SGLANG = "tracelens/sglang_qwen3_8b_decode_mi300x.json.gz"
 QWEN_HF = "tracelens/hf_h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+B200 = "tracelens/b200_eager_rank0of8.json.gz"
 
 
 def graph_of(path: Path) -> TaskGraph:
@@ -82,6 +83,18 @@ def test_sglang_decode_reads_the_execute_range_around_its_step(shared_traces: Pa
     assert kernels_in(graph, found, 0) == (555, 555)
 
 
+def test_vllm_eager_prefill_with_the_native_annotation(shared_traces: Path) -> None:
+    graph = graph_of(shared_traces / B200)
+    found = find_iterations(graph)
+    (it,) = found.iterations
+    # execute_context_1(888_788544)_generation_0(0), 87412.863 us: one prompt of 888 tokens (888² = 788544;
+    # the ops take 888 rows: aten::linear [[888, 2880], ...], vllm::unified_attention_with_output [[888, 8, 64], ...])
+    assert found.adapter == "vllm" and it.phase is IterationPhase.PREFILL and it.end_ns - it.start_ns == 87412863
+    assert it.llm == logs.LLMBatch(prefill_tokens=(888,), prefill_cached=(0,))
+    assert any("native annotation" in n for n in found.notes)
+    assert kernels_in(graph, found, 0) == (694, 694)     # and the 74 NCCL kernels are COMM tasks
+
+
 def test_a_trace_of_no_engine_is_left_to_the_next_adapter(shared_traces: Path) -> None:
     vllm = graph_of(shared_traces / VLLM)
     assert SglangAdapter().find(vllm) is None and ExamplesAdapter().find(vllm) is None
@@ -109,6 +122,16 @@ def test_examples_adapter_reads_the_dit_log() -> None:
     expected = logs.dit_compositions(logs.read_log(logs.find_log(run)))
     assert found.adapter == "examples" and found.kind == "dit" and len(expected) == 6
     assert [(it.dit.model_batch, it.dit.tokens) for it in found.iterations if it.dit] == expected
+
+
+def test_examples_adapter_passes_over_a_log_that_is_no_serving_log() -> None:
+    """A decode benchmark (bench/gpu_harvest) marked with whatif.phase("decode"), recorded with shapes,
+    whose --log is its own program log: compositions from shapes, saying why the log was not used."""
+    found = find_iterations(graph_of(ROOT / "sample_traces" / "gpu" / "pairs" / "p2_cuda_graph-before-r1"))
+    assert found.adapter == "examples" and found.source is CompositionSource.SHAPES
+    assert "program.log: not a serving log" in found.notes[0]
+    assert {it.llm for it in found.iterations} == {logs.LLMBatch(decode_context=(512,) * 8)}
+    assert len(found.iterations) == 60
 
 
 def test_examples_adapter_refuses_a_log_of_another_recording(tmp_path: Path) -> None:
@@ -247,6 +270,15 @@ def test_generic_finds_repeated_steps_with_attention_shapes(tmp_path: Path) -> N
     assert [it.phase for it in found.iterations] == [IterationPhase.PREFILL] + [IterationPhase.DECODE] * 2
     assert found.iterations[2].llm == logs.LLMBatch(decode_context=(14, 14))
     assert found.notes[0].startswith("guessed")
+
+
+def test_generic_leaves_training_steps_alone(tmp_path: Path) -> None:
+    tr = KinetoTrace()
+    for i in range(3):
+        tr.step(i, 100 * i, 90)
+        sdpa(tr, 100 * i + 10, 4, 128, 128)
+        tr.op("autograd::engine::evaluate_function: ScaledDotProductFlashAttentionBackward0", 100 * i + 50, 20)
+    assert GenericAdapter().find(graph_of(tr.write(tmp_path / "train.json.gz"))) is None
 
 
 def test_generic_falls_back_to_the_repeated_outermost_module(tmp_path: Path) -> None:

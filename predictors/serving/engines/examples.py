@@ -54,9 +54,11 @@ class PhaseStep:
 
 
 def phase_steps(graph: TaskGraph) -> list[PhaseStep]:
-    """Every step that ran a phase, rank by rank, in step order."""
+    """Every step that ran a serving phase (prefill, decode, mixed, denoise), rank by rank, in step
+    order."""
     t = graph.tasks
-    marked = t[t["phase"].notna().to_numpy() & (t["step"].to_numpy() >= 0) & (t["measured_start_ns"].to_numpy() >= 0)]
+    serving = t["phase"].isin([p.value for p in IterationPhase]).to_numpy()
+    marked = t[serving & (t["step"].to_numpy() >= 0) & (t["measured_start_ns"].to_numpy() >= 0)]
     if not len(marked):
         return []
     per_step = marked.groupby(["rank", "step"], sort=False).agg(
@@ -88,17 +90,22 @@ class ExamplesAdapter(EngineAdapter):
         steps = phase_steps(graph)
         if trace is None or not steps:
             return None
-        path = self.log or logs.find_log(trace.ranks[0].path)
-        if path is not None:
-            return self._from_log(trace, steps, path)
+        if self.log is not None:
+            return self._from_log(trace, steps, self.log, logs.read_log(self.log))
+        found = logs.find_log(trace.ranks[0].path)
+        unusable = ""
+        if found is not None:
+            try:
+                return self._from_log(trace, steps, found, logs.read_log(found))
+            except ServingLogError as exc:     # the recorded command's --log is some other file
+                unusable = f" ({exc})"
         if any(s.phase == IterationPhase.DENOISE.value for s in steps) or not _has_shapes(trace):
-            raise ServingLogError(f"{trace.source}: {len(steps)} phase-marked steps but no serving log (the recorded "
-                                  "command's --log) and no recorded shapes: pass --iterations-log FILE or record "
-                                  "with --record-shapes")
-        return self._from_shapes(trace, steps)
+            raise ServingLogError(f"{trace.source}: {len(steps)} phase-marked steps but no serving log{unusable} "
+                                  "and no recorded shapes: pass --iterations-log FILE or record with --record-shapes")
+        return self._from_shapes(trace, steps, unusable)
 
-    def _from_log(self, trace: Trace, steps: list[PhaseStep], path: Path) -> FoundIterations:
-        log = logs.read_log(path)
+    def _from_log(self, trace: Trace, steps: list[PhaseStep], path: Path,
+                  log: logs.ServingLog) -> FoundIterations:
         compositions: list[tuple[str, LLMBatch | DitBatch]]
         if isinstance(log, logs.LlmLog):
             compositions = list(logs.llm_compositions(log))
@@ -122,7 +129,7 @@ class ExamplesAdapter(EngineAdapter):
                                (f"compositions from the serving log {path}: the trace marks the iterations, "
                                 "not what they computed",))
 
-    def _from_shapes(self, trace: Trace, steps: list[PhaseStep]) -> FoundIterations:
+    def _from_shapes(self, trace: Trace, steps: list[PhaseStep], unusable: str = "") -> FoundIterations:
         found = []
         shapes, linears = AttentionShapes(trace), ShapedOps(trace, lambda n: n == LM_HEAD_OP)
         dims = trace.arg(Arg.INPUT_DIMS)
@@ -141,8 +148,9 @@ class ExamplesAdapter(EngineAdapter):
                 batch = LLMBatch(decode_context=seen.decode_context or seen.prefill_tokens)
             found.append(_iteration(s, batch, f"step {s.step} phase:{s.phase}, attention shapes"))
         return FoundIterations(self.name, tuple(found), CompositionSource.SHAPES,
-                               ("no serving log: compositions from recorded shapes; a prefill's prompts in equal "
-                                "shares of its packed tokens, a decode's contexts the padded (longest) length",))
+                               (f"no serving log{unusable}: compositions from recorded shapes; a prefill's prompts "
+                                "in equal shares of its packed tokens, a decode's contexts the padded (longest) "
+                                "length",))
 
 
 def _iteration(step: PhaseStep, batch: LLMBatch | DitBatch, evidence: str) -> FoundIteration:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from whatif.core.kernels import attention_sequences, is_attention
+from whatif.core.kernels import attention_sequences, is_attention, is_attention_backward
 from whatif.depgraph.graph import TaskGraph
 from whatif.tracer.args import Arg
 from whatif.tracer.kinds import EventKind
@@ -36,16 +36,18 @@ from .base import (
 )
 
 MODULE_PREFIX = "nn.Module: "
+AUTOGRAD_PREFIX = "autograd::engine::evaluate_function"
 
 
 class ShapedOps:
-    """The CPU ops of a trace with recorded shapes whose name passes ``predicate``, indexed so
-    that the ones starting in a window of one rank are found by bisection."""
+    """The CPU ops of a trace whose name passes ``predicate`` (with recorded shapes, unless
+    ``shaped`` is False), indexed so that the ones starting in a window of one rank are found by
+    bisection."""
 
-    def __init__(self, trace: Trace, predicate: Callable[[str], bool]) -> None:
+    def __init__(self, trace: Trace, predicate: Callable[[str], bool], shaped: bool = True) -> None:
         ev = trace.events
         dims = trace.arg(Arg.INPUT_DIMS)
-        has_dims = np.fromiter((d is not None for d in dims), dtype=bool, count=len(dims))
+        has_dims = np.fromiter((d is not None or not shaped for d in dims), dtype=bool, count=len(dims))
         # the table is sorted by rank, then start: so are these rows
         self.rows = np.flatnonzero((ev["kind"].to_numpy() == int(EventKind.CPU_OP)) & has_dims
                                    & per_name(ev["name"], predicate))
@@ -68,16 +70,21 @@ class AttentionShapes:
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
         self.ops = ShapedOps(trace, is_attention)
+        self.backward = ShapedOps(trace, lambda n: n.startswith(AUTOGRAD_PREFIX) or is_attention_backward(n),
+                                  shaped=False)
 
     def composition(self, rank: int, start_ns: int, end_ns: int) -> LLMBatch | None:
         """The composition of the iteration ``[start_ns, end_ns)`` of ``rank``, read from the first
         forward attention op starting in it whose shapes say its sequences (None without one): a
         sequence with one query decodes over its keys, one with more prefills its queries over its
         earlier keys (cached = keys − queries). A padded batch gives every sequence the padded
-        lengths."""
+        lengths. A window that runs a backward pass (autograd's functions, attention gradients) is a
+        training step: None."""
         trace = self.trace
         dims, concrete = trace.arg(Arg.INPUT_DIMS), trace.arg(Arg.CONCRETE_INPUTS)
         names = trace.events["name"].to_numpy()
+        if len(self.backward.within(rank, start_ns, end_ns)):
+            return None     # a training step
         for row in self.ops.within(rank, start_ns, end_ns):
             seqs = attention_sequences(str(names[row]), dims[row], concrete[row])
             if seqs:

@@ -3,7 +3,9 @@
 ``vllm/v1/worker/gpu_worker.py``). Two spellings, both read here:
 
 * native (vLLM v0.14.0's own ``annotate_profile``): ``execute_context_{Rc}({Tc})_generation_{Rg}({Tg})``,
-  the requests and scheduled tokens of the context (prefill) and generation (decode) groups;
+  the requests and scheduled tokens of the context (prefill) and generation (decode) groups; a
+  variant (TraceLens's B200 trace: ``execute_context_1(888_788544)_generation_0(0)``, a vLLM run
+  whose ops take 888 tokens) follows a group's tokens with a second sum, 888² there: read as Σsq²;
 * detailed (``--profiler-config.detailed_trace_annotation True``: upstream from v0.26.0, TraceLens's
   patches for v0.14–v0.25; the TraceLens patches of SGLang write it too):
   ``execute_{T}_context_{Rc}(sq…sk…sqsq…sqsk…)_generation_{Rg}(sq…sk…sqsq…sqsk…)`` where, per
@@ -49,7 +51,7 @@ from .generic import AttentionShapes
 
 _GROUP = r"_(context|generation)_(\d+)\(sq(\d+)sk(\d+)sqsq(\d+)sqsk(\d+)\)"
 DETAILED = re.compile(rf"execute_(\d+){_GROUP}{_GROUP}")
-NATIVE = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
+NATIVE = re.compile(r"execute_context_(\d+)\((\d+)(?:_(\d+))?\)_generation_(\d+)\((\d+)(?:_(\d+))?\)")
 _EXECUTE_MODEL = re.compile(r"vllm/.*\): execute_model$")
 
 
@@ -70,9 +72,10 @@ class Group:
             raise ValueError("tokens without requests")
         if self.requests and self.sq < self.requests:
             raise ValueError(f"{self.sq} tokens for {self.requests} requests")
-        if self.sk is not None and (self.sk < self.sq or (self.sqsq or 0) < self.sq
-                                    or (self.sqsk or 0) < (self.sqsq or 0)):
-            raise ValueError("sums out of order (need sk >= sq, sqsq >= sq, sqsk >= sqsq)")
+        if self.sqsq is not None and self.sqsq < self.sq:
+            raise ValueError(f"Σsq² {self.sqsq} below Σsq {self.sq}")
+        if self.sk is not None and (self.sk < self.sq or (self.sqsk or 0) < (self.sqsq or 0)):
+            raise ValueError("sums out of order (need sk >= sq, sqsk >= sqsq)")
 
 
 @dataclass(frozen=True)
@@ -125,8 +128,8 @@ def parse_execute(name: str) -> ExecuteAnnotation | None:
         if not m:
             raise ValueError("not execute_N_context_R(sq…sk…sqsq…sqsk…)_generation_R(…) "
                              "nor execute_context_R(T)_generation_R(T)")
-        rc, tc, rg, tg = (int(v) for v in m.groups())
-        ctx, gen = Group(rc, tc), Group(rg, tg)
+        rc, tc, xc, rg, tg, xg = (None if v is None else int(v) for v in m.groups())
+        ctx, gen = Group(rc or 0, tc or 0, sqsq=xc), Group(rg or 0, tg or 0, sqsq=xg)
     ctx.check()
     gen.check()
     return ExecuteAnnotation(ctx, gen)
@@ -140,11 +143,11 @@ def is_execute(name: str) -> bool:
 def split_group(group: Group) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(new tokens, cached tokens) per request of a context group whose annotation gives only sums.
 
-    Σ new and Σ cached are kept exactly. With the detailed sums, the requests are taken as one of
-    ``b`` new tokens and the rest of ``a`` each, ``a`` and ``b`` solving Σsq² (a request's
-    attention grows with its square), and the cached tokens placed so that Σ new·(cached + new)
-    is Σsq·sk: the two moments the prefill time depends on, up to rounding. Without them: equal
-    shares, nothing cached.
+    Σ new and Σ cached are kept exactly. Given Σsq², the requests are taken as one of ``b`` new
+    tokens and the rest of ``a`` each, ``a`` and ``b`` solving it (a request's attention grows
+    with its square); given Σsk and Σsq·sk too, the cached tokens are placed so that
+    Σ new·(cached + new) is Σsq·sk: the two moments the prefill time depends on, up to rounding.
+    Without them: equal shares, nothing cached.
 
     >>> split_group(Group(1, 6144, 7144, 6144 ** 2, 6144 * 7144))
     ((6144,), (1000,))
@@ -158,16 +161,19 @@ def split_group(group: Group) -> tuple[tuple[int, ...], tuple[int, ...]]:
     r, s = group.requests, group.sq
     if r == 0:
         return (), ()
-    if group.sk is None or group.sqsq is None or group.sqsk is None:
-        return equal_shares(s, r), (0,) * r
+    if group.sqsq is None or r == 1:
+        tokens = equal_shares(s, r)
+    else:
+        spread = r * group.sqsq - s * s                  # r²·variance of the requests' tokens
+        a = s // r if spread <= 0 else int(round((s * (r - 1) - math.sqrt((r - 1) * spread)) / ((r - 1) * r)))
+        a = min(max(a, 1), s // r)
+        tokens = (s - (r - 1) * a,) + (a,) * (r - 1)
+    if group.sk is None or group.sqsk is None:
+        return tokens, (0,) * r
     cached_total = group.sk - s
     if r == 1:
-        return (s,), (cached_total,)
-    spread = r * group.sqsq - s * s                      # r²·variance of the requests' tokens
-    a = s // r if spread <= 0 else int(round((s * (r - 1) - math.sqrt((r - 1) * spread)) / ((r - 1) * r)))
-    a = min(max(a, 1), s // r)
-    b = s - (r - 1) * a
-    tokens = (b,) + (a,) * (r - 1)
+        return tokens, (cached_total,)
+    b, a = tokens[0], tokens[-1]
     excess = group.sqsk - sum(t * t for t in tokens)     # Σ new·cached wanted
     big = 0 if b == a else min(max(int(round((excess - a * cached_total) / (b - a))), 0), cached_total)
     return tokens, (big, *equal_shares(cached_total - big, r - 1))
