@@ -85,6 +85,7 @@ from whatif.predictors.serving.iteration_model import (
     profiler_correction,
     replayed_iterations,
 )
+from whatif.predictors.serving.logs import ServingLogError
 from whatif.predictors.serving.simulator import (
     SchedulerConfig,
     SimResult,
@@ -294,6 +295,9 @@ class ServingModels:
             return fit_dit_model(x.iters, x.compositions, x.work, 0.0)
         if self.found is not None:
             gpu = Selector(kind="gpu")
+            if not len(gpu(rp.graph)):   # the model ran on the CPU: no kernels for the laws to move
+                return fit_llm_model(replayed_iterations(rp, self.reference, self.step_options),
+                                     [(it.phase.value, it.llm) for it in self.found.iterations if it.llm is not None])
             cpu_only = replay(Scale(select=gpu, factor=0.0).apply(rp.graph, TransformContext()))
             return fit_cost_model(rp, cpu_only, self.found, self.device, self.shape,
                                   self.shape.assumptions if self.shape is not None else ())
@@ -449,7 +453,7 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
         if isinstance(s, Scenario):
             scenario_cost_model(s, cost_model)
     run = _run_path(path)
-    log_path = Path(iterations_log) if iterations_log else logs.find_log(run)
+    log_path = Path(iterations_log) if iterations_log else _serving_log(run)
     base = path if isinstance(path, Analysis) else analyze(path, step_options or COUNT_DEFAULT)
     if step_options is not None:
         base = base.with_options(step_options)
@@ -466,6 +470,19 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
     return ServingModels(base.trace.source if isinstance(path, Analysis) else str(path), log_path, replays,
                          unprofiled_log, reference=base.graph, step_options=base.options, placements=placements,
                          found=found, device=device, shape=shape)
+
+
+def _serving_log(run: Path) -> Path | None:
+    """The ``--log`` the run folder's metadata names, when it is a serving log (a recorded
+    program's other log is left to the engine adapters)."""
+    found = logs.find_log(run)
+    if found is None:
+        return None
+    try:
+        logs.read_log(found)
+    except ServingLogError:
+        return None
+    return found
 
 
 def _device_and_shape(base: Analysis) -> tuple[Device | None, ModelShape | None]:
