@@ -64,7 +64,7 @@ _NAME_RULES: list[tuple[KernelClass, str]] = [
     (KernelClass.ATTENTION, r"flash_fwd|flash_bwd|flash_attn|fmha|attn_fwd|attn_bwd|attention|"
                             r"_fwd_kernel_stage|paged_attention|mha_fwd|mha_bwd|sdpa|"
                             r"efficient_attention|cutlass_.*attention|unified_attention|"
-                            r"flashinfer|sage_?attn|sage_fwd|decode_attention"),
+                            r"flashinfer|sage_?attn|sage_fwd|sage_quant|decode_attention"),
     (KernelClass.CONV, r"conv|fprop|dgrad|wgrad|winograd|implicit_gemm|igemm_(fwd|bwd|wrw)|"
                        r"scudnn|hcudnn|fft2d|fft1d|im2col|miopen.*(conv|gtc)|naive_conv|"
                        r"flip_filter|implicit_convolve|im2d2col|col2im"),
@@ -584,13 +584,15 @@ def _varlen_lengths(total: int, seqs: int, longest: int) -> list[int]:
 class _Attention:
     """What an attention call computes: ``batch_heads`` query heads (× batch), each over the
     (queries, keys) of ``lengths`` (one pair per sequence), head dims ``d`` (QK) and ``dv`` (V),
-    and the K + V elements it reads (with the KV heads of their own shape: GQA)."""
+    and the K + V elements it reads (with the KV heads of their own shape: GQA); ``batch``: how many
+    sequences each ``lengths`` entry stands for (a padded batch: all of one length)."""
 
     batch_heads: int
     lengths: list[tuple[int, int]]
     d: int
     dv: int
     kv_elems: int
+    batch: int = 1
 
 
 def _attention_shape(spec: AttentionOp, q: list[int], k: list[int], v: list[int], dims,
@@ -606,7 +608,7 @@ def _attention_shape(spec: AttentionOp, q: list[int], k: list[int], v: list[int]
         else:                                   # (B, S, H, D)
             b, sq, hq, d = q
             sk, hkv = k[1], k[2]
-        return _Attention(b * hq, [(sq, sk)], d, v[3], b * hkv * sk * (d + v[3]))
+        return _Attention(b * hq, [(sq, sk)], d, v[3], b * hkv * sk * (d + v[3]), batch=b)
     if len(q) == 3 and spec.layout is Layout.BSHD and spec.cu_seqlens is not None and spec.max_seqlen is not None:
         (tq, hq, d), (tk, hkv), dv = q, k[:2], v[2]   # varlen: (tokens, H, D), cu_seqlens (B + 1,)
         seqs = _numel(dims[spec.cu_seqlens]) - 1
@@ -614,6 +616,43 @@ def _attention_shape(spec: AttentionOp, q: list[int], k: list[int], v: list[int]
         lengths = list(zip(_varlen_lengths(tq, seqs, longest_q), _varlen_lengths(tk, seqs, longest_k)))
         return _Attention(hq, lengths, d, dv, tk * hkv * (d + dv))
     return None
+
+
+def is_attention_backward(op_name: str) -> bool:
+    """Whether a CPU op computes an attention's gradients (a training step's backward pass).
+
+    >>> is_attention_backward("aten::_scaled_dot_product_flash_attention_backward"), \\
+    ...     is_attention_backward("aten::scaled_dot_product_attention")
+    (True, False)
+    """
+    spec = _ATTENTION_OPS.get(_op_key(op_name))
+    return spec is not None and spec.backward
+
+
+def attention_sequences(op_name: str, input_dims: Sequence | None,
+                        concrete_inputs: Sequence | None = None) -> list[tuple[int, int]] | None:
+    """Per sequence of a forward attention op's batch, its (queries, keys), read from the op's
+    recorded shapes; None for any other op, a backward one, or shapes that do not say. A padded
+    batch gives every sequence the padded lengths; a varlen one without its lengths, the longest
+    plus equal shares of the rest (as :func:`op_flops_bytes` prices it).
+
+    >>> attention_sequences("aten::scaled_dot_product_attention", [[2, 8, 1, 64], [2, 8, 37, 64], [2, 8, 37, 64]])
+    [(1, 37), (1, 37)]
+    >>> attention_sequences("aten::mm", [[4, 8], [8, 4]]) is None
+    True
+    """
+    spec = _ATTENTION_OPS.get(_op_key(op_name))
+    if spec is None or spec.backward or not input_dims:
+        return None
+    operands = [a[0] for a in _tensors(input_dims, None)[spec.q:spec.q + 3] if a is not None]
+    if len(operands) < 3:
+        return None
+    try:
+        q, k, v = operands
+        shape = _attention_shape(spec, q, k, v, input_dims, list(concrete_inputs or ()))
+    except (ValueError, TypeError, IndexError):
+        return None
+    return None if shape is None else shape.lengths * shape.batch
 
 
 def _attention(spec: AttentionOp, args, dims, concrete: list) -> tuple[int, int] | None:

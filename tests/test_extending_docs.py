@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from whatif.predictors.cost_models import COST_MODELS
-from whatif.predictors.serving import POLICIES, ROUTERS
+from whatif.predictors.serving import POLICIES, ROUTERS, engines
 from whatif.tracer import readers
 from whatif.transforms import registry
 
@@ -41,7 +41,9 @@ def restored_registries() -> Iterator[None]:
     POLICIES.names()
     ROUTERS.names()
     COST_MODELS.names()
-    live_registries = (registry._REGISTRY, readers._READERS, POLICIES._classes, ROUTERS._classes, COST_MODELS._classes)
+    engines.adapters()
+    live_registries = (registry._REGISTRY, readers._READERS, POLICIES._classes, ROUTERS._classes, COST_MODELS._classes,
+                       engines._REGISTRY)
     saved = tuple(dict(live) for live in live_registries)
     try:
         yield
@@ -52,8 +54,8 @@ def restored_registries() -> Iterator[None]:
 
 
 def test_every_extension_point_has_a_section() -> None:
-    assert list(SECTIONS) == ["A trace reader", "A dashboard page", "A serving policy or router", "An edge rule",
-                              "A transform", "A cost model"]
+    assert list(SECTIONS) == ["A trace reader", "A dashboard page", "A serving policy or router", "A serving engine",
+                              "An edge rule", "A transform", "A cost model"]
     assert all(SECTIONS.values())
     readme = (ROOT / "README.md").read_text()
     assert "docs/extending.md" in readme
@@ -82,6 +84,9 @@ def test_section_examples_run(title: str, tmp_path: Path, monkeypatch: pytest.Mo
         assert "*.json, *.json.gz, *.events.csv" in out and readers.accepted().endswith("*.events.csv")
     if title == "A serving policy or router":
         assert re.search(r"^vllm: TTFT mean \d+ ms", out, re.M) and re.search(r"^sjf: TTFT mean \d+ ms", out, re.M)
+    if title == "A serving engine":
+        assert "toyserve: prefill LLMBatch(prefill_tokens=(24, 24), prefill_cached=(0, 0), decode_context=())" in out
+        assert "toyserve: decode LLMBatch(prefill_tokens=(), prefill_cached=(), decode_context=(25, 25))" in out
     if title == "An edge rule":
         assert "without the fence: step 1 begins 0 us later" in out
         assert "with the fence: step 1 begins 60 us later" in out

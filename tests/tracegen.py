@@ -44,6 +44,10 @@ class KinetoTrace:
         """A cpu_op; ``args`` as record_shapes writes them (``External id``, ``Input Dims``, ``Input type``)."""
         self._x("cpu_op", name, ts, dur, CPU_PID, tid, **(args or {}))
 
+    def python(self, name: str, ts: float, dur: float, tid: int = MAIN_TID) -> None:
+        """A python_function event (``with_stack``: ``file.py(line): function``, ``nn.Module: Name_0``)."""
+        self._x("python_function", name, ts, dur, CPU_PID, tid)
+
     def runtime(self, name: str, ts: float, dur: float, corr: int, tid: int = MAIN_TID) -> None:
         self._x("cuda_runtime", name, ts, dur, CPU_PID, tid, correlation=corr)
 

@@ -988,6 +988,7 @@ class DitServingDocument(Entry, frozen=True, kw_only=True):
     scheduler: DitSettings
     profiler_correction: float | None
     scenarios: list[DitScenarioServing]
+    notes: list[str] = []   # what the models could not know (denoising steps found in an engine trace)
 
 
 class LlmSweepPoint(Entry, frozen=True, kw_only=True):

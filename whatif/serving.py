@@ -12,6 +12,7 @@ whose JSON the commands write.
 """
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -70,7 +71,9 @@ from whatif.predictors.serving.arrivals import (
     read_workload,
     synthetic_workload,
 )
+from whatif.predictors.serving.dit_steps import dit_fit_inputs
 from whatif.predictors.serving.engines import FoundIterations, find_iterations
+from whatif.predictors.serving.engines.xdit import steps_per_request
 from whatif.predictors.serving.iteration_costs import CostIterationModel, Range, fit_cost_model
 from whatif.predictors.serving.iteration_model import (
     DitStepModel,
@@ -82,6 +85,7 @@ from whatif.predictors.serving.iteration_model import (
     profiler_correction,
     replayed_iterations,
 )
+from whatif.predictors.serving.logs import ServingLogError
 from whatif.predictors.serving.simulator import (
     SchedulerConfig,
     SimResult,
@@ -235,9 +239,8 @@ class DitOptions:
     def __post_init__(self) -> None:
         check_fields(self, WorkloadError)
 
-    def settings(self, log: logs.DitLog, replicas: int = 1) -> DitSettings:
-        """Resolved settings against the recorded ``log`` config (the ``scheduler`` entry of DiT documents)."""
-        c = log.config
+    def settings(self, c: logs.DitConfig, replicas: int = 1) -> DitSettings:
+        """Resolved settings against the recorded config ``c`` (the ``scheduler`` entry of DiT documents)."""
         res, frames = self.resolution or c.resolution, self.frames or c.frames
         if res % c.patch:
             raise WorkloadError(f"resolution {res} is not a multiple of the recorded patch {c.patch}")
@@ -265,9 +268,6 @@ class ServingModels:
         self.shape = shape
         if (log_path is None) == (found is None):
             raise ValueError("give the serving log or the iterations an adapter found, not both")
-        if found is not None and found.kind != "llm":
-            raise WorkloadError(f"{source}: {found.adapter} found {len(found.iterations)} denoising steps; serving a "
-                                "DiT from an engine trace alone is not supported yet (pass --iterations-log FILE)")
         if found is not None and unprofiled_log:
             raise WorkloadError("--unprofiled-log needs the serving log of the recording (--iterations-log)")
         if placements and len(placements) != len(replays):
@@ -276,7 +276,9 @@ class ServingModels:
         self._placed: dict[int, Placement] = {}
         self.step_options = step_options
         self.log = logs.read_log(log_path) if log_path is not None else None
-        self.kind = "llm" if found is not None or isinstance(self.log, logs.LlmLog) else "dit"
+        self.kind = found.kind if found is not None else "llm" if isinstance(self.log, logs.LlmLog) else "dit"
+        self.dit_steps_per_request = steps_per_request(reference.trace) if (
+            found is not None and found.kind == "dit" and reference is not None and reference.trace is not None) else []
         self.models: list[tuple[str, Model]] = [(n, self._fit(rp)) for n, rp in replays]
         self.factor: Any = None
         if unprofiled_log:
@@ -288,8 +290,14 @@ class ServingModels:
                     m.factor = self.factor
 
     def _fit(self, rp: Replay) -> Model:
+        if self.found is not None and self.found.kind == "dit":
+            x = dit_fit_inputs(rp, self.found)
+            return fit_dit_model(x.iters, x.compositions, x.work, 0.0)
         if self.found is not None:
             gpu = Selector(kind="gpu")
+            if not len(gpu(rp.graph)):   # the model ran on the CPU: no kernels for the laws to move
+                return fit_llm_model(replayed_iterations(rp, self.reference, self.step_options),
+                                     [(it.phase.value, it.llm) for it in self.found.iterations if it.llm is not None])
             cpu_only = replay(Scale(select=gpu, factor=0.0).apply(rp.graph, TransformContext()))
             return fit_cost_model(rp, cpu_only, self.found, self.device, self.shape,
                                   self.shape.assumptions if self.shape is not None else ())
@@ -335,11 +343,37 @@ class ServingModels:
         return ratio(plain) / ratio(self.log)
 
     @property
-    def dit_log(self) -> logs.DitLog:
-        """The serving log of a DiT run (refused for an LLM run)."""
+    def dit_config(self) -> logs.DitConfig:
+        """What a DiT run's requests were: its serving log's config, or, for denoising steps an
+        engine adapter found, the first step's latent tokens and model batch, the steps per
+        pipeline call (1 when the trace shows none), patch 1 (``resolution`` is then the side of the
+        latent-token grid: tokens = resolution², or frames = tokens when they are not a square)
+        and no classifier-free guidance batch (refused for an LLM run)."""
+        if self.found is not None and self.found.kind == "dit":
+            first = self.found.iterations[0].dit
+            assert first is not None
+            side = math.isqrt(first.tokens)
+            square = side * side == first.tokens
+            steps = int(np.median(self.dit_steps_per_request)) if self.dit_steps_per_request else 1
+            return logs.DitConfig(tokens=first.tokens, resolution=side if square else 1,
+                                  frames=1 if square else first.tokens, patch=1, steps=steps,
+                                  batch=first.model_batch, cfg_scale=0.0)
         if not isinstance(self.log, logs.DitLog):
-            raise WorkloadError(f"{self.log_path}: an LLM serving log, not a DiT one")
-        return self.log
+            raise WorkloadError(f"{self.log_path or self.source}: an LLM serving run, not a DiT one")
+        return self.log.config
+
+    @property
+    def notes(self) -> list[str]:
+        """What the models could not know, one line each (DiT steps found in an engine trace)."""
+        if self.found is None or self.found.kind != "dit":
+            return []
+        c = self.dit_config
+        return [*self.found.notes,
+                f"{len(self.found.iterations)} denoising step(s) found by the {self.found.adapter} adapter: "
+                f"{c.tokens} latent tokens, model batch {c.batch}; "
+                + (f"{c.steps} steps per request (pipeline calls)" if self.dit_steps_per_request
+                   else "steps per request not in the trace: 1 unless --steps")
+                + "; text encoding, VAE and per-request overheads not priced"]
 
     def placement(self, model: int) -> Placement:
         """Where model ``model``'s scenario places a replica (computed once, when first asked)."""
@@ -363,7 +397,7 @@ class ServingModels:
             watch = RangeWatch(model)  # type: ignore[arg-type]
             res = simulate_llm(workload.llm_requests(rate), watch.time_ns, scheduler, slo_ttft_ms, slo_tpot_ms)
             return replace(res, extrapolated_iterations=watch.iterations, extrapolated_drivers=dict(watch.drivers))
-        d = dit.settings(self.dit_log, scheduler.replicas)
+        d = dit.settings(self.dit_config, scheduler.replicas)
         return simulate_dit(workload.dit_arrivals(rate), model, d.steps, d.tokens, d.batch, d.cfg,  # type: ignore[arg-type]
                             d.replicas)
 
@@ -419,7 +453,7 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
         if isinstance(s, Scenario):
             scenario_cost_model(s, cost_model)
     run = _run_path(path)
-    log_path = Path(iterations_log) if iterations_log else logs.find_log(run)
+    log_path = Path(iterations_log) if iterations_log else _serving_log(run)
     base = path if isinstance(path, Analysis) else analyze(path, step_options or COUNT_DEFAULT)
     if step_options is not None:
         base = base.with_options(step_options)
@@ -436,6 +470,19 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
     return ServingModels(base.trace.source if isinstance(path, Analysis) else str(path), log_path, replays,
                          unprofiled_log, reference=base.graph, step_options=base.options, placements=placements,
                          found=found, device=device, shape=shape)
+
+
+def _serving_log(run: Path) -> Path | None:
+    """The ``--log`` the run folder's metadata names, when it is a serving log (a recorded
+    program's other log is left to the engine adapters)."""
+    found = logs.find_log(run)
+    if found is None:
+        return None
+    try:
+        logs.read_log(found)
+    except ServingLogError:
+        return None
+    return found
 
 
 def _device_and_shape(base: Analysis) -> tuple[Device | None, ModelShape | None]:
@@ -500,8 +547,8 @@ def serve(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Scena
                                                                  slo_tpot_ms), requests, sched, why)
                        for (name, model), (sched, why) in zip(fitted.models, per_model)])
     return DitServingDocument(
-        source=fitted.source, log=str(fitted.log_path), workload=workload_entry,
-        scheduler=dit.settings(fitted.dit_log, scheduler.replicas), profiler_correction=fitted.factor,
+        source=fitted.source, log=str(fitted.log_path or ""), workload=workload_entry, notes=fitted.notes,
+        scheduler=dit.settings(fitted.dit_config, scheduler.replicas), profiler_correction=fitted.factor,
         scenarios=[_dit_serving(name, model, fitted.simulate(model, workload, scheduler, dit, None, slo_ttft_ms,  # type: ignore[arg-type]
                                                              slo_tpot_ms), requests)
                    for name, model in fitted.models])
@@ -545,7 +592,7 @@ def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
                     for (name, model), (sched, why) in zip(fitted.models, per_model)])
     return DitSweepDocument(
         source=fitted.source, workload=workload.describe(None),
-        scheduler=dit.settings(fitted.dit_log, scheduler.replicas),
+        scheduler=dit.settings(fitted.dit_config, scheduler.replicas),
         profiler_correction=fitted.factor,
         curves=[DitSweepCurve(name=name, iteration_model=_dit_model(model),  # type: ignore[arg-type]
                               points=[_dit_point(rate, simulate(model, scheduler, rate)) for rate in rates])

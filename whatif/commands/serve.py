@@ -17,6 +17,7 @@ from whatif.core.steps import INCLUDE_HINT, Exclusion, StepOptions
 from whatif.documents import (
     CostPhaseEntry,
     DitScenarioServing,
+    DitServingDocument,
     ExcludedIteration,
     LatencyStats,
     LlmScenarioServing,
@@ -197,5 +198,8 @@ def render(doc: ServingDocument, console: Console) -> None:
             why = source.removeprefix("unlimited: ")
             console.print(f"  KV capacity per replica{f' ({name})' if name else ''}: "
                           f"{'unlimited' if tokens is None else f'{tokens:,} tokens'}" + (f" ({why})" if why else ""))
+    if isinstance(doc, DitServingDocument):
+        for note in doc.notes:
+            console.print(f"  note: {note}")
     if doc.profiler_correction is not None:
         console.print(f"  profiler-overhead correction applied: {doc.profiler_correction}")

@@ -11,6 +11,7 @@ trace cannot say.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import ClassVar
@@ -18,6 +19,8 @@ from typing import ClassVar
 import numpy as np
 
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
+from whatif.tracer.kinds import EventKind
+from whatif.tracer.trace import Trace, per_name
 
 from ..logs import LLMBatch
 
@@ -75,8 +78,9 @@ class FoundIteration:
 
 @dataclass(frozen=True)
 class FoundIterations:
-    """Every iteration an adapter found, in time order, with where the compositions came from and
-    what the adapter could not say (``notes``: one line each, printed by `whatif serve`)."""
+    """Every iteration an adapter found, rank by rank, each rank's in time order, with where the
+    compositions came from and what the adapter could not say (``notes``: one line each, printed
+    by `whatif serve`)."""
 
     adapter: str
     iterations: tuple[FoundIteration, ...]
@@ -108,10 +112,70 @@ class EngineAdapter(ABC):
         this engine's but cannot be read (one line naming the problem)."""
 
 
+@dataclass(frozen=True)
+class EventWindow:
+    """One trace event as an adapter reads it: its row, where it ran and when (``[start_ns,
+    end_ns)``, at least 1 ns long), and its name."""
+
+    row: int
+    rank: int
+    tid: int
+    start_ns: int
+    end_ns: int
+    name: str
+
+
+def annotation_rows(trace: Trace, predicate: Callable[[str], bool]) -> np.ndarray:
+    """Rows of the CPU annotations (``record_function`` ranges) whose name passes ``predicate``,
+    in the table's order (rank, start)."""
+    ev = trace.events
+    return np.flatnonzero((ev["kind"].to_numpy() == int(EventKind.ANNOTATION)) & per_name(ev["name"], predicate))
+
+
+def event_windows(trace: Trace, rows: np.ndarray) -> list[EventWindow]:
+    """The events at ``rows`` of ``trace``'s table, in the order given."""
+    ev = trace.events
+    rows = np.asarray(rows, dtype=np.int64)
+    start = ev["ts_ns"].to_numpy()[rows]
+    end = start + np.maximum(ev["dur_ns"].to_numpy()[rows], 1)
+    return [EventWindow(int(r), int(k), int(t), int(s), int(e), str(n)) for r, k, t, s, e, n in
+            zip(rows, ev["rank"].to_numpy()[rows], ev["tid"].to_numpy()[rows], start, end,
+                ev["name"].to_numpy()[rows])]
+
+
+def equal_shares(total: int, parts: int) -> tuple[int, ...]:
+    """``total`` split into ``parts`` integers as equal as they go, the larger first: how an
+    adapter spreads a sum the trace gives (tokens, context) over sequences it does not detail.
+
+    >>> equal_shares(10, 4), equal_shares(3, 0)
+    ((3, 3, 2, 2), ())
+    """
+    if parts <= 0:
+        return ()
+    base, extra = divmod(total, parts)
+    return (base + 1,) * extra + (base,) * (parts - extra)
+
+
+def clock_offsets_ns(graph: TaskGraph) -> dict[int, int]:
+    """Per rank, the graph's clock minus the rank's trace clock: what the build's clock alignment
+    added to the rank's measured times (0 for the lowest rank, and for every rank without
+    collectives or without the trace)."""
+    t = graph.tasks
+    if graph.trace is None or not len(t):
+        return {}
+    event = t["event"].to_numpy()
+    start = t["measured_start_ns"].to_numpy()
+    ok = (event >= 0) & (start >= 0)
+    shift = start[ok] - graph.trace.events["ts_ns"].to_numpy()[event[ok]]
+    ranks = t["rank"].to_numpy()[ok]
+    return {int(r): int(np.median(shift[ranks == r])) for r in np.unique(ranks)}
+
+
 def iteration_of_tasks(graph: TaskGraph, found: FoundIterations) -> np.ndarray:
     """Per task of ``graph``, the index of the iteration it belongs to (-1: none).
 
-    A CPU task belongs to the iteration whose window holds its measured start on its rank; GPU work
+    A CPU task belongs to the iteration whose window holds its measured start on its rank (on the
+    rank's trace clock, the build's clock alignment taken back: :func:`clock_offsets_ns`); GPU work
     belongs to the iteration of the call that launched it, and GPU work with no launching call in
     any window (a CUDA/HIP graph's kernels whose launch flows are missing) to the window holding
     its own measured start. Tasks a transform inserted (no measured time) inherit nothing here:
@@ -121,9 +185,10 @@ def iteration_of_tasks(graph: TaskGraph, found: FoundIterations) -> np.ndarray:
     n = len(t)
     out = np.full(n, -1, dtype=np.int64)
     rank = t["rank"].to_numpy()
-    start = t["measured_start_ns"].to_numpy()
+    offsets = clock_offsets_ns(graph)
+    measured = t["measured_start_ns"].to_numpy() >= 0
+    start = t["measured_start_ns"].to_numpy() - np.array([offsets.get(int(r), 0) for r in rank], dtype=np.int64)
     kind = t["kind"].to_numpy()
-    measured = start >= 0
     for i, it in enumerate(found.iterations):
         inside = measured & (rank == it.rank) & (start >= it.start_ns) & (start < it.end_ns)
         out[inside & (out < 0)] = i
