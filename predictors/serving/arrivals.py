@@ -1,4 +1,5 @@
-"""Request streams: Poisson or gamma (bursty) arrivals with seeded lengths, or a workload file.
+"""Request streams: Poisson, gamma (bursty; BurstGPT's), or fixed-rate arrivals with seeded
+lengths, or a workload file; and the share of each prompt that earlier requests also sent.
 
 Times are seconds from the start of the run (``arrival_s``); lengths are tokens. Every stream
 is deterministic for a given seed (``random.Random(seed)``, no global state).
@@ -10,7 +11,8 @@ import io
 import json
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
 
 from whatif.core.errors import WhatifError
@@ -22,12 +24,67 @@ class WorkloadError(WhatifError):
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """One request: arrival (s from start), prompt tokens, output tokens (the first comes from prefill)."""
+    """One request: arrival (s from start), prompt tokens, output tokens (the first comes from
+    prefill), and how many of its first prompt tokens earlier requests sent too (a prefix cache holds them)."""
 
     id: int
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    cached_tokens: int = 0
+
+
+class Arrivals(str, Enum):
+    """How arrival gaps are drawn (the names ``--arrivals`` takes)."""
+
+    POISSON = "poisson"
+    GAMMA = "gamma"        # with --cv
+    BURSTGPT = "burstgpt"  # gamma of shape BURSTGPT_SHAPE
+    FIXED = "fixed"
+
+
+BURSTGPT_SHAPE = 0.5
+"""Gamma shape of BurstGPT's workload generator (HPMLL/BurstGPT 01131e1b, example/src/burstgpt/config.py:
+``gamma_shape 0.5``, ``gamma_scale 2.0`` at 1 req/s), i.e. a coefficient of variation of sqrt(2);
+the scale follows the rate asked for. Wang et al., "BurstGPT: A Real-World Workload Dataset to
+Optimize LLM Serving Systems" (arXiv 2401.17644) model the traces' bursts with this family."""
+
+
+def fixed_arrivals(n: int, rate: float) -> list[float]:
+    """``n`` arrival times (s) a constant ``1/rate`` apart, the first at 0 (``inf``: all at 0).
+
+    >>> fixed_arrivals(4, 2.0)
+    [0.0, 0.5, 1.0, 1.5]
+    """
+    gap = 1.0 / rate if rate > 0 and math.isfinite(rate) else 0.0
+    return [i * gap for i in range(n)]
+
+
+def with_prefix_share(requests: list[RequestSpec], share: float) -> list[RequestSpec]:
+    """``requests`` with the first ``share`` of every prompt but the first request's marked as
+    sent before (``cached_tokens``, at most all but one token: the last is always computed).
+
+    >>> [r.cached_tokens for r in with_prefix_share([RequestSpec(i, i, 100, 5) for i in range(3)], 0.25)]
+    [0, 25, 25]
+    """
+    if not 0.0 <= share <= 1.0:
+        raise WorkloadError(f"--prefix-share must be in [0, 1], got {share}")
+    return [r if i == 0 else replace(r, cached_tokens=min(int(r.prompt_tokens * share), r.prompt_tokens - 1))
+            for i, r in enumerate(requests)]
+
+
+def draw_arrivals(n: int, rate: float, rng: random.Random, kind: Arrivals = Arrivals.POISSON,
+                  cv: float | None = None) -> list[float]:
+    """``n`` arrival times (s) of ``kind`` at ``rate`` req/s (gamma: coefficient of variation ``cv``)."""
+    if kind is Arrivals.FIXED:
+        return fixed_arrivals(n, rate)
+    if kind is Arrivals.BURSTGPT:
+        return gamma_arrivals(n, rate, 1.0 / math.sqrt(BURSTGPT_SHAPE), rng)
+    if kind is Arrivals.GAMMA:
+        if cv is None:
+            raise WorkloadError("gamma arrivals need --cv")
+        return gamma_arrivals(n, rate, cv, rng)
+    return poisson_arrivals(n, rate, rng)
 
 
 def poisson_arrivals(n: int, rate: float, rng: random.Random) -> list[float]:
@@ -63,16 +120,17 @@ def _length(spec: tuple[int, int], rng: random.Random) -> int:
 
 
 def synthetic_workload(n: int, rate: float, prompt_tokens: tuple[int, int], output_tokens: tuple[int, int],
-                       seed: int = 0, cv: float | None = None) -> list[RequestSpec]:
-    """``n`` requests at ``rate`` req/s (Poisson, or gamma with ``cv``), lengths uniform in the given
-    inclusive ranges. With ``cv`` None this draws exactly what ``llm_serve.py --seed`` draws."""
+                       seed: int = 0, cv: float | None = None, kind: Arrivals | None = None) -> list[RequestSpec]:
+    """``n`` requests at ``rate`` req/s (``kind``; default Poisson, or gamma with ``cv``), lengths
+    uniform in the given inclusive ranges. Poisson draws exactly what ``llm_serve.py --seed`` draws."""
     if n < 1:
         raise WorkloadError(f"--num-requests must be >= 1, got {n}")
     for name, (lo, hi) in (("prompt", prompt_tokens), ("output", output_tokens)):
         if lo < 1 or hi < lo:
             raise WorkloadError(f"--{name}-tokens must be MIN[:MAX] with 1 <= MIN <= MAX, got {lo}:{hi}")
     rng = random.Random(seed)
-    arrivals = poisson_arrivals(n, rate, rng) if cv is None else gamma_arrivals(n, rate, cv, rng)
+    kind = kind or (Arrivals.POISSON if cv is None else Arrivals.GAMMA)
+    arrivals = draw_arrivals(n, rate, rng, kind, cv)
     specs = [(a, _length(prompt_tokens, rng), _length(output_tokens, rng)) for a in arrivals]
     return [RequestSpec(i, a, p, o) for i, (a, p, o) in enumerate(specs)]
 

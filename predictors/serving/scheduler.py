@@ -26,10 +26,12 @@ from .metrics import RequestResult
 class PolicyName(str, Enum):
     """Keys of the built-in policies (the names ``--policy`` takes)."""
 
-    VLLM = "vllm"
+    VLLM = "vllm"          # V0-style prefill-first (the examples' scheduler)
     STATIC = "static"
     CHUNKED = "chunked"
     DISAGG = "disagg"
+    VLLM_V1 = "vllm-v1"
+    SGLANG = "sglang"
 
 
 class Role(str, Enum):
@@ -124,13 +126,17 @@ class ReplicaState:
             if s not in self.running:
                 continue  # preempted while making room
             while not self.kv.grow(s.id, 1):
-                victim = max((q for q in self.running if not q.padding), key=lambda q: q.order)
-                self._preempt(victim)
-                if victim is s:
+                if self.preempt_latest() is s:
                     break
             else:
                 out.append(s)
         return [s for s in out if s in self.running]
+
+    def preempt_latest(self) -> Seq:
+        """Preempt the most recently admitted running sequence (recompute) and return it."""
+        victim = max((q for q in self.running if not q.padding), key=lambda q: q.order)
+        self._preempt(victim)
+        return victim
 
     def _preempt(self, s: Seq) -> None:
         self.kv.free(s.id)
