@@ -87,7 +87,8 @@ def test_built_in_keys_and_lookup_by_name() -> None:
     assert cfg.policy is PolicyName.CHUNKED and cfg.router is RouterName.ROUND_ROBIN
     assert cfg.to_dict()["policy"] == "chunked" and cfg.to_dict()["router"] == "round_robin"
     assert SchedulerConfig().policy is None and SchedulerConfig().policy_key is PolicyName.VLLM   # the engine's
-    with pytest.raises(WorkloadError, match=r"^unknown policy 'sjf' \(policies: vllm, static, chunked, disagg, vllm-v1, sglang\)$"):
+    with pytest.raises(WorkloadError,
+                       match=r"^unknown policy 'sjf' \(policies: vllm, static, chunked, disagg, vllm-v1, sglang\)$"):
         SchedulerConfig(policy="sjf")
     with pytest.raises(WorkloadError, match=r"^unknown router 'nearest' \(routers: least_loaded, round_robin\)$"):
         SchedulerConfig(router="nearest")
