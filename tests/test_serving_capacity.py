@@ -230,3 +230,71 @@ def test_serve_and_sweep_print_and_write_the_capacity(tmp_path: Path, capsys: py
     assert main(["sweep", str(run_dir), "--iterations-log", str(log), "--rates", "10", "--num-requests", "3",
                  "--engine", "sglang"]) == 0
     assert "capacity per replica: sglang: KV unlimited" in capsys.readouterr().out
+
+
+def dit_model():
+    """A launch-free DiT step: 1 ms of GPU work per model-batch element at 64 tokens, attention half of it."""
+    from whatif.predictors.serving import DitStepModel
+
+    return DitStepModel(tokens_ref=64, attn=(0.0, 0.5e6), rest=(0.0, 0.5e6), cpu=(0.0, 0.0), overlap_ns=0.0,
+                        batch_overhead_ns=0.0, n=1, mape=0.0, loo_mape=0.0)
+
+
+def test_dit_batches_share_one_shape() -> None:
+    """Two requests at t=0 with max batch 2: one batch when they share steps and tokens (2 steps of
+    model batch 4 at 64 tokens: 2 × 4 ms), two batches in arrival order when their steps differ."""
+    from whatif.predictors.serving import simulate_dit
+
+    same = simulate_dit([0.0, 0.0], dit_model(), 2, 64, 2)
+    assert same.summary["num_batches"] == 1 and [r["latency_ms"] for r in same.requests] == [8.0, 8.0]
+    apart = simulate_dit([0.0, 0.0], dit_model(), 2, 64, 2, shapes=[(2, 64), (4, 64)])
+    assert apart.summary["num_batches"] == 2 and [r["latency_ms"] for r in apart.requests] == [4.0, 12.0]
+    assert apart.iterations == {"denoise": 6}
+
+
+def test_dit_workload_files_give_resolution_and_steps(tmp_path: Path) -> None:
+    """A DiT workload file's rows may carry their resolution and steps; bad rows are one line naming
+    the file and row; a resolution the recorded patch does not divide names the request."""
+    from whatif.predictors.serving.arrivals import read_dit_workload
+    from whatif.serving import Workload, serve
+
+    f = tmp_path / "dit.csv"
+    f.write_text("ts,res,steps\n0,16,\n0.5,32,3\n")
+    reqs = read_dit_workload(f, {"arrival_s": "ts", "resolution": "res"})
+    assert [(r.arrival_s, r.resolution, r.steps) for r in reqs] == [(0.0, 16, None), (0.5, 32, 3)]
+    for body, message in (("arrival_s,resolution\n0,abc\n", r"dit.csv:2: resolution = 'abc' is not a number$"),
+                          ("arrival_s,steps\n0,1\n1,2.5\n", r"dit.csv:3: steps = '2.5' is not a whole number$"),
+                          ("arrival_s,steps\n0,0\n", r"dit.csv:2: steps must be >= 1$"),
+                          ("t,steps\n0,1\n", r"dit.csv:1: no column 'arrival_s' in the header \(t, steps\)"),
+                          ("arrival_s\n-1\n", r"dit.csv:2: arrival_s = '-1' must be finite and >= 0$")):
+        f.write_text(body)
+        with pytest.raises(WorkloadError, match=message):
+            read_dit_workload(f)
+    dit = ROOT / "sample_traces" / "dit_serve"
+    small, large = tmp_path / "small.csv", tmp_path / "large.csv"
+    small.write_text("arrival_s,resolution,steps\n0,16,2\n1,16,2\n")
+    large.write_text("arrival_s,resolution,steps\n0,32,2\n1,32,2\n")
+    lat = [serve(dit, workload=Workload(file=w)).scenarios[0].e2e_ms.get("mean") for w in (small, large)]
+    assert lat[1] > lat[0]
+    large.write_text("arrival_s,resolution\n0,15\n")
+    with pytest.raises(WorkloadError, match=r"^request 0: resolution 15 is not a multiple of the recorded patch"):
+        serve(dit, workload=Workload(file=large))
+
+
+def test_disaggregated_hand_off_is_priced_over_the_peer_link() -> None:
+    """Prefill on one replica (10 ms), then the prompt's KV cache crosses the A100's NVLink:
+    10 tokens × 512 KiB over its peer bandwidth; the decode replica's two tokens follow (2 ms each)."""
+    from whatif.predictors.serving.capacity import engine_capacity
+    from whatif.transforms.parallel.memory import ModelShape
+
+    a100 = get_device("A100_SXM_80GB")
+    shape = ModelShape(layers=32, hidden=4096, heads=32, kv_heads=32, head_dim=128, weight_bytes=13.5e9)
+    cap = engine_capacity("vllm-v0", shape, GpuMemory(a100.name, a100.mem_bytes),
+                          peer_bw_bytes_per_s=a100.peer_copy_bw_bytes_per_s)
+    hand_off_ms = 10 * 512 * 1024 / a100.peer_copy_bw_bytes_per_s * 1e3
+    (r,) = simulate_llm([RequestSpec(0, 0.0, 10, 3)], recording([]), SchedulerConfig(policy="disagg"),
+                        capacity=cap).requests
+    assert r["ttft_ms"] == 10.0 and r["e2e_ms"] == pytest.approx(14.0 + hand_off_ms)
+    (given,) = simulate_llm([RequestSpec(0, 0.0, 10, 3)], recording([]),
+                            SchedulerConfig(policy="disagg", kv_transfer_ns_per_token=1e5), capacity=cap).requests
+    assert given["e2e_ms"] == pytest.approx(15.0)

@@ -63,9 +63,11 @@ from whatif.predictors.replay import Replay, replay
 from whatif.predictors.serving import logs
 from whatif.predictors.serving.arrivals import (
     Arrivals,
+    DitRequestSpec,
     RequestSpec,
     WorkloadError,
     draw_arrivals,
+    read_dit_workload,
     read_workload,
     synthetic_workload,
     with_prefix_share,
@@ -207,11 +209,15 @@ class Workload:
                                       self.cv, self.kind)
         return with_prefix_share(reqs, self.prefix_share) if self.prefix_share else reqs
 
-    def dit_arrivals(self, rate: float | None = None) -> list[float]:
-        """Arrival times (s) of the DiT requests (``rate`` overrides :attr:`rate`)."""
+    def dit_requests(self, rate: float | None = None) -> list[DitRequestSpec]:
+        """The DiT requests (``rate`` overrides :attr:`rate`); a file may give each one's resolution and steps."""
         if self.file:
-            return [r.arrival_s for r in self._from_file()]
-        return draw_arrivals(self.n, self._rate(rate), random.Random(self.seed), self.kind, self.cv)
+            if self.time_unit not in TIME_UNITS:
+                raise WorkloadError(f"unknown time unit {self.time_unit!r} ({', '.join(TIME_UNITS)})")
+            reqs = read_dit_workload(Path(self.file), dict(self.columns), TIME_UNITS[self.time_unit])  # type: ignore[arg-type]
+            return reqs[: self.num_requests] if self.num_requests else reqs
+        times = draw_arrivals(self.n, self._rate(rate), random.Random(self.seed), self.kind, self.cv)
+        return [DitRequestSpec(i, t) for i, t in enumerate(times)]
 
     def describe(self, rate: float | None = None) -> WorkloadEntry:
         """The ``workload`` entry of the documents."""
@@ -350,8 +356,19 @@ class ServingModels:
             return simulate_llm(workload.llm_requests(rate), model.time_ns, scheduler,  # type: ignore[union-attr]
                                 slo_ttft_ms, slo_tpot_ms, capacity)
         d = dit.settings(self.dit_log, scheduler.replicas)
-        return simulate_dit(workload.dit_arrivals(rate), model, d.steps, d.tokens, d.batch, d.cfg,  # type: ignore[arg-type]
-                            d.replicas)
+        reqs = workload.dit_requests(rate)
+        shapes = [(r.steps or d.steps, d.tokens if r.resolution is None else _dit_tokens(d, r)) for r in reqs]
+        return simulate_dit([r.arrival_s for r in reqs], model, d.steps, d.tokens, d.batch, d.cfg,  # type: ignore[arg-type]
+                            d.replicas, shapes)
+
+
+def _dit_tokens(d: DitSettings, r: DitRequestSpec) -> int:
+    """Latent tokens of request ``r`` at its own resolution (the recorded patch and frames)."""
+    assert r.resolution is not None
+    if r.resolution % d.patch:
+        raise WorkloadError(f"request {r.id}: resolution {r.resolution} is not a multiple of the recorded patch "
+                            f"{d.patch}")
+    return d.frames * (r.resolution // d.patch) ** 2
 
 
 def recorded_capacity(graph: TaskGraph | None, placement: Placement | None = None,

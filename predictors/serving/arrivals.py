@@ -135,22 +135,24 @@ def synthetic_workload(n: int, rate: float, prompt_tokens: tuple[int, int], outp
     return [RequestSpec(i, a, p, o) for i, (a, p, o) in enumerate(specs)]
 
 
-DEFAULT_COLUMNS = {"arrival_s": "arrival_s", "prompt_tokens": "prompt_tokens", "output_tokens": "output_tokens"}
+LLM_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens")
+DIT_FIELDS = ("arrival_s", "resolution", "steps")
+DEFAULT_COLUMNS = {f: f for f in (*LLM_FIELDS, *DIT_FIELDS)}
 
 
-def read_workload(path: str | Path, columns: dict[str, str] | None = None,
-                  time_scale: float = 1.0) -> list[RequestSpec]:
-    """Requests from a CSV (with header) or JSONL file (``.jsonl``/``.ndjson``/``.json``: one object per line).
+@dataclass(frozen=True)
+class DitRequestSpec:
+    """One DiT request: arrival (s from start), latent resolution and denoising steps (None: the
+    serving options', else as recorded)."""
 
-    ``columns`` maps our field (``arrival_s``, ``prompt_tokens``, ``output_tokens``) to the file's
-    column name; ``time_scale`` converts the file's time unit to seconds (1e-3 for ms). Arrivals are
-    shifted so the first is at 0 and sorted. Raises :class:`WorkloadError` (``FILE:ROW: problem``).
-    """
-    path = Path(path)
-    cols = {**DEFAULT_COLUMNS, **(columns or {})}
-    unknown = sorted(set(cols) - set(DEFAULT_COLUMNS))
-    if unknown:
-        raise WorkloadError(f"unknown workload field {unknown[0]!r} (fields: {', '.join(DEFAULT_COLUMNS)})")
+    id: int
+    arrival_s: float
+    resolution: int | None = None
+    steps: int | None = None
+
+
+def _file_rows(path: Path, cols: dict[str, str], required: tuple[str, ...]) -> list[tuple[int, dict]]:
+    """The rows of a CSV (header) or JSONL file with their line numbers; a CSV must name every ``required`` column."""
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -173,33 +175,91 @@ def read_workload(path: str | Path, columns: dict[str, str] | None = None,
         reader = csv.DictReader(io.StringIO(text))
         if not reader.fieldnames:
             raise WorkloadError(f"{path}: empty CSV file (expected a header line)")
-        missing = [c for c in cols.values() if c not in reader.fieldnames]
+        missing = [cols[f] for f in required if cols[f] not in reader.fieldnames]
         if missing:
             raise WorkloadError(f"{path}:1: no column {missing[0]!r} in the header "
                                 f"({', '.join(reader.fieldnames)}); map it with --column FIELD=NAME")
         rows = [(i, r) for i, r in enumerate(reader, 2)]
     if not rows:
         raise WorkloadError(f"{path}: no requests")
+    return rows
+
+
+def _value(path: Path, i: int, row: dict, cols: dict[str, str], field: str, whole: bool,
+           required: bool = True) -> float | None:
+    """Field ``field`` of row ``i`` (its column ``cols[field]``) as a number (a whole one when
+    ``whole``); None when an optional field is absent; :class:`WorkloadError` naming the row."""
+    name = cols[field]
+    if name not in row or row[name] in (None, ""):
+        if not required:
+            return None
+        raise WorkloadError(f"{path}:{i}: missing {name!r}" + ("" if name == field else f" (for {field})"))
+    try:
+        v = float(row[name])
+    except (TypeError, ValueError):
+        raise WorkloadError(f"{path}:{i}: {name} = {row[name]!r} is not a number") from None
+    if whole and (not math.isfinite(v) or v != int(v)):
+        raise WorkloadError(f"{path}:{i}: {name} = {row[name]!r} is not a whole number")
+    return v
+
+
+def _columns(columns: dict[str, str] | None) -> dict[str, str]:
+    cols = {**DEFAULT_COLUMNS, **(columns or {})}
+    unknown = sorted(set(cols) - set(DEFAULT_COLUMNS))
+    if unknown:
+        raise WorkloadError(f"unknown workload field {unknown[0]!r} (fields: {', '.join(DEFAULT_COLUMNS)})")
+    return cols
+
+
+def _arrival(path: Path, i: int, row: dict, cols: dict[str, str]) -> float:
+    arrival = _value(path, i, row, cols, "arrival_s", whole=False)
+    assert arrival is not None   # required
+    if not math.isfinite(arrival) or arrival < 0:
+        raise WorkloadError(f"{path}:{i}: {cols['arrival_s']} = {row[cols['arrival_s']]!r} must be finite and >= 0")
+    return arrival
+
+
+def read_workload(path: str | Path, columns: dict[str, str] | None = None,
+                  time_scale: float = 1.0) -> list[RequestSpec]:
+    """LLM requests from a CSV (with header) or JSONL file (``.jsonl``/``.ndjson``/``.json``: one object per line).
+
+    ``columns`` maps our field (``arrival_s``, ``prompt_tokens``, ``output_tokens``) to the file's
+    column name; ``time_scale`` converts the file's time unit to seconds (1e-3 for ms). Arrivals are
+    shifted so the first is at 0 and sorted. Raises :class:`WorkloadError` (``FILE:ROW: problem``).
+    """
+    path, cols = Path(path), _columns(columns)
     out = []
-    for i, row in rows:
-        vals = []
-        for field, conv in (("arrival_s", float), ("prompt_tokens", int), ("output_tokens", int)):
-            name = cols[field]
-            if name not in row or row[name] in (None, ""):
-                raise WorkloadError(f"{path}:{i}: missing {name!r}" + ("" if name == field else f" (for {field})"))
-            try:
-                v = conv(float(row[name])) if conv is int else conv(row[name])
-            except (TypeError, ValueError):
-                raise WorkloadError(f"{path}:{i}: {name} = {row[name]!r} is not a number") from None
-            if conv is int and float(row[name]) != v:
-                raise WorkloadError(f"{path}:{i}: {name} = {row[name]!r} is not a whole number of tokens")
-            vals.append(v)
-        arrival, p, o = vals
-        if not math.isfinite(arrival) or arrival < 0:
-            raise WorkloadError(f"{path}:{i}: {cols['arrival_s']} = {row[cols['arrival_s']]!r} must be finite and >= 0")
+    for i, row in _file_rows(path, cols, LLM_FIELDS):
+        arrival = _arrival(path, i, row, cols)
+        p, o = (int(_value(path, i, row, cols, f, whole=True) or 0) for f in ("prompt_tokens", "output_tokens"))
         if p < 1 or o < 1:
             raise WorkloadError(f"{path}:{i}: prompt_tokens and output_tokens must be >= 1")
         out.append((arrival * time_scale, p, o))
     out.sort(key=lambda r: r[0])
     t0 = out[0][0]
     return [RequestSpec(i, a - t0, int(p), int(o)) for i, (a, p, o) in enumerate(out)]
+
+
+def read_dit_workload(path: str | Path, columns: dict[str, str] | None = None,
+                      time_scale: float = 1.0) -> list[DitRequestSpec]:
+    """DiT requests from a CSV/JSONL file: ``arrival_s``, and optionally ``resolution`` (latent
+    side) and ``steps`` per request (mapped and scaled as :func:`read_workload`'s; shifted to start at 0).
+
+    >>> import tempfile, os
+    >>> f = os.path.join(tempfile.mkdtemp(), "dit.csv")
+    >>> _ = open(f, "w").write("arrival_s,resolution,steps\\n0.5,32,20\\n0.2,,\\n")
+    >>> [(r.arrival_s, r.resolution, r.steps) for r in read_dit_workload(f)]
+    [(0.0, None, None), (0.3, 32, 20)]
+    """
+    path, cols = Path(path), _columns(columns)
+
+    def whole(i: int, row: dict, f: str) -> int | None:
+        v = _value(path, i, row, cols, f, whole=True, required=False)
+        if v is not None and v < 1:
+            raise WorkloadError(f"{path}:{i}: {f} must be >= 1")
+        return None if v is None else int(v)
+
+    out = sorted(((_arrival(path, i, row, cols) * time_scale, whole(i, row, "resolution"), whole(i, row, "steps"))
+                  for i, row in _file_rows(path, cols, ("arrival_s",))), key=lambda r: r[0])
+    t0 = out[0][0]
+    return [DitRequestSpec(i, a - t0, res, steps) for i, (a, res, steps) in enumerate(out)]

@@ -17,10 +17,8 @@ bytes per token, the share of memory left to activations and workspace) and an e
 >>> c = engine_capacity("vllm", llama2_7b, GpuMemory("A100_SXM_80GB", 80 * GIB), peer_bw_bytes_per_s=228.3e9)
 >>> c.kv_tokens, c.kv_blocks, c.max_seqs, c.max_batched_tokens       # (0.9 x 80 GiB - 13.5 GB) / 512 KiB
 (121706, 7606, 256, 2048)
->>> print(c.describe().replace("; ", ";\n"))
-vllm: KV 121,706 tokens = 7,606 blocks of 16 (0.9 x 85.9 GB A100_SXM_80GB - 13.5 GB weights,\
- 512 KiB/token: 32 layers, 32 KV heads of 128);
-256 seqs, 2,048 batched tokens
+>>> c.describe().split(" (")[0], c.describe().split("); ")[1]
+('vllm: KV 121,706 tokens = 7,606 blocks of 16', '256 seqs, 2,048 batched tokens')
 >>> round(c.kv_transfer_ns_per_token)    # 512 KiB over 228.3 GB/s
 2296
 >>> engine_capacity("examples", None, GpuMemory(), why="no transformer block").describe()

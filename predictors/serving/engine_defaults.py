@@ -26,12 +26,15 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import ClassVar
 
+from whatif.transforms.parallel.memory import WORKSPACE_FRACTION
+
 from .arrivals import WorkloadError
 from .scheduler import PolicyName
 
 GIB = 1 << 30
 MIB = 1 << 20
 DEFAULT_MAX_MODEL_LEN = 8192   # vLLM SchedulerConfig's fallback when the model's is unknown
+VLLM_GPU_MEMORY_UTILIZATION = 0.9
 
 _VLLM_V1 = ("vLLM V1 (vllm-project/vllm 99d7eb5d, `vllm serve` = OPENAI_API_SERVER): vllm/engine/arg_utils.py "
             "EngineArgs._set_default_args; gpu_memory_utilization 0.9 and block_size 16 in vllm/config/cache.py "
@@ -101,7 +104,7 @@ class Examples(EngineProfile):
     source = _EXAMPLES
 
     def memory_fraction(self, gpu: GpuMemory) -> float:
-        return 0.9
+        return 1 - WORKSPACE_FRACTION
 
     def max_batched_tokens(self, gpu: GpuMemory, max_model_len: int) -> int:
         return 512
@@ -124,7 +127,7 @@ class VllmV1(EngineProfile):
         return gpu.capacity_bytes is not None and gpu.capacity_bytes >= 70 * GIB and "a100" not in gpu.name.lower()
 
     def memory_fraction(self, gpu: GpuMemory) -> float:
-        return 0.9
+        return VLLM_GPU_MEMORY_UTILIZATION
 
     def max_batched_tokens(self, gpu: GpuMemory, max_model_len: int) -> int:
         return 8192 if self._large(gpu) else 2048
@@ -142,7 +145,7 @@ class VllmV0(EngineProfile):
     source = _VLLM_V0
 
     def memory_fraction(self, gpu: GpuMemory) -> float:
-        return 0.9
+        return VLLM_GPU_MEMORY_UTILIZATION
 
     def max_batched_tokens(self, gpu: GpuMemory, max_model_len: int) -> int:
         return max(max_model_len, 2048)

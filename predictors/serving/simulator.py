@@ -235,12 +235,19 @@ def simulate_llm(requests: list[RequestSpec], time_ns: Callable[[LLMBatch], floa
 
 
 def simulate_dit(arrivals_s: list[float], model: DitStepModel, steps: int, tokens: int, max_batch: int,
-                 cfg_guidance: bool = True, replicas: int = 1) -> SimResult:
+                 cfg_guidance: bool = True, replicas: int = 1,
+                 shapes: list[tuple[int, int]] | None = None) -> SimResult:
     """Dynamic batching as examples/dit_serve.py: an idle replica takes up to ``max_batch`` waiting
     requests (FCFS) and runs ``steps`` denoising steps on them (model batch doubled with CFG); every
-    request of a batch finishes when the batch does."""
+    request of a batch finishes when the batch does. ``shapes``: each request's ``(steps, latent
+    tokens)``, in the order of ``arrivals_s`` (default: all ``(steps, tokens)``); a batch then takes
+    the waiting requests of the first one's shape (a batch shares one latent size and schedule)."""
     if max_batch < 1 or steps < 1 or replicas < 1:
         raise WorkloadError("max_batch, steps and replicas must be >= 1")
+    if shapes is not None and len(shapes) != len(arrivals_s):
+        raise WorkloadError(f"{len(shapes)} request shapes for {len(arrivals_s)} arrivals")
+    order = sorted(range(len(arrivals_s)), key=lambda k: arrivals_s[k])
+    shape = [(steps, tokens) if shapes is None else shapes[k] for k in order]
     heap: list[tuple[float, int, int, Any]] = []
     counter = itertools.count()
     for i, a in enumerate(sorted(arrivals_s)):
@@ -251,18 +258,20 @@ def simulate_dit(arrivals_s: list[float], model: DitStepModel, steps: int, token
     start_ns: dict[int, float] = {}
     end_ns: dict[int, float] = {}
     arrival = {i: a * 1e9 for i, a in enumerate(sorted(arrivals_s))}
-    batches = 0
+    batches = steps_run = 0
 
     def launch(now: float) -> None:
-        nonlocal batches
+        nonlocal batches, steps_run
         while waiting and free:
             rep = free.pop(0)
-            batch = waiting[:max_batch]
-            del waiting[:max_batch]
+            head = shape[waiting[0]]
+            batch = [i for i in waiting if shape[i] == head][:max_batch]
+            waiting[:] = [i for i in waiting if i not in batch]
             mb = len(batch) * (2 if cfg_guidance else 1)
-            dur = steps * model.step_ns(mb, tokens) + model.batch_overhead_ns
+            dur = head[0] * model.step_ns(mb, head[1]) + model.batch_overhead_ns
             busy[rep] += dur
             batches += 1
+            steps_run += head[0]
             for i in batch:
                 start_ns[i], end_ns[i] = now, now + dur
             heapq.heappush(heap, (now + dur, DONE, next(counter), rep))
@@ -287,4 +296,4 @@ def simulate_dit(arrivals_s: list[float], model: DitStepModel, steps: int, token
                **{k: stats([r[k] for r in rows]) for k in ("latency_ms", "queue_ms", "service_ms")},
                "step_ms_at_full_batch": model.step_ns(max_batch * (2 if cfg_guidance else 1), tokens) / 1e6,
                "busy_fraction": sum(busy) / 1e9 / (replicas * dur) if dur > 0 else None}
-    return SimResult(rows, summary, {"denoise": batches * steps})
+    return SimResult(rows, summary, {"denoise": steps_run})
