@@ -103,7 +103,7 @@ def test_engine_figures_without_a_memory_model_and_overrides() -> None:
     assert (v1.max_seqs, v1.max_batched_tokens, v0.max_seqs, v0.max_batched_tokens) == (256, 2048, 256, 4096)
     assert (sg.max_seqs, sg.max_batched_tokens, sg.memory_fraction, sg.block_tokens) == (4096, 4096, 0.88, 1)
     cfg = SchedulerConfig(engine="vllm", max_seqs=4, kv_capacity_tokens=4096, kv_block_tokens=32)
-    given = v1.overridden(cfg)
+    given = cfg.capacity(v1)
     assert (given.max_seqs, given.max_batched_tokens, given.kv_tokens, given.kv_blocks) == (4, 2048, 4096, 128)
     assert given.given == ("block_tokens", "kv_tokens", "max_seqs") and given.kv_source == "given"
     assert cfg.policy_key.value == "vllm-v1" and SchedulerConfig(engine="sglang").policy_key.value == "sglang"

@@ -346,7 +346,7 @@ class ServingModels:
         engine: :func:`recorded_capacity` where its scenario placed the replica, with the figures
         ``scheduler`` gives put in their place."""
         placement = Placement() if model is None else self.placement(model)
-        return recorded_capacity(self.reference, placement, scheduler).overridden(scheduler)
+        return scheduler.capacity(recorded_capacity(self.reference, placement, scheduler))
 
     def simulate(self, model: Model, workload: Workload, scheduler: SchedulerConfig, dit: DitOptions,
                  rate: float | None = None, slo_ttft_ms: float | None = None,

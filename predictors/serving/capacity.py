@@ -1,7 +1,7 @@
 """What one replica can hold: KV blocks and tokens, sequences and batched tokens, from the memory
 model of the recorded model (:mod:`whatif.transforms.parallel.memory`: weights, GQA-aware KV
 bytes per token, the share of memory left to activations and workspace) and an engine's defaults
-(:mod:`.engine_defaults`). Every figure can be given instead (:meth:`Capacity.overridden`).
+(:mod:`.engine_defaults`). Every figure can be given instead (:meth:`Capacity.with_given`).
 
 **Formulas** (per GPU of a replica placed t × p ways):
 
@@ -28,15 +28,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import TYPE_CHECKING
 
 from whatif.transforms.parallel.memory import ModelShape, kv_capacity_tokens
 from whatif.transforms.placement import Placement
 
 from .engine_defaults import DEFAULT_MAX_MODEL_LEN, GIB, EngineName, GpuMemory, engine_key, engine_profile
-
-if TYPE_CHECKING:
-    from .simulator import SchedulerConfig
 
 __all__ = ["GIB", "Capacity", "GpuMemory", "engine_capacity"]
 
@@ -78,20 +74,23 @@ class Capacity:
             kv = f"KV {self.kv_tokens:,} tokens = {self.kv_blocks:,} blocks of {self.block_tokens} ({self.source})"
         return f"{self.engine.value}: {kv}; {self.max_seqs:,} seqs, {self.max_batched_tokens:,} batched tokens"
 
-    def overridden(self, cfg: SchedulerConfig) -> Capacity:
-        """These figures with those ``cfg`` gives (``max_seqs``, ``max_batched_tokens``,
-        ``kv_block_tokens``, ``kv_capacity_tokens``, ``kv_transfer_ns_per_token``) put in their place."""
-        changes: dict[str, object] = {}
-        for ours, theirs in (("max_seqs", cfg.max_seqs), ("max_batched_tokens", cfg.max_batched_tokens),
-                             ("block_tokens", cfg.kv_block_tokens), ("kv_tokens", cfg.kv_capacity_tokens),
-                             ("kv_transfer_ns_per_token", cfg.kv_transfer_ns_per_token)):
-            if theirs is not None and theirs != getattr(self, ours):
-                changes[ours] = theirs
+    def with_given(self, *, max_seqs: int | None = None, max_batched_tokens: int | None = None,
+                   block_tokens: int | None = None, kv_tokens: int | None = None,
+                   kv_transfer_ns_per_token: float | None = None) -> Capacity:
+        """These figures with the ones given (not None) in their place, listed in :attr:`given`.
+
+        >>> c = engine_capacity("examples", None, GpuMemory(), why="CPU")
+        >>> g = c.with_given(max_seqs=4, kv_tokens=4096)
+        >>> (g.max_seqs, g.kv_tokens, g.kv_blocks, g.given, g.kv_source)
+        (4, 4096, 256, ('kv_tokens', 'max_seqs'), 'given')
+        """
+        changes = {k: v for k, v in (("max_seqs", max_seqs), ("max_batched_tokens", max_batched_tokens),
+                                     ("block_tokens", block_tokens), ("kv_tokens", kv_tokens),
+                                     ("kv_transfer_ns_per_token", kv_transfer_ns_per_token))
+                   if v is not None and v != getattr(self, k)}
         if not changes:
             return self
-        if "kv_tokens" in changes:
-            changes["source"] = "given"
-        return replace(self, **changes, given=tuple(sorted({*self.given, *changes} - {"source"})))  # type: ignore[arg-type]
+        return replace(self, **changes, given=tuple(sorted({*self.given, *changes})))  # type: ignore[arg-type]
 
 
 def engine_capacity(engine: str | Enum, shape: ModelShape | None, gpu: GpuMemory, placement: Placement | None = None,

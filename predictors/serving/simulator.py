@@ -102,7 +102,9 @@ class SchedulerConfig:
         model, KV unlimited) with the ones this config gives put in their place."""
         base = capacity or engine_capacity(self.engine, None, GpuMemory(), max_model_len=self.max_model_len,
                                            why="no memory model")
-        return base.overridden(self)
+        return base.with_given(max_seqs=self.max_seqs, max_batched_tokens=self.max_batched_tokens,
+                               block_tokens=self.kv_block_tokens, kv_tokens=self.kv_capacity_tokens,
+                               kv_transfer_ns_per_token=self.kv_transfer_ns_per_token)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v.value if isinstance(v, Enum) else v for k, v in vars(self).items()}
