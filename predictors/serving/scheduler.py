@@ -119,6 +119,20 @@ class ReplicaState:
             out.append((s, n))
         return out
 
+    def admit_chunks(self, budget: int) -> list[tuple[Seq, int]]:
+        """FCFS admission while a slot, ``budget`` tokens and KV space are left, each prompt chunked
+        to the budget that remains (chunked prefill)."""
+        out: list[tuple[Seq, int]] = []
+        while self.waiting and len(self.running) < self.max_seqs and budget > 0:
+            s = self.waiting[0]
+            n = min(s.target - s.prefilled, budget)
+            if not self.kv.can_grow(s.id, n):
+                break
+            self.admit(self.waiting.popleft(), n)
+            out.append((s, n))
+            budget -= n
+        return out
+
     def reserve_decode(self, seqs: list[Seq]) -> list[Seq]:
         """Reserve one KV token per decoding sequence, preempting the latest admitted when full."""
         out = []

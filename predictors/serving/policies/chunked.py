@@ -26,12 +26,5 @@ class ChunkedPrefill(SchedulingPolicy):
             if c > 0 and rep.kv.grow(s.id, c):
                 pre.append((s, c))
                 budget -= c
-        while rep.waiting and len(rep.running) < rep.max_seqs and budget > 0:
-            s = rep.waiting[0]
-            c = min(s.target - s.prefilled, budget)
-            if not rep.kv.can_grow(s.id, c):
-                break
-            rep.admit(rep.waiting.popleft(), c)
-            pre.append((s, c))
-            budget -= c
+        pre += rep.admit_chunks(budget)
         return Work(prefill=pre, decode=dec) if pre or dec else None

@@ -41,12 +41,6 @@ class VllmV1Scheduler(SchedulingPolicy):
             else:
                 (prefill.append((s, n)) if s.in_prefill else decode.append(s))
                 budget -= n
-        while not preempted and rep.waiting and len(rep.running) < rep.max_seqs and budget > 0:
-            s = rep.waiting[0]
-            n = min(s.target - s.prefilled, budget)
-            if not rep.kv.can_grow(s.id, n):
-                break
-            rep.admit(rep.waiting.popleft(), n)
-            prefill.append((s, n))
-            budget -= n
+        if not preempted:
+            prefill += rep.admit_chunks(budget)
         return Work(prefill=prefill, decode=decode) if prefill or decode else None
