@@ -106,6 +106,10 @@ def test_engine_figures_without_a_memory_model_and_overrides() -> None:
     given = cfg.capacity(v1)
     assert (given.max_seqs, given.max_batched_tokens, given.kv_tokens, given.kv_blocks) == (4, 2048, 4096, 128)
     assert given.given == ("block_tokens", "kv_tokens", "max_seqs") and given.kv_source == "given"
+    sg_given = SchedulerConfig(engine="sglang", kv_capacity_tokens=3000).capacity(sg)   # SGLang's rule, given pool
+    assert (sg_given.max_seqs, sg_given.given) == (min(3000 // 2, 2048), ("kv_tokens",))
+    v1_small = SchedulerConfig(engine="vllm", max_batched_tokens=128).capacity(v1)       # never above the budget
+    assert (v1_small.max_seqs, v1_small.max_batched_tokens) == (128, 128)
     assert cfg.policy_key.value == "vllm-v1" and SchedulerConfig(engine="sglang").policy_key.value == "sglang"
     with pytest.raises(WorkloadError, match=r"^unknown engine 'trt' \(engines: examples, vllm, vllm-v0, sglang\)$"):
         SchedulerConfig(engine="trt")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -99,12 +99,17 @@ class SchedulerConfig:
 
     def capacity(self, capacity: Capacity | None = None) -> Capacity:
         """The figures a replica serves with: ``capacity`` (default: the engine's without a memory
-        model, KV unlimited) with the ones this config gives put in their place."""
+        model, KV unlimited) with the ones this config gives put in their place; the sequence cap,
+        when not given, follows the engine's rule from the token budget and KV tokens in force."""
         base = capacity or engine_capacity(self.engine, None, GpuMemory(), max_model_len=self.max_model_len,
                                            why="no memory model")
-        return base.with_given(max_seqs=self.max_seqs, max_batched_tokens=self.max_batched_tokens,
-                               block_tokens=self.kv_block_tokens, kv_tokens=self.kv_capacity_tokens,
-                               kv_transfer_ns_per_token=self.kv_transfer_ns_per_token)
+        cap = base.with_given(max_seqs=self.max_seqs, max_batched_tokens=self.max_batched_tokens,
+                              block_tokens=self.kv_block_tokens, kv_tokens=self.kv_capacity_tokens,
+                              kv_transfer_ns_per_token=self.kv_transfer_ns_per_token)
+        if self.max_seqs is not None:
+            return cap
+        return replace(cap, max_seqs=self.profile.max_seqs(cap.gpu, cap.max_batched_tokens, cap.kv_tokens,
+                                                           self.max_model_len))
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v.value if isinstance(v, Enum) else v for k, v in vars(self).items()}
