@@ -45,7 +45,7 @@ def test_llama2_7b_on_a100_80gb_under_vllm(tmp_path: Path) -> None:
 
     a = analyze(llm_trace(tmp_path / "llama2.json.gz", layers=32, heads=32, ffn=11008, steps=1,
                           gpu_name="NVIDIA A100-SXM4-80GB"))
-    cap = recorded_capacity(a.graph, scheduler=SchedulerConfig(engine="vllm"))
+    cap = recorded_capacity(a.graph, scheduler=SchedulerConfig(engine_profile="vllm"))
     weights = gemm_weight_bytes(32, 4096, 32, 32, 11008)
     assert weights == 12_952_010_752
     per_token = 2 * 32 * 32 * 128 * 2
@@ -70,7 +70,7 @@ def test_gqa_8b_on_h100_under_sglang(tmp_path: Path) -> None:
     from whatif.serving import recorded_capacity
 
     a = analyze(llm_trace(tmp_path / "gqa.json.gz", layers=32, heads=32, kv_heads=8, ffn=14336, steps=1))
-    cap = recorded_capacity(a.graph, scheduler=SchedulerConfig(engine="sglang"))
+    cap = recorded_capacity(a.graph, scheduler=SchedulerConfig(engine_profile="sglang"))
     reserved_mib = 512 + 8192 * 1.5 + 256 * 2 + 1 / 8 * 1024
     fraction = round((81920 - reserved_mib) / 81920, 3)
     assert (reserved_mib, fraction) == (13440, 0.836)
@@ -81,7 +81,7 @@ def test_gqa_8b_on_h100_under_sglang(tmp_path: Path) -> None:
     assert (cap.kv_tokens, cap.kv_blocks) == (tokens, tokens) == (441_384, 441_384)
     assert cap.max_seqs == min(tokens // 2, min(max(int(tokens / 8192 * 512), 2048), 4096)) == 4096
     assert cap.max_batched_tokens == 8192
-    vllm = recorded_capacity(a.graph, scheduler=SchedulerConfig(engine="vllm"))
+    vllm = recorded_capacity(a.graph, scheduler=SchedulerConfig(engine_profile="vllm"))
     assert (vllm.max_seqs, vllm.max_batched_tokens) == (1024, 8192)   # H100: vLLM's large-GPU tier
     assert vllm.kv_tokens == int((0.9 * 80 * 2**30 - weights) // per_token) > cap.kv_tokens
 
@@ -97,22 +97,22 @@ def test_engine_figures_without_a_memory_model_and_overrides() -> None:
     assert (examples.kv_tokens, examples.max_seqs, examples.max_batched_tokens, examples.block_tokens) == \
         (None, 8, 512, 16)
     assert examples.kv_source.startswith("unlimited: ") and "transformer block" in examples.kv_source
-    v1 = recorded_capacity(cpu.graph, scheduler=SchedulerConfig(engine="vllm"))
-    v0 = recorded_capacity(cpu.graph, scheduler=SchedulerConfig(engine="vllm-v0", max_model_len=4096))
-    sg = recorded_capacity(cpu.graph, scheduler=SchedulerConfig(engine="sglang"))
+    v1 = recorded_capacity(cpu.graph, scheduler=SchedulerConfig(engine_profile="vllm"))
+    v0 = recorded_capacity(cpu.graph, scheduler=SchedulerConfig(engine_profile="vllm-v0", max_model_len=4096))
+    sg = recorded_capacity(cpu.graph, scheduler=SchedulerConfig(engine_profile="sglang"))
     assert (v1.max_seqs, v1.max_batched_tokens, v0.max_seqs, v0.max_batched_tokens) == (256, 2048, 256, 4096)
     assert (sg.max_seqs, sg.max_batched_tokens, sg.memory_fraction, sg.block_tokens) == (4096, 4096, 0.88, 1)
-    cfg = SchedulerConfig(engine="vllm", max_seqs=4, kv_capacity_tokens=4096, kv_block_tokens=32)
+    cfg = SchedulerConfig(engine_profile="vllm", max_seqs=4, kv_capacity_tokens=4096, kv_block_tokens=32)
     given = cfg.capacity(v1)
     assert (given.max_seqs, given.max_batched_tokens, given.kv_tokens, given.kv_blocks) == (4, 2048, 4096, 128)
     assert given.given == ("block_tokens", "kv_tokens", "max_seqs") and given.kv_source == "given"
-    sg_given = SchedulerConfig(engine="sglang", kv_capacity_tokens=3000).capacity(sg)   # SGLang's rule, given pool
+    sg_given = SchedulerConfig(engine_profile="sglang", kv_capacity_tokens=3000).capacity(sg)   # SGLang's rule
     assert (sg_given.max_seqs, sg_given.given) == (min(3000 // 2, 2048), ("kv_tokens",))
-    v1_small = SchedulerConfig(engine="vllm", max_batched_tokens=128).capacity(v1)       # never above the budget
+    v1_small = SchedulerConfig(engine_profile="vllm", max_batched_tokens=128).capacity(v1)   # not above the budget
     assert (v1_small.max_seqs, v1_small.max_batched_tokens) == (128, 128)
-    assert cfg.policy_key.value == "vllm-v1" and SchedulerConfig(engine="sglang").policy_key.value == "sglang"
+    assert cfg.policy_key.value == "vllm-v1" and SchedulerConfig(engine_profile="sglang").policy_key.value == "sglang"
     with pytest.raises(WorkloadError, match=r"^unknown engine 'trt' \(engines: examples, vllm, vllm-v0, sglang\)$"):
-        SchedulerConfig(engine="trt")
+        SchedulerConfig(engine_profile="trt")
 
 
 def test_mi300x_tier_of_sglang() -> None:
@@ -139,7 +139,7 @@ def test_vllm_v1_mixes_decodes_and_prompt_chunks_in_one_budget() -> None:
     last 15 (22–34: r1's first token); then r1's decode (34–36)."""
     batches: list[LLMBatch] = []
     reqs = [RequestSpec(0, 0.0, 10, 3), RequestSpec(1, 0.001, 30, 2)]
-    res = simulate_llm(reqs, recording(batches), SchedulerConfig(engine="vllm", max_batched_tokens=16))
+    res = simulate_llm(reqs, recording(batches), SchedulerConfig(engine_profile="vllm", max_batched_tokens=16))
     assert [(b.prefill_tokens, b.prefill_cached, len(b.decode_context)) for b in batches] == [
         ((10,), (0,), 0), ((15,), (0,), 1), ((15,), (15,), 1), ((), (), 1)]
     r0, r1 = res.requests
@@ -153,7 +153,7 @@ def test_vllm_v1_preempts_the_latest_admitted_when_blocks_run_out() -> None:
     preempted and waits to prefill its prompt and token again."""
     batches: list[LLMBatch] = []
     reqs = [RequestSpec(0, 0.0, 8, 3), RequestSpec(1, 0.0, 8, 3)]
-    res = simulate_llm(reqs, recording(batches), SchedulerConfig(engine="vllm", kv_capacity_tokens=24,
+    res = simulate_llm(reqs, recording(batches), SchedulerConfig(engine_profile="vllm", kv_capacity_tokens=24,
                                                                   kv_block_tokens=8))
     assert [r["preemptions"] for r in res.requests] == [0, 1]
     assert batches[0].prefill_tokens == (8, 8) and batches[1].decode_context == (9,)   # r0 alone
@@ -167,7 +167,7 @@ def test_sglang_admits_until_the_new_token_ratio_estimate_fills_the_pool() -> No
     < 500 → decode both; r2 waits."""
     batches: list[LLMBatch] = []
     reqs = [RequestSpec(i, 0.0, 100, 400) for i in range(3)]
-    res = simulate_llm(reqs, recording(batches), SchedulerConfig(engine="sglang", kv_capacity_tokens=1000))
+    res = simulate_llm(reqs, recording(batches), SchedulerConfig(engine_profile="sglang", kv_capacity_tokens=1000))
     assert [b.prefill_tokens for b in batches[:2]] == [(100,), (100,)]
     assert batches[2].prefill_tokens == () and len(batches[2].decode_context) == 2
     assert res.requests[2]["ttft_ms"] > res.requests[1]["ttft_ms"] + 100 * DECODE_NS / 1e6
@@ -185,7 +185,7 @@ def test_shared_prefixes_lower_ttft_when_the_engine_caches_them() -> None:
     assert [r.cached_tokens for r in shared[:3]] == [0, shared[1].prompt_tokens // 2, shared[2].prompt_tokens // 2]
 
     def mean_ttft(requests: list[RequestSpec], **cfg: object) -> float:
-        rows = simulate_llm(requests, by_tokens, SchedulerConfig(engine="vllm", **cfg)).requests  # type: ignore[arg-type]
+        rows = simulate_llm(requests, by_tokens, SchedulerConfig(engine_profile="vllm", **cfg)).requests  # type: ignore[arg-type]
         return statistics.mean(r["ttft_ms"] for r in rows)
 
     assert mean_ttft(shared) < 0.7 * mean_ttft(reqs)
@@ -209,7 +209,7 @@ def test_burstgpt_and_fixed_arrivals() -> None:
 
 
 def test_serve_and_sweep_print_and_write_the_capacity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`--engine vllm` runs vLLM V1's policy with its caps (a figure given on the command line
+    """`--engine-profile vllm` runs vLLM V1's policy with its caps (a figure given on the command line
     replaces the engine's), prints one capacity line and writes it to the JSON beside the
     workload's arrivals and prefix share."""
     import orjson
@@ -221,18 +221,18 @@ def test_serve_and_sweep_print_and_write_the_capacity(tmp_path: Path, capsys: py
     out = tmp_path / "serve.json"
     assert main(["serve", str(run_dir), "--iterations-log", str(log), "--rate", "50", "--arrivals", "fixed",
                  "--prefix-share", "0.5", "--num-requests", "4", "--prompt-tokens", "100", "--output-tokens", "3",
-                 "--engine", "vllm", "--max-seqs", "4", "--json", str(out)]) == 0
+                 "--engine-profile", "vllm", "--max-seqs", "4", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "capacity per replica: vllm: KV unlimited" in text and "4 seqs, 2,048 batched tokens" in text
     doc = orjson.loads(out.read_bytes())
     sched, (s,) = doc["scheduler"], doc["scenarios"]
-    assert (sched["engine"], sched["policy"], sched["max_seqs"], sched["max_batched_tokens"]) == \
+    assert (sched["engine_profile"], sched["policy"], sched["max_seqs"], sched["max_batched_tokens"]) == \
         ("vllm", "vllm-v1", 4, 2048)
     assert sched["prefix_caching"] is True and sched["capacity"]["given"] == ["max_seqs"]
     assert s["capacity"]["max_seqs"] == 4 and s["capacity"]["kv_tokens"] is None
     assert (doc["workload"]["arrivals"], doc["workload"]["prefix_share"]) == ("fixed", 0.5)
     assert main(["sweep", str(run_dir), "--iterations-log", str(log), "--rates", "10", "--num-requests", "3",
-                 "--engine", "sglang"]) == 0
+                 "--engine-profile", "sglang"]) == 0
     assert "capacity per replica: sglang: KV unlimited" in capsys.readouterr().out
 
 

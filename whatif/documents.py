@@ -819,7 +819,7 @@ class LlmScheduler(Entry, frozen=True, kw_only=True):
     kv_transfer_ns_per_token: float
     router: str
     kv_capacity_source: str = ""
-    engine: str = "examples"
+    engine_profile: str = "examples"
     prefix_caching: bool = False
     capacity: CapacityEntry | UnsetType = UNSET
 

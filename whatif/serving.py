@@ -379,7 +379,7 @@ def recorded_capacity(graph: TaskGraph | None, placement: Placement | None = Non
     recorded); KV unlimited, with the reason, when the recording has no transformer blocks or no
     cataloged GPU (a CPU recording of the example servers)."""
     scheduler = scheduler or SchedulerConfig()
-    engine, length = scheduler.engine, scheduler.max_model_len
+    engine, length = scheduler.engine_profile, scheduler.max_model_len
     if graph is None or graph.trace is None:
         return engine_capacity(engine, None, GpuMemory(), placement, max_model_len=length, why="no recorded graph")
     ctx = make_context(graph.trace)
@@ -574,7 +574,8 @@ def _llm_scheduler(cfg: SchedulerConfig, cap: Capacity) -> LlmScheduler:
                         kv_capacity_tokens=cap.kv_tokens, kv_capacity_source=cap.kv_source,
                         kv_block_tokens=cap.block_tokens, replicas=cfg.replicas, prefill_replicas=cfg.prefill_replicas,
                         kv_transfer_ns_per_token=float(cap.kv_transfer_ns_per_token), router=str(cfg.router.value),
-                        engine=cap.engine.value, prefix_caching=cfg.caches_prefixes, capacity=_capacity(cap))
+                        engine_profile=cap.engine.value, prefix_caching=cfg.caches_prefixes,
+                        capacity=_capacity(cap))
 
 
 def _excluded_iterations(excluded: list[tuple[int, str, Exclusion]]) -> list[ExcludedIteration]:

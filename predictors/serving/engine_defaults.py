@@ -50,7 +50,7 @@ _EXAMPLES = ("this project's examples/llm_serve.py (--max-batch 8, --max-batched
 
 
 class EngineName(str, Enum):
-    """Keys of the engine profiles (the names ``--engine`` takes)."""
+    """Keys of the engine profiles (the names ``--engine-profile`` takes)."""
 
     EXAMPLES = "examples"
     VLLM = "vllm"          # the V1 engine

@@ -35,7 +35,7 @@ ARRIVE, HANDOFF, DONE, KICK = 0, 1, 2, 3
 class SchedulerConfig:
     """Serving system: engine, policy, limits, KV cache and replicas (token counts in tokens).
 
-    ``engine`` picks the defaults (:mod:`.engine_defaults`) of every figure left ``None``: the
+    ``engine_profile`` picks the defaults (:mod:`.engine_defaults`) of every figure left ``None``: the
     policy, sequence and token caps, KV block size, prefix caching; with the recording's memory
     model they size the KV cache too (:mod:`.capacity`). ``policy`` and ``router`` are registry
     keys (:data:`~.scheduler.POLICIES`, :data:`~.routers.ROUTERS`); their names (``"chunked"``)
@@ -43,8 +43,9 @@ class SchedulerConfig:
     ``flag``, ``aliases``, ``cli_scale``) is its ``whatif serve`` option.
     """
 
-    engine: Enum = field(default=EngineName.EXAMPLES, metadata={
-        "help": "serving engine whose settings fill every figure not given (docs/serving.md)",
+    engine_profile: Enum = field(default=EngineName.EXAMPLES, metadata={
+        "help": "the serving engine whose settings size a replica and fill every figure not given "
+                "(docs/serving.md \"Engine profiles\")",
         "choices": tuple(e.value for e in EngineName)})
     policy: Enum | None = field(default=None, metadata={
         "help": "scheduling policy (default: the engine's; docs/serving.md)", "choices": POLICIES.names})
@@ -75,14 +76,14 @@ class SchedulerConfig:
         "help": "which replica a request joins", "choices": ROUTERS.names})
 
     def __post_init__(self) -> None:
-        self.engine = engine_key(self.engine)
+        self.engine_profile = engine_key(self.engine_profile)
         self.policy = None if self.policy is None else POLICIES.key(self.policy)
         self.router = ROUTERS.key(self.router)
         self.check()
 
     @property
     def profile(self) -> EngineProfile:
-        return engine_profile(self.engine)
+        return engine_profile(self.engine_profile)
 
     @property
     def policy_key(self) -> Enum:
@@ -101,7 +102,7 @@ class SchedulerConfig:
         """The figures a replica serves with: ``capacity`` (default: the engine's without a memory
         model, KV unlimited) with the ones this config gives put in their place; the sequence cap,
         when not given, follows the engine's rule from the token budget and KV tokens in force."""
-        base = capacity or engine_capacity(self.engine, None, GpuMemory(), max_model_len=self.max_model_len,
+        base = capacity or engine_capacity(self.engine_profile, None, GpuMemory(), max_model_len=self.max_model_len,
                                            why="no memory model")
         cap = base.with_given(max_seqs=self.max_seqs, max_batched_tokens=self.max_batched_tokens,
                               block_tokens=self.kv_block_tokens, kv_tokens=self.kv_capacity_tokens,
