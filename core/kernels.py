@@ -64,7 +64,7 @@ _NAME_RULES: list[tuple[KernelClass, str]] = [
     (KernelClass.ATTENTION, r"flash_fwd|flash_bwd|flash_attn|fmha|attn_fwd|attn_bwd|attention|"
                             r"_fwd_kernel_stage|paged_attention|mha_fwd|mha_bwd|sdpa|"
                             r"efficient_attention|cutlass_.*attention|unified_attention|"
-                            r"flashinfer|sage_?attn|sage_fwd|decode_attention"),
+                            r"flashinfer|sage_?attn|sage_fwd|sage_quant|decode_attention"),
     (KernelClass.CONV, r"conv|fprop|dgrad|wgrad|winograd|implicit_gemm|igemm_(fwd|bwd|wrw)|"
                        r"scudnn|hcudnn|fft2d|fft1d|im2col|miopen.*(conv|gtc)|naive_conv|"
                        r"flip_filter|implicit_convolve|im2d2col|col2im"),

@@ -16,6 +16,7 @@ from whatif.predictors.serving import (
     LLMBatch,
     RequestSpec,
     SchedulerConfig,
+    ServingLogError,
     WorkloadError,
     gamma_arrivals,
     poisson_arrivals,
@@ -287,7 +288,7 @@ def test_python_serve_errors_are_one_line(tmp_path: Path) -> None:
     from whatif.api import Workload, serve
 
     run_dir, _ = serving_run(tmp_path)
-    with pytest.raises(WorkloadError, match=r"no serving log found.*--iterations-log") as info:
+    with pytest.raises(ServingLogError, match=r"no serving log found.*--iterations-log") as info:
         serve(run_dir, workload=Workload(rate=1))
     assert "\n" not in str(info.value)
     with pytest.raises(WorkloadError, match="rate"):

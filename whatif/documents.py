@@ -871,11 +871,43 @@ class ExcludedIteration(Entry, frozen=True, kw_only=True):
     excluded: str
 
 
+class DriverRange(Entry, frozen=True, kw_only=True):
+    """The smallest and largest value of a batch driver (tokens, seqs, context) an iteration model saw."""
+
+    low: float
+    high: float
+
+
+class CostPhaseEntry(Entry, frozen=True, kw_only=True):
+    """One phase of the operator-cost iteration model: its anchors (recorded iterations), the CPU
+    time per sequence fitted over them, the residual (measured / predicted from the other anchors,
+    median) and its leave-one-out error, and the GPU time of the anchors by kernel law (mean ns)."""
+
+    phase: str
+    anchors: int
+    cpu_per_seq_ns: float
+    residual: float
+    loo_mape: float | None
+    gpu_ns_by_law: dict[str, float]
+
+
 class LlmIterationModel(Entry, frozen=True, kw_only=True):
+    """The iteration model of one scenario: ``kind`` ``least-squares`` (``phases``: a fit per phase
+    over a serving log's compositions) or ``operator costs`` (``cost_phases``: recorded iterations
+    re-priced by their kernels' laws, found in the trace by ``adapter``); ``ranges``: per phase,
+    the batch drivers it saw (beyond them it extrapolates)."""
+
     loop_overhead_ns: float
     profiler_correction: dict[str, ProfilerOffset]
     phases: dict[str, PhaseFitEntry]
     excluded_iterations: list[ExcludedIteration] = []
+    kind: str = "least-squares"
+    adapter: str = ""
+    composition_source: str = ""
+    iterations_found: int = 0
+    cost_phases: dict[str, CostPhaseEntry] = {}
+    ranges: dict[str, dict[str, DriverRange]] = {}
+    notes: list[str] = []
 
 
 class DitIterationModel(Entry, frozen=True, kw_only=True):
@@ -935,6 +967,8 @@ class LlmScenarioServing(Entry, frozen=True, kw_only=True):
     iteration_model: LlmIterationModel
     kv_capacity_tokens: int | None = None   # this scenario's replica (its tensor/pipeline degrees, PIM stacks)
     kv_capacity_source: str = ""
+    extrapolated_iterations: int = 0        # simulated iterations whose batch left the model's range
+    extrapolated_drivers: dict[str, int] = {}   # driver (tokens, seqs, context) -> iterations beyond its range
     requests: list[LlmRequest] | UnsetType = UNSET
     capacity: CapacityEntry | UnsetType = UNSET
 
@@ -981,6 +1015,7 @@ class DitServingDocument(Entry, frozen=True, kw_only=True):
     scheduler: DitSettings
     profiler_correction: float | None
     scenarios: list[DitScenarioServing]
+    notes: list[str] = []   # what the models could not know (denoising steps found in an engine trace)
 
 
 class LlmSweepPoint(Entry, frozen=True, kw_only=True):
@@ -993,6 +1028,7 @@ class LlmSweepPoint(Entry, frozen=True, kw_only=True):
     throughput_req_per_s: float | None
     busy_fraction: float | None
     slo: SloAttainment
+    extrapolated_iterations: int = 0
 
 
 class DitSweepPoint(Entry, frozen=True, kw_only=True):

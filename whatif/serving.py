@@ -12,6 +12,7 @@ whose JSON the commands write.
 """
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -32,6 +33,7 @@ from whatif.depgraph.graph import TaskGraph
 from whatif.documents import (
     UNSET,
     CapacityEntry,
+    CostPhaseEntry,
     DitIterationModel,
     DitRequest,
     DitScenarioServing,
@@ -40,6 +42,7 @@ from whatif.documents import (
     DitSweepCurve,
     DitSweepDocument,
     DitSweepPoint,
+    DriverRange,
     ExcludedIteration,
     LatencyStats,
     LlmIterationModel,
@@ -57,7 +60,7 @@ from whatif.documents import (
     SweepDocument,
     WorkloadEntry,
 )
-from whatif.hardware.devices import find_device
+from whatif.hardware.devices import Device, find_device
 from whatif.predictors.cost_models import CostModelName
 from whatif.predictors.replay import Replay, replay
 from whatif.predictors.serving import logs
@@ -73,6 +76,10 @@ from whatif.predictors.serving.arrivals import (
     with_prefix_share,
 )
 from whatif.predictors.serving.capacity import Capacity, GpuMemory, engine_capacity
+from whatif.predictors.serving.dit_steps import dit_fit_inputs
+from whatif.predictors.serving.engines import FoundIterations, find_iterations
+from whatif.predictors.serving.engines.xdit import steps_per_request
+from whatif.predictors.serving.iteration_costs import CostIterationModel, Range, fit_cost_model
 from whatif.predictors.serving.iteration_model import (
     DitStepModel,
     DitStepWork,
@@ -89,10 +96,9 @@ from whatif.predictors.serving.simulator import (
     simulate_dit,
     simulate_llm,
 )
-from whatif.tracer.readers import RUN_META_NAME
 from whatif.transforms.base import Transform, TransformContext, TransformError
 from whatif.transforms.generic import Scale
-from whatif.transforms.parallel.memory import device_capacity_bytes, model_shape
+from whatif.transforms.parallel.memory import ModelShape, device_capacity_bytes, model_shape
 from whatif.transforms.placement import Placement
 from whatif.transforms.scenario import Scenario, load_scenario, scenario_placement
 from whatif.transforms.select import Selector
@@ -104,7 +110,25 @@ TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 DEFAULT_REQUESTS = 20
 
 ScenarioLike = Scenario | str | Path | Transform | ScenarioResult
-Model = IterationModel | DitStepModel
+Model = IterationModel | CostIterationModel | DitStepModel
+LlmModel = IterationModel | CostIterationModel
+
+
+@dataclass
+class RangeWatch:
+    """Counts the simulated iterations whose batch leaves the range ``model`` was fitted on."""
+
+    model: LlmModel
+    iterations: int = 0
+    drivers: dict[str, int] = field(default_factory=dict)
+
+    def time_ns(self, batch: logs.LLMBatch) -> float:
+        beyond = self.model.extrapolation(batch)
+        if beyond:
+            self.iterations += 1
+            for name in beyond:
+                self.drivers[name] = self.drivers.get(name, 0) + 1
+        return self.model.time_ns(batch)
 
 
 def token_range(text: str) -> tuple[int, int]:
@@ -247,9 +271,8 @@ class DitOptions:
     def __post_init__(self) -> None:
         check_fields(self, WorkloadError)
 
-    def settings(self, log: logs.DitLog, replicas: int = 1) -> DitSettings:
-        """Resolved settings against the recorded ``log`` config (the ``scheduler`` entry of DiT documents)."""
-        c = log.config
+    def settings(self, c: logs.DitConfig, replicas: int = 1) -> DitSettings:
+        """Resolved settings against the recorded config ``c`` (the ``scheduler`` entry of DiT documents)."""
         res, frames = self.resolution or c.resolution, self.frames or c.frames
         if res % c.patch:
             raise WorkloadError(f"resolution {res} is not a multiple of the recorded patch {c.patch}")
@@ -264,31 +287,50 @@ class ServingModels:
     fitted on (build with :func:`fit_serving`; reuse for several :func:`serve`/:func:`sweep` calls).
     The fits use the steps ``step_options`` counts, judged on ``reference`` (the measured graph)."""
 
-    def __init__(self, source: str, log_path: Path, replays: Sequence[tuple[str, Replay]],
+    def __init__(self, source: str, log_path: Path | None, replays: Sequence[tuple[str, Replay]],
                  unprofiled_log: str | Path | None = None, *, reference: TaskGraph | None = None,
                  step_options: StepOptions = COUNT_DEFAULT,
-                 placements: Sequence[Callable[[], Placement]] = ()) -> None:
+                 placements: Sequence[Callable[[], Placement]] = (), found: FoundIterations | None = None,
+                 device: Device | None = None, shape: ModelShape | None = None) -> None:
         self.source = source
         self.log_path = log_path
         self.reference = reference
+        self.found = found
+        self.device = device
+        self.shape = shape
+        if (log_path is None) == (found is None):
+            raise ValueError("give the serving log or the iterations an adapter found, not both")
+        if found is not None and unprofiled_log:
+            raise WorkloadError("--unprofiled-log needs the serving log of the recording (--iterations-log)")
         if placements and len(placements) != len(replays):
             raise ValueError(f"{len(placements)} placements for {len(replays)} models")
         self._placements = list(placements) or [Placement] * len(replays)
         self._placed: dict[int, Placement] = {}
         self.step_options = step_options
-        self.log = logs.read_log(log_path)
-        self.kind = "llm" if isinstance(self.log, logs.LlmLog) else "dit"
+        self.log = logs.read_log(log_path) if log_path is not None else None
+        self.kind = found.kind if found is not None else "llm" if isinstance(self.log, logs.LlmLog) else "dit"
+        self.dit_steps_per_request = steps_per_request(reference.trace) if (
+            found is not None and found.kind == "dit" and reference is not None and reference.trace is not None) else []
         self.models: list[tuple[str, Model]] = [(n, self._fit(rp)) for n, rp in replays]
         self.factor: Any = None
         if unprofiled_log:
             self.factor = self._profiler_factor(logs.read_log(Path(unprofiled_log)))
             for _, m in self.models:
-                if isinstance(m, IterationModel):
+                if isinstance(m, IterationModel | CostIterationModel):
                     m.correction = dict(self.factor)
                 else:
                     m.factor = self.factor
 
     def _fit(self, rp: Replay) -> Model:
+        if self.found is not None and self.found.kind == "dit":
+            x = dit_fit_inputs(rp, self.found)
+            return fit_dit_model(x.iters, x.compositions, x.work, 0.0)
+        if self.found is not None:
+            gpu = Selector(kind="gpu")
+            cpu_only = replay(Scale(select=gpu, factor=0.0).apply(rp.graph, TransformContext()))
+            return fit_cost_model(rp, cpu_only, self.found, self.device, self.shape,
+                                  self.shape.assumptions if self.shape is not None else ())
+        assert self.log is not None
         iters = replayed_iterations(rp, self.reference, self.step_options)
         if isinstance(self.log, logs.LlmLog):
             return fit_llm_model(iters, logs.llm_compositions(self.log))
@@ -312,6 +354,7 @@ class ServingModels:
         return DitStepWork(cpu_ns=cpu_iters["cycle_ns"].reindex(steps).to_numpy(float), attn_ns=attn, rest_ns=rest)
 
     def _profiler_factor(self, plain: logs.ServingLog) -> Any:
+        assert self.log is not None
         if type(plain) is not type(self.log):
             raise WorkloadError(f"the unprofiled log is a {type(plain).__struct_config__.tag} log, the "
                                 f"recording's is {type(self.log).__struct_config__.tag}")
@@ -329,11 +372,37 @@ class ServingModels:
         return ratio(plain) / ratio(self.log)
 
     @property
-    def dit_log(self) -> logs.DitLog:
-        """The serving log of a DiT run (refused for an LLM run)."""
+    def dit_config(self) -> logs.DitConfig:
+        """What a DiT run's requests were: its serving log's config, or, for denoising steps an
+        engine adapter found, the first step's latent tokens and model batch, the steps per
+        pipeline call (1 when the trace shows none), patch 1 (``resolution`` is then the side of the
+        latent-token grid: tokens = resolution², or frames = tokens when they are not a square)
+        and no classifier-free guidance batch (refused for an LLM run)."""
+        if self.found is not None and self.found.kind == "dit":
+            first = self.found.iterations[0].dit
+            assert first is not None
+            side = math.isqrt(first.tokens)
+            square = side * side == first.tokens
+            steps = int(np.median(self.dit_steps_per_request)) if self.dit_steps_per_request else 1
+            return logs.DitConfig(tokens=first.tokens, resolution=side if square else 1,
+                                  frames=1 if square else first.tokens, patch=1, steps=steps,
+                                  batch=first.model_batch, cfg_scale=0.0)
         if not isinstance(self.log, logs.DitLog):
-            raise WorkloadError(f"{self.log_path}: an LLM serving log, not a DiT one")
-        return self.log
+            raise WorkloadError(f"{self.log_path or self.source}: an LLM serving run, not a DiT one")
+        return self.log.config
+
+    @property
+    def notes(self) -> list[str]:
+        """What the models could not know, one line each (DiT steps found in an engine trace)."""
+        if self.found is None or self.found.kind != "dit":
+            return []
+        c = self.dit_config
+        return [*self.found.notes,
+                f"{len(self.found.iterations)} denoising step(s) found by the {self.found.adapter} adapter: "
+                f"{c.tokens} latent tokens, model batch {c.batch}; "
+                + (f"{c.steps} steps per request (pipeline calls)" if self.dit_steps_per_request
+                   else "steps per request not in the trace: 1 unless --steps")
+                + "; text encoding, VAE and per-request overheads not priced"]
 
     def placement(self, model: int) -> Placement:
         """Where model ``model``'s scenario places a replica (computed once, when first asked)."""
@@ -353,9 +422,11 @@ class ServingModels:
                  slo_tpot_ms: float | None = None, capacity: Capacity | None = None) -> SimResult:
         """One simulation of ``model`` (``rate`` overrides the workload's) on replicas of ``capacity``."""
         if self.kind == "llm":
-            return simulate_llm(workload.llm_requests(rate), model.time_ns, scheduler,  # type: ignore[union-attr]
-                                slo_ttft_ms, slo_tpot_ms, capacity)
-        d = dit.settings(self.dit_log, scheduler.replicas)
+            watch = RangeWatch(model)  # type: ignore[arg-type]
+            res = simulate_llm(workload.llm_requests(rate), watch.time_ns, scheduler, slo_ttft_ms, slo_tpot_ms,
+                               capacity)
+            return replace(res, extrapolated_iterations=watch.iterations, extrapolated_drivers=dict(watch.drivers))
+        d = dit.settings(self.dit_config, scheduler.replicas)
         reqs = workload.dit_requests(rate)
         shapes = [(r.steps or d.steps, d.tokens if r.resolution is None else _dit_tokens(d, r)) for r in reqs]
         return simulate_dit([r.arrival_s for r in reqs], model, d.steps, d.tokens, d.batch, d.cfg,  # type: ignore[arg-type]
@@ -412,10 +483,13 @@ def _run_path(base: str | Path | Analysis) -> Path:
 def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] = (), *,
                 iterations_log: str | Path | None = None, unprofiled_log: str | Path | None = None,
                 baseline: bool = True, cost_model: str | Enum = CostModelName.TRACE,
-                step_options: StepOptions | None = None) -> ServingModels:
+                step_options: StepOptions | None = None, engine: str | None = None) -> ServingModels:
     """Fit the iteration models of the baseline (unless ``baseline=False`` and there are scenarios)
     and of each scenario on a run folder/trace (or its :class:`Analysis`). The serving log is
-    ``iterations_log``, else the ``--log`` named in the run folder's meta.jsonc (meta.json before). Scenarios without
+    ``iterations_log``, else the ``--log`` named in the run folder's meta.jsonc (meta.json before);
+    without one, the iterations are found in the trace by the first serving-engine adapter that
+    recognises it (``engine``: that one; :mod:`whatif.predictors.serving.engines`) and priced by
+    the operator-cost model (:mod:`whatif.predictors.serving.iteration_costs`). Scenarios without
     a ``cost_model`` key are priced by ``cost_model``. The fits use the steps ``step_options``
     counts (default: an Analysis's own options, else warm-up and partial steps left out)."""
     loaded = [load_scenario(s) if isinstance(s, (str, Path)) else s for s in scenarios]  # validate files first
@@ -424,15 +498,11 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
             scenario_cost_model(s, cost_model)
     run = _run_path(path)
     log_path = Path(iterations_log) if iterations_log else logs.find_log(run)
-    if log_path is None:
-        folder = run if run.is_dir() else run.parent
-        raise WorkloadError(f"{folder}: no serving log found (looked for the --log file named in "
-                            f"{folder / RUN_META_NAME} "
-                            "and a file of that name in the folder); pass --iterations-log FILE (the --log of "
-                            "examples/llm_serve.py or dit_serve.py for this recording)")
     base = path if isinstance(path, Analysis) else analyze(path, step_options or COUNT_DEFAULT)
     if step_options is not None:
         base = base.with_options(step_options)
+    found = None if log_path is not None else find_iterations(base.graph, engine)
+    device, shape = _device_and_shape(base) if found is not None else (None, None)
     replays: list[tuple[str, Replay]] = [] if not baseline and loaded else [("baseline", base.replay)]
     placements: list[Callable[[], Placement]] = [Placement] * len(replays)
     todo = [s for s in loaded if not isinstance(s, ScenarioResult)]
@@ -442,7 +512,19 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
         replays.append((r.scenario.name, r.replay))
         placements.append(partial(_placement, base, r, cost_model))
     return ServingModels(base.trace.source if isinstance(path, Analysis) else str(path), log_path, replays,
-                         unprofiled_log, reference=base.graph, step_options=base.options, placements=placements)
+                         unprofiled_log, reference=base.graph, step_options=base.options, placements=placements,
+                         found=found, device=device, shape=shape)
+
+
+def _device_and_shape(base: Analysis) -> tuple[Device | None, ModelShape | None]:
+    """The recorded GPU (catalog) and the model's shape from the memory model, None where the trace
+    does not say (no cataloged GPU, no transformer block found)."""
+    gpu = next((r.gpu_name for r in base.trace.ranks if r.gpu_name), None)
+    try:
+        shape = model_shape(base.graph, make_context(base.trace), "serve")
+    except TransformError:
+        shape = None
+    return find_device(gpu), shape
 
 
 def _placement(base: Analysis, result: ScenarioResult, cost_model: str | Enum) -> Placement:
@@ -458,6 +540,8 @@ def _models(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Sce
     if isinstance(path, ServingModels):
         if scenarios:
             raise ValueError("scenarios are fitted already: pass them to fit_serving")
+        if fit_kw.get("engine") is not None:
+            raise ValueError("the iterations are found already: pass engine to fit_serving")
         if fit_kw["step_options"] not in (None, path.step_options):
             raise ValueError("the models are fitted on other steps already: pass step_options to fit_serving")
         return path
@@ -469,7 +553,7 @@ def serve(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Scena
           dit: DitOptions | None = None, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
           iterations_log: str | Path | None = None, unprofiled_log: str | Path | None = None,
           baseline: bool = True, requests: bool = False, cost_model: str | Enum = CostModelName.TRACE,
-          step_options: StepOptions | None = None) -> ServingDocument:
+          step_options: StepOptions | None = None, engine: str | None = None) -> ServingDocument:
     """Predicted serving metrics per scenario: the ``whatif.serving/1`` document of `whatif serve --json`.
 
     ``workload``: a :class:`Workload`, or a workload file (default: 20 requests, which then needs a rate).
@@ -482,19 +566,20 @@ def serve(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Scena
     scheduler, dit = scheduler or SchedulerConfig(), dit or DitOptions()
     scheduler.check()
     fitted = _models(path, scenarios, {"iterations_log": iterations_log, "unprofiled_log": unprofiled_log,
-                                       "baseline": baseline, "cost_model": cost_model, "step_options": step_options})
+                                       "baseline": baseline, "cost_model": cost_model, "step_options": step_options,
+                                       "engine": engine})
     workload_entry = workload.describe(workload.rate)
     if fitted.kind == "llm":
         per_model = [fitted.capacity(scheduler, i) for i in range(len(fitted.models))]
         return LlmServingDocument(
-            source=fitted.source, log=str(fitted.log_path), workload=workload_entry,
+            source=fitted.source, log=str(fitted.log_path or ""), workload=workload_entry,
             scheduler=_llm_scheduler(scheduler, fitted.capacity(scheduler, None)), profiler_correction=fitted.factor,
             scenarios=[_llm_serving(name, model, fitted.simulate(model, workload, scheduler, dit, None,  # type: ignore[arg-type]
                                                                  slo_ttft_ms, slo_tpot_ms, cap), requests, cap)
                        for (name, model), cap in zip(fitted.models, per_model)])
     return DitServingDocument(
-        source=fitted.source, log=str(fitted.log_path), workload=workload_entry,
-        scheduler=dit.settings(fitted.dit_log, scheduler.replicas), profiler_correction=fitted.factor,
+        source=fitted.source, log=str(fitted.log_path or ""), workload=workload_entry, notes=fitted.notes,
+        scheduler=dit.settings(fitted.dit_config, scheduler.replicas), profiler_correction=fitted.factor,
         scenarios=[_dit_serving(name, model, fitted.simulate(model, workload, scheduler, dit, None, slo_ttft_ms,  # type: ignore[arg-type]
                                                              slo_tpot_ms), requests)
                    for name, model in fitted.models])
@@ -506,7 +591,7 @@ def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
           slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
           iterations_log: str | Path | None = None, unprofiled_log: str | Path | None = None,
           baseline: bool = True, cost_model: str | Enum = CostModelName.TRACE,
-          step_options: StepOptions | None = None) -> SweepDocument:
+          step_options: StepOptions | None = None, engine: str | None = None) -> SweepDocument:
     """Latency vs load: :func:`serve` repeated at each arrival rate, one curve per scenario; the
     ``whatif.serving-sweep/1`` document of `whatif sweep --json` (plot it with
     ``whatif.figures.serving_curves_figure``). The workload's own rate is ignored."""
@@ -518,7 +603,8 @@ def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
     scheduler, dit = scheduler or SchedulerConfig(), dit or DitOptions()
     scheduler.check()
     fitted = _models(path, scenarios, {"iterations_log": iterations_log, "unprofiled_log": unprofiled_log,
-                                       "baseline": baseline, "cost_model": cost_model, "step_options": step_options})
+                                       "baseline": baseline, "cost_model": cost_model, "step_options": step_options,
+                                       "engine": engine})
 
     def simulate(model: Model, rate: float, cap: Capacity | None = None) -> SimResult:
         return fitted.simulate(model, workload, scheduler, dit, float(rate), slo_ttft_ms, slo_tpot_ms, cap)
@@ -536,7 +622,7 @@ def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
                     for (name, model), cap in zip(fitted.models, per_model)])
     return DitSweepDocument(
         source=fitted.source, workload=workload.describe(None),
-        scheduler=dit.settings(fitted.dit_log, scheduler.replicas),
+        scheduler=dit.settings(fitted.dit_config, scheduler.replicas),
         profiler_correction=fitted.factor,
         curves=[DitSweepCurve(name=name, iteration_model=_dit_model(model),  # type: ignore[arg-type]
                               points=[_dit_point(rate, simulate(model, rate)) for rate in rates])
@@ -582,17 +668,33 @@ def _excluded_iterations(excluded: list[tuple[int, str, Exclusion]]) -> list[Exc
     return [ExcludedIteration(step=s, phase=p, excluded=r.value) for s, p, r in excluded]
 
 
-def _llm_model(model: IterationModel) -> LlmIterationModel:
+def _ranges(ranges: Mapping[str, Mapping[str, Range]]) -> dict[str, dict[str, DriverRange]]:
+    return {p: {k: DriverRange(low=float(r.low), high=float(r.high)) for k, r in rs.items()}
+            for p, rs in ranges.items()}
+
+
+def _llm_model(model: LlmModel) -> LlmIterationModel:
+    correction = {p: ProfilerOffset(offset_ns=float(a), scale=float(b)) for p, (a, b) in model.correction.items()}
+    if isinstance(model, CostIterationModel):
+        return LlmIterationModel(
+            kind="operator costs", loop_overhead_ns=float(model.loop_overhead_ns), profiler_correction=correction,
+            phases={}, adapter=model.adapter, composition_source=model.source.value,
+            iterations_found=sum(len(pc.anchors) for pc in model.phases.values()),
+            cost_phases={p: CostPhaseEntry(phase=p, anchors=len(pc.anchors), cpu_per_seq_ns=float(pc.cpu_per_seq_ns),
+                                           residual=float(pc.residual),
+                                           loo_mape=None if np.isnan(pc.loo_mape) else float(pc.loo_mape),
+                                           gpu_ns_by_law={law.name.lower(): float(v)
+                                                          for law, v in pc.gpu_ns_by_law().items()})
+                         for p, pc in model.phases.items()},
+            ranges=_ranges({p: pc.ranges for p, pc in model.phases.items()}), notes=list(model.notes))
     return LlmIterationModel(
-        loop_overhead_ns=float(model.loop_overhead_ns),
-        profiler_correction={p: ProfilerOffset(offset_ns=float(a), scale=float(b))
-                             for p, (a, b) in model.correction.items()},
+        loop_overhead_ns=float(model.loop_overhead_ns), profiler_correction=correction,
         phases={p: PhaseFitEntry(phase=f.phase, features=list(f.features), intercept_ns=float(f.intercept_ns),
                                  coef={k: float(v) for k, v in f.coef.items()}, n=int(f.n), r2=float(f.r2),
                                  mape=float(f.mape), loo_mape=float(f.loo_mape),
                                  candidates={k: float(v) for k, v in f.candidates.items()})
                 for p, f in model.fits.items()},
-        excluded_iterations=_excluded_iterations(model.excluded))
+        excluded_iterations=_excluded_iterations(model.excluded), ranges=_ranges(model.ranges))
 
 
 def _dit_model(model: DitStepModel) -> DitIterationModel:
@@ -605,7 +707,7 @@ def _dit_model(model: DitStepModel) -> DitIterationModel:
                              excluded_iterations=_excluded_iterations(model.excluded))
 
 
-def _llm_serving(name: str, model: IterationModel, res: SimResult, requests: bool, cap: Capacity) -> LlmScenarioServing:
+def _llm_serving(name: str, model: LlmModel, res: SimResult, requests: bool, cap: Capacity) -> LlmScenarioServing:
     s = res.summary
     return LlmScenarioServing(
         name=name, kv_capacity_tokens=cap.kv_tokens, kv_capacity_source=cap.kv_source, capacity=_capacity(cap),
@@ -616,6 +718,7 @@ def _llm_serving(name: str, model: IterationModel, res: SimResult, requests: boo
         throughput_tokens_per_s=_opt(s["throughput_tokens_per_s"]), total_tokens_per_s=_opt(s["total_tokens_per_s"]),
         slo=_slo(s["slo"]), preemptions=int(s["preemptions"]), busy_fraction=_opt(s["busy_fraction"]),
         iterations={k: int(v) for k, v in s["iterations"].items()}, iteration_model=_llm_model(model),
+        extrapolated_iterations=res.extrapolated_iterations, extrapolated_drivers=dict(res.extrapolated_drivers),
         requests=[LlmRequest(id=int(r["id"]), replica=int(r["replica"]), arrival_s=float(r["arrival_s"]),
                              prompt_tokens=int(r["prompt_tokens"]), output_tokens=int(r["output_tokens"]),
                              queue_ms=float(r["queue_ms"]), ttft_ms=float(r["ttft_ms"]), tpot_ms=_opt(r["tpot_ms"]),
@@ -642,7 +745,8 @@ def _llm_point(rate: float, res: SimResult) -> LlmSweepPoint:
                          e2e_ms=_stats(s["e2e_ms"]), queue_ms=_stats(s["queue_ms"]),
                          throughput_tokens_per_s=_opt(s["throughput_tokens_per_s"]),
                          throughput_req_per_s=_opt(s["throughput_req_per_s"]),
-                         busy_fraction=_opt(s["busy_fraction"]), slo=_slo(s["slo"]))
+                         busy_fraction=_opt(s["busy_fraction"]), slo=_slo(s["slo"]),
+                         extrapolated_iterations=res.extrapolated_iterations)
 
 
 def _dit_point(rate: float, res: SimResult) -> DitSweepPoint:

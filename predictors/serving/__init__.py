@@ -11,8 +11,9 @@ from .arrivals import (
            read_workload,
            synthetic_workload,
 )
+from .iteration_costs import CostIterationModel, fit_cost_model
 from .iteration_model import DitStepModel, IterationModel, fit_dit_model, fit_llm_model
-from .logs import LLMBatch
+from .logs import LLMBatch, ServingLogError
 from .metrics import summarize
 from .routers import ROUTERS, Router, RouterName, register_router
 from .scheduler import (
@@ -25,7 +26,8 @@ from .scheduler import (
 )
 from .simulator import SchedulerConfig, simulate_dit, simulate_llm
 
-__all__ = ["POLICIES", "ROUTERS", "DitStepModel", "IterationModel", "LLMBatch", "PolicyName", "ReplicaState",
-           "RequestSpec", "Router", "RouterName", "SchedulerConfig", "SchedulingPolicy", "Work", "WorkloadError",
-           "fit_dit_model", "fit_llm_model", "gamma_arrivals", "poisson_arrivals", "read_workload",
-           "register_policy", "register_router", "simulate_dit", "simulate_llm", "summarize", "synthetic_workload"]
+__all__ = ["POLICIES", "ROUTERS", "CostIterationModel", "DitStepModel", "IterationModel", "LLMBatch", "PolicyName",
+           "ReplicaState", "RequestSpec", "Router", "RouterName", "SchedulerConfig", "SchedulingPolicy",
+           "ServingLogError", "Work", "WorkloadError", "fit_cost_model", "fit_dit_model", "fit_llm_model",
+           "gamma_arrivals", "poisson_arrivals", "read_workload", "register_policy", "register_router", "simulate_dit",
+           "simulate_llm", "summarize", "synthetic_workload"]

@@ -38,6 +38,7 @@ from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph
 from whatif.predictors.replay import Replay
 from whatif.predictors.steps import step_end_tasks, step_exclusions
 
+from .iteration_costs import RANGE_DRIVERS, Drivers, Range, driver_value
 from .logs import LLMBatch, ServingLogError
 
 PREFILL_CANDIDATES: list[tuple[str, ...]] = [("tokens",), ("tokens", "tokens2"), ("tokens", "attn"), ("seqs", "tokens"),
@@ -206,6 +207,13 @@ class IterationModel:
     loop_overhead_ns: float
     correction: dict[str, tuple[float, float]] = field(default_factory=dict)
     excluded: list[tuple[int, str, Exclusion]] = field(default_factory=list)  # (step, phase, reason) not fitted
+    ranges: dict[str, dict[str, Range]] = field(default_factory=dict)  # phase -> driver -> range fitted on
+
+    def extrapolation(self, batch: LLMBatch) -> tuple[str, ...]:
+        """The drivers of ``batch`` (tokens, seqs, context) beyond the range its phase was fitted on."""
+        phase = "prefill" if batch.prefill_tokens else "decode"
+        d = Drivers.of(batch)
+        return tuple(name for name, r in self.ranges.get(phase, {}).items() if r.outside(driver_value(d, name)))
 
     def _corrected(self, phase: str, t_ns: float, marginal: bool = False) -> float:
         a, b = self.correction.get(phase, (0.0, 1.0))
@@ -265,7 +273,12 @@ def fit_llm_model(iters: pd.DataFrame, compositions: list[tuple[str, LLMBatch]])
         if idx:
             fits[phase] = fit_phase(phase, [llm_features(compositions[i][1]) for i in idx], y[idx], cands)
     fitted = {i for phase in fits for i in _phase_rows(log_phases, counted, phase)}
-    return IterationModel(fits=fits, loop_overhead_ns=over, excluded=_excluded(iters, fitted))
+    ranges = {}
+    for phase in fits:
+        drivers = [Drivers.of(compositions[i][1]) for i in _phase_rows(log_phases, counted, phase)]
+        ranges[phase] = {name: Range(min(driver_value(d, name) for d in drivers),
+                                     max(driver_value(d, name) for d in drivers)) for name in RANGE_DRIVERS}
+    return IterationModel(fits=fits, loop_overhead_ns=over, excluded=_excluded(iters, fitted), ranges=ranges)
 
 
 def profiler_correction(model: IterationModel,

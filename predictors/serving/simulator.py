@@ -118,11 +118,14 @@ class SchedulerConfig:
 
 @dataclass
 class SimResult:
-    """Per-request rows (``RequestResult.to_dict``), the aggregate summary, iteration counts."""
+    """Per-request rows (``RequestResult.to_dict``), the aggregate summary, iteration counts, and
+    the iterations whose batch left the iteration model's range (per driver)."""
 
     requests: list[dict[str, Any]]
     summary: dict[str, Any]
     iterations: dict[str, int] = field(default_factory=dict)
+    extrapolated_iterations: int = 0
+    extrapolated_drivers: dict[str, int] = field(default_factory=dict)
 
 
 def simulate_llm(requests: list[RequestSpec], time_ns: Callable[[LLMBatch], float], cfg: SchedulerConfig,

@@ -17,7 +17,9 @@ from rich.table import Table
 from whatif.core.steps import INCLUDE_HINT, Exclusion, StepOptions
 from whatif.documents import (
     CapacityEntry,
+    CostPhaseEntry,
     DitScenarioServing,
+    DitServingDocument,
     ExcludedIteration,
     LatencyStats,
     LlmScenarioServing,
@@ -52,6 +54,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, rate_required: bool = 
     parser.add_argument("--iterations-log", type=Path, metavar="FILE",
                         help="the server's JSON log of the recorded run (batch composition per iteration); "
                              "default: the --log named in the run folder's meta.jsonc")
+    parser.add_argument("--engine", metavar="NAME",
+                        help="the serving-engine adapter that finds the iterations in a trace without a serving "
+                             "log (default: the first that recognises it; docs/serving.md)")
     parser.add_argument("--unprofiled-log", type=Path, metavar="FILE",
                         help="log of the same program run without the profiler: rescales iteration times by "
                              "the measured profiler overhead")
@@ -84,7 +89,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments of :func:`whatif.serving.serve` / ``sweep`` shared by both commands."""
     return {"scheduler": from_args(SchedulerConfig, args), "dit": from_args(DitOptions, args),
             "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms,
-            "iterations_log": args.iterations_log, "unprofiled_log": args.unprofiled_log,
+            "iterations_log": args.iterations_log, "unprofiled_log": args.unprofiled_log, "engine": args.engine,
             "baseline": not args.no_baseline, "cost_model": from_args(CostConfig, args).cost_model,
             "step_options": from_args(StepOptions, args)}
 
@@ -135,6 +140,28 @@ def capacity_lines(recorded: CapacityEntry | UnsetType,
     return [f"  capacity per replica{f' ({name})' if name else ''}: {c.describe}" for name, c in shown]
 
 
+def describe_cost_phase(e: CostPhaseEntry) -> str:
+    """``decode: 1 anchor, GPU 8.2 ms GEMM + 0.6 attention + 1.2 per-token, residual 1.00``."""
+    law = e.gpu_ns_by_law
+    gpu = " + ".join(f"{law.get(k, 0.0) / 1e6:.2f} ms {label}" for k, label in
+                     (("gemm", "GEMM"), ("attention", "attention"), ("per_token", "per-token")))
+    loo = "" if e.loo_mape is None else f", LOO {e.loo_mape:.1%}"
+    return (f"{e.phase}: {e.anchors} anchor(s), GPU {gpu}, CPU {e.cpu_per_seq_ns / 1e3:.1f} us/seq, "
+            f"residual {e.residual:.2f}{loo}")
+
+
+def extrapolation_line(s: LlmScenarioServing) -> str:
+    """How many simulated iterations left the iteration model's range, by driver."""
+    total = sum(s.iterations.values()) or s.extrapolated_iterations
+    by = ", ".join(f"{k} {v:,}" for k, v in sorted(s.extrapolated_drivers.items()))
+    how = ("extrapolated by the kernels' roofline laws" if s.iteration_model.kind == "operator costs"
+           else "extrapolated by a straight-line fit: treat with care, or record at this load")
+    seen = "; ".join(f"{p} saw " + ", ".join(f"{k} {r.low:g}-{r.high:g}" for k, r in rs.items())
+                     for p, rs in s.iteration_model.ranges.items())
+    return (f"{s.extrapolated_iterations:,} of {total:,} simulated iterations left the recorded range ({by}; {seen}): "
+            f"{how}")
+
+
 def render(doc: ServingDocument, console: Console) -> None:
     """One table of scenarios, then each iteration model's fit quality."""
     w = doc.workload
@@ -153,7 +180,12 @@ def render(doc: ServingDocument, console: Console) -> None:
         table.add_row(s.name, *(_llm_row(s) if isinstance(s, LlmScenarioServing) else _dit_row(s)))
     console.print(table)
     for s in doc.scenarios:
-        if isinstance(s, LlmScenarioServing):
+        if isinstance(s, LlmScenarioServing) and s.iteration_model.kind == "operator costs":
+            cm = s.iteration_model
+            console.print(f"  {s.name} iteration model: operator costs of {cm.iterations_found} recorded iteration(s) "
+                          f"found by the {cm.adapter} adapter (composition from the {cm.composition_source})")
+            parts = [describe_cost_phase(e) for e in cm.cost_phases.values()]
+        elif isinstance(s, LlmScenarioServing):
             parts = [f"{p}: {'+'.join(f.features) or 'constant'} (n={f.n}, R²={f.r2:.2f}, "
                      f"MAPE {f.mape:.1%}, LOO {f.loo_mape:.1%})" for p, f in s.iteration_model.phases.items()]
         else:
@@ -161,11 +193,19 @@ def render(doc: ServingDocument, console: Console) -> None:
             parts = [f"denoise step at model batches {m.model_batches_seen} (n={m.n}, MAPE {m.mape:.1%}, "
                      f"LOO {m.loo_mape:.1%})"]
         console.print(f"  {s.name} iteration model: " + "; ".join(parts))
+        if isinstance(s, LlmScenarioServing):
+            for note in s.iteration_model.notes:
+                console.print(f"  {s.name} note: {note}")
+            if s.extrapolated_iterations:
+                console.print(f"  [yellow]warning[/yellow]: {s.name}: {extrapolation_line(s)}")
         if s.iteration_model.excluded_iterations:
             console.print(f"  {s.name} fitted without: " + fitted_without(s.iteration_model.excluded_iterations))
     if isinstance(doc, LlmServingDocument):
         for line in capacity_lines(doc.scheduler.capacity, [(s.name, s.capacity) for s in doc.scenarios
                                                              if isinstance(s, LlmScenarioServing)]):
             console.print(line)
+    if isinstance(doc, DitServingDocument):
+        for note in doc.notes:
+            console.print(f"  note: {note}")
     if doc.profiler_correction is not None:
         console.print(f"  profiler-overhead correction applied: {doc.profiler_correction}")

@@ -68,6 +68,7 @@ def find_iterations(graph: TaskGraph, engine: str | None = None) -> FoundIterati
         found = cls().find(graph)
         if found is not None:
             return found
-    raise ServingLogError(f"no serving iterations found in {graph.trace.source if graph.trace else 'the graph'} "
-                          f"(tried: {', '.join(c.name for c in known)}); mark iterations with whatif.phase(...) or "
-                          "pass --iterations-log FILE")
+    raise ServingLogError(f"no serving log found and no serving-engine adapter finds iterations in "
+                          f"{graph.trace.source if graph.trace else 'the graph'} (tried: "
+                          f"{', '.join(c.name for c in known) or 'none'}); pass --iterations-log FILE (the --log of "
+                          "examples/llm_serve.py or dit_serve.py for this recording)")

@@ -69,8 +69,8 @@ class FoundIteration:
         if self.end_ns <= self.start_ns:
             raise ValueError(f"empty iteration window [{self.start_ns}, {self.end_ns})")
         if (self.phase is IterationPhase.DENOISE) != (self.dit is not None) or (self.llm is None) == (self.dit is None):
-            raise ValueError(f"a {self.phase.value} iteration needs {'dit' if self.phase is IterationPhase.DENOISE else 'llm'}"
-                             " composition and no other")
+            need = "dit" if self.phase is IterationPhase.DENOISE else "llm"
+            raise ValueError(f"a {self.phase.value} iteration needs {need} composition and no other")
 
 
 @dataclass(frozen=True)

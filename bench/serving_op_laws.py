@@ -1,0 +1,129 @@
+"""The serving iteration model's kernel laws against measured operators: Vidur's A100 and A40
+per-layer operator times (../shared/perfdata/vidur/compute, TP 1), one token count taken as the
+recorded iteration and every operator predicted at 1/4, 3x, 8x and 32x its tokens.
+
+The laws are those of predictors/serving/iteration_costs.py (``Kernels.measured(...).at(...)``):
+a GEMM keeps the efficiency it was measured at on the achievable roofline of the catalog GPU, its
+weights inferred from its measured time (no shapes read); a norm/rotary/activation/add kernel
+grows by 4·h·s bytes per token at the achievable bandwidth. Two baselines: "no change" (the
+recorded time) and "proportional" (time × tokens ratio, what scaling a whole iteration does).
+
+Caveat: the A100 catalog's small-GEMM figure was set from Vidur's own A100 GEMM rows
+(hardware/devices.py), so A100 GEMMs are not fully independent of this data; A40 has the same.
+
+Run: .venv/bin/python bench/serving_op_laws.py [--write-docs]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common.docs import replace_section
+from common.vidur import GEMM_OPS, compute_models, require_perfdata
+
+from whatif.core.dtypes import DType
+from whatif.hardware.devices import get_device
+from whatif.predictors.serving.iteration_costs import DeviceLaw, Drivers, KernelLaw, Kernels
+
+ROOT = Path(__file__).resolve().parents[1]
+BEGIN, END = "<!-- bench/serving_op_laws.py begin -->", "<!-- bench/serving_op_laws.py end -->"
+GPUS = {"a100": "A100_SXM_80GB", "a40": "A40"}
+PER_TOKEN_OPS = ("input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act", "add")
+ANCHORS = (8, 32, 128, 512, 2048)
+FACTORS = (0.25, 3.0, 8.0, 32.0)
+
+
+def drivers(tokens: float) -> Drivers:
+    return Drivers(tokens=tokens, seqs=tokens, pairs=tokens, keys=tokens, context=tokens)
+
+
+def layer_table(path: Path) -> pd.DataFrame:
+    """TP 1 rows: tokens and each operator's median time (ns)."""
+    df = pd.read_csv(path)
+    df = df[df["num_tensor_parallel_workers"] == 1]
+    ops = [op for op in (*GEMM_OPS, *PER_TOKEN_OPS) if f"time_stats.{op}.median" in df.columns]
+    out = df.groupby("num_tokens")[[f"time_stats.{op}.median" for op in ops]].median() * 1e6
+    out.columns = ops
+    first = df.iloc[0]
+    out.attrs.update(hidden=int(first["n_embd"]), heads=int(first["n_head"]), kv_heads=int(first["n_kv_head"]))
+    return out.dropna(axis=1)
+
+
+def rows_for(gpu: str, model: str, table: pd.DataFrame) -> list[dict]:
+    a = table.attrs
+    law = DeviceLaw.of(get_device(GPUS[gpu]), DType.FP16, a["heads"] / a["kv_heads"], a["hidden"] // a["heads"],
+                       a["hidden"])
+    ops = list(table.columns)
+    laws = np.array([KernelLaw.GEMM if op in GEMM_OPS else KernelLaw.PER_TOKEN for op in ops])
+    tokens = table.index.to_numpy()
+    out = []
+    for x0 in ANCHORS:
+        if x0 not in table.index:
+            continue
+        t0 = table.loc[x0].to_numpy(float)
+        kernels = Kernels.measured(laws, t0, drivers(x0), law)
+        for f in FACTORS:
+            x = tokens[np.argmin(np.abs(np.log(tokens / (x0 * f))))]
+            if x == x0 or abs(np.log(x / (x0 * f))) > 0.2:
+                continue
+            truth = table.loc[x].to_numpy(float)
+            pred = kernels.at(drivers(x), law)
+            for op, p, tr, r in zip(ops, pred, truth, t0):
+                out.append({"gpu": gpu, "model": model, "x0": x0, "factor": f, "op": op,
+                            "group": "GEMM" if op in GEMM_OPS else "per-token",
+                            "law": p / tr - 1, "no_change": r / tr - 1, "proportional": r * x / x0 / tr - 1})
+            out.append({"gpu": gpu, "model": model, "x0": x0, "factor": f, "op": "layer", "group": "layer",
+                        "law": pred.sum() / truth.sum() - 1, "no_change": t0.sum() / truth.sum() - 1,
+                        "proportional": t0.sum() * x / x0 / truth.sum() - 1})
+    return out
+
+
+def _closest(d: pd.DataFrame) -> str:
+    return f"{((d['law'] < d['no_change']) & (d['law'] < d['proportional'])).mean():.0%}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write-docs", action="store_true", help="write the table into docs/serving.md")
+    args = ap.parse_args()
+    require_perfdata()
+    rows = []
+    for gpu in GPUS:
+        for model, path in compute_models(gpu).items():
+            rows += rows_for(gpu, model, layer_table(path))
+    df = pd.DataFrame(rows)
+    for c in ("law", "no_change", "proportional"):
+        df[c] = df[c].abs() * 100
+    g = df.groupby(["group", "factor"])
+    summary = pd.DataFrame({"n": g.size(), "laws median %": g["law"].median().round(1),
+                            "laws p90 %": g["law"].quantile(0.9).round(1),
+                            "no change median %": g["no_change"].median().round(1),
+                            "proportional median %": g["proportional"].median().round(1),
+                            "laws closest": g.apply(_closest)})
+    layer = df[df["group"] == "layer"]
+    flat = summary.reset_index()
+    text = "\n".join(["| " + " | ".join(flat.columns) + " |", "|" + "---|" * len(flat.columns),
+                      *("| " + " | ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in r) + " |"
+                        for r in flat.itertuples(index=False))])
+    lines = [text, "",
+             f"{len(layer)} layer predictions ({df['model'].nunique()} models on A100 and A40, recorded at "
+             f"{', '.join(map(str, ANCHORS))} tokens): median |error| {layer['law'].median():.1f} % (laws), "
+             f"{layer['no_change'].median():.1f} % (no change), {layer['proportional'].median():.1f} % (proportional); "
+             f"laws within 15 % in {(layer['law'] < 15).mean():.0%}, within 25 % in {(layer['law'] < 25).mean():.0%}"]
+    worst = layer.sort_values("law").tail(3)
+    lines.append("worst layer predictions: " + "; ".join(
+        f"{r.gpu} {r.model} {r.x0} -> x{r.factor:g}: {r.law:.0f} %" for r in worst.itertuples()))
+    out = "\n".join(lines)
+    print(out)
+    if args.write_docs:
+        replace_section(ROOT / "docs" / "serving.md", BEGIN, END, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
