@@ -206,6 +206,12 @@ def test_burstgpt_and_fixed_arrivals() -> None:
     assert draw_arrivals(3, math.inf, random.Random(0), Arrivals.FIXED) == [0.0, 0.0, 0.0]
     with pytest.raises(WorkloadError, match="gamma arrivals need --cv"):
         draw_arrivals(3, 1.0, random.Random(0), Arrivals.GAMMA)
+    from whatif.serving import Workload
+
+    assert Workload(rate=2, num_requests=3, arrivals="fixed").llm_requests()[2].arrival_s == 1.0
+    assert Workload(rate=2, cv=3.0).kind is Arrivals.GAMMA and Workload(rate=2).kind is Arrivals.POISSON
+    with pytest.raises(WorkloadError, match=r"^unknown arrivals 'bursty' \(poisson, gamma, burstgpt, fixed\)$"):
+        Workload(rate=2, arrivals="bursty")  # type: ignore[arg-type]
 
 
 def test_serve_and_sweep_print_and_write_the_capacity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -302,3 +308,15 @@ def test_disaggregated_hand_off_is_priced_over_the_peer_link() -> None:
     (given,) = simulate_llm([RequestSpec(0, 0.0, 10, 3)], recording([]),
                             SchedulerConfig(policy="disagg", kv_transfer_ns_per_token=1e5), capacity=cap).requests
     assert given["e2e_ms"] == pytest.approx(15.0)
+
+
+@pytest.mark.parametrize(("flags", "named"), [(["--engine-profile", "trt"], "--engine-profile"),
+                                               (["--prefix-share", "1.5"], "--prefix-share"),
+                                               (["--arrivals", "bursty"], "--arrivals")])
+def test_bad_engine_and_workload_options_are_usage_errors(flags: list[str], named: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from whatif.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", str(ROOT / "sample_traces" / "llm_serve"), "--rate", "1", *flags])
+    assert exit_.value.code == 2 and named in capsys.readouterr().err
