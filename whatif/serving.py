@@ -77,6 +77,7 @@ from whatif.predictors.serving.arrivals import (
 )
 from whatif.predictors.serving.capacity import Capacity, GpuMemory, engine_capacity
 from whatif.predictors.serving.dit_steps import dit_fit_inputs
+from whatif.predictors.serving.engine_defaults import engine_key
 from whatif.predictors.serving.engines import FoundIterations, find_iterations
 from whatif.predictors.serving.engines.xdit import steps_per_request
 from whatif.predictors.serving.iteration_costs import CostIterationModel, Range, fit_cost_model
@@ -414,6 +415,16 @@ class ServingModels:
             self._placed[model] = self._placements[model]()
         return self._placed[model]
 
+    def with_engine(self, scheduler: SchedulerConfig) -> SchedulerConfig:
+        """``scheduler`` with the engine profile of the adapter that found the iterations when it
+        names none and that adapter has one (vllm, sglang)."""
+        if scheduler.engine_profile is not None or self.found is None:
+            return scheduler
+        try:
+            return replace(scheduler, engine_profile=engine_key(self.found.adapter))
+        except WorkloadError:
+            return scheduler
+
     def capacity(self, scheduler: SchedulerConfig, model: int | None = 0) -> Capacity:
         """What a replica of model ``model`` (None: the recorded placement) holds under ``scheduler``'s
         engine: :func:`recorded_capacity` where its scenario placed the replica, with the figures
@@ -454,7 +465,7 @@ def recorded_capacity(graph: TaskGraph | None, placement: Placement | None = Non
     recorded); KV unlimited, with the reason, when the recording has no transformer blocks or no
     cataloged GPU (a CPU recording of the example servers)."""
     scheduler = scheduler or SchedulerConfig()
-    engine, length = scheduler.engine_profile, scheduler.max_model_len
+    engine, length = scheduler.engine, scheduler.max_model_len
     if graph is None or graph.trace is None:
         return engine_capacity(engine, None, GpuMemory(), placement, max_model_len=length, why="no recorded graph")
     ctx = make_context(graph.trace)
@@ -585,6 +596,7 @@ def serve(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Scena
     fitted = _models(path, scenarios, {"iterations_log": iterations_log, "unprofiled_log": unprofiled_log,
                                        "baseline": baseline, "cost_model": cost_model, "step_options": step_options,
                                        "engine": engine})
+    scheduler = fitted.with_engine(scheduler)
     workload_entry = workload.describe(workload.rate)
     if fitted.kind == "llm":
         per_model = [fitted.capacity(scheduler, i) for i in range(len(fitted.models))]
@@ -622,6 +634,7 @@ def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
     fitted = _models(path, scenarios, {"iterations_log": iterations_log, "unprofiled_log": unprofiled_log,
                                        "baseline": baseline, "cost_model": cost_model, "step_options": step_options,
                                        "engine": engine})
+    scheduler = fitted.with_engine(scheduler)
 
     def simulate(model: Model, rate: float, cap: Capacity | None = None) -> SimResult:
         return fitted.simulate(model, workload, scheduler, dit, float(rate), slo_ttft_ms, slo_tpot_ms, cap)

@@ -43,9 +43,10 @@ class SchedulerConfig:
     ``flag``, ``aliases``, ``cli_scale``) is its ``whatif serve`` option.
     """
 
-    engine_profile: Enum = field(default=EngineName.EXAMPLES, metadata={
+    engine_profile: Enum | None = field(default=None, metadata={
         "help": "the serving engine whose settings size a replica and fill every figure not given "
-                "(docs/serving.md \"Engine profiles\")",
+                "(default: the engine whose adapter found the iterations, else examples; "
+                "docs/serving.md \"Engine profiles\")",
         "choices": tuple(e.value for e in EngineName)})
     policy: Enum | None = field(default=None, metadata={
         "help": "scheduling policy (default: the engine's; docs/serving.md)", "choices": POLICIES.names})
@@ -76,14 +77,19 @@ class SchedulerConfig:
         "help": "which replica a request joins", "choices": ROUTERS.names})
 
     def __post_init__(self) -> None:
-        self.engine_profile = engine_key(self.engine_profile)
+        self.engine_profile = None if self.engine_profile is None else engine_key(self.engine_profile)
         self.policy = None if self.policy is None else POLICIES.key(self.policy)
         self.router = ROUTERS.key(self.router)
         self.check()
 
     @property
+    def engine(self) -> Enum:
+        """The engine profile in force: the one given, else the examples'."""
+        return self.engine_profile if self.engine_profile is not None else EngineName.EXAMPLES
+
+    @property
     def profile(self) -> EngineProfile:
-        return engine_profile(self.engine_profile)
+        return engine_profile(self.engine)
 
     @property
     def policy_key(self) -> Enum:
@@ -102,7 +108,7 @@ class SchedulerConfig:
         """The figures a replica serves with: ``capacity`` (default: the engine's without a memory
         model, KV unlimited) with the ones this config gives put in their place; the sequence cap,
         when not given, follows the engine's rule from the token budget and KV tokens in force."""
-        base = capacity or engine_capacity(self.engine_profile, None, GpuMemory(), max_model_len=self.max_model_len,
+        base = capacity or engine_capacity(self.engine, None, GpuMemory(), max_model_len=self.max_model_len,
                                            why="no memory model")
         cap = base.with_given(max_seqs=self.max_seqs, max_batched_tokens=self.max_batched_tokens,
                               block_tokens=self.kv_block_tokens, kv_tokens=self.kv_capacity_tokens,
