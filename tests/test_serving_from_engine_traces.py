@@ -53,7 +53,7 @@ def test_an_llm_engine_trace_is_served_from_its_iterations_alone(trace: Path, ad
     assert light_doc.scheduler.engine_profile == adapter     # the adapter's engine sizes the replica
     light = light_doc.scenarios[0]
     heavy = serve(fitted, workload=Workload(rate=50, **work)).scenarios[0]
-    assert heavy.ttft_ms.get("mean") > light.ttft_ms.get("mean")   # queueing (SGLang puts prefills first: TPOT may fall)
+    assert heavy.ttft_ms.get("mean") > light.ttft_ms.get("mean")  # queueing (SGLang: prefills first, TPOT may fall)
     assert light.iteration_model.adapter == adapter and light.iteration_model.kind == "operator costs"
     assert heavy.extrapolated_iterations > 0 and "seqs" in heavy.extrapolated_drivers
 
