@@ -71,7 +71,7 @@ def toy_parts() -> Iterator[None]:
     finally:
         POLICIES.unregister(ToyPolicy.SJF)
         ROUTERS.unregister(ToyRouter.FIRST)
-    assert POLICIES.names() == ("vllm", "static", "chunked", "disagg")
+    assert POLICIES.names() == ("vllm", "static", "chunked", "disagg", "vllm-v1", "sglang")
     assert ROUTERS.names() == ("least_loaded", "round_robin")
 
 
@@ -86,8 +86,9 @@ def test_built_in_keys_and_lookup_by_name() -> None:
     cfg = SchedulerConfig(policy="chunked", router="round_robin")
     assert cfg.policy is PolicyName.CHUNKED and cfg.router is RouterName.ROUND_ROBIN
     assert cfg.to_dict()["policy"] == "chunked" and cfg.to_dict()["router"] == "round_robin"
-    assert SchedulerConfig().policy is PolicyName.VLLM
-    with pytest.raises(WorkloadError, match=r"^unknown policy 'sjf' \(policies: vllm, static, chunked, disagg\)$"):
+    assert SchedulerConfig().policy is None and SchedulerConfig().policy_key is PolicyName.VLLM   # the engine's
+    with pytest.raises(WorkloadError,
+                       match=r"^unknown policy 'sjf' \(policies: vllm, static, chunked, disagg, vllm-v1, sglang\)$"):
         SchedulerConfig(policy="sjf")
     with pytest.raises(WorkloadError, match=r"^unknown router 'nearest' \(routers: least_loaded, round_robin\)$"):
         SchedulerConfig(router="nearest")
@@ -170,7 +171,7 @@ def test_every_config_field_has_its_option(capsys: pytest.CaptureFixture[str]) -
             flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
             assert re.search(rf"(?<![\w-]){flag}(?![\w-])", text), f"{cls.__name__}.{f.name} has no option {flag}"
             assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"
-    assert "(default 8)" in text and "(default vllm)" in text and "(default 16:64)" in text
+    assert "(default examples)" in text and "(default: the engine's)" in text and "(default 16:64)" in text
 
 
 def test_flags_map_onto_the_fields() -> None:

@@ -36,6 +36,7 @@ __all__ = [
     "BaselineStep",
     "BreakdownDocument",
     "Cap",
+    "CapacityEntry",
     "ChangeEntry",
     "Check",
     "ClassTime",
@@ -773,13 +774,35 @@ class WorkloadEntry(Entry, frozen=True, kw_only=True):
     file: str | UnsetType = UNSET
     columns: dict[str, str] | UnsetType = UNSET
     time_unit: str | UnsetType = UNSET
-    arrivals: Literal["poisson", "gamma"] | UnsetType = UNSET
+    arrivals: Literal["poisson", "gamma", "burstgpt", "fixed"] | UnsetType = UNSET
     rate_req_per_s: float | UnsetType | None = UNSET
     cv: float | UnsetType | None = UNSET
     num_requests: int | UnsetType = UNSET
     prompt_tokens: tuple[int, int] | UnsetType = UNSET
     output_tokens: tuple[int, int] | UnsetType = UNSET
     seed: int | UnsetType = UNSET
+    prefix_share: float | UnsetType = UNSET
+
+
+class CapacityEntry(Entry, frozen=True, kw_only=True):
+    """What one replica holds (:class:`~whatif.predictors.serving.capacity.Capacity`): the engine's
+    memory fraction of the GPU, weights and KV bytes per token per GPU (None without a memory
+    model), KV tokens and blocks (None: unlimited), the caps, which figures were ``given``."""
+
+    engine: str
+    describe: str
+    gpu: str
+    gpu_memory_bytes: float | None
+    memory_fraction: float
+    weights_bytes: float | None
+    kv_bytes_per_token: int | None
+    kv_tokens: int | None
+    kv_blocks: int | None
+    block_tokens: int
+    max_seqs: int
+    max_batched_tokens: int
+    kv_transfer_ns_per_token: float
+    given: list[str]
 
 
 class LlmScheduler(Entry, frozen=True, kw_only=True):
@@ -796,6 +819,9 @@ class LlmScheduler(Entry, frozen=True, kw_only=True):
     kv_transfer_ns_per_token: float
     router: str
     kv_capacity_source: str = ""
+    engine_profile: str = "examples"
+    prefix_caching: bool = False
+    capacity: CapacityEntry | UnsetType = UNSET
 
 
 class DitSettings(Entry, frozen=True, kw_only=True):
@@ -944,6 +970,7 @@ class LlmScenarioServing(Entry, frozen=True, kw_only=True):
     extrapolated_iterations: int = 0        # simulated iterations whose batch left the model's range
     extrapolated_drivers: dict[str, int] = {}   # driver (tokens, seqs, context) -> iterations beyond its range
     requests: list[LlmRequest] | UnsetType = UNSET
+    capacity: CapacityEntry | UnsetType = UNSET
 
 
 class DitScenarioServing(Entry, frozen=True, kw_only=True):
@@ -1019,6 +1046,7 @@ class LlmSweepCurve(Entry, frozen=True, kw_only=True):
     points: list[LlmSweepPoint]
     kv_capacity_tokens: int | None = None
     kv_capacity_source: str = ""
+    capacity: CapacityEntry | UnsetType = UNSET
 
 
 class DitSweepCurve(Entry, frozen=True, kw_only=True):

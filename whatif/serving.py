@@ -32,6 +32,7 @@ from whatif.core.steps import COUNT_DEFAULT, Exclusion, StepOptions
 from whatif.depgraph.graph import TaskGraph
 from whatif.documents import (
     UNSET,
+    CapacityEntry,
     CostPhaseEntry,
     DitIterationModel,
     DitRequest,
@@ -64,14 +65,19 @@ from whatif.predictors.cost_models import CostModelName
 from whatif.predictors.replay import Replay, replay
 from whatif.predictors.serving import logs
 from whatif.predictors.serving.arrivals import (
+    Arrivals,
+    DitRequestSpec,
     RequestSpec,
     WorkloadError,
-    gamma_arrivals,
-    poisson_arrivals,
+    draw_arrivals,
+    read_dit_workload,
     read_workload,
     synthetic_workload,
+    with_prefix_share,
 )
+from whatif.predictors.serving.capacity import Capacity, GpuMemory, engine_capacity
 from whatif.predictors.serving.dit_steps import dit_fit_inputs
+from whatif.predictors.serving.engine_defaults import engine_key
 from whatif.predictors.serving.engines import FoundIterations, find_iterations
 from whatif.predictors.serving.engines.xdit import steps_per_request
 from whatif.predictors.serving.iteration_costs import CostIterationModel, Range, fit_cost_model
@@ -94,12 +100,13 @@ from whatif.predictors.serving.simulator import (
 )
 from whatif.transforms.base import Transform, TransformContext, TransformError
 from whatif.transforms.generic import Scale
-from whatif.transforms.parallel.memory import ModelShape, device_capacity_bytes, kv_capacity_tokens, model_shape
+from whatif.transforms.parallel.memory import ModelShape, device_capacity_bytes, model_shape
 from whatif.transforms.placement import Placement
 from whatif.transforms.scenario import Scenario, load_scenario, scenario_placement
 from whatif.transforms.select import Selector
 
-__all__ = ["DitOptions", "ServingModels", "Workload", "column_mapping", "fit_serving", "serve", "sweep", "token_range"]
+__all__ = ["DitOptions", "ServingModels", "Workload", "column_mapping", "fit_serving", "recorded_capacity", "serve",
+           "sweep", "token_range"]
 
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 DEFAULT_REQUESTS = 20
@@ -165,6 +172,12 @@ class Workload:
         "help": "output lengths, uniform in [MIN, MAX]", "parse": token_range, "metavar": "MIN[:MAX]"})
     cv: float | None = field(default=None, metadata={"exclusive_minimum": 0, "maximum": 1000,
         "help": "gamma arrivals with this coefficient of variation (bursty > 1); default Poisson"})
+    arrivals: Arrivals | None = field(default=None, metadata={"choices": tuple(a.value for a in Arrivals),
+        "help": "arrival gaps: poisson, gamma (--cv), burstgpt (BurstGPT's gamma, shape 0.5), fixed "
+                "(1/rate apart); default poisson, gamma with --cv"})
+    prefix_share: float = field(default=0.0, metadata={"minimum": 0, "maximum": 1,
+        "help": "share of each prompt (after the first request's) that earlier requests sent too: cached "
+                "when the engine caches prefixes"})
     seed: int = field(default=0, metadata={
         "minimum": 0, "maximum": MAX_INT_PARAMETER, "help": "seeds arrivals and lengths (same draws as the examples)"})
     file: str | Path | None = field(default=None, metadata={
@@ -177,6 +190,12 @@ class Workload:
 
     def __post_init__(self) -> None:
         check_fields(self, WorkloadError)
+        if self.arrivals is not None:
+            try:
+                object.__setattr__(self, "arrivals", Arrivals(self.arrivals))
+            except ValueError:
+                raise WorkloadError(f"unknown arrivals {self.arrivals!r} "
+                                    f"({', '.join(a.value for a in Arrivals)})") from None
         for name, tokens in (("prompt_tokens", self.prompt_tokens), ("output_tokens", self.output_tokens)):
             if not (isinstance(tokens, tuple) and len(tokens) == 2 and all(
                     isinstance(t, int) and not isinstance(t, bool) for t in tokens)
@@ -200,26 +219,41 @@ class Workload:
             raise WorkloadError("give a workload file or an arrival rate (--workload FILE or --rate R)")
         return rate
 
+    @property
+    def kind(self) -> Arrivals:
+        """How the arrivals are drawn: :attr:`arrivals`, else gamma when :attr:`cv` is given, else Poisson."""
+        if isinstance(self.arrivals, Arrivals):
+            return self.arrivals
+        return Arrivals.POISSON if self.cv is None else Arrivals.GAMMA
+
     def llm_requests(self, rate: float | None = None) -> list[RequestSpec]:
         """The LLM requests (``rate`` overrides :attr:`rate`)."""
         if self.file:
-            return self._from_file()
-        return synthetic_workload(self.n, self._rate(rate), self.prompt_tokens, self.output_tokens, self.seed, self.cv)
+            reqs = self._from_file()
+        else:
+            reqs = synthetic_workload(self.n, self._rate(rate), self.prompt_tokens, self.output_tokens, self.seed,
+                                      self.cv, self.kind)
+        return with_prefix_share(reqs, self.prefix_share) if self.prefix_share else reqs
 
-    def dit_arrivals(self, rate: float | None = None) -> list[float]:
-        """Arrival times (s) of the DiT requests (``rate`` overrides :attr:`rate`)."""
+    def dit_requests(self, rate: float | None = None) -> list[DitRequestSpec]:
+        """The DiT requests (``rate`` overrides :attr:`rate`); a file may give each one's resolution and steps."""
         if self.file:
-            return [r.arrival_s for r in self._from_file()]
-        rate, rng = self._rate(rate), random.Random(self.seed)
-        return poisson_arrivals(self.n, rate, rng) if self.cv is None else gamma_arrivals(self.n, rate, self.cv, rng)
+            if self.time_unit not in TIME_UNITS:
+                raise WorkloadError(f"unknown time unit {self.time_unit!r} ({', '.join(TIME_UNITS)})")
+            reqs = read_dit_workload(Path(self.file), dict(self.columns), TIME_UNITS[self.time_unit])  # type: ignore[arg-type]
+            return reqs[: self.num_requests] if self.num_requests else reqs
+        times = draw_arrivals(self.n, self._rate(rate), random.Random(self.seed), self.kind, self.cv)
+        return [DitRequestSpec(i, t) for i, t in enumerate(times)]
 
     def describe(self, rate: float | None = None) -> WorkloadEntry:
         """The ``workload`` entry of the documents."""
+        share = self.prefix_share if self.prefix_share else UNSET
         if self.file:
-            return WorkloadEntry(file=str(self.file), columns=dict(self.columns), time_unit=self.time_unit)
-        return WorkloadEntry(arrivals="poisson" if self.cv is None else "gamma", rate_req_per_s=rate, cv=self.cv,
+            return WorkloadEntry(file=str(self.file), columns=dict(self.columns), time_unit=self.time_unit,
+                                 prefix_share=share)
+        return WorkloadEntry(arrivals=self.kind.value, rate_req_per_s=rate, cv=self.cv,  # type: ignore[arg-type]
                              num_requests=self.n, prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
-                             seed=self.seed)
+                             seed=self.seed, prefix_share=share)
 
 
 @dataclass(frozen=True)
@@ -381,51 +415,76 @@ class ServingModels:
             self._placed[model] = self._placements[model]()
         return self._placed[model]
 
-    def with_kv_capacity(self, scheduler: SchedulerConfig, model: int | None = 0) -> tuple[SchedulerConfig, str]:
-        """``scheduler`` with the KV capacity of model ``model`` (None: the recorded placement) from
-        :func:`recorded_kv_capacity` and where its scenario placed the replica, when none was given."""
-        if scheduler.kv_capacity_tokens is not None:
-            return scheduler, "given"
-        tokens, source = recorded_kv_capacity(self.reference, Placement() if model is None else self.placement(model))
-        return (replace(scheduler, kv_capacity_tokens=tokens) if tokens is not None else scheduler), source
+    def with_engine(self, scheduler: SchedulerConfig) -> SchedulerConfig:
+        """``scheduler`` with the engine profile of the adapter that found the iterations when it
+        names none and that adapter has one (vllm, sglang)."""
+        if scheduler.engine_profile is not None or self.found is None:
+            return scheduler
+        try:
+            return replace(scheduler, engine_profile=engine_key(self.found.adapter))
+        except WorkloadError:
+            return scheduler
+
+    def capacity(self, scheduler: SchedulerConfig, model: int | None = 0) -> Capacity:
+        """What a replica of model ``model`` (None: the recorded placement) holds under ``scheduler``'s
+        engine: :func:`recorded_capacity` where its scenario placed the replica, with the figures
+        ``scheduler`` gives put in their place."""
+        placement = Placement() if model is None else self.placement(model)
+        return scheduler.capacity(recorded_capacity(self.reference, placement, scheduler))
 
     def simulate(self, model: Model, workload: Workload, scheduler: SchedulerConfig, dit: DitOptions,
                  rate: float | None = None, slo_ttft_ms: float | None = None,
-                 slo_tpot_ms: float | None = None) -> SimResult:
-        """One simulation of ``model`` (``rate`` overrides the workload's)."""
+                 slo_tpot_ms: float | None = None, capacity: Capacity | None = None) -> SimResult:
+        """One simulation of ``model`` (``rate`` overrides the workload's) on replicas of ``capacity``."""
         if self.kind == "llm":
             watch = RangeWatch(model)  # type: ignore[arg-type]
-            res = simulate_llm(workload.llm_requests(rate), watch.time_ns, scheduler, slo_ttft_ms, slo_tpot_ms)
+            res = simulate_llm(workload.llm_requests(rate), watch.time_ns, scheduler, slo_ttft_ms, slo_tpot_ms,
+                               capacity)
             return replace(res, extrapolated_iterations=watch.iterations, extrapolated_drivers=dict(watch.drivers))
         d = dit.settings(self.dit_config, scheduler.replicas)
-        return simulate_dit(workload.dit_arrivals(rate), model, d.steps, d.tokens, d.batch, d.cfg,  # type: ignore[arg-type]
-                            d.replicas)
+        reqs = workload.dit_requests(rate)
+        shapes = [(r.steps or d.steps, d.tokens if r.resolution is None else _dit_tokens(d, r)) for r in reqs]
+        return simulate_dit([r.arrival_s for r in reqs], model, d.steps, d.tokens, d.batch, d.cfg,  # type: ignore[arg-type]
+                            d.replicas, shapes)
+
+
+def _dit_tokens(d: DitSettings, r: DitRequestSpec) -> int:
+    """Latent tokens of request ``r`` at its own resolution (the recorded patch and frames)."""
+    assert r.resolution is not None
+    if r.resolution % d.patch:
+        raise WorkloadError(f"request {r.id}: resolution {r.resolution} is not a multiple of the recorded patch "
+                            f"{d.patch}")
+    return d.frames * (r.resolution // d.patch) ** 2
+
+
+def recorded_capacity(graph: TaskGraph | None, placement: Placement | None = None,
+                      scheduler: SchedulerConfig | None = None) -> Capacity:
+    """What one replica holds under ``scheduler``'s engine (default: the examples'), from the memory
+    model of the recorded model and GPU (:mod:`~whatif.predictors.serving.capacity`) with the
+    replica placed as ``placement`` (a scenario's tensor/pipeline degrees, PIM stacks; default: as
+    recorded); KV unlimited, with the reason, when the recording has no transformer blocks or no
+    cataloged GPU (a CPU recording of the example servers)."""
+    scheduler = scheduler or SchedulerConfig()
+    engine, length = scheduler.engine, scheduler.max_model_len
+    if graph is None or graph.trace is None:
+        return engine_capacity(engine, None, GpuMemory(), placement, max_model_len=length, why="no recorded graph")
+    ctx = make_context(graph.trace)
+    dev = find_device(ctx.device) if ctx.device else None
+    gpu = GpuMemory(dev.name, float(dev.mem_bytes)) if dev is not None and dev.mem_bytes else GpuMemory()
+    try:
+        shape = model_shape(graph, ctx, "serve")
+        gpu = replace(gpu, capacity_bytes=device_capacity_bytes(ctx))
+    except TransformError as exc:
+        return engine_capacity(engine, None, gpu, placement, max_model_len=length, why=str(exc))
+    return engine_capacity(engine, shape, gpu, placement, max_model_len=length,
+                           peer_bw_bytes_per_s=dev.peer_copy_bw_bytes_per_s if dev is not None else 0.0)
 
 
 def recorded_kv_capacity(graph: TaskGraph | None, placement: Placement | None = None) -> tuple[int | None, str]:
-    """KV-cache tokens one replica holds, from the memory model of the recorded model and GPU
-    (:func:`~whatif.transforms.parallel.memory.kv_capacity_tokens`) with the replica placed as
-    ``placement`` (a scenario's tensor/pipeline degrees, PIM stacks; default: as recorded), and
-    where that came from; None (unlimited) with the reason when the recording has no transformer
-    blocks or no cataloged GPU (a CPU recording of the example servers)."""
-    if graph is None or graph.trace is None:
-        return None, "unlimited: no recorded graph"
-    try:
-        ctx = make_context(graph.trace)
-        shape = model_shape(graph, ctx, "serve")
-        capacity = device_capacity_bytes(ctx)
-    except TransformError as exc:
-        return None, f"unlimited: {exc}"
-    placement = placement or Placement()
-    tokens = kv_capacity_tokens(shape, capacity, placement)
-    t, p = placement.tensor, placement.pipeline
-    per_token = shape.kv_bytes_per_rank_token(t, p)
-    where = (f"{placement.kv_home_bytes / 1e9:.1f} GB of {placement.kv_home}" if placement.kv_outside_hbm else
-             f"{capacity / 1e9:.0f} GB {ctx.device} x 0.9 - {shape.weight_bytes / (t * p) / 1e9:.1f} GB weights"
-             + (f" + {placement.weights_moved_bytes / 1e9:.1f} GB moved out" if placement.weights_moved_bytes else ""))
-    return tokens, (f"memory model: {where}, {per_token / 1024:.0f} KiB per token per GPU ({shape.layers} layers, "
-                    f"{shape.kv_heads} KV heads of {shape.head_dim}"
-                    + (f"; {placement.label()}" if placement != Placement() else "") + ")")
+    """KV-cache tokens one replica holds under the examples' engine profile (:func:`recorded_capacity`)
+    and where that came from (``memory model: …`` or ``unlimited: <why>``)."""
+    cap = recorded_capacity(graph, placement)
+    return cap.kv_tokens, cap.kv_source
 
 
 def _run_path(base: str | Path | Analysis) -> Path:
@@ -537,15 +596,16 @@ def serve(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Scena
     fitted = _models(path, scenarios, {"iterations_log": iterations_log, "unprofiled_log": unprofiled_log,
                                        "baseline": baseline, "cost_model": cost_model, "step_options": step_options,
                                        "engine": engine})
+    scheduler = fitted.with_engine(scheduler)
     workload_entry = workload.describe(workload.rate)
     if fitted.kind == "llm":
-        per_model = [fitted.with_kv_capacity(scheduler, i) for i in range(len(fitted.models))]
+        per_model = [fitted.capacity(scheduler, i) for i in range(len(fitted.models))]
         return LlmServingDocument(
             source=fitted.source, log=str(fitted.log_path or ""), workload=workload_entry,
-            scheduler=_llm_scheduler(*fitted.with_kv_capacity(scheduler, None)), profiler_correction=fitted.factor,
-            scenarios=[_llm_serving(name, model, fitted.simulate(model, workload, sched, dit, None, slo_ttft_ms,  # type: ignore[arg-type]
-                                                                 slo_tpot_ms), requests, sched, why)
-                       for (name, model), (sched, why) in zip(fitted.models, per_model)])
+            scheduler=_llm_scheduler(scheduler, fitted.capacity(scheduler, None)), profiler_correction=fitted.factor,
+            scenarios=[_llm_serving(name, model, fitted.simulate(model, workload, scheduler, dit, None,  # type: ignore[arg-type]
+                                                                 slo_ttft_ms, slo_tpot_ms, cap), requests, cap)
+                       for (name, model), cap in zip(fitted.models, per_model)])
     return DitServingDocument(
         source=fitted.source, log=str(fitted.log_path or ""), workload=workload_entry, notes=fitted.notes,
         scheduler=dit.settings(fitted.dit_config, scheduler.replicas), profiler_correction=fitted.factor,
@@ -574,28 +634,28 @@ def sweep(path: str | Path | Analysis | ServingModels, rates: Sequence[float],
     fitted = _models(path, scenarios, {"iterations_log": iterations_log, "unprofiled_log": unprofiled_log,
                                        "baseline": baseline, "cost_model": cost_model, "step_options": step_options,
                                        "engine": engine})
+    scheduler = fitted.with_engine(scheduler)
 
-    per_model = [fitted.with_kv_capacity(scheduler, i) if fitted.kind == "llm" else (scheduler, "")
-                 for i in range(len(fitted.models))]
-
-    def simulate(model: Model, sched: SchedulerConfig, rate: float) -> SimResult:
-        return fitted.simulate(model, workload, sched, dit, float(rate), slo_ttft_ms, slo_tpot_ms)
+    def simulate(model: Model, rate: float, cap: Capacity | None = None) -> SimResult:
+        return fitted.simulate(model, workload, scheduler, dit, float(rate), slo_ttft_ms, slo_tpot_ms, cap)
 
     if fitted.kind == "llm":
+        per_model = [fitted.capacity(scheduler, i) for i in range(len(fitted.models))]
         return LlmSweepDocument(
             source=fitted.source, workload=workload.describe(None),
-            scheduler=_llm_scheduler(*fitted.with_kv_capacity(scheduler, None)),
+            scheduler=_llm_scheduler(scheduler, fitted.capacity(scheduler, None)),
             profiler_correction=fitted.factor,
             curves=[LlmSweepCurve(name=name, iteration_model=_llm_model(model),  # type: ignore[arg-type]
-                                  points=[_llm_point(rate, simulate(model, sched, rate)) for rate in rates],
-                                  kv_capacity_tokens=sched.kv_capacity_tokens, kv_capacity_source=why)
-                    for (name, model), (sched, why) in zip(fitted.models, per_model)])
+                                  points=[_llm_point(rate, simulate(model, rate, cap)) for rate in rates],
+                                  kv_capacity_tokens=cap.kv_tokens, kv_capacity_source=cap.kv_source,
+                                  capacity=_capacity(cap))
+                    for (name, model), cap in zip(fitted.models, per_model)])
     return DitSweepDocument(
         source=fitted.source, workload=workload.describe(None),
         scheduler=dit.settings(fitted.dit_config, scheduler.replicas),
         profiler_correction=fitted.factor,
         curves=[DitSweepCurve(name=name, iteration_model=_dit_model(model),  # type: ignore[arg-type]
-                              points=[_dit_point(rate, simulate(model, scheduler, rate)) for rate in rates])
+                              points=[_dit_point(rate, simulate(model, rate)) for rate in rates])
                 for name, model in fitted.models])
 
 
@@ -615,13 +675,23 @@ def _slo(slo: Mapping[str, Any]) -> SloAttainment:
                          attainment=float(slo["attainment"]), goodput_req_per_s=_opt(slo["goodput_req_per_s"]))
 
 
-def _llm_scheduler(cfg: SchedulerConfig, capacity_source: str = "") -> LlmScheduler:
-    return LlmScheduler(policy=str(cfg.policy.value), max_seqs=cfg.max_seqs, max_batched_tokens=cfg.max_batched_tokens,
-                        chunk_tokens=cfg.chunk_tokens, kv_capacity_tokens=cfg.kv_capacity_tokens,
-                        kv_capacity_source=capacity_source,
-                        kv_block_tokens=cfg.kv_block_tokens, replicas=cfg.replicas,
-                        prefill_replicas=cfg.prefill_replicas, kv_transfer_ns_per_token=cfg.kv_transfer_ns_per_token,
-                        router=str(cfg.router.value))
+def _capacity(cap: Capacity) -> CapacityEntry:
+    return CapacityEntry(engine=cap.engine.value, describe=cap.describe(), gpu=cap.gpu.name,
+                         gpu_memory_bytes=cap.gpu.capacity_bytes, memory_fraction=float(cap.memory_fraction),
+                         weights_bytes=cap.weights_bytes, kv_bytes_per_token=cap.kv_bytes_per_token,
+                         kv_tokens=cap.kv_tokens, kv_blocks=cap.kv_blocks, block_tokens=cap.block_tokens,
+                         max_seqs=cap.max_seqs, max_batched_tokens=cap.max_batched_tokens,
+                         kv_transfer_ns_per_token=float(cap.kv_transfer_ns_per_token), given=list(cap.given))
+
+
+def _llm_scheduler(cfg: SchedulerConfig, cap: Capacity) -> LlmScheduler:
+    return LlmScheduler(policy=str(cfg.policy_key.value), max_seqs=cap.max_seqs,
+                        max_batched_tokens=cap.max_batched_tokens, chunk_tokens=cfg.chunk_tokens,
+                        kv_capacity_tokens=cap.kv_tokens, kv_capacity_source=cap.kv_source,
+                        kv_block_tokens=cap.block_tokens, replicas=cfg.replicas, prefill_replicas=cfg.prefill_replicas,
+                        kv_transfer_ns_per_token=float(cap.kv_transfer_ns_per_token), router=str(cfg.router.value),
+                        engine_profile=cap.engine.value, prefix_caching=cfg.caches_prefixes,
+                        capacity=_capacity(cap))
 
 
 def _excluded_iterations(excluded: list[tuple[int, str, Exclusion]]) -> list[ExcludedIteration]:
@@ -667,11 +737,10 @@ def _dit_model(model: DitStepModel) -> DitIterationModel:
                              excluded_iterations=_excluded_iterations(model.excluded))
 
 
-def _llm_serving(name: str, model: LlmModel, res: SimResult, requests: bool, scheduler: SchedulerConfig,
-                 capacity_source: str) -> LlmScenarioServing:
+def _llm_serving(name: str, model: LlmModel, res: SimResult, requests: bool, cap: Capacity) -> LlmScenarioServing:
     s = res.summary
     return LlmScenarioServing(
-        name=name, kv_capacity_tokens=scheduler.kv_capacity_tokens, kv_capacity_source=capacity_source,
+        name=name, kv_capacity_tokens=cap.kv_tokens, kv_capacity_source=cap.kv_source, capacity=_capacity(cap),
         num_requests=int(s["num_requests"]), duration_s=float(s["duration_s"]),
         output_tokens=int(s["output_tokens"]), ttft_ms=_stats(s["ttft_ms"]), tpot_ms=_stats(s["tpot_ms"]),
         e2e_ms=_stats(s["e2e_ms"]), queue_ms=_stats(s["queue_ms"]),

@@ -48,6 +48,10 @@ class KVCache:
         """Whether one sequence of ``tokens`` fits in an empty cache."""
         return self.total_blocks is None or self.blocks(tokens) <= self.total_blocks
 
+    def free_tokens(self) -> int | None:
+        """Tokens the free blocks hold (None: unlimited)."""
+        return None if self.total_blocks is None else (self.total_blocks - self.used_blocks) * self.block_tokens
+
     def _more_blocks(self, seq: int, extra: int) -> int:
         have = self.tokens.get(seq, 0)
         return self.blocks(have + extra) - self.blocks(have)

@@ -26,10 +26,12 @@ from .metrics import RequestResult
 class PolicyName(str, Enum):
     """Keys of the built-in policies (the names ``--policy`` takes)."""
 
-    VLLM = "vllm"
+    VLLM = "vllm"          # V0-style prefill-first (the examples' scheduler)
     STATIC = "static"
     CHUNKED = "chunked"
     DISAGG = "disagg"
+    VLLM_V1 = "vllm-v1"
+    SGLANG = "sglang"
 
 
 class Role(str, Enum):
@@ -117,6 +119,20 @@ class ReplicaState:
             out.append((s, n))
         return out
 
+    def admit_chunks(self, budget: int) -> list[tuple[Seq, int]]:
+        """FCFS admission while a slot, ``budget`` tokens and KV space are left, each prompt chunked
+        to the budget that remains (chunked prefill)."""
+        out: list[tuple[Seq, int]] = []
+        while self.waiting and len(self.running) < self.max_seqs and budget > 0:
+            s = self.waiting[0]
+            n = min(s.target - s.prefilled, budget)
+            if not self.kv.can_admit(s.id, n):
+                break
+            self.admit(self.waiting.popleft(), n)
+            out.append((s, n))
+            budget -= n
+        return out
+
     def reserve_decode(self, seqs: list[Seq]) -> list[Seq]:
         """Reserve one KV token per decoding sequence, preempting the latest admitted when full."""
         out = []
@@ -124,13 +140,17 @@ class ReplicaState:
             if s not in self.running:
                 continue  # preempted while making room
             while not self.kv.grow(s.id, 1):
-                victim = max((q for q in self.running if not q.padding), key=lambda q: q.order)
-                self._preempt(victim)
-                if victim is s:
+                if self.preempt_latest() is s:
                     break
             else:
                 out.append(s)
         return [s for s in out if s in self.running]
+
+    def preempt_latest(self) -> Seq:
+        """Preempt the most recently admitted running sequence (recompute) and return it."""
+        victim = max((q for q in self.running if not q.padding), key=lambda q: q.order)
+        self._preempt(victim)
+        return victim
 
     def _preempt(self, s: Seq) -> None:
         self.kv.free(s.id)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -19,57 +19,106 @@ from whatif.core.bounds import check_fields
 from whatif.core.limits import MAX_DURATION_NS, MAX_GPUS, MAX_INT_PARAMETER, MAX_TOKENS
 
 from .arrivals import RequestSpec, WorkloadError
+from .capacity import Capacity, GpuMemory, engine_capacity
+from .engine_defaults import DEFAULT_MAX_MODEL_LEN, EngineName, EngineProfile, engine_key, engine_profile
 from .iteration_model import DitStepModel
 from .kvcache import KVCache
 from .logs import LLMBatch
 from .metrics import RequestResult, stats, summarize
 from .routers import ROUTERS, RouterName
-from .scheduler import POLICIES, PolicyName, ReplicaState, Role, Seq, Work
+from .scheduler import POLICIES, ReplicaState, Role, Seq, Work
 
 ARRIVE, HANDOFF, DONE, KICK = 0, 1, 2, 3
 
 
 @dataclass
 class SchedulerConfig:
-    """Serving system: policy, limits, KV cache and replicas (token counts in tokens).
+    """Serving system: engine, policy, limits, KV cache and replicas (token counts in tokens).
 
-    ``policy`` and ``router`` are registry keys (:data:`~.scheduler.POLICIES`, :data:`~.routers.ROUTERS`);
-    their names (``"chunked"``) are accepted too. Each field's ``help`` (and, where the command
-    line spells it differently, ``flag``, ``aliases``, ``cli_scale``) is its ``whatif serve`` option.
+    ``engine_profile`` picks the defaults (:mod:`.engine_defaults`) of every figure left ``None``: the
+    policy, sequence and token caps, KV block size, prefix caching; with the recording's memory
+    model they size the KV cache too (:mod:`.capacity`). ``policy`` and ``router`` are registry
+    keys (:data:`~.scheduler.POLICIES`, :data:`~.routers.ROUTERS`); their names (``"chunked"``)
+    are accepted too. Each field's ``help`` (and, where the command line spells it differently,
+    ``flag``, ``aliases``, ``cli_scale``) is its ``whatif serve`` option.
     """
 
-    policy: Enum = field(default=PolicyName.VLLM, metadata={
-        "help": "scheduling policy (docs/serving.md)", "choices": POLICIES.names})
-    max_seqs: int = field(default=8, metadata={
-        "minimum": 1, "maximum": MAX_TOKENS, "help": "sequence slots per replica", "aliases": ("--max-batch",)})
-    max_batched_tokens: int = field(default=512, metadata={
-        "minimum": 1, "maximum": MAX_TOKENS, "help": "prompt tokens one iteration may prefill"})
+    engine_profile: Enum | None = field(default=None, metadata={
+        "help": "the serving engine whose settings size a replica and fill every figure not given "
+                "(default: the engine whose adapter found the iterations, else examples; "
+                "docs/serving.md \"Engine profiles\")",
+        "choices": tuple(e.value for e in EngineName)})
+    policy: Enum | None = field(default=None, metadata={
+        "help": "scheduling policy (default: the engine's; docs/serving.md)", "choices": POLICIES.names})
+    max_seqs: int | None = field(default=None, metadata={
+        "minimum": 1, "maximum": MAX_TOKENS, "help": "sequence slots per replica (default: the engine's)",
+        "aliases": ("--max-batch",)})
+    max_batched_tokens: int | None = field(default=None, metadata={
+        "minimum": 1, "maximum": MAX_TOKENS, "help": "tokens one iteration may compute (default: the engine's)"})
     chunk_tokens: int | None = field(default=None, metadata={"minimum": 1, "maximum": MAX_TOKENS,
         "help": "chunked: token budget per iteration (default max batched tokens)"})
     kv_capacity_tokens: int | None = field(default=None, metadata={"minimum": 1, "maximum": MAX_INT_PARAMETER,
-        "help": "KV-cache tokens per replica (default: the memory model of the recorded model and GPU; "
-                "unlimited when the recording has no transformer blocks or no cataloged GPU)"})
-    kv_block_tokens: int = field(default=16, metadata={
-        "minimum": 1, "maximum": MAX_TOKENS, "help": "tokens per KV-cache block"})
+        "help": "KV-cache tokens per replica (default: the memory model of the recorded model and GPU under the "
+                "engine's memory fraction; unlimited without transformer blocks or a cataloged GPU)"})
+    kv_block_tokens: int | None = field(default=None, metadata={
+        "minimum": 1, "maximum": MAX_TOKENS, "help": "tokens per KV-cache block (default: the engine's)"})
+    max_model_len: int = field(default=DEFAULT_MAX_MODEL_LEN, metadata={"minimum": 1, "maximum": MAX_TOKENS,
+        "help": "the model's context length (vLLM V0's batched tokens, SGLang's request pool)"})
+    prefix_caching: bool | None = field(default=None, metadata={
+        "help": "shared prompt prefixes (--prefix-share) are cached (default: the engine's)"})
     kv_watermark: float = field(default=0.0, metadata={"minimum": 0, "maximum": 1,
         "help": "fraction of KV blocks a new admission must leave free (vLLM V0's and Vidur's default: 0.01)"})
     replicas: int = field(default=1, metadata={
         "minimum": 1, "maximum": MAX_GPUS, "help": "replicas (disagg: decode replicas)"})
     prefill_replicas: int = field(default=1, metadata={
         "minimum": 1, "maximum": MAX_GPUS, "help": "disagg: prefill replicas"})
-    kv_transfer_ns_per_token: float = field(default=0.0, metadata={"minimum": 0, "maximum": MAX_DURATION_NS,
-        "help": "disagg: KV hand-off time per token (us)", "flag": "--kv-transfer-us-per-token", "cli_scale": 1e3})
+    kv_transfer_ns_per_token: float | None = field(default=None, metadata={"minimum": 0, "maximum": MAX_DURATION_NS,
+        "help": "disagg: KV hand-off time per token (us; default: KV bytes per token over the GPU's peer link, "
+                "0 without a memory model)", "flag": "--kv-transfer-us-per-token", "cli_scale": 1e3})
     router: Enum = field(default=RouterName.LEAST_LOADED, metadata={
         "help": "which replica a request joins", "choices": ROUTERS.names})
 
     def __post_init__(self) -> None:
-        self.policy = POLICIES.key(self.policy)
+        self.engine_profile = None if self.engine_profile is None else engine_key(self.engine_profile)
+        self.policy = None if self.policy is None else POLICIES.key(self.policy)
         self.router = ROUTERS.key(self.router)
         self.check()
+
+    @property
+    def engine(self) -> Enum:
+        """The engine profile in force: the one given, else the examples'."""
+        return self.engine_profile if self.engine_profile is not None else EngineName.EXAMPLES
+
+    @property
+    def profile(self) -> EngineProfile:
+        return engine_profile(self.engine)
+
+    @property
+    def policy_key(self) -> Enum:
+        """The policy simulated: the one given, else the engine's."""
+        return self.policy if self.policy is not None else self.profile.policy
+
+    @property
+    def caches_prefixes(self) -> bool:
+        return self.profile.prefix_caching if self.prefix_caching is None else self.prefix_caching
 
     def check(self) -> None:
         """Every field within the bounds its metadata declares (also after fields were reassigned)."""
         check_fields(self, WorkloadError)
+
+    def capacity(self, capacity: Capacity | None = None) -> Capacity:
+        """The figures a replica serves with: ``capacity`` (default: the engine's without a memory
+        model, KV unlimited) with the ones this config gives put in their place; the sequence cap,
+        when not given, follows the engine's rule from the token budget and KV tokens in force."""
+        base = capacity or engine_capacity(self.engine, None, GpuMemory(), max_model_len=self.max_model_len,
+                                           why="no memory model")
+        cap = base.with_given(max_seqs=self.max_seqs, max_batched_tokens=self.max_batched_tokens,
+                              block_tokens=self.kv_block_tokens, kv_tokens=self.kv_capacity_tokens,
+                              kv_transfer_ns_per_token=self.kv_transfer_ns_per_token)
+        if self.max_seqs is not None:
+            return cap
+        return replace(cap, max_seqs=self.profile.max_seqs(cap.gpu, cap.max_batched_tokens, cap.kv_tokens,
+                                                           self.max_model_len))
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v.value if isinstance(v, Enum) else v for k, v in vars(self).items()}
@@ -88,17 +137,22 @@ class SimResult:
 
 
 def simulate_llm(requests: list[RequestSpec], time_ns: Callable[[LLMBatch], float], cfg: SchedulerConfig,
-                 slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None) -> SimResult:
-    """Serve ``requests`` with iteration times from ``time_ns`` (e.g. ``IterationModel.time_ns``)."""
+                 slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
+                 capacity: Capacity | None = None) -> SimResult:
+    """Serve ``requests`` with iteration times from ``time_ns`` (e.g. ``IterationModel.time_ns``)
+    on replicas of ``capacity`` (default: the engine's figures, KV unlimited), the figures ``cfg``
+    gives put in their place (:meth:`SchedulerConfig.capacity`)."""
     cfg.check()
     if not requests:
         raise WorkloadError("no requests to simulate")
-    chunk = cfg.chunk_tokens or cfg.max_batched_tokens
-    policy = POLICIES.get(cfg.policy)()
+    cap = cfg.capacity(capacity)
+    chunk = cfg.chunk_tokens or cap.max_batched_tokens
+    policy = POLICIES.get(cfg.policy_key)()
+    cached = cfg.caches_prefixes
 
     def replica(i: int, role: Role) -> ReplicaState:
-        return ReplicaState(i, role, policy, cfg.max_seqs, cfg.max_batched_tokens, chunk,
-                            KVCache(cfg.kv_capacity_tokens, cfg.kv_block_tokens, cfg.kv_watermark))
+        return ReplicaState(i, role, policy, cap.max_seqs, cap.max_batched_tokens, chunk,
+                            KVCache(cap.kv_tokens, cap.block_tokens, cfg.kv_watermark))
 
     if policy.disaggregated:
         front = [replica(i, Role.PREFILL) for i in range(cfg.prefill_replicas)]
@@ -108,12 +162,12 @@ def simulate_llm(requests: list[RequestSpec], time_ns: Callable[[LLMBatch], floa
     everyone = front + ([] if back is front else back)
     for r in requests:
         need = r.prompt_tokens + r.output_tokens
-        if not policy.chunks_prompts and r.prompt_tokens > cfg.max_batched_tokens:
+        if not policy.chunks_prompts and r.prompt_tokens > cap.max_batched_tokens:
             raise WorkloadError(f"request {r.id}: prompt_tokens {r.prompt_tokens} exceeds max batched tokens "
-                                f"{cfg.max_batched_tokens} (it could never be scheduled)")
+                                f"{cap.max_batched_tokens} (it could never be scheduled)")
         if not everyone[0].kv.fits_ever(need):
             raise WorkloadError(f"request {r.id}: {need} tokens do not fit in the KV cache "
-                                f"({cfg.kv_capacity_tokens} tokens)")
+                                f"({cap.kv_tokens} tokens)")
     router = ROUTERS.get(cfg.router)
     route_in, route_out = router(front), router(back)
     results = [RequestResult(r.id, r.arrival_s * 1e9, r.prompt_tokens, r.output_tokens) for r in requests]
@@ -124,7 +178,8 @@ def simulate_llm(requests: list[RequestSpec], time_ns: Callable[[LLMBatch], floa
         heapq.heappush(heap, (t, kind, next(counter), data))
 
     for res, spec in zip(results, requests):
-        push(res.arrival_ns, ARRIVE, Seq(res, spec.prompt_tokens, spec.output_tokens, target=spec.prompt_tokens))
+        push(res.arrival_ns, ARRIVE, Seq(res, spec.prompt_tokens, spec.output_tokens, target=spec.prompt_tokens,
+                                         prefilled=min(spec.cached_tokens, spec.prompt_tokens - 1) if cached else 0))
     busy = dict.fromkeys(range(len(everyone)), 0.0)
     current: dict[int, Work] = {}
     kicked: set[int] = set()
@@ -164,7 +219,7 @@ def simulate_llm(requests: list[RequestSpec], time_ns: Callable[[LLMBatch], floa
             elif rep.role is Role.PREFILL:
                 rep.kv.free(s.id)
                 rep.running.remove(s)
-                push(now + cfg.kv_transfer_ns_per_token * s.prefilled, HANDOFF, s)
+                push(now + cap.kv_transfer_ns_per_token * s.prefilled, HANDOFF, s)
         policy.after_iteration(rep)
 
     while heap:
@@ -199,12 +254,19 @@ def simulate_llm(requests: list[RequestSpec], time_ns: Callable[[LLMBatch], floa
 
 
 def simulate_dit(arrivals_s: list[float], model: DitStepModel, steps: int, tokens: int, max_batch: int,
-                 cfg_guidance: bool = True, replicas: int = 1) -> SimResult:
+                 cfg_guidance: bool = True, replicas: int = 1,
+                 shapes: list[tuple[int, int]] | None = None) -> SimResult:
     """Dynamic batching as examples/dit_serve.py: an idle replica takes up to ``max_batch`` waiting
     requests (FCFS) and runs ``steps`` denoising steps on them (model batch doubled with CFG); every
-    request of a batch finishes when the batch does."""
+    request of a batch finishes when the batch does. ``shapes``: each request's ``(steps, latent
+    tokens)``, in the order of ``arrivals_s`` (default: all ``(steps, tokens)``); a batch then takes
+    the waiting requests of the first one's shape (a batch shares one latent size and schedule)."""
     if max_batch < 1 or steps < 1 or replicas < 1:
         raise WorkloadError("max_batch, steps and replicas must be >= 1")
+    if shapes is not None and len(shapes) != len(arrivals_s):
+        raise WorkloadError(f"{len(shapes)} request shapes for {len(arrivals_s)} arrivals")
+    order = sorted(range(len(arrivals_s)), key=lambda k: arrivals_s[k])
+    shape = [(steps, tokens) if shapes is None else shapes[k] for k in order]
     heap: list[tuple[float, int, int, Any]] = []
     counter = itertools.count()
     for i, a in enumerate(sorted(arrivals_s)):
@@ -215,18 +277,20 @@ def simulate_dit(arrivals_s: list[float], model: DitStepModel, steps: int, token
     start_ns: dict[int, float] = {}
     end_ns: dict[int, float] = {}
     arrival = {i: a * 1e9 for i, a in enumerate(sorted(arrivals_s))}
-    batches = 0
+    batches = steps_run = 0
 
     def launch(now: float) -> None:
-        nonlocal batches
+        nonlocal batches, steps_run
         while waiting and free:
             rep = free.pop(0)
-            batch = waiting[:max_batch]
-            del waiting[:max_batch]
+            head = shape[waiting[0]]
+            batch = [i for i in waiting if shape[i] == head][:max_batch]
+            waiting[:] = [i for i in waiting if i not in batch]
             mb = len(batch) * (2 if cfg_guidance else 1)
-            dur = steps * model.step_ns(mb, tokens) + model.batch_overhead_ns
+            dur = head[0] * model.step_ns(mb, head[1]) + model.batch_overhead_ns
             busy[rep] += dur
             batches += 1
+            steps_run += head[0]
             for i in batch:
                 start_ns[i], end_ns[i] = now, now + dur
             heapq.heappush(heap, (now + dur, DONE, next(counter), rep))
@@ -251,4 +315,4 @@ def simulate_dit(arrivals_s: list[float], model: DitStepModel, steps: int, token
                **{k: stats([r[k] for r in rows]) for k in ("latency_ms", "queue_ms", "service_ms")},
                "step_ms_at_full_batch": model.step_ns(max_batch * (2 if cfg_guidance else 1), tokens) / 1e6,
                "busy_fraction": sum(busy) / 1e9 / (replicas * dur) if dur > 0 else None}
-    return SimResult(rows, summary, {"denoise": batches * steps})
+    return SimResult(rows, summary, {"denoise": steps_run})

@@ -10,11 +10,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from msgspec import UnsetType
 from rich.console import Console
 from rich.table import Table
 
 from whatif.core.steps import INCLUDE_HINT, Exclusion, StepOptions
 from whatif.documents import (
+    CapacityEntry,
     CostPhaseEntry,
     DitScenarioServing,
     DitServingDocument,
@@ -129,6 +131,15 @@ def fitted_without(excluded: list[ExcludedIteration]) -> str:
         + f" ({INCLUDE_HINT})"
 
 
+def capacity_lines(recorded: CapacityEntry | UnsetType,
+                   scenarios: list[tuple[str, CapacityEntry | UnsetType]]) -> list[str]:
+    """``  capacity per replica: …`` once when every scenario's replica holds the same, else one per scenario."""
+    shown = [(name, c) for name, c in scenarios if isinstance(c, CapacityEntry)]
+    if len({c.describe for _, c in shown}) <= 1 and isinstance(recorded, CapacityEntry):
+        shown = [("", recorded)]
+    return [f"  capacity per replica{f' ({name})' if name else ''}: {c.describe}" for name, c in shown]
+
+
 def describe_cost_phase(e: CostPhaseEntry) -> str:
     """``decode: 1 anchor, GPU 8.2 ms GEMM + 0.6 attention + 1.2 per-token, residual 1.00``."""
     law = e.gpu_ns_by_law
@@ -190,14 +201,9 @@ def render(doc: ServingDocument, console: Console) -> None:
         if s.iteration_model.excluded_iterations:
             console.print(f"  {s.name} fitted without: " + fitted_without(s.iteration_model.excluded_iterations))
     if isinstance(doc, LlmServingDocument):
-        shown = [(s.name, s.kv_capacity_tokens, s.kv_capacity_source) for s in doc.scenarios
-                 if isinstance(s, LlmScenarioServing)]
-        if len({(t, w) for _, t, w in shown}) <= 1:   # one capacity for all: say it once
-            shown = [("", doc.scheduler.kv_capacity_tokens, doc.scheduler.kv_capacity_source)]
-        for name, tokens, source in shown:
-            why = source.removeprefix("unlimited: ")
-            console.print(f"  KV capacity per replica{f' ({name})' if name else ''}: "
-                          f"{'unlimited' if tokens is None else f'{tokens:,} tokens'}" + (f" ({why})" if why else ""))
+        for line in capacity_lines(doc.scheduler.capacity, [(s.name, s.capacity) for s in doc.scenarios
+                                                             if isinstance(s, LlmScenarioServing)]):
+            console.print(line)
     if isinstance(doc, DitServingDocument):
         for note in doc.notes:
             console.print(f"  note: {note}")

@@ -11,12 +11,12 @@ from rich.console import Console
 from rich.table import Table
 
 from whatif.core.output import write_output
-from whatif.documents import LlmSweepPoint, SweepDocument, write_json
+from whatif.documents import LlmSweepDocument, LlmSweepPoint, SweepDocument, write_json
 from whatif.serving import sweep
 from whatif.summary import console
 
 from ._progress import working
-from .serve import add_common_arguments, cell, options, workload
+from .serve import add_common_arguments, capacity_lines, cell, options, workload
 
 
 def _rates(text: str) -> list[float]:
@@ -68,3 +68,6 @@ def render(doc: SweepDocument, console: Console) -> None:
             table.add_row(curve.name, f"{p.rate_req_per_s:g}", cell(p.throughput_req_per_s), *vals,
                           cell(p.busy_fraction, "{:.0%}"))
     console.print(table)
+    if isinstance(doc, LlmSweepDocument):
+        for line in capacity_lines(doc.scheduler.capacity, [(c.name, c.capacity) for c in doc.curves]):
+            console.print(line)
