@@ -40,6 +40,7 @@ CONFIGS = [
     ("B rate20 b4", 20.0, 4, 40, (16, 128), (16, 96)),
     ("C rate10 b16", 10.0, 16, 40, (32, 96), (16, 64)),
     ("D burst b8 long-prompt", float("inf"), 8, 24, (64, 128), (16, 48)),
+    ("E rate60 b8 (3x recorded)", 60.0, 8, 40, (16, 128), (16, 96)),   # issue 18: 3x the fitted rate
 ]
 METRICS = [("ttft_ms", "mean"), ("ttft_ms", "p99"), ("tpot_ms", "mean"), ("tpot_ms", "p99"), ("e2e_ms", "mean"),
            ("e2e_ms", "p99")]
@@ -103,7 +104,8 @@ def predict(run: Path, plain_log: Path, cfg: tuple, out: Path) -> dict:
                     "--json", str(out), "-q"], check=True, cwd=ROOT)
     s = json.loads(out.read_text())["scenarios"][0]
     return {**{f"{k}.{q}": s[k][q] for k, q in METRICS}, "output_tok_s": s["throughput_tokens_per_s"],
-            "model": s["iteration_model"]}
+            "model": s["iteration_model"], "extrapolated": s["extrapolated_iterations"],
+            "iterations": sum(s["iterations"].values())}
 
 
 def main() -> int:
@@ -111,7 +113,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--run", type=Path, help="reuse this recording (run folder with its log) instead of recording")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "serving_llm.json")
+    ap.add_argument("--configs", default="", help="only these configurations, by letter (e.g. E or A,E)")
     args = ap.parse_args()
+    configs = [c for c in CONFIGS if not args.configs or c[0][0] in args.configs.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="serving_llm_"))
     run = args.run or tmp / "rec"
     if args.run is None:
@@ -122,15 +126,15 @@ def main() -> int:
     plain_log = run / "unprofiled.log"
     twin = run_plain(RECORDED, plain_log)
     print(f"un-profiled twin: TTFT mean {twin['ttft_ms.mean']:.1f} ms (load {twin['load1']:.2f})", file=sys.stderr)
-    measured: dict[str, list[dict]] = {c[0]: [] for c in CONFIGS}
+    measured: dict[str, list[dict]] = {c[0]: [] for c in configs}
     for rep in range(args.repeats):
-        for cfg in CONFIGS:
+        for cfg in configs:
             log = tmp / f"m{rep}.log"
             measured[cfg[0]].append(run_plain(cfg, log))
             measured[cfg[0]][-1]["oracle_error"] = oracle(log)
             print(f"  ran {cfg[0]} #{rep}: TTFT {measured[cfg[0]][-1]['ttft_ms.mean']:.1f} ms", file=sys.stderr)
     rows = []
-    for cfg in CONFIGS:
+    for cfg in configs:
         pred = predict(run, plain_log, cfg, tmp / "pred.json")
         reps = measured[cfg[0]]
         med = {k: statistics.median(r[k] for r in reps) for k in reps[0] if k != "oracle_error"}
@@ -139,6 +143,7 @@ def main() -> int:
         rows.append({"config": cfg[0], "rate": cfg[1], "max_batch": cfg[2], "num_requests": cfg[3],
                      "prompt_tokens": cfg[4], "output_tokens": cfg[5],
                      "predicted": {k: v for k, v in pred.items() if k != "model"},
+                     "extrapolated_iterations": f"{pred['extrapolated']} of {pred['iterations']}",
                      "measured_median": med, "measured_runs": reps, "error": err,
                      "oracle_error_median": oracle_err,
                      "load1_range": [min(r["load1"] for r in reps), max(r["load1_after"] for r in reps)]})
@@ -158,6 +163,7 @@ def main() -> int:
             print(f"{r['config']:24} {key:10} {r['predicted'][key]:9.2f} {r['measured_median'][key]:9.2f} "
                   f"{r['error'][key]:+7.1%} {r['oracle_error_median'][key]:+7.1%}   "
                   f"{r['load1_range'][0]:.2f}-{r['load1_range'][1]:.2f}")
+        print(f"{r['config']:24} simulated iterations beyond the fitted range: {r['extrapolated_iterations']}")
     return 0
 
 

@@ -171,7 +171,8 @@ def test_every_config_field_has_its_option(capsys: pytest.CaptureFixture[str]) -
             flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
             assert re.search(rf"(?<![\w-]){flag}(?![\w-])", text), f"{cls.__name__}.{f.name} has no option {flag}"
             assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"
-    assert "(default examples)" in text and "(default: the engine's)" in text and "(default 16:64)" in text
+    assert "adapter found the iterations, else examples" in text
+    assert "(default: the engine's)" in text and "(default 16:64)" in text
 
 
 def test_flags_map_onto_the_fields() -> None:
