@@ -821,6 +821,7 @@ class LlmScheduler(Entry, frozen=True, kw_only=True):
     kv_capacity_source: str = ""
     engine_profile: str = "examples"
     prefix_caching: bool = False
+    kv_watermark: float = 0.0      # fraction of KV blocks new admissions leave free (vLLM V0 / Vidur: 0.01)
     capacity: CapacityEntry | UnsetType = UNSET
 
 

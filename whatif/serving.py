@@ -691,7 +691,7 @@ def _llm_scheduler(cfg: SchedulerConfig, cap: Capacity) -> LlmScheduler:
                         kv_block_tokens=cap.block_tokens, replicas=cfg.replicas, prefill_replicas=cfg.prefill_replicas,
                         kv_transfer_ns_per_token=float(cap.kv_transfer_ns_per_token), router=str(cfg.router.value),
                         engine_profile=cap.engine.value, prefix_caching=cfg.caches_prefixes,
-                        capacity=_capacity(cap))
+                        kv_watermark=float(cfg.kv_watermark), capacity=_capacity(cap))
 
 
 def _excluded_iterations(excluded: list[tuple[int, str, Exclusion]]) -> list[ExcludedIteration]:
