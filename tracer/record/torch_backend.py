@@ -66,6 +66,12 @@ class TorchSession:
             self.profiler.stop()
         self._uninstall_program_profiler_hook()
 
+    def disown(self) -> None:
+        """In a forked child: forget the parent's profiler (it cannot be stopped or exported
+        here) and give ``torch.profiler.profile`` back, so that the child starts its own."""
+        self._running = False
+        self._uninstall_program_profiler_hook()
+
     def _collect(self, prof: torch.profiler.profile) -> None:
         tmp = self._scratch_dir / f".whatif-export-{os.getpid()}-{next(self._exports)}.tmp"
         try:

@@ -1,0 +1,88 @@
+"""The bootstrap of a child process: ``whatif record`` copies this file as ``sitecustomize.py``
+into a temporary folder that it puts first on the children's ``PYTHONPATH`` (docs/recording.md,
+"Child processes").
+
+Python imports ``sitecustomize`` at start-up, so every Python process started below the recorded
+program (``multiprocessing`` spawn and forkserver, ``subprocess`` of ``python``, torchrun workers)
+runs :func:`install`. It uses the standard library only, and loads nothing of whatif (which
+imports torch) until the process imports torch itself: a child that never imports torch pays one
+environment lookup and writes nothing. Once torch is imported,
+:func:`whatif.tracer.record.children.start_child` starts the child's recording. Then the
+``sitecustomize`` this file hides (one later on ``sys.path``, e.g. the distribution's) is run.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+CHILD_ENV = "WHATIF_RECORD_CHILD"  # the child configuration (JSON); set only while a recording follows children
+SITE_DIR_ENV = "WHATIF_RECORD_SITE_DIR"  # the folder holding this bootstrap as sitecustomize.py
+_TRIGGER = "torch"
+
+
+def on_torch_imported() -> None:
+    """Start this process's recording (whatif is importable in the recorded program's Python; a
+    process of another Python that cannot import it stays untraced)."""
+    try:
+        from whatif.tracer.record.children import start_child
+    except ImportError:
+        return
+    try:
+        start_child()
+    except Exception as exc:  # the program runs on untraced rather than fail in its `import torch`
+        print(f"whatif: process {os.getpid()} not traced: {exc}", file=sys.stderr)
+
+
+class TorchImportHook(importlib.abc.MetaPathFinder):
+    """Calls :func:`on_torch_imported` once ``import torch`` has finished (it then leaves
+    ``sys.meta_path``)."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _TRIGGER:
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        loader = spec.loader if spec is not None else None
+        if not isinstance(loader, importlib.abc.InspectLoader):
+            return spec
+        execute = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            execute(module)
+            on_torch_imported()
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def install() -> None:
+    """Arm this process: start now if torch is already imported, else at its import."""
+    if not os.environ.get(CHILD_ENV):
+        return
+    if _TRIGGER in sys.modules:
+        on_torch_imported()
+    elif not any(isinstance(f, TorchImportHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, TorchImportHook())
+
+
+def run_hidden_sitecustomize() -> None:
+    """Run the ``sitecustomize`` module that this bootstrap shadows, if there is one."""
+    here = os.environ.get(SITE_DIR_ENV, "")
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != os.path.abspath(here or ".")]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+if __name__ == "sitecustomize":
+    install()
+    run_hidden_sitecustomize()
