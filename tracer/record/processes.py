@@ -7,13 +7,14 @@ children of a rank as more processes of that rank. A child also writes
 ``.whatif-process-<pid>.jsonc`` (:func:`record_name`: hidden, and not a trace suffix, so no reader
 takes it for a trace); the main process lists these in ``meta.jsonc`` and deletes them
 (:func:`write_meta`). A child that ends after ``meta.jsonc`` was written adds itself to it
-(:func:`add_process`); a lock file serializes the two.
+(:func:`add_process`); a lock on the folder serializes the two.
 """
 from __future__ import annotations
 
 import contextlib
 import enum
 import fcntl
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +30,6 @@ from .trace_file import TRACE_SUFFIX, trace_file_name
 
 RECORD_PREFIX = ".whatif-process-"
 RECORD_SUFFIX = ".jsonc"
-LOCK_NAME = ".whatif-meta.lock"  # serializes meta.jsonc's writers: the main process and late children
 _ENGINE_CORE = re.compile(r"engine[\s_-]*core", re.IGNORECASE)
 
 
@@ -104,18 +104,20 @@ def record_name(pid: int) -> str:
 
 
 def is_record_name(name: str) -> bool:
-    """Whether a run folder's file is a child's record or the lock of ``meta.jsonc``."""
-    return name == LOCK_NAME or (name.startswith(RECORD_PREFIX) and name.endswith(RECORD_SUFFIX))
+    """Whether a run folder's file is a child's record."""
+    return name.startswith(RECORD_PREFIX) and name.endswith(RECORD_SUFFIX)
 
 
 @contextlib.contextmanager
 def _meta_lock(folder: Path) -> Iterator[None]:
-    with open(folder / LOCK_NAME, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    """Serializes ``meta.jsonc``'s writers (the main process, children ending after it) with a lock
+    on the run folder itself, so that no lock file is left in it."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _listed(meta: dict[str, Any], records: list[ProcessRecord]) -> dict[str, Any]:
@@ -152,7 +154,7 @@ def _collect_records(folder: Path) -> list[ProcessRecord]:
     is skipped (it is written atomically, so only a foreign file can be unreadable)."""
     found: list[ProcessRecord] = []
     for path in sorted(folder.iterdir()):
-        if path.name == LOCK_NAME or not is_record_name(path.name):
+        if not is_record_name(path.name):
             continue
         try:
             found.append(msgspec.json.decode(path.read_bytes(), type=ProcessRecord))
