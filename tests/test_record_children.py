@@ -8,6 +8,7 @@ and a script whose `subprocess` children import torch or not.
 """
 from __future__ import annotations
 
+import doctest
 import gzip
 import json
 import os
@@ -27,6 +28,7 @@ from whatif.core.errors import TraceError  # noqa: E402
 from whatif.depgraph.build import build_graph  # noqa: E402
 from whatif.depgraph.graph import EdgeKind, TaskKind  # noqa: E402
 from whatif.tracer import EventKind, load_trace  # noqa: E402
+from whatif.tracer.record import distributed, processes  # noqa: E402
 from whatif.tracer.record.children import ChildConfig, read_config  # noqa: E402
 from whatif.tracer.record.child_site import CHILD_ENV, TorchImportHook  # noqa: E402
 from whatif.tracer.record.options import RecordOptions, Schedule  # noqa: E402
@@ -127,6 +129,11 @@ def test_child_config_round_trip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
         (tmp_path / "run").resolve(), options.schedule, True, "mod:fn")
     monkeypatch.setenv(CHILD_ENV, "{not json")
     assert read_config() is None
+
+
+@pytest.mark.parametrize("module", [processes, distributed])
+def test_doctests(module: object) -> None:
+    assert doctest.testmod(module).failed == 0  # type: ignore[arg-type]
 
 
 def test_torch_import_hook_ignores_other_modules() -> None:
@@ -261,3 +268,31 @@ def test_subprocess_children_that_import_torch_are_traced(tmp_path: Path, follow
     ev = load_trace(run).events
     mine = ev[ev["pid"] == child["pid"]]
     assert np.isin(["aten::ones", "aten::sum"], mine["name"].astype(str).unique()).all()
+
+
+TORCHRUN_SCRIPT = """
+import torch, torch.distributed as dist, whatif
+dist.init_process_group("gloo")
+x = torch.ones(4)
+for _ in range(2):
+    dist.all_reduce(x)
+    whatif.step()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_as_the_program_traces_its_workers(tmp_path: Path) -> None:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "ddp.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    run, done = _record(tmp_path, "-m", "torch.distributed.run", "--", "--nproc-per-node", "2",
+                        "--master-port", str(port), str(script))
+    assert done.returncode == 0, done.stderr
+    processes = _meta(run)["processes"]
+    assert [(p["role"], p["rank"]) for p in processes] == [("main", 0), ("torchrun_rank", 0), ("torchrun_rank", 1)]
+    trace = load_trace(run)
+    assert [(r.rank, r.world_size, len(r.files)) for r in trace.ranks] == [(0, 2, 2), (1, 2, 1)]
