@@ -29,8 +29,8 @@ from whatif.depgraph.build import build_graph  # noqa: E402
 from whatif.depgraph.graph import EdgeKind, TaskKind  # noqa: E402
 from whatif.tracer import EventKind, load_trace  # noqa: E402
 from whatif.tracer.record import distributed, processes  # noqa: E402
-from whatif.tracer.record.children import ChildConfig, read_config  # noqa: E402
 from whatif.tracer.record.child_site import CHILD_ENV, TorchImportHook  # noqa: E402
+from whatif.tracer.record.children import ChildConfig, read_config  # noqa: E402
 from whatif.tracer.record.options import RecordOptions, Schedule  # noqa: E402
 from whatif.tracer.record.target import MainAlias  # noqa: E402
 
@@ -91,7 +91,8 @@ def test_one_step_sequence_per_rank_is_the_stepping_process(tmp_path: Path) -> N
     graph = build_graph(trace)
     assert len(graph.steps) == 3
     tasks = graph.tasks
-    threads = {int(trace.events["pid"].iloc[int(e)]) for e in tasks.loc[tasks["kind"] == int(TaskKind.CPU_CALL), "event"]}
+    calls = tasks.loc[tasks["kind"] == int(TaskKind.CPU_CALL), "event"]
+    threads = {int(trace.events["pid"].iloc[int(e)]) for e in calls}
     assert threads == {CPU_PID, ENGINE_PID}
     launches = graph.edges[graph.edges["kind"] == int(EdgeKind.LAUNCH)]
     pid = trace.events["pid"].to_numpy()
