@@ -6,8 +6,9 @@ Python imports ``sitecustomize`` at start-up, so every Python process started be
 program (``multiprocessing`` spawn and forkserver, ``subprocess`` of ``python``, torchrun workers)
 runs :func:`install`. It uses the standard library only, and loads nothing of whatif (which
 imports torch) until the process imports torch itself: a child that never imports torch pays one
-environment lookup and writes nothing. Once torch is imported,
-:func:`whatif.tracer.record.children.start_child` starts the child's recording. Then the
+environment lookup and writes nothing. Once torch is imported, it calls the function that
+:data:`START_ENV` names (``module:function``; the recorder names
+:func:`whatif.tracer.record.children.start_child`), which starts the child's recording. Then the
 ``sitecustomize`` this file hides (one later on ``sys.path``, e.g. the distribution's) is run.
 """
 from __future__ import annotations
@@ -22,18 +23,20 @@ from types import ModuleType
 
 CHILD_ENV = "WHATIF_RECORD_CHILD"  # the child configuration (JSON); set only while a recording follows children
 SITE_DIR_ENV = "WHATIF_RECORD_SITE_DIR"  # the folder holding this bootstrap as sitecustomize.py
+START_ENV = "WHATIF_RECORD_START"  # module:function to call once torch is imported
 _TRIGGER = "torch"
 
 
 def on_torch_imported() -> None:
     """Start this process's recording (whatif is importable in the recorded program's Python; a
     process of another Python that cannot import it stays untraced)."""
+    module_name, _, function = os.environ.get(START_ENV, "").partition(":")
     try:
-        from whatif.tracer.record.children import start_child
+        module = importlib.import_module(module_name)
     except ImportError:
         return
     try:
-        start_child()
+        vars(module)[function]()
     except Exception as exc:  # the program runs on untraced rather than fail in its `import torch`
         print(f"whatif: process {os.getpid()} not traced: {exc}", file=sys.stderr)
 
@@ -64,7 +67,7 @@ class TorchImportHook(importlib.abc.MetaPathFinder):
 
 def install() -> None:
     """Arm this process: start now if torch is already imported, else at its import."""
-    if not os.environ.get(CHILD_ENV):
+    if not os.environ.get(START_ENV):
         return
     if _TRIGGER in sys.modules:
         on_torch_imported()

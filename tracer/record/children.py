@@ -45,8 +45,7 @@ from .steps import StepDetector
 from .trace_file import write_trace
 
 CHILD_ENV = child_site.CHILD_ENV
-SITE_DIR_ENV = child_site.SITE_DIR_ENV
-FOLLOWED_ENV = (CHILD_ENV, SITE_DIR_ENV, "PYTHONPATH")
+FOLLOWED_ENV = (CHILD_ENV, child_site.SITE_DIR_ENV, child_site.START_ENV, "PYTHONPATH")
 
 
 class ChildConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -138,7 +137,8 @@ class FollowChildren:
         self._saved = {k: os.environ.get(k) for k in FOLLOWED_ENV}
         path = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = self._site_dir + (os.pathsep + path if path else "")
-        os.environ[SITE_DIR_ENV] = self._site_dir
+        os.environ[child_site.SITE_DIR_ENV] = self._site_dir
+        os.environ[child_site.START_ENV] = f"{__name__}:{start_child.__name__}"
         _export(self._config)
         _main_disown = self._disown
         _register_fork_hook()
