@@ -22,8 +22,9 @@ from .trace_file import read_kineto_export
 
 
 def gpu_tracing_available() -> bool:
-    """Whether Kineto can record CUDA activity here (a CUDA build with a visible GPU)."""
-    return torch.cuda.is_available()
+    """Whether Kineto can record CUDA activity here (a CUDA build with a visible GPU, in a process
+    that may use it: a child forked after its parent initialized CUDA may not)."""
+    return torch.cuda.is_available() and not torch.cuda._is_in_bad_fork()
 
 
 class TorchSession:
