@@ -8,7 +8,8 @@ requests or decodes one token for every running one, inside ``whatif.phase("pref
 and ends with ``whatif.step()``. Finished requests go back over a second queue; the front-end
 then asks the engine core to stop and joins it. ``--terminate-after N`` makes the front-end stop
 the engine core with SIGTERM (``Process.terminate()``, as vLLM's shutdown does) once N requests
-have come back, instead of asking.
+have come back, instead of asking; ``--fail-after N`` makes the engine core raise an exception
+after N iterations (the front-end notices that it died, and exits with status 1).
 
 ``whatif record examples/engine_split.py`` traces both processes into one run folder
 (docs/recording.md, "Child processes"): the engine core's model ops are in
@@ -74,6 +75,7 @@ def engine_core(requests: Any, results: Any, config: dict[str, Any]) -> None:
     model = TinyDecoder(config["vocab"], config["d_model"], config["layers"]).eval()
     running: list[Request] = []
     stopping = False
+    iterations = 0
     with torch.inference_mode():
         while not (stopping and not running):
             arrived: list[Request] = []
@@ -100,6 +102,9 @@ def engine_core(requests: Any, results: Any, config: dict[str, Any]) -> None:
             else:
                 continue
             whatif.step()
+            iterations += 1
+            if iterations == config["fail_after"]:
+                raise RuntimeError(f"engine core: failing after {iterations} iterations (--fail-after)")
             for req in [r for r in running if len(r.tokens) >= r.output_len]:
                 running.remove(req)
                 results.put(req)
@@ -116,10 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-method", choices=("spawn", "fork", "forkserver"), default="spawn")
     parser.add_argument("--terminate-after", type=int, default=None, metavar="N",
                         help="stop the engine core with SIGTERM once N requests have come back")
+    parser.add_argument("--fail-after", type=int, default=None, metavar="N",
+                        help="the engine core raises an exception after N iterations")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log", type=Path, default=None)
     args = parser.parse_args(argv)
-    config = {"vocab": args.vocab, "d_model": args.d_model, "layers": args.layers, "seed": args.seed}
+    config = {"vocab": args.vocab, "d_model": args.d_model, "layers": args.layers, "seed": args.seed,
+              "fail_after": args.fail_after}
     ctx = mp.get_context(args.start_method)
     requests, results = ctx.Queue(), ctx.Queue()
     engine = ctx.Process(target=engine_core, args=(requests, results, config), name="EngineCore_0")
@@ -133,13 +141,19 @@ def main(argv: list[str] | None = None) -> int:
     wanted = args.num_requests if args.terminate_after is None else min(args.terminate_after, args.num_requests)
     done: list[dict[str, Any]] = []
     while len(done) < wanted:
-        req = results.get()
+        try:
+            req = results.get(timeout=0.2)
+        except queue.Empty:
+            if engine.is_alive():
+                continue
+            break
         done.append({"id": req.id, "prompt_tokens": len(req.prompt), "output_tokens": len(req.tokens),
                      "latency_s": round(time.perf_counter() - sent[req.id], 6)})
-    if args.terminate_after is None:
-        requests.put(STOP)
-    else:
-        engine.terminate()
+    if engine.is_alive():
+        if args.terminate_after is None:
+            requests.put(STOP)
+        else:
+            engine.terminate()
     engine.join()
     duration_s = time.perf_counter() - t0
     print(f"engine_split: {len(done)} requests in {duration_s:.2f} s; engine core pid {engine.pid} "
@@ -149,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
             "schema": "whatif.bench.engine_split/1", "config": vars(args) | {"log": str(args.log)},
             "requests": sorted(done, key=lambda r: r["id"]), "engine": {"pid": engine.pid, "exitcode": engine.exitcode},
             "summary": {"requests": len(done), "duration_s": round(duration_s, 6)}}, indent=1))
+    if len(done) < wanted:
+        print(f"engine_split: the engine core died (exit code {engine.exitcode})", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -227,6 +227,19 @@ def test_engine_core_stopped_by_sigterm_leaves_a_readable_trace(tmp_path: Path) 
 
 
 @pytest.mark.slow
+def test_engine_core_that_raises_leaves_a_readable_trace(tmp_path: Path) -> None:
+    run, done = _record(tmp_path, str(REPO / "examples" / "engine_split.py"), "--num-requests", "3",
+                        "--output-len", "4", "--fail-after", "2")
+    assert done.returncode == 1, done.stderr  # the front-end's status: it saw its engine core die
+    assert "RuntimeError: engine core: failing after 2 iterations" in done.stderr
+    core = _meta(run)["processes"][1]
+    assert (core["role"], core["exit_status"], core["end"]["signal"]) == ("engine_core", 1, None)
+    ev = load_trace(run).events
+    steps = ev[(ev["pid"] == core["pid"]) & ev["name"].astype(str).str.fullmatch(r"ProfilerStep#\d+")]
+    assert len(steps) == 3  # two iterations and the one it died in
+
+
+@pytest.mark.slow
 def test_spawned_gloo_workers_are_two_ranks(tmp_path: Path) -> None:
     run, done = _record(tmp_path, str(REPO / "examples" / "spawn_workers.py"), "--workers", "2", "--steps", "3")
     assert done.returncode == 0, done.stderr
@@ -250,6 +263,7 @@ plain = "import json; print(json.dumps([1]))"
 with_torch = "import torch, whatif\\nfor _ in range(2):\\n    torch.ones(8).sum()\\n    whatif.step()"
 subprocess.run([sys.executable, "-c", plain], check=True)
 subprocess.run([sys.executable, "-c", with_torch], check=True)
+subprocess.run([sys.executable, "-c", with_torch + "\\nraise RuntimeError('child crash')"])
 """
 
 
@@ -266,14 +280,18 @@ def test_subprocess_children_that_import_torch_are_traced(tmp_path: Path, follow
         assert names == ["meta.jsonc", "rank0.pt.trace.json.gz"]
         assert [p["role"] for p in processes] == ["main"]
         return
-    # the child that never imports torch writes nothing; the other one is traced
-    assert [p["role"] for p in processes] == ["main", "child"]
-    child = processes[1]
-    assert names == sorted(["meta.jsonc", "rank0.pt.trace.json.gz", f"rank0.child.{child['pid']}.pt.trace.json.gz"])
-    assert child["name"] == "-c" and child["parent_pid"] == processes[0]["pid"]
+    # the child that never imports torch writes nothing; the two others are traced, the one that
+    # raised too (exit status 1: its uncaught exception)
+    assert [p["role"] for p in processes] == ["main", "child", "child"]
+    children = processes[1:]
+    assert names == sorted(["meta.jsonc", "rank0.pt.trace.json.gz",
+                            *(f"rank0.child.{c['pid']}.pt.trace.json.gz" for c in children)])
+    assert [c["exit_status"] for c in children] == [None, 1]  # a script's sys.exit code is not seen
     ev = load_trace(run).events
-    mine = ev[ev["pid"] == child["pid"]]
-    assert np.isin(["aten::ones", "aten::sum"], mine["name"].astype(str).unique()).all()
+    for child in children:
+        assert child["name"] == "-c" and child["parent_pid"] == processes[0]["pid"]
+        mine = ev[ev["pid"] == child["pid"]]
+        assert np.isin(["aten::ones", "aten::sum"], mine["name"].astype(str).unique()).all()
 
 
 TORCHRUN_SCRIPT = """
