@@ -320,3 +320,18 @@ def test_torchrun_as_the_program_traces_its_workers(tmp_path: Path) -> None:
     assert [(p["role"], p["rank"]) for p in processes] == [("main", 0), ("torchrun_rank", 0), ("torchrun_rank", 1)]
     trace = load_trace(run)
     assert [(r.rank, r.world_size, len(r.files)) for r in trace.ranks] == [(0, 2, 2), (1, 2, 1)]
+
+
+@pytest.mark.slow
+def test_bootstrap_runs_the_sitecustomize_it_hides(tmp_path: Path) -> None:
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    ours.mkdir()
+    theirs.mkdir()
+    (ours / "sitecustomize.py").write_text((REPO / "tracer" / "record" / "child_site.py").read_text())
+    (theirs / "sitecustomize.py").write_text("print('hidden sitecustomize ran')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ours), str(theirs)]),
+           "WHATIF_RECORD_SITE_DIR": str(ours), "WHATIF_RECORD_START": "no_such_module_xyz:start"}
+    done = subprocess.run([sys.executable, "-c", "import sys; print(type(sys.meta_path[0]).__name__)"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["hidden", "sitecustomize", "ran", "TorchImportHook"]

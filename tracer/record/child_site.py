@@ -13,9 +13,8 @@ environment lookup and writes nothing. Once torch is imported, it calls the func
 """
 from __future__ import annotations
 
-import importlib.abc
+import importlib
 import importlib.machinery
-import importlib.util
 import os
 import sys
 from collections.abc import Sequence
@@ -41,9 +40,10 @@ def on_torch_imported() -> None:
         print(f"whatif: process {os.getpid()} not traced: {exc}", file=sys.stderr)
 
 
-class TorchImportHook(importlib.abc.MetaPathFinder):
-    """Calls :func:`on_torch_imported` once ``import torch`` has finished (it then leaves
-    ``sys.meta_path``)."""
+class TorchImportHook:
+    """A ``sys.meta_path`` finder that calls :func:`on_torch_imported` once ``import torch`` has
+    finished (it then leaves ``sys.meta_path``). Not an ``importlib.abc.MetaPathFinder``: importing
+    ``importlib.abc`` would cost every child 13 ms (``bench/record_children.py``)."""
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
@@ -51,9 +51,9 @@ class TorchImportHook(importlib.abc.MetaPathFinder):
             return None
         if self in sys.meta_path:
             sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         loader = spec.loader if spec is not None else None
-        if not isinstance(loader, importlib.abc.InspectLoader):
+        if not isinstance(loader, importlib.machinery.SourceFileLoader):
             return spec
         execute = loader.exec_module
 
@@ -82,7 +82,8 @@ def run_hidden_sitecustomize() -> None:
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
     if spec is None or spec.loader is None:
         return
-    module = importlib.util.module_from_spec(spec)
+    from importlib.util import module_from_spec
+    module = module_from_spec(spec)
     spec.loader.exec_module(module)
 
 
