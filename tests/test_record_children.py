@@ -142,6 +142,28 @@ def test_doctests(module: object) -> None:
     assert doctest.testmod(module).failed == 0  # type: ignore[arg-type]
 
 
+def test_a_signal_in_a_shielded_step_waits_for_its_end() -> None:
+    import signal
+
+    from whatif.tracer.record.signals import ProgramTerminated, SignalGuard
+    guard = SignalGuard()
+    done: list[str] = []
+
+    def step() -> None:
+        signal.raise_signal(signal.SIGTERM)
+        done.append("step finished")
+
+    guard.install()
+    try:
+        with pytest.raises(ProgramTerminated):
+            guard.shielded(step)()
+        assert done == ["step finished"] and guard.first == (signal.SIGTERM, "program")
+        with pytest.raises(ProgramTerminated):  # outside a shielded call: at once
+            signal.raise_signal(signal.SIGTERM)
+    finally:
+        guard.restore()
+
+
 def test_torch_import_hook_ignores_other_modules() -> None:
     assert TorchImportHook().find_spec("json", None) is None
 
@@ -218,10 +240,12 @@ def test_engine_core_stopped_by_sigterm_leaves_a_readable_trace(tmp_path: Path) 
     run, done = _record(tmp_path, str(REPO / "examples" / "engine_split.py"), "--num-requests", "3",
                         "--output-len", "4", "--terminate-after", "1", "--log", str(log))
     assert done.returncode == 0, done.stderr
-    assert json.loads(log.read_text())["engine"]["exitcode"] == -15  # as without whatif
-    core = _meta(run)["processes"][1]
+    meta = _meta(run)
+    why = f"{meta['processes']}\n{done.stderr}"
+    assert json.loads(log.read_text())["engine"]["exitcode"] == -15, why  # as without whatif
+    core = meta["processes"][1]
     assert (core["role"], core["exit_status"], core["end"]) == ("engine_core", 143,
-                                                                 {"signal": "SIGTERM", "during": "program"})
+                                                                 {"signal": "SIGTERM", "during": "program"}), why
     trace = load_trace(run)
     assert (trace.events["pid"] == core["pid"]).sum() > 0
 

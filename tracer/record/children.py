@@ -166,14 +166,15 @@ class ChildRecording:
         self.options = config.options()
         self.run_dir = Path(config.run_dir)
         self.session = make_session(self.options, self.run_dir)
+        self.guard = SignalGuard()
+        step = self.guard.shielded(self.session.step)
         try:
-            self.detector = StepDetector(self.session.step, self.options.step_on, [os.getcwd()])
+            self.detector = StepDetector(step, self.options.step_on, [os.getcwd()])
             self.detector.install()
         except OptionError:  # --step-on names a module this process cannot import
-            self.detector = StepDetector(self.session.step)
+            self.detector = StepDetector(step)
             self.detector.install()
         self.watcher = DistributedWatcher()
-        self.guard = SignalGuard()
         self.finished = False
 
     def start(self) -> None:
@@ -206,8 +207,12 @@ class ChildRecording:
         try:
             remove_step_hook(self.detector.on_mark)
             self.detector.uninstall()
-            self.session.stop()
             self.watcher.uninstall()
+            try:
+                self.session.stop()
+            except Exception as exc:  # listed in meta.jsonc all the same, with no file
+                print(f"whatif: process {self.pid}: the profiler did not stop ({exc}); no trace", file=sys.stderr)
+                self.session.cycles = []
             signum = self.signalled()
             self._write(exit_status(signum) if signum is not None else status)
         except RecordingAborted:

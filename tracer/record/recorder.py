@@ -81,7 +81,8 @@ def record(target: Target, options: RecordOptions, command: list[str]) -> Record
     out = options.output
     session = make_session(options, out)
     search_dirs = [str(target.source_dir), os.getcwd()]
-    detector = StepDetector(session.step, options.step_on, search_dirs)
+    guard = SignalGuard()
+    detector = StepDetector(guard.shielded(session.step), options.step_on, search_dirs)
     detector.install()
     try:
         prepare_output(out, env_rank.rank, env_rank.size, options.force)
@@ -91,8 +92,6 @@ def record(target: Target, options: RecordOptions, command: list[str]) -> Record
     watcher = DistributedWatcher()
     progress = ProgressLine(target.name, lambda: detector.steps, enabled=options.progress)
     alarm = DurationAlarm(options.duration_s, session.stop)
-
-    guard = SignalGuard()
 
     def forget_in_forked_child() -> None:
         remove_step_hook(detector.on_mark)
