@@ -168,7 +168,7 @@ def _wrong_rows(entry: Path) -> None:
 
 
 def _file_out_of_range(entry: Path) -> None:
-    _rewrite_manifest(entry, lambda doc: doc["ranks"][0].update(file=1))
+    _rewrite_manifest(entry, lambda doc: doc["ranks"][0].update(files=[1]))
 
 
 def _foreign_parquet(entry: Path) -> None:

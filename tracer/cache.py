@@ -48,7 +48,7 @@ from .args import EventArgs, exact_json
 from .memory import MEMORY_COLUMNS
 from .readers import Flow, reader_for
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """What an entry holds and how the readers fill it: bump it whenever either changes."""
 
 CACHE_DIR_ENV = "WHATIF_CACHE_DIR"
@@ -70,10 +70,10 @@ _bypass_depth = 0  # process-wide, not per thread: the dashboard loads traces in
 
 
 class CachedRank(msgspec.Struct):
-    """One file's facts (:class:`~whatif.tracer.trace.RankInfo` without its path: ``file`` is the
-    file's position in the load order)."""
+    """One rank's facts (:class:`~whatif.tracer.trace.RankInfo` without its paths: ``files`` are
+    the positions of its files in the load order)."""
 
-    file: int
+    files: list[int]
     rank: int
     world_size: int | None
     device_names: list[str]
@@ -166,7 +166,7 @@ def fetch(key: str, files: int) -> Cached | None:
             raise ValueError("manifest digest differs")
         manifest = msgspec.json.decode(text, type=_Manifest)
         if manifest.schema_version != SCHEMA_VERSION or manifest.key != key or manifest.files != files \
-                or any(not 0 <= r.file < files for r in manifest.ranks):
+                or any(not r.files or not all(0 <= f < files for f in r.files) for r in manifest.ranks):
             raise ValueError("another key, schema version or file count")
         events = _table(entry, _EVENTS, EVENT_SCHEMA, manifest)
         memory = _table(entry, _MEMORY, MEMORY_SCHEMA, manifest)

@@ -28,7 +28,7 @@ the same files read it back instead of parsing them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from whatif.core.errors import TraceError
 from . import cache
 from .args import Arg, EventArgs, arg_column
 from .kinds import GPU_ACTIVITY_KINDS, EventKind, codes
-from .kineto import gc_paused
+from .kineto import gc_paused, step_number
 from .memory import memory_frame
 from .readers import FileTrace, Flow, accepted, is_trace_file, read_file, reader_for
 
@@ -61,7 +61,10 @@ def per_name(names: pd.Series, predicate: Callable[[str], bool]) -> np.ndarray:
 
 @dataclass
 class RankInfo:
-    """Per-file facts: where it came from, what ran it."""
+    """Per-rank facts: where they came from, what ran it. A rank recorded as several processes
+    (``whatif record`` following children: a front-end and its engine core) has one file per
+    process: ``files`` lists them, ``path`` is the first; ``metadata`` is the first file's, the
+    names and counts are those of all of them."""
 
     rank: int
     path: Path
@@ -72,6 +75,11 @@ class RankInfo:
     process_names: dict[int, str]
     category_counts: dict[str, int]
     skipped: dict[str, int]
+    files: list[Path] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.files:
+            self.files = [self.path]
 
     @property
     def gpu_name(self) -> str | None:
@@ -114,7 +122,7 @@ class Trace:
 
     @property
     def source(self) -> str:
-        paths = sorted({str(r.path) for r in self.ranks})
+        paths = sorted({str(f) for r in self.ranks for f in r.files})
         return paths[0] if len(paths) == 1 else f"{Path(paths[0]).parent} ({len(paths)} files)"
 
     def rank_info(self, rank: int) -> RankInfo:
@@ -192,11 +200,13 @@ def _assign_ranks(files: list[FileTrace]) -> list[int]:
         missing = next(f.path.name for f, h in zip(files, hints) if h is None)
         raise TraceError(files[0].path.parent, f"mixed ranks: {missing} names no rank while other files do")
     known = [h for h in hints if h is not None]
-    seen: dict[int, Path] = {}
+    seen: dict[int, list[tuple[FileTrace, set[int]]]] = {}
     for f, h in zip(files, known):
-        if h in seen:
-            raise TraceError(f.path.parent, f"mixed ranks: {seen[h].name} and {f.path.name} both claim rank {h}")
-        seen[h] = f.path
+        pids = _cpu_pids(f)
+        for other, other_pids in seen.get(h, []):
+            if pids & other_pids or not pids:
+                raise TraceError(f.path.parent, f"mixed ranks: {other.path.name} and {f.path.name} both claim rank {h}")
+        seen.setdefault(h, []).append((f, pids))
     sizes: dict[int, str] = {}  # world size -> first file that says so
     for f in files:
         size = f.world_size_hint()
@@ -207,6 +217,99 @@ def _assign_ranks(files: list[FileTrace]) -> list[int]:
         raise TraceError(files[0].path.parent, f"mixed ranks: files disagree on world size "
                                                f"({file_a} says {a}, {file_b} says {b})")
     return known
+
+
+def _cpu_pids(f: FileTrace) -> set[int]:
+    """The processes whose CPU events a file holds (GPU events carry the device as their pid)."""
+    c = f.columns
+    return set(np.unique(c.pid[c.device < 0]).tolist())
+
+
+_ID_MAX = np.iinfo(np.int64).max
+
+
+def _shifted(values: np.ndarray, base: int, path: Path) -> np.ndarray:
+    """``values`` with every id >= 0 moved up by ``base`` (-1, absent, stays)."""
+    if base == 0:
+        return values
+    valid = values >= 0
+    if valid.any() and int(values[valid].max()) > _ID_MAX - base:
+        raise TraceError(path, "ids too large to keep the processes of one rank apart")
+    return np.where(valid, values + base, values)
+
+
+@dataclass
+class _FreeIds:
+    """The first ids that no earlier file of a rank uses."""
+
+    correlation: int = 0
+    external: int = 0
+    flow: int = 0
+
+
+def _separate_processes(files: list[FileTrace], ranks: list[int]) -> list[FileTrace]:
+    """Every process numbers its correlation ids, ``External id`` and flow ids from 1: in a rank
+    of several files (processes), each later file's ids are moved past the earlier files' so that
+    a launch, an op or a flow of one process never matches another process's. The first file of
+    a rank (every file of a one-file rank) is returned unchanged."""
+    free: dict[int, _FreeIds] = {}
+    out: list[FileTrace] = []
+    for ft, r in zip(files, ranks):
+        seen = r in free
+        ids = free.setdefault(r, _FreeIds())
+        if seen:
+            c = replace(ft.columns, correlation=_shifted(ft.columns.correlation, ids.correlation, ft.path),
+                        external_id=_shifted(ft.columns.external_id, ids.external, ft.path))
+            ft = replace(ft, columns=c, flows=[replace(fl, flow_id=fl.flow_id + ids.flow) if fl.flow_id >= 0 else fl
+                                               for fl in ft.flows])
+        ids.correlation = max(ids.correlation, int(ft.columns.correlation.max(initial=-1)) + 1)
+        ids.external = max(ids.external, int(ft.columns.external_id.max(initial=-1)) + 1)
+        ids.flow = max([ids.flow, *(fl.flow_id + 1 for fl in ft.flows)])
+        out.append(ft)
+    return out
+
+
+def _step_count(ft: FileTrace) -> int:
+    return sum(step_number(n) is not None for n in ft.columns.names)
+
+
+def _one_step_sequence(files: list[FileTrace], ranks: list[int]) -> list[FileTrace]:
+    """A rank has one sequence of steps: in a rank of several processes it is that of the process
+    with the most ``ProfilerStep#N`` (the first such file on a tie; the engine core that calls
+    ``whatif.step()``, not its front-end). The other processes' step annotations are renamed
+    ``ProfilerStep#N (process P)``: annotations still, no step boundaries."""
+    stepping: dict[int, tuple[int, int]] = {}  # rank -> (steps, file index)
+    for i, (ft, r) in enumerate(zip(files, ranks)):
+        count = _step_count(ft)
+        if r not in stepping or count > stepping[r][0]:
+            stepping[r] = (count, i)
+    out: list[FileTrace] = []
+    for i, (ft, r) in enumerate(zip(files, ranks)):
+        if stepping[r][1] != i and _step_count(ft):
+            pid = min(_cpu_pids(ft), default=-1)
+            names = [f"{n} (process {pid})" if step_number(n) is not None else n for n in ft.columns.names]
+            ft = replace(ft, columns=replace(ft.columns, names=names))
+        out.append(ft)
+    return out
+
+
+def _merged_rank(rank: int, group: list[FileTrace]) -> RankInfo:
+    """One rank's facts from its files (one per process), the first file's metadata."""
+    first = group[0]
+    names = [n for ft in group for n in [_device_names(ft.metadata)] if n]
+    counts: dict[str, int] = {}
+    skipped: dict[str, int] = {}
+    for ft in group:
+        for k, v in ft.category_counts.items():
+            counts[k] = counts.get(k, 0) + v
+        for k, v in ft.skipped.items():
+            skipped[k] = skipped.get(k, 0) + v
+    sizes = [size for ft in group if (size := ft.world_size_hint()) is not None]
+    return RankInfo(rank=rank, path=first.path, world_size=sizes[0] if sizes else None,
+                    device_names=names[0] if names else [], metadata=first.metadata,
+                    thread_names={k: v for ft in group for k, v in ft.thread_names.items()},
+                    process_names={k: v for ft in group for k, v in ft.process_names.items()},
+                    category_counts=counts, skipped=skipped, files=[ft.path for ft in group])
 
 
 COLUMNS = ("rank", "ts_ns", "dur_ns", "kind", "name", "pid", "tid", "device", "stream",
@@ -272,9 +375,10 @@ def load_trace(path: str | Path) -> Trace:
 def _to_cache(trace: Trace, paths: list[Path]) -> cache.Cached | None:
     ev = trace.events
     file_of = {p: i for i, p in enumerate(paths)}
-    if any(r.path not in file_of for r in trace.ranks):  # a reader that renamed its file
+    if any(f not in file_of for r in trace.ranks for f in r.files):  # a reader that renamed its file
         return None
-    ranks = [cache.CachedRank(file=file_of[r.path], rank=r.rank, world_size=r.world_size, device_names=r.device_names,
+    ranks = [cache.CachedRank(files=[file_of[f] for f in r.files], rank=r.rank, world_size=r.world_size,
+                              device_names=r.device_names,
                               metadata=r.metadata, thread_names=[(p, t, n) for (p, t), n in r.thread_names.items()],
                               process_names=r.process_names, category_counts=r.category_counts, skipped=r.skipped)
              for r in trace.ranks]
@@ -285,7 +389,8 @@ def _to_cache(trace: Trace, paths: list[Path]) -> cache.Cached | None:
 
 
 def _from_cache(found: cache.Cached, paths: list[Path]) -> Trace:
-    ranks = [RankInfo(rank=r.rank, path=paths[r.file], world_size=r.world_size, device_names=r.device_names,
+    ranks = [RankInfo(rank=r.rank, path=paths[r.files[0]], files=[paths[f] for f in r.files],
+                      world_size=r.world_size, device_names=r.device_names,
                       metadata=r.metadata, thread_names={(p, t): n for p, t, n in r.thread_names},
                       process_names=r.process_names, category_counts=r.category_counts, skipped=r.skipped)
              for r in found.ranks]
@@ -298,10 +403,11 @@ def _load_files(paths: list[Path]) -> Trace:
     for ft in files:
         check_usable(ft)
     ranks = _assign_ranks(files)
-    infos = [RankInfo(rank=r, path=ft.path, world_size=ft.world_size_hint(), device_names=_device_names(ft.metadata),
-                      metadata=ft.metadata, thread_names=ft.thread_names, process_names=ft.process_names,
-                      category_counts=ft.category_counts, skipped=ft.skipped)
-             for ft, r in zip(files, ranks)]
+    files = _one_step_sequence(_separate_processes(files, ranks), ranks)
+    groups: dict[int, list[FileTrace]] = {}
+    for ft, r in zip(files, ranks):
+        groups.setdefault(r, []).append(ft)
+    infos = [_merged_rank(r, group) for r, group in groups.items()]
     flows = [(r, fl) for ft, r in zip(files, ranks) for fl in ft.flows]
     events, args = _to_frame(files, ranks)
     return Trace(events=events, ranks=sorted(infos, key=lambda i: i.rank), flows=flows,

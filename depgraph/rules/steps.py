@@ -11,11 +11,36 @@ from .collectives import CollectiveSplit
 from .forkjoin import polling_threads
 
 
+def other_process_tasks(state: BuildState) -> np.ndarray:
+    """Per task: whether it runs in, or was launched from, a process of a several-process rank
+    (``whatif record`` following children) other than the one whose ``ProfilerStep#N`` are the
+    rank's steps: a front-end beside its engine core, a DataLoader worker beside the training loop."""
+    other = np.zeros(len(state.tasks), dtype=bool)
+    several = [info.rank for info in state.trace.ranks if len(info.files) > 1]
+    if not several:
+        return other
+    event = state.column("event")
+    pid_of_event = state.trace.events["pid"].to_numpy()
+    owner = np.full(len(state.tasks), -1, dtype=np.int64)
+    cpu = state.cpu_ids[event[state.cpu_ids] >= 0]
+    owner[cpu] = pid_of_event[event[cpu]]
+    launched = np.flatnonzero(state.launch_of >= 0)
+    owner[launched] = owner[state.launch_of[launched]]
+    ranks = state.column("rank")
+    marker_rank = ranks[state.begin_ids]
+    for r in several:
+        stepping = np.unique(owner[state.begin_ids[marker_rank == r]])
+        other |= (ranks == r) & (owner >= 0) & ~np.isin(owner, stepping)
+    return other
+
+
 class StepWindows(Adjustment):
     """Tasks outside any step annotation (other threads, unlaunched GPU work, collective arrivals)
     get the step whose window [begin, next begin) holds their start; a polling thread's
     (:func:`~.forkjoin.polling_threads`, a watchdog on a timer) do not: they do none of the step's
-    work, and their timer, not the program, sets when they run, so they cannot complete a step."""
+    work, and their timer, not the program, sets when they run, so they cannot complete a step.
+    Nor do the tasks of a rank's other processes (:func:`other_process_tasks`): they run beside
+    the steps, not in them."""
 
     needs = (LauncherAttribution, CollectiveSplit)
 
@@ -27,7 +52,7 @@ class StepWindows(Adjustment):
         resource = state.column("resource")
         cpu = state.cpu_ids
         polling = polling_threads(state, {th: cpu[resource[cpu] == th] for th in np.unique(resource[cpu]).tolist()})
-        outside = ~np.isin(resource, np.asarray(sorted(polling), dtype=np.int64))
+        outside = ~np.isin(resource, np.asarray(sorted(polling), dtype=np.int64)) & ~other_process_tasks(state)
         b_rank = ranks[begin_ids]
         for r in np.unique(b_rank):
             sel = begin_ids[b_rank == r]

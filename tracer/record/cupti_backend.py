@@ -192,14 +192,22 @@ class CuptiSession:
             self._step_num += 1
             self._open_step()
 
+    def _unpatch(self) -> None:
+        for owner, name, original in reversed(self._patched):
+            setattr(owner, name, original)
+        self._patched.clear()
+
+    def disown(self) -> None:
+        """In a forked child: forget the parent's CUPTI subscription and give back what was patched."""
+        self._running = False
+        self._unpatch()
+
     def stop(self) -> None:
         if not self._running:
             return
         self._running = False
         self._close_step()
-        for owner, name, original in reversed(self._patched):
-            setattr(owner, name, original)
-        self._patched.clear()
+        self._unpatch()
         if torch.cuda.is_initialized():
             torch.cuda.synchronize()
         cupti = self._cupti

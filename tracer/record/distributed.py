@@ -1,5 +1,5 @@
 """Which rank this process is: from ``torch.distributed`` once initialized, else torchrun's
-environment (``RANK``/``WORLD_SIZE``), else rank 0 of 1."""
+environment (``RANK``/``WORLD_SIZE``), else rank 0 of an unknown world size."""
 from __future__ import annotations
 
 import functools
@@ -11,14 +11,28 @@ from typing import Any
 
 @dataclass(frozen=True)
 class RankInfo:
-    """``distributedInfo`` as Kineto writes it (``rank``, ``world_size``, ``backend``)."""
+    """``distributedInfo`` as Kineto writes it (``rank``, ``world_size``, ``backend``).
+    ``world_size`` is None when neither a process group nor the environment gives one (a process
+    that is no member of a group, e.g. the parent of ``torch.multiprocessing.spawn`` workers): it
+    is then left out of the trace, so that its file does not contradict the workers' world size.
+
+    >>> RankInfo(0, None).as_kineto(), RankInfo(1, 2, "gloo").as_kineto()
+    ({'rank': 0}, {'rank': 1, 'world_size': 2, 'backend': 'gloo'})
+    """
 
     rank: int
-    world_size: int
+    world_size: int | None
     backend: str | None = None
 
+    @property
+    def size(self) -> int:
+        """The world size, 1 when unknown."""
+        return self.world_size or 1
+
     def as_kineto(self) -> dict[str, Any]:
-        info: dict[str, Any] = {"rank": self.rank, "world_size": self.world_size}
+        info: dict[str, Any] = {"rank": self.rank}
+        if self.world_size is not None:
+            info["world_size"] = self.world_size
         if self.backend is not None:
             info["backend"] = self.backend
         return info
@@ -31,7 +45,8 @@ def _env_int(name: str, default: int) -> int:
 
 def rank_from_env() -> RankInfo:
     """Rank and world size that torchrun (or any launcher using its variables) assigned."""
-    return RankInfo(rank=_env_int("RANK", 0), world_size=max(1, _env_int("WORLD_SIZE", 1)))
+    size = _env_int("WORLD_SIZE", 0)
+    return RankInfo(rank=_env_int("RANK", 0), world_size=size if size > 0 else None)
 
 
 class DistributedWatcher:

@@ -76,6 +76,7 @@ class RecordOptions:
     duration_s: float | None = None
     step_on: str | None = None
     backend: str = "torch"
+    follow_children: bool = True  # trace the program's Python children that import torch (children.py)
     progress: bool = True
     summary: bool = True
     summary_steps: StepOptions = COUNT_DEFAULT  # which steps the printed step times count

@@ -6,16 +6,18 @@ from pathlib import Path
 from ..kineto import KinetoReader
 from ..readers import OLD_RUN_META_NAME, RUN_META_NAME
 from .errors import OutputExistsError, RecordError
+from .processes import is_record_name
 from .trace_file import trace_file_name
 
 META_NAME = RUN_META_NAME
 
 
 def _recording_files(folder: Path) -> list[Path]:
-    """What a recording writes: Kineto JSON traces and its metadata (``meta.jsonc``, or an older
-    recording's ``meta.json``)."""
+    """What a recording writes: Kineto JSON traces, its metadata (``meta.jsonc``, or an older
+    recording's ``meta.json``) and the children's records and lock (:mod:`.processes`)."""
     return sorted(p for p in folder.iterdir()
-                  if p.is_file() and (p.name.endswith(KinetoReader.suffixes) or p.name == RUN_META_NAME))
+                  if p.is_file() and (p.name.endswith(KinetoReader.suffixes) or p.name == RUN_META_NAME
+                                      or is_record_name(p.name)))
 
 
 def prepare_output(folder: Path, rank: int, world_size: int, force: bool) -> None:

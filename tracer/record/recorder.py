@@ -11,39 +11,25 @@ import os
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
-
-import orjson
-
-from whatif.core.output import write_output
+from typing import Any
 
 from ..markers import add_step_hook, remove_step_hook
+from .children import FollowChildren
 from .distributed import DistributedWatcher, rank_from_env
 from .meta import build_meta
 from .options import RecordOptions
-from .output import META_NAME, prepare_output
+from .output import prepare_output
+from .processes import ProcessEnd, ProcessRecord, ProcessRole, add_process, process_trace_name, write_meta
 from .progress import ProgressLine
+from .session import Session, make_session, options_record, record_info, trace_document
 from .signals import ProgramTerminated, SignalGuard, exit_status
 from .steps import StepDetector
 from .summary import RunSummary, format_summary, summarize
 from .target import Target, run_target
-from .trace_file import fold_leading_steps, merge_cycles, trace_file_name, write_trace
-
-
-class Session(Protocol):
-    """A tracing backend (:class:`TorchSession` or :class:`CuptiSession`)."""
-
-    name: str
-    gpu: bool
-    cycles: list[dict[str, Any]]
-    program_profiler_used: bool
-
-    def start(self, on_yield: Any) -> None: ...
-    def step(self) -> None: ...
-    def stop(self) -> None: ...
+from .trace_file import write_trace
 
 
 @dataclass
@@ -57,15 +43,6 @@ class RecordResult:
     meta: dict[str, Any]
     summary: RunSummary | None
     report_lines: list[str] = field(default_factory=list)
-
-
-def make_session(options: RecordOptions, scratch_dir: Path) -> Session:
-    """The backend's session; raises :class:`BackendUnavailableError` before anything runs."""
-    if options.backend == "cupti":
-        from .cupti_backend import CuptiSession
-        return CuptiSession(options)
-    from .torch_backend import TorchSession
-    return TorchSession(options, scratch_dir)
 
 
 class DurationAlarm:
@@ -96,15 +73,6 @@ class DurationAlarm:
         signal.signal(signal.SIGALRM, self._previous if self._previous is not None else signal.SIG_DFL)
 
 
-def _options_record(options: RecordOptions) -> dict[str, Any]:
-    raw = asdict(options)
-    raw["output"] = str(options.output)
-    raw.pop("progress", None)
-    raw.pop("summary", None)
-    raw.pop("summary_steps", None)
-    return raw
-
-
 def record(target: Target, options: RecordOptions, command: list[str]) -> RecordResult:
     """Run ``target`` under tracing; returns the exit status (the program's, or 128 + a signal
     deferred while writing) and what was written. Raises :class:`RecordingAborted` on a second
@@ -113,10 +81,11 @@ def record(target: Target, options: RecordOptions, command: list[str]) -> Record
     out = options.output
     session = make_session(options, out)
     search_dirs = [str(target.source_dir), os.getcwd()]
-    detector = StepDetector(session.step, options.step_on, search_dirs)
+    guard = SignalGuard()
+    detector = StepDetector(guard.shielded(session.step), options.step_on, search_dirs)
     detector.install()
     try:
-        prepare_output(out, env_rank.rank, env_rank.world_size, options.force)
+        prepare_output(out, env_rank.rank, env_rank.size, options.force)
     except BaseException:
         detector.uninstall()
         raise
@@ -124,14 +93,24 @@ def record(target: Target, options: RecordOptions, command: list[str]) -> Record
     progress = ProgressLine(target.name, lambda: detector.steps, enabled=options.progress)
     alarm = DurationAlarm(options.duration_s, session.stop)
 
-    guard = SignalGuard()
+    def forget_in_forked_child() -> None:
+        remove_step_hook(detector.on_mark)
+        detector.uninstall()
+        watcher.uninstall()
+        session.disown()
+
+    follow = FollowChildren(options, forget_in_forked_child) if options.follow_children else None
+    main_pid = os.getpid()
     started_at_s = time.time()
     t0 = time.perf_counter()
     add_step_hook(detector.on_mark)
     watcher.install()
     guard.install()
+    status = 1
     try:
         try:
+            if follow is not None:
+                follow.install()
             session.start(on_yield=detector.yield_to_program)
             alarm.arm()
             progress.start()
@@ -141,17 +120,23 @@ def record(target: Target, options: RecordOptions, command: list[str]) -> Record
         except ProgramTerminated as exc:
             status = exit_status(exc.signum)
         finally:
-            guard.defer()
-            alarm.disarm()
-            progress.stop()
-            remove_step_hook(detector.on_mark)
-            detector.uninstall()
-            session.stop()
-            watcher.uninstall()
+            if os.getpid() == main_pid:
+                guard.defer()
+                alarm.disarm()
+                progress.stop()
+                remove_step_hook(detector.on_mark)
+                detector.uninstall()
+                session.stop()
+                watcher.uninstall()
+                if follow is not None:
+                    follow.uninstall()
+        if os.getpid() != main_pid:  # a child the program forked left the program's code: it records itself
+            raise SystemExit(status)
         return _write_run(target, options, command, session, detector, watcher, guard, status,
                           started_at_s, time.perf_counter() - t0)
     finally:
-        guard.restore()
+        if os.getpid() == main_pid:
+            guard.restore()
 
 
 def _write_run(target: Target, options: RecordOptions, command: list[str], session: Session,
@@ -160,25 +145,13 @@ def _write_run(target: Target, options: RecordOptions, command: list[str], sessi
     """Write the trace and (rank 0) meta.jsonc of a recording that has stopped."""
     out = options.output
     rank = watcher.current()
-    folded = detector.tentative_steps if options.schedule.records_from_start else 0
-    step_source = detector.source.name.lower()
-    record_info = {"argv": target.argv, "exit_status": status, "backend": session.name,
-                   "steps_marked": detector.steps - folded, "step_source": step_source,
-                   "program_profiler": session.program_profiler_used, "options": _options_record(options)}
-    trace_path: Path | None = None
+    info = record_info(target.argv, status, session, detector, options)
+    trace_path = out / process_trace_name(rank.rank, ProcessRole.MAIN, os.getpid())
+    doc = trace_document(session, detector, options, rank, trace_path, info)
     trace_bytes = 0
     summary: RunSummary | None = None
     report: list[str] = []
-    if session.cycles:
-        doc = merge_cycles(session.cycles)
-        if options.schedule.records_from_start:
-            fold_leading_steps(doc, detector.tentative_steps)
-        dist_info = doc.get("distributedInfo")
-        dist_info = dist_info if isinstance(dist_info, dict) else {}
-        doc["distributedInfo"] = {**dist_info, **rank.as_kineto()}
-        trace_path = out / trace_file_name(rank.rank)
-        doc["traceName"] = str(trace_path)
-        doc["whatifRecord"] = record_info
+    if doc is not None:
         trace_bytes = write_trace(trace_path, doc)
         summary = summarize(doc)
         gpu_note = None if session.gpu else \
@@ -188,14 +161,23 @@ def _write_run(target: Target, options: RecordOptions, command: list[str], sessi
         report = [f"no trace written: recording never started or nothing was recorded "
                   f"(steps seen: {detector.steps}; schedule {options.schedule})"]
 
+    end = guard.end()
+    main = ProcessRecord(role=ProcessRole.MAIN, name=target.name, pid=os.getpid(), parent_pid=os.getppid(),
+                         rank=rank.rank, file=trace_path.name if doc is not None else None, exit_status=status,
+                         end=ProcessEnd(signal=end.signal, during=end.during))
     meta = build_meta(command=command, argv=target.argv, cwd=os.getcwd(), exit_status=status,
                       wall_time_s=wall_time_s, started_at_s=started_at_s, backend=session.name,
-                      rank=rank.rank, world_size=rank.world_size, steps=detector.steps - folded,
-                      step_source=step_source, gpu_activity=bool(summary and summary.gpu_event_count),
-                      source_dir=target.source_dir,
-                      trace_files=[trace_path.name] if trace_path else [],
-                      options=_options_record(options), end=guard.end().as_meta())
+                      rank=rank.rank, world_size=rank.size, steps=info["steps_marked"],
+                      step_source=info["step_source"], gpu_activity=bool(summary and summary.gpu_event_count),
+                      source_dir=target.source_dir, trace_files=[main.file] if main.file else [],
+                      options=options_record(options), end=end.as_meta())
     if rank.rank == 0:
-        write_output(out / META_NAME, orjson.dumps(meta, option=orjson.OPT_INDENT_2))
-    return RecordResult(exit_status=guard.status(status), run_dir=out, trace_path=trace_path, trace_bytes=trace_bytes,
+        meta = write_meta(out, meta, main)
+        children = len(meta["processes"]) - 1
+        if children:
+            report.append(f"child processes: {children} traced so far (meta.jsonc lists them)")
+    else:
+        add_process(out, main)
+    return RecordResult(exit_status=guard.status(status), run_dir=out,
+                        trace_path=trace_path if doc is not None else None, trace_bytes=trace_bytes,
                         meta=meta, summary=summary, report_lines=report)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any, TextIO
@@ -71,6 +72,8 @@ class SignalGuard:
         self._stderr = stderr
         self._previous: dict[int, Any] = {}
         self._writing = False
+        self._shielded = False
+        self._held: int | None = None                # a signal received inside :meth:`shielded`
         self.first: tuple[int, str] | None = None    # (signal number, "program" | "write")
         self.pending: int | None = None              # a signal deferred during the write
 
@@ -96,13 +99,38 @@ class SignalGuard:
             signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()
 
+    def shielded(self, call: Callable[[], None]) -> Callable[[], None]:
+        """``call`` made uninterruptible: a signal while it runs is raised when it returns. For
+        whatif's own calls into the profiler from the program (a step boundary), which a signal
+        cut in half would leave unable to stop and write the trace."""
+        def run() -> None:
+            if self._shielded:
+                call()
+                return
+            self._shielded = True
+            try:
+                call()
+            finally:
+                self._shielded = False
+                held, self._held = self._held, None
+            if held is not None:
+                self._interrupt(held)
+        return run
+
+    @staticmethod
+    def _interrupt(signum: int) -> None:
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise ProgramTerminated(signum)
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.first is None:
             self.first = (signum, "write" if self._writing else "program")
         if not self._writing:
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            raise ProgramTerminated(signum)
+            if self._shielded:
+                self._held = self._held or signum
+                return
+            self._interrupt(signum)
         if self.pending is not None:
             raise RecordingAborted(signum)
         self.pending = signum

@@ -14,7 +14,8 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
+from types import ModuleType, TracebackType
+from typing import Any
 
 from .errors import ScriptNotFoundError
 from .signals import ProgramTerminated, exit_status
@@ -93,9 +94,25 @@ def _print_user_traceback(exc: BaseException, origin: str | None) -> None:
     traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
 
 
+class MainAlias(ModuleType):
+    """``sys.modules["__mp_main__"]`` while the program runs. A ``multiprocessing`` child started
+    by spawn runs the script as ``__mp_main__``, so the objects it sends back name their classes
+    there; ``multiprocessing`` made that name an alias of whatif's own ``__main__`` when torch
+    imported it, where the program's classes are not. This alias finds them in the program's
+    ``__main__``."""
+
+    def __getattr__(self, name: str) -> Any:
+        main = sys.modules["__main__"]
+        if main is self:
+            raise AttributeError(name)
+        return getattr(main, name)
+
+
 def run_target(target: Target) -> int:
     """Run the program as ``__main__`` with its own ``sys.argv`` and return its exit status."""
     saved_argv = sys.argv[:]
+    saved_mp_main = sys.modules.get("__mp_main__")
+    sys.modules["__mp_main__"] = MainAlias("__mp_main__")
     sys.argv = target.argv
     origin: str | None = None
     if target.path is not None:
@@ -125,5 +142,9 @@ def run_target(target: Target) -> int:
         return 1
     finally:
         sys.argv = saved_argv
+        if saved_mp_main is not None:
+            sys.modules["__mp_main__"] = saved_mp_main
+        else:
+            sys.modules.pop("__mp_main__", None)
         if sys.path and sys.path[0] == search_dir:
             sys.path.pop(0)

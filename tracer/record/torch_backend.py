@@ -22,8 +22,9 @@ from .trace_file import read_kineto_export
 
 
 def gpu_tracing_available() -> bool:
-    """Whether Kineto can record CUDA activity here (a CUDA build with a visible GPU)."""
-    return torch.cuda.is_available()
+    """Whether Kineto can record CUDA activity here (a CUDA build with a visible GPU, in a process
+    that may use it: a child forked after its parent initialized CUDA may not)."""
+    return torch.cuda.is_available() and not torch.cuda._is_in_bad_fork()
 
 
 class TorchSession:
@@ -64,6 +65,12 @@ class TorchSession:
         if self._running:
             self._running = False
             self.profiler.stop()
+        self._uninstall_program_profiler_hook()
+
+    def disown(self) -> None:
+        """In a forked child: forget the parent's profiler (it cannot be stopped or exported
+        here) and give ``torch.profiler.profile`` back, so that the child starts its own."""
+        self._running = False
         self._uninstall_program_profiler_hook()
 
     def _collect(self, prof: torch.profiler.profile) -> None:

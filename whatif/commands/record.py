@@ -50,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="a step ends each time this function returns (e.g. mypkg.server:run_iteration)")
     what.add_argument("--backend", choices=("torch", "cupti"), default="torch",
                       help="torch: torch.profiler/Kineto (default); cupti: NVIDIA cupti-python Activity API")
+    what.add_argument("--no-follow-children", dest="follow_children", action="store_false",
+                      help="trace only this process, not the program's Python children that import torch")
     parser.add_argument("--no-summary", dest="summary", action="store_false", help="print no summary")
     add_dataclass_arguments(parser.add_argument_group("summary"), StepOptions)
     parser.add_argument("script", nargs="?", metavar="script.py", help="the program to run")
@@ -84,12 +86,13 @@ def run(args: argparse.Namespace) -> int:
         script = None
     target = resolve_target(script, args.module, prog_args)
     schedule, warning = _schedule_from(args)
-    world_size = rank_from_env().world_size
+    world_size = rank_from_env().size
     output = args.output if args.output is not None else default_output(target.name, world_size=world_size)
     options = RecordOptions(output=output, force=args.force, schedule=schedule,  # type: ignore[arg-type]
                             record_shapes=args.record_shapes, with_stack=args.with_stack,
                             profile_memory=args.profile_memory, duration_s=args.duration,
-                            step_on=args.step_on, backend=args.backend, summary=args.summary,
+                            step_on=args.step_on, backend=args.backend, follow_children=args.follow_children,
+                            summary=args.summary,
                             summary_steps=from_args(StepOptions, args))
     if warning:
         print(warning, file=sys.stderr)
