@@ -5,7 +5,12 @@ sends them over a ``multiprocessing`` queue to the engine core, a child process 
 ``EngineCore_0`` (``--start-method spawn|fork|forkserver``) that owns a small decoder (random
 weights) and runs a continuous-batching loop: each iteration either prefills the newly arrived
 requests or decodes one token for every running one, inside ``whatif.phase("prefill"|"decode")``,
-and ends with ``whatif.step()``. Finished requests go back over a second queue; the front-end
+and ends with ``whatif.step()``. Like vLLM's engine with its detailed trace annotation, each
+iteration also runs inside a ``record_function`` range that names its batch,
+``execute_{tokens}_context_{n}(sq…sk…sqsq…sqsk…)_generation_{n}(sq…sk…sqsq…sqsk…)`` (per group: the
+requests, Σ tokens scheduled, Σ tokens computed after this step, Σ sq², Σ sq·sk), so
+``whatif serve`` finds the iterations and their compositions in the trace alone (the ``vllm``
+adapter, docs/serving.md). Finished requests go back over a second queue; the front-end
 then asks the engine core to stop and joins it. ``--terminate-after N`` makes the front-end stop
 the engine core with SIGTERM (``Process.terminate()``, as vLLM's shutdown does) once N requests
 have come back, instead of asking; ``--fail-after N`` makes the engine core raise an exception
@@ -68,6 +73,21 @@ class TinyDecoder(torch.nn.Module):
         return self.head(x[:, -1])
 
 
+def execute_label(prefills: list[Request], decodes: list[Request]) -> str:
+    """vLLM's detailed annotation of one iteration (prefills of whole prompts, one token per decode).
+
+    >>> execute_label([Request(0, [1, 2, 3], 4)], [])
+    'execute_3_context_1(sq3sk3sqsq9sqsk9)_generation_0(sq0sk0sqsq0sqsk0)'
+    """
+    def group(sq: list[int], sk: list[int]) -> str:
+        return (f"(sq{sum(sq)}sk{sum(sk)}sqsq{sum(q * q for q in sq)}"
+                f"sqsk{sum(q * k for q, k in zip(sq, sk))})")
+    p_sq = [len(r.prompt) for r in prefills]
+    d_sk = [len(r.prompt) + len(r.tokens) for r in decodes]
+    return (f"execute_{sum(p_sq) + len(decodes)}_context_{len(prefills)}{group(p_sq, p_sq)}"
+            f"_generation_{len(decodes)}{group([1] * len(decodes), d_sk)}")
+
+
 def engine_core(requests: Any, results: Any, config: dict[str, Any]) -> None:
     """The engine-core loop: admit, prefill or decode, step; until the front-end says stop."""
     torch.set_num_threads(1)
@@ -89,13 +109,13 @@ def engine_core(requests: Any, results: Any, config: dict[str, Any]) -> None:
                     break
                 arrived.append(item)
             if arrived:
-                with whatif.phase("prefill"):
+                with whatif.phase("prefill"), torch.profiler.record_function(execute_label(arrived, [])):
                     for req in arrived:
                         logits = model(torch.tensor([req.prompt]))
                         req.tokens.append(int(logits.argmax()))
                 running += arrived
             elif running:
-                with whatif.phase("decode"):
+                with whatif.phase("decode"), torch.profiler.record_function(execute_label([], running)):
                     last = torch.tensor([[r.tokens[-1]] for r in running])
                     for req, token in zip(running, model(last).argmax(dim=-1).tolist()):
                         req.tokens.append(int(token))

@@ -65,3 +65,23 @@ def test_an_unknown_engine_is_one_line(capsys) -> None:
     assert main(["serve", str(VLLM), "--rate", "1", "--engine", "trt"]) == 2
     err = capsys.readouterr().err.strip()
     assert "unknown serving engine 'trt'" in err and "vllm" in err and "\n" not in err
+
+
+@pytest.mark.slow
+def test_the_multi_process_example_is_served_from_its_trace_alone(tmp_path: Path) -> None:
+    """examples/engine_split.py (a front-end and an EngineCore_0 child, vLLM V1's split) recorded by
+    `whatif record`: the engine core's file holds vLLM's detailed annotation, so the vllm adapter
+    finds every iteration and `whatif serve` runs with no serving log."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    run = tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "whatif.cli", "record", "--no-summary", "-o", str(run), "--",
+                    str(root / "examples" / "engine_split.py"), "--num-requests", "5", "--output-len", "6"],
+                   check=True, capture_output=True, cwd=tmp_path, timeout=300)
+    doc = serve(run, workload=Workload(rate=5, num_requests=8))
+    model = doc.scenarios[0].iteration_model
+    assert model.adapter == "vllm" and doc.log == ""
+    assert model.iterations_found == 6       # one prefill of the 5 prompts, then 5 decodes of 6 tokens
+    assert doc.scheduler.engine_profile == "vllm"

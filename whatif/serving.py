@@ -330,8 +330,10 @@ class ServingModels:
         if self.found is not None:
             gpu = Selector(kind="gpu")
             if not len(gpu(rp.graph)):   # the model ran on the CPU: no kernels for the laws to move
-                return fit_llm_model(replayed_iterations(rp, self.reference, self.step_options),
-                                     [(it.phase.value, it.llm) for it in self.found.iterations if it.llm is not None])
+                fit = fit_llm_model(replayed_iterations(rp, self.reference, self.step_options),
+                                    [(it.phase.value, it.llm) for it in self.found.iterations if it.llm is not None])
+                return replace(fit, adapter=self.found.adapter, notes=(
+                    *self.found.notes, "the iterations ran on the CPU: least-squares fit (no GPU kernels to re-price)"))
             cpu_only = replay(Scale(select=gpu, factor=0.0).apply(rp.graph, TransformContext()))
             return fit_cost_model(rp, cpu_only, self.found, self.device, self.shape,
                                   self.shape.assumptions if self.shape is not None else ())
@@ -724,7 +726,9 @@ def _llm_model(model: LlmModel) -> LlmIterationModel:
                                  mape=float(f.mape), loo_mape=float(f.loo_mape),
                                  candidates={k: float(v) for k, v in f.candidates.items()})
                 for p, f in model.fits.items()},
-        excluded_iterations=_excluded_iterations(model.excluded), ranges=_ranges(model.ranges))
+        excluded_iterations=_excluded_iterations(model.excluded), ranges=_ranges(model.ranges),
+        adapter=model.adapter, iterations_found=sum(f.n for f in model.fits.values()) if model.adapter else 0,
+        notes=list(model.notes))
 
 
 def _dit_model(model: DitStepModel) -> DitIterationModel:

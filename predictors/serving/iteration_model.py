@@ -208,6 +208,8 @@ class IterationModel:
     correction: dict[str, tuple[float, float]] = field(default_factory=dict)
     excluded: list[tuple[int, str, Exclusion]] = field(default_factory=list)  # (step, phase, reason) not fitted
     ranges: dict[str, dict[str, Range]] = field(default_factory=dict)  # phase -> driver -> range fitted on
+    adapter: str = ""   # the engine adapter whose iterations it was fitted on ("": a serving log)
+    notes: tuple[str, ...] = ()
 
     def extrapolation(self, batch: LLMBatch) -> tuple[str, ...]:
         """The drivers of ``batch`` (tokens, seqs, context) beyond the range its phase was fitted on."""

@@ -186,6 +186,8 @@ def render(doc: ServingDocument, console: Console) -> None:
                           f"found by the {cm.adapter} adapter (composition from the {cm.composition_source})")
             parts = [describe_cost_phase(e) for e in cm.cost_phases.values()]
         elif isinstance(s, LlmScenarioServing):
+            if s.iteration_model.adapter:
+                console.print(f"  {s.name} iterations found by the {s.iteration_model.adapter} adapter")
             parts = [f"{p}: {'+'.join(f.features) or 'constant'} (n={f.n}, R²={f.r2:.2f}, "
                      f"MAPE {f.mape:.1%}, LOO {f.loo_mape:.1%})" for p, f in s.iteration_model.phases.items()]
         else:
