@@ -244,8 +244,8 @@ def test_engine_core_stopped_by_sigterm_leaves_a_readable_trace(tmp_path: Path) 
     why = f"{meta['processes']}\n{done.stderr}"
     assert json.loads(log.read_text())["engine"]["exitcode"] == -15, why  # as without whatif
     core = meta["processes"][1]
-    assert (core["role"], core["exit_status"], core["end"]) == ("engine_core", 143,
-                                                                 {"signal": "SIGTERM", "during": "program"}), why
+    assert (core["role"], core["exit_status"], core["end"]["signal"]) == ("engine_core", 143, "SIGTERM"), why
+    assert core["end"]["during"] in ("program", "write"), why   # where the signal lands is the scheduler's call
     trace = load_trace(run)
     assert (trace.events["pid"] == core["pid"]).sum() > 0
 
