@@ -168,6 +168,8 @@ def render(doc: ServingDocument, console: Console) -> None:
     where = w.file if isinstance(w.file, str) else f"{w.arrivals} {w.rate_req_per_s} req/s x {w.num_requests}"
     llm = isinstance(doc, LlmServingDocument)
     console.print(f"[bold]{doc.source}[/bold] ({doc.kind}), workload: {where}")
+    if doc.log:
+        console.print(f"  iterations: the trace's phase-marked steps, composed from the serving log {doc.log}")
     table = Table(title="Predicted serving metrics per scenario", title_justify="left")
     table.add_column("scenario", overflow="ellipsis", no_wrap=True, max_width=32)
     labels = (["TTFT mean", "TTFT p99", "TPOT mean", "TPOT p99", "e2e mean", "e2e p99"] if llm
