@@ -27,19 +27,15 @@ from common.docs import replace_section  # noqa: E402
 
 from whatif.analysis import analyze, make_context  # noqa: E402
 from whatif.hardware.devices import get_device  # noqa: E402
-from whatif.predictors.replay import replay  # noqa: E402
 from whatif.predictors.serving.engines import (  # noqa: E402
     CompositionSource,
     FoundIteration,
     FoundIterations,
     IterationPhase,
 )
-from whatif.predictors.serving.iteration_costs import fit_cost_model  # noqa: E402
+from whatif.predictors.serving.iteration_costs import cpu_only_replay, fit_cost_model  # noqa: E402
 from whatif.predictors.serving.logs import LLMBatch  # noqa: E402
-from whatif.transforms.base import TransformContext  # noqa: E402
-from whatif.transforms.generic import Scale  # noqa: E402
 from whatif.transforms.parallel.memory import model_shape  # noqa: E402
-from whatif.transforms.select import Selector  # noqa: E402
 
 BEGIN, END = "<!-- bench/serving_extrapolation.py begin -->", "<!-- bench/serving_extrapolation.py end -->"
 MODELS = {  # a few layers of each: the laws are per kernel
@@ -85,8 +81,8 @@ def predict(path: Path, dev: str, batch: LLMBatch, target: LLMBatch) -> float:
                                phase=IterationPhase(batch.phase), evidence="step", llm=batch)
                 for r in g.steps.itertuples())
     found = FoundIterations("generated", its, CompositionSource.ANNOTATION)
-    cpu = replay(Scale(select=Selector(kind="gpu"), factor=0.0).apply(g, TransformContext()))
-    model = fit_cost_model(a.replay, cpu, found, get_device(dev), model_shape(g, make_context(a.trace), "bench"))
+    shape = model_shape(g, make_context(a.trace), "bench")
+    model = fit_cost_model(a.replay, cpu_only_replay(a.replay), found, get_device(dev), shape)
     return model.raw_time_ns(target)
 
 

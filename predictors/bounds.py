@@ -104,6 +104,16 @@ def _union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return s[first], reach[last]
 
 
+def union_ns(start: np.ndarray, end: np.ndarray) -> int:
+    """Length of the union of the intervals ``[start, end)`` (e.g. a GPU's busy time over its streams).
+
+    >>> union_ns(np.array([0, 5, 20]), np.array([10, 12, 25]))
+    17
+    """
+    u_start, u_end = _union(np.asarray(start), np.asarray(end))
+    return int((u_end - u_start).sum())
+
+
 def _covered_ns(u_start: np.ndarray, u_end: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Per window [lo, hi): how much of it the disjoint sorted intervals cover."""
     if not len(u_start):

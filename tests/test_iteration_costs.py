@@ -26,6 +26,7 @@ from whatif.predictors.serving.iteration_costs import (
     CostIterationModel,
     Drivers,
     KernelLaw,
+    cpu_only_replay,
     fit_cost_model,
 )
 from whatif.predictors.serving.logs import LLMBatch
@@ -66,9 +67,9 @@ def _found(graph, batch: LLMBatch) -> FoundIterations:
 
 def _fit(graph, batch: LLMBatch, trace) -> CostIterationModel:
     found = _found(graph, batch)
-    cpu = replay(Scale(select=Selector(kind="gpu"), factor=0.0).apply(graph, TransformContext()))
+    rp = replay(graph)
     shape = model_shape(graph, make_context(trace), "serve")
-    return fit_cost_model(replay(graph), cpu, found, get_device(H100), shape)
+    return fit_cost_model(rp, cpu_only_replay(rp), found, get_device(H100), shape)
 
 
 def _measured_ns(path: Path) -> float:

@@ -43,6 +43,7 @@ from whatif.core.bounds import check_fields
 from whatif.core.kernels import KernelClass, classify_kernel, is_collective
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph
 from whatif.documents import BreakdownDocument, ClassTime, IdleGaps, LaunchDelays, QueueLength, TemporalBreakdown
+from whatif.predictors.bounds import union_ns
 from whatif.predictors.steps import exclusion_reasons
 from whatif.tracer.kinds import GPU_ACTIVITY_KINDS, GPU_MEMORY_KINDS, EventKind, codes
 from whatif.tracer.trace import Trace, per_name
@@ -87,23 +88,6 @@ class BreakdownOptions:
 
     def __post_init__(self) -> None:
         check_fields(self)
-
-
-def union_ns(start: np.ndarray, end: np.ndarray) -> int:
-    """Length of the union of the intervals ``[start, end)``.
-
-    >>> union_ns(np.array([0, 5, 20]), np.array([10, 12, 25]))
-    17
-    """
-    if not len(start):
-        return 0
-    order = np.argsort(start, kind="stable")
-    s, e = start[order], end[order]
-    reach = np.maximum.accumulate(e)
-    opens = np.ones(len(s), dtype=bool)
-    opens[1:] = s[1:] > reach[:-1]
-    first = np.flatnonzero(opens)
-    return int((np.maximum.reduceat(e, first) - s[first]).sum())
 
 
 def gpu_work(trace: Trace, graph: TaskGraph | None = None) -> pd.DataFrame:

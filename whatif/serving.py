@@ -62,7 +62,7 @@ from whatif.documents import (
 )
 from whatif.hardware.devices import Device, find_device
 from whatif.predictors.cost_models import CostModelName
-from whatif.predictors.replay import Replay, replay
+from whatif.predictors.replay import Replay
 from whatif.predictors.serving import logs
 from whatif.predictors.serving.arrivals import (
     Arrivals,
@@ -80,7 +80,7 @@ from whatif.predictors.serving.dit_steps import dit_fit_inputs
 from whatif.predictors.serving.engine_defaults import engine_key
 from whatif.predictors.serving.engines import FoundIterations, find_iterations
 from whatif.predictors.serving.engines.xdit import steps_per_request
-from whatif.predictors.serving.iteration_costs import CostIterationModel, Range, fit_cost_model
+from whatif.predictors.serving.iteration_costs import CostIterationModel, Range, cpu_only_replay, fit_cost_model
 from whatif.predictors.serving.iteration_model import (
     DitStepModel,
     DitStepWork,
@@ -98,8 +98,7 @@ from whatif.predictors.serving.simulator import (
     simulate_dit,
     simulate_llm,
 )
-from whatif.transforms.base import Transform, TransformContext, TransformError
-from whatif.transforms.generic import Scale
+from whatif.transforms.base import Transform, TransformError
 from whatif.transforms.parallel.memory import ModelShape, device_capacity_bytes, model_shape
 from whatif.transforms.placement import Placement
 from whatif.transforms.scenario import Scenario, load_scenario, scenario_placement
@@ -328,14 +327,12 @@ class ServingModels:
             x = dit_fit_inputs(rp, self.found)
             return fit_dit_model(x.iters, x.compositions, x.work, 0.0)
         if self.found is not None:
-            gpu = Selector(kind="gpu")
-            if not len(gpu(rp.graph)):   # the model ran on the CPU: no kernels for the laws to move
+            if not len(Selector(kind="gpu")(rp.graph)):   # the model ran on the CPU: no kernels to re-price
                 fit = fit_llm_model(replayed_iterations(rp, self.reference, self.step_options),
                                     [(it.phase.value, it.llm) for it in self.found.iterations if it.llm is not None])
                 return replace(fit, adapter=self.found.adapter, notes=(
                     *self.found.notes, "the iterations ran on the CPU: least-squares fit (no GPU kernels to re-price)"))
-            cpu_only = replay(Scale(select=gpu, factor=0.0).apply(rp.graph, TransformContext()))
-            return fit_cost_model(rp, cpu_only, self.found, self.device, self.shape,
+            return fit_cost_model(rp, cpu_only_replay(rp), self.found, self.device, self.shape,
                                   self.shape.assumptions if self.shape is not None else ())
         assert self.log is not None
         iters = replayed_iterations(rp, self.reference, self.step_options)
@@ -354,8 +351,7 @@ class ServingModels:
             attn = iters["attn_ns"].to_numpy(float)
             return DitStepWork(cpu_ns=np.zeros(len(iters)), attn_ns=attn,
                                rest_ns=iters["cycle_ns"].to_numpy(float) - attn)
-        no_gpu = Scale(select=gpu, factor=0.0).apply(rp.graph, TransformContext())
-        cpu_iters = replayed_iterations(replay(no_gpu), self.reference, self.step_options).set_index("step")
+        cpu_iters = replayed_iterations(cpu_only_replay(rp), self.reference, self.step_options).set_index("step")
         steps = iters["step"].to_numpy()
         attn, rest = gpu_work_per_step(rp.graph, steps)
         return DitStepWork(cpu_ns=cpu_iters["cycle_ns"].reindex(steps).to_numpy(float), attn_ns=attn, rest_ns=rest)

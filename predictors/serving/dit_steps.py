@@ -15,12 +15,10 @@ import pandas as pd
 
 from whatif.core.kernels import is_attention
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph
-from whatif.predictors.replay import Replay, replay
-from whatif.transforms.base import TransformContext
-from whatif.transforms.generic import Scale
-from whatif.transforms.select import Selector
+from whatif.predictors.replay import Replay
 
-from .engines import FoundIterations, iteration_of_tasks
+from .engines import FoundIterations, iteration_of_tasks, iteration_spans
+from .iteration_costs import cpu_only_replay
 from .iteration_model import DitStepWork
 from .logs import ServingLogError
 
@@ -29,14 +27,9 @@ def step_spans(graph: TaskGraph, found: FoundIterations, start_ns: np.ndarray, e
     """Per found iteration, ``[first start, last end]`` over its measured tasks under the task times
     ``start_ns``/``end_ns`` (a replay's, or the measured ones), shape ``(iterations, 2)``; a row of
     ``-1`` for an iteration that holds no task."""
-    index = iteration_of_tasks(graph, found)
     measured = graph.tasks["measured_start_ns"].to_numpy() >= 0
-    out = np.full((len(found.iterations), 2), -1, dtype=np.int64)
-    frame = pd.DataFrame({"it": index, "start": start_ns, "end": end_ns})[(index >= 0) & measured]
-    agg = frame.groupby("it").agg(start=("start", "min"), end=("end", "max"))
-    out[agg.index.to_numpy(), 0] = agg["start"].to_numpy()
-    out[agg.index.to_numpy(), 1] = agg["end"].to_numpy()
-    return out
+    member = np.where(measured, iteration_of_tasks(graph, found), -1)
+    return iteration_spans(member, start_ns, end_ns, len(found.iterations))
 
 
 def measured_spans(graph: TaskGraph, found: FoundIterations) -> np.ndarray:
@@ -104,8 +97,7 @@ def dit_fit_inputs(rp: Replay, found: FoundIterations) -> DitFitInputs:
         raise ServingLogError(f"{found.adapter}: denoising step {empty} holds no task of the graph")
     gaps = np.concatenate([[0], np.maximum(spans[1:, 0] - spans[:-1, 1], 0)])
     attn, rest = gpu_work(rp.graph, found)
-    no_gpu = Scale(select=Selector(kind="gpu"), factor=0.0).apply(rp.graph, TransformContext())
-    cpu = span_ns(replayed_spans(replay(no_gpu), found)).astype(float)
+    cpu = span_ns(replayed_spans(cpu_only_replay(rp), found)).astype(float)
     its = found.iterations
     iters = pd.DataFrame({"rank": [i.rank for i in its], "step": np.arange(len(its)), "phase": "denoise",
                           "cycle_ns": span_ns(spans), "pre_gap_ns": gaps, "attn_ns": attn,

@@ -60,11 +60,15 @@ from whatif.core.kernels import KernelClass, classify_kernel
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph
 from whatif.hardware.devices import Device, find_device
 from whatif.hardware.roofline import fixed_latency_ns
+from whatif.predictors.bounds import union_ns
 from whatif.predictors.costs import DEVICE_COLUMN
-from whatif.predictors.replay import Replay
+from whatif.predictors.replay import Replay, replay
+from whatif.transforms.base import TransformContext
+from whatif.transforms.generic import Scale
 from whatif.transforms.parallel.memory import DEFAULT_HEAD_DIM, ModelShape
+from whatif.transforms.select import Selector
 
-from .engines import CompositionSource, FoundIterations, IterationPhase, iteration_of_tasks
+from .engines import CompositionSource, FoundIterations, IterationPhase, iteration_of_tasks, iteration_spans
 from .logs import LLMBatch, ServingLogError
 
 NEAREST = 4            # anchors averaged per prediction
@@ -393,6 +397,12 @@ def _phase_costs(phase: str, anchors: list[Anchor], dev: DeviceLaw) -> PhaseCost
                       ranges=ranges)
 
 
+def cpu_only_replay(rp: Replay) -> Replay:
+    """``rp``'s graph replayed with every GPU task at zero time: what the CPU threads' own work
+    (Python, dispatch, launches, synchronizations) takes, the floor a faster GPU cannot go below."""
+    return replay(Scale(select=Selector(kind="gpu"), factor=0.0).apply(rp.graph, TransformContext()))
+
+
 def iteration_dtype(graph: TaskGraph) -> DType:
     """The dtype the GEMM kernels' names spell most often (by time), bf16 when none does."""
     t = graph.tasks
@@ -407,31 +417,6 @@ def iteration_dtype(graph: TaskGraph) -> DType:
     return max(seen, key=lambda k: (seen[k], k.value)) if seen else DType.BF16
 
 
-def _spans(graph: TaskGraph, start: np.ndarray, end: np.ndarray, member: np.ndarray, n: int
-           ) -> tuple[np.ndarray, np.ndarray]:
-    """Per iteration, the first start and last end of its tasks in a replay."""
-    first = np.full(n, np.inf)
-    last = np.full(n, -np.inf)
-    ok = member >= 0
-    np.minimum.at(first, member[ok], start[ok])
-    np.maximum.at(last, member[ok], end[ok])
-    return first, last
-
-
-def _busy_ns(start: np.ndarray, end: np.ndarray) -> float:
-    """Length of the union of the intervals ``[start, end)`` (GPU busy time over several streams).
-
-    >>> _busy_ns(np.array([0, 5, 20]), np.array([10, 12, 25]))
-    17.0
-    """
-    if not len(start):
-        return 0.0
-    order = np.argsort(start, kind="stable")
-    s, e = start[order].astype(float), np.maximum.accumulate(end[order].astype(float))
-    gaps = np.clip(s[1:] - e[:-1], 0, None)
-    return float(e[-1] - s[0] - gaps.sum())
-
-
 def anchors_from_replay(replay: Replay, cpu_replay: Replay, found: FoundIterations, law: DeviceLaw
                         ) -> tuple[list[Anchor], float]:
     """The anchors of ``found`` in ``replay`` (``cpu_replay``: the same graph replayed with every GPU
@@ -442,25 +427,26 @@ def anchors_from_replay(replay: Replay, cpu_replay: Replay, found: FoundIteratio
     t = g.tasks
     kind = t["kind"].to_numpy()
     gpu = np.isin(kind, [int(k) for k in GPU_WORK_KINDS])
-    first, last = _spans(g, replay.start_ns, replay.end_ns, member, n)
+    spans = iteration_spans(member, replay.start_ns, replay.end_ns, n)
     # tasks a transform inserted (no measured time) belong to the iteration whose span holds them
     inserted = (member < 0) & (t["measured_start_ns"].to_numpy() < 0)
     if inserted.any():
+        held = np.flatnonzero(spans[:, 0] >= 0)
         starts = replay.start_ns[inserted]
-        idx = np.searchsorted(first, starts, side="right") - 1
-        ok = (idx >= 0) & (starts < last[np.clip(idx, 0, None)])
+        at = np.searchsorted(spans[held, 0], starts, side="right") - 1
+        ok = (at >= 0) & (starts < spans[held[np.clip(at, 0, None)], 1])
         member = member.copy()
-        member[np.flatnonzero(inserted)[ok]] = idx[ok]
-        first, last = _spans(g, replay.start_ns, replay.end_ns, member, n)
-    cpu_member = iteration_of_tasks(cpu_replay.graph, found)
-    c_first, c_last = _spans(cpu_replay.graph, cpu_replay.start_ns, cpu_replay.end_ns, cpu_member, n)
+        member[np.flatnonzero(inserted)[ok]] = held[at[ok]]
+        spans = iteration_spans(member, replay.start_ns, replay.end_ns, n)
+    cpu_spans = iteration_spans(iteration_of_tasks(cpu_replay.graph, found), cpu_replay.start_ns,
+                                cpu_replay.end_ns, n)
     names = t["name"].astype(str).to_numpy()
     ops = t["op"].astype(object).to_numpy()
     dur = (replay.end_ns - replay.start_ns).astype(float)
     classes = {}
     anchors: list[Anchor] = []
     for i, it in enumerate(found.iterations):
-        if not np.isfinite(first[i]):
+        if spans[i, 0] < 0:
             continue
         if it.llm is None:
             raise ServingLogError(f"{found.adapter}: iteration {i} has no LLM composition")
@@ -473,15 +459,15 @@ def anchors_from_replay(replay: Replay, cpu_replay: Replay, found: FoundIteratio
             laws[j] = classes[key]
         drivers = Drivers.of(it.llm)
         kernels = Kernels.measured(laws, dur[rows], drivers, law)
-        span = _busy_ns(replay.start_ns[rows], replay.end_ns[rows])
-        cycle = float(last[i] - first[i])
-        cpu = float(c_last[i] - c_first[i]) if np.isfinite(c_first[i]) else 0.0
+        span = float(union_ns(replay.start_ns[rows], replay.end_ns[rows]))
+        cycle = float(spans[i, 1] - spans[i, 0])
+        cpu = float(cpu_spans[i, 1] - cpu_spans[i, 0]) if cpu_spans[i, 0] >= 0 else 0.0
         anchors.append(Anchor(phase=it.phase.value if it.phase is not IterationPhase.MIXED else "mixed",
                               batch=it.llm, drivers=drivers, cycle_ns=cycle, cpu_ns=cpu,
                               gpu_busy_ns=span, overlap_ns=max(cycle - max(cpu, span), 0.0), kernels=kernels))
-    order = np.argsort(first[np.isfinite(first)])
-    fs, ls = first[np.isfinite(first)][order], last[np.isfinite(first)][order]
-    gaps = fs[1:] - ls[:-1]
+    held = spans[spans[:, 0] >= 0]
+    held = held[np.argsort(held[:, 0], kind="stable")]
+    gaps = held[1:, 0] - held[:-1, 1]
     loop = float(np.median(np.clip(gaps, 0, None))) if len(gaps) else 0.0
     return anchors, loop
 

@@ -20,10 +20,11 @@ from .base import (
     FoundIterations,
     IterationPhase,
     iteration_of_tasks,
+    iteration_spans,
 )
 
 __all__ = ["CompositionSource", "DitBatch", "EngineAdapter", "FoundIteration", "FoundIterations", "IterationPhase",
-           "adapters", "find_iterations", "iteration_of_tasks", "register"]
+           "adapters", "find_iterations", "iteration_of_tasks", "iteration_spans", "register"]
 
 _REGISTRY: dict[str, type[EngineAdapter]] = {}
 _LOADED = False

@@ -187,7 +187,10 @@ def iteration_of_tasks(graph: TaskGraph, found: FoundIterations) -> np.ndarray:
     rank = t["rank"].to_numpy()
     offsets = clock_offsets_ns(graph)
     measured = t["measured_start_ns"].to_numpy() >= 0
-    start = t["measured_start_ns"].to_numpy() - np.array([offsets.get(int(r), 0) for r in rank], dtype=np.int64)
+    shift = np.zeros(n, dtype=np.int64)
+    for r, off in offsets.items():
+        shift[rank == r] = off
+    start = t["measured_start_ns"].to_numpy() - shift
     kind = t["kind"].to_numpy()
     for i, it in enumerate(found.iterations):
         inside = measured & (rank == it.rank) & (start >= it.start_ns) & (start < it.end_ns)
@@ -200,3 +203,26 @@ def iteration_of_tasks(graph: TaskGraph, found: FoundIterations) -> np.ndarray:
     by_launch = np.full(n, -1, dtype=np.int64)
     by_launch[dst] = out_cpu[src]
     return np.where(gpu & (by_launch >= 0), by_launch, np.where(gpu, out, out_cpu))
+
+
+def iteration_spans(member: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray, iterations: int) -> np.ndarray:
+    """Per iteration, ``[first start, last end]`` of the tasks ``member`` assigns to it (a task's
+    iteration index, -1: none; e.g. :func:`iteration_of_tasks`) under the task times
+    ``start_ns``/``end_ns`` (a replay's, or the measured ones), shape ``(iterations, 2)``; a row of
+    ``-1`` for an iteration that holds no task.
+
+    >>> iteration_spans(np.array([0, 0, 1, -1]), np.array([5, 2, 9, 0]), np.array([8, 4, 12, 1]), 3).tolist()
+    [[2, 8], [9, 12], [-1, -1]]
+    """
+    out = np.full((iterations, 2), -1, dtype=np.int64)
+    ok = member >= 0
+    if not ok.any():
+        return out
+    first = np.full(iterations, np.iinfo(np.int64).max, dtype=np.int64)
+    last = np.full(iterations, np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(first, member[ok], np.asarray(start_ns, dtype=np.int64)[ok])
+    np.maximum.at(last, member[ok], np.asarray(end_ns, dtype=np.int64)[ok])
+    held = np.zeros(iterations, dtype=bool)
+    held[member[ok]] = True
+    out[held, 0], out[held, 1] = first[held], last[held]
+    return out
