@@ -407,13 +407,12 @@ def iteration_dtype(graph: TaskGraph) -> DType:
     """The dtype the GEMM kernels' names spell most often (by time), bf16 when none does."""
     t = graph.tasks
     gpu = np.isin(t["kind"].to_numpy(), [int(k) for k in GPU_WORK_KINDS])
-    names = t.loc[gpu, "name"].astype(str).to_numpy()
-    dur = t.loc[gpu, "dur_ns"].to_numpy(float)
+    per_name = t.loc[gpu].groupby(t.loc[gpu, "name"].astype(str))["dur_ns"].sum()
     seen: dict[DType, float] = {}
-    for name, dur_ns in zip(names, dur):
-        dt = dtype_in_kernel_name(name)
+    for name, dur_ns in per_name.items():
+        dt = dtype_in_kernel_name(str(name))
         if dt is not None:
-            seen[dt] = seen.get(dt, 0.0) + dur_ns
+            seen[dt] = seen.get(dt, 0.0) + float(dur_ns)
     return max(seen, key=lambda k: (seen[k], k.value)) if seen else DType.BF16
 
 
