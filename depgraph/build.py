@@ -33,6 +33,23 @@ def build_graph(trace: Trace, rules: tuple[BuildStep, ...] = RULES) -> TaskGraph
     return check_schema(assemble(state))
 
 
+def split_rules(at: type[BuildStep], rules: tuple[BuildStep, ...] = RULES
+                ) -> tuple[tuple[BuildStep, ...], tuple[BuildStep, ...]]:
+    """``rules`` before the step of class ``at``, and from it on: a rank-parallel build
+    (:mod:`whatif.scale`) runs the first part in every rank group, plans what crosses groups
+    (the collectives) from all of them, then runs the second part.
+
+    >>> from whatif.depgraph.rules import ClockAlignment
+    >>> before, after = split_rules(ClockAlignment)
+    >>> type(after[0]).__name__, len(before) + len(after) == len(RULES)
+    ('ClockAlignment', True)
+    """
+    cut = next((i for i, step in enumerate(rules) if type(step) is at), None)
+    if cut is None:
+        raise ValueError(f"no {at.__name__} step in the rules")
+    return rules[:cut], rules[cut:]
+
+
 def assemble(state: BuildState) -> TaskGraph:
     """The graph of a built state: its tasks (attribution as categoricals), every rule's edges in
     the order the rules ran, its resources and its steps table."""

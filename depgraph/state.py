@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -14,6 +14,9 @@ import pandas as pd
 from whatif.tracer.trace import Trace
 
 from .graph import EdgeKind, ResourceKind
+
+if TYPE_CHECKING:
+    from .rules.collectives import LocalCollectives
 
 _T = TypeVar("_T")
 
@@ -133,7 +136,8 @@ class BuildState:
     blocking: BlockingCopies
     origin_of_rank: dict[int, int]
     edges: dict[type, EdgeSet] = field(default_factory=dict)  # by the class of the rule that returned them
-    collective_groups: list[list[int]] = field(default_factory=list)  # matched collectives (ClockAlignment)
+    collective_plan: LocalCollectives | None = None  # given: this state's part of a job's plan (whatif.scale)
+    collectives: LocalCollectives | None = None      # matched collectives (ClockAlignment)
     arrivals: Arrivals = field(default_factory=Arrivals.none)          # their split (CollectiveSplit)
     version: int = 0  # bumped by every column write, table or latency replacement: what :meth:`memo` keys by
     _memo: dict[str, tuple[int, Any]] = field(default_factory=dict, repr=False)

@@ -44,6 +44,8 @@ CASES: dict[str, list[tuple[str, ...]]] = {
                   ("{dit}", "--long-delay-ns", "x"), ("{dit}", "--top", "0")],
     "collectives": [("{missing}",), ("{pkl}",), ("{dit}", "--json", "{empty}"), ("{dit}", "-o", "{tmp}/t.xlsx"),
                     ("{dit}", "--ranks-per-node", "0"), ("{dit}", "--top", "x")],
+    "job": [("{missing}",), ("{empty}",), ("{pkl}",), ("{not_json}",), ("{dit}", "--json", "{empty}"),
+            ("{dit}", "--groups", "0"), ("{dit}", "--groups", "x"), ("{dit}", "--inline", "--ray")],
     "memory": [("{missing}",), ("{pkl}",), ("{dit}", "--json", "{empty}"), ("{dit}", "-o", "{tmp}/t.xlsx"),
                ("{dit}", "-o", "{blocker}/t.csv"), ("{dit}", "--max-points", "1"), ("{dit}", "--top", "0")],
     "ops": [("{missing}",), ("{pkl}",), ("{dit}", "-o", "{tmp}/t.xlsx"), ("{dit}", "-o", "{empty}"),

@@ -190,8 +190,34 @@ def check_usable(ft: FileTrace) -> None:
                                   f"kernel, memcpy or memset events ({why})")
 
 
-def _assign_ranks(files: list[FileTrace]) -> list[int]:
-    hints = [f.rank_hint() for f in files]
+@dataclass(frozen=True)
+class FileFacts:
+    """What assigning ranks reads of a file: its path, the rank and world size it states, and
+    the processes whose CPU events it holds. Small, so that a rank-parallel load
+    (:mod:`whatif.scale`) assigns the ranks of files read in several processes at once."""
+
+    path: Path
+    rank_hint: int | None
+    world_size: int | None
+    cpu_pids: frozenset[int]
+
+    @classmethod
+    def of(cls, ft: FileTrace) -> FileFacts:
+        return cls(path=ft.path, rank_hint=ft.rank_hint(), world_size=ft.world_size_hint(),
+                   cpu_pids=frozenset(_cpu_pids(ft)))
+
+
+def assign_ranks(files: list[FileFacts]) -> list[int]:
+    """The rank of each file of a folder (in the folder's order): the rank each states, else its
+    position.
+
+    Raises
+    ------
+    TraceError
+        Some files state a rank and others do not; two files claim the same rank while their
+        processes overlap (or one holds no CPU events); the files disagree on the world size.
+    """
+    hints = [f.rank_hint for f in files]
     if len(files) == 1:
         return [hints[0] if hints[0] is not None else 0]
     if all(h is None for h in hints):
@@ -200,18 +226,16 @@ def _assign_ranks(files: list[FileTrace]) -> list[int]:
         missing = next(f.path.name for f, h in zip(files, hints) if h is None)
         raise TraceError(files[0].path.parent, f"mixed ranks: {missing} names no rank while other files do")
     known = [h for h in hints if h is not None]
-    seen: dict[int, list[tuple[FileTrace, set[int]]]] = {}
+    seen: dict[int, list[FileFacts]] = {}
     for f, h in zip(files, known):
-        pids = _cpu_pids(f)
-        for other, other_pids in seen.get(h, []):
-            if pids & other_pids or not pids:
+        for other in seen.get(h, []):
+            if f.cpu_pids & other.cpu_pids or not f.cpu_pids:
                 raise TraceError(f.path.parent, f"mixed ranks: {other.path.name} and {f.path.name} both claim rank {h}")
-        seen.setdefault(h, []).append((f, pids))
+        seen.setdefault(h, []).append(f)
     sizes: dict[int, str] = {}  # world size -> first file that says so
     for f in files:
-        size = f.world_size_hint()
-        if size is not None:
-            sizes.setdefault(size, f.path.name)
+        if f.world_size is not None:
+            sizes.setdefault(f.world_size, f.path.name)
     if len(sizes) > 1:
         (a, file_a), (b, file_b) = list(sizes.items())[:2]
         raise TraceError(files[0].path.parent, f"mixed ranks: files disagree on world size "
@@ -399,10 +423,23 @@ def _from_cache(found: cache.Cached, paths: list[Path]) -> Trace:
 
 
 def _load_files(paths: list[Path]) -> Trace:
+    files = read_usable(paths)
+    return trace_of_files(files, assign_ranks([FileFacts.of(ft) for ft in files]))
+
+
+def read_usable(paths: list[Path]) -> list[FileTrace]:
+    """Read each file with its reader and refuse one that cannot be analyzed
+    (:func:`check_usable`)."""
     files = [read_file(p) for p in paths]
     for ft in files:
         check_usable(ft)
-    ranks = _assign_ranks(files)
+    return files
+
+
+def trace_of_files(files: list[FileTrace], ranks: list[int]) -> Trace:
+    """The trace of files read, with their ranks: one event table sorted by (rank, start), each
+    rank's processes kept apart and one sequence of steps per rank. The events of a rank are the
+    same rows, in the same order, whichever other ranks are loaded with it."""
     files = _one_step_sequence(_separate_processes(files, ranks), ranks)
     groups: dict[int, list[FileTrace]] = {}
     for ft, r in zip(files, ranks):

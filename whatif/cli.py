@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "breakdown": "Where each GPU's time went: idle, compute, communication, idle causes, launch delays, queues",
     "memory": "The memory timeline: peak allocated/reserved per device, what held it, per step and operator",
     "collectives": "The collectives of a multi-rank job: bus bandwidth, arrival skew, stragglers, per rank",
+    "job": "Analyze a job of many ranks rank-parallel (local processes or Ray): steps, time and memory per group",
     "ops": "Per-op roofline table: time, FLOPs, bytes, achieved TFLOP/s and TB/s, share of the roofline, bound",
     "export": "Write the predicted timeline as a Chrome/Kineto trace (Perfetto, HTA)",
     "predict": "Predict step times under what-if scenarios (TOML files of transforms)",

@@ -56,6 +56,8 @@ __all__ = [
     "DocumentError",
     "Fidelity",
     "IdleGaps",
+    "JobDocument",
+    "JobGroup",
     "LatencyStats",
     "LaunchDelays",
     "LlmIterationModel",
@@ -545,6 +547,37 @@ class CollectivesDocument(Entry, frozen=True, kw_only=True):
     ranks_per_node: int | None
     calls: list[CollectiveCall]
     ranks: list[RankCollectives]
+
+
+# --- whatif.job ------------------------------------------------------------------------------
+
+
+class JobGroup(Entry, frozen=True, kw_only=True):
+    """One rank group of a rank-parallel analysis: its ranks and sizes."""
+
+    ranks: list[int]
+    events: int
+    tasks: int
+    edges: int
+
+
+class JobDocument(Entry, frozen=True, kw_only=True):
+    """The ``whatif.job`` v1 document (``whatif job --json``): a job replayed rank-parallel. The
+    steps are those of ``whatif analyze`` (the same replay, :mod:`whatif.scale.job`); timings and
+    memory are not in it (they differ run to run)."""
+
+    schema: Literal["whatif.job"] = "whatif.job"
+    version: Literal[1] = 1
+    source: str
+    ranks: list[int]
+    groups: list[JobGroup]
+    events: int
+    tasks: int
+    edges: int
+    collectives: int
+    rounds: int
+    steps: list[StepFidelity]
+    fidelity: Fidelity
 
 
 # --- whatif.memory ---------------------------------------------------------------------------

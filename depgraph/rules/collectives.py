@@ -13,6 +13,8 @@ only a subset of a job's ranks loaded, the wait for the ranks not loaded stays i
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -35,33 +37,120 @@ def collective_key(name: str, collective_name: str, process_group: str | int) ->
     return f"{collective_name}@{process_group}" if collective_name else name
 
 
-def match_collectives(state: BuildState) -> list[list[int]]:
-    """Matched collectives: the k-th occurrence of each key on every rank, in stream order."""
-    t = state.tasks
-    comm = np.flatnonzero(t["kind"].to_numpy() == int(TaskKind.COMM))
-    if len(comm) == 0:
-        return []
-    coll_names, groups = state.trace.arg(Arg.COLLECTIVE_NAME), state.trace.arg(Arg.PROCESS_GROUP)
-    start = t["measured_start_ns"].to_numpy()
-    ranks = t["rank"].to_numpy()
-    names = t["name"].astype(str).to_numpy()
-    events = t["event"].to_numpy()
-    comm = comm[np.lexsort((start[comm], ranks[comm]))]
+@dataclass(frozen=True)
+class CollectiveCalls:
+    """The collective kernels of one or more build states: what matching them across ranks reads.
+    ``owner`` says which state a row came from (0 for one state); ``task`` is its id there."""
+
+    owner: np.ndarray
+    task: np.ndarray
+    rank: np.ndarray
+    key: np.ndarray  # object: :func:`collective_key` per call
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    ranks: tuple[int, ...]  # every rank the states hold; the lowest is the reference clock
+
+    @classmethod
+    def of(cls, state: BuildState, owner: int = 0) -> CollectiveCalls:
+        """The COMM tasks of ``state`` (before :class:`ClockAlignment` shifts them)."""
+        t = state.tasks
+        comm = np.flatnonzero(t["kind"].to_numpy() == int(TaskKind.COMM))
+        names = t["name"].astype(str).to_numpy()[comm]
+        events = t["event"].to_numpy()[comm]
+        if len(comm):
+            coll_names, groups = state.trace.arg(Arg.COLLECTIVE_NAME), state.trace.arg(Arg.PROCESS_GROUP)
+            keys = [collective_key(n, coll_names[e], groups[e]) for n, e in zip(names.tolist(), events.tolist())]
+        else:
+            keys = []
+        return cls(owner=np.full(len(comm), owner, dtype=np.int64), task=comm.astype(np.int64),
+                   rank=t["rank"].to_numpy()[comm].astype(np.int64), key=np.asarray(keys, dtype=object),
+                   start_ns=state.start_ns[comm].astype(np.int64), end_ns=state.end_ns[comm].astype(np.int64),
+                   ranks=tuple(sorted({int(r) for r in state.origin_of_rank})))
+
+    @classmethod
+    def concat(cls, parts: list[CollectiveCalls]) -> CollectiveCalls:
+        """The calls of several states (rank groups), in the order given."""
+        return cls(**{f: np.concatenate([getattr(p, f) for p in parts]) if parts else np.empty(0, dtype=np.int64)
+                      for f in ("owner", "task", "rank", "start_ns", "end_ns")},
+                   key=np.concatenate([p.key for p in parts]) if parts else np.empty(0, dtype=object),
+                   ranks=tuple(sorted({r for p in parts for r in p.ranks})))
+
+
+@dataclass(frozen=True)
+class CollectivePlan:
+    """Collectives matched across ranks: per matched collective (a *group*), the rows of
+    :class:`CollectiveCalls` of its members (one per rank, rank order), the time its last member
+    arrives on the aligned clock, and the rank that holds its BARRIER (the lowest member);
+    per rank, the shift onto the reference clock."""
+
+    members: list[np.ndarray]
+    last_arrival_ns: np.ndarray
+    barrier_rank: np.ndarray
+    offsets_ns: dict[int, int]
+
+    def for_owner(self, calls: CollectiveCalls, owner: int) -> LocalCollectives:
+        """The part of the plan a state (``owner``) applies: its members' task ids per group it
+        takes part in, and those groups' ids in the whole plan."""
+        groups, members = [], []
+        for g, rows in enumerate(self.members):
+            mine = rows[calls.owner[rows] == owner]
+            if len(mine):
+                groups.append(g)
+                members.append(calls.task[mine])
+        return LocalCollectives(members=members, group=np.asarray(groups, dtype=np.int64),
+                                last_arrival_ns=self.last_arrival_ns[groups],
+                                barrier_rank=self.barrier_rank[groups], offsets_ns=self.offsets_ns)
+
+
+@dataclass(frozen=True)
+class LocalCollectives:
+    """What one build state applies of a :class:`CollectivePlan` (all of it for a one-state
+    build): per group it takes part in, its member task ids, the group's id in the plan, last
+    arrival and barrier rank; the clock shifts of every rank."""
+
+    members: list[np.ndarray]
+    group: np.ndarray
+    last_arrival_ns: np.ndarray
+    barrier_rank: np.ndarray
+    offsets_ns: dict[int, int]
+
+
+def plan_collectives(calls: CollectiveCalls) -> CollectivePlan:
+    """Match collectives across ranks: the k-th occurrence of each key on every rank, in stream
+    order (a group needs members on two ranks at least); align the clocks on them
+    (:func:`clock_offsets`) and find each group's last arrival.
+
+    >>> calls = CollectiveCalls(owner=np.zeros(4, dtype=np.int64), task=np.arange(4), rank=np.array([0, 0, 1, 1]),
+    ...     key=np.array(["ar@0", "ar@0", "ar@0", "ar@0"], dtype=object), start_ns=np.array([0, 50, 1005, 1070]),
+    ...     end_ns=np.array([20, 80, 1020, 1080]), ranks=(0, 1))
+    >>> plan = plan_collectives(calls)
+    >>> [m.tolist() for m in plan.members], plan.offsets_ns, plan.last_arrival_ns.tolist()
+    ([[0, 2], [1, 3]], {1: -1000}, [5, 70])
+    """
+    order = np.lexsort((calls.start_ns, calls.rank))
     seen: dict[tuple[int, str], int] = {}
     by_occurrence: dict[tuple[str, int], list[int]] = {}
-    for c in comm.tolist():
-        key = collective_key(names[c], coll_names[events[c]], groups[events[c]])
-        n = seen.get((int(ranks[c]), key), 0)
-        seen[(int(ranks[c]), key)] = n + 1
+    for c in order.tolist():
+        rank, key = int(calls.rank[c]), str(calls.key[c])
+        n = seen.get((rank, key), 0)
+        seen[(rank, key)] = n + 1
         by_occurrence.setdefault((key, n), []).append(c)
-    return [members for members in by_occurrence.values() if len({int(ranks[m]) for m in members}) > 1]
+    members = [np.asarray(rows, dtype=np.int64) for rows in by_occurrence.values()
+               if len({int(calls.rank[m]) for m in rows}) > 1]
+    offsets = clock_offsets(calls, members)
+    shift = np.asarray([offsets.get(int(r), 0) for r in calls.rank], dtype=np.int64)
+    start = calls.start_ns + shift
+    return CollectivePlan(members=members,
+                          last_arrival_ns=np.asarray([start[m].max() for m in members], dtype=np.int64),
+                          barrier_rank=np.asarray([calls.rank[m].min() for m in members], dtype=np.int64),
+                          offsets_ns=offsets)
 
 
-def clock_offsets(state: BuildState, groups: list[list[int]]) -> dict[int, int]:
-    """Per rank other than the lowest: the shift (ns) that puts it on the lowest rank's clock."""
-    ranks = state.column("rank")
-    end = state.end_ns
-    ref = int(ranks.min())
+def clock_offsets(calls: CollectiveCalls, groups: list[np.ndarray]) -> dict[int, int]:
+    """Per rank other than the lowest: the shift (ns) that puts it on the lowest rank's clock,
+    the median over matched collectives of ``end(lowest) - end(rank)``."""
+    ranks, end = calls.rank, calls.end_ns
+    ref = min(calls.ranks) if calls.ranks else 0
     diffs: dict[int, list[int]] = {}
     for members in groups:
         ref_end = [int(end[m]) for m in members if ranks[m] == ref]
@@ -75,26 +164,30 @@ def clock_offsets(state: BuildState, groups: list[list[int]]) -> dict[int, int]:
 
 class ClockAlignment(Adjustment):
     """Match collectives across ranks and shift every rank's measured times onto the lowest
-    rank's clock. Single-rank builds only count their collective kernels."""
+    rank's clock. Single-rank builds only count their collective kernels. A rank-parallel build
+    (:mod:`whatif.scale`) plans the collectives of every rank group at once and gives each
+    group's state its part (``state.collective_plan``); a whole-job build plans them here."""
 
     def apply(self, state: BuildState) -> None:
         report = state.report
         report["collective_kernels"] = int((state.column("kind") == int(TaskKind.COMM)).sum())
-        if len(state.origin_of_rank) < 2:
+        local = state.collective_plan
+        if local is None:
+            if len(state.origin_of_rank) < 2:
+                return
+            calls = CollectiveCalls.of(state)
+            local = plan_collectives(calls).for_owner(calls, 0)
+        report["collectives_matched"] = len(local.members)
+        report["collective_kernels_unmatched"] = report["collective_kernels"] - sum(len(g) for g in local.members)
+        if not local.members:
             return
-        groups = match_collectives(state)
-        report["collectives_matched"] = len(groups)
-        report["collective_kernels_unmatched"] = report["collective_kernels"] - sum(len(g) for g in groups)
-        if not groups:
-            return
-        offsets = clock_offsets(state, groups)
-        shift = np.asarray([offsets.get(int(r), 0) for r in state.column("rank")], dtype=np.int64)
+        shift = np.asarray([local.offsets_ns.get(int(r), 0) for r in state.column("rank")], dtype=np.int64)
         valid = np.flatnonzero(state.start_ns >= 0)
         start, end = state.start_ns, state.end_ns
         state.set_column("measured_start_ns", valid, start[valid] + shift[valid])
         state.set_column("measured_end_ns", valid, end[valid] + shift[valid])
-        report["clock_offsets_ns_max_abs"] = max((abs(v) for v in offsets.values()), default=0)
-        state.collective_groups = groups
+        report["clock_offsets_ns_max_abs"] = max((abs(v) for v in local.offsets_ns.values()), default=0)
+        state.collectives = local
 
 
 class CollectiveSplit(Adjustment):
@@ -104,9 +197,10 @@ class CollectiveSplit(Adjustment):
     needs = (ClockAlignment,)
 
     def apply(self, state: BuildState) -> None:
-        groups = state.collective_groups
-        if not groups:
+        local = state.collectives
+        if local is None or not local.members:
             return
+        groups = local.members
         t = state.tasks
         start, end = state.start_ns, state.end_ns
         resource, ranks = state.column("resource"), state.column("rank")
@@ -115,11 +209,11 @@ class CollectiveSplit(Adjustment):
         arrive_ids = np.arange(n0, n0 + len(members), dtype=np.int64)
         barrier_ids = np.arange(n0 + len(members), n0 + len(members) + len(groups), dtype=np.int64)
         group_of = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
-        last_arrival = np.asarray([start[g].max() for g in groups], dtype=np.int64)
+        last_arrival = local.last_arrival_ns
         dur = t["dur_ns"].to_numpy().copy()
         dur[members] = np.clip(end[members] - last_arrival[group_of], 0, end[members] - start[members])
 
-        b_rank = np.asarray([int(ranks[g].min()) for g in groups], dtype=np.int64)
+        b_rank = local.barrier_rank
         b_res = np.asarray([state.resources.get(int(r), ResourceKind.VIRTUAL, -1, 1, "collective barriers",
                                                 ordered=False) for r in b_rank], dtype=np.int64)
         names = t["name"].astype(str).to_numpy()
