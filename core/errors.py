@@ -19,3 +19,7 @@ class TraceError(WhatifError):
         self.path = str(path)
         self.problem = problem
         super().__init__(f"{self.path}: {problem}")
+
+    def __reduce__(self) -> tuple[type[TraceError], tuple[str, str]]:
+        """Picklable as itself (a rank group's error crosses to the coordinator's process)."""
+        return (type(self), (self.path, self.problem))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -14,9 +14,6 @@ import pandas as pd
 from whatif.tracer.trace import Trace
 
 from .graph import EdgeKind, ResourceKind
-
-if TYPE_CHECKING:
-    from .rules.collectives import LocalCollectives
 
 _T = TypeVar("_T")
 
@@ -114,6 +111,19 @@ class Arrivals:
     def none(cls) -> Arrivals:
         empty = np.empty(0, dtype=np.int64)
         return cls(empty, empty, empty)
+
+
+@dataclass(frozen=True)
+class LocalCollectives:
+    """What one build state applies of a :class:`~.rules.collectives.CollectivePlan` (all of it for a one-state
+    build): per group it takes part in, its member task ids, the group's id in the plan, last
+    arrival and barrier rank; the clock shifts of every rank."""
+
+    members: list[np.ndarray]
+    group: np.ndarray
+    last_arrival_ns: np.ndarray
+    barrier_rank: np.ndarray
+    offsets_ns: dict[int, int]
 
 
 @dataclass

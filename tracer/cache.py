@@ -135,10 +135,13 @@ def bypassed(bypass: bool = True) -> Iterator[None]:
         _bypass_depth -= bypass
 
 
-def trace_key(paths: list[Path]) -> str | None:
-    """The key of the trace made of ``paths`` (in load order): hex BLAKE2b of the schema version
-    and each file's reader, name and bytes; None when a file cannot be read (the reader says why)."""
+def trace_key(paths: list[Path], salt: str = "") -> str | None:
+    """The key of the trace made of ``paths`` (in load order): hex BLAKE2b of the schema version,
+    ``salt`` (what else decides the trace: a rank group's place in its job) and each file's
+    reader, name and bytes; None when a file cannot be read (the reader says why)."""
     h = hashlib.blake2b(f"whatif trace cache {SCHEMA_VERSION}".encode(), digest_size=20)
+    if salt:
+        h.update(f"\0salt {salt}".encode())
     try:
         for path in paths:
             h.update(f"\0{reader_for(path).name}\0{path.name}\0{path.stat().st_size}\0".encode())

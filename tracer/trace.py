@@ -385,15 +385,28 @@ def load_trace(path: str | Path) -> Trace:
         reader_for(path)  # an unknown suffix is refused before anything is read
         paths = [path]
     with gc_paused():
-        key = cache.trace_key(paths) if cache.enabled() else None
-        found = cache.fetch(key, len(paths)) if key is not None else None
+        key, found = cached_trace(paths) if cache.enabled() else (None, None)
         if found is not None:
-            return _from_cache(found, paths)
+            return found
         trace = _load_files(paths)
-        entry = _to_cache(trace, paths) if key is not None else None
-        if key is not None and entry is not None:
-            cache.store(key, len(paths), entry)
+        if key is not None:
+            cache_trace(key, trace, paths)
         return trace
+
+
+def cached_trace(paths: list[Path], salt: str = "") -> tuple[str | None, Trace | None]:
+    """The cache key of the trace of ``paths`` (:func:`~whatif.tracer.cache.trace_key`, None when a
+    file cannot be hashed) and its cached trace, None when there is no trusted entry."""
+    key = cache.trace_key(paths, salt)
+    found = cache.fetch(key, len(paths)) if key is not None else None
+    return key, (_from_cache(found, paths) if found is not None else None)
+
+
+def cache_trace(key: str, trace: Trace, paths: list[Path]) -> None:
+    """Keep ``trace`` (of ``paths``) in the cache under ``key``; nothing when it cannot be kept."""
+    entry = _to_cache(trace, paths)
+    if entry is not None:
+        cache.store(key, len(paths), entry)
 
 
 def _to_cache(trace: Trace, paths: list[Path]) -> cache.Cached | None:

@@ -21,7 +21,7 @@ import pandas as pd
 from whatif.tracer.args import Arg
 
 from ..graph import EdgeKind, ResourceKind, TaskKind
-from ..state import Arrivals, BuildState, EdgeSet
+from ..state import Arrivals, BuildState, EdgeSet, LocalCollectives
 from .base import Adjustment, EdgeRule
 
 
@@ -100,19 +100,6 @@ class CollectivePlan:
         return LocalCollectives(members=members, group=np.asarray(groups, dtype=np.int64),
                                 last_arrival_ns=self.last_arrival_ns[groups],
                                 barrier_rank=self.barrier_rank[groups], offsets_ns=self.offsets_ns)
-
-
-@dataclass(frozen=True)
-class LocalCollectives:
-    """What one build state applies of a :class:`CollectivePlan` (all of it for a one-state
-    build): per group it takes part in, its member task ids, the group's id in the plan, last
-    arrival and barrier rank; the clock shifts of every rank."""
-
-    members: list[np.ndarray]
-    group: np.ndarray
-    last_arrival_ns: np.ndarray
-    barrier_rank: np.ndarray
-    offsets_ns: dict[int, int]
 
 
 def plan_collectives(calls: CollectiveCalls) -> CollectivePlan:

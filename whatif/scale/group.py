@@ -26,14 +26,14 @@ from whatif.core.errors import WhatifError
 from whatif.depgraph.build import assemble, split_rules
 from whatif.depgraph.graph import TaskGraph, TaskKind
 from whatif.depgraph.rules import ClockAlignment
-from whatif.depgraph.rules.collectives import CollectiveCalls, LocalCollectives
+from whatif.depgraph.rules.collectives import CollectiveCalls
 from whatif.depgraph.schema import check_schema
-from whatif.depgraph.state import BuildState
+from whatif.depgraph.state import BuildState, LocalCollectives
 from whatif.depgraph.tasks import initial_state
 from whatif.predictors.replay import ReplayEngine
 from whatif.predictors.steps import step_times
 from whatif.tracer.readers import FileTrace
-from whatif.tracer.trace import FileFacts, Trace, read_usable, trace_of_files
+from whatif.tracer.trace import FileFacts, Trace, cache_trace, cached_trace, read_usable, trace_of_files
 
 BEFORE_COLLECTIVES, FROM_COLLECTIVES = split_rules(ClockAlignment)
 
@@ -44,6 +44,15 @@ class Stage(Enum):
     LINK = "link"
     ADVANCE = "advance"
     FINISH = "finish"
+
+
+@dataclass(frozen=True)
+class Read:
+    """What a group read: its files' rank facts when it parsed them, else (a cached trace) the
+    rank of each of its files."""
+
+    facts: list[FileFacts] | None
+    ranks: list[int] | None
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,8 @@ class RankGroup:
     index: int
     paths: list[Path]
     files: list[FileTrace] = field(default_factory=list)
+    facts: list[FileFacts] = field(default_factory=list)
+    key: str | None = None  # the cache key of this group's trace (None: not cached)
     trace: Trace | None = None
     state: BuildState | None = None
     graph: TaskGraph | None = None
@@ -91,7 +102,7 @@ class RankGroup:
         t0 = time.perf_counter()
         try:
             if stage is Stage.READ:
-                out: object = self.read()
+                out: object = self.read(*args)  # type: ignore[arg-type]
             elif stage is Stage.BUILD:
                 out = self.build(*args)  # type: ignore[arg-type]
             elif stage is Stage.LINK:
@@ -104,15 +115,30 @@ class RankGroup:
             self.seconds[stage.value] = self.seconds.get(stage.value, 0.0) + time.perf_counter() - t0
         return out
 
-    def read(self) -> list[FileFacts]:
-        self.files = read_usable(self.paths)
-        return [FileFacts.of(ft) for ft in self.files]
+    def read(self, place: str, use_cache: bool) -> Read:
+        """With ``use_cache``, this group's trace from the cache (keyed by its files and
+        ``place``, its place in the job), and the ranks it holds; else (or without an entry) its
+        files parsed, and their rank facts. Parsed once: a second call returns the same facts."""
+        if use_cache and not self.facts:
+            self.key, self.trace = cached_trace(self.paths, salt=f"rank group {place}")
+            if self.trace is not None:
+                rank_of = {p: info.rank for info in self.trace.ranks for p in info.files}
+                return Read(facts=None, ranks=[rank_of[p] for p in self.paths])
+        if not self.facts:
+            self.trace = None
+            self.files = read_usable(self.paths)
+            self.facts = [FileFacts.of(ft) for ft in self.files]
+        return Read(facts=self.facts, ranks=None)
 
     def build(self, ranks: list[int]) -> CollectiveCalls:
-        """The trace of this group's files with the ranks the coordinator assigned, its tasks and
-        every build step before the collectives; returns its collective kernels."""
-        self.trace = trace_of_files(self.files, ranks)
-        self.files = []
+        """The trace of this group's files with the ranks the coordinator assigned (kept in the
+        cache when it was parsed), its tasks and every build step before the collectives;
+        returns its collective kernels."""
+        if self.trace is None:
+            self.trace = trace_of_files(self.files, ranks)
+            self.files = []
+            if self.key is not None:
+                cache_trace(self.key, self.trace, self.paths)
         state = initial_state(self.trace)
         for step in BEFORE_COLLECTIVES:
             step.run(state)

@@ -7,6 +7,9 @@ The protocol (:func:`replay_job`):
 1. **Read.** Every group reads its files (:func:`partition`: contiguous runs of the folder's
    sorted files, balanced by bytes) and returns their rank facts; the coordinator assigns every
    file's rank exactly as a one-process load does (:func:`~whatif.tracer.trace.assign_ranks`).
+   A group keeps its trace in the trace cache (docs/scale.md), keyed by its files and its place
+   in the job; when every group finds its entry, the ranks come from the entries, and when one
+   does not, every group's files are parsed (ranks are assigned over all files at once).
 2. **Build.** Every group makes its trace and tasks and runs the build steps before the
    collectives, returning its collective kernels; the coordinator matches them across all
    groups and aligns the clocks (:func:`~whatif.depgraph.rules.collectives.plan_collectives`),
@@ -39,10 +42,11 @@ import pandas as pd
 
 from whatif.core.errors import TraceError
 from whatif.depgraph.rules.collectives import CollectiveCalls, CollectivePlan, plan_collectives
+from whatif.tracer import cache
 from whatif.tracer.readers import reader_for
-from whatif.tracer.trace import FileFacts, assign_ranks, find_trace_files
+from whatif.tracer.trace import assign_ranks, find_trace_files
 
-from .group import Arrived, GroupResult, Stage
+from .group import Arrived, GroupResult, Read, Stage
 from .pool import InlinePool, Pool, ProcessPool
 from .ray_backend import RayTarget
 
@@ -182,8 +186,15 @@ def replay_job(path: str | Path, options: ParallelOptions = ParallelOptions(), w
     with _pool(chunks, options) as pool:
         t0 = time.perf_counter()
         say(f"reading {len(files)} files in {len(chunks)} rank groups")
-        facts: list[list[FileFacts]] = pool.each(Stage.READ, [()] * len(chunks))
-        ranks = assign_ranks([f for group in facts for f in group])
+        places = _places(chunks)
+        use_cache = cache.enabled()
+        reads: list[Read] = pool.each(Stage.READ, [(p, use_cache) for p in places])
+        if not all(r.ranks is not None for r in reads):  # some group parsed: every file's facts are needed
+            reads = pool.each(Stage.READ, [(p, False) for p in places])
+        if all(r.ranks is not None for r in reads):
+            ranks = [x for r in reads for x in (r.ranks or [])]
+        else:
+            ranks = assign_ranks([f for r in reads for f in (r.facts or [])])
         per_group = _ranks_per_group(path, chunks, ranks)
         t1 = time.perf_counter()
         say(f"building the graphs of {len(set(ranks))} ranks")
@@ -201,6 +212,16 @@ def replay_job(path: str | Path, options: ParallelOptions = ParallelOptions(), w
         if with_tasks else None
     return JobReplay(path=path, groups=results, collectives=len(plan.members), rounds=rounds, seconds=seconds,
                      task_times=times)
+
+
+def _places(chunks: list[list[Path]]) -> list[str]:
+    """Each group's place in its job (what else, besides its files, decides its ranks): its first
+    file's index, its files and the job's."""
+    total, at, out = sum(len(c) for c in chunks), 0, []
+    for c in chunks:
+        out.append(f"files {at}..{at + len(c) - 1} of {total}")
+        at += len(c)
+    return out
 
 
 def _ranks_per_group(path: Path, chunks: list[list[Path]], ranks: list[int]) -> list[list[int]]:
