@@ -157,11 +157,11 @@ class BuildState:
 
     @property
     def start_ns(self) -> np.ndarray:
-        return self.tasks["measured_start_ns"].to_numpy()
+        return self.memo("start_ns", lambda: self.tasks["measured_start_ns"].to_numpy())
 
     @property
     def end_ns(self) -> np.ndarray:
-        return self.tasks["measured_end_ns"].to_numpy()
+        return self.memo("end_ns", lambda: self.tasks["measured_end_ns"].to_numpy())
 
     def set_column(self, name: str, ids: np.ndarray, values: np.ndarray | int) -> None:
         """``tasks[name][ids] = values``, on a copy of the column."""

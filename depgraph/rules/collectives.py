@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from whatif.tracer.args import Arg
+from whatif.tracer.args import Arg, arg_column
 
 from ..graph import EdgeKind, ResourceKind, TaskKind
 from ..state import Arrivals, BuildState, EdgeSet, LocalCollectives
@@ -55,13 +55,11 @@ class CollectiveCalls:
         """The COMM tasks of ``state`` (before :class:`ClockAlignment` shifts them)."""
         t = state.tasks
         comm = np.flatnonzero(t["kind"].to_numpy() == int(TaskKind.COMM))
-        names = t["name"].astype(str).to_numpy()[comm]
+        names = t["name"].iloc[comm].astype(str).to_numpy()
         events = t["event"].to_numpy()[comm]
-        if len(comm):
-            coll_names, groups = state.trace.arg(Arg.COLLECTIVE_NAME), state.trace.arg(Arg.PROCESS_GROUP)
-            keys = [collective_key(n, coll_names[e], groups[e]) for n, e in zip(names.tolist(), events.tolist())]
-        else:
-            keys = []
+        args = state.trace.args
+        coll_names, groups = arg_column(args, Arg.COLLECTIVE_NAME, events), arg_column(args, Arg.PROCESS_GROUP, events)
+        keys = [collective_key(n, c, g) for n, c, g in zip(names.tolist(), coll_names.tolist(), groups.tolist())]
         return cls(owner=np.full(len(comm), owner, dtype=np.int64), task=comm.astype(np.int64),
                    rank=t["rank"].to_numpy()[comm].astype(np.int64), key=np.asarray(keys, dtype=object),
                    start_ns=state.start_ns[comm].astype(np.int64), end_ns=state.end_ns[comm].astype(np.int64),
