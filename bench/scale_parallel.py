@@ -7,11 +7,16 @@ total, each group's peak resident memory (the largest), the coordinator's, and t
 rank; optionally the same on a local Ray cluster (``--ray``), and a projection of a 16-node
 cluster from the measured per-rank costs (what it assumes is printed with it).
 
-Run: .venv/bin/python bench/scale_parallel.py [--ranks 256] [--groups 8] [--ray] [--write-docs]
+``--source-steps K`` first trims the source rank to its first K profiler steps (fewer tasks per
+rank: a 1,024-rank job of the full source needs ~33 GB in all, more than this machine has).
+
+Run: .venv/bin/python bench/scale_parallel.py [--ranks 256] [--groups 8] [--runs cold,first,reload,ray]
+     [--source-steps K] [--write-docs]
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import subprocess
@@ -45,7 +50,7 @@ print(json.dumps({"wall_s": wall, **{f"{k}_s": v for k, v in job.seconds.items()
                   "events": job.events, "ranks": len(job.ranks), "rounds": job.rounds,
                   "collectives": job.collectives, "groups": len(job.groups),
                   "group_peak_mib": max(g.peak_mib for g in job.groups), "coordinator_peak_mib": peak_kib / 1024,
-                  "group_cpu_s": sum(sum(g.seconds.values()) for g in job.groups),
+                  "group_cpu_s": sum(sum(g.cpu_seconds.values()) for g in job.groups),
                   "worst_step_error": float(steps["error"].abs().max()) if len(steps) else 0.0}))
 """
 
@@ -60,6 +65,27 @@ def run(folder: Path, groups: int, backend: str, use_cache: bool, cache_dir: Pat
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def trimmed_source(source: Path, steps: int, out: Path) -> Path:
+    """``source`` with only the events that start before its ``steps``-th profiler step ends."""
+    doc = json.loads(gzip.decompress(source.read_bytes()))
+    events = doc["traceEvents"]
+    marks = sorted((e["ts"] + e.get("dur", 0)) for e in events
+                   if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X")
+    if len(marks) < steps:
+        raise SystemExit(f"{source} has {len(marks)} profiler steps, fewer than {steps}")
+    cut = marks[steps - 1]
+    doc["traceEvents"] = [e for e in events if "ts" not in e or e["ts"] < cut]
+    out.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return out
+
+
+RUNS = {"cold": ("cold (cache off)", "processes", False),
+        "first": ("first load (writes the cache)", "processes", True),
+        "reload": ("reload (from the cache)", "processes", True),
+        "ray": ("reload, Ray actors (local cluster)", "ray", True),
+        "ray-cold": ("cold, Ray actors (local cluster)", "ray", False)}
+
+
 def row(label: str, r: dict) -> str:
     return (f"| {label} | {r['ranks']} | {r['groups']} | {r['tasks']:,} | {r['read_s']:.1f} | {r['build_s']:.1f} | "
             f"{r['replay_s']:.1f} | **{r['wall_s']:.1f}** | {r['wall_s'] / r['ranks'] * 1000:.0f} | "
@@ -71,7 +97,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=256)
     parser.add_argument("--groups", type=int, default=8, help="rank groups (processes or actors)")
-    parser.add_argument("--ray", action="store_true", help="also run the reload on a local Ray cluster")
+    parser.add_argument("--runs", default="cold,first,reload",
+                        help=f"runs in order, of {', '.join(RUNS)} (reload/ray after first use its cache)")
+    parser.add_argument("--source-steps", type=int, default=0, help="trim the source rank to its first K steps")
     parser.add_argument("--job", type=Path, help="reuse (or keep) the generated job in this folder")
     parser.add_argument("--write-docs", action="store_true", help="write the table into docs/scale.md")
     args = parser.parse_args()
@@ -82,23 +110,23 @@ def main() -> int:
         folder = args.job or Path(tmp) / "job"
         if not folder.exists():
             t = time.perf_counter()
-            generate_job(SOURCE, folder, JobOptions(ranks=args.ranks, seed=args.ranks),
+            source = trimmed_source(SOURCE, args.source_steps, Path(tmp) / "source.json.gz") \
+                if args.source_steps else SOURCE
+            generate_job(source, folder, JobOptions(ranks=args.ranks, seed=args.ranks),
                          stragglers={args.ranks // 2 + 1: 300_000})
             print(f"generated {args.ranks} ranks in {time.perf_counter() - t:.0f} s", flush=True)
         cache_dir = Path(tmp) / "cache"
         rows = []
-        for label, backend, use_cache in (("cold (cache off)", "processes", False),
-                                          ("first load (writes the cache)", "processes", True),
-                                          ("reload (from the cache)", "processes", True),
-                                          *((("reload, Ray actors (local cluster)", "ray", True),) if args.ray else ())):
+        for label, backend, use_cache in (RUNS[k] for k in args.runs.split(",")):
             r = run(folder, args.groups, backend, use_cache, cache_dir)
             rows.append((label, r))
             print(f"{label}: {r['wall_s']:.1f} s (read {r['read_s']:.1f}, build {r['build_s']:.1f}, replay "
                   f"{r['replay_s']:.1f}), {r['tasks']:,} tasks, group peak {r['group_peak_mib']:,.0f} MiB, "
                   f"coordinator {r['coordinator_peak_mib']:,.0f} MiB, {r['rounds']} rounds", flush=True)
-    reload = rows[2][1]
+    cold = next(r for label, r in rows if "cold" in label)
+    reload = next((r for label, r in rows if "reload" in label), cold)
     per_rank_cpu_s = reload["group_cpu_s"] / reload["ranks"]
-    cold_per_rank_cpu_s = rows[0][1]["group_cpu_s"] / rows[0][1]["ranks"]
+    cold_per_rank_cpu_s = cold["group_cpu_s"] / cold["ranks"]
     lines = ["| run | ranks | groups | tasks | read s | build s | replay s | total s | ms per rank | "
              "largest group peak MiB | coordinator peak MiB | rounds | worst step error |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -107,7 +135,7 @@ def main() -> int:
     for ranks in (1024, 4096):
         for label, cpu in (("cold", cold_per_rank_cpu_s), ("from the cache", per_rank_cpu_s)):
             projection.append(f"{ranks:,} ranks {label}: {ranks * cpu / (16 * 32):.1f} s")
-    lines += ["", f"Group CPU seconds per rank (read + build + link + replay + steps, summed over groups): "
+    lines += ["", "Group CPU seconds per rank (read + build + link + replay + steps, the groups' processes' CPU): "
               f"cold {cold_per_rank_cpu_s:.2f} s, from the cache {per_rank_cpu_s:.2f} s. "
               f"Projected on 16 nodes x 32 cores, assuming one group per core, the per-rank cost measured "
               f"here, groups that never wait for each other and a network round per collective chain link "

@@ -195,7 +195,7 @@ def test_job_command_writes_the_steps_analyze_writes(synthetic: Path, tmp_path: 
 @pytest.mark.slow
 def test_ray_actors_give_the_same_result(synthetic: Path) -> None:
     pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'whatif[ray]')")
-    a = replay_job(synthetic, ParallelOptions(groups=2, backend=Backend.INLINE), with_tasks=True)
-    b = replay_job(synthetic, ParallelOptions(groups=2, backend=Backend.RAY), with_tasks=True)
+    a = replay_job(synthetic, ParallelOptions(groups=4, backend=Backend.INLINE), with_tasks=True)
+    b = replay_job(synthetic, ParallelOptions(groups=4, backend=Backend.RAY), with_tasks=True)  # more than the cores
     assert a.task_times is not None and b.task_times is not None
     pd.testing.assert_frame_equal(a.task_times, b.task_times)

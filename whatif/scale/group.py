@@ -68,7 +68,7 @@ class Arrived:
 class GroupResult:
     """What a rank group reports at the end: its ranks, sizes (``tasks`` without its copies of
     barriers that another group's rank holds), the replay's step times
-    (:func:`~whatif.predictors.steps.step_times` rows of its ranks), seconds per stage, peak
+    (:func:`~whatif.predictors.steps.step_times` rows of its ranks), wall and CPU seconds per stage, peak
     resident memory, and with ``tasks`` every task's times (:func:`task_times`)."""
 
     ranks: tuple[int, ...]
@@ -77,6 +77,7 @@ class GroupResult:
     events: int
     steps: pd.DataFrame
     seconds: dict[str, float]
+    cpu_seconds: dict[str, float]
     peak_mib: float
     task_times: pd.DataFrame | None
 
@@ -95,11 +96,12 @@ class RankGroup:
     graph: TaskGraph | None = None
     engine: ReplayEngine | None = None
     barrier_of_group: dict[int, int] = field(default_factory=dict)  # plan group -> held barrier task
-    seconds: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)      # wall, per stage
+    cpu_seconds: dict[str, float] = field(default_factory=dict)  # this process's CPU, per stage
 
     def call(self, stage: Stage, *args: object) -> object:
         """Run ``stage`` with its arguments (the one entry point every backend calls)."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             if stage is Stage.READ:
                 out: object = self.read(*args)  # type: ignore[arg-type]
@@ -113,6 +115,7 @@ class RankGroup:
                 out = self.finish(*args)  # type: ignore[arg-type]
         finally:
             self.seconds[stage.value] = self.seconds.get(stage.value, 0.0) + time.perf_counter() - t0
+            self.cpu_seconds[stage.value] = self.cpu_seconds.get(stage.value, 0.0) + time.process_time() - c0
         return out
 
     def read(self, place: str, use_cache: bool) -> Read:
@@ -178,7 +181,8 @@ class RankGroup:
         t = graph.tasks
         copies = int(((t["kind"] == int(TaskKind.BARRIER)) & ~t["rank"].isin(ranks)).sum())
         return GroupResult(ranks=ranks, tasks=len(t) - copies, edges=len(graph.edges), events=len(trace.events),
-                           steps=steps, seconds=dict(self.seconds), peak_mib=peak_kib / 1024,
+                           steps=steps, seconds=dict(self.seconds), cpu_seconds=dict(self.cpu_seconds),
+                           peak_mib=peak_kib / 1024,
                            task_times=task_times(graph, replayed.start_ns, replayed.end_ns) if with_tasks else None)
 
     def _state(self) -> BuildState:

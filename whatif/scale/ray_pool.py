@@ -17,7 +17,9 @@ class RayPool(Pool):
 
     def __init__(self, chunks: list[list[Path]], target: RayTarget) -> None:
         self._ray, self._started = connect(target)
-        actor = self._ray.remote(num_cpus=1)(RankGroup)
+        # No CPU reserved: more groups than cores is how a job's memory is spread (an actor per
+        # core would leave the rest unscheduled and the job waiting); spread over the nodes.
+        actor = self._ray.remote(num_cpus=0, scheduling_strategy="SPREAD")(RankGroup)
         self.actors = [actor.remote(i, paths) for i, paths in enumerate(chunks)]
 
     def each(self, stage: Stage, args: list[tuple[Any, ...]]) -> list[Any]:
