@@ -24,8 +24,9 @@ from ._values import positive_int
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", type=Path, help=f"folder of per-rank traces or run folder ({accepted()})")
     parser.add_argument("--groups", type=positive_int, default=None, metavar="N",
-                        help="rank groups, one process (or Ray actor) each (default: one per CPU core); "
-                             "more groups than cores bound each process's memory by fewer ranks")
+                        help="rank groups, one process (or Ray actor) each (default: one per CPU core, more when "
+                             "the job has over 256 MiB of trace text per group: each process's memory is bounded "
+                             "by its group's ranks)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                        help=f"run the groups as Ray actors on the cluster at ADDRESS (default: ${RAY_ADDRESS_ENV}, "
