@@ -145,7 +145,7 @@ def partition(paths: list[Path], groups: int) -> list[list[Path]]:
     empty run.
 
     >>> [len(c) for c in partition([Path(f"/nonexistent/{i}") for i in range(5)], 2)]
-    [3, 2]
+    [2, 3]
     """
     if groups < 1:
         raise ValueError("groups must be at least 1")
