@@ -33,7 +33,12 @@ from whatif.jobgen import JobOptions, generate_job
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT.parent / "shared" / "traces" / "hta" / "nccl_data_a100_rank0of2.json.gz"
 DOC = ROOT / "docs" / "scale.md"
-BEGIN, END = "<!-- bench/scale_parallel.py begin -->", "<!-- bench/scale_parallel.py end -->"
+
+
+def markers(ranks: int) -> tuple[str, str]:
+    """docs/scale.md's markers of the table of a job of ``ranks`` ranks (one section per size)."""
+    return (f"<!-- bench/scale_parallel.py {ranks} ranks begin -->",
+            f"<!-- bench/scale_parallel.py {ranks} ranks end -->")
 
 CHILD = r"""
 import json, sys, time
@@ -51,6 +56,7 @@ print(json.dumps({"wall_s": wall, **{f"{k}_s": v for k, v in job.seconds.items()
                   "collectives": job.collectives, "groups": len(job.groups),
                   "group_peak_mib": max(g.peak_mib for g in job.groups), "coordinator_peak_mib": peak_kib / 1024,
                   "group_cpu_s": sum(sum(g.cpu_seconds.values()) for g in job.groups),
+                  "group_cpu_max_s": max(sum(g.cpu_seconds.values()) for g in job.groups),
                   "worst_step_error": float(steps["error"].abs().max()) if len(steps) else 0.0}))
 """
 
@@ -123,27 +129,28 @@ def main() -> int:
             print(f"{label}: {r['wall_s']:.1f} s (read {r['read_s']:.1f}, build {r['build_s']:.1f}, replay "
                   f"{r['replay_s']:.1f}), {r['tasks']:,} tasks, group peak {r['group_peak_mib']:,.0f} MiB, "
                   f"coordinator {r['coordinator_peak_mib']:,.0f} MiB, {r['rounds']} rounds", flush=True)
-    cold = next(r for label, r in rows if "cold" in label)
-    reload = next((r for label, r in rows if "reload" in label), cold)
-    per_rank_cpu_s = reload["group_cpu_s"] / reload["ranks"]
-    cold_per_rank_cpu_s = cold["group_cpu_s"] / cold["ranks"]
+    measured = [(label, r) for label, r in rows if "first" not in label]
     lines = ["| run | ranks | groups | tasks | read s | build s | replay s | total s | ms per rank | "
              "largest group peak MiB | coordinator peak MiB | rounds | worst step error |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [row(label, r) for label, r in rows]
-    projection = []
+    lines += ["", "Projection to 16 nodes x 32 cores (512 groups, one per core), from each run's measured costs: "
+              "per rank, the groups' CPU seconds (read, build, link, replay, steps) over the ranks; the "
+              "coordinator's CPU (rank assignment, collective plan, rounds) scaled with the ranks; plus one "
+              "network round trip per round (assumed 1 ms). It assumes the groups never wait for each other "
+              "beyond the rounds, files read from local disks at this machine's speed, and no Ray or process "
+              "start-up (a few seconds once per cluster). Group CPU per rank: "
+              + "; ".join(f"{label} {r['group_cpu_s'] / r['ranks']:.2f} s" for label, r in measured) + "."]
     for ranks in (1024, 4096):
-        for label, cpu in (("cold", cold_per_rank_cpu_s), ("from the cache", per_rank_cpu_s)):
-            projection.append(f"{ranks:,} ranks {label}: {ranks * cpu / (16 * 32):.1f} s")
-    lines += ["", "Group CPU seconds per rank (read + build + link + replay + steps, the groups' processes' CPU): "
-              f"cold {cold_per_rank_cpu_s:.2f} s, from the cache {per_rank_cpu_s:.2f} s. "
-              f"Projected on 16 nodes x 32 cores, assuming one group per core, the per-rank cost measured "
-              f"here, groups that never wait for each other and a network round per collective chain link "
-              f"(one message of a few KB per group; {reload['rounds']} rounds here) that costs nothing next to "
-              f"them: " + "; ".join(projection) + "."]
+        cells = []
+        for label, r in measured:
+            per_rank = r["group_cpu_s"] / r["ranks"]
+            coordinator = r["coordinator_cpu_s"] * ranks / r["ranks"]
+            cells.append(f"{label}: {ranks / 512 * per_rank + coordinator + r['rounds'] * 0.001:.1f} s")
+        lines.append(f"* {ranks:,} ranks: " + "; ".join(cells))
     print("\n".join(lines))
     if args.write_docs:
-        replace_section(DOC, BEGIN, END, "\n".join(lines))
+        replace_section(DOC, *markers(args.ranks), "\n".join(lines))
         print(f"wrote {DOC}")
     return 0
 

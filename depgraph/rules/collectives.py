@@ -166,7 +166,8 @@ class ClockAlignment(Adjustment):
         report["collective_kernels_unmatched"] = report["collective_kernels"] - sum(len(g) for g in local.members)
         if not local.members:
             return
-        shift = np.asarray([local.offsets_ns.get(int(r), 0) for r in state.column("rank")], dtype=np.int64)
+        ranks, rank_at = np.unique(state.column("rank"), return_inverse=True)
+        shift = np.asarray([local.offsets_ns.get(int(r), 0) for r in ranks], dtype=np.int64)[rank_at]
         valid = np.flatnonzero(state.start_ns >= 0)
         start, end = state.start_ns, state.end_ns
         state.set_column("measured_start_ns", valid, start[valid] + shift[valid])

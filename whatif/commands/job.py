@@ -101,7 +101,8 @@ def render_job(job: JobReplay, doc: JobDocument, out: Console, per_step: bool = 
              f"{g.peak_mib:,.0f}"] for i, g in enumerate(job.groups)]
     print_table(out, "Rank groups (seconds per stage, peak resident MiB)",
                 ["group", "ranks", "tasks", "read", "build", "link", "replay", "steps", "peak MiB"], rows, {1})
-    out.print("wall: " + ", ".join(f"{k} {v:.2f} s" for k, v in job.seconds.items()))
+    out.print("wall: " + ", ".join(f"{k} {v:.2f} s" for k, v in job.seconds.items() if k != "coordinator_cpu")
+              + f"; coordinator CPU {job.seconds['coordinator_cpu']:.2f} s")
 
 
 def _ranks_text(ranks: tuple[int, ...]) -> str:

@@ -75,7 +75,9 @@ class ParallelOptions:
 class JobReplay:
     """A rank-parallel replay of a job: its ranks and groups, sizes, the replay's step times (the
     one-process :func:`~whatif.predictors.steps.step_times` rows, rank by rank), the rounds of
-    collective releases, wall seconds per stage, and per group its seconds and peak memory;
+    collective releases, wall seconds per stage (and ``coordinator_cpu``, this process's CPU time
+    across them: rank assignment, the collective plan, the rounds), and per group its seconds and
+    peak memory;
     ``task_times`` when asked for (:func:`~whatif.scale.group.task_times`, every group's)."""
 
     path: Path
@@ -215,7 +217,7 @@ def replay_job(path: str | Path, options: ParallelOptions = ParallelOptions(), w
     chunks = partition(files, options.groups or default_groups(files))
     seconds: dict[str, float] = {}
     with _pool(chunks, options) as pool:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         say(f"reading {len(files)} files in {len(chunks)} rank groups")
         places = _places(chunks)
         use_cache = cache.enabled()
@@ -238,7 +240,7 @@ def replay_job(path: str | Path, options: ParallelOptions = ParallelOptions(), w
         rounds = _replay_rounds(pool, plan, calls, len(chunks))
         results: list[GroupResult] = pool.each(Stage.FINISH, [(with_tasks,)] * len(chunks))
         t3 = time.perf_counter()
-    seconds = {"read": t1 - t0, "build": t2 - t1, "replay": t3 - t2}
+    seconds = {"read": t1 - t0, "build": t2 - t1, "replay": t3 - t2, "coordinator_cpu": time.process_time() - c0}
     times = pd.concat([r.task_times for r in results if r.task_times is not None], ignore_index=True) \
         if with_tasks else None
     return JobReplay(path=path, groups=results, collectives=len(plan.members), rounds=rounds, seconds=seconds,
