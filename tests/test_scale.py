@@ -118,11 +118,27 @@ def test_generated_job_task_for_task(shared_traces: Path, tmp_path: Path) -> Non
     assert_same_times(expected, job.task_times)
 
 
-@pytest.mark.parametrize("folder", ["hta/sampled_world128", "tracelens/hf_h100", "tracelens/hf_mi300"])
+SHARED_FOLDERS = ["hta/sampled_world128", "hta/trace_compare", "tracelens/hf_h100", "tracelens/hf_mi300"]
+
+
+def test_every_shared_folder_is_checked(shared_traces: Path) -> None:
+    folders = sorted(str(p.relative_to(shared_traces)) for p in shared_traces.glob("*/*") if p.is_dir())
+    assert folders == sorted(SHARED_FOLDERS)
+
+
+@pytest.mark.parametrize("folder", SHARED_FOLDERS)
 def test_shared_folders_task_for_task(shared_traces: Path, folder: str) -> None:
-    _, expected = one_process(shared_traces / folder)
-    job = replay_job(shared_traces / folder, ParallelOptions(groups=2, backend=Backend.INLINE), with_tasks=True)
-    assert_same_times(expected, job.task_times)
+    """Each shared folder replays the same task for task, or is refused with the same line
+    (``trace_compare`` holds two runs that both claim rank 1)."""
+    options = ParallelOptions(groups=2, backend=Backend.INLINE)
+    try:
+        _, expected = one_process(shared_traces / folder)
+    except TraceError as refused:
+        with pytest.raises(TraceError) as also:
+            replay_job(shared_traces / folder, options)
+        assert str(also.value) == str(refused)
+        return
+    assert_same_times(expected, replay_job(shared_traces / folder, options, with_tasks=True).task_times)
 
 
 def test_partition_is_contiguous_balanced_and_never_empty(tmp_path: Path) -> None:
