@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -102,21 +103,14 @@ class RankGroup:
     def call(self, stage: Stage, *args: object) -> object:
         """Run ``stage`` with its arguments (the one entry point every backend calls)."""
         t0, c0 = time.perf_counter(), time.process_time()
+        run: dict[Stage, Callable[..., object]] = {Stage.READ: self.read, Stage.BUILD: self.build,
+                                                   Stage.LINK: self.link, Stage.ADVANCE: self.advance,
+                                                   Stage.FINISH: self.finish}
         try:
-            if stage is Stage.READ:
-                out: object = self.read(*args)  # type: ignore[arg-type]
-            elif stage is Stage.BUILD:
-                out = self.build(*args)  # type: ignore[arg-type]
-            elif stage is Stage.LINK:
-                out = self.link(*args)  # type: ignore[arg-type]
-            elif stage is Stage.ADVANCE:
-                out = self.advance(*args)  # type: ignore[arg-type]
-            else:
-                out = self.finish(*args)  # type: ignore[arg-type]
+            return run[stage](*args)
         finally:
             self.seconds[stage.value] = self.seconds.get(stage.value, 0.0) + time.perf_counter() - t0
             self.cpu_seconds[stage.value] = self.cpu_seconds.get(stage.value, 0.0) + time.process_time() - c0
-        return out
 
     def read(self, place: str, use_cache: bool) -> Read:
         """With ``use_cache``, this group's trace from the cache (keyed by its files and
