@@ -202,7 +202,8 @@ class CollectiveSplit(Adjustment):
         b_rank = local.barrier_rank
         b_res = np.asarray([state.resources.get(int(r), ResourceKind.VIRTUAL, -1, 1, "collective barriers",
                                                 ordered=False) for r in b_rank], dtype=np.int64)
-        names = t["name"].astype(str).to_numpy()
+        member_names = t["name"].iloc[members].astype(str).to_numpy()
+        first_names = member_names[np.r_[0, np.cumsum([len(g) for g in groups])[:-1]]]
         new = pd.DataFrame({
             "event": np.concatenate([t["event"].to_numpy()[members], np.full(len(groups), -1)]),
             "kind": np.concatenate([np.full(len(members), int(TaskKind.ARRIVE)),
@@ -216,7 +217,7 @@ class CollectiveSplit(Adjustment):
             "phase": list(t["phase"].to_numpy()[members]) + [None] * len(groups),
             "layer": list(t["layer"].to_numpy()[members]) + [None] * len(groups),
             "op": list(t["op"].to_numpy()[members]) + [None] * len(groups),
-            "name": [f"arrive {n}" for n in names[members]] + [f"barrier {names[g[0]]}" for g in groups],
+            "name": [f"arrive {n}" for n in member_names] + [f"barrier {n}" for n in first_names],
         })
         tasks = t.copy()
         tasks["dur_ns"] = dur
