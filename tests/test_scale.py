@@ -5,6 +5,7 @@ multi-rank folders."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -215,3 +216,11 @@ def test_ray_actors_give_the_same_result(synthetic: Path) -> None:
     b = replay_job(synthetic, ParallelOptions(groups=4, backend=Backend.RAY), with_tasks=True)  # more than the cores
     assert a.task_times is not None and b.task_times is not None
     pd.testing.assert_frame_equal(a.task_times, b.task_times)
+
+
+def test_ray_missing_is_one_line(synthetic: Path, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    assert main(["job", str(synthetic), "--ray"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["whatif: --ray needs Ray: pip install 'whatif[ray]'"]
