@@ -160,7 +160,7 @@ def test_partition_is_contiguous_balanced_and_never_empty(tmp_path: Path) -> Non
 def test_a_rank_split_over_two_groups_is_refused() -> None:
     chunks = [[Path("a"), Path("b")], [Path("c")]]
     assert _ranks_per_group(Path("job"), chunks, [0, 1, 2]) == [[0, 1], [2]]
-    with pytest.raises(TraceError, match="rank 1's files .* fall in rank groups 0 and 1"):
+    with pytest.raises(TraceError, match=r"rank 1's files .* fall in rank groups 0 and 1"):
         _ranks_per_group(Path("job"), chunks, [0, 1, 1])
 
 
