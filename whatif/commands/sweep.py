@@ -23,9 +23,9 @@ from whatif.serving import sweep
 from whatif.summary import console, ms_text
 
 from ._dataclass_args import add_dataclass_arguments, from_args
-from ._values import positive_int
 from ._execution import add_execution_arguments, execution
 from ._progress import working
+from ._values import positive_int
 from .serve import add_common_arguments, capacity_lines, cell, options, workload
 
 

@@ -119,7 +119,7 @@ def _on_ray(setup: Callable[[S], W], state: S, work: Callable[[W, list[I]], list
         state_ref = ray.put(state)
         actors = [actor.remote(setup, state_ref) for _ in range(workers)]
         chunks = chunked(items, workers)
-        pending = {}
+        pending: dict[Any, Any] = {}
         queue = list(enumerate(chunks))
         idle = list(actors)
         results: dict[int, list[R]] = {}

@@ -4,8 +4,8 @@ the way ``whatif predict`` predicts a scenario file (docs/scale.md, "Plan sweeps
 A **plan** is a scenario of the parallel transforms (docs/multi-gpu.md) in a fixed order:
 ``gpu`` (when the device is not the recorded one), ``tensor_parallel``, ``sequence_parallel``,
 ``pipeline_parallel``, ``data_parallel``; a degree of 1 leaves its transform out. Its TOML text
-(:func:`plan_toml`) is what a user would write, and the sweep reads exactly that text
-(:func:`plan_scenario`), applies it with :meth:`Scenario.apply` and replays the final graph, so a
+(:func:`plan_toml`) is what a user would write, and the sweep loads the same tables through the
+scenario-file loader (:func:`plan_scenario`), applies them with :meth:`Scenario.apply` and replays the final graph, so a
 plan's step time is ``whatif predict -s plan.toml``'s mean step. Each rank of the trace becomes
 ``tp·pp·sp`` GPUs and the job ``dp`` replicas of the traced one: GPUs = ranks x tp x pp x sp x dp.
 
@@ -39,7 +39,6 @@ topology = "dgx_h100"
 from __future__ import annotations
 
 import itertools
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -227,11 +226,12 @@ def plan_toml(plan: Plan) -> str:
 
 
 def plan_scenario(plan: Plan) -> Scenario | None:
-    """The :class:`Scenario` read from :func:`plan_toml` (None for the traced job itself)."""
-    if not plan.transforms():
+    """The :class:`Scenario` of :func:`plan_toml`'s tables, through the loader of scenario files
+    (None for the traced job itself)."""
+    tables = plan.transforms()
+    if not tables:
         return None
-    return scenario_from_dict(tomllib.loads(plan_toml(plan)), source=f"<plan {plan.label}>",
-                              default_name=plan.label)
+    return scenario_from_dict({"name": plan.label, "transform": tables}, source=f"<plan {plan.label}>")
 
 
 @dataclass
@@ -340,7 +340,7 @@ def pareto_front(gpus: Sequence[int], step_ns: Sequence[float], throughput: Sequ
     # point j dominates i: g_j <= g_i, s_j <= s_i, t_j >= t_i, and one strictly
     no_worse = (g[:, None] <= g[None, :]) & (s[:, None] <= s[None, :]) & (t[:, None] >= t[None, :])
     better = (g[:, None] < g[None, :]) | (s[:, None] < s[None, :]) | (t[:, None] > t[None, :])
-    return ~(no_worse & better).any(axis=0)
+    return np.asarray(~(no_worse & better).any(axis=0), dtype=bool)
 
 
 def _trace_mode(analysis: Analysis) -> Mode:
@@ -361,26 +361,30 @@ def plan_rows(plans: Sequence[Plan], outcomes: Sequence[PlanOutcome], ranks: int
     """The document's rows: GPUs, throughput and the Pareto front added to each plan's outcome."""
     gpus = [ranks * p.tp * p.pp * p.sp * p.dp for p in plans]
     per_step = samples_per_step or 1
-    throughput = [p.dp * per_step / (o.step_ns / 1e9) if o.step_ns else None for p, o in zip(plans, outcomes)]
-    ran = [i for i, (o, t) in enumerate(zip(outcomes, throughput)) if o.status is PlanStatus.OK and t is not None]
+    throughput = [round(p.dp * per_step / (o.step_ns / 1e9), 6) if o.step_ns else None
+                  for p, o in zip(plans, outcomes)]
+    ran = [i for i, o in enumerate(outcomes) if o.status is PlanStatus.OK and o.step_ns]
     front = pareto_front([gpus[i] for i in ran], [float(outcomes[i].step_ns or 0) for i in ran],
-                         [float(throughput[i] or 0) for i in ran])
+                         [throughput[i] or 0.0 for i in ran])
     on_front = {i for i, f in zip(ran, front.tolist()) if f}
     return [PlanRow(plan=p.label, tp=p.tp, pp=p.pp, micro_batches=p.micro_batches, sp=p.sp, dp=p.dp,
                     device=p.device or "", gpus=gpus[i], status=o.status.value, step_ns=o.step_ns,
-                    throughput_per_s=None if throughput[i] is None else round(float(throughput[i]), 6),
+                    throughput_per_s=throughput[i],
                     memory_per_gpu_bytes=o.memory_per_gpu_bytes, fits=o.fits, pareto=i in on_front,
                     reason=o.reason)
             for i, (p, o) in enumerate(zip(plans, outcomes))]
 
 
-def sweep_plans(path_or_analysis: str | Path | Analysis, grid: PlanGrid, execution: Execution = Execution(jobs=1),
+IN_THIS_PROCESS = Execution(jobs=1)
+
+
+def sweep_plans(path_or_analysis: str | Path | Analysis, grid: PlanGrid, execution: Execution = IN_THIS_PROCESS,
                 *, cost_model: str = CostModelName.TRACE.value, options: StepOptions = COUNT_DEFAULT,
                 source: str = "", progress: Callable[[int, int], None] | None = None) -> PlanSweepDocument:
     """Predict every plan of ``grid`` on a trace (a path, or an :class:`Analysis` already made,
-    named ``source`` in the document) and return the ``whatif.plan-sweep/1`` document (rows in the grid's order whatever the
-    ``execution``: :class:`~whatif.scale.executor.Execution`); ``progress(done, total)`` after
-    each chunk of plans."""
+    named ``source`` in the document) and return the ``whatif.plan-sweep/1`` document (rows in
+    the grid's order whatever the ``execution``: :class:`~whatif.scale.executor.Execution`);
+    ``progress(done, total)`` after each chunk of plans."""
     analysis = path_or_analysis if isinstance(path_or_analysis, Analysis) else analyze(path_or_analysis, options)
     ctx = make_context(analysis.trace, cost_model)
     mode = grid.mode or _trace_mode(analysis)
