@@ -103,13 +103,14 @@ def _micro_batches(text: str) -> tuple[int, ...]:
 
 
 def _names(text: str) -> tuple[str, ...]:
-    names = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
-    for name in names:
+    """Catalog names of the GPUs in ``text`` (case and trace spellings accepted), in order."""
+    names = []
+    for name in (x.strip() for x in text.split(",") if x.strip()):
         try:
-            get_device(name)
+            names.append(get_device(name).name)
         except KeyError:
             raise ValueError(f"{name!r} is not a GPU of the catalog ('whatif devices' lists them)") from None
-    return names
+    return tuple(dict.fromkeys(names))
 
 
 def _degree_field(help_text: str) -> tuple[int, ...]:
