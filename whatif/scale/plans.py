@@ -54,6 +54,7 @@ from whatif.core.errors import WhatifError
 from whatif.depgraph.graph import TaskGraph
 from whatif.documents import PlanRow, PlanSweepDocument
 from whatif.hardware.devices import find_device, get_device
+from whatif.hardware.topology import TopologyName
 from whatif.predictors.cost_models import CostModelName
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import COUNT_DEFAULT, StepOptions
@@ -135,7 +136,8 @@ class PlanGrid:
     device: tuple[str, ...] = field(default=(), metadata={
         "help": "GPUs of the catalog to run each plan on (default: the recorded one)", "parse": _names,
         "metavar": "GPU1,GPU2,..."})
-    topology: str = field(default="dgx_h100", metadata={"help": "topology preset of every plan's collectives"})
+    topology: str = field(default="dgx_h100", metadata={"help": "topology preset of every plan's collectives",
+                                                        "choices": [t.value for t in TopologyName]})
     sp_mode: str = field(default="ulysses", metadata={"help": "sequence parallelism", "choices": SP_MODES})
     mode: Mode | None = field(default=None, metadata={
         "help": "training or serving (default: training when the trace has backward kernels)",
