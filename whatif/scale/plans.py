@@ -253,29 +253,37 @@ Prefix = tuple[tuple[tuple[str, object], ...], ...]
 
 @dataclass
 class PlanWorker:
-    """A worker's state: the base, its own cost-model context, and the graph after the last plan's
-    transforms but its last (plans come in grid order, so the next plan usually shares them: a
-    scenario applied in two parts is the same fold of its transforms), or the refusal they met."""
+    """A worker's state: the base, its own cost-model context, and the graphs after the last
+    plan's transforms but its last and after all of them (or the refusal they met): plans come in
+    grid order, so the next plan usually starts from one of them (a scenario applied in two parts
+    is the same fold of its transforms)."""
 
     base: PlanBase
     ctx: TransformContext
-    prefix: Prefix | None = None
-    prefix_graph: TaskGraph | ScenarioStepError | None = None
+    kept: dict[Prefix, TaskGraph | ScenarioStepError] = field(default_factory=dict)
 
-    def after(self, scenario: Scenario, key: Prefix) -> TaskGraph:
-        """The graph after all of ``scenario``'s transforms (ScenarioStepError when one refuses)."""
-        head, last = scenario.transforms[:-1], scenario.transforms[-1:]
-        if key != self.prefix:
-            self.prefix, self.prefix_graph = key, self.base.analysis.graph
-            if head:
-                try:
-                    self.prefix_graph = replace(scenario, transforms=head).apply(self.prefix_graph, self.ctx)[-1]
-                except ScenarioStepError as exc:
-                    self.prefix_graph = exc
-        if isinstance(self.prefix_graph, ScenarioStepError):
-            raise self.prefix_graph
-        assert self.prefix_graph is not None
-        return replace(scenario, transforms=last).apply(self.prefix_graph, self.ctx)[-1]
+    def _apply(self, scenario: Scenario, graph: TaskGraph, n: int, start: int) -> TaskGraph | ScenarioStepError:
+        """The graph after ``scenario``'s transforms ``start..n-1`` applied to ``graph``."""
+        try:
+            return replace(scenario, transforms=scenario.transforms[start:n]).apply(graph, self.ctx)[-1]
+        except ScenarioStepError as exc:
+            return exc
+
+    def after(self, scenario: Scenario, tables: list[dict[str, object]]) -> TaskGraph:
+        """The graph after all of ``scenario``'s transforms, whose tables are ``tables``
+        (ScenarioStepError when one refuses)."""
+        keys = [tuple(tuple(t.items()) for t in tables[:n]) for n in (len(tables) - 1, len(tables))]
+        head: TaskGraph | ScenarioStepError = self.base.analysis.graph
+        if keys[0] in self.kept:
+            head = self.kept[keys[0]]
+        elif keys[0]:
+            head = self._apply(scenario, head, len(tables) - 1, 0)
+        full = head if isinstance(head, ScenarioStepError) else self._apply(scenario, head, len(tables),
+                                                                             len(tables) - 1)
+        self.kept = {keys[0]: head, keys[1]: full}
+        if isinstance(full, ScenarioStepError):
+            raise full
+        return full
 
 
 @dataclass(frozen=True)
@@ -318,9 +326,8 @@ def evaluate(worker: PlanWorker, plan: Plan) -> PlanOutcome:
     a = base.analysis
     if scenario is None:
         return PlanOutcome(PlanStatus.OK, mean_counted_step_ns(a.steps), memory, fits, "")
-    tables = plan.transforms()
     try:
-        graph = worker.after(scenario, tuple(tuple(t.items()) for t in tables[:-1]))
+        graph = worker.after(scenario, plan.transforms())
     except ScenarioStepError as exc:
         return PlanOutcome(PlanStatus.REFUSED, None, memory, fits, exc.reason.splitlines()[0])
     except WhatifError as exc:
