@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -22,12 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from _llm_tracegen import llm_trace  # noqa: E402
-from common.docs import replace_section  # noqa: E402
+from _llm_tracegen import llm_trace
+from common.docs import replace_section
 
-from whatif.documents import PlanSweepDocument, from_json  # noqa: E402
-from whatif.hardware.devices import DEVICES  # noqa: E402
-from whatif.jobgen import JobOptions, generate_job  # noqa: E402
+from whatif.documents import PlanSweepDocument, from_json
+from whatif.hardware.devices import DEVICES
+from whatif.jobgen import JobOptions, generate_job
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT.parent / "shared" / "traces" / "hta" / "nccl_data_a100_rank0of2.json.gz"
@@ -93,7 +92,8 @@ def main() -> int:
         say()
         say("| backend | plans | predicted | refused | does not fit | wall s | plans/s | predicted plans/s |")
         say("|---|---|---|---|---|---|---|---|")
-        for name, wall in (("local processes (--jobs 2)", wall_local), ("Ray, local cluster (--ray --jobs 2)", wall_ray)):
+        for name, wall in (("local processes (--jobs 2)", wall_local),
+                           ("Ray, local cluster (--ray --jobs 2)", wall_ray)):
             say(f"| {name} | {n:,} | {c['ok']:,} | {c['refused']:,} | {c['does not fit']:,} | {wall:.1f} | "
                 f"{n / wall:.2f} | {c['ok'] / wall:.2f} |")
         say()
