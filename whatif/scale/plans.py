@@ -273,11 +273,9 @@ class PlanWorker:
         """The graph after all of ``scenario``'s transforms, whose tables are ``tables``
         (ScenarioStepError when one refuses)."""
         keys = [tuple(tuple(t.items()) for t in tables[:n]) for n in (len(tables) - 1, len(tables))]
-        head: TaskGraph | ScenarioStepError = self.base.analysis.graph
-        if keys[0] in self.kept:
-            head = self.kept[keys[0]]
-        elif keys[0]:
-            head = self._apply(scenario, head, len(tables) - 1, 0)
+        base = self.base.analysis.graph
+        head = self.kept[keys[0]] if keys[0] in self.kept else \
+            self._apply(scenario, base, len(tables) - 1, 0) if keys[0] else base
         full = head if isinstance(head, ScenarioStepError) else self._apply(scenario, head, len(tables),
                                                                              len(tables) - 1)
         self.kept = {keys[0]: head, keys[1]: full}
