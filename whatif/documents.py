@@ -78,6 +78,8 @@ __all__ = [
     "OpsDocument",
     "PathShift",
     "PhaseFitEntry",
+    "PlanRow",
+    "PlanSweepDocument",
     "PredictionDocument",
     "ProfilerOffset",
     "QueueLength",
@@ -1113,11 +1115,55 @@ class DitSweepDocument(Entry, frozen=True, kw_only=True):
     curves: list[DitSweepCurve]
 
 
+# --- whatif.plan-sweep ----------------------------------------------------------------------
+
+
+class PlanRow(Entry, frozen=True, kw_only=True):
+    """One plan of a plan sweep (docs/scale.md): its degrees, the GPUs it takes, what happened
+    (``status``: ``ok``, ``refused`` by a transform, ``does not fit`` the device's memory, with
+    the one-line ``reason``), the predicted mean step, the throughput (the document's
+    ``throughput_unit``), the memory model's bytes per GPU (None when it cannot be read) and
+    whether it is on the Pareto front of the plans that ran."""
+
+    plan: str
+    tp: int
+    pp: int
+    micro_batches: int
+    sp: int
+    dp: int
+    device: str
+    gpus: int
+    status: str
+    step_ns: int | None
+    throughput_per_s: float | None
+    memory_per_gpu_bytes: int | None
+    fits: bool | None
+    pareto: bool
+    reason: str
+
+
+class PlanSweepDocument(Entry, frozen=True, kw_only=True):
+    """The ``whatif.plan-sweep/1`` document (``whatif sweep --plans --json``): one row per plan in
+    the grid's order; ``memory_model`` says what the bytes per GPU count, or why they are unknown."""
+
+    schema: Literal["whatif.plan-sweep/1"] = "whatif.plan-sweep/1"
+    source: str
+    device: str | None
+    ranks: int
+    mode: str
+    topology: str
+    throughput_unit: str
+    samples_per_step: int
+    baseline_step_ns: int
+    memory_model: str
+    plans: list[PlanRow]
+
+
 ServingDocument = Union[LlmServingDocument, DitServingDocument]  # noqa: UP007 - a runtime value for from_json
 SweepDocument = Union[LlmSweepDocument, DitSweepDocument]  # noqa: UP007
 Document = Union[AnalysisDocument, PredictionDocument, ReportDocument, LlmServingDocument,  # noqa: UP007
                  DitServingDocument, LlmSweepDocument, DitSweepDocument, SuggestDocument,
-                 BreakdownDocument, MemoryDocument, CollectivesDocument]
+                 BreakdownDocument, MemoryDocument, CollectivesDocument, PlanSweepDocument]
 D = TypeVar("D", bound=Entry)
 
 _JSON_OPTIONS = orjson.OPT_INDENT_2

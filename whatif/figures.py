@@ -7,6 +7,7 @@ typed documents of :mod:`whatif.documents` (``whatif.analysis``, ``whatif.predic
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -23,6 +24,7 @@ from whatif.documents import (
     LatencyStats,
     LlmSweepDocument,
     LlmSweepPoint,
+    PlanSweepDocument,
     PredictionDocument,
     ScenarioHeadline,
     ScenarioPrediction,
@@ -335,3 +337,32 @@ def _point_stats(point: LlmSweepPoint | DitSweepPoint, metric: str) -> LatencySt
     value = msgspec.structs.asdict(point)[metric]
     assert isinstance(value, LatencyStats)
     return value
+
+
+def plan_pareto_figure(sweep: PlanSweepDocument) -> go.Figure:
+    """A ``whatif.plan-sweep/1`` document's predicted plans: x = step time (ms), y = throughput,
+    marker size = GPUs; the Pareto front (fewer GPUs, shorter step, higher throughput) in its own
+    trace, joined in order of step time; hover names each plan.
+
+    >>> from whatif.documents import PlanRow, PlanSweepDocument
+    >>> row = PlanRow(plan="tp1·pp1·sp1·dp1", tp=1, pp=1, micro_batches=0, sp=1, dp=1, device="", gpus=1,
+    ...               status="ok", step_ns=2_000_000, throughput_per_s=500.0, memory_per_gpu_bytes=None,
+    ...               fits=None, pareto=True, reason="")
+    >>> doc = PlanSweepDocument(source="t", device=None, ranks=1, mode="training", topology="dgx_h100",
+    ...                         throughput_unit="traced batches/s", samples_per_step=0, baseline_step_ns=2_000_000,
+    ...                         memory_model="not checked", plans=[row])
+    >>> [t.name for t in plan_pareto_figure(doc).data]
+    ['other plans', 'Pareto front']
+    """
+    ran = [r for r in sweep.plans if r.step_ns is not None and r.throughput_per_s is not None]
+    fig = go.Figure()
+    for name, rows in (("other plans", [r for r in ran if not r.pareto]),
+                       ("Pareto front", sorted((r for r in ran if r.pareto), key=lambda r: (r.step_ns or 0, r.plan)))):
+        fig.add_trace(go.Scatter(
+            x=[(r.step_ns or 0) / 1e6 for r in rows], y=[r.throughput_per_s for r in rows],
+            mode="markers" if name == "other plans" else "lines+markers", name=name,
+            text=[f"{r.plan}: {r.gpus} GPUs" for r in rows],
+            marker={"size": [6 + 3 * math.log2(max(r.gpus, 1)) for r in rows], "opacity": 0.6}))
+    fig.update_layout(title=f"{sweep.source}: {len(ran)} plans predicted (marker size: GPUs)",
+                      xaxis_title="step time (ms)", yaxis_title=sweep.throughput_unit, legend_orientation="h")
+    return fig

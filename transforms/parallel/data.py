@@ -68,17 +68,19 @@ class DataParallel(Transform):
                                  f"trace has none — use mode=serving for inference replicas")
         cost = ctx.require_cost(self.name)
         g = graph
+        bucket_ns: dict[float, int] = {}   # all-reduce time per bucket size: every bucket but the last is full
         for rank in np.unique(t["rank"].to_numpy()[bw]).tolist():
             plan = []
             for step in np.unique(t["step"].to_numpy()[bw & (t["rank"].to_numpy() == rank)]).tolist():
-                plan += self._plan(graph, cost, ctx, rank, step)
+                plan += self._plan(graph, cost, ctx, rank, step, bucket_ns)
             g, res = comm_stream(g, rank, "dp comm")
             g, _ = insert_tasks(g, resource=res, after=[p[0] for p in plan], before=[p[1] for p in plan],
                                 dur_ns=[p[2] for p in plan], names=[p[3] for p in plan],
                                 reason=f"{self.label()}: {len(plan)} gradient all-reduce buckets")
         return g
 
-    def _plan(self, graph: TaskGraph, cost, ctx: TransformContext, rank: int, step: int) -> list[tuple]:
+    def _plan(self, graph: TaskGraph, cost, ctx: TransformContext, rank: int, step: int,
+              bucket_ns: dict[float, int]) -> list[tuple]:
         t = graph.tasks
         sel = (t["kind"].to_numpy() == int(TaskKind.KERNEL)) & (t["rank"].to_numpy() == rank) \
             & (t["step"].to_numpy() == step)
@@ -106,7 +108,9 @@ class DataParallel(Transform):
         out = []
         for i, (size, frac) in enumerate(zip(sizes, done)):
             after = int(bk[min(int(np.searchsorted(cum, frac - 1e-9)), len(bk) - 1)])
-            ns = Collective("all_reduce", size, self.degree, self.topology).time_ns(ctx, self.name)
+            if size not in bucket_ns:
+                bucket_ns[size] = Collective("all_reduce", size, self.degree, self.topology).time_ns(ctx, self.name)
+            ns = bucket_ns[size]
             out.append((after, opt if i == len(sizes) - 1 else -1, ns,
                         f"dp all_reduce bucket {i + 1}/{len(sizes)} ({size / MB:.1f} MiB x{self.degree})"))
         return out

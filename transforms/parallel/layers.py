@@ -182,7 +182,11 @@ def _sequence_rows(rows: list[tuple[int, int, int, str, str]], k: np.ndarray, ra
 def backward_mask(graph: TaskGraph) -> np.ndarray:
     """Per task: a GPU kernel of the backward pass — per (rank, step), every kernel from the first to
     the last one launched by an op whose name contains ``backward`` (so the ``aten::mm`` under
-    ``MmBackward0`` counts too)."""
+    ``MmBackward0`` counts too). Computed once per graph structure (read-only)."""
+    return graph.memo("backward_mask", lambda: _backward_mask(graph))
+
+
+def _backward_mask(graph: TaskGraph) -> np.ndarray:
     t = graph.tasks
     named = t["op"].astype(str).str.contains("backward", case=False, regex=False).to_numpy()
     kern = t["kind"].to_numpy() == int(TaskKind.KERNEL)
@@ -195,6 +199,7 @@ def backward_mask(graph: TaskGraph) -> np.ndarray:
         sel = kern & (key == k)
         s = start[sel & named]
         out |= sel & (start >= s.min()) & (start <= s.max())
+    out.flags.writeable = False
     return out
 
 

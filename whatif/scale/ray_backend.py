@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -73,7 +74,7 @@ def connect(target: RayTarget, *, num_cpus: int | None = None) -> tuple[ModuleTy
     ray = require_ray()
     if ray.is_initialized():
         return ray, False
-    kwargs: dict[str, object] = {"include_dashboard": False, "log_to_driver": False}
+    kwargs: dict[str, object] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
     if target.address is None:
         kwargs["num_cpus"] = num_cpus
     try:

@@ -1,0 +1,419 @@
+"""Plan sweeps: every plan of a grid TP x PP x DP x SP x micro-batches x device, each predicted
+the way ``whatif predict`` predicts a scenario file (docs/scale.md, "Plan sweeps").
+
+A **plan** is a scenario of the parallel transforms (docs/multi-gpu.md) in a fixed order:
+``gpu`` (when the device is not the recorded one), ``tensor_parallel``, ``sequence_parallel``,
+``pipeline_parallel``, ``data_parallel``; a degree of 1 leaves its transform out. Its TOML text
+(:func:`plan_toml`) is what a user would write, and the sweep loads the same tables through the
+scenario-file loader (:func:`plan_scenario`), applies them with :meth:`Scenario.apply` and replays the final graph, so a
+plan's step time is ``whatif predict -s plan.toml``'s mean step. Each rank of the trace becomes
+``tp·pp·sp`` GPUs and the job ``dp`` replicas of the traced one: GPUs = ranks x tp x pp x sp x dp.
+
+Per plan: the predicted mean step (the latency), the throughput ``dp x samples per step /
+step`` (samples when the samples one step of the traced job processes are given, else traced
+batches), the bytes per GPU of the memory model (``transforms/parallel/memory.py``:
+weights ``W/(tp·pp)`` and the workspace; a plan over the device's memory is not replayed), and the
+Pareto front of the plans that ran: a plan is on it when no other plan is at least as good on GPUs
+(fewer), step time (shorter) and throughput (higher) and better on one.
+
+>>> grid = PlanGrid(tp=(1, 2), pp=(1, 2), micro_batches=(2, 4))
+>>> [p.label for p in expand(grid, recorded_device=None, mode=Mode.TRAINING)]
+['tp1·pp1·sp1·dp1', 'tp1·pp2·mb2·sp1·dp1', 'tp1·pp2·mb4·sp1·dp1', 'tp2·pp1·sp1·dp1', 'tp2·pp2·mb2·sp1·dp1', \
+'tp2·pp2·mb4·sp1·dp1']
+>>> print(plan_toml(expand(grid, recorded_device=None, mode=Mode.TRAINING)[4]))
+name = "tp2·pp2·mb2·sp1·dp1"
+<BLANKLINE>
+[[transform]]
+name = "tensor_parallel"
+degree = 2
+topology = "dgx_h100"
+<BLANKLINE>
+[[transform]]
+name = "pipeline_parallel"
+degree = 2
+micro_batches = 2
+schedule = "1f1b"
+topology = "dgx_h100"
+<BLANKLINE>
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from whatif.analysis import Analysis, ScenarioResult, analyze, make_context
+from whatif.core import limits
+from whatif.core.errors import WhatifError
+from whatif.depgraph.graph import TaskGraph
+from whatif.documents import PlanRow, PlanSweepDocument
+from whatif.hardware.devices import find_device, get_device
+from whatif.hardware.topology import TopologyName
+from whatif.predictors.cost_models import CostModelName
+from whatif.predictors.replay import replay
+from whatif.predictors.steps import COUNT_DEFAULT, StepOptions
+from whatif.summary import mean_counted_step_ns
+from whatif.transforms.base import TransformContext, TransformError
+from whatif.transforms.parallel.layers import backward_mask
+from whatif.transforms.parallel.memory import ModelShape, model_shape, plan_memory
+from whatif.transforms.scenario import Scenario, ScenarioError, ScenarioStepError, scenario_from_dict
+
+from .executor import Execution, map_chunks
+
+__all__ = ["Mode", "Plan", "PlanGrid", "PlanStatus", "expand", "pareto_front", "plan_scenario", "plan_toml",
+           "sweep_plans"]
+
+SP_MODES = ("ulysses", "ring", "torus", "usp")
+
+
+class Mode(Enum):
+    """What the traced program is: a training step (``pipeline_parallel`` 1F1B, DDP buckets) or a
+    serving step (request pipelining, ``data_parallel`` replicas)."""
+
+    TRAINING = "training"
+    SERVING = "serving"
+
+
+class PlanStatus(Enum):
+    OK = "ok"                      # replayed
+    REFUSED = "refused"            # a transform refused the graph (its reason in the row)
+    NO_FIT = "does not fit"        # over the device's memory (the memory model's line in the row)
+
+
+def _degrees(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(dict.fromkeys(int(x) for x in text.split(",") if x.strip()))
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or not all(1 <= v <= limits.MAX_GPUS for v in values):
+        raise ValueError(f"degrees must be integers in 1..{limits.MAX_GPUS}, got {text!r}")
+    return values
+
+
+def _micro_batches(text: str) -> tuple[int, ...]:
+    values = _degrees(text)
+    if max(values) > limits.MAX_PARTS:
+        raise ValueError(f"micro-batches must be at most {limits.MAX_PARTS}, got {text!r}")
+    return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """Catalog names of the GPUs in ``text`` (case and trace spellings accepted), in order."""
+    names = []
+    for name in (x.strip() for x in text.split(",") if x.strip()):
+        try:
+            names.append(get_device(name).name)
+        except KeyError:
+            raise ValueError(f"{name!r} is not a GPU of the catalog ('whatif devices' lists them)") from None
+    return tuple(dict.fromkeys(names))
+
+
+def _degree_field(help_text: str) -> tuple[int, ...]:
+    return field(default=(1,), metadata={"help": help_text, "parse": _degrees, "metavar": "N1,N2,..."})
+
+
+@dataclass(frozen=True)
+class PlanGrid:
+    """The axes of a plan sweep (each a list; every combination is a plan) and what every plan
+    shares. ``micro_batches`` applies to pipelined plans only (0: the transform's default);
+    ``device``: GPUs of the catalog (empty: the recorded one); ``mode``: None reads it off the
+    trace (training when it has backward kernels); ``samples_per_step``: samples (or tokens) one
+    step of the traced job processes, 0 when unknown (throughput in traced batches per second)."""
+
+    tp: tuple[int, ...] = _degree_field("tensor-parallel degrees")
+    pp: tuple[int, ...] = _degree_field("pipeline-parallel degrees (stages)")
+    dp: tuple[int, ...] = _degree_field("data-parallel degrees (replicas of the traced job)")
+    sp: tuple[int, ...] = _degree_field("sequence-parallel degrees")
+    micro_batches: tuple[int, ...] = field(default=(0,), metadata={
+        "help": "micro-batches per step of pipelined plans (default: the transform's, 4 for training, p for "
+                "serving)", "parse": _micro_batches, "metavar": "M1,M2,..."})
+    device: tuple[str, ...] = field(default=(), metadata={
+        "help": "GPUs of the catalog to run each plan on (default: the recorded one)", "parse": _names,
+        "metavar": "GPU1,GPU2,..."})
+    topology: str = field(default="dgx_h100", metadata={"help": "topology preset of every plan's collectives",
+                                                        "choices": [t.value for t in TopologyName]})
+    sp_mode: str = field(default="ulysses", metadata={"help": "sequence parallelism", "choices": SP_MODES})
+    mode: Mode | None = field(default=None, metadata={
+        "help": "training or serving (default: training when the trace has backward kernels)",
+        "choices": [m.value for m in Mode]})
+    samples_per_step: int = field(default=0, metadata={
+        "minimum": 0, "help": "samples (or tokens) one step of the traced job processes; 0: throughput in traced "
+                              "batches per second"})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.mode, str):
+            object.__setattr__(self, "mode", Mode(self.mode))
+
+    def size(self) -> int:
+        """Plans in the grid (micro-batches count for pipelined plans only)."""
+        pipelined = sum(p > 1 for p in self.pp)
+        return (len(self.device) or 1) * len(self.tp) * (len(self.pp) - pipelined + pipelined
+                                                         * len(self.micro_batches)) * len(self.sp) * len(self.dp)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One point of the grid, with what every plan of its sweep shares; ``device`` None: the
+    recorded GPU (no ``gpu`` transform); ``micro_batches`` 0 for unpipelined plans."""
+
+    tp: int
+    pp: int
+    dp: int
+    sp: int
+    micro_batches: int
+    device: str | None
+    mode: Mode
+    topology: str = "dgx_h100"
+    sp_mode: str = "ulysses"
+
+    @property
+    def label(self) -> str:
+        mb = f"·mb{self.micro_batches}" if self.pp > 1 and self.micro_batches else ""
+        on = f" on {self.device}" if self.device else ""
+        return f"tp{self.tp}·pp{self.pp}{mb}·sp{self.sp}·dp{self.dp}{on}"
+
+    def transforms(self) -> list[dict[str, object]]:
+        """The ``[[transform]]`` tables of the plan's scenario, in order."""
+        out: list[dict[str, object]] = []
+        if self.device:
+            out.append({"name": "gpu", "device": self.device})
+        if self.tp > 1:
+            out.append({"name": "tensor_parallel", "degree": self.tp, "topology": self.topology})
+        if self.sp > 1:
+            out.append({"name": "sequence_parallel", "mode": self.sp_mode, "degree": self.sp,
+                        "topology": self.topology})
+        if self.pp > 1:
+            out.append({"name": "pipeline_parallel", "degree": self.pp,
+                        **({"micro_batches": self.micro_batches} if self.micro_batches else {}),
+                        "schedule": "1f1b" if self.mode is Mode.TRAINING else "serving", "topology": self.topology})
+        if self.dp > 1:
+            out.append({"name": "data_parallel", "degree": self.dp, "mode": self.mode.value,
+                        "topology": self.topology})
+        return out
+
+
+def expand(grid: PlanGrid, recorded_device: str | None, mode: Mode) -> list[Plan]:
+    """Every plan of ``grid``, in a fixed order (device, tp, pp, micro-batches, sp, dp); a device
+    that is the recorded GPU gets no ``gpu`` transform."""
+    recorded = find_device(recorded_device) if recorded_device else None
+    devices: list[str | None] = [None if recorded is not None and get_device(d).name == recorded.name else d
+                                 for d in grid.device] or [None]
+    plans = []
+    for device, tp, pp in itertools.product(devices, grid.tp, grid.pp):
+        for mb, sp, dp in itertools.product(grid.micro_batches if pp > 1 else (0,), grid.sp, grid.dp):
+            plans.append(Plan(tp=tp, pp=pp, dp=dp, sp=sp, micro_batches=mb, device=device, mode=mode,
+                              topology=grid.topology, sp_mode=grid.sp_mode))
+    return list(dict.fromkeys(plans))
+
+
+def _toml_value(value: object) -> str:
+    return f'"{value}"' if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def plan_toml(plan: Plan) -> str:
+    """The scenario file of ``plan`` (what ``whatif predict -s`` reads); a plan of degree 1
+    everywhere on the recorded GPU has no transform and no file (ScenarioError)."""
+    tables = plan.transforms()
+    if not tables:
+        raise ScenarioError(f"{plan.label}: the traced job itself has no scenario file")
+    lines = [f"name = {_toml_value(plan.label)}", ""]
+    for table in tables:
+        lines += ["[[transform]]", *(f"{k} = {_toml_value(v)}" for k, v in table.items()), ""]
+    return "\n".join(lines)
+
+
+def plan_scenario(plan: Plan) -> Scenario | None:
+    """The :class:`Scenario` of :func:`plan_toml`'s tables, through the loader of scenario files
+    (None for the traced job itself)."""
+    tables = plan.transforms()
+    if not tables:
+        return None
+    return scenario_from_dict({"name": plan.label, "transform": tables}, source=f"<plan {plan.label}>")
+
+
+@dataclass
+class PlanBase:
+    """What every worker gets once: the analysed trace, the cost model's name, the model shape
+    for the memory model (None, with ``memory_note`` saying why, when it cannot be read)."""
+
+    analysis: Analysis
+    cost_model: str
+    shape: ModelShape | None
+    memory_note: str
+
+
+Prefix = tuple[tuple[tuple[str, object], ...], ...]
+
+
+@dataclass
+class PlanWorker:
+    """A worker's state: the base, its own cost-model context, and the graphs after the last
+    plan's transforms but its last and after all of them (or the refusal they met): plans come in
+    grid order, so the next plan usually starts from one of them (a scenario applied in two parts
+    is the same fold of its transforms)."""
+
+    base: PlanBase
+    ctx: TransformContext
+    kept: dict[Prefix, TaskGraph | ScenarioStepError] = field(default_factory=dict)
+
+    def _apply(self, scenario: Scenario, graph: TaskGraph, n: int, start: int) -> TaskGraph | ScenarioStepError:
+        """The graph after ``scenario``'s transforms ``start..n-1`` applied to ``graph``."""
+        try:
+            return replace(scenario, transforms=scenario.transforms[start:n]).apply(graph, self.ctx)[-1]
+        except ScenarioStepError as exc:
+            return exc
+
+    def after(self, scenario: Scenario, tables: list[dict[str, object]]) -> TaskGraph:
+        """The graph after all of ``scenario``'s transforms, whose tables are ``tables``
+        (ScenarioStepError when one refuses)."""
+        keys = [tuple(tuple(t.items()) for t in tables[:n]) for n in (len(tables) - 1, len(tables))]
+        base = self.base.analysis.graph
+        head = self.kept[keys[0]] if keys[0] in self.kept else \
+            self._apply(scenario, base, len(tables) - 1, 0) if keys[0] else base
+        full = head if isinstance(head, ScenarioStepError) else self._apply(scenario, head, len(tables),
+                                                                             len(tables) - 1)
+        self.kept = {keys[0]: head, keys[1]: full}
+        if isinstance(full, ScenarioStepError):
+            raise full
+        return full
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """What one plan gave (before the Pareto front and the throughput, which need the grid)."""
+
+    status: PlanStatus
+    step_ns: int | None
+    memory_per_gpu_bytes: int | None
+    fits: bool | None
+    reason: str
+
+
+def setup_worker(base: PlanBase) -> PlanWorker:
+    return PlanWorker(base=base, ctx=make_context(base.analysis.trace, base.cost_model))
+
+
+def evaluate_chunk(worker: PlanWorker, plans: list[Plan]) -> list[PlanOutcome]:
+    return [evaluate(worker, plan) for plan in plans]
+
+
+def _capacity_bytes(plan: Plan, recorded: str | None) -> float | None:
+    dev = get_device(plan.device) if plan.device else find_device(recorded) if recorded else None
+    return float(dev.mem_bytes) if dev is not None and dev.mem_bytes else None
+
+
+def evaluate(worker: PlanWorker, plan: Plan) -> PlanOutcome:
+    """One plan: the memory model's verdict, then (when it fits or cannot be judged) its scenario
+    applied and replayed, as ``whatif predict`` does."""
+    base = worker.base
+    memory: int | None = None
+    fits: bool | None = None
+    capacity = _capacity_bytes(plan, worker.ctx.device)
+    if base.shape is not None and capacity is not None:
+        mem = plan_memory(base.shape, tensor=plan.tp, pipeline=plan.pp, kv_tokens=0, capacity_bytes=capacity)
+        memory, fits = int(mem.total_bytes), mem.fits
+        if not mem.fits:
+            return PlanOutcome(PlanStatus.NO_FIT, None, memory, False, mem.why_not())
+    scenario = plan_scenario(plan)
+    a = base.analysis
+    if scenario is None:
+        return PlanOutcome(PlanStatus.OK, mean_counted_step_ns(a.steps), memory, fits, "")
+    try:
+        graph = worker.after(scenario, plan.transforms())
+    except ScenarioStepError as exc:
+        return PlanOutcome(PlanStatus.REFUSED, None, memory, fits, exc.reason.splitlines()[0])
+    except WhatifError as exc:
+        return PlanOutcome(PlanStatus.REFUSED, None, memory, fits, str(exc).splitlines()[0])
+    result = ScenarioResult(scenario=scenario, graphs=[graph], replays=[replay(graph)], reference=a.graph,
+                            options=a.options)
+    return PlanOutcome(PlanStatus.OK, mean_counted_step_ns(result.steps), memory, fits, "")
+
+
+def pareto_front(gpus: Sequence[int], step_ns: Sequence[float], throughput: Sequence[float]) -> np.ndarray:
+    """Which points are on the Pareto front of (fewer GPUs, shorter step, higher throughput): no
+    other point is at least as good on all three and better on one. Equal points are all on it.
+
+    >>> pareto_front([1, 2, 2, 4], [10, 6, 8, 6], [1.0, 2.0, 1.5, 2.0]).tolist()
+    [True, True, False, False]
+    """
+    g = np.asarray(gpus, dtype=float)
+    s = np.asarray(step_ns, dtype=float)
+    t = np.asarray(throughput, dtype=float)
+    # point j dominates i: g_j <= g_i, s_j <= s_i, t_j >= t_i, and one strictly
+    no_worse = (g[:, None] <= g[None, :]) & (s[:, None] <= s[None, :]) & (t[:, None] >= t[None, :])
+    better = (g[:, None] < g[None, :]) | (s[:, None] < s[None, :]) | (t[:, None] > t[None, :])
+    return np.asarray(~(no_worse & better).any(axis=0), dtype=bool)
+
+
+def _trace_mode(analysis: Analysis) -> Mode:
+    return Mode.TRAINING if backward_mask(analysis.graph).any() else Mode.SERVING
+
+
+def _shape(analysis: Analysis, ctx: TransformContext) -> tuple[ModelShape | None, str]:
+    try:
+        shape = model_shape(analysis.graph, ctx, "plan sweep")
+    except TransformError as exc:
+        return None, f"not checked: {exc}"
+    return shape, (f"weights {shape.weight_bytes / 1e9:.2f} GB / (tp·pp) + workspace per GPU; KV cache, gradients "
+                   f"and optimizer state not counted")
+
+
+def plan_rows(plans: Sequence[Plan], outcomes: Sequence[PlanOutcome], ranks: int,
+              samples_per_step: int) -> list[PlanRow]:
+    """The document's rows: GPUs, throughput and the Pareto front added to each plan's outcome."""
+    gpus = [ranks * p.tp * p.pp * p.sp * p.dp for p in plans]
+    per_step = samples_per_step or 1
+    throughput = [round(p.dp * per_step / (o.step_ns / 1e9), 6) if o.step_ns else None
+                  for p, o in zip(plans, outcomes)]
+    ran = [i for i, o in enumerate(outcomes) if o.status is PlanStatus.OK and o.step_ns]
+    front = pareto_front([gpus[i] for i in ran], [float(outcomes[i].step_ns or 0) for i in ran],
+                         [throughput[i] or 0.0 for i in ran])
+    on_front = {i for i, f in zip(ran, front.tolist()) if f}
+    return [PlanRow(plan=p.label, tp=p.tp, pp=p.pp, micro_batches=p.micro_batches, sp=p.sp, dp=p.dp,
+                    device=p.device or "", gpus=gpus[i], status=o.status.value, step_ns=o.step_ns,
+                    throughput_per_s=throughput[i],
+                    memory_per_gpu_bytes=o.memory_per_gpu_bytes, fits=o.fits, pareto=i in on_front,
+                    reason=o.reason)
+            for i, (p, o) in enumerate(zip(plans, outcomes))]
+
+
+IN_THIS_PROCESS = Execution(jobs=1)
+
+
+def sweep_plans(path_or_analysis: str | Path | Analysis, grid: PlanGrid, execution: Execution = IN_THIS_PROCESS,
+                *, cost_model: str = CostModelName.TRACE.value, options: StepOptions = COUNT_DEFAULT,
+                source: str = "", progress: Callable[[int, int], None] | None = None) -> PlanSweepDocument:
+    """Predict every plan of ``grid`` on a trace (a path, or an :class:`Analysis` already made,
+    named ``source`` in the document) and return the ``whatif.plan-sweep/1`` document (rows in
+    the grid's order whatever the ``execution``: :class:`~whatif.scale.executor.Execution`);
+    ``progress(done, total)`` after each chunk of plans."""
+    analysis = path_or_analysis if isinstance(path_or_analysis, Analysis) else analyze(path_or_analysis, options)
+    ctx = make_context(analysis.trace, cost_model)
+    mode = grid.mode or _trace_mode(analysis)
+    plans = expand(grid, ctx.device, mode)
+    shape, note = _shape(analysis, ctx)
+    base = PlanBase(analysis=analysis, cost_model=str(cost_model), shape=shape, memory_note=note)
+    total = len(plans)
+    report = (lambda done: progress(done, total)) if progress else None
+    outcomes = map_chunks(setup_worker, base, evaluate_chunk, plans, execution, report)
+    ranks = len(analysis.trace.ranks)
+    rows = plan_rows(plans, outcomes, ranks, grid.samples_per_step)
+    baseline = mean_counted_step_ns(analysis.steps)
+    return PlanSweepDocument(
+        source=source or (str(path_or_analysis) if not isinstance(path_or_analysis, Analysis) else "<analysis>"),
+        device=ctx.device, ranks=ranks, mode=mode.value, topology=grid.topology,
+        throughput_unit="samples/s" if grid.samples_per_step else "traced batches/s",
+        samples_per_step=grid.samples_per_step, baseline_step_ns=baseline, memory_model=note, plans=rows)
+
+
+def plans_table(doc: PlanSweepDocument) -> pd.DataFrame:
+    """The document's rows as a table (the ``-o`` output), columns in the rows' field order."""
+    frame = pd.DataFrame([msgspec.structs.asdict(r) for r in doc.plans],
+                         columns=[f.name for f in msgspec.structs.fields(PlanRow)])
+    return frame.astype({"step_ns": "Int64", "memory_per_gpu_bytes": "Int64", "fits": "boolean"})
