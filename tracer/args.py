@@ -23,8 +23,10 @@ decoded when the trace was parsed, or one JSON text per event when it came from 
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -32,8 +34,29 @@ from typing import Any
 import msgspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from .kineto import gc_paused
+_POOL = pa.system_memory_pool()
+"""Where the encoded ``args`` live: the C allocator, which reuses and returns what is freed (Arrow's
+default mimalloc pool kept 230 MB of a 32-rank job's freed parse buffers, never handed back)."""
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a trace's objects are being built.
+
+    Decoding creates hundreds of thousands of containers (``args`` dicts and their lists) that
+    all survive; each collection their allocation triggered would walk all of them (measured:
+    a third to a half of the load time). The collector's previous state is restored on leaving;
+    nothing else about the program's garbage collection changes.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @dataclass(frozen=True)
@@ -98,23 +121,28 @@ one makes every event's encoded ``args`` decoded once (and kept) instead."""
 class EventArgs:
     """Every event's ``args`` dict (or None), in the event table's row order.
 
-    Held either decoded (an object array, as the reader made it) or encoded: one compact JSON
-    text per event (a binary Arrow array, None where the event had no ``args``), as the trace
-    cache stores it. Encoded values are decoded on reading, only for the rows asked for; JSON
-    keeps every value the reader can produce exactly (integers of any size, floats, strings,
-    lists, dicts in their key order), which :func:`exact_json` checks before the cache stores them.
+    Held either decoded (an object array, as a reader made it) or encoded: one compact JSON
+    text per event (a large-binary Arrow array, None where the event had no ``args``), as the
+    Kineto reader and the trace cache keep them (a decoded dict costs about 7x its text).
+    Encoded values are decoded on reading, only for the rows asked for; JSON keeps every value
+    decoded from JSON exactly (integers of any size, floats, strings, lists, dicts in their key
+    order). Texts encoded from another reader's dicts are exact only when :func:`exact_json`
+    says so, which :meth:`exact` checks before the cache stores them.
 
     >>> enc = EventArgs.encode([{"Group size": 8}, None])
     >>> enc.values().tolist(), enc.values(np.array([0])).tolist(), len(enc)
     ([{'Group size': 8}, None], [{'Group size': 8}], 2)
+    >>> EventArgs.concat([enc, EventArgs.of([{"x": 1}])]).take(np.array([2, 0])).values().tolist()
+    [{'x': 1}, {'Group size': 8}]
     """
 
-    __slots__ = ("_decoded", "_encoded", "_text")
+    __slots__ = ("_decoded", "_encoded", "_exact", "_text")
 
-    def __init__(self, decoded: np.ndarray | None, encoded: pa.BinaryArray | None) -> None:
+    def __init__(self, decoded: np.ndarray | None, encoded: pa.LargeBinaryArray | None, exact: bool = False) -> None:
         self._decoded = decoded
         self._encoded = encoded
-        self._text: tuple[np.ndarray, bytes] | None = None  # each row's start in one text, the text
+        self._exact = exact  # the texts are the source: they decode to exactly the values
+        self._text: tuple[np.ndarray, memoryview | bytes] | None = None  # each row's start in one text, the text
 
     @classmethod
     def of(cls, values: Sequence[dict[str, Any] | None] | np.ndarray) -> EventArgs:
@@ -125,25 +153,58 @@ class EventArgs:
 
     @classmethod
     def encode(cls, values: Sequence[dict[str, Any] | None] | np.ndarray) -> EventArgs:
-        """The same ``args``, held encoded (what the trace cache writes)."""
-        encoder = msgspec.json.Encoder()
-        return cls(None, pa.array([None if v is None else encoder.encode(v) for v in values], type=pa.binary()))
+        """The same ``args``, held encoded (:meth:`exact` says whether the texts keep them exactly)."""
+        return cls(None, _encode(values), exact=exact_json(list(values)))
 
     @classmethod
-    def from_arrow(cls, encoded: pa.BinaryArray) -> EventArgs:
+    def of_json(cls, values: Sequence[dict[str, Any] | None]) -> EventArgs:
+        """``args`` just decoded from JSON text (a reader's), held encoded: exact by construction."""
+        return cls(None, _encode(values), exact=True)
+
+    @classmethod
+    def from_arrow(cls, encoded: pa.Array) -> EventArgs:
         """``args`` held encoded in ``encoded`` (read from the trace cache)."""
-        return cls(None, encoded)
+        if encoded.type != pa.large_binary():
+            encoded = pc.cast(encoded, pa.large_binary(), memory_pool=_POOL)
+        return cls(None, encoded, exact=True)
+
+    @classmethod
+    def concat(cls, parts: Sequence[EventArgs]) -> EventArgs:
+        """The ``args`` of ``parts`` one after the other: encoded when every part is, or when the
+        decoded ones encode exactly; decoded otherwise."""
+        if all(p._encoded is not None for p in parts) or all(p.exact() for p in parts):
+            arrays = [p.arrow for p in parts]
+            joined = pa.concat_arrays(arrays, memory_pool=_POOL) if arrays else _encode([])
+            return cls(None, joined, all(p.exact() for p in parts))
+        out = np.empty(sum(len(p) for p in parts), dtype=object)
+        out[:] = [a for p in parts for a in p.values()]
+        return cls(out, None)
 
     def __len__(self) -> int:
         if self._decoded is not None:
             return len(self._decoded)
         return 0 if self._encoded is None else len(self._encoded)
 
+    def take(self, rows: np.ndarray) -> EventArgs:
+        """The ``args`` of ``rows``, in their order (held as these are)."""
+        if self._encoded is not None:
+            return EventArgs(None, _take(self._encoded, rows), self._exact)
+        assert self._decoded is not None
+        return EventArgs(self._decoded[rows], None)
+
+    def exact(self) -> bool:
+        """Whether the encoded texts decode to exactly these values (always when they came from
+        JSON; otherwise checked, and remembered, by :func:`exact_json`)."""
+        if self._encoded is None and not self._exact:
+            self._exact = exact_json(self.values().tolist())
+        return self._exact
+
     @property
-    def arrow(self) -> pa.BinaryArray:
+    def arrow(self) -> pa.LargeBinaryArray:
         """The encoded form (encoding decoded values first)."""
         if self._encoded is None:
-            self._encoded = EventArgs.encode(self.values()).arrow
+            self.exact()
+            self._encoded = _encode(self.values())
         return self._encoded
 
     def values(self, rows: np.ndarray | None = None) -> np.ndarray:
@@ -155,7 +216,7 @@ class EventArgs:
         if rows is None:
             self._decoded = _decode(self._encoded)
             return self._decoded
-        return _decode(self._encoded.take(pa.array(np.asarray(rows, dtype=np.int64))))
+        return _decode(_take(self._encoded, rows))
 
     def sparse_rows(self, keys: tuple[str, ...]) -> np.ndarray | None:
         """The rows whose encoded ``args`` may hold one of ``keys`` (a superset: every row that
@@ -176,14 +237,26 @@ class EventArgs:
         return np.unique(np.searchsorted(starts, np.asarray(found, dtype=np.int64), side="right") - 1)
 
 
-def _text(encoded: pa.BinaryArray) -> tuple[np.ndarray, bytes]:
-    """Every row's encoded ``args`` as one text, and where each row starts in it."""
+def _encode(values: Sequence[dict[str, Any] | None] | np.ndarray) -> pa.LargeBinaryArray:
+    encode = msgspec.json.Encoder().encode
+    return pa.array([None if v is None else encode(v) for v in values], type=pa.large_binary(), memory_pool=_POOL)
+
+
+def _take(encoded: pa.Array, rows: np.ndarray) -> pa.Array:
+    return pc.take(encoded, pa.array(np.asarray(rows, dtype=np.int64)), memory_pool=_POOL)
+
+
+def _text(encoded: pa.Array) -> tuple[np.ndarray, memoryview | bytes]:
+    """Every row's encoded ``args`` as one text (a view of the array's data, not a copy), and
+    where each row starts in it."""
     _, offsets, data = encoded.buffers()
-    starts = np.frombuffer(offsets, dtype=np.int32)[encoded.offset:encoded.offset + len(encoded) + 1]
-    return starts[:-1].astype(np.int64) - int(starts[0]), bytes(data)[int(starts[0]):int(starts[-1])] if data else b""
+    kind = np.int64 if encoded.type == pa.large_binary() else np.int32
+    starts = np.frombuffer(offsets, dtype=kind)[encoded.offset:encoded.offset + len(encoded) + 1].astype(np.int64)
+    first = int(starts[0])
+    return starts[:-1] - first, memoryview(data)[first:int(starts[-1])] if data else b""
 
 
-def _decode(encoded: pa.BinaryArray) -> np.ndarray:
+def _decode(encoded: pa.Array) -> np.ndarray:
     texts = encoded.to_pylist()
     out = np.empty(len(texts), dtype=object)
     with gc_paused():  # as when parsing: the decoded dicts all survive

@@ -44,11 +44,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .args import EventArgs, exact_json
+from .args import EventArgs
 from .memory import MEMORY_COLUMNS
 from .readers import Flow, reader_for
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """What an entry holds and how the readers fill it: bump it whenever either changes."""
 
 CACHE_DIR_ENV = "WHATIF_CACHE_DIR"
@@ -60,7 +60,7 @@ _DICTIONARY = ["rank", "kind", "name_code", "pid", "tid", "device", "stream", "d
 EVENT_SCHEMA = pa.schema([("rank", pa.int32()), ("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("kind", pa.int8()),
                           ("name_code", pa.int32()), ("pid", pa.int64()), ("tid", pa.int64()),
                           ("device", pa.int32()), ("stream", pa.int64()), ("correlation", pa.int64()),
-                          ("external_id", pa.int64()), ("args", pa.binary())])
+                          ("external_id", pa.int64()), ("args", pa.large_binary())])
 MEMORY_SCHEMA = pa.schema([("rank", pa.int32()), ("ts_ns", pa.int64()), ("pid", pa.int64()), ("tid", pa.int64()),
                            ("device_type", pa.int16()), ("device_id", pa.int32()), ("bytes", pa.int64()),
                            ("total_allocated_bytes", pa.int64()), ("total_reserved_bytes", pa.int64()),
@@ -200,7 +200,7 @@ def _unpack(events: pa.Table, memory: pa.Table, manifest: _Manifest) -> Cached:
     args = events.column("args")
     return Cached(columns={k: _numpy(events, k) for k in EVENT_SCHEMA.names if k not in ("name_code", "args")},
                   codes=codes, names=manifest.names,
-                  args=EventArgs.from_arrow(args.chunk(0) if args.num_chunks else pa.array([], type=pa.binary())),
+                  args=EventArgs.from_arrow(args.chunk(0) if args.num_chunks else pa.array([], type=pa.large_binary())),
                   memory=pd.DataFrame({k: _numpy(memory, k) for k in MEMORY_COLUMNS}, copy=False),
                   flows=manifest.flows, ranks=manifest.ranks)
 
@@ -211,7 +211,7 @@ def store(key: str, files: int, cached: Cached) -> bool:
     (the load goes on without the cache either way)."""
     manifest = _Manifest(schema_version=SCHEMA_VERSION, key=key, files=files, digests={}, rows={}, names=cached.names,
                          flows=cached.flows, ranks=cached.ranks)
-    if not exact_json(cached.args.values().tolist()) or not _exact(manifest):
+    if not cached.args.exact() or not _exact(manifest):
         return False
     columns = {"name_code": cached.codes, "args": cached.args.arrow, **cached.columns}
     tables = {_EVENTS: pa.Table.from_arrays([pa.array(columns[n], type=EVENT_SCHEMA.field(n).type)

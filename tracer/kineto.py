@@ -17,13 +17,11 @@ meanwhile (see :func:`gc_paused`).
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import math
 import re
 import types
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +32,7 @@ import orjson
 from whatif.core import limits
 from whatif.core.errors import TraceError
 
+from .args import EventArgs, gc_paused
 from .kinds import GPU_KINDS, IGNORED_CATEGORIES, EventKind, kind_of
 from .memory import MEMORY_EVENT_NAME, UNKNOWN, MemoryColumns
 from .names import kineto_spelling
@@ -46,24 +45,6 @@ except ImportError:  # pragma: no cover - isal is a dependency, zlib is the fall
     _inflate_lib = zlib
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a trace's objects are being built.
-
-    Decoding creates hundreds of thousands of containers (``args`` dicts and their lists) that
-    all survive; each collection their allocation triggered would walk all of them (measured:
-    a third to a half of the load time). The collector's previous state is restored on leaving;
-    nothing else about the program's garbage collection changes.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -568,7 +549,7 @@ def _parse_events(path: Path, events: list[_Event], metadata: dict[str, Any], ma
     columns = FileColumns(
         ts_ns=ts_ns, dur_ns=np.maximum(_us_to_ns(dur_l, path, "duration", limits.MAX_DURATION_NS), 0),
         kind=kind, name_code=name_codes, names=names, pid=pid, tid=tid, device=device, stream=stream,
-        correlation=_int64(corr_l), external_id=_int64(ext_l), args=args_l)
+        correlation=_int64(corr_l), external_id=_int64(ext_l), args=EventArgs.of_json(args_l))
     flows, thread_names, process_names, memory, skipped = _other_events(rest, base_ns, interned)
     skipped["malformed"] += malformed
     return FileTrace(path=path, columns=columns, flows=flows, metadata=metadata,
