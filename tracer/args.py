@@ -251,9 +251,10 @@ def _text(encoded: pa.Array) -> tuple[np.ndarray, memoryview | bytes]:
     where each row starts in it."""
     _, offsets, data = encoded.buffers()
     kind = np.int64 if encoded.type == pa.large_binary() else np.int32
-    starts = np.frombuffer(offsets, dtype=kind)[encoded.offset:encoded.offset + len(encoded) + 1].astype(np.int64)
-    first = int(starts[0])
-    return starts[:-1] - first, memoryview(data)[first:int(starts[-1])] if data else b""
+    starts = np.frombuffer(offsets, dtype=kind)[encoded.offset:encoded.offset + len(encoded) + 1]
+    first, last = int(starts[0]), int(starts[-1])
+    text = memoryview(data)[first:last] if data else b""
+    return starts[:-1] - first if first or kind is np.int32 else starts[:-1], text
 
 
 def _decode(encoded: pa.Array) -> np.ndarray:

@@ -141,7 +141,7 @@ def collectives(trace: Trace, graph: TaskGraph | None = None,
     if not len(found.comm):
         return CollectivesDocument(source=trace.source, ranks_per_node=per_node, calls=[], ranks=[])
     points = {p.event: p for p in collective_points(trace)}
-    names = t["name"].astype(str).to_numpy()
+    names = dict(zip(found.comm.tolist(), t["name"].iloc[found.comm].astype(str).tolist()))  # per COMM task
     events, ranks_col = t["event"].to_numpy(), t["rank"].to_numpy()
     start, end, steps = t["measured_start_ns"].to_numpy(), t["measured_end_ns"].to_numpy(), t["step"].to_numpy()
     rows = np.unique(events[found.comm])  # arguments are read for these rows only (a job has millions)
