@@ -15,7 +15,7 @@ import pandas as pd
 from whatif.core.kernels import is_collective
 from whatif.tracer.kinds import GPU_ACTIVITY_KINDS, EventKind, codes
 from whatif.tracer.kineto import step_number
-from whatif.tracer.trace import Trace, per_name
+from whatif.tracer.trace import Trace, name_texts, per_name
 
 from .graph import CPU_KINDS, ResourceKind, TaskKind, kind_codes, task_kind_codes
 from .hierarchy import CpuHierarchy, build_hierarchy
@@ -38,18 +38,6 @@ class _CpuTasks:
     end_ids: np.ndarray
 
 
-class _Names:
-    """Event names by row, as an object array of the table's category strings (shared, not one
-    new string per row)."""
-
-    def __init__(self, names: pd.Series) -> None:
-        self.texts = np.asarray([str(c) for c in names.cat.categories], dtype=object)
-        self.codes = names.cat.codes.to_numpy()
-
-    def __call__(self, rows: np.ndarray) -> np.ndarray:
-        return self.texts[self.codes[rows]]
-
-
 class _TaskMaker:
     """Adds the tasks of one trace to a :class:`TaskColumns`, group by group."""
 
@@ -70,8 +58,7 @@ class _TaskMaker:
         self.thread_label = {(info.rank, pid, tid): label
                              for info in trace.ranks for (pid, tid), label in info.thread_names.items()}
         h_rows = self.hier.rows
-        self.name_of_row = _Names(self.names)
-        self.h_names = self.name_of_row(h_rows)
+        self.h_names = name_texts(self.names, h_rows)
         self.h_res = _resource_ids(self._thread_resource, self.rank[h_rows], ev["pid"].to_numpy()[h_rows],
                                    ev["tid"].to_numpy()[h_rows])
 
@@ -154,7 +141,7 @@ class _TaskMaker:
                                  dur_ns=end[g_rows] - ts[g_rows], measured_start_ns=ts[g_rows],
                                  measured_end_ns=end[g_rows], step=np.full(ng, -1, dtype=np.int64),
                                  phase=[None] * ng, layer=[None] * ng, op=[None] * ng,
-                                 name=self.name_of_row(g_rows), tie=np.full(ng, 2, dtype=np.int8))
+                                 name=name_texts(self.names, g_rows), tie=np.full(ng, 2, dtype=np.int8))
         return g_rows, g_kind, gpu_ids
 
     def launchers(self, cpu: _CpuTasks, g_rows: np.ndarray) -> np.ndarray:
@@ -185,7 +172,7 @@ class _TaskMaker:
         c_rows = g_rows[copy_sel]
         p_sel = prev_row[copy_sel]
         held = held_copies(self.h_names[cpu.call_pos[b_calls - first_call]],
-                           self.name_of_row(c_rows), ts[b_rows], end[b_rows], ts[c_rows],
+                           name_texts(self.names, c_rows), ts[b_rows], end[b_rows], ts[c_rows],
                            end[c_rows], np.where(p_sel >= 0, end[g_rows[np.maximum(p_sel, 0)]], -1))
         copy_sel, b_calls, b_rows, c_rows, p_sel, held = (
             x[held != int(Held.NOT)] for x in (copy_sel, b_calls, b_rows, c_rows, p_sel, held))

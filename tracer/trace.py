@@ -59,6 +59,20 @@ def per_name(names: pd.Series, predicate: Callable[[str], bool]) -> np.ndarray:
     return per_category[cat.codes.to_numpy()]
 
 
+def name_texts(names: pd.Series, rows: np.ndarray | None = None) -> np.ndarray:
+    """The names of every row (or of ``rows``) of a categorical name column (the event table's,
+    a graph's tasks'), as an object array of the column's own category strings: one string per
+    distinct name, shared, never a new string per row (``astype(str)`` makes one per row).
+
+    >>> name_texts(pd.Series(["a", "bb", "a"], dtype="category"), np.array([2, 1])).tolist()
+    ['a', 'bb']
+    """
+    cat = names.cat
+    texts = np.asarray([str(c) for c in cat.categories], dtype=object)
+    codes = cat.codes.to_numpy()
+    return texts[codes if rows is None else codes[rows]]
+
+
 @dataclass
 class RankInfo:
     """Per-rank facts: where they came from, what ran it. A rank recorded as several processes

@@ -14,6 +14,7 @@ import numpy as np
 
 from whatif.tracer.args import Arg, arg_column
 from whatif.tracer.kinds import EventKind
+from whatif.tracer.trace import name_texts
 
 from ..state import BuildState
 
@@ -190,7 +191,7 @@ class SyncLookup:
         self.records = _sync_records(state)
         self.launches = _last_launch_stream(state)
         t = state.tasks
-        self.names = t["name"].to_numpy()
+        self.names = name_texts(t["name"])
         self.ranks = t["rank"].to_numpy()
         self.resource = t["resource"].to_numpy()
         events = t["event"].to_numpy()
