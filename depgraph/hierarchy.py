@@ -83,10 +83,10 @@ def build_hierarchy(events: pd.DataFrame) -> CpuHierarchy:
                                                           & (module_of_name[codes] != None))  # noqa: E711
     own_op = kind_arr == int(EventKind.CPU_OP)
     idx = np.arange(n, dtype=np.int64)
-    step_src = _inherit(np.where(own_step >= 0, idx, -1), parent_arr)
-    phase_src = _inherit(np.where(own_phase, idx, -1), parent_arr)
-    layer_src = _inherit(np.where(own_layer, idx, -1), parent_arr)
-    op_src = _inherit(np.where(own_op, idx, -1), parent_arr)
+    step_src = inherit(np.where(own_step >= 0, idx, -1), parent_arr)
+    phase_src = inherit(np.where(own_phase, idx, -1), parent_arr)
+    layer_src = inherit(np.where(own_layer, idx, -1), parent_arr)
+    op_src = inherit(np.where(own_op, idx, -1), parent_arr)
     names_arr = np.asarray(cats, dtype=object)[codes]
     layer_name = np.where(kind_arr == int(EventKind.PYTHON), module_of_name[codes], names_arr)
     step = np.where(step_src >= 0, own_step[np.maximum(step_src, 0)], -1)
@@ -151,11 +151,11 @@ def _upward(flag: np.ndarray, parent: np.ndarray, segments: list[tuple[int, int]
     return out
 
 
-def _inherit(source: np.ndarray, parent: np.ndarray) -> np.ndarray:
-    """For every event, the nearest event at or above it (itself first) whose ``source`` is set
-    (>= 0), by pointer jumping: O(log depth) vectorized passes.
+def inherit(source: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """For every event, the ``source`` of the nearest event at or above it (itself first) whose
+    ``source`` is set (>= 0), -1 if none, by pointer jumping: O(log depth) vectorized passes.
 
-    >>> _inherit(np.array([0, -1, -1, 3]), np.array([-1, 0, 1, 1])).tolist()
+    >>> inherit(np.array([0, -1, -1, 3]), np.array([-1, 0, 1, 1])).tolist()
     [0, 0, 0, 3]
     """
     val = source.copy()

@@ -18,7 +18,7 @@ from whatif.tracer.kineto import step_number
 from whatif.tracer.trace import Trace, name_texts, per_name
 
 from .graph import CPU_KINDS, ResourceKind, TaskKind, kind_codes, task_kind_codes
-from .hierarchy import CpuHierarchy, build_hierarchy
+from .hierarchy import CpuHierarchy, build_hierarchy, inherit
 from .rules.sync_lookup import COPY_CALL, PAGEABLE_COPY, SYNCHRONOUS_COPY
 from .state import BlockingCopies, BuildState, Resources, TaskColumns
 
@@ -95,12 +95,8 @@ class _TaskMaker:
 
         # CPU_WORK tasks: the outermost operators with no call and no step/phase below them. Python
         # frames do not count as enclosing operators (they interleave with ops, with_stack traces).
-        is_python = (h_kind == int(EventKind.PYTHON)).tolist()
-        op_parent = h_parent.tolist()
-        for i, p in enumerate(op_parent):
-            if p >= 0 and is_python[p]:
-                op_parent[i] = op_parent[p]
-        op_parent_arr = np.asarray(op_parent, dtype=np.int64)
+        not_python = np.where(h_kind != int(EventKind.PYTHON), np.arange(len(h_rows), dtype=np.int64), -1)
+        op_parent_arr = np.where(h_parent >= 0, inherit(not_python, h_parent)[np.maximum(h_parent, 0)], -1)
         descend = hier.has_call | hier.has_structure
         parent_ok = np.ones(len(h_rows), dtype=bool)
         has_parent = op_parent_arr >= 0

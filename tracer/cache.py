@@ -157,6 +157,19 @@ def _digest(data: pa.Buffer | bytes) -> str:
 def fetch(key: str, files: int) -> Cached | None:
     """The entry of ``key`` (a trace of ``files`` files), or None when there is none or it cannot be trusted (then it is
     removed, so that the caller's :func:`store` replaces it)."""
+    try:
+        return _fetch(key, files)
+    finally:
+        _release_arrow_memory()
+
+
+def _release_arrow_memory() -> None:
+    """Hand Arrow's freed buffers back to the system: its default pool (mimalloc) keeps what the
+    Parquet reader and writer freed (160 MB after a 32-rank job's reload) for Arrow's own reuse."""
+    pa.default_memory_pool().release_unused()
+
+
+def _fetch(key: str, files: int) -> Cached | None:
     entry = cache_dir() / key
     if not entry.is_dir():
         return None
@@ -209,6 +222,13 @@ def store(key: str, files: int, cached: Cached) -> bool:
     """Write the entry of ``key``, a trace of ``files`` files (atomically: a temporary folder renamed into place). False
     when it was not written: JSON cannot keep a value exactly, or the folder cannot be written
     (the load goes on without the cache either way)."""
+    try:
+        return _store(key, files, cached)
+    finally:
+        _release_arrow_memory()
+
+
+def _store(key: str, files: int, cached: Cached) -> bool:
     manifest = _Manifest(schema_version=SCHEMA_VERSION, key=key, files=files, digests={}, rows={}, names=cached.names,
                          flows=cached.flows, ranks=cached.ranks)
     if not cached.args.exact() or not _exact(manifest):
