@@ -23,6 +23,7 @@ import re
 import types
 import zlib
 from pathlib import Path
+from sys import intern
 from typing import Any
 
 import msgspec
@@ -380,7 +381,7 @@ def _check_steps(path: Path, names: list[str]) -> None:
 
 
 def _parse_events(path: Path, events: list[_Event], metadata: dict[str, Any], malformed: int) -> FileTrace:
-    """Decoded events -> :class:`FileTrace` (see :func:`parse_file`).
+    """Decoded events -> :class:`FileTrace` (see :func:`parse_file`); ``events`` is emptied.
 
     One pass over the events with plain list appends (measured 2.5x faster than pulling each
     column out with ``map``/``attrgetter``); the conversions to numpy happen afterwards.
@@ -550,6 +551,8 @@ def _parse_events(path: Path, events: list[_Event], metadata: dict[str, Any], ma
         ts_ns=ts_ns, dur_ns=np.maximum(_us_to_ns(dur_l, path, "duration", limits.MAX_DURATION_NS), 0),
         kind=kind, name_code=name_codes, names=names, pid=pid, tid=tid, device=device, stream=stream,
         correlation=_int64(corr_l), external_id=_int64(ext_l), args=EventArgs.of_json(args_l))
+    del args_l
+    events.clear()  # the decoded events and their args dicts go before anything that outlives the parse is made
     flows, thread_names, process_names, memory, skipped = _other_events(rest, base_ns, interned)
     skipped["malformed"] += malformed
     return FileTrace(path=path, columns=columns, flows=flows, metadata=metadata,
@@ -608,7 +611,7 @@ def _other_events(events: list[_Event], base_ns: int, interned: _StringIds
             if ts.__class__ not in (int, float) or ev.id is None or not abs(ts) <= limits.MAX_TIME_NS / 1000:
                 skipped["malformed"] += 1   # no time, no id, or a time beyond the bound (or NaN)
                 continue
-            flows.append(Flow(category=cat, flow_id=_int_id(ev.id, interned), phase=ph,
+            flows.append(Flow(category=intern(cat), flow_id=_int_id(ev.id, interned), phase=ph,
                               pid=_int_id(ev.pid, interned), tid=_int_id(ev.tid, interned),
                               ts_ns=base_ns + _scalar_us_to_ns(ts)))
         elif ph == "M":

@@ -115,9 +115,10 @@ class FileColumns:
                    external_id=ids(external_id, np.int64), args=list(args) if args is not None else [None] * n)
 
 
-@dataclass
+@dataclass(slots=True)
 class Flow:
-    """One end of a non-launch flow (e.g. ``fwdbwd``), located by thread and time."""
+    """One end of a non-launch flow (e.g. ``fwdbwd``), located by thread and time (slotted: a
+    job holds one per flow end, tens of thousands per rank)."""
 
     category: str
     flow_id: int
