@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -116,6 +117,9 @@ def _read(args: dict[str, Any] | None, spec: ArgSpec) -> Any:
 SPARSE = 8
 """An argument held by fewer than one event in ``SPARSE`` is read from its events alone; a denser
 one makes every event's encoded ``args`` decoded once (and kept) instead."""
+PACK_ROWS = 1 << 16
+"""Rows per compressed chunk of :class:`PackedTexts` (about 5 MB of Kineto ``args`` text)."""
+_CODEC = pa.Codec("lz4")
 
 
 class EventArgs:
@@ -136,11 +140,12 @@ class EventArgs:
     [{'x': 1}, {'Group size': 8}]
     """
 
-    __slots__ = ("_decoded", "_encoded", "_exact", "_text")
+    __slots__ = ("_decoded", "_encoded", "_exact", "_packed", "_text")
 
     def __init__(self, decoded: np.ndarray | None, encoded: pa.LargeBinaryArray | None, exact: bool = False) -> None:
         self._decoded = decoded
         self._encoded = encoded
+        self._packed: PackedTexts | None = None
         self._exact = exact  # the texts are the source: they decode to exactly the values
         self._text: tuple[np.ndarray, memoryview | bytes] | None = None  # each row's start in one text, the text
 
@@ -172,7 +177,7 @@ class EventArgs:
     def concat(cls, parts: Sequence[EventArgs]) -> EventArgs:
         """The ``args`` of ``parts`` one after the other: encoded when every part is, or when the
         decoded ones encode exactly; decoded otherwise."""
-        if all(p._encoded is not None for p in parts) or all(p.exact() for p in parts):
+        if all(p._held_encoded() for p in parts) or all(p.exact() for p in parts):
             arrays = [p.arrow for p in parts]
             joined = pa.concat_arrays(arrays, memory_pool=_POOL) if arrays else _encode([])
             return cls(None, joined, all(p.exact() for p in parts))
@@ -183,10 +188,26 @@ class EventArgs:
     def __len__(self) -> int:
         if self._decoded is not None:
             return len(self._decoded)
+        if self._packed is not None:
+            return len(self._packed)
         return 0 if self._encoded is None else len(self._encoded)
 
+    def _held_encoded(self) -> bool:
+        return self._encoded is not None or self._packed is not None
+
+    def pack(self) -> EventArgs:
+        """Hold the encoded texts compressed (:class:`PackedTexts`) from now on; decoded ``args``
+        stay as they are. Returns ``self``."""
+        if self._encoded is not None:
+            self._packed = PackedTexts.of(self._encoded, PACK_ROWS)
+            self._encoded = None
+            self._text = None
+        return self
+
     def take(self, rows: np.ndarray) -> EventArgs:
-        """The ``args`` of ``rows``, in their order (held as these are)."""
+        """The ``args`` of ``rows``, in their order (encoded when these are)."""
+        if self._packed is not None:
+            return EventArgs(None, self._packed.take(rows), self._exact)
         if self._encoded is not None:
             return EventArgs(None, _take(self._encoded, rows), self._exact)
         assert self._decoded is not None
@@ -195,13 +216,15 @@ class EventArgs:
     def exact(self) -> bool:
         """Whether the encoded texts decode to exactly these values (always when they came from
         JSON; otherwise checked, and remembered, by :func:`exact_json`)."""
-        if self._encoded is None and not self._exact:
+        if not self._held_encoded() and not self._exact:
             self._exact = exact_json(self.values().tolist())
         return self._exact
 
     @property
     def arrow(self) -> pa.LargeBinaryArray:
-        """The encoded form (encoding decoded values first)."""
+        """The encoded form (encoding decoded values first, decompressing packed ones)."""
+        if self._packed is not None:
+            return self._packed.arrow()
         if self._encoded is None:
             self.exact()
             self._encoded = _encode(self.values())
@@ -212,22 +235,24 @@ class EventArgs:
         are decoded they are kept (and the encoded texts too, for :meth:`sparse_rows`)."""
         if self._decoded is not None:
             return self._decoded if rows is None else self._decoded[rows]
-        assert self._encoded is not None
         if rows is None:
-            self._decoded = _decode(self._encoded)
+            self._decoded = _decode(self.arrow)
             return self._decoded
-        return _decode(_take(self._encoded, rows))
+        return _decode(self.take(rows).arrow)
 
     def sparse_rows(self, keys: tuple[str, ...]) -> np.ndarray | None:
         """The rows whose encoded ``args`` may hold one of ``keys`` (a superset: every row that
         holds one is among them), when they are fewer than one in :data:`SPARSE`; None when they
         are not, or there are no encoded texts (then every row is read)."""
+        pattern = re.compile(b"|".join(re.escape(msgspec.json.encode(key) + b":") for key in keys))
+        if self._packed is not None:
+            rows = self._packed.find(pattern, len(self._packed) // SPARSE)
+            return None if rows is None else np.unique(np.asarray(rows, dtype=np.int64))
         if self._encoded is None:
             return None
         if self._text is None:
             self._text = _text(self._encoded)
         starts, data = self._text
-        pattern = re.compile(b"|".join(re.escape(msgspec.json.encode(key) + b":") for key in keys))
         most = len(starts) // SPARSE
         found: list[int] = []
         for match in pattern.finditer(data):
@@ -235,6 +260,91 @@ class EventArgs:
                 return None
             found.append(match.start())
         return np.unique(np.searchsorted(starts, np.asarray(found, dtype=np.int64), side="right") - 1)
+
+
+class PackedTexts:
+    """Byte strings (or None) held compressed, :data:`PACK_ROWS` to a chunk (LZ4): the encoded
+    ``args`` of a big trace at about a fifth of their size, each chunk decompressed only when one
+    of its rows is read or the texts are scanned.
+
+    >>> texts = pa.array([b'{"a":1}', None, b"{}"] * 3, type=pa.large_binary())
+    >>> packed = PackedTexts.of(texts, rows_per_chunk=2)
+    >>> packed.arrow().equals(texts), packed.take(np.array([7, 1, 0])).to_pylist()
+    (True, [None, None, b'{"a":1}'])
+    """
+
+    __slots__ = ("_chunks", "_rows", "_size")
+
+    def __init__(self, chunks: list[_Chunk], rows: int, rows_per_chunk: int) -> None:
+        self._chunks = chunks
+        self._rows = rows
+        self._size = rows_per_chunk
+
+    @classmethod
+    def of(cls, texts: pa.Array, rows_per_chunk: int = PACK_ROWS) -> PackedTexts:
+        chunks = []
+        for base in range(0, len(texts), rows_per_chunk):
+            part = texts.slice(base, rows_per_chunk)
+            valid, offsets, data = part.buffers()
+            starts = np.frombuffer(offsets, dtype=np.int64)[part.offset:part.offset + len(part) + 1]
+            first, last = int(starts[0]), int(starts[-1])
+            chunks.append(_Chunk(starts=(starts - first).astype(np.int32),
+                                 valid=None if valid is None or part.null_count == 0 else part.is_valid().to_numpy(
+                                     zero_copy_only=False),
+                                 blob=_CODEC.compress(data.slice(first, last - first) if data else pa.py_buffer(b""),
+                                                      memory_pool=_POOL),
+                                 size=last - first))
+        return cls(chunks, len(texts), rows_per_chunk)
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def _array(self, chunk: _Chunk) -> pa.LargeBinaryArray:
+        data = _CODEC.decompress(chunk.blob, decompressed_size=chunk.size, memory_pool=_POOL) if chunk.size \
+            else pa.py_buffer(b"")
+        valid = None if chunk.valid is None else pa.py_buffer(np.packbits(chunk.valid, bitorder="little"))
+        return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(chunk.starts) - 1,
+                                                [valid, pa.py_buffer(chunk.starts.astype(np.int64)), data])
+
+    def arrow(self) -> pa.LargeBinaryArray:
+        """Every text, decompressed into one array."""
+        arrays = [self._array(c) for c in self._chunks]
+        return pa.concat_arrays(arrays, memory_pool=_POOL) if arrays else pa.array([], type=pa.large_binary())
+
+    def take(self, rows: np.ndarray) -> pa.LargeBinaryArray:
+        """The texts of ``rows``, in their order (only the chunks holding them are decompressed)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        order = np.argsort(rows, kind="stable")
+        chunk_of = rows[order] // self._size
+        bounds = np.flatnonzero(np.diff(chunk_of)) + 1
+        pieces = [_take(self._array(self._chunks[int(chunk_of[a])]), rows[order[a:b]] - int(chunk_of[a]) * self._size)
+                  for a, b in itertools.pairwise([0, *bounds.tolist(), len(rows)]) if b > a]
+        joined = pa.concat_arrays(pieces, memory_pool=_POOL) if pieces else pa.array([], type=pa.large_binary())
+        back = np.empty(len(rows), dtype=np.int64)
+        back[order] = np.arange(len(rows))
+        return _take(joined, back)
+
+    def find(self, pattern: re.Pattern[bytes], most: int) -> list[int] | None:
+        """The row of every match of ``pattern``, chunk by chunk; None past ``most`` matches."""
+        found: list[int] = []
+        for i, chunk in enumerate(self._chunks):
+            if not chunk.size:
+                continue
+            data = memoryview(_CODEC.decompress(chunk.blob, decompressed_size=chunk.size, memory_pool=_POOL))
+            at = [m.start() for m in pattern.finditer(data)]
+            if len(found) + len(at) > most:
+                return None
+            found.extend((np.searchsorted(chunk.starts[:-1], np.asarray(at, dtype=np.int64), side="right") - 1
+                          + i * self._size).tolist())
+        return found
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    starts: np.ndarray      # int32: each row's start in the chunk's text, and the text's end
+    valid: np.ndarray | None  # which rows have a text (None: all)
+    blob: pa.Buffer         # the chunk's texts, compressed
+    size: int               # their uncompressed bytes
 
 
 def _encode(values: Sequence[dict[str, Any] | None] | np.ndarray) -> pa.LargeBinaryArray:
@@ -291,6 +401,18 @@ def arg_column(args: EventArgs, arg: Arg, rows: np.ndarray | None = None) -> np.
             out[holding] = _typed(args.values(holding), spec)
             return out
     return _typed(args.values(rows), spec)
+
+
+def arg_columns(args: EventArgs, wanted: Sequence[Arg], rows: np.ndarray) -> dict[Arg, np.ndarray]:
+    """The typed values of each argument in ``wanted`` for ``rows``, their ``args`` decoded once.
+
+    >>> cols = arg_columns(EventArgs.of([{"Group size": 2, "dtype": "Float"}, None]), [Arg.GROUP_SIZE, Arg.DTYPE],
+    ...                    np.array([0, 1]))
+    >>> cols[Arg.GROUP_SIZE].tolist(), cols[Arg.DTYPE].tolist()
+    ([2, None], ['Float', ''])
+    """
+    raw = args.values(rows)
+    return {arg: _typed(raw, arg.spec) for arg in wanted}
 
 
 def _typed(raw: np.ndarray, spec: ArgSpec) -> np.ndarray:

@@ -211,9 +211,10 @@ def _unpack(events: pa.Table, memory: pa.Table, manifest: _Manifest) -> Cached:
     if codes.size and (codes.min() < 0 or codes.max() >= len(manifest.names)):
         raise ValueError("name codes out of range")
     args = events.column("args")
+    texts = args.chunk(0) if args.num_chunks else pa.array([], type=pa.large_binary())
     return Cached(columns={k: _numpy(events, k) for k in EVENT_SCHEMA.names if k not in ("name_code", "args")},
                   codes=codes, names=manifest.names,
-                  args=EventArgs.from_arrow(args.chunk(0) if args.num_chunks else pa.array([], type=pa.large_binary())),
+                  args=EventArgs.from_arrow(texts).pack(),
                   memory=pd.DataFrame({k: _numpy(memory, k) for k in MEMORY_COLUMNS}, copy=False),
                   flows=manifest.flows, ranks=manifest.ranks)
 

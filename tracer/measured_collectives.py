@@ -21,7 +21,7 @@ import pandas as pd
 from whatif.core.dtypes import element_bytes
 from whatif.core.errors import TraceError
 from whatif.core.kernels import CollectiveKind, collective_kind, is_collective
-from whatif.tracer.args import Arg, arg_column
+from whatif.tracer.args import Arg, arg_columns
 from whatif.tracer.kinds import EventKind
 from whatif.tracer.trace import Trace, per_name
 
@@ -65,8 +65,9 @@ def collective_points(trace: Trace) -> list[CollectivePoint]:
     ops = np.asarray([r for r, key in zip(ops.tolist(), zip(ranks[ops].tolist(), ext[ops].tolist()))
                       if key in launched], dtype=np.int64)
     rows = np.concatenate([coll, ops])  # arguments are read for these rows only (a job has millions)
-    values = {arg: dict(zip(rows.tolist(), arg_column(trace.args, arg, rows).tolist()))
-              for arg in (Arg.GROUP_SIZE, Arg.COLLECTIVE_NAME, Arg.DTYPE, Arg.IN_MSG_NELEMS, Arg.OUT_MSG_NELEMS)}
+    wanted = (Arg.GROUP_SIZE, Arg.COLLECTIVE_NAME, Arg.DTYPE, Arg.IN_MSG_NELEMS, Arg.OUT_MSG_NELEMS)
+    values = {arg: dict(zip(rows.tolist(), column.tolist()))
+              for arg, column in arg_columns(trace.args, wanted, rows).items()}
     group_size, coll_name, dtype = values[Arg.GROUP_SIZE], values[Arg.COLLECTIVE_NAME], values[Arg.DTYPE]
     in_nelems, out_nelems = values[Arg.IN_MSG_NELEMS], values[Arg.OUT_MSG_NELEMS]
     op_row = {(int(ranks[r]), int(ext[r])): r for r in ops.tolist() if group_size[r] is not None}

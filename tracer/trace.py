@@ -358,7 +358,7 @@ def _to_frame(files: list[FileTrace], ranks: list[int]) -> tuple[pd.DataFrame, E
     codes = np.concatenate([np.array([index[n] for n in c.names], dtype=np.int32)[c.name_code]
                             if len(c) else np.zeros(0, dtype=np.int32) for c in cols])[order]
     args = EventArgs.concat([c.args if isinstance(c.args, EventArgs) else EventArgs.of(c.args) for c in cols])
-    return _frame(data, codes, categories), args.take(order)
+    return _frame(data, codes, categories), args.take(order).pack()
 
 
 def load_trace(path: str | Path) -> Trace:
