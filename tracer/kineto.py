@@ -13,6 +13,11 @@ Speed (see ``bench/parse_speed.py`` and ``docs/traces.md``): gzip is inflated wi
 the keys the reader uses (``args`` stays a plain dict), in one scan of the text; one tight loop
 appends each event's fields to lists, converted with numpy afterwards; the cyclic GC is paused
 meanwhile (see :func:`gc_paused`).
+
+Memory (``docs/scale.md``): each event's ``args`` dict is encoded again as one compact JSON
+text once the file's loop is done (:meth:`~whatif.tracer.args.EventArgs.of_json`, about a
+seventh of the dict's size), and the file's decoded events are freed before anything that
+outlives the parse is made, so a job of many files never holds more than one file's dicts.
 """
 from __future__ import annotations
 
