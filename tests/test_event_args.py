@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from whatif.tracer import args as args_module
@@ -84,3 +85,19 @@ def test_reader_args_are_the_files_values(tmp_path) -> None:
     got = load_trace(path).raw_args().tolist()
     assert got == [odd[0], {}, None, None]
     assert str(got[0]["neg0"]) == "-0.0" and isinstance(got[0]["big"], int) and isinstance(got[0]["exp"], float)
+
+
+@pytest.mark.usefixtures("small_chunks")
+def test_packed_texts_table_round_trip_and_refusals() -> None:
+    values = _dicts(50)
+    packed = EventArgs.of_json(values).pack().packed_texts()
+    back = args_module.PackedTexts.from_table(packed.table())
+    assert EventArgs.from_packed(back).values().tolist() == values
+    table = packed.table()
+    rows = table.column("rows").to_pylist()
+    with pytest.raises(ValueError, match="unequal rows"):
+        args_module.PackedTexts.from_table(table.set_column(0, "rows", pa.array([rows[0] + 1, *rows[1:]], pa.int32())))
+    starts = table.column("starts").to_pylist()
+    with pytest.raises(ValueError, match="offsets"):
+        args_module.PackedTexts.from_table(table.set_column(2, "starts", pa.array([starts[0][:-4], *starts[1:]],
+                                                                                  pa.large_binary())))

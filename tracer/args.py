@@ -120,6 +120,10 @@ one makes every event's encoded ``args`` decoded once (and kept) instead."""
 PACK_ROWS = 1 << 16
 """Rows per compressed chunk of :class:`PackedTexts` (about 5 MB of Kineto ``args`` text)."""
 _CODEC = pa.Codec("lz4")
+PACKED_SCHEMA = pa.schema([("rows", pa.int32()), ("size", pa.int64()), ("starts", pa.large_binary()),
+                           ("valid", pa.large_binary()), ("blob", pa.large_binary())])
+""":meth:`PackedTexts.table`: per chunk its rows, text bytes, row starts (int32, little-endian),
+which rows have a text (a bitmap, null when all) and the LZ4 text."""
 
 
 class EventArgs:
@@ -203,6 +207,19 @@ class EventArgs:
             self._encoded = None
             self._text = None
         return self
+
+    def packed_texts(self) -> PackedTexts:
+        """The texts, packed (encoding decoded values first)."""
+        if self._packed is not None:
+            return self._packed
+        return PackedTexts.of(self.arrow, PACK_ROWS)
+
+    @classmethod
+    def from_packed(cls, packed: PackedTexts) -> EventArgs:
+        """``args`` held as :meth:`packed_texts` gave them (read from the trace cache)."""
+        out = cls(None, None, exact=True)
+        out._packed = packed
+        return out
 
     def take(self, rows: np.ndarray) -> EventArgs:
         """The ``args`` of ``rows``, in their order (encoded when these are)."""
@@ -298,6 +315,34 @@ class PackedTexts:
 
     def __len__(self) -> int:
         return self._rows
+
+    def table(self) -> pa.Table:
+        """The chunks as a table of :data:`PACKED_SCHEMA`, one row per chunk (what the trace cache
+        writes: the texts stay compressed on disk and come back without being packed again)."""
+        return pa.Table.from_pydict({
+            "rows": [len(c.starts) - 1 for c in self._chunks], "size": [c.size for c in self._chunks],
+            "starts": [c.starts.astype("<i4").tobytes() for c in self._chunks],
+            "valid": [None if c.valid is None else np.packbits(c.valid, bitorder="little").tobytes()
+                      for c in self._chunks],
+            "blob": [c.blob.to_pybytes() for c in self._chunks]}, schema=PACKED_SCHEMA)
+
+    @classmethod
+    def from_table(cls, table: pa.Table) -> PackedTexts:
+        """The chunks of :meth:`table`; ValueError when they do not fit together."""
+        rows, sizes = table.column("rows").to_pylist(), table.column("size").to_pylist()
+        starts, valid, blobs = (table.column(k).to_pylist() for k in ("starts", "valid", "blob"))
+        per_chunk = rows[0] if rows else PACK_ROWS
+        if any(r != per_chunk for r in rows[:-1]) or (rows and not 0 < rows[-1] <= per_chunk):
+            raise ValueError("packed args: chunks of unequal rows")
+        chunks = []
+        for n, size, s, v, blob in zip(rows, sizes, starts, valid, blobs):
+            offsets = np.frombuffer(s, dtype="<i4").astype(np.int32)
+            if len(offsets) != n + 1 or offsets[0] != 0 or offsets[-1] != size or (np.diff(offsets) < 0).any():
+                raise ValueError("packed args: offsets do not fit their chunk")
+            chunks.append(_Chunk(starts=offsets, blob=pa.py_buffer(blob), size=size,
+                                 valid=None if v is None else np.unpackbits(
+                                     np.frombuffer(v, dtype=np.uint8), count=n, bitorder="little").astype(bool)))
+        return cls(chunks, sum(rows), per_chunk)
 
     def _array(self, chunk: _Chunk) -> pa.LargeBinaryArray:
         data = _CODEC.decompress(chunk.blob, decompressed_size=chunk.size, memory_pool=_POOL) if chunk.size \
