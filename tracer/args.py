@@ -12,8 +12,9 @@ Correlation ids, external ids, devices and streams are read by the parser itself
 every event and its hot loop.
 
 Each event's raw ``args`` dict is held by :class:`EventArgs`, beside the event table (not in it):
-decoded when the trace was parsed, or one JSON text per event when it came from the trace cache
-(:mod:`whatif.tracer.cache`), decoded only for the rows and arguments that are read.
+as the Kineto reader and the trace cache (:mod:`whatif.tracer.cache`) hold them, one compact JSON
+text per event in LZ4 chunks (:class:`PackedTexts`), decoded only for the rows and arguments that
+are read; a reader that hands over dicts has them encoded when JSON keeps them exactly.
 
 >>> args = EventArgs.of([{"Input dims": [[2, 3]], "Input type": ["float"]}, None, {"Input Dims": "bad"}])
 >>> arg_column(args, Arg.INPUT_DIMS).tolist()
@@ -169,13 +170,6 @@ class EventArgs:
     def of_json(cls, values: Sequence[dict[str, Any] | None]) -> EventArgs:
         """``args`` just decoded from JSON text (a reader's), held encoded: exact by construction."""
         return cls(None, _encode(values), exact=True)
-
-    @classmethod
-    def from_arrow(cls, encoded: pa.Array) -> EventArgs:
-        """``args`` held encoded in ``encoded`` (read from the trace cache)."""
-        if encoded.type != pa.large_binary():
-            encoded = pc.cast(encoded, pa.large_binary(), memory_pool=_POOL)
-        return cls(None, encoded, exact=True)
 
     @classmethod
     def concat(cls, parts: Sequence[EventArgs]) -> EventArgs:
