@@ -1,10 +1,14 @@
 """How whatif's single-process path scales with the ranks of a job (issue 15): jobs of N ranks
 generated from one real A100 rank (``whatif.jobgen``: 21 collectives, jitter, a straggler, skewed
-clocks), each analyzed in a fresh child process that reports load, build, replay and
-``whatif collectives`` times and its peak resident memory (VmHWM).
+clocks), each analyzed in fresh child processes that report load, build, replay and
+``whatif collectives`` times and resident memory: the peak of the whole run (VmHWM), and per phase
+its own peak and what it leaves resident (VmHWM reset between phases through
+``/proc/self/clear_refs``). The first child parses the files and writes the trace cache (a fresh
+cache folder per job, what a user's first command does); a second child reloads the entry.
 
-Prints one row per N and the per-rank and per-million-task costs measured in this run, and checks
-that ``whatif collectives`` names the injected straggler at every size.
+Prints one row per N and the per-rank and per-million-task costs measured in this run, the memory
+per phase, the growth per million tasks between the two largest jobs, and checks that
+``whatif collectives`` names the injected straggler at every size.
 
 Run: .venv/bin/python bench/scale_ranks.py [--ranks 8,16,32,64] [--write-docs]
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -29,32 +34,67 @@ BEGIN, END = "<!-- bench/scale_ranks.py begin -->", "<!-- bench/scale_ranks.py e
 
 CHILD = r"""
 import json, sys, time
-t0 = time.perf_counter()
+def status():
+    out = {}
+    for line in open('/proc/self/status'):
+        if line.startswith(('VmHWM:', 'VmRSS:')):
+            key, kib = line.split()[:2]
+            out[key[:-1]] = int(kib) / 1024
+    return out
+def reset_peak():
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')
+        return True
+    except OSError:
+        return False
+phases, whole = {}, 0.0
+def phase(name, run):
+    global whole
+    before = status()
+    whole = max(whole, before['VmHWM'])
+    resettable = reset_peak()
+    t = time.perf_counter()
+    result = run()
+    seconds = time.perf_counter() - t
+    after = status()
+    whole = max(whole, after['VmHWM'])
+    phases[name] = {"s": seconds, "peak_mib": after['VmHWM'] if resettable else None, "kept_mib": after['VmRSS']}
+    return result
 from whatif.tracer.trace import load_trace
 from whatif.depgraph.build import build_graph
 from whatif.predictors.replay import replay
 from whatif.collectives import collectives
-t1 = time.perf_counter(); trace = load_trace(sys.argv[1])
-t2 = time.perf_counter(); graph = build_graph(trace)
-t3 = time.perf_counter(); replay(graph)
-t4 = time.perf_counter(); doc = collectives(trace, graph)
-t5 = time.perf_counter()
-peak_kib = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:'))
+imports_mib = status()['VmRSS']
+trace = phase("load", lambda: load_trace(sys.argv[1]))
+graph = phase("build", lambda: build_graph(trace))
+phase("replay", lambda: replay(graph))
+doc = phase("collectives", lambda: collectives(trace, graph))
+whole = max(whole, status()['VmHWM'])
 top = max(doc.ranks, key=lambda r: r.caused_wait_ns)
-print(json.dumps({"load_s": t2 - t1, "build_s": t3 - t2, "replay_s": t4 - t3, "collectives_s": t5 - t4,
-                  "tasks": len(graph.tasks), "events": len(trace.events), "peak_mib": peak_kib / 1024,
-                  "straggler": top.rank, "calls": len(doc.calls)}))
+print(json.dumps({"phases": phases, "imports_mib": imports_mib, "tasks": len(graph.tasks), "events": len(trace.events),
+                  "peak_mib": whole, "straggler": top.rank, "calls": len(doc.calls)}))
 """
+PHASES = ("load", "build", "replay", "collectives")
+
+
+def _child(folder: Path, cache: Path) -> dict:
+    env = {**os.environ, "WHATIF_CACHE_DIR": str(cache)}
+    env.pop("WHATIF_NO_CACHE", None)
+    done = subprocess.run([sys.executable, "-c", CHILD, str(folder)], capture_output=True, text=True, timeout=3600,
+                          env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"{folder}: the analysis failed: {done.stderr.strip().splitlines()[-1]}")
+    return json.loads(done.stdout)
 
 
 def measure(ranks: int, straggler: int, folder: Path) -> dict:
     t = time.perf_counter()
     generate_job(SOURCE, folder, JobOptions(ranks=ranks, seed=ranks), stragglers={straggler: 300_000})
     gen_s = time.perf_counter() - t
-    done = subprocess.run([sys.executable, "-c", CHILD, str(folder)], capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        raise SystemExit(f"{ranks} ranks: the analysis failed: {done.stderr.strip().splitlines()[-1]}")
-    return {"ranks": ranks, "generate_s": gen_s, **json.loads(done.stdout)}
+    first = _child(folder, folder.parent / "cache")
+    again = _child(folder, folder.parent / "cache")
+    return {"ranks": ranks, "generate_s": gen_s, **first, "reload": again}
 
 
 def main() -> int:
@@ -70,23 +110,56 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             rows.append(measure(n, n // 2 + 1, Path(tmp) / "job"))
         r = rows[-1]
-        print(f"{n} ranks: {r['tasks']:,} tasks, load {r['load_s']:.1f} s, build {r['build_s']:.1f} s, "
-              f"replay {r['replay_s']:.1f} s, collectives {r['collectives_s']:.1f} s, peak {r['peak_mib']:,.0f} MiB, "
+        ph = r["phases"]
+        print(f"{n} ranks: {r['tasks']:,} tasks, load {ph['load']['s']:.1f} s, build {ph['build']['s']:.1f} s, "
+              f"replay {ph['replay']['s']:.1f} s, collectives {ph['collectives']['s']:.1f} s, "
+              f"peak {r['peak_mib']:,.0f} MiB (reload: {r['reload']['peak_mib']:,.0f} MiB), "
               f"straggler found: {r['straggler'] == n // 2 + 1}", flush=True)
-    lines = ["| ranks | events | tasks | load s | build s | replay s | collectives s | total s per rank | "
-             "peak MiB | MiB per M tasks | injected straggler found |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        total = r["load_s"] + r["build_s"] + r["replay_s"] + r["collectives_s"]
-        lines.append(f"| {r['ranks']} | {r['events']:,} | {r['tasks']:,} | {r['load_s']:.1f} | {r['build_s']:.1f} | "
-                     f"{r['replay_s']:.1f} | {r['collectives_s']:.1f} | {total / r['ranks']:.2f} | "
-                     f"{r['peak_mib']:,.0f} | {r['peak_mib'] / (r['tasks'] / 1e6):,.0f} | "
-                     f"{'yes' if r['straggler'] == r['ranks'] // 2 + 1 else 'NO'} |")
-    table = "\n".join(lines) + "\n"
+    table = _times_table(rows) + "\n" + _memory_table(rows) + _growth(rows)
     print(table)
     if args.write_docs:
         replace_section(ROOT / "docs" / "scale.md", BEGIN, END, table)
         print("wrote docs/scale.md")
     return 0 if all(r["straggler"] == r["ranks"] // 2 + 1 for r in rows) else 1
+
+
+def _times_table(rows: list[dict]) -> str:
+    lines = ["| ranks | events | tasks | load s | build s | replay s | collectives s | total s per rank | "
+             "peak MiB | MiB per M tasks | reload: load s | reload: peak MiB | injected straggler found |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ph = r["phases"]
+        total = sum(ph[p]["s"] for p in PHASES)
+        lines.append(f"| {r['ranks']} | {r['events']:,} | {r['tasks']:,} | "
+                     + " | ".join(f"{ph[p]['s']:.1f}" for p in PHASES)
+                     + f" | {total / r['ranks']:.2f} | {r['peak_mib']:,.0f} | "
+                     f"{r['peak_mib'] / (r['tasks'] / 1e6):,.0f} | "
+                     f"{r['reload']['phases']['load']['s']:.2f} | {r['reload']['peak_mib']:,.0f} | "
+                     f"{'yes' if r['straggler'] == r['ranks'] // 2 + 1 else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _memory_table(rows: list[dict]) -> str:
+    """Per phase of the first load: its own peak and what stays resident after it (MiB)."""
+    lines = ["| ranks | after imports MiB | " + " | ".join(f"{p}: peak / after MiB" for p in PHASES) + " |",
+             "|---|---|" + "---|" * len(PHASES)]
+    for r in rows:
+        ph = r["phases"]
+        cells = [f"{ph[p]['peak_mib']:,.0f} / {ph[p]['kept_mib']:,.0f}" if ph[p]["peak_mib"] is not None
+                 else f"- / {ph[p]['kept_mib']:,.0f}" for p in PHASES]
+        lines.append(f"| {r['ranks']} | {r['imports_mib']:,.0f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _growth(rows: list[dict]) -> str:
+    """How the peak grows per million tasks between the two largest jobs (the fixed part of the
+    interpreter and libraries left out)."""
+    if len(rows) < 2:
+        return ""
+    a, b = sorted(rows, key=lambda r: r["tasks"])[-2:]
+    slope = (b["peak_mib"] - a["peak_mib"]) / ((b["tasks"] - a["tasks"]) / 1e6)
+    return (f"\nPeak growth from {a['ranks']} to {b['ranks']} ranks: {slope:,.0f} MiB per million tasks "
+            f"({slope * 2**20 / 1e9:.2f} GB).\n")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ thread and inherit, from the innermost enclosing event of each sort:
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,36 +58,20 @@ def build_hierarchy(events: pd.DataFrame) -> CpuHierarchy:
     kinds = events["kind"].to_numpy()
     cpu_mask = np.isin(kinds, [int(k) for k in CPU_KINDS])
     rows = np.flatnonzero(cpu_mask)
-    sub = events.iloc[rows]
+    rank, pid, tid = (events[k].to_numpy()[rows] for k in ("rank", "pid", "tid"))
     # Stable sort by thread keeps the table's (ts, -dur) order within a thread.
-    order = np.lexsort((np.arange(len(rows)), sub["tid"].to_numpy(), sub["pid"].to_numpy(), sub["rank"].to_numpy()))
+    order = np.lexsort((np.arange(len(rows)), tid, pid, rank))
     rows = rows[order]
-    sub = events.iloc[rows]
     n = len(rows)
-    ts = sub["ts_ns"].to_numpy().tolist()
-    end = (sub["ts_ns"].to_numpy() + sub["dur_ns"].to_numpy()).tolist()
-    thread = (sub["rank"].to_numpy().astype(np.int64) * 0x1000003 + sub["pid"].to_numpy() * 0x10001
-              + sub["tid"].to_numpy()).tolist()
-
-    parent = [-1] * n
-    stack: list[int] = []
-    prev_thread = None
-    for i in range(n):
-        if thread[i] != prev_thread:
-            stack.clear()
-            prev_thread = thread[i]
-        t = ts[i]
-        while stack and end[stack[-1]] <= t:
-            stack.pop()
-        if stack:
-            parent[i] = stack[-1]
-        stack.append(i)
-    parent_arr = np.asarray(parent, dtype=np.int64)
+    thread = rank[order].astype(np.int64) * 0x1000003 + pid[order] * 0x10001 + tid[order]
+    del rank, pid, tid
+    segments = _thread_segments(thread)
+    parent_arr = _parents(events["ts_ns"].to_numpy()[rows], events["dur_ns"].to_numpy()[rows], segments)
 
     # What each event itself defines (per distinct name: names are categorical).
-    kind_arr = sub["kind"].to_numpy()
-    codes = sub["name"].cat.codes.to_numpy()
-    cats = [str(c) for c in sub["name"].cat.categories]
+    kind_arr = kinds[rows]
+    codes = events["name"].cat.codes.to_numpy()[rows]
+    cats = [str(c) for c in events["name"].cat.categories]
     step_of_name = np.asarray([step_number(c) if step_number(c) is not None else -1 for c in cats], dtype=np.int64)
     phase_of_name = np.asarray([phase_name(c) for c in cats], dtype=object)
     module_of_name = np.asarray([c[len("nn.Module: "):] if c.startswith("nn.Module: ") else None for c in cats],
@@ -98,10 +83,10 @@ def build_hierarchy(events: pd.DataFrame) -> CpuHierarchy:
                                                           & (module_of_name[codes] != None))  # noqa: E711
     own_op = kind_arr == int(EventKind.CPU_OP)
     idx = np.arange(n, dtype=np.int64)
-    step_src = _inherit(np.where(own_step >= 0, idx, -1), parent_arr)
-    phase_src = _inherit(np.where(own_phase, idx, -1), parent_arr)
-    layer_src = _inherit(np.where(own_layer, idx, -1), parent_arr)
-    op_src = _inherit(np.where(own_op, idx, -1), parent_arr)
+    step_src = inherit(np.where(own_step >= 0, idx, -1), parent_arr)
+    phase_src = inherit(np.where(own_phase, idx, -1), parent_arr)
+    layer_src = inherit(np.where(own_layer, idx, -1), parent_arr)
+    op_src = inherit(np.where(own_op, idx, -1), parent_arr)
     names_arr = np.asarray(cats, dtype=object)[codes]
     layer_name = np.where(kind_arr == int(EventKind.PYTHON), module_of_name[codes], names_arr)
     step = np.where(step_src >= 0, own_step[np.maximum(step_src, 0)], -1)
@@ -112,26 +97,65 @@ def build_hierarchy(events: pd.DataFrame) -> CpuHierarchy:
     is_structure = (own_step >= 0) | own_phase
 
     has_call = np.isin(kind_arr, [int(EventKind.RUNTIME), int(EventKind.DRIVER)])
-    # Children come after parents in this order, so one reverse sweep propagates flags upward.
-    hc = has_call.tolist()
-    hs = is_structure.tolist()
-    for i in range(n - 1, -1, -1):
-        p = parent[i]
-        if p >= 0:
-            if hc[i]:
-                hc[p] = True
-            if hs[i]:
-                hs[p] = True
     return CpuHierarchy(rows=rows, parent=parent_arr, step=step.astype(np.int64), phase=phase, layer=layer, op=op,
-                        has_call=np.asarray(hc, dtype=bool), has_structure=np.asarray(hs, dtype=bool),
-                        is_structure=is_structure)
+                        has_call=_upward(has_call, parent_arr, segments),
+                        has_structure=_upward(is_structure, parent_arr, segments), is_structure=is_structure)
 
 
-def _inherit(source: np.ndarray, parent: np.ndarray) -> np.ndarray:
-    """For every event, the nearest event at or above it (itself first) whose ``source`` is set
-    (>= 0), by pointer jumping: O(log depth) vectorized passes.
+def _thread_segments(thread: np.ndarray) -> list[tuple[int, int]]:
+    """The [begin, end) positions of each thread's run of events (``thread`` is grouped)."""
+    bounds = [0, *(np.flatnonzero(thread[1:] != thread[:-1]) + 1).tolist(), len(thread)]
+    return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
-    >>> _inherit(np.array([0, -1, -1, 3]), np.array([-1, 0, 1, 1])).tolist()
+
+def _parents(ts_ns: np.ndarray, dur_ns: np.ndarray, segments: list[tuple[int, int]]) -> np.ndarray:
+    """Per event, the position of the innermost event of its thread that encloses it (the last
+    one still open at its start), -1 at top level. One thread at a time, so that the Python
+    lists of the loop hold one thread's events, not the job's.
+
+    >>> _parents(np.array([0, 1, 2, 5, 0]), np.array([10, 3, 1, 1, 4]), [(0, 4), (4, 5)]).tolist()
+    [-1, 0, 1, 0, -1]
+    """
+    parent = np.full(len(ts_ns), -1, dtype=np.int64)
+    for a, b in segments:
+        ts = ts_ns[a:b].tolist()
+        end = (ts_ns[a:b] + dur_ns[a:b]).tolist()
+        out = [-1] * (b - a)
+        stack: list[int] = []
+        for i, t in enumerate(ts):
+            while stack and end[stack[-1]] <= t:
+                stack.pop()
+            if stack:
+                out[i] = stack[-1] + a
+            stack.append(i)
+        parent[a:b] = out
+    return parent
+
+
+def _upward(flag: np.ndarray, parent: np.ndarray, segments: list[tuple[int, int]]) -> np.ndarray:
+    """``flag`` set on every event at or above a flagged one. Children come after parents in
+    their thread's run, so one reverse sweep per thread propagates the flags upward.
+
+    >>> _upward(np.array([False, False, True, False]), np.array([-1, 0, 1, -1]), [(0, 4)]).tolist()
+    [True, True, True, False]
+    """
+    out = flag.copy()
+    for a, b in segments:
+        up = (parent[a:b] - a).tolist()
+        seen = flag[a:b].tolist()
+        for i in range(b - a - 1, -1, -1):
+            p = up[i]
+            if p >= 0 and seen[i]:
+                seen[p] = True
+        out[a:b] = seen
+    return out
+
+
+def inherit(source: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """For every event, the ``source`` of the nearest event at or above it (itself first) whose
+    ``source`` is set (>= 0), -1 if none, by pointer jumping: O(log depth) vectorized passes.
+
+    >>> inherit(np.array([0, -1, -1, 3]), np.array([-1, 0, 1, 1])).tolist()
     [0, 0, 0, 3]
     """
     val = source.copy()

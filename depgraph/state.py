@@ -36,13 +36,16 @@ class TaskColumns:
         return ids
 
     def frame(self) -> pd.DataFrame:
-        out: dict[str, np.ndarray | list[object]] = {}
+        """The tasks as one table; the text columns categorical (each text once, a small code per
+        task: never one string per task)."""
+        out: dict[str, np.ndarray | pd.Categorical] = {}
         for key, part in self.parts.items():
             if key in ("phase", "layer", "op", "name"):
-                out[key] = np.concatenate([np.asarray(p, dtype=object) for p in part]) if part else []
+                out[key] = pd.Categorical(np.concatenate([np.asarray(p, dtype=object) for p in part])
+                                          if part else np.empty(0, dtype=object))
             else:
                 out[key] = np.concatenate([np.asarray(p) for p in part]) if part else np.empty(0)
-        return pd.DataFrame(out)
+        return pd.DataFrame(out, copy=False)
 
 
 class Resources:

@@ -15,10 +15,10 @@ import pandas as pd
 from whatif.core.kernels import is_collective
 from whatif.tracer.kinds import GPU_ACTIVITY_KINDS, EventKind, codes
 from whatif.tracer.kineto import step_number
-from whatif.tracer.trace import Trace, per_name
+from whatif.tracer.trace import Trace, name_texts, per_name
 
 from .graph import CPU_KINDS, ResourceKind, TaskKind, kind_codes, task_kind_codes
-from .hierarchy import CpuHierarchy, build_hierarchy
+from .hierarchy import CpuHierarchy, build_hierarchy, inherit
 from .rules.sync_lookup import COPY_CALL, PAGEABLE_COPY, SYNCHRONOUS_COPY
 from .state import BlockingCopies, BuildState, Resources, TaskColumns
 
@@ -58,8 +58,7 @@ class _TaskMaker:
         self.thread_label = {(info.rank, pid, tid): label
                              for info in trace.ranks for (pid, tid), label in info.thread_names.items()}
         h_rows = self.hier.rows
-        self.h_names = np.asarray(self.names.cat.categories.astype(str), dtype=object)[
-            self.names.cat.codes.to_numpy()[h_rows]]
+        self.h_names = name_texts(self.names, h_rows)
         self.h_res = _resource_ids(self._thread_resource, self.rank[h_rows], ev["pid"].to_numpy()[h_rows],
                                    ev["tid"].to_numpy()[h_rows])
 
@@ -96,12 +95,8 @@ class _TaskMaker:
 
         # CPU_WORK tasks: the outermost operators with no call and no step/phase below them. Python
         # frames do not count as enclosing operators (they interleave with ops, with_stack traces).
-        is_python = (h_kind == int(EventKind.PYTHON)).tolist()
-        op_parent = h_parent.tolist()
-        for i, p in enumerate(op_parent):
-            if p >= 0 and is_python[p]:
-                op_parent[i] = op_parent[p]
-        op_parent_arr = np.asarray(op_parent, dtype=np.int64)
+        not_python = np.where(h_kind != int(EventKind.PYTHON), np.arange(len(h_rows), dtype=np.int64), -1)
+        op_parent_arr = np.where(h_parent >= 0, inherit(not_python, h_parent)[np.maximum(h_parent, 0)], -1)
         descend = hier.has_call | hier.has_structure
         parent_ok = np.ones(len(h_rows), dtype=bool)
         has_parent = op_parent_arr >= 0
@@ -142,7 +137,7 @@ class _TaskMaker:
                                  dur_ns=end[g_rows] - ts[g_rows], measured_start_ns=ts[g_rows],
                                  measured_end_ns=end[g_rows], step=np.full(ng, -1, dtype=np.int64),
                                  phase=[None] * ng, layer=[None] * ng, op=[None] * ng,
-                                 name=self.names.iloc[g_rows].astype(str).tolist(), tie=np.full(ng, 2, dtype=np.int8))
+                                 name=name_texts(self.names, g_rows), tie=np.full(ng, 2, dtype=np.int8))
         return g_rows, g_kind, gpu_ids
 
     def launchers(self, cpu: _CpuTasks, g_rows: np.ndarray) -> np.ndarray:
@@ -173,7 +168,7 @@ class _TaskMaker:
         c_rows = g_rows[copy_sel]
         p_sel = prev_row[copy_sel]
         held = held_copies(self.h_names[cpu.call_pos[b_calls - first_call]],
-                           self.names.iloc[c_rows].astype(str).to_numpy(), ts[b_rows], end[b_rows], ts[c_rows],
+                           name_texts(self.names, c_rows), ts[b_rows], end[b_rows], ts[c_rows],
                            end[c_rows], np.where(p_sel >= 0, end[g_rows[np.maximum(p_sel, 0)]], -1))
         copy_sel, b_calls, b_rows, c_rows, p_sel, held = (
             x[held != int(Held.NOT)] for x in (copy_sel, b_calls, b_rows, c_rows, p_sel, held))
@@ -218,7 +213,6 @@ def initial_state(trace: Trace) -> BuildState:
     origin_of_rank = maker.origins()
 
     t = maker.tasks.frame()
-    t["name"] = pd.Categorical(t["name"])
     thread_tie = t.pop("tie").to_numpy()
     launch_of = np.full(len(t), -1, dtype=np.int64)
     launch_of[gpu_ids] = launcher

@@ -700,3 +700,32 @@ def test_the_architecture_lists_the_steps_in_order() -> None:
     section = text.split("**The build pipeline**", 1)[1].split("\n\n**", 1)[0]
     listed = re.findall(r"^\d+\. `(\w+)`", section, flags=re.M)
     assert listed == [type(step).__name__ for step in RULES]
+
+
+def test_build_state_is_freed_when_the_build_returns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No reference cycle keeps a build's state (its task table, lookups, memos) alive for the
+    garbage collector to find later: it goes as soon as the graph is returned, before a replay
+    allocates its own arrays."""
+    import gc
+    import weakref
+
+    from whatif.depgraph import build as build_module
+    tr = KinetoTrace()
+    tr.step(0, 0, 130)
+    tr.runtime("cudaLaunchKernel", 0, 5, corr=1)
+    tr.gpu("gemm", 10, 100, corr=1)
+    tr.runtime("cudaStreamSynchronize", 10, 102, corr=2)
+    tr.cuda_sync("Stream Sync", 10, 102, corr=2, stream=7)
+    trace = load_trace(tr.write(tmp_path / "t.json.gz"))
+    states: list[weakref.ref] = []
+    made = build_module.initial_state
+    monkeypatch.setattr(build_module, "initial_state", lambda t: states.append(weakref.ref(s := made(t))) or s)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        graph = build_graph(trace)
+        assert states and states[0]() is None
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert len(graph.edges)

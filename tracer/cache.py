@@ -1,9 +1,9 @@
 """The columnar trace cache: a loaded trace's tables as Parquet, read back instead of parsing.
 
 The first :func:`~whatif.tracer.trace.load_trace` of some trace files writes what it built (the
-event table, each event's ``args`` as one JSON text, the allocator records, the flows and the
-per-rank facts) into an entry of the cache folder; later loads of the same files read the entry
-back (memory-mapped) and decode the ``args`` only where they are read.
+event table, each event's ``args`` as one JSON text in LZ4 chunks, the allocator records, the
+flows and the per-rank facts) into an entry of the cache folder; later loads of the same files
+read the entry back (memory-mapped), the ``args`` still packed, decoded only where they are read.
 
 Where: ``$WHATIF_CACHE_DIR``, else ``$XDG_CACHE_HOME/whatif``, else ``~/.cache/whatif``; never
 beside the traces. ``WHATIF_NO_CACHE=1`` (or ``--no-cache``, :func:`bypassed`) turns it off.
@@ -12,7 +12,8 @@ Key (:func:`trace_key`): BLAKE2b over :data:`SCHEMA_VERSION`, and for each file 
 reader, its name (ranks may come from file names) and its bytes. Any change to a file, to the
 files of a folder, or to what the reader produces (bump :data:`SCHEMA_VERSION`) is a new entry.
 
-An entry is a folder named by the key: ``events.parquet``, ``memory.parquet``, ``manifest.json``
+An entry is a folder named by the key: ``events.parquet``, ``memory.parquet``, ``args.parquet``
+(:class:`~whatif.tracer.args.PackedTexts`' chunks), ``manifest.json``
 (the key, the schema version, the number of files, each Parquet file's BLAKE2b digest and row
 count, the names, flows and per-rank facts) and ``manifest.blake2b`` (the manifest's digest). It
 is written into a temporary folder and renamed into place in one step, so concurrent writers
@@ -44,23 +45,24 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .args import EventArgs, exact_json
+from .args import PACKED_SCHEMA, EventArgs, PackedTexts
 from .memory import MEMORY_COLUMNS
 from .readers import Flow, reader_for
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 4
 """What an entry holds and how the readers fill it: bump it whenever either changes."""
 
 CACHE_DIR_ENV = "WHATIF_CACHE_DIR"
 NO_CACHE_ENV = "WHATIF_NO_CACHE"
-_EVENTS, _MEMORY, _MANIFEST, _CHECK = "events.parquet", "memory.parquet", "manifest.json", "manifest.blake2b"
+_EVENTS, _MEMORY, _ARGS = "events.parquet", "memory.parquet", "args.parquet"
+_MANIFEST, _CHECK = "manifest.json", "manifest.blake2b"
 _CHUNK_BYTES = 1 << 20
 _DICTIONARY = ["rank", "kind", "name_code", "pid", "tid", "device", "stream", "device_type", "device_id"]
 
 EVENT_SCHEMA = pa.schema([("rank", pa.int32()), ("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("kind", pa.int8()),
                           ("name_code", pa.int32()), ("pid", pa.int64()), ("tid", pa.int64()),
                           ("device", pa.int32()), ("stream", pa.int64()), ("correlation", pa.int64()),
-                          ("external_id", pa.int64()), ("args", pa.binary())])
+                          ("external_id", pa.int64())])
 MEMORY_SCHEMA = pa.schema([("rank", pa.int32()), ("ts_ns", pa.int64()), ("pid", pa.int64()), ("tid", pa.int64()),
                            ("device_type", pa.int16()), ("device_id", pa.int32()), ("bytes", pa.int64()),
                            ("total_allocated_bytes", pa.int64()), ("total_reserved_bytes", pa.int64()),
@@ -160,6 +162,19 @@ def _digest(data: pa.Buffer | bytes) -> str:
 def fetch(key: str, files: int) -> Cached | None:
     """The entry of ``key`` (a trace of ``files`` files), or None when there is none or it cannot be trusted (then it is
     removed, so that the caller's :func:`store` replaces it)."""
+    try:
+        return _fetch(key, files)
+    finally:
+        _release_arrow_memory()
+
+
+def _release_arrow_memory() -> None:
+    """Hand Arrow's freed buffers back to the system: its default pool (mimalloc) keeps what the
+    Parquet reader and writer freed (160 MB after a 32-rank job's reload) for Arrow's own reuse."""
+    pa.default_memory_pool().release_unused()
+
+
+def _fetch(key: str, files: int) -> Cached | None:
     entry = cache_dir() / key
     if not entry.is_dir():
         return None
@@ -173,7 +188,8 @@ def fetch(key: str, files: int) -> Cached | None:
             raise ValueError("another key, schema version or file count")
         events = _table(entry, _EVENTS, EVENT_SCHEMA, manifest)
         memory = _table(entry, _MEMORY, MEMORY_SCHEMA, manifest)
-        found = _unpack(events, memory, manifest)
+        args = PackedTexts.from_table(_table(entry, _ARGS, PACKED_SCHEMA, manifest))
+        found = _unpack(events, memory, args, manifest)
     except (OSError, ValueError, KeyError, msgspec.DecodeError, pa.ArrowException):
         _remove(entry)
         return None
@@ -196,14 +212,15 @@ def _numpy(table: pa.Table, name: str) -> np.ndarray:
     return column.chunk(0).to_numpy() if column.num_chunks else np.zeros(0, dtype=column.type.to_pandas_dtype())
 
 
-def _unpack(events: pa.Table, memory: pa.Table, manifest: _Manifest) -> Cached:
+def _unpack(events: pa.Table, memory: pa.Table, args: PackedTexts, manifest: _Manifest) -> Cached:
     codes = _numpy(events, "name_code")
     if codes.size and (codes.min() < 0 or codes.max() >= len(manifest.names)):
         raise ValueError("name codes out of range")
-    args = events.column("args")
-    return Cached(columns={k: _numpy(events, k) for k in EVENT_SCHEMA.names if k not in ("name_code", "args")},
+    if len(args) != events.num_rows:
+        raise ValueError("args for another number of events")
+    return Cached(columns={k: _numpy(events, k) for k in EVENT_SCHEMA.names if k != "name_code"},
                   codes=codes, names=manifest.names,
-                  args=EventArgs.from_arrow(args.chunk(0) if args.num_chunks else pa.array([], type=pa.binary())),
+                  args=EventArgs.from_packed(args),
                   memory=pd.DataFrame({k: _numpy(memory, k) for k in MEMORY_COLUMNS}, copy=False),
                   flows=manifest.flows, ranks=manifest.ranks)
 
@@ -212,14 +229,22 @@ def store(key: str, files: int, cached: Cached) -> bool:
     """Write the entry of ``key``, a trace of ``files`` files (atomically: a temporary folder renamed into place). False
     when it was not written: JSON cannot keep a value exactly, or the folder cannot be written
     (the load goes on without the cache either way)."""
+    try:
+        return _store(key, files, cached)
+    finally:
+        _release_arrow_memory()
+
+
+def _store(key: str, files: int, cached: Cached) -> bool:
     manifest = _Manifest(schema_version=SCHEMA_VERSION, key=key, files=files, digests={}, rows={}, names=cached.names,
                          flows=cached.flows, ranks=cached.ranks)
-    if not exact_json(cached.args.values().tolist()) or not _exact(manifest):
+    if not cached.args.exact() or not _exact(manifest):
         return False
-    columns = {"name_code": cached.codes, "args": cached.args.arrow, **cached.columns}
+    columns = {"name_code": cached.codes, **cached.columns}
     tables = {_EVENTS: pa.Table.from_arrays([pa.array(columns[n], type=EVENT_SCHEMA.field(n).type)
                                              for n in EVENT_SCHEMA.names], schema=EVENT_SCHEMA),
-              _MEMORY: pa.Table.from_pandas(cached.memory, schema=MEMORY_SCHEMA, preserve_index=False)}
+              _MEMORY: pa.Table.from_pandas(cached.memory, schema=MEMORY_SCHEMA, preserve_index=False),
+              _ARGS: cached.args.packed_texts().table()}
     root = cache_dir()
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -229,7 +254,9 @@ def store(key: str, files: int, cached: Cached) -> bool:
     try:
         for name, table in tables.items():
             sink = pa.BufferOutputStream()
-            pq.write_table(table, sink, compression="lz4", use_dictionary=_DICTIONARY)
+            packed = name == _ARGS  # LZ4 chunks already
+            pq.write_table(table, sink, compression="none" if packed else "lz4",
+                           use_dictionary=False if packed else _DICTIONARY)
             data = sink.getvalue()
             (tmp / name).write_bytes(memoryview(data))
             manifest.digests[name], manifest.rows[name] = _digest(data), table.num_rows

@@ -13,18 +13,22 @@ Speed (see ``bench/parse_speed.py`` and ``docs/traces.md``): gzip is inflated wi
 the keys the reader uses (``args`` stays a plain dict), in one scan of the text; one tight loop
 appends each event's fields to lists, converted with numpy afterwards; the cyclic GC is paused
 meanwhile (see :func:`gc_paused`).
+
+Memory (``docs/scale.md``): each event's ``args`` dict is encoded again as one compact JSON
+text once the file's loop is done (:meth:`~whatif.tracer.args.EventArgs.of_json`, about a
+seventh of the dict's size), and the file's decoded events are freed before anything that
+outlives the parse is made, so a job of many files never holds more than one file's dicts.
 """
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import math
 import re
 import types
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
+from sys import intern
 from typing import Any
 
 import msgspec
@@ -34,6 +38,7 @@ import orjson
 from whatif.core import limits
 from whatif.core.errors import TraceError
 
+from .args import EventArgs, gc_paused
 from .kinds import GPU_KINDS, IGNORED_CATEGORIES, EventKind, kind_of
 from .memory import MEMORY_EVENT_NAME, UNKNOWN, MemoryColumns
 from .names import kineto_spelling
@@ -46,24 +51,6 @@ except ImportError:  # pragma: no cover - isal is a dependency, zlib is the fall
     _inflate_lib = zlib
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a trace's objects are being built.
-
-    Decoding creates hundreds of thousands of containers (``args`` dicts and their lists) that
-    all survive; each collection their allocation triggered would walk all of them (measured:
-    a third to a half of the load time). The collector's previous state is restored on leaving;
-    nothing else about the program's garbage collection changes.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -399,7 +386,7 @@ def _check_steps(path: Path, names: list[str]) -> None:
 
 
 def _parse_events(path: Path, events: list[_Event], metadata: dict[str, Any], malformed: int) -> FileTrace:
-    """Decoded events -> :class:`FileTrace` (see :func:`parse_file`).
+    """Decoded events -> :class:`FileTrace` (see :func:`parse_file`); ``events`` is emptied.
 
     One pass over the events with plain list appends (measured 2.5x faster than pulling each
     column out with ``map``/``attrgetter``); the conversions to numpy happen afterwards.
@@ -568,7 +555,9 @@ def _parse_events(path: Path, events: list[_Event], metadata: dict[str, Any], ma
     columns = FileColumns(
         ts_ns=ts_ns, dur_ns=np.maximum(_us_to_ns(dur_l, path, "duration", limits.MAX_DURATION_NS), 0),
         kind=kind, name_code=name_codes, names=names, pid=pid, tid=tid, device=device, stream=stream,
-        correlation=_int64(corr_l), external_id=_int64(ext_l), args=args_l)
+        correlation=_int64(corr_l), external_id=_int64(ext_l), args=EventArgs.of_json(args_l))
+    del args_l
+    events.clear()  # the decoded events and their args dicts go before anything that outlives the parse is made
     flows, thread_names, process_names, memory, skipped = _other_events(rest, base_ns, interned)
     skipped["malformed"] += malformed
     return FileTrace(path=path, columns=columns, flows=flows, metadata=metadata,
@@ -627,7 +616,7 @@ def _other_events(events: list[_Event], base_ns: int, interned: _StringIds
             if ts.__class__ not in (int, float) or ev.id is None or not abs(ts) <= limits.MAX_TIME_NS / 1000:
                 skipped["malformed"] += 1   # no time, no id, or a time beyond the bound (or NaN)
                 continue
-            flows.append(Flow(category=cat, flow_id=_int_id(ev.id, interned), phase=ph,
+            flows.append(Flow(category=intern(cat), flow_id=_int_id(ev.id, interned), phase=ph,
                               pid=_int_id(ev.pid, interned), tid=_int_id(ev.tid, interned),
                               ts_ns=base_ns + _scalar_us_to_ns(ts)))
         elif ph == "M":

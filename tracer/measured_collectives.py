@@ -21,7 +21,7 @@ import pandas as pd
 from whatif.core.dtypes import element_bytes
 from whatif.core.errors import TraceError
 from whatif.core.kernels import CollectiveKind, collective_kind, is_collective
-from whatif.tracer.args import Arg, arg_column
+from whatif.tracer.args import Arg, arg_columns
 from whatif.tracer.kinds import EventKind
 from whatif.tracer.trace import Trace, per_name
 
@@ -56,17 +56,18 @@ def collective_points(trace: Trace) -> list[CollectivePoint]:
     coll = kernels[per_name(ev["name"], is_collective)[kernels]]
     if not len(coll):
         return []
-    names = ev["name"].astype(str).to_numpy()
+    categories, codes = ev["name"].cat.categories, ev["name"].cat.codes.to_numpy()
     ext = ev["external_id"].to_numpy()
     ranks = ev["rank"].to_numpy()
     # the CPU op that launched a kernel records the arguments when the kernel does not
     launched = set(zip(ranks[coll].tolist(), ext[coll].tolist()))
-    ops = np.flatnonzero((ev["kind"].to_numpy() == int(EventKind.CPU_OP)) & (ext >= 0))
+    ops = np.flatnonzero((ev["kind"].to_numpy() == int(EventKind.CPU_OP)) & np.isin(ext, ext[coll]) & (ext >= 0))
     ops = np.asarray([r for r, key in zip(ops.tolist(), zip(ranks[ops].tolist(), ext[ops].tolist()))
                       if key in launched], dtype=np.int64)
     rows = np.concatenate([coll, ops])  # arguments are read for these rows only (a job has millions)
-    values = {arg: dict(zip(rows.tolist(), arg_column(trace.args, arg, rows).tolist()))
-              for arg in (Arg.GROUP_SIZE, Arg.COLLECTIVE_NAME, Arg.DTYPE, Arg.IN_MSG_NELEMS, Arg.OUT_MSG_NELEMS)}
+    wanted = (Arg.GROUP_SIZE, Arg.COLLECTIVE_NAME, Arg.DTYPE, Arg.IN_MSG_NELEMS, Arg.OUT_MSG_NELEMS)
+    values = {arg: dict(zip(rows.tolist(), column.tolist()))
+              for arg, column in arg_columns(trace.args, wanted, rows).items()}
     group_size, coll_name, dtype = values[Arg.GROUP_SIZE], values[Arg.COLLECTIVE_NAME], values[Arg.DTYPE]
     in_nelems, out_nelems = values[Arg.IN_MSG_NELEMS], values[Arg.OUT_MSG_NELEMS]
     op_row = {(int(ranks[r]), int(ext[r])): r for r in ops.tolist() if group_size[r] is not None}
@@ -76,7 +77,7 @@ def collective_points(trace: Trace) -> list[CollectivePoint]:
         row = k if group_size[k] is not None else op_row.get((int(ranks[k]), int(ext[k])))
         if row is None:
             continue
-        ck = collective_kind(coll_name[row] or None, names[k])
+        ck = collective_kind(coll_name[row] or None, str(categories[codes[k]]))
         kind = ck.value if ck is not None else None
         group = group_size[row]
         if kind is None or group < 1:

@@ -35,6 +35,7 @@ from whatif.core import limits
 from whatif.core.errors import TraceError
 from whatif.core.plugins import load_plugins
 
+from .args import EventArgs
 from .kinds import EventKind
 from .memory import MemoryColumns
 
@@ -54,7 +55,9 @@ class FileColumns:
 
     Times are integer nanoseconds (``baseTimeNanoseconds`` applied); ids are int64 (-1 when
     absent; unsigned 64-bit ids above 2**63 wrap to negative). Names are stored once:
-    ``name_code[i]`` indexes ``names``.
+    ``name_code[i]`` indexes ``names``. ``args`` are each event's dict (or None): a list, or
+    held encoded (:class:`~whatif.tracer.args.EventArgs`, what the Kineto reader makes so that
+    no file's dicts outlive its parse).
     """
 
     ts_ns: np.ndarray        # int64
@@ -68,7 +71,7 @@ class FileColumns:
     stream: np.ndarray       # int64, -1 on CPU events
     correlation: np.ndarray  # int64
     external_id: np.ndarray  # int64
-    args: list[dict[str, Any] | None]
+    args: list[dict[str, Any] | None] | EventArgs  # a reader of JSON keeps them encoded (EventArgs.of_json)
 
     def __len__(self) -> int:
         return len(self.ts_ns)
@@ -112,9 +115,10 @@ class FileColumns:
                    external_id=ids(external_id, np.int64), args=list(args) if args is not None else [None] * n)
 
 
-@dataclass
+@dataclass(slots=True)
 class Flow:
-    """One end of a non-launch flow (e.g. ``fwdbwd``), located by thread and time."""
+    """One end of a non-launch flow (e.g. ``fwdbwd``), located by thread and time (slotted: a
+    job holds one per flow end, tens of thousands per rank)."""
 
     category: str
     flow_id: int

@@ -14,7 +14,6 @@ import pandas as pd
 
 from .args import EventArgs
 from .kineto import step_number
-from .readers import Flow
 from .trace import Trace
 
 
@@ -60,4 +59,4 @@ def repeat_trace(trace: Trace, copies: int) -> Trace:
     args = EventArgs.of(np.tile(trace.raw_args(), copies)[order])
     flows = [(r, replace(f, ts_ns=f.ts_ns + c * window, flow_id=f.flow_id + c * (1 << 40)))
              for c in range(copies) for r, f in trace.flows] if trace.flows else []
-    return Trace(events=events, ranks=trace.ranks, flows=[(r, Flow(**vars(f))) for r, f in flows], args=args)
+    return Trace(events=events, ranks=trace.ranks, flows=flows, args=args)

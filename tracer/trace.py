@@ -59,6 +59,20 @@ def per_name(names: pd.Series, predicate: Callable[[str], bool]) -> np.ndarray:
     return per_category[cat.codes.to_numpy()]
 
 
+def name_texts(names: pd.Series, rows: np.ndarray | None = None) -> np.ndarray:
+    """The names of every row (or of ``rows``) of a categorical name column (the event table's,
+    a graph's tasks'), as an object array of the column's own category strings: one string per
+    distinct name, shared, never a new string per row (``astype(str)`` makes one per row).
+
+    >>> name_texts(pd.Series(["a", "bb", "a"], dtype="category"), np.array([2, 1])).tolist()
+    ['a', 'bb']
+    """
+    cat = names.cat
+    texts = np.asarray([str(c) for c in cat.categories], dtype=object)
+    codes = cat.codes.to_numpy()
+    return texts[codes if rows is None else codes[rows]]
+
+
 @dataclass
 class RankInfo:
     """Per-rank facts: where they came from, what ran it. A rank recorded as several processes
@@ -351,23 +365,24 @@ def _frame(columns: dict[str, np.ndarray], codes: np.ndarray, categories: list[s
 
 def _to_frame(files: list[FileTrace], ranks: list[int]) -> tuple[pd.DataFrame, EventArgs]:
     """All files' columns in one frame, sorted by (rank, ts_ns, longer first), stable, and the
-    events' ``args`` in the same order."""
+    events' ``args`` in the same order. Built one column at a time: besides the files' own
+    columns, one unsorted column is held at once."""
     cols = [f.columns for f in files]
-    data: dict[str, np.ndarray] = {
-        "rank": np.concatenate([np.full(len(c), r, dtype=np.int32) for c, r in zip(cols, ranks)])}
-    for key in _NUMERIC:
-        data[key] = np.concatenate([getattr(c, key) for c in cols])
+    rank = np.concatenate([np.full(len(c), r, dtype=np.int32) for c, r in zip(cols, ranks)])
+    ts_ns = np.concatenate([c.ts_ns for c in cols])
+    # Sort by (rank, start, longer first) so that parents precede the events they enclose.
+    order = np.lexsort((-np.concatenate([c.dur_ns for c in cols]), ts_ns, rank))
+    data: dict[str, np.ndarray] = {"rank": rank[order], "ts_ns": ts_ns[order]}
+    del rank, ts_ns
+    for key in _NUMERIC[1:]:
+        data[key] = np.concatenate([getattr(c, key) for c in cols])[order]
     # Names: one sorted category list for all files (pandas' own order), codes remapped.
     categories = sorted({n for c in cols for n in c.names})
     index = {n: i for i, n in enumerate(categories)}
     codes = np.concatenate([np.array([index[n] for n in c.names], dtype=np.int32)[c.name_code]
-                            if len(c) else np.zeros(0, dtype=np.int32) for c in cols])
-    args = np.empty(len(codes), dtype=object)
-    args[:] = cols[0].args if len(cols) == 1 else [a for c in cols for a in c.args]
-    # Sort by (rank, start, longer first) so that parents precede the events they enclose.
-    order = np.lexsort((-data["dur_ns"], data["ts_ns"], data["rank"]))
-    return _frame({k: data[k][order] for k in COLUMNS if k != "name"}, codes[order], categories), \
-        EventArgs.of(args[order])
+                            if len(c) else np.zeros(0, dtype=np.int32) for c in cols])[order]
+    args = EventArgs.concat([c.args if isinstance(c.args, EventArgs) else EventArgs.of(c.args) for c in cols])
+    return _frame(data, codes, categories), args.take(order).pack()
 
 
 def load_trace(path: str | Path) -> Trace:

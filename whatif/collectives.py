@@ -37,7 +37,7 @@ from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 from whatif.depgraph.rules.collectives import collective_key
 from whatif.documents import CollectiveCall, CollectivesDocument, RankCollectives
 from whatif.hardware.collectives import bus_bytes
-from whatif.tracer.args import Arg, arg_column
+from whatif.tracer.args import Arg, arg_columns
 from whatif.tracer.measured_collectives import collective_points
 from whatif.tracer.trace import Trace
 
@@ -141,12 +141,12 @@ def collectives(trace: Trace, graph: TaskGraph | None = None,
     if not len(found.comm):
         return CollectivesDocument(source=trace.source, ranks_per_node=per_node, calls=[], ranks=[])
     points = {p.event: p for p in collective_points(trace)}
-    names = t["name"].astype(str).to_numpy()
+    names = dict(zip(found.comm.tolist(), t["name"].iloc[found.comm].astype(str).tolist()))  # per COMM task
     events, ranks_col = t["event"].to_numpy(), t["rank"].to_numpy()
     start, end, steps = t["measured_start_ns"].to_numpy(), t["measured_end_ns"].to_numpy(), t["step"].to_numpy()
     rows = np.unique(events[found.comm])  # arguments are read for these rows only (a job has millions)
-    coll_name, pg_ranks, pg_name = ({int(r): v for r, v in zip(rows.tolist(), arg_column(trace.args, arg, rows))}
-                                    for arg in (Arg.COLLECTIVE_NAME, Arg.PROCESS_GROUP_RANKS, Arg.PROCESS_GROUP))
+    coll_name, pg_ranks, pg_name = ({int(r): v for r, v in zip(rows.tolist(), column)} for column in arg_columns(
+        trace.args, (Arg.COLLECTIVE_NAME, Arg.PROCESS_GROUP_RANKS, Arg.PROCESS_GROUP), rows).values())
     frame = pd.DataFrame({"task": found.comm, "call": found.call, "rank": ranks_col[found.comm],
                           "arrival": start[found.comm], "end": end[found.comm]})
     frame = _with_waits(frame.sort_values(["arrival", "rank"], kind="stable"))

@@ -20,6 +20,8 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from whatif.tracer.trace import per_name
+
 from ..state import BuildState
 from .base import Adjustment
 from .order import stream_pairs
@@ -67,7 +69,8 @@ def own_cost_ns(state: BuildState) -> np.ndarray:
     call = state.launch_of[gpu]
     first = np.unique(call, return_index=True)[1]
     gpu, call = gpu[first], call[first]
-    names = state.tasks["name"].astype(str).to_numpy()
+    name = state.tasks["name"]
+    codes = name.cat.codes.to_numpy()  # grouped by code: one per distinct name
     sample = (end[call] - start[call]).astype(np.float64)
     held = np.zeros(len(state.tasks), dtype=bool)
     held[b.call] = True
@@ -77,9 +80,9 @@ def own_cost_ns(state: BuildState) -> np.ndarray:
     busy[b.call] = _stream_busy_at_call(state, b.copy, b.call)
     sample = np.where(held[call], issue[call], sample)
     ok = ~busy[call]
-    frame = pd.DataFrame({"rank": state.column("rank")[call], "call": names[call], "copy": names[gpu],
+    frame = pd.DataFrame({"rank": state.column("rank")[call], "call": codes[call], "copy": codes[gpu],
                           "own": np.where(ok, sample, np.nan)})
-    is_copy = np.fromiter((COPY_CALL.search(n) is not None for n in frame["call"]), dtype=bool, count=len(frame))
+    is_copy = per_name(name, lambda n: COPY_CALL.search(n) is not None)[call]
     out = np.full(len(state.tasks), -1.0)
     levels = (["rank", "call", "copy"], ["rank", "call"], ["rank"])
     typical = np.full(len(frame), np.nan)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from whatif.tracer.trace import per_name
+
 from ..graph import EdgeKind
 from ..state import BuildState, EdgeSet
 from .base import Adjustment, EdgeRule
@@ -35,8 +37,8 @@ class Bursts:
 
 def polling_threads(state: BuildState, tasks_of: dict[int, np.ndarray]) -> set[int]:
     """The threads (of ``tasks_of``: thread -> its tasks) whose every task is a query call."""
-    names = state.column("name")
-    return {th for th, tasks in tasks_of.items() if all(QUERY_CALL.match(n) for n in names[tasks].tolist())}
+    query = per_name(state.tasks["name"], lambda n: QUERY_CALL.match(n) is not None)
+    return {th for th, tasks in tasks_of.items() if query[tasks].all()}
 
 
 def thread_bursts(state: BuildState) -> list[Bursts]:

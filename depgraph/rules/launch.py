@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from whatif.tracer.trace import per_name
+
 from ..graph import EdgeKind
 from ..state import BuildState, EdgeSet
 from .base import EdgeRule
@@ -130,10 +132,9 @@ class LaunchEdges(EdgeRule):
         report = state.report
         launcher = state.launch_of[state.gpu_ids]
         report["gpu_tasks_without_launch"] = int((launcher < 0).sum())
-        names = state.tasks["name"].iloc[state.call_ids].tolist()
-        is_launch_name = np.fromiter((("Launch" in n) or ("Memcpy" in n) or ("Memset" in n) for n in names),
-                                     dtype=bool, count=len(names))
+        name = state.tasks["name"]
+        is_launch_name = per_name(name, lambda n: "Launch" in n or "Memcpy" in n or "Memset" in n)[state.call_ids]
         launched_calls = np.unique(launcher[launcher >= 0])
         report["launch_calls_without_gpu_task"] = int(
             is_launch_name.sum() - np.isin(state.call_ids[is_launch_name], launched_calls).sum())
-        report["graph_launches"] = int(sum("GraphLaunch" in n for n in names))
+        report["graph_launches"] = int(per_name(name, lambda n: "GraphLaunch" in n)[state.call_ids].sum())

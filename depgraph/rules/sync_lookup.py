@@ -14,6 +14,7 @@ import numpy as np
 
 from whatif.tracer.args import Arg, arg_column
 from whatif.tracer.kinds import EventKind
+from whatif.tracer.trace import name_texts
 
 from ..state import BuildState
 
@@ -185,12 +186,13 @@ class SyncLookup:
         return state.memo("sync_lookup", lambda: cls(state))
 
     def __init__(self, state: BuildState) -> None:
-        self.state = state
+        self.call_ids = state.call_ids  # no reference to the state: the memo holding this would make a cycle
+        self.start_ns = state.start_ns
         self.index = StreamIndex(state)
         self.records = _sync_records(state)
         self.launches = _last_launch_stream(state)
         t = state.tasks
-        self.names = t["name"].to_numpy()
+        self.names = name_texts(t["name"])
         self.ranks = t["rank"].to_numpy()
         self.resource = t["resource"].to_numpy()
         events = t["event"].to_numpy()
@@ -210,7 +212,7 @@ class SyncLookup:
         """Call tasks whose name contains a match of ``pattern``, in task order."""
         match = np.fromiter((pattern.search(str(c)) is not None for c in self._categories), dtype=bool,
                             count=len(self._categories))
-        return self.state.call_ids[match[self._call_codes]].tolist()
+        return self.call_ids[match[self._call_codes]].tolist()
 
     def record_of(self, call: int) -> SyncRecord | None:
         return self.records.get((int(self.ranks[call]), int(self.corr[call])))
@@ -220,7 +222,7 @@ class SyncLookup:
         entry = self.launches.get(int(self.resource[call]))
         if entry is None:
             return None
-        i = int(np.searchsorted(entry[0], self.state.start_ns[call], side="left")) - 1
+        i = int(np.searchsorted(entry[0], self.start_ns[call], side="left")) - 1
         return int(entry[1][i]) if i >= 0 else None
 
     def next_launch_stream(self, call: int) -> int | None:
@@ -228,7 +230,7 @@ class SyncLookup:
         entry = self.launches.get(int(self.resource[call]))
         if entry is None:
             return None
-        i = int(np.searchsorted(entry[0], self.state.start_ns[call], side="left"))
+        i = int(np.searchsorted(entry[0], self.start_ns[call], side="left"))
         return int(entry[1][i]) if i < len(entry[0]) else None
 
     def record_target(self, rank: int, rec: SyncRecord, done_by_ns: int) -> int:
@@ -239,7 +241,7 @@ class SyncLookup:
         if record_call is None or ws < 0:
             return -1
         stream_res = self.index.find(rank, rec.device, ws)
-        return self.index.last_before(stream_res, int(self.state.start_ns[record_call]), done_by_ns) \
+        return self.index.last_before(stream_res, int(self.start_ns[record_call]), done_by_ns) \
             if stream_res is not None else -1
 
 
