@@ -219,13 +219,14 @@ class CollectiveSplit(Adjustment):
             "op": list(t["op"].to_numpy()[members]) + [None] * len(groups),
             "name": [f"arrive {n}" for n in member_names] + [f"barrier {n}" for n in first_names],
         })
-        tasks = t.copy()
-        tasks["dur_ns"] = dur
-        for col in ("phase", "layer", "op", "name"):
-            tasks[col] = tasks[col].astype(object)
-        tasks = pd.concat([tasks, new], ignore_index=True)
-        for col in ("phase", "layer", "op", "name"):
-            tasks[col] = pd.Categorical(tasks[col])
+        columns = {}
+        for col in t.columns:
+            if col in _TEXT_COLUMNS:
+                columns[col] = _appended_text(t[col], new[col].tolist())
+            else:
+                ours, theirs = dur if col == "dur_ns" else t[col].to_numpy(), new[col].to_numpy()
+                columns[col] = np.concatenate([ours, theirs]).astype(np.result_type(ours, theirs), copy=False)
+        tasks = pd.DataFrame(columns)
         state.replace_tasks(tasks)
 
         redirect = np.arange(len(tasks), dtype=np.int64)
@@ -233,6 +234,35 @@ class CollectiveSplit(Adjustment):
         state.edges = {rule: EdgeSet(found.kind, found.src, redirect[found.dst], found.lat_ns)
                        for rule, found in state.edges.items()}
         state.arrivals = Arrivals(member=members, arrive=arrive_ids, barrier=barrier_ids[group_of])
+
+
+_TEXT_COLUMNS = ("phase", "layer", "op", "name")
+
+
+def _appended_text(column: pd.Series, extra: list[object]) -> pd.Categorical:
+    """``column`` (text, categorical or not) with ``extra`` appended, as a categorical whose
+    categories are the values present, sorted, as ``object``: what ``pd.Categorical`` makes of the
+    whole column as objects, without turning every task's value into an object first.
+
+    >>> _appended_text(pd.Series(pd.Categorical(["b", None, "a"])), ["c", None, "a"]).tolist()
+    ['b', nan, 'a', 'c', nan, 'a']
+    """
+    old = column.array if isinstance(column.dtype, pd.CategoricalDtype) else pd.Categorical(column.to_numpy())
+    old_categories = old.categories.tolist()
+    present = [x for x in extra if isinstance(x, str)]
+    categories = sorted(set(old_categories) | set(present))
+    at = {c: i for i, c in enumerate(categories)}
+    old_codes = np.asarray(old.codes, dtype=np.int64)
+    lut = np.asarray([at[c] for c in old_categories], dtype=np.int64)
+    codes = np.concatenate([np.where(old_codes >= 0, lut[np.maximum(old_codes, 0)] if len(lut) else -1, -1),
+                            np.asarray([at[x] if isinstance(x, str) else -1 for x in extra], dtype=np.int64)])
+    used = np.zeros(len(categories), dtype=bool)
+    used[codes[codes >= 0]] = True
+    if not used.all():
+        remap = np.cumsum(used) - 1
+        codes = np.where(codes >= 0, remap[np.maximum(codes, 0)], -1)
+        categories = [c for c, u in zip(categories, used) if u]
+    return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype=object))
 
 
 class ArrivalOrder(EdgeRule):
