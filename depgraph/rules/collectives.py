@@ -219,7 +219,7 @@ class CollectiveSplit(Adjustment):
             "op": list(t["op"].to_numpy()[members]) + [None] * len(groups),
             "name": [f"arrive {n}" for n in member_names] + [f"barrier {n}" for n in first_names],
         })
-        columns = {}
+        columns: dict[str, pd.Categorical | np.ndarray] = {}
         for col in t.columns:
             if col in _TEXT_COLUMNS:
                 columns[col] = _appended_text(t[col], new[col].tolist())

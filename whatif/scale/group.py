@@ -31,7 +31,7 @@ from whatif.depgraph.rules.collectives import CollectiveCalls
 from whatif.depgraph.schema import check_schema
 from whatif.depgraph.state import BuildState, LocalCollectives
 from whatif.depgraph.tasks import initial_state
-from whatif.predictors.replay import ReplayEngine
+from whatif.predictors.replay import HeldTask, ReplayEngine
 from whatif.predictors.steps import step_times
 from whatif.tracer.readers import FileTrace
 from whatif.tracer.trace import FileFacts, Trace, cache_trace, cached_trace, read_usable, trace_of_files
@@ -97,6 +97,7 @@ class RankGroup:
     graph: TaskGraph | None = None
     engine: ReplayEngine | None = None
     barrier_of_group: dict[int, int] = field(default_factory=dict)  # plan group -> held barrier task
+    reached: dict[int, HeldTask] = field(default_factory=dict)       # plan group -> this group's arrival
     seconds: dict[str, float] = field(default_factory=dict)      # wall, per stage
     cpu_seconds: dict[str, float] = field(default_factory=dict)  # this process's CPU, per stage
 
@@ -161,9 +162,16 @@ class RankGroup:
         returns the collectives this group has now reached."""
         engine = self._engine()
         for r in releases:
-            engine.release(self.barrier_of_group[r.group], r.ready_ns)
+            mine = self.reached.pop(r.group)
+            # The barrier's start is set by this group's last arrival when that is the job's last.
+            engine.release(self.barrier_of_group[r.group], r.ready_ns,
+                           by_edge=mine.by_edge if mine.ready_ns == r.ready_ns else -1)
         group_of = {b: g for g, b in self.barrier_of_group.items()}
-        return [Arrived(group_of[h.task], h.ready_ns) for h in engine.run()]
+        out = []
+        for h in engine.run():
+            self.reached[group_of[h.task]] = h
+            out.append(Arrived(group_of[h.task], h.ready_ns))
+        return out
 
     def finish(self, with_tasks: bool) -> GroupResult:
         engine, graph, trace = self._engine(), self.graph, self.trace
