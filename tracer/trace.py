@@ -392,13 +392,7 @@ def load_trace(path: str | Path) -> Trace:
     Raises :class:`~whatif.core.errors.TraceError` naming the file and the problem.
     """
     path = Path(path)
-    if not path.exists():
-        raise TraceError(path, "no such file or folder")
-    if path.is_dir():
-        paths = find_trace_files(path)
-    else:
-        reader_for(path)  # an unknown suffix is refused before anything is read
-        paths = [path]
+    paths = trace_files(path)
     with gc_paused():
         key, found = cached_trace(paths) if cache.enabled() else (None, None)
         if found is not None:
@@ -407,6 +401,23 @@ def load_trace(path: str | Path) -> Trace:
         if key is not None:
             cache_trace(key, trace, paths)
         return trace
+
+
+def trace_files(path: Path) -> list[Path]:
+    """The trace files ``path`` names: a folder's (:func:`find_trace_files`), or the one file.
+
+    Raises
+    ------
+    TraceError
+        No such file or folder, a folder with no trace file, a file no reader takes (refused
+        before anything is read).
+    """
+    if not path.exists():
+        raise TraceError(path, "no such file or folder")
+    if path.is_dir():
+        return find_trace_files(path)
+    reader_for(path)
+    return [path]
 
 
 def cached_trace(paths: list[Path], salt: str = "") -> tuple[str | None, Trace | None]:

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from whatif.tracer.args import Arg, arg_column
+from whatif.tracer.trace import name_texts
 
 from ..graph import EdgeKind, ResourceKind, TaskKind
 from ..state import Arrivals, BuildState, EdgeSet, LocalCollectives
@@ -55,7 +56,7 @@ class CollectiveCalls:
         """The COMM tasks of ``state`` (before :class:`ClockAlignment` shifts them)."""
         t = state.tasks
         comm = np.flatnonzero(t["kind"].to_numpy() == int(TaskKind.COMM))
-        names = t["name"].iloc[comm].astype(str).to_numpy()
+        names = name_texts(t["name"], comm)
         events = t["event"].to_numpy()[comm]
         args = state.trace.args
         coll_names, groups = arg_column(args, Arg.COLLECTIVE_NAME, events), arg_column(args, Arg.PROCESS_GROUP, events)
@@ -202,7 +203,7 @@ class CollectiveSplit(Adjustment):
         b_rank = local.barrier_rank
         b_res = np.asarray([state.resources.get(int(r), ResourceKind.VIRTUAL, -1, 1, "collective barriers",
                                                 ordered=False) for r in b_rank], dtype=np.int64)
-        member_names = t["name"].iloc[members].astype(str).to_numpy()
+        member_names = name_texts(t["name"], members)
         first_names = member_names[np.r_[0, np.cumsum([len(g) for g in groups])[:-1]]]
         new = pd.DataFrame({
             "event": np.concatenate([t["event"].to_numpy()[members], np.full(len(groups), -1)]),

@@ -43,8 +43,7 @@ import pandas as pd
 from whatif.core.errors import TraceError
 from whatif.depgraph.rules.collectives import CollectiveCalls, CollectivePlan, plan_collectives
 from whatif.tracer import cache
-from whatif.tracer.readers import reader_for
-from whatif.tracer.trace import assign_ranks, find_trace_files
+from whatif.tracer.trace import assign_ranks, trace_files
 
 from .group import Arrived, GroupResult, Read, Stage
 from .pool import InlinePool, Pool, ProcessPool
@@ -162,23 +161,6 @@ def partition(paths: list[Path], groups: int) -> list[list[Path]]:
     return [c for c in out if c]
 
 
-def job_files(path: Path) -> list[Path]:
-    """The trace files of a job: a folder's (sorted, as :func:`~whatif.tracer.trace.load_trace`
-    reads them), or the one file.
-
-    Raises
-    ------
-    TraceError
-        No such file or folder, a folder with no trace file, a file of no known format.
-    """
-    if not path.exists():
-        raise TraceError(path, "no such file or folder")
-    if path.is_dir():
-        return find_trace_files(path)
-    reader_for(path)
-    return [path]
-
-
 def _pool(chunks: list[list[Path]], options: ParallelOptions) -> Pool:
     if options.backend is Backend.INLINE:
         return InlinePool(chunks)
@@ -213,9 +195,8 @@ def replay_job(path: str | Path, options: ParallelOptions = ParallelOptions(), w
     """
     path = Path(path)
     say = progress or (lambda _line: None)
-    files = job_files(path)
+    files = trace_files(path)
     chunks = partition(files, options.groups or default_groups(files))
-    seconds: dict[str, float] = {}
     with _pool(chunks, options) as pool:
         t0, c0 = time.perf_counter(), time.process_time()
         say(f"reading {len(files)} files in {len(chunks)} rank groups")
@@ -232,8 +213,7 @@ def replay_job(path: str | Path, options: ParallelOptions = ParallelOptions(), w
         t1 = time.perf_counter()
         say(f"building the graphs of {len(set(ranks))} ranks")
         calls = CollectiveCalls.concat(pool.each(Stage.BUILD, [(r,) for r in per_group]))
-        plan = plan_collectives(calls) if len(calls.ranks) > 1 else CollectivePlan([], np.zeros(0, np.int64),
-                                                                                  np.zeros(0, np.int64), {})
+        plan = plan_collectives(calls)
         pool.each(Stage.LINK, [(plan.for_owner(calls, i),) for i in range(len(chunks))])
         t2 = time.perf_counter()
         say(f"replaying: {len(plan.members)} collectives across the groups")
