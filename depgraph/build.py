@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from whatif.core.heap import release_freed_memory
 from whatif.tracer.trace import Trace
 
 from .graph import TaskGraph
@@ -30,7 +31,11 @@ def build_graph(trace: Trace, rules: tuple[BuildStep, ...] = RULES) -> TaskGraph
     state = initial_state(trace)
     for step in rules:
         step.run(state)
-    return check_schema(assemble(state))
+        release_freed_memory()
+    graph = assemble(state)
+    del state
+    release_freed_memory()
+    return check_schema(graph)
 
 
 def split_rules(at: type[BuildStep], rules: tuple[BuildStep, ...] = RULES
@@ -52,9 +57,17 @@ def split_rules(at: type[BuildStep], rules: tuple[BuildStep, ...] = RULES
 
 def assemble(state: BuildState) -> TaskGraph:
     """The graph of a built state: its tasks (attribution as categoricals), every rule's edges in
-    the order the rules ran, its resources and its steps table."""
-    tasks = state.tasks.copy()
-    for column in ("phase", "layer", "op"):
-        tasks[column] = pd.Categorical(tasks[column])
+    the order the rules ran, its resources and its steps table. The graph shares the state's
+    task columns (no copy of the table): the state is not built further."""
+    tasks = pd.DataFrame({k: _present_categories(v) if k in ("phase", "layer", "op") else v
+                          for k, v in state.tasks.items()}, copy=False)
     return TaskGraph(tasks=tasks, edges=state.all_edges(), resources=state.resources.frame(),
                      steps=steps_table(state), trace=state.trace, report=dict(state.report))
+
+
+def _present_categories(column: pd.Series) -> pd.Categorical:
+    """``column`` as a categorical of the values present (sorted): what ``pd.Categorical`` makes
+    of its values, without an object array of them when it is categorical already."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        return column.array.remove_unused_categories()
+    return pd.Categorical(column.to_numpy())

@@ -62,16 +62,18 @@ def build_hierarchy(events: pd.DataFrame) -> CpuHierarchy:
     # Stable sort by thread keeps the table's (ts, -dur) order within a thread.
     order = np.lexsort((np.arange(len(rows)), tid, pid, rank))
     rows = rows[order]
-    n = len(rows)
     thread = rank[order].astype(np.int64) * 0x1000003 + pid[order] * 0x10001 + tid[order]
     del rank, pid, tid
     segments = _thread_segments(thread)
     parent_arr = _parents(events["ts_ns"].to_numpy()[rows], events["dur_ns"].to_numpy()[rows], segments)
 
-    # What each event itself defines (per distinct name: names are categorical).
+    # What each event itself defines (per distinct name: names are categorical). Each attribute
+    # is inherited and resolved in turn, its temporaries freed before the next (a big trace's
+    # CPU events are millions: every array here is 8 bytes per event).
     kind_arr = kinds[rows]
     codes = events["name"].cat.codes.to_numpy()[rows]
     cats = [str(c) for c in events["name"].cat.categories]
+    names_of_code = np.asarray(cats, dtype=object)
     step_of_name = np.asarray([step_number(c) if step_number(c) is not None else -1 for c in cats], dtype=np.int64)
     phase_of_name = np.asarray([phase_name(c) for c in cats], dtype=object)
     module_of_name = np.asarray([c[len("nn.Module: "):] if c.startswith("nn.Module: ") else None for c in cats],
@@ -81,25 +83,34 @@ def build_hierarchy(events: pd.DataFrame) -> CpuHierarchy:
     own_phase = is_ann & (own_step < 0) & (phase_of_name[codes] != None)  # noqa: E711
     own_layer = (is_ann & (own_step < 0) & ~own_phase) | ((kind_arr == int(EventKind.PYTHON))
                                                           & (module_of_name[codes] != None))  # noqa: E711
-    own_op = kind_arr == int(EventKind.CPU_OP)
-    idx = np.arange(n, dtype=np.int64)
-    step_src = inherit(np.where(own_step >= 0, idx, -1), parent_arr)
-    phase_src = inherit(np.where(own_phase, idx, -1), parent_arr)
-    layer_src = inherit(np.where(own_layer, idx, -1), parent_arr)
-    op_src = inherit(np.where(own_op, idx, -1), parent_arr)
-    names_arr = np.asarray(cats, dtype=object)[codes]
-    layer_name = np.where(kind_arr == int(EventKind.PYTHON), module_of_name[codes], names_arr)
-    step = np.where(step_src >= 0, own_step[np.maximum(step_src, 0)], -1)
-    none = np.array(None)  # the fill as an array: numpy's stubs do not take a bare None
-    phase = np.where(phase_src >= 0, phase_of_name[codes][np.maximum(phase_src, 0)], none)
-    layer = np.where(layer_src >= 0, layer_name[np.maximum(layer_src, 0)], none)
-    op = np.where(op_src >= 0, names_arr[np.maximum(op_src, 0)], none)
+    del is_ann
     is_structure = (own_step >= 0) | own_phase
+    none = np.array(None)  # the fill as an array: numpy's stubs do not take a bare None
+
+    src = _source(own_step >= 0, parent_arr)
+    step = np.where(src >= 0, own_step[np.maximum(src, 0)], -1).astype(np.int64)
+    del own_step
+    src = _source(own_phase, parent_arr)
+    phase = np.where(src >= 0, phase_of_name[codes[np.maximum(src, 0)]], none)
+    del own_phase
+    src = _source(own_layer, parent_arr)
+    at = np.maximum(src, 0)
+    layer = np.where(src < 0, none, np.where(kind_arr[at] == int(EventKind.PYTHON), module_of_name[codes[at]],
+                                             names_of_code[codes[at]]))
+    del own_layer, at
+    src = _source(kind_arr == int(EventKind.CPU_OP), parent_arr)
+    op = np.where(src >= 0, names_of_code[codes[np.maximum(src, 0)]], none)
+    del src, codes
 
     has_call = np.isin(kind_arr, [int(EventKind.RUNTIME), int(EventKind.DRIVER)])
-    return CpuHierarchy(rows=rows, parent=parent_arr, step=step.astype(np.int64), phase=phase, layer=layer, op=op,
+    return CpuHierarchy(rows=rows, parent=parent_arr, step=step, phase=phase, layer=layer, op=op,
                         has_call=_upward(has_call, parent_arr, segments),
                         has_structure=_upward(is_structure, parent_arr, segments), is_structure=is_structure)
+
+
+def _source(own: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """Per event, the position of the nearest event at or above it with ``own`` set, -1."""
+    return inherit(np.where(own, np.arange(len(own), dtype=np.int64), -1), parent)
 
 
 def _thread_segments(thread: np.ndarray) -> list[tuple[int, int]]:

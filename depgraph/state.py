@@ -37,15 +37,45 @@ class TaskColumns:
 
     def frame(self) -> pd.DataFrame:
         """The tasks as one table; the text columns categorical (each text once, a small code per
-        task: never one string per task)."""
+        task: never one string per task). Consumes the parts: each column's are released once
+        the column is made, so that the table is never held twice.
+
+        >>> cols = TaskColumns()
+        >>> _ = cols.add(**{k: [1] for k in cols.parts} | {"name": ["b"], "op": [None]})
+        >>> _ = cols.add(**{k: [2] for k in cols.parts} | {"name": ["a"], "op": ["x"]})
+        >>> t = cols.frame()
+        >>> t["name"].tolist(), list(t["name"].cat.categories), t["op"].tolist(), t["event"].tolist()
+        (['b', 'a'], ['a', 'b'], [nan, 'x'], [1, 2])
+        """
         out: dict[str, np.ndarray | pd.Categorical] = {}
-        for key, part in self.parts.items():
+        for key in list(self.parts):
+            part = self.parts.pop(key)
             if key in ("phase", "layer", "op", "name"):
-                out[key] = pd.Categorical(np.concatenate([np.asarray(p, dtype=object) for p in part])
-                                          if part else np.empty(0, dtype=object))
+                out[key] = _categorical(part)
             else:
                 out[key] = np.concatenate([np.asarray(p) for p in part]) if part else np.empty(0)
+            del part
         return pd.DataFrame(out, copy=False)
+
+
+def _categorical(parts: list[np.ndarray | list]) -> pd.Categorical:
+    """The texts (or None) of ``parts`` one after the other, as what ``pd.Categorical`` makes of
+    them joined (categories sorted, their dtype inferred as pandas infers it), factorized part by
+    part: no object array of the whole column."""
+    index: dict[str, int] = {}
+    coded = []
+    for p in parts:
+        codes, values = pd.factorize(np.asarray(p, dtype=object))
+        lut = np.asarray([index.setdefault(v, len(index)) for v in values], dtype=np.int32)
+        coded.append(np.where(codes >= 0, lut[np.maximum(codes, 0)] if len(lut) else -1, -1).astype(np.int32))
+    texts = list(index)
+    order = sorted(range(len(texts)), key=lambda i: texts[i])
+    rank = np.empty(len(texts), dtype=np.int32)
+    rank[order] = np.arange(len(texts), dtype=np.int32)
+    codes = np.concatenate(coded) if coded else np.empty(0, dtype=np.int32)
+    del coded
+    codes = np.where(codes >= 0, rank[np.maximum(codes, 0)] if len(rank) else -1, -1)
+    return pd.Categorical.from_codes(codes, categories=pd.Index([texts[i] for i in order]))
 
 
 class Resources:
@@ -171,7 +201,27 @@ class BuildState:
         col = self.tasks[name].to_numpy().copy()
         col[ids] = values
         self.tasks[name] = col
+        self._changed()
+
+    def copy_rows(self, name: str, ids: np.ndarray, from_ids: np.ndarray) -> None:
+        """``tasks[name][ids] = tasks[name][from_ids]``, on a copy of the column; a categorical
+        column stays categorical (its codes copied: no object array of the column)."""
+        col = self.tasks[name]
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            codes = col.cat.codes.to_numpy().copy()
+            codes[ids] = codes[from_ids]
+            self.tasks[name] = pd.Categorical.from_codes(codes, dtype=col.dtype)
+        else:
+            values = col.to_numpy().copy()
+            values[ids] = values[from_ids]
+            self.tasks[name] = values
+        self._changed()
+
+    def _changed(self) -> None:
+        """A column, the table or latencies changed: every memoized fact is stale, and dropped
+        (a stale entry would hold the replaced columns alive until recomputed)."""
         self.version += 1
+        self._memo.clear()
 
     def memo(self, key: str, compute: Callable[[], _T]) -> _T:
         """``compute()``, computed once while the task table is the same (no column written, no
@@ -184,12 +234,12 @@ class BuildState:
     def replace_tasks(self, tasks: pd.DataFrame) -> None:
         """A new task table (a rule that adds tasks)."""
         self.tasks = tasks
-        self.version += 1
+        self._changed()
 
     def set_latency(self, rule: type, lat_ns: np.ndarray) -> None:
         """Replace the latencies of the edges ``rule`` returned."""
         self.edges[rule] = replace(self.edges[rule], lat_ns=np.asarray(lat_ns, dtype=np.int64))
-        self.version += 1
+        self._changed()
 
     def all_edges(self) -> pd.DataFrame:
         """Every rule's edges, in the order the rules ran."""

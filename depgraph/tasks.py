@@ -12,6 +12,7 @@ from enum import IntEnum
 import numpy as np
 import pandas as pd
 
+from whatif.core.heap import release_freed_memory
 from whatif.core.kernels import is_collective
 from whatif.tracer.kinds import GPU_ACTIVITY_KINDS, EventKind, codes
 from whatif.tracer.kineto import step_number
@@ -51,6 +52,7 @@ class _TaskMaker:
         self.names = ev["name"]
         self.rank = ev["rank"].to_numpy()
         self.hier: CpuHierarchy = build_hierarchy(ev)
+        release_freed_memory()  # the nesting's temporaries
         self.res = Resources()
         self.tasks = TaskColumns()
         self.report: Counter[str] = Counter()
@@ -103,6 +105,7 @@ class _TaskMaker:
         parent_ok[has_parent] = descend[op_parent_arr[has_parent]]
         work_pos = np.flatnonzero(np.isin(h_kind, [int(EventKind.CPU_OP), int(EventKind.ANNOTATION)])
                                   & ~hier.has_call & ~hier.has_structure & parent_ok)
+        del not_python, op_parent_arr, descend, parent_ok, has_parent
 
         is_step = per_name(self.names, lambda n: step_number(n) is not None)[h_rows]
         step_ann = np.flatnonzero(is_step & (h_kind == int(EventKind.ANNOTATION)))
@@ -206,20 +209,27 @@ class _TaskMaker:
 def initial_state(trace: Trace) -> BuildState:
     """The tasks of ``trace`` (all ranks) and what the rules look up, with no edges yet."""
     maker = _TaskMaker(trace)
+    release_freed_memory()
     cpu = maker.cpu_tasks()
+    release_freed_memory()
     g_rows, g_kind, gpu_ids = maker.gpu_tasks()
     launcher = maker.launchers(cpu, g_rows)
+    release_freed_memory()
     blocking = maker.blocking_copies(cpu, g_rows, g_kind, gpu_ids, launcher)
     origin_of_rank = maker.origins()
+    call_task_of_event = np.full(len(trace.events), -1, dtype=np.int64)
+    call_task_of_event[maker.hier.rows[cpu.nested]] = cpu.call_task_of_pos[cpu.nested]
+    columns, resources, report = maker.tasks, maker.res, maker.report
+    del maker  # the CPU hierarchy goes before the task table is assembled
+    release_freed_memory()
 
-    t = maker.tasks.frame()
+    t = columns.frame()
+    del columns
     thread_tie = t.pop("tie").to_numpy()
     launch_of = np.full(len(t), -1, dtype=np.int64)
     launch_of[gpu_ids] = launcher
-    call_task_of_event = np.full(len(trace.events), -1, dtype=np.int64)
-    call_task_of_event[maker.hier.rows[cpu.nested]] = cpu.call_task_of_pos[cpu.nested]
     cpu_ids = np.flatnonzero(np.isin(t["kind"].to_numpy(), kind_codes(THREAD_TASK_KINDS)))
-    return BuildState(trace=trace, tasks=t, thread_tie=thread_tie, resources=maker.res, report=maker.report,
+    return BuildState(trace=trace, tasks=t, thread_tie=thread_tie, resources=resources, report=report,
                       call_ids=cpu.call_ids, gpu_ids=gpu_ids, cpu_ids=cpu_ids, begin_ids=cpu.begin_ids,
                       end_ids=cpu.end_ids, launch_of=launch_of, call_task_of_event=call_task_of_event,
                       blocking=blocking, origin_of_rank=origin_of_rank)
@@ -275,11 +285,25 @@ def _stream_predecessor(resource: np.ndarray, start_ns: np.ndarray, end_ns: np.n
 
 
 def _resource_ids(make: Callable[[int, int, int], int], a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """Resource id per row of the key columns (a, b, c), calling ``make`` once per distinct key."""
+    """Resource id per row of the key columns (a, b, c), calling ``make`` once per distinct key,
+    in sorted key order (deterministic ids). One sort; a key column at a time is gathered.
+
+    >>> made = []
+    >>> _resource_ids(lambda *k: made.append(k) or len(made) - 1, np.array([1, 0, 1]), np.array([5, 5, 5]),
+    ...               np.array([2, 9, 2])).tolist(), made
+    ([1, 0, 1], [(0, 5, 9), (1, 5, 2)])
+    """
     if len(a) == 0:
         return np.empty(0, dtype=np.int64)
-    frame = pd.DataFrame({"a": a, "b": b, "c": c})
-    groups = frame.groupby(["a", "b", "c"], sort=True).ngroup().to_numpy()  # sorted keys: deterministic ids
-    first = np.unique(groups, return_index=True)[1]
+    order = np.lexsort((c, b, a))
+    new = np.zeros(len(order), dtype=bool)
+    new[0] = True
+    for key in (a, b, c):
+        ordered = key[order]
+        new[1:] |= ordered[1:] != ordered[:-1]
+        del ordered
+    first = order[new]
     ids = np.asarray([make(int(x), int(y), int(z)) for x, y, z in zip(a[first], b[first], c[first])], dtype=np.int64)
-    return ids[groups]
+    out = np.empty(len(order), dtype=np.int64)
+    out[order] = ids[np.cumsum(new) - 1]
+    return out

@@ -183,6 +183,24 @@ class EventArgs:
         out[:] = [a for p in parts for a in p.values()]
         return cls(out, None)
 
+    @classmethod
+    def gather(cls, parts: Sequence[EventArgs], rows: np.ndarray) -> EventArgs:
+        """The ``args`` of ``rows`` of ``parts`` one after the other (as ``concat(parts).take(rows)``),
+        packed, without the joined texts ever held uncompressed: each part is packed, then one
+        output chunk's texts are decompressed at a time (:meth:`PackedTexts.gather`). Decoded
+        ``args`` that JSON would not keep exactly are concatenated decoded instead.
+
+        >>> parts = [EventArgs.of_json([{"a": 1}, None]), EventArgs.of([{"b": [2]}])]
+        >>> EventArgs.gather(parts, np.array([2, 0, 1])).values().tolist()
+        [{'b': [2]}, {'a': 1}, None]
+        """
+        if not (all(p._held_encoded() for p in parts) or all(p.exact() for p in parts)):
+            return cls.concat(parts).take(rows)
+        exact = all(p.exact() for p in parts)
+        out = cls.from_packed(PackedTexts.gather([p.packed_texts() for p in parts], rows))
+        out._exact = exact
+        return out
+
     def __len__(self) -> int:
         if self._decoded is not None:
             return len(self._decoded)
@@ -302,8 +320,7 @@ class PackedTexts:
             chunks.append(_Chunk(starts=(starts - first).astype(np.int32),
                                  valid=None if valid is None or part.null_count == 0 else part.is_valid().to_numpy(
                                      zero_copy_only=False),
-                                 blob=_CODEC.compress(data.slice(first, last - first) if data else pa.py_buffer(b""),
-                                                      memory_pool=_POOL),
+                                 blob=_compressed(data.slice(first, last - first) if data else pa.py_buffer(b"")),
                                  size=last - first))
         return cls(chunks, len(texts), rows_per_chunk)
 
@@ -338,16 +355,37 @@ class PackedTexts:
                                      np.frombuffer(v, dtype=np.uint8), count=n, bitorder="little").astype(bool)))
         return cls(chunks, sum(rows), per_chunk)
 
-    def _array(self, chunk: _Chunk) -> pa.LargeBinaryArray:
-        data = _CODEC.decompress(chunk.blob, decompressed_size=chunk.size, memory_pool=_POOL) if chunk.size \
-            else pa.py_buffer(b"")
-        valid = None if chunk.valid is None else pa.py_buffer(np.packbits(chunk.valid, bitorder="little"))
-        return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(chunk.starts) - 1,
-                                                [valid, pa.py_buffer(chunk.starts.astype(np.int64)), data])
+    @classmethod
+    def gather(cls, parts: Sequence[PackedTexts], rows: np.ndarray, rows_per_chunk: int = PACK_ROWS) -> PackedTexts:
+        """The texts of ``rows`` of ``parts`` one after the other, packed ``rows_per_chunk`` to a
+        chunk; only the input chunks one output chunk draws from are held decompressed (kept
+        while the next output chunk draws from them too).
+
+        >>> a = PackedTexts.of(pa.array([b"0", b"1", b"2"], type=pa.large_binary()), rows_per_chunk=2)
+        >>> b = PackedTexts.of(pa.array([None, b"4"], type=pa.large_binary()))
+        >>> PackedTexts.gather([a, b], np.array([4, 0, 3, 2]), rows_per_chunk=3).arrow().to_pylist()
+        [b'4', b'0', None, b'2']
+        """
+        chunks = [c for p in parts for c in p._chunks]
+        bases = np.concatenate([[0], np.cumsum([len(c.starts) - 1 for c in chunks], dtype=np.int64)])
+        rows = np.asarray(rows, dtype=np.int64)
+        out: list[_Chunk] = []
+        held: dict[int, pa.LargeBinaryArray] = {}
+        for a in range(0, len(rows), rows_per_chunk):
+            want = rows[a:a + rows_per_chunk]
+            of = np.searchsorted(bases, want, side="right") - 1
+            needed = np.unique(of)
+            held = {i: held[i] if i in held else _unpacked(chunks[i]) for i in needed.tolist()}
+            arrays = [held[i] for i in needed.tolist()]
+            at = np.zeros(int(needed.max(initial=-1)) + 1, dtype=np.int64)
+            at[needed] = np.concatenate([[0], np.cumsum([len(x) for x in arrays[:-1]], dtype=np.int64)])
+            joined = pa.concat_arrays(arrays, memory_pool=_POOL) if len(arrays) > 1 else arrays[0]
+            out.extend(cls.of(_take(joined, at[of] + want - bases[of]), rows_per_chunk)._chunks)
+        return cls(out, len(rows), rows_per_chunk)
 
     def arrow(self) -> pa.LargeBinaryArray:
         """Every text, decompressed into one array."""
-        arrays = [self._array(c) for c in self._chunks]
+        arrays = [_unpacked(c) for c in self._chunks]
         return pa.concat_arrays(arrays, memory_pool=_POOL) if arrays else pa.array([], type=pa.large_binary())
 
     def take(self, rows: np.ndarray) -> pa.LargeBinaryArray:
@@ -356,7 +394,7 @@ class PackedTexts:
         order = np.argsort(rows, kind="stable")
         chunk_of = rows[order] // self._size
         bounds = np.flatnonzero(np.diff(chunk_of)) + 1
-        pieces = [_take(self._array(self._chunks[int(chunk_of[a])]), rows[order[a:b]] - int(chunk_of[a]) * self._size)
+        pieces = [_take(_unpacked(self._chunks[int(chunk_of[a])]), rows[order[a:b]] - int(chunk_of[a]) * self._size)
                   for a, b in itertools.pairwise([0, *bounds.tolist(), len(rows)]) if b > a]
         joined = pa.concat_arrays(pieces, memory_pool=_POOL) if pieces else pa.array([], type=pa.large_binary())
         back = np.empty(len(rows), dtype=np.int64)
@@ -384,6 +422,21 @@ class _Chunk:
     valid: np.ndarray | None  # which rows have a text (None: all)
     blob: pa.Buffer         # the chunk's texts, compressed
     size: int               # their uncompressed bytes
+
+
+def _unpacked(chunk: _Chunk) -> pa.LargeBinaryArray:
+    data = _CODEC.decompress(chunk.blob, decompressed_size=chunk.size, memory_pool=_POOL) if chunk.size \
+        else pa.py_buffer(b"")
+    valid = None if chunk.valid is None else pa.py_buffer(np.packbits(chunk.valid, bitorder="little"))
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(chunk.starts) - 1,
+                                            [valid, pa.py_buffer(chunk.starts.astype(np.int64)), data])
+
+
+def _compressed(data: pa.Buffer) -> pa.Buffer:
+    """``data`` compressed, in a buffer of its own size: the codec's output buffer keeps the
+    capacity of the worst case (about the input's size; 137 MiB instead of 25 for a 64-rank
+    job's texts)."""
+    return pa.py_buffer(_CODEC.compress(data, memory_pool=_POOL).to_pybytes())
 
 
 def _encode(values: Sequence[dict[str, Any] | None] | np.ndarray) -> pa.LargeBinaryArray:

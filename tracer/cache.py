@@ -45,6 +45,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from whatif.core.heap import release_freed_memory
+
 from .args import PACKED_SCHEMA, EventArgs, PackedTexts
 from .memory import MEMORY_COLUMNS
 from .readers import Flow, reader_for
@@ -169,9 +171,9 @@ def fetch(key: str, files: int) -> Cached | None:
 
 
 def _release_arrow_memory() -> None:
-    """Hand Arrow's freed buffers back to the system: its default pool (mimalloc) keeps what the
+    """Hand freed buffers back to the system: Arrow's default pool (mimalloc) keeps what the
     Parquet reader and writer freed (160 MB after a 32-rank job's reload) for Arrow's own reuse."""
-    pa.default_memory_pool().release_unused()
+    release_freed_memory()
 
 
 def _fetch(key: str, files: int) -> Cached | None:

@@ -555,7 +555,7 @@ def _parse_events(path: Path, events: list[_Event], metadata: dict[str, Any], ma
     columns = FileColumns(
         ts_ns=ts_ns, dur_ns=np.maximum(_us_to_ns(dur_l, path, "duration", limits.MAX_DURATION_NS), 0),
         kind=kind, name_code=name_codes, names=names, pid=pid, tid=tid, device=device, stream=stream,
-        correlation=_int64(corr_l), external_id=_int64(ext_l), args=EventArgs.of_json(args_l))
+        correlation=_int64(corr_l), external_id=_int64(ext_l), args=EventArgs.of_json(args_l).pack())
     del args_l
     events.clear()  # the decoded events and their args dicts go before anything that outlives the parse is made
     flows, thread_names, process_names, memory, skipped = _other_events(rest, base_ns, interned)

@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from whatif.core.errors import TraceError
+from whatif.core.heap import release_freed_memory
 
 from . import cache
 from .args import Arg, EventArgs, arg_column
@@ -381,8 +382,8 @@ def _to_frame(files: list[FileTrace], ranks: list[int]) -> tuple[pd.DataFrame, E
     index = {n: i for i, n in enumerate(categories)}
     codes = np.concatenate([np.array([index[n] for n in c.names], dtype=np.int32)[c.name_code]
                             if len(c) else np.zeros(0, dtype=np.int32) for c in cols])[order]
-    args = EventArgs.concat([c.args if isinstance(c.args, EventArgs) else EventArgs.of(c.args) for c in cols])
-    return _frame(data, codes, categories), args.take(order).pack()
+    args = EventArgs.gather([c.args if isinstance(c.args, EventArgs) else EventArgs.of(c.args) for c in cols], order)
+    return _frame(data, codes, categories), args.pack()
 
 
 def load_trace(path: str | Path) -> Trace:
@@ -398,6 +399,7 @@ def load_trace(path: str | Path) -> Trace:
         if found is not None:
             return found
         trace = _load_files(paths)
+        release_freed_memory()  # the files' parse
         if key is not None:
             cache_trace(key, trace, paths)
         return trace

@@ -13,4 +13,4 @@ class LauncherAttribution(Adjustment):
         launched = launcher >= 0
         gpu, call = state.gpu_ids[launched], launcher[launched]
         for column in ("step", "phase", "layer", "op"):
-            state.set_column(column, gpu, state.column(column)[call])
+            state.copy_rows(column, gpu, call)

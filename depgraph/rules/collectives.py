@@ -215,9 +215,9 @@ class CollectiveSplit(Adjustment):
             "measured_start_ns": np.concatenate([start[members], last_arrival]),
             "measured_end_ns": np.concatenate([start[members], last_arrival]),
             "step": np.concatenate([t["step"].to_numpy()[members], np.full(len(groups), -1)]),
-            "phase": list(t["phase"].to_numpy()[members]) + [None] * len(groups),
-            "layer": list(t["layer"].to_numpy()[members]) + [None] * len(groups),
-            "op": list(t["op"].to_numpy()[members]) + [None] * len(groups),
+            "phase": t["phase"].iloc[members].tolist() + [None] * len(groups),
+            "layer": t["layer"].iloc[members].tolist() + [None] * len(groups),
+            "op": t["op"].iloc[members].tolist() + [None] * len(groups),
             "name": [f"arrive {n}" for n in member_names] + [f"barrier {n}" for n in first_names],
         })
         columns: dict[str, pd.Categorical | np.ndarray] = {}
@@ -227,7 +227,8 @@ class CollectiveSplit(Adjustment):
             else:
                 ours, theirs = dur if col == "dur_ns" else t[col].to_numpy(), new[col].to_numpy()
                 columns[col] = np.concatenate([ours, theirs]).astype(np.result_type(ours, theirs), copy=False)
-        tasks = pd.DataFrame(columns)
+        tasks = pd.DataFrame(columns, copy=False)
+        del t, columns, new
         state.replace_tasks(tasks)
 
         redirect = np.arange(len(tasks), dtype=np.int64)
@@ -253,14 +254,15 @@ def _appended_text(column: pd.Series, extra: list[object]) -> pd.Categorical:
     present = [x for x in extra if isinstance(x, str)]
     categories = sorted(set(old_categories) | set(present))
     at = {c: i for i, c in enumerate(categories)}
-    old_codes = np.asarray(old.codes, dtype=np.int64)
-    lut = np.asarray([at[c] for c in old_categories], dtype=np.int64)
+    old_codes = np.asarray(old.codes, dtype=np.int32)
+    lut = np.asarray([at[c] for c in old_categories], dtype=np.int32)
     codes = np.concatenate([np.where(old_codes >= 0, lut[np.maximum(old_codes, 0)] if len(lut) else -1, -1),
-                            np.asarray([at[x] if isinstance(x, str) else -1 for x in extra], dtype=np.int64)])
+                            np.asarray([at[x] if isinstance(x, str) else -1 for x in extra], dtype=np.int32)])
+    del old_codes
     used = np.zeros(len(categories), dtype=bool)
     used[codes[codes >= 0]] = True
     if not used.all():
-        remap = np.cumsum(used) - 1
+        remap = (np.cumsum(used) - 1).astype(np.int32)
         codes = np.where(codes >= 0, remap[np.maximum(codes, 0)], -1)
         categories = [c for c, u in zip(categories, used) if u]
     return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype=object))
