@@ -12,7 +12,7 @@ import whatif
 MODULES = sorted(
     m.name for m in pkgutil.walk_packages(whatif.__path__, "whatif.")
     if not m.name.startswith(("whatif.dashboard", "whatif.tracer.record")))
-for sub in ("tracer", "depgraph", "transforms", "predictors"):
+for sub in ("core", "hardware", "tracer", "depgraph", "transforms", "predictors"):
     pkg = importlib.import_module(f"whatif.{sub}")
     MODULES += sorted(m.name for m in pkgutil.walk_packages(pkg.__path__, f"whatif.{sub}.")
                       if not m.name.startswith("whatif.tracer.record"))
