@@ -51,7 +51,7 @@ STEP_PAIRS = (
     StepPair("p3_compile", "eager -> torch.compile", "p3_compile.toml"),
     StepPair("p4_sdpa", "SDPA math -> flash", "p4_sdpa_bound.toml", "bound"),
     StepPair("p5_dataloader", "num_workers 0 -> 4", "p5_dataloader.toml"),
-    StepPair("p6_batch", "decode batch 8 -> 32", "p6_batch_bound.toml", "bound"),
+    StepPair("p6_batch", "decode batch 8 -> 32", "p6_batch.toml"),
     StepPair("p9_tp", "TP-1 -> TP-2 emulated", "p9_tp.toml"),
 )
 

@@ -598,7 +598,7 @@ class TraceCostModel(CostModelBase):
         return calibrate(pts, topo.with_machines(max(topo.machines, machines)), residual=False)
 
     def kernel_time_ns(self, graph: TaskGraph, tasks: np.ndarray, flops: np.ndarray,
-                       nbytes: np.ndarray) -> np.ndarray:
+                       nbytes: np.ndarray, max_slowdown: float | None = None) -> np.ndarray:
         """Per task: its time at new work, :func:`anchored_time_ns` on the GPU it runs on now."""
         tasks = np.asarray(tasks, dtype=np.int64)
         facts = self.kernel_facts(graph, tasks)
@@ -609,13 +609,14 @@ class TraceCostModel(CostModelBase):
             dev = get_device(d) if d != "None" else None
             out[idx] = anchored_time_ns(dev, dur[idx], facts["kernel_class"][idx], facts["flops"][idx],
                                         facts["bytes"][idx], np.asarray(flops, dtype=float)[idx],
-                                        np.asarray(nbytes, dtype=float)[idx], dt)
+                                        np.asarray(nbytes, dtype=float)[idx], dt, max_slowdown=max_slowdown)
         return out
 
 
 def anchored_time_ns(device: Device | None, dur_ns: np.ndarray, classes: np.ndarray, flops: np.ndarray,
                      nbytes: np.ndarray, new_flops: np.ndarray, new_bytes: np.ndarray, dtype: str = "bf16",
-                     fixed_ns: float | None = None, calibration: Any = None) -> np.ndarray:
+                     fixed_ns: float | None = None, calibration: Any = None,
+                     max_slowdown: float | None = None) -> np.ndarray:
     """Measured ``dur_ns`` moved to new work (FLOPs, DRAM bytes):
     ``T' = F' + (T − F')·A(f', b')/A(f, b)``, ``F' = min(T, F)``: the time above the device's fixed
     latency F (:func:`~whatif.hardware.roofline.fixed_latency_ns`; ``fixed_ns`` overrides it)
@@ -626,7 +627,22 @@ def anchored_time_ns(device: Device | None, dur_ns: np.ndarray, classes: np.ndar
     :class:`~whatif.hardware.roofline.CalibratedRoofline`) prices the ratio on its curves instead;
     without a device, the FLOP ratio for matrix classes and the byte ratio otherwise. Used by
     ``tensor_parallel`` and the other parallel transforms; ``bench/parallel_tp.py`` measures it
-    (and the calibrated variant) on Vidur's TP profiles."""
+    (and the calibrated variant) on Vidur's TP profiles.
+
+    ``max_slowdown`` S: only ``W = min(T − F', S·A(f, b))`` of the time is work, the rest latency
+    that no change of the work moves: ``T' = T + W·(A(f', b')/A(f, b) − 1)``. A kernel of a few
+    microseconds that moves kilobytes is hundreds of times its roofline time; without S, four times
+    its bytes would price it four times longer (``batch``, measured in ``bench/batch_scaling.py``).
+
+    >>> from whatif.hardware.devices import get_device
+    >>> h100 = get_device("H100_SXM")
+    >>> t = anchored_time_ns(h100, np.array([3200.0]), np.array(["elementwise"]), np.array([0.0]),
+    ...                      np.array([45056.0]), np.array([0.0]), np.array([4 * 45056.0]))
+    >>> t_capped = anchored_time_ns(h100, np.array([3200.0]), np.array(["elementwise"]), np.array([0.0]),
+    ...                             np.array([45056.0]), np.array([0.0]), np.array([4 * 45056.0]), max_slowdown=4)
+    >>> bool(t[0] > 2 * 3200), bool(t_capped[0] < 1.1 * 3200)
+    (True, True)
+    """
     classes = np.asarray(classes, dtype=object)
     with np.errstate(divide="ignore", invalid="ignore"):
         if calibration is not None:
@@ -644,7 +660,10 @@ def anchored_time_ns(device: Device | None, dur_ns: np.ndarray, classes: np.ndar
     dur = np.asarray(dur_ns, dtype=float)
     latency = fixed_latency_ns(device) if fixed_ns is None else fixed_ns
     fixed = np.minimum(dur, latency) if calibration is None else np.zeros_like(dur)
-    return fixed + (dur - fixed) * ratio
+    if max_slowdown is None or device is None or calibration is not None:
+        return fixed + (dur - fixed) * ratio
+    work = np.minimum(dur - fixed, max_slowdown * old)
+    return dur + work * (ratio - 1)
 
 
 def _copy_ratio(names: Sequence[str], src: Device, dst: Device) -> np.ndarray:

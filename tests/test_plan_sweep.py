@@ -20,6 +20,7 @@ from whatif.scale.plans import (
     PlanGrid,
     PlanOutcome,
     PlanStatus,
+    _batches,
     expand,
     pareto_front,
     plan_rows,
@@ -166,7 +167,7 @@ def test_cli_writes_the_table_the_document_and_the_figure_and_refuses_to_overwri
     text = " ".join(capsys.readouterr().out.split())
     assert "Pareto front of 4 plans" in text and "4 plans predicted, 0 refused" in text
     lines = table.read_text().splitlines()
-    assert lines[0].startswith("plan,tp,pp,micro_batches,sp,dp,device,gpus,status,step_ns") and len(lines) == 5
+    assert lines[0].startswith("plan,tp,pp,micro_batches,sp,dp,batch,device,gpus,status,step_ns") and len(lines) == 5
     assert json.loads(doc.read_text())["schema"] == "whatif.plan-sweep/1"
     assert "Pareto front" in html.read_text()
     first = table.read_bytes()
@@ -198,3 +199,28 @@ def test_ray_gives_the_same_table_as_local_processes(training_analysis):
     assert not ray.is_initialized()
     assert to_json(on_ray) == to_json(local)
     assert plans_table(on_ray).equals(plans_table(local))
+
+
+def test_batch_axis_prices_the_bigger_batch_and_counts_its_samples(training, training_analysis, tmp_path):
+    """The batch factor is the ``batch`` transform before the parallel ones; the throughput counts
+    its samples; a plan of twice the batch equals ``whatif predict`` of its scenario file."""
+    grid = PlanGrid(tp=(1, 2), batch_factor=(1, 2), samples_per_step=16)
+    assert grid.size() == 4
+    doc = sweep_plans(training_analysis, grid, Execution(jobs=1))
+    one, two = _row(doc, "tp2·pp1·sp1·dp1"), _row(doc, "tp2·pp1·sp1·dp1·b2")
+    assert two.batch == 2.0 and one.batch == 1.0
+    assert one.step_ns < two.step_ns < 2 * one.step_ns   # weights read once: less than twice the time
+    assert two.throughput_per_s == pytest.approx(2 * 16 / (two.step_ns / 1e9), rel=1e-6)
+    assert two.throughput_per_s > one.throughput_per_s
+    plan = next(p for p in expand(grid, recorded_device=None, mode=Mode.TRAINING) if p.label == two.plan)
+    assert [t["name"] for t in plan.transforms()] == ["batch", "tensor_parallel"]
+    toml = tmp_path / "b2.toml"
+    toml.write_text(plan_toml(plan))
+    out = tmp_path / "pred.json"
+    assert main(["predict", str(training), "-s", str(toml), "--json", str(out), "-q"]) == 0
+    assert two.step_ns == json.loads(out.read_text())["scenarios"][0]["mean_step_ns"]
+
+
+def test_batch_factors_are_checked():
+    with pytest.raises(ValueError, match="batch factors must be in"):
+        _batches("1,0")

@@ -72,9 +72,10 @@ class CostModel(Protocol):
 
     @abstractmethod
     def kernel_time_ns(self, graph: TaskGraph, tasks: np.ndarray, flops: np.ndarray,
-                       nbytes: np.ndarray) -> np.ndarray:
+                       nbytes: np.ndarray, max_slowdown: float | None = None) -> np.ndarray:
         """Per task: its duration (ns) if it did ``flops`` FLOPs and moved ``nbytes`` DRAM bytes
-        instead (its class's roofline, anchored on its current time)."""
+        instead (its class's roofline, anchored on its current time; ``max_slowdown``: at most that
+        many times its roofline time counts as work, the rest as latency)."""
 
 
 StepTimes = Callable[[TaskGraph], pd.Series]

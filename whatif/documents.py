@@ -1119,7 +1119,8 @@ class DitSweepDocument(Entry, frozen=True, kw_only=True):
 
 
 class PlanRow(Entry, frozen=True, kw_only=True):
-    """One plan of a plan sweep (docs/scale.md): its degrees, the GPUs it takes, what happened
+    """One plan of a plan sweep (docs/scale.md): its degrees and batch factor (multiples of the
+    traced batch per GPU), the GPUs it takes, what happened
     (``status``: ``ok``, ``refused`` by a transform, ``does not fit`` the device's memory, with
     the one-line ``reason``), the predicted mean step, the throughput (the document's
     ``throughput_unit``), the memory model's bytes per GPU (None when it cannot be read) and
@@ -1131,6 +1132,7 @@ class PlanRow(Entry, frozen=True, kw_only=True):
     micro_batches: int
     sp: int
     dp: int
+    batch: float
     device: str
     gpus: int
     status: str

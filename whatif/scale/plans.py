@@ -1,15 +1,16 @@
-"""Plan sweeps: every plan of a grid TP x PP x DP x SP x micro-batches x device, each predicted
-the way ``whatif predict`` predicts a scenario file (docs/scale.md, "Plan sweeps").
+"""Plan sweeps: every plan of a grid TP x PP x DP x SP x micro-batches x batch x device, each
+predicted the way ``whatif predict`` predicts a scenario file (docs/scale.md, "Plan sweeps").
 
 A **plan** is a scenario of the parallel transforms (docs/multi-gpu.md) in a fixed order:
-``gpu`` (when the device is not the recorded one), ``tensor_parallel``, ``sequence_parallel``,
-``pipeline_parallel``, ``data_parallel``; a degree of 1 leaves its transform out. Its TOML text
+``gpu`` (when the device is not the recorded one), ``batch`` (the batch per GPU as a multiple of
+the traced one, when not 1), ``tensor_parallel``, ``sequence_parallel``, ``pipeline_parallel``,
+``data_parallel``; a degree of 1 leaves its transform out. Its TOML text
 (:func:`plan_toml`) is what a user would write, and the sweep loads the same tables through the
 scenario-file loader (:func:`plan_scenario`), applies them with :meth:`Scenario.apply` and replays the final graph, so a
 plan's step time is ``whatif predict -s plan.toml``'s mean step. Each rank of the trace becomes
 ``tp·pp·sp`` GPUs and the job ``dp`` replicas of the traced one: GPUs = ranks x tp x pp x sp x dp.
 
-Per plan: the predicted mean step (the latency), the throughput ``dp x samples per step /
+Per plan: the predicted mean step (the latency), the throughput ``dp x batch x samples per step /
 step`` (samples when the samples one step of the traced job processes are given, else traced
 batches), the bytes per GPU of the memory model (``transforms/parallel/memory.py``:
 weights ``W/(tp·pp)`` and the workspace; a plan over the device's memory is not replayed), and the
@@ -20,6 +21,8 @@ Pareto front of the plans that ran: a plan is on it when no other plan is at lea
 >>> [p.label for p in expand(grid, recorded_device=None, mode=Mode.TRAINING)]
 ['tp1·pp1·sp1·dp1', 'tp1·pp2·mb2·sp1·dp1', 'tp1·pp2·mb4·sp1·dp1', 'tp2·pp1·sp1·dp1', 'tp2·pp2·mb2·sp1·dp1', \
 'tp2·pp2·mb4·sp1·dp1']
+>>> [p.label for p in expand(PlanGrid(batch_factor=(1, 2)), recorded_device=None, mode=Mode.SERVING)]
+['tp1·pp1·sp1·dp1', 'tp1·pp1·sp1·dp1·b2']
 >>> print(plan_toml(expand(grid, recorded_device=None, mode=Mode.TRAINING)[4]))
 name = "tp2·pp2·mb2·sp1·dp1"
 <BLANKLINE>
@@ -103,6 +106,21 @@ def _micro_batches(text: str) -> tuple[int, ...]:
     return values
 
 
+def _batches(text: str) -> tuple[float, ...]:
+    """Batch factors: multiples of the traced batch per GPU (> 0, at most ``MAX_PARTS``).
+
+    >>> _batches("1,2,0.5,2")
+    (1.0, 2.0, 0.5)
+    """
+    try:
+        values = tuple(dict.fromkeys(float(x) for x in text.split(",") if x.strip()))
+    except ValueError:
+        raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or not all(0 < v <= limits.MAX_PARTS for v in values):
+        raise ValueError(f"batch factors must be in (0, {limits.MAX_PARTS}], got {text!r}")
+    return values
+
+
 def _names(text: str) -> tuple[str, ...]:
     """Catalog names of the GPUs in ``text`` (case and trace spellings accepted), in order."""
     names = []
@@ -133,6 +151,9 @@ class PlanGrid:
     micro_batches: tuple[int, ...] = field(default=(0,), metadata={
         "help": "micro-batches per step of pipelined plans (default: the transform's, 4 for training, p for "
                 "serving)", "parse": _micro_batches, "metavar": "M1,M2,..."})
+    batch_factor: tuple[float, ...] = field(default=(1.0,), metadata={
+        "help": "batch per GPU as multiples of the traced one (the batch transform; throughput counts it)",
+        "parse": _batches, "metavar": "K1,K2,..."})
     device: tuple[str, ...] = field(default=(), metadata={
         "help": "GPUs of the catalog to run each plan on (default: the recorded one)", "parse": _names,
         "metavar": "GPU1,GPU2,..."})
@@ -154,7 +175,8 @@ class PlanGrid:
         """Plans in the grid (micro-batches count for pipelined plans only)."""
         pipelined = sum(p > 1 for p in self.pp)
         return (len(self.device) or 1) * len(self.tp) * (len(self.pp) - pipelined + pipelined
-                                                         * len(self.micro_batches)) * len(self.sp) * len(self.dp)
+                                                         * len(self.micro_batches)) * len(self.sp) * len(self.dp) \
+            * len(self.batch_factor)
 
 
 @dataclass(frozen=True)
@@ -171,18 +193,22 @@ class Plan:
     mode: Mode
     topology: str = "dgx_h100"
     sp_mode: str = "ulysses"
+    batch: float = 1.0
 
     @property
     def label(self) -> str:
         mb = f"·mb{self.micro_batches}" if self.pp > 1 and self.micro_batches else ""
+        b = f"·b{self.batch:g}" if self.batch != 1 else ""
         on = f" on {self.device}" if self.device else ""
-        return f"tp{self.tp}·pp{self.pp}{mb}·sp{self.sp}·dp{self.dp}{on}"
+        return f"tp{self.tp}·pp{self.pp}{mb}·sp{self.sp}·dp{self.dp}{b}{on}"
 
     def transforms(self) -> list[dict[str, object]]:
         """The ``[[transform]]`` tables of the plan's scenario, in order."""
         out: list[dict[str, object]] = []
         if self.device:
             out.append({"name": "gpu", "device": self.device})
+        if self.batch != 1:
+            out.append({"name": "batch", "factor": self.batch})
         if self.tp > 1:
             out.append({"name": "tensor_parallel", "degree": self.tp, "topology": self.topology})
         if self.sp > 1:
@@ -206,9 +232,10 @@ def expand(grid: PlanGrid, recorded_device: str | None, mode: Mode) -> list[Plan
                                  for d in grid.device] or [None]
     plans = []
     for device, tp, pp in itertools.product(devices, grid.tp, grid.pp):
-        for mb, sp, dp in itertools.product(grid.micro_batches if pp > 1 else (0,), grid.sp, grid.dp):
+        mbs = grid.micro_batches if pp > 1 else (0,)
+        for mb, sp, dp, b in itertools.product(mbs, grid.sp, grid.dp, grid.batch_factor):
             plans.append(Plan(tp=tp, pp=pp, dp=dp, sp=sp, micro_batches=mb, device=device, mode=mode,
-                              topology=grid.topology, sp_mode=grid.sp_mode))
+                              topology=grid.topology, sp_mode=grid.sp_mode, batch=b))
     return list(dict.fromkeys(plans))
 
 
@@ -369,13 +396,13 @@ def plan_rows(plans: Sequence[Plan], outcomes: Sequence[PlanOutcome], ranks: int
     """The document's rows: GPUs, throughput and the Pareto front added to each plan's outcome."""
     gpus = [ranks * p.tp * p.pp * p.sp * p.dp for p in plans]
     per_step = samples_per_step or 1
-    throughput = [round(p.dp * per_step / (o.step_ns / 1e9), 6) if o.step_ns else None
+    throughput = [round(p.dp * p.batch * per_step / (o.step_ns / 1e9), 6) if o.step_ns else None
                   for p, o in zip(plans, outcomes)]
     ran = [i for i, o in enumerate(outcomes) if o.status is PlanStatus.OK and o.step_ns]
     front = pareto_front([gpus[i] for i in ran], [float(outcomes[i].step_ns or 0) for i in ran],
                          [throughput[i] or 0.0 for i in ran])
     on_front = {i for i, f in zip(ran, front.tolist()) if f}
-    return [PlanRow(plan=p.label, tp=p.tp, pp=p.pp, micro_batches=p.micro_batches, sp=p.sp, dp=p.dp,
+    return [PlanRow(plan=p.label, tp=p.tp, pp=p.pp, micro_batches=p.micro_batches, sp=p.sp, dp=p.dp, batch=p.batch,
                     device=p.device or "", gpus=gpus[i], status=o.status.value, step_ns=o.step_ns,
                     throughput_per_s=throughput[i],
                     memory_per_gpu_bytes=o.memory_per_gpu_bytes, fits=o.fits, pareto=i in on_front,
