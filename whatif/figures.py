@@ -345,8 +345,8 @@ def plan_pareto_figure(sweep: PlanSweepDocument) -> go.Figure:
     trace, joined in order of step time; hover names each plan.
 
     >>> from whatif.documents import PlanRow, PlanSweepDocument
-    >>> row = PlanRow(plan="tp1·pp1·sp1·dp1", tp=1, pp=1, micro_batches=0, sp=1, dp=1, device="", gpus=1,
-    ...               status="ok", step_ns=2_000_000, throughput_per_s=500.0, memory_per_gpu_bytes=None,
+    >>> row = PlanRow(plan="tp1·pp1·sp1·dp1", tp=1, pp=1, micro_batches=0, sp=1, dp=1, batch=1.0, device="",
+    ...               gpus=1, status="ok", step_ns=2_000_000, throughput_per_s=500.0, memory_per_gpu_bytes=None,
     ...               fits=None, pareto=True, reason="")
     >>> doc = PlanSweepDocument(source="t", device=None, ranks=1, mode="training", topology="dgx_h100",
     ...                         throughput_unit="traced batches/s", samples_per_step=0, baseline_step_ns=2_000_000,
