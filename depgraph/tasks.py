@@ -39,6 +39,18 @@ class _CpuTasks:
     end_ids: np.ndarray
 
 
+class _Ends:
+    """Each event's end (start + duration), computed for the rows asked: no event-length array."""
+
+    __slots__ = ("_dur", "_ts")
+
+    def __init__(self, ts_ns: np.ndarray, dur_ns: np.ndarray) -> None:
+        self._ts, self._dur = ts_ns, dur_ns
+
+    def __getitem__(self, rows: np.ndarray) -> np.ndarray:
+        return self._ts[rows] + self._dur[rows]
+
+
 class _TaskMaker:
     """Adds the tasks of one trace to a :class:`TaskColumns`, group by group."""
 
@@ -47,7 +59,7 @@ class _TaskMaker:
         ev = trace.events
         self.ev = ev
         self.ts = ev["ts_ns"].to_numpy()
-        self.end = self.ts + ev["dur_ns"].to_numpy()
+        self.end = _Ends(self.ts, ev["dur_ns"].to_numpy())
         self.kinds = ev["kind"].to_numpy()
         self.names = ev["name"]
         self.rank = ev["rank"].to_numpy()
@@ -94,6 +106,9 @@ class _TaskMaker:
             outer_call[i] = top
         call_pos = np.flatnonzero(is_call & (outer_call == np.arange(len(h_rows))))
         self.report["cpu_calls_nested_merged"] = int(is_call.sum() - len(call_pos))
+        nested = np.flatnonzero(is_call)
+        outer_of_nested = outer_call[nested]
+        del outer_call
 
         # CPU_WORK tasks: the outermost operators with no call and no step/phase below them. Python
         # frames do not count as enclosing operators (they interleave with ops, with_stack traces).
@@ -120,8 +135,7 @@ class _TaskMaker:
 
         call_task_of_pos = np.full(len(h_rows), -1, dtype=np.int64)
         call_task_of_pos[call_pos] = call_ids
-        nested = np.flatnonzero(is_call)
-        call_task_of_pos[nested] = call_task_of_pos[outer_call[nested]]
+        call_task_of_pos[nested] = call_task_of_pos[outer_of_nested]
         return _CpuTasks(call_pos=call_pos, call_ids=call_ids, call_task_of_pos=call_task_of_pos, nested=nested,
                          begin_ids=begin_ids, end_ids=end_ids)
 
