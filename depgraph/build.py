@@ -31,10 +31,10 @@ def build_graph(trace: Trace, rules: tuple[BuildStep, ...] = RULES) -> TaskGraph
     state = initial_state(trace)
     for step in rules:
         step.run(state)
-        release_freed_memory()
+        release_freed_memory(len(state.tasks))
     graph = assemble(state)
     del state
-    release_freed_memory()
+    release_freed_memory(len(graph.tasks))
     return check_schema(graph)
 
 

@@ -64,7 +64,7 @@ class _TaskMaker:
         self.names = ev["name"]
         self.rank = ev["rank"].to_numpy()
         self.hier: CpuHierarchy = build_hierarchy(ev)
-        release_freed_memory()  # the nesting's temporaries
+        release_freed_memory(len(ev))  # the nesting's temporaries
         self.res = Resources()
         self.tasks = TaskColumns()
         self.report: Counter[str] = Counter()
@@ -223,19 +223,19 @@ class _TaskMaker:
 def initial_state(trace: Trace) -> BuildState:
     """The tasks of ``trace`` (all ranks) and what the rules look up, with no edges yet."""
     maker = _TaskMaker(trace)
-    release_freed_memory()
+    release_freed_memory(len(trace.events))
     cpu = maker.cpu_tasks()
-    release_freed_memory()
+    release_freed_memory(len(trace.events))
     g_rows, g_kind, gpu_ids = maker.gpu_tasks()
     launcher = maker.launchers(cpu, g_rows)
-    release_freed_memory()
+    release_freed_memory(len(trace.events))
     blocking = maker.blocking_copies(cpu, g_rows, g_kind, gpu_ids, launcher)
     origin_of_rank = maker.origins()
     call_task_of_event = np.full(len(trace.events), -1, dtype=np.int64)
     call_task_of_event[maker.hier.rows[cpu.nested]] = cpu.call_task_of_pos[cpu.nested]
     columns, resources, report = maker.tasks, maker.res, maker.report
     del maker  # the CPU hierarchy goes before the task table is assembled
-    release_freed_memory()
+    release_freed_memory(len(trace.events))
 
     t = columns.frame()
     del columns

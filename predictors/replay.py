@@ -247,8 +247,8 @@ def _packed(values: np.ndarray, narrow: bool = False) -> array:
     """``values`` as a typed array: int64, or int32 when ``narrow`` and they fit (ids, counts):
     what the engine indexes, at 4 or 8 bytes an entry instead of a Python list's 8 plus an int
     object each."""
-    fits = not len(values) or (int(values.max()) < 2**31 and int(values.min()) >= -2**31)
-    code = "i" if narrow and fits else "q"
+    fits = narrow and (not len(values) or (int(values.max()) < 2**31 and int(values.min()) >= -2**31))
+    code = "i" if fits else "q"
     out = array(code)
     out.frombytes(np.ascontiguousarray(values, dtype=np.int32 if code == "i" else np.int64).tobytes())
     return out
@@ -276,5 +276,5 @@ def replay(graph: TaskGraph) -> Replay:
     engine.run()
     result = engine.result()
     del engine
-    release_freed_memory()  # the engine's edge arrays and lists
+    release_freed_memory(len(result.start_ns))  # the engine's edge arrays and lists
     return result

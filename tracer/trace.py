@@ -383,7 +383,7 @@ def _to_frame(files: list[FileTrace], ranks: list[int]) -> tuple[pd.DataFrame, E
     codes = np.concatenate([np.array([index[n] for n in c.names], dtype=np.int32)[c.name_code]
                             if len(c) else np.zeros(0, dtype=np.int32) for c in cols])[order]
     args = EventArgs.gather([c.args if isinstance(c.args, EventArgs) else EventArgs.of(c.args) for c in cols], order)
-    return _frame(data, codes, categories), args.pack()
+    return _frame(data, codes, categories), args
 
 
 def load_trace(path: str | Path) -> Trace:
@@ -399,7 +399,7 @@ def load_trace(path: str | Path) -> Trace:
         if found is not None:
             return found
         trace = _load_files(paths)
-        release_freed_memory()  # the files' parse
+        release_freed_memory(len(trace.events))  # the files' parse
         if key is not None:
             cache_trace(key, trace, paths)
         return trace

@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 import numpy as np
@@ -89,11 +90,19 @@ class PlanStatus(Enum):
     NO_FIT = "does not fit"        # over the device's memory (the memory model's line in the row)
 
 
-def _degrees(text: str) -> tuple[int, ...]:
+_N = TypeVar("_N", int, float)
+
+
+def _listed(text: str, convert: Callable[[str], _N], what: str) -> tuple[_N, ...]:
+    """The distinct values of a comma-separated list, in order."""
     try:
-        values = tuple(dict.fromkeys(int(x) for x in text.split(",") if x.strip()))
+        return tuple(dict.fromkeys(convert(x) for x in text.split(",") if x.strip()))
     except ValueError:
-        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+        raise ValueError(f"expected comma-separated {what}, got {text!r}") from None
+
+
+def _degrees(text: str) -> tuple[int, ...]:
+    values = _listed(text, int, "integers")
     if not values or not all(1 <= v <= limits.MAX_GPUS for v in values):
         raise ValueError(f"degrees must be integers in 1..{limits.MAX_GPUS}, got {text!r}")
     return values
@@ -112,10 +121,7 @@ def _batches(text: str) -> tuple[float, ...]:
     >>> _batches("1,2,0.5,2")
     (1.0, 2.0, 0.5)
     """
-    try:
-        values = tuple(dict.fromkeys(float(x) for x in text.split(",") if x.strip()))
-    except ValueError:
-        raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
+    values = _listed(text, float, "numbers")
     if not values or not all(0 < v <= limits.MAX_PARTS for v in values):
         raise ValueError(f"batch factors must be in (0, {limits.MAX_PARTS}], got {text!r}")
     return values
