@@ -5,7 +5,8 @@ transform prices a kernel of a trace.
 The rule (transforms/optimizations/batch.py, predictors/costs.py ``anchored_time_ns``): a kernel
 at k x the batch does k x its FLOPs and moves k x its activation bytes, its weights once
 (``(B - W)·k + W``); its measured time T moves to ``F' + (T − F')·roofline(f', b')/roofline(f, b)``
-with ``F' = min(T, 2 us)``, the GEMM rate read at the measured size, and at most ``MAX_SLOWDOWN``
+with ``F' = min(T, 2 us)``, the GEMM rate read at the measured size, a GEMM's compute term
+stretched by ``wave_tail_ratio`` of its waves (bench/wave_split.py), and at most ``MAX_SLOWDOWN``
 (4) x the roofline time counted as work (the rest is latency). Also shown: the rule without that
 cap, the ratio on a roofline calibrated on the operators at 1 x only (what one trace holds), and
 the two answers a user has without a model: *unchanged* (T) and *linear* (k·T).
@@ -25,7 +26,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common.docs import replace_section
 from common.vidur import GROUP, abs_pct_error, compute_models, load_compute, require_perfdata
-from parallel_tp import DEVICES, io_bytes
+from parallel_tp import DEVICES, gemm_waves, io_bytes
 
 from whatif.core.dtypes import DType
 from whatif.hardware.roofline import CalibratedRoofline
@@ -53,17 +54,21 @@ def predict_model(gpu: str, model: str, path: Path) -> pd.DataFrame:
             continue
         b = base.loc[keys]
         t0, f0, b0 = b["dur_ns"].to_numpy(), b["flops"].to_numpy(), b["bytes"].to_numpy()
-        w = np.zeros(len(test))
+        w, w0, w1 = np.zeros(len(test)), np.zeros(len(test)), np.zeros(len(test))
+        before, tp = test["from_tokens"].to_numpy(float), test["tp"].to_numpy(float)
         for op in test["op"].unique():
             m = (test["op"] == op).to_numpy()
-            _, weight, _ = io_bytes(shape, op, test["from_tokens"].to_numpy(float)[m], b0[m])
-            w[m] = weight / test["tp"].to_numpy(float)[m]   # each rank holds 1/t of a sharded GEMM's weights
+            _, weight, _ = io_bytes(shape, op, before[m], b0[m])
+            w[m] = weight / tp[m]   # each rank holds 1/t of a sharded GEMM's weights
+            w0[m] = gemm_waves(shape, op, before[m], tp[m], dev.sm_count)
+            w1[m] = gemm_waves(shape, op, before[m] * k, tp[m], dev.sm_count)
         w = np.minimum(w, b0)
         f1, b1 = f0 * k, (b0 - w) * k + w
         cls = test["cls"].to_numpy()
         test["k"] = k
-        test["rule"] = anchored_time_ns(dev, t0, cls, f0, b0, f1, b1, "fp16", max_slowdown=MAX_SLOWDOWN)
-        test["uncapped"] = anchored_time_ns(dev, t0, cls, f0, b0, f1, b1, "fp16")
+        test["rule"] = anchored_time_ns(dev, t0, cls, f0, b0, f1, b1, "fp16", max_slowdown=MAX_SLOWDOWN,
+                                        waves=w0, new_waves=w1)
+        test["uncapped"] = anchored_time_ns(dev, t0, cls, f0, b0, f1, b1, "fp16", waves=w0, new_waves=w1)
         calibrated = np.empty(len(test))
         frame = pd.DataFrame({"n": test["from_tokens"].to_numpy(), "tp": test["tp"].to_numpy()})
         for (n, tp), idx in frame.groupby(["n", "tp"]).indices.items():

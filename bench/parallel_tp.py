@@ -7,7 +7,10 @@ an operator's sharded FLOPs and bytes follow its Megatron role (QKV and MLP up: 
 attention output and MLP down: row-parallel, RoPE and the activation: sharded, norms and the
 residual add: replicated), and its measured TP = 1 time T moves to
 ``F' + (T − F')·roofline(f', b')/roofline(f, b)`` with ``F' = min(T, 2 us)``.
-Also shown: the same ratio on the roofline calibrated on all TP = 1 rows of the model (the
+Also shown: the rule with the wave term of row splits (``wave_tail_ratio`` on a column-parallel
+GEMM's 1/t of the output tiles; worse here, so tensor_parallel does not use it: a library picks
+another tile or split-K for the narrower GEMM, bench/wave_split.py), the same ratio on the roofline
+calibrated on all TP = 1 rows of the model (the
 "trace"; the cost engineers' model, bench/cost_tensor_parallel.py), that calibrated roofline's
 direct price ``cal(f', b')``, and the naive T/t for sharded operators.
 Goal (issue 5): median absolute error <= 10 %. A few seconds.
@@ -35,6 +38,7 @@ from common.vidur import (
 )
 
 from whatif.core.dtypes import DType
+from whatif.core.kernels import GEMM_TILE
 from whatif.hardware.devices import get_device
 from whatif.hardware.roofline import CalibratedRoofline
 from whatif.predictors.costs import anchored_time_ns
@@ -57,6 +61,18 @@ def io_bytes(shape: pd.Series, op: str, tokens: np.ndarray, nbytes: np.ndarray) 
         k, n = k_n[op]
         return tokens * k * ELEM, np.full(len(tokens), k * n * ELEM), tokens * n * ELEM
     return nbytes / 2, np.zeros(len(tokens)), nbytes / 2
+
+
+def gemm_waves(shape: pd.Series, op: str, tokens: np.ndarray, tp: np.ndarray, sm_count: int,
+               tile: int = GEMM_TILE) -> np.ndarray:
+    """Output tiles of ``tile``² over SMs of Vidur's GEMM ``op`` at ``tokens`` on one of ``tp``
+    ranks (a column-parallel GEMM has 1/t of the columns, a row-parallel one all of them); NaN for
+    operators that are no GEMM."""
+    if op not in ROLE or ROLE[op] not in (Role.COLUMN, Role.ROW):
+        return np.full(len(tokens), np.nan)
+    _, _, out = io_bytes(shape, op, tokens, np.zeros(len(tokens)))
+    cols = out / np.maximum(tokens, 1) / ELEM / np.where(ROLE[op] is Role.COLUMN, tp, 1)
+    return np.ceil(tokens / tile) * np.ceil(np.round(cols) / tile) / sm_count
 
 
 def predict_model(gpu: str, model: str, path: Path) -> pd.DataFrame:
@@ -83,13 +99,20 @@ def predict_model(gpu: str, model: str, path: Path) -> pd.DataFrame:
                                           inp[sel], w[sel], out[sel], int(t))
     cls = test["cls"].to_numpy()
     test["pred"] = anchored_time_ns(dev, t0_dur, cls, f0, b0, f1, b1, "fp16")
+    w0, w1 = np.full(len(test), np.nan), np.full(len(test), np.nan)
+    tokens, tp = test["tokens"].to_numpy(float), test["tp"].to_numpy(float)
+    for op in test["op"].unique():
+        m = (test["op"] == op).to_numpy()
+        w0[m] = gemm_waves(shape, op, tokens[m], np.ones(int(m.sum())), dev.sm_count)
+        w1[m] = gemm_waves(shape, op, tokens[m], tp[m], dev.sm_count)
+    test["waves"] = anchored_time_ns(dev, t0_dur, cls, f0, b0, f1, b1, "fp16", waves=w0, new_waves=w1)
     test["calibrated"] = anchored_time_ns(dev, t0_dur, cls, f0, b0, f1, b1, "fp16", calibration=cal)
     test["direct"] = [cal.kernel_time_ns(c, f, bb) for c, f, bb in zip(cls, f1, b1)]
     shards = np.isin(test["op"], [o for o, r in ROLE.items() if r is not Role.SEQUENCE])
     test["naive"] = np.where(shards, t0_dur / test["tp"].to_numpy(), t0_dur)
     test["gpu"] = gpu
     actual = test["dur_ns"].to_numpy()
-    for col in ("pred", "calibrated", "direct", "naive"):
+    for col in ("pred", "waves", "calibrated", "direct", "naive"):
         test[f"err_{col}"] = abs_pct_error(test[col].to_numpy(), actual)
     test["class"] = test["op"].map(GROUP)
     return test
@@ -108,10 +131,11 @@ def main() -> int:
     print(summarize(e, ["op"], "err_pred").to_string())
     e["tokens_bin"] = pd.cut(e["tokens"], [0, 64, 512, 4096, 1 << 20], labels=["<=64", "65-512", "513-4096", ">4096"])
     print("\n== by token count: the rule vs the alternatives (median %)")
-    cols = ["err_pred", "err_calibrated", "err_direct", "err_naive"]
+    cols = ["err_pred", "err_waves", "err_calibrated", "err_direct", "err_naive"]
     print(e.groupby(["tokens_bin", "class"], observed=True)[cols].median().round(1).to_string())
     print("\n== overall median / mean absolute % error")
-    for col, label in (("pred", "tensor_parallel rule"), ("calibrated", "anchored on calibrated roofline"),
+    for col, label in (("pred", "tensor_parallel rule"), ("waves", "rule + wave term (not used for TP)"),
+                       ("calibrated", "anchored on calibrated roofline"),
                        ("direct", "calibrated roofline, direct"), ("naive", "naive T/t")):
         med = e.groupby("class")[f"err_{col}"].median()
         print(f"{label:34s} overall {e[f'err_{col}'].median():5.1f} / {e[f'err_{col}'].mean():5.1f}   "

@@ -336,46 +336,95 @@ def op_flops_bytes(op_name: str, input_dims: Sequence | None,
         return None
 
 
-def _dispatch(op: str, args, dims, types, concrete: list) -> tuple[int, int] | None:
+GEMM_TILE = 128
+"""Output tile edge (rows = columns) a GEMM kernel's thread block computes, for wave counts: the
+usual cuBLAS/CUTLASS tile on A100/H100 (NVIDIA, *Matrix Multiplication Background User's Guide*,
+"Tile quantization" and "Wave quantization"). ``bench/wave_split.py`` measures the choice."""
+
+_GEMM_OPS = ("mm", "_int_mm", "_scaled_mm", "addmm", "bmm", "baddbmm", "linear", "matmul")
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """One (batched) GEMM: ``batch`` products of (m×k)·(k×n), ``esz`` bytes per input element,
+    ``bias`` bytes of an added bias."""
+
+    m: int
+    n: int
+    k: int
+    batch: int
+    esz: int
+    bias: int = 0
+
+    def flops_bytes(self) -> tuple[int, int]:
+        return _gemm(self.m, self.n, self.k, self.batch, self.esz, bias=self.bias)
+
+    @property
+    def output_tiles(self) -> int:
+        """Thread blocks of ``GEMM_TILE``² outputs: ``batch·⌈m/T⌉·⌈n/T⌉``."""
+        return self.batch * -(-self.m // GEMM_TILE) * -(-self.n // GEMM_TILE)
+
+
+def gemm_shape(op_name: str, input_dims: Sequence | None,
+               input_types: Sequence | None = None) -> GemmShape | None:
+    """The GEMM an aten matrix op (mm, addmm, bmm, baddbmm, linear, matmul) does, from its recorded
+    shapes; None for other ops or shapes that do not multiply.
+
+    >>> g = gemm_shape("aten::linear", [[4, 256, 8192], [1280, 8192], []], ["c10::BFloat16"] * 2)
+    >>> (g.m, g.n, g.k, g.output_tiles)
+    (1024, 1280, 8192, 80)
+    """
+    op = _op_key(op_name)
+    if not input_dims or op not in _GEMM_OPS:
+        return None
+    try:
+        return _gemm_shape(op, _tensors(input_dims, input_types))
+    except (ValueError, TypeError, IndexError):
+        return None
+
+
+def _gemm_shape(op: str, args) -> GemmShape | None:
     if op in ("mm", "_int_mm", "_scaled_mm"):
         (a, ea), (b, _eb) = args[0], args[1]
         if len(a) != 2 or len(b) != 2 or a[1] != b[0]:
             return None
-        return _gemm(a[0], b[1], a[1], 1, ea)
+        return GemmShape(a[0], b[1], a[1], 1, ea)
     if op == "addmm":
         (c, ec), (a, ea), (b, _eb) = args[0], args[1], args[2]
         if len(a) != 2 or len(b) != 2 or a[1] != b[0]:
             return None
-        return _gemm(a[0], b[1], a[1], 1, ea, bias=_numel(c) * ec)
+        return GemmShape(a[0], b[1], a[1], 1, ea, bias=_numel(c) * ec)
     if op in ("bmm", "baddbmm"):
         off = 1 if op == "baddbmm" else 0
         (a, ea), (b, _eb) = args[off], args[off + 1]
         if len(a) != 3 or len(b) != 3 or a[2] != b[1] or a[0] != b[0]:
             return None
-        return _gemm(a[1], b[2], a[2], a[0], ea)
+        return GemmShape(a[1], b[2], a[2], a[0], ea)
     if op == "linear":
         (x, ex), (w, _ew) = args[0], args[1]
         if len(w) != 2 or x[-1] != w[1] or len(args) > 3:
             return None
         bias = args[2][0] if len(args) > 2 and args[2] is not None else None
-        m = _numel(x[:-1])
-        return _gemm(m, w[0], w[1], 1, ex, bias=_numel(bias) * ex if bias else 0)
-    if op == "matmul":
-        if len(args) != 2 or args[0] is None or args[1] is None:
-            return None
-        (a, ea), (b, _eb) = args
-        if len(b) == 1:
-            if a[-1] != b[0]:
-                return None
-            return _gemm(_numel(a[:-1]), 1, a[-1], 1, ea)
-        if len(a) == 1:
-            return _gemm(1, b[-1], a[0], _numel(b[:-2]), ea)
-        if a[-1] != b[-2]:
-            return None
-        if len(b) == 2:
-            return _gemm(_numel(a[:-1]), b[1], a[-1], 1, ea)
-        batch = max(_numel(a[:-2]), _numel(b[:-2]))
-        return _gemm(a[-2], b[-1], a[-1], batch, ea)
+        return GemmShape(_numel(x[:-1]), w[0], w[1], 1, ex, bias=_numel(bias) * ex if bias else 0)
+    # matmul
+    if len(args) != 2 or args[0] is None or args[1] is None:
+        return None
+    (a, ea), (b, _eb) = args
+    if len(b) == 1:
+        return GemmShape(_numel(a[:-1]), 1, a[-1], 1, ea) if a[-1] == b[0] else None
+    if len(a) == 1:
+        return GemmShape(1, b[-1], a[0], _numel(b[:-2]), ea)
+    if a[-1] != b[-2]:
+        return None
+    if len(b) == 2:
+        return GemmShape(_numel(a[:-1]), b[1], a[-1], 1, ea)
+    return GemmShape(a[-2], b[-1], a[-1], max(_numel(a[:-2]), _numel(b[:-2])), ea)
+
+
+def _dispatch(op: str, args, dims, types, concrete: list) -> tuple[int, int] | None:
+    if op in _GEMM_OPS:
+        shape = _gemm_shape(op, args)
+        return shape.flops_bytes() if shape is not None else None
     if op in ("conv1d", "conv2d", "conv3d", "convolution", "_convolution", "cudnn_convolution",
               "miopen_convolution"):
         return _conv(args, dims, concrete)

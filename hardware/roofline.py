@@ -66,13 +66,15 @@ def roofline_time_ns(flops: float, nbytes: float, device: Device, dtype: DType |
 
 
 def achievable_time_ns(flops: float, nbytes: float, device: Device, dtype: DType | str = DType.BF16,
-                       kernel_class: KernelClass | str | None = None, size_flops: float | None = None) -> float:
+                       kernel_class: KernelClass | str | None = None, size_flops: float | None = None,
+                       compute_scale: float = 1.0) -> float:
     """Time in ns at what the device achieves rather than its datasheet:
-    ``max(flops / P_a, bytes / BW_a)``. ``P_a`` is the achievable rate of a GEMM of that size for
+    ``max(s·flops / P_a, bytes / BW_a)``. ``P_a`` is the achievable rate of a GEMM of that size for
     matrix classes (:meth:`~whatif.hardware.devices.Device.achievable_matrix_flops`; read at
     ``size_flops`` when given: a shard of a measured kernel keeps the rate of the kernel's size), the
-    fp32 peak for vector classes (which are memory-bound); ``BW_a`` the streaming bandwidth. A
-    device without achievable figures gives its datasheet roofline.
+    fp32 peak for vector classes (which are memory-bound); ``BW_a`` the streaming bandwidth; ``s``
+    (``compute_scale``) stretches the compute term, e.g. by :func:`wave_tail_ratio`. A device
+    without achievable figures gives its datasheet roofline.
 
     >>> from whatif.hardware.devices import get_device
     >>> a100 = get_device("A100_SXM_80GB")
@@ -80,7 +82,36 @@ def achievable_time_ns(flops: float, nbytes: float, device: Device, dtype: DType
     True
     """
     rate = achievable_rate(device, dtype, kernel_class, flops if size_flops is None else size_flops)
-    return max(flops / rate, nbytes / device.stream_bw_bytes_per_s) * 1e9
+    return max(compute_scale * flops / rate, nbytes / device.stream_bw_bytes_per_s) * 1e9
+
+
+def expected_waves(waves: np.ndarray | float) -> np.ndarray:
+    """Waves a GEMM of ``waves`` = thread blocks / SMs takes, in expectation: ``w + 1/2``. Blocks
+    run in ``⌈w⌉`` waves (NVIDIA, *Matrix Multiplication Background User's Guide*, "Wave
+    quantization"); over the tile shapes and split-K factors a GEMM library picks, the last wave is
+    on average half empty — also for a GEMM of less than one wave, which split-K spreads over more
+    blocks (a floor of one whole wave priced Vidur's narrow TP-8 GEMMs' halves 27 % off, against
+    13 % without it: ``bench/wave_split.py``).
+
+    >>> expected_waves(np.array([0.2, 1.0, 8.0])).tolist()
+    [0.7, 1.5, 8.5]
+    """
+    return np.asarray(waves, dtype=float) + 0.5
+
+
+def wave_tail_ratio(waves: np.ndarray | float, new_waves: np.ndarray | float) -> np.ndarray:
+    """Factor on the time per FLOP of a GEMM whose blocks go from ``waves`` to ``new_waves`` (its
+    rows split or grown): ``(E(w')/w') / (E(w)/w)``, :func:`expected_waves`. Each half of a GEMM
+    of a quarter wave takes 5/6 of the whole's time (the factor is 5/3), each half of one of 40
+    waves half of it. NaN or non-positive waves give 1 (no wave model).
+
+    >>> wave_tail_ratio(np.array([0.25, 2.0, 40.0, np.nan]), np.array([0.125, 1.0, 20.0, 1.0])).round(3).tolist()
+    [1.667, 1.2, 1.012, 1.0]
+    """
+    w, w2 = np.asarray(waves, dtype=float), np.asarray(new_waves, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        r = (expected_waves(w2) / w2) / (expected_waves(w) / w)
+    return np.where(np.isfinite(r) & (w > 0) & (w2 > 0), r, 1.0)
 
 
 def achievable_rate(device: Device, dtype: DType | str, kernel_class: KernelClass | str | None,

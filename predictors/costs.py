@@ -81,12 +81,18 @@ from whatif.core.dtypes import (
     element_bytes,
     op_dtype,
 )
-from whatif.core.kernels import KernelClass, duration_shares, op_flops_bytes
-from whatif.core.work import WORK_COLUMN, shares_of
+from whatif.core.kernels import KernelClass, duration_shares, gemm_shape, op_flops_bytes
+from whatif.core.work import WORK_COLUMN, output_shares, shares_of
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph, TaskKind, kind_codes
 from whatif.hardware.devices import DEVICES, Device, find_device, get_device
 from whatif.hardware.retarget import PairedKernels, RetargetFit, fit_retarget, retarget_ns
-from whatif.hardware.roofline import DEFAULT_FIXED_NS, achievable_rate, achievable_time_ns, fixed_latency_ns
+from whatif.hardware.roofline import (
+    DEFAULT_FIXED_NS,
+    achievable_rate,
+    achievable_time_ns,
+    fixed_latency_ns,
+    wave_tail_ratio,
+)
 from whatif.tracer.args import Arg
 from whatif.tracer.trace import Trace
 from whatif.transforms.base import TransformError
@@ -184,7 +190,7 @@ class TraceCostModel(CostModelBase):
         self._bw: float | None = None
         self._collective_calibrations: dict[tuple[str, int, int], CollectiveCalibration | None] = {}
         self._measured_collectives: list[tuple] = []
-        self._op_memo: dict[tuple[str, str, str, str], tuple[float, float, float, str]] = {}
+        self._op_memo: dict[tuple[str, str, str, str], tuple[float, float, float, str, float]] = {}
         self._retarget_fits: dict[tuple[str, str, tuple[tuple[str, str], ...]], RetargetFit] = {}
 
     # -- recorded facts, all tasks of a graph, cached ------------------------------------------
@@ -193,13 +199,14 @@ class TraceCostModel(CostModelBase):
         return graph.memo(f"{_FACTS_KEY}@{self.key.value}@{id(self.trace)}", lambda: self._compute_base(graph))
 
     def _op_facts(self, op_name: str, dims: list | None, types: Sequence[str],
-                  concrete: Sequence[str]) -> tuple[float, float, float, str]:
-        """(FLOPs, bytes, weight bytes, dtype) of one recorded op; NaN/'' when unknown. Memoized by shape."""
+                  concrete: Sequence[str]) -> tuple[float, float, float, str, float]:
+        """(FLOPs, bytes, weight bytes, dtype, GEMM output tiles) of one recorded op; NaN/'' when
+        unknown (tiles: NaN for ops that are no GEMM). Memoized by shape."""
         key = (op_name, repr(dims), repr(types), repr(concrete))
         got = self._op_memo.get(key)
         if got is not None:
             return got
-        flops = nbytes = wbytes = np.nan
+        flops = nbytes = wbytes = tiles = np.nan
         fb = op_flops_bytes(op_name, dims, types, concrete) if dims is not None else None
         if fb is not None:
             flops, nbytes = float(fb[0]), float(fb[1])
@@ -210,7 +217,9 @@ class TraceCostModel(CostModelBase):
                 esz = element_bytes(types[w] if types and w < len(types) else None) or 4
                 wbytes = float(np.prod([int(x) for x in dims[w]] or [0])) * esz
                 wbytes = min(wbytes, nbytes)
-        got = (flops, nbytes, wbytes, op_dtype(types))
+            shape = gemm_shape(op_name, dims, types)
+            tiles = float(shape.output_tiles) if shape is not None else np.nan
+        got = (flops, nbytes, wbytes, op_dtype(types), tiles)
         self._op_memo[key] = got
         return got
 
@@ -235,6 +244,7 @@ class TraceCostModel(CostModelBase):
         flops = np.full(n, np.nan)
         nbytes = np.full(n, np.nan)
         wbytes = np.full(n, np.nan)
+        tiles = np.full(n, np.nan)
         vi = np.flatnonzero(valid)
         if len(vi):
             op_row = self.trace.launching_op_rows(rows[vi])
@@ -254,6 +264,7 @@ class TraceCostModel(CostModelBase):
                 odt = per_op[:, 3][inv]
                 share = duration_shares(inv, rec_dur[li])
                 flops[li], nbytes[li], wbytes[li] = of * share, ob * share, ow * share
+                tiles[li] = per_op[:, 4].astype(float)[inv] * share
                 has = odt != ""
                 # an fp32 op whose kernel runs tf32 tensor cores (cuDNN/cuBLAS with allow_tf32)
                 odt = np.where((odt == "fp32") & (dtype[li] == "tf32"), "tf32", odt)
@@ -281,8 +292,9 @@ class TraceCostModel(CostModelBase):
                     nbytes[sel] = flops[sel] / max(dev.ridge_point(d), 1.0)
                 wbytes[mat] = np.where(np.isin(cls[mat], list(WEIGHTED)), nbytes[mat], 0.0)
         wbytes = np.where(np.isin(cls, list(WEIGHTED)), np.nan_to_num(wbytes), 0.0)
+        tiles[cls != KernelClass.GEMM.value] = np.nan
         return {"kernel_class": cls, "flops": flops, "bytes": nbytes, "weight_bytes": wbytes, "dtype": dtype,
-                "estimated": estimated}
+                "estimated": estimated, "tiles": tiles}
 
     # -- current facts (after the transforms' precision and device changes) ---------------------
     def _devices(self, graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
@@ -363,15 +375,19 @@ class TraceCostModel(CostModelBase):
     def kernel_facts(self, graph: TaskGraph, tasks: np.ndarray) -> dict[str, np.ndarray]:
         """Per task: ``kernel_class``, ``flops``, ``bytes`` and ``weight_bytes`` (DRAM bytes now),
         ``dtype`` (compute/storage dtype now), ``weight_dtype``, ``device`` (catalog name now),
-        ``estimated`` (no recorded shapes: FLOPs/bytes estimated from the duration)."""
+        ``estimated`` (no recorded shapes: FLOPs/bytes estimated from the duration), ``waves``
+        (a GEMM's output tiles now over its GPU's SMs, :attr:`~whatif.core.kernels.GemmShape.output_tiles`;
+        NaN for other kernels and where shapes or the GPU are unknown)."""
         tasks = np.asarray(tasks, dtype=np.int64)
         base = self._base(graph)
         devices = self._devices(graph, tasks)
         state = self._state(graph, tasks, base, devices)
         flops, nbytes, wb = self._work(graph, base, tasks, state)
+        sms = np.array([DEVICES[d].sm_count if d in DEVICES else np.nan for d in devices], dtype=float)
+        waves = base["tiles"][tasks] * output_shares(graph.tasks, tasks) / sms
         return {"kernel_class": base["kernel_class"][tasks], "flops": flops, "bytes": nbytes,
                 "weight_bytes": wb, "dtype": state.act, "weight_dtype": state.weight, "device": devices,
-                "estimated": base["estimated"][tasks]}
+                "estimated": base["estimated"][tasks], "waves": waves}
 
     def memory_bandwidth_bytes_per_s(self, graph: TaskGraph) -> float:
         """Median achieved DRAM bandwidth (bytes/s) of the trace's memory-bound kernels of >= 5 us
@@ -598,10 +614,18 @@ class TraceCostModel(CostModelBase):
         return calibrate(pts, topo.with_machines(max(topo.machines, machines)), residual=False)
 
     def kernel_time_ns(self, graph: TaskGraph, tasks: np.ndarray, flops: np.ndarray,
-                       nbytes: np.ndarray, max_slowdown: float | None = None) -> np.ndarray:
-        """Per task: its time at new work, :func:`anchored_time_ns` on the GPU it runs on now."""
+                       nbytes: np.ndarray, max_slowdown: float | None = None,
+                       rows: float | np.ndarray | None = None) -> np.ndarray:
+        """Per task: its time at new work, :func:`anchored_time_ns` on the GPU it runs on now.
+        ``rows``: the new work is the kernel's rows (tokens, batch) times ``rows`` — a micro- or
+        nano-batch (1/n) or a larger batch (k) — so a GEMM's waves move with them
+        (:func:`~whatif.hardware.roofline.wave_tail_ratio`); None prices by FLOPs and bytes alone."""
         tasks = np.asarray(tasks, dtype=np.int64)
         facts = self.kernel_facts(graph, tasks)
+        waves = new_waves = None
+        if rows is not None:
+            waves = facts["waves"]
+            new_waves = waves * np.broadcast_to(np.asarray(rows, dtype=float), waves.shape)
         dur = graph.tasks["dur_ns"].to_numpy()[tasks].astype(float)
         out = dur.copy()
         keys = pd.DataFrame({"d": facts["device"], "t": facts["dtype"]}).astype(str)
@@ -609,14 +633,17 @@ class TraceCostModel(CostModelBase):
             dev = get_device(d) if d != "None" else None
             out[idx] = anchored_time_ns(dev, dur[idx], facts["kernel_class"][idx], facts["flops"][idx],
                                         facts["bytes"][idx], np.asarray(flops, dtype=float)[idx],
-                                        np.asarray(nbytes, dtype=float)[idx], dt, max_slowdown=max_slowdown)
+                                        np.asarray(nbytes, dtype=float)[idx], dt, max_slowdown=max_slowdown,
+                                        waves=None if waves is None else waves[idx],
+                                        new_waves=None if new_waves is None else new_waves[idx])
         return out
 
 
 def anchored_time_ns(device: Device | None, dur_ns: np.ndarray, classes: np.ndarray, flops: np.ndarray,
                      nbytes: np.ndarray, new_flops: np.ndarray, new_bytes: np.ndarray, dtype: str = "bf16",
                      fixed_ns: float | None = None, calibration: Any = None,
-                     max_slowdown: float | None = None) -> np.ndarray:
+                     max_slowdown: float | None = None, waves: np.ndarray | None = None,
+                     new_waves: np.ndarray | None = None) -> np.ndarray:
     """Measured ``dur_ns`` moved to new work (FLOPs, DRAM bytes):
     ``T' = F' + (T − F')·A(f', b')/A(f, b)``, ``F' = min(T, F)``: the time above the device's fixed
     latency F (:func:`~whatif.hardware.roofline.fixed_latency_ns`; ``fixed_ns`` overrides it)
@@ -633,6 +660,12 @@ def anchored_time_ns(device: Device | None, dur_ns: np.ndarray, classes: np.ndar
     that no change of the work moves: ``T' = T + W·(A(f', b')/A(f, b) − 1)``. A kernel of a few
     microseconds that moves kilobytes is hundreds of times its roofline time; without S, four times
     its bytes would price it four times longer (``batch``, measured in ``bench/batch_scaling.py``).
+
+    ``waves``/``new_waves`` (a GEMM's thread blocks over SMs before and after; NaN where unknown):
+    the compute term of the new time is stretched by
+    :func:`~whatif.hardware.roofline.wave_tail_ratio` — half of a GEMM that fills less than a wave
+    takes as long as the whole (wave quantization; TokenWeave's reason for wave-aware token
+    splits). ``bench/wave_split.py`` measures it on Vidur's operators split and grown by rows.
 
     >>> from whatif.hardware.devices import get_device
     >>> h100 = get_device("H100_SXM")
@@ -651,8 +684,9 @@ def anchored_time_ns(device: Device | None, dur_ns: np.ndarray, classes: np.ndar
             ratio = new / old
         elif device is not None:
             old = np.array([achievable_time_ns(f, b, device, dtype, c) for c, f, b in zip(classes, flops, nbytes)])
-            new = np.array([achievable_time_ns(f, b, device, dtype, c, size_flops=f0)
-                            for c, f, b, f0 in zip(classes, new_flops, new_bytes, flops)])
+            tail = np.ones(len(classes)) if waves is None or new_waves is None else wave_tail_ratio(waves, new_waves)
+            new = np.array([achievable_time_ns(f, b, device, dtype, c, size_flops=f0, compute_scale=s)
+                            for c, f, b, f0, s in zip(classes, new_flops, new_bytes, flops, tail)])
             ratio = new / old
         else:
             ratio = np.where(np.isin(classes, list(MATRIX)), new_flops / flops, new_bytes / nbytes)

@@ -72,10 +72,12 @@ class CostModel(Protocol):
 
     @abstractmethod
     def kernel_time_ns(self, graph: TaskGraph, tasks: np.ndarray, flops: np.ndarray,
-                       nbytes: np.ndarray, max_slowdown: float | None = None) -> np.ndarray:
+                       nbytes: np.ndarray, max_slowdown: float | None = None,
+                       rows: float | np.ndarray | None = None) -> np.ndarray:
         """Per task: its duration (ns) if it did ``flops`` FLOPs and moved ``nbytes`` DRAM bytes
         instead (its class's roofline, anchored on its current time; ``max_slowdown``: at most that
-        many times its roofline time counts as work, the rest as latency)."""
+        many times its roofline time counts as work, the rest as latency; ``rows``: the new work is
+        its rows × ``rows``, so a GEMM's waves move with them)."""
 
 
 StepTimes = Callable[[TaskGraph], pd.Series]

@@ -6,9 +6,10 @@ reads its weights once whatever the batch: FLOPs ``F·k``, DRAM bytes ``(B − W
 (``W``: a GEMM's weight bytes, 0 for other kernels; the kernel facts of
 ``CostModel.kernel_facts``), priced by ``CostModel.kernel_time_ns`` (the achievable roofline
 anchored on the kernel's measured time above the device's fixed latency, its efficiency kept; at
-most :data:`MAX_SLOWDOWN` × its roofline time counts as work, the rest as latency).
-So a large GEMM takes about ``k`` × as long, a decode GEMV that reads its weights barely moves,
-and a kernel that is all launch latency does not move. The graph remembers the new work
+most :data:`MAX_SLOWDOWN` × its roofline time counts as work, the rest as latency; a GEMM's
+compute term follows its waves, ``wave_tail_ratio``: blocks that fit in the last, partly empty wave
+come for free). So a large GEMM takes about ``k`` × as long, a decode GEMV that reads its weights
+barely moves, and a kernel that is all launch latency does not move. The graph remembers the new work
 (``cost_work``, :mod:`whatif.core.work`), so a transform applied after this one (``tensor_parallel``,
 ``precision``, ``gpu``) prices the larger kernels.
 
@@ -90,7 +91,8 @@ class Batch(Transform):
             return graph
         cost = ctx.require_cost(self.name)
         flops, nbytes = batch_work(cost.kernel_facts(graph, ids), k)
-        dur = np.rint(cost.kernel_time_ns(graph, ids, flops, nbytes, max_slowdown=MAX_SLOWDOWN)).astype(np.int64)
+        dur = np.rint(cost.kernel_time_ns(graph, ids, flops, nbytes, max_slowdown=MAX_SLOWDOWN,
+                                          rows=k)).astype(np.int64)
         out = set_duration(graph, ids, dur, reason=f"{len(ids):,} kernels at {k:g}x their batch: FLOPs and activation "
                                                    f"bytes x{k:g}, weights read once (achievable roofline, "
                                                    f"anchored on each kernel's time)")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
+from whatif.hardware.devices import find_device
 
 from ..base import TransformContext, TransformError
 from ..edit import NewEdges, add_resource, insert_many, new_task
@@ -56,6 +57,21 @@ class Collective:
 
     def label(self) -> str:
         return f"{self.kind} {self.message_bytes / 2**20:.2f} MiB x{self.ranks}"
+
+
+def comm_sm_share(ctx: TransformContext, ctas: int) -> float:
+    """Share of the recorded GPU's SMs a communication kernel of ``ctas`` thread blocks (one SM
+    each) holds while it runs; 0 when the GPU is not in the catalog."""
+    dev = find_device(ctx.device) if ctx.device else None
+    return min(ctas / dev.sm_count, 1.0) if dev is not None and dev.sm_count else 0.0
+
+
+def overlapped_compute_slowdown(share: float) -> float:
+    """Factor on the time of compute that runs beside a communication kernel holding ``share`` of
+    the SMs: ``1 / (1 − share)`` (the compute keeps the other SMs)."""
+    if not 0 <= share < 1:
+        raise TransformError(f"a communication kernel cannot hold {share:.0%} of the SMs and leave compute any")
+    return 1.0 / (1.0 - share)
 
 
 def comm_stream(graph: TaskGraph, rank: int, label: str) -> tuple[TaskGraph, int]:

@@ -22,6 +22,10 @@ over n nano-batches and L layers as :func:`pipelined_ns`:
 time on the whole GPU, as the trace ran). :func:`search_nanoflow` searches n, r_g and r_c in steps
 of 0.05, as NanoFlow's auto-search does over its profiled shares.
 
+A GEMM's nano-batches are priced without the wave term of ``batch_part_ns``: the curves were
+measured on NanoFlow's nano-batch kernels sharing the GPU, tails included, and the SMs a GEMM's
+last wave leaves idle run the co-scheduled kernels.
+
 Left out: the curves are NanoFlow's A100 measurements, used for every GPU and kernel shape (no
 per-kernel profile of the trace's own kernels); L2 interference beyond what they measured; CPU
 launch cost (NanoFlow and its baseline launch through CUDA graphs). An analysis, not a transform:
@@ -133,7 +137,7 @@ def _parts(graph: TaskGraph, ctx: TransformContext, n: int) -> pd.DataFrame:
     dur = t["dur_ns"].to_numpy().astype(float)
     k_dur = dur[kern]
     if n > 1:
-        k_dur = n * batch_part_ns(ctx.require_cost(NAME), graph, kern, n)
+        k_dur = n * batch_part_ns(ctx.require_cost(NAME), graph, kern, n, wave_tail=False)
     gemm = np.isin(cls, [KernelClass.GEMM.value, KernelClass.CONV.value])
     steps = t["step"].to_numpy()
     frame = pd.DataFrame({"step": np.r_[steps[kern], steps[comm]],

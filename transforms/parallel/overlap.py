@@ -18,7 +18,14 @@ nano-batches:
   2..n and every collective part are slowed by the **interference factor** φ ≥ 1. Default: φ
   calibrated from the trace (:func:`interference_from_trace`: median slowdown of kernels that
   overlap a collective vs the same kernels alone) when it has such pairs, else ``DEFAULT_INTERFERENCE``
-  (1.15, an assumption: BACKGROUND's "more than the max, less than the sum").
+  (1.15, an assumption: BACKGROUND's "more than the max, less than the sum"). With ``comm_sms`` = c
+  > 0 (a collective kernel that holds c SMs, as TokenWeave's fused AllReduce–RMSNorm on 2–8 SMs of
+  an 8×H100 does), the interference is that kernel's share instead: compute nano-batches 2..n
+  slowed by ``1 / (1 − c/SMs)`` (:func:`~.comm.overlapped_compute_slowdown`), the collective parts
+  at their own speed;
+* each segment kernel's nano-batch is priced with its waves (``batch_part_ns``): a GEMM of a few
+  waves pays a partly empty last wave in every nano-batch, so splitting few tokens loses
+  (TokenWeave's reason for wave-aware splits, which this equal split leaves out).
 
 Since compute stays on one stream and communication on another, the replay never predicts less
 than ``max(compute, communication)``; with φ > 1 and per-part latencies it can be worse than not
@@ -41,7 +48,7 @@ from ..edit import add_edges, set_duration
 from ..needs import Need
 from ..registry import register
 from ..select import kernel_classes
-from .comm import KINDS, Collective, splice_tasks
+from .comm import KINDS, Collective, comm_sm_share, overlapped_compute_slowdown, splice_tasks
 from .sharding import batch_part_ns
 from .tensor import prev_on_resource
 
@@ -133,6 +140,26 @@ class Overlap(Transform):
     interference: float = field(default=0.0, metadata={
         "help": "slowdown of concurrent compute and communication (>= 1); 0 = calibrated from the trace, else 1.15"})
     topology: str = field(default="dgx_h100", metadata={"help": "topology preset that prices the collective parts"})
+    comm_sms: int = field(default=0, metadata={
+        "help": "SMs the collective kernel holds (TokenWeave: 2-8); > 0 replaces the interference: compute "
+                "slowed by SMs/(SMs - comm_sms), collectives at their own speed",
+        "maximum": limits.MAX_PARTS})
+
+    def factors(self, graph: TaskGraph, ctx: TransformContext) -> tuple[float, float]:
+        """(slowdown of overlapped compute, slowdown of the collective parts)."""
+        if self.comm_sms < 0:
+            raise TransformError(f"{self.name}: comm_sms must be >= 0 (got {self.comm_sms})")
+        if not self.comm_sms:
+            phi = self.factor(graph)
+            return phi, phi
+        share = comm_sm_share(ctx, self.comm_sms)
+        if share == 0:
+            raise TransformError(f"{self.name}: comm_sms needs the GPU's SM count, and the trace's GPU "
+                                 f"({ctx.device or 'unnamed'}) is not in the hardware catalog")
+        try:
+            return overlapped_compute_slowdown(share), 1.0
+        except TransformError as e:
+            raise TransformError(f"{self.name}: comm_sms={self.comm_sms}: {e}") from None
 
     def factor(self, graph: TaskGraph) -> float:
         if self.interference:
@@ -156,7 +183,7 @@ class Overlap(Transform):
                                  f"or sequence_parallel first (they insert the collectives)")
         if n == 1:
             return graph
-        phi = self.factor(graph)
+        phi, phi_comm = self.factors(graph, ctx)
         cost = ctx.require_cost(self.name)
         seg_all = np.unique(np.concatenate(list(reg["segment"])))
         nano = np.rint(batch_part_ns(cost, graph, seg_all, n)).astype(np.int64)
@@ -171,11 +198,11 @@ class Overlap(Transform):
                                    name=f"nano-batch compute (x{phi:.2f} interference)",
                                    deps=[[-1] * (n - 1)] * len(reg),
                                    reason=f"{self.label()}: nano-batches 2..{n} of each segment")
-        parts = [int(round(d * phi)) for d in comm_dur]
+        parts = [int(round(d * phi_comm)) for d in comm_dur]
         g = set_duration(g, reg["comm"].to_numpy(), np.asarray(parts)[np.argsort(reg["comm"].to_numpy())],
                          reason=f"{self.label()}: collective part 1/{n}")
         g, comm_ids = splice_tasks(g, anchors=reg["comm"].tolist(), durs=[[p] * (n - 1) for p in parts],
-                                   name=f"collective part (of {n}, x{phi:.2f} interference)",
+                                   name=f"collective part (of {n}, x{phi_comm:.2f} interference)",
                                    deps=[ids.tolist() for ids in nano_ids], kind=TaskKind.COMM,
                                    reason=f"{self.label()}: collective parts 2..{n}")
         src, dst = [], []

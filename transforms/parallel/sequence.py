@@ -55,13 +55,19 @@ from whatif.core import limits
 from whatif.core.kernels import KernelClass
 from whatif.core.work import WorkShare
 from whatif.depgraph.graph import TaskGraph
-from whatif.hardware.devices import find_device
 from whatif.hardware.topology import presets
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import set_duration
 from ..registry import register
-from .comm import comm_stream, insert_tasks, next_on_resource, splice_tasks
+from .comm import (
+    comm_sm_share,
+    comm_stream,
+    insert_tasks,
+    next_on_resource,
+    overlapped_compute_slowdown,
+    splice_tasks,
+)
 from .layers import backward_mask, find_blocks, gemm_io_bytes
 from .memory import HeadSplit, block_heads, head_split
 from .sharding import record_split
@@ -104,8 +110,7 @@ def nccl_p2p_sm_share(ctx: TransformContext) -> float:
     """Share of the recorded GPU's SMs a two-sided NCCL send/recv holds while it runs:
     ``NCCL_P2P_CTAS`` thread blocks (one SM each) of its SMs (the hardware catalog); 0 when the GPU
     is not in the catalog."""
-    dev = find_device(ctx.device) if ctx.device else None
-    return NCCL_P2P_CTAS / dev.sm_count if dev is not None and dev.sm_count else 0.0
+    return comm_sm_share(ctx, NCCL_P2P_CTAS)
 
 
 @register
@@ -263,7 +268,7 @@ class SequenceParallel(Transform):
                 hops = [full] + [max(full - latency, 0)] * (machines - 2) if machines > 1 else []
             share = max(t_attn // steps, 1)
             # a two-sided hop's NCCL kernel holds SMs while the block it overlaps computes
-            slow = 1 / (1 - sm_share) if self.mode != "torus" and hops else 1.0
+            slow = overlapped_compute_slowdown(sm_share) if self.mode != "torus" and hops else 1.0
             for tk in core["task"].to_numpy(np.int64).tolist():
                 core_dur[tk] = int(round(int(g.tasks["dur_ns"].to_numpy()[int(tk)]) // steps * slow))
             blocks_after = [int(round(share * slow))] * (len(hops) - 1) + [share] if hops else []

@@ -65,13 +65,18 @@ def shard_arrays(roles: np.ndarray, flops: np.ndarray, in_bytes: np.ndarray, wei
     return arr[:, 0], arr[:, 1]
 
 
-def batch_part_ns(cost: CostModel, graph: TaskGraph, tasks: np.ndarray, parts: int) -> np.ndarray:
+def batch_part_ns(cost: CostModel, graph: TaskGraph, tasks: np.ndarray, parts: int,
+                  wave_tail: bool = True) -> np.ndarray:
     """Per kernel: its time on 1/``parts`` of its activations — a micro- or nano-batch: FLOPs/n,
-    bytes ``(B − W)/n + W`` (every part reads the weights; ``CostModel.kernel_time_ns``)."""
+    bytes ``(B − W)/n + W`` (every part reads the weights), a GEMM's waves /n (each part pays a
+    partly empty last wave; ``CostModel.kernel_time_ns``). ``wave_tail=False`` leaves the waves
+    out, where the parts' kernels are priced on a measured share of the GPU that includes them
+    (``search_nanoflow``)."""
     f = cost.kernel_facts(graph, tasks)
     w = np.nan_to_num(f["weight_bytes"])
     return np.asarray(cost.kernel_time_ns(graph, tasks, np.nan_to_num(f["flops"]) / parts,
-                                          (np.nan_to_num(f["bytes"]) - w) / parts + w), dtype=float)
+                                          (np.nan_to_num(f["bytes"]) - w) / parts + w,
+                                          rows=1 / parts if wave_tail else None), dtype=float)
 
 
 def record_split(graph: TaskGraph, tasks: np.ndarray, shares: WorkShare | Sequence[WorkShare], *,
