@@ -54,16 +54,17 @@ def predict_model(gpu: str, model: str, path: Path) -> pd.DataFrame:
             continue
         b = base.loc[keys]
         t0, f0, b0 = b["dur_ns"].to_numpy(), b["flops"].to_numpy(), b["bytes"].to_numpy()
-        w, w0, w1 = np.zeros(len(test)), np.zeros(len(test)), np.zeros(len(test))
+        w, w0 = np.zeros(len(test)), np.zeros(len(test))
         before, tp = test["from_tokens"].to_numpy(float), test["tp"].to_numpy(float)
         for op in test["op"].unique():
             m = (test["op"] == op).to_numpy()
             _, weight, _ = io_bytes(shape, op, before[m], b0[m])
             w[m] = weight / tp[m]   # each rank holds 1/t of a sharded GEMM's weights
             w0[m] = gemm_waves(shape, op, before[m], tp[m], dev.sm_count)
-            w1[m] = gemm_waves(shape, op, before[m] * k, tp[m], dev.sm_count)
+
         w = np.minimum(w, b0)
         f1, b1 = f0 * k, (b0 - w) * k + w
+        w1 = w0 * k   # as CostModel.kernel_time_ns moves them: the recorded tiles times the rows
         cls = test["cls"].to_numpy()
         test["k"] = k
         test["rule"] = anchored_time_ns(dev, t0, cls, f0, b0, f1, b1, "fp16", max_slowdown=MAX_SLOWDOWN,

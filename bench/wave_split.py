@@ -6,7 +6,7 @@ rows at 1 x, as ``batch_part_ns`` (micro- and nano-batches: ``overlap``, ``searc
 The rule (predictors/costs.py ``anchored_time_ns``): FLOPs x r, activation bytes x r, weights read
 once, the measured time moved by the achievable roofline's ratio, and the compute term stretched
 by ``wave_tail_ratio(w, r·w)`` (hardware/roofline.py): w = the GEMM's 128 x 128 output tiles over
-the GPU's SMs, a wave expected to take ``max(w + 1/2, 1)``. Shown against the same rule without the
+the GPU's SMs at the recorded size, a wave expected to take ``w + 1/2``. Shown against the same rule without the
 wave term (what the transforms did before), *linear* (r x T) and *unchanged* (T). Also the *split
 penalty*, n x T(M/n) / T(M): what the n parts of a split cost over the whole, measured and
 predicted. ``--tile`` prices the waves with another tile edge (64, 256) to show the sensitivity.
@@ -65,10 +65,7 @@ def predict_model(gpu: str, model: str, path: Path, tile: int) -> pd.DataFrame:
         weight = np.minimum(weight, b0)
         f1, b1 = f0 * r, (b0 - weight) * r + weight
         cls = test["cls"].to_numpy()
-        w1 = np.zeros(len(test))
-        for op in test["op"].unique():
-            m = (test["op"] == op).to_numpy()
-            w1[m] = gemm_waves(shape, op, tokens[m] * r, tp[m], dev.sm_count, tile)
+        w1 = w0 * r   # as CostModel.kernel_time_ns moves them: the recorded tiles times the rows
         test["r"] = r
         test["actual"] = base.loc[keys, "dur_ns"].to_numpy(float)
         test["rule"] = anchored_time_ns(dev, t0, cls, f0, b0, f1, b1, "fp16", waves=w0, new_waves=w1)
