@@ -354,6 +354,49 @@ def test_kv_capacity_after_a_scenarios_transforms(tmp_path) -> None:
     assert pim_tokens == int(80e9 // (2 * 8 * 4 * 128 * 2)) and "attacc PIM stacks" in source
 
 
+def test_kv_capacity_on_another_gpu_and_with_narrower_weights(tmp_path) -> None:
+    """`gpu` puts the replica in the destination's memory (an H200's 141 GB hold more KV than the
+    recorded H100's 80 GiB; an L40S's 48 GB less); `precision` fp8 stores the bf16 weights in half
+    the bytes and int4 weight-only in a quarter, which the KV cache gets; a `gpu` move of only some
+    kernels keeps the recorded memory."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _llm_tracegen import llm_trace
+
+    from whatif.api import analyze, make_context
+    from whatif.hardware.devices import get_device
+    from whatif.serving import recorded_kv_capacity
+    from whatif.transforms.optimizations.gpu import Gpu
+    from whatif.transforms.optimizations.precision import Precision
+    from whatif.transforms.placement import Placement
+    from whatif.transforms.scenario import scenario_placement
+    from whatif.transforms.select import Selector
+
+    a = analyze(llm_trace(tmp_path / "gqa.json.gz", batch=16, new_tokens=1, layers=8, heads=32, kv_heads=8, steps=1))
+    ctx = make_context(a.trace)
+    weights = 8 * (4096 * (32 + 16) * 128 + 4096 ** 2 + 3 * 4096 * 11008) * 2
+    per_token = 2 * 8 * 8 * 128 * 2
+    one, _ = recorded_kv_capacity(a.graph)
+    for dest in ("H200", "L40S"):
+        p = scenario_placement([Gpu(device=dest)], [a.graph], ctx)
+        assert p == Placement(device=dest)
+        tokens, source = recorded_kv_capacity(a.graph, p)
+        assert tokens == int((0.9 * get_device(dest).mem_bytes - weights) // per_token)
+        assert f"on {dest}" in source
+        assert (tokens > one) == (dest == "H200")
+    part = Gpu(device="H200", select=Selector(kind="kernel", name="gemm"))
+    assert scenario_placement([part], [a.graph], ctx) == Placement()
+    for dtype, scale in (("fp8", 0.5), ("int4_weight", 0.25)):
+        p = scenario_placement([Precision(dtype=dtype)], [a.graph], ctx)
+        assert p.weights_scale == pytest.approx(scale)
+        tokens, source = recorded_kv_capacity(a.graph, p)
+        assert tokens == int((0.9 * 80 * 2**30 - weights * p.weights_scale) // per_token) > one
+        assert f"weights at {scale:g}x" in source
+    both = scenario_placement([Precision(dtype="fp8"), Gpu(device="H200")], [a.graph, a.graph], ctx)
+    assert both == Placement(device="H200", weights_scale=0.5)
+
+
 @pytest.mark.parametrize(("edit", "message"), [
     (lambda d: d["iterations"][0].update(phase="denoise"), "Invalid enum value 'denoise'"),
     (lambda d: d["iterations"][0].update(request_ids=[99]), "iteration 0 names request 99"),

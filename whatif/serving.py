@@ -459,19 +459,22 @@ def recorded_capacity(graph: TaskGraph | None, placement: Placement | None = Non
                       scheduler: SchedulerConfig | None = None) -> Capacity:
     """What one replica holds under ``scheduler``'s engine (default: the examples'), from the memory
     model of the recorded model and GPU (:mod:`~whatif.predictors.serving.capacity`) with the
-    replica placed as ``placement`` (a scenario's tensor/pipeline degrees, PIM stacks; default: as
-    recorded); KV unlimited, with the reason, when the recording has no transformer blocks or no
-    cataloged GPU (a CPU recording of the example servers)."""
+    replica placed as ``placement`` (a scenario's tensor/pipeline degrees, PIM stacks, the GPU it
+    moves to and its weights' storage; default: as recorded); KV unlimited, with the reason, when
+    the recording has no transformer blocks or no cataloged GPU (a CPU recording of the example
+    servers)."""
     scheduler = scheduler or SchedulerConfig()
     engine, length = scheduler.engine, scheduler.max_model_len
     if graph is None or graph.trace is None:
         return engine_capacity(engine, None, GpuMemory(), placement, max_model_len=length, why="no recorded graph")
     ctx = make_context(graph.trace)
-    dev = find_device(ctx.device) if ctx.device else None
+    moved_to = placement.device if placement is not None else ""
+    dev = find_device(moved_to or ctx.device) if moved_to or ctx.device else None
     gpu = GpuMemory(dev.name, float(dev.mem_bytes)) if dev is not None and dev.mem_bytes else GpuMemory()
     try:
         shape = model_shape(graph, ctx, "serve")
-        gpu = replace(gpu, capacity_bytes=device_capacity_bytes(ctx))
+        if not moved_to:
+            gpu = replace(gpu, capacity_bytes=device_capacity_bytes(ctx))
     except TransformError as exc:
         return engine_capacity(engine, None, gpu, placement, max_model_len=length, why=str(exc))
     return engine_capacity(engine, shape, gpu, placement, max_model_len=length,

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from whatif.transforms.parallel.memory import ModelShape, kv_capacity_tokens
+from whatif.transforms.parallel.memory import ModelShape, kv_capacity_tokens, weights_per_rank_bytes
 from whatif.transforms.placement import Placement
 
 from .engine_defaults import DEFAULT_MAX_MODEL_LEN, GIB, EngineName, GpuMemory, engine_key, engine_profile
@@ -110,7 +110,7 @@ def engine_capacity(engine: str | Enum, shape: ModelShape | None, gpu: GpuMemory
     t, p = placement.tensor, placement.pipeline
     per_token = shape.kv_bytes_per_rank_token(t, p)
     tokens = kv_capacity_tokens(shape, gpu.capacity_bytes, placement, workspace_fraction=1 - fraction)
-    weights = shape.weight_bytes / (t * p)
+    weights = weights_per_rank_bytes(shape, placement)
     where = (f"{placement.kv_home_bytes / 1e9:.1f} GB of {placement.kv_home}" if placement.kv_outside_hbm else
              f"{fraction:g} x {gpu.capacity_bytes / 1e9:.1f} GB {gpu.name or 'GPU'} - {weights / 1e9:.1f} GB weights"
              + (f" + {placement.weights_moved_bytes / 1e9:.1f} GB moved out" if placement.weights_moved_bytes else ""))

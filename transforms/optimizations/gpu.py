@@ -48,6 +48,7 @@ from whatif.tracer.trace import Trace, load_trace
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import scale_edge_latency, set_duration, set_state
+from ..placement import Placement
 from ..registry import register
 from ..select import Selector, select
 
@@ -114,6 +115,12 @@ class Gpu(Transform):
         if self._moves_host:
             out = _scale_host(out, self._host_time_factor(graph), self.label())
         return out
+
+    def placement(self, placement: Placement, graph: TaskGraph, ctx: TransformContext) -> Placement:
+        """The replica on the destination GPU (its memory holds the weights and the KV cache) when
+        every GPU task moves; a selection that moves some keeps the recorded GPU's memory."""
+        self._check()
+        return placement.on(_catalog_name(self.device)) if self.select == Selector(kind="gpu") else placement
 
     def _host_time_factor(self, graph: TaskGraph) -> float:
         """CPU time on the destination host per CPU time on the recorded one."""

@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from whatif.depgraph.graph import TaskGraph
+from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph, kind_codes
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import scale, set_state
 from ..needs import Need
+from ..placement import Placement
 from ..registry import register
 from ..select import Selector
 
@@ -89,6 +90,20 @@ class Precision(Transform):
             return ids
         factor = ctx.require_cost(self.name).precision_factor(graph, ids, self.spec())
         return ids[factor != 1.0]
+
+    def placement(self, placement: Placement, graph: TaskGraph, ctx: TransformContext) -> Placement:
+        """The weights stored as the spec stores them: the model's GEMM/conv weight bytes after over
+        before (the kernel facts; fp8/int8 halve bf16 weights, int4 weight-only quarters them)."""
+        ids = self.select(graph)
+        if not len(ids):
+            return placement
+        cost = ctx.require_cost(self.name)
+        kernels = np.flatnonzero(np.isin(graph.tasks["kind"].to_numpy(), kind_codes(GPU_WORK_KINDS)))
+        before = float(np.nansum(cost.kernel_facts(graph, kernels)["weight_bytes"]))
+        if before <= 0:
+            return placement
+        after = float(np.nansum(cost.kernel_facts(record_spec(graph, ids, self.spec()), kernels)["weight_bytes"]))
+        return placement.weights_scaled(after / before)
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
         spec = self.spec()

@@ -124,7 +124,8 @@ def kv_capacity_tokens(shape: ModelShape, capacity_bytes: float, placement: Plac
                        workspace_fraction: float = WORKSPACE_FRACTION) -> int:
     """KV-cache tokens one replica holds when placed as ``placement`` (t × p GPUs): on each rank,
     what the weights and the workspace leave of its HBM, ``(1 − workspace)·capacity − W/(t·p) +
-    moved`` (vLLM's ``gpu_memory_utilization`` rule; ``moved``: weights held outside HBM), over its
+    moved`` (vLLM's ``gpu_memory_utilization`` rule; ``moved``: weights held outside HBM; ``W``
+    times ``placement.weights_scale``, :func:`weights_per_rank_bytes`), over its
     bytes per token ``2·ceil(L/p)·ceil(H_kv/t)·d·e``; when the KV cache lives beside the GPU
     (``placement.kv_home_bytes``: PIM stacks), that memory over the same bytes per token, provided
     the weights fit HBM. 0 when the weights alone do not fit.
@@ -140,10 +141,21 @@ def kv_capacity_tokens(shape: ModelShape, capacity_bytes: float, placement: Plac
     placement = placement or Placement()
     t, p = placement.tensor, placement.pipeline
     per_token = shape.kv_bytes_per_rank_token(t, p)
-    free = (1 - workspace_fraction) * capacity_bytes - shape.weight_bytes / (t * p) + placement.weights_moved_bytes
+    free = (1 - workspace_fraction) * capacity_bytes - weights_per_rank_bytes(shape, placement) \
+        + placement.weights_moved_bytes
     if free < 0:
         return 0
     return int(max(0.0, placement.kv_home_bytes if placement.kv_outside_hbm else free) // per_token)
+
+
+def weights_per_rank_bytes(shape: ModelShape, placement: Placement) -> float:
+    """Weight bytes one rank of ``placement`` holds: ``W · weights_scale / (t·p)``.
+
+    >>> s = ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, weight_bytes=130e9)
+    >>> weights_per_rank_bytes(s, Placement(tensor=8).weights_scaled(0.5)) / 1e9   # fp8 weights, TP 8
+    8.125
+    """
+    return shape.weight_bytes * placement.weights_scale / (placement.tensor * placement.pipeline)
 
 
 def device_capacity_bytes(ctx: TransformContext, override_gb: float = 0.0) -> float:
