@@ -10,7 +10,7 @@ it. Tasks without one (None) keep their recorded work.
 
 >>> s = WorkShare(flops=0.5, activation_bytes=0.75, weight_bytes=0.5)
 >>> s.then(WorkShare(flops=0.5, activation_bytes=1.0, weight_bytes=0.5))
-WorkShare(flops=0.25, activation_bytes=0.75, weight_bytes=0.25, output_bytes=1.0)
+WorkShare(flops=0.25, activation_bytes=0.75, weight_bytes=0.25, output_bytes=1.0, heads=1.0)
 >>> shares_of([s, None])[0].tolist(), shares_of([s, None])[1].tolist()
 ([0.5, 1.0], [0.75, 1.0])
 """
@@ -28,17 +28,20 @@ WORK_COLUMN = "cost_work"
 @dataclass(frozen=True)
 class WorkShare:
     """Fractions of the recorded FLOPs, non-weight (activation: input + output) DRAM bytes, weight
-    bytes and output bytes one kernel does now."""
+    bytes and output bytes one kernel does now, and of the attention heads it computes (1/t after a
+    tensor-parallel head split: what a later head split must divide)."""
 
     flops: float = 1.0
     activation_bytes: float = 1.0
     weight_bytes: float = 1.0
     output_bytes: float = 1.0
+    heads: float = 1.0
 
     def then(self, other: WorkShare) -> WorkShare:
         """This share split again by ``other`` (a second transform on the same kernel)."""
         return WorkShare(self.flops * other.flops, self.activation_bytes * other.activation_bytes,
-                         self.weight_bytes * other.weight_bytes, self.output_bytes * other.output_bytes)
+                         self.weight_bytes * other.weight_bytes, self.output_bytes * other.output_bytes,
+                         self.heads * other.heads)
 
 
 def split_further(current: Sequence[WorkShare | None] | np.ndarray,

@@ -128,6 +128,29 @@ def test_ring_bytes_are_gqa_aware(tmp_path) -> None:
         SequenceParallel(mode="ulysses", degree=64).apply(a.graph, make_context(a.trace))
 
 
+def test_head_split_after_tensor_parallel_sees_the_rank_heads(tmp_path) -> None:
+    """After tensor_parallel 4, a rank computes 8 of the 32 query heads and 2 of the 8 KV heads:
+    a 16-way Ulysses split no longer divides them (it did on the whole model), a 4-way one does (its
+    KV heads replicated), and tensor parallelism's head share is recorded in the work state."""
+    from _llm_tracegen import llm_trace
+
+    from whatif.core.work import current_shares
+    from whatif.transforms.parallel.memory import block_heads, block_heads_now
+    from whatif.transforms.parallel.tensor import TensorParallel
+
+    a = analyze(llm_trace(tmp_path / "gqa.json.gz", new_tokens=4096, kv_tokens=4096, layers=2, kv_heads=8, steps=1))
+    ctx = make_context(a.trace)
+    SequenceParallel(mode="ulysses", degree=16).apply(a.graph, ctx)
+    tp = TensorParallel(degree=4, topology="dgx_h100").apply(a.graph, ctx)
+    blocks = find_blocks(tp)
+    assert block_heads(tp, blocks)[:2] == (32, 8) and block_heads_now(tp, blocks)[:2] == (8, 2)
+    attn = blocks.loc[blocks["part"] == "attention", "task"].to_numpy()
+    assert {s.heads for s in current_shares(tp.tasks, attn)} == {0.25}
+    with pytest.raises(TransformError, match="8 attention heads over 16 GPUs"):
+        SequenceParallel(mode="ulysses", degree=16).apply(tp, ctx)
+    SequenceParallel(mode="ulysses", degree=4).apply(tp, ctx)
+
+
 def test_two_sided_hops_pay_a_handshake_and_sms(dit) -> None:
     """A usp ring hop is a two-sided NCCL send/recv: the K, V transfer plus the receiver's ready
     message, and its kernel's 4 SMs slow the attention block it overlaps; torus' one-sided chunk

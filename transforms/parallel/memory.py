@@ -39,6 +39,7 @@ import pandas as pd
 
 from whatif.core.dtypes import element_bytes
 from whatif.core.kernels import KernelClass, is_attention
+from whatif.core.work import WorkShare, current_shares
 from whatif.depgraph.graph import TaskGraph, TaskKind
 from whatif.hardware.devices import find_device
 from whatif.tracer.args import Arg
@@ -188,6 +189,19 @@ def block_heads(graph: TaskGraph, blocks: pd.DataFrame, first: int = 8) -> tuple
     """(heads, kv_heads, head_dim) of the first ``first`` attention kernels of ``blocks``
     (:func:`~.layers.find_blocks`) with recorded shapes; None when none has them."""
     return attention_heads(graph, blocks.loc[blocks["part"] == "attention", "task"].to_numpy()[:first])
+
+
+def block_heads_now(graph: TaskGraph, blocks: pd.DataFrame) -> tuple[int, int, int] | None:
+    """:func:`block_heads` on one rank now: the recorded heads times the attention kernels' head
+    share (``WorkShare.heads``: 1/t after ``tensor_parallel`` t), KV heads at least one (a KV head
+    replicated when t exceeds them)."""
+    found = block_heads(graph, blocks)
+    if found is None:
+        return None
+    tasks = blocks.loc[blocks["part"] == "attention", "task"].to_numpy()
+    share = min((s.heads for s in current_shares(graph.tasks, tasks) if isinstance(s, WorkShare)), default=1.0)
+    heads, kv_heads, head_dim = found
+    return max(int(round(heads * share)), 1), max(math.ceil(kv_heads * share), 1), head_dim
 
 
 class HeadSplit(Enum):

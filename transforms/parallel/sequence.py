@@ -35,7 +35,8 @@ one CTA per channel) while the attention block it overlaps computes, which slows
 
 **Heads**: Ulysses' all-to-all gives each GPU H/u heads, so u must divide the query heads, and
 divide the KV heads or be a multiple of them (a KV head replicated); checked on the attention op's
-recorded shapes (``heads`` overrides) for ulysses (u = P), usp (u) and torus (u = GPUs per machine).
+recorded shapes over a tensor-parallel split before (``heads`` overrides) for ulysses (u = P), usp
+(u) and torus (u = GPUs per machine).
 K, V bytes are GQA-aware: the QKV output holds ``(H + 2·H_kv)·d`` features, K and V ``2·H_kv·d``;
 when the head split u exceeds H_kv each GPU holds a replicated KV head (``ceil(H_kv/u)·u/H_kv``
 more). A trace with a backward pass is refused (the gradients are not modelled).
@@ -69,7 +70,7 @@ from .comm import (
     splice_tasks,
 )
 from .layers import backward_mask, find_blocks, gemm_io_bytes
-from .memory import HeadSplit, block_heads, head_split
+from .memory import HeadSplit, block_heads_now, head_split
 from .sharding import record_split
 from .tensor import prev_on_resource
 
@@ -181,11 +182,12 @@ class SequenceParallel(Transform):
         return self._attention(g, ctx, b, machines, per, kv_share)
 
     def _heads(self, graph: TaskGraph, blocks: pd.DataFrame) -> tuple[int, int]:
-        """(query heads, KV heads): ``heads`` when given, else the recorded attention shapes; (0, 0)
-        when unknown."""
+        """(query heads, KV heads) one GPU computes: ``heads`` when given, else the recorded
+        attention shapes over a tensor-parallel split before (:func:`~.memory.block_heads_now`);
+        (0, 0) when unknown."""
         if self.heads:
             return self.heads, self.heads
-        found = block_heads(graph, blocks)
+        found = block_heads_now(graph, blocks)
         return (found[0], found[1]) if found else (0, 0)
 
     def ulysses_group(self, per: int) -> int:

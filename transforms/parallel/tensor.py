@@ -35,7 +35,7 @@ from ..registry import register
 from .comm import Collective, comm_stream, insert_tasks, next_on_resource
 from .layers import backward_blocks, find_blocks, gemm_io_bytes
 from .memory import HeadSplit, block_heads, head_split
-from .sharding import record_split, shard_arrays
+from .sharding import Role, record_split, shard_arrays
 
 
 def prev_on_resource(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
@@ -65,6 +65,8 @@ def sharded_durations(graph: TaskGraph, ctx: TransformContext, name: str, tasks:
     _, o1 = shard_arrays(roles, flops, zero, zero, out, degree, sequence_parallel)
     with np.errstate(divide="ignore", invalid="ignore"):
         shares = np.nan_to_num(np.c_[f1 / flops, (b1 - w1) / (inp + out), w1 / w, o1 / out], nan=1.0, posinf=1.0)
+    heads = np.where(np.asarray(roles, dtype=object) == Role.HEADS.value, 1.0 / degree, 1.0)
+    shares = np.c_[shares, heads]
     return (np.rint(cost.kernel_time_ns(graph, tasks, f1, b1)).astype(np.int64), out,
             [WorkShare(*map(float, row)) for row in shares])
 
