@@ -1,7 +1,7 @@
 """The wave term of a GEMM split or grown by rows, against measurements: predict Vidur's GEMM
 times at 1/4, 1/2, 2 and 4 x the tokens (A100 and A40, every model, every TP degree) from the
-rows at 1 x, as ``batch_part_ns`` (micro- and nano-batches: ``overlap``, ``search_nanoflow``,
-``pipeline_parallel``) and ``batch`` price a kernel of a trace.
+rows at 1 x, as ``batch_part_ns`` (micro- and nano-batches: ``overlap``, ``pipeline_parallel``'s
+serving schedule), ``sequence_parallel``'s token split and ``batch`` price a forward kernel of a trace.
 
 The rule (predictors/costs.py ``anchored_time_ns``): FLOPs x r, activation bytes x r, weights read
 once, the measured time moved by the achievable roofline's ratio, and the compute term stretched

@@ -339,25 +339,27 @@ def op_flops_bytes(op_name: str, input_dims: Sequence | None,
 GEMM_TILE = 128
 """Output tile edge (rows = columns) a GEMM kernel's thread block computes, for wave counts: the
 usual cuBLAS/CUTLASS tile on A100/H100 (NVIDIA, *Matrix Multiplication Background User's Guide*,
-"Tile quantization" and "Wave quantization"). ``bench/wave_split.py`` measures the choice."""
+"Tile quantization" and "Wave quantization"); taken from that source, not fitted: on Vidur's A100
+GEMMs ``bench/wave_split.py --tile 64`` prices splits slightly better (4.8 vs 5.3 % median for
+halves), ``--tile 256`` much worse."""
 
 _GEMM_OPS = ("mm", "_int_mm", "_scaled_mm", "addmm", "bmm", "baddbmm", "linear", "matmul")
 
 
 @dataclass(frozen=True)
 class GemmShape:
-    """One (batched) GEMM: ``batch`` products of (m×k)·(k×n), ``esz`` bytes per input element,
-    ``bias`` bytes of an added bias."""
+    """One (batched) GEMM: ``batch`` products of (m×k)·(k×n), ``element_bytes`` per input element,
+    ``bias_bytes`` of an added bias."""
 
     m: int
     n: int
     k: int
     batch: int
-    esz: int
-    bias: int = 0
+    element_bytes: int
+    bias_bytes: int = 0
 
     def flops_bytes(self) -> tuple[int, int]:
-        return _gemm(self.m, self.n, self.k, self.batch, self.esz, bias=self.bias)
+        return _gemm(self.m, self.n, self.k, self.batch, self.element_bytes, bias=self.bias_bytes)
 
     @property
     def output_tiles(self) -> int:
@@ -393,7 +395,7 @@ def _gemm_shape(op: str, args) -> GemmShape | None:
         (c, ec), (a, ea), (b, _eb) = args[0], args[1], args[2]
         if len(a) != 2 or len(b) != 2 or a[1] != b[0]:
             return None
-        return GemmShape(a[0], b[1], a[1], 1, ea, bias=_numel(c) * ec)
+        return GemmShape(a[0], b[1], a[1], 1, ea, bias_bytes=_numel(c) * ec)
     if op in ("bmm", "baddbmm"):
         off = 1 if op == "baddbmm" else 0
         (a, ea), (b, _eb) = args[off], args[off + 1]
@@ -405,7 +407,7 @@ def _gemm_shape(op: str, args) -> GemmShape | None:
         if len(w) != 2 or x[-1] != w[1] or len(args) > 3:
             return None
         bias = args[2][0] if len(args) > 2 and args[2] is not None else None
-        return GemmShape(_numel(x[:-1]), w[0], w[1], 1, ex, bias=_numel(bias) * ex if bias else 0)
+        return GemmShape(_numel(x[:-1]), w[0], w[1], 1, ex, bias_bytes=_numel(bias) * ex if bias else 0)
     # matmul
     if len(args) != 2 or args[0] is None or args[1] is None:
         return None

@@ -5,8 +5,8 @@ with one line instead of overflowing, exhausting memory or hanging later (docs/r
   ``±MAX_TIME_NS`` = 2^62 ns (146 years: epoch timestamps until 2116), every duration within
   ``MAX_DURATION_NS`` = 2^60 ns (36 years), so that ``ts + dur`` and a replay's sums stay inside int64.
 * Ranks, world sizes and step numbers fit the int32/int64 columns that hold them; a plan has at
-  most ``MAX_GPUS`` GPUs and a batch at most ``MAX_PARTS`` parts (a transform parameter's
-  ``maximum``, checked when a scenario is read).
+  most ``MAX_GPUS`` GPUs, a batch at most ``MAX_PARTS`` parts and a kernel at most
+  ``MAX_GPU_SMS`` SMs (a transform parameter's ``maximum``, checked when a scenario is read).
 * Memory: an allocator record's sizes and totals within ``MAX_MEMORY_BYTES`` = 2^50 bytes (1 PiB,
   far above any device's memory), so that a timeline's running sums stay inside int64.
 * Serving: token counts within int32 (``MAX_TOKENS``), at most ``MAX_REQUESTS`` simulated requests
@@ -28,6 +28,7 @@ MAX_DURATION_NS = 1 << 60
 MAX_RANK = (1 << 31) - 1
 MAX_GPUS = 1 << 17          # GPUs in one plan (the largest clusters hold ~10^5)
 MAX_PARTS = 4096            # nano-batches, micro-batches, workers, a batch's splits
+MAX_GPU_SMS = 1024          # SMs (CUs) of one GPU (a B200 has 148, an MI300X 304 CUs)
 MAX_STEP = (1 << 31) - 1
 MAX_INT_PARAMETER = 1 << 53     # a scenario's integers: what a float64 holds exactly
 MAX_TOKENS = (1 << 31) - 1      # a request's or an iteration's tokens, a KV-cache block

@@ -90,8 +90,7 @@ def expected_waves(waves: np.ndarray | float) -> np.ndarray:
     run in ``⌈w⌉`` waves (NVIDIA, *Matrix Multiplication Background User's Guide*, "Wave
     quantization"); over the tile shapes and split-K factors a GEMM library picks, the last wave is
     on average half empty — also for a GEMM of less than one wave, which split-K spreads over more
-    blocks (a floor of one whole wave priced Vidur's narrow TP-8 GEMMs' halves 27 % off, against
-    13 % without it: ``bench/wave_split.py``).
+    blocks (no floor of one whole wave). Measured in ``bench/wave_split.py``.
 
     >>> expected_waves(np.array([0.2, 1.0, 8.0])).tolist()
     [0.7, 1.5, 8.5]

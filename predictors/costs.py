@@ -96,6 +96,7 @@ from whatif.hardware.roofline import (
 from whatif.tracer.args import Arg
 from whatif.tracer.trace import Trace
 from whatif.transforms.base import TransformError
+from whatif.transforms.parallel.layers import backward_mask
 from whatif.transforms.select import kernel_classes
 
 from .cost_models import CostModelBase, CostModelName, register_cost_model
@@ -120,6 +121,18 @@ WEIGHTED = {KernelClass.GEMM.value, KernelClass.CONV.value}
 MEMORY_BOUND = {KernelClass.ELEMENTWISE.value, KernelClass.REDUCTION.value, KernelClass.NORMALIZATION.value,
                 KernelClass.COPY.value, KernelClass.MEMSET.value}
 _FACTS_KEY = "trace_cost_facts"
+
+
+@dataclass(frozen=True)
+class _OpFacts:
+    """What one recorded aten op does: FLOPs, DRAM bytes, its weight operand's bytes, its dtype, and
+    a GEMM's output tiles (:attr:`~whatif.core.kernels.GemmShape.output_tiles`; NaN for other ops)."""
+
+    flops: float
+    dram_bytes: float
+    weight_bytes: float
+    dtype: str
+    output_tiles: float
 # weight operand position per aten op (GEMM/conv); bmm/baddbmm multiply two activations
 _WEIGHT_ARG = {"linear": 1, "addmm": 2, "mm": 1, "matmul": 1, "conv1d": 1, "conv2d": 1, "conv3d": 1,
                "convolution": 1, "_convolution": 1, "cudnn_convolution": 1, "miopen_convolution": 1,
@@ -190,7 +203,7 @@ class TraceCostModel(CostModelBase):
         self._bw: float | None = None
         self._collective_calibrations: dict[tuple[str, int, int], CollectiveCalibration | None] = {}
         self._measured_collectives: list[tuple] = []
-        self._op_memo: dict[tuple[str, str, str, str], tuple[float, float, float, str, float]] = {}
+        self._op_memo: dict[tuple[str, str, str, str], _OpFacts] = {}
         self._retarget_fits: dict[tuple[str, str, tuple[tuple[str, str], ...]], RetargetFit] = {}
 
     # -- recorded facts, all tasks of a graph, cached ------------------------------------------
@@ -199,9 +212,8 @@ class TraceCostModel(CostModelBase):
         return graph.memo(f"{_FACTS_KEY}@{self.key.value}@{id(self.trace)}", lambda: self._compute_base(graph))
 
     def _op_facts(self, op_name: str, dims: list | None, types: Sequence[str],
-                  concrete: Sequence[str]) -> tuple[float, float, float, str, float]:
-        """(FLOPs, bytes, weight bytes, dtype, GEMM output tiles) of one recorded op; NaN/'' when
-        unknown (tiles: NaN for ops that are no GEMM). Memoized by shape."""
+                  concrete: Sequence[str]) -> _OpFacts:
+        """The :class:`_OpFacts` of one recorded op; NaN/'' when unknown. Memoized by shape."""
         key = (op_name, repr(dims), repr(types), repr(concrete))
         got = self._op_memo.get(key)
         if got is not None:
@@ -219,7 +231,7 @@ class TraceCostModel(CostModelBase):
                 wbytes = min(wbytes, nbytes)
             shape = gemm_shape(op_name, dims, types)
             tiles = float(shape.output_tiles) if shape is not None else np.nan
-        got = (flops, nbytes, wbytes, op_dtype(types), tiles)
+        got = _OpFacts(flops, nbytes, wbytes, op_dtype(types), tiles)
         self._op_memo[key] = got
         return got
 
@@ -255,16 +267,16 @@ class TraceCostModel(CostModelBase):
             dims, types = self.trace.arg(Arg.INPUT_DIMS), self.trace.arg(Arg.INPUT_TYPES)
             concrete = self.trace.arg(Arg.CONCRETE_INPUTS)
             op_names = ev["name"].astype(str).to_numpy()
-            per_op = np.asarray([self._op_facts(op_names[r], dims[r], types[r], concrete[r]) for r in uniq_rows],
-                                dtype=object)
-            if len(per_op):
-                of = per_op[:, 0].astype(float)[inv]
-                ob = per_op[:, 1].astype(float)[inv]
-                ow = per_op[:, 2].astype(float)[inv]
-                odt = per_op[:, 3][inv]
+            per_op = [self._op_facts(op_names[r], dims[r], types[r], concrete[r]) for r in uniq_rows]
+            if per_op:
+                of = np.array([o.flops for o in per_op])[inv]
+                ob = np.array([o.dram_bytes for o in per_op])[inv]
+                ow = np.array([o.weight_bytes for o in per_op])[inv]
+                odt = np.array([o.dtype for o in per_op], dtype=object)[inv]
                 share = duration_shares(inv, rec_dur[li])
                 flops[li], nbytes[li], wbytes[li] = of * share, ob * share, ow * share
-                tiles[li] = per_op[:, 4].astype(float)[inv] * share
+                # blocks are no work to share out: each GEMM kernel of the op runs all its tiles
+                tiles[li] = np.array([o.output_tiles for o in per_op])[inv]
                 has = odt != ""
                 # an fp32 op whose kernel runs tf32 tensor cores (cuDNN/cuBLAS with allow_tf32)
                 odt = np.where((odt == "fp32") & (dtype[li] == "tf32"), "tf32", odt)
@@ -618,13 +630,16 @@ class TraceCostModel(CostModelBase):
                        rows: float | np.ndarray | None = None) -> np.ndarray:
         """Per task: its time at new work, :func:`anchored_time_ns` on the GPU it runs on now.
         ``rows``: the new work is the kernel's rows (tokens, batch) times ``rows`` — a micro- or
-        nano-batch (1/n) or a larger batch (k) — so a GEMM's waves move with them
-        (:func:`~whatif.hardware.roofline.wave_tail_ratio`); None prices by FLOPs and bytes alone."""
+        nano-batch (1/n) or a larger batch (k) — so a forward GEMM's waves move with them
+        (:func:`~whatif.hardware.roofline.wave_tail_ratio`); a backward GEMM's are left (a weight
+        gradient's tokens are its reduction dimension: its output tiles do not move). None prices by
+        FLOPs and bytes alone."""
         tasks = np.asarray(tasks, dtype=np.int64)
         facts = self.kernel_facts(graph, tasks)
         waves = new_waves = None
         if rows is not None:
-            waves = facts["waves"]
+            forward = ~backward_mask(graph)[tasks]
+            waves = np.where(forward, facts["waves"], np.nan)
             new_waves = waves * np.broadcast_to(np.asarray(rows, dtype=float), waves.shape)
         dur = graph.tasks["dur_ns"].to_numpy()[tasks].astype(float)
         out = dur.copy()
@@ -663,9 +678,10 @@ def anchored_time_ns(device: Device | None, dur_ns: np.ndarray, classes: np.ndar
 
     ``waves``/``new_waves`` (a GEMM's thread blocks over SMs before and after; NaN where unknown):
     the compute term of the new time is stretched by
-    :func:`~whatif.hardware.roofline.wave_tail_ratio` — half of a GEMM that fills less than a wave
-    takes as long as the whole (wave quantization; TokenWeave's reason for wave-aware token
-    splits). ``bench/wave_split.py`` measures it on Vidur's operators split and grown by rows.
+    :func:`~whatif.hardware.roofline.wave_tail_ratio` — each half of a GEMM of a few waves pays a
+    partly empty last wave (wave quantization; TokenWeave's reason for wave-aware token splits).
+    On the device's roofline only: the ``calibration`` ratio has no wave term. ``bench/wave_split.py``
+    measures it on Vidur's operators split and grown by rows.
 
     >>> from whatif.hardware.devices import get_device
     >>> h100 = get_device("H100_SXM")

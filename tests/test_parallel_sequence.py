@@ -149,6 +149,14 @@ def test_head_split_after_tensor_parallel_sees_the_rank_heads(tmp_path) -> None:
     with pytest.raises(TransformError, match="8 attention heads over 16 GPUs"):
         SequenceParallel(mode="ulysses", degree=16).apply(tp, ctx)
     SequenceParallel(mode="ulysses", degree=4).apply(tp, ctx)
+    with pytest.raises(TransformError, match="degree 16 does not divide the 8 attention heads"):
+        TensorParallel(degree=16, topology="dgx_h100").apply(tp, ctx)           # TP after TP
+    sp = SequenceParallel(mode="ulysses", degree=16).apply(a.graph, ctx)
+    assert block_heads_now(sp, find_blocks(sp))[:2] == (2, 1)
+    with pytest.raises(TransformError, match="degree 4 does not divide the 2 attention heads"):
+        TensorParallel(degree=4, topology="dgx_h100").apply(sp, ctx)            # TP after Ulysses
+    ring = SequenceParallel(mode="ring", degree=4).apply(a.graph, ctx)          # a ring splits no heads
+    assert block_heads_now(ring, find_blocks(ring))[:2] == (32, 8)
 
 
 def test_two_sided_hops_pay_a_handshake_and_sms(dit) -> None:

@@ -37,7 +37,6 @@ def test_gemm_shape_and_tiles() -> None:
     assert gemm_shape("aten::bmm", [[8, 256, 64], [8, 64, 256]], []).output_tiles == 8 * 2 * 2
     assert gemm_shape("aten::mm", [[300, 4096], [1024, 1280]], []) is None   # does not multiply
     assert gemm_shape("aten::add", [[4, 4], [4, 4]], []) is None
-    assert GEMM_TILE == 128
 
 
 def test_wave_tail_ratio_limits() -> None:
@@ -102,6 +101,8 @@ def test_comm_sms_replaces_the_interference(tp8) -> None:
         Overlap(comm_sms=-1).apply(graph, ctx)
     with pytest.raises(TransformError, match="cannot hold 100% of the SMs"):
         Overlap(comm_sms=132).apply(graph, ctx)
+    with pytest.raises(TransformError, match="comm_sms or interference, not both"):
+        Overlap(comm_sms=8, interference=1.2).apply(graph, ctx)
     unknown = TransformContext(device=None, cost=ctx.cost)
     with pytest.raises(TransformError, match="not in the hardware catalog"):
         Overlap(comm_sms=8).factors(graph, unknown)
@@ -121,3 +122,21 @@ def test_wave_term_beats_the_roofline_alone_on_vidur_splits() -> None:
     assert err["rule"] < err["no_waves"]
     penalty = pd.Series({c: float(np.median(e[c] / e["dur_ns"] * 2)) for c in ("actual", "rule", "no_waves")})
     assert abs(penalty["rule"] - penalty["actual"]) < abs(penalty["no_waves"] - penalty["actual"])
+
+
+def test_backward_gemms_keep_their_waves(tmp_path) -> None:
+    """A weight gradient's tokens are its reduction dimension, so splitting the tokens leaves its
+    output tiles: the backward GEMMs' micro-batches are priced without the wave term, the forward
+    ones with it."""
+    from whatif.transforms.parallel.layers import backward_mask
+
+    a = analyze(llm_trace(tmp_path / "train.json.gz", new_tokens=512, kv_tokens=512, layers=2, backward=True,
+                          steps=1, device=H100))
+    ctx = make_context(a.trace)
+    g = a.graph
+    gemm = np.flatnonzero((g.tasks["kind"].to_numpy() == int(TaskKind.KERNEL)) & (kernel_classes(g) == "gemm"))
+    bwd = backward_mask(g)[gemm]
+    assert bwd.any() and (~bwd).any()
+    tail, plain = batch_part_ns(ctx.cost, g, gemm, 4), batch_part_ns(ctx.cost, g, gemm, 4, wave_tail=False)
+    np.testing.assert_allclose(tail[bwd], plain[bwd])
+    assert (tail[~bwd] > plain[~bwd]).any()

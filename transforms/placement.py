@@ -17,6 +17,8 @@ scenario by :func:`whatif.transforms.scenario.scenario_placement`; the memory mo
 1000000000.0
 >>> Placement().on("H200").weights_scaled(0.5).label()
 'on H200, weights at 0.5x their recorded bytes'
+>>> Placement().weights_out(8e9).weights_scaled(0.5).weights_moved_bytes   # fp8 after moving them: half
+4000000000.0
 """
 from __future__ import annotations
 
@@ -63,8 +65,10 @@ class Placement:
         return replace(self, device=str(device))
 
     def weights_scaled(self, factor: float) -> Placement:
-        """The weights stored in ``factor`` × their bytes (of what they were before)."""
-        return replace(self, weights_scale=self.weights_scale * float(factor))
+        """The weights stored in ``factor`` × their bytes (of what they were before), those moved out
+        of HBM before too."""
+        return replace(self, weights_scale=self.weights_scale * float(factor),
+                       weights_moved_bytes=self.weights_moved_bytes * float(factor))
 
     def label(self) -> str:
         parts = [f"on {self.device}"] if self.device else []

@@ -473,8 +473,7 @@ def recorded_capacity(graph: TaskGraph | None, placement: Placement | None = Non
     gpu = GpuMemory(dev.name, float(dev.mem_bytes)) if dev is not None and dev.mem_bytes else GpuMemory()
     try:
         shape = model_shape(graph, ctx, "serve")
-        if not moved_to:
-            gpu = replace(gpu, capacity_bytes=device_capacity_bytes(ctx))
+        gpu = replace(gpu, capacity_bytes=device_capacity_bytes(ctx, device=moved_to))
     except TransformError as exc:
         return engine_capacity(engine, None, gpu, placement, max_model_len=length, why=str(exc))
     return engine_capacity(engine, shape, gpu, placement, max_model_len=length,

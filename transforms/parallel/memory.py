@@ -159,14 +159,16 @@ def weights_per_rank_bytes(shape: ModelShape, placement: Placement) -> float:
     return shape.weight_bytes * placement.weights_scale / (placement.tensor * placement.pipeline)
 
 
-def device_capacity_bytes(ctx: TransformContext, override_gb: float = 0.0) -> float:
-    """Memory of the recorded GPU from the hardware catalog (``override_gb`` when given)."""
+def device_capacity_bytes(ctx: TransformContext, override_gb: float = 0.0, device: str = "") -> float:
+    """Memory of the recorded GPU (``device``: another one) from the hardware catalog
+    (``override_gb`` when given)."""
     if override_gb > 0:
         return override_gb * 1e9
-    dev = find_device(ctx.device) if ctx.device else None
+    name = device or ctx.device
+    dev = find_device(name) if name else None
     if dev is None or not dev.mem_bytes:
-        raise TransformError(f"memory: the trace's GPU ({ctx.device or 'unknown'}) is not in the hardware catalog; "
-                             "give its memory (capacity_gb)")
+        whose = f"GPU {device}" if device else f"trace's GPU ({ctx.device or 'unknown'})"
+        raise TransformError(f"memory: the {whose} is not in the hardware catalog; give its memory (capacity_gb)")
     return float(dev.mem_bytes)
 
 

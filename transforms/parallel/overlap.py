@@ -142,13 +142,16 @@ class Overlap(Transform):
     topology: str = field(default="dgx_h100", metadata={"help": "topology preset that prices the collective parts"})
     comm_sms: int = field(default=0, metadata={
         "help": "SMs the collective kernel holds (TokenWeave: 2-8); > 0 replaces the interference: compute "
-                "slowed by SMs/(SMs - comm_sms), collectives at their own speed",
-        "maximum": limits.MAX_PARTS})
+                "slowed by SMs/(SMs - comm_sms), collectives at their own speed (fewer than the GPU's SMs)",
+        "maximum": limits.MAX_GPU_SMS})
 
     def factors(self, graph: TaskGraph, ctx: TransformContext) -> tuple[float, float]:
         """(slowdown of overlapped compute, slowdown of the collective parts)."""
         if self.comm_sms < 0:
             raise TransformError(f"{self.name}: comm_sms must be >= 0 (got {self.comm_sms})")
+        if self.comm_sms and self.interference:
+            raise TransformError(f"{self.name}: give comm_sms or interference, not both (comm_sms prices the "
+                                 f"interference from the collective's SMs)")
         if not self.comm_sms:
             phi = self.factor(graph)
             return phi, phi

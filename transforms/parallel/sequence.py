@@ -169,14 +169,17 @@ class SequenceParallel(Transform):
         inp, w, out = gemm_io_bytes(graph, tasks, nbytes, weight)
         flops = np.nan_to_num(np.asarray(facts["flops"], dtype=float))
         # token-wise work on N/P tokens (weights whole); attention: T/P for the whole core
-        new_dur = cost.kernel_time_ns(graph, tasks, flops / p, inp / p + w + out / p)
+        new_dur = cost.kernel_time_ns(graph, tasks, flops / p, inp / p + w + out / p, rows=1 / p)
         g = set_duration(graph, tasks, np.rint(new_dur).astype(np.int64),
                          reason=f"{self.label()}: block work on 1/{p} of the tokens")
-        g = record_split(g, tasks, WorkShare(flops=1 / p, activation_bytes=1 / p, weight_bytes=1.0, output_bytes=1 / p),
-                         reason=f"{self.label()}: each GPU's share of the block work")
+        u = self.ulysses_group(per)
+        attention = (blocks["part"] == "attention").to_numpy()
+        token_share = WorkShare(flops=1 / p, activation_bytes=1 / p, weight_bytes=1.0, output_bytes=1 / p)
+        head_share = WorkShare(flops=1 / p, activation_bytes=1 / p, weight_bytes=1.0, output_bytes=1 / p, heads=1 / u)
+        g = record_split(g, tasks, [head_share if a else token_share for a in attention],
+                         reason=f"{self.label()}: each GPU's share of the block work (attention: 1/{u} of the heads)")
         b = blocks.assign(in_bytes=inp, out_bytes=out, dur=np.rint(new_dur).astype(np.int64))
         kv_share = 2 * kv_heads / (heads + 2 * kv_heads) if heads else 2 / 3
-        u = self.ulysses_group(per)
         if kv_heads and u > 1:   # fewer KV heads than the head split: each GPU holds a replicated one
             kv_share *= math.ceil(kv_heads / u) * u / kv_heads
         return self._attention(g, ctx, b, machines, per, kv_share)

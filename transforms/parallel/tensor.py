@@ -34,7 +34,7 @@ from ..placement import Placement
 from ..registry import register
 from .comm import Collective, comm_stream, insert_tasks, next_on_resource
 from .layers import backward_blocks, find_blocks, gemm_io_bytes
-from .memory import HeadSplit, block_heads, head_split
+from .memory import HeadSplit, block_heads_now, head_split
 from .sharding import Role, record_split, shard_arrays
 
 
@@ -68,7 +68,8 @@ def sharded_durations(graph: TaskGraph, ctx: TransformContext, name: str, tasks:
     heads = np.where(np.asarray(roles, dtype=object) == Role.HEADS.value, 1.0 / degree, 1.0)
     shares = np.c_[shares, heads]
     return (np.rint(cost.kernel_time_ns(graph, tasks, f1, b1)).astype(np.int64), out,
-            [WorkShare(*map(float, row)) for row in shares])
+            [WorkShare(flops=float(f), activation_bytes=float(a), weight_bytes=float(w), output_bytes=float(o),
+                       heads=float(h)) for f, a, w, o, h in shares])
 
 
 @register
@@ -169,9 +170,10 @@ def _recorded_flops(cost: CostModel, graph: TaskGraph, tasks: np.ndarray) -> np.
 
 
 def check_heads(graph: TaskGraph, blocks: pd.DataFrame, who: str, degree: int) -> None:
-    """Splitting attention heads ``degree`` ways (:func:`~.memory.head_split`); checked when the trace
-    records the attention shapes."""
-    found = block_heads(graph, blocks)
+    """Splitting the heads one rank computes (:func:`~.memory.block_heads_now`: after a head split
+    before) ``degree`` ways (:func:`~.memory.head_split`); checked when the trace records the
+    attention shapes."""
+    found = block_heads_now(graph, blocks)
     if found is None:
         return
     heads, kv_heads, _ = found
