@@ -79,6 +79,40 @@ def test_pipeline_keeps_one_stage_and_bubbles_shrink(train) -> None:
         PipelineParallel(degree=8).apply(g0, ctx)
 
 
+def test_pipeline_training_stages_keep_their_own_backward(train) -> None:
+    """The backward runs the layers in reverse: each stage keeps its blocks' gradient GEMMs and
+    attention backward (mapped to the forward's blocks), the last stage also the loss backward
+    before them, stage 0 the embedding backward after them; the optimizer is scaled to 1/p. Every
+    stage's graph replays: its stage-boundary transfers are in time order on the comm stream
+    (activation in, out, gradient in, out), the optimizer after the backward is no forward kernel."""
+    from whatif.transforms.parallel.layers import backward_blocks, backward_mask
+    from whatif.transforms.parallel.pipeline import backward_stage_plan
+
+    g0, ctx = train.graph, make_context(train.trace)
+    kern = g0.tasks["kind"].to_numpy() == int(TaskKind.KERNEL)
+    names = g0.tasks["name"].astype(str).to_numpy()
+    bw = np.flatnonzero(backward_mask(g0) & kern)
+    mapped = backward_blocks(g0, find_blocks(g0))
+    per_block = mapped.groupby("block")["task"].apply(set)
+    blocks = sorted(per_block.index)                      # 4 blocks, block i = layer i
+    kept_total = []
+    for stage in range(4):
+        other, tail = backward_stage_plan(g0, 4, stage)
+        kept = set(bw.tolist()) - set(other.tolist())
+        kept_total.append(kept)
+        mine = per_block[blocks[stage]]
+        assert mine <= kept and not any(per_block[b] & kept for b in blocks if b != blocks[stage])
+        extra = {str(n) for n in names[sorted(kept - mine)]}
+        assert any("nll_loss_backward" in n for n in extra) == (stage == 3)
+        assert any("embedding_backward" in n for n in extra) == (stage == 0)
+        assert [str(n) for n in names[tail]] == ["void at::native::multi_tensor_apply_kernel<adam>"]
+        g = PipelineParallel(degree=4, micro_batches=4, stage=stage).apply(g0, ctx)
+        assert step_ns(g) > 0                               # replays: no cycle through the comm stream
+        grads = g.tasks["name"].astype(str).str.contains("_grad_").to_numpy()
+        assert int(grads.sum()) == 8                        # one block's four gradient-GEMM pairs
+    assert set().union(*kept_total) == set(bw.tolist()) and sum(map(len, kept_total)) == len(bw)   # a partition
+
+
 def test_pipeline_keeps_n_over_p_blocks_in_every_step(tmp_path) -> None:
     """Blocks are found per step: the kernels of step k+1 before its first block are not the tail of
     step k's last block (every later step kept n/p + 1 blocks, and its stage time nearly doubled)."""

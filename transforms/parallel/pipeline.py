@@ -24,9 +24,15 @@ by send/recv (COMM tasks on a ``pp comm`` stream, priced by ``CostModel.collecti
   keeps PP's ×p; decode (weight-bound: ``T(B/m) ≈ T(B)``) gains little — Seesaw's reason to
   decode under TP. A request's latency is p stage slots plus p−1 hops (in the change log).
 
-Backward kernels (:func:`backward_mask`) are
-not located per block: the stage keeps ``1/p`` of the backward and of the kernels after it (the
-optimizer updates only this stage's parameters) — scaled, an approximation.
+**Backward** (:func:`backward_stage_plan`): the backward's gradient GEMMs and attention backward
+are mapped to the forward's blocks (:func:`~.layers.backward_blocks`, as ``tensor_parallel`` maps
+them); the backward runs the layers in reverse, so stage ``s`` keeps the backward from its blocks'
+first mapped kernel up to stage ``s − 1``'s first — the last stage also the loss (and LM head)
+backward before its blocks', stage 0 the embedding backward after them. The optimizer after the
+backward is scaled to ``1/p`` (it updates only this stage's parameters). A backward that cannot
+be mapped (another GEMM count, recomputation) keeps ``1/p`` of every backward kernel, scaled. The
+stage's transfers go on its ``pp comm`` stream in time order: activation in, activation out,
+gradient in, gradient out.
 """
 from __future__ import annotations
 
@@ -43,7 +49,7 @@ from ..edit import note, remove, scale, set_duration
 from ..placement import Placement
 from ..registry import register
 from .comm import Collective, comm_stream, insert_tasks, splice_tasks
-from .layers import backward_mask, find_blocks, gemm_io_bytes
+from .layers import backward_blocks, backward_mask, find_blocks, gemm_io_bytes
 from .sharding import batch_part_ns
 
 SCHEDULES = ("1f1b", "gpipe", "serving")
@@ -60,12 +66,9 @@ def pipelined_step_ns(stage_ns: float, stages: int, micro_batches: int) -> float
     return stage_ns * (micro_batches + stages - 1) / micro_batches
 
 
-def stage_plan(graph: TaskGraph, stages: int, stage: int) -> tuple[np.ndarray, pd.DataFrame]:
-    """(kernels of the other stages, blocks of this stage with ``layer_in_step``)."""
-    b = find_blocks(graph)
-    if b.empty:
-        raise TransformError("pipeline_parallel: found no transformer block (an attention kernel followed by a GEMM); "
-                             "see docs/multi-gpu.md for the heuristic")
+def _staged_blocks(graph: TaskGraph, b: pd.DataFrame, stages: int) -> pd.DataFrame:
+    """``b`` (:func:`~.layers.find_blocks` rows) with ``step``, ``layer_in_step``, ``n`` (blocks in
+    the step) and ``stage``: stage ``s`` holds blocks ``[s·n/p, (s+1)·n/p)`` of its step."""
     t = graph.tasks
     steps = t["step"].to_numpy()
     b = b.assign(step=steps[b["task"].to_numpy()])
@@ -75,12 +78,26 @@ def stage_plan(graph: TaskGraph, stages: int, stage: int) -> tuple[np.ndarray, p
     order = order.assign(layer_in_step=order.groupby(["rank", "step"]).cumcount(),
                          n=order.groupby(["rank", "step"])["block"].transform("size"))
     b = b.merge(order[["rank", "step", "block", "layer_in_step", "n"]], on=["rank", "step", "block"])
+    layer, n = b["layer_in_step"].to_numpy(), b["n"].to_numpy()
+    stage = np.zeros(len(b), dtype=np.int64)
+    for s in range(1, stages):
+        stage[layer >= (n * s) // stages] = s
+    return b.assign(stage=stage)
+
+
+def stage_plan(graph: TaskGraph, stages: int, stage: int) -> tuple[np.ndarray, pd.DataFrame]:
+    """(kernels of the other stages, blocks of this stage with ``layer_in_step`` and ``stage``)."""
+    b = find_blocks(graph)
+    if b.empty:
+        raise TransformError("pipeline_parallel: found no transformer block (an attention kernel followed by a GEMM); "
+                             "see docs/multi-gpu.md for the heuristic")
+    t = graph.tasks
+    steps = t["step"].to_numpy()
+    b = _staged_blocks(graph, b, stages)
     if stages > int(b["n"].min()):
         raise TransformError(f"pipeline_parallel: {stages} stages for {int(b['n'].min())} blocks per step would leave "
                              f"a stage empty")
-    lo = (b["n"] * stage) // stages
-    hi = (b["n"] * (stage + 1)) // stages
-    keep = (b["layer_in_step"] >= lo) & (b["layer_in_step"] < hi)
+    keep = b["stage"] == stage
     if not keep.any():
         raise TransformError(f"pipeline_parallel: {stages} stages for {int(b['n'].max())} blocks per step leave "
                              f"stage {stage} empty")
@@ -98,6 +115,37 @@ def stage_plan(graph: TaskGraph, stages: int, stage: int) -> tuple[np.ndarray, p
         if stage < stages - 1:   # final norm, LM head, sampling; the optimizer after a backward stays (1/p)
             drop |= set(k[(start[k] > s1) & (start[k] < end)].tolist())
     return np.asarray(sorted(drop), dtype=np.int64), b[keep]
+
+
+def backward_stage_plan(graph: TaskGraph, stages: int, stage: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(backward kernels of the other stages, the optimizer kernels after the backward) per (rank,
+    step), from the backward mapped to the forward's blocks (:func:`~.layers.backward_blocks`); None
+    when the backward cannot be mapped. The backward runs the layers in reverse, so stage ``s`` holds
+    the backward from its blocks' first mapped kernel up to stage ``s − 1``'s first: the last stage
+    also the loss (and LM head) backward before its blocks', stage 0 the embedding backward after."""
+    blocks = find_blocks(graph)
+    mapped = backward_blocks(graph, blocks)
+    if mapped is None or mapped.empty:
+        return None
+    staged = _staged_blocks(graph, blocks, stages).drop_duplicates(["rank", "step", "block"])
+    t = graph.tasks
+    start, steps, ranks = t["measured_start_ns"].to_numpy(), t["step"].to_numpy(), t["rank"].to_numpy()
+    mapped = mapped.assign(step=steps[mapped["task"].to_numpy()], start=start[mapped["task"].to_numpy()])
+    mapped = mapped.merge(staged[["rank", "step", "block", "stage"]], on=["rank", "step", "block"])
+    kern = t["kind"].to_numpy() == int(TaskKind.KERNEL)
+    bw = backward_mask(graph) & kern
+    drop, tail = [], []
+    for (rank, step), m in mapped.groupby(["rank", "step"]):
+        first = m.groupby("stage")["start"].min()
+        if len(first) != stages:
+            return None
+        lo = -np.inf if stage == stages - 1 else float(first[stage])
+        hi = np.inf if stage == 0 else float(first[stage - 1])
+        k = np.flatnonzero(bw & (ranks == rank) & (steps == step))
+        drop.extend(k[(start[k] < lo) | (start[k] >= hi)].tolist())
+        last = start[k].max()
+        tail.extend(np.flatnonzero(kern & (ranks == rank) & (steps == step) & (start > last)).tolist())
+    return np.asarray(sorted(drop), dtype=np.int64), np.asarray(sorted(tail), dtype=np.int64)
 
 
 def _launches(graph: TaskGraph, kernels: np.ndarray) -> np.ndarray:
@@ -158,21 +206,36 @@ class PipelineParallel(Transform):
         act = mine.assign(out=out).loc[lambda d: d["part"] == "attn_out"].groupby(["rank", "step"])["out"].max()
         bw = np.flatnonzero(backward_mask(graph) & (graph.tasks["kind"].to_numpy() == int(TaskKind.KERNEL)))
         g = graph
-        if len(bw):   # the backward and the optimizer after it: this stage's 1/p share
-            t = graph.tasks
-            key = t["rank"].to_numpy() * (1 << 32) + t["step"].to_numpy()
-            kern = np.flatnonzero(t["kind"].to_numpy() == int(TaskKind.KERNEL))
-            start = t["measured_start_ns"].to_numpy()
-            last = {int(k): int(start[bw[key[bw] == k]].max()) for k in np.unique(key[bw])}
-            tail = kern[[start[i] > last.get(int(key[i]), np.iinfo(np.int64).max) for i in kern]]
-            g = scale(g, np.concatenate([bw, tail]), 1.0 / p,
-                      reason=f"{self.label()}: this stage's share of the backward and optimizer")
+        if len(bw):
+            g, drop = self._backward(graph, bw, s, drop)
         ids = np.concatenate([drop, _launches(g, drop)])
         g = remove(g, ids, reason=f"{self.label()}: {len(drop)} kernels of the other {p - 1} stages")
         training = self.schedule != "serving"
         if not training:
             g = self._micro_batched(g, ctx)
         return self._comm_and_bubble(g, ctx, act, s, training=training, backward=len(bw) > 0)
+
+    def _backward(self, graph: TaskGraph, bw: np.ndarray, s: int, drop: np.ndarray) -> tuple[TaskGraph, np.ndarray]:
+        """The graph with this stage's backward and its share of the optimizer, and the kernels to
+        remove: the other stages' backward (:func:`backward_stage_plan`) and the optimizer at 1/p (it
+        updates this stage's parameters); where the backward cannot be mapped to blocks, every
+        backward kernel and the optimizer at 1/p."""
+        p = self.degree
+        plan = backward_stage_plan(graph, p, s)
+        if plan is not None:
+            other, tail = plan
+            g = scale(graph, tail, 1.0 / p, reason=f"{self.label()}: this stage's share of the optimizer")
+            return g, np.union1d(drop, other)
+        t = graph.tasks
+        key = t["rank"].to_numpy() * (1 << 32) + t["step"].to_numpy()
+        kern = np.flatnonzero(t["kind"].to_numpy() == int(TaskKind.KERNEL))
+        start = t["measured_start_ns"].to_numpy()
+        last = {int(k): int(start[bw[key[bw] == k]].max()) for k in np.unique(key[bw])}
+        tail = kern[[start[i] > last.get(int(key[i]), np.iinfo(np.int64).max) for i in kern]]
+        g = scale(graph, np.concatenate([bw, tail]), 1.0 / p,
+                  reason=f"{self.label()}: this stage's share of the backward and optimizer (backward not mapped "
+                         f"to blocks)")
+        return g, drop
 
     def _micro_batched(self, g: TaskGraph, ctx: TransformContext) -> TaskGraph:
         """Each remaining kernel as m back-to-back runs at 1/m of its activations."""
@@ -197,16 +260,21 @@ class PipelineParallel(Transform):
             if not len(k):
                 continue
             k = k[np.argsort(t["measured_start_ns"].to_numpy()[k], kind="stable")]
-            fwd, bwd = k[~bw[k]], k[bw[k]]
+            bwd = k[bw[k]]
+            fwd = k[~bw[k]]
+            if len(bwd):   # the optimizer after the backward is no forward kernel
+                fwd = fwd[t["measured_start_ns"].to_numpy()[fwd] < t["measured_start_ns"].to_numpy()[bwd[0]]]
             one = Collective("send_recv", float(nbytes) / m, 2, self.topology).time_ns(ctx, self.name) * m
+            grads = backward and len(bwd) > 0
+            # on the stage's comm stream in time order: activation in, activation out, gradient in, out
             if s > 0:
                 hops.append((int(rank), -1, int(fwd[0]), one, "recv activation"))
-                if backward and len(bwd):
-                    hops.append((int(rank), int(bwd[-1]), -1, one, "send gradient"))
             if s < p - 1:
                 hops.append((int(rank), int(fwd[-1]), -1, one, "send activation"))
-                if backward and len(bwd):
+                if grads:
                     hops.append((int(rank), -1, int(bwd[0]), one, "recv gradient"))
+            if s > 0 and grads:
+                hops.append((int(rank), int(bwd[-1]), -1, one, "send gradient"))
             busy = int(t["dur_ns"].to_numpy()[k].sum())
             idle = (p - 1) * busy / m if training else max(0, p - m) * busy / m
             if idle > 0:
