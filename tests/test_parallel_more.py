@@ -79,6 +79,15 @@ def test_pipeline_keeps_one_stage_and_bubbles_shrink(train) -> None:
         PipelineParallel(degree=8).apply(g0, ctx)
 
 
+def _hop_kernel(g, hop: str, into: bool) -> str:
+    """The kernel a ``pp <hop>`` transfer feeds (``into``) or follows."""
+    names, kinds_, edges = g.tasks["name"].astype(str), g.tasks["kind"].to_numpy(), g.edges
+    (i,) = np.flatnonzero(names.str.startswith(f"pp {hop}").to_numpy())
+    e = edges[(edges["src"] == i) if into else (edges["dst"] == i)]
+    other = e["dst" if into else "src"].to_numpy()
+    return str(names.iloc[int(other[kinds_[other] == int(TaskKind.KERNEL)][0])])
+
+
 def test_pipeline_training_stages_keep_their_own_backward(train) -> None:
     """The backward runs the layers in reverse: each stage keeps its blocks' gradient GEMMs and
     attention backward (mapped to the forward's blocks), the last stage also the loss backward
@@ -108,9 +117,33 @@ def test_pipeline_training_stages_keep_their_own_backward(train) -> None:
         assert [str(n) for n in names[tail]] == ["void at::native::multi_tensor_apply_kernel<adam>"]
         g = PipelineParallel(degree=4, micro_batches=4, stage=stage).apply(g0, ctx)
         assert step_ns(g) > 0                               # replays: no cycle through the comm stream
-        grads = g.tasks["name"].astype(str).str.contains("_grad_").to_numpy()
-        assert int(grads.sum()) == 8                        # one block's four gradient-GEMM pairs
+        assert int(g.tasks["name"].astype(str).str.contains("_grad_").sum()) == 8   # one block's 4 gradient pairs
+        assert int(backward_mask(g).sum()) == len(kept)                             # the mark survives the removals
+        if stage < 3:
+            assert "down_grad_input" in _hop_kernel(g, "recv gradient", into=True)   # before the first gradient
+            assert "_grad_" not in _hop_kernel(g, "send activation", into=False)     # after the forward's last kernel
+        if stage > 0:
+            assert "qkv_grad_weight" in _hop_kernel(g, "send gradient", into=False)  # after the last gradient
     assert set().union(*kept_total) == set(bw.tolist()) and sum(map(len, kept_total)) == len(bw)   # a partition
+
+
+def test_pipeline_backward_per_stage_over_two_steps(tmp_path) -> None:
+    """Two training steps, 6 layers over 4 stages (1, 2, 1, 2 blocks): each stage keeps its blocks'
+    gradient GEMMs in both steps, the stages' backward kernels partition the whole backward."""
+    from whatif.transforms.parallel.layers import backward_mask
+    from whatif.transforms.parallel.pipeline import backward_stage_plan
+
+    a = analyze(llm_trace(tmp_path / "two.json.gz", new_tokens=512, kv_tokens=512, layers=6, backward=True, steps=2))
+    g0, ctx = a.graph, make_context(a.trace)
+    bw = set(np.flatnonzero(backward_mask(g0) & (g0.tasks["kind"].to_numpy() == int(TaskKind.KERNEL))).tolist())
+    kept_all = []
+    for stage, blocks in enumerate((1, 2, 1, 2)):
+        other, _ = backward_stage_plan(g0, 4, stage)
+        kept_all.append(bw - set(other.tolist()))
+        g = PipelineParallel(degree=4, micro_batches=2, stage=stage).apply(g0, ctx)
+        assert int(g.tasks["name"].astype(str).str.contains("_grad_").sum()) == 2 * 8 * blocks
+        assert step_ns(g) > 0
+    assert set().union(*kept_all) == bw and sum(map(len, kept_all)) == len(bw)
 
 
 def test_pipeline_keeps_n_over_p_blocks_in_every_step(tmp_path) -> None:

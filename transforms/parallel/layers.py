@@ -39,6 +39,7 @@ from whatif.core.work import output_shares
 from whatif.depgraph.graph import TaskGraph, TaskKind
 from whatif.tracer.args import Arg
 
+from ..edit import set_state
 from ..select import kernel_classes
 from .sharding import Role
 
@@ -179,15 +180,34 @@ def _sequence_rows(rows: list[tuple[int, int, int, str, str]], k: np.ndarray, ra
     return len(blocks)
 
 
+BACKWARD_COLUMN = "phase_backward"   # set by keep_backward_mask; read by backward_mask
+
+
 def backward_mask(graph: TaskGraph) -> np.ndarray:
     """Per task: a GPU kernel of the backward pass — per (rank, step), every kernel from the first to
     the last one launched by an op whose name contains ``backward`` (so the ``aten::mm`` under
-    ``MmBackward0`` counts too). Computed once per graph structure (read-only)."""
+    ``MmBackward0`` counts too); on a graph that a transform marked (:func:`keep_backward_mask`),
+    the mark. Computed once per graph structure (read-only)."""
     return graph.memo("backward_mask", lambda: _backward_mask(graph))
+
+
+def keep_backward_mask(graph: TaskGraph, *, reason: str) -> TaskGraph:
+    """``graph`` with its backward kernels marked, so that :func:`backward_mask` keeps them after
+    a transform removes kernels: on what remains of a stage, the first and last kernels launched by
+    an op named ``backward`` no longer bound the pass (a stage's gradient GEMMs run under
+    ``aten::mm``)."""
+    if BACKWARD_COLUMN in graph.tasks:
+        return graph
+    return set_state(graph, np.arange(len(graph.tasks)), BACKWARD_COLUMN, backward_mask(graph).tolist(),
+                     reason=reason)
 
 
 def _backward_mask(graph: TaskGraph) -> np.ndarray:
     t = graph.tasks
+    if BACKWARD_COLUMN in t:
+        marked = t[BACKWARD_COLUMN].to_numpy(dtype=object) == True  # noqa: E712 (None where not marked)
+        marked.flags.writeable = False
+        return marked
     named = t["op"].astype(str).str.contains("backward", case=False, regex=False).to_numpy()
     kern = t["kind"].to_numpy() == int(TaskKind.KERNEL)
     out = np.zeros(len(t), dtype=bool)

@@ -28,9 +28,13 @@ by send/recv (COMM tasks on a ``pp comm`` stream, priced by ``CostModel.collecti
 are mapped to the forward's blocks (:func:`~.layers.backward_blocks`, as ``tensor_parallel`` maps
 them); the backward runs the layers in reverse, so stage ``s`` keeps the backward from its blocks'
 first mapped kernel up to stage ``s − 1``'s first — the last stage also the loss (and LM head)
-backward before its blocks', stage 0 the embedding backward after them. The optimizer after the
-backward is scaled to ``1/p`` (it updates only this stage's parameters). A backward that cannot
-be mapped (another GEMM count, recomputation) keeps ``1/p`` of every backward kernel, scaled. The
+backward before its blocks', stage 0 the embedding backward after them. The split is by start
+time over every stream (a data-parallel bucket's all-reduce inside the backward goes with the
+stage whose window it starts in). The kernels after the backward (the optimizer, gradient
+clipping, zeroing) are scaled to ``1/p`` (they touch only this stage's parameters). A backward
+that cannot be mapped (another GEMM count, recomputation) keeps ``1/p`` of every backward kernel
+and of the kernels after it, scaled. The backward's kernels are marked before the removals
+(:func:`~.layers.keep_backward_mask`), so that what remains is still known as backward. The
 stage's transfers go on its ``pp comm`` stream in time order: activation in, activation out,
 gradient in, gradient out.
 """
@@ -49,7 +53,7 @@ from ..edit import note, remove, scale, set_duration
 from ..placement import Placement
 from ..registry import register
 from .comm import Collective, comm_stream, insert_tasks, splice_tasks
-from .layers import backward_blocks, backward_mask, find_blocks, gemm_io_bytes
+from .layers import backward_blocks, backward_mask, find_blocks, gemm_io_bytes, keep_backward_mask
 from .sharding import batch_part_ns
 
 SCHEDULES = ("1f1b", "gpipe", "serving")
@@ -118,8 +122,8 @@ def stage_plan(graph: TaskGraph, stages: int, stage: int) -> tuple[np.ndarray, p
 
 
 def backward_stage_plan(graph: TaskGraph, stages: int, stage: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """(backward kernels of the other stages, the optimizer kernels after the backward) per (rank,
-    step), from the backward mapped to the forward's blocks (:func:`~.layers.backward_blocks`); None
+    """(backward kernels of the other stages, the kernels after the backward: optimizer, clipping) per
+    (rank, step), from the backward mapped to the forward's blocks (:func:`~.layers.backward_blocks`); None
     when the backward cannot be mapped. The backward runs the layers in reverse, so stage ``s`` holds
     the backward from its blocks' first mapped kernel up to stage ``s − 1``'s first: the last stage
     also the loss (and LM head) backward before its blocks', stage 0 the embedding backward after."""
@@ -207,7 +211,9 @@ class PipelineParallel(Transform):
         bw = np.flatnonzero(backward_mask(graph) & (graph.tasks["kind"].to_numpy() == int(TaskKind.KERNEL)))
         g = graph
         if len(bw):
-            g, drop = self._backward(graph, bw, s, drop)
+            g, drop = self._backward(keep_backward_mask(graph, reason=f"{self.label()}: the backward's kernels, "
+                                                                      f"kept through the stage's removals"),
+                                     bw, s, drop)
         ids = np.concatenate([drop, _launches(g, drop)])
         g = remove(g, ids, reason=f"{self.label()}: {len(drop)} kernels of the other {p - 1} stages")
         training = self.schedule != "serving"
