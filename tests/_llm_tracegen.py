@@ -18,7 +18,7 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
               phases: tuple[str, ...] = (), backward: bool = False, kv_heads: int = 0,
               gpu_name: str = "NVIDIA H100 80GB HBM3", peak: float = PEAK, bw: float = BW,
               decode_batch: int = 0, fa_backward_kernels: int = 1, rank: int | None = None,
-              world_size: int | None = None, device: str | None = None) -> Path:
+              world_size: int | None = None, device: str | None = None, tp_all_reduce: int = 0) -> Path:
     """One forward per step of ``batch`` sequences of ``new_tokens`` tokens (1 = decode) attending
     to ``kv_tokens`` cached tokens. ``phases``: a ``phase:<name>`` annotation per step (cycled), in
     which case the tokens of a ``prefill`` step are ``kv_tokens`` and of a ``decode`` step 1.
@@ -31,7 +31,11 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
     its three kernels (dot(dO, O), dQ/dK/dV, convert dQ). ``rank``/``world_size``: the
     ``distributedInfo`` of one rank's file. ``device``: a catalog GPU whose achievable roofline
     (:func:`whatif.hardware.roofline.achievable_time_ns`, the one the cost models price with) times
-    the kernels instead of ``peak``/``bw``."""
+    the kernels instead of ``peak``/``bw``. ``tp_all_reduce`` g > 0: one rank of a tensor-parallel
+    group of g, its block output all-reduced after the attention-output and MLP-down GEMMs by an
+    NCCL kernel on the compute stream (as vLLM, SGLang and Megatron launch it), its size recorded
+    (``record_param_comms``: ``Collective name``, ``In msg nelems``, ``Group size``, ``dtype``) and
+    its time a ring's ``2(g−1)/g`` of the bytes at 200 GB/s plus 10 us."""
     tr = KinetoTrace(gpu_name=gpu_name, rank=rank, world_size=world_size)
     dev = get_device(device) if device is not None else None
     corr, ts, gpu_t = 0, 0.0, 0.0
@@ -50,6 +54,20 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
             us = FIXED_US + max(flops / peak, nbytes / bw) * 1e6
         start = max(gpu_t, ts + 8)
         tr.gpu(name, start, us, corr=corr, **{"External id": corr})
+        gpu_t = start + us + 1
+        ts += 8
+
+    def all_reduce(nelems: int) -> None:
+        nonlocal corr, ts, gpu_t
+        corr += 1
+        sizes = {"Collective name": "allreduce", "In msg nelems": nelems, "Out msg nelems": nelems,
+                 "Group size": tp_all_reduce, "dtype": "BFloat16"}
+        tr._x("cpu_op", "record_param_comms", ts, 6, 100, 1, **{"External id": corr}, **sizes)
+        tr.runtime("cudaLaunchKernel", ts + 1, 4, corr=corr)
+        us = 10 + 2 * (tp_all_reduce - 1) / tp_all_reduce * nelems * ELEM / 200e3
+        start = max(gpu_t, ts + 8)
+        tr.gpu("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", start, us, corr=corr,
+               **{"External id": corr}, **sizes)
         gpu_t = start + us + 1
         ts += 8
 
@@ -76,11 +94,15 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
                    "aten::scaled_dot_product_attention",
                    [[b_step, heads, m_tok, d], [b_step, hkv, kv, d], [b_step, hkv, kv, d]], [BF16] * 3)
             gemm("out", hidden, hidden)
+            if tp_all_reduce:
+                all_reduce(m * hidden)
             mem("void at::native::vectorized_elementwise_kernel<4, add_kernel>", 3 * m * hidden * ELEM, "aten::add")
             mem("void at::native::rms_norm_kernel<bf16>", 2 * m * hidden * ELEM, "aten::rms_norm")
             gemm("gate_up", 2 * ffn, hidden)
             mem("void at::native::silu_and_mul_kernel<bf16>", 3 * m * ffn * ELEM, "aten::silu")
             gemm("down", hidden, ffn)
+            if tp_all_reduce:
+                all_reduce(m * hidden)
             mem("void at::native::vectorized_elementwise_kernel<4, add_kernel>", 3 * m * hidden * ELEM, "aten::add")
         if backward:
             mem("void at::native::nll_loss_backward_kernel<bf16>", 2 * m * hidden * ELEM, "aten::nll_loss_backward")

@@ -140,3 +140,26 @@ def test_backward_gemms_keep_their_waves(tmp_path) -> None:
     tail, plain = batch_part_ns(ctx.cost, g, gemm, 4), batch_part_ns(ctx.cost, g, gemm, 4, wave_tail=False)
     np.testing.assert_allclose(tail[bwd], plain[bwd])
     assert (tail[~bwd] > plain[~bwd]).any()
+
+
+@pytest.mark.parametrize(("tokens", "gains"), [(256, False), (4096, True)])
+def test_overlap_splits_a_traces_own_all_reduces(tmp_path, tokens: int, gains: bool) -> None:
+    """A TP rank's trace whose NCCL all-reduces run on the compute stream (as vLLM, SGLang and
+    Megatron launch them): overlap moves them to a stream of their own, priced by the recorded
+    message, and splits them like inserted collectives — a gain at 4k tokens, a loss at 256."""
+    from whatif.transforms.parallel.overlap import detach_collectives
+
+    a = analyze(llm_trace(tmp_path / "tp.json.gz", new_tokens=tokens, kv_tokens=tokens, layers=4, hidden=8192, heads=8,
+                          kv_heads=1, ffn=3584, steps=1, device=H100, tp_all_reduce=8))
+    g, ctx = a.graph, make_context(a.trace)
+    moved = detach_collectives(g, reason="test")
+    comm = moved.tasks[moved.tasks["kind"] == int(TaskKind.COMM)]
+    mib = tokens * 8192 * 2 / 2**20
+    assert comm["name"].astype(str).tolist() == [f"trace all_reduce ({mib:.4f} MiB x8)"] * 8
+    assert set(moved.resources["name"].astype(str).to_numpy()[comm["resource"].to_numpy()]) == \
+        {"trace collectives (rank 0)"}
+    assert abs(step_ns(moved) / step_ns(g) - 1) < 0.01          # moved, not changed
+    split = Overlap(nano_batches=2, comm_sms=8, topology="dgx_h100").apply(g, ctx)
+    assert len(split.tasks[split.tasks["kind"] == int(TaskKind.COMM)]) == 16
+    speedup = step_ns(g) / step_ns(split)
+    assert speedup > 1.1 if gains else speedup < 1.0

@@ -3,7 +3,9 @@ communication overlaps the next one's compute (NanoFlow, OSDI 2025; TokenWeave, 
 
 A *region* is a collective inserted after a kernel (a ``COMM`` task with a FLOW edge from its
 producer kernel and one to its consumer kernel: what ``tensor_parallel``/``sequence_parallel``
-insert) together with the compute *segment* that feeds it: the kernels on the producer's stream
+insert, and what :func:`detach_collectives` makes of a trace's own forward collectives that run on
+a compute stream between two compute kernels — a TP rank's all-reduce as vLLM, SGLang and
+Megatron launch it) together with the compute *segment* that feeds it: the kernels on the producer's stream
 from the previous region's consumer (or the step's first kernel) to the producer. With n
 nano-batches:
 
@@ -40,15 +42,26 @@ import numpy as np
 import pandas as pd
 
 from whatif.core import limits
-from whatif.core.kernels import KernelClass
-from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
+from whatif.core.kernels import KernelClass, collective_kind
+from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
+from whatif.tracer.measured_collectives import collective_points
 
 from ..base import Transform, TransformContext, TransformError
-from ..edit import add_edges, set_duration
+from ..edit import add_edges, remove, set_duration
 from ..needs import Need
 from ..registry import register
 from ..select import kernel_classes
-from .comm import KINDS, Collective, comm_sm_share, overlapped_compute_slowdown, splice_tasks
+from .comm import (
+    KINDS,
+    Collective,
+    comm_sm_share,
+    comm_stream,
+    insert_tasks,
+    next_on_resource,
+    overlapped_compute_slowdown,
+    splice_tasks,
+)
+from .layers import backward_mask
 from .sharding import batch_part_ns
 from .tensor import prev_on_resource
 
@@ -88,6 +101,61 @@ def interference_from_trace(graph: TaskGraph) -> tuple[float | None, int]:
     if not ratios:
         return None, 0
     return float(np.clip(np.median(ratios), 1.0, 3.0)), len(ratios)
+
+
+def _same_stream_collectives(graph: TaskGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(collective kernels, the compute kernel before each, the one after) of the forward's
+    collectives that run on a compute stream between two compute kernels (those of activations, a
+    tensor-parallel all-reduce; a backward's all-reduce sums gradients, which no token split
+    divides)."""
+    t = graph.tasks
+    cls = kernel_classes(graph)
+    kinds = t["kind"].to_numpy()
+    collective = (kinds == int(TaskKind.COMM)) | \
+        ((kinds == int(TaskKind.KERNEL)) & (cls == KernelClass.COLLECTIVE.value))
+    on_stream = graph.resources["kind"].to_numpy()[t["resource"].to_numpy()] == int(ResourceKind.STREAM)
+    coll = np.flatnonzero(collective & on_stream & ~backward_mask(graph))   # a backward's are gradients
+    if not len(coll):
+        return coll, coll, coll
+    before, after = prev_on_resource(graph, coll), next_on_resource(graph, coll)
+    compute = (kinds == int(TaskKind.KERNEL)) & ~collective
+    ok = (before >= 0) & (after >= 0) & compute[np.maximum(before, 0)] & compute[np.maximum(after, 0)]
+    return coll[ok], before[ok], after[ok]
+
+
+def detach_collectives(graph: TaskGraph, *, reason: str) -> TaskGraph:
+    """``graph`` with the trace's own collective kernels that run on a compute stream between two
+    compute kernels — a tensor-parallel all-reduce as vLLM, SGLang and Megatron launch it — moved to
+    a ``trace collectives`` stream of their rank: COMM tasks of the kernels' measured durations
+    between the same two kernels (FLOW edges; the stream's gaps around them now lie between those
+    two kernels) and after their launch calls, named
+    ``<kind> (<MiB> MiB x<ranks>)`` where the trace records the message
+    (:func:`~whatif.tracer.measured_collectives.collective_points`), so that ``overlap`` splits them
+    as it splits the collectives the parallel transforms insert."""
+    coll, before, after = _same_stream_collectives(graph)
+    if not len(coll):
+        return graph
+    t = graph.tasks
+    points = {p.event: p for p in collective_points(graph.trace)} if graph.trace is not None else {}
+    events, names = t["event"].to_numpy(), t["name"].astype(str).to_numpy()
+    labels = []
+    for k in coll.tolist():
+        point = points.get(int(events[k]))
+        found = collective_kind(None, str(names[k]))
+        labels.append(f"trace {point.kind} ({point.message_bytes / 2**20:.4f} MiB x{point.ranks})" if point is not None
+                      else f"trace {found.value if found is not None else 'collective'} (size not recorded)")
+    e = graph.edges
+    launch = e[(e["kind"] == int(EdgeKind.LAUNCH)).to_numpy() & np.isin(e["dst"].to_numpy(), coll)]
+    launched_by = dict(zip(launch["dst"].tolist(), launch["src"].tolist()))
+    g = graph
+    ranks, dur = t["rank"].to_numpy(), t["dur_ns"].to_numpy()
+    for rank in np.unique(ranks[coll]).tolist():
+        mine = np.flatnonzero(ranks[coll] == rank)
+        g, res = comm_stream(g, int(rank), "trace collectives")
+        g, _ = insert_tasks(g, resource=res, after=before[mine].tolist(), before=after[mine].tolist(),
+                            dur_ns=dur[coll[mine]].tolist(), names=[labels[i] for i in mine.tolist()],
+                            extra_after=[[launched_by.get(int(k), -1)] for k in coll[mine].tolist()], reason=reason)
+    return remove(g, coll, reason=reason)
 
 
 def _regions(graph: TaskGraph) -> pd.DataFrame:
@@ -174,19 +242,23 @@ class Overlap(Transform):
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         r = _regions(graph)
-        return np.unique(np.concatenate([*r["segment"], r["comm"].to_numpy()])) if len(r) else np.empty(0, np.int64)
+        found = np.concatenate([*r["segment"], r["comm"].to_numpy()]) if len(r) else np.empty(0, np.int64)
+        return np.unique(np.concatenate([found, _same_stream_collectives(graph)[0]]))
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
         n = self.nano_batches
         if n < 1:
             raise TransformError(f"{self.name}: nano_batches must be >= 1 (got {n})")
-        reg = _regions(graph)
-        if reg.empty:
-            raise TransformError(f"{self.name}: no collective between two kernels to overlap; apply tensor_parallel "
-                                 f"or sequence_parallel first (they insert the collectives)")
         if n == 1:
             return graph
         phi, phi_comm = self.factors(graph, ctx)
+        graph = detach_collectives(graph, reason=f"{self.label()}: the trace's collectives between compute kernels "
+                                                 f"of one stream, moved to a stream of their own to be split")
+        reg = _regions(graph)
+        if reg.empty:
+            raise TransformError(f"{self.name}: no collective between two kernels to overlap; apply tensor_parallel "
+                                 f"or sequence_parallel first (they insert the collectives), or record a trace whose "
+                                 f"collectives run between two compute kernels")
         cost = ctx.require_cost(self.name)
         seg_all = np.unique(np.concatenate(list(reg["segment"])))
         nano = np.rint(batch_part_ns(cost, graph, seg_all, n)).astype(np.int64)
