@@ -6,7 +6,7 @@ documents are the same bytes and prints plans per second for both. Then the same
 a synthetic 6-layer transformer training step (tests/_llm_tracegen.py), where tensor and pipeline
 parallelism apply (the A100 job is a ResNet, whose TP/PP plans the transforms refuse).
 
-Run: .venv/bin/python bench/plan_sweep.py [--dp-max 21] [--write-docs]
+Run: .venv/bin/python bench/plan_sweep.py [--dp-max 21] [--write-docs] [--transformer-only]
 """
 from __future__ import annotations
 
@@ -61,11 +61,37 @@ def front_lines(doc: PlanSweepDocument, top: int) -> list[str]:
             for r in rows[:top]]
 
 
+def transformer_sweep(tmp: Path, say) -> None:
+    """The sweep machinery on a synthetic 6-layer transformer training step (TP and PP apply)."""
+    llm = llm_trace(tmp / "llm.json.gz", new_tokens=512, kv_tokens=512, layers=6, hidden=8192, heads=64,
+                    ffn=28672, backward=True, steps=2)
+    llm_grid = ["--tp", "1,2,4,8", "--pp", "1,2,3,6", "--micro-batches", "2,4,8", "--dp", "1,2,4",
+                "--device", "H100_SXM,A100_SXM_80GB,RTX_2080_TI", "--samples-per-step", "8"]
+    wall_llm, _, json_llm = sweep(llm, llm_grid, tmp / "llm", ["--jobs", "2"])
+    ldoc = from_json(json_llm, PlanSweepDocument)
+    lc = counts(ldoc)
+    say(f"synthetic 6-layer transformer training step (hidden 8192, 64 heads, FFN 28672, bf16, 8 sequences of "
+        f"512 tokens, traced on an H100; {ldoc.memory_model}): {len(ldoc.plans)} plans in {wall_llm:.1f} s "
+        f"({len(ldoc.plans) / wall_llm:.1f} plans/s), {lc['ok']} predicted, {lc['refused']} refused, "
+        f"{lc['does not fit']} over the device's memory, {lc['front']} on the Pareto front:")
+    say()
+    say("| plan | GPUs | step ms | samples/s | GB per GPU |")
+    say("|---|---|---|---|---|")
+    for line in front_lines(ldoc, 12):
+        say(line)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dp-max", type=int, default=21, help="data-parallel degrees 1..N (1,008 plans at 21)")
     parser.add_argument("--write-docs", action="store_true", help="write the results into docs/scale.md")
+    parser.add_argument("--transformer-only", action="store_true",
+                        help="only the synthetic transformer sweep (half a minute), printed, no docs written")
     args = parser.parse_args()
+    if args.transformer_only:
+        with tempfile.TemporaryDirectory() as tmp_dir:
+            transformer_sweep(Path(tmp_dir), print)
+        return 0
     if not SOURCE.exists():
         raise SystemExit(f"{SOURCE}: missing (the shared traces live in ../shared/traces)")
     if importlib.util.find_spec("ray") is None:
@@ -103,23 +129,8 @@ def main() -> int:
         say(f"predicted steps: {len(steps)} distinct value(s), {steps[0] / 1e6:.3f} to {steps[-1] / 1e6:.3f} ms; "
             f"refusals: {sorted({r.reason.split(':')[0] for r in doc.plans if r.reason})}")
 
-        llm = llm_trace(tmp / "llm.json.gz", new_tokens=512, kv_tokens=512, layers=6, hidden=8192, heads=64,
-                        ffn=28672, backward=True, steps=2)
-        llm_grid = ["--tp", "1,2,4,8", "--pp", "1,2,3,6", "--micro-batches", "2,4,8", "--dp", "1,2,4",
-                    "--device", "H100_SXM,A100_SXM_80GB,RTX_2080_TI", "--samples-per-step", "8"]
-        wall_llm, _, json_llm = sweep(llm, llm_grid, tmp / "llm", ["--jobs", "2"])
-        ldoc = from_json(json_llm, PlanSweepDocument)
-        lc = counts(ldoc)
         say()
-        say(f"synthetic 6-layer transformer training step (hidden 8192, 64 heads, FFN 28672, bf16, 8 sequences of "
-            f"512 tokens, traced on an H100; {ldoc.memory_model}): {len(ldoc.plans)} plans in {wall_llm:.1f} s "
-            f"({len(ldoc.plans) / wall_llm:.1f} plans/s), {lc['ok']} predicted, {lc['refused']} refused, "
-            f"{lc['does not fit']} over the device's memory, {lc['front']} on the Pareto front:")
-        say()
-        say("| plan | GPUs | step ms | samples/s | GB per GPU |")
-        say("|---|---|---|---|---|")
-        for line in front_lines(ldoc, 12):
-            say(line)
+        transformer_sweep(tmp, say)
     if args.write_docs:
         replace_section(ROOT / "docs" / "scale.md", BEGIN, END, "\n".join(lines) + "\n")
         summary = (f"Plan sweep (`bench/plan_sweep.py`): {n:,} plans of an 8-rank job, {n / wall_local:.2f} plans/s on "

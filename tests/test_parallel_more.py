@@ -146,6 +146,28 @@ def test_pipeline_backward_per_stage_over_two_steps(tmp_path) -> None:
     assert set().union(*kept_all) == bw and sum(map(len, kept_all)) == len(bw)
 
 
+def test_pipeline_after_tensor_parallel_keeps_its_layers_all_reduces(serve) -> None:
+    """TP 2 then PP 2 (serving, 2 micro-batches) on 4 layers: the stage keeps the all-reduces of its
+    2 layers (2 each), not every layer's, and each is priced as 2 all-reduces of half the message
+    (each paying the latency again)."""
+    from whatif.transforms.parallel.comm import Collective
+
+    g0, ctx = serve.graph, make_context(serve.trace)
+    tp = TensorParallel(degree=2, topology="dgx_h100").apply(g0, ctx)
+    tp_comm = kinds(tp, TaskKind.COMM)
+    assert len(tp_comm) == 8
+    g = PipelineParallel(degree=2, schedule="serving", micro_batches=2, topology="dgx_h100").apply(tp, ctx)
+    names = g.tasks["name"].astype(str)
+    ar = np.flatnonzero(names.str.startswith("tp all_reduce").to_numpy())
+    assert len(ar) == 4                                                   # 2 layers x 2 all-reduces
+    full = int(tp.tasks["dur_ns"].to_numpy()[tp_comm[0]])
+    nbytes = 512 * 4096 * 2
+    half = Collective("all_reduce", nbytes / 2, 2, "dgx_h100").time_ns(ctx, "t")
+    whole = Collective("all_reduce", nbytes, 2, "dgx_h100").time_ns(ctx, "t")
+    assert int(g.tasks["dur_ns"].to_numpy()[ar[0]]) == pytest.approx(2 * full * half / whole, abs=2)
+    assert 2 * half > whole                                               # the second latency
+
+
 def test_pipeline_keeps_n_over_p_blocks_in_every_step(tmp_path) -> None:
     """Blocks are found per step: the kernels of step k+1 before its first block are not the tail of
     step k's last block (every later step kept n/p + 1 blocks, and its stage time nearly doubled)."""

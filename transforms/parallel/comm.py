@@ -13,6 +13,7 @@ in the collectives it already has).
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -57,6 +58,21 @@ class Collective:
 
     def label(self) -> str:
         return f"{self.kind} {self.message_bytes / 2**20:.2f} MiB x{self.ranks}"
+
+
+def collective_part_ns(ctx: TransformContext, transform: str, dur_ns: int, label: str, parts: int,
+                       topology: str) -> int:
+    """ns of one of ``parts`` equal parts of a collective task of ``dur_ns``: its duration ×
+    price(bytes/parts)/price(bytes) on ``topology`` (each part pays the latency again) when its
+    name carries ``<kind> (<MiB> MiB x<ranks>)``, as the parallel transforms and
+    ``detach_collectives`` write it; else ``dur_ns / parts``."""
+    m = re.search(r"(" + "|".join(KINDS) + r") \(([\d.]+) MiB x(\d+)\)", label)
+    if not m:
+        return dur_ns // parts
+    kind, nbytes, ranks = m.group(1), float(m.group(2)) * 2**20, int(m.group(3))
+    full = Collective(kind, nbytes, ranks, topology).time_ns(ctx, transform)
+    part = Collective(kind, nbytes / parts, ranks, topology).time_ns(ctx, transform)
+    return int(round(dur_ns * part / full)) if full > 0 else dur_ns // parts
 
 
 def comm_sm_share(ctx: TransformContext, ctas: int) -> float:

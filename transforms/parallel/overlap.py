@@ -35,7 +35,6 @@ splitting, which is the trade-off NanoFlow's and TokenWeave's auto-search make.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,8 +51,7 @@ from ..needs import Need
 from ..registry import register
 from ..select import kernel_classes
 from .comm import (
-    KINDS,
-    Collective,
+    collective_part_ns,
     comm_sm_share,
     comm_stream,
     insert_tasks,
@@ -267,7 +265,8 @@ class Overlap(Transform):
         name = g.tasks["name"].astype(str).to_numpy()
         comm_dur = []
         for c in reg["comm"]:   # the collective's full message, from the name the parallel transforms give it
-            comm_dur.append(self._split_comm(g, ctx, int(c), name[int(c)]))
+            comm_dur.append(collective_part_ns(ctx, self.name, int(g.tasks["dur_ns"].to_numpy()[int(c)]),
+                                               name[int(c)], n, self.topology))
         g, nano_ids = splice_tasks(g, anchors=reg["producer"].tolist(),
                                    durs=[[int(round(s * phi))] * (n - 1) for s in per_seg],
                                    name=f"nano-batch compute (x{phi:.2f} interference)",
@@ -288,16 +287,3 @@ class Overlap(Transform):
                 src.append(int(comm_ids[i][j]))
                 dst.append(int(nano_ids[i + 1][j]) if nxt else int(reg["consumer"].to_numpy()[i]))
         return add_edges(g, src, dst, kind=EdgeKind.FLOW, reason=f"{self.label()}: nano-batch data dependencies")
-
-    def _split_comm(self, g: TaskGraph, ctx: TransformContext, comm: int, label: str) -> int:
-        """ns of one 1/n part of the collective ``comm``: its duration × price(bytes/n)/price(bytes)
-        on ``topology`` when its name carries ``<kind> (<MiB> MiB x<ranks>)`` (as the parallel
-        transforms write it), else its duration / n."""
-        dur = int(g.tasks["dur_ns"].to_numpy()[comm])
-        m = re.search(r"(" + "|".join(KINDS) + r") \(([\d.]+) MiB x(\d+)\)", label)
-        if not m:
-            return dur // self.nano_batches
-        kind, nbytes, ranks = m.group(1), float(m.group(2)) * 2**20, int(m.group(3))
-        full = Collective(kind, nbytes, ranks, self.topology).time_ns(ctx, self.name)
-        part = Collective(kind, nbytes / self.nano_batches, ranks, self.topology).time_ns(ctx, self.name)
-        return int(round(dur * part / full)) if full > 0 else dur // self.nano_batches

@@ -3,7 +3,8 @@
 The representative rank keeps its stage's blocks (:func:`~.layers.find_blocks`; stage ``s`` holds
 blocks ``[s·n/p, (s+1)·n/p)`` of each step's n blocks, the kernels before the first block —
 embedding — on stage 0, those after the last — final norm, LM head, sampling — on stage p−1);
-the other stages' kernels and their launch calls are removed. Activations cross stage boundaries
+the other stages' kernels, the collectives that follow them (:func:`with_their_collectives`: a
+dropped layer's tensor-parallel all-reduces) and their launch calls are removed. Activations cross stage boundaries
 by send/recv (COMM tasks on a ``pp comm`` stream, priced by ``CostModel.collective_time_ns``;
 ``m`` messages of ``1/m`` of the block output per direction and step).
 
@@ -20,7 +21,8 @@ by send/recv (COMM tasks on a ``pp comm`` stream, priced by ``CostModel.collecti
   at 1/m of its activations (FLOPs/m, bytes ``(B − W)/m + W``: every micro-batch reads the
   weights; ``CostModel.kernel_time_ns``), so a step is ``m·T_stage(B/m)``; with m < p a decode
   micro-batch's next token waits for its previous one to leave the last stage, and the stage idles
-  ``(p−m)·T_stage(B/m)`` (a ``pipeline bubble`` task). Prefill (compute-bound: ``T(B/m) ≈ T(B)/m``)
+  ``(p−m)·T_stage(B/m)`` (a ``pipeline bubble`` task). The stage's collectives run m times on 1/m
+  of their message (``collective_part_ns``: each pays the latency). Prefill (compute-bound: ``T(B/m) ≈ T(B)/m``)
   keeps PP's ×p; decode (weight-bound: ``T(B/m) ≈ T(B)``) gains little — Seesaw's reason to
   decode under TP. A request's latency is p stage slots plus p−1 hops (in the change log).
 
@@ -52,7 +54,7 @@ from ..base import Transform, TransformContext, TransformError
 from ..edit import note, remove, scale, set_duration
 from ..placement import Placement
 from ..registry import register
-from .comm import Collective, comm_stream, insert_tasks, splice_tasks
+from .comm import Collective, collective_part_ns, comm_stream, insert_tasks, splice_tasks
 from .layers import backward_blocks, backward_mask, find_blocks, gemm_io_bytes, keep_backward_mask
 from .sharding import batch_part_ns
 
@@ -152,6 +154,20 @@ def backward_stage_plan(graph: TaskGraph, stages: int, stage: int) -> tuple[np.n
     return np.asarray(sorted(drop), dtype=np.int64), np.asarray(sorted(tail), dtype=np.int64)
 
 
+def with_their_collectives(graph: TaskGraph, kernels: np.ndarray) -> np.ndarray:
+    """``kernels`` and the collectives that follow one of them (COMM tasks with a FLOW or stream edge
+    from it): a dropped layer's tensor-parallel all-reduces, inserted by ``tensor_parallel`` or
+    recorded on the compute stream, go with it."""
+    e = graph.edges
+    comm = graph.tasks["kind"].to_numpy() == int(TaskKind.COMM)
+    gone = np.zeros(len(graph.tasks), dtype=bool)
+    gone[kernels] = True
+    link = e[e["kind"].isin([int(EdgeKind.FLOW), int(EdgeKind.STREAM)]).to_numpy()]
+    src, dst = link["src"].to_numpy(), link["dst"].to_numpy()
+    follow = dst[gone[src] & comm[dst]]
+    return np.union1d(np.asarray(kernels, dtype=np.int64), follow)
+
+
 def _launches(graph: TaskGraph, kernels: np.ndarray) -> np.ndarray:
     """Launch calls whose every launch goes to one of ``kernels``."""
     e = graph.edges
@@ -214,6 +230,7 @@ class PipelineParallel(Transform):
             g, drop = self._backward(keep_backward_mask(graph, reason=f"{self.label()}: the backward's kernels, "
                                                                       f"kept through the stage's removals"),
                                      bw, s, drop)
+        drop = with_their_collectives(g, drop)
         ids = np.concatenate([drop, _launches(g, drop)])
         g = remove(g, ids, reason=f"{self.label()}: {len(drop)} kernels of the other {p - 1} stages")
         training = self.schedule != "serving"
@@ -244,15 +261,26 @@ class PipelineParallel(Transform):
         return g, drop
 
     def _micro_batched(self, g: TaskGraph, ctx: TransformContext) -> TaskGraph:
-        """Each remaining kernel as m back-to-back runs at 1/m of its activations."""
+        """Each remaining kernel as m back-to-back runs at 1/m of its activations; each collective
+        (a tensor-parallel all-reduce of the stage's layers) as m of 1/m of its message."""
         m = self.m
         if m == 1:
             return g
         cost = ctx.require_cost(self.name)
-        kern = np.flatnonzero(g.tasks["kind"].to_numpy() == int(TaskKind.KERNEL))
-        return set_duration(g, kern, np.rint(m * batch_part_ns(cost, g, kern, m)).astype(np.int64),
-                            reason=f"{self.label()}: the step's sequences in {m} micro-batches, each kernel "
-                                   f"{m} times at 1/{m} of its activations (weights read each time)")
+        kinds = g.tasks["kind"].to_numpy()
+        kern = np.flatnonzero(kinds == int(TaskKind.KERNEL))
+        g = set_duration(g, kern, np.rint(m * batch_part_ns(cost, g, kern, m)).astype(np.int64),
+                         reason=f"{self.label()}: the step's sequences in {m} micro-batches, each kernel "
+                                f"{m} times at 1/{m} of its activations (weights read each time)")
+        comm = np.flatnonzero(kinds == int(TaskKind.COMM))
+        if not len(comm):
+            return g
+        names, dur = g.tasks["name"].astype(str).to_numpy(), g.tasks["dur_ns"].to_numpy()
+        parts = [m * collective_part_ns(ctx, self.name, int(dur[c]), str(names[c]), m, self.topology)
+                 for c in comm.tolist()]
+        return set_duration(g, comm, np.asarray(parts, dtype=np.int64),
+                            reason=f"{self.label()}: each collective m = {m} times at 1/{m} of its message, one per "
+                                   f"micro-batch (each pays the latency)")
 
     def _comm_and_bubble(self, g: TaskGraph, ctx: TransformContext, act: pd.Series, s: int, *, training: bool,
                          backward: bool) -> TaskGraph:
