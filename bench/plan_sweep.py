@@ -88,6 +88,8 @@ def main() -> int:
     parser.add_argument("--transformer-only", action="store_true",
                         help="only the synthetic transformer sweep (half a minute), printed, no docs written")
     args = parser.parse_args()
+    if args.transformer_only and args.write_docs:
+        parser.error("--transformer-only prints its table; it writes no docs (run the whole bench with --write-docs)")
     if args.transformer_only:
         with tempfile.TemporaryDirectory() as tmp_dir:
             transformer_sweep(Path(tmp_dir), print)

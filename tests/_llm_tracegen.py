@@ -33,7 +33,7 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
     (:func:`whatif.hardware.roofline.achievable_time_ns`, the one the cost models price with) times
     the kernels instead of ``peak``/``bw``. ``tp_all_reduce`` g > 0: one rank of a tensor-parallel
     group of g, its block output all-reduced after the attention-output and MLP-down GEMMs by an
-    NCCL kernel on the compute stream (as vLLM, SGLang and Megatron launch it), its size recorded
+    NCCL kernel on the compute stream (as vLLM and SGLang launch it), its size recorded
     (``record_param_comms``: ``Collective name``, ``In msg nelems``, ``Group size``, ``dtype``) and
     its time a ring's ``2(g−1)/g`` of the bytes at 200 GB/s plus 10 us."""
     tr = KinetoTrace(gpu_name=gpu_name, rank=rank, world_size=world_size)

@@ -166,6 +166,13 @@ def test_pipeline_after_tensor_parallel_keeps_its_layers_all_reduces(serve) -> N
     whole = Collective("all_reduce", nbytes, 2, "dgx_h100").time_ns(ctx, "t")
     assert int(g.tasks["dur_ns"].to_numpy()[ar[0]]) == pytest.approx(2 * full * half / whole, abs=2)
     assert 2 * half > whole                                               # the second latency
+    sp = TensorParallel(degree=2, sequence_parallel=True, topology="dgx_h100").apply(g0, ctx)
+    for degree in (2, 4):
+        for stage in range(degree):   # an all-gather goes with the GEMM it feeds, a reduce-scatter with its producer
+            names = PipelineParallel(degree=degree, schedule="serving", stage=stage,
+                                     topology="dgx_h100").apply(sp, ctx).tasks["name"].astype(str)
+            assert int(names.str.contains("all_gather").sum()) == int(names.str.contains("reduce_scatter").sum()) \
+                == 2 * 4 // degree
 
 
 def test_pipeline_keeps_n_over_p_blocks_in_every_step(tmp_path) -> None:

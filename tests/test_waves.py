@@ -12,7 +12,7 @@ from _llm_tracegen import llm_trace
 
 from whatif.api import analyze, make_context
 from whatif.core.kernels import GEMM_TILE, gemm_shape
-from whatif.depgraph.graph import TaskKind
+from whatif.depgraph.graph import EdgeKind, TaskKind
 from whatif.hardware.roofline import expected_waves, wave_tail_ratio
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import step_times
@@ -144,8 +144,8 @@ def test_backward_gemms_keep_their_waves(tmp_path) -> None:
 
 @pytest.mark.parametrize(("tokens", "gains"), [(256, False), (4096, True)])
 def test_overlap_splits_a_traces_own_all_reduces(tmp_path, tokens: int, gains: bool) -> None:
-    """A TP rank's trace whose NCCL all-reduces run on the compute stream (as vLLM, SGLang and
-    Megatron launch them): overlap moves them to a stream of their own, priced by the recorded
+    """A TP rank's trace whose NCCL all-reduces run on the compute stream (as vLLM and SGLang
+    launch them): overlap moves them to a stream of their own, priced by the recorded
     message, and splits them like inserted collectives — a gain at 4k tokens, a loss at 256."""
     from whatif.transforms.parallel.overlap import detach_collectives
 
@@ -159,7 +159,20 @@ def test_overlap_splits_a_traces_own_all_reduces(tmp_path, tokens: int, gains: b
     assert set(moved.resources["name"].astype(str).to_numpy()[comm["resource"].to_numpy()]) == \
         {"trace collectives (rank 0)"}
     assert abs(step_ns(moved) / step_ns(g) - 1) < 0.01          # moved, not changed
+    launches = moved.edges[moved.edges["kind"] == int(EdgeKind.LAUNCH)]
+    assert np.isin(comm.index.to_numpy(), launches["dst"].to_numpy()).all()   # still launched by their calls
     split = Overlap(nano_batches=2, comm_sms=8, topology="dgx_h100").apply(g, ctx)
     assert len(split.tasks[split.tasks["kind"] == int(TaskKind.COMM)]) == 16
     speedup = step_ns(g) / step_ns(split)
     assert speedup > 1.1 if gains else speedup < 1.0
+    with pytest.raises(TransformError, match="split already"):
+        Overlap(nano_batches=2, comm_sms=8, topology="dgx_h100").apply(split, ctx)
+    if gains:   # then a pipeline stage keeps its own layers' nano-batches and collective parts
+        from whatif.transforms.parallel.pipeline import PipelineParallel
+
+        for stage in (0, 1):
+            staged = PipelineParallel(degree=2, schedule="serving", micro_batches=1, stage=stage,
+                                      topology="dgx_h100").apply(split, ctx)
+            names = staged.tasks["name"].astype(str)
+            assert int(names.str.startswith("nano-batch").sum()) == 4
+            assert int(names.str.contains("trace all_reduce|collective part").sum()) == 8

@@ -4,8 +4,8 @@ communication overlaps the next one's compute (NanoFlow, OSDI 2025; TokenWeave, 
 A *region* is a collective inserted after a kernel (a ``COMM`` task with a FLOW edge from its
 producer kernel and one to its consumer kernel: what ``tensor_parallel``/``sequence_parallel``
 insert, and what :func:`detach_collectives` makes of a trace's own forward collectives that run on
-a compute stream between two compute kernels — a TP rank's all-reduce as vLLM, SGLang and
-Megatron launch it) together with the compute *segment* that feeds it: the kernels on the producer's stream
+a compute stream between two compute kernels — a TP rank's all-reduce as vLLM and SGLang launch
+it) together with the compute *segment* that feeds it: the kernels on the producer's stream
 from the previous region's consumer (or the step's first kernel) to the producer. With n
 nano-batches:
 
@@ -46,7 +46,7 @@ from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
 from whatif.tracer.measured_collectives import collective_points
 
 from ..base import Transform, TransformContext, TransformError
-from ..edit import add_edges, remove, set_duration
+from ..edit import add_edges, remove, remove_edges, set_duration
 from ..needs import Need
 from ..registry import register
 from ..select import kernel_classes
@@ -64,6 +64,7 @@ from .sharding import batch_part_ns
 from .tensor import prev_on_resource
 
 DEFAULT_INTERFERENCE = 1.15
+PART_NAME = "collective part"   # how the collective parts overlap splices are named
 MIN_SAMPLES = 3
 
 
@@ -112,24 +113,26 @@ def _same_stream_collectives(graph: TaskGraph) -> tuple[np.ndarray, np.ndarray, 
     collective = (kinds == int(TaskKind.COMM)) | \
         ((kinds == int(TaskKind.KERNEL)) & (cls == KernelClass.COLLECTIVE.value))
     on_stream = graph.resources["kind"].to_numpy()[t["resource"].to_numpy()] == int(ResourceKind.STREAM)
-    coll = np.flatnonzero(collective & on_stream & ~backward_mask(graph))   # a backward's are gradients
+    coll = np.flatnonzero(collective & on_stream)
     if not len(coll):
         return coll, coll, coll
     before, after = prev_on_resource(graph, coll), next_on_resource(graph, coll)
-    compute = (kinds == int(TaskKind.KERNEL)) & ~collective
-    ok = (before >= 0) & (after >= 0) & compute[np.maximum(before, 0)] & compute[np.maximum(after, 0)]
+    forward = (kinds == int(TaskKind.KERNEL)) & ~collective & ~backward_mask(graph)   # a backward's are gradients
+    ok = (before >= 0) & (after >= 0) & forward[np.maximum(before, 0)] & forward[np.maximum(after, 0)]
     return coll[ok], before[ok], after[ok]
 
 
 def detach_collectives(graph: TaskGraph, *, reason: str) -> TaskGraph:
     """``graph`` with the trace's own collective kernels that run on a compute stream between two
-    compute kernels — a tensor-parallel all-reduce as vLLM, SGLang and Megatron launch it — moved to
+    forward compute kernels — a tensor-parallel all-reduce as vLLM and SGLang launch it — moved to
     a ``trace collectives`` stream of their rank: COMM tasks of the kernels' measured durations
     between the same two kernels (FLOW edges; the stream's gaps around them now lie between those
-    two kernels) and after their launch calls, named
+    two kernels), launched by the same calls (LAUNCH edges, their latency), with the waits that
+    followed them (a synchronize, another stream's event wait) now after the new tasks, named
     ``<kind> (<MiB> MiB x<ranks>)`` where the trace records the message
     (:func:`~whatif.tracer.measured_collectives.collective_points`), so that ``overlap`` splits them
-    as it splits the collectives the parallel transforms insert."""
+    as it splits the collectives the parallel transforms insert. A multi-rank graph's collectives
+    (an arrival before each, linked across ranks) and those on a stream of their own are left."""
     coll, before, after = _same_stream_collectives(graph)
     if not len(coll):
         return graph
@@ -143,16 +146,23 @@ def detach_collectives(graph: TaskGraph, *, reason: str) -> TaskGraph:
         labels.append(f"trace {point.kind} ({point.message_bytes / 2**20:.4f} MiB x{point.ranks})" if point is not None
                       else f"trace {found.value if found is not None else 'collective'} (size not recorded)")
     e = graph.edges
-    launch = e[(e["kind"] == int(EdgeKind.LAUNCH)).to_numpy() & np.isin(e["dst"].to_numpy(), coll)]
-    launched_by = dict(zip(launch["dst"].tolist(), launch["src"].tolist()))
-    g = graph
+    order = e["kind"].isin([int(EdgeKind.STREAM), int(EdgeKind.THREAD)]).to_numpy()
+    touching = ~order & (np.isin(e["src"].to_numpy(), coll) | np.isin(e["dst"].to_numpy(), coll))
+    moved = e[touching]
+    g = remove_edges(graph, touching, reason=reason)
     ranks, dur = t["rank"].to_numpy(), t["dur_ns"].to_numpy()
+    new_id = np.full(len(t), -1, dtype=np.int64)
     for rank in np.unique(ranks[coll]).tolist():
         mine = np.flatnonzero(ranks[coll] == rank)
         g, res = comm_stream(g, int(rank), "trace collectives")
-        g, _ = insert_tasks(g, resource=res, after=before[mine].tolist(), before=after[mine].tolist(),
-                            dur_ns=dur[coll[mine]].tolist(), names=[labels[i] for i in mine.tolist()],
-                            extra_after=[[launched_by.get(int(k), -1)] for k in coll[mine].tolist()], reason=reason)
+        g, ids = insert_tasks(g, resource=res, after=before[mine].tolist(), before=after[mine].tolist(),
+                              dur_ns=dur[coll[mine]].tolist(), names=[labels[i] for i in mine.tolist()], reason=reason)
+        new_id[coll[mine]] = ids
+    src, dst = moved["src"].to_numpy(), moved["dst"].to_numpy()
+    src, dst = np.where(new_id[src] >= 0, new_id[src], src), np.where(new_id[dst] >= 0, new_id[dst], dst)
+    for kind in np.unique(moved["kind"].to_numpy()).tolist():   # launches, waits: now on the new tasks
+        m = (moved["kind"] == kind).to_numpy()
+        g = add_edges(g, src[m], dst[m], moved["lat_ns"].to_numpy()[m], kind=EdgeKind(int(kind)), reason=reason)
     return remove(g, coll, reason=reason)
 
 
@@ -250,13 +260,17 @@ class Overlap(Transform):
         if n == 1:
             return graph
         phi, phi_comm = self.factors(graph, ctx)
+        if graph.tasks["name"].astype(str).str.startswith(PART_NAME).any():
+            raise TransformError(f"{self.name}: the graph's collectives are split already (overlap was applied "
+                                 f"before); apply it once, with the nano-batches wanted")
         graph = detach_collectives(graph, reason=f"{self.label()}: the trace's collectives between compute kernels "
                                                  f"of one stream, moved to a stream of their own to be split")
         reg = _regions(graph)
         if reg.empty:
             raise TransformError(f"{self.name}: no collective between two kernels to overlap; apply tensor_parallel "
-                                 f"or sequence_parallel first (they insert the collectives), or record a trace whose "
-                                 f"collectives run between two compute kernels")
+                                 f"or sequence_parallel first (they insert the collectives); a trace's own collectives "
+                                 f"are split when they run on a compute stream between two forward kernels of a "
+                                 f"one-rank graph")
         cost = ctx.require_cost(self.name)
         seg_all = np.unique(np.concatenate(list(reg["segment"])))
         nano = np.rint(batch_part_ns(cost, graph, seg_all, n)).astype(np.int64)
@@ -276,7 +290,7 @@ class Overlap(Transform):
         g = set_duration(g, reg["comm"].to_numpy(), np.asarray(parts)[np.argsort(reg["comm"].to_numpy())],
                          reason=f"{self.label()}: collective part 1/{n}")
         g, comm_ids = splice_tasks(g, anchors=reg["comm"].tolist(), durs=[[p] * (n - 1) for p in parts],
-                                   name=f"collective part (of {n}, x{phi_comm:.2f} interference)",
+                                   name=f"{PART_NAME} (of {n}, x{phi_comm:.2f} interference)",
                                    deps=[ids.tolist() for ids in nano_ids], kind=TaskKind.COMM,
                                    reason=f"{self.label()}: collective parts 2..{n}")
         src, dst = [], []

@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 
 from whatif.core import limits
+from whatif.core.kernels import CollectiveKind, collective_kind
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 
 from ..base import Transform, TransformContext, TransformError
@@ -57,6 +58,7 @@ from ..registry import register
 from .comm import Collective, collective_part_ns, comm_stream, insert_tasks, splice_tasks
 from .layers import backward_blocks, backward_mask, find_blocks, gemm_io_bytes, keep_backward_mask
 from .sharding import batch_part_ns
+from .tensor import prev_on_resource
 
 SCHEDULES = ("1f1b", "gpipe", "serving")
 
@@ -111,8 +113,13 @@ def stage_plan(graph: TaskGraph, stages: int, stage: int) -> tuple[np.ndarray, p
     kinds = t["kind"].to_numpy()
     bw = backward_mask(graph)
     start = t["measured_start_ns"].to_numpy()
+    measured = start >= 0
     for (rank, step), blk in b.groupby(["rank", "step"]):
-        k = np.flatnonzero((kinds == int(TaskKind.KERNEL)) & (t["rank"].to_numpy() == rank) & (steps == step) & ~bw)
+        k = np.flatnonzero((kinds == int(TaskKind.KERNEL)) & (t["rank"].to_numpy() == rank) & (steps == step) & ~bw
+                           & measured)
+        blk = blk[measured[blk["task"].to_numpy()]]
+        if blk.empty:
+            continue
         s0, s1 = start[blk["task"]].min(), start[blk["task"]].max()
         mine_bw = bw & (t["rank"].to_numpy() == rank) & (steps == step) & (kinds == int(TaskKind.KERNEL))
         end = start[mine_bw].min() if mine_bw.any() else np.iinfo(np.int64).max   # the forward's end
@@ -120,7 +127,28 @@ def stage_plan(graph: TaskGraph, stages: int, stage: int) -> tuple[np.ndarray, p
             drop |= set(k[start[k] < s0].tolist())
         if stage < stages - 1:   # final norm, LM head, sampling; the optimizer after a backward stays (1/p)
             drop |= set(k[(start[k] > s1) & (start[k] < end)].tolist())
-    return np.asarray(sorted(drop), dtype=np.int64), b[keep]
+    return _with_inserted(graph, np.asarray(sorted(drop), dtype=np.int64)), b[keep]
+
+
+def _with_inserted(graph: TaskGraph, dropped: np.ndarray) -> np.ndarray:
+    """``dropped`` and the kernels a transform inserted (no measured start: ``overlap``'s
+    nano-batches) after one of them on its stream: each goes with the nearest measured kernel before
+    it, where a time rule cannot place it."""
+    t = graph.tasks
+    kinds, start = t["kind"].to_numpy(), t["measured_start_ns"].to_numpy()
+    inserted = np.flatnonzero((kinds == int(TaskKind.KERNEL)) & (start < 0))
+    if not len(inserted):
+        return dropped
+    anchor = prev_on_resource(graph, inserted)
+    for _ in range(len(inserted)):   # past other inserted tasks to a measured one
+        pending = (anchor >= 0) & (start[np.maximum(anchor, 0)] < 0)
+        if not pending.any():
+            break
+        anchor[pending] = prev_on_resource(graph, anchor[pending])
+    gone = np.zeros(len(t), dtype=bool)
+    gone[dropped] = True
+    follow = inserted[(anchor >= 0) & gone[np.maximum(anchor, 0)]]
+    return np.union1d(dropped, follow)
 
 
 def backward_stage_plan(graph: TaskGraph, stages: int, stage: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -147,7 +175,7 @@ def backward_stage_plan(graph: TaskGraph, stages: int, stage: int) -> tuple[np.n
             return None
         lo = -np.inf if stage == stages - 1 else float(first[stage])
         hi = np.inf if stage == 0 else float(first[stage - 1])
-        k = np.flatnonzero(bw & (ranks == rank) & (steps == step))
+        k = np.flatnonzero(bw & (ranks == rank) & (steps == step) & (start >= 0))
         drop.extend(k[(start[k] < lo) | (start[k] >= hi)].tolist())
         last = start[k].max()
         tail.extend(np.flatnonzero(kern & (ranks == rank) & (steps == step) & (start > last)).tolist())
@@ -155,16 +183,42 @@ def backward_stage_plan(graph: TaskGraph, stages: int, stage: int) -> tuple[np.n
 
 
 def with_their_collectives(graph: TaskGraph, kernels: np.ndarray) -> np.ndarray:
-    """``kernels`` and the collectives that follow one of them (COMM tasks with a FLOW or stream edge
-    from it): a dropped layer's tensor-parallel all-reduces, inserted by ``tensor_parallel`` or
-    recorded on the compute stream, go with it."""
-    e = graph.edges
-    comm = graph.tasks["kind"].to_numpy() == int(TaskKind.COMM)
-    gone = np.zeros(len(graph.tasks), dtype=bool)
-    gone[kernels] = True
+    """``kernels`` and the collectives that go with them. A collective goes with the kernel whose
+    data it carries: an all-gather with the kernel it feeds (its FLOW or stream successor that is no
+    collective: a sequence-parallel all-gather before a layer's GEMM), every other one with the
+    kernel it follows (an all-reduce or reduce-scatter after a layer's GEMM, the parts ``overlap``
+    splits it into); one linked only to collectives takes its neighbour's kernel. So a dropped
+    layer's collectives, inserted by ``tensor_parallel`` or recorded on the compute stream, go with
+    it."""
+    t, e = graph.tasks, graph.edges
+    n = len(t)
+    comm = t["kind"].to_numpy() == int(TaskKind.COMM)
+    kern = t["kind"].to_numpy() == int(TaskKind.KERNEL)
+    codes, uniques = pd.factorize(t["name"].astype(str).to_numpy())
+    gathers = np.asarray([collective_kind(None, str(u)) is CollectiveKind.ALL_GATHER for u in uniques],
+                         dtype=bool)[codes] & comm
     link = e[e["kind"].isin([int(EdgeKind.FLOW), int(EdgeKind.STREAM)]).to_numpy()]
-    src, dst = link["src"].to_numpy(), link["dst"].to_numpy()
-    follow = dst[gone[src] & comm[dst]]
+    src, dst, flow = link["src"].to_numpy(), link["dst"].to_numpy(), (link["kind"] == int(EdgeKind.FLOW)).to_numpy()
+    anchor = np.full(n, -1, dtype=np.int64)
+    # weakest first, so that a stronger link overwrites it: the other side by stream, by FLOW, then
+    # the side the collective belongs to by stream, by FLOW
+    for own_side in (False, True):
+        for by_flow in (False, True):
+            into = comm[dst] & kern[src] & (flow == by_flow) & (gathers[dst] != own_side)   # from its producer
+            out = comm[src] & kern[dst] & (flow == by_flow) & (gathers[src] == own_side)    # to its consumer
+            anchor[dst[into]] = src[into]
+            anchor[src[out]] = dst[out]
+    both = comm[src] & comm[dst] & flow
+    for _ in range(int(comm.sum())):   # chains of collectives take a neighbour's kernel
+        fwd = both & (anchor[src] < 0) & (anchor[dst] >= 0)
+        back = both & (anchor[dst] < 0) & (anchor[src] >= 0)
+        if not fwd.any() and not back.any():
+            break
+        anchor[src[fwd]] = anchor[dst[fwd]]
+        anchor[dst[back]] = anchor[src[back]]
+    gone = np.zeros(n, dtype=bool)
+    gone[kernels] = True
+    follow = np.flatnonzero(comm & (anchor >= 0) & gone[np.maximum(anchor, 0)])
     return np.union1d(np.asarray(kernels, dtype=np.int64), follow)
 
 
@@ -230,7 +284,7 @@ class PipelineParallel(Transform):
             g, drop = self._backward(keep_backward_mask(graph, reason=f"{self.label()}: the backward's kernels, "
                                                                       f"kept through the stage's removals"),
                                      bw, s, drop)
-        drop = with_their_collectives(g, drop)
+        drop = with_their_collectives(g, _with_inserted(g, drop))
         ids = np.concatenate([drop, _launches(g, drop)])
         g = remove(g, ids, reason=f"{self.label()}: {len(drop)} kernels of the other {p - 1} stages")
         training = self.schedule != "serving"
