@@ -176,3 +176,26 @@ def test_overlap_splits_a_traces_own_all_reduces(tmp_path, tokens: int, gains: b
             names = staged.tasks["name"].astype(str)
             assert int(names.str.startswith("nano-batch").sum()) == 4
             assert int(names.str.contains("trace all_reduce|collective part").sum()) == 8
+
+
+def test_pipeline_micro_batches_reprice_a_traces_own_all_reduces(tmp_path) -> None:
+    """A pipeline stage's micro-batches split the trace's own all-reduces too, priced by the size the
+    trace records (each part pays the latency again), and keep only the stage's layers' ones."""
+    from whatif.transforms.parallel.comm import Collective, collective_messages
+    from whatif.transforms.parallel.pipeline import PipelineParallel
+
+    a = analyze(llm_trace(tmp_path / "tp.json.gz", new_tokens=256, kv_tokens=256, layers=4, hidden=8192, heads=8,
+                          kv_heads=1, ffn=3584, steps=1, device=H100, tp_all_reduce=8))
+    g, ctx = a.graph, make_context(a.trace)
+    comm = np.flatnonzero(g.tasks["kind"].to_numpy() == int(TaskKind.COMM))
+    assert collective_messages(g, comm)[0] == ("all_reduce", 256 * 8192 * 2.0, 8)
+    staged = PipelineParallel(degree=2, schedule="serving", micro_batches=2, topology="dgx_h100").apply(g, ctx)
+    kept = np.flatnonzero(staged.tasks["kind"].to_numpy() == int(TaskKind.COMM))
+    kept = kept[staged.tasks["name"].astype(str).to_numpy()[kept] != "pp recv activation (2 x send_recv)"]
+    assert len(kept) == 4                                          # 2 layers x 2 all-reduces
+    nbytes = 256 * 8192 * 2
+    ratio = 2 * Collective("all_reduce", nbytes / 2, 8, "dgx_h100").time_ns(ctx, "t") / \
+        Collective("all_reduce", nbytes, 8, "dgx_h100").time_ns(ctx, "t")
+    before = int(g.tasks["dur_ns"].to_numpy()[comm[0]])
+    assert int(staged.tasks["dur_ns"].to_numpy()[kept[0]]) == pytest.approx(before * ratio, abs=2)
+    assert ratio > 1

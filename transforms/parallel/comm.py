@@ -21,11 +21,13 @@ import numpy as np
 
 from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
 from whatif.hardware.devices import find_device
+from whatif.tracer.measured_collectives import collective_points
 
 from ..base import TransformContext, TransformError
 from ..edit import NewEdges, add_resource, insert_many, new_task
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast", "reduce")
+_MESSAGE = re.compile(r"(" + "|".join(KINDS) + r") \(([\d.]+) MiB x(\d+)\)")   # how collectives are named
 
 
 @dataclass(frozen=True)
@@ -60,16 +62,35 @@ class Collective:
         return f"{self.kind} {self.message_bytes / 2**20:.2f} MiB x{self.ranks}"
 
 
-def collective_part_ns(ctx: TransformContext, transform: str, dur_ns: int, label: str, parts: int,
-                       topology: str) -> int:
-    """ns of one of ``parts`` equal parts of a collective task of ``dur_ns``: its duration ×
-    price(bytes/parts)/price(bytes) on ``topology`` (each part pays the latency again) when its
-    name carries ``<kind> (<MiB> MiB x<ranks>)``, as the parallel transforms and
-    ``detach_collectives`` write it; else ``dur_ns / parts``."""
-    m = re.search(r"(" + "|".join(KINDS) + r") \(([\d.]+) MiB x(\d+)\)", label)
-    if not m:
+def collective_messages(graph: TaskGraph, tasks: np.ndarray) -> list[tuple[str, float, int] | None]:
+    """Per collective task: ``(kind, message bytes, ranks)`` — from its name where a transform wrote
+    ``<kind> (<MiB> MiB x<ranks>)`` (the parallel transforms, ``detach_collectives``), else from the
+    trace's record of its kernel (:func:`~whatif.tracer.measured_collectives.collective_points`);
+    None where neither says."""
+    t = graph.tasks
+    names, events = t["name"].astype(str).to_numpy(), t["event"].to_numpy()
+    points = None
+    out: list[tuple[str, float, int] | None] = []
+    for task in np.asarray(tasks, dtype=np.int64).tolist():
+        m = _MESSAGE.search(str(names[task]))
+        if m:
+            out.append((m.group(1), float(m.group(2)) * 2**20, int(m.group(3))))
+            continue
+        if points is None:
+            points = {p.event: p for p in collective_points(graph.trace)} if graph.trace is not None else {}
+        point = points.get(int(events[task])) if events[task] >= 0 else None
+        out.append((point.kind, point.message_bytes, point.ranks) if point is not None else None)
+    return out
+
+
+def collective_part_ns(ctx: TransformContext, transform: str, dur_ns: int,
+                       message: tuple[str, float, int] | None, parts: int, topology: str) -> int:
+    """ns of one of ``parts`` equal parts of a collective task of ``dur_ns`` carrying ``message``
+    (:func:`collective_messages`): its duration × price(bytes/parts)/price(bytes) on ``topology``
+    (each part pays the latency again); ``dur_ns / parts`` without a message."""
+    if message is None:
         return dur_ns // parts
-    kind, nbytes, ranks = m.group(1), float(m.group(2)) * 2**20, int(m.group(3))
+    kind, nbytes, ranks = message
     full = Collective(kind, nbytes, ranks, topology).time_ns(ctx, transform)
     part = Collective(kind, nbytes / parts, ranks, topology).time_ns(ctx, transform)
     return int(round(dur_ns * part / full)) if full > 0 else dur_ns // parts

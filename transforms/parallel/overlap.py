@@ -51,6 +51,7 @@ from ..needs import Need
 from ..registry import register
 from ..select import kernel_classes
 from .comm import (
+    collective_messages,
     collective_part_ns,
     comm_sm_share,
     comm_stream,
@@ -276,11 +277,9 @@ class Overlap(Transform):
         nano = np.rint(batch_part_ns(cost, graph, seg_all, n)).astype(np.int64)
         g = set_duration(graph, seg_all, nano, reason=f"{self.label()}: nano-batch 1 at 1/{n} of the activations")
         per_seg = [int(nano[np.searchsorted(seg_all, s)].sum()) for s in reg["segment"]]
-        name = g.tasks["name"].astype(str).to_numpy()
-        comm_dur = []
-        for c in reg["comm"]:   # the collective's full message, from the name the parallel transforms give it
-            comm_dur.append(collective_part_ns(ctx, self.name, int(g.tasks["dur_ns"].to_numpy()[int(c)]),
-                                               name[int(c)], n, self.topology))
+        comms = reg["comm"].to_numpy()
+        comm_dur = [collective_part_ns(ctx, self.name, int(g.tasks["dur_ns"].to_numpy()[c]), message, n, self.topology)
+                    for c, message in zip(comms.tolist(), collective_messages(g, comms))]
         g, nano_ids = splice_tasks(g, anchors=reg["producer"].tolist(),
                                    durs=[[int(round(s * phi))] * (n - 1) for s in per_seg],
                                    name=f"nano-batch compute (x{phi:.2f} interference)",

@@ -22,7 +22,8 @@ by send/recv (COMM tasks on a ``pp comm`` stream, priced by ``CostModel.collecti
   weights; ``CostModel.kernel_time_ns``), so a step is ``m·T_stage(B/m)``; with m < p a decode
   micro-batch's next token waits for its previous one to leave the last stage, and the stage idles
   ``(p−m)·T_stage(B/m)`` (a ``pipeline bubble`` task). The stage's collectives run m times on 1/m
-  of their message (``collective_part_ns``: each pays the latency). Prefill (compute-bound: ``T(B/m) ≈ T(B)/m``)
+  of their message (``collective_part_ns``: each pays the latency; the message from
+  ``collective_messages``: a transform's label or the trace's record). Prefill (compute-bound: ``T(B/m) ≈ T(B)/m``)
   keeps PP's ×p; decode (weight-bound: ``T(B/m) ≈ T(B)``) gains little — Seesaw's reason to
   decode under TP. A request's latency is p stage slots plus p−1 hops (in the change log).
 
@@ -55,7 +56,7 @@ from ..base import Transform, TransformContext, TransformError
 from ..edit import note, remove, scale, set_duration
 from ..placement import Placement
 from ..registry import register
-from .comm import Collective, collective_part_ns, comm_stream, insert_tasks, splice_tasks
+from .comm import Collective, collective_messages, collective_part_ns, comm_stream, insert_tasks, splice_tasks
 from .layers import backward_blocks, backward_mask, find_blocks, gemm_io_bytes, keep_backward_mask
 from .sharding import batch_part_ns
 from .tensor import prev_on_resource
@@ -329,9 +330,9 @@ class PipelineParallel(Transform):
         comm = np.flatnonzero(kinds == int(TaskKind.COMM))
         if not len(comm):
             return g
-        names, dur = g.tasks["name"].astype(str).to_numpy(), g.tasks["dur_ns"].to_numpy()
-        parts = [m * collective_part_ns(ctx, self.name, int(dur[c]), str(names[c]), m, self.topology)
-                 for c in comm.tolist()]
+        dur = g.tasks["dur_ns"].to_numpy()
+        parts = [m * collective_part_ns(ctx, self.name, int(dur[c]), message, m, self.topology)
+                 for c, message in zip(comm.tolist(), collective_messages(g, comm))]
         return set_duration(g, comm, np.asarray(parts, dtype=np.int64),
                             reason=f"{self.label()}: each collective m = {m} times at 1/{m} of its message, one per "
                                    f"micro-batch (each pays the latency)")
