@@ -43,7 +43,6 @@ import pandas as pd
 from whatif.core import limits
 from whatif.core.kernels import KernelClass, collective_kind
 from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
-from whatif.tracer.measured_collectives import collective_points
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import add_edges, remove, remove_edges, set_duration
@@ -131,20 +130,18 @@ def detach_collectives(graph: TaskGraph, *, reason: str) -> TaskGraph:
     two kernels), launched by the same calls (LAUNCH edges, their latency), with the waits that
     followed them (a synchronize, another stream's event wait) now after the new tasks, named
     ``<kind> (<MiB> MiB x<ranks>)`` where the trace records the message
-    (:func:`~whatif.tracer.measured_collectives.collective_points`), so that ``overlap`` splits them
+    (:func:`~.comm.collective_messages`), so that ``overlap`` splits them
     as it splits the collectives the parallel transforms insert. A multi-rank graph's collectives
     (an arrival before each, linked across ranks) and those on a stream of their own are left."""
     coll, before, after = _same_stream_collectives(graph)
     if not len(coll):
         return graph
     t = graph.tasks
-    points = {p.event: p for p in collective_points(graph.trace)} if graph.trace is not None else {}
-    events, names = t["event"].to_numpy(), t["name"].astype(str).to_numpy()
+    names = t["name"].astype(str).to_numpy()
     labels = []
-    for k in coll.tolist():
-        point = points.get(int(events[k]))
+    for k, message in zip(coll.tolist(), collective_messages(graph, coll)):
         found = collective_kind(None, str(names[k]))
-        labels.append(f"trace {point.kind} ({point.message_bytes / 2**20:.4f} MiB x{point.ranks})" if point is not None
+        labels.append(f"trace {message[0]} ({message[1] / 2**20:.4f} MiB x{message[2]})" if message is not None
                       else f"trace {found.value if found is not None else 'collective'} (size not recorded)")
     e = graph.edges
     order = e["kind"].isin([int(EdgeKind.STREAM), int(EdgeKind.THREAD)]).to_numpy()

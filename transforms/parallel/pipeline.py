@@ -94,9 +94,11 @@ def _staged_blocks(graph: TaskGraph, b: pd.DataFrame, stages: int) -> pd.DataFra
     return b.assign(stage=stage)
 
 
-def stage_plan(graph: TaskGraph, stages: int, stage: int) -> tuple[np.ndarray, pd.DataFrame]:
-    """(kernels of the other stages, blocks of this stage with ``layer_in_step`` and ``stage``)."""
-    b = find_blocks(graph)
+def stage_plan(graph: TaskGraph, stages: int, stage: int,
+               blocks: pd.DataFrame | None = None) -> tuple[np.ndarray, pd.DataFrame]:
+    """(kernels of the other stages, blocks of this stage with ``layer_in_step`` and ``stage``);
+    ``blocks``: the graph's :func:`~.layers.find_blocks`, when the caller has them."""
+    b = find_blocks(graph) if blocks is None else blocks
     if b.empty:
         raise TransformError("pipeline_parallel: found no transformer block (an attention kernel followed by a GEMM); "
                              "see docs/multi-gpu.md for the heuristic")
@@ -152,13 +154,15 @@ def _with_inserted(graph: TaskGraph, dropped: np.ndarray) -> np.ndarray:
     return np.union1d(dropped, follow)
 
 
-def backward_stage_plan(graph: TaskGraph, stages: int, stage: int) -> tuple[np.ndarray, np.ndarray] | None:
+def backward_stage_plan(graph: TaskGraph, stages: int, stage: int,
+                        blocks: pd.DataFrame | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """(backward kernels of the other stages, the kernels after the backward: optimizer, clipping) per
     (rank, step), from the backward mapped to the forward's blocks (:func:`~.layers.backward_blocks`); None
     when the backward cannot be mapped. The backward runs the layers in reverse, so stage ``s`` holds
     the backward from its blocks' first mapped kernel up to stage ``s − 1``'s first: the last stage
-    also the loss (and LM head) backward before its blocks', stage 0 the embedding backward after."""
-    blocks = find_blocks(graph)
+    also the loss (and LM head) backward before its blocks', stage 0 the embedding backward after.
+    ``blocks``: the graph's :func:`~.layers.find_blocks`, when the caller has them."""
+    blocks = find_blocks(graph) if blocks is None else blocks
     mapped = backward_blocks(graph, blocks)
     if mapped is None or mapped.empty:
         return None
@@ -273,7 +277,8 @@ class PipelineParallel(Transform):
         if self.degree == 1:
             return graph
         p = self.degree
-        drop, mine = stage_plan(graph, p, s)
+        blocks = find_blocks(graph)
+        drop, mine = stage_plan(graph, p, s, blocks)
         cost = ctx.require_cost(self.name)
         tasks = mine["task"].to_numpy(np.int64)
         facts = cost.kernel_facts(graph, tasks)
@@ -284,7 +289,7 @@ class PipelineParallel(Transform):
         if len(bw):
             g, drop = self._backward(keep_backward_mask(graph, reason=f"{self.label()}: the backward's kernels, "
                                                                       f"kept through the stage's removals"),
-                                     bw, s, drop)
+                                     bw, s, drop, blocks)
         drop = with_their_collectives(g, _with_inserted(g, drop))
         ids = np.concatenate([drop, _launches(g, drop)])
         g = remove(g, ids, reason=f"{self.label()}: {len(drop)} kernels of the other {p - 1} stages")
@@ -293,13 +298,14 @@ class PipelineParallel(Transform):
             g = self._micro_batched(g, ctx)
         return self._comm_and_bubble(g, ctx, act, s, training=training, backward=len(bw) > 0)
 
-    def _backward(self, graph: TaskGraph, bw: np.ndarray, s: int, drop: np.ndarray) -> tuple[TaskGraph, np.ndarray]:
+    def _backward(self, graph: TaskGraph, bw: np.ndarray, s: int, drop: np.ndarray,
+                  blocks: pd.DataFrame) -> tuple[TaskGraph, np.ndarray]:
         """The graph with this stage's backward and its share of the optimizer, and the kernels to
         remove: the other stages' backward (:func:`backward_stage_plan`) and the optimizer at 1/p (it
         updates this stage's parameters); where the backward cannot be mapped to blocks, every
         backward kernel and the optimizer at 1/p."""
         p = self.degree
-        plan = backward_stage_plan(graph, p, s)
+        plan = backward_stage_plan(graph, p, s, blocks)
         if plan is not None:
             other, tail = plan
             g = scale(graph, tail, 1.0 / p, reason=f"{self.label()}: this stage's share of the optimizer")
