@@ -19,11 +19,12 @@ from whatif.predictors.replay import replay  # noqa: E402
 from whatif.predictors.steps import step_times  # noqa: E402
 from whatif.transforms.parallel.data import DataParallel  # noqa: E402
 from whatif.transforms.parallel.layers import backward_blocks, find_blocks  # noqa: E402
-from whatif.transforms.parallel.overlap import Overlap, interference_from_trace  # noqa: E402
+from whatif.transforms.parallel.overlap import Overlap  # noqa: E402
 from whatif.transforms.parallel.pim import PimOffload, search_pim  # noqa: E402
 from whatif.transforms.parallel.pipeline import PipelineParallel  # noqa: E402
 from whatif.transforms.parallel.reshard import search_reshard  # noqa: E402
 from whatif.transforms.parallel.tensor import TensorParallel  # noqa: E402
+from whatif.transforms.sharing import calibrated_interference  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "traces"
 pd.set_option("display.width", 200)
@@ -97,7 +98,7 @@ def main() -> None:
     for name in ("nccl_data_a100_rank0of2.json.gz", "negative_queue_a100_rank0of16.json.gz"):
         p = SHARED / "hta" / name
         if p.exists():
-            print(f"interference calibrated on {name}: {interference_from_trace(analyze(p).graph)}")
+            print(f"interference calibrated on {name}: {calibrated_interference(analyze(p).graph)}")
     print("\n## reshard (8 GPUs, 8 layers, batch 8, 1 prefill of 1024 tokens + 4 decode steps)")
     r = analyze(llm_trace(tmp / "phased.json.gz", kv_tokens=1024, layers=8, batch=8, steps=5,
                           phases=("prefill", "decode", "decode", "decode", "decode")))

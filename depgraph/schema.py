@@ -4,7 +4,8 @@ Each table (``tasks``, ``edges``, ``resources``, ``steps``) declares its columns
 whether missing values are allowed, the smallest value, the enum whose codes a column holds, and
 the table whose row ids it points into. :func:`validate` raises :class:`GraphSchemaError` naming
 the table and column at fault. Extra columns (a plugin's own state) are allowed; the declared
-optional ones (``cost_precision``, ``cost_device``) are checked when present.
+optional ones (``cost_precision``, ``cost_device``, and the replay's ``share_ref`` and
+``share_interference``: :mod:`whatif.transforms.sharing`) are checked when present.
 
 The check runs after :func:`~whatif.depgraph.build.build_graph` and after every transform's
 ``apply`` when ``WHATIF_CHECK_SCHEMA=1`` (the test suite sets it, ``tests/conftest.py``);
@@ -41,6 +42,7 @@ class DType(Enum):
     """Dtype families of graph columns."""
 
     INT = "integer"
+    FLOAT = "floating point"
     BOOL = "boolean"
     TEXT = "text (object, string or categorical)"
 
@@ -74,6 +76,8 @@ TASKS = (
     Column("name", DType.TEXT),
     Column("cost_precision", DType.TEXT, nullable=True, required=False),
     Column("cost_device", DType.TEXT, nullable=True, required=False),
+    Column("share_ref", DType.FLOAT, nullable=True, required=False),
+    Column("share_interference", DType.FLOAT, nullable=True, required=False),
 )
 EDGES = (
     Column("src", DType.INT, minimum=0, refers_to="tasks"),
@@ -106,6 +110,8 @@ def _dtype_ok(series: pd.Series, dtype: DType) -> bool:
         return pd.api.types.is_integer_dtype(series.dtype) and not pd.api.types.is_bool_dtype(series.dtype)
     if dtype is DType.BOOL:
         return pd.api.types.is_bool_dtype(series.dtype)
+    if dtype is DType.FLOAT:
+        return pd.api.types.is_float_dtype(series.dtype)
     return isinstance(series.dtype, pd.CategoricalDtype) or pd.api.types.is_string_dtype(series.dtype) \
         or pd.api.types.is_object_dtype(series.dtype)
 

@@ -25,6 +25,8 @@ import numpy as np
 from whatif.core.heap import release_freed_memory
 from whatif.depgraph.graph import END_BOUND_EDGE_KINDS, GraphError, TaskGraph, TaskKind
 from whatif.tracer.kinds import codes
+from whatif.transforms.edit import set_duration
+from whatif.transforms.sharing import MAX_PASSES, shared_durations
 
 RESOURCE_BOUND = -2  # start_by value: the task waited for its shared resource, not for an edge
 INSTANT_KINDS = (TaskKind.ORIGIN, TaskKind.BARRIER)
@@ -71,6 +73,9 @@ class ReplayEngine:
         Tasks whose start is decided outside this graph (a barrier other rank groups share).
         When a held task's predecessors here are done, :meth:`run` reports it (a
         :class:`HeldTask`) instead of starting it; :meth:`release` then starts it.
+    dur_ns : array, optional
+        Each task's duration, instead of the graph's (:func:`replay`'s passes that re-price kernels
+        beside collectives).
 
     Raises
     ------
@@ -94,7 +99,7 @@ class ReplayEngine:
     [1000, 1005, 1040, 1140]
     """
 
-    def __init__(self, graph: TaskGraph, held: np.ndarray | None = None) -> None:
+    def __init__(self, graph: TaskGraph, held: np.ndarray | None = None, dur_ns: np.ndarray | None = None) -> None:
         t = graph.tasks
         n = len(t)
         e = graph.edges
@@ -115,7 +120,7 @@ class ReplayEngine:
         del src, order
         self._indeg = _packed(np.bincount(dst, minlength=n), narrow=True)
         del dst
-        self._dur = _packed(t["dur_ns"].to_numpy(np.int64))
+        self._dur = _packed(t["dur_ns"].to_numpy(np.int64) if dur_ns is None else np.asarray(dur_ns, dtype=np.int64))
         res = t["resource"].to_numpy(np.int64)
         ordered = graph.resources["ordered"].to_numpy(bool) if len(graph.resources) else np.ones(0, bool)
         kinds = t["kind"].to_numpy()
@@ -272,7 +277,26 @@ def replay(graph: TaskGraph) -> Replay:
     >>> r.start_ns.tolist(), r.end_ns.tolist()
     ([1000, 1000, 1008], [1000, 1005, 1108])
     """
-    engine = ReplayEngine(graph)
+    result = _run(graph)
+    given = graph.tasks["dur_ns"].to_numpy(np.int64)
+    durations = given
+    for _ in range(MAX_PASSES):
+        shared = shared_durations(graph, result.start_ns, result.end_ns, durations)
+        if shared is None:
+            break
+        durations = shared
+        result = _run(graph, durations)
+    changed = np.flatnonzero(durations != given)
+    if len(changed):   # the replay's graph holds the durations it ran with
+        result.graph = set_duration(graph, changed, durations[changed], transform="replay",
+                                    reason="compute kernels re-priced by the time they share the GPU with "
+                                           "collectives (transforms/sharing.py)")
+    return result
+
+
+def _run(graph: TaskGraph, dur_ns: np.ndarray | None = None) -> Replay:
+    """One pass of the scheduler, with ``dur_ns`` instead of the graph's durations when given."""
+    engine = ReplayEngine(graph, dur_ns=dur_ns)
     engine.run()
     result = engine.result()
     del engine

@@ -31,7 +31,14 @@ def test_a_built_graph_passes(graph: TaskGraph) -> None:
     validate(graph)
     for table, columns in SCHEMA.items():
         frame = getattr(graph, table)
-        assert [c.name for c in columns if c.required] == [c for c in frame.columns if c in {x.name for x in columns}]
+        required = [c.name for c in columns if c.required]
+        assert required == [c for c in frame.columns if c in required]
+    assert {"share_ref", "share_interference"} <= set(graph.tasks.columns)   # the analysis' annotations
+
+
+def test_the_analysis_annotations_are_checked(graph: TaskGraph) -> None:
+    with pytest.raises(GraphSchemaError, match=r"^tasks\.share_ref: dtype object is not floating point"):
+        validate(_edited(graph, "tasks", "share_ref", np.full(len(graph.tasks), None, dtype=object)))
 
 
 def test_a_transformed_graph_passes(graph: TaskGraph) -> None:

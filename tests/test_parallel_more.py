@@ -15,11 +15,7 @@ from whatif.transforms import registry
 from whatif.transforms.base import TransformError
 from whatif.transforms.parallel.data import DataParallel, bucket_sizes
 from whatif.transforms.parallel.layers import find_blocks
-from whatif.transforms.parallel.overlap import (
-    DEFAULT_INTERFERENCE,
-    Overlap,
-    interference_from_trace,
-)
+from whatif.transforms.parallel.overlap import Overlap
 from whatif.transforms.parallel.pipeline import (
     PipelineParallel,
     bubble_fraction,
@@ -27,6 +23,7 @@ from whatif.transforms.parallel.pipeline import (
 )
 from whatif.transforms.parallel.reshard import plans, search_reshard, step_phases
 from whatif.transforms.parallel.tensor import TensorParallel
+from whatif.transforms.sharing import DEFAULT_INTERFERENCE, calibrated_interference
 
 
 def step_ns(graph) -> int:
@@ -348,7 +345,7 @@ def test_overlap_splits_and_bounds(serve, tmp_path) -> None:
 
 @pytest.mark.shared
 def test_interference_calibrated_on_shared_traces(shared_traces: Path) -> None:
-    phi, names = interference_from_trace(analyze(shared_traces / "hta" / "nccl_data_a100_rank0of2.json.gz").graph)
+    phi, names = calibrated_interference(analyze(shared_traces / "hta" / "nccl_data_a100_rank0of2.json.gz").graph)
     assert phi is not None and 1.0 <= phi < 1.5 and names >= 5
 
 

@@ -582,7 +582,8 @@ def insert_many(graph: TaskGraph, *, kind: TaskKind | Sequence[int] | np.ndarray
     has = src_of >= 0
     rows = np.where(has, src_of, 0)
     _text_columns_as_object(t)
-    new = pd.DataFrame({c: np.full(n_new, None, dtype=object) for c in t.columns})
+    new = pd.DataFrame({c: np.full(n_new, np.nan) if pd.api.types.is_float_dtype(t[c].dtype)
+                        else np.full(n_new, None, dtype=object) for c in t.columns})   # a number per task: NaN
     new["event"] = -1
     new["kind"] = np.broadcast_to(np.asarray(kind, dtype=np.int64), dur.shape)
     new["resource"] = res
@@ -719,8 +720,11 @@ def set_state(graph: TaskGraph, tasks: Tasks, column: str, values: Any, *, reaso
     theirs (None where the column is new)."""
     ids = _ids(graph, tasks)
     out = graph.copy()
-    col = out.tasks[column].to_numpy(dtype=object).copy() if column in out.tasks \
-        else np.full(len(out.tasks), None, dtype=object)
+    if column in out.tasks and pd.api.types.is_float_dtype(out.tasks[column].dtype):
+        col = out.tasks[column].to_numpy(dtype=float).copy()   # a number per task stays one
+    else:
+        col = out.tasks[column].to_numpy(dtype=object).copy() if column in out.tasks \
+            else np.full(len(out.tasks), None, dtype=object)
     col[ids] = values
     out.tasks[column] = col
     _log(out, _transform_name("set_state", transform), f"set {column} of", len(ids), 0, 0, reason)

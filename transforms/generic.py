@@ -1,5 +1,6 @@
 """The generic transforms, usable from a scenario file with any selection: ``scale``,
-``set_duration``, ``remove``.
+``set_duration``, ``remove``; and ``interference``, the replay's slowdown of compute kernels
+beside collectives (:mod:`whatif.transforms.sharing`).
 
 >>> t = Scale(select=Selector(kind="kernel", name="gemm"), factor=0.5)
 >>> t.label()
@@ -14,9 +15,10 @@ import numpy as np
 from whatif.depgraph.graph import TaskGraph
 
 from .base import Transform, TransformContext, TransformError
-from .edit import remove, scale, set_duration
+from .edit import remove, scale, set_duration, set_state
 from .registry import register
 from .select import Selector
+from .sharing import MAX_INTERFERENCE, SHARE_INTERFERENCE, repriced
 
 
 def _selected(t: Transform, select: Selector, graph: TaskGraph) -> np.ndarray:
@@ -76,3 +78,27 @@ class Remove(Transform):
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
         return remove(graph, _selected(self, self.select, graph), reason=self.label())
+
+
+@register
+@dataclass
+class Interference(Transform):
+    name = "interference"
+    description = ("Set phi, how much slower the replay runs a compute kernel beside a collective "
+                   "(1 = not at all; default: calibrated on the trace, else 1.15)")
+
+    factor: float = field(default=1.0, metadata={
+        "help": "phi >= 1: a compute kernel beside a collective all its time takes phi x its time alone",
+        "maximum": MAX_INTERFERENCE})
+
+    def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
+        return repriced(graph)
+
+    def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
+        if not 1 <= self.factor <= MAX_INTERFERENCE:
+            raise TransformError(f"interference: factor must be in [1, {MAX_INTERFERENCE:g}] (got {self.factor})")
+        ids = repriced(graph)
+        if not len(ids):
+            raise TransformError("interference: the graph has no compute kernel the replay re-prices (an analysis "
+                                 "of a trace marks them; a graph from build_graph alone has none)")
+        return set_state(graph, ids, SHARE_INTERFERENCE, float(self.factor), reason=self.label())

@@ -30,6 +30,7 @@ from whatif.predictors.steps import (
 from whatif.tracer.trace import Trace, load_trace
 from whatif.transforms.base import Transform, TransformContext
 from whatif.transforms.scenario import Scenario, ScenarioError, load_scenario
+from whatif.transforms.sharing import with_reference
 
 __all__ = ["Analysis", "Prediction", "ScenarioResult", "StepOptions", "analyze", "build_graph", "load_scenario",
            "load_trace", "make_context", "predict", "replay", "scenario_cost_model"]
@@ -83,7 +84,9 @@ def analyze(path: str | Path, options: StepOptions = COUNT_DEFAULT) -> Analysis:
     dependency graph and replay it."""
     trace = load_trace(path)
     graph = build_graph(trace)
-    return Analysis(trace=trace, graph=graph, replay=replay(graph), options=options)
+    base = replay(graph)
+    with_reference(graph, base.start_ns, base.end_ns)   # what scenarios re-price kernels beside collectives by
+    return Analysis(trace=trace, graph=graph, replay=base, options=options)
 
 
 def make_context(trace: Trace, cost_model: str | Enum = CostModelName.TRACE,
@@ -164,6 +167,7 @@ def predict(path_or_analysis: str | Path | Analysis, scenarios: Sequence[Scenari
             contexts[key] = make_context(base.trace, model, scenario.collective_points)
         # an empty scenario predicts the baseline graph itself (copied, replayed afresh)
         graphs = scenario.apply(base.graph, ctx or contexts[key]) or [base.graph.copy()]
-        results.append(ScenarioResult(scenario=scenario, graphs=graphs, replays=[replay(g) for g in graphs],
+        replays = [replay(g) for g in graphs]   # each replay's graph: with the durations it ran with
+        results.append(ScenarioResult(scenario=scenario, graphs=[r.graph for r in replays], replays=replays,
                                       reference=base.graph, options=base.options))
     return Prediction(baseline=base, scenarios=results)

@@ -18,9 +18,11 @@ nano-batches:
   after the last region the consumer waits for all of them;
 * concurrent compute and communication contend for SMs and memory bandwidth: compute nano-batches
   2..n and every collective part are slowed by the **interference factor** φ ≥ 1. Default: φ
-  calibrated from the trace (:func:`interference_from_trace`: median slowdown of kernels that
-  overlap a collective vs the same kernels alone) when it has such pairs, else ``DEFAULT_INTERFERENCE``
-  (1.15, an assumption: BACKGROUND's "more than the max, less than the sum"). With ``comm_sms`` = c
+  calibrated from the trace (:func:`~whatif.transforms.sharing.calibrated_interference`: median
+  slowdown of kernels that overlap a collective vs the same kernels alone) when it has such pairs,
+  else ``DEFAULT_INTERFERENCE`` (1.15, an assumption: BACKGROUND's "more than the max, less than the
+  sum"); the segment kernels are then out of the replay's own re-pricing beside collectives
+  (:mod:`whatif.transforms.sharing`), which would count it twice. With ``comm_sms`` = c
   > 0 (a collective kernel that holds c SMs, as TokenWeave's fused AllReduce–RMSNorm on 2–8 SMs of
   an 8×H100 does), the interference is that kernel's share instead: compute nano-batches 2..n
   slowed by ``1 / (1 − c/SMs)`` (:func:`~.comm.overlapped_compute_slowdown`), the collective parts
@@ -41,14 +43,14 @@ import numpy as np
 import pandas as pd
 
 from whatif.core import limits
-from whatif.core.kernels import KernelClass, collective_kind
+from whatif.core.kernels import collective_kind
 from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import add_edges, remove, remove_edges, set_duration
 from ..needs import Need
 from ..registry import register
-from ..select import kernel_classes
+from ..sharing import collective_mask, interference_of, priced_by_transform
 from .comm import (
     collective_messages,
     collective_part_ns,
@@ -63,43 +65,7 @@ from .layers import backward_mask
 from .sharding import batch_part_ns
 from .tensor import prev_on_resource
 
-DEFAULT_INTERFERENCE = 1.15
 PART_NAME = "collective part"   # how the collective parts overlap splices are named
-MIN_SAMPLES = 3
-
-
-def interference_from_trace(graph: TaskGraph) -> tuple[float | None, int]:
-    """(median over kernel names of median(duration overlapping a collective) / median(duration
-    alone), number of names used) from the measured intervals; (None, 0) without such pairs. Only
-    names with ≥ 3 samples on each side count; the factor is clipped to [1, 3]."""
-    t = graph.tasks
-    ms, me = t["measured_start_ns"].to_numpy(), t["measured_end_ns"].to_numpy()
-    cls = kernel_classes(graph)
-    kinds = t["kind"].to_numpy()
-    comm = ((kinds == int(TaskKind.COMM)) | (cls == KernelClass.COLLECTIVE.value)) & (ms >= 0)
-    kern = (kinds == int(TaskKind.KERNEL)) & (cls != KernelClass.COLLECTIVE.value) & (ms >= 0)
-    if not comm.any() or not kern.any():
-        return None, 0
-    ratios = []
-    rank = t["rank"].to_numpy()
-    over = np.zeros(len(t), dtype=bool)
-    for r in np.unique(rank[comm]).tolist():
-        c = np.flatnonzero(comm & (rank == r))
-        cs, ce = ms[c], me[c]
-        o = np.argsort(cs)
-        cs, ce = cs[o], np.maximum.accumulate(ce[o])
-        k = np.flatnonzero(kern & (rank == r))
-        j = np.searchsorted(cs, me[k], side="left") - 1   # last collective starting before the kernel ends
-        over[k] = (j >= 0) & (ce[np.maximum(j, 0)] > ms[k])
-    names = t["name"].astype(str).to_numpy()
-    df = pd.DataFrame({"name": names[kern], "dur": (me - ms)[kern], "over": over[kern]})
-    for _, d in df.groupby("name"):
-        a, b = d.loc[d["over"], "dur"], d.loc[~d["over"], "dur"]
-        if len(a) >= MIN_SAMPLES and len(b) >= MIN_SAMPLES and b.median() > 0:
-            ratios.append(a.median() / b.median())
-    if not ratios:
-        return None, 0
-    return float(np.clip(np.median(ratios), 1.0, 3.0)), len(ratios)
 
 
 def _same_stream_collectives(graph: TaskGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -108,10 +74,8 @@ def _same_stream_collectives(graph: TaskGraph) -> tuple[np.ndarray, np.ndarray, 
     tensor-parallel all-reduce; a backward's all-reduce sums gradients, which no token split
     divides)."""
     t = graph.tasks
-    cls = kernel_classes(graph)
     kinds = t["kind"].to_numpy()
-    collective = (kinds == int(TaskKind.COMM)) | \
-        ((kinds == int(TaskKind.KERNEL)) & (cls == KernelClass.COLLECTIVE.value))
+    collective = collective_mask(graph)
     on_stream = graph.resources["kind"].to_numpy()[t["resource"].to_numpy()] == int(ResourceKind.STREAM)
     coll = np.flatnonzero(collective & on_stream)
     if not len(coll):
@@ -243,8 +207,7 @@ class Overlap(Transform):
             if self.interference < 1:
                 raise TransformError(f"{self.name}: interference must be >= 1 (got {self.interference})")
             return float(self.interference)
-        got, _ = interference_from_trace(graph)
-        return got if got is not None else DEFAULT_INTERFERENCE
+        return interference_of(graph)
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         r = _regions(graph)
@@ -273,6 +236,7 @@ class Overlap(Transform):
         seg_all = np.unique(np.concatenate(list(reg["segment"])))
         nano = np.rint(batch_part_ns(cost, graph, seg_all, n)).astype(np.int64)
         g = set_duration(graph, seg_all, nano, reason=f"{self.label()}: nano-batch 1 at 1/{n} of the activations")
+        g = priced_by_transform(g, seg_all, reason=f"{self.label()}: the nano-batches' interference is priced here")
         per_seg = [int(nano[np.searchsorted(seg_all, s)].sum()) for s in reg["segment"]]
         comms = reg["comm"].to_numpy()
         comm_dur = [collective_part_ns(ctx, self.name, int(g.tasks["dur_ns"].to_numpy()[c]), message, n, self.topology)

@@ -61,6 +61,7 @@ from whatif.hardware.topology import presets
 from ..base import Transform, TransformContext, TransformError
 from ..edit import set_duration
 from ..registry import register
+from ..sharing import priced_by_transform
 from .comm import (
     comm_sm_share,
     comm_stream,
@@ -282,6 +283,8 @@ class SequenceParallel(Transform):
             ids = np.asarray(sorted(core_dur), dtype=np.int64)
             g = set_duration(g, ids, np.asarray([core_dur[k] for k in ids.tolist()]),
                              reason=f"{self.label()}: attention on the local block")
+            g = priced_by_transform(g, ids, reason=f"{self.label()}: the blocks beside the hops are priced here "
+                                                   f"(the hop's SMs, none for one-sided transfers)")
             if steps > 1:
                 g = record_split(g, ids, WorkShare(1 / steps, 1 / steps, 1.0, 1 / steps),
                                  reason=f"{self.label()}: the local block's share of the attention")
