@@ -25,8 +25,8 @@ import numpy as np
 from whatif.core.heap import release_freed_memory
 from whatif.depgraph.graph import END_BOUND_EDGE_KINDS, GraphError, TaskGraph, TaskKind
 from whatif.tracer.kinds import codes
-from whatif.transforms.edit import set_duration
-from whatif.transforms.sharing import MAX_PASSES, shared_durations
+from whatif.transforms.edit import set_duration, set_state
+from whatif.transforms.sharing import MAX_PASSES, SHARE_REF, repriced, settled, shared_durations
 
 RESOURCE_BOUND = -2  # start_by value: the task waited for its shared resource, not for an edge
 INSTANT_KINDS = (TaskKind.ORIGIN, TaskKind.BARRIER)
@@ -287,10 +287,13 @@ def replay(graph: TaskGraph) -> Replay:
         durations = shared
         result = _run(graph, durations)
     changed = np.flatnonzero(durations != given)
-    if len(changed):   # the replay's graph holds the durations it ran with
-        result.graph = set_duration(graph, changed, durations[changed], transform="replay",
-                                    reason="compute kernels re-priced by the time they share the GPU with "
-                                           "collectives (transforms/sharing.py)")
+    if len(changed):   # the replay's graph holds the durations it ran with, and what they were priced at
+        why = "compute kernels re-priced by the time they share the GPU with collectives (transforms/sharing.py)"
+        priced = set_duration(graph, changed, durations[changed], transform="replay", reason=why)
+        ref = settled(priced, result.start_ns, result.end_ns)
+        ids = repriced(priced)
+        result.graph = set_state(priced, ids, SHARE_REF, ref[ids], transform="replay",
+                                 reason="their time beside collectives in this replay: what their durations are for")
     return result
 
 

@@ -11,7 +11,10 @@ from tracegen import KinetoTrace
 
 from whatif.api import analyze, predict
 from whatif.depgraph.build import build_graph
+from whatif.depgraph.graph import TaskKind
+from whatif.depgraph.schema import validate
 from whatif.predictors.replay import replay
+from whatif.transforms import edit
 from whatif.transforms.base import TransformContext, TransformError
 from whatif.transforms.generic import Interference, Scale
 from whatif.transforms.scenario import Scenario
@@ -98,8 +101,32 @@ def test_transforms_that_price_interference_opt_out(tmp_path: Path) -> None:
     a = analyze(overlapped_trace(tmp_path / "t.json.gz"))
     gemms = np.flatnonzero(a.graph.tasks["name"].astype(str).str.startswith("sm80").to_numpy())
     g = priced_by_transform(a.graph, gemms[3:], reason="test")
-    g = Scale(select=Selector(kernel_class="collective"), factor=0.0).apply(g, TransformContext())
-    assert gemm_durations_us(replay(g).graph).tolist() == [100, 100, 100, 120, 120, 120]
+    assert gemm_durations_us(g).tolist() == [100] * 6              # their time alone, for the transform to price
+    for factor in (0.0, 2.0):                                        # and the replay leaves them there
+        h = Scale(select=Selector(kernel_class="collective"), factor=factor).apply(g, TransformContext())
+        assert gemm_durations_us(replay(h).graph).tolist() == [100] * 6
+
+
+def test_a_scenario_graph_replays_to_itself(tmp_path: Path) -> None:
+    a = analyze(overlapped_trace(tmp_path / "t.json.gz"))
+    for s in predict(a, [comm(0.0), comm(0.5), comm(3.0)]).scenarios:
+        again = replay(s.graph)
+        assert again.graph is s.graph                                 # nothing left to re-price
+        assert again.end_ns.tolist() == s.replay.end_ns.tolist()
+
+
+def test_fused_and_inserted_tasks_keep_the_annotations_numeric(tmp_path: Path) -> None:
+    a = analyze(overlapped_trace(tmp_path / "t.json.gz"))
+    gemms = np.flatnonzero(a.graph.tasks["name"].astype(str).str.startswith("sm80").to_numpy())
+    fused = edit.fuse(a.graph, gemms[2:4], 200_000, reason="test")   # 100 us alone + 120 us beside
+    head = fused.tasks["dur_ns"].to_numpy() == 200_000                # ids after the head moved (launch dropped)
+    assert fused.tasks[SHARE_REF].dtype == float
+    assert fused.tasks[SHARE_REF].to_numpy()[head].tolist() == pytest.approx([120 / 220])   # by duration
+    res = int(a.graph.tasks["resource"].to_numpy()[gemms[0]])
+    added, new = edit.insert(a.graph, name="extra", kind=TaskKind.KERNEL, resource=res, dur_ns=1000, reason="t")
+    assert added.tasks[SHARE_REF].dtype == float and np.isnan(added.tasks[SHARE_REF].to_numpy()[new])
+    validate(fused)
+    validate(added)
 
 
 def test_the_interference_transform_sets_phi(tmp_path: Path) -> None:
@@ -108,7 +135,9 @@ def test_the_interference_transform_sets_phi(tmp_path: Path) -> None:
                             Scenario("more", [Interference(factor=1.5), comm(0.0)])]).scenarios
     assert gemm_durations_us(off.replay.graph).tolist() == [100, 100, 100, 120, 120, 120]   # kept as measured
     assert gemm_durations_us(more.replay.graph).tolist() == pytest.approx([100] * 3 + [80] * 3)   # 120 / 1.5
-    with pytest.raises(TransformError, match=r"factor must be in \[1, 3\]"):
+    calibrated = predict(a, [Scenario("calibrated", [Interference(factor=1.5), Interference(), comm(0.0)])])
+    assert gemm_durations_us(calibrated.scenarios[0].replay.graph).tolist() == [100] * 6   # back to 1.2
+    with pytest.raises(TransformError, match=r"factor must be 0 \(calibrated\) or in \[1, 3\]"):
         Interference(factor=0.5).apply(a.graph, TransformContext())
     with pytest.raises(TransformError, match="no compute kernel the replay re-prices"):
         Interference(factor=1.2).apply(build_graph(a.trace), TransformContext())

@@ -332,7 +332,8 @@ def insert(graph: TaskGraph, *, name: str, kind: TaskKind, resource: int, dur_ns
     out = graph.copy()
     new_id = len(out.tasks)
     anchor_rank = int(out.resources["rank"].to_numpy()[resource]) if "rank" in out.resources else 0
-    row: dict[str, Any] = {c: None for c in out.tasks.columns}
+    row: dict[str, Any] = {c: np.nan if pd.api.types.is_float_dtype(out.tasks[c].dtype) else None
+                           for c in out.tasks.columns}
     row.update(event=-1, kind=int(kind), resource=resource, rank=anchor_rank, dur_ns=int(dur_ns),
                measured_start_ns=-1, measured_end_ns=-1, step=-1 if step is None else step, name=name)
     _text_columns_as_object(out.tasks)
@@ -378,6 +379,21 @@ def insert(graph: TaskGraph, *, name: str, kind: TaskKind, resource: int, dur_ns
     out.edges = pd.concat([edges, add], ignore_index=True)
     _log(out, _transform_name("insert", transform), "insert", 1, 0, int(dur_ns), reason, structural=True)
     return out, new_id
+
+
+def _merge_float_columns(tasks: pd.DataFrame, ids: np.ndarray, g_of: np.ndarray, heads: np.ndarray) -> None:
+    """A fused task's per-task numbers (the analysis' annotations: fractions and factors) are its
+    members' mean weighted by their durations; NaN when a member has none."""
+    dur = tasks["dur_ns"].to_numpy(dtype=float)[ids]
+    weight = np.bincount(g_of, weights=dur)
+    count = np.bincount(g_of).astype(float)
+    for col in [c for c in tasks.columns if pd.api.types.is_float_dtype(tasks[c].dtype)]:
+        v = tasks[col].to_numpy(dtype=float)[ids]
+        weighted = np.bincount(g_of, weights=np.nan_to_num(v) * dur)
+        plain = np.bincount(g_of, weights=np.nan_to_num(v))
+        merged = np.where(weight > 0, weighted / np.maximum(weight, 1e-300), plain / count)
+        missing = np.bincount(g_of, weights=np.isnan(v).astype(float)) > 0
+        tasks.loc[heads, col] = np.where(missing, np.nan, merged)
 
 
 def fuse(graph: TaskGraph, tasks: Tasks, dur_ns: int | np.ndarray, *, name: str | Sequence[str] | None = None,
@@ -435,6 +451,7 @@ def fuse(graph: TaskGraph, tasks: Tasks, dur_ns: int | np.ndarray, *, name: str 
     new = new[~internal & ~dropped_launch]
     staged = graph.copy()
     staged.edges = new.reset_index(drop=True)
+    _merge_float_columns(staged.tasks, ids, g_of, heads)
     staged.tasks.loc[heads, "dur_ns"] = durs
     if name is not None:
         _text_columns_as_object(staged.tasks)

@@ -18,7 +18,7 @@ from .base import Transform, TransformContext, TransformError
 from .edit import remove, scale, set_duration, set_state
 from .registry import register
 from .select import Selector
-from .sharing import MAX_INTERFERENCE, SHARE_INTERFERENCE, repriced
+from .sharing import MAX_INTERFERENCE, SHARE_INTERFERENCE, annotated, interference_of
 
 
 def _selected(t: Transform, select: Selector, graph: TaskGraph) -> np.ndarray:
@@ -85,20 +85,23 @@ class Remove(Transform):
 class Interference(Transform):
     name = "interference"
     description = ("Set phi, how much slower the replay runs a compute kernel beside a collective "
-                   "(1 = not at all; default: calibrated on the trace, else 1.15)")
+                   "(1 = not at all; 0 = calibrated on the trace, else 1.15)")
 
-    factor: float = field(default=1.0, metadata={
-        "help": "phi >= 1: a compute kernel beside a collective all its time takes phi x its time alone",
+    factor: float = field(default=0.0, metadata={
+        "help": "phi: a compute kernel beside a collective all its time takes phi x its time alone (1 to 3; "
+                "0 = calibrated on the trace, else 1.15)",
         "maximum": MAX_INTERFERENCE})
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
-        return repriced(graph)
+        return annotated(graph)
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
-        if not 1 <= self.factor <= MAX_INTERFERENCE:
-            raise TransformError(f"interference: factor must be in [1, {MAX_INTERFERENCE:g}] (got {self.factor})")
-        ids = repriced(graph)
+        if self.factor and not 1 <= self.factor <= MAX_INTERFERENCE:
+            raise TransformError(f"interference: factor must be 0 (calibrated) or in [1, {MAX_INTERFERENCE:g}] "
+                                 f"(got {self.factor})")
+        ids = annotated(graph)
         if not len(ids):
             raise TransformError("interference: the graph has no compute kernel the replay re-prices (an analysis "
                                  "of a trace marks them; a graph from build_graph alone has none)")
-        return set_state(graph, ids, SHARE_INTERFERENCE, float(self.factor), reason=self.label())
+        phi = float(self.factor) if self.factor else interference_of(graph)
+        return set_state(graph, ids, SHARE_INTERFERENCE, phi, reason=f"{self.label()}: phi = {phi:.3f}")

@@ -3,22 +3,28 @@ SMs and HBM bandwidth while it runs (NCCL's ring and tree kernels take 1 channel
 move every byte through HBM). One domain fact, used three ways:
 
 * **Calibration** (:func:`calibrated_interference`): a trace that runs the same compute kernel both
-  beside a collective and alone measures the slowdown φ: the median over kernel names of
-  ``median(duration beside) / median(duration alone)`` (names with ≥ 3 samples on each side,
-  clipped to [1, 3]). Without such pairs φ is :data:`DEFAULT_INTERFERENCE` (1.15, an assumption:
-  BACKGROUND's "more than the max, less than the sum").
+  beside a collective and alone measures the slowdown at full overlap, φ = 1 + the median over
+  kernel names of ``(median(duration beside) / median(duration alone) − 1) / median(f beside)``,
+  ``f`` the fraction of the kernel's time beside a collective (names with ≥ 3 samples on each
+  side, clipped to [1, 3]): the same ``g(f)`` the replay prices with. Without such pairs φ is
+  :data:`DEFAULT_INTERFERENCE` (1.15, an assumption: BACKGROUND's "more than the max, less than
+  the sum").
 * **The replay** (:func:`shared_durations`, run by :func:`whatif.predictors.replay.replay`): a
   kernel that ran beside collectives for a fraction ``f`` of its time takes
   ``d · g(f_now) / g(f_ref)`` with ``g(f) = 1 + (φ − 1)·f``, where ``d`` is its duration in the
   graph (measured, or re-priced by a transform from the measured one), ``f_ref`` the fraction in
   the baseline's replay and ``f_now`` the fraction in this replay. A kernel whose collective
   shrinks or disappears gets faster; one a transform puts beside a collective gets slower; an
-  unchanged graph replays exactly as before (``f_now = f_ref``). The replay iterates to the
-  fixed point (:data:`MAX_PASSES`).
+  unchanged graph replays exactly as before (``f_now = f_ref``). The replay iterates toward the
+  fixed point, at most :data:`MAX_PASSES` more runs; its graph then holds the durations it ran
+  with and, as their reference, the fractions it ran into, so that replaying it again changes
+  nothing.
 * **Opting out** (:func:`priced_by_transform`): a transform that prices the interference of the
   kernels it re-times itself (``overlap``'s nano-batches, ``sequence_parallel``'s attention blocks
-  beside ring hops) takes them out of the replay's re-pricing, so that it is not counted twice.
-  A scenario sets φ with the ``interference`` transform (``factor = 1``: no re-pricing).
+  beside ring hops and torus transfers) first sets them to their time alone (``d / g(f_ref)``) and
+  takes them out of the replay's re-pricing, so that it is counted once. They stay out for later
+  transforms too. A scenario sets φ with the ``interference`` transform (``factor = 1``: no
+  re-pricing).
 
 The reference lives in two task columns that every primitive carries (:data:`SHARE_REF`,
 :data:`SHARE_INTERFERENCE`); tasks a transform inserts have none and keep their durations.
@@ -35,7 +41,7 @@ from whatif.core.kernels import KernelClass
 from whatif.depgraph.annotate import annotate
 from whatif.depgraph.graph import TaskGraph, TaskKind
 
-from .edit import set_state
+from .edit import set_duration, set_state
 from .select import kernel_classes
 
 DEFAULT_INTERFERENCE = 1.15
@@ -46,7 +52,7 @@ SHARE_REF = "share_ref"
 (NaN: the replay does not re-price the task)."""
 SHARE_INTERFERENCE = "share_interference"
 """Task column: φ, the slowdown of a compute kernel that runs beside a collective all its time."""
-MAX_PASSES = 4
+MAX_PASSES = 8
 TOLERANCE = 1e-3   # relative change of every re-priced duration below which the replay has converged
 
 
@@ -83,11 +89,16 @@ def covered_fraction(graph: TaskGraph, start_ns: np.ndarray, end_ns: np.ndarray)
         return out
     rank = graph.tasks["rank"].to_numpy()
     length = (end - start).astype(float)
-    for r in np.unique(rank[coll]).tolist():
-        c = np.flatnonzero(coll & (rank == r))
+    order = np.argsort(rank, kind="stable")   # one sort: each rank's tasks are a slice
+    bounds = np.flatnonzero(np.r_[True, rank[order][1:] != rank[order][:-1], True])
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        ids = order[lo:hi]
+        c = ids[coll[ids]]
+        if not len(c):
+            continue
         s, e = _union(start[c], end[c])
         before = np.concatenate(([0], np.cumsum(e - s)))   # covered length before interval i
-        mine = np.flatnonzero((rank == r) & (end > start))
+        mine = ids[end[ids] > start[ids]]
         covered = _covered_before(end[mine], s, e, before) - _covered_before(start[mine], s, e, before)
         out[mine] = covered / length[mine]
     return out
@@ -120,26 +131,37 @@ def calibrated_interference(graph: TaskGraph, among: np.ndarray | None = None) -
     measured = ms >= 0
     if not (collective_mask(graph) & measured).any():
         return None, 0
-    beside = covered_fraction(graph, np.where(measured, ms, 0), np.where(measured, me, 0)) > 0
+    fraction = covered_fraction(graph, np.where(measured, ms, 0), np.where(measured, me, 0))
     kern = compute_mask(graph) & measured & (True if among is None else np.asarray(among, dtype=bool))
     if not kern.any():
         return None, 0
     df = pd.DataFrame({"name": t["name"].astype(str).to_numpy()[kern], "dur": (me - ms)[kern],
-                       "beside": beside[kern]})
-    ratios = []
+                       "f": fraction[kern]})
+    slopes = []
     for _, d in df.groupby("name"):
-        a, b = d.loc[d["beside"], "dur"], d.loc[~d["beside"], "dur"]
+        a, b = d[d["f"] > 0], d.loc[d["f"] == 0, "dur"]
         if len(a) >= MIN_SAMPLES and len(b) >= MIN_SAMPLES and b.median() > 0:
-            ratios.append(a.median() / b.median())
-    if not ratios:
+            slopes.append((a["dur"].median() / b.median() - 1) / a["f"].median())
+    if not slopes:
         return None, 0
-    return float(np.clip(np.median(ratios), 1.0, MAX_INTERFERENCE)), len(ratios)
+    return float(np.clip(1 + np.median(slopes), 1.0, MAX_INTERFERENCE)), len(slopes)
 
 
 def interference_of(graph: TaskGraph) -> float:
     """φ of ``graph``: calibrated on its trace, else :data:`DEFAULT_INTERFERENCE`."""
     got, _ = calibrated_interference(graph)
     return got if got is not None else DEFAULT_INTERFERENCE
+
+
+def graph_interference(graph: TaskGraph) -> float:
+    """φ the graph is priced with: the analysis' annotation (or the ``interference`` transform's),
+    else :func:`interference_of` its trace."""
+    if SHARE_INTERFERENCE in graph.tasks:
+        phi = _column(graph, SHARE_INTERFERENCE)
+        phi = phi[np.isfinite(phi)]
+        if len(phi):
+            return float(np.median(phi))
+    return interference_of(graph)
 
 
 def with_reference(graph: TaskGraph, start_ns: np.ndarray, end_ns: np.ndarray,
@@ -165,6 +187,14 @@ def with_reference(graph: TaskGraph, start_ns: np.ndarray, end_ns: np.ndarray,
 
 def _column(graph: TaskGraph, name: str) -> np.ndarray:
     return pd.to_numeric(graph.tasks[name], errors="coerce").to_numpy(dtype=float)
+
+
+def annotated(graph: TaskGraph) -> np.ndarray:
+    """Ids of the compute kernels the analysis gave a φ (re-priced by the replay, or taken out by a
+    transform that prices them)."""
+    if SHARE_INTERFERENCE not in graph.tasks:
+        return np.empty(0, dtype=np.int64)
+    return np.flatnonzero(np.isfinite(_column(graph, SHARE_INTERFERENCE)) & compute_mask(graph))
 
 
 def repriced(graph: TaskGraph) -> np.ndarray:
@@ -197,8 +227,27 @@ def shared_durations(graph: TaskGraph, start_ns: np.ndarray, end_ns: np.ndarray,
 
 
 def priced_by_transform(graph: TaskGraph, tasks: np.ndarray, *, reason: str) -> TaskGraph:
-    """``graph`` with ``tasks`` taken out of the replay's re-pricing (their transform priced their
-    interference); unchanged when the graph has no reference."""
-    if SHARE_REF not in graph.tasks or not len(tasks):
+    """``graph`` with ``tasks`` at their time alone (``d / g(f_ref)``, so that the trace's own
+    interference is not kept) and out of the replay's re-pricing: called by a transform that
+    prices their interference itself, before it re-prices them. Unchanged when the graph has no
+    reference."""
+    ids = np.unique(np.asarray(tasks, dtype=np.int64))
+    if SHARE_REF not in graph.tasks or not len(ids):
         return graph
-    return set_state(graph, np.unique(np.asarray(tasks, dtype=np.int64)), SHARE_REF, np.nan, reason=reason)
+    ref, phi = _column(graph, SHARE_REF)[ids], _column(graph, SHARE_INTERFERENCE)[ids]
+    g = 1 + np.where(np.isfinite(ref) & np.isfinite(phi), (phi - 1) * ref, 0.0)
+    slowed = g > 1
+    if slowed.any():
+        dur = graph.tasks["dur_ns"].to_numpy(np.int64)[ids[slowed]]
+        graph = set_duration(graph, ids[slowed], np.rint(dur / g[slowed]).astype(np.int64),
+                             reason=f"{reason}: their time alone, without the trace's interference")
+    return set_state(graph, ids, SHARE_REF, np.nan, reason=reason)
+
+
+def settled(graph: TaskGraph, start_ns: np.ndarray, end_ns: np.ndarray) -> np.ndarray:
+    """The re-priced tasks' reference after a replay ``(start_ns, end_ns)`` of ``graph`` whose
+    durations it re-priced: the fractions it ran into (NaN for the others)."""
+    out = _column(graph, SHARE_REF).copy()
+    ids = repriced(graph)
+    out[ids] = covered_fraction(graph, start_ns, end_ns)[ids]
+    return out

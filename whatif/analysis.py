@@ -114,8 +114,9 @@ def scenario_cost_model(scenario: Scenario, default: str | Enum = CostModelName.
 
 @dataclass
 class ScenarioResult:
-    """One scenario's graphs (after each transform) and the replay of the final one; steps are
-    judged (warm-up, partial) on the measured ``reference`` graph and counted under ``options``."""
+    """One scenario's graphs (after each transform, as its replay priced it: the replay's
+    re-pricing of kernels beside collectives included) and their replays; steps are judged
+    (warm-up, partial) on the measured ``reference`` graph and counted under ``options``."""
 
     scenario: Scenario
     graphs: list[TaskGraph]

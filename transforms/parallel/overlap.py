@@ -50,7 +50,7 @@ from ..base import Transform, TransformContext, TransformError
 from ..edit import add_edges, remove, remove_edges, set_duration
 from ..needs import Need
 from ..registry import register
-from ..sharing import collective_mask, interference_of, priced_by_transform
+from ..sharing import collective_mask, graph_interference, priced_by_transform
 from .comm import (
     collective_messages,
     collective_part_ns,
@@ -176,7 +176,8 @@ class Overlap(Transform):
     nano_batches: int = field(default=2, metadata={"help": "nano-batches n per region (TokenWeave: 2)",
                                                      "maximum": limits.MAX_PARTS})
     interference: float = field(default=0.0, metadata={
-        "help": "slowdown of concurrent compute and communication (>= 1); 0 = calibrated from the trace, else 1.15"})
+        "help": "slowdown of concurrent compute and communication (>= 1); 0 = the graph's (the interference "
+                "transform's, else calibrated from the trace, else 1.15)"})
     topology: str = field(default="dgx_h100", metadata={"help": "topology preset that prices the collective parts"})
     comm_sms: int = field(default=0, metadata={
         "help": "SMs the collective kernel holds (TokenWeave: 2-8); > 0 replaces the interference: compute "
@@ -207,7 +208,7 @@ class Overlap(Transform):
             if self.interference < 1:
                 raise TransformError(f"{self.name}: interference must be >= 1 (got {self.interference})")
             return float(self.interference)
-        return interference_of(graph)
+        return graph_interference(graph)
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         r = _regions(graph)
@@ -234,9 +235,10 @@ class Overlap(Transform):
                                  f"one-rank graph")
         cost = ctx.require_cost(self.name)
         seg_all = np.unique(np.concatenate(list(reg["segment"])))
+        graph = priced_by_transform(graph, seg_all, reason=f"{self.label()}: the nano-batches' interference is "
+                                                           f"priced here")
         nano = np.rint(batch_part_ns(cost, graph, seg_all, n)).astype(np.int64)
         g = set_duration(graph, seg_all, nano, reason=f"{self.label()}: nano-batch 1 at 1/{n} of the activations")
-        g = priced_by_transform(g, seg_all, reason=f"{self.label()}: the nano-batches' interference is priced here")
         per_seg = [int(nano[np.searchsorted(seg_all, s)].sum()) for s in reg["segment"]]
         comms = reg["comm"].to_numpy()
         comm_dur = [collective_part_ns(ctx, self.name, int(g.tasks["dur_ns"].to_numpy()[c]), message, n, self.topology)

@@ -163,6 +163,10 @@ class SequenceParallel(Transform):
         cost = ctx.require_cost(self.name)
         p = self.degree
         tasks = blocks["task"].to_numpy(np.int64)
+        attention = (blocks["part"] == "attention").to_numpy()
+        if self.attention_steps(machines, per) > 1:   # beside ring hops or torus transfers: priced below
+            graph = priced_by_transform(graph, tasks[attention], reason=f"{self.label()}: the attention blocks' "
+                                        f"interference with the hops is priced here (none for one-sided transfers)")
         facts = cost.kernel_facts(graph, tasks)
         nbytes = np.nan_to_num(np.asarray(facts["bytes"], dtype=float))
         gemm = facts["kernel_class"] == KernelClass.GEMM.value
@@ -174,7 +178,6 @@ class SequenceParallel(Transform):
         g = set_duration(graph, tasks, np.rint(new_dur).astype(np.int64),
                          reason=f"{self.label()}: block work on 1/{p} of the tokens")
         u = self.ulysses_group(per)
-        attention = (blocks["part"] == "attention").to_numpy()
         token_share = WorkShare(flops=1 / p, activation_bytes=1 / p, weight_bytes=1.0, output_bytes=1 / p)
         head_share = WorkShare(flops=1 / p, activation_bytes=1 / p, weight_bytes=1.0, output_bytes=1 / p, heads=1 / u)
         g = record_split(g, tasks, [head_share if a else token_share for a in attention],
@@ -283,8 +286,6 @@ class SequenceParallel(Transform):
             ids = np.asarray(sorted(core_dur), dtype=np.int64)
             g = set_duration(g, ids, np.asarray([core_dur[k] for k in ids.tolist()]),
                              reason=f"{self.label()}: attention on the local block")
-            g = priced_by_transform(g, ids, reason=f"{self.label()}: the blocks beside the hops are priced here "
-                                                   f"(the hop's SMs, none for one-sided transfers)")
             if steps > 1:
                 g = record_split(g, ids, WorkShare(1 / steps, 1 / steps, 1.0, 1 / steps),
                                  reason=f"{self.label()}: the local block's share of the attention")

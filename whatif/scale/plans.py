@@ -363,7 +363,8 @@ def evaluate(worker: PlanWorker, plan: Plan) -> PlanOutcome:
         return PlanOutcome(PlanStatus.REFUSED, None, memory, fits, exc.reason.splitlines()[0])
     except WhatifError as exc:
         return PlanOutcome(PlanStatus.REFUSED, None, memory, fits, str(exc).splitlines()[0])
-    result = ScenarioResult(scenario=scenario, graphs=[graph], replays=[replay(graph)], reference=a.graph,
+    replayed = replay(graph)
+    result = ScenarioResult(scenario=scenario, graphs=[replayed.graph], replays=[replayed], reference=a.graph,
                             options=a.options)
     return PlanOutcome(PlanStatus.OK, mean_counted_step_ns(result.steps), memory, fits, "")
 
