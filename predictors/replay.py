@@ -26,7 +26,7 @@ from whatif.core.heap import release_freed_memory
 from whatif.depgraph.graph import END_BOUND_EDGE_KINDS, GraphError, TaskGraph, TaskKind
 from whatif.tracer.kinds import codes
 from whatif.transforms.edit import set_duration, set_state
-from whatif.transforms.sharing import MAX_PASSES, SHARE_REF, repriced, settled, shared_durations
+from whatif.transforms.sharing import MAX_PASSES, SHARE_REF, TOLERANCE, repriced, settled, shared_durations
 
 RESOURCE_BOUND = -2  # start_by value: the task waited for its shared resource, not for an edge
 INSTANT_KINDS = (TaskKind.ORIGIN, TaskKind.BARRIER)
@@ -280,8 +280,8 @@ def replay(graph: TaskGraph) -> Replay:
     result = _run(graph)
     given = graph.tasks["dur_ns"].to_numpy(np.int64)
     durations = given
-    for _ in range(MAX_PASSES):
-        shared = shared_durations(graph, result.start_ns, result.end_ns, durations)
+    for i in range(MAX_PASSES):
+        shared = shared_durations(graph, result.start_ns, result.end_ns, durations, tolerance=TOLERANCE if i else 0.0)
         if shared is None:
             break
         durations = shared

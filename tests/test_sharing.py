@@ -30,13 +30,13 @@ ALONE_US, BESIDE_US = 100, 120
 NCCL = "ncclKernel_AllReduce_RING_LL_Sum_half(ncclDevComm*, unsigned long, ncclWork*)"
 
 
-def overlapped_trace(path: Path, beside: int = 3) -> Path:
+def overlapped_trace(path: Path, beside: int = 3, extra: int = 0) -> Path:
     """One step: three GEMMs alone (100 us), then an all-reduce on its own stream beside the next
     ``beside`` GEMMs (120 us each: measured 1.2x slower beside it), then alone ones up to six in
-    all, launched ahead (GPU-bound)."""
+    all, then ``extra`` more alone, launched ahead (GPU-bound)."""
     tr = KinetoTrace()
     t_gpu = 20.0
-    for i in range(6):
+    for i in range(6 + extra):
         tr.runtime("cudaLaunchKernel", 2 + i * 2, 1, corr=i + 1)
         dur = BESIDE_US if 3 <= i < 3 + beside else ALONE_US
         tr.gpu("sm80_xmma_gemm_f16f16_f16f32", t_gpu, dur, corr=i + 1)
@@ -44,7 +44,8 @@ def overlapped_trace(path: Path, beside: int = 3) -> Path:
             tr.runtime("cudaLaunchKernel", 13, 1, corr=50)
             tr.gpu(NCCL, t_gpu, beside * (BESIDE_US + 1) - 1, corr=50, stream=20)
         t_gpu += dur + 1
-    tr.runtime("cudaDeviceSynchronize", 16, t_gpu - 16 + 2, corr=99)
+    sync = 4 + (6 + extra) * 2
+    tr.runtime("cudaDeviceSynchronize", sync, t_gpu - sync + 2, corr=99_999)
     tr.step(0, 0, t_gpu + 5)
     return tr.write(path)
 
@@ -141,3 +142,11 @@ def test_the_interference_transform_sets_phi(tmp_path: Path) -> None:
         Interference(factor=0.5).apply(a.graph, TransformContext())
     with pytest.raises(TransformError, match="no compute kernel the replay re-prices"):
         Interference(factor=1.2).apply(build_graph(a.trace), TransformContext())
+
+
+def test_a_small_change_is_priced_too(tmp_path: Path) -> None:
+    """The replay's convergence tolerance (0.1 % of the re-priced time) never drops a first change."""
+    a = analyze(overlapped_trace(tmp_path / "t.json.gz", beside=1, extra=300))   # 20 us of 30.6 ms
+    gone = predict(a, [comm(0.0)]).scenarios[0]
+    d = gemm_durations_us(gone.replay.graph)
+    assert d[3] == pytest.approx(120 / DEFAULT_INTERFERENCE, abs=0.001) and (np.delete(d, 3) == 100).all()

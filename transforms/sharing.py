@@ -53,7 +53,7 @@ SHARE_REF = "share_ref"
 SHARE_INTERFERENCE = "share_interference"
 """Task column: φ, the slowdown of a compute kernel that runs beside a collective all its time."""
 MAX_PASSES = 8
-TOLERANCE = 1e-3   # relative change of every re-priced duration below which the replay has converged
+TOLERANCE = 1e-3   # the replay has converged when the re-priced durations moved by less than this, in all
 
 
 def collective_mask(graph: TaskGraph) -> np.ndarray:
@@ -205,11 +205,13 @@ def repriced(graph: TaskGraph) -> np.ndarray:
 
 
 def shared_durations(graph: TaskGraph, start_ns: np.ndarray, end_ns: np.ndarray,
-                     current_ns: np.ndarray) -> np.ndarray | None:
+                     current_ns: np.ndarray, tolerance: float = TOLERANCE) -> np.ndarray | None:
     """Durations for the next pass of the replay: each re-priced kernel's graph duration times
     ``g(f_now) / g(f_ref)`` (module doc), ``f_now`` from the replay ``(start_ns, end_ns)``; the
-    others' graph durations. None when the graph has no reference or nothing moved more than
-    :data:`TOLERANCE` from ``current_ns`` (the durations that replay ran with)."""
+    others' graph durations. None when the graph has no reference, or when the re-priced
+    durations moved from ``current_ns`` (those that replay ran with) by no more than
+    ``tolerance`` of their sum, in all (the replay's first re-pricing passes 0: any move counts;
+    the later ones :data:`TOLERANCE`, its convergence)."""
     if SHARE_REF not in graph.tasks:
         return None
     ref, phi = _column(graph, SHARE_REF), _column(graph, SHARE_INTERFERENCE)
@@ -222,8 +224,8 @@ def shared_durations(graph: TaskGraph, start_ns: np.ndarray, end_ns: np.ndarray,
     f_ref = np.where(subject, ref, 0.0)
     k = np.where(subject, phi, 1.0) - 1
     out = np.where(subject, np.rint(base * (1 + k * f_now) / (1 + k * f_ref)), base).astype(np.int64)
-    moved = np.abs(out - current_ns) > np.maximum(TOLERANCE * current_ns, 1)
-    return out if moved.any() else None
+    moved = float(np.abs(out - current_ns)[subject].sum())
+    return out if moved > tolerance * float(current_ns[subject].sum()) else None
 
 
 def priced_by_transform(graph: TaskGraph, tasks: np.ndarray, *, reason: str) -> TaskGraph:
