@@ -292,6 +292,7 @@ def replay(graph: TaskGraph) -> Replay:
         priced = set_duration(graph, changed, durations[changed], transform="replay", reason=why)
         ref = settled(priced, result.start_ns, result.end_ns)
         ids = repriced(priced)
+        ids = ids[ref[ids] != priced.tasks[SHARE_REF].to_numpy(dtype=float)[ids]]   # the fractions that moved
         result.graph = set_state(priced, ids, SHARE_REF, ref[ids], transform="replay",
                                  reason="their time beside collectives in this replay: what their durations are for")
     return result

@@ -10,6 +10,7 @@ import pytest
 from tracegen import KinetoTrace
 
 from whatif.api import analyze, predict
+from whatif.cli import main
 from whatif.depgraph.build import build_graph
 from whatif.depgraph.graph import TaskKind
 from whatif.depgraph.schema import validate
@@ -150,3 +151,14 @@ def test_a_small_change_is_priced_too(tmp_path: Path) -> None:
     gone = predict(a, [comm(0.0)]).scenarios[0]
     d = gemm_durations_us(gone.replay.graph)
     assert d[3] == pytest.approx(120 / DEFAULT_INTERFERENCE, abs=0.001) and (np.delete(d, 3) == 100).all()
+
+
+def test_whatif_predict_says_what_the_replay_re_priced(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = overlapped_trace(tmp_path / "t.json.gz")
+    scenario = tmp_path / "no_comm.toml"
+    scenario.write_text('name = "no collectives"\n[[transform]]\nname = "scale"\nfactor = 0.0\n'
+                        'select = { kernel_class = "collective" }\n')
+    assert main(["predict", str(trace), "-s", str(scenario)]) == 0
+    out = capsys.readouterr().out
+    assert "replay: set duration of 3 tasks, task time -0.060 ms" in out   # three GEMMs back to 100 us
+    assert "replay: set share_ref of 3 tasks" in out                       # only the fractions that moved
