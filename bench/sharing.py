@@ -27,11 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common.docs import replace_section
 
 from whatif.analysis import analyze, predict
-from whatif.transforms.generic import Scale
+from whatif.transforms.generic import Interference, Scale
 from whatif.transforms.parallel.data import DataParallel
+from whatif.transforms.scenario import Scenario
 from whatif.transforms.select import Selector
 from whatif.transforms.sharing import (
-    SHARE_REF,
     calibrated_interference,
     compute_mask,
     covered_fraction,
@@ -81,11 +81,11 @@ def held_out(path: Path) -> dict[str, object]:
 
 
 def moved(path: Path, label: str, scenario: Scale | DataParallel) -> dict[str, object]:
-    """The scenario's predicted steps (ms, summed) with and without the replay's re-pricing."""
+    """The scenario's predicted steps (ms, summed) with and without the replay's re-pricing
+    (``interference`` with factor 1 turns it off)."""
     a = analyze(path)
-    with_sharing = predict(a, [scenario]).scenarios[0]
-    a.graph.tasks[SHARE_REF] = np.nan   # the same graph without the reference: no re-pricing
-    without = predict(a, [scenario]).scenarios[0]
+    with_sharing, without = predict(a, [Scenario(label, [scenario]),
+                                        Scenario(f"{label}, phi 1", [Interference(factor=1.0), scenario])]).scenarios
     cm = compute_mask(with_sharing.replay.graph)
     busy = with_sharing.replay.graph.tasks["dur_ns"].to_numpy()[cm].sum() / 1e6
     busy0 = without.replay.graph.tasks["dur_ns"].to_numpy()[compute_mask(without.replay.graph)].sum() / 1e6

@@ -189,19 +189,22 @@ def _column(graph: TaskGraph, name: str) -> np.ndarray:
     return pd.to_numeric(graph.tasks[name], errors="coerce").to_numpy(dtype=float)
 
 
+def _kernels_with(graph: TaskGraph, column: str) -> np.ndarray:
+    """Ids of the compute kernels with a value in ``column``."""
+    if column not in graph.tasks:
+        return np.empty(0, dtype=np.int64)
+    return np.flatnonzero(np.isfinite(_column(graph, column)) & compute_mask(graph))
+
+
 def annotated(graph: TaskGraph) -> np.ndarray:
     """Ids of the compute kernels the analysis gave a φ (re-priced by the replay, or taken out by a
     transform that prices them)."""
-    if SHARE_INTERFERENCE not in graph.tasks:
-        return np.empty(0, dtype=np.int64)
-    return np.flatnonzero(np.isfinite(_column(graph, SHARE_INTERFERENCE)) & compute_mask(graph))
+    return _kernels_with(graph, SHARE_INTERFERENCE)
 
 
 def repriced(graph: TaskGraph) -> np.ndarray:
     """Ids of the tasks the replay re-prices: compute kernels with a reference."""
-    if SHARE_REF not in graph.tasks:
-        return np.empty(0, dtype=np.int64)
-    return np.flatnonzero(np.isfinite(_column(graph, SHARE_REF)) & compute_mask(graph))
+    return _kernels_with(graph, SHARE_REF)
 
 
 def shared_durations(graph: TaskGraph, start_ns: np.ndarray, end_ns: np.ndarray,
