@@ -201,6 +201,42 @@ def is_attention(name: str, op_name: str | None = None) -> bool:
     return classify_kernel(name, op_name) is KernelClass.ATTENTION
 
 
+_TOKEN_NORM = re.compile(r"rms_?norm|rmsnorm|layer_?norm|layernorm")
+_TOKEN_NORM_OPS = ("rms_norm", "_fused_rms_norm", "layer_norm", "native_layer_norm")
+_RESIDUAL_ADD = re.compile(r"add_kernel|addfunctor|add_functor|cudafunctoronself_add|\badd\b")
+
+
+def is_token_norm(name: str, op_name: str | None = None) -> bool:
+    """Whether a kernel normalizes each token's hidden vector on its own (RMSNorm, LayerNorm,
+    vLLM's and SGLang's fused residual add + RMSNorm): work that splits by tokens, unlike softmax,
+    group or batch norm.
+
+    >>> [is_token_norm(n) for n in ("vllm::fused_add_rms_norm_kernel<bf16, 8>", "FusedAddRMSNormKernel",
+    ...                             "vectorized_layer_norm_kernel", "softmax_warp_forward", "batch_norm_collect")]
+    [True, True, True, False, False]
+    """
+    if classify_kernel(name, op_name) is not KernelClass.NORMALIZATION:
+        return False
+    low = name.lower()
+    return bool(_TOKEN_NORM.search(low)) or (op_name is not None and _op_key(op_name) in _TOKEN_NORM_OPS)
+
+
+def is_residual_add(name: str, op_name: str | None = None) -> bool:
+    """Whether an elementwise kernel adds two tensors (a residual connection, where it follows a
+    block's output).
+
+    >>> is_residual_add("void at::native::vectorized_elementwise_kernel<4, add_kernel>", "aten::add")
+    True
+    >>> is_residual_add("void at::native::silu_and_mul_kernel<bf16>", "aten::silu")
+    False
+    """
+    if classify_kernel(name, op_name) is not KernelClass.ELEMENTWISE:
+        return False
+    if op_name:
+        return _op_key(op_name) in ("add", "add_")
+    return bool(_RESIDUAL_ADD.search(name.lower()))
+
+
 class CollectiveKind(str, Enum):
     ALL_REDUCE = "all_reduce"
     ALL_GATHER = "all_gather"

@@ -18,7 +18,8 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
               phases: tuple[str, ...] = (), backward: bool = False, kv_heads: int = 0,
               gpu_name: str = "NVIDIA H100 80GB HBM3", peak: float = PEAK, bw: float = BW,
               decode_batch: int = 0, fa_backward_kernels: int = 1, rank: int | None = None,
-              world_size: int | None = None, device: str | None = None, tp_all_reduce: int = 0) -> Path:
+              world_size: int | None = None, device: str | None = None, tp_all_reduce: int = 0,
+              fused_add_norm: bool = False) -> Path:
     """One forward per step of ``batch`` sequences of ``new_tokens`` tokens (1 = decode) attending
     to ``kv_tokens`` cached tokens. ``phases``: a ``phase:<name>`` annotation per step (cycled), in
     which case the tokens of a ``prefill`` step are ``kv_tokens`` and of a ``decode`` step 1.
@@ -35,7 +36,10 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
     group of g, its block output all-reduced after the attention-output and MLP-down GEMMs by an
     NCCL kernel on the compute stream (as vLLM and SGLang launch it), its size recorded
     (``record_param_comms``: ``Collective name``, ``In msg nelems``, ``Group size``, ``dtype``) and
-    its time a ring's ``2(g−1)/g`` of the bytes at 200 GB/s plus 10 us."""
+    its time a ring's ``2(g−1)/g`` of the bytes at 200 GB/s plus 10 us. ``fused_add_norm``: each
+    residual add and the norm after it as vLLM's one ``fused_add_rms_norm`` kernel (reads the block
+    output and the residual, writes both: 4 bytes per hidden value and token), the last layer's
+    being the final norm."""
     tr = KinetoTrace(gpu_name=gpu_name, rank=rank, world_size=world_size)
     dev = get_device(device) if device is not None else None
     corr, ts, gpu_t = 0, 0.0, 0.0
@@ -85,8 +89,18 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
         def mem(name: str, nbytes: float, op: str, m: int = m) -> None:
             kernel(name, nbytes / ELEM, nbytes, op, [[m, hidden]], [BF16])
 
-        for _ in range(layers):
-            mem("void at::native::rms_norm_kernel<bf16>", 2 * m * hidden * ELEM, "aten::rms_norm")
+        def add_norm(norm: bool, m: int = m) -> None:
+            if fused_add_norm:
+                mem("void vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>", 4 * m * hidden * ELEM,
+                    "_C::fused_add_rms_norm", m)
+                return
+            mem("void at::native::vectorized_elementwise_kernel<4, add_kernel>", 3 * m * hidden * ELEM, "aten::add", m)
+            if norm:
+                mem("void at::native::rms_norm_kernel<bf16>", 2 * m * hidden * ELEM, "aten::rms_norm", m)
+
+        for layer in range(layers):
+            if layer == 0 or not fused_add_norm:
+                mem("void at::native::rms_norm_kernel<bf16>", 2 * m * hidden * ELEM, "aten::rms_norm")
             gemm("qkv", (heads + 2 * hkv) * d, hidden)
             kv = kv_tokens
             kernel("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>",
@@ -96,14 +110,13 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
             gemm("out", hidden, hidden)
             if tp_all_reduce:
                 all_reduce(m * hidden)
-            mem("void at::native::vectorized_elementwise_kernel<4, add_kernel>", 3 * m * hidden * ELEM, "aten::add")
-            mem("void at::native::rms_norm_kernel<bf16>", 2 * m * hidden * ELEM, "aten::rms_norm")
+            add_norm(True)
             gemm("gate_up", 2 * ffn, hidden)
             mem("void at::native::silu_and_mul_kernel<bf16>", 3 * m * ffn * ELEM, "aten::silu")
             gemm("down", hidden, ffn)
             if tp_all_reduce:
                 all_reduce(m * hidden)
-            mem("void at::native::vectorized_elementwise_kernel<4, add_kernel>", 3 * m * hidden * ELEM, "aten::add")
+            add_norm(False)
         if backward:
             mem("void at::native::nll_loss_backward_kernel<bf16>", 2 * m * hidden * ELEM, "aten::nll_loss_backward")
             for _ in range(layers):

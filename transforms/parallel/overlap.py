@@ -16,17 +16,22 @@ nano-batches:
   the latency again), chained on the comm stream, collective j after compute nano-batch j;
 * nano-batch j of the next segment waits for collective j (nano-batch 1 is the original consumer);
   after the last region the consumer waits for all of them;
-* concurrent compute and communication contend for SMs and memory bandwidth: compute nano-batches
-  2..n and every collective part are slowed by the **interference factor** φ ≥ 1. Default: φ
+* concurrent compute and communication contend for SMs and memory bandwidth: each compute
+  nano-batch is slowed by ``1 + (φ − 1)·f``, f the fraction of its time beside a collective part
+  (:func:`beside_collective`: nano-batch j+1 beside part j of its own region, nano-batch 1 of a
+  segment beside the previous region's last part, ``f = min(1, part/nano-batch)``), and every
+  collective part by φ: the **interference factor** φ ≥ 1. Default: φ
   calibrated from the trace (:func:`~whatif.transforms.sharing.calibrated_interference`: median
   slowdown of kernels that overlap a collective vs the same kernels alone) when it has such pairs,
   else ``DEFAULT_INTERFERENCE`` (1.15, an assumption: BACKGROUND's "more than the max, less than the
   sum"); the segment kernels are then out of the replay's own re-pricing beside collectives
   (:mod:`whatif.transforms.sharing`), which would count it twice. With ``comm_sms`` = c
   > 0 (a collective kernel that holds c SMs, as TokenWeave's fused AllReduce–RMSNorm on 2–8 SMs of
-  an 8×H100 does), the interference is that kernel's share instead: compute nano-batches 2..n
-  slowed by ``1 / (1 − c/SMs)`` (:func:`~.comm.overlapped_compute_slowdown`), the collective parts
-  at their own speed;
+  an 8×H100 does), the interference is that kernel's share instead: φ = ``1 / (1 − c/SMs)`` for
+  the compute (:func:`~.comm.overlapped_compute_slowdown`), the collective parts at their own
+  speed; with ``fuse_norm`` the residual add and norm after each collective run inside it, on
+  1/ranks of the tokens and its c SMs (:mod:`.fused_norm`: TokenWeave's fused kernel; with
+  ``nano_batches = 1`` the fused kernel without the split);
 * each segment kernel's nano-batch is priced with its waves (``batch_part_ns``): a GEMM of a few
   waves pays a partly empty last wave in every nano-batch, so splitting few tokens loses
   (TokenWeave's reason for wave-aware splits, which this equal split leaves out).
@@ -61,6 +66,7 @@ from .comm import (
     overlapped_compute_slowdown,
     splice_tasks,
 )
+from .fused_norm import absorbed_kernels, absorbed_part_ns, remove_absorbed
 from .layers import backward_mask
 from .sharding import batch_part_ns
 from .tensor import prev_on_resource
@@ -128,6 +134,27 @@ def detach_collectives(graph: TaskGraph, *, reason: str) -> TaskGraph:
     return remove(g, coll, reason=reason)
 
 
+def beside_collective(reg: pd.DataFrame, seg_ns: np.ndarray, part_ns: np.ndarray,
+                      nano_batches: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per region: the fraction of its segment's nano-batch 1 that runs beside the previous region's
+    last collective part (0 for a step's first region and without splitting: it waits for the whole
+    collective), and of each of its nano-batches 2..n beside its own collective part j−1:
+    ``min(1, part / nano-batch)``.
+
+    >>> reg = pd.DataFrame({"res": [0, 0], "step": [0, 0]})
+    >>> beside_collective(reg, np.array([100.0, 100.0]), np.array([50, 300]), 2)
+    (array([0. , 0.5]), array([0.5, 1. ]))
+    """
+    seg = np.maximum(np.asarray(seg_ns, dtype=float), 1.0)
+    part = np.asarray(part_ns, dtype=float)
+    later = np.minimum(1.0, part / seg)
+    res, step = reg["res"].to_numpy(), reg["step"].to_numpy()
+    follows = np.r_[False, (res[1:] == res[:-1]) & (step[1:] == step[:-1])] & (nano_batches > 1)
+    first = np.zeros(len(seg))
+    first[follows] = np.minimum(1.0, part[np.flatnonzero(follows) - 1] / seg[follows])
+    return first, later
+
+
 def _regions(graph: TaskGraph) -> pd.DataFrame:
     """One row per region: ``comm``, ``producer``, ``consumer``, ``segment`` (kernel ids)."""
     t, e = graph.tasks, graph.edges
@@ -183,6 +210,9 @@ class Overlap(Transform):
         "help": "SMs the collective kernel holds (TokenWeave: 2-8); > 0 replaces the interference: compute "
                 "slowed by SMs/(SMs - comm_sms), collectives at their own speed (fewer than the GPU's SMs)",
         "maximum": limits.MAX_GPU_SMS})
+    fuse_norm: bool = field(default=False, metadata={
+        "help": "TokenWeave's fused AllReduce + residual add + RMSNorm: the add and norm after each collective "
+                "run inside it, on each rank's 1/ranks of the tokens, on its comm_sms SMs (needs comm_sms)"})
 
     def factors(self, graph: TaskGraph, ctx: TransformContext) -> tuple[float, float]:
         """(slowdown of overlapped compute, slowdown of the collective parts)."""
@@ -210,6 +240,28 @@ class Overlap(Transform):
             return float(self.interference)
         return graph_interference(graph)
 
+    def _absorb_norms(self, graph: TaskGraph, ctx: TransformContext,
+                      reg: pd.DataFrame) -> tuple[TaskGraph, pd.DataFrame, np.ndarray]:
+        """``graph`` without the residual adds and norms the collectives absorb, its regions, and
+        per region the ns each collective part gains (:mod:`.fused_norm`)."""
+        comms = reg["comm"].to_numpy()
+        absorbed = absorbed_kernels(graph, reg["consumer"].to_numpy())
+        messages = collective_messages(graph, comms)
+        gain = {}
+        for c, ks, message in zip(comms.tolist(), absorbed, messages):
+            if len(ks) and message is not None:
+                gain[c] = absorbed_part_ns(graph, ctx, ks, message[2], self.nano_batches, self.comm_sms)
+        if not gain:
+            raise TransformError(f"{self.name}: fuse_norm found no residual add or token norm right after a "
+                                 f"collective whose size is known; nothing to fuse")
+        kept = [ks if c in gain else ks[:0] for c, ks in zip(comms.tolist(), absorbed)]
+        n_kernels = int(sum(len(k) for k in kept))
+        g, new_comms = remove_absorbed(graph, comms, kept, reason=f"{self.label()}: {n_kernels} residual adds and "
+                                                                  f"norms now run inside {len(gain)} collectives")
+        per_comm = dict(zip(new_comms.tolist(), (gain.get(c, 0) for c in comms.tolist())))
+        reg = _regions(g)
+        return g, reg, np.asarray([per_comm.get(int(c), 0) for c in reg["comm"].to_numpy()], dtype=np.int64)
+
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         r = _regions(graph)
         found = np.concatenate([*r["segment"], r["comm"].to_numpy()]) if len(r) else np.empty(0, np.int64)
@@ -219,8 +271,11 @@ class Overlap(Transform):
         n = self.nano_batches
         if n < 1:
             raise TransformError(f"{self.name}: nano_batches must be >= 1 (got {n})")
-        if n == 1:
+        if n == 1 and not self.fuse_norm:
             return graph
+        if self.fuse_norm and not self.comm_sms:
+            raise TransformError(f"{self.name}: fuse_norm needs comm_sms, the SMs the fused collective runs the "
+                                 f"norm on (TokenWeave: 2-8)")
         phi, phi_comm = self.factors(graph, ctx)
         if graph.tasks["name"].astype(str).str.startswith(PART_NAME).any():
             raise TransformError(f"{self.name}: the graph's collectives are split already (overlap was applied "
@@ -234,25 +289,37 @@ class Overlap(Transform):
                                  f"are split when they run on a compute stream between two forward kernels of a "
                                  f"one-rank graph")
         cost = ctx.require_cost(self.name)
+        graph, reg, absorbed_ns = self._absorb_norms(graph, ctx, reg) if self.fuse_norm \
+            else (graph, reg, np.zeros(len(reg), dtype=np.int64))
         seg_all = np.unique(np.concatenate(list(reg["segment"])))
         graph = priced_by_transform(graph, seg_all, reason=f"{self.label()}: the nano-batches' interference is "
                                                            f"priced here")
-        nano = np.rint(batch_part_ns(cost, graph, seg_all, n)).astype(np.int64)
-        g = set_duration(graph, seg_all, nano, reason=f"{self.label()}: nano-batch 1 at 1/{n} of the activations")
-        per_seg = [int(nano[np.searchsorted(seg_all, s)].sum()) for s in reg["segment"]]
+        nano = batch_part_ns(cost, graph, seg_all, n)
+        where = [np.searchsorted(seg_all, seg) for seg in reg["segment"]]
+        per_seg = np.asarray([nano[w].sum() for w in where])
         comms = reg["comm"].to_numpy()
-        comm_dur = [collective_part_ns(ctx, self.name, int(g.tasks["dur_ns"].to_numpy()[c]), message, n, self.topology)
-                    for c, message in zip(comms.tolist(), collective_messages(g, comms))]
+        comm_dur = [collective_part_ns(ctx, self.name, int(graph.tasks["dur_ns"].to_numpy()[c]), message, n,
+                                       self.topology)
+                    for c, message in zip(comms.tolist(), collective_messages(graph, comms))]
+        parts = np.asarray([int(round(d * phi_comm)) + int(a) for d, a in zip(comm_dur, absorbed_ns)], dtype=np.int64)
+        first, later = beside_collective(reg, per_seg, parts, n)
+        factor = np.ones(len(seg_all))
+        for w, f in zip(where, first):
+            factor[w] = 1 + (phi - 1) * f
+        g = set_duration(graph, seg_all, np.rint(nano * factor).astype(np.int64),
+                         reason=f"{self.label()}: nano-batch 1 at 1/{n} of the activations, slowed where it runs "
+                                f"beside the previous region's last collective part")
         g, nano_ids = splice_tasks(g, anchors=reg["producer"].tolist(),
-                                   durs=[[int(round(s * phi))] * (n - 1) for s in per_seg],
+                                   durs=[[int(round(s * (1 + (phi - 1) * f)))] * (n - 1)
+                                         for s, f in zip(per_seg, later)],
                                    name=f"nano-batch compute (x{phi:.2f} interference)",
                                    deps=[[-1] * (n - 1)] * len(reg),
                                    reason=f"{self.label()}: nano-batches 2..{n} of each segment")
-        parts = [int(round(d * phi_comm)) for d in comm_dur]
-        g = set_duration(g, reg["comm"].to_numpy(), np.asarray(parts)[np.argsort(reg["comm"].to_numpy())],
-                         reason=f"{self.label()}: collective part 1/{n}")
+        order = np.argsort(comms)
+        g = set_duration(g, comms[order], parts[order], reason=f"{self.label()}: collective part 1/{n}")
+        fused = " with residual add + norm" if self.fuse_norm else ""
         g, comm_ids = splice_tasks(g, anchors=reg["comm"].tolist(), durs=[[p] * (n - 1) for p in parts],
-                                   name=f"{PART_NAME} (of {n}, x{phi_comm:.2f} interference)",
+                                   name=f"{PART_NAME}{fused} (of {n}, x{phi_comm:.2f} interference)",
                                    deps=[ids.tolist() for ids in nano_ids], kind=TaskKind.COMM,
                                    reason=f"{self.label()}: collective parts 2..{n}")
         src, dst = [], []

@@ -1,0 +1,149 @@
+"""TokenWeave's fused AllReduce + residual add + RMSNorm (``overlap``'s ``fuse_norm``): the adds and
+norms after the TP collectives leave the compute stream and run inside the collective on 1/t of the
+tokens and the collective's SMs; and each nano-batch is slowed by the share of its time that runs
+beside a collective part."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from _llm_tracegen import llm_trace
+
+from whatif.api import analyze, make_context
+from whatif.core.kernels import is_residual_add, is_token_norm
+from whatif.depgraph.graph import TaskKind
+from whatif.hardware.devices import get_device
+from whatif.hardware.roofline import fixed_latency_ns
+from whatif.predictors.replay import replay
+from whatif.predictors.steps import step_times
+from whatif.transforms.base import TransformContext, TransformError
+from whatif.transforms.edit import set_duration
+from whatif.transforms.parallel.fused_norm import absorbed_kernels, absorbed_part_ns
+from whatif.transforms.parallel.nanoflow import NANOFLOW_GEMV
+from whatif.transforms.parallel.overlap import Overlap, _regions, beside_collective
+from whatif.transforms.parallel.sequence import SequenceParallel
+from whatif.transforms.parallel.tensor import TensorParallel
+
+H100 = "H100_SXM"
+
+
+def step_ns(graph) -> int:
+    return int(step_times(replay(graph))["predicted_ns"].sum())
+
+
+def _tp8(path, layers: int, fused: bool):
+    a = analyze(llm_trace(path, new_tokens=4096, kv_tokens=4096, layers=layers, hidden=8192, heads=64, kv_heads=8,
+                          ffn=28672, steps=1, device=H100, fused_add_norm=fused))
+    ctx = make_context(a.trace)
+    return TensorParallel(degree=8, topology="dgx_h100").apply(a.graph, ctx), ctx
+
+
+@pytest.fixture(scope="module")
+def tp8(tmp_path_factory):
+    """TP-8 graphs of a 3-layer Llama-70B-like stack at 4,096 tokens: PyTorch's separate add and
+    rms_norm ("eager"), vLLM's fused_add_rms_norm ("vllm"), and vLLM's with 4 layers ("vllm4")."""
+    tmp = tmp_path_factory.mktemp("fn")
+    return {"eager": _tp8(tmp / "eager.json.gz", 3, False), "vllm": _tp8(tmp / "vllm.json.gz", 3, True),
+            "vllm4": _tp8(tmp / "vllm4.json.gz", 4, True)}
+
+
+def _kernels(graph) -> np.ndarray:
+    return np.flatnonzero(graph.tasks["kind"].to_numpy() == int(TaskKind.KERNEL))
+
+
+def test_names_of_norms_and_residual_adds() -> None:
+    assert is_token_norm("void vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>")
+    assert is_token_norm("_ZN5aiter24add_rmsnorm_quant_kernelIDF16bDF16bLi256E")    # SGLang on MI300X
+    assert is_token_norm("triton_per_fused_add_mean_mul_pow_rsqrt_0", "aten::rms_norm")
+    assert not is_token_norm("void at::native::softmax_warp_forward<bf16>")
+    assert not is_token_norm("ampere_bf16_s16816gemm_bf16_128x128", "aten::rms_norm")
+    assert is_residual_add("void at::native::vectorized_elementwise_kernel<4, add_kernel>", None)
+    assert not is_residual_add("void at::native::vectorized_elementwise_kernel<4, mul_kernel>", "aten::mul")
+
+
+def test_absorbs_the_add_and_norm_after_each_collective_but_the_last(tp8) -> None:
+    for label, per_region in (("eager", 2), ("vllm", 1)):
+        graph, _ = tp8[label]
+        reg = _regions(graph)
+        assert len(reg) == 6                                       # 3 layers x 2 all-reduces
+        absorbed = absorbed_kernels(graph, reg["consumer"].to_numpy())
+        names = graph.tasks["name"].astype(str).to_numpy()
+        assert [len(a) for a in absorbed] == [per_region] * 5 + [0]   # the step's last has no kernel after it
+        for a in absorbed[:5]:
+            assert is_token_norm(str(names[a[-1]]))
+
+
+def test_fused_collective_takes_the_norms_off_the_compute_stream(tp8) -> None:
+    graph, ctx = tp8["eager"]
+    plain = Overlap(nano_batches=2, comm_sms=8).apply(graph, ctx)
+    fused = Overlap(nano_batches=2, comm_sms=8, fuse_norm=True).apply(graph, ctx)
+    names = pd.Series(fused.tasks["name"].astype(str).to_numpy()[_kernels(fused)])
+    before = pd.Series(plain.tasks["name"].astype(str).to_numpy()[_kernels(plain)])
+    assert before.str.contains("add_kernel").sum() - names.str.contains("add_kernel").sum() == 5
+    assert before.str.contains("rms_norm").sum() - names.str.contains("rms_norm").sum() == 5
+    parts = fused.tasks["name"].astype(str).str.startswith("collective part with residual add + norm")
+    assert parts.sum() == 6                                        # one extra part per region
+    assert step_ns(fused) < step_ns(plain) < step_ns(graph)
+    assert any(e.transform == "overlap" and e.action == "remove" for e in fused.changes)
+
+
+def test_absorbed_work_is_priced_on_the_shard_and_the_sms(tp8) -> None:
+    graph, ctx = tp8["vllm"]
+    reg = _regions(graph)
+    kernels = absorbed_kernels(graph, reg["consumer"].to_numpy())[0]
+    dur = float(graph.tasks["dur_ns"].to_numpy()[kernels].sum())
+    work = dur - fixed_latency_ns(get_device(H100))
+    got = absorbed_part_ns(graph, ctx, kernels, 8, 2, 8)
+    assert got == round(work / 16 / NANOFLOW_GEMV.performance(8 / 132))
+    assert absorbed_part_ns(graph, ctx, kernels, 8, 2, 32) < got        # more SMs, sooner done
+    assert absorbed_part_ns(graph, ctx, kernels, 4, 2, 8) > got         # a larger shard per rank
+    with pytest.raises(TransformError, match="not in the hardware catalog"):
+        absorbed_part_ns(graph, TransformContext(device=None, cost=ctx.cost), kernels, 8, 2, 8)
+
+
+def _no_comm_ns(graph) -> int:
+    comm = np.flatnonzero(graph.tasks["kind"].to_numpy() == int(TaskKind.COMM))
+    return step_ns(set_duration(graph, comm, 0, reason="test: no communication"))
+
+
+def test_tokenweave_beats_the_layer_without_communication(tp8) -> None:
+    """TokenWeave's claim (MLSys 2026): with the fused AllReduce-RMSNorm a layer can cost less than
+    the same layer with all communication removed; the split alone cannot. A layer's cost is the
+    step's growth from 3 to 4 layers (the step's first and last regions are not overlapped)."""
+    def layer_ns(f) -> int:
+        return f(*tp8["vllm4"]) - f(*tp8["vllm"])
+
+    no_comm = layer_ns(lambda g, ctx: _no_comm_ns(g))
+    plain = layer_ns(lambda g, ctx: step_ns(Overlap(nano_batches=2, comm_sms=8).apply(g, ctx)))
+    fused = layer_ns(lambda g, ctx: step_ns(Overlap(nano_batches=2, comm_sms=8, fuse_norm=True).apply(g, ctx)))
+    assert plain > no_comm > fused
+    graph, ctx = tp8["vllm"]
+    alone = step_ns(Overlap(nano_batches=1, comm_sms=8, fuse_norm=True).apply(graph, ctx))
+    assert step_ns(Overlap(nano_batches=2, comm_sms=8, fuse_norm=True).apply(graph, ctx)) < alone < step_ns(graph)
+
+
+def test_fuse_norm_refusals(tp8, tmp_path) -> None:
+    graph, ctx = tp8["eager"]
+    with pytest.raises(TransformError, match="fuse_norm needs comm_sms"):
+        Overlap(nano_batches=2, fuse_norm=True).apply(graph, ctx)
+    a = analyze(llm_trace(tmp_path / "ulysses.json.gz", new_tokens=4096, kv_tokens=4096, layers=2, hidden=1024,
+                          heads=8, ffn=4096, steps=1, device=H100))
+    ulysses = SequenceParallel(mode="ulysses", degree=8, topology="dgx_h100").apply(a.graph, make_context(a.trace))
+    with pytest.raises(TransformError, match="nothing to fuse"):     # all-to-alls feed attention and GEMMs
+        Overlap(nano_batches=2, comm_sms=8, fuse_norm=True).apply(ulysses, make_context(a.trace))
+
+
+def test_nano_batches_slowed_by_their_time_beside_a_collective(tp8) -> None:
+    first, later = beside_collective(pd.DataFrame({"res": [0, 0, 1], "step": [0, 0, 0]}),
+                                     np.array([100.0, 100.0, 100.0]), np.array([50, 300, 20]), 2)
+    assert first.tolist() == [0.0, 0.5, 0.0] and later.tolist() == [0.5, 1.0, 0.2]
+    first, _ = beside_collective(pd.DataFrame({"res": [0, 0], "step": [0, 0]}), np.array([100.0, 100.0]),
+                                 np.array([50, 50]), 1)
+    assert first.tolist() == [0.0, 0.0]                           # unsplit: it waits for the whole collective
+    graph, ctx = tp8["eager"]
+    reg = _regions(graph)
+    lone, slowed = (Overlap(nano_batches=2, interference=phi).apply(graph, ctx) for phi in (1.0, 1.5))
+    first_seg, second_seg = reg["segment"].iat[0], reg["segment"].iat[1]
+    d1, d15 = lone.tasks["dur_ns"].to_numpy(), slowed.tasks["dur_ns"].to_numpy()
+    assert (d15[first_seg] == d1[first_seg]).all()                # a step's first nano-batch runs alone
+    assert (d15[second_seg] > d1[second_seg]).all()               # the next one beside the last part
