@@ -74,7 +74,7 @@ from whatif.transforms.parallel.nanoflow import (  # noqa: E402
     saturating_curve,
     search_nanoflow,
 )
-from whatif.transforms.parallel.overlap import Overlap  # noqa: E402
+from whatif.transforms.parallel.overlap import TOKENWEAVE_SMS, Overlap  # noqa: E402
 from whatif.transforms.parallel.pim import PimOffload  # noqa: E402
 from whatif.transforms.parallel.reshard import ReshardSearch, search_reshard  # noqa: E402
 from whatif.transforms.parallel.sequence import SequenceParallel  # noqa: E402
@@ -255,7 +255,6 @@ def _ms(graph: TaskGraph) -> float:
     return float(step_times(replay(graph))["predicted_ns"].sum()) / 1e6
 
 
-TOKENWEAVE_SMS = 8   # TokenWeave's fused AllReduce-RMSNorm runs on 2-8 SMs of an 8x H100 (MLSys 2026, abstract)
 
 
 def _no_comm_ms(graph: TaskGraph, ctx: TransformContext) -> float:

@@ -147,3 +147,21 @@ def test_nano_batches_slowed_by_their_time_beside_a_collective(tp8) -> None:
     d1, d15 = lone.tasks["dur_ns"].to_numpy(), slowed.tasks["dur_ns"].to_numpy()
     assert (d15[first_seg] == d1[first_seg]).all()                # a step's first nano-batch runs alone
     assert (d15[second_seg] > d1[second_seg]).all()               # the next one beside the last part
+
+
+def test_suggests_tokenweave_on_a_tp_ranks_own_trace(tmp_path) -> None:
+    """A TP rank's trace (its NCCL all-reduces on the compute stream, vLLM's fused add + norm after
+    them): ``overlap``'s candidates include TokenWeave's, which removes the norms and gains."""
+    a = analyze(llm_trace(tmp_path / "rank.json.gz", new_tokens=2048, kv_tokens=2048, layers=3, hidden=8192,
+                          heads=64, kv_heads=8, ffn=28672, steps=1, device=H100, tp_all_reduce=8,
+                          fused_add_norm=True))
+    ctx = make_context(a.trace)
+    found = [c for c in Overlap.candidates(a.graph, ctx) if c.fuse_norm]
+    assert len(found) == 1 and found[0].comm_sms == 8 and found[0].nano_batches == 2
+    g = found[0].apply(a.graph, ctx)
+    norms = g.tasks["name"].astype(str).str.contains("fused_add_rms_norm") & (g.tasks["kind"] == int(TaskKind.KERNEL))
+    assert int(norms.sum()) == 1                                   # only the final norm stays on the stream
+    assert step_ns(g) < step_ns(Overlap(nano_batches=2, comm_sms=8).apply(a.graph, ctx)) < step_ns(a.graph)
+    eager = analyze(llm_trace(tmp_path / "eager.json.gz", new_tokens=2048, kv_tokens=2048, layers=2, hidden=1024,
+                              heads=8, ffn=4096, steps=1, device=H100))
+    assert not [c for c in Overlap.candidates(eager.graph, make_context(eager.trace)) if c.fuse_norm]

@@ -72,6 +72,7 @@ from .sharding import batch_part_ns
 from .tensor import prev_on_resource
 
 PART_NAME = "collective part"   # how the collective parts overlap splices are named
+TOKENWEAVE_SMS = 8   # SMs of TokenWeave's fused AllReduce-RMSNorm on an 8x H100 (MLSys 2026: 2-8)
 
 
 def _same_stream_collectives(graph: TaskGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -197,8 +198,16 @@ class Overlap(Transform):
 
     @classmethod
     def candidates(cls, graph: TaskGraph, ctx: TransformContext) -> list[Transform]:
-        """2 and 4 nano-batches, the interference calibrated from the trace (or the default)."""
-        return [cls(nano_batches=n) for n in (2, 4)]
+        """2 and 4 nano-batches, the interference calibrated from the trace (or the default); and
+        TokenWeave's (2 splits, the fused AllReduce-RMSNorm on :data:`TOKENWEAVE_SMS` SMs) where a
+        collective feeds a residual add or norm and the GPU's SMs are known."""
+        out: list[Transform] = [cls(nano_batches=n) for n in (2, 4)]
+        if comm_sm_share(ctx, TOKENWEAVE_SMS) > 0:
+            g = detach_collectives(graph, reason="overlap: candidates")
+            reg = _regions(g)
+            if len(reg) and any(len(a) for a in absorbed_kernels(g, reg["consumer"].to_numpy())):
+                out.append(cls(nano_batches=2, comm_sms=TOKENWEAVE_SMS, fuse_norm=True))
+        return out
 
     nano_batches: int = field(default=2, metadata={"help": "nano-batches n per region (TokenWeave: 2)",
                                                      "maximum": limits.MAX_PARTS})
