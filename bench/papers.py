@@ -255,8 +255,6 @@ def _ms(graph: TaskGraph) -> float:
     return float(step_times(replay(graph))["predicted_ns"].sum()) / 1e6
 
 
-
-
 def _no_comm_ms(graph: TaskGraph, ctx: TransformContext) -> float:
     return _ms(Scale(select=Selector(kind="comm"), factor=0.0).apply(graph, ctx))
 

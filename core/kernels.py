@@ -201,24 +201,28 @@ def is_attention(name: str, op_name: str | None = None) -> bool:
     return classify_kernel(name, op_name) is KernelClass.ATTENTION
 
 
-_TOKEN_NORM = re.compile(r"rms_?norm|rmsnorm|layer_?norm|layernorm")
-_TOKEN_NORM_OPS = ("rms_norm", "_fused_rms_norm", "layer_norm", "native_layer_norm")
+_TOKEN_NORM = re.compile(r"rms_?norm|layer_?norm")
+_GRADIENT = re.compile(r"backward|grad|bwd")
 _RESIDUAL_ADD = re.compile(r"add_kernel|addfunctor|add_functor|cudafunctoronself_add|\badd\b")
 
 
 def is_token_norm(name: str, op_name: str | None = None) -> bool:
     """Whether a kernel normalizes each token's hidden vector on its own (RMSNorm, LayerNorm,
-    vLLM's and SGLang's fused residual add + RMSNorm): work that splits by tokens, unlike softmax,
-    group or batch norm.
+    vLLM's and SGLang's fused residual add + RMSNorm) in the forward pass: work that splits by
+    tokens, unlike softmax, group or batch norm, or a norm's backward (which sums its weight's
+    gradient over every token).
 
     >>> [is_token_norm(n) for n in ("vllm::fused_add_rms_norm_kernel<bf16, 8>", "FusedAddRMSNormKernel",
-    ...                             "vectorized_layer_norm_kernel", "softmax_warp_forward", "batch_norm_collect")]
-    [True, True, True, False, False]
+    ...                             "vectorized_layer_norm_kernel", "softmax_warp_forward", "batch_norm_collect",
+    ...                             "layer_norm_grad_input_kernel")]
+    [True, True, True, False, False, False]
     """
     if classify_kernel(name, op_name) is not KernelClass.NORMALIZATION:
         return False
-    low = name.lower()
-    return bool(_TOKEN_NORM.search(low)) or (op_name is not None and _op_key(op_name) in _TOKEN_NORM_OPS)
+    low, op = name.lower(), _op_key(op_name) if op_name else ""
+    if _GRADIENT.search(low) or _GRADIENT.search(op):
+        return False
+    return bool(_TOKEN_NORM.search(low)) or op in _TOKEN_NORM_OPS
 
 
 def is_residual_add(name: str, op_name: str | None = None) -> bool:
@@ -329,9 +333,11 @@ _ELEMENTWISE_FLOPS: dict[str, int] = {
     "gelu": 1, "silu": 1, "silu_": 1, "sigmoid": 1, "tanh": 1, "exp": 1, "rsqrt": 1, "pow": 1,
     "sqrt": 1, "dropout": 2, "addcmul_": 2, "addcdiv_": 2, "lerp_": 2, "fill_": 0, "zero_": 0,
 }
-_LAYER_NORMS = ("layer_norm", "native_layer_norm", "group_norm", "native_group_norm")
+_TOKEN_LAYER_NORMS = ("layer_norm", "native_layer_norm")
+_LAYER_NORMS = (*_TOKEN_LAYER_NORMS, "group_norm", "native_group_norm")
 _BATCH_NORMS = ("batch_norm", "native_batch_norm", "cudnn_batch_norm")
 _RMS_NORMS = ("rms_norm", "_fused_rms_norm")
+_TOKEN_NORM_OPS = (*_RMS_NORMS, *_TOKEN_LAYER_NORMS)   # group norm normalizes channel groups, not each token
 
 
 def op_flops_bytes(op_name: str, input_dims: Sequence | None,

@@ -20,7 +20,7 @@ from whatif.transforms.base import TransformContext, TransformError
 from whatif.transforms.edit import set_duration
 from whatif.transforms.parallel.fused_norm import absorbed_kernels, absorbed_part_ns
 from whatif.transforms.parallel.nanoflow import NANOFLOW_GEMV
-from whatif.transforms.parallel.overlap import Overlap, _regions, beside_collective
+from whatif.transforms.parallel.overlap import PART_NAME, Overlap, _regions, beside_collective
 from whatif.transforms.parallel.sequence import SequenceParallel
 from whatif.transforms.parallel.tensor import TensorParallel
 
@@ -57,6 +57,8 @@ def test_names_of_norms_and_residual_adds() -> None:
     assert is_token_norm("triton_per_fused_add_mean_mul_pow_rsqrt_0", "aten::rms_norm")
     assert not is_token_norm("void at::native::softmax_warp_forward<bf16>")
     assert not is_token_norm("ampere_bf16_s16816gemm_bf16_128x128", "aten::rms_norm")
+    assert not is_token_norm("void layer_norm_grad_input_kernel<float>", "aten::native_layer_norm_backward")
+    assert not is_token_norm("void at::native::rms_norm_kernel<bf16>", "aten::_fused_rms_norm_backward")
     assert is_residual_add("void at::native::vectorized_elementwise_kernel<4, add_kernel>", None)
     assert not is_residual_add("void at::native::vectorized_elementwise_kernel<4, mul_kernel>", "aten::mul")
 
@@ -82,9 +84,26 @@ def test_fused_collective_takes_the_norms_off_the_compute_stream(tp8) -> None:
     assert before.str.contains("add_kernel").sum() - names.str.contains("add_kernel").sum() == 5
     assert before.str.contains("rms_norm").sum() - names.str.contains("rms_norm").sum() == 5
     parts = fused.tasks["name"].astype(str).str.startswith("collective part with residual add + norm")
-    assert parts.sum() == 6                                        # one extra part per region
+    assert parts.sum() == 5                                        # one extra part per fused region
     assert step_ns(fused) < step_ns(plain) < step_ns(graph)
     assert any(e.transform == "overlap" and e.action == "remove" for e in fused.changes)
+
+
+def test_each_fused_collective_part_gains_its_own_norms(tp8) -> None:
+    """Every part of a fused region takes its collective part's time plus its own absorbed kernels'
+    price; the step's last region, whose add ends the step, gains nothing."""
+    graph, ctx = tp8["eager"]
+    absorbed = absorbed_kernels(graph, _regions(graph)["consumer"].to_numpy())
+    gains = np.asarray([absorbed_part_ns(graph, ctx, a, 8, 2, 8) if len(a) else 0 for a in absorbed])
+    assert (gains[:-1] > 0).all() and gains[-1] == 0
+
+    def parts(g, prefix: str) -> np.ndarray:   # spliced parts 2..n, in region order (the splice's)
+        return g.tasks["dur_ns"].to_numpy()[g.tasks["name"].astype(str).str.startswith(prefix).to_numpy()]
+
+    was = parts(Overlap(nano_batches=2, comm_sms=8).apply(graph, ctx), PART_NAME)
+    fused = Overlap(nano_batches=2, comm_sms=8, fuse_norm=True).apply(graph, ctx)
+    assert parts(fused, f"{PART_NAME} with residual add + norm").tolist() == (was[:-1] + gains[:-1]).tolist()
+    assert parts(fused, f"{PART_NAME} (").tolist() == was[-1:].tolist()
 
 
 def test_absorbed_work_is_priced_on_the_shard_and_the_sms(tp8) -> None:
@@ -131,6 +150,14 @@ def test_fuse_norm_refusals(tp8, tmp_path) -> None:
     ulysses = SequenceParallel(mode="ulysses", degree=8, topology="dgx_h100").apply(a.graph, make_context(a.trace))
     with pytest.raises(TransformError, match="nothing to fuse"):     # all-to-alls feed attention and GEMMs
         Overlap(nano_batches=2, comm_sms=8, fuse_norm=True).apply(ulysses, make_context(a.trace))
+    # sequence-parallel TP: reduce-scatters, each norm producing the next all-gather
+    a = analyze(llm_trace(tmp_path / "sp.json.gz", new_tokens=4096, kv_tokens=4096, layers=2, hidden=8192, heads=64,
+                          kv_heads=8, ffn=28672, steps=1, device=H100, fused_add_norm=True))
+    ctx = make_context(a.trace)
+    sp = TensorParallel(degree=8, topology="dgx_h100", sequence_parallel=True).apply(a.graph, ctx)
+    with pytest.raises(TransformError, match="nothing to fuse"):
+        Overlap(nano_batches=2, comm_sms=8, fuse_norm=True).apply(sp, ctx)
+    assert not [c for c in Overlap.candidates(sp, ctx) if c.fuse_norm]
 
 
 def test_nano_batches_slowed_by_their_time_beside_a_collective(tp8) -> None:
@@ -147,6 +174,12 @@ def test_nano_batches_slowed_by_their_time_beside_a_collective(tp8) -> None:
     d1, d15 = lone.tasks["dur_ns"].to_numpy(), slowed.tasks["dur_ns"].to_numpy()
     assert (d15[first_seg] == d1[first_seg]).all()                # a step's first nano-batch runs alone
     assert (d15[second_seg] > d1[second_seg]).all()               # the next one beside the last part
+    nano = lone.tasks["name"].astype(str).str.startswith("nano-batch compute").to_numpy()
+    part = slowed.tasks["name"].astype(str).str.startswith(PART_NAME).to_numpy()
+    seg_ns, part_ns = d1[nano].astype(float), d15[part].astype(float)   # per region, in splice order
+    assert (part_ns < seg_ns).any()                               # some parts cover only part of their nano-batch
+    expected = np.rint(seg_ns * (1 + 0.5 * np.minimum(1.0, part_ns / seg_ns)))
+    assert np.abs(d15[nano] - expected).max() <= 1
 
 
 def test_suggests_tokenweave_on_a_tp_ranks_own_trace(tmp_path) -> None:

@@ -66,7 +66,7 @@ from .comm import (
     overlapped_compute_slowdown,
     splice_tasks,
 )
-from .fused_norm import absorbed_kernels, absorbed_part_ns, remove_absorbed
+from .fused_norm import absorbed_part_ns, fusable, remove_absorbed
 from .layers import backward_mask
 from .sharding import batch_part_ns
 from .tensor import prev_on_resource
@@ -200,12 +200,13 @@ class Overlap(Transform):
     def candidates(cls, graph: TaskGraph, ctx: TransformContext) -> list[Transform]:
         """2 and 4 nano-batches, the interference calibrated from the trace (or the default); and
         TokenWeave's (2 splits, the fused AllReduce-RMSNorm on :data:`TOKENWEAVE_SMS` SMs) where a
-        collective feeds a residual add or norm and the GPU's SMs are known."""
+        forward all-reduce feeds a residual add and norm (:func:`~.fused_norm.absorbed_kernels`)
+        and the GPU's SMs are known."""
         out: list[Transform] = [cls(nano_batches=n) for n in (2, 4)]
         if comm_sm_share(ctx, TOKENWEAVE_SMS) > 0:
             g = detach_collectives(graph, reason="overlap: candidates")
             reg = _regions(g)
-            if len(reg) and any(len(a) for a in absorbed_kernels(g, reg["consumer"].to_numpy())):
+            if any(len(k) for k, _ in fusable(g, reg["comm"].to_numpy(), reg["consumer"].to_numpy())):
                 out.append(cls(nano_batches=2, comm_sms=TOKENWEAVE_SMS, fuse_norm=True))
         return out
 
@@ -254,16 +255,13 @@ class Overlap(Transform):
         """``graph`` without the residual adds and norms the collectives absorb, its regions, and
         per region the ns each collective part gains (:mod:`.fused_norm`)."""
         comms = reg["comm"].to_numpy()
-        absorbed = absorbed_kernels(graph, reg["consumer"].to_numpy())
-        messages = collective_messages(graph, comms)
-        gain = {}
-        for c, ks, message in zip(comms.tolist(), absorbed, messages):
-            if len(ks) and message is not None:
-                gain[c] = absorbed_part_ns(graph, ctx, ks, message[2], self.nano_batches, self.comm_sms)
+        found = fusable(graph, comms, reg["consumer"].to_numpy())
+        gain = {c: absorbed_part_ns(graph, ctx, ks, ranks, self.nano_batches, self.comm_sms)
+                for c, (ks, ranks) in zip(comms.tolist(), found) if len(ks)}
         if not gain:
-            raise TransformError(f"{self.name}: fuse_norm found no residual add or token norm right after a "
-                                 f"collective whose size is known; nothing to fuse")
-        kept = [ks if c in gain else ks[:0] for c, ks in zip(comms.tolist(), absorbed)]
+            raise TransformError(f"{self.name}: fuse_norm found no residual add or token norm right after an "
+                                 f"all-reduce whose size is known; nothing to fuse")
+        kept = [ks for ks, _ in found]
         n_kernels = int(sum(len(k) for k in kept))
         g, new_comms = remove_absorbed(graph, comms, kept, reason=f"{self.label()}: {n_kernels} residual adds and "
                                                                   f"norms now run inside {len(gain)} collectives")
@@ -321,16 +319,23 @@ class Overlap(Transform):
         g, nano_ids = splice_tasks(g, anchors=reg["producer"].tolist(),
                                    durs=[[int(round(s * (1 + (phi - 1) * f)))] * (n - 1)
                                          for s, f in zip(per_seg, later)],
-                                   name=f"nano-batch compute (x{phi:.2f} interference)",
+                                   name=f"nano-batch compute (x{phi:.2f} interference at full overlap)",
                                    deps=[[-1] * (n - 1)] * len(reg),
                                    reason=f"{self.label()}: nano-batches 2..{n} of each segment")
         order = np.argsort(comms)
         g = set_duration(g, comms[order], parts[order], reason=f"{self.label()}: collective part 1/{n}")
-        fused = " with residual add + norm" if self.fuse_norm else ""
-        g, comm_ids = splice_tasks(g, anchors=reg["comm"].tolist(), durs=[[p] * (n - 1) for p in parts],
-                                   name=f"{PART_NAME}{fused} (of {n}, x{phi_comm:.2f} interference)",
-                                   deps=[ids.tolist() for ids in nano_ids], kind=TaskKind.COMM,
-                                   reason=f"{self.label()}: collective parts 2..{n}")
+        comm_ids = [np.empty(0, dtype=np.int64)] * len(reg)
+        fused = absorbed_ns > 0
+        for which, what in ((~fused, ""), (fused, " with residual add + norm")):
+            idx = np.flatnonzero(which)
+            if not len(idx):
+                continue
+            g, ids = splice_tasks(g, anchors=comms[idx].tolist(), durs=[[int(parts[i])] * (n - 1) for i in idx],
+                                  name=f"{PART_NAME}{what} (of {n}, x{phi_comm:.2f} interference)",
+                                  deps=[nano_ids[i].tolist() for i in idx], kind=TaskKind.COMM,
+                                  reason=f"{self.label()}: collective parts 2..{n}{what}")
+            for i, part_ids in zip(idx.tolist(), ids):
+                comm_ids[i] = part_ids
         src, dst = [], []
         seg_res, seg_step = reg["res"].to_numpy(), reg["step"].to_numpy()
         for i in range(len(reg)):
