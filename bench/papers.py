@@ -87,8 +87,6 @@ ATTACC_PROMPT, ATTACC_OUTPUT = 2048, 128
 SEESAW_DECODE_BATCH = 256   # vLLM's default max_num_seqs
 
 
-
-
 @dataclass(frozen=True)
 class Setup:
     label: str
