@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from _llm_tracegen import llm_trace  # noqa: E402
 
 from whatif.api import analyze, make_context  # noqa: E402
-from whatif.hardware.collectives import estimate  # noqa: E402
+from whatif.hardware.collectives import Algorithm, estimate, estimates  # noqa: E402
 from whatif.hardware.topology import preset  # noqa: E402
 from whatif.predictors.replay import replay  # noqa: E402
 from whatif.predictors.steps import step_times  # noqa: E402
@@ -40,12 +40,19 @@ from whatif.transforms.parallel.tensor import TensorParallel  # noqa: E402
 from whatif.transforms.select import Selector  # noqa: E402
 
 HIDDEN = 8192
-# figure_11a.csv, Llama-3.3-70B-Instruct, 8 GPUs: prompt tokens -> (baseline_multimem, no_ar, overlap_fused) ms
-MEASURED_MS = {1024: (53.661, 41.938, 46.164), 2048: (94.227, 74.922, 76.732), 4096: (179.483, 144.896, 142.226)}
-# figure_7.csv (multimem all-reduce at 8 CTAs, PyTorch's all-reduce) and figure_10.csv (fused AllReduce +
-# RMSNorm at 8 CTAs): tokens -> (multimem us, pytorch us, fused us)
-MEASURED_US = {256: (28.480, 67.072, 33.664), 1024: (75.136, 136.966, 86.624), 2048: (135.744, 219.488, 155.424),
-               4096: (257.280, 348.077, 290.848)}
+LAYERS = 4   # whatif's synthetic stack; Llama-3.3-70B has 80 (plus its embedding and LM head)
+# figure_11a.csv (8 GPUs) and figure_11b.csv (4 GPUs), Llama-3.3-70B-Instruct:
+# (GPUs, prompt tokens) -> (baseline_multimem, no_ar, overlap_fused) ms
+MEASURED_MS = {(8, 1024): (53.661, 41.938, 46.164), (8, 2048): (94.227, 74.922, 76.732),
+               (8, 4096): (179.483, 144.896, 142.226),
+               (4, 1024): (82.166, 70.781, 72.485), (4, 2048): (150.607, 132.505, 137.112),
+               (4, 4096): (295.198, 257.206, 261.902)}
+# figure_7.csv: tokens -> (multimem all-reduce at 8 CTAs, PyTorch's all-reduce) us
+MEASURED_AR_US = {64: (17.056, 35.891), 128: (20.384, 55.558), 256: (28.480, 67.072), 512: (43.776, 94.381),
+                  1024: (75.136, 136.966), 2048: (135.744, 219.488), 4096: (257.280, 348.077),
+                  8192: (501.024, 646.170), 16384: (986.560, 1231.622), 32768: (1959.200, 2405.530)}
+# figure_10.csv: tokens -> fused AllReduce + RMSNorm at 8 CTAs, us
+MEASURED_FUSED_US = {256: 33.664, 1024: 86.624, 2048: 155.424, 4096: 290.848}
 
 
 def _ms(graph) -> float:
@@ -56,50 +63,67 @@ def _pct(ours: float, measured: float) -> str:
     return f"{(ours / measured - 1) * 100:+.1f} %"
 
 
-def kernels(tmp: Path) -> None:
-    print("## Kernels: all-reduce of N x 8192 bf16 on 8 H100s, and TokenWeave's fused AllReduce + RMSNorm (8 CTAs)")
-    print("| tokens | all-reduce, whatif (algorithm) | multimem, measured | PyTorch (NCCL), measured | "
-          "fused kernel's extra over the all-reduce: whatif | measured |")
-    print("|---|---|---|---|---|---|")
+def all_reduces() -> None:
+    print("## All-reduce of N x 8192 bf16 on 8 H100s (DGX H100 preset): whatif's NCCL model vs measured")
+    print("| tokens | MiB | whatif, NCCL's pick | multimem, measured | error | whatif, ring | PyTorch (NCCL), measured "
+          "| error |")
+    print("|---|---|---|---|---|---|---|---|")
     dgx = preset("dgx_h100")
-    for tokens, (multimem, torch, fused) in MEASURED_US.items():
-        e = estimate("all_reduce", tokens * HIDDEN * 2, 8, dgx)
-        graph, ctx = _tp8(tmp, tokens)
+    for tokens, (multimem, torch) in MEASURED_AR_US.items():
+        nbytes = tokens * HIDDEN * 2
+        pick = estimate("all_reduce", nbytes, 8, dgx)
+        ring = min((e for e in estimates("all_reduce", nbytes, 8, dgx) if e.algorithm is Algorithm.RING),
+                   key=lambda e: e.time_ns)
+        print(f"| {tokens:,} | {nbytes / 2**20:g} | {pick.time_ns / 1e3:.1f} us ({pick.algorithm.value}) | "
+              f"{multimem:.1f} us | {_pct(pick.time_ns / 1e3, multimem)} | {ring.time_ns / 1e3:.1f} us | "
+              f"{torch:.1f} us | {_pct(ring.time_ns / 1e3, torch)} |")
+
+
+def fused_kernels(tmp: Path) -> None:
+    print("## TokenWeave's fused AllReduce + RMSNorm on 8 SMs: its time over the all-reduce alone")
+    print("| tokens | whatif | measured |")
+    print("|---|---|---|")
+    for tokens, fused in MEASURED_FUSED_US.items():
+        graph, ctx = _tp(tmp, tokens, 8)
         reg = _regions(graph)
         kernels_, ranks = next((k, r) for k, r in fusable(graph, reg["comm"].to_numpy(), reg["consumer"].to_numpy())
                                if len(k))
         extra_us = absorbed_part_ns(graph, ctx, kernels_, ranks, 1, TOKENWEAVE_SMS) / 1e3
-        print(f"| {tokens:,} | {e.time_ns / 1e3:.1f} us ({e.algorithm.value}; {_pct(e.time_ns / 1e3, multimem)}) "
-              f"| {multimem:.1f} us | {torch:.1f} us | {extra_us:.1f} us | {fused - multimem:.1f} us |")
+        print(f"| {tokens:,} | {extra_us:.1f} us | {fused - MEASURED_AR_US[tokens][0]:.1f} us |")
 
 
-def _tp8(tmp: Path, tokens: int):
-    a = analyze(llm_trace(tmp / f"tw_{tokens}.json.gz", new_tokens=tokens, kv_tokens=tokens, layers=4,
+def _tp(tmp: Path, tokens: int, gpus: int):
+    a = analyze(llm_trace(tmp / f"tw_{tokens}.json.gz", new_tokens=tokens, kv_tokens=tokens, layers=LAYERS,
                           hidden=HIDDEN, heads=64, kv_heads=8, ffn=28672, steps=1, device="H100_SXM",
                           fused_add_norm=True))
     ctx = make_context(a.trace)
-    return TensorParallel(degree=8, topology="dgx_h100").apply(a.graph, ctx), ctx
+    return TensorParallel(degree=gpus, topology="dgx_h100").apply(a.graph, ctx), ctx
 
 
 def iterations(tmp: Path) -> None:
-    print("## One prefill iteration of N tokens, TP 8: speedup over TP 8 (whatif vs measured, Llama-3.3-70B)")
-    print("| tokens | communication share, whatif | measured | TokenWeave, whatif | measured | error | "
-          "error of predicting no change | no communication, whatif | measured |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for tokens, (base_m, no_ar_m, tw_m) in MEASURED_MS.items():
-        graph, ctx = _tp8(tmp, tokens)
+    print("## One prefill iteration of N tokens: speedup over TP without overlap (whatif vs measured, "
+          "Llama-3.3-70B)")
+    print("| TP | tokens | communication share, whatif | measured | TokenWeave, whatif | measured | error | "
+          "error of predicting no change | no communication, whatif | measured | ms per layer without "
+          "communication, whatif | measured / 80 layers |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for (gpus, tokens), (base_m, no_ar_m, tw_m) in MEASURED_MS.items():
+        graph, ctx = _tp(tmp, tokens, gpus)
         base = _ms(graph)
         no_comm = _ms(Scale(select=Selector(kind="comm"), factor=0.0).apply(graph, ctx))
         tokenweave = Overlap(nano_batches=2, comm_sms=TOKENWEAVE_SMS, fuse_norm=True, topology="dgx_h100")
         tw = _ms(tokenweave.apply(graph, ctx))
         ours, measured = base / tw, base_m / tw_m
-        print(f"| {tokens:,} | {1 - no_comm / base:.1%} | {1 - no_ar_m / base_m:.1%} | {ours:.3f}x | {measured:.3f}x | "
-              f"{_pct(ours, measured)} | {_pct(1.0, measured)} | {base / no_comm:.3f}x | {base_m / no_ar_m:.3f}x |")
+        print(f"| {gpus} | {tokens:,} | {1 - no_comm / base:.1%} | {1 - no_ar_m / base_m:.1%} | {ours:.3f}x | "
+              f"{measured:.3f}x | {_pct(ours, measured)} | {_pct(1.0, measured)} | {base / no_comm:.3f}x | "
+              f"{base_m / no_ar_m:.3f}x | {no_comm / LAYERS:.3f} | {no_ar_m / 80:.3f} |")
 
 
 def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="whatif-tokenweave-"))
-    kernels(tmp)
+    all_reduces()
+    print()
+    fused_kernels(tmp)
     print()
     iterations(tmp)
 
