@@ -100,23 +100,32 @@ def _tp(tmp: Path, tokens: int, gpus: int):
     return TensorParallel(degree=gpus, topology="dgx_h100").apply(a.graph, ctx), ctx
 
 
+def _speedups(graph, ctx) -> tuple[float, float, float]:
+    """(TP step ms, its step without communication, TokenWeave's step)."""
+    tokenweave = Overlap(nano_batches=2, comm_sms=TOKENWEAVE_SMS, fuse_norm=True, topology="dgx_h100")
+    return (_ms(graph), _ms(Scale(select=Selector(kind="comm"), factor=0.0).apply(graph, ctx)),
+            _ms(tokenweave.apply(graph, ctx)))
+
+
 def iterations(tmp: Path) -> None:
     print("## One prefill iteration of N tokens: speedup over TP without overlap (whatif vs measured, "
           "Llama-3.3-70B)")
     print("| TP | tokens | communication share, whatif | measured | TokenWeave, whatif | measured | error | "
           "error of predicting no change | no communication, whatif | measured | ms per layer without "
-          "communication, whatif | measured / 80 layers |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "communication, whatif | measured / 80 layers | kernels x k so that they match it: k | communication "
+          "share | TokenWeave | error |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (gpus, tokens), (base_m, no_ar_m, tw_m) in MEASURED_MS.items():
         graph, ctx = _tp(tmp, tokens, gpus)
-        base = _ms(graph)
-        no_comm = _ms(Scale(select=Selector(kind="comm"), factor=0.0).apply(graph, ctx))
-        tokenweave = Overlap(nano_batches=2, comm_sms=TOKENWEAVE_SMS, fuse_norm=True, topology="dgx_h100")
-        tw = _ms(tokenweave.apply(graph, ctx))
+        base, no_comm, tw = _speedups(graph, ctx)
         ours, measured = base / tw, base_m / tw_m
+        k = (no_ar_m / 80) / (no_comm / LAYERS)
+        scaled = Scale(select=Selector(kind="kernel"), factor=k).apply(graph, ctx)
+        base_k, no_comm_k, tw_k = _speedups(scaled, ctx)
         print(f"| {gpus} | {tokens:,} | {1 - no_comm / base:.1%} | {1 - no_ar_m / base_m:.1%} | {ours:.3f}x | "
               f"{measured:.3f}x | {_pct(ours, measured)} | {_pct(1.0, measured)} | {base / no_comm:.3f}x | "
-              f"{base_m / no_ar_m:.3f}x | {no_comm / LAYERS:.3f} | {no_ar_m / 80:.3f} |")
+              f"{base_m / no_ar_m:.3f}x | {no_comm / LAYERS:.3f} | {no_ar_m / 80:.3f} | {k:.3f} | "
+              f"{1 - no_comm_k / base_k:.1%} | {base_k / tw_k:.3f}x | {_pct(base_k / tw_k, measured)} |")
 
 
 def main() -> None:
