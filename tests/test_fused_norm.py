@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from _cost_data import bench_module
 from _llm_tracegen import llm_trace
 
 from whatif.api import analyze, make_context
@@ -198,3 +199,17 @@ def test_suggests_tokenweave_on_a_tp_ranks_own_trace(tmp_path) -> None:
     eager = analyze(llm_trace(tmp_path / "eager.json.gz", new_tokens=2048, kv_tokens=2048, layers=2, hidden=1024,
                               heads=8, ffn=4096, steps=1, device=H100))
     assert not [c for c in Overlap.candidates(eager.graph, make_context(eager.trace)) if c.fuse_norm]
+
+
+def test_tokenweave_beats_unchanged_on_its_own_measurements(tmp_path) -> None:
+    """Against TokenWeave's measured prefill speedups (its artifact, Llama-3.3-70B on 8x H100,
+    bench/tokenweave_measured.py): whatif's prediction is closer than predicting no change, within
+    10 %, and the speedup grows with the tokens at TP 8 as measured."""
+    bench = bench_module("tokenweave_measured")
+    got = {}
+    for (gpus, tokens), (base_m, _, tw_m) in bench.MEASURED_MS.items():
+        base, _, tw = bench._speedups(*bench._tp(tmp_path, tokens, gpus))
+        ours, measured = base / tw, base_m / tw_m
+        assert abs(ours / measured - 1) < min(0.10, abs(1 / measured - 1)), (gpus, tokens, ours, measured)
+        got[gpus, tokens] = ours
+    assert got[8, 1024] < got[8, 2048] < got[8, 4096]
