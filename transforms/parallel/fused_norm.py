@@ -14,10 +14,12 @@ is paid again), on the rank's 1/t of one nano-batch's tokens, at the speed memor
 on a share c/S of the GPU beside compute: NanoFlow's measured curve
 (:data:`~.nanoflow.NANOFLOW_GEMV`; 8 of an H100's 132 SMs keep 15 % of the speed).
 
-**Which kernels** (:func:`absorbed_kernels`): the collective's consumer when it is a token norm
-(:func:`~whatif.core.kernels.is_token_norm`), or a residual add
-(:func:`~whatif.core.kernels.is_residual_add`) followed on its stream by a token norm, both in the
-collective's step and followed by another kernel of that step (which then waits for the collective).
+**Which kernels** (:func:`fusable`, :func:`absorbed_kernels`): after a forward all-reduce whose
+message is known, its consumer when it is a token norm (:func:`~whatif.core.kernels.is_token_norm`),
+or a residual add (:func:`~whatif.core.kernels.is_residual_add`) followed on its stream by a token
+norm, both in the collective's step, followed by another kernel of that step (which then waits for
+the collective), and neither feeding a collective itself (sequence-parallel TP, where the norm after
+a reduce-scatter produces the next all-gather).
 
 Left out: the bytes the fusion saves (the add's output is not written and read again; the sum
 here is an upper bound); the absorbed kernels' CPU launches (kept: vLLM and TokenWeave launch
