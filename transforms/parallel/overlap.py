@@ -135,6 +135,13 @@ def detach_collectives(graph: TaskGraph, *, reason: str) -> TaskGraph:
     return remove(g, coll, reason=reason)
 
 
+def _follows(reg: pd.DataFrame) -> np.ndarray:
+    """Per region: whether it comes right after the previous region on the same stream in the same
+    step (its segment starts at that region's consumer)."""
+    res, step = reg["res"].to_numpy(), reg["step"].to_numpy()
+    return np.r_[False, (res[1:] == res[:-1]) & (step[1:] == step[:-1])]
+
+
 def beside_collective(reg: pd.DataFrame, seg_ns: np.ndarray, part_ns: np.ndarray,
                       nano_batches: int) -> tuple[np.ndarray, np.ndarray]:
     """Per region: the fraction of its segment's nano-batch 1 that runs beside the previous region's
@@ -149,8 +156,7 @@ def beside_collective(reg: pd.DataFrame, seg_ns: np.ndarray, part_ns: np.ndarray
     seg = np.maximum(np.asarray(seg_ns, dtype=float), 1.0)
     part = np.asarray(part_ns, dtype=float)
     later = np.minimum(1.0, part / seg)
-    res, step = reg["res"].to_numpy(), reg["step"].to_numpy()
-    follows = np.r_[False, (res[1:] == res[:-1]) & (step[1:] == step[:-1])] & (nano_batches > 1)
+    follows = _follows(reg) & (nano_batches > 1)
     first = np.zeros(len(seg))
     first[follows] = np.minimum(1.0, part[np.flatnonzero(follows) - 1] / seg[follows])
     return first, later
@@ -251,9 +257,9 @@ class Overlap(Transform):
         return graph_interference(graph)
 
     def _absorb_norms(self, graph: TaskGraph, ctx: TransformContext,
-                      reg: pd.DataFrame) -> tuple[TaskGraph, pd.DataFrame, np.ndarray]:
-        """``graph`` without the residual adds and norms the collectives absorb, its regions, and
-        per region the ns each collective part gains (:mod:`.fused_norm`)."""
+                      reg: pd.DataFrame) -> tuple[TaskGraph, pd.DataFrame, np.ndarray, np.ndarray]:
+        """``graph`` without the residual adds and norms the collectives absorb, its regions, per
+        region the ns each collective part gains (:mod:`.fused_norm`), and whether it absorbed any."""
         comms = reg["comm"].to_numpy()
         found = fusable(graph, comms, reg["consumer"].to_numpy())
         gain = {c: absorbed_part_ns(graph, ctx, ks, ranks, self.nano_batches, self.comm_sms)
@@ -265,9 +271,11 @@ class Overlap(Transform):
         n_kernels = int(sum(len(k) for k in kept))
         g, new_comms = remove_absorbed(graph, comms, kept, reason=f"{self.label()}: {n_kernels} residual adds and "
                                                                   f"norms now run inside {len(gain)} collectives")
-        per_comm = dict(zip(new_comms.tolist(), (gain.get(c, 0) for c in comms.tolist())))
+        per_comm = dict(zip(new_comms.tolist(), (gain.get(c) for c in comms.tolist())))
         reg = _regions(g)
-        return g, reg, np.asarray([per_comm.get(int(c), 0) for c in reg["comm"].to_numpy()], dtype=np.int64)
+        got = [per_comm.get(int(c)) for c in reg["comm"].to_numpy()]
+        return (g, reg, np.asarray([0 if x is None else x for x in got], dtype=np.int64),
+                np.asarray([x is not None for x in got], dtype=bool))
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         r = _regions(graph)
@@ -296,8 +304,8 @@ class Overlap(Transform):
                                  f"are split when they run on a compute stream between two forward kernels of a "
                                  f"one-rank graph")
         cost = ctx.require_cost(self.name)
-        graph, reg, absorbed_ns = self._absorb_norms(graph, ctx, reg) if self.fuse_norm \
-            else (graph, reg, np.zeros(len(reg), dtype=np.int64))
+        graph, reg, absorbed_ns, fused = self._absorb_norms(graph, ctx, reg) if self.fuse_norm \
+            else (graph, reg, np.zeros(len(reg), dtype=np.int64), np.zeros(len(reg), dtype=bool))
         seg_all = np.unique(np.concatenate(list(reg["segment"])))
         graph = priced_by_transform(graph, seg_all, reason=f"{self.label()}: the nano-batches' interference is "
                                                            f"priced here")
@@ -325,7 +333,6 @@ class Overlap(Transform):
         order = np.argsort(comms)
         g = set_duration(g, comms[order], parts[order], reason=f"{self.label()}: collective part 1/{n}")
         comm_ids = [np.empty(0, dtype=np.int64)] * len(reg)
-        fused = absorbed_ns > 0
         for which, what in ((~fused, ""), (fused, " with residual add + norm")):
             idx = np.flatnonzero(which)
             if not len(idx):
@@ -337,9 +344,9 @@ class Overlap(Transform):
             for i, part_ids in zip(idx.tolist(), ids):
                 comm_ids[i] = part_ids
         src, dst = [], []
-        seg_res, seg_step = reg["res"].to_numpy(), reg["step"].to_numpy()
+        follows = _follows(reg)
         for i in range(len(reg)):
-            nxt = i + 1 < len(reg) and seg_res[i + 1] == seg_res[i] and seg_step[i + 1] == seg_step[i]
+            nxt = i + 1 < len(reg) and follows[i + 1]
             for j in range(n - 1):   # nano-batch j+2 of the next segment waits for collective part j+2
                 src.append(int(comm_ids[i][j]))
                 dst.append(int(nano_ids[i + 1][j]) if nxt else int(reg["consumer"].to_numpy()[i]))
