@@ -257,15 +257,23 @@ def _no_comm_ms(graph: TaskGraph, ctx: TransformContext) -> float:
     return _ms(Scale(select=Selector(kind="comm"), factor=0.0).apply(graph, ctx))
 
 
+TOKENWEAVE_LAYERS = 4
+
+
+def tokenweave_tp(tmp: Path, tokens: int, gpus: int = 8) -> tuple[TaskGraph, TransformContext]:
+    """TokenWeave's setup: a Llama-70B-like stack of one iteration of ``tokens`` tokens on an H100,
+    vLLM's fused add + norm, after ``tensor_parallel(gpus)`` on the DGX H100 preset."""
+    a = analyze(llm_trace(tmp / f"tw_{tokens}.json.gz", new_tokens=tokens, kv_tokens=tokens, layers=TOKENWEAVE_LAYERS,
+                          hidden=8192, heads=64, kv_heads=8, ffn=28672, steps=1, device="H100_SXM",
+                          fused_add_norm=True))
+    ctx = make_context(a.trace)
+    return TensorParallel(degree=gpus, topology="dgx_h100").apply(a.graph, ctx), ctx
+
+
 def tokenweave(tmp: Path) -> None:
     print("## TokenWeave (overlap after tensor_parallel 8 on DGX H100, vLLM's fused_add_rms_norm): ms per iteration")
-    device = "H100_SXM"
     for tokens in (256, 1024, 2048, 4096):
-        a = analyze(llm_trace(tmp / f"tw_{tokens}.json.gz", new_tokens=tokens, kv_tokens=tokens, layers=4,
-                              hidden=8192, heads=64, kv_heads=8, ffn=28672, steps=1, device=device,
-                              fused_add_norm=True))
-        ctx = make_context(a.trace)
-        tp = TensorParallel(degree=8, topology="dgx_h100").apply(a.graph, ctx)
+        tp, ctx = tokenweave_tp(tmp, tokens)
         base = _ms(tp)
         cells = [f"{tokens} tokens: tp8 {base:.3f}"]
         variants = (("TokenWeave (2 splits, fused AllReduce-RMSNorm on 8 SMs)",

@@ -24,23 +24,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from _llm_tracegen import llm_trace  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from papers import TOKENWEAVE_LAYERS, _ms, _no_comm_ms, tokenweave_tp
 
-from whatif.api import analyze, make_context  # noqa: E402
-from whatif.hardware.collectives import Algorithm, estimate, estimates  # noqa: E402
-from whatif.hardware.topology import preset  # noqa: E402
-from whatif.predictors.replay import replay  # noqa: E402
-from whatif.predictors.steps import step_times  # noqa: E402
-from whatif.transforms.generic import Scale  # noqa: E402
-from whatif.transforms.parallel.fused_norm import absorbed_part_ns, fusable  # noqa: E402
-from whatif.transforms.parallel.overlap import TOKENWEAVE_SMS, Overlap, _regions  # noqa: E402
-from whatif.transforms.parallel.tensor import TensorParallel  # noqa: E402
-from whatif.transforms.select import Selector  # noqa: E402
+from whatif.hardware.collectives import Algorithm, estimate, estimates
+from whatif.hardware.topology import preset
+from whatif.transforms.generic import Scale
+from whatif.transforms.parallel.fused_norm import absorbed_part_ns, fusable
+from whatif.transforms.parallel.overlap import TOKENWEAVE_SMS, Overlap, _regions
+from whatif.transforms.select import Selector
 
 HIDDEN = 8192
-LAYERS = 4   # whatif's synthetic stack; Llama-3.3-70B has 80 (plus its embedding and LM head)
 # figure_11a.csv (8 GPUs) and figure_11b.csv (4 GPUs), Llama-3.3-70B-Instruct:
 # (GPUs, prompt tokens) -> (baseline_multimem, no_ar, overlap_fused) ms
 MEASURED_MS = {(8, 1024): (53.661, 41.938, 46.164), (8, 2048): (94.227, 74.922, 76.732),
@@ -53,10 +47,6 @@ MEASURED_AR_US = {64: (17.056, 35.891), 128: (20.384, 55.558), 256: (28.480, 67.
                   8192: (501.024, 646.170), 16384: (986.560, 1231.622), 32768: (1959.200, 2405.530)}
 # figure_10.csv: tokens -> fused AllReduce + RMSNorm at 8 CTAs, us
 MEASURED_FUSED_US = {256: 33.664, 1024: 86.624, 2048: 155.424, 4096: 290.848}
-
-
-def _ms(graph) -> float:
-    return float(step_times(replay(graph))["predicted_ns"].sum()) / 1e6
 
 
 def _pct(ours: float, measured: float) -> str:
@@ -84,7 +74,7 @@ def fused_kernels(tmp: Path) -> None:
     print("| tokens | whatif | measured |")
     print("|---|---|---|")
     for tokens, fused in MEASURED_FUSED_US.items():
-        graph, ctx = _tp(tmp, tokens, 8)
+        graph, ctx = tokenweave_tp(tmp, tokens)
         reg = _regions(graph)
         kernels_, ranks = next((k, r) for k, r in fusable(graph, reg["comm"].to_numpy(), reg["consumer"].to_numpy())
                                if len(k))
@@ -92,20 +82,11 @@ def fused_kernels(tmp: Path) -> None:
         print(f"| {tokens:,} | {extra_us:.1f} us | {fused - MEASURED_AR_US[tokens][0]:.1f} us |")
 
 
-def _tp(tmp: Path, tokens: int, gpus: int):
-    a = analyze(llm_trace(tmp / f"tw_{tokens}.json.gz", new_tokens=tokens, kv_tokens=tokens, layers=LAYERS,
-                          hidden=HIDDEN, heads=64, kv_heads=8, ffn=28672, steps=1, device="H100_SXM",
-                          fused_add_norm=True))
-    ctx = make_context(a.trace)
-    return TensorParallel(degree=gpus, topology="dgx_h100").apply(a.graph, ctx), ctx
-
-
 def _speedups(graph, ctx, fuse_norm: bool = True) -> tuple[float, float, float]:
     """(TP step ms, its step without communication, TokenWeave's step; without ``fuse_norm``, the
     split alone)."""
     tokenweave = Overlap(nano_batches=2, comm_sms=TOKENWEAVE_SMS, fuse_norm=fuse_norm, topology="dgx_h100")
-    return (_ms(graph), _ms(Scale(select=Selector(kind="comm"), factor=0.0).apply(graph, ctx)),
-            _ms(tokenweave.apply(graph, ctx)))
+    return _ms(graph), _no_comm_ms(graph, ctx), _ms(tokenweave.apply(graph, ctx))
 
 
 def iterations(tmp: Path) -> None:
@@ -117,16 +98,17 @@ def iterations(tmp: Path) -> None:
           "so that they match it: k | communication share | TokenWeave | error |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (gpus, tokens), (base_m, no_ar_m, tw_m) in MEASURED_MS.items():
-        graph, ctx = _tp(tmp, tokens, gpus)
+        graph, ctx = tokenweave_tp(tmp, tokens, gpus)
         base, no_comm, tw = _speedups(graph, ctx)
         split = base / _speedups(graph, ctx, fuse_norm=False)[2]
         ours, measured = base / tw, base_m / tw_m
-        k = (no_ar_m / 80) / (no_comm / LAYERS)
+        layer_ms = no_comm / TOKENWEAVE_LAYERS
+        k = (no_ar_m / 80) / layer_ms
         scaled = Scale(select=Selector(kind="kernel"), factor=k).apply(graph, ctx)
         base_k, no_comm_k, tw_k = _speedups(scaled, ctx)
         print(f"| {gpus} | {tokens:,} | {1 - no_comm / base:.1%} | {1 - no_ar_m / base_m:.1%} | {ours:.3f}x | "
               f"{measured:.3f}x | {_pct(ours, measured)} | {_pct(1.0, measured)} | {split:.3f}x | "
-              f"{_pct(split, measured)} | {base / no_comm:.3f}x | {base_m / no_ar_m:.3f}x | {no_comm / LAYERS:.3f} | "
+              f"{_pct(split, measured)} | {base / no_comm:.3f}x | {base_m / no_ar_m:.3f}x | {layer_ms:.3f} | "
               f"{no_ar_m / 80:.3f} | {k:.3f} | {1 - no_comm_k / base_k:.1%} | {base_k / tw_k:.3f}x | "
               f"{_pct(base_k / tw_k, measured)} |")
 

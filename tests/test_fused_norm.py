@@ -209,7 +209,7 @@ def test_tokenweave_beats_unchanged_on_its_own_measurements(tmp_path) -> None:
     bench = bench_module("tokenweave_measured")
     got = {}
     for (gpus, tokens), (base_m, _, tw_m) in bench.MEASURED_MS.items():
-        graph, ctx = bench._tp(tmp_path, tokens, gpus)
+        graph, ctx = bench.tokenweave_tp(tmp_path, tokens, gpus)
         base, _, tw = bench._speedups(graph, ctx)
         ours, measured = base / tw, base_m / tw_m
         assert abs(ours / measured - 1) < min(0.10, abs(1 / measured - 1)), (gpus, tokens, ours, measured)
