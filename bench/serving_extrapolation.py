@@ -4,7 +4,9 @@ against an iteration generated at that batch.
 
 Ground truth: tests/_llm_tracegen.py writes Kineto traces of a decoder layer stack whose kernels
 are timed by the catalog's achievable roofline of the GPU (each kernel at its own size, plus a
-fixed 3 us), the same physics the model prices with but not its approximations (the model infers
+fixed 3 us; the weight GEMMs by the weight-GEMM law, ``gemm_law=True``, which
+bench/serving_op_laws.py checks against Vidur's measured GEMMs), the same physics the model
+prices with but not its approximations (the model infers
 each GEMM's weights from its measured time, knows no shapes, adds 4·h·s bytes per token to the
 elementwise kernels). So this measures the laws' algebra on clean data, not the hardware: the
 hardware check is bench/serving_vidur.py (Vidur's measured A100 costs). "no change" is the error
@@ -60,7 +62,7 @@ def batch_of(phase: str, seqs: int, tokens: int) -> LLMBatch:
 
 
 def trace(tmp: Path, dev: str, shape: dict, phase: str, seqs: int, tokens: int) -> Path:
-    kw = {**shape, "layers": 2, "steps": 3, "device": dev, "gpu_name": DEVICES[dev]}
+    kw = {**shape, "layers": 2, "steps": 3, "device": dev, "gpu_name": DEVICES[dev], "gemm_law": True}
     name = f"{dev}_{shape['hidden']}_{phase}_{seqs}_{tokens}.json"
     if phase == "prefill":
         return llm_trace(tmp / name, batch=seqs, new_tokens=tokens, kv_tokens=tokens, **kw)

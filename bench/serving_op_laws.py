@@ -11,6 +11,13 @@ recorded time) and "proportional" (time × tokens ratio, what scaling a whole it
 Caveat: the A100 catalog's small-GEMM figure was set from Vidur's own A100 GEMM rows
 (hardware/devices.py), so A100 GEMMs are not fully independent of this data; A40 has the same.
 
+A second table compares forms of the GEMM law on the layers' four weight GEMMs at every TP degree
+Vidur measured (1-8), from 8 tokens to 1-1,024, the weights taken from the shape columns: the
+previous law (``max`` of weight reads and FLOPs at the size-dependent rate, no tiles) and the
+variants of tile rows (none, 64, 128, 64 then 128) x overlap (``max``, ``√(c²+m²)``, cube-root
+of cubes) x rate (size-dependent, the largest GEMMs'). Scored without Llama-2-7B (the model
+of the Vidur serving check, bench/serving_vidur.py) and on it alone.
+
 Run: .venv/bin/python bench/serving_op_laws.py [--write-docs]
 """
 from __future__ import annotations
@@ -32,6 +39,8 @@ from whatif.predictors.serving.iteration_costs import DeviceLaw, Drivers, Kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- bench/serving_op_laws.py begin -->", "<!-- bench/serving_op_laws.py end -->"
+VBEGIN, VEND = "<!-- bench/serving_op_laws.py variants begin -->", "<!-- bench/serving_op_laws.py variants end -->"
+HELD_OUT = "Llama-2-7b-hf"
 GPUS = {"a100": "A100_SXM_80GB", "a40": "A40"}
 PER_TOKEN_OPS = ("input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act", "add")
 ANCHORS = (8, 32, 128, 512, 2048)
@@ -83,6 +92,60 @@ def rows_for(gpu: str, model: str, table: pd.DataFrame) -> list[dict]:
     return out
 
 
+TILE_RULES = {"none": lambda x: x, "64": lambda x: 64 * np.ceil(x / 64), "128": lambda x: 128 * np.ceil(x / 128),
+              "64, then 128": lambda x: np.where(x <= 64, 64.0, 128 * np.ceil(x / 128))}
+OVERLAPS = {"max": 0, "sqrt(c^2+m^2)": 2, "cbrt(c^3+m^3)": 3}
+
+
+def _variant_ns(law: DeviceLaw, params: np.ndarray, x: float, rule: str, k: int, large: bool) -> float:
+    rows = float(TILE_RULES[rule](np.array([x]))[0])
+    rate = law.large_rate if large else law.rate(2 * params * rows)
+    c, m = 2 * params * rows / rate, law.elem_bytes * params / law.bw_bytes_per_ns
+    return float((np.maximum(c, m) if k == 0 else (c ** k + m ** k) ** (1 / k)).sum())
+
+
+def gemm_variants() -> str:
+    """Median |error| of each GEMM-law form on the layers' GEMM time from 8 tokens (module doc)."""
+    cases = []
+    for gpu in GPUS:
+        law = DeviceLaw.of(get_device(GPUS[gpu]), DType.FP16, 1.0, 128, 4096)
+        for model, path in compute_models(gpu).items():
+            df = pd.read_csv(path)
+            for tp, d in df.groupby("num_tensor_parallel_workers"):
+                t = d.groupby("num_tokens")[[f"time_stats.{op}.median" for op in GEMM_OPS]].median().sum(axis=1)
+                t = t[t.index <= 1024] * 1e6
+                r = d.iloc[0]
+                h, hd = int(r["n_embd"]), int(r["n_embd"]) // int(r["n_head"])
+                ff, gated = int(r["n_expanded_embd"]), bool(r["use_gated_mlp"])
+                params = np.array([h * (int(r["n_head"]) + 2 * int(r["n_kv_head"])) * hd, h * h,
+                                   h * ff * (2 if gated else 1), ff * h], dtype=float) / int(tp)
+                cases.append((model, law, params, t))
+    rows = []
+    for rule in TILE_RULES:
+        for name, k in OVERLAPS.items():
+            for large in (False, True):
+                errs: dict[bool, list[float]] = {True: [], False: []}
+                for model, law, params, t in cases:
+                    pred = np.array([_variant_ns(law, params, float(x), rule, k, large) for x in t.index])
+                    i = list(t.index).index(8)
+                    rel = pred / pred[i] * t.iloc[i] / t.to_numpy() - 1
+                    errs[model == HELD_OUT].append(float(np.median(np.abs(rel))))
+                rows.append((float(np.median(errs[False])), float(np.max(errs[False])), float(np.median(errs[True])),
+                             rule, name, "largest GEMMs'" if large else "size-dependent"))
+    rows.sort()
+    product = ("64", "sqrt(c^2+m^2)", "largest GEMMs'")
+    previous = ("none", "max", "size-dependent")
+    lines = ["| tile rows | overlap | rate | median over other models % | worst % | Llama-2-7B median % | |",
+             "|---|---|---|---|---|---|---|"]
+    for med, worst, held, rule, name, rate in rows:
+        tag = "**whatif**" if (rule, name, rate) == product else "previous" if (rule, name, rate) == previous else ""
+        lines.append(f"| {rule} | {name} | {rate} | {100 * med:.1f} | {100 * worst:.1f} | {100 * held:.1f} | {tag} |")
+    n_other = sum(1 for c in cases if c[0] != HELD_OUT)
+    lines += ["", f"{len(cases)} (GPU, model, TP) curves, {n_other} without {HELD_OUT}; each the sum of the "
+              "layer's four weight GEMMs, predicted from its time at 8 tokens at every measured count up to 1,024."]
+    return "\n".join(lines)
+
+
 def _closest(d: pd.DataFrame) -> str:
     return f"{((d['law'] < d['no_change']) & (d['law'] < d['proportional'])).mean():.0%}"
 
@@ -120,8 +183,11 @@ def main() -> int:
         f"{r.gpu} {r.model} {r.x0} -> x{r.factor:g}: {r.law:.0f} %" for r in worst.itertuples()))
     out = "\n".join(lines)
     print(out)
+    variants = gemm_variants()
+    print(variants)
     if args.write_docs:
         replace_section(ROOT / "docs" / "serving.md", BEGIN, END, out)
+        replace_section(ROOT / "docs" / "serving.md", VBEGIN, VEND, variants)
     return 0
 
 

@@ -30,7 +30,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from whatif.core.dtypes import DType
+from whatif.hardware.devices import get_device
 from whatif.predictors.serving.arrivals import RequestSpec
+from whatif.predictors.serving.iteration_costs import WeightGemms
 from whatif.predictors.serving.iteration_model import fit_llm_model
 from whatif.predictors.serving.logs import LLMBatch
 from whatif.predictors.serving.metrics import stats
@@ -47,13 +50,20 @@ BEGIN, END = "<!-- bench/serving_vidur.py begin -->", "<!-- bench/serving_vidur.
 DOCS = (ROOT / "docs" / "serving.md", ROOT / "docs" / "accuracy.md")
 METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 LIMITS = {"mean": 0.15, "p99": 0.25}  # issue 18's "done when" tolerances
-# (name, fitted run, target run, whatif applies Vidur's KV admission watermark)
-SCENARIOS = (("256-1536: fit 2 -> 2", "u1536_qps2", "u1536_qps2", True),
-             ("256-1536: fit 2 -> 6", "u1536_qps2", "u1536_qps6", True),
-             ("256-1536: oracle 6", "u1536_qps6", "u1536_qps6", True),
-             ("256-2048: fit 2 -> 6", "u2048_qps2", "u2048_qps6", True),
-             ("256-2048: oracle 6", "u2048_qps6", "u2048_qps6", True),
-             ("256-2048: oracle 6, no watermark", "u2048_qps6", "u2048_qps6", False))
+# (name, fitted run, target run, whatif applies Vidur's KV admission watermark, the weight GEMMs priced by their law)
+SCENARIOS = (("256-1536: fit 2 -> 2", "u1536_qps2", "u1536_qps2", True, True),
+             ("256-1536: fit 2 -> 6", "u1536_qps2", "u1536_qps6", True, True),
+             ("256-1536: oracle 6", "u1536_qps6", "u1536_qps6", True, True),
+             ("256-2048: fit 2 -> 6", "u2048_qps2", "u2048_qps6", True, True),
+             ("256-2048: fit 2 -> 6, GEMMs in the fit", "u2048_qps2", "u2048_qps6", True, False),
+             ("256-2048: oracle 6", "u2048_qps6", "u2048_qps6", True, True),
+             ("256-2048: oracle 6, no watermark", "u2048_qps6", "u2048_qps6", False, True))
+# Llama-2-7B (its Hugging Face config.json: hidden 4096, 32 layers, 32 heads, 32 KV heads, gated FFN 11008),
+# the weights of its layers' four GEMMs (QKV, output, gate+up, down), what Vidur's MLP table times;
+# Vidur's "a100" is an A100 80 GB SXM (../shared/perfdata/README.md)
+HIDDEN, LAYERS, FFN = 4096, 32, 11008
+LAYER_GEMM_PARAMS = 3 * HIDDEN * HIDDEN + HIDDEN * HIDDEN + 2 * HIDDEN * FFN + FFN * HIDDEN
+DEVICE = "A100_SXM_80GB"
 
 
 @dataclass(frozen=True)
@@ -100,10 +110,16 @@ def iterations(run: VidurRun, comps: list[tuple[str, LLMBatch]]) -> pd.DataFrame
                          "excluded_reason": None, "included": True})
 
 
-def current_model(run: VidurRun) -> LlmModel:
-    """whatif's iteration model fitted on ``run``'s batches (the one function to switch models)."""
+def weight_gemms() -> WeightGemms:
+    """Llama-2-7B's layer GEMMs on Vidur's A100, in fp16 (2 bytes per weight)."""
+    return WeightGemms.of(2.0 * LAYERS * LAYER_GEMM_PARAMS, get_device(DEVICE), DType.FP16)
+
+
+def current_model(run: VidurRun, gemms: bool = True) -> LlmModel:
+    """whatif's iteration model fitted on ``run``'s batches (the one function to switch models);
+    ``gemms``: the weight GEMMs priced by their law, the fit of the rest (else all in the fit)."""
     comps = compositions(run)
-    return fit_llm_model(iterations(run, comps), comps)
+    return fit_llm_model(iterations(run, comps), comps, weight_gemms() if gemms else None)
 
 
 def scheduler_config(run: VidurRun, watermark: bool = True) -> SchedulerConfig:
@@ -172,9 +188,9 @@ class Comparison:
         return abs(self.error(metric, q)) <= LIMITS[q]
 
 
-def scenario(name: str, fit: VidurRun, target: VidurRun, watermark: bool = True,
-             fit_model: Callable[[VidurRun], LlmModel] = current_model) -> Comparison:
-    model = fit_model(fit)
+def scenario(name: str, fit: VidurRun, target: VidurRun, watermark: bool = True, gemms: bool = True,
+             fit_model: Callable[[VidurRun, bool], LlmModel] = current_model) -> Comparison:
+    model = fit_model(fit, gemms)
     watch = RangeWatch(model)
     sim = simulate_llm(request_specs(target), watch.time_ns, scheduler_config(target, watermark))
     kinds = target.members.groupby("batch_id").is_prefill.max()
@@ -221,8 +237,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write every figure here")
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite the tables in docs/")
     args = ap.parse_args()
-    runs = {t: load_run(t) for t in sorted({t for _, f, g, _ in SCENARIOS for t in (f, g)})}
-    rows = [scenario(name, runs[f], runs[g], watermark) for name, f, g, watermark in SCENARIOS]
+    runs = {t: load_run(t) for t in sorted({t for _, f, g, _, _ in SCENARIOS for t in (f, g)})}
+    rows = [scenario(name, runs[f], runs[g], watermark, gemms) for name, f, g, watermark, gemms in SCENARIOS]
     text = table(rows, runs)
     print(text)
     if args.json:

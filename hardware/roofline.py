@@ -98,6 +98,52 @@ def expected_waves(waves: np.ndarray | float) -> np.ndarray:
     return np.asarray(waves, dtype=float) + 0.5
 
 
+GEMM_ROW_TILE = 64   # rows (tokens) of the smallest output tile GEMM libraries pick for a skinny GEMM
+
+
+def gemm_rows_in_tiles(rows: np.ndarray | float) -> np.ndarray:
+    """Rows a GEMM computes for ``rows`` rows of activations: whole tiles of ``GEMM_ROW_TILE``
+    (tile quantization, NVIDIA's *Matrix Multiplication Background User's Guide*: a partly
+    filled tile costs a full one). A weight GEMM of 1-64 tokens does the work of 64, one of 65 that
+    of 128; checked against Vidur's A100/A40 layer GEMMs in ``bench/gemm_tokens.py``.
+
+    >>> gemm_rows_in_tiles(np.array([1, 64, 65, 200])).tolist()
+    [64.0, 64.0, 128.0, 256.0]
+    """
+    r = np.maximum(np.asarray(rows, dtype=float), 1.0)
+    return np.ceil(r / GEMM_ROW_TILE) * GEMM_ROW_TILE
+
+
+def overlapped_roofline_ns(compute_ns: np.ndarray | float, memory_ns: np.ndarray | float) -> np.ndarray:
+    """A kernel's time when its compute and its memory traffic overlap imperfectly:
+    ``√(c² + m²)``, the roofline's ``max(c, m)`` near either roof and up to √2 × it at the ridge,
+    where neither unit is kept busy while the other waits (a skinny GEMM's tiles load their weights,
+    then compute). Used for weight GEMMs by tokens (:mod:`whatif.predictors.serving.iteration_costs`);
+    it is what lets a decode GEMM at 1-64 tokens sit 5-10 % above its weights' streaming time, as
+    Vidur's A100 GEMMs do (``bench/gemm_tokens.py``).
+
+    >>> overlapped_roofline_ns(np.array([0.0, 3.0, 1.0]), np.array([5.0, 4.0, 1.0])).round(3).tolist()
+    [5.0, 5.0, 1.414]
+    """
+    return np.hypot(np.asarray(compute_ns, dtype=float), np.asarray(memory_ns, dtype=float))
+
+
+def weight_gemm_ns(params: np.ndarray | float, rows: float, elem_bytes: float, rate_flops_per_ns: float,
+                   bw_bytes_per_ns: float) -> np.ndarray:
+    """Time of a GEMM of ``params`` weights over ``rows`` rows of activations (tokens): its padded
+    rows' FLOPs at ``rate_flops_per_ns`` (the largest GEMMs' achievable rate: a small GEMM's lower
+    measured rate is its weight reads and its padded tile, both counted here) overlapped with its
+    weights' reads at ``bw_bytes_per_ns``:
+    ``√((2·P·⌈x⌉₆₄ / F)² + (s·P / BW)²)`` (:func:`gemm_rows_in_tiles`, :func:`overlapped_roofline_ns`).
+
+    >>> [round(float(weight_gemm_ns(1e6, x, 2.0, 271.2e3, 1759.0))) for x in (1, 64, 65, 256)]   # A100, ns
+    [1231, 1231, 1478, 2204]
+    """
+    p = np.asarray(params, dtype=float)
+    compute = 2.0 * p * gemm_rows_in_tiles(rows) / rate_flops_per_ns
+    return overlapped_roofline_ns(compute, elem_bytes * p / bw_bytes_per_ns)
+
+
 def wave_tail_ratio(waves: np.ndarray | float, new_waves: np.ndarray | float) -> np.ndarray:
     """Factor on the time per FLOP of a GEMM whose blocks go from ``waves`` to ``new_waves`` (its
     rows split or grown): ``(E(w')/w') / (E(w)/w)``, :func:`expected_waves`. Each half of a GEMM

@@ -7,7 +7,7 @@ from pathlib import Path
 from tracegen import KinetoTrace
 
 from whatif.hardware.devices import get_device
-from whatif.hardware.roofline import achievable_time_ns
+from whatif.hardware.roofline import achievable_time_ns, weight_gemm_ns
 
 PEAK, BW, FIXED_US, ELEM = 700e12, 3.0e12, 3.0, 2     # H100-like achieved rates, bf16
 BF16 = "c10::BFloat16"
@@ -19,7 +19,7 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
               gpu_name: str = "NVIDIA H100 80GB HBM3", peak: float = PEAK, bw: float = BW,
               decode_batch: int = 0, fa_backward_kernels: int = 1, rank: int | None = None,
               world_size: int | None = None, device: str | None = None, tp_all_reduce: int = 0,
-              fused_add_norm: bool = False) -> Path:
+              fused_add_norm: bool = False, gemm_law: bool = False) -> Path:
     """One forward per step of ``batch`` sequences of ``new_tokens`` tokens (1 = decode) attending
     to ``kv_tokens`` cached tokens. ``phases``: a ``phase:<name>`` annotation per step (cycled), in
     which case the tokens of a ``prefill`` step are ``kv_tokens`` and of a ``decode`` step 1.
@@ -39,19 +39,26 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
     its time a ring's ``2(g−1)/g`` of the bytes at 200 GB/s plus 10 us. ``fused_add_norm``: each
     residual add and the norm after it as vLLM's one ``fused_add_rms_norm`` kernel (reads the block
     output and the residual, writes both: 4 bytes per hidden value and token), the last layer's
-    being the final norm."""
+    being the final norm. ``gemm_law`` (with ``device``): the weight GEMMs timed by the serving
+    iteration model's law (:func:`whatif.hardware.roofline.weight_gemm_ns`: padded rows at the
+    largest GEMMs' rate, overlapped with the weight reads; checked against Vidur's measured A100/A40
+    GEMMs in bench/serving_op_laws.py) instead of the achievable roofline at their own size."""
     tr = KinetoTrace(gpu_name=gpu_name, rank=rank, world_size=world_size)
     dev = get_device(device) if device is not None else None
     corr, ts, gpu_t = 0, 0.0, 0.0
     d = hidden // heads
     hkv = kv_heads or heads
 
-    def kernel(name: str, flops: float, nbytes: float, op: str, dims, types) -> None:
+    def kernel(name: str, flops: float, nbytes: float, op: str, dims, types, weights: float = 0.0) -> None:
         nonlocal corr, ts, gpu_t
         corr += 1
         tr._x("cpu_op", op, ts, 6, 100, 1, **{"Input Dims": dims, "Input type": types, "External id": corr})
         tr.runtime("cudaLaunchKernel", ts + 1, 4, corr=corr)
-        if dev is not None:
+        if dev is not None and weights:
+            rows = flops / (2.0 * weights)
+            us = FIXED_US + float(weight_gemm_ns(weights, rows, ELEM, dev.achievable_matrix_flops("bf16", 1e16) / 1e9,
+                                                 dev.stream_bw_bytes_per_s / 1e9)) / 1e3
+        elif dev is not None:
             cls = "gemm" if "gemm" in name else "attention" if "flash" in name else "elementwise"
             us = FIXED_US + achievable_time_ns(flops, nbytes, dev, "bf16", cls) / 1e3
         else:
@@ -84,7 +91,7 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
 
         def gemm(tag: str, n: int, k: int, m: int = m) -> None:
             kernel(f"sm90_xmma_gemm_bf16bf16_bf16f32_{tag}", 2.0 * m * k * n, ELEM * (m * k + k * n + m * n),
-                   "aten::mm", [[m, k], [k, n]], [BF16, BF16])
+                   "aten::mm", [[m, k], [k, n]], [BF16, BF16], weights=k * n if gemm_law else 0.0)
 
         def mem(name: str, nbytes: float, op: str, m: int = m) -> None:
             kernel(name, nbytes / ELEM, nbytes, op, [[m, hidden]], [BF16])

@@ -317,13 +317,15 @@ def _losses(train: ModuleType, tmp_path: Path, *extra: str) -> list[float]:
 
 def test_train_variants_of_the_gpu_pairs(tmp_path: Path) -> None:
     """The flags the GPU harvest's pairs differ in: autocast changes the numerics a little, the SDPA
-    backend none (math on CPU either way), and a DataLoader (in the thread or in workers) feeds
-    other batches than the pre-made ones, the same ones whatever the number of workers."""
+    backend only in the last bits (torch's CPU default may be its flash kernel, which sums in
+    another order than math, depending on the CPU's vector units), and a DataLoader (in the thread
+    or in workers) feeds other batches than the pre-made ones, the same ones whatever the number of
+    workers."""
     train = load("train")
     plain = _losses(train, tmp_path)
     bf16 = _losses(train, tmp_path, "--autocast", "bf16")
     assert bf16 != plain and all(abs(a - b) < 0.05 for a, b in zip(plain, bf16))
-    assert _losses(train, tmp_path, "--sdpa", "math") == plain
+    assert _losses(train, tmp_path, "--sdpa", "math") == pytest.approx(plain, rel=1e-5)
     inline = _losses(train, tmp_path, "--workers", "0", "--load-ms", "1")
     assert inline != plain and _losses(train, tmp_path, "--workers", "2", "--load-ms", "1") == inline
     with pytest.raises(SystemExit):

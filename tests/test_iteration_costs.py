@@ -2,8 +2,9 @@
 iterations re-priced at other batches by their kernels' laws must move as the hardware does.
 
 Ground truth: traces of the same model generated at the other batch with every kernel timed by the
-catalog's achievable roofline (tests/_llm_tracegen.py, ``device=``), so a prediction from one batch
-can be checked against the measured iteration at another."""
+catalog's achievable roofline and the weight GEMMs by the weight-GEMM law (tests/_llm_tracegen.py,
+``device=``, ``gemm_law=True``), so a prediction from one batch can be checked against the measured
+iteration at another."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,7 +37,8 @@ from whatif.transforms.parallel.memory import model_shape
 from whatif.transforms.select import Selector
 
 H100 = "H100_SXM"
-KW = {"layers": 2, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, "device": H100, "steps": 3}
+KW = {"layers": 2, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, "device": H100, "steps": 3,
+      "gemm_law": True}
 
 
 def _decode(seqs: int, context: int) -> LLMBatch:

@@ -927,11 +927,24 @@ class CostPhaseEntry(Entry, frozen=True, kw_only=True):
     gpu_ns_by_law: dict[str, float]
 
 
+class WeightGemmsEntry(Entry, frozen=True, kw_only=True):
+    """The weight GEMMs a least-squares iteration model prices by their law rather than fitting:
+    ``params`` weights on ``device`` (``scale``: the scenario's change of the GEMMs' time), their time
+    at 1 token and the knee (tokens) above which their FLOPs outlast their weight reads."""
+
+    params: float
+    device: str
+    scale: float
+    ns_at_1_token: float
+    knee_tokens: float
+
+
 class LlmIterationModel(Entry, frozen=True, kw_only=True):
     """The iteration model of one scenario: ``kind`` ``least-squares`` (``phases``: a fit per phase
     over a serving log's compositions) or ``operator costs`` (``cost_phases``: recorded iterations
     re-priced by their kernels' laws, found in the trace by ``adapter``); ``ranges``: per phase,
-    the batch drivers it saw (beyond them it extrapolates)."""
+    the batch drivers it saw (beyond them it extrapolates); ``weight_gemms``: the least-squares
+    model's GEMMs priced by their law (the fits are of the rest), None when not known."""
 
     loop_overhead_ns: float
     profiler_correction: dict[str, ProfilerOffset]
@@ -944,6 +957,7 @@ class LlmIterationModel(Entry, frozen=True, kw_only=True):
     cost_phases: dict[str, CostPhaseEntry] = {}
     ranges: dict[str, dict[str, DriverRange]] = {}
     notes: list[str] = []
+    weight_gemms: WeightGemmsEntry | None = None
 
 
 class DitIterationModel(Entry, frozen=True, kw_only=True):

@@ -58,6 +58,7 @@ from whatif.documents import (
     ServingDocument,
     SloAttainment,
     SweepDocument,
+    WeightGemmsEntry,
     WorkloadEntry,
 )
 from whatif.hardware.devices import Device, find_device
@@ -80,7 +81,13 @@ from whatif.predictors.serving.dit_steps import dit_fit_inputs
 from whatif.predictors.serving.engine_defaults import engine_key
 from whatif.predictors.serving.engines import FoundIterations, find_iterations
 from whatif.predictors.serving.engines.xdit import steps_per_request
-from whatif.predictors.serving.iteration_costs import CostIterationModel, Range, cpu_only_replay, fit_cost_model
+from whatif.predictors.serving.iteration_costs import (
+    CostIterationModel,
+    Range,
+    cpu_only_replay,
+    fit_cost_model,
+    weight_gemms_of_replay,
+)
 from whatif.predictors.serving.iteration_model import (
     DitStepModel,
     DitStepWork,
@@ -337,7 +344,8 @@ class ServingModels:
         assert self.log is not None
         iters = replayed_iterations(rp, self.reference, self.step_options)
         if isinstance(self.log, logs.LlmLog):
-            return fit_llm_model(iters, logs.llm_compositions(self.log))
+            return fit_llm_model(iters, logs.llm_compositions(self.log),
+                                 weight_gemms_of_replay(rp, self.device, self.shape))
         over = [b.duration_ms - sum(b.step_ms) for b in self.log.batches]
         return fit_dit_model(iters, logs.dit_compositions(self.log), self._dit_work(rp, iters),
                              float(np.median(over)) * 1e6 if over else 0.0)
@@ -517,7 +525,7 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
     if step_options is not None:
         base = base.with_options(step_options)
     found = None if log_path is not None else find_iterations(base.graph, engine)
-    device, shape = _device_and_shape(base) if found is not None else (None, None)
+    device, shape = _device_and_shape(base)
     replays: list[tuple[str, Replay]] = [] if not baseline and loaded else [("baseline", base.replay)]
     placements: list[Callable[[], Placement]] = [Placement] * len(replays)
     todo = [s for s in loaded if not isinstance(s, ScenarioResult)]
@@ -726,7 +734,9 @@ def _llm_model(model: LlmModel) -> LlmIterationModel:
                 for p, f in model.fits.items()},
         excluded_iterations=_excluded_iterations(model.excluded), ranges=_ranges(model.ranges),
         adapter=model.adapter, iterations_found=sum(f.n for f in model.fits.values()) if model.adapter else 0,
-        notes=list(model.notes))
+        notes=list(model.notes), weight_gemms=None if model.gemms is None else WeightGemmsEntry(
+            params=model.gemms.params, device=model.gemms.device, scale=model.gemms.scale,
+            ns_at_1_token=model.gemms.ns(1.0), knee_tokens=model.gemms.law.knee_tokens))
 
 
 def _dit_model(model: DitStepModel) -> DitIterationModel:

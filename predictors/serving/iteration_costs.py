@@ -13,11 +13,16 @@ extrapolates in batch size and context length:
   latency scales like the kernel's achievable roofline time (Williams et al. 2009), so the kernel
   keeps the efficiency it was measured at.
 
-  - ``GEMM`` (weights × activations): ``A(x) ∝ max(s·P/BW, 2·P·x/F)`` for x tokens through a
-    weight of P parameters of s bytes, F the achievable GEMM rate at the measured kernel's size and
-    BW the streaming bandwidth; the ratio depends on x only through ``max(x, x*)`` with the knee
-    ``x* = s·F / (2·BW)`` tokens (≈ 250 on an H100 in bf16): below it a GEMM reads its weights in
-    the same time whatever the batch (decode), above it the time grows with the tokens (prefill).
+  - ``GEMM`` (weights × activations): ``A(x) = √((2·P·⌈x⌉₆₄ / F)² + (s·P / BW)²)`` for x tokens
+    through a weight of P parameters of s bytes (:func:`~whatif.hardware.roofline.weight_gemm_ns`):
+    the rows padded to whole tiles of 64 (a decode of 65 sequences computes 128 rows), F the
+    achievable rate of the largest GEMMs, BW the streaming bandwidth, compute and weight reads
+    overlapped imperfectly (the root of the sum of squares, √2 × the roofline's max at the ridge).
+    Below the knee ``x* = s·F / (2·BW)`` tokens (≈ 250 on an H100 in bf16) a GEMM mostly reads its
+    weights, flat within a tile of rows and a step at each new tile; above it the time grows with
+    the tokens. Against Vidur's measured A100/A40 layer GEMMs (50 model × TP curves, 1-1,024
+    tokens) this form errs by 7.4 % (median) where ``max`` at the size-dependent rate erred by 21 %
+    (bench/serving_op_laws.py).
   - ``ATTENTION``: FLOPs ``4·d·H·pairs`` (query-key pairs: causal prompt pairs plus one per decode
     context token) against bytes ``s·d·(2·H_kv·keys + 2·H·queries)``: a decode step reads the KV
     cache (memory-bound, ∝ Σ context), a prefill computes (∝ pairs); ``H/H_kv`` from the memory
@@ -50,7 +55,7 @@ only their sum (attention depends on the sum).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 import numpy as np
@@ -59,7 +64,7 @@ from whatif.core.dtypes import DType, dtype_in_kernel_name, element_bytes
 from whatif.core.kernels import KernelClass, classify_kernel
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph
 from whatif.hardware.devices import Device, find_device
-from whatif.hardware.roofline import fixed_latency_ns
+from whatif.hardware.roofline import fixed_latency_ns, weight_gemm_ns
 from whatif.predictors.bounds import union_ns
 from whatif.predictors.costs import DEVICE_COLUMN
 from whatif.predictors.replay import Replay, replay
@@ -160,19 +165,23 @@ class DeviceLaw:
     @property
     def knee_tokens(self) -> float:
         """Tokens above which a large GEMM's FLOPs outlast its weight reads: ``s·F / (2·BW)``."""
-        return self.elem_bytes * float(np.exp(self.log_rate[-1])) / (2.0 * self.bw_bytes_per_ns)
+        return self.elem_bytes * self.large_rate / (2.0 * self.bw_bytes_per_ns)
 
     def rate(self, flops: np.ndarray) -> np.ndarray:
         """Achievable FLOP/ns of GEMMs of ``flops`` FLOPs."""
         return np.exp(np.interp(np.log(np.maximum(flops, 1.0)), np.log(_RATE_GRID_FLOPS), self.log_rate))
 
+    @property
+    def large_rate(self) -> float:
+        """Achievable FLOP/ns of the largest GEMMs (the tensor cores' rate once a tile computes)."""
+        return float(np.exp(self.log_rate[-1]))
+
     def gemm_ns(self, params: np.ndarray, tokens: float) -> np.ndarray:
         """Achievable time of GEMMs of ``params`` weights each over ``tokens`` tokens:
-        ``max(s·P / BW, 2·P·x / F(2·P·x))``."""
-        flops = 2.0 * params * tokens
+        :func:`~whatif.hardware.roofline.weight_gemm_ns` at the rate of the largest GEMMs."""
         if self.proportional:
-            return flops
-        return np.maximum(self.elem_bytes * params / self.bw_bytes_per_ns, flops / self.rate(flops))
+            return 2.0 * params * tokens
+        return weight_gemm_ns(params, tokens, self.elem_bytes, self.large_rate, self.bw_bytes_per_ns)
 
     def implied_params(self, var_ns: np.ndarray, tokens: float) -> np.ndarray:
         """The weights ``P`` whose achievable time at ``tokens`` is ``var_ns`` (the kernel kept at the
@@ -200,6 +209,38 @@ class DeviceLaw:
 
 
 @dataclass(frozen=True)
+class WeightGemms:
+    """The weight GEMMs of one iteration: ``params`` weights (every layer's, one forward pass) on the
+    device ``law``; their time at x tokens is ``scale`` × :meth:`DeviceLaw.gemm_ns` (linear in the
+    weights, so one GEMM of all of them prices the same as each layer's). ``scale``: how much a
+    scenario changed the GEMMs' time (1 on the recorded trace; a ``gpu`` scenario keeps the recorded
+    GPU's knee and tile step, scaled).
+
+    >>> from whatif.hardware.devices import get_device
+    >>> g = WeightGemms.of(6.5e9 * 2, get_device("A100_SXM_80GB"))   # Llama-2-7B's layers in bf16
+    >>> [round(g.ns(x) / 1e6, 2) for x in (1, 64, 65, 128)]          # ms: one tile of rows, then two
+    [8.0, 8.0, 9.61, 9.61]
+    """
+
+    params: float
+    law: DeviceLaw
+    device: str = ""
+    scale: float = 1.0
+
+    @classmethod
+    def of(cls, weight_bytes: float, device: Device, dtype: DType = DType.BF16) -> WeightGemms:
+        law = DeviceLaw.of(device, dtype, 1.0, 128)
+        return cls(params=weight_bytes / law.elem_bytes, law=law, device=device.name)
+
+    def ns(self, tokens: float) -> float:
+        return self.scale * float(self.law.gemm_ns(np.array([self.params]), max(tokens, 1.0))[0])
+
+    def to_dict(self) -> dict[str, float | str]:
+        return {"params": self.params, "device": self.device, "scale": self.scale, "ns_at_1_token": self.ns(1.0),
+                "knee_tokens": self.law.knee_tokens}
+
+
+@dataclass(frozen=True)
 class Kernels:
     """Measured kernels of one iteration, each with its law, its fixed part (at most the device's
     fixed latency), the part above it and its inferred size (GEMM: the weights P; attention: the
@@ -220,8 +261,8 @@ class Kernels:
         >>> k = Kernels.measured(np.array([KernelLaw.GEMM]), np.array([100_000.0]), Drivers.of(
         ...     LLMBatch(decode_context=(512,) * 8)), dev)
         >>> [round(t / 1e3) for t in (k.at(Drivers.of(LLMBatch(decode_context=(512,) * n)), dev)[0]
-        ...                             for n in (1, 64, 2048))]   # us: weight-bound up to the knee, then FLOPs
-        [100, 100, 905]
+        ...                             for n in (1, 64, 65, 2048))]   # us: one tile of rows, then two, then FLOPs
+        [100, 100, 108, 763]
         """
         law = laws.astype(np.int8)
         fixed = np.minimum(dur_ns, dev.fixed_ns)
@@ -414,6 +455,27 @@ def iteration_dtype(graph: TaskGraph) -> DType:
         if dt is not None:
             seen[dt] = seen.get(dt, 0.0) + float(dur_ns)
     return max(seen, key=lambda k: (seen[k], k.value)) if seen else DType.BF16
+
+
+def weight_gemms_of_replay(rp: Replay, device: Device | None, shape: ModelShape | None) -> WeightGemms | None:
+    """The weight GEMMs of ``rp``'s iterations for the least-squares model: ``shape``'s weights on the
+    recorded ``device`` in the GEMM kernels' dtype, scaled by how much the replay changed the GEMM
+    kernels' time (a scenario); None without a cataloged GPU, a model shape or GEMM kernels."""
+    if device is None or shape is None or shape.weight_bytes <= 0:
+        return None
+    t = rp.graph.tasks
+    gpu = np.isin(t["kind"].to_numpy(), [int(k) for k in GPU_WORK_KINDS])
+    names = t["name"].astype(str).to_numpy()[gpu]
+    is_gemm = {n: kernel_law(classify_kernel(n)) == KernelLaw.GEMM for n in np.unique(names).tolist()}
+    gemm = gpu.copy()
+    gemm[gpu] = [is_gemm[n] for n in names.tolist()]
+    start, end = t["measured_start_ns"].to_numpy(), t["measured_end_ns"].to_numpy()
+    recorded = gemm & (start >= 0)
+    measured = float((end - start)[recorded].sum())
+    if measured <= 0:
+        return None
+    replayed = float(t["dur_ns"].to_numpy(float)[gemm].sum())
+    return replace(WeightGemms.of(shape.weight_bytes, device, iteration_dtype(rp.graph)), scale=replayed / measured)
 
 
 def anchors_from_replay(replay: Replay, cpu_replay: Replay, found: FoundIterations, law: DeviceLaw

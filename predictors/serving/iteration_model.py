@@ -13,7 +13,12 @@ back). A phase none of whose iterations counts is fitted on all of them.
 
 LLM (:func:`fit_llm_model`): per phase, a least-squares linear model of iteration time (ns) in features of the
 batch composition, Vidur-style; candidate feature sets are compared by leave-one-out relative
-error and the best one with non-negative slopes is kept:
+error and the best one with non-negative slopes is kept. When the model's weights and the device
+are known (:class:`WeightGemms`), the weight GEMMs' time at the batch's tokens is priced by their
+law (:meth:`~.iteration_costs.DeviceLaw.gemm_ns`: tile rows, overlapped roofline) and the fit is
+of what remains, so a batch beyond the fitted ones pays the GEMM tiles it adds (a decode of 65
+sequences runs its GEMMs on 128 rows, 20 % slower on an A100 than at 64) instead of a line's
+extrapolation. The features:
 
 * prefill: ``tokens`` (new tokens), ``tokens2`` (tokens², dense attention over the packed batch),
   ``attn`` (Σ new·(cached+new) per sequence, block-diagonal attention), ``seqs``;
@@ -38,7 +43,7 @@ from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph
 from whatif.predictors.replay import Replay
 from whatif.predictors.steps import step_end_tasks, step_exclusions
 
-from .iteration_costs import RANGE_DRIVERS, Drivers, Range, driver_value
+from .iteration_costs import RANGE_DRIVERS, Drivers, Range, WeightGemms, driver_value
 from .logs import LLMBatch, ServingLogError
 
 PREFILL_CANDIDATES: list[tuple[str, ...]] = [("tokens",), ("tokens", "tokens2"), ("tokens", "attn"), ("seqs", "tokens"),
@@ -210,6 +215,7 @@ class IterationModel:
     ranges: dict[str, dict[str, Range]] = field(default_factory=dict)  # phase -> driver -> range fitted on
     adapter: str = ""   # the engine adapter whose iterations it was fitted on ("": a serving log)
     notes: tuple[str, ...] = ()
+    gemms: WeightGemms | None = None  # priced by their law; the fits are of the rest
 
     def extrapolation(self, batch: LLMBatch) -> tuple[str, ...]:
         """The drivers of ``batch`` (tokens, seqs, context) beyond the range its phase was fitted on."""
@@ -234,15 +240,16 @@ class IterationModel:
         if not batch.prefill_tokens and not batch.decode_context:
             return 0.0
         fix = self._corrected if corrected else (lambda phase, t, marginal=False: t)
+        gemm = self.gemms.ns(Drivers.of(batch).tokens) if self.gemms is not None else 0.0
         if batch.prefill_tokens:
             p = LLMBatch(batch.prefill_tokens, batch.prefill_cached)
-            t = fix("prefill", self._phase("prefill").predict_ns(llm_features(p)))
+            t = fix("prefill", gemm + self._phase("prefill").predict_ns(llm_features(p)))
             if batch.decode_context:
                 d = self._phase("decode")
                 marg = d.predict_ns(llm_features(LLMBatch(decode_context=batch.decode_context))) - d.intercept_ns
                 t += fix("decode", marg, marginal=True)
             return t
-        return fix("decode", self._phase("decode").predict_ns(llm_features(batch)))
+        return fix("decode", gemm + self._phase("decode").predict_ns(llm_features(batch)))
 
     def _phase(self, phase: str) -> PhaseFit:
         if phase not in self.fits:
@@ -252,12 +259,15 @@ class IterationModel:
     def to_dict(self) -> dict[str, Any]:
         return {"loop_overhead_ns": self.loop_overhead_ns,
                 "profiler_correction": {p: {"offset_ns": a, "scale": b} for p, (a, b) in self.correction.items()},
-                "phases": {p: f.to_dict() for p, f in self.fits.items()}, "excluded": _excluded_dicts(self.excluded)}
+                "phases": {p: f.to_dict() for p, f in self.fits.items()}, "excluded": _excluded_dicts(self.excluded),
+                "weight_gemms": self.gemms.to_dict() if self.gemms is not None else None}
 
 
-def fit_llm_model(iters: pd.DataFrame, compositions: list[tuple[str, LLMBatch]]) -> IterationModel:
+def fit_llm_model(iters: pd.DataFrame, compositions: list[tuple[str, LLMBatch]],
+                  gemms: WeightGemms | None = None) -> IterationModel:
     """Fit per phase on replayed iterations (:func:`replayed_iterations`) matched in order to the
-    log's compositions; the phase sequences must agree."""
+    log's compositions; the phase sequences must agree. With ``gemms`` each phase is fitted on the
+    iteration time less the weight GEMMs' priced time at its tokens (module doc)."""
     trace_phases = iters["phase"].tolist()
     log_phases = [p for p, _ in compositions]
     if trace_phases != log_phases:
@@ -268,6 +278,8 @@ def fit_llm_model(iters: pd.DataFrame, compositions: list[tuple[str, LLMBatch]])
                               "(is the log from this recording?)")
     over = loop_overhead_ns(iters)
     y = iters["cycle_ns"].to_numpy(float) + over
+    if gemms is not None:
+        y = y - np.array([gemms.ns(Drivers.of(b).tokens) for _, b in compositions])
     counted = iters["included"].to_numpy(dtype=bool)
     fits = {}
     for phase, cands in (("prefill", PREFILL_CANDIDATES), ("decode", DECODE_CANDIDATES)):
@@ -280,7 +292,8 @@ def fit_llm_model(iters: pd.DataFrame, compositions: list[tuple[str, LLMBatch]])
         drivers = [Drivers.of(compositions[i][1]) for i in _phase_rows(log_phases, counted, phase)]
         ranges[phase] = {name: Range(min(driver_value(d, name) for d in drivers),
                                      max(driver_value(d, name) for d in drivers)) for name in RANGE_DRIVERS}
-    return IterationModel(fits=fits, loop_overhead_ns=over, excluded=_excluded(iters, fitted), ranges=ranges)
+    return IterationModel(fits=fits, loop_overhead_ns=over, excluded=_excluded(iters, fitted), ranges=ranges,
+                          gemms=gemms)
 
 
 def profiler_correction(model: IterationModel,
