@@ -162,29 +162,33 @@ class PhaseFit:
                 "candidates": self.candidates}
 
 
-def _fit_one(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _fit_one(x: np.ndarray, y: np.ndarray, total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Ordinary least squares with intercept (the conditional *mean*, so a run's total busy time is
-    kept even when other jobs slow some iterations); returns (coefficients, LOO relative errors)."""
+    kept even when other jobs slow some iterations); returns (coefficients, LOO errors relative to
+    ``total``, the whole iteration's time)."""
     a = np.column_stack([np.ones(len(y)), x])
     coef, *_ = np.linalg.lstsq(a, y, rcond=None)
     resid = y - a @ coef
     pinv = np.linalg.pinv(a.T @ a)
     h = np.einsum("ij,jk,ik->i", a, pinv, a)
-    loo = resid / np.clip(1 - h, 1e-9, None) / y
+    loo = resid / np.clip(1 - h, 1e-9, None) / total
     return coef, loo
 
 
 def fit_phase(phase: str, feats: list[dict[str, float]], y_ns: np.ndarray,
-              candidates: list[tuple[str, ...]]) -> PhaseFit:
-    """Best candidate feature set by leave-one-out relative error among fits with non-negative slopes."""
+              candidates: list[tuple[str, ...]], priced_ns: np.ndarray | None = None) -> PhaseFit:
+    """Best candidate feature set by leave-one-out relative error among fits with non-negative slopes.
+    ``priced_ns``: the part of each iteration priced outside the fit (its weight GEMMs), for errors
+    relative to the whole iteration."""
     y = np.asarray(y_ns, dtype=float)
+    total = y + (np.asarray(priced_ns, dtype=float) if priced_ns is not None else 0.0)
     tried: dict[str, float] = {}
     best: tuple[float, tuple[str, ...], np.ndarray] | None = None
     for cand in candidates:
         x = np.array([[f[c] for c in cand] for f in feats], dtype=float)
         if len(y) <= len(cand) + 1 or np.linalg.matrix_rank(np.column_stack([np.ones(len(y)), x])) < len(cand) + 1:
             continue
-        coef, loo = _fit_one(x, y)
+        coef, loo = _fit_one(x, y, total)
         score = float(np.mean(np.abs(loo)))
         tried["+".join(cand)] = score
         if (coef[1:] < 0).any():
@@ -193,14 +197,15 @@ def fit_phase(phase: str, feats: list[dict[str, float]], y_ns: np.ndarray,
             best = (score, cand, coef)
     if best is None:  # too few or identical iterations: a constant
         mean = float(np.mean(y))
-        return PhaseFit(phase, (), mean, {}, len(y), 0.0, float(np.mean(np.abs(y / mean - 1))), float("nan"), tried)
+        return PhaseFit(phase, (), mean, {}, len(y), 0.0, float(np.mean(np.abs((y - mean) / total))), float("nan"),
+                        tried)
     score, cand, coef = best
     x = np.array([[f[c] for c in cand] for f in feats], dtype=float)
     pred = coef[0] + x @ coef[1:]
     ss_tot = float(((y - y.mean()) ** 2).sum())
     r2 = 1 - float(((y - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
     return PhaseFit(phase, cand, float(coef[0]), {c: float(v) for c, v in zip(cand, coef[1:])}, len(y), r2,
-                    float(np.mean(np.abs(pred / y - 1))), score, tried)
+                    float(np.mean(np.abs((pred - y) / total))), score, tried)
 
 
 @dataclass
@@ -277,15 +282,16 @@ def fit_llm_model(iters: pd.DataFrame, compositions: list[tuple[str, LLMBatch]],
                               f"{len(log_phases)} logged iterations, first difference at iteration {n} "
                               "(is the log from this recording?)")
     over = loop_overhead_ns(iters)
-    y = iters["cycle_ns"].to_numpy(float) + over
-    if gemms is not None:
-        y = y - np.array([gemms.ns(Drivers.of(b).tokens) for _, b in compositions])
+    priced = np.array([gemms.ns(Drivers.of(b).tokens) for _, b in compositions]) if gemms is not None \
+        else np.zeros(len(compositions))
+    y = iters["cycle_ns"].to_numpy(float) + over - priced
     counted = iters["included"].to_numpy(dtype=bool)
     fits = {}
     for phase, cands in (("prefill", PREFILL_CANDIDATES), ("decode", DECODE_CANDIDATES)):
         idx = _phase_rows(log_phases, counted, phase)
         if idx:
-            fits[phase] = fit_phase(phase, [llm_features(compositions[i][1]) for i in idx], y[idx], cands)
+            fits[phase] = fit_phase(phase, [llm_features(compositions[i][1]) for i in idx], y[idx], cands,
+                                    priced[idx])
     fitted = {i for phase in fits for i in _phase_rows(log_phases, counted, phase)}
     ranges = {}
     for phase in fits:
