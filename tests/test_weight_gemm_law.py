@@ -129,8 +129,8 @@ def test_a_mixed_batch_runs_its_gemms_once_on_all_its_tokens() -> None:
 
 
 def test_gemms_of_a_replay_follow_a_scenario_and_need_a_gpu_and_a_shape(tmp_path: Path) -> None:
-    path = llm_trace(tmp_path / "t.json", batch=8, new_tokens=1, kv_tokens=1024, layers=2, hidden=1024, heads=8,
-                     ffn=4096, steps=3, device="H100_SXM")
+    path = llm_trace(tmp_path / "t.json", batch=8, new_tokens=1, kv_tokens=1024, layers=2, hidden=4096, heads=32,
+                     ffn=11008, steps=3, device="H100_SXM")
     a = analyze(path)
     shape = model_shape(a.graph, make_context(a.trace), "serve")
     h100 = get_device("H100_SXM")
@@ -143,3 +143,13 @@ def test_gemms_of_a_replay_follow_a_scenario_and_need_a_gpu_and_a_shape(tmp_path
     assert faster.ns(100) == pytest.approx(0.5 * base.ns(100), rel=1e-3)
     assert weight_gemms_of_replay(a.replay, None, shape) is None
     assert weight_gemms_of_replay(a.replay, h100, None) is None
+
+
+def test_a_launch_bound_loop_keeps_its_gemms_in_the_fit(tmp_path: Path) -> None:
+    """A small model's kernels finish before the next launch: the GPU is idle most of the time, the
+    GEMMs' growth hides under the CPU's work, so nothing is priced outside the fit."""
+    path = llm_trace(tmp_path / "small.json", batch=8, new_tokens=1, kv_tokens=256, layers=2, hidden=256, heads=4,
+                     ffn=1024, steps=3, device="H100_SXM")
+    a = analyze(path)
+    shape = model_shape(a.graph, make_context(a.trace), "serve")
+    assert weight_gemms_of_replay(a.replay, get_device("H100_SXM"), shape) is None

@@ -80,6 +80,7 @@ NEAREST = 4            # anchors averaged per prediction
 RANGE_SLACK = 1.25     # a driver this far beyond the anchors' range is extrapolated
 ACTIVATIONS_PER_TOKEN = 4  # hidden-size vectors a per-token kernel reads and writes per token (2 in, 1-2 out)
 MIN_CPU_FIT = 3        # distinct batch sizes needed to fit the CPU time per sequence
+GPU_BOUND_SHARE = 0.5  # GPU busy share of a replay above which its weight GEMMs add to each iteration
 
 
 class KernelLaw(IntEnum):
@@ -457,14 +458,31 @@ def iteration_dtype(graph: TaskGraph) -> DType:
     return max(seen, key=lambda k: (seen[k], k.value)) if seen else DType.BF16
 
 
+def gpu_busy_share(rp: Replay, gpu: np.ndarray) -> float:
+    """The largest share, over ranks, of a rank's replayed time (first task start to last end) its
+    GPU work covers (the union over its streams)."""
+    rank = rp.graph.tasks["rank"].to_numpy()
+    best = 0.0
+    for r in np.unique(rank[gpu]).tolist():
+        mine = rank == r
+        span = float(rp.end_ns[mine].max() - rp.start_ns[mine].min())
+        if span > 0:
+            best = max(best, union_ns(rp.start_ns[gpu & mine], rp.end_ns[gpu & mine]) / span)
+    return best
+
+
 def weight_gemms_of_replay(rp: Replay, device: Device | None, shape: ModelShape | None) -> WeightGemms | None:
     """The weight GEMMs of ``rp``'s iterations for the least-squares model: ``shape``'s weights on the
     recorded ``device`` in the GEMM kernels' dtype, scaled by how much the replay changed the GEMM
-    kernels' time (a scenario); None without a cataloged GPU, a model shape or GEMM kernels."""
+    kernels' time (a scenario). None without a cataloged GPU, a model shape or GEMM kernels, and when
+    no rank's GPU is busy for ``GPU_BOUND_SHARE`` of its replayed time: a launch-bound loop's GEMMs
+    run under its CPU work, so their time does not add to an iteration's."""
     if device is None or shape is None or shape.weight_bytes <= 0:
         return None
     t = rp.graph.tasks
     gpu = np.isin(t["kind"].to_numpy(), [int(k) for k in GPU_WORK_KINDS])
+    if gpu_busy_share(rp, gpu) < GPU_BOUND_SHARE:
+        return None
     names = t["name"].astype(str).to_numpy()[gpu]
     is_gemm = {n: kernel_law(classify_kernel(n)) == KernelLaw.GEMM for n in np.unique(names).tolist()}
     gemm = gpu.copy()
