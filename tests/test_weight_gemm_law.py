@@ -153,3 +153,32 @@ def test_a_launch_bound_loop_keeps_its_gemms_in_the_fit(tmp_path: Path) -> None:
     a = analyze(path)
     shape = model_shape(a.graph, make_context(a.trace), "serve")
     assert weight_gemms_of_replay(a.replay, get_device("H100_SXM"), shape) is None
+
+
+def test_serve_prices_a_gpu_bound_loops_gemms_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A serving log over a GPU-bound H100 recording (a 2-layer Llama-like model): ``whatif serve``
+    prices its weight GEMMs by the law, prints it and writes it to the JSON."""
+    import json
+
+    from whatif.cli import main
+
+    path = llm_trace(tmp_path / "serve.json", batch=2, kv_tokens=512, layers=2, hidden=4096, heads=32, ffn=11008,
+                     steps=8, phases=("prefill", "decode", "decode", "decode"), device="H100_SXM")
+    iterations = []
+    for first in (0, 2):
+        ids = [first, first + 1]
+        iterations += [{"phase": "prefill", "request_ids": ids, "duration_ms": 1.0}]
+        iterations += [{"phase": "decode", "request_ids": ids, "duration_ms": 1.0}] * 3
+    log = tmp_path / "serve.log"
+    log.write_text(json.dumps({"schema": "whatif.examples.llm_serve/1", "config": {},
+                               "requests": [{"id": i, "prompt_tokens": 512} for i in range(4)],
+                               "iterations": iterations}))
+    out = tmp_path / "out.json"
+    assert main(["serve", str(path), "--iterations-log", str(log), "--rate", "inf", "--num-requests", "2",
+                 "--prompt-tokens", "512", "--output-tokens", "4", "--json", str(out)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())   # the console wraps long lines
+    assert "weight GEMMs priced by their law, not fitted (0.40 B weights on the H100_SXM" in printed
+    gemms = json.loads(out.read_text())["scenarios"][0]["iteration_model"]["weight_gemms"]
+    assert gemms["device"] == "H100_SXM" and gemms["scale"] == pytest.approx(1.0)
+    assert gemms["params"] == pytest.approx(2 * (4096 * 3 * 4096 + 4096 * 4096 + 2 * 4096 * 11008 + 11008 * 4096),
+                                            rel=0.01)

@@ -192,6 +192,10 @@ def render(doc: ServingDocument, console: Console) -> None:
                 console.print(f"  {s.name} iterations found by the {s.iteration_model.adapter} adapter")
             parts = [f"{p}: {'+'.join(f.features) or 'constant'} (n={f.n}, R²={f.r2:.2f}, "
                      f"MAPE {f.mape:.1%}, LOO {f.loo_mape:.1%})" for p, f in s.iteration_model.phases.items()]
+            g = s.iteration_model.weight_gemms
+            if g is not None:
+                parts.append(f"weight GEMMs priced by their law, not fitted ({g.params / 1e9:.2f} B weights on the "
+                             f"{g.device}: {g.ns_at_1_token / 1e6:.3f} ms at 1-64 tokens, a step per 64 more)")
         else:
             m = s.iteration_model
             parts = [f"denoise step at model batches {m.model_batches_seen} (n={m.n}, MAPE {m.mape:.1%}, "
