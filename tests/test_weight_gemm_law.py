@@ -178,6 +178,7 @@ def test_serve_prices_a_gpu_bound_loops_gemms_and_says_so(tmp_path: Path, capsys
                  "--prompt-tokens", "512", "--output-tokens", "4", "--json", str(out)]) == 0
     printed = " ".join(capsys.readouterr().out.split())   # the console wraps long lines
     assert "weight GEMMs priced by their law, not fitted (0.40 B weights on the H100_SXM" in printed
+    assert "extrapolated by a straight-line fit (the weight GEMMs by their law)" in printed  # 4 seqs, 2 seen
     gemms = json.loads(out.read_text())["scenarios"][0]["iteration_model"]["weight_gemms"]
     assert gemms["device"] == "H100_SXM" and gemms["scale"] == pytest.approx(1.0)
     assert gemms["params"] == pytest.approx(2 * (4096 * 3 * 4096 + 4096 * 4096 + 2 * 4096 * 11008 + 11008 * 4096),

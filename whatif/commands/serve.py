@@ -155,6 +155,8 @@ def extrapolation_line(s: LlmScenarioServing) -> str:
     total = sum(s.iterations.values()) or s.extrapolated_iterations
     by = ", ".join(f"{k} {v:,}" for k, v in sorted(s.extrapolated_drivers.items()))
     how = ("extrapolated by the kernels' roofline laws" if s.iteration_model.kind == "operator costs"
+           else "extrapolated by a straight-line fit (the weight GEMMs by their law): treat with care, or record at "
+           "this load" if s.iteration_model.weight_gemms is not None
            else "extrapolated by a straight-line fit: treat with care, or record at this load")
     seen = "; ".join(f"{p} saw " + ", ".join(f"{k} {r.low:g}-{r.high:g}" for k, r in rs.items())
                      for p, rs in s.iteration_model.ranges.items())
