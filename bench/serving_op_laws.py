@@ -35,6 +35,7 @@ from common.vidur import GEMM_OPS, compute_models, require_perfdata
 
 from whatif.core.dtypes import DType
 from whatif.hardware.devices import get_device
+from whatif.hardware.roofline import GEMM_ROW_TILE, gemm_rows_in_tiles
 from whatif.predictors.serving.iteration_costs import DeviceLaw, Drivers, KernelLaw, Kernels
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,20 +93,27 @@ def rows_for(gpu: str, model: str, table: pd.DataFrame) -> list[dict]:
     return out
 
 
-TILE_RULES = {"none": lambda x: x, "64": lambda x: 64 * np.ceil(x / 64), "128": lambda x: 128 * np.ceil(x / 128),
-              "64, then 128": lambda x: np.where(x <= 64, 64.0, 128 * np.ceil(x / 128))}
+TILE_RULES = {"none": lambda x: x, "64": gemm_rows_in_tiles, "128": lambda x: 128 * np.ceil(x / 128),
+              "64, then 128": lambda x: np.where(x <= GEMM_ROW_TILE, float(GEMM_ROW_TILE), 128 * np.ceil(x / 128))}
 OVERLAPS = {"max": 0, "sqrt(c^2+m^2)": 2, "cbrt(c^3+m^3)": 3}
+PRODUCT = ("64", "sqrt(c^2+m^2)", True)   # whatif's form: DeviceLaw.gemm_ns, computed by it below
 
 
 def _variant_ns(law: DeviceLaw, params: np.ndarray, x: float, rule: str, k: int, large: bool) -> float:
+    if (rule, next(n for n, v in OVERLAPS.items() if v == k), large) == PRODUCT:
+        return float(law.gemm_ns(params, x).sum())
     rows = float(TILE_RULES[rule](np.array([x]))[0])
     rate = law.large_rate if large else law.rate(2 * params * rows)
     c, m = 2 * params * rows / rate, law.elem_bytes * params / law.bw_bytes_per_ns
     return float((np.maximum(c, m) if k == 0 else (c ** k + m ** k) ** (1 / k)).sum())
 
 
-def gemm_variants() -> str:
-    """Median |error| of each GEMM-law form on the layers' GEMM time from 8 tokens (module doc)."""
+Curve = tuple[str, str, int, DeviceLaw, np.ndarray, pd.Series]   # gpu, model, TP, law, weights, ns by tokens
+
+
+def gemm_curves() -> list[Curve]:
+    """Each (GPU, model, TP) of Vidur's tables: the layer's four GEMM weights and their summed
+    measured time (ns) by tokens, up to 1,024."""
     cases = []
     for gpu in GPUS:
         law = DeviceLaw.of(get_device(GPUS[gpu]), DType.FP16, 1.0, 128, 4096)
@@ -119,13 +127,18 @@ def gemm_variants() -> str:
                 ff, gated = int(r["n_expanded_embd"]), bool(r["use_gated_mlp"])
                 params = np.array([h * (int(r["n_head"]) + 2 * int(r["n_kv_head"])) * hd, h * h,
                                    h * ff * (2 if gated else 1), ff * h], dtype=float) / int(tp)
-                cases.append((model, law, params, t))
+                cases.append((gpu, model, int(tp), law, params, t))
+    return cases
+
+
+def gemm_variants(cases: list[Curve]) -> str:
+    """Median |error| of each GEMM-law form on the layers' GEMM time from 8 tokens (module doc)."""
     rows = []
     for rule in TILE_RULES:
         for name, k in OVERLAPS.items():
             for large in (False, True):
                 errs: dict[bool, list[float]] = {True: [], False: []}
-                for model, law, params, t in cases:
+                for _, model, _, law, params, t in cases:
                     pred = np.array([_variant_ns(law, params, float(x), rule, k, large) for x in t.index])
                     i = list(t.index).index(8)
                     rel = pred / pred[i] * t.iloc[i] / t.to_numpy() - 1
@@ -133,16 +146,41 @@ def gemm_variants() -> str:
                 rows.append((float(np.median(errs[False])), float(np.max(errs[False])), float(np.median(errs[True])),
                              rule, name, "largest GEMMs'" if large else "size-dependent"))
     rows.sort()
-    product = ("64", "sqrt(c^2+m^2)", "largest GEMMs'")
+    product = (PRODUCT[0], PRODUCT[1], "largest GEMMs'")
     previous = ("none", "max", "size-dependent")
     lines = ["| tile rows | overlap | rate | median over other models % | worst % | Llama-2-7B median % | |",
              "|---|---|---|---|---|---|---|"]
     for med, worst, held, rule, name, rate in rows:
         tag = "**whatif**" if (rule, name, rate) == product else "previous" if (rule, name, rate) == previous else ""
         lines.append(f"| {rule} | {name} | {rate} | {100 * med:.1f} | {100 * worst:.1f} | {100 * held:.1f} | {tag} |")
-    n_other = sum(1 for c in cases if c[0] != HELD_OUT)
+    n_other = sum(1 for c in cases if c[1] != HELD_OUT)
     lines += ["", f"{len(cases)} (GPU, model, TP) curves, {n_other} without {HELD_OUT}; each the sum of the "
               "layer's four weight GEMMs, predicted from its time at 8 tokens at every measured count up to 1,024."]
+    return "\n".join(lines)
+
+
+def law_misses(cases: list[Curve]) -> str:
+    """Where whatif's law misses, per GPU at TP 1: its error by model from 8 tokens, the measured
+    steps at 65 and 129 tokens against the law's, and the rate the largest measured GEMMs reach."""
+    lines = ["| GPU | median error per model, TP 1 (from 8 tokens, 1-1,024) | t(72)/t(64) measured (median) / law "
+             "| t(136-192)/t(8) measured / law | TFLOP/s at 1,024 tokens measured (median) / law's F |",
+             "|---|---|---|---|---|"]
+    for gpu in GPUS:
+        mine = [c for c in cases if c[0] == gpu and c[2] == 1]
+        errs, step65, mid, rates = [], [], [], []
+        for _, _, _, law, params, t in mine:
+            pred = np.array([float(law.gemm_ns(params, x).sum()) for x in t.index])
+            i = list(t.index).index(8)
+            errs.append(float(np.median(np.abs(pred / pred[i] * t.iloc[i] / t.to_numpy() - 1))))
+            step65.append(t[72] / t[64])
+            mid += [t[x] / t[8] for x in t.index if 136 <= x <= 192]
+            rates.append(2 * params.sum() * 1024 / t[1024] / 1e3)
+        law, params = mine[0][3], mine[0][4]
+        lines.append(f"| {gpu} | {100 * min(errs):.1f}-{100 * max(errs):.1f} % | {np.median(step65):.2f} / "
+                     f"{float(law.gemm_ns(params, 72).sum() / law.gemm_ns(params, 64).sum()):.2f} | "
+                     f"{min(mid):.2f}-{max(mid):.2f} / "
+                     f"{float(law.gemm_ns(params, 136).sum() / law.gemm_ns(params, 8).sum()):.2f} | "
+                     f"{np.median(rates):.0f} / {law.large_rate / 1e3:.0f} |")
     return "\n".join(lines)
 
 
@@ -183,7 +221,8 @@ def main() -> int:
         f"{r.gpu} {r.model} {r.x0} -> x{r.factor:g}: {r.law:.0f} %" for r in worst.itertuples()))
     out = "\n".join(lines)
     print(out)
-    variants = gemm_variants()
+    cases = gemm_curves()
+    variants = gemm_variants(cases) + "\n\n" + law_misses(cases)
     print(variants)
     if args.write_docs:
         replace_section(ROOT / "docs" / "serving.md", BEGIN, END, out)

@@ -99,13 +99,25 @@ def expected_waves(waves: np.ndarray | float) -> np.ndarray:
 
 
 GEMM_ROW_TILE = 64   # rows (tokens) of the smallest output tile GEMM libraries pick for a skinny GEMM
+LARGE_GEMM_FLOPS = 1e16   # a GEMM this large runs at the device's large-GEMM achievable rate
+
+
+def large_gemm_rate(device: Device, dtype: DType | str) -> float:
+    """FLOP/s of the largest GEMMs in ``dtype`` (achievable, else the datasheet's): the rate a
+    weight GEMM's tiles compute at in :func:`weight_gemm_ns`.
+
+    >>> from whatif.hardware.devices import get_device
+    >>> round(large_gemm_rate(get_device("A100_SXM_80GB"), "bf16") / 1e12, 1)
+    271.2
+    """
+    return device.achievable_matrix_flops(dtype, LARGE_GEMM_FLOPS)
 
 
 def gemm_rows_in_tiles(rows: np.ndarray | float) -> np.ndarray:
     """Rows a GEMM computes for ``rows`` rows of activations: whole tiles of ``GEMM_ROW_TILE``
     (tile quantization, NVIDIA's *Matrix Multiplication Background User's Guide*: a partly
     filled tile costs a full one). A weight GEMM of 1-64 tokens does the work of 64, one of 65 that
-    of 128; checked against Vidur's A100/A40 layer GEMMs in ``bench/gemm_tokens.py``.
+    of 128; checked against Vidur's A100/A40 layer GEMMs in ``bench/serving_op_laws.py``.
 
     >>> gemm_rows_in_tiles(np.array([1, 64, 65, 200])).tolist()
     [64.0, 64.0, 128.0, 256.0]
@@ -120,7 +132,7 @@ def overlapped_roofline_ns(compute_ns: np.ndarray | float, memory_ns: np.ndarray
     where neither unit is kept busy while the other waits (a skinny GEMM's tiles load their weights,
     then compute). Used for weight GEMMs by tokens (:mod:`whatif.predictors.serving.iteration_costs`);
     it is what lets a decode GEMM at 1-64 tokens sit 5-10 % above its weights' streaming time, as
-    Vidur's A100 GEMMs do (``bench/gemm_tokens.py``).
+    Vidur's A100 GEMMs do (``bench/serving_op_laws.py``).
 
     >>> overlapped_roofline_ns(np.array([0.0, 3.0, 1.0]), np.array([5.0, 4.0, 1.0])).round(3).tolist()
     [5.0, 5.0, 1.414]

@@ -7,7 +7,7 @@ from pathlib import Path
 from tracegen import KinetoTrace
 
 from whatif.hardware.devices import get_device
-from whatif.hardware.roofline import achievable_time_ns, weight_gemm_ns
+from whatif.hardware.roofline import achievable_time_ns, large_gemm_rate, weight_gemm_ns
 
 PEAK, BW, FIXED_US, ELEM = 700e12, 3.0e12, 3.0, 2     # H100-like achieved rates, bf16
 BF16 = "c10::BFloat16"
@@ -56,7 +56,7 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
         tr.runtime("cudaLaunchKernel", ts + 1, 4, corr=corr)
         if dev is not None and weights:
             rows = flops / (2.0 * weights)
-            us = FIXED_US + float(weight_gemm_ns(weights, rows, ELEM, dev.achievable_matrix_flops("bf16", 1e16) / 1e9,
+            us = FIXED_US + float(weight_gemm_ns(weights, rows, ELEM, large_gemm_rate(dev, "bf16") / 1e9,
                                                  dev.stream_bw_bytes_per_s / 1e9)) / 1e3
         elif dev is not None:
             cls = "gemm" if "gemm" in name else "attention" if "flash" in name else "elementwise"

@@ -116,6 +116,26 @@ def test_decode_extrapolates_within_15_percent_and_beats_no_change(decode8, targ
     assert abs(predicted - measured) < abs(unchanged - measured)
 
 
+@pytest.mark.parametrize("target", [_decode(64, 2048), _decode(8, 8192)])
+def test_decode_extrapolates_on_a_trace_timed_by_the_plain_roofline(tmp_path: Path, target: LLMBatch) -> None:
+    """The same, with every kernel of the truth timed by the achievable roofline at its own size
+    (``gemm_law=False``: not the law the model prices GEMMs with), so the GEMM part is not circular."""
+    kw = {**KW, "gemm_law": False}
+
+    def trace(batch: LLMBatch) -> Path:
+        name = f"plain_{len(batch.decode_context)}_{batch.decode_context[0]}.json"
+        return llm_trace(tmp_path / name, batch=len(batch.decode_context), new_tokens=1,
+                         kv_tokens=batch.decode_context[0], **kw)
+
+    recorded = _decode(8, 2048)
+    a = analyze(trace(recorded))
+    model = _fit(a.graph, recorded, a.trace)
+    measured = _measured_ns(trace(target))
+    predicted = model.raw_time_ns(target)
+    assert abs(predicted / measured - 1) < 0.15, (predicted, measured)
+    assert abs(predicted - measured) < abs(model.raw_time_ns(recorded) - measured)
+
+
 def test_prefill_extrapolates_in_tokens(tmp_path: Path) -> None:
     """Fitted on a 256-token prefill (GEMMs below the knee), predicted at 2,048 tokens (above it)."""
     batch = _prefill(256)

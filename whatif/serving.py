@@ -525,7 +525,7 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
     if step_options is not None:
         base = base.with_options(step_options)
     found = None if log_path is not None else find_iterations(base.graph, engine)
-    device, shape = _device_and_shape(base)
+    device, shape = _device_and_shape(base, need_device=found is None)
     replays: list[tuple[str, Replay]] = [] if not baseline and loaded else [("baseline", base.replay)]
     placements: list[Callable[[], Placement]] = [Placement] * len(replays)
     todo = [s for s in loaded if not isinstance(s, ScenarioResult)]
@@ -552,10 +552,13 @@ def _serving_log(run: Path) -> Path | None:
     return found
 
 
-def _device_and_shape(base: Analysis) -> tuple[Device | None, ModelShape | None]:
+def _device_and_shape(base: Analysis, need_device: bool = False) -> tuple[Device | None, ModelShape | None]:
     """The recorded GPU (catalog) and the model's shape from the memory model, None where the trace
-    does not say (no cataloged GPU, no transformer block found)."""
+    does not say (no cataloged GPU, no transformer block found); ``need_device``: no shape either
+    without a cataloged GPU (a serving log's fit prices its weight GEMMs only on one)."""
     gpu = next((r.gpu_name for r in base.trace.ranks if r.gpu_name), None)
+    if need_device and find_device(gpu) is None:
+        return None, None
     try:
         shape = model_shape(base.graph, make_context(base.trace), "serve")
     except TransformError:

@@ -59,12 +59,13 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 import numpy as np
+import pandas as pd
 
 from whatif.core.dtypes import DType, dtype_in_kernel_name, element_bytes
 from whatif.core.kernels import KernelClass, classify_kernel
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph
 from whatif.hardware.devices import Device, find_device
-from whatif.hardware.roofline import fixed_latency_ns, weight_gemm_ns
+from whatif.hardware.roofline import LARGE_GEMM_FLOPS, fixed_latency_ns, weight_gemm_ns
 from whatif.predictors.bounds import union_ns
 from whatif.predictors.costs import DEVICE_COLUMN
 from whatif.predictors.replay import Replay, replay
@@ -130,7 +131,7 @@ class Drivers:
                    keys=float((cached + new).sum() + ctx.sum()), context=float(ctx.sum()))
 
 
-_RATE_GRID_FLOPS = np.logspace(3, 16, 131)   # where the achievable GEMM-rate curve is sampled
+_RATE_GRID_FLOPS = np.logspace(3, np.log10(LARGE_GEMM_FLOPS), 131)   # where the GEMM-rate curve is sampled
 
 
 @dataclass(frozen=True)
@@ -186,11 +187,8 @@ class DeviceLaw:
 
     def implied_params(self, var_ns: np.ndarray, tokens: float) -> np.ndarray:
         """The weights ``P`` whose achievable time at ``tokens`` is ``var_ns`` (the kernel kept at the
-        efficiency it was measured at); a fixed point, the GEMM rate depending on the size."""
-        params = var_ns / np.maximum(self.gemm_ns(np.ones(1), tokens), 1e-12)
-        for _ in range(4):
-            params = params * var_ns / np.maximum(self.gemm_ns(params, tokens), 1e-12)
-        return params
+        efficiency it was measured at); the law is linear in the weights."""
+        return var_ns / np.maximum(self.gemm_ns(np.ones(1), tokens), 1e-12)
 
     def attention_ns(self, heads: np.ndarray, d: Drivers) -> np.ndarray:
         """Achievable time of attention over ``heads`` KV heads (each with ``gqa`` query heads):
@@ -459,15 +457,26 @@ def iteration_dtype(graph: TaskGraph) -> DType:
 
 
 def gpu_busy_share(rp: Replay, gpu: np.ndarray) -> float:
-    """The largest share, over ranks, of a rank's replayed time (first task start to last end) its
-    GPU work covers (the union over its streams)."""
-    rank = rp.graph.tasks["rank"].to_numpy()
+    """The largest share, over ranks, of a rank's serving iterations (its steps that run a phase,
+    every step when none does; first task start to last task end, so idle time between iterations
+    does not count) that its GPU work covers (the union over its streams)."""
+    t = rp.graph.tasks
+    rank, step = t["rank"].to_numpy().astype(np.int64), t["step"].to_numpy().astype(np.int64)
+    phased = t["phase"].notna().to_numpy()
+    keep = phased if phased.any() else np.ones(len(t), dtype=bool)
+    phased_steps = {(int(r), int(s)) for r, s in zip(rank[keep], step[keep]) if s >= 0}
+    if not phased_steps:
+        return 0.0
+    frame = pd.DataFrame({"rank": rank, "step": step, "start": rp.start_ns, "end": rp.end_ns})
+    spans = frame.groupby(["rank", "step"]).agg(start=("start", "min"), end=("end", "max"))
+    busy = {key: union_ns(g["start"].to_numpy(), g["end"].to_numpy())
+            for key, g in frame[gpu].groupby(["rank", "step"])}
     best = 0.0
-    for r in np.unique(rank[gpu]).tolist():
-        mine = rank == r
-        span = float(rp.end_ns[mine].max() - rp.start_ns[mine].min())
+    for r in sorted({r for r, _ in phased_steps}):
+        keys = [k for k in phased_steps if k[0] == r]
+        span = float(sum(spans.loc[k, "end"] - spans.loc[k, "start"] for k in keys))
         if span > 0:
-            best = max(best, union_ns(rp.start_ns[gpu & mine], rp.end_ns[gpu & mine]) / span)
+            best = max(best, sum(busy.get(k, 0) for k in keys) / span)
     return best
 
 
@@ -475,8 +484,11 @@ def weight_gemms_of_replay(rp: Replay, device: Device | None, shape: ModelShape 
     """The weight GEMMs of ``rp``'s iterations for the least-squares model: ``shape``'s weights on the
     recorded ``device`` in the GEMM kernels' dtype, scaled by how much the replay changed the GEMM
     kernels' time (a scenario). None without a cataloged GPU, a model shape or GEMM kernels, and when
-    no rank's GPU is busy for ``GPU_BOUND_SHARE`` of its replayed time: a launch-bound loop's GEMMs
-    run under its CPU work, so their time does not add to an iteration's."""
+    no rank's GPU is busy for ``GPU_BOUND_SHARE`` of its iterations (:func:`gpu_busy_share`): a
+    launch-bound loop's GEMMs run under its CPU work, so their time does not add to an iteration's.
+    The weights are every GEMM of a step (the memory model's), the LM head's included, which a
+    prefill runs on one row per sequence, not per token: a prefill's GEMMs are priced high by
+    the head's share of the weights (2 % for Llama-2-7B)."""
     if device is None or shape is None or shape.weight_bytes <= 0:
         return None
     t = rp.graph.tasks
@@ -492,7 +504,7 @@ def weight_gemms_of_replay(rp: Replay, device: Device | None, shape: ModelShape 
     measured = float((end - start)[recorded].sum())
     if measured <= 0:
         return None
-    replayed = float(t["dur_ns"].to_numpy(float)[gemm].sum())
+    replayed = float(t["dur_ns"].to_numpy(float)[recorded].sum())
     return replace(WeightGemms.of(shape.weight_bytes, device, iteration_dtype(rp.graph)), scale=replayed / measured)
 
 

@@ -202,7 +202,7 @@ def fit_phase(phase: str, feats: list[dict[str, float]], y_ns: np.ndarray,
     score, cand, coef = best
     x = np.array([[f[c] for c in cand] for f in feats], dtype=float)
     pred = coef[0] + x @ coef[1:]
-    ss_tot = float(((y - y.mean()) ** 2).sum())
+    ss_tot = float(((total - total.mean()) ** 2).sum())   # of the whole iteration, priced part included
     r2 = 1 - float(((y - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
     return PhaseFit(phase, cand, float(coef[0]), {c: float(v) for c, v in zip(cand, coef[1:])}, len(y), r2,
                     float(np.mean(np.abs((pred - y) / total))), score, tried)
