@@ -463,8 +463,8 @@ def gpu_busy_share(rp: Replay, gpu: np.ndarray) -> float:
     t = rp.graph.tasks
     rank, step = t["rank"].to_numpy().astype(np.int64), t["step"].to_numpy().astype(np.int64)
     phased = t["phase"].notna().to_numpy()
-    keep = phased if phased.any() else np.ones(len(t), dtype=bool)
-    phased_steps = {(int(r), int(s)) for r, s in zip(rank[keep], step[keep]) if s >= 0}
+    keep = (phased if phased.any() else np.ones(len(t), dtype=bool)) & (step >= 0)
+    phased_steps = {(int(r), int(s)) for r, s in np.unique(np.column_stack([rank[keep], step[keep]]), axis=0)}
     if not phased_steps:
         return 0.0
     frame = pd.DataFrame({"rank": rank, "step": step, "start": rp.start_ns, "end": rp.end_ns})
