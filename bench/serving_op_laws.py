@@ -99,9 +99,10 @@ OVERLAPS = {"max": 0, "sqrt(c^2+m^2)": 2, "cbrt(c^3+m^3)": 3}
 PRODUCT = ("64", "sqrt(c^2+m^2)", True)   # whatif's form: DeviceLaw.gemm_ns, computed by it below
 
 
-def _variant_ns(law: DeviceLaw, params: np.ndarray, x: float, rule: str, k: int, large: bool) -> float:
-    if (rule, next(n for n, v in OVERLAPS.items() if v == k), large) == PRODUCT:
+def _variant_ns(law: DeviceLaw, params: np.ndarray, x: float, rule: str, overlap: str, large: bool) -> float:
+    if (rule, overlap, large) == PRODUCT:
         return float(law.gemm_ns(params, x).sum())
+    k = OVERLAPS[overlap]
     rows = float(TILE_RULES[rule](np.array([x]))[0])
     rate = law.large_rate if large else law.rate(2 * params * rows)
     c, m = 2 * params * rows / rate, law.elem_bytes * params / law.bw_bytes_per_ns
@@ -135,11 +136,11 @@ def gemm_variants(cases: list[Curve]) -> str:
     """Median |error| of each GEMM-law form on the layers' GEMM time from 8 tokens (module doc)."""
     rows = []
     for rule in TILE_RULES:
-        for name, k in OVERLAPS.items():
+        for name in OVERLAPS:
             for large in (False, True):
                 errs: dict[bool, list[float]] = {True: [], False: []}
                 for _, model, _, law, params, t in cases:
-                    pred = np.array([_variant_ns(law, params, float(x), rule, k, large) for x in t.index])
+                    pred = np.array([_variant_ns(law, params, float(x), rule, name, large) for x in t.index])
                     i = list(t.index).index(8)
                     rel = pred / pred[i] * t.iloc[i] / t.to_numpy() - 1
                     errs[model == HELD_OUT].append(float(np.median(np.abs(rel))))

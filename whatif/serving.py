@@ -21,6 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -556,14 +557,14 @@ def _device_and_shape(base: Analysis, need_device: bool = False) -> tuple[Device
     """The recorded GPU (catalog) and the model's shape from the memory model, None where the trace
     does not say (no cataloged GPU, no transformer block found); ``need_device``: no shape either
     without a cataloged GPU (a serving log's fit prices its weight GEMMs only on one)."""
-    gpu = next((r.gpu_name for r in base.trace.ranks if r.gpu_name), None)
-    if need_device and find_device(gpu) is None:
+    device = find_device(next((r.gpu_name for r in base.trace.ranks if r.gpu_name), None))
+    if need_device and device is None:
         return None, None
     try:
         shape = model_shape(base.graph, make_context(base.trace), "serve")
     except TransformError:
         shape = None
-    return find_device(gpu), shape
+    return device, shape
 
 
 def _placement(base: Analysis, result: ScenarioResult, cost_model: str | Enum) -> Placement:
@@ -737,9 +738,8 @@ def _llm_model(model: LlmModel) -> LlmIterationModel:
                 for p, f in model.fits.items()},
         excluded_iterations=_excluded_iterations(model.excluded), ranges=_ranges(model.ranges),
         adapter=model.adapter, iterations_found=sum(f.n for f in model.fits.values()) if model.adapter else 0,
-        notes=list(model.notes), weight_gemms=None if model.gemms is None else WeightGemmsEntry(
-            params=model.gemms.params, device=model.gemms.device, scale=model.gemms.scale,
-            ns_at_1_token=model.gemms.ns(1.0), knee_tokens=model.gemms.law.knee_tokens))
+        notes=list(model.notes),
+        weight_gemms=None if model.gemms is None else msgspec.convert(model.gemms.to_dict(), WeightGemmsEntry))
 
 
 def _dit_model(model: DitStepModel) -> DitIterationModel:

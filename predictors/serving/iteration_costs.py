@@ -72,7 +72,7 @@ from whatif.predictors.replay import Replay, replay
 from whatif.transforms.base import TransformContext
 from whatif.transforms.generic import Scale
 from whatif.transforms.parallel.memory import DEFAULT_HEAD_DIM, ModelShape
-from whatif.transforms.select import Selector
+from whatif.transforms.select import Selector, kernel_classes
 
 from .engines import CompositionSource, FoundIterations, IterationPhase, iteration_of_tasks, iteration_spans
 from .logs import LLMBatch, ServingLogError
@@ -103,6 +103,9 @@ def kernel_law(kernel_class: KernelClass) -> KernelLaw:
     if kernel_class is KernelClass.ATTENTION:
         return KernelLaw.ATTENTION
     return KernelLaw.PER_TOKEN
+
+
+GEMM_LAW_CLASSES = [c.value for c in KernelClass if kernel_law(c) is KernelLaw.GEMM]
 
 
 @dataclass(frozen=True)
@@ -461,23 +464,20 @@ def gpu_busy_share(rp: Replay, gpu: np.ndarray) -> float:
     every step when none does; first task start to last task end, so idle time between iterations
     does not count) that its GPU work covers (the union over its streams)."""
     t = rp.graph.tasks
-    rank, step = t["rank"].to_numpy().astype(np.int64), t["step"].to_numpy().astype(np.int64)
+    frame = pd.DataFrame({"rank": t["rank"].to_numpy(), "step": t["step"].to_numpy(),
+                          "start": rp.start_ns, "end": rp.end_ns})
     phased = t["phase"].notna().to_numpy()
-    keep = (phased if phased.any() else np.ones(len(t), dtype=bool)) & (step >= 0)
-    phased_steps = {(int(r), int(s)) for r, s in np.unique(np.column_stack([rank[keep], step[keep]]), axis=0)}
-    if not phased_steps:
+    keep = (phased if phased.any() else np.ones(len(t), dtype=bool)) & (frame["step"].to_numpy() >= 0)
+    if not keep.any():
         return 0.0
-    frame = pd.DataFrame({"rank": rank, "step": step, "start": rp.start_ns, "end": rp.end_ns})
-    spans = frame.groupby(["rank", "step"]).agg(start=("start", "min"), end=("end", "max"))
-    busy = {key: union_ns(g["start"].to_numpy(), g["end"].to_numpy())
-            for key, g in frame[gpu].groupby(["rank", "step"])}
-    best = 0.0
-    for r in sorted({r for r, _ in phased_steps}):
-        keys = [k for k in phased_steps if k[0] == r]
-        span = float(sum(spans.loc[k, "end"] - spans.loc[k, "start"] for k in keys))
-        if span > 0:
-            best = max(best, sum(busy.get(k, 0) for k in keys) / span)
-    return best
+    keys = pd.MultiIndex.from_frame(frame.loc[keep, ["rank", "step"]]).unique()
+    steps = frame.groupby(["rank", "step"])
+    span = (steps["end"].max() - steps["start"].min()).reindex(keys)
+    busy = pd.Series({key: union_ns(g["start"].to_numpy(), g["end"].to_numpy())
+                      for key, g in frame[gpu].groupby(["rank", "step"])}, dtype=float)
+    per_rank = pd.DataFrame({"span": span, "busy": busy.reindex(keys, fill_value=0.0)}).groupby(level=0).sum()
+    per_rank = per_rank[per_rank["span"] > 0]
+    return float((per_rank["busy"] / per_rank["span"]).max()) if len(per_rank) else 0.0
 
 
 def weight_gemms_of_replay(rp: Replay, device: Device | None, shape: ModelShape | None) -> WeightGemms | None:
@@ -495,10 +495,7 @@ def weight_gemms_of_replay(rp: Replay, device: Device | None, shape: ModelShape 
     gpu = np.isin(t["kind"].to_numpy(), [int(k) for k in GPU_WORK_KINDS])
     if gpu_busy_share(rp, gpu) < GPU_BOUND_SHARE:
         return None
-    names = t["name"].astype(str).to_numpy()[gpu]
-    is_gemm = {n: kernel_law(classify_kernel(n)) == KernelLaw.GEMM for n in np.unique(names).tolist()}
-    gemm = gpu.copy()
-    gemm[gpu] = [is_gemm[n] for n in names.tolist()]
+    gemm = gpu & np.isin(kernel_classes(rp.graph), GEMM_LAW_CLASSES)
     start, end = t["measured_start_ns"].to_numpy(), t["measured_end_ns"].to_numpy()
     recorded = gemm & (start >= 0)
     measured = float((end - start)[recorded].sum())
