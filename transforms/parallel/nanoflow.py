@@ -22,14 +22,26 @@ over n nano-batches and L layers as :func:`pipelined_ns`:
 time on the whole GPU, as the trace ran). :func:`search_nanoflow` searches n, r_g and r_c in steps
 of 0.05, as NanoFlow's auto-search does over its profiled shares.
 
+**Per-operation shares** (:func:`fastest_mix`): NanoFlow's search gives each operation its own
+share, so the partition changes across the iteration — GEMMs beside attention on one split, beside
+the collectives on another, alone on a third. Over every partition ``k`` of the grid (the kinds
+present, shares summing to 1; each kind alone on the whole GPU included), with rates
+``a_k = (r_g, P_a(r_a), P_c(r_c))``, the fastest mix is the linear program
+``min Σ t_k  s.t.  Σ_k t_k·a_k ≥ (T_gemm, T_mem, T_comm), t ≥ 0`` (solved exactly by a revised
+simplex started from the sequential schedule, each kind alone). It is a relaxation: it orders no
+kernel, so the pipeline is charged as above — one nano-batch of one layer runs without its
+partners, ``T_mix + (ΣT − T_mix)/(n·L)``, and never less than ``ΣT/n`` — and it is never slower
+than the best static partition (which is one of its mixes) nor than the sequential iteration.
+
 A GEMM's nano-batches are priced without the wave term of ``batch_part_ns``: the curves were
 measured on NanoFlow's nano-batch kernels sharing the GPU, tails included, and the SMs a GEMM's
 last wave leaves idle run the co-scheduled kernels.
 
 Left out: the curves are NanoFlow's A100 measurements, used for every GPU and kernel shape (no
 per-kernel profile of the trace's own kernels); L2 interference beyond what they measured; CPU
-launch cost (NanoFlow and its baseline launch through CUDA graphs). An analysis, not a transform:
-the graph is not rewritten into the overlapped schedule.
+launch cost (NanoFlow and its baseline launch through CUDA graphs); the operations' order inside
+a mix (the relaxation above). An analysis, not a transform: the graph is not rewritten into the
+overlapped schedule.
 """
 from __future__ import annotations
 
@@ -112,19 +124,103 @@ def pipelined_ns(stages: list[float], nano_batches: int, layers: int = 1) -> flo
     return max(top + (total - top) / (nano_batches * layers), total / nano_batches)
 
 
+MAX_PIVOTS = 10_000
+SHARE_COLUMNS = ("gemm_share", "memory_share", "comm_share")
+
+
+def partitions(kinds: int, step: float = SHARE_STEP) -> np.ndarray:
+    """Every split of the GPU among ``kinds`` kinds in steps of ``step``, shares summing to 1,
+    each kind alone included: one row per partition.
+
+    >>> partitions(2, 0.5).tolist()
+    [[0.0, 1.0], [0.5, 0.5], [1.0, 0.0]]
+    """
+    steps = round(1 / step)
+    grid = np.array([c for c in np.ndindex(*(steps + 1,) * kinds) if sum(c) == steps], dtype=float)
+    return grid / steps
+
+
+def fastest_mix(work: np.ndarray, rates: np.ndarray) -> np.ndarray:
+    """Time to spend in each partition so that every kind's work is done soonest: the linear
+    program ``min Σt  s.t.  ratesᵀ·t ≥ work, t ≥ 0``. ``rates[k, i]`` is the share of its speed
+    alone that kind ``i`` keeps in partition ``k``; ``rates`` must hold each kind alone (a row of
+    the identity), the sequential schedule the revised simplex starts from (Bland's rule, so it
+    ends).
+
+    >>> rates = np.array([[1.0, 0.0], [0.0, 1.0], [0.8, 0.6]])
+    >>> fastest_mix(np.array([8.0, 6.0]), rates).round(6).tolist()
+    [0.0, 0.0, 10.0]
+
+    Raises
+    ------
+    TransformError
+        When a kind alone is not among ``rates``.
+    """
+    work, rates = np.asarray(work, dtype=float), np.asarray(rates, dtype=float)
+    modes, kinds = rates.shape
+    alone = [np.flatnonzero((rates == row).all(axis=1)) for row in np.eye(kinds)]
+    if any(not len(a) for a in alone):
+        raise TransformError(f"{NAME}: the partitions must include each kind alone on the whole GPU")
+    cols = np.vstack([rates, -np.eye(kinds)])           # then one surplus column per kind
+    cost = np.r_[np.ones(modes), np.zeros(kinds)]
+    basis = [int(a[0]) for a in alone]
+    for _ in range(MAX_PIVOTS):
+        b = cols[basis].T
+        x = np.linalg.solve(b, work)
+        reduced = cost - cols @ np.linalg.solve(b.T, cost[basis])
+        entering = np.flatnonzero(reduced < -1e-9)
+        if not len(entering):
+            t = np.zeros(modes)
+            for row, j in enumerate(basis):
+                if j < modes:
+                    t[j] += max(float(x[row]), 0.0)
+            return t
+        j = int(entering[0])
+        u = np.linalg.solve(b, cols[j])
+        rows = np.flatnonzero(u > 1e-12)
+        ratios = x[rows] / u[rows]
+        ties = rows[ratios <= ratios.min() + 1e-12 * max(1.0, float(ratios.min()))]
+        basis[min(ties, key=lambda r: basis[r])] = j
+    raise TransformError(f"{NAME}: the schedule search did not converge in {MAX_PIVOTS} pivots")
+
+
+@dataclass(frozen=True)
+class Mix:
+    """NanoFlow's per-operation shares for n nano-batches: ``phases``, one row per partition used
+    (``gemm_share``, ``memory_share``, ``comm_share``, ``time_ns`` per iteration); ``busy_ns``
+    their sum; ``iteration_ns`` with the pipeline's fill and drain."""
+
+    nano_batches: int
+    phases: pd.DataFrame
+    busy_ns: float
+    iteration_ns: float
+
+
 @dataclass
 class NanoFlowSearch:
-    """Per step: the sequential GPU time and its parts; ``table``: one row per (n, s_g) tried, best
-    first; ``best``: its row; ``assumptions``."""
+    """Per step: the sequential GPU time and its parts; ``table``: one row per static partition
+    (n, r_g, r_c) tried and the sequential iteration, best first; ``best``: its row; ``mix``: the
+    fastest per-operation schedule; ``assumptions``."""
 
     parts: pd.DataFrame
     table: pd.DataFrame
     best: dict[str, float]
+    mix: Mix
     assumptions: list[str] = field(default_factory=list)
 
     @property
+    def sequential_ns(self) -> float:
+        return self.best["sequential_ns"]
+
+    @property
     def speedup(self) -> float:
-        return float(self.best["sequential_ns"] / self.best["iteration_ns"])
+        """Over the sequential iteration, with per-operation shares (NanoFlow's)."""
+        return self.sequential_ns / self.mix.iteration_ns
+
+    @property
+    def static_speedup(self) -> float:
+        """Over the sequential iteration, with one partition for the whole iteration."""
+        return self.sequential_ns / self.best["iteration_ns"]
 
 
 def _parts(graph: TaskGraph, ctx: TransformContext, n: int) -> pd.DataFrame:
@@ -172,7 +268,8 @@ def _shares(with_comm: bool) -> list[tuple[float, float, float]]:
 def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, comm_latency_ns: float = 0.0,
                     memory_curve: ShareCurve = NANOFLOW_GEMV, comm_curve: ShareCurve = NANOFLOW_NETWORK,
                     nano_batches: tuple[int, ...] = NANO_BATCHES) -> NanoFlowSearch:
-    """Best nano-batch count and GPU partition for ``graph``'s iterations (see the module docstring).
+    """Best nano-batch count and GPU partition for ``graph``'s iterations, static and per operation
+    (see the module docstring).
 
     Parameters
     ----------
@@ -183,13 +280,16 @@ def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, comm_latency_ns:
     Raises
     ------
     TransformError
-        When the trace's steps have no GEMM kernels.
+        When the trace's steps have no GEMM kernels, or ``nano_batches`` is empty.
     """
+    if not nano_batches:
+        raise TransformError(f"{NAME}: no nano-batch count to try")
     base = _parts(graph, ctx, 1)
     if base.empty or not (base["gemm_ns"] > 0).any():
         raise TransformError(f"{NAME}: the trace's steps have no GEMM kernels to overlap")
     layers = layers_per_step(graph)
     rows = []
+    best_mix: Mix | None = None
     for n in nano_batches:
         p = base if n == 1 else _parts(graph, ctx, n)
         gemm, mem = float(p["gemm_ns"].mean()), float(p["memory_ns"].mean())
@@ -200,6 +300,9 @@ def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, comm_latency_ns:
             rows.append({"nano_batches": n, "gemm_share": r_g, "memory_share": r_a, "comm_share": r_c,
                          "gemm_ns": x[0], "memory_ns": x[1], "comm_ns": x[2],
                          "iteration_ns": pipelined_ns(x, n, layers)})
+        mix = _mix(n, np.array([gemm, mem, comm]), layers, memory_curve, comm_curve)
+        if best_mix is None or mix.iteration_ns < best_mix.iteration_ns:
+            best_mix = mix
     seq = float((base["gemm_ns"] + base["memory_ns"] + base["comm_ns"]).mean())
     # one kernel at a time on the whole GPU, the trace's way
     rows.append({"nano_batches": 1, "gemm_share": 1.0, "memory_share": 1.0, "comm_share": 1.0,
@@ -211,4 +314,22 @@ def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, comm_latency_ns:
     assumptions = [f"memory-bound kernels beside GEMMs: {memory_curve.name} ({memory_curve.source})",
                    f"collectives beside GEMMs: {comm_curve.name} ({comm_curve.source})",
                    "the curves hold for every kernel shape; CPU launches are not on the path"]
-    return NanoFlowSearch(parts=base, table=table, best=best, assumptions=assumptions)
+    assert best_mix is not None                  # nano_batches is not empty
+    return NanoFlowSearch(parts=base, table=table, best=best, mix=best_mix, assumptions=assumptions)
+
+
+def _mix(n: int, work: np.ndarray, layers: int, memory_curve: ShareCurve, comm_curve: ShareCurve) -> Mix:
+    """The fastest per-operation schedule of ``work`` (GEMM, memory-bound, collective ns) at n
+    nano-batches, over the kinds that have work."""
+    present = np.flatnonzero(work > 0)
+    curves = [(GEMM_CURVE, memory_curve, comm_curve)[i] for i in present]
+    grid = partitions(len(present))
+    rates = np.array([[c.performance(r) if r > 0 else 0.0 for c, r in zip(curves, row)] for row in grid])
+    t = fastest_mix(work[present], rates)
+    used = t > 0
+    shares = np.zeros((int(used.sum()), 3))
+    shares[:, present] = grid[used]
+    phases = pd.DataFrame(shares, columns=list(SHARE_COLUMNS)).assign(time_ns=t[used])
+    busy, total = float(t.sum()), float(work.sum())
+    iteration = max(busy + (total - busy) / (n * layers), total / n)
+    return Mix(n, phases.sort_values("time_ns", ascending=False, ignore_index=True), busy, iteration)
