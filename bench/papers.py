@@ -68,7 +68,6 @@ from whatif.predictors.replay import replay  # noqa: E402
 from whatif.predictors.steps import step_times  # noqa: E402
 from whatif.transforms.base import TransformContext, TransformError  # noqa: E402
 from whatif.transforms.generic import Scale  # noqa: E402
-from whatif.transforms.parallel.comm import Collective  # noqa: E402
 from whatif.transforms.parallel.memory import device_capacity_bytes, kv_capacity_tokens, model_shape  # noqa: E402
 from whatif.transforms.parallel.nanoflow import (  # noqa: E402
     NANOFLOW_GEMV,
@@ -302,7 +301,6 @@ def nanoflow(tmp: Path) -> None:
                           gpu_name="NVIDIA A100-SXM4-80GB"))
     ctx = make_context(a.trace)
     tp = TensorParallel(degree=8, topology="dgx_a100").apply(a.graph, ctx)
-    latency = Collective("all_reduce", 0, 8, "dgx_a100").time_ns(ctx, "nanoflow")
     d = hidden // heads
     params = layers * (hidden * (heads + 2 * kv_heads) * d + hidden * hidden + 3 * hidden * ffn)
     optimal_ns = 2 * params * batch / (8 * 312e12) * 1e9      # NanoFlow's bound: 2 FLOPs per parameter per token
@@ -314,7 +312,7 @@ def nanoflow(tmp: Path) -> None:
               ("idealized: HBM saturated on 10% of the SMs, NCCL on 5%", saturating_curve(0.1),
                saturating_curve(0.05)))
     for i, (label, memory, comm) in enumerate(curves):
-        s = search_nanoflow(tp, ctx, comm_latency_ns=latency, memory_curve=memory, comm_curve=comm)
+        s = search_nanoflow(tp, ctx, topology="dgx_a100", memory_curve=memory, comm_curve=comm)
         b = s.best
         if i == 0:
             p = s.parts.mean()

@@ -450,21 +450,23 @@ def test_nanoflow_search_follows_the_sm_share_physics(tmp_path: Path) -> None:
     a = analyze(llm_trace(tmp_path / "dense.json.gz", batch=1024, new_tokens=1, kv_tokens=128, layers=8, steps=1))
     ctx = make_context(a.trace)
     tp = TensorParallel(degree=8, topology="dgx_a100").apply(a.graph, ctx)
-    got = {sigma: search_nanoflow(tp, ctx, memory_curve=saturating_curve(sigma), comm_curve=saturating_curve(0.05))
+    got = {sigma: search_nanoflow(tp, ctx, topology="dgx_a100", memory_curve=saturating_curve(sigma),
+                                  comm_curve=saturating_curve(0.05))
            for sigma in (1.0, 0.4, 0.1, 0.02)}
     speedups = [got[s].speedup for s in (1.0, 0.4, 0.1, 0.02)]
     assert all(x >= 1.0 for x in speedups)
     assert speedups == sorted(speedups) and speedups[-1] > 1.05
     statics = [got[s].static_speedup for s in (1.0, 0.4, 0.1, 0.02)]
     assert statics == sorted(statics) and all(x >= 1.0 for x in statics)
-    linear = search_nanoflow(tp, ctx, memory_curve=GEMM_CURVE, comm_curve=GEMM_CURVE)
+    linear = search_nanoflow(tp, ctx, topology="dgx_a100", memory_curve=GEMM_CURVE, comm_curve=GEMM_CURVE)
     assert linear.static_speedup == 1.0 and linear.best["gemm_share"] == 1.0
     assert linear.speedup == pytest.approx(1.0) and linear.mix.nano_batches == 1
-    measured = search_nanoflow(tp, ctx)
-    assert 1.0 < measured.static_speedup < statics[-1] and 1.0 < measured.speedup < speedups[-1]
+    measured = search_nanoflow(tp, ctx, topology="dgx_a100")
+    # a collective-heavy iteration: no single partition beats one kernel at a time; a mix of them does
+    assert measured.static_speedup == 1.0 and 1.0 < measured.speedup < speedups[-1]
     assert any(NANOFLOW_GEMV.source in x for x in measured.assumptions)
-    b = measured.best
-    assert b["gemm_share"] + b["memory_share"] + b["comm_share"] == pytest.approx(1.0)
+    partitions = measured.table[measured.table["gemm_share"] < 1]   # all but the sequential iteration
+    assert np.allclose(partitions[["gemm_share", "memory_share", "comm_share"]].sum(axis=1), 1.0)
     for s in [measured, *got.values()]:
         # per-operation shares: every phase a partition of the GPU; one static partition is among the mixes
         phases = s.mix.phases

@@ -15,7 +15,8 @@ share σ on, linear below it). A kernel of time ``T`` alone takes ``T / P(R)``.
 
 **Iteration** for a partition ``r_g + r_a + r_c = 1`` and n nano-batches: each kernel re-priced at
 1/n of its activations (FLOPs/n, bytes ``(B − W)/n + W``: every nano-batch reads the weights;
-``CostModel.kernel_time_ns``), n times; each collective ``n`` parts, each paying the latency again;
+``CostModel.kernel_time_ns``), n times; each collective ``n`` parts priced on the topology, each
+paying the latency again;
 the three resources busy ``X = (T_gemm/r_g, T_mem/P_a(r_a), T_comm/P_c(r_c))`` in all, pipelined
 over n nano-batches and L layers as :func:`pipelined_ns`:
 ``max(max X + (ΣX − max X)/(n·L), ΣX/n)``. The sequential iteration is ``ΣT`` (one kernel at a
@@ -26,7 +27,8 @@ of 0.05, as NanoFlow's auto-search does over its profiled shares.
 share, so the partition changes across the iteration — GEMMs beside attention on one split, beside
 the collectives on another, alone on a third. Over every partition ``k`` of the grid (the kinds
 present, shares summing to 1; each kind alone on the whole GPU included), with rates
-``a_k = (r_g, P_a(r_a), P_c(r_c))``, the fastest mix is the linear program
+``a_k = (r_g, P_a(r_a), P_c(r_c))`` (a partition without GEMMs prices the others by the same
+curves, measured beside a GEMM: conservative), the fastest mix is the linear program
 ``min Σ t_k  s.t.  Σ_k t_k·a_k ≥ (T_gemm, T_mem, T_comm), t ≥ 0`` (solved exactly by a revised
 simplex started from the sequential schedule, each kind alone). It is a relaxation: it orders no
 kernel, so the pipeline is charged as above — one nano-batch of one layer runs without its
@@ -55,6 +57,7 @@ from whatif.depgraph.graph import TaskGraph, TaskKind
 
 from ..base import TransformContext, TransformError
 from ..select import kernel_classes
+from .comm import collective_messages, collective_part_ns
 from .layers import find_blocks
 from .sharding import batch_part_ns
 
@@ -223,24 +226,26 @@ class NanoFlowSearch:
         return self.sequential_ns / self.best["iteration_ns"]
 
 
-def _parts(graph: TaskGraph, ctx: TransformContext, n: int) -> pd.DataFrame:
-    """Per step: GEMM, memory-bound kernel and collective time (ns) at n nano-batches."""
+def _parts(graph: TaskGraph, ctx: TransformContext, n: int, topology: str) -> pd.DataFrame:
+    """Per step: GEMM, memory-bound kernel and collective time (ns) at n nano-batches, each
+    collective as n parts priced on ``topology`` (each pays the latency again)."""
     t = graph.tasks
     kinds = t["kind"].to_numpy()
     kern = np.flatnonzero(kinds == int(TaskKind.KERNEL))
     comm = np.flatnonzero(kinds == int(TaskKind.COMM))
     cls = kernel_classes(graph)[kern]
     dur = t["dur_ns"].to_numpy().astype(float)
-    k_dur = dur[kern]
+    k_dur, c_dur = dur[kern], dur[comm]
     if n > 1:
         k_dur = n * batch_part_ns(ctx.require_cost(NAME), graph, kern, n, wave_tail=False)
+        c_dur = np.array([n * collective_part_ns(ctx, NAME, int(d), m, n, topology)
+                          for d, m in zip(c_dur.tolist(), collective_messages(graph, comm))], dtype=float)
     gemm = np.isin(cls, [KernelClass.GEMM.value, KernelClass.CONV.value])
     steps = t["step"].to_numpy()
     frame = pd.DataFrame({"step": np.r_[steps[kern], steps[comm]],
                           "gemm_ns": np.r_[np.where(gemm, k_dur, 0.0), np.zeros(len(comm))],
                           "memory_ns": np.r_[np.where(gemm, 0.0, k_dur), np.zeros(len(comm))],
-                          "comm_ns": np.r_[np.zeros(len(kern)), dur[comm]],
-                          "comm_count": np.r_[np.zeros(len(kern)), np.ones(len(comm))]})
+                          "comm_ns": np.r_[np.zeros(len(kern)), c_dur]})
     return frame[frame["step"] >= 0].groupby("step").sum()
 
 
@@ -265,7 +270,7 @@ def _shares(with_comm: bool) -> list[tuple[float, float, float]]:
             for g in range(1, steps) for c in (range(1, steps - g) if with_comm else (0,))]
 
 
-def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, comm_latency_ns: float = 0.0,
+def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, topology: str = "dgx_h100",
                     memory_curve: ShareCurve = NANOFLOW_GEMV, comm_curve: ShareCurve = NANOFLOW_NETWORK,
                     nano_batches: tuple[int, ...] = NANO_BATCHES) -> NanoFlowSearch:
     """Best nano-batch count and GPU partition for ``graph``'s iterations, static and per operation
@@ -273,7 +278,8 @@ def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, comm_latency_ns:
 
     Parameters
     ----------
-    comm_latency_ns : what each extra collective part pays again (a collective's fixed cost).
+    topology : the collectives' topology preset (:mod:`whatif.hardware.topology`): each of a
+        collective's n parts is priced on it and pays its latency again.
     memory_curve, comm_curve : speed of memory-bound kernels and of collectives on a share of the
         GPU beside the GEMMs (default: NanoFlow's A100 measurements).
 
@@ -284,16 +290,15 @@ def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, comm_latency_ns:
     """
     if not nano_batches:
         raise TransformError(f"{NAME}: no nano-batch count to try")
-    base = _parts(graph, ctx, 1)
+    base = _parts(graph, ctx, 1, topology)
     if base.empty or not (base["gemm_ns"] > 0).any():
         raise TransformError(f"{NAME}: the trace's steps have no GEMM kernels to overlap")
     layers = layers_per_step(graph)
     rows = []
     best_mix: Mix | None = None
     for n in nano_batches:
-        p = base if n == 1 else _parts(graph, ctx, n)
-        gemm, mem = float(p["gemm_ns"].mean()), float(p["memory_ns"].mean())
-        comm = float(p["comm_ns"].mean()) + (n - 1) * comm_latency_ns * float(p["comm_count"].mean())
+        p = base if n == 1 else _parts(graph, ctx, n, topology)
+        gemm, mem, comm = (float(p[c].mean()) for c in ("gemm_ns", "memory_ns", "comm_ns"))
         for r_g, r_a, r_c in _shares(comm > 0):
             x = [GEMM_CURVE.time_ns(gemm, r_g), memory_curve.time_ns(mem, r_a),
                  comm_curve.time_ns(comm, r_c) if r_c else 0.0]
