@@ -22,6 +22,7 @@ from whatif.analysis import (
     predict,
     replay,
 )
+from whatif.nanoflow import NanoFlowOptions, nanoflow
 from whatif.ops import ops_table
 from whatif.serving import (
     DitOptions,
@@ -32,6 +33,6 @@ from whatif.serving import (
     sweep,
 )
 
-__all__ = ["Analysis", "DitOptions", "Prediction", "ScenarioResult", "ServingModels", "Workload", "analyze",
-           "build_graph", "fit_serving", "load_scenario", "load_trace", "make_context", "ops_table", "predict",
-           "replay", "serve", "sweep"]
+__all__ = ["Analysis", "DitOptions", "NanoFlowOptions", "Prediction", "ScenarioResult", "ServingModels", "Workload",
+           "analyze", "build_graph", "fit_serving", "load_scenario", "load_trace", "make_context", "nanoflow",
+           "ops_table", "predict", "replay", "serve", "sweep"]

@@ -1,0 +1,71 @@
+"""NanoFlow's intra-device parallelism priced on a trace: one iteration's GEMMs, memory-bound
+kernels and collectives (after the scenario given with -s, e.g. a tensor_parallel that inserts the
+collectives) run as nano-batches on shares of the GPU, priced by NanoFlow's measured A100
+interference curves (or idealized ones), against the same kernels one at a time: the best single
+partition and NanoFlow's per-operation shares, with the speedup of each. -o writes every single
+partition tried. See docs/multi-gpu.md."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from whatif.documents import NanoFlowDocument
+from whatif.nanoflow import NanoFlowOptions, nanoflow
+from whatif.predictors.cost_models import CostConfig
+from whatif.summary import console, ms_text
+from whatif.tracer.readers import accepted
+
+from ._dataclass_args import add_dataclass_arguments, from_args
+from ._device_specs import add_device_spec_argument
+from ._progress import working
+from ._tables import add_output_arguments, check_outputs, print_table, write_outputs
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", type=Path, help=f"trace file ({accepted()}), folder of per-rank traces, or run folder")
+    parser.add_argument("-s", "--scenario", type=Path, metavar="FILE",
+                        help="scenario TOML applied first (e.g. tensor_parallel, which inserts the collectives)")
+    add_output_arguments(parser, "every single partition tried (nano-batches, shares, time)", "whatif.nanoflow")
+    add_dataclass_arguments(parser, NanoFlowOptions)
+    add_dataclass_arguments(parser, CostConfig)
+    add_device_spec_argument(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_outputs(args)
+    options = from_args(NanoFlowOptions, args)
+    cost = from_args(CostConfig, args)
+    with working(f"whatif nanoflow: reading {args.path}", args.quiet):
+        doc, search = nanoflow(args.path, args.scenario, options, cost_model=cost.cost_model)
+    written = write_outputs(args, doc, search.table)
+    if not args.quiet:
+        render_nanoflow(doc, console())
+        for path in written:
+            print(f"wrote {path}")
+    return 0
+
+
+def _shares(p) -> list[str]:
+    return [f"{p.gemm_share:.2f}", f"{p.memory_share:.2f}", f"{p.comm_share:.2f}"]
+
+
+def render_nanoflow(doc: NanoFlowDocument, out: Console) -> None:
+    """The iteration's parts, the two schedules and their speedups, then the assumptions."""
+    scenario = f" after {doc.scenario}" if doc.scenario else ""
+    out.print(f"whatif nanoflow: {doc.source}{scenario} (collective parts priced on {doc.topology})")
+    out.print(f"one iteration, one kernel at a time: {ms_text(doc.sequential_ns)} ms = GEMMs {ms_text(doc.gemm_ns)} "
+              f"+ memory-bound {ms_text(doc.memory_ns)} + collectives {ms_text(doc.comm_ns)} ms")
+    sequential = doc.static.gemm_share == doc.static.memory_share == doc.static.comm_share == 1.0
+    rows = [["one partition", str(doc.static_nano_batches),
+             *(["1.00", "1.00", "1.00"] if sequential else _shares(doc.static)), ms_text(doc.static_ns),
+             f"{doc.static_speedup:.2f}x", "no single partition beats one kernel at a time" if sequential else ""]]
+    for i, p in enumerate(doc.phases):
+        rows.append(["per-operation shares" if i == 0 else "", str(doc.nano_batches) if i == 0 else "",
+                     *_shares(p), ms_text(p.time_ns), f"{doc.speedup:.2f}x" if i == 0 else "",
+                     f"{ms_text(doc.iteration_ns)} ms per iteration with the pipeline's fill" if i == 0 else ""])
+    print_table(out, "NanoFlow's schedules (shares of the GPU: GEMM / memory-bound / collectives)",
+                ["schedule", "nano-batches", "GEMM", "memory", "comm", "ms", "speedup", ""], rows, text={0, 7})
+    for line in doc.assumptions:
+        out.print(f"assumption: {line}")

@@ -1,0 +1,112 @@
+"""``whatif nanoflow``: is NanoFlow's intra-device parallelism worth building for this program?
+One iteration's GEMMs, memory-bound kernels and collectives (after a scenario, e.g. the
+``tensor_parallel`` that inserts the collectives) priced as nano-batches on shares of the GPU,
+with NanoFlow's measured interference curves or idealized ones
+(:func:`~whatif.transforms.parallel.nanoflow.search_nanoflow`; docs/multi-gpu.md).
+
+>>> from whatif.nanoflow import NanoFlowOptions
+>>> NanoFlowOptions(memory_saturation=0.4).curves()[0].name
+'saturates HBM on 40% of the GPU'
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+import pandas as pd
+
+from whatif.analysis import Analysis, analyze, make_context, scenario_cost_model
+from whatif.core.bounds import check_fields
+from whatif.documents import NanoFlowDocument, NanoFlowPartition
+from whatif.hardware.topology import TopologyName
+from whatif.predictors.cost_models import CostModelName
+from whatif.transforms.parallel.nanoflow import (
+    NANOFLOW_GEMV,
+    NANOFLOW_NETWORK,
+    SHARE_COLUMNS,
+    NanoFlowSearch,
+    ShareCurve,
+    saturating_curve,
+    search_nanoflow,
+)
+from whatif.transforms.scenario import Scenario, load_scenario
+
+_SATURATION = ("idealized curve: full speed from this share of the GPU on, in proportion below it "
+               "(default 0: NanoFlow's measured A100 curve)")
+
+
+@dataclass
+class NanoFlowOptions:
+    topology: str = field(default=TopologyName.DGX_H100.value, metadata={
+        "choices": [t.value for t in TopologyName],
+        "help": "topology preset that prices each collective's nano-batch parts (the scenario's, for "
+                "inserted collectives)"})
+    memory_saturation: float = field(default=0.0, metadata={
+        "minimum": 0.0, "maximum": 1.0, "help": f"memory-bound kernels beside GEMMs: {_SATURATION}"})
+    comm_saturation: float = field(default=0.0, metadata={
+        "minimum": 0.0, "maximum": 1.0, "help": f"collectives beside GEMMs: {_SATURATION}"})
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    def curves(self) -> tuple[ShareCurve, ShareCurve]:
+        """The memory-bound and collective curves these options name."""
+        return (saturating_curve(self.memory_saturation) if self.memory_saturation else NANOFLOW_GEMV,
+                saturating_curve(self.comm_saturation) if self.comm_saturation else NANOFLOW_NETWORK)
+
+
+def _partition(row: pd.Series) -> NanoFlowPartition:
+    return NanoFlowPartition(**{c: float(row[c]) for c in SHARE_COLUMNS}, time_ns=int(round(row["time_ns"])))
+
+
+def nanoflow_document(search: NanoFlowSearch, source: str, scenario: str, options: NanoFlowOptions) -> NanoFlowDocument:
+    """The ``whatif.nanoflow`` document of a search."""
+    parts = search.parts.mean()
+    best, mix = search.best, search.mix
+    memory, comm = options.curves()
+    static = pd.Series({**{c: best[c] for c in SHARE_COLUMNS}, "time_ns": best["iteration_ns"]})
+    return NanoFlowDocument(
+        source=source, scenario=scenario, topology=options.topology, memory_curve=memory.name, comm_curve=comm.name,
+        gemm_ns=int(round(parts["gemm_ns"])), memory_ns=int(round(parts["memory_ns"])),
+        comm_ns=int(round(parts["comm_ns"])), sequential_ns=int(round(search.sequential_ns)),
+        static_nano_batches=int(best["nano_batches"]), static=_partition(static),
+        static_ns=int(round(best["iteration_ns"])), static_speedup=round(search.static_speedup, 6),
+        nano_batches=mix.nano_batches, phases=[_partition(r) for _, r in mix.phases.iterrows()],
+        iteration_ns=int(round(mix.iteration_ns)), speedup=round(search.speedup, 6),
+        assumptions=list(search.assumptions))
+
+
+def nanoflow(path_or_analysis: str | Path | Analysis, scenario: Scenario | str | Path | None = None,
+             options: NanoFlowOptions | None = None, *,
+             cost_model: str | Enum = CostModelName.TRACE) -> tuple[NanoFlowDocument, NanoFlowSearch]:
+    """NanoFlow's schedule of a trace's iterations, after ``scenario``'s transforms when given.
+
+    Parameters
+    ----------
+    path_or_analysis : a trace, folder or run folder, or its :class:`Analysis`.
+    scenario : a scenario (object or TOML file) applied first, e.g. ``tensor_parallel`` on one
+        GPU's trace.
+    options : the collectives' topology and the interference curves.
+    cost_model : what prices the transforms and the nano-batches, unless the scenario names one.
+
+    Returns
+    -------
+    The ``whatif.nanoflow`` document and the search (every static partition tried in
+    ``search.table``).
+
+    Raises
+    ------
+    WhatifError
+        A bad scenario or trace, or a graph without GEMMs (``TransformError``).
+    """
+    options = options or NanoFlowOptions()
+    sc = load_scenario(scenario) if isinstance(scenario, (str, Path)) else scenario
+    model = scenario_cost_model(sc, cost_model) if sc is not None else cost_model
+    base = path_or_analysis if isinstance(path_or_analysis, Analysis) else analyze(path_or_analysis)
+    ctx = make_context(base.trace, model, sc.collective_points if sc is not None else ())
+    graphs = sc.apply(base.graph, ctx) if sc is not None else []
+    memory, comm = options.curves()
+    search = search_nanoflow(graphs[-1] if graphs else base.graph, ctx, topology=options.topology,
+                             memory_curve=memory, comm_curve=comm)
+    return nanoflow_document(search, base.trace.source, sc.name if sc is not None else "", options), search
