@@ -18,10 +18,8 @@ NanoFlow (OSDI 2025): 8x A100 SXM TP8 (DGX A100 preset), Llama-2-70B-like (hidde
 FFN 28672, 80 layers: the pipeline fills once per iteration) at a dense decode batch of 1,024
 sequences of 1,024 tokens (NanoFlow's configs use 2,048-token dense batches); search_nanoflow over
 nano-batches and GPU partitions with NanoFlow's own measured A100 interference curves (efeslab/Nanoflow
-autosearch/trace/*_interference.csv), and with idealized ones for comparison: one partition for the
-whole iteration (static) and NanoFlow's per-operation shares (the fastest mix of partitions, the
-headline); each schedule also as a share of NanoFlow's optimal throughput (2 FLOPs per parameter per
-token at the datasheet peak). Paper:
+autosearch/trace/*_interference.csv), and with idealized ones for comparison; each schedule also as
+a share of NanoFlow's optimal throughput (2 FLOPs per parameter per token at the datasheet peak). Paper:
 1.91x throughput over TensorRT-LLM, 59-72 % of the optimal (../shared/BACKGROUND.md).
 
 TokenWeave (MLSys 2026): 8x H100 TP8 (DGX H100 preset), a Llama-70B-like layer stack (hidden 8192,
@@ -320,15 +318,9 @@ def nanoflow(tmp: Path) -> None:
                   f"collectives {p['comm_ns'] / 1e6:.3f}; sequential {b['sequential_ns'] / 1e6:.3f} "
                   f"({optimal_ns / b['sequential_ns']:.1%} of optimal)")
         it = b["iteration_ns"]
-        print(f"{label}, static: best {int(b['nano_batches'])} nano-batches, GPU shares GEMM {b['gemm_share']:.2f} / "
+        print(f"{label}: best {int(b['nano_batches'])} nano-batches, GPU shares GEMM {b['gemm_share']:.2f} / "
               f"memory-bound {b['memory_share']:.2f} / collectives {b['comm_share']:.2f}: "
-              f"{it / 1e6:.3f} ms ({s.static_speedup:.2f}x, {optimal_ns / it:.1%} of optimal)")
-        m = s.mix
-        phases = ", ".join(f"{r.gemm_share:.2f} / {r.memory_share:.2f} / {r.comm_share:.2f} "
-                           f"for {r.time_ns / 1e6:.1f} ms" for r in m.phases.itertuples())
-        print(f"{label}, per-operation shares: best {m.nano_batches} nano-batches, {m.iteration_ns / 1e6:.3f} ms "
-              f"({s.speedup:.2f}x, {optimal_ns / m.iteration_ns:.1%} of optimal); GEMM / memory-bound / collectives "
-              f"shares {phases}")
+              f"{it / 1e6:.3f} ms ({s.speedup:.2f}x, {optimal_ns / it:.1%} of optimal)")
     print("paper: NanoFlow at 59-72% of optimal, 1.91x over TensorRT-LLM (59-72% / 1.91 = 31-38% for that baseline, "
           "if on the same workloads)")
 

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DIT = ROOT / "sample_traces" / "dit_serve"
 LLM = ROOT / "sample_traces" / "llm_serve"
 SCENARIO = ROOT / "scenarios" / "bf16_on_h100.toml"
+GEMMS = ROOT / "sample_traces" / "gpu" / "pairs" / "p6_batch-before-r1"   # a real H100 trace with GEMMs
 
 
 def _files(tmp: Path) -> dict[str, str]:
@@ -34,7 +35,7 @@ def _files(tmp: Path) -> dict[str, str]:
             "{unknown}": str(tmp / "unknown.toml"), "{not_json}": str(tmp / "not_json.json"),
             "{pkl}": str(tmp / "model.pkl"), "{csv}": str(tmp / "bad.csv"),
             "{script_dir}": str(tmp / "script_dir.py"), "{dit}": str(DIT), "{llm}": str(LLM),
-            "{scenario}": str(SCENARIO), "{script}": str(tmp / "ok.py")}
+            "{scenario}": str(SCENARIO), "{script}": str(tmp / "ok.py"), "{gemms}": str(GEMMS)}
 
 
 CASES: dict[str, list[tuple[str, ...]]] = {
@@ -56,10 +57,11 @@ CASES: dict[str, list[tuple[str, ...]]] = {
                 ("{dit}", "-s", "{scenario}", "--json", "{empty}"), ("{missing}", "-s", "{scenario}"),
                 ("{dit}", "-s", "{scenario}", "--cost-model", "magic"),
                 ("{dit}", "-s", "{scenario}", "--device-spec", "{missing}")],
-    "nanoflow": [("{missing}",), ("{pkl}",), ("{llm}",), ("{dit}", "-s", "{unknown}"), ("{dit}", "-s", "{missing}"),
-                 ("{dit}", "--topology", "nvlink9"), ("{dit}", "--memory-saturation", "2"),
-                 ("{dit}", "-o", "{tmp}/t.xlsx"),
-                 ("{dit}", "--json", "{empty}"), ("{dit}", "--cost-model", "magic")],
+    "nanoflow": [("{missing}",), ("{pkl}",), ("{llm}",), ("{gemms}", "-s", "{unknown}"), ("{gemms}", "-s", "{missing}"),
+                 ("{gemms}", "--topology", "nvlink9"), ("{gemms}", "--memory-saturation", "2"),
+                 ("{gemms}", "--comm-saturation", "-0.1"), ("{gemms}", "-o", "{tmp}/t.xlsx"),
+                 ("{gemms}", "-o", "{empty}"), ("{gemms}", "--json", "{empty}"), ("{gemms}", "--cost-model", "magic"),
+                 ("{gemms}", "--device-spec", "{not_toml}")],
     "suggest": [("{missing}",), ("{dit}", "-s", "{unknown}"), ("{dit}", "-s", "{not_toml}"),
                 ("{dit}", "--json", "{empty}"), ("{dit}", "--top", "0")],
     "transforms": [("no_such_transform",)],

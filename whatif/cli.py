@@ -28,7 +28,7 @@ COMMANDS: dict[str, str] = {
     "export": "Write the predicted timeline as a Chrome/Kineto trace (Perfetto, HTA)",
     "predict": "Predict step times under what-if scenarios (TOML files of transforms)",
     "suggest": "Try every optimization whatif knows on a trace and rank them by predicted speedup",
-    "nanoflow": "NanoFlow's intra-device overlap priced on a trace: nano-batches on shares of the GPU",
+    "nanoflow": "NanoFlow's intra-device overlap priced on a trace: nano-batches on a partition of the GPU",
     "transforms": "List the registered transforms and their parameters",
     "record": "Run a PyTorch script under tracing and write a run folder",
     "dashboard": "Open the web dashboard on traces and run folders",

@@ -717,21 +717,21 @@ class OpsDocument(Entry, frozen=True, kw_only=True):
 
 
 class NanoFlowPartition(Entry, frozen=True, kw_only=True):
-    """A split of the GPU among GEMMs, memory-bound kernels and collectives (shares of its SMs,
-    NanoFlow's measure), and the time per iteration spent in it (``time_ns``)."""
+    """A split of the GPU among GEMMs, memory-bound kernels and collectives: shares of its SMs
+    (NanoFlow's measure), summing to 1."""
 
     gemm_share: float
     memory_share: float
     comm_share: float
-    time_ns: int
 
 
 class NanoFlowDocument(Entry, frozen=True, kw_only=True):
-    """The ``whatif.nanoflow`` v1 document (``whatif nanoflow --json``): one iteration (step, mean
-    over the trace's steps) run one kernel at a time (``sequential_ns``, of ``gemm_ns``,
-    ``memory_ns``, ``comm_ns``), with the best single partition of the GPU (``static``, at
-    ``static_nano_batches``; ``static_ns``), and with NanoFlow's per-operation shares (``phases``, at
-    ``nano_batches``; ``iteration_ns``). ``scenario``: the scenario applied first ("" for none)."""
+    """The ``whatif.nanoflow`` v1 document (``whatif nanoflow --json``): one iteration (a step, the
+    mean over the trace's steps) run one kernel at a time (``sequential_ns`` = ``gemm_ns`` +
+    ``memory_ns`` + ``comm_ns``), and NanoFlow's schedule: ``nano_batches`` on ``partition``
+    (None when no partition beats one kernel at a time; ``nano_batches`` is then 1), taking
+    ``iteration_ns`` with the pipeline's fill over ``layers`` blocks per step. ``scenario``: the
+    scenario applied first ("" for none); ``topology`` priced the collectives' parts."""
 
     schema: Literal["whatif.nanoflow"] = "whatif.nanoflow"
     version: Literal[1] = 1
@@ -740,16 +740,13 @@ class NanoFlowDocument(Entry, frozen=True, kw_only=True):
     topology: str
     memory_curve: str
     comm_curve: str
+    layers: int
     gemm_ns: int
     memory_ns: int
     comm_ns: int
     sequential_ns: int
-    static_nano_batches: int
-    static: NanoFlowPartition
-    static_ns: int
-    static_speedup: float
     nano_batches: int
-    phases: list[NanoFlowPartition]
+    partition: NanoFlowPartition | None
     iteration_ns: int
     speedup: float
     assumptions: list[str]

@@ -10,14 +10,13 @@ with NanoFlow's measured interference curves or idealized ones
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
 
-import pandas as pd
-
 from whatif.analysis import Analysis, analyze, make_context, scenario_cost_model
 from whatif.core.bounds import check_fields
+from whatif.core.errors import WhatifError
 from whatif.documents import NanoFlowDocument, NanoFlowPartition
 from whatif.hardware.topology import TopologyName
 from whatif.predictors.cost_models import CostModelName
@@ -32,16 +31,21 @@ from whatif.transforms.parallel.nanoflow import (
 )
 from whatif.transforms.scenario import Scenario, load_scenario
 
+
+class NanoFlowError(WhatifError):
+    """A NanoFlow analysis that cannot run as asked (one line)."""
+
+
 _SATURATION = ("idealized curve: full speed from this share of the GPU on, in proportion below it "
                "(default 0: NanoFlow's measured A100 curve)")
 
 
 @dataclass
 class NanoFlowOptions:
-    topology: str = field(default=TopologyName.DGX_H100.value, metadata={
+    topology: str | None = field(default=None, metadata={
         "choices": [t.value for t in TopologyName],
-        "help": "topology preset that prices each collective's nano-batch parts (the scenario's, for "
-                "inserted collectives)"})
+        "help": "topology preset that prices each collective's nano-batch parts (default: the one the "
+                "scenario's transforms name, else dgx_h100)"})
     memory_saturation: float = field(default=0.0, metadata={
         "minimum": 0.0, "maximum": 1.0, "help": f"memory-bound kernels beside GEMMs: {_SATURATION}"})
     comm_saturation: float = field(default=0.0, metadata={
@@ -56,25 +60,39 @@ class NanoFlowOptions:
                 saturating_curve(self.comm_saturation) if self.comm_saturation else NANOFLOW_NETWORK)
 
 
-def _partition(row: pd.Series) -> NanoFlowPartition:
-    return NanoFlowPartition(**{c: float(row[c]) for c in SHARE_COLUMNS}, time_ns=int(round(row["time_ns"])))
+def scenario_topology(scenario: Scenario | None) -> str:
+    """The topology preset ``scenario``'s transforms price their collectives on (their ``topology``
+    parameter); ``dgx_h100`` when none names one.
+
+    Raises
+    ------
+    NanoFlowError
+        When its transforms name different ones.
+    """
+    found: set[str] = set()
+    for t in scenario.transforms if scenario else []:
+        if is_dataclass(t) and not isinstance(t, type):
+            found.update(str(getattr(t, f.name)) for f in fields(t) if f.name == "topology")
+    named = sorted(found)
+    if len(named) > 1:
+        raise NanoFlowError(f"{scenario.source or scenario.name if scenario else ''}: the scenario's transforms name "
+                            f"topologies {', '.join(named)}: choose the one that prices the collectives with "
+                            f"--topology")
+    return named[0] if named else TopologyName.DGX_H100.value
 
 
-def nanoflow_document(search: NanoFlowSearch, source: str, scenario: str, options: NanoFlowOptions) -> NanoFlowDocument:
+def nanoflow_document(search: NanoFlowSearch, source: str, scenario: str, topology: str,
+                      options: NanoFlowOptions) -> NanoFlowDocument:
     """The ``whatif.nanoflow`` document of a search."""
-    parts = search.parts.mean()
-    best, mix = search.best, search.mix
+    parts, best = search.parts.mean(), search.best
     memory, comm = options.curves()
-    static = pd.Series({**{c: best[c] for c in SHARE_COLUMNS}, "time_ns": best["iteration_ns"]})
+    partition = NanoFlowPartition(**{c: best[c] for c in SHARE_COLUMNS}) if search.overlapped else None
     return NanoFlowDocument(
-        source=source, scenario=scenario, topology=options.topology, memory_curve=memory.name, comm_curve=comm.name,
-        gemm_ns=int(round(parts["gemm_ns"])), memory_ns=int(round(parts["memory_ns"])),
+        source=source, scenario=scenario, topology=topology, memory_curve=memory.name, comm_curve=comm.name,
+        layers=search.layers, gemm_ns=int(round(parts["gemm_ns"])), memory_ns=int(round(parts["memory_ns"])),
         comm_ns=int(round(parts["comm_ns"])), sequential_ns=int(round(search.sequential_ns)),
-        static_nano_batches=int(best["nano_batches"]), static=_partition(static),
-        static_ns=int(round(best["iteration_ns"])), static_speedup=round(search.static_speedup, 6),
-        nano_batches=mix.nano_batches, phases=[_partition(r) for _, r in mix.phases.iterrows()],
-        iteration_ns=int(round(mix.iteration_ns)), speedup=round(search.speedup, 6),
-        assumptions=list(search.assumptions))
+        nano_batches=int(best["nano_batches"]), partition=partition, iteration_ns=int(round(best["iteration_ns"])),
+        speedup=round(search.speedup, 6), assumptions=list(search.assumptions))
 
 
 def nanoflow(path_or_analysis: str | Path | Analysis, scenario: Scenario | str | Path | None = None,
@@ -87,26 +105,27 @@ def nanoflow(path_or_analysis: str | Path | Analysis, scenario: Scenario | str |
     path_or_analysis : a trace, folder or run folder, or its :class:`Analysis`.
     scenario : a scenario (object or TOML file) applied first, e.g. ``tensor_parallel`` on one
         GPU's trace.
-    options : the collectives' topology and the interference curves.
+    options : the collectives' topology (default: the scenario's) and the interference curves.
     cost_model : what prices the transforms and the nano-batches, unless the scenario names one.
 
     Returns
     -------
-    The ``whatif.nanoflow`` document and the search (every static partition tried in
-    ``search.table``).
+    The ``whatif.nanoflow`` document and the search (every partition tried in ``search.table``).
 
     Raises
     ------
     WhatifError
-        A bad scenario or trace, or a graph without GEMMs (``TransformError``).
+        A bad scenario or trace, a scenario naming several topologies without ``options.topology``,
+        or a graph without GEMMs (``TransformError``).
     """
     options = options or NanoFlowOptions()
     sc = load_scenario(scenario) if isinstance(scenario, (str, Path)) else scenario
+    topology = options.topology or scenario_topology(sc)
     model = scenario_cost_model(sc, cost_model) if sc is not None else cost_model
     base = path_or_analysis if isinstance(path_or_analysis, Analysis) else analyze(path_or_analysis)
     ctx = make_context(base.trace, model, sc.collective_points if sc is not None else ())
     graphs = sc.apply(base.graph, ctx) if sc is not None else []
     memory, comm = options.curves()
-    search = search_nanoflow(graphs[-1] if graphs else base.graph, ctx, topology=options.topology,
+    search = search_nanoflow(graphs[-1] if graphs else base.graph, ctx, topology=topology,
                              memory_curve=memory, comm_curve=comm)
-    return nanoflow_document(search, base.trace.source, sc.name if sc is not None else "", options), search
+    return nanoflow_document(search, base.trace.source, sc.name if sc is not None else "", topology, options), search

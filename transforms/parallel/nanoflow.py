@@ -21,19 +21,15 @@ the three resources busy ``X = (T_gemm/r_g, T_mem/P_a(r_a), T_comm/P_c(r_c))`` i
 over n nano-batches and L layers as :func:`pipelined_ns`:
 ``max(max X + (ΣX − max X)/(n·L), ΣX/n)``. The sequential iteration is ``ΣT`` (one kernel at a
 time on the whole GPU, as the trace ran). :func:`search_nanoflow` searches n, r_g and r_c in steps
-of 0.05, as NanoFlow's auto-search does over its profiled shares.
+of 0.01, as NanoFlow's auto-search does over its profiled shares.
 
-**Per-operation shares** (:func:`fastest_mix`): NanoFlow's search gives each operation its own
-share, so the partition changes across the iteration — GEMMs beside attention on one split, beside
-the collectives on another, alone on a third. Over every partition ``k`` of the grid (the kinds
-present, shares summing to 1; each kind alone on the whole GPU included), with rates
-``a_k = (r_g, P_a(r_a), P_c(r_c))`` (a partition without GEMMs prices the others by the same
-curves, measured beside a GEMM: conservative), the fastest mix is the linear program
-``min Σ t_k  s.t.  Σ_k t_k·a_k ≥ (T_gemm, T_mem, T_comm), t ≥ 0`` (solved exactly by a revised
-simplex started from the sequential schedule, each kind alone). It is a relaxation: it orders no
-kernel, so the pipeline is charged as above — one nano-batch of one layer runs without its
-partners, ``T_mix + (ΣT − T_mix)/(n·L)``, and never less than ``ΣT/n`` — and it is never slower
-than the best static partition (which is one of its mixes) nor than the sequential iteration.
+**Why one partition** (and not NanoFlow's per-operation shares): the curves are concave (each
+extra share of the GPU buys less speed), so for any schedule that changes the partition over the
+iteration, the single partition at its time-averaged shares does at least as much of every kind's
+work per unit time (Jensen's inequality: ``Σ w_k·P(r_k) ≤ P(Σ w_k·r_k)``). Without dependencies
+between the kernels — what this pricing leaves out — one partition is the optimum; per-operation
+shares matter in NanoFlow where an operation's inputs are not ready, which the pipeline term
+only approximates. The grid step, 0.01, is about one SM of an A100's 108.
 
 A GEMM's nano-batches are priced without the wave term of ``batch_part_ns``: the curves were
 measured on NanoFlow's nano-batch kernels sharing the GPU, tails included, and the SMs a GEMM's
@@ -41,8 +37,8 @@ last wave leaves idle run the co-scheduled kernels.
 
 Left out: the curves are NanoFlow's A100 measurements, used for every GPU and kernel shape (no
 per-kernel profile of the trace's own kernels); L2 interference beyond what they measured; CPU
-launch cost (NanoFlow and its baseline launch through CUDA graphs); the operations' order inside
-a mix (the relaxation above). An analysis, not a transform: the graph is not rewritten into the
+launch cost (NanoFlow and its baseline launch through CUDA graphs); the operations' dependencies
+beyond the pipeline term. An analysis, not a transform: the graph is not rewritten into the
 overlapped schedule.
 """
 from __future__ import annotations
@@ -62,7 +58,7 @@ from .layers import find_blocks
 from .sharding import batch_part_ns
 
 NANO_BATCHES = (1, 2, 4, 8)
-SHARE_STEP = 0.05
+SHARE_STEP = 0.01
 NAME = "nanoflow"
 
 
@@ -88,6 +84,13 @@ class ShareCurve:
         ys = [0.0, *(p for _, p in self.points), 1.0]
         return float(np.interp(share, xs, ys))
 
+    def performances(self, shares: np.ndarray) -> np.ndarray:
+        """:meth:`performance` of each share (all in (0, 1])."""
+        shares = np.asarray(shares, dtype=float)
+        if ((shares <= 0) | (shares > 1)).any():
+            raise TransformError(f"{NAME}: a GPU share must be in (0, 1]")
+        return np.interp(shares, [0.0, *(r for r, _ in self.points), 1.0], [0.0, *(p for _, p in self.points), 1.0])
+
     def time_ns(self, alone_ns: float, share: float) -> float:
         """Time of work that takes ``alone_ns`` on the whole GPU, on ``share`` of it."""
         return alone_ns / self.performance(share) if alone_ns > 0 else 0.0
@@ -111,104 +114,40 @@ def saturating_curve(sigma: float) -> ShareCurve:
     return ShareCurve(f"saturates HBM on {sigma:.0%} of the GPU", ((sigma, 1.0),), "assumption")
 
 
-def pipelined_ns(stages: list[float], nano_batches: int, layers: int = 1) -> float:
+def pipelined_ns(stages: np.ndarray | list[float], nano_batches: int, layers: int = 1) -> np.ndarray:
     """One iteration of n nano-batches through ``layers`` layers on resources busy ``stages`` in all:
     ``max(max + (Σ − max)/(n·L), Σ/n)``. The busiest resource bounds it, plus the fill and drain of
     one nano-batch's share of one layer on the others (nano-batch i of layer l+1 waits only for
     nano-batch i of layer l, so the pipeline fills once per iteration, not once per layer); and
     one nano-batch's own chain through every layer, ``Σ/n``, bounds it too.
 
-    >>> pipelined_ns([30.0, 20.0, 10.0], 1), pipelined_ns([30.0, 20.0, 10.0], 4)
+    ``stages``: one row per schedule (the last axis the resources).
+
+    >>> float(pipelined_ns([30.0, 20.0, 10.0], 1)), float(pipelined_ns([30.0, 20.0, 10.0], 4))
     (60.0, 37.5)
-    >>> pipelined_ns([30.0, 20.0, 10.0], 4, layers=10), pipelined_ns([30.0, 20.0, 10.0], 2, layers=10)
-    (30.75, 31.5)
+    >>> pipelined_ns([[30.0, 20.0, 10.0], [30.0, 20.0, 10.0]], 4, layers=10).tolist()
+    [30.75, 30.75]
+    >>> float(pipelined_ns([30.0, 20.0, 10.0], 2, layers=10))
+    31.5
     """
-    top, total = max(stages), sum(stages)
-    return max(top + (total - top) / (nano_batches * layers), total / nano_batches)
+    x = np.asarray(stages, dtype=float)
+    top, total = x.max(axis=-1), x.sum(axis=-1)
+    return np.maximum(top + (total - top) / (nano_batches * layers), total / nano_batches)
 
 
-MAX_PIVOTS = 10_000
 SHARE_COLUMNS = ("gemm_share", "memory_share", "comm_share")
-
-
-def partitions(kinds: int, step: float = SHARE_STEP) -> np.ndarray:
-    """Every split of the GPU among ``kinds`` kinds in steps of ``step``, shares summing to 1,
-    each kind alone included: one row per partition.
-
-    >>> partitions(2, 0.5).tolist()
-    [[0.0, 1.0], [0.5, 0.5], [1.0, 0.0]]
-    """
-    steps = round(1 / step)
-    grid = np.array([c for c in np.ndindex(*(steps + 1,) * kinds) if sum(c) == steps], dtype=float)
-    return grid / steps
-
-
-def fastest_mix(work: np.ndarray, rates: np.ndarray) -> np.ndarray:
-    """Time to spend in each partition so that every kind's work is done soonest: the linear
-    program ``min Σt  s.t.  ratesᵀ·t ≥ work, t ≥ 0``. ``rates[k, i]`` is the share of its speed
-    alone that kind ``i`` keeps in partition ``k``; ``rates`` must hold each kind alone (a row of
-    the identity), the sequential schedule the revised simplex starts from (Bland's rule, so it
-    ends).
-
-    >>> rates = np.array([[1.0, 0.0], [0.0, 1.0], [0.8, 0.6]])
-    >>> fastest_mix(np.array([8.0, 6.0]), rates).round(6).tolist()
-    [0.0, 0.0, 10.0]
-
-    Raises
-    ------
-    TransformError
-        When a kind alone is not among ``rates``.
-    """
-    work, rates = np.asarray(work, dtype=float), np.asarray(rates, dtype=float)
-    modes, kinds = rates.shape
-    alone = [np.flatnonzero((rates == row).all(axis=1)) for row in np.eye(kinds)]
-    if any(not len(a) for a in alone):
-        raise TransformError(f"{NAME}: the partitions must include each kind alone on the whole GPU")
-    cols = np.vstack([rates, -np.eye(kinds)])           # then one surplus column per kind
-    cost = np.r_[np.ones(modes), np.zeros(kinds)]
-    basis = [int(a[0]) for a in alone]
-    for _ in range(MAX_PIVOTS):
-        b = cols[basis].T
-        x = np.linalg.solve(b, work)
-        reduced = cost - cols @ np.linalg.solve(b.T, cost[basis])
-        entering = np.flatnonzero(reduced < -1e-9)
-        if not len(entering):
-            t = np.zeros(modes)
-            for row, j in enumerate(basis):
-                if j < modes:
-                    t[j] += max(float(x[row]), 0.0)
-            return t
-        j = int(entering[0])
-        u = np.linalg.solve(b, cols[j])
-        rows = np.flatnonzero(u > 1e-12)
-        ratios = x[rows] / u[rows]
-        ties = rows[ratios <= ratios.min() + 1e-12 * max(1.0, float(ratios.min()))]
-        basis[min(ties, key=lambda r: basis[r])] = j
-    raise TransformError(f"{NAME}: the schedule search did not converge in {MAX_PIVOTS} pivots")
-
-
-@dataclass(frozen=True)
-class Mix:
-    """NanoFlow's per-operation shares for n nano-batches: ``phases``, one row per partition used
-    (``gemm_share``, ``memory_share``, ``comm_share``, ``time_ns`` per iteration); ``busy_ns``
-    their sum; ``iteration_ns`` with the pipeline's fill and drain."""
-
-    nano_batches: int
-    phases: pd.DataFrame
-    busy_ns: float
-    iteration_ns: float
 
 
 @dataclass
 class NanoFlowSearch:
-    """Per step: the sequential GPU time and its parts; ``table``: one row per static partition
-    (n, r_g, r_c) tried and the sequential iteration, best first; ``best``: its row; ``mix``: the
-    fastest per-operation schedule; ``assumptions``."""
+    """Per step: the sequential GPU time and its parts; ``table``: one row per partition (n, r_g,
+    r_c) tried and the sequential iteration (shares 1 / 1 / 1), best first; ``best``: its row;
+    ``layers``: blocks per step; ``assumptions``."""
 
     parts: pd.DataFrame
     table: pd.DataFrame
     best: dict[str, float]
-    mix: Mix
+    layers: int
     assumptions: list[str] = field(default_factory=list)
 
     @property
@@ -216,13 +155,12 @@ class NanoFlowSearch:
         return self.best["sequential_ns"]
 
     @property
-    def speedup(self) -> float:
-        """Over the sequential iteration, with per-operation shares (NanoFlow's)."""
-        return self.sequential_ns / self.mix.iteration_ns
+    def overlapped(self) -> bool:
+        """Whether a partition beats one kernel at a time."""
+        return self.best["gemm_share"] < 1.0
 
     @property
-    def static_speedup(self) -> float:
-        """Over the sequential iteration, with one partition for the whole iteration."""
+    def speedup(self) -> float:
         return self.sequential_ns / self.best["iteration_ns"]
 
 
@@ -262,19 +200,18 @@ def layers_per_step(graph: TaskGraph) -> int:
     return max(1, int(counted.groupby(["rank", "step"])["block"].nunique().median()))
 
 
-def _shares(with_comm: bool) -> list[tuple[float, float, float]]:
-    """Every partition (r_g, r_a, r_c) of the GPU in steps of :data:`SHARE_STEP`; r_c = 0 when
-    there is no collective."""
+def _shares(with_comm: bool) -> np.ndarray:
+    """Every partition (r_g, r_a, r_c) of the GPU in steps of :data:`SHARE_STEP`, each share > 0
+    (r_c = 0 when there is no collective): one row per partition."""
     steps = round(1 / SHARE_STEP)
-    return [(g / steps, (steps - g - c) / steps, c / steps)
-            for g in range(1, steps) for c in (range(1, steps - g) if with_comm else (0,))]
+    grid = np.array([(g, c) for g in range(1, steps) for c in (range(1, steps - g) if with_comm else (0,))])
+    return np.column_stack([grid[:, 0], steps - grid.sum(axis=1), grid[:, 1]]) / steps
 
 
 def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, topology: str = "dgx_h100",
                     memory_curve: ShareCurve = NANOFLOW_GEMV, comm_curve: ShareCurve = NANOFLOW_NETWORK,
                     nano_batches: tuple[int, ...] = NANO_BATCHES) -> NanoFlowSearch:
-    """Best nano-batch count and GPU partition for ``graph``'s iterations, static and per operation
-    (see the module docstring).
+    """Best nano-batch count and GPU partition for ``graph``'s iterations (see the module docstring).
 
     Parameters
     ----------
@@ -294,47 +231,29 @@ def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, topology: str = 
     if base.empty or not (base["gemm_ns"] > 0).any():
         raise TransformError(f"{NAME}: the trace's steps have no GEMM kernels to overlap")
     layers = layers_per_step(graph)
-    rows = []
-    best_mix: Mix | None = None
+    frames = []
     for n in nano_batches:
         p = base if n == 1 else _parts(graph, ctx, n, topology)
         gemm, mem, comm = (float(p[c].mean()) for c in ("gemm_ns", "memory_ns", "comm_ns"))
-        for r_g, r_a, r_c in _shares(comm > 0):
-            x = [GEMM_CURVE.time_ns(gemm, r_g), memory_curve.time_ns(mem, r_a),
-                 comm_curve.time_ns(comm, r_c) if r_c else 0.0]
-            rows.append({"nano_batches": n, "gemm_share": r_g, "memory_share": r_a, "comm_share": r_c,
-                         "gemm_ns": x[0], "memory_ns": x[1], "comm_ns": x[2],
-                         "iteration_ns": pipelined_ns(x, n, layers)})
-        mix = _mix(n, np.array([gemm, mem, comm]), layers, memory_curve, comm_curve)
-        if best_mix is None or mix.iteration_ns < best_mix.iteration_ns:
-            best_mix = mix
+        shares = _shares(comm > 0)
+        comm_x = np.zeros(len(shares))
+        on = shares[:, 2] > 0
+        comm_x[on] = comm / comm_curve.performances(shares[on, 2])
+        x = np.column_stack([gemm / shares[:, 0], mem / memory_curve.performances(shares[:, 1]), comm_x])
+        frames.append(pd.DataFrame({"nano_batches": n, "gemm_share": shares[:, 0], "memory_share": shares[:, 1],
+                                    "comm_share": shares[:, 2], "gemm_ns": x[:, 0], "memory_ns": x[:, 1],
+                                    "comm_ns": x[:, 2],
+                                    "iteration_ns": pipelined_ns(x, n, layers)}))
     seq = float((base["gemm_ns"] + base["memory_ns"] + base["comm_ns"]).mean())
     # one kernel at a time on the whole GPU, the trace's way
-    rows.append({"nano_batches": 1, "gemm_share": 1.0, "memory_share": 1.0, "comm_share": 1.0,
-                 "gemm_ns": float(base["gemm_ns"].mean()), "memory_ns": float(base["memory_ns"].mean()),
-                 "comm_ns": float(base["comm_ns"].mean()), "iteration_ns": seq})
-    table = pd.DataFrame(rows).assign(sequential_ns=seq).sort_values(
+    frames.append(pd.DataFrame([{"nano_batches": 1, "gemm_share": 1.0, "memory_share": 1.0, "comm_share": 1.0,
+                                 "gemm_ns": float(base["gemm_ns"].mean()),
+                                 "memory_ns": float(base["memory_ns"].mean()),
+                                 "comm_ns": float(base["comm_ns"].mean()), "iteration_ns": seq}]))
+    table = pd.concat(frames, ignore_index=True).assign(sequential_ns=seq).sort_values(
         ["iteration_ns", "nano_batches", "gemm_share", "comm_share"], ignore_index=True)
     best = {k: float(v) for k, v in table.iloc[0].items()}
     assumptions = [f"memory-bound kernels beside GEMMs: {memory_curve.name} ({memory_curve.source})",
                    f"collectives beside GEMMs: {comm_curve.name} ({comm_curve.source})",
                    "the curves hold for every kernel shape; CPU launches are not on the path"]
-    assert best_mix is not None                  # nano_batches is not empty
-    return NanoFlowSearch(parts=base, table=table, best=best, mix=best_mix, assumptions=assumptions)
-
-
-def _mix(n: int, work: np.ndarray, layers: int, memory_curve: ShareCurve, comm_curve: ShareCurve) -> Mix:
-    """The fastest per-operation schedule of ``work`` (GEMM, memory-bound, collective ns) at n
-    nano-batches, over the kinds that have work."""
-    present = np.flatnonzero(work > 0)
-    curves = [(GEMM_CURVE, memory_curve, comm_curve)[i] for i in present]
-    grid = partitions(len(present))
-    rates = np.array([[c.performance(r) if r > 0 else 0.0 for c, r in zip(curves, row)] for row in grid])
-    t = fastest_mix(work[present], rates)
-    used = t > 0
-    shares = np.zeros((int(used.sum()), 3))
-    shares[:, present] = grid[used]
-    phases = pd.DataFrame(shares, columns=list(SHARE_COLUMNS)).assign(time_ns=t[used])
-    busy, total = float(t.sum()), float(work.sum())
-    iteration = max(busy + (total - busy) / (n * layers), total / n)
-    return Mix(n, phases.sort_values("time_ns", ascending=False, ignore_index=True), busy, iteration)
+    return NanoFlowSearch(parts=base, table=table, best=best, layers=layers, assumptions=assumptions)

@@ -1,9 +1,9 @@
 """NanoFlow's intra-device parallelism priced on a trace: one iteration's GEMMs, memory-bound
 kernels and collectives (after the scenario given with -s, e.g. a tensor_parallel that inserts the
 collectives) run as nano-batches on shares of the GPU, priced by NanoFlow's measured A100
-interference curves (or idealized ones), against the same kernels one at a time: the best single
-partition and NanoFlow's per-operation shares, with the speedup of each. -o writes every single
-partition tried. See docs/multi-gpu.md."""
+interference curves (or idealized ones), against the same kernels one at a time: the best
+nano-batch count and partition of the GPU, and its speedup. -o writes every partition tried. See
+docs/multi-gpu.md."""
 from __future__ import annotations
 
 import argparse
@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", type=Path, help=f"trace file ({accepted()}), folder of per-rank traces, or run folder")
     parser.add_argument("-s", "--scenario", type=Path, metavar="FILE",
                         help="scenario TOML applied first (e.g. tensor_parallel, which inserts the collectives)")
-    add_output_arguments(parser, "every single partition tried (nano-batches, shares, time)", "whatif.nanoflow")
+    add_output_arguments(parser, "every partition tried (nano-batches, shares, time)", "whatif.nanoflow")
     add_dataclass_arguments(parser, NanoFlowOptions)
     add_dataclass_arguments(parser, CostConfig)
     add_device_spec_argument(parser)
@@ -47,25 +47,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _shares(p) -> list[str]:
-    return [f"{p.gemm_share:.2f}", f"{p.memory_share:.2f}", f"{p.comm_share:.2f}"]
-
-
 def render_nanoflow(doc: NanoFlowDocument, out: Console) -> None:
-    """The iteration's parts, the two schedules and their speedups, then the assumptions."""
+    """The iteration's parts, NanoFlow's schedule and its speedup, then the assumptions."""
     scenario = f" after {doc.scenario}" if doc.scenario else ""
-    out.print(f"whatif nanoflow: {doc.source}{scenario} (collective parts priced on {doc.topology})")
-    out.print(f"one iteration, one kernel at a time: {ms_text(doc.sequential_ns)} ms = GEMMs {ms_text(doc.gemm_ns)} "
-              f"+ memory-bound {ms_text(doc.memory_ns)} + collectives {ms_text(doc.comm_ns)} ms")
-    sequential = doc.static.gemm_share == doc.static.memory_share == doc.static.comm_share == 1.0
-    rows = [["one partition", str(doc.static_nano_batches),
-             *(["1.00", "1.00", "1.00"] if sequential else _shares(doc.static)), ms_text(doc.static_ns),
-             f"{doc.static_speedup:.2f}x", "no single partition beats one kernel at a time" if sequential else ""]]
-    for i, p in enumerate(doc.phases):
-        rows.append(["per-operation shares" if i == 0 else "", str(doc.nano_batches) if i == 0 else "",
-                     *_shares(p), ms_text(p.time_ns), f"{doc.speedup:.2f}x" if i == 0 else "",
-                     f"{ms_text(doc.iteration_ns)} ms per iteration with the pipeline's fill" if i == 0 else ""])
-    print_table(out, "NanoFlow's schedules (shares of the GPU: GEMM / memory-bound / collectives)",
-                ["schedule", "nano-batches", "GEMM", "memory", "comm", "ms", "speedup", ""], rows, text={0, 7})
+    out.print(f"whatif nanoflow: {doc.source}{scenario} (collective parts priced on {doc.topology}; "
+              f"{doc.layers} blocks per step)")
+    p = doc.partition
+    rows = [["one kernel at a time", "1", "1.00", "1.00", "1.00" if doc.comm_ns else "-", ms_text(doc.gemm_ns),
+             ms_text(doc.memory_ns), ms_text(doc.comm_ns), ms_text(doc.sequential_ns), "1.00x"]]
+    if p is not None:
+        rows.append(["NanoFlow", str(doc.nano_batches), f"{p.gemm_share:.2f}", f"{p.memory_share:.2f}",
+                     f"{p.comm_share:.2f}" if doc.comm_ns else "-", "", "", "", ms_text(doc.iteration_ns),
+                     f"{doc.speedup:.2f}x"])
+    print_table(out, "one iteration (ms; shares of the GPU)",
+                ["schedule", "nano-batches", "GEMM share", "memory share", "comm share", "GEMM", "memory-bound",
+                 "collectives", "iteration", "speedup"], rows, text={0})
+    if p is None:
+        out.print("no partition of the GPU beats one kernel at a time here")
     for line in doc.assumptions:
         out.print(f"assumption: {line}")
