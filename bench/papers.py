@@ -26,9 +26,11 @@ TokenWeave (MLSys 2026): 8x H100 TP8 (DGX H100 preset), a Llama-70B-like layer s
 64 heads, 8 KV heads, FFN 28672, 4 layers) at 256-4,096 tokens per iteration, each residual add
 and norm as vLLM's fused_add_rms_norm kernel (the paper's baseline is vLLM); TP8 against: TokenWeave
 (overlap with 2 token splits and the fused AllReduce + residual add + RMSNorm on 8 SMs:
-fuse_norm, comm_sms=8), the split alone (the collective on 8 SMs), the fused kernel alone (no
-split), the split at the generic interference 1.15, and TP8 without communication (TokenWeave's
-reference: it can beat it). Paper: up to 1.28x latency; a loss at small token counts for the split.
+fuse_norm, comm_sms=8), the split alone (the collective on 8 SMs), the split with NCCL's own
+all-reduce (its NVLS kernel on NCCL's default 16 channels, one SM each: what an engine splitting
+without TokenWeave's kernel runs), the fused kernel alone (no split), the split at the generic
+interference 1.15, and TP8 without communication (TokenWeave's reference: it can beat it). Paper: up
+to 1.28x latency; a loss at small token counts for the split.
 
 AttAcc (ASPLOS 2024): a GPT-3-175B-like model (96 layers, hidden 12288, 96 heads, a gated FFN of
 32768 = GPT-3's 8h² MLP weights) on 8x H100 (TP8, DGX H100 preset), each GPU with AttAcc's 5 HBM
@@ -73,7 +75,7 @@ from whatif.transforms.parallel.nanoflow import (  # noqa: E402
     saturating_curve,
     search_nanoflow,
 )
-from whatif.transforms.parallel.overlap import TOKENWEAVE_SMS, Overlap  # noqa: E402
+from whatif.transforms.parallel.overlap import NCCL_NVLS_CTAS, TOKENWEAVE_SMS, Overlap  # noqa: E402
 from whatif.transforms.parallel.pim import PimOffload  # noqa: E402
 from whatif.transforms.parallel.reshard import ReshardSearch, search_reshard  # noqa: E402
 from whatif.transforms.parallel.sequence import SequenceParallel  # noqa: E402
@@ -279,6 +281,8 @@ def tokenweave(tmp: Path) -> None:
                      Overlap(nano_batches=2, comm_sms=TOKENWEAVE_SMS, fuse_norm=True, topology="dgx_h100")),
                     ("the split alone, collective on 8 SMs",
                      Overlap(nano_batches=2, comm_sms=TOKENWEAVE_SMS, topology="dgx_h100")),
+                    ("the split with NCCL's all-reduce (NVLS, 16 SMs)",
+                     Overlap(nano_batches=2, comm_sms=NCCL_NVLS_CTAS, topology="dgx_h100")),
                     ("the fused kernel alone (no split)",
                      Overlap(nano_batches=1, comm_sms=TOKENWEAVE_SMS, fuse_norm=True, topology="dgx_h100")),
                     ("the split at interference 1.15", Overlap(nano_batches=2, interference=1.15, topology="dgx_h100")))

@@ -73,6 +73,7 @@ from .tensor import prev_on_resource
 
 PART_NAME = "collective part"   # how the collective parts overlap splices are named
 TOKENWEAVE_SMS = 8   # SMs of TokenWeave's fused AllReduce-RMSNorm on an 8x H100 (MLSys 2026: 2-8)
+NCCL_NVLS_CTAS = 16  # NCCL's NVLS all-reduce: NCCL_NVLS_NCHANNELS channels by default, one CTA (SM) each (nvls.cc)
 
 
 def _same_stream_collectives(graph: TaskGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
