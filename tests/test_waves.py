@@ -90,6 +90,21 @@ def test_tokenweave_loses_at_256_and_gains_at_4k(tp8) -> None:
         assert lo <= got <= hi, (tokens, got)
 
 
+def test_the_split_on_nccls_own_all_reduce_loses_more_at_256(tp8) -> None:
+    """An engine splitting tokens with NCCL's NVLS all-reduce gives its 16 channels' SMs to the
+    collective: more slowdown beside it than TokenWeave's 8-SM kernel, a loss at 256 tokens,
+    still a gain at 4k."""
+    from whatif.transforms.parallel.overlap import NCCL_NVLS_CTAS, TOKENWEAVE_SMS
+
+    for tokens in (256, 4096):
+        graph, ctx = tp8[tokens]
+        base = step_ns(graph)
+        nccl, tokenweave = (base / step_ns(Overlap(nano_batches=2, comm_sms=sms, topology="dgx_h100")
+                                           .apply(graph, ctx)) for sms in (NCCL_NVLS_CTAS, TOKENWEAVE_SMS))
+        assert nccl < tokenweave
+        assert (nccl < 1.0) if tokens == 256 else (1.05 < nccl < tokenweave)
+
+
 def test_comm_sms_replaces_the_interference(tp8) -> None:
     graph, ctx = tp8[4096]
     phi, phi_comm = Overlap(comm_sms=8).factors(graph, ctx)
