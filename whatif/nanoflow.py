@@ -74,8 +74,8 @@ def scenario_topology(scenario: Scenario | None) -> str:
         if is_dataclass(t) and not isinstance(t, type):
             found.update(str(getattr(t, f.name)) for f in fields(t) if f.name == "topology")
     named = sorted(found)
-    if len(named) > 1:
-        raise NanoFlowError(f"{scenario.source or scenario.name if scenario else ''}: the scenario's transforms name "
+    if scenario is not None and len(named) > 1:
+        raise NanoFlowError(f"{scenario.source or scenario.name}: the scenario's transforms name "
                             f"topologies {', '.join(named)}: choose the one that prices the collectives with "
                             f"--topology")
     return named[0] if named else TopologyName.DGX_H100.value

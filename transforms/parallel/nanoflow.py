@@ -78,17 +78,14 @@ class ShareCurve:
     source: str
 
     def performance(self, share: float) -> float:
-        if not 0 < share <= 1:
-            raise TransformError(f"{NAME}: a GPU share must be in (0, 1], got {share}")
-        xs = [0.0, *(r for r, _ in self.points), 1.0]
-        ys = [0.0, *(p for _, p in self.points), 1.0]
-        return float(np.interp(share, xs, ys))
+        return float(self.performances(np.array([share]))[0])
 
     def performances(self, shares: np.ndarray) -> np.ndarray:
         """:meth:`performance` of each share (all in (0, 1])."""
         shares = np.asarray(shares, dtype=float)
-        if ((shares <= 0) | (shares > 1)).any():
-            raise TransformError(f"{NAME}: a GPU share must be in (0, 1]")
+        bad = shares[(shares <= 0) | (shares > 1)]
+        if len(bad):
+            raise TransformError(f"{NAME}: a GPU share must be in (0, 1], got {bad[0]:g}")
         return np.interp(shares, [0.0, *(r for r, _ in self.points), 1.0], [0.0, *(p for _, p in self.points), 1.0])
 
     def time_ns(self, alone_ns: float, share: float) -> float:
@@ -239,7 +236,8 @@ def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, topology: str = 
         comm_x = np.zeros(len(shares))
         on = shares[:, 2] > 0
         comm_x[on] = comm / comm_curve.performances(shares[on, 2])
-        x = np.column_stack([gemm / shares[:, 0], mem / memory_curve.performances(shares[:, 1]), comm_x])
+        x = np.column_stack([gemm / GEMM_CURVE.performances(shares[:, 0]),
+                             mem / memory_curve.performances(shares[:, 1]), comm_x])
         frames.append(pd.DataFrame({"nano_batches": n, "gemm_share": shares[:, 0], "memory_share": shares[:, 1],
                                     "comm_share": shares[:, 2], "gemm_ns": x[:, 0], "memory_ns": x[:, 1],
                                     "comm_ns": x[:, 2],
