@@ -20,7 +20,8 @@ def main() -> int:
     if not TRACES.is_dir():
         print(f"skipped: {TRACES} is absent (the shared third-party traces)")
         return 0
-    print("| trace | GEMM ms | memory-bound ms | collectives ms | nano-batches | shares GEMM / memory / comm | speedup |")
+    print("| trace | GEMM ms | memory-bound ms | collectives ms | nano-batches | shares GEMM / memory / comm "
+          "| speedup |")
     print("|---|---|---|---|---|---|---|")
     for name in CASES:
         doc, _ = nanoflow(TRACES / name, options=NanoFlowOptions(topology="dgx_a100"))
