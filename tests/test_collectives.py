@@ -205,6 +205,24 @@ def test_read_nccl_tests(tmp_path):
         read_nccl_tests(tmp_path / "empty.txt")
 
 
+
+def test_read_nccl_tests_older_output(tmp_path):
+    """nccl-tests before 2.10 printed no ``Group`` on its rank lines and no ``root`` column (and
+    all_to_all no ``redop``): the out-of-place time is still the 8th field from the end."""
+    from whatif.tracer.measured_collectives import read_nccl_tests
+    ranks = "".join(f"#   Rank  {r} Pid  4242 on localhost device  {r} [0x00] A100-SXM4-40GB\n" for r in range(8))
+    rows = ("       0         0   float     sum    35.20    0.00    0.00    N/A    34.05    0.00    0.00    N/A\n"
+            " 1048576    262144   float     sum    74.10   14.15   24.77    N/A    74.90   14.00   24.50    N/A\n")
+    (tmp_path / "all_reduce_perf.log").write_text(ranks + rows)
+    run = read_nccl_tests(tmp_path / "all_reduce_perf.log")
+    assert (run.kind.value, run.ranks, run.ranks_per_node) == ("all_reduce", 8, 8)
+    assert run.sizes_bytes == (0.0, 1048576.0)
+    assert run.times_ns == pytest.approx((35_200.0, 74_100.0))
+    a2a = ("     8388608        262144   float   1234.5    6.80    5.95    N/A   1240.0    6.77    5.92    N/A\n")
+    (tmp_path / "alltoall_perf.log").write_text(ranks + a2a)
+    run = read_nccl_tests(tmp_path / "alltoall_perf.log")
+    assert (run.kind.value, run.times_ns) == ("all_to_all", pytest.approx((1_234_500.0,)))
+
 def _slow_cluster_log(tmp_path: Path) -> Path:
     """An nccl-tests log of a 2 x 2 A100 cluster whose all-reduces take 3x the model's time."""
     topo = preset("dgx_a100", machines=2)
