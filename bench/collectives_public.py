@@ -4,11 +4,14 @@
 is about 4x slower than a DGX's (docs/cost-models.md). This bench asks the other question: on
 machines that *are* what a preset describes (an 8-GPU NVSwitch box, a multi-node InfiniBand job),
 how far is NCCL's tuning model (``whatif.hardware.collectives``), with nothing fitted, from what
-nccl-tests measured there?
+nccl-tests measured there? (The last column calibrates on half of a run's sizes and scores the
+other half, as a user with the cluster's own nccl-tests output would.)
 
-The runs are public nccl-tests outputs found on GitHub; each row below is (message bytes,
-out-of-place time in µs) typed in from the log named by its source (repository @ commit : path),
-with the GPUs, ranks and hosts its ``#  Rank`` lines print. Sizes are nccl-tests' ``size``
+The runs are public nccl-tests outputs found through code search of public GitHub files; each row
+below is (message bytes, out-of-place time in µs) typed in from the log named by its source
+(repository @ commit : path; one note, the A100 machine measured both ways, could not be traced
+past the search index and names its file id there), with the GPUs, ranks and hosts its
+``#  Rank`` lines print. Sizes are nccl-tests' ``size``
 column: the full buffer, as the model takes it. Errors are (predicted − measured) / measured.
 Classes: small < 64 kB ≤ mid < 4 MB ≤ large.
 
@@ -44,6 +47,10 @@ class Setup(str, Enum):
     MATCH = "a process per GPU on the machine the preset describes"
     ONE_THREAD = "one thread drives every GPU (nccl-tests' `-g 8`), not how PyTorch runs"
     OTHER_NETWORK = "across machines on a cloud network no preset describes, priced on the nearest preset"
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", " ")
 
 
 @dataclass(frozen=True)
@@ -167,7 +174,7 @@ RUNS: tuple[PublicRun, ...] = (
         'a100_2x8_oci_roce',
         source=('oracle-quickstart/oci-hpc-oke @ 001cbb9b5ee7cdd5aff4b37c6b1448618107e55f : '
                 'README.md'),
-        gpus='2 machines x 8 NVIDIA A100-SXM4-40GB (OCI BM.GPU4.8, RoCE, 16 RDMA VFs per node)',
+        gpus='2 machines x 8 NVIDIA A100-SXM4-40GB (OCI bare metal, RoCE, 16 RDMA VFs per node)',
         topology=TopologyName.DGX_A100, setup=Setup.OTHER_NETWORK, kind=CollectiveKind.ALL_REDUCE,
         ranks=16, ranks_per_machine=8,
         rows=((8, 36.47), (16, 38.86), (32, 38.53), (64, 39.25), (128, 38.85), (256, 40.68), (512, 39.27),
@@ -429,7 +436,7 @@ def summary(runs: tuple[PublicRun, ...]) -> pd.DataFrame:
         by = df.groupby("class")["error_pct"].apply(lambda s: s.abs().median())
         last = df.iloc[df["bytes"].idxmax()]
         rows.append({
-            "run": run.slug, "setup": run.setup.name.lower().replace("_", " "), "preset": run.topology.value,
+            "run": run.slug, "setup": run.setup.label, "preset": run.topology.value,
             "collective": run.kind.value, "ranks": f"{run.ranks} ({run.ranks_per_machine} per machine)", "n": len(df),
             "median abs err %": round(float(ab.median()), 1), "bias %": round(float(df["error_pct"].median()), 1),
             "small / mid / large %": " / ".join(f"{by[c]:.1f}" if c in by else "–" for c in ("small", "mid", "large")),
@@ -451,7 +458,7 @@ def render(runs: tuple[PublicRun, ...]) -> str:
         part = table[[r.setup is setup for r in runs]]
         if len(part):
             met = int((part["median abs err %"] <= GOAL_PCT).sum())
-            lines.append(f"{setup.name.lower().replace('_', ' ')} ({setup.value}): median |error| <= {GOAL_PCT:.0f} % "
+            lines.append(f"{setup.label} ({setup.value}): median |error| <= {GOAL_PCT:.0f} % "
                          f"in {met} of {len(part)} runs, median over them {part['median abs err %'].median():.1f} %")
     lines.append("")
     lines.append("Sources:")
