@@ -73,6 +73,11 @@ class PublicRun:
         return -(-self.ranks // self.ranks_per_machine)
 
 
+# one machine's five collectives at 4 and 8 GPUs
+_H100_LOG = ("xxrjun/nccl-tests-cluster @ 455de4f8dee2fa94cd4044a7109fd8c576f9e6c1 : benchmarks/example-cluster01/"
+             "nccl-benchmark-results/single-node/runs/20260128-145017/without-debug/logs/nccl_N1_G{gpus}_cnode3-002.log")
+_H100_GPUS = "{gpus}x NVIDIA H100 80GB HBM3 (one machine, srun, NCCL 2.29.2)"
+
 RUNS: tuple[PublicRun, ...] = (
     PublicRun(
         'a100_8_np8',
@@ -186,10 +191,7 @@ RUNS: tuple[PublicRun, ...] = (
     ),
     PublicRun(
         'h100_8_all_reduce',
-        source=('xxrjun/nccl-tests-cluster @ 455de4f8dee2fa94cd4044a7109fd8c576f9e6c1 : benchmarks'
-                '/example-cluster01/nccl-benchmark-results/single-node/runs/20260128-145017/withou'
-                't-debug/logs/nccl_N1_G8_cnode3-002.log'),
-        gpus='8x NVIDIA H100 80GB HBM3 (one machine, srun, NCCL 2.29.2)',
+        source=_H100_LOG.format(gpus=8), gpus=_H100_GPUS.format(gpus=8),
         topology=TopologyName.DGX_H100, setup=Setup.MATCH, kind=CollectiveKind.ALL_REDUCE,
         ranks=8, ranks_per_machine=8,
         rows=((33554432, 182.87), (67108864, 313.66), (134217728, 564.78), (268435456, 1081.14), (536870912,
@@ -199,10 +201,7 @@ RUNS: tuple[PublicRun, ...] = (
     ),
     PublicRun(
         'h100_8_all_gather',
-        source=('xxrjun/nccl-tests-cluster @ 455de4f8dee2fa94cd4044a7109fd8c576f9e6c1 : benchmarks'
-                '/example-cluster01/nccl-benchmark-results/single-node/runs/20260128-145017/withou'
-                't-debug/logs/nccl_N1_G8_cnode3-002.log'),
-        gpus='8x NVIDIA H100 80GB HBM3 (one machine, srun, NCCL 2.29.2)',
+        source=_H100_LOG.format(gpus=8), gpus=_H100_GPUS.format(gpus=8),
         topology=TopologyName.DGX_H100, setup=Setup.MATCH, kind=CollectiveKind.ALL_GATHER,
         ranks=8, ranks_per_machine=8,
         rows=((33554432, 123.44), (67108864, 205.21), (134217728, 382.2), (268435456, 721.26), (536870912,
@@ -212,10 +211,7 @@ RUNS: tuple[PublicRun, ...] = (
     ),
     PublicRun(
         'h100_8_reduce_scatter',
-        source=('xxrjun/nccl-tests-cluster @ 455de4f8dee2fa94cd4044a7109fd8c576f9e6c1 : benchmarks'
-                '/example-cluster01/nccl-benchmark-results/single-node/runs/20260128-145017/withou'
-                't-debug/logs/nccl_N1_G8_cnode3-002.log'),
-        gpus='8x NVIDIA H100 80GB HBM3 (one machine, srun, NCCL 2.29.2)',
+        source=_H100_LOG.format(gpus=8), gpus=_H100_GPUS.format(gpus=8),
         topology=TopologyName.DGX_H100, setup=Setup.MATCH, kind=CollectiveKind.REDUCE_SCATTER,
         ranks=8, ranks_per_machine=8,
         rows=((33554432, 111.83), (67108864, 197.37), (134217728, 380.31), (268435456, 719.67), (536870912,
@@ -225,10 +221,7 @@ RUNS: tuple[PublicRun, ...] = (
     ),
     PublicRun(
         'h100_8_all_to_all',
-        source=('xxrjun/nccl-tests-cluster @ 455de4f8dee2fa94cd4044a7109fd8c576f9e6c1 : benchmarks'
-                '/example-cluster01/nccl-benchmark-results/single-node/runs/20260128-145017/withou'
-                't-debug/logs/nccl_N1_G8_cnode3-002.log'),
-        gpus='8x NVIDIA H100 80GB HBM3 (one machine, srun, NCCL 2.29.2)',
+        source=_H100_LOG.format(gpus=8), gpus=_H100_GPUS.format(gpus=8),
         topology=TopologyName.DGX_H100, setup=Setup.MATCH, kind=CollectiveKind.ALL_TO_ALL,
         ranks=8, ranks_per_machine=8,
         rows=((33554432, 124.79), (67108864, 215.51), (134217728, 393.32), (268435456, 777.88), (536870912,
@@ -238,10 +231,7 @@ RUNS: tuple[PublicRun, ...] = (
     ),
     PublicRun(
         'h100_8_send_recv',
-        source=('xxrjun/nccl-tests-cluster @ 455de4f8dee2fa94cd4044a7109fd8c576f9e6c1 : benchmarks'
-                '/example-cluster01/nccl-benchmark-results/single-node/runs/20260128-145017/withou'
-                't-debug/logs/nccl_N1_G8_cnode3-002.log'),
-        gpus='8x NVIDIA H100 80GB HBM3 (one machine, srun, NCCL 2.29.2)',
+        source=_H100_LOG.format(gpus=8), gpus=_H100_GPUS.format(gpus=8),
         topology=TopologyName.DGX_H100, setup=Setup.MATCH, kind=CollectiveKind.SEND_RECV,
         ranks=8, ranks_per_machine=8,
         rows=((33554432, 422.19), (67108864, 820.17), (134217728, 825.74), (268435456, 896.4), (536870912,
@@ -251,10 +241,7 @@ RUNS: tuple[PublicRun, ...] = (
     ),
     PublicRun(
         'h100_4_all_reduce',
-        source=('xxrjun/nccl-tests-cluster @ 455de4f8dee2fa94cd4044a7109fd8c576f9e6c1 : benchmarks'
-                '/example-cluster01/nccl-benchmark-results/single-node/runs/20260128-145017/withou'
-                't-debug/logs/nccl_N1_G4_cnode3-002.log'),
-        gpus='4x NVIDIA H100 80GB HBM3 (one machine, srun, NCCL 2.29.2)',
+        source=_H100_LOG.format(gpus=4), gpus=_H100_GPUS.format(gpus=4),
         topology=TopologyName.DGX_H100, setup=Setup.MATCH, kind=CollectiveKind.ALL_REDUCE,
         ranks=4, ranks_per_machine=4,
         rows=((33554432, 171.88), (67108864, 325), (134217728, 614.21), (268435456, 1178.37), (536870912,
@@ -264,10 +251,7 @@ RUNS: tuple[PublicRun, ...] = (
     ),
     PublicRun(
         'h100_4_all_gather',
-        source=('xxrjun/nccl-tests-cluster @ 455de4f8dee2fa94cd4044a7109fd8c576f9e6c1 : benchmarks'
-                '/example-cluster01/nccl-benchmark-results/single-node/runs/20260128-145017/withou'
-                't-debug/logs/nccl_N1_G4_cnode3-002.log'),
-        gpus='4x NVIDIA H100 80GB HBM3 (one machine, srun, NCCL 2.29.2)',
+        source=_H100_LOG.format(gpus=4), gpus=_H100_GPUS.format(gpus=4),
         topology=TopologyName.DGX_H100, setup=Setup.MATCH, kind=CollectiveKind.ALL_GATHER,
         ranks=4, ranks_per_machine=4,
         rows=((33554432, 109.62), (67108864, 191.09), (134217728, 348.19), (268435456, 657.73), (536870912,
@@ -277,10 +261,7 @@ RUNS: tuple[PublicRun, ...] = (
     ),
     PublicRun(
         'h100_4_reduce_scatter',
-        source=('xxrjun/nccl-tests-cluster @ 455de4f8dee2fa94cd4044a7109fd8c576f9e6c1 : benchmarks'
-                '/example-cluster01/nccl-benchmark-results/single-node/runs/20260128-145017/withou'
-                't-debug/logs/nccl_N1_G4_cnode3-002.log'),
-        gpus='4x NVIDIA H100 80GB HBM3 (one machine, srun, NCCL 2.29.2)',
+        source=_H100_LOG.format(gpus=4), gpus=_H100_GPUS.format(gpus=4),
         topology=TopologyName.DGX_H100, setup=Setup.MATCH, kind=CollectiveKind.REDUCE_SCATTER,
         ranks=4, ranks_per_machine=4,
         rows=((33554432, 104.79), (67108864, 192.24), (134217728, 354.1), (268435456, 674.96), (536870912,
@@ -290,10 +271,7 @@ RUNS: tuple[PublicRun, ...] = (
     ),
     PublicRun(
         'h100_4_all_to_all',
-        source=('xxrjun/nccl-tests-cluster @ 455de4f8dee2fa94cd4044a7109fd8c576f9e6c1 : benchmarks'
-                '/example-cluster01/nccl-benchmark-results/single-node/runs/20260128-145017/withou'
-                't-debug/logs/nccl_N1_G4_cnode3-002.log'),
-        gpus='4x NVIDIA H100 80GB HBM3 (one machine, srun, NCCL 2.29.2)',
+        source=_H100_LOG.format(gpus=4), gpus=_H100_GPUS.format(gpus=4),
         topology=TopologyName.DGX_H100, setup=Setup.MATCH, kind=CollectiveKind.ALL_TO_ALL,
         ranks=4, ranks_per_machine=4,
         rows=((33554432, 109.93), (67108864, 189), (134217728, 344.64), (268435456, 632.94), (536870912,
@@ -303,10 +281,7 @@ RUNS: tuple[PublicRun, ...] = (
     ),
     PublicRun(
         'h100_4_send_recv',
-        source=('xxrjun/nccl-tests-cluster @ 455de4f8dee2fa94cd4044a7109fd8c576f9e6c1 : benchmarks'
-                '/example-cluster01/nccl-benchmark-results/single-node/runs/20260128-145017/withou'
-                't-debug/logs/nccl_N1_G4_cnode3-002.log'),
-        gpus='4x NVIDIA H100 80GB HBM3 (one machine, srun, NCCL 2.29.2)',
+        source=_H100_LOG.format(gpus=4), gpus=_H100_GPUS.format(gpus=4),
         topology=TopologyName.DGX_H100, setup=Setup.MATCH, kind=CollectiveKind.SEND_RECV,
         ranks=4, ranks_per_machine=4,
         rows=((33554432, 225.03), (67108864, 426.49), (134217728, 824.26), (268435456, 896.55), (536870912,
