@@ -13,7 +13,7 @@ below is (message bytes, out-of-place time in µs) typed in from the log named b
 past the search index and names its file id there), with the GPUs, ranks and hosts its
 ``#  Rank`` lines print. Sizes are nccl-tests' ``size``
 column: the full buffer, as the model takes it. Errors are (predicted − measured) / measured.
-Classes: small < 64 kB ≤ mid < 4 MB ≤ large.
+Size classes as ``bench/cost_collectives.py``'s: small < 64 kB ≤ mid < 4 MB ≤ large.
 
     .venv/bin/python bench/collectives_public.py [--write-docs]
 """
@@ -30,14 +30,14 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common.docs import replace_section
+from cost_collectives import UNCALIBRATED_GOAL_PCT as GOAL_PCT
+from cost_collectives import size_class
 
 from whatif.core.kernels import CollectiveKind
 from whatif.hardware.collectives import bus_bytes, calibrate, collective_time_ns, estimate
 from whatif.hardware.topology import TopologyName, preset
 
 ROOT = Path(__file__).resolve().parents[1]
-GOAL_PCT = 15.0
-SMALL_BYTES, LARGE_BYTES = 64e3, 4e6
 BEGIN, END = "<!-- bench/collectives_public.py begin -->", "<!-- bench/collectives_public.py end -->"
 
 
@@ -362,21 +362,16 @@ RUNS: tuple[PublicRun, ...] = (
 )
 
 
-def size_class(nbytes: np.ndarray) -> np.ndarray:
-    return np.where(nbytes < SMALL_BYTES, "small", np.where(nbytes < LARGE_BYTES, "mid", "large"))
-
-
 def scored(run: PublicRun) -> pd.DataFrame:
     """Per row: measured and predicted µs, the model's (algorithm, protocol), the error %."""
     topo = preset(run.topology, run.machines)
     nbytes = np.array([r[0] for r in run.rows], dtype=float)
     meas = np.array([r[1] for r in run.rows], dtype=float)
-    pred = np.array([collective_time_ns(run.kind, b, run.ranks, topo,
-                                        ranks_per_machine=run.ranks_per_machine) / 1e3 for b in nbytes])
     picks = [estimate(run.kind, b, run.ranks, topo, ranks_per_machine=run.ranks_per_machine) for b in nbytes]
+    pred = np.array([e.time_ns / 1e3 for e in picks])   # what collective_time_ns returns uncalibrated
     return pd.DataFrame({"bytes": nbytes, "measured_us": meas, "predicted_us": pred,
                          "pick": [f"{e.algorithm.value}/{e.protocol.value}" for e in picks],
-                         "error_pct": 100 * (pred / meas - 1), "class": size_class(nbytes)})
+                         "error_pct": 100 * (pred / meas - 1), "class": size_class(pd.Series(nbytes)).to_numpy()})
 
 
 def _size(nbytes: float) -> str:
