@@ -19,7 +19,7 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
               gpu_name: str = "NVIDIA H100 80GB HBM3", peak: float = PEAK, bw: float = BW,
               decode_batch: int = 0, fa_backward_kernels: int = 1, rank: int | None = None,
               world_size: int | None = None, device: str | None = None, tp_all_reduce: int = 0,
-              fused_add_norm: bool = False, gemm_law: bool = False) -> Path:
+              fused_add_norm: bool = False, gemm_law: bool = False, prefill_tokens: int = 0) -> Path:
     """One forward per step of ``batch`` sequences of ``new_tokens`` tokens (1 = decode) attending
     to ``kv_tokens`` cached tokens. ``phases``: a ``phase:<name>`` annotation per step (cycled), in
     which case the tokens of a ``prefill`` step are ``kv_tokens`` and of a ``decode`` step 1.
@@ -42,7 +42,11 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
     being the final norm. ``gemm_law`` (with ``device``): the weight GEMMs timed by the serving
     iteration model's law (:func:`whatif.hardware.roofline.weight_gemm_ns`: padded rows at the
     largest GEMMs' rate, overlapped with the weight reads; checked against Vidur's measured A100/A40
-    GEMMs in bench/serving_op_laws.py) instead of the achievable roofline at their own size."""
+    GEMMs in bench/serving_op_laws.py) instead of the achievable roofline at their own size.
+    ``prefill_tokens`` p > 0: a dense batch mixing phases, as continuous batching runs it: besides
+    the ``batch`` sequences' ``new_tokens``, each step prefills one prompt of p tokens; the
+    token-wise kernels run on both, and each layer adds a causal attention kernel of the prompt over
+    itself (half of its square's FLOPs)."""
     tr = KinetoTrace(gpu_name=gpu_name, rank=rank, world_size=world_size)
     dev = get_device(device) if device is not None else None
     corr, ts, gpu_t = 0, 0.0, 0.0
@@ -86,7 +90,7 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
         phase = phases[s % len(phases)] if phases else None
         m_tok = (kv_tokens if phase == "prefill" else 1) if phase else new_tokens
         b_step = (decode_batch or batch) if phase == "decode" else batch
-        m = b_step * m_tok
+        m = b_step * m_tok + prefill_tokens
         step_start = ts
 
         def gemm(tag: str, n: int, k: int, m: int = m) -> None:
@@ -114,6 +118,12 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
                    4.0 * b_step * heads * m_tok * kv * d, ELEM * b_step * d * (2 * heads * m_tok + 2 * hkv * kv),
                    "aten::scaled_dot_product_attention",
                    [[b_step, heads, m_tok, d], [b_step, hkv, kv, d], [b_step, hkv, kv, d]], [BF16] * 3)
+            if prefill_tokens:
+                p = prefill_tokens
+                kernel("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>",
+                       2.0 * heads * p * p * d, ELEM * d * p * (2 * heads + 2 * hkv),
+                       "aten::scaled_dot_product_attention",
+                       [[1, heads, p, d], [1, hkv, p, d], [1, hkv, p, d]], [BF16] * 3)
             gemm("out", hidden, hidden)
             if tp_all_reduce:
                 all_reduce(m * hidden)

@@ -478,6 +478,37 @@ def test_nanoflow_search_follows_the_sm_share_physics(tmp_path: Path) -> None:
         search_nanoflow(_no_gemm_graph(tmp_path), ctx)
 
 
+def test_mixed_prefill_decode_batch_is_sharded_and_searched(tmp_path: Path) -> None:
+    """A dense batch that mixes phases (decode sequences plus a prompt, as continuous batching runs
+    NanoFlow's 2,048-token batches) has two attention kernels per layer: tensor parallelism keeps one
+    block per layer and splits both by heads, and NanoFlow's search counts the prompt's tokens in
+    the GEMMs (more GEMM work per decode token: a larger share of the iteration)."""
+    from whatif.transforms.parallel.nanoflow import search_nanoflow
+
+    kw = dict(batch=256, new_tokens=1, kv_tokens=1024, layers=4, hidden=4096, heads=32, kv_heads=8, ffn=11008,
+              steps=1)
+    mixed = analyze(llm_trace(tmp_path / "mixed.json.gz", prefill_tokens=768, **kw))
+    decode = analyze(llm_trace(tmp_path / "decode.json.gz", **kw))
+    t = mixed.graph.tasks
+    attention = np.flatnonzero(t["name"].str.contains("flash_fwd").to_numpy())
+    assert len(attention) == 2 * 4
+    blocks = find_blocks(mixed.graph)
+    assert blocks["block"].nunique() == 4
+    assert set(blocks.loc[blocks["task"].isin(attention), "role"]) == {"heads"}
+    ctx = make_context(mixed.trace)
+    tp = TensorParallel(degree=8, topology="dgx_a100").apply(mixed.graph, ctx)
+    before, after = t["dur_ns"].to_numpy()[attention], tp.tasks["dur_ns"].to_numpy()[attention]
+    assert (after < before).all()
+    assert len(kinds(tp, TaskKind.COMM)) == 2 * 4
+    dctx = make_context(decode.trace)
+    tp_decode = TensorParallel(degree=8, topology="dgx_a100").apply(decode.graph, dctx)
+    m, d = search_nanoflow(tp, ctx, topology="dgx_a100"), search_nanoflow(tp_decode, dctx, topology="dgx_a100")
+    pm, pd_ = m.parts.mean(), d.parts.mean()
+    assert pm["gemm_ns"] > 1.5 * pd_["gemm_ns"]          # 1,024 rows against 256
+    assert pm["memory_ns"] > pd_["memory_ns"]             # the prompt's attention and token-wise kernels
+    assert pm["gemm_ns"] / m.sequential_ns > pd_["gemm_ns"] / d.sequential_ns
+
+
 def _no_gemm_graph(tmp_path: Path):
     from tracegen import KinetoTrace
 
