@@ -80,3 +80,27 @@ def test_a_scenario_naming_two_topologies_needs_one_chosen(dense, tmp_path: Path
     assert main(["nanoflow", str(trace), "-s", str(two)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--topology" in err
+
+
+def test_every_transform_with_a_topology_reports_it() -> None:
+    """The transforms that price collectives on a topology preset say which one
+    (``collective_topology``), the scenario's topology comes from that, and no other transform
+    claims one."""
+    import dataclasses
+
+    from whatif.transforms import registry
+    from whatif.transforms.parallel.comm import OnTopology
+
+    priced = []
+    for name in registry.names():
+        cls = registry.get(name)
+        fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        if "topology" in fields:
+            assert issubclass(cls, OnTopology), name
+            t = cls(topology="hgx_b200")
+            assert t.collective_topology() == "hgx_b200"
+            priced.append(name)
+        else:
+            assert not issubclass(cls, OnTopology), name
+    assert {"tensor_parallel", "pipeline_parallel", "data_parallel", "sequence_parallel", "overlap",
+            "reshard"} <= set(priced)

@@ -153,6 +153,11 @@ class Transform:
         """A new graph with the optimization applied (the input graph is left unchanged)."""
         raise NotImplementedError
 
+    def collective_topology(self) -> str | None:
+        """The topology preset this transform prices the collectives it inserts or splits on; None
+        for a transform that prices none (:class:`~whatif.transforms.parallel.comm.OnTopology`)."""
+        return None
+
     def placement(self, placement: Placement, graph: TaskGraph, ctx: TransformContext) -> Placement:
         """Where a replica's bytes live after this transform, given where they lived before
         (``graph``: the graph it is applied to). Unchanged unless the transform spreads the model

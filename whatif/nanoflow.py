@@ -10,7 +10,7 @@ with NanoFlow's measured interference curves or idealized ones
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
@@ -61,19 +61,16 @@ class NanoFlowOptions:
 
 
 def scenario_topology(scenario: Scenario | None) -> str:
-    """The topology preset ``scenario``'s transforms price their collectives on (their ``topology``
-    parameter); ``dgx_h100`` when none names one.
+    """The topology preset ``scenario``'s transforms price their collectives on
+    (:meth:`~whatif.transforms.base.Transform.collective_topology`); ``dgx_h100`` when none names one.
 
     Raises
     ------
     NanoFlowError
         When its transforms name different ones.
     """
-    found: set[str] = set()
-    for t in scenario.transforms if scenario else []:
-        if is_dataclass(t) and not isinstance(t, type):
-            found.update(str(getattr(t, f.name)) for f in fields(t) if f.name == "topology")
-    named = sorted(found)
+    named = sorted({name for t in (scenario.transforms if scenario else [])
+                    if (name := t.collective_topology()) is not None})
     if scenario is not None and len(named) > 1:
         raise NanoFlowError(f"{scenario.source or scenario.name}: the scenario's transforms name "
                             f"topologies {', '.join(named)}: choose the one that prices the collectives with "

@@ -26,6 +26,18 @@ from whatif.tracer.measured_collectives import collective_points
 from ..base import TransformContext, TransformError
 from ..edit import NewEdges, add_resource, insert_many, new_task
 
+
+class OnTopology:
+    """Mixin of the transforms whose collectives are priced on a topology preset, their
+    ``topology`` parameter (a dataclass field each declares, so its place among the parameters
+    stays the transform's own)."""
+
+    topology: str
+
+    def collective_topology(self) -> str | None:
+        return self.topology
+
+
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast", "reduce")
 _MESSAGE = re.compile(r"(" + "|".join(KINDS) + r") \(([\d.]+) MiB x(\d+)\)")   # how collectives are named
 

@@ -25,7 +25,7 @@ from whatif.depgraph.graph import TaskGraph, TaskKind
 from ..base import Transform, TransformContext, TransformError
 from ..edit import note
 from ..registry import register
-from .comm import Collective, comm_stream, insert_tasks
+from .comm import Collective, OnTopology, comm_stream, insert_tasks
 from .pipeline import backward_mask
 
 MB = 1 << 20
@@ -39,7 +39,7 @@ def bucket_sizes(grad_bytes: float, bucket_bytes: float) -> list[float]:
 
 @register
 @dataclass
-class DataParallel(Transform):
+class DataParallel(OnTopology, Transform):
     name = "data_parallel"
     description = "data parallelism: d replicas; DDP gradient all-reduce buckets overlapped with backward"
 

@@ -57,6 +57,7 @@ from ..needs import Need
 from ..registry import register
 from ..sharing import collective_mask, graph_interference, priced_by_transform
 from .comm import (
+    OnTopology,
     collective_messages,
     collective_part_ns,
     comm_sm_share,
@@ -198,7 +199,7 @@ def _regions(graph: TaskGraph) -> pd.DataFrame:
 
 @register
 @dataclass
-class Overlap(Transform):
+class Overlap(OnTopology, Transform):
     name = "overlap"
     description = "nano-batch compute/communication overlap (NanoFlow, TokenWeave) with an interference factor"
     requires = (Need.COLLECTIVES,)

@@ -56,7 +56,15 @@ from ..base import Transform, TransformContext, TransformError
 from ..edit import note, remove, scale, set_duration
 from ..placement import Placement
 from ..registry import register
-from .comm import Collective, collective_messages, collective_part_ns, comm_stream, insert_tasks, splice_tasks
+from .comm import (
+    Collective,
+    OnTopology,
+    collective_messages,
+    collective_part_ns,
+    comm_stream,
+    insert_tasks,
+    splice_tasks,
+)
 from .layers import backward_blocks, backward_mask, find_blocks, gemm_io_bytes, keep_backward_mask
 from .sharding import batch_part_ns
 from .tensor import prev_on_resource
@@ -238,7 +246,7 @@ def _launches(graph: TaskGraph, kernels: np.ndarray) -> np.ndarray:
 
 @register
 @dataclass
-class PipelineParallel(Transform):
+class PipelineParallel(OnTopology, Transform):
     name = "pipeline_parallel"
     description = ("pipeline parallelism: one stage's layers, send/recv between stages, GPipe/1F1B bubbles "
                    "or request pipelining")

@@ -49,6 +49,7 @@ from ..base import Transform, TransformContext, TransformError
 from ..edit import note
 from ..placement import Placement
 from ..registry import register
+from .comm import OnTopology
 from .layers import find_blocks
 from .memory import ModelShape, device_capacity_bytes, model_shape, plan_memory
 from .pipeline import PipelineParallel
@@ -217,7 +218,7 @@ def _h2d(ctx: TransformContext) -> float:
 
 @register
 @dataclass
-class Reshard(Transform):
+class Reshard(OnTopology, Transform):
     name = "reshard"
     description = "Seesaw: a parallel plan for prefill and one for decode; searches the pair, applies the best"
 

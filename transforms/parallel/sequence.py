@@ -63,6 +63,7 @@ from ..edit import set_duration
 from ..registry import register
 from ..sharing import priced_by_transform
 from .comm import (
+    OnTopology,
     comm_sm_share,
     comm_stream,
     insert_tasks,
@@ -117,7 +118,7 @@ def nccl_p2p_sm_share(ctx: TransformContext) -> float:
 
 @register
 @dataclass
-class SequenceParallel(Transform):
+class SequenceParallel(OnTopology, Transform):
     name = "sequence_parallel"
     description = "Ulysses / Ring / Torus (StreamFusion) sequence-parallel attention of degree P"
 

@@ -32,7 +32,7 @@ from ..base import CostModel, Transform, TransformContext, TransformError
 from ..edit import set_duration
 from ..placement import Placement
 from ..registry import register
-from .comm import Collective, comm_stream, insert_tasks, next_on_resource
+from .comm import Collective, OnTopology, comm_stream, insert_tasks, next_on_resource
 from .layers import backward_blocks, find_blocks, gemm_io_bytes
 from .memory import HeadSplit, block_heads_now, head_split
 from .sharding import Role, record_split, shard_arrays
@@ -74,7 +74,7 @@ def sharded_durations(graph: TaskGraph, ctx: TransformContext, name: str, tasks:
 
 @register
 @dataclass
-class TensorParallel(Transform):
+class TensorParallel(OnTopology, Transform):
     name = "tensor_parallel"
     description = "Megatron tensor parallelism of degree t: sharded GEMMs/attention, all-reduces per block"
 
