@@ -18,7 +18,8 @@ NanoFlow (OSDI 2025): 8x A100 SXM TP8 (DGX A100 preset), Llama-2-70B-like (hidde
 FFN 28672, 80 layers: the pipeline fills once per iteration). Two iterations: NanoFlow's own dense
 batch for this model, 2,048 tokens = 1,280 decode sequences (1,024 tokens of context) + 768 prefill
 tokens (one causal prompt), the design point its auto-search pipelines (efeslab/Nanoflow @ d1bbe27,
-autosearch/search-70.ipynb: global_batch_size 2048, decode_batch_size 1280, prefill_batch_size 768;
+autosearch/search-70.ipynb: global_batch_size 2048, decode_batch_size 1280, prefill_batch_size 768,
+decode attention priced at getGEMV70B(batch_size, 1024);
 pipeline/config_all/llama2-70B/2048.json: global_batch_size 2048); and a dense decode-only batch of
 1,024 sequences of 1,024 tokens (this bench's setup until 2026-11-28). search_nanoflow over
 nano-batches and GPU partitions with NanoFlow's own measured A100 interference curves
