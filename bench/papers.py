@@ -72,6 +72,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from _llm_tracegen import llm_trace  # noqa: E402
 
 from whatif.api import analyze, make_context  # noqa: E402
+from whatif.core.dtypes import element_bytes  # noqa: E402
 from whatif.depgraph.graph import TaskGraph  # noqa: E402
 from whatif.predictors.replay import replay  # noqa: E402
 from whatif.predictors.steps import step_times  # noqa: E402
@@ -327,12 +328,6 @@ NANOFLOW_BATCHES = (
 )
 
 
-def nanoflow_params() -> int:
-    d = NANOFLOW_HIDDEN // NANOFLOW_HEADS
-    return NANOFLOW_LAYERS * (NANOFLOW_HIDDEN * (NANOFLOW_HEADS + 2 * NANOFLOW_KV_HEADS) * d
-                              + NANOFLOW_HIDDEN * NANOFLOW_HIDDEN + 3 * NANOFLOW_HIDDEN * NANOFLOW_FFN)
-
-
 def nanoflow_batch(tmp: Path, batch: NanoFlowBatch) -> None:
     print(f"### {batch.label}")
     a = analyze(llm_trace(tmp / f"nanoflow_{batch.decode}_{batch.prefill}.json.gz", batch=batch.decode, new_tokens=1,
@@ -341,7 +336,7 @@ def nanoflow_batch(tmp: Path, batch: NanoFlowBatch) -> None:
                           device="A100_SXM_80GB", gpu_name="NVIDIA A100-SXM4-80GB", prefill_tokens=batch.prefill))
     ctx = make_context(a.trace)
     tp = TensorParallel(degree=8, topology="dgx_a100").apply(a.graph, ctx)
-    params = nanoflow_params()
+    params = model_shape(a.graph, ctx).weight_bytes / element_bytes("bf16")   # the trace's GEMM weights
     optimal_ns = 2 * params * batch.tokens / (8 * 312e12) * 1e9   # NanoFlow's bound: 2 FLOPs per parameter per token
     print(f"optimal (compute-bound at the 312 TFLOP/s datasheet, {params / 1e9:.1f} B parameters, 8 GPUs): "
           f"{optimal_ns / 1e6:.3f} ms per iteration of {batch.tokens:,} tokens")
