@@ -97,6 +97,13 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
             kernel(f"sm90_xmma_gemm_bf16bf16_bf16f32_{tag}", 2.0 * m * k * n, ELEM * (m * k + k * n + m * n),
                    "aten::mm", [[m, k], [k, n]], [BF16, BF16], weights=k * n if gemm_law else 0.0)
 
+        def attention(b: int, q: int, kv: int, causal: bool = False) -> None:
+            """SDPA of ``b`` sequences of ``q`` query tokens over ``kv`` keys (a causal mask halves the FLOPs)."""
+            kernel("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>",
+                   (2.0 if causal else 4.0) * b * heads * q * kv * d, ELEM * b * d * (2 * heads * q + 2 * hkv * kv),
+                   "aten::scaled_dot_product_attention",
+                   [[b, heads, q, d], [b, hkv, kv, d], [b, hkv, kv, d]], [BF16] * 3)
+
         def mem(name: str, nbytes: float, op: str, m: int = m) -> None:
             kernel(name, nbytes / ELEM, nbytes, op, [[m, hidden]], [BF16])
 
@@ -113,17 +120,9 @@ def llm_trace(path: Path, *, batch: int = 1, new_tokens: int = 1, kv_tokens: int
             if layer == 0 or not fused_add_norm:
                 mem("void at::native::rms_norm_kernel<bf16>", 2 * m * hidden * ELEM, "aten::rms_norm")
             gemm("qkv", (heads + 2 * hkv) * d, hidden)
-            kv = kv_tokens
-            kernel("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>",
-                   4.0 * b_step * heads * m_tok * kv * d, ELEM * b_step * d * (2 * heads * m_tok + 2 * hkv * kv),
-                   "aten::scaled_dot_product_attention",
-                   [[b_step, heads, m_tok, d], [b_step, hkv, kv, d], [b_step, hkv, kv, d]], [BF16] * 3)
+            attention(b_step, m_tok, kv_tokens)
             if prefill_tokens:
-                p = prefill_tokens
-                kernel("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>",
-                       2.0 * heads * p * p * d, ELEM * d * p * (2 * heads + 2 * hkv),
-                       "aten::scaled_dot_product_attention",
-                       [[1, heads, p, d], [1, hkv, p, d], [1, hkv, p, d]], [BF16] * 3)
+                attention(1, prefill_tokens, prefill_tokens, causal=True)
             gemm("out", hidden, hidden)
             if tp_all_reduce:
                 all_reduce(m * hidden)
