@@ -1,6 +1,7 @@
 """Worked examples of docs/multi-gpu.md: pim_offload, pipeline/data parallel, overlap, reshard on the
-hand-made LLM traces of tests/_llm_tracegen.py (H100-like kernel rates), and the interference factor
-calibrated on the shared HTA traces. Run: .venv/bin/python bench/parallel_whatifs.py (~10 s)."""
+hand-made LLM traces of tests/_llm_tracegen.py (H100-like kernel rates), the interference factor
+calibrated on the shared HTA traces, and sequence_parallel's modes on the DiT-like trace of
+tests/test_parallel_sequence.py. Run: .venv/bin/python bench/parallel_whatifs.py (~15 s)."""
 from __future__ import annotations
 
 import sys
@@ -12,17 +13,20 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from _llm_tracegen import llm_trace  # noqa: E402
+from test_parallel import transformer_trace  # noqa: E402
 
 from whatif.api import analyze, make_context  # noqa: E402
 from whatif.depgraph.graph import TaskKind  # noqa: E402
 from whatif.predictors.replay import replay  # noqa: E402
 from whatif.predictors.steps import step_times  # noqa: E402
+from whatif.transforms.base import TransformError  # noqa: E402
 from whatif.transforms.parallel.data import DataParallel  # noqa: E402
 from whatif.transforms.parallel.layers import backward_blocks, find_blocks  # noqa: E402
 from whatif.transforms.parallel.overlap import Overlap  # noqa: E402
 from whatif.transforms.parallel.pim import PimOffload, search_pim  # noqa: E402
 from whatif.transforms.parallel.pipeline import PipelineParallel  # noqa: E402
 from whatif.transforms.parallel.reshard import search_reshard  # noqa: E402
+from whatif.transforms.parallel.sequence import SequenceParallel  # noqa: E402
 from whatif.transforms.parallel.tensor import TensorParallel  # noqa: E402
 from whatif.transforms.sharing import calibrated_interference  # noqa: E402
 
@@ -106,6 +110,52 @@ def main() -> None:
     print(res.table.round(3).to_string(index=False))
     print(res.why)
     print(res.assumptions)
+    sequence_parallel(tmp)
+
+
+# (GPUs, mode, ulysses degree, heads): 24 heads checked, 0 = the trace's recorded shapes (none: unchecked)
+SP_CONFIGS = ((8, "ulysses", 0, 24), (8, "ring", 0, 24), (8, "torus", 0, 24), (8, "usp", 2, 24), (8, "usp", 4, 24),
+              (16, "ulysses", 0, 24), (16, "ulysses", 0, 0), (16, "ring", 0, 24), (16, "torus", 0, 24),
+              (16, "usp", 8, 24), (16, "usp", 4, 24), (16, "usp", 2, 24))
+
+
+def _first_block(durs: list[int]) -> str:
+    """``n x d us`` for a block's transfers (equal ones grouped)."""
+    if not durs:
+        return "-"
+    groups: dict[int, int] = {}
+    for d in durs:
+        groups[d] = groups.get(d, 0) + 1
+    return " + ".join(f"{n} x {d / 1e3:.1f}" if n > 1 else f"{d / 1e3:.1f}" for d, n in groups.items())
+
+
+def sequence_parallel(tmp: Path) -> None:
+    """Each mode's step and, for the first transformer block of rank 0, its all-to-alls, its hops
+    (or one-sided transfers) and its attention pieces, in us (2 blocks per step)."""
+    print("\n## sequence_parallel (DiT-like, 2 blocks, 32,768 tokens, hidden 3072 = 24 heads x 128, FFN 12,288; "
+          "dgx_h100)")
+    d = analyze(transformer_trace(tmp / "dit.json.gz", layers=2, tokens=32768, hidden=3072, ffn=4 * 3072))
+    ctx = make_context(d.trace)
+    print(f"1 GPU: {ms(d.graph):.2f} ms per step")
+    print("| P x machines | mode | step (ms) | all-to-alls, us | hops or transfers, us | attention pieces, us |")
+    print("|---|---|---|---|---|---|")
+    for p, mode, u, heads in SP_CONFIGS:
+        label = (f"usp {u}x{p // u}" if mode == "usp" else mode) + ("" if heads else ", heads unchecked")
+        try:
+            g = SequenceParallel(mode=mode, degree=p, ulysses_degree=u, heads=heads,
+                                 topology="dgx_h100").apply(d.graph, ctx)
+        except TransformError as exc:   # the refusal is the result
+            print(f"| {p} x {p // 8} | {label} | refused: {str(exc).split(': ', 1)[1]} | | | |")
+            continue
+        t = g.tasks[g.tasks["rank"] == g.tasks["rank"].min()]
+        names, durs = t["name"].astype(str), t["dur_ns"].to_numpy()
+        comm = t["kind"].to_numpy() == int(TaskKind.COMM)
+        a2a = [int(x) for x in durs[comm & names.str.startswith("sp all_to_all").to_numpy()]]
+        hops = [int(x) for x in durs[comm & ~names.str.startswith("sp all_to_all").to_numpy()]]
+        attn = names.str.contains("flash|attention block", regex=True).to_numpy() & ~comm
+        pieces = [int(x) for x in durs[attn]]
+        print(f"| {p} x {p // 8} | {label} | {ms(g):.2f} | {_first_block(a2a[:len(a2a) // 2])} | "
+              f"{_first_block(hops[:len(hops) // 2])} | {_first_block(pieces[:len(pieces) // 2])} |")
 
 
 if __name__ == "__main__":

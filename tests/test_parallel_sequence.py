@@ -184,3 +184,29 @@ def test_two_sided_hops_pay_a_handshake_and_sms(dit) -> None:
     assert hop_ns(usp) == hop_ns(torus) + latency                 # same bytes; the handshake on top
     assert local_attention_ns(usp) == pytest.approx(local_attention_ns(torus) / (1 - share), rel=0.01)
     assert step_ns(torus) < step_ns(usp)
+
+
+@pytest.mark.parametrize("mode", ["usp", "torus"])
+def test_transfers_wait_for_the_all_to_all_and_the_output_for_every_block(dit, mode) -> None:
+    """A usp ring hop (and a torus transfer) sends K, V as the all-to-all leaves them, so the first
+    one waits for that all-to-all; the output all-to-all sends the attention output, so it waits
+    for the last block computed on received K, V. Until 2026-11-28 the first hop ran beside the
+    all-to-all and the output all-to-all beside the received blocks."""
+    g, ctx = dit.graph, make_context(dit.trace)
+    h = SequenceParallel(mode=mode, degree=16, topology="dgx_h100", heads=24).apply(g, ctx)
+    r = replay(h)
+    names = h.tasks["name"].astype(str)
+    rank0 = (h.tasks["rank"] == h.tasks["rank"].min()).to_numpy()
+
+    def ids(pattern: str) -> np.ndarray:
+        return np.flatnonzero(names.str.contains(pattern, regex=False).to_numpy() & rank0)
+
+    qkv, out = ids("sp all_to_all qkv"), ids("sp all_to_all out")
+    first_hops = ids("1/")
+    first_hops = first_hops[h.tasks["kind"].to_numpy()[first_hops] == int(TaskKind.COMM)]
+    blocks = ids(f"{mode} attention block")
+    assert len(qkv) == len(out) == len(first_hops) == 2 and len(blocks) >= 2
+    assert (r.start_ns[np.sort(first_hops)] >= r.end_ns[np.sort(qkv)]).all()
+    per_block = len(blocks) // len(out)            # the received blocks of one transformer block, in order
+    last_blocks = np.sort(blocks).reshape(len(out), per_block)[:, -1]
+    assert (r.start_ns[np.sort(out)] >= r.end_ns[last_blocks]).all()

@@ -59,7 +59,7 @@ from whatif.depgraph.graph import TaskGraph
 from whatif.hardware.topology import presets
 
 from ..base import Transform, TransformContext, TransformError
-from ..edit import set_duration
+from ..edit import add_edges, set_duration
 from ..registry import register
 from ..sharing import priced_by_transform
 from .comm import (
@@ -237,7 +237,7 @@ class SequenceParallel(OnTopology, Transform):
         sm_share = nccl_p2p_sm_share(ctx)
         every = np.arange(len(g.tasks))
         succ, pred = next_on_resource(g, every), prev_on_resource(g, every)
-        a2a_plan: list[tuple[int, int, int, int, str]] = []   # (key, after, before, dur, name)
+        a2a_plan: list[tuple[int, int, int, int, str, int]] = []   # (key, after, before, dur, name, rank)
         splice_anchor: list = []
         core_dur: dict[int, int] = {}
         steps = self.attention_steps(machines, per)
@@ -251,27 +251,31 @@ class SequenceParallel(OnTopology, Transform):
             o = float(blk.loc[blk["part"] == "attn_out", "in_bytes"].sum()) / p
             kv = qkv * kv_share                                              # K, V of the QKV output
             before, after = int(pred[first]), int(succ[last])
+            rank = int(blk["rank"].to_numpy()[0])
             if self.mode == "ulysses":
                 a2a_plan.append((first * 2, before, first, self._price(ctx, "all_to_all", qkv, p, per),
-                                 f"qkv ({qkv / 2**20:.2f} MiB x{p})"))
+                                 f"qkv ({qkv / 2**20:.2f} MiB x{p})", rank))
                 a2a_plan.append((last * 2 + 1, last, after, self._price(ctx, "all_to_all", o, p, per),
-                                 f"out ({o / 2**20:.2f} MiB x{p})"))
+                                 f"out ({o / 2**20:.2f} MiB x{p})", rank))
                 continue
+            qkv_a2a = -1   # the key of the all-to-all whose output the first transfer sends (-1: none)
             if self.mode in ("ring", "usp"):
                 u = self.ulysses_group(per)
                 if u > 1:
+                    qkv_a2a = first * 2
                     a2a_plan.append((first * 2, before, first, self._price(ctx, "all_to_all", qkv, u, min(u, per)),
-                                     f"qkv ({qkv / 2**20:.2f} MiB x{u})"))
+                                     f"qkv ({qkv / 2**20:.2f} MiB x{u})", rank))
                     a2a_plan.append((last * 2 + 1, last, after, self._price(ctx, "all_to_all", o, u, min(u, per)),
-                                     f"out ({o / 2**20:.2f} MiB x{u})"))
+                                     f"out ({o / 2**20:.2f} MiB x{u})", rank))
                 hop_per = 1 if machines > 1 else 2
                 handshake = self._price(ctx, "send_recv", 0.0, 2, hop_per)   # the receiver's ready message
                 hops = [self._price(ctx, "send_recv", kv, 2, hop_per) + handshake] * (steps - 1)
             else:   # torus: intra-machine all-to-all, inter-machine one-sided chunks
+                qkv_a2a = first * 2
                 a2a_plan.append((first * 2, before, first, self._price(ctx, "all_to_all", qkv, per, per),
-                                 f"qkv ({qkv / 2**20:.2f} MiB x{per})"))
+                                 f"qkv ({qkv / 2**20:.2f} MiB x{per})", rank))
                 a2a_plan.append((last * 2 + 1, last, after, self._price(ctx, "all_to_all", o, per, per),
-                                 f"out ({o / 2**20:.2f} MiB x{per})"))
+                                 f"out ({o / 2**20:.2f} MiB x{per})", rank))
                 chunk = kv   # K, V of the other machine's N/M tokens for this GPU's H/G heads: 2·N·h·e/P
                 full = self._price(ctx, "send_recv", chunk, 2, 1) if machines > 1 else 0
                 latency = self._price(ctx, "send_recv", 0.0, 2, 1) if machines > 1 else 0
@@ -282,7 +286,7 @@ class SequenceParallel(OnTopology, Transform):
             for tk in core["task"].to_numpy(np.int64).tolist():
                 core_dur[tk] = int(round(int(g.tasks["dur_ns"].to_numpy()[int(tk)]) // steps * slow))
             blocks_after = [int(round(share * slow))] * (len(hops) - 1) + [share] if hops else []
-            splice_anchor.append((int(blk["rank"].to_numpy()[0]), last, before, blocks_after, hops))
+            splice_anchor.append((rank, last, before, blocks_after, hops, qkv_a2a))
         if core_dur:
             ids = np.asarray(sorted(core_dur), dtype=np.int64)
             g = set_duration(g, ids, np.asarray([core_dur[k] for k in ids.tolist()]),
@@ -290,39 +294,49 @@ class SequenceParallel(OnTopology, Transform):
             if steps > 1:
                 g = record_split(g, ids, WorkShare(1 / steps, 1 / steps, 1.0, 1 / steps),
                                  reason=f"{self.label()}: the local block's share of the attention")
-        if a2a_plan:
-            for rank in b["rank"].unique():
-                g, res = comm_stream(g, int(rank), f"sp {self.mode} all-to-all")
-                plan = sorted(a2a_plan)
-                g, _ = insert_tasks(g, resource=res, after=[x[1] for x in plan], before=[x[2] for x in plan],
-                                    dur_ns=[x[3] for x in plan], names=[f"sp all_to_all {x[4]}" for x in plan],
-                                    reason=f"{self.label()}: {len(plan)} all-to-alls")
+        a2a_ids: dict[int, int] = {}
+        for rank in sorted({x[5] for x in a2a_plan}):
+            g, res = comm_stream(g, rank, f"sp {self.mode} all-to-all")
+            plan = sorted(x for x in a2a_plan if x[5] == rank)
+            g, ids = insert_tasks(g, resource=res, after=[x[1] for x in plan], before=[x[2] for x in plan],
+                                  dur_ns=[x[3] for x in plan], names=[f"sp all_to_all {x[4]}" for x in plan],
+                                  reason=f"{self.label()}: {len(plan)} all-to-alls")
+            a2a_ids.update({x[0]: int(i) for x, i in zip(plan, ids.tolist())})
         if any(x[4] for x in splice_anchor):
-            g = self._blocks_and_hops(g, splice_anchor)
+            g = self._blocks_and_hops(g, splice_anchor, a2a_ids)
         return g
 
-    def _blocks_and_hops(self, g: TaskGraph, plan: list[tuple[int, int, int, list[int], list[int]]]) -> TaskGraph:
-        """Hop transfers chained on a stream; block computations spliced after the local one,
-        each waiting for its hop."""
+    def _blocks_and_hops(self, g: TaskGraph, plan: list[tuple[int, int, int, list[int], list[int], int]],
+                         a2a_ids: dict[int, int]) -> TaskGraph:
+        """Hop transfers chained on a stream, the first of each block after the all-to-all whose
+        output it sends (usp, torus); block computations spliced after the local one, each waiting
+        for its hop."""
         label = "sp torus one-sided" if self.mode == "torus" else f"sp {self.mode} ring hops"
         hop_ids: list[np.ndarray] = [np.empty(0, np.int64)] * len(plan)
         for rank in sorted({x[0] for x in plan}):
             mine = [i for i, x in enumerate(plan) if x[0] == rank]
             g, res = comm_stream(g, rank, label)
-            after, durs, names = [], [], []
+            after, durs, names, extra = [], [], [], []
             for i in mine:
                 hops, pre = plan[i][4], plan[i][2]
                 after += [pre] + [-1] * (len(hops) - 1) if hops else []
+                extra += [[a2a_ids.get(plan[i][5], -1)]] + [[]] * (len(hops) - 1) if hops else []
                 durs += hops
                 names += [f"{label} {j + 1}/{len(hops)}" for j in range(len(hops))]
             g, ids = insert_tasks(g, resource=res, after=after, before=[-1] * len(durs), dur_ns=durs, names=names,
-                                  reason=f"{self.label()}: {len(durs)} transfers")
+                                  reason=f"{self.label()}: {len(durs)} transfers", extra_after=extra)
             k = 0
             for i in mine:
                 hop_ids[i] = ids[k:k + len(plan[i][4])]
                 k += len(plan[i][4])
-        g, _ = splice_tasks(g, anchors=[x[1] for x in plan], durs=[x[3] for x in plan],
-                            name=f"{self.mode} attention block", deps=[h.tolist() for h in hop_ids],
-                            reason=f"{self.label()}: attention on the received blocks")
+        g, blocks = splice_tasks(g, anchors=[x[1] for x in plan], durs=[x[3] for x in plan],
+                                 name=f"{self.mode} attention block", deps=[h.tolist() for h in hop_ids],
+                                 reason=f"{self.label()}: attention on the received blocks")
+        # the output all-to-all sends the attention output: all of it, the received blocks' included
+        out = [(int(ids[-1]), a2a_ids[x[1] * 2 + 1]) for x, ids in zip(plan, blocks)
+               if len(ids) and x[1] * 2 + 1 in a2a_ids]
+        if out:
+            g = add_edges(g, [s for s, _ in out], [d for _, d in out],
+                          reason=f"{self.label()}: the output all-to-all after the last received block")
         return g
 
