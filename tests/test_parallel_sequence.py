@@ -12,6 +12,8 @@ from whatif.transforms.base import TransformError
 from whatif.transforms.parallel.layers import find_blocks
 from whatif.transforms.parallel.sequence import (
     SequenceParallel,
+    nccl_p2p_sm_share,
+    online_softmax_merge_ns,
     ring_block_bytes,
     ring_block_flops,
     ring_hidden,
@@ -210,3 +212,37 @@ def test_transfers_wait_for_the_all_to_all_and_the_output_for_every_block(dit, m
     per_block = len(blocks) // len(out)            # the received blocks of one transformer block, in order
     last_blocks = np.sort(blocks).reshape(len(out), per_block)[:, -1]
     assert (r.start_ns[np.sort(out)] >= r.end_ns[last_blocks]).all()
+
+
+def test_received_blocks_pay_the_online_softmax_merge(dit) -> None:
+    """Each block computed on received K, V merges its output into the running one (fp32, 10 bytes
+    per output element) and the last also pays the two casts: the ring's blocks exceed the local
+    block's share by exactly that, Ulysses (one block) pays none, and the merge grows with the
+    output bytes at the trace's memory bandwidth."""
+    g, ctx = dit.graph, make_context(dit.trace)
+    h = SequenceParallel(mode="ring", degree=4, topology="dgx_h100").apply(g, ctx)
+    t = h.tasks
+    rank0 = (t["rank"] == t["rank"].min()).to_numpy()
+    names = t["name"].astype(str)
+    received = np.flatnonzero(names.str.contains("ring attention block").to_numpy() & rank0)
+    local = np.flatnonzero(names.str.contains("flash").to_numpy() & rank0 & (t["kind"] == int(TaskKind.KERNEL)))
+    out_bytes = N * H * 2 / 4                                    # bf16 attention output per GPU
+    merge, casts = online_softmax_merge_ns(ctx, h, out_bytes)
+    bw = ctx.require_cost("test").memory_bandwidth_bytes_per_s(h)
+    assert merge - merge_fixed(ctx) == pytest.approx(10 * (out_bytes / 2) / bw * 1e9, abs=1)
+    durs = t["dur_ns"].to_numpy()
+    per_layer = received.reshape(2, 3)                           # 2 blocks, P - 1 = 3 received each
+    beside_hop = durs[local[0]]                                  # the local block, slowed by the hop's SMs
+    assert durs[per_layer[0, 0]] - merge == pytest.approx(beside_hop, abs=2)
+    alone = beside_hop * (1 - nccl_p2p_sm_share(ctx))            # the last: no hop beside it, the casts added
+    assert durs[per_layer[0, 2]] - merge - casts == pytest.approx(alone, abs=2)
+    two = online_softmax_merge_ns(ctx, h, 2 * out_bytes)
+    assert two[0] - merge == pytest.approx(merge - merge_fixed(ctx), abs=1)
+    u = SequenceParallel(mode="ulysses", degree=4, topology="dgx_h100", heads=24).apply(g, ctx)
+    assert not u.tasks["name"].astype(str).str.contains("attention block").any()
+
+
+def merge_fixed(ctx) -> float:
+    from whatif.hardware.devices import find_device
+    from whatif.hardware.roofline import fixed_latency_ns
+    return fixed_latency_ns(find_device(ctx.device) if ctx.device else None)

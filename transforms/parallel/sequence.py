@@ -33,6 +33,17 @@ latency of the link, NCCL's rendezvous for large messages), and its kernel holds
 one CTA per channel) while the attention block it overlaps computes, which slows that block by
 ``1/(1 − 4/SMs)``. Torus' one-sided chunks (NVSHMEM-style puts) pay neither.
 
+**Merging the blocks' outputs**: attention computed in several K, V blocks (ring, usp with r > 1,
+torus across machines) merges each block's output into a running one by its log-sum-exp (online
+softmax), a memory-bound pass outside the attention kernel. As ring-flash-attention's
+``_update_out_and_lse`` does it (zhuzilin/ring-flash-attention ``ring_flash_attn/utils.py``, the
+ring under xDiT's USP): the running output in fp32 is read and written and the block's bf16 output
+read, 10 bytes per output element (:data:`MERGE_BYTES_PER_OUTPUT_BYTE` = 5 per byte of the bf16
+output); the first block's output is cast to fp32 and the result back, 12 bytes per element
+(:data:`CAST_BYTES_PER_OUTPUT_BYTE` = 6). Each pass costs the device's fixed kernel latency plus its
+bytes at the trace's measured memory bandwidth (:func:`online_softmax_merge_ns`); a received block
+carries its merge, the last one the two casts.
+
 **Heads**: Ulysses' all-to-all gives each GPU H/u heads, so u must divide the query heads, and
 divide the KV heads or be a multiple of them (a KV head replicated); checked on the attention op's
 recorded shapes over a tensor-parallel split before (``heads`` overrides) for ulysses (u = P), usp
@@ -56,6 +67,8 @@ from whatif.core import limits
 from whatif.core.kernels import KernelClass
 from whatif.core.work import WorkShare
 from whatif.depgraph.graph import TaskGraph
+from whatif.hardware.devices import find_device
+from whatif.hardware.roofline import fixed_latency_ns
 from whatif.hardware.topology import presets
 
 from ..base import Transform, TransformContext, TransformError
@@ -78,6 +91,8 @@ from .tensor import prev_on_resource
 
 MODES = ("ulysses", "ring", "torus", "usp")
 NCCL_P2P_CTAS = 4   # a hop's send and receive on NCCL_NCHANNELS_PER_NET_PEER = 2 channels each, one CTA per channel
+MERGE_BYTES_PER_OUTPUT_BYTE = 5   # fp32 running output read + written (8 B) and the block's bf16 output (2 B)
+CAST_BYTES_PER_OUTPUT_BYTE = 6    # first block's output to fp32 (2 + 4 B) and the result back (4 + 2 B)
 
 
 def ulysses_elements_per_gpu(seq_len: int, hidden: int, degree: int) -> float:
@@ -107,6 +122,20 @@ def ring_hidden(block_tokens: int, hidden: int, flops_per_s: float, link_bytes_p
     """True when one block's attention takes at least as long as its K/V transfer."""
     return ring_block_flops(block_tokens, hidden) / flops_per_s >= \
         ring_block_bytes(block_tokens, hidden, elem_bytes) / link_bytes_per_s
+
+
+def online_softmax_merge_ns(ctx: TransformContext, graph: TaskGraph, output_bytes: float,
+                            transform: str = "sequence_parallel") -> tuple[int, int]:
+    """(one merge, the two casts) in ns for an attention output of ``output_bytes`` (bf16) per GPU:
+    the recorded GPU's fixed kernel latency per pass plus the bytes at the trace's measured memory
+    bandwidth (the cost model's; the catalog's achievable figure when the trace has too few
+    memory-bound kernels)."""
+    dev = find_device(ctx.device) if ctx.device else None
+    fixed = fixed_latency_ns(dev)
+    bw = ctx.require_cost(transform).memory_bandwidth_bytes_per_s(graph)
+    merge = fixed + MERGE_BYTES_PER_OUTPUT_BYTE * output_bytes / bw * 1e9
+    casts = 2 * fixed + CAST_BYTES_PER_OUTPUT_BYTE * output_bytes / bw * 1e9
+    return int(round(merge)), int(round(casts))
 
 
 def nccl_p2p_sm_share(ctx: TransformContext) -> float:
@@ -285,7 +314,9 @@ class SequenceParallel(OnTopology, Transform):
             slow = overlapped_compute_slowdown(sm_share) if self.mode != "torus" and hops else 1.0
             for tk in core["task"].to_numpy(np.int64).tolist():
                 core_dur[tk] = int(round(int(g.tasks["dur_ns"].to_numpy()[int(tk)]) // steps * slow))
-            blocks_after = [int(round(share * slow))] * (len(hops) - 1) + [share] if hops else []
+            merge, casts = online_softmax_merge_ns(ctx, g, o, self.name) if hops else (0, 0)
+            blocks_after = [int(round(share * slow)) + merge] * (len(hops) - 1) + [share + merge + casts] \
+                if hops else []
             splice_anchor.append((rank, last, before, blocks_after, hops, qkv_a2a))
         if core_dur:
             ids = np.asarray(sorted(core_dur), dtype=np.int64)
