@@ -246,3 +246,23 @@ def merge_fixed(ctx) -> float:
     from whatif.hardware.devices import find_device
     from whatif.hardware.roofline import fixed_latency_ns
     return fixed_latency_ns(find_device(ctx.device) if ctx.device else None)
+
+
+def test_each_rank_gets_its_own_all_to_alls(tmp_path) -> None:
+    """A two-rank graph: every rank's stream holds its own blocks' all-to-alls, once (until
+    2026-11-28 every rank's all-to-alls were inserted on each rank's stream)."""
+    from _llm_tracegen import llm_trace
+    run = tmp_path / "two_ranks"
+    run.mkdir()
+    for r in (0, 1):
+        llm_trace(run / f"rank{r}.json.gz", new_tokens=4096, kv_tokens=4096, layers=2, hidden=3072, heads=24,
+                  ffn=8192, steps=1, rank=r, world_size=2)
+    a = analyze(run)
+    usp = SequenceParallel(mode="usp", degree=4, ulysses_degree=2, topology="dgx_h100")
+    h = usp.apply(a.graph, make_context(a.trace))
+    t = h.tasks
+    a2a = t["name"].astype(str).str.startswith("sp all_to_all").to_numpy()
+    for rank in (0, 1):
+        mine = a2a & (t["rank"] == rank).to_numpy()
+        assert mine.sum() == 4                                     # 2 blocks x (QKV, output)
+        assert set(h.resources.loc[t["resource"].to_numpy()[mine], "rank"]) == {rank}
