@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -123,10 +124,7 @@ def _first_block(durs: list[int]) -> str:
     """``n x d us`` for a block's transfers (equal ones grouped)."""
     if not durs:
         return "-"
-    groups: dict[int, int] = {}
-    for d in durs:
-        groups[d] = groups.get(d, 0) + 1
-    return " + ".join(f"{n} x {d / 1e3:.1f}" if n > 1 else f"{d / 1e3:.1f}" for d, n in groups.items())
+    return " + ".join(f"{n} x {d / 1e3:.1f}" if n > 1 else f"{d / 1e3:.1f}" for d, n in Counter(durs).items())
 
 
 def sequence_parallel(tmp: Path) -> None:

@@ -37,11 +37,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from _llm_tracegen import llm_trace  # noqa: E402
+from papers import _ms  # noqa: E402
 
 from whatif.api import analyze, make_context  # noqa: E402
-from whatif.depgraph.graph import TaskGraph  # noqa: E402
-from whatif.predictors.replay import replay  # noqa: E402
-from whatif.predictors.steps import step_times  # noqa: E402
 from whatif.transforms.parallel.sequence import SequenceParallel  # noqa: E402
 
 STEPS = 28
@@ -68,10 +66,6 @@ CONFIGS = (
 )
 
 
-def _step_ms(graph: TaskGraph) -> float:
-    return float(step_times(replay(graph))["predicted_ns"].sum()) / 1e6
-
-
 def _best(rows: list[tuple[str, float]]) -> str:
     return min(rows, key=lambda r: r[1])[0]
 
@@ -81,7 +75,7 @@ def main() -> int:
     a = analyze(llm_trace(tmp / "flux_dev_1024px.json.gz", new_tokens=TOKENS, kv_tokens=TOKENS, layers=BLOCKS,
                           hidden=HIDDEN, heads=HEADS, ffn=MLP_GATED_WIDTH, steps=1, device="H100_SXM"))
     ctx = make_context(a.trace)
-    step = {c.label: _step_ms(c.transform.apply(a.graph, ctx) if c.transform else a.graph) for c in CONFIGS}
+    step = {c.label: _ms(c.transform.apply(a.graph, ctx) if c.transform else a.graph) for c in CONFIGS}
     one = CONFIGS[0]
     x1 = step[one.label]
     serial_s = one.measured_s - STEPS * x1 / 1e3

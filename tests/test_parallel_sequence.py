@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _llm_tracegen import llm_trace
 from test_parallel import step_ns, transformer_trace
 
 from whatif.api import analyze, make_context
 from whatif.depgraph.graph import EdgeKind, TaskKind
+from whatif.hardware.devices import find_device
+from whatif.hardware.roofline import fixed_latency_ns
 from whatif.predictors.replay import replay
 from whatif.transforms.base import TransformError
 from whatif.transforms.parallel.layers import find_blocks
@@ -243,15 +246,12 @@ def test_received_blocks_pay_the_online_softmax_merge(dit) -> None:
 
 
 def merge_fixed(ctx) -> float:
-    from whatif.hardware.devices import find_device
-    from whatif.hardware.roofline import fixed_latency_ns
     return fixed_latency_ns(find_device(ctx.device) if ctx.device else None)
 
 
 def test_each_rank_gets_its_own_all_to_alls(tmp_path) -> None:
     """A two-rank graph: every rank's stream holds its own blocks' all-to-alls, once (until
     2026-11-28 every rank's all-to-alls were inserted on each rank's stream)."""
-    from _llm_tracegen import llm_trace
     run = tmp_path / "two_ranks"
     run.mkdir()
     for r in (0, 1):
