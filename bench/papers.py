@@ -142,6 +142,10 @@ def seesaw(tmp: Path, setup: Setup) -> None:
           f"best static {static['prefill_plan']}: {static['throughput_rps']:.2f} req/s; "
           f"reshard / static = {s.best['throughput_rps'] / static['throughput_rps']:.2f}x "
           f"(paper: up to 1.78x, less on NVSwitch)")
+    inter = t.dropna(subset=["interleaved_rps"]).set_index("prefill_plan")["interleaved_rps"]
+    print("static plans with the phases interleaved (prefill first, one scheduler per stage: vLLM without chunked "
+          "prefill), req/s: " + ", ".join(f"{k} {v:.2f}" for k, v in inter.items())
+          + f"; reshard / best of them ({inter.idxmax()}) = {s.best['throughput_rps'] / inter.max():.2f}x")
     print(f"transition {s.best['transition_ms']:.1f} ms, KV swap {s.best['kv_swap_ms']:.1f} ms, "
           f"{s.best['requests_per_cycle']:.0f} requests per cycle")
     for line in s.assumptions:
@@ -152,7 +156,8 @@ def seesaw(tmp: Path, setup: Setup) -> None:
     print(f"at the decode batch the memory holds ({capacity} sequences): decode step ms "
           + ", ".join(f"{k} {v}" for k, v in dec.items())
           + f"; best pair {big.best['prefill_plan']} -> {big.best['decode_plan']}, reshard / static = "
-          f"{big.best['throughput_rps'] / _static(big)['throughput_rps']:.2f}x")
+          f"{big.best['throughput_rps'] / _static(big)['throughput_rps']:.2f}x, over the interleaved static "
+          f"{big.best['throughput_rps'] / big.table['interleaved_rps'].max():.2f}x")
 
 
 def _step_ms(graph: TaskGraph, ctx: TransformContext, transform: SequenceParallel) -> float:

@@ -21,7 +21,7 @@ from whatif.transforms.parallel.pipeline import (
     bubble_fraction,
     pipelined_step_ns,
 )
-from whatif.transforms.parallel.reshard import plans, search_reshard, step_phases
+from whatif.transforms.parallel.reshard import interleaved_static_rps, plans, search_reshard, step_phases
 from whatif.transforms.parallel.tensor import TensorParallel
 from whatif.transforms.sharing import DEFAULT_INTERFERENCE, calibrated_interference
 
@@ -369,6 +369,39 @@ def test_reshard_search(tmp_path: Path) -> None:
     by_plan = s.table.drop_duplicates("prefill_plan").set_index("prefill_plan")["prefill_step_ms"]
     dec = s.table.drop_duplicates("decode_plan").set_index("decode_plan")["decode_step_ms"]
     assert by_plan.idxmin() == "tp1·pp8" and dec["tp8·pp1"] < dec["tp1·pp8"]
+
+
+def test_interleaved_engine_stalls_decodes_behind_a_prefill_only_in_a_pipeline() -> None:
+    """vLLM's static engine (prefill first, one scheduler per stage): with one stage the phases
+    only alternate, so it serves what Seesaw's phase batching does; in a pipeline each prompt's
+    prefill holds every decode behind it on each stage, and the loss grows with the prefill."""
+    per_request = 50e-3 + 256 * 20e-3 / 256                      # one stage: prefill + o decodes / b
+    assert interleaved_static_rps(1, 50e6, 20e6, 256, 256) == pytest.approx(1 / per_request, rel=0.01)
+    phased = 1 / (12.5e-3 + 256 * 4 * 5e-3 / 256)                # 4 stages, the phases kept apart
+    got = [interleaved_static_rps(4, pf, 5e6, 256, 256) for pf in (1e3, 12.5e6, 25e6)]
+    # no prefill work, yet each prefill takes its engine's turn (its decodes pause): of 4 turns per
+    # round x = 4·(b/o)/(4 + b/o) = 0.8 are prefills, so the full pipeline's 50 req/s x (4 − x)/4
+    assert got[0] == pytest.approx(256 / (256 * 4 * 5e-3) * (4 - 0.8) / 4, rel=0.02)
+    assert got[1] < 0.7 * phased and got[2] < got[1]
+    assert interleaved_static_rps(4, 12.5e6, 5e6, 256, 256) == interleaved_static_rps(4, 12.5e6, 5e6, 256, 256)
+    with pytest.raises(ValueError, match="positive"):
+        interleaved_static_rps(0, 1e6, 1e6, 8, 8)
+
+
+def test_reshard_prices_static_plans_as_an_interleaving_engine(tmp_path: Path) -> None:
+    a = analyze(llm_trace(tmp_path / "phased.json.gz", kv_tokens=1024, layers=8, batch=8, steps=3,
+                          phases=("prefill", "decode", "decode")))
+    s = search_reshard(a.graph, make_context(a.trace), gpus=8, prefill_batch=8, decode_batch=64,
+                       prompt_tokens=1024, output_tokens=64)
+    t = s.table
+    static = t["prefill_plan"] == t["decode_plan"]
+    assert t.loc[static, "interleaved_rps"].notna().all() and t.loc[~static, "interleaved_rps"].isna().all()
+    rows = t[static].set_index("prefill_plan")
+    # TP alone: the phases alternate, the same throughput as with them batched
+    assert rows.loc["tp8·pp1", "interleaved_rps"] == pytest.approx(rows.loc["tp8·pp1", "throughput_rps"], rel=0.02)
+    # a pipeline stalls its decodes behind each prefill: below its phase-batched throughput
+    assert rows.loc["tp1·pp8", "interleaved_rps"] < 0.8 * rows.loc["tp1·pp8", "throughput_rps"]
+    assert "interleaves the phases" in s.why
 
 
 def test_pipeline_decode_at_equal_in_flight_sequences(tmp_path: Path) -> None:

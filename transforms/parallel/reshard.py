@@ -22,7 +22,12 @@ sharing a host link (``min(G, gpus_per_host_link)``, default 2: a DGX A100 has f
 GPUs behind each, NVIDIA DGX A100 System Architecture, WP-10083-001).
 
 Throughput = ``R / cycle``. With A = B the weights stay and the KV stays on the GPUs (no buffer):
-throughput = ``1 / (T_pf/b_p + o·T_dec/b_d)``. W, layers and KV heads come from the memory model
+throughput = ``1 / (T_pf/b_p + o·T_dec/b_d)``: a static plan with Seesaw's phase batching. The
+static plans are also priced as the engine Seesaw compares with runs them
+(``interleaved_rps``, :func:`interleaved_static_rps`): the phases interleaved, prefill first, one
+scheduler per pipeline stage, so under PP a prompt's prefill stalls the decodes behind it on every
+stage; with TP alone the phases only alternate and both pricings agree.
+W, layers and KV heads come from the memory model
 (:func:`~.memory.model_shape`: GQA-aware, ``2·L·H_kv·d·e`` bytes per token; ``kv_heads`` overrides);
 kv per request is that times ``prompt + output`` tokens. A decode step under PP is the stage's
 ``p·T_stage(b/p)`` at equal in-flight sequences (``pipeline_parallel``, serving). **A plan that
@@ -32,6 +37,7 @@ role, and a plan the parallel transforms refuse (heads, layers) of both, each wi
 """
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
@@ -57,6 +63,67 @@ from .tensor import TensorParallel
 
 PREFILL_INTENSITY = 64.0   # FLOP/B: above, a step's GEMMs are prefill-like (decode GEMV at batch b has ~b)
 GB = 1e9
+INTERLEAVED_ROUNDS = 6     # the interleaved baseline's horizon: this many generations of every sequence
+
+
+def interleaved_static_rps(stages: int, prefill_stage_ns: float, decode_stage_ns: float, decode_batch: int,
+                           output_tokens: int, rounds: int = INTERLEAVED_ROUNDS) -> float:
+    """Requests/s of one static plan under a prefill-first engine that interleaves the phases, as
+    vLLM's scheduler without chunked prefill does, with one scheduler per pipeline stage ("virtual
+    engines"): ``stages`` engines each hold ``decode_batch/stages`` in-flight sequences; an engine
+    whose sequences finished runs its next iteration as a prefill of their replacements (``k``
+    prompts: ``k·prefill_stage_ns`` on every stage), else a decode iteration (``decode_stage_ns``
+    per stage); an iteration passes the stages in order, each stage serving one iteration at a
+    time (first come, first served), and an engine issues its next iteration when its last one
+    leaves the last stage. A prefill iteration thus holds up every decode behind it on each stage
+    (with one stage, the phases only alternate). Sequences start staggered over their
+    ``output_tokens``; the rate is measured over the second half of ``rounds`` generations.
+
+    One stage: the phases alternate, ``1 / (50 ms + 256·20 ms / 256)`` = 14.3 requests/s; four
+    stages of 12.5 ms per prompt and 5 ms per decode iteration would serve ``1 / (12.5 ms +
+    256·4·5 ms / 256)`` = 30.8 with the phases apart, but each prefill stalls the decodes behind it:
+
+    >>> round(interleaved_static_rps(1, 50e6, 20e6, 256, 256), 1)
+    14.3
+    >>> round(interleaved_static_rps(4, 12.5e6, 5e6, 256, 256), 1)
+    18.2
+
+    Raises
+    ------
+    ValueError
+        When an argument is not positive.
+    """
+    if min(stages, decode_batch, output_tokens, rounds) < 1 or prefill_stage_ns <= 0 or decode_stage_ns <= 0:
+        raise ValueError("interleaved_static_rps: every argument must be positive")
+    engines = min(stages, decode_batch)
+    remaining = [np.array([1 + ((i * engines + k) * output_tokens) // decode_batch % output_tokens
+                           for i in range(decode_batch // engines + (k < decode_batch % engines))], dtype=np.int64)
+                 for k in range(engines)]
+    waiting = [0] * engines
+    stage_free = [0.0] * stages
+    ready = [(0.0, k) for k in range(engines)]
+    iterations = rounds * output_tokens * engines
+    finished, mark = 0, (0.0, 0)
+    for n in range(iterations):
+        t, k = heapq.heappop(ready)
+        prompts, waiting[k] = waiting[k], 0
+        per_stage = prompts * prefill_stage_ns if prompts else decode_stage_ns
+        for s in range(stages):
+            t = max(t, stage_free[s]) + per_stage
+            stage_free[s] = t
+        if prompts:
+            remaining[k] = np.concatenate([remaining[k], np.full(prompts, output_tokens, dtype=np.int64)])
+        else:
+            remaining[k] = remaining[k] - 1
+            done = int((remaining[k] == 0).sum())
+            remaining[k] = remaining[k][remaining[k] > 0]
+            waiting[k] += done
+            finished += done
+        heapq.heappush(ready, (t, k))
+        if n == iterations // 2:
+            mark = (t, finished)
+    end = max(stage_free)
+    return (finished - mark[1]) / ((end - mark[0]) / 1e9) if end > mark[0] else 0.0
 
 
 def plans(gpus: int) -> list[tuple[int, int]]:
@@ -89,8 +156,9 @@ def step_phases(graph: TaskGraph, ctx: TransformContext) -> pd.Series:
 
 @dataclass
 class ReshardSearch:
-    """Result of :func:`search_reshard`: ``table`` (one row per plan pair, best first), ``best``
-    (its row), ``why`` (a sentence), ``assumptions`` (what was inferred)."""
+    """Result of :func:`search_reshard`: ``table`` (one row per plan pair, best first;
+    ``interleaved_rps``: a static plan's throughput when its engine interleaves the phases, NaN for
+    pairs), ``best`` (its row), ``why`` (a sentence), ``assumptions`` (what was inferred)."""
 
     table: pd.DataFrame
     best: dict[str, Any]
@@ -189,13 +257,17 @@ def search_reshard(graph: TaskGraph, ctx: TransformContext, *, gpus: int = 8, to
             rows.append({"prefill_plan": f"tp{a['t']}·pp{a['p']}", "decode_plan": f"tp{b['t']}·pp{b['p']}",
                          "prefill_step_ms": a["prefill_ns"] / 1e6, "decode_step_ms": b["decode_ns"] / 1e6,
                          "transition_ms": switch / 1e6, "kv_swap_ms": kv_ns / 1e6, "cycle_s": cycle / 1e9,
-                         "requests_per_cycle": requests, "throughput_rps": requests / (cycle / 1e9)})
+                         "requests_per_cycle": requests, "throughput_rps": requests / (cycle / 1e9),
+                         "interleaved_rps": interleaved_static_rps(a["p"], a["prefill_ns"] / prefill_batch,
+                                                                   b["decode_ns"] / b["p"], decode_batch, out_tok)
+                         if same else np.nan})
     if not rows:
         raise TransformError(f"reshard: no prefill plan and decode plan of {gpus} GPUs both fit: {assumptions[-1]}")
     table = pd.DataFrame(rows).sort_values("throughput_rps", ascending=False, ignore_index=True)
     best: dict[str, Any] = table.iloc[0].to_dict()
     statics = table[table["prefill_plan"] == table["decode_plan"]]
     static: dict[str, Any] = (statics if len(statics) else table).iloc[0].to_dict()
+    interleaved = statics.sort_values("interleaved_rps", ascending=False).iloc[0].to_dict() if len(statics) else None
     plan_tp = times[["t", "p"]].to_numpy()
     prefill_best = plan_tp[int(np.nanargmin(times["prefill_ns"].to_numpy()))].tolist()
     decode_best = plan_tp[int(np.nanargmin(times["decode_ns"].to_numpy()))].tolist()
@@ -207,6 +279,10 @@ def search_reshard(graph: TaskGraph, ctx: TransformContext, *, gpus: int = 8, to
            f"({best['throughput_rps'] / static['throughput_rps']:.2f}x); "
            f"2 transitions of {best['transition_ms'] / 2:.1f} ms and a {best['kv_swap_ms']:.1f} ms KV swap amortized "
            f"over {requests:.0f} requests")
+    if interleaved is not None:
+        why += (f"; a static plan whose engine interleaves the phases (prefill first, one scheduler per stage, as "
+                f"vLLM without chunked prefill) serves at most {interleaved['interleaved_rps']:.2f} req/s "
+                f"({interleaved['prefill_plan']}: {best['throughput_rps'] / interleaved['interleaved_rps']:.2f}x)")
     return ReshardSearch(table=table, best=best, why=why, assumptions=assumptions)
 
 
