@@ -264,6 +264,27 @@ _COLLECTIVE_KINDS: tuple[tuple[CollectiveKind, re.Pattern[str]], ...] = tuple(
     ))
 
 
+class P2pDirection(str, Enum):
+    """Which end of a point-to-point transfer an op is: PyTorch's ``Collective name`` of
+    ProcessGroupNCCL's ``send`` and ``recv``."""
+
+    SEND = "send"
+    RECV = "recv"
+
+
+def p2p_direction(collective_name: str | None) -> P2pDirection | None:
+    """The end of a point-to-point transfer a ``Collective name`` names; None for a collective
+    (or no name: a ``SendRecv`` kernel alone does not say which end it is).
+
+    >>> p2p_direction("send"), p2p_direction("recv"), p2p_direction("allreduce"), p2p_direction(None)
+    (<P2pDirection.SEND: 'send'>, <P2pDirection.RECV: 'recv'>, None, None)
+    """
+    try:
+        return P2pDirection(collective_name) if collective_name else None
+    except ValueError:
+        return None
+
+
 def collective_kind(collective_name: str | None, kernel_name: str) -> CollectiveKind | None:
     """What a collective does, from PyTorch's ``Collective name`` when recorded, else from the
     kernel name; None when neither says.

@@ -82,6 +82,9 @@ class Arg(Enum):
     PROCESS_GROUP = ArgSpec("process_group", ("Process Group Name",), (str, int), default="")
     PROCESS_GROUP_RANKS = ArgSpec("process_group_ranks", ("Process Group Ranks",), (str, list), default="")
     GROUP_SIZE = ArgSpec("group_size", ("Group size",), (int, float))
+    # a send's receiver and a recv's sender, global ranks (PyTorch >= 2.5 records them for send/recv)
+    P2P_SRC = ArgSpec("p2p_src", ("Src Rank",), (int, str), default=-1)
+    P2P_DST = ArgSpec("p2p_dst", ("Dst Rank",), (int, str), default=-1)
     IN_MSG_NELEMS = ArgSpec("in_msg_nelems", ("In msg nelems",), (int, float))
     OUT_MSG_NELEMS = ArgSpec("out_msg_nelems", ("Out msg nelems",), (int, float))
     DTYPE = ArgSpec("dtype", ("dtype",), (str,), default="")
@@ -102,6 +105,39 @@ def read_arg(args: dict[str, Any] | None, arg: Arg) -> Any:
     ([[4]], None)
     """
     return _read(args, arg.spec)
+
+
+def rank_list(value: object) -> tuple[int, ...]:
+    """The ranks of a rank-list argument (PyTorch's ``Process Group Ranks``: ``"[0, 1]"``, or a
+    list); () when absent or not a list of integers.
+
+    >>> rank_list("[0, 1, 2, 3]"), rank_list([4, 5]), rank_list("[]"), rank_list("n/a")
+    ((0, 1, 2, 3), (4, 5), (), ())
+    """
+    if isinstance(value, list):
+        items = value
+    elif isinstance(value, str) and value.startswith("[") and value.endswith("]"):
+        items = [s.strip() for s in value[1:-1].split(",") if s.strip()]
+    else:
+        return ()
+    try:
+        return tuple(int(x) for x in items)
+    except (TypeError, ValueError):
+        return ()
+
+
+def rank_value(value: object) -> int:
+    """A rank argument (``Src Rank``/``Dst Rank``: an integer, or its text) as an int; -1 when
+    absent or not a rank.
+
+    >>> rank_value(3), rank_value("12"), rank_value(-1), rank_value("x")
+    (3, 12, -1, -1)
+    """
+    try:
+        rank = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return -1
+    return rank if rank >= 0 else -1
 
 
 def _read(args: dict[str, Any] | None, spec: ArgSpec) -> Any:

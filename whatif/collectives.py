@@ -5,7 +5,8 @@ long it spent transferring and waiting and how often it was the straggler.
 
 A *call* is one collective matched across ranks by the graph builder
 (:mod:`whatif.depgraph.rules.collectives`: the k-th occurrence of a collective name and process
-group, or of a kernel name, on every loaded rank, on clocks aligned across ranks). For each call:
+group, or of a kernel name, on every loaded rank; a ``send``/``recv`` with the k-th one between the same
+two ranks; on clocks aligned across ranks). For each call:
 
 * ``arrival`` of a rank is the start of its collective kernel; ``skew`` = last arrival - first;
 * the **straggler** is the rank that arrived last; every other rank waited for it, and
@@ -31,17 +32,17 @@ import numpy as np
 import pandas as pd
 
 from whatif.core.bounds import check_fields
-from whatif.core.kernels import collective_kind
+from whatif.core.kernels import CollectiveKind, collective_kind
 from whatif.depgraph.build import build_graph
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
-from whatif.depgraph.rules.collectives import collective_key
+from whatif.depgraph.rules.collectives import call_keys
 from whatif.documents import CollectiveCall, CollectivesDocument, RankCollectives
 from whatif.hardware.collectives import bus_bytes
-from whatif.tracer.args import Arg, arg_columns
+from whatif.tracer.args import Arg, arg_columns, rank_list
 from whatif.tracer.measured_collectives import collective_points
 from whatif.tracer.trace import Trace
 
-__all__ = ["CollectivesOptions", "Span", "bus_factor", "collectives", "group_ranks", "span_of"]
+__all__ = ["CollectivesOptions", "Span", "bus_factor", "collectives", "span_of"]
 
 
 @dataclass(frozen=True)
@@ -61,25 +62,6 @@ class Span:
     INTRA = "intra-node"
     INTER = "inter-node"
     UNKNOWN = "unknown"
-
-
-def group_ranks(text: object) -> tuple[int, ...]:
-    """The ranks of PyTorch's ``Process Group Ranks`` argument (``"[0, 1]"``); () when absent or
-    not a list of integers.
-
-    >>> group_ranks("[0, 1, 2, 3]"), group_ranks("[]"), group_ranks("n/a")
-    ((0, 1, 2, 3), (), ())
-    """
-    if isinstance(text, list):
-        items = text
-    elif isinstance(text, str) and text.startswith("[") and text.endswith("]"):
-        items = [s.strip() for s in text[1:-1].split(",") if s.strip()]
-    else:
-        return ()
-    try:
-        return tuple(int(x) for x in items)
-    except (TypeError, ValueError):
-        return ()
 
 
 def span_of(ranks: tuple[int, ...], ranks_per_node: int | None) -> str:
@@ -145,8 +127,10 @@ def collectives(trace: Trace, graph: TaskGraph | None = None,
     events, ranks_col = t["event"].to_numpy(), t["rank"].to_numpy()
     start, end, steps = t["measured_start_ns"].to_numpy(), t["measured_end_ns"].to_numpy(), t["step"].to_numpy()
     rows = np.unique(events[found.comm])  # arguments are read for these rows only (a job has millions)
-    coll_name, pg_ranks, pg_name = ({int(r): v for r, v in zip(rows.tolist(), column)} for column in arg_columns(
-        trace.args, (Arg.COLLECTIVE_NAME, Arg.PROCESS_GROUP_RANKS, Arg.PROCESS_GROUP), rows).values())
+    coll_name, pg_ranks = ({int(r): v for r, v in zip(rows.tolist(), column)} for column in arg_columns(
+        trace.args, (Arg.COLLECTIVE_NAME, Arg.PROCESS_GROUP_RANKS), rows).values())
+    key_of = dict(zip(found.comm.tolist(), call_keys(trace.args, events[found.comm], [names[c] for c in found.comm],
+                                                     ranks_col[found.comm])))
     frame = pd.DataFrame({"task": found.comm, "call": found.call, "rank": ranks_col[found.comm],
                           "arrival": start[found.comm], "end": end[found.comm]})
     frame = _with_waits(frame.sort_values(["arrival", "rank"], kind="stable"))
@@ -158,7 +142,7 @@ def collectives(trace: Trace, graph: TaskGraph | None = None,
         point = points.get(ev)
         kind = point.kind if point is not None else (k.value if (k := collective_kind(coll_name[ev] or None,
                                                                                        names[first])) else "unknown")
-        key = collective_key(names[first], coll_name[ev], pg_name[ev])
+        key = key_of[first]
         n = occurrence[key] = occurrence.get(key, -1) + 1
         arrival = members["arrival"].to_numpy()
         transfer = int(members["transfer"].max())
@@ -167,7 +151,11 @@ def collectives(trace: Trace, graph: TaskGraph | None = None,
         algbw = nbytes / transfer if nbytes is not None and transfer > 0 else None
         busbw = algbw * bus_factor(kind, group) if algbw is not None and group else None
         loaded = tuple(sorted(int(r) for r in members["rank"]))
-        known = group_ranks(pg_ranks[ev]) or (loaded if group is not None and len(loaded) == group else ())
+        known: tuple[int, ...] = ()
+        if kind == CollectiveKind.SEND_RECV.value:  # a transfer spans its two ends, not its process group
+            known = loaded if len(loaded) == 2 else ()
+        else:
+            known = rank_list(pg_ranks[ev]) or (loaded if group is not None and len(loaded) == group else ())
         straggler = int(members["rank"].to_numpy()[int(np.argmax(arrival))]) if len(members) > 1 else None
         calls.append(CollectiveCall(
             key=key, occurrence=n, kind=kind, step=int(steps[first]), message_bytes=nbytes, group_size=group,

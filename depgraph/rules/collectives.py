@@ -5,6 +5,10 @@ first (dPRO: without alignment replay error reaches 36.7 %): a collective ends a
 same instant on every participant, so rank ``r``'s offset is the median over matched
 collectives of ``end(ref) - end(r)`` (:class:`ClockAlignment`).
 
+Collectives are matched by their key (:func:`call_keys`): a collective by its name and process
+group; a point-to-point ``send``/``recv`` by its two ends, so the k-th send from rank a to rank b
+pairs with the k-th recv on b from a (not with every rank's k-th send).
+
 Then each collective kernel ``c_i`` is split (:class:`CollectiveSplit`): a zero-length ARRIVE
 task takes its place in the stream (its launch and stream predecessors), a virtual BARRIER waits
 for every rank's arrival, and ``c_i`` keeps only its transfer time ``end_i - max_j start_j``: a
@@ -18,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from whatif.tracer.args import Arg, arg_column
+from whatif.core.kernels import P2pDirection, p2p_direction
+from whatif.tracer.args import Arg, EventArgs, arg_columns, rank_list, rank_value
 from whatif.tracer.trace import name_texts
 
 from ..graph import EdgeKind, ResourceKind, TaskKind
@@ -36,6 +41,57 @@ def collective_key(name: str, collective_name: str, process_group: str | int) ->
     'ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)'
     """
     return f"{collective_name}@{process_group}" if collective_name else name
+
+
+def p2p_key(sender: int, receiver: int, process_group: str | int) -> str:
+    """What identifies a point-to-point transfer across ranks: its sender, its receiver and its
+    process group (the send on one rank and the recv on the other share it).
+
+    >>> p2p_key(0, 1, "0")
+    'send/recv 0->1@0'
+    """
+    return f"send/recv {sender}->{receiver}@{process_group}"
+
+
+def p2p_peer(rank: int, recorded: object, group: object) -> int:
+    """The other end of a send (its receiver) or a recv (its sender) on ``rank``: the rank PyTorch
+    recorded (``Dst Rank``/``Src Rank``), else the other member of a two-rank process group, else -1.
+
+    >>> p2p_peer(1, 3, "[0, 1, 2, 3]"), p2p_peer(1, -1, "[1, 5]"), p2p_peer(1, -1, "[0, 1, 2, 3]")
+    (3, 5, -1)
+    """
+    peer = rank_value(recorded)
+    if peer >= 0:
+        return peer
+    members = rank_list(group)
+    if len(members) == 2 and rank in members:
+        return members[1] if members[0] == rank else members[0]
+    return -1
+
+
+def call_keys(args: EventArgs, events: np.ndarray, names: list[str], ranks: np.ndarray) -> list[str]:
+    """Per collective kernel (its event row, kernel name and rank): its key across ranks. A
+    collective: :func:`collective_key`. A ``send``/``recv``: :func:`p2p_key` of its two ends; one
+    whose peer the trace does not say gets a key of its own rank (it is matched with nothing
+    rather than with the other ranks' sends)."""
+    cols = arg_columns(args, (Arg.COLLECTIVE_NAME, Arg.PROCESS_GROUP, Arg.PROCESS_GROUP_RANKS,
+                              Arg.P2P_SRC, Arg.P2P_DST), events)
+    coll, group, members = cols[Arg.COLLECTIVE_NAME], cols[Arg.PROCESS_GROUP], cols[Arg.PROCESS_GROUP_RANKS]
+    src, dst = cols[Arg.P2P_SRC], cols[Arg.P2P_DST]
+    keys = []
+    for i, name in enumerate(names):
+        direction = p2p_direction(coll[i])
+        if direction is None:
+            keys.append(collective_key(name, coll[i], group[i]))
+            continue
+        rank = int(ranks[i])
+        send = direction is P2pDirection.SEND
+        peer = p2p_peer(rank, dst[i] if send else src[i], members[i])
+        if peer < 0:
+            keys.append(f"{coll[i]}@{group[i]} on rank {rank} (peer not recorded)")
+        else:
+            keys.append(p2p_key(rank, peer, group[i]) if send else p2p_key(peer, rank, group[i]))
+    return keys
 
 
 @dataclass(frozen=True)
@@ -58,11 +114,10 @@ class CollectiveCalls:
         comm = np.flatnonzero(t["kind"].to_numpy() == int(TaskKind.COMM))
         names = name_texts(t["name"], comm)
         events = t["event"].to_numpy()[comm]
-        args = state.trace.args
-        coll_names, groups = arg_column(args, Arg.COLLECTIVE_NAME, events), arg_column(args, Arg.PROCESS_GROUP, events)
-        keys = [collective_key(n, c, g) for n, c, g in zip(names.tolist(), coll_names.tolist(), groups.tolist())]
+        rank = t["rank"].to_numpy()[comm].astype(np.int64)
+        keys = call_keys(state.trace.args, events, names.tolist(), rank)
         return cls(owner=np.full(len(comm), owner, dtype=np.int64), task=comm.astype(np.int64),
-                   rank=t["rank"].to_numpy()[comm].astype(np.int64), key=np.asarray(keys, dtype=object),
+                   rank=rank, key=np.asarray(keys, dtype=object),
                    start_ns=state.start_ns[comm].astype(np.int64), end_ns=state.end_ns[comm].astype(np.int64),
                    ranks=tuple(sorted({int(r) for r in state.origin_of_rank})))
 
@@ -134,18 +189,35 @@ def plan_collectives(calls: CollectiveCalls) -> CollectivePlan:
 
 def clock_offsets(calls: CollectiveCalls, groups: list[np.ndarray]) -> dict[int, int]:
     """Per rank other than the lowest: the shift (ns) that puts it on the lowest rank's clock,
-    the median over matched collectives of ``end(lowest) - end(rank)``."""
+    the median over matched collectives of ``end(lowest) - end(rank)``. A rank that shares no
+    collective with the lowest (a pipeline's last stage, whose sends and recvs reach only its
+    neighbours) is aligned the same way on a rank already aligned, pass after pass.
+
+    >>> calls = CollectiveCalls(owner=np.zeros(4, dtype=np.int64), task=np.arange(4), rank=np.array([0, 1, 1, 2]),
+    ...     key=np.array(["a", "a", "b", "b"], dtype=object), start_ns=np.zeros(4, dtype=np.int64),
+    ...     end_ns=np.array([100, 1100, 1500, 2000]), ranks=(0, 1, 2))
+    >>> clock_offsets(calls, [np.array([0, 1]), np.array([2, 3])])   # rank 2 through rank 1
+    {1: -1000, 2: -1500}
+    """
     ranks, end = calls.rank, calls.end_ns
     ref = min(calls.ranks) if calls.ranks else 0
-    diffs: dict[int, list[int]] = {}
-    for members in groups:
-        ref_end = [int(end[m]) for m in members if ranks[m] == ref]
-        if not ref_end:
-            continue
-        for m in members:
-            if ranks[m] != ref:
-                diffs.setdefault(int(ranks[m]), []).append(ref_end[0] - int(end[m]))
-    return {r: int(np.median(d)) for r, d in diffs.items()}
+    aligned = {ref: 0}
+    while True:
+        diffs: dict[int, list[int]] = {}
+        for members in groups:
+            anchors = sorted((int(ranks[m]), int(end[m])) for m in members if int(ranks[m]) in aligned)
+            if not anchors:
+                continue
+            anchor_rank, anchor_end = anchors[0]
+            on_ref = anchor_end + aligned[anchor_rank]
+            for m in members:
+                r = int(ranks[m])
+                if r not in aligned:
+                    diffs.setdefault(r, []).append(on_ref - int(end[m]))
+        if not diffs:
+            break
+        aligned.update({r: int(np.median(d)) for r, d in diffs.items()})
+    return {r: v for r, v in sorted(aligned.items()) if r != ref}
 
 
 class ClockAlignment(Adjustment):
