@@ -69,9 +69,12 @@ def p2p_peer(rank: int, recorded: object, group: object) -> int:
     return -1
 
 
-def call_keys(args: EventArgs, events: np.ndarray, names: list[str], ranks: np.ndarray) -> list[str]:
+def call_keys(args: EventArgs, events: np.ndarray, names: list[str], ranks: np.ndarray,
+              with_members: bool = False) -> list[str]:
     """Per collective kernel (its event row, kernel name and rank): its key across ranks. A
-    collective: :func:`collective_key`. A ``send``/``recv``: :func:`p2p_key` of its two ends; one
+    collective: :func:`collective_key`; with ``with_members``, followed by the process group's
+    ranks when recorded (subgroups that share a name, as groups made by ``split_group`` on each
+    rank can, are then told apart). A ``send``/``recv``: :func:`p2p_key` of its two ends; one
     whose peer the trace does not say gets a key of its own rank (it is matched with nothing
     rather than with the other ranks' sends)."""
     cols = arg_columns(args, (Arg.COLLECTIVE_NAME, Arg.PROCESS_GROUP, Arg.PROCESS_GROUP_RANKS,
@@ -82,7 +85,9 @@ def call_keys(args: EventArgs, events: np.ndarray, names: list[str], ranks: np.n
     for i, name in enumerate(names):
         direction = p2p_direction(coll[i])
         if direction is None:
-            keys.append(collective_key(name, coll[i], group[i]))
+            key = collective_key(name, coll[i], group[i])
+            listed = rank_list(members[i]) if with_members else ()
+            keys.append(f"{key} {list(listed)}" if listed else key)
             continue
         rank = int(ranks[i])
         send = direction is P2pDirection.SEND
@@ -115,7 +120,7 @@ class CollectiveCalls:
         names = name_texts(t["name"], comm)
         events = t["event"].to_numpy()[comm]
         rank = t["rank"].to_numpy()[comm].astype(np.int64)
-        keys = call_keys(state.trace.args, events, names.tolist(), rank)
+        keys = call_keys(state.trace.args, events, names.tolist(), rank, with_members=True)
         return cls(owner=np.full(len(comm), owner, dtype=np.int64), task=comm.astype(np.int64),
                    rank=rank, key=np.asarray(keys, dtype=object),
                    start_ns=state.start_ns[comm].astype(np.int64), end_ns=state.end_ns[comm].astype(np.int64),

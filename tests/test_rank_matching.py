@@ -1,7 +1,9 @@
-"""Point-to-point transfers across ranks (``depgraph/rules/collectives.py``): a pipeline's send on
+"""Matching collective kernels across ranks (``depgraph/rules/collectives.py``). Point-to-point
+transfers: a pipeline's send on
 rank r pairs with the recv on rank r + 1 by the peers PyTorch records (``Dst Rank``/``Src Rank``),
 or by a two-rank process group; the clocks of stages that share no transfer with rank 0 are
-aligned through their neighbours; the replay then moves a stage's wait with the work upstream."""
+aligned through their neighbours; the replay then moves a stage's wait with the work upstream.
+Collectives of subgroups that share a process group name are told apart by their ranks."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -164,3 +166,29 @@ def test_rank_groups_pair_the_transfers_as_one_process(tmp_path: Path, groups: i
     assert job.collectives == STAGES - 1 and job.task_times is not None
     got = job.task_times.sort_values(list(expected.columns)).reset_index(drop=True)
     assert got.equals(expected.sort_values(list(expected.columns)).reset_index(drop=True))
+
+
+def test_subgroups_sharing_a_name_are_two_collectives(tmp_path: Path) -> None:
+    """Two tensor-parallel pairs whose process groups are both named "3" (``split_group`` names a
+    group on each rank by that rank's count of groups): each pair's all-reduce waits for its own
+    partner only. Before, the four ranks' k-th all-reduces were one call."""
+    run = tmp_path / "run"
+    run.mkdir()
+    arrive = {0: 10, 1: 60, 2: 200, 3: 220}     # the second pair arrives much later
+    for rank in range(4):
+        tr = KinetoTrace(rank=rank, world_size=4)
+        tr.step(1, 0, 400)
+        tr.runtime("cudaLaunchKernel", 1, 3, corr=1)
+        pair = "[0, 1]" if rank < 2 else "[2, 3]"
+        end = 100 if rank < 2 else 260
+        tr.gpu("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*)", arrive[rank], end - arrive[rank], corr=1,
+               stream=20, **{"Collective name": "allreduce", "Process Group Name": "3", "Group size": 2,
+                             "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20, "dtype": "BFloat16",
+                             "Process Group Ranks": pair})
+        tr.write(run / f"rank{rank}.pt.trace.json.gz")
+    a = analyze(run)
+    assert _barrier_groups(a.graph) == [{0, 1}, {2, 3}]
+    assert (a.steps["predicted_ns"] == a.steps["measured_ns"]).all()
+    doc = collectives(load_trace(run), a.graph, CollectivesOptions(ranks_per_node=8))
+    assert [(c.key, c.ranks, c.transfer_ns) for c in doc.calls] == [
+        ("allreduce@3", [0, 1], 40 * US), ("allreduce@3", [2, 3], 40 * US)]
