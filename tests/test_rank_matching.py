@@ -92,6 +92,7 @@ def test_sends_pair_with_the_neighbours_recv(tmp_path: Path) -> None:
     starts = {int(g.tasks.loc[g.tasks["rank"] == r, "measured_start_ns"].min()) for r in range(STAGES)}
     assert len(starts) == 1
     assert g.report["clock_offsets_ns_max_abs"] == 2000 * US
+    assert g.report["clock_unaligned_ranks"] == 0
     steps = a.steps
     assert (steps["predicted_ns"] == steps["measured_ns"]).all(), steps
 
@@ -188,6 +189,7 @@ def test_subgroups_sharing_a_name_are_two_collectives(tmp_path: Path) -> None:
         tr.write(run / f"rank{rank}.pt.trace.json.gz")
     a = analyze(run)
     assert _barrier_groups(a.graph) == [{0, 1}, {2, 3}]
+    assert a.graph.report["clock_unaligned_ranks"] == 2        # no call links the second pair to rank 0
     assert (a.steps["predicted_ns"] == a.steps["measured_ns"]).all()
     doc = collectives(load_trace(run), a.graph, CollectivesOptions(ranks_per_node=8))
     assert [(c.key, c.ranks, c.transfer_ns) for c in doc.calls] == [

@@ -171,7 +171,7 @@ def plan_collectives(calls: CollectiveCalls) -> CollectivePlan:
     ...     end_ns=np.array([20, 80, 1020, 1080]), ranks=(0, 1))
     >>> plan = plan_collectives(calls)
     >>> [m.tolist() for m in plan.members], plan.offsets_ns, plan.last_arrival_ns.tolist()
-    ([[0, 2], [1, 3]], {1: -1000}, [5, 70])
+    ([[0, 2], [1, 3]], {0: 0, 1: -1000}, [5, 70])
     """
     order = np.lexsort((calls.start_ns, calls.rank))
     seen: dict[tuple[int, str], int] = {}
@@ -193,8 +193,9 @@ def plan_collectives(calls: CollectiveCalls) -> CollectivePlan:
 
 
 def clock_offsets(calls: CollectiveCalls, groups: list[np.ndarray]) -> dict[int, int]:
-    """Per rank other than the lowest: the shift (ns) that puts it on the lowest rank's clock,
-    the median over matched collectives of ``end(lowest) - end(rank)``. A rank that shares no
+    """Per aligned rank (the lowest, 0, and each rank matched calls link to it): the shift (ns)
+    that puts it on the lowest rank's clock, the median over matched collectives of
+    ``end(lowest) - end(rank)``. A rank that shares no
     collective with the lowest (a pipeline's last stage, whose sends and recvs reach only its
     neighbours) is aligned the same way on a rank already aligned, pass after pass.
 
@@ -202,7 +203,7 @@ def clock_offsets(calls: CollectiveCalls, groups: list[np.ndarray]) -> dict[int,
     ...     key=np.array(["a", "a", "b", "b"], dtype=object), start_ns=np.zeros(4, dtype=np.int64),
     ...     end_ns=np.array([100, 1100, 1500, 2000]), ranks=(0, 1, 2))
     >>> clock_offsets(calls, [np.array([0, 1]), np.array([2, 3])])   # rank 2 through rank 1
-    {1: -1000, 2: -1500}
+    {0: 0, 1: -1000, 2: -1500}
     """
     ranks, end = calls.rank, calls.end_ns
     ref = min(calls.ranks) if calls.ranks else 0
@@ -222,7 +223,7 @@ def clock_offsets(calls: CollectiveCalls, groups: list[np.ndarray]) -> dict[int,
         if not diffs:
             break
         aligned.update({r: int(np.median(d)) for r, d in diffs.items()})
-    return {r: v for r, v in sorted(aligned.items()) if r != ref}
+    return dict(sorted(aligned.items()))
 
 
 class ClockAlignment(Adjustment):
@@ -251,6 +252,8 @@ class ClockAlignment(Adjustment):
         state.set_column("measured_start_ns", valid, start[valid] + shift[valid])
         state.set_column("measured_end_ns", valid, end[valid] + shift[valid])
         report["clock_offsets_ns_max_abs"] = max((abs(v) for v in local.offsets_ns.values()), default=0)
+        # ranks no matched call links to the lowest keep their own clock: nothing relates them
+        report["clock_unaligned_ranks"] = int(sum(int(r) not in local.offsets_ns for r in ranks))
         state.collectives = local
 
 
