@@ -82,7 +82,7 @@ class Arg(Enum):
     PROCESS_GROUP = ArgSpec("process_group", ("Process Group Name",), (str, int), default="")
     PROCESS_GROUP_RANKS = ArgSpec("process_group_ranks", ("Process Group Ranks",), (str, list), default="")
     GROUP_SIZE = ArgSpec("group_size", ("Group size",), (int, float))
-    # a send's receiver and a recv's sender, global ranks (PyTorch >= 2.5 records them for send/recv)
+    # a send's receiver and a recv's sender, global ranks (newer profilers: torch/csrc/profiler/util.cpp)
     P2P_SRC = ArgSpec("p2p_src", ("Src Rank",), (int, str), default=-1)
     P2P_DST = ArgSpec("p2p_dst", ("Dst Rank",), (int, str), default=-1)
     IN_MSG_NELEMS = ArgSpec("in_msg_nelems", ("In msg nelems",), (int, float))

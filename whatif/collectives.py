@@ -135,7 +135,7 @@ def collectives(trace: Trace, graph: TaskGraph | None = None,
                           "arrival": start[found.comm], "end": end[found.comm]})
     frame = _with_waits(frame.sort_values(["arrival", "rank"], kind="stable"))
     calls: list[CollectiveCall] = []
-    occurrence: dict[str, int] = {}
+    occurrence: dict[tuple[str, tuple[int, ...]], int] = {}   # per key and ranks: same-named subgroups count apart
     for _, members in frame.groupby("call", sort=False):
         first = int(members["task"].iloc[0])
         ev = int(events[first])
@@ -143,14 +143,14 @@ def collectives(trace: Trace, graph: TaskGraph | None = None,
         kind = point.kind if point is not None else (k.value if (k := collective_kind(coll_name[ev] or None,
                                                                                        names[first])) else "unknown")
         key = key_of[first]
-        n = occurrence[key] = occurrence.get(key, -1) + 1
+        loaded = tuple(sorted(int(r) for r in members["rank"]))
+        n = occurrence[(key, loaded)] = occurrence.get((key, loaded), -1) + 1
         arrival = members["arrival"].to_numpy()
         transfer = int(members["transfer"].max())
         group = point.ranks if point is not None else None
         nbytes = point.message_bytes if point is not None else None
         algbw = nbytes / transfer if nbytes is not None and transfer > 0 else None
         busbw = algbw * bus_factor(kind, group) if algbw is not None and group else None
-        loaded = tuple(sorted(int(r) for r in members["rank"]))
         known: tuple[int, ...] = ()
         if kind == CollectiveKind.SEND_RECV.value:  # a transfer spans its two ends, not its process group
             known = loaded if len(loaded) == 2 else ()

@@ -506,7 +506,8 @@ class BreakdownDocument(Entry, frozen=True, kw_only=True):
 
 class CollectiveCall(Entry, frozen=True, kw_only=True):
     """One collective across the loaded ranks (``ranks``): the ``occurrence``-th call of ``key``
-    (collective name and process group, else kernel name). Times on the lowest rank's clock;
+    on those ranks (collective name and process group, else kernel name; a point-to-point transfer:
+    ``send/recv a->b@group``). Times on the lowest rank's clock;
     ``waited_ns`` sums every rank's wait for the last arrival (``straggler``); ``algbw_gbps`` =
     ``message_bytes`` / ``transfer_ns`` and ``busbw_gbps`` = algbw x the bus factor of ``kind`` at
     ``group_size`` (GB/s = bytes/ns), None where the trace records no size."""
