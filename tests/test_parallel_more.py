@@ -14,7 +14,7 @@ from whatif.predictors.steps import step_times
 from whatif.transforms import registry
 from whatif.transforms.base import TransformError
 from whatif.transforms.parallel.data import DataParallel, bucket_sizes
-from whatif.transforms.parallel.layers import find_blocks
+from whatif.transforms.parallel.layers import backward_mask, find_blocks
 from whatif.transforms.parallel.overlap import Overlap
 from whatif.transforms.parallel.pipeline import (
     PipelineParallel,
@@ -550,3 +550,17 @@ def _no_gemm_graph(tmp_path: Path):
     tr.runtime("cudaLaunchKernel", 10, 5, corr=1)
     tr.gpu("void at::native::vectorized_elementwise_kernel<4, add_kernel>", 20, 10, corr=1)
     return analyze(tr.write(tmp_path / "nogemm.json.gz")).graph
+
+
+def test_data_parallel_buckets_only_steps_backward(shared_traces) -> None:
+    """Backward kernels outside every step window (the 2021 ResNet-50 trace has some before its first
+    and after its last step) are no step's: bucketed as one "step", their all-reduces were chained on
+    the comm stream across the whole trace, and the replay found a cycle."""
+    a = analyze(shared_traces / "kineto" / "resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz")
+    assert (a.graph.tasks["step"].to_numpy()[backward_mask(a.graph)] < 0).any()
+    g = DataParallel(degree=8, grad_bytes=10**9).apply(a.graph, make_context(a.trace))
+    replay(g)                                                      # was: GraphError, a cycle
+    comm = kinds(g, TaskKind.COMM)
+    steps = set(g.tasks["step"].to_numpy()[comm].tolist())
+    bw_steps = set(a.graph.tasks["step"].to_numpy()[backward_mask(a.graph)].tolist()) - {-1}
+    assert steps == bw_steps and len(comm) == len(bw_steps) * len(bucket_sizes(10**9, 25 * 2**20))

@@ -71,7 +71,10 @@ class DataParallel(OnTopology, Transform):
         bucket_ns: dict[float, int] = {}   # all-reduce time per bucket size: every bucket but the last is full
         for rank in np.unique(t["rank"].to_numpy()[bw]).tolist():
             plan = []
-            for step in np.unique(t["step"].to_numpy()[bw & (t["rank"].to_numpy() == rank)]).tolist():
+            steps = np.unique(t["step"].to_numpy()[bw & (t["rank"].to_numpy() == rank)])
+            # backward kernels outside every step window (before the first, after the last) are no
+            # step's: bucketing them as one "step" would chain all-reduces across the whole trace
+            for step in (steps[steps >= 0] if (steps >= 0).any() else steps).tolist():
                 plan += self._plan(graph, cost, ctx, rank, step, bucket_ns)
             g, res = comm_stream(g, rank, "dp comm")
             g, _ = insert_tasks(g, resource=res, after=[p[0] for p in plan], before=[p[1] for p in plan],
