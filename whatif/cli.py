@@ -6,7 +6,9 @@ Exit codes (like pytest's): 0 success, 1 a threshold or check failed, 2 bad inpu
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -63,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_OUTPUT_ERRNOS = (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG)  # writing stdout failed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:  # building the parser lists the registries, which load plugins
         parser = build_parser()
@@ -75,13 +80,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         with device_specs(args), cache.bypassed(bool(vars(args).get("no_cache"))):
-            return int(args._run(args) or 0)
+            code = int(args._run(args) or 0)
+        sys.stdout.flush()  # a full disk or a closed pipe shows here, not at the interpreter's exit
+        return code
     except WhatifError as exc:
         print(f"whatif: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("whatif: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (`| head`): what it wanted was written
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_ERRNOS:
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"whatif: cannot write the output: {exc.strerror}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

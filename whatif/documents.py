@@ -354,6 +354,16 @@ class ChangeEntry(Entry, frozen=True, kw_only=True):
     after_ns: int
     reason: str
 
+    @property
+    def touched(self) -> str:
+        """What the change touched, as text: ``12 tasks``, ``4,557 edges``; ``note`` for a note.
+
+        >>> ChangeEntry(transform="cuda_graph", action="add LAUNCH", target="edges", count=4557, tasks=0,
+        ...             before_ns=0, after_ns=0, reason="").touched
+        '4,557 edges'
+        """
+        return "note" if self.target == "note" else f"{self.count:,} {self.target}"
+
 
 class ScenarioHeadline(Entry, frozen=True, kw_only=True):
     """A scenario's headline numbers, without per-step data (what the dashboard shows first)."""

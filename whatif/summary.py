@@ -340,4 +340,5 @@ def render_prediction(doc: PredictionDocument, console: Any) -> None:
             console.print(f"  after {w.transform}: {ms_text(w.mean_step_ns)} ms ({w.speedup:.3f}x)")
         for change in s.changes:
             delta = (change.after_ns - change.before_ns) / 1e6
-            console.print(f"    {change.transform}: {change.action} {change.tasks:,} tasks, task time {delta:+,.3f} ms")
+            quantity = "edge latency" if change.target == "edges" else "task time"
+            console.print(f"    {change.transform}: {change.action} {change.touched}, {quantity} {delta:+,.3f} ms")

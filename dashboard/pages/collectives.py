@@ -64,7 +64,7 @@ def body(run_id: str | None) -> html.Div:
               "straggler calls": r.straggler_calls, "caused wait ms": ms(r.caused_wait_ns)} for r in doc.ranks]
     return html.Div([
         html.Div([card("calls", f"{len(doc.calls):,}", id="coll-calls"),
-                  card("ranks loaded", f"{len(doc.ranks):,}"),
+                  card("ranks with collectives", f"{len(doc.ranks):,}"),
                   card("waiting for stragglers (ms)", f"{waited / 1e6:,.3f}", id="coll-waited"),
                   card("worst straggler", f"rank {worst.rank}: {worst.caused_wait_ns / 1e6:,.3f} ms"
                        if worst.caused_wait_ns else "none", id="coll-worst")], className="cards"),

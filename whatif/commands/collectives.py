@@ -68,7 +68,8 @@ def _opt(value: float | None, fmt: str = "{:,.1f}") -> str:
 def render_collectives(doc: CollectivesDocument, out: Console, top: int = 10) -> None:
     """Totals per kind and span, the calls that cost the most waiting, and the ranks."""
     loaded = len(doc.ranks)
-    out.print(f"whatif collectives: {doc.source} ({loaded} rank{'s' if loaded != 1 else ''} loaded; GPUs per node: "
+    out.print(f"whatif collectives: {doc.source} ({loaded} rank{'s' if loaded != 1 else ''} with collectives; "
+              f"GPUs per node: "
               f"{doc.ranks_per_node or 'unknown'})")
     if not doc.calls:
         out.print("no collective kernels (NCCL/RCCL) in this trace")

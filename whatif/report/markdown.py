@@ -102,9 +102,10 @@ def scenario_details(scenario: ScenarioPrediction, baseline: BaselinePrediction)
         prev = w.mean_step_ns
     body += [*_table(["after transform", "mean step ms", "change ms", "speedup"], water), ""]
     if scenario.changes:
-        changes = [[cell(c.transform, 30), cell(c.action, 20), f"{c.tasks:,}",
+        changes = [[cell(c.transform, 30), cell(c.action, 20), c.touched,
                     ms(c.after_ns - c.before_ns, True), cell(c.reason, 60)] for c in scenario.changes]
-        body += [*_table(["transform", "action", "tasks", "task time ms", "reason"], changes, "llrrl"), ""]
+        body += [*_table(["transform", "action", "touched", "time ms (tasks: duration, edges: latency)", "reason"],
+                         changes, "llrrl"), ""]
     cats = list(baseline.critical_path[0].breakdown_ns) if baseline.critical_path else []
     before, after = mean_breakdown_ns(baseline.critical_path), mean_breakdown_ns(scenario.critical_path)
     path = [[c, ms(before.get(c, 0)), ms(after.get(c, 0)), ms(after.get(c, 0) - before.get(c, 0), True)]

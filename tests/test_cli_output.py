@@ -1,0 +1,32 @@
+"""The CLI's output path: a stdout that cannot be written is one line and exit 2; change-log lines
+say what a change touched (edges are not "0 tasks")."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from whatif.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "sample_traces" / "gpu" / "backends" / "train-torch"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_full_disk_on_stdout_is_one_line() -> None:
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "whatif.cli", "transforms"], stdout=full,
+                              stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["whatif: cannot write the output: No space left on device"]
+
+
+def test_edge_changes_are_counted_as_edges(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", str(SAMPLE), "-s", str(ROOT / "scenarios" / "fuse_and_graph.toml")]) == 0
+    lines = [ln.strip() for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("cuda_graph:")]
+    edges = [ln for ln in lines if "edge latency" in ln]
+    assert edges and all(" 0 tasks" not in ln and " edges, edge latency " in ln for ln in edges)
+    assert any(" tasks, task time " in ln for ln in lines)
