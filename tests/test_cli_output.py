@@ -30,3 +30,12 @@ def test_edge_changes_are_counted_as_edges(capsys: pytest.CaptureFixture[str]) -
     edges = [ln for ln in lines if "edge latency" in ln]
     assert edges and all(" 0 tasks" not in ln and " edges, edge latency " in ln for ln in edges)
     assert any(" tasks, task time " in ln for ln in lines)
+
+
+def test_breakdown_says_how_many_step_rows_it_left_out(capsys: pytest.CaptureFixture[str]) -> None:
+    serve = ROOT / "sample_traces" / "gpu" / "backends" / "llm_serve-torch"
+    assert main(["breakdown", str(serve), "--steps", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "more rows: --top, or --json for all)" in out
+    assert main(["breakdown", str(serve), "--steps", "--top", "1000"]) == 0
+    assert "more rows" not in capsys.readouterr().out

@@ -60,6 +60,11 @@ def _table(out: Console, title: str, columns: list[str], rows: list[list[str]]) 
     out.print(t)
 
 
+def _more(out: Console, left: int) -> None:
+    if left > 0:
+        out.print(f"({left} more rows: --top, or --json for all)")
+
+
 def render_breakdown(doc: BreakdownDocument, out: Console, steps: bool = False, top: int = 10) -> None:
     """The breakdown tables, numbers first after the rank and step."""
     out.print(f"whatif breakdown: {doc.source} (every GPU activity; steps by the step that launched them)")
@@ -72,6 +77,7 @@ def render_breakdown(doc: BreakdownDocument, out: Console, steps: bool = False, 
            [[str(r.rank), step_label(r.step, r.excluded), ms_text(r.span_ns), _pct(r.idle_ns, r.span_ns),
              _pct(r.compute_ns, r.span_ns), _pct(r.non_compute_ns, r.span_ns), ms_text(r.communication_ns),
              ms_text(r.memory_ns), _pct(r.comm_overlapped_ns, r.communication_ns)] for r in temporal[: top * 4]])
+    _more(out, len(temporal) - top * 4)
     idle = sorted(doc.idle, key=lambda g: -(g.host_wait_ns + g.kernel_wait_ns + g.other_ns))[:top]
     _table(out, f"idle gaps by cause (kernel wait: under {doc.kernel_wait_ns / 1e3:g} us, launched in time)",
            ["rank", "stream", "host wait ms", "kernel wait ms", "other ms", "gaps"],
@@ -89,3 +95,4 @@ def render_breakdown(doc: BreakdownDocument, out: Console, steps: bool = False, 
     _table(out, "GPU time by kernel class", ["rank", "step", "class", "ms", "share", "count"],
            [[str(c.rank), step_label(c.step, None), c.kernel_class, ms_text(c.total_ns), f"{100 * c.share:.1f} %",
              str(c.count)] for c in classes[: top * 10]])
+    _more(out, len(classes) - top * 10)
