@@ -39,3 +39,14 @@ def test_breakdown_says_how_many_step_rows_it_left_out(capsys: pytest.CaptureFix
     assert "more rows: --top, or --json for all)" in out
     assert main(["breakdown", str(serve), "--steps", "--top", "1000"]) == 0
     assert "more rows" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["breakdown", "ops"])
+def test_gpu_activity_without_any_launch_call(tmp_path: Path, command: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A trace whose runtime/driver calls were not recorded (only the kernels): was an IndexError."""
+    trace = tmp_path / "kernels_only.json"
+    trace.write_text('{"traceEvents":[{"ph":"X","name":"k","cat":"kernel","ts":12,"dur":3,"pid":0,"tid":7,'
+                     '"args":{"correlation":1,"device":0,"stream":7}}]}')
+    assert main([command, str(trace)]) == 0
+    assert "100.0 %" in capsys.readouterr().out

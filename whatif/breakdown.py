@@ -121,8 +121,11 @@ def gpu_work(trace: Trace, graph: TaskGraph | None = None) -> pd.DataFrame:
     where = call_index[first].get_indexer(pd.MultiIndex.from_arrays([rank[rows], corr[rows]]))
     has = (corr[rows] >= 0) & (where >= 0)
     pick = np.maximum(where, 0)
-    launch_ns = np.where(has, ts[calls][first][pick], -1).astype(np.int64)
-    launch_end_ns = np.where(has, end[calls][first][pick], -1).astype(np.int64)
+    starts, ends = ts[calls][first], end[calls][first]
+    if not len(starts):   # no launch call recorded at all: every activity is unlaunched
+        starts = ends = np.full(1, -1, dtype=np.int64)
+    launch_ns = np.where(has, starts[pick], -1).astype(np.int64)
+    launch_end_ns = np.where(has, ends[pick], -1).astype(np.int64)
 
     step = np.full(len(rows), OUTSIDE_STEPS, dtype=np.int64)
     op: list[str | None] = [None] * len(rows)
