@@ -29,7 +29,9 @@ def layout(**_: Any) -> html.Div:
     return html.Div([
         html.H2("Ops"),
         html.P("Every GPU activity grouped by the op that launched it, its shapes and dtype. FLOPs and bytes come from "
-               "the recorded shapes; the roof is the datasheet roofline at the group's arithmetic intensity. Bound: "
+               "the recorded shapes; the roof is the device's achievable roofline (the catalog's measured GEMM "
+               "rate at the group's size and its streaming bandwidth, docs/cost-models.md), so a group can read "
+               "above 100 %. Bound: "
                "launch (the stream waited on a launch call longer than the kernel ran), latency (activities under "
                "5 us), else compute or memory by the roofline's ridge.", className="note"),
         dcc.RadioItems(id="ops-by", options=[{"label": f" by {g.value}", "value": g.value} for g in GroupBy],
