@@ -10,6 +10,11 @@ Two public sources are read here, so the figures in ``hardware/devices.py`` can 
   percentile of kernel durations (the catalog's launch figure: an empty kernel's time on the GPU),
   and the rate of bf16 GEMMs of 0.5-8 GFLOP, fitted log-linearly in log FLOPs and read at 2^31
   FLOPs (the catalog's small-GEMM figure where Vidur has none).
+* How the achievable GEMM rate between the small and the large figure is drawn: per band of
+  GEMM size, the share of Vidur's GEMMs whose measured rate lies above the catalog's curve, for
+  the curve the catalog uses (a time affine in the FLOPs through both figures,
+  ``devices.gemm_time_law``) and the log-linear curve it used until 2026-11-28. An achievable
+  roof that many measured GEMMs exceed is not one.
 
 Run: ``python bench/device_achievable.py``; it prints one table per source.
 """
@@ -25,8 +30,9 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common.vidur import GEMM_OPS, PERFDATA, compute_models, op_work
 
+from whatif.core.dtypes import DType
 from whatif.core.errors import WhatifError
-from whatif.hardware.devices import SMALL_GEMM_FLOPS, find_device
+from whatif.hardware.devices import LARGE_GEMM_FLOPS, SMALL_GEMM_FLOPS, find_device, get_device
 from whatif.ops import ops_table, table_frame
 from whatif.tracer.kinds import EventKind
 from whatif.tracer.trace import Trace, load_trace
@@ -131,6 +137,36 @@ def trace_figures() -> dict[str, TraceFigures]:
     return out
 
 
+VIDUR_DEVICE = {"a100": "A100_SXM_80GB", "a40": "A40"}
+SIZE_BANDS_FLOPS = (0.0, 4e9, 16e9, 64e9, 256e9, float("inf"))
+
+
+def log_linear_rate(small: float, large: float, flops: np.ndarray) -> np.ndarray:
+    """The curve the catalog drew until 2026-11-28: log(rate) linear in log(FLOPs)."""
+    f = np.clip(flops, SMALL_GEMM_FLOPS, LARGE_GEMM_FLOPS)
+    w = np.log(f / SMALL_GEMM_FLOPS) / np.log(LARGE_GEMM_FLOPS / SMALL_GEMM_FLOPS)
+    return small * (large / small) ** w
+
+
+def curve_table(gpu: str) -> pd.DataFrame:
+    """Per size band of Vidur's GEMMs on ``gpu``: count, and per curve the median measured/roof
+    and the share of GEMMs above the roof."""
+    t = vidur_rows(gpu)
+    gemm = t[t.op != "add"]
+    flops, rate = gemm.flops.to_numpy(), (gemm.flops / gemm.s).to_numpy()
+    achievable = get_device(VIDUR_DEVICE[gpu]).achievable
+    assert achievable is not None
+    affine = np.array([achievable.matrix_flops(DType.BF16, f) for f in flops])
+    loglin = log_linear_rate(achievable.small_gemm_flops[DType.BF16], achievable.gemm_flops[DType.BF16], flops)
+    frame = pd.DataFrame({"band": pd.cut(flops, SIZE_BANDS_FLOPS), "affine": rate / affine, "loglin": rate / loglin})
+    grouped = frame.groupby("band", observed=True)
+    out = {"count": grouped.size()}
+    for curve in ("affine", "loglin"):
+        out[f"{curve}_median"] = grouped[curve].median()
+        out[f"{curve}_above"] = grouped[curve].apply(lambda x: (x > 1).mean())
+    return pd.DataFrame(out)
+
+
 def main() -> int:
     if not PERFDATA.is_dir() or not TRACES.is_dir():
         print(f"skipped: needs {PERFDATA} and {TRACES} next to the repository")
@@ -146,6 +182,13 @@ def main() -> int:
     for name, f in trace_figures().items():
         small = f"{f.small_tflops:13.1f}" if f.small_tflops is not None else f"{'-':>13}"
         print(f"{name:16} {f.kernels:8d} {f.min_us:7.2f} {f.p1_us:6.2f} {f.files:5d} {f.small_gemms:5d} {small}")
+    print("\nVidur GEMMs against the achievable curve: measured/roof median and share above the roof")
+    print(f"{'gpu':5} {'GFLOP band':>14} {'n':>6} {'affine med':>10} {'above':>6} {'log-lin med':>11} {'above':>6}")
+    for gpu in VIDUR_DEVICE:
+        for band, row in curve_table(gpu).iterrows():
+            hi = "inf" if np.isinf(band.right) else f"{band.right / 1e9:g}"
+            print(f"{gpu:5} {f'{band.left / 1e9:g}-{hi}':>14} {int(row['count']):6d} {row['affine_median']:10.3f} "
+                  f"{row['affine_above']:6.1%} {row['loglin_median']:11.3f} {row['loglin_above']:6.1%}")
     return 0
 
 

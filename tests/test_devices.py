@@ -1,4 +1,5 @@
 import msgspec
+import numpy as np
 import pytest
 from _cost_data import TRACES, need
 
@@ -136,8 +137,17 @@ def test_matrix_flops_spans_the_small_and_large_figures():
     small, large = a.small_gemm_flops[DType.BF16], a.gemm_flops[DType.BF16]
     assert a.matrix_flops(DType.BF16, SMALL_GEMM_FLOPS / 8) == small
     assert a.matrix_flops(DType.BF16, LARGE_GEMM_FLOPS * 8) == large
-    middle = a.matrix_flops(DType.BF16, (SMALL_GEMM_FLOPS * LARGE_GEMM_FLOPS) ** 0.5)
-    assert middle == pytest.approx((small * large) ** 0.5)
+    # between them the time is affine in the FLOPs: it passes through both measured points
+    def seconds(f: float) -> float:
+        return f / a.matrix_flops(DType.BF16, f)
+    near_small, near_large = SMALL_GEMM_FLOPS * 1.0001, LARGE_GEMM_FLOPS * 0.9999
+    assert a.matrix_flops(DType.BF16, near_small) == pytest.approx(small, rel=1e-3)
+    assert a.matrix_flops(DType.BF16, near_large) == pytest.approx(large, rel=1e-3)
+    f = np.geomspace(near_small, near_large, 7)
+    t = np.array([seconds(x) for x in f])
+    assert np.allclose(np.diff(t) / np.diff(f), (t[-1] - t[0]) / (f[-1] - f[0]), rtol=1e-6)
+    rates = f / t
+    assert np.all(np.diff(rates) > 0)                                    # larger GEMMs fill the GPU better
 
 
 def _bench():

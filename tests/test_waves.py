@@ -173,7 +173,7 @@ def test_overlap_splits_a_traces_own_all_reduces(tmp_path, tokens: int, gains: b
     assert comm["name"].astype(str).tolist() == [f"trace all_reduce ({mib:.4f} MiB x8)"] * 8
     assert set(moved.resources["name"].astype(str).to_numpy()[comm["resource"].to_numpy()]) == \
         {"trace collectives (rank 0)"}
-    assert abs(step_ns(moved) / step_ns(g) - 1) < 0.01          # moved, not changed
+    assert step_ns(moved) == step_ns(g)          # moved, not changed: the stream gaps travel with it
     launches = moved.edges[moved.edges["kind"] == int(EdgeKind.LAUNCH)]
     assert np.isin(comm.index.to_numpy(), launches["dst"].to_numpy()).all()   # still launched by their calls
     split = Overlap(nano_batches=2, comm_sms=8, topology="dgx_h100").apply(g, ctx)

@@ -139,12 +139,14 @@ def comm_stream(graph: TaskGraph, rank: int, label: str) -> tuple[TaskGraph, int
 
 def insert_tasks(graph: TaskGraph, *, resource: int, after: Sequence[int], before: Sequence[int],
                  dur_ns: Sequence[int], names: Sequence[str], reason: str,
-                 kind: TaskKind = TaskKind.COMM, extra_after: Sequence[Sequence[int]] | None = None) -> tuple[
+                 kind: TaskKind = TaskKind.COMM, extra_after: Sequence[Sequence[int]] | None = None,
+                 after_lat_ns: Sequence[int] | None = None, before_lat_ns: Sequence[int] | None = None) -> tuple[
                      TaskGraph, np.ndarray]:
     """Insert tasks in bulk on ``resource`` (an ordered stream), chained in the order given.
 
     Task ``i`` depends on ``after[i]`` (and on ``extra_after[i]``) and ``before[i]`` depends on it
-    (FLOW edges; -1 for none); it inherits step, phase, layer and op from ``after[i]``.
+    (FLOW edges; -1 for none), those two edges carrying ``after_lat_ns[i]`` and ``before_lat_ns[i]``
+    (default 0); it inherits step, phase, layer and op from ``after[i]``.
     Returns the new graph and the new task ids (aligned with the inputs).
     """
     n_new = len(dur_ns)
@@ -157,17 +159,22 @@ def insert_tasks(graph: TaskGraph, *, resource: int, after: Sequence[int], befor
     mine = new_task(np.arange(n_new, dtype=np.int64))
     a = np.asarray(after, dtype=np.int64)
     b = np.asarray(before, dtype=np.int64)
+    a_lat = np.zeros(n_new, dtype=np.int64) if after_lat_ns is None else np.asarray(after_lat_ns, dtype=np.int64)
+    b_lat = np.zeros(n_new, dtype=np.int64) if before_lat_ns is None else np.asarray(before_lat_ns, dtype=np.int64)
     src, dst = [a[a >= 0], mine[b >= 0]], [mine[a >= 0], b[b >= 0]]
+    lat = [a_lat[a >= 0], b_lat[b >= 0]]
     if extra_after is not None:
         for i, deps in enumerate(extra_after):
             d = np.asarray([x for x in deps if x >= 0], dtype=np.int64)
             src.append(d)
             dst.append(np.full(len(d), mine[i]))
+            lat.append(np.zeros(len(d), dtype=np.int64))
     # chain on the stream: after whatever the stream already holds, then in the given order
     on_res = np.flatnonzero(graph.tasks["resource"].to_numpy() == resource)
     chain = np.concatenate([on_res[-1:], mine])
     n_flow = sum(len(x) for x in src)
     edges = NewEdges(src=np.concatenate([*src, chain[:-1]]), dst=np.concatenate([*dst, chain[1:]]),
+                     lat_ns=np.concatenate([*lat, np.zeros(len(chain) - 1, dtype=np.int64)]),
                      kind=np.r_[np.full(n_flow, int(EdgeKind.FLOW)), np.full(len(chain) - 1, int(EdgeKind.STREAM))])
     return insert_many(graph, kind=kind, resource=resource, dur_ns=dur_ns, names=names, attribute_from=a,
                        edges=edges, reason=reason)

@@ -99,8 +99,9 @@ def detach_collectives(graph: TaskGraph, *, reason: str) -> TaskGraph:
     """``graph`` with the trace's own collective kernels that run on a compute stream between two
     forward compute kernels — a tensor-parallel all-reduce as vLLM and SGLang launch it — moved to
     a ``trace collectives`` stream of their rank: COMM tasks of the kernels' measured durations
-    between the same two kernels (FLOW edges; the stream's gaps around them now lie between those
-    two kernels), launched by the same calls (LAUNCH edges, their latency), with the waits that
+    between the same two kernels (FLOW edges that keep the stream's gaps before and after the
+    collective, so an unchanged replay is unchanged; the compute stream's edge between the two
+    kernels carries both gaps), launched by the same calls (LAUNCH edges, their latency), with the waits that
     followed them (a synchronize, another stream's event wait) now after the new tasks, named
     ``<kind> (<MiB> MiB x<ranks>)`` where the trace records the message
     (:func:`~.comm.collective_messages`), so that ``overlap`` splits them
@@ -118,6 +119,7 @@ def detach_collectives(graph: TaskGraph, *, reason: str) -> TaskGraph:
                       else f"trace {found.value if found is not None else 'collective'} (size not recorded)")
     e = graph.edges
     order = e["kind"].isin([int(EdgeKind.STREAM), int(EdgeKind.THREAD)]).to_numpy()
+    gap_before, gap_after = _stream_gaps_ns(e[order], coll)
     touching = ~order & (np.isin(e["src"].to_numpy(), coll) | np.isin(e["dst"].to_numpy(), coll))
     moved = e[touching]
     g = remove_edges(graph, touching, reason=reason)
@@ -127,7 +129,8 @@ def detach_collectives(graph: TaskGraph, *, reason: str) -> TaskGraph:
         mine = np.flatnonzero(ranks[coll] == rank)
         g, res = comm_stream(g, int(rank), "trace collectives")
         g, ids = insert_tasks(g, resource=res, after=before[mine].tolist(), before=after[mine].tolist(),
-                              dur_ns=dur[coll[mine]].tolist(), names=[labels[i] for i in mine.tolist()], reason=reason)
+                              dur_ns=dur[coll[mine]].tolist(), names=[labels[i] for i in mine.tolist()], reason=reason,
+                              after_lat_ns=gap_before[mine].tolist(), before_lat_ns=gap_after[mine].tolist())
         new_id[coll[mine]] = ids
     src, dst = moved["src"].to_numpy(), moved["dst"].to_numpy()
     src, dst = np.where(new_id[src] >= 0, new_id[src], src), np.where(new_id[dst] >= 0, new_id[dst], dst)
@@ -135,6 +138,14 @@ def detach_collectives(graph: TaskGraph, *, reason: str) -> TaskGraph:
         m = (moved["kind"] == kind).to_numpy()
         g = add_edges(g, src[m], dst[m], moved["lat_ns"].to_numpy()[m], kind=EdgeKind(int(kind)), reason=reason)
     return remove(g, coll, reason=reason)
+
+
+def _stream_gaps_ns(order: pd.DataFrame, tasks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per task: the latency of its stream edge in and of its stream edge out (0 where none)."""
+    lat = order["lat_ns"].to_numpy()
+    into = pd.Series(lat, index=order["dst"].to_numpy())
+    out = pd.Series(lat, index=order["src"].to_numpy())
+    return (into.reindex(tasks).fillna(0).to_numpy(np.int64), out.reindex(tasks).fillna(0).to_numpy(np.int64))
 
 
 def _follows(reg: pd.DataFrame) -> np.ndarray:
