@@ -271,6 +271,61 @@ def test_model_shape_counts_one_rank_forward(tmp_path: Path, train) -> None:
     assert model_shape(a.graph, make_context(a.trace)).weight_bytes == pytest.approx(w, rel=0.01)
 
 
+def _unlaunched(path: Path, out: Path, correlations: set[int]) -> Path:
+    """``path`` with the kernels of ``correlations`` left without their launch and op (as kernels
+    launched before the profiler started, still running in its window)."""
+    import gzip
+    import json
+
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    kept = []
+    for e in doc["traceEvents"]:
+        corr = e.get("args", {}).get("correlation")
+        if corr in correlations and e.get("cat") == "cuda_runtime":
+            continue
+        if corr in correlations and e.get("cat") == "kernel":
+            e["args"].pop("External id", None)
+        kept.append(e)
+    doc["traceEvents"] = kept
+    out.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return out
+
+
+def test_model_shape_leaves_out_blocks_launched_before_the_trace(tmp_path: Path) -> None:
+    """A step whose GPU timeline starts with the tail of an earlier forward (kernels with no launch
+    and no op) holds the model's layers once: the unlaunched block is not a layer, and its GEMMs'
+    time-based estimates are not weights (the shared Qwen1.5-0.5B H100 trace read 34 layers and
+    6.7 GB of weights for its 24 layers and 0.61 GB)."""
+    from whatif.transforms.parallel.memory import model_shape
+
+    path = llm_trace(tmp_path / "t.json.gz", new_tokens=64, layers=5, steps=1)
+    a = analyze(path)
+    blocks = find_blocks(a.graph)
+    rows = a.graph.tasks["event"].to_numpy()[blocks.loc[blocks["block"] == 0, "task"].to_numpy()]
+    tail = {int(c) for c in a.trace.events["correlation"].to_numpy()[rows]}
+    b = analyze(_unlaunched(path, tmp_path / "tail.json.gz", tail))
+    assert find_blocks(b.graph)["block"].nunique() == 5                  # still found as a block
+    shape = model_shape(b.graph, make_context(b.trace))
+    w = 4 * (4 * 4096 ** 2 + 3 * 4096 * 11008) * 2
+    assert shape.layers == 4 and shape.weight_bytes == pytest.approx(w, rel=0.01)
+    assert not shape.assumptions
+
+
+def test_model_shape_says_when_weights_are_estimated(tmp_path: Path) -> None:
+    """Without any recorded GEMM shape the weights are the GEMMs' time-based estimates, and the
+    shape says so."""
+    from whatif.transforms.parallel.memory import model_shape
+
+    path = llm_trace(tmp_path / "t.json.gz", new_tokens=64, layers=2, steps=1)
+    a = analyze(path)
+    corr = {int(c) for c in a.trace.events["correlation"].to_numpy() if c == c and c >= 0}
+    b = analyze(_unlaunched(path, tmp_path / "bare.json.gz", corr))
+    shape = model_shape(b.graph, make_context(b.trace))
+    assert shape.layers == 2 and shape.weight_bytes > 0
+    assert [n for n in shape.assumptions if n.startswith("no GEMM shapes recorded: weights estimated")]
+    assert [n for n in shape.assumptions if n.startswith("no attention shapes recorded")]
+
+
 def test_tensor_parallel_checks_heads(tmp_path: Path) -> None:
     a = analyze(llm_trace(tmp_path / "gqa.json.gz", new_tokens=64, layers=2, heads=32, kv_heads=8, steps=1))
     ctx = make_context(a.trace)
@@ -564,3 +619,18 @@ def test_data_parallel_buckets_only_steps_backward(shared_traces) -> None:
     steps = set(g.tasks["step"].to_numpy()[comm].tolist())
     bw_steps = set(a.graph.tasks["step"].to_numpy()[backward_mask(a.graph)].tolist()) - {-1}
     assert steps == bw_steps and len(comm) == len(bw_steps) * len(bucket_sizes(10**9, 25 * 2**20))
+
+
+@pytest.mark.parametrize("gpu", ["hf_h100", "hf_mi300"])
+def test_model_shape_of_the_shared_qwen_traces(gpu: str) -> None:
+    """Qwen1.5-0.5B (24 layers, hidden 1024, 16 heads; its layers' q/k/v/o and MLP GEMMs hold
+    24 x 12.85 M bf16 weights = 0.62 GB): read as such on both GPUs, not as 34 layers and 6.7 GB
+    (its first step starts with ten layers of an earlier forward, unlaunched in the trace)."""
+    from _cost_data import TRACES, need
+
+    from whatif.transforms.parallel.memory import model_shape
+
+    a = analyze(need(TRACES / "tracelens" / gpu / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"))
+    shape = model_shape(a.graph, make_context(a.trace))
+    assert (shape.layers, shape.hidden, shape.heads, shape.kv_heads) == (24, 1024, 16, 16)
+    assert shape.weight_bytes == pytest.approx(24 * (4 * 1024 ** 2 + 3 * 1024 * 2816) * 2, rel=0.03)

@@ -3,8 +3,10 @@ whether a plan fits the device.
 
 **Shape** (:func:`model_shape`), from one step's detected blocks (:func:`~.layers.find_blocks`):
 
-* ``layers``: blocks per step; ``weight_bytes``: the step's forward GEMM weights on one rank
-  (``CostModel.kernel_facts``; the backward's GEMMs and other ranks are not counted);
+* ``layers``: blocks per step that hold a kernel launched by a recorded op (:func:`launched_blocks`);
+  ``weight_bytes``: the step's forward GEMM weights on one rank from the GEMMs' recorded shapes
+  (``CostModel.kernel_facts``; the backward's GEMMs and other ranks are not counted; the time-based
+  estimates of GEMMs without shapes only when no GEMM has shapes, as an assumption);
 * ``heads``, ``kv_heads``, ``head_dim``: the attention op's recorded ``Input Dims`` — query and
   key shapes of ``scaled_dot_product_attention`` (``[b, H, s, d]``), of the flash-attention ops
   (``[b, s, H, d]``, varlen ``[tokens, H, d]``); a key with fewer heads than the query is GQA/MQA;
@@ -172,6 +174,30 @@ def device_capacity_bytes(ctx: TransformContext, override_gb: float = 0.0, devic
     return float(dev.mem_bytes)
 
 
+def launched_blocks(graph: TaskGraph, blocks: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``blocks`` whose block has a kernel launched by a recorded CPU op, when any has:
+    a step can hold kernels launched before the profiler started (the tail of an earlier forward,
+    with no launch to link them), which are not more layers of the model."""
+    linked = ~np.isnan(linked_op_rows(graph, blocks["task"].to_numpy()))
+    if not linked.any():
+        return blocks
+    keep = np.unique(blocks["block"].to_numpy()[linked])
+    return blocks[np.isin(blocks["block"].to_numpy(), keep)]
+
+
+def _weight_bytes(facts: dict[str, np.ndarray]) -> tuple[float, list[str]]:
+    """GEMM weight bytes of one forward from its kernels' facts: those with recorded shapes when any
+    has them (a kernel without them has only an estimate from its time, every byte counted as a
+    weight); else the estimates, with that stated."""
+    gemm = facts["kernel_class"] == KernelClass.GEMM.value
+    wb = np.nan_to_num(facts["weight_bytes"])
+    shaped = gemm & ~facts["estimated"]
+    if shaped.any():
+        return float(wb[shaped].sum()), []
+    return float(wb[gemm].sum()), ["no GEMM shapes recorded: weights estimated from the GEMMs' times "
+                                   "(every byte a GEMM moves counted as a weight; give weight_bytes)"]
+
+
 def attention_heads(graph: TaskGraph, tasks: np.ndarray) -> tuple[int, int, int] | None:
     """(heads, kv_heads, head_dim) from the first attention op with recorded query and key shapes."""
     tr = graph.trace
@@ -259,13 +285,11 @@ def model_shape(graph: TaskGraph, ctx: TransformContext, who: str = "memory") ->
     b_steps = steps[blocks["task"].to_numpy()]
     step0 = int(b_steps.min())
     rank0 = int(blocks.loc[b_steps == step0, "rank"].min())
-    b0 = blocks[(b_steps == step0) & (blocks["rank"].to_numpy() == rank0)]
+    b0 = launched_blocks(graph, blocks[(b_steps == step0) & (blocks["rank"].to_numpy() == rank0)])
     kern = np.flatnonzero((t["kind"].to_numpy() == int(TaskKind.KERNEL)) & (steps == step0)
                           & (t["rank"].to_numpy() == rank0) & ~backward_mask(graph))
-    f = cost.kernel_facts(graph, kern)
-    weights = float(np.nan_to_num(f["weight_bytes"])[f["kernel_class"] == KernelClass.GEMM.value].sum())
+    weights, notes = _weight_bytes(cost.kernel_facts(graph, kern))
     layers = int(b0["block"].nunique())
-    notes: list[str] = []
     found = attention_heads(graph, b0.loc[b0["part"] == "attention", "task"].to_numpy())
     if found is not None:
         heads, kv_heads, head_dim = found
