@@ -9,8 +9,10 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import orjson
 import pytest
+from msgspec import UNSET
 from tracegen import KinetoTrace
 
 from whatif.api import Prediction, predict
@@ -328,3 +330,22 @@ def test_fail_if_accepts_a_scenario_files_stem(tmp_path: Path) -> None:
     doc = from_json((tmp_path / "p.json").read_text(), PredictionDocument)
     by_name, by_stem = check("speedup(linear 2x faster) < 1", doc), check("speedup(faster_linear) < 1", doc)
     assert list(by_name.values.values()) == list(by_stem.values.values()) and not by_stem.failed
+
+
+def test_step_metrics_leave_out_the_steps_the_mean_leaves_out() -> None:
+    """The bundled vLLM sample's first step is a 68.7 ms warm-up among ~2.7 ms steps: every step
+    metric of a gate (max, percentiles, measured, replay error) reads the steps the mean reads, so
+    ``max_step_ms`` is not the warm-up and ``measured_step_ms`` sits beside ``step_ms``."""
+    sample = Path(__file__).resolve().parents[1] / "sample_traces" / "llm_serve"
+    doc = build_report(predict(sample, [])).prediction
+    steps = doc.baseline.steps
+    counted = [s for s in steps if s.excluded is UNSET]
+    assert 0 < len(counted) < len(steps)                                  # the sample has a warm-up step
+    value = {m: evaluate(f"{m} > 0", doc).values[m] for m in
+             ("step_ms", "max_step_ms", "p50_step_ms", "measured_step_ms", "replay_error")}
+    assert value["max_step_ms"] == pytest.approx(max(s.predicted_ns for s in counted) / 1e6)
+    assert value["max_step_ms"] < max(s.predicted_ns for s in steps) / 1e6
+    assert value["p50_step_ms"] == pytest.approx(float(np.median([s.predicted_ns for s in counted])) / 1e6)
+    assert value["measured_step_ms"] == pytest.approx(float(np.mean([s.measured_ns for s in counted])) / 1e6)
+    assert value["step_ms"] == pytest.approx(doc.baseline.mean_step_ns / 1e6)
+    assert abs(value["measured_step_ms"] / value["step_ms"] - 1) < 0.05

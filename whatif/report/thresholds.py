@@ -40,7 +40,9 @@ from whatif.documents import (
     PredictionDocument,
     RowServing,
     ScenarioPrediction,
+    ScenarioStep,
     Stat,
+    counted,
 )
 
 
@@ -53,7 +55,7 @@ Entry = BaselinePrediction | ScenarioPrediction  # a row of a whatif.prediction 
 
 def _step_pct(q: float) -> Callable[[Entry], float | None]:
     def get(e: Entry) -> float | None:
-        ns = [s.predicted_ns for s in e.steps]
+        ns = [s.predicted_ns for s in _steps(e)]
         return float(np.percentile(ns, q)) / 1e6 if ns else None
     return get
 
@@ -66,8 +68,16 @@ def _serving(key: Literal["ttft_ms", "tpot_ms"], stat: Stat) -> Callable[[Entry]
     return get
 
 
+def _steps(e: Entry) -> list[BaselineStep] | list[ScenarioStep]:
+    """The steps that count in the mean (warm-up and partial steps left out, as ``mean_step_ns``
+    leaves them out; all when none counts)."""
+    if isinstance(e, BaselinePrediction):    # one branch per step type: counted() keeps the type
+        return counted(e.steps)
+    return counted(e.steps)
+
+
 def _baseline_steps(e: Entry) -> list[BaselineStep]:
-    return e.steps if isinstance(e, BaselinePrediction) else []
+    return counted(e.steps) if isinstance(e, BaselinePrediction) else []
 
 
 def _replay_error(e: Entry) -> float | None:
@@ -90,12 +100,14 @@ class Metric:
 METRICS: dict[str, Metric] = {
     "step_ms": Metric("mean predicted step time, ms", lambda e: e.mean_step_ns / 1e6),
     "mean_step_ms": Metric("same as step_ms", lambda e: e.mean_step_ns / 1e6),
-    "p50_step_ms": Metric("median predicted step time, ms", _step_pct(50)),
-    "p90_step_ms": Metric("90th percentile predicted step time, ms", _step_pct(90)),
-    "max_step_ms": Metric("longest predicted step, ms", _step_pct(100)),
+    "p50_step_ms": Metric("median predicted step time, ms (steps that count in the mean)", _step_pct(50)),
+    "p90_step_ms": Metric("90th percentile predicted step time, ms (steps that count in the mean)", _step_pct(90)),
+    "max_step_ms": Metric("longest predicted step, ms (steps that count in the mean)", _step_pct(100)),
     "speedup": Metric("baseline time / scenario time (> 1 is faster)", lambda e: e.speedup, "scenario"),
-    "measured_step_ms": Metric("mean measured step time of the trace, ms", _measured, "baseline"),
-    "replay_error": Metric("worst |replayed / measured - 1| over the trace's steps", _replay_error, "baseline"),
+    "measured_step_ms": Metric("mean measured step time of the trace, ms (steps that count in the mean)",
+                               _measured, "baseline"),
+    "replay_error": Metric("worst |replayed / measured - 1| over the steps that count in the mean", _replay_error,
+                           "baseline"),
     "ttft_ms": Metric("mean time to first token, ms (needs serving metrics)", _serving("ttft_ms", "mean")),
     "p99_ttft_ms": Metric("99th percentile TTFT, ms (needs serving metrics)", _serving("ttft_ms", "p99")),
     "tpot_ms": Metric("mean time per output token, ms (needs serving metrics)", _serving("tpot_ms", "mean")),
