@@ -310,14 +310,23 @@ def _numel(dims: Sequence[int]) -> int:
     return math.prod(int(d) for d in dims)
 
 
-def duration_shares(op_index: np.ndarray, dur_ns: np.ndarray) -> np.ndarray:
-    """Each kernel's share of its launching op's work: its duration over the op's kernels' total
-    (each counted as at least 1 ns), so an op's FLOPs and bytes land on the kernels that did them.
+def duration_shares(op_index: np.ndarray, dur_ns: np.ndarray, workers: np.ndarray | None = None) -> np.ndarray:
+    """Each activity's share of its launching op's work: its duration over the op's activities'
+    total (each counted as at least 1 ns), so an op's FLOPs and bytes land on the kernels that did
+    them. ``workers`` (per activity, optional): where an op launched any, only they share its work
+    and its other activities get 0 — cuBLAS zeroes a split-K workspace with a memset before the
+    GEMM kernel, and that memset does none of the GEMM's FLOPs.
 
     >>> duration_shares(np.array([0, 0, 1]), np.array([300.0, 100.0, 0.0])).tolist()
     [0.75, 0.25, 1.0]
+    >>> duration_shares(np.array([0, 0, 1]), np.array([300.0, 10.0, 5.0]), np.array([True, False, False])).tolist()
+    [1.0, 0.0, 1.0]
     """
     w = np.maximum(np.asarray(dur_ns, dtype=float), 1.0)
+    if workers is not None:
+        work = np.asarray(workers, dtype=bool)
+        has = np.bincount(op_index, weights=work.astype(float), minlength=int(op_index.max(initial=-1)) + 1) > 0
+        w = np.where(work | ~has[op_index], w, 0.0)
     return w / np.bincount(op_index, weights=w)[op_index]
 
 

@@ -273,8 +273,11 @@ class TraceCostModel(CostModelBase):
                 ob = np.array([o.dram_bytes for o in per_op])[inv]
                 ow = np.array([o.weight_bytes for o in per_op])[inv]
                 odt = np.array([o.dtype for o in per_op], dtype=object)[inv]
-                share = duration_shares(inv, rec_dur[li])
+                share = duration_shares(inv, rec_dur[li], kinds[li] == int(TaskKind.KERNEL))
                 flops[li], nbytes[li], wbytes[li] = of * share, ob * share, ow * share
+                # an op's memset or copy beside its kernels did none of their work: its own is estimated
+                idle = li[share == 0]
+                flops[idle] = nbytes[idle] = wbytes[idle] = np.nan
                 # blocks are no work to share out: each GEMM kernel of the op runs all its tiles
                 tiles[li] = np.array([o.output_tiles for o in per_op])[inv]
                 has = odt != ""

@@ -42,6 +42,7 @@ from whatif.core.kernels import KernelClass, classify_kernel, duration_shares
 from whatif.documents import OpRow, OpsDocument
 from whatif.hardware.devices import Device, find_device, get_device
 from whatif.hardware.roofline import achievable_rate, achievable_time_ns
+from whatif.tracer.kinds import EventKind
 from whatif.tracer.op_facts import op_facts
 from whatif.tracer.trace import Trace
 
@@ -123,7 +124,8 @@ def activities(trace: Trace) -> pd.DataFrame:
         op[li] = [facts[i].name for i in inv]
         shapes[li] = [facts[i].shapes for i in inv]
         dtype[li] = [facts[i].dtype for i in inv]
-        share = duration_shares(inv, dur[li].astype(float))
+        is_kernel = trace.events["kind"].to_numpy()[work["event"].to_numpy()[li]] == int(EventKind.KERNEL)
+        share = duration_shares(inv, dur[li].astype(float), is_kernel)
         flops[li] = np.array([f.flops for f in facts])[inv] * share
         nbytes[li] = np.array([f.nbytes for f in facts])[inv] * share
     named = dtype == ""
