@@ -137,6 +137,24 @@ def trace_figures() -> dict[str, TraceFigures]:
     return out
 
 
+def roof_shares() -> pd.DataFrame:
+    """Per GEMM op group of at least 2^31 FLOPs per call in the shared traces (``whatif ops``): the
+    catalog GPU, dtype, FLOPs per call, op and kernel-free shapes, and its % of the achievable roof."""
+    rows = []
+    for path in sorted(TRACES.rglob("*.json*")):
+        try:
+            trace = load_trace(path)
+        except WhatifError:
+            continue
+        device = find_device(trace.ranks[0].gpu_name)
+        if device is None:
+            continue
+        f = table_frame(ops_table(trace))
+        f = f[(f["kernel_class"] == "gemm") & f["roofline_pct"].notna() & (f["flops"] / f["count"] >= SMALL_GEMM_FLOPS)]
+        rows += [(device.name, path.name, r.op, r.dtype, r.flops / r.count, r.roofline_pct) for r in f.itertuples()]
+    return pd.DataFrame(rows, columns=["gpu", "file", "op", "dtype", "flops", "roofline_pct"])
+
+
 VIDUR_DEVICE = {"a100": "A100_SXM_80GB", "a40": "A40"}
 SIZE_BANDS_FLOPS = (0.0, 4e9, 16e9, 64e9, 256e9, float("inf"))
 
@@ -182,6 +200,12 @@ def main() -> int:
     for name, f in trace_figures().items():
         small = f"{f.small_tflops:13.1f}" if f.small_tflops is not None else f"{'-':>13}"
         print(f"{name:16} {f.kernels:8d} {f.min_us:7.2f} {f.p1_us:6.2f} {f.files:5d} {f.small_gemms:5d} {small}")
+    shares = roof_shares()
+    print("\nGEMM op groups of >= 2^31 FLOPs per call in the shared traces: % of the achievable roof")
+    print(f"{'catalog GPU':16} {'dtype':5} {'groups':>6} {'median %':>9} {'max %':>7} {'above 100 %':>11}")
+    for (gpu, dtype), g in shares.groupby(["gpu", "dtype"]):
+        pct = g["roofline_pct"]
+        print(f"{gpu:16} {dtype:5} {len(g):6d} {pct.median():9.1f} {pct.max():7.1f} {int((pct > 100).sum()):11d}")
     print("\nVidur GEMMs against the achievable curve: measured/roof median and share above the roof")
     print(f"{'gpu':5} {'GFLOP band':>14} {'n':>6} {'affine med':>10} {'above':>6} {'log-lin med':>11} {'above':>6}")
     for gpu in VIDUR_DEVICE:
