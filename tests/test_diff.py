@@ -58,6 +58,24 @@ def test_prediction_vs_actual(pair: tuple[Path, Path, Path]) -> None:
     assert miss["error"] == round(54_000 / 61_000 - 1, 6)  # promised more than delivered: the extra kernel
 
 
+def test_a_speedup_of_zero_promises_no_step(pair: tuple[Path, Path, Path], tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A prediction whose speedup is 0 (a degenerate baseline, or a hand-edited file) promises no
+    step time: no predicted step and no error, not a step of 0 ns and an error of -100 %."""
+    before, exact, _ = pair
+    assert main(["report", str(before), "-s", str(write(tmp_path / "fuse.toml", SCENARIO)), "-o", str(tmp_path / "r"),
+                 "--format", "json", "-q"]) == 0
+    report = orjson.loads((tmp_path / "r" / "report.json").read_bytes())
+    report["prediction"]["scenarios"][0]["speedup"] = 0.0
+    edited = tmp_path / "edited.json"
+    edited.write_bytes(orjson.dumps(report))
+    out = tmp_path / "diff.json"
+    assert main(["diff", str(before), str(exact), "-p", str(edited), "--json", str(out)]) == 0
+    (row,) = orjson.loads(out.read_bytes())["prediction"]["scenarios"]
+    assert row["predicted_speedup"] == 0 and row["predicted_step_ns"] is None and row["error"] is None
+    assert "-100.0%" not in capsys.readouterr().out
+
+
 def test_cli_with_report_json(pair: tuple[Path, Path, Path], tmp_path: Path,
                               capsys: pytest.CaptureFixture[str]) -> None:
     before, _, after = pair

@@ -6,6 +6,7 @@ prediction is from what *after* measured. The result is the ``whatif.diff`` v1 d
 (docs/report-schema.md)."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -121,14 +122,15 @@ def compare_prediction(prediction: ReportDocument | PredictionDocument, before: 
         n = max(len(paths), 1)
         predicted_path = {c: int(round(sum(p.breakdown_ns.get(c, 0) for p in paths) / n)) for c in CATEGORIES}
         # the scenario's speedup applied to the measured before: what whatif promised for after
-        promised_ns = int(round(before["mean_ns"] / s.speedup)) if s.speedup else 0
+        # (none from a speedup of 0 or infinity: a degenerate baseline or scenario, or an edited file)
+        promised_ns = int(round(before["mean_ns"] / s.speedup)) if 0 < s.speedup < math.inf else None
         out.append({
             "name": s.name,
             "predicted_speedup": s.speedup,
             "actual_speedup": round(1 / actual, 6) if actual else None,
             "predicted_step_ns": promised_ns,
             "actual_step_ns": after["mean_ns"],
-            "error": round(promised_ns / after["mean_ns"] - 1, 6) if after["mean_ns"] else None,
+            "error": round(promised_ns / after["mean_ns"] - 1, 6) if after["mean_ns"] and promised_ns else None,
             "critical_path": [{"category": c, "predicted_ns": predicted_path[c], "actual_ns": after_path[c]}
                               for c in CATEGORIES],
         })

@@ -125,6 +125,7 @@ def render_diff(doc: dict[str, Any], console: Any, top: int = 8) -> None:
     for col in ("predicted ms", "actual ms", "predicted speedup", "actual speedup", "error"):
         tab.add_column(col, justify="right", no_wrap=True)
     for s in pred["scenarios"]:
-        tab.add_row(s["name"], ms(s["predicted_step_ns"]), ms(s["actual_step_ns"]), f"{s['predicted_speedup']:.3f}x",
+        promised = "-" if s["predicted_step_ns"] is None else ms(s["predicted_step_ns"])
+        tab.add_row(s["name"], promised, ms(s["actual_step_ns"]), f"{s['predicted_speedup']:.3f}x",
                     "-" if s["actual_speedup"] is None else f"{s['actual_speedup']:.3f}x", _pct(s["error"]))
     console.print(tab)
