@@ -20,6 +20,7 @@ Run: ``python bench/device_achievable.py``; it prints one table per source.
 """
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ from whatif.core.errors import WhatifError
 from whatif.hardware.devices import LARGE_GEMM_FLOPS, SMALL_GEMM_FLOPS, find_device, get_device
 from whatif.ops import ops_table, table_frame
 from whatif.tracer.kinds import EventKind
-from whatif.tracer.trace import Trace, load_trace
+from whatif.tracer.trace import load_trace
 
 TRACES = PERFDATA.parents[1] / "traces"
 LARGE_MIN_FLOPS = 0.5e12
@@ -94,10 +95,39 @@ def vidur_figures() -> dict[str, VidurFigures]:
     return out
 
 
-def small_gemm_points(trace: Trace) -> pd.DataFrame:
-    """(FLOPs per call, TFLOP/s) of the trace's bf16 GEMM groups in the small range."""
-    rows = table_frame(ops_table(trace))
-    rows = rows[(rows["kernel_class"] == "gemm") & (rows["dtype"] == "bf16")]
+@dataclass(frozen=True)
+class SharedTrace:
+    """What the figures read of one shared trace of a catalog GPU: its kernels' durations and its
+    ``whatif ops`` table."""
+
+    device: str
+    file: str
+    kernel_dur_ns: np.ndarray
+    ops: pd.DataFrame
+
+
+@functools.cache
+def shared_traces() -> tuple[SharedTrace, ...]:
+    """Every shared trace whose GPU is in the catalog, loaded and tabled once per run."""
+    out = []
+    for path in sorted(TRACES.rglob("*.json*")):
+        try:
+            trace = load_trace(path)
+        except WhatifError as error:  # a corpus file the reader refuses is reported, not fatal
+            print(f"  skipped {path.name}: {error}", file=sys.stderr)
+            continue
+        device = find_device(trace.ranks[0].gpu_name)
+        if device is None:
+            continue
+        ev = trace.events
+        dur = ev.loc[(ev["kind"] == int(EventKind.KERNEL)) & (ev["dur_ns"] > 0), "dur_ns"].to_numpy()
+        out.append(SharedTrace(device.name, path.name, dur, table_frame(ops_table(trace))))
+    return tuple(out)
+
+
+def small_gemm_points(ops: pd.DataFrame) -> pd.DataFrame:
+    """(FLOPs per call, TFLOP/s) of an ops table's bf16 GEMM groups in the small range."""
+    rows = ops[(ops["kernel_class"] == "gemm") & (ops["dtype"] == "bf16")]
     per_call = rows["flops"] / rows["count"]
     keep = (per_call >= TRACE_SMALL_FLOPS[0]) & (per_call <= TRACE_SMALL_FLOPS[1])
     return pd.DataFrame({"flops": per_call[keep], "tflops": rows["achieved_tflops"][keep]})
@@ -113,20 +143,10 @@ def trace_figures() -> dict[str, TraceFigures]:
     """Per catalog GPU with shared traces: its shortest kernels and its small-GEMM rate."""
     durations: dict[str, list[np.ndarray]] = {}
     gemms: dict[str, list[pd.DataFrame]] = {}
-    for path in sorted(TRACES.rglob("*.json*")):
-        try:
-            trace = load_trace(path)
-        except WhatifError as error:  # a corpus file the reader refuses is reported, not fatal
-            print(f"  skipped {path.name}: {error}", file=sys.stderr)
-            continue
-        device = find_device(trace.ranks[0].gpu_name)
-        if device is None:
-            continue
-        ev = trace.events
-        dur = ev.loc[(ev["kind"] == int(EventKind.KERNEL)) & (ev["dur_ns"] > 0), "dur_ns"].to_numpy()
-        if len(dur):
-            durations.setdefault(device.name, []).append(dur)
-            gemms.setdefault(device.name, []).append(small_gemm_points(trace))
+    for t in shared_traces():
+        if len(t.kernel_dur_ns):
+            durations.setdefault(t.device, []).append(t.kernel_dur_ns)
+            gemms.setdefault(t.device, []).append(small_gemm_points(t.ops))
     out = {}
     for name in sorted(durations):
         dur = np.concatenate(durations[name]) / 1e3
@@ -139,19 +159,12 @@ def trace_figures() -> dict[str, TraceFigures]:
 
 def roof_shares() -> pd.DataFrame:
     """Per GEMM op group of at least 2^31 FLOPs per call in the shared traces (``whatif ops``): the
-    catalog GPU, dtype, FLOPs per call, op and kernel-free shapes, and its % of the achievable roof."""
+    catalog GPU, file, op, dtype, FLOPs per call and its % of the achievable roof."""
     rows = []
-    for path in sorted(TRACES.rglob("*.json*")):
-        try:
-            trace = load_trace(path)
-        except WhatifError:
-            continue
-        device = find_device(trace.ranks[0].gpu_name)
-        if device is None:
-            continue
-        f = table_frame(ops_table(trace))
+    for t in shared_traces():
+        f = t.ops
         f = f[(f["kernel_class"] == "gemm") & f["roofline_pct"].notna() & (f["flops"] / f["count"] >= SMALL_GEMM_FLOPS)]
-        rows += [(device.name, path.name, r.op, r.dtype, r.flops / r.count, r.roofline_pct) for r in f.itertuples()]
+        rows += [(t.device, t.file, r.op, r.dtype, r.flops / r.count, r.roofline_pct) for r in f.itertuples()]
     return pd.DataFrame(rows, columns=["gpu", "file", "op", "dtype", "flops", "roofline_pct"])
 
 

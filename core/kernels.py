@@ -325,7 +325,7 @@ def duration_shares(op_index: np.ndarray, dur_ns: np.ndarray, workers: np.ndarra
     w = np.maximum(np.asarray(dur_ns, dtype=float), 1.0)
     if workers is not None:
         work = np.asarray(workers, dtype=bool)
-        has = np.bincount(op_index, weights=work.astype(float), minlength=int(op_index.max(initial=-1)) + 1) > 0
+        has = np.bincount(op_index, weights=work.astype(float)) > 0
         w = np.where(work | ~has[op_index], w, 0.0)
     return w / np.bincount(op_index, weights=w)[op_index]
 

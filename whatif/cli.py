@@ -90,14 +90,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("whatif: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader left (`| head`): what it wanted was written
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _drop_stdout()
         return 0
     except OSError as exc:
         if exc.errno not in _OUTPUT_ERRNOS:
             raise
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _drop_stdout()
         print(f"whatif: cannot write the output: {exc.strerror}", file=sys.stderr)
         return 2
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's flush at exit does not fail a second time."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

@@ -68,28 +68,26 @@ def _serving(key: Literal["ttft_ms", "tpot_ms"], stat: Stat) -> Callable[[Entry]
     return get
 
 
-def _steps(e: Entry) -> list[BaselineStep] | list[ScenarioStep]:
+def _steps(e: Entry) -> list[BaselineStep | ScenarioStep]:
     """The steps that count in the mean (warm-up and partial steps left out, as ``mean_step_ns``
     leaves them out; all when none counts)."""
-    if isinstance(e, BaselinePrediction):    # one branch per step type: counted() keeps the type
-        return counted(e.steps)
-    return counted(e.steps)
+    steps: list[BaselineStep | ScenarioStep] = list(e.steps)
+    return counted(steps)
 
 
 def _baseline_steps(e: Entry) -> list[BaselineStep]:
-    return counted(e.steps) if isinstance(e, BaselinePrediction) else []
+    return e.steps if isinstance(e, BaselinePrediction) else []
 
 
 def _replay_error(e: Entry) -> float | None:
     """Over every step, warm-up and partial ones too: replay fidelity, as the analysis document's
     ``fidelity``, not a step statistic."""
-    steps = e.steps if isinstance(e, BaselinePrediction) else []
-    errs = [abs(s.predicted_ns / s.measured_ns - 1) for s in steps if s.measured_ns]
+    errs = [abs(s.predicted_ns / s.measured_ns - 1) for s in _baseline_steps(e) if s.measured_ns]
     return max(errs) if errs else None
 
 
 def _measured(e: Entry) -> float | None:
-    ns = [s.measured_ns for s in _baseline_steps(e)]
+    ns = [s.measured_ns for s in counted(_baseline_steps(e))]
     return float(np.mean(ns)) / 1e6 if ns else None
 
 
