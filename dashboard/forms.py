@@ -95,7 +95,10 @@ def transform_form(name: str) -> list[Any]:
             ctrl = dcc.Dropdown(id=id_, options=[{"label": str(c), "value": c} for c in p.choices],
                                 value=p.default_value)
         elif hint in (int, float):
-            ctrl = dcc.Input(id=id_, type="number", value=p.default, step=1 if hint is int else "any", debounce=True)
+            b = p.bounds
+            low = None if b is None else b.minimum if b.minimum is not None else b.exclusive_minimum
+            ctrl = dcc.Input(id=id_, type="number", value=p.default, step=1 if hint is int else "any", debounce=True,
+                             min=low, max=None if b is None else b.maximum)
         else:
             ctrl = dcc.Input(id=id_, type="text", value=_text(p.default), debounce=True,
                              placeholder="TOML value" if hint is not str else "")

@@ -581,34 +581,40 @@ def get_device(name: str) -> Device:
     return found
 
 
-# (pattern on the lower-cased trace name, catalog entry); first match wins.
+# (pattern on the lower-cased trace name, catalog entry); first match wins. A model number is
+# a whole token: ``_M("a100")`` is not preceded by a letter or digit nor followed by a digit, so an
+# RTX A1000 or a typed "H1000" is not an A100 / H100.
+def _M(model: str) -> str:
+    return rf"(?<![a-z0-9])(?:{model})(?!\d)"
+
+
 _NAME_RULES: list[tuple[str, str]] = [
-    (r"a100.*pg509-2[1-9]0", "A100_SXM_80GB"),   # Meta OAM boards: -200 is 40 GB
-    (r"a100.*pg509", "A100_SXM_40GB"),
-    (r"a100.*(pcie.*80|80.*pcie)", "A100_PCIE_80GB"),
-    (r"a100.*pcie", "A100_PCIE_40GB"),
-    (r"a100.*80", "A100_SXM_80GB"),
-    (r"a100", "A100_SXM_40GB"),
-    (r"h100.*pcie", "H100_PCIE"),
-    (r"h100 ?nvl", "H100_NVL"),
-    (r"h100|h800", "H100_SXM"),
-    (r"h200", "H200"),
-    (r"gb200", "GB200"),
-    (r"b200", "B200"),
-    (r"l40s", "L40S"),
-    (r"\bl4\b", "L4"),
-    (r"\ba40\b", "A40"),
-    (r"4090", "RTX_4090"),
-    (r"2080 ?ti", "RTX_2080_TI"),
-    (r"gp100", "GP100"),
-    (r"v100.*pcie", "V100_PCIE_32GB"),
-    (r"v100.*16gb", "V100_SXM2_16GB"),
-    (r"v100", "V100_SXM2_32GB"),
-    (r"mi300x", "MI300X"),
-    (r"mi325x", "MI325X"),
-    (r"mi355x", "MI355X"),
-    (r"mi250", "MI250X"),
-    (r"mi210", "MI210"),
+    (_M("a100") + r".*pg509-2[1-9]0", "A100_SXM_80GB"),   # Meta OAM boards: -200 is 40 GB
+    (_M("a100") + r".*pg509", "A100_SXM_40GB"),
+    (_M("a100") + r".*(pcie.*80|80.*pcie)", "A100_PCIE_80GB"),
+    (_M("a100") + r".*pcie", "A100_PCIE_40GB"),
+    (_M("a100") + r".*80", "A100_SXM_80GB"),
+    (_M("a100"), "A100_SXM_40GB"),
+    (_M("h100") + r".*pcie", "H100_PCIE"),
+    (_M("h100") + r" ?nvl", "H100_NVL"),
+    (_M("h100|h800"), "H100_SXM"),
+    (_M("h200"), "H200"),
+    (_M("gb200"), "GB200"),
+    (_M("b200"), "B200"),
+    (_M("l40s"), "L40S"),
+    (_M("l4") + r"(?![0-9a-z])", "L4"),
+    (_M("a40") + r"(?![0-9a-z])", "A40"),
+    (_M("4090"), "RTX_4090"),
+    (_M("2080") + r" ?ti", "RTX_2080_TI"),
+    (_M("gp100"), "GP100"),
+    (_M("v100") + r".*pcie", "V100_PCIE_32GB"),
+    (_M("v100") + r".*16gb", "V100_SXM2_16GB"),
+    (_M("v100"), "V100_SXM2_32GB"),
+    (_M("mi300x"), "MI300X"),
+    (_M("mi325x"), "MI325X"),
+    (_M("mi355x"), "MI355X"),
+    (_M("mi250"), "MI250X"),
+    (_M("mi210"), "MI210"),
 ]
 
 

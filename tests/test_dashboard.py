@@ -156,6 +156,26 @@ def test_scale_form_round_trip(tmp_path: Path) -> None:
     assert spec_from_toml(path.read_text()) == spec
 
 
+def test_number_boxes_carry_the_parameters_bounds() -> None:
+    """The browser refuses a value the scenario loader would: the form's number boxes take the
+    bounds each parameter declares."""
+    boxes = {c.id["name"]: c for c in _controls(transform_form("tensor_parallel"))
+             if getattr(c, "type", None) == "number"}
+    assert (boxes["degree"].min, boxes["activation_bytes"].min) == (1, 0)
+    assert boxes["degree"].max is not None
+    gpu = {c.id["name"]: c for c in _controls(transform_form("gpu")) if getattr(c, "type", None) == "number"}
+    assert gpu["host_speed"].min == 0
+
+
+def _controls(tree: list) -> list:
+    out = []
+    for node in tree:
+        out.append(node)
+        kids = getattr(node, "children", None)
+        out.extend(_controls(kids if isinstance(kids, list) else [kids] if kids is not None else []))
+    return out
+
+
 def _timeline(n: int = 20000) -> tuple[list[tl.Timeline], tl.Lanes]:
     rng = np.random.default_rng(0)
     start = np.arange(n) * 500               # lane i % 3: one task every 1.5 us, none overlapping

@@ -56,6 +56,19 @@ def test_find_device(trace_name, expected):
     assert find_device(trace_name).name == expected
 
 
+@pytest.mark.parametrize("name", [
+    "NVIDIA RTX A1000 Laptop GPU", "NVIDIA RTX A4000", "NVIDIA L40", "NVIDIA A10", "NVIDIA A400",
+    "H1000", "a1000", "MI3000X", "NVIDIA B2000",
+])
+def test_a_model_number_is_a_whole_token(name):
+    """Another GPU whose model number starts like a catalog one (an RTX A1000 is not an A100) and
+    a mistyped catalog name are unknown, so ``gpu(device=...)`` refuses them instead of pricing on
+    the wrong GPU."""
+    assert find_device(name) is None
+    with pytest.raises(KeyError):
+        get_device(name)
+
+
 def test_unknown_device():
     assert find_device("AMD Radeon Graphics") is None and find_device("") is None
     with pytest.raises(KeyError):

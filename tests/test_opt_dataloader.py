@@ -126,10 +126,10 @@ def test_input_unchanged_and_change_log(loop: Analysis) -> None:
 
 
 def test_refusals(tmp_path: Path, loop: Analysis) -> None:
-    with pytest.raises(TransformError, match=r"workers must be an integer >= 1.*num_workers=0"):
-        DataLoaderWorkers(workers=0).apply(loop.graph, CTX)
+    with pytest.raises(TransformError, match=r"workers must be an integer >= 1 and <= 4096, got 0"):
+        DataLoaderWorkers(workers=0)
     with pytest.raises(TransformError, match="prefetch_factor"):
-        DataLoaderWorkers(workers=2, prefetch_factor=0).apply(loop.graph, CTX)
+        DataLoaderWorkers(workers=2, prefetch_factor=0)
     bare = analyze(loop_trace(steps=3, loader=None).write(tmp_path / "bare.json.gz"))
     with pytest.raises(TransformError, match=r"no data-loading task.*_SingleProcessDataLoaderIter\.__next__"):
         DataLoaderWorkers(workers=2).apply(bare.graph, CTX)

@@ -1,6 +1,7 @@
 """Primitives, selection, registry, scenario files and `whatif predict`."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -187,12 +188,38 @@ select = { kind = "kernel" }
     ('[[transform]]\nfactor = 2\n', ":1: a [[transform]] needs name"),
     ("name = 'x'\n", "no [[transform]] tables"),
     ("[[transform]\n", "not valid TOML"),
+    ('[[transform]]\nname = "gpu"\ndevice = "H100_SXM"\nhost_speed = -3\n',
+     ":1: gpu.host_speed: must be a finite number > 0, got -3"),
+    ('name = "x"\n[[transform]]\nname = "tensor_parallel"\ndegree = 0\n',
+     ":2: tensor_parallel.degree: must be an integer >= 1 and <= 131072, got 0"),
+    ('[[transform]]\nname = "cuda_graph"\nkernel_gap_us = -1.0\n',
+     ":1: cuda_graph.kernel_gap_us: must be a finite number >= 0"),
 ])
 def test_scenario_errors_name_file_and_line(tmp_path: Path, text: str, message: str) -> None:
     path = write(tmp_path / "bad.toml", text)
     with pytest.raises(ScenarioError) as exc:
         load_scenario(path)
     assert str(path) in str(exc.value) and message in str(exc.value)
+
+
+def test_every_numeric_parameter_declares_its_bounds() -> None:
+    """A number a transform takes says, once, in its field, what it may be: the scenario loader, the
+    transform's own construction, ``whatif transforms`` and the dashboard's form all read it there."""
+    from whatif.transforms.registry import _without_none
+    unbounded = [f"{n}.{p.name}" for n in registry.names() for p in registry.parameters(n)
+                 if _without_none(p.type) in (int, float) and p.choices is None and p.bounds is None]
+    assert unbounded == []
+
+
+@pytest.mark.parametrize("name, params, message", [
+    ("gpu", {"device": "H100_SXM", "host_speed": 0.0}, "gpu: host_speed must be a finite number > 0, got 0.0"),
+    ("scale", {"factor": -1.0}, "scale: factor must be a finite number >= 0, got -1.0"),
+    ("batch", {"factor": float("nan")}, "batch: factor must be a finite number > 0"),
+    ("pipeline_parallel", {"micro_batches": -2}, "pipeline_parallel: micro_batches must be an integer >= 0"),
+])
+def test_a_transform_built_in_code_refuses_out_of_bounds_values(name, params, message) -> None:
+    with pytest.raises(TransformError, match=re.escape(message)):
+        registry.get(name)(**params)
 
 
 def test_predict_cli_json(tmp_path: Path, launch_bound, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import pandas as pd
 
+from whatif.core.bounds import check_fields
 from whatif.core.errors import WhatifError
 from whatif.depgraph.graph import TaskGraph
 from whatif.depgraph.schema import check_schema
@@ -126,6 +127,14 @@ class Transform:
         several where a parameter matters. Empty (the default): the transform needs a choice only
         the user can make (a device, a degree, a factor) and is not suggested on its own."""
         return []
+
+    def __post_init__(self) -> None:
+        """Refuse a parameter outside the bounds its field declares (:mod:`whatif.core.bounds`),
+        whoever builds the transform; a scenario file reports it with its file and line."""
+        try:
+            check_fields(self, TransformError)
+        except TransformError as exc:
+            raise TransformError(f"{self.name}: {exc}") from None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Run every subclass's ``apply`` inside :func:`~whatif.transforms.edit.applying` its name,

@@ -35,14 +35,12 @@ class Scale(Transform):
     description = "Multiply the duration of the selected tasks by a factor (0.5 = twice as fast)"
 
     select: Selector = field(default_factory=Selector, metadata={"help": "which tasks"})
-    factor: float = field(default=1.0, metadata={"help": "duration multiplier, >= 0"})
+    factor: float = field(default=1.0, metadata={"minimum": 0, "help": "duration multiplier, >= 0"})
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         return self.select(graph)
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
-        if self.factor < 0:
-            raise TransformError("scale: factor must be >= 0")
         return scale(graph, _selected(self, self.select, graph), self.factor, reason=self.label())
 
 
@@ -53,14 +51,12 @@ class SetDuration(Transform):
     description = "Set the duration of the selected tasks (microseconds)"
 
     select: Selector = field(default_factory=Selector, metadata={"help": "which tasks"})
-    dur_us: float = field(default=0.0, metadata={"help": "new duration of each task, microseconds"})
+    dur_us: float = field(default=0.0, metadata={"minimum": 0, "help": "new duration of each task, microseconds"})
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         return self.select(graph)
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
-        if self.dur_us < 0:
-            raise TransformError("set_duration: dur_us must be >= 0")
         return set_duration(graph, _selected(self, self.select, graph), self.dur_us * 1000.0,
                             reason=self.label())
 
@@ -87,7 +83,7 @@ class Interference(Transform):
     description = ("Set phi, how much slower the replay runs a compute kernel beside a collective "
                    "(1 = not at all; 0 = calibrated on the trace, else 1.15)")
 
-    factor: float = field(default=0.0, metadata={
+    factor: float = field(default=0.0, metadata={"minimum": 0,
         "help": "phi: a compute kernel beside a collective all its time takes phi x its time alone (1 to 3; "
                 "0 = calibrated on the trace, else 1.15)",
         "maximum": MAX_INTERFERENCE})

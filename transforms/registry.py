@@ -15,6 +15,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
+from whatif.core.bounds import BOUND_KEYS, Bounds
 from whatif.core.plugins import load_plugins
 
 from .base import Transform, TransformError
@@ -72,7 +73,18 @@ class Parameter:
     default: Any
     required: bool
     help: str
-    maximum: float | None = None
+    bounds: Bounds | None = None   # a number's declared bounds (its field's metadata)
+
+    def bound_error(self, value: Any) -> str | None:
+        """Why ``value`` breaks this parameter's declared bounds, or None.
+
+        >>> [p.bound_error(-1.0) for p in parameters("scale") if p.name == "factor"]
+        ['must be a finite number >= 0, got -1.0']
+        """
+        optional_none = value is None and _without_none(self.type) is not self.type
+        if self.bounds is None or optional_none or self.bounds.holds(value):
+            return None
+        return f"must be {self.bounds.describe()}, got {value!r}"
 
     @property
     def choices(self) -> tuple[Any, ...] | None:
@@ -94,7 +106,8 @@ class Parameter:
         if self.choices is not None:
             shown = "one of " + ", ".join(map(str, self.choices))
             return shown + " or None" if _without_none(self.type) is not self.type else shown
-        return getattr(self.type, "__name__", None) or str(self.type).replace("typing.", "")
+        name = getattr(self.type, "__name__", None) or str(self.type).replace("typing.", "")
+        return f"{name}, {self.bounds.describe()}" if self.bounds is not None else name
 
     @property
     def default_value(self) -> Any:
@@ -123,5 +136,12 @@ def parameters(name: str) -> list[Parameter]:
         else:
             default, required = None, True
         out.append(Parameter(name=f.name, type=hints.get(f.name, Any), default=default, required=required,
-                             help=str(f.metadata.get("help", "")), maximum=f.metadata.get("maximum")))
+                             help=str(f.metadata.get("help", "")), bounds=_bounds(hints.get(f.name, Any), f.metadata)))
     return out
+
+
+def _bounds(hint: Any, metadata: Any) -> Bounds | None:
+    """The bounds a numeric field declares in its metadata; None when it declares none."""
+    if not any(k in metadata for k in BOUND_KEYS):
+        return None
+    return Bounds.of(int if _without_none(hint) is int else float, metadata)

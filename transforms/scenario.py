@@ -165,10 +165,12 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
 
 
 def _parameter(raw: Any, spec: registry.Parameter, where: str) -> Any:
-    """``raw`` coerced to the parameter's type, refused above its declared ``maximum``."""
+    """``raw`` coerced to the parameter's type, refused outside its declared bounds (``minimum``,
+    ``above``, ``maximum`` in the field's metadata)."""
     value = _coerce(raw, spec.type, where)
-    if spec.maximum is not None and isinstance(value, (int, float)) and value > spec.maximum:
-        raise ScenarioError(f"{where}: must be at most {spec.maximum:,} (got {value!r})")
+    why = spec.bound_error(value)
+    if why:
+        raise ScenarioError(f"{where}: {why}")
     return value
 
 

@@ -163,30 +163,21 @@ class DataLoaderWorkers(Transform):
         """2, 4 and 8 workers (PyTorch's common settings); a trace with no loading refuses them."""
         return [cls(workers=n) for n in (2, 4, 8)]
 
-    workers: int = field(metadata={"help": "number of worker processes (PyTorch num_workers), >= 1",
-                                   "maximum": limits.MAX_PARTS})
-    prefetch_factor: int = field(default=2, metadata={"help": "batches each worker loads ahead (PyTorch default 2)",
-                                                       "maximum": limits.MAX_PARTS})
-    fetch_us: float | None = field(default=None, metadata={
+    workers: int = field(metadata={
+        "minimum": 1, "maximum": limits.MAX_PARTS,
+        "help": "number of worker processes (PyTorch num_workers; 0 is loading in the training thread, which is "
+                "what a num_workers=0 trace shows)"})
+    prefetch_factor: int = field(default=2, metadata={
+        "minimum": 1, "help": "batches each worker loads ahead (PyTorch default 2)",
+        "maximum": limits.MAX_PARTS})
+    fetch_us: float | None = field(default=None, metadata={"minimum": 0,
         "help": f"training-thread time to take a ready batch from a worker, µs (default {DEFAULT_FETCH_US:g})"})
-    load_scale: float = field(default=1.0, metadata={
+    load_scale: float = field(default=1.0, metadata={"exclusive_minimum": 0,
         "help": "multiplier on each batch's load time on a worker (> 1: workers contend for CPU)"})
     warm: bool = field(default=True, metadata={
         "help": "the window is mid-epoch: its first workers*prefetch_factor batches were loaded before it"})
     select: Selector | None = field(default=None, metadata={
         "help": "the loading tasks, one per batch (default: CPU work named like DataLoader)"})
-
-    def _check(self) -> None:
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
-            raise TransformError(f"dataloader: workers must be an integer >= 1, got {self.workers!r} (workers=0 is "
-                                 "loading in the training thread, which is what a num_workers=0 trace shows)")
-        if isinstance(self.prefetch_factor, bool) or not isinstance(self.prefetch_factor, int) \
-                or self.prefetch_factor < 1:
-            raise TransformError(f"dataloader: prefetch_factor must be an integer >= 1, got {self.prefetch_factor!r}")
-        if self.fetch_us is not None and not self.fetch_us >= 0:
-            raise TransformError(f"dataloader: fetch_us must be >= 0, got {self.fetch_us!r}")
-        if not self.load_scale > 0:
-            raise TransformError(f"dataloader: load_scale must be > 0, got {self.load_scale!r}")
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         """The per-batch loading tasks (sorted ids); raises :class:`TransformError` when none."""
@@ -206,7 +197,6 @@ class DataLoaderWorkers(Transform):
         return ids
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
-        self._check()
         if self.select is None:
             graph = fold_loader_ranges(graph, reason=f"{self.label()}: one load task per batch")
         loads = self.match(graph, ctx)

@@ -258,8 +258,8 @@ class Fuse(Transform):
         return [cls()]
 
     select: Selector | None = field(default=None, metadata={"help": "only kernels in this selection (a layer, phase…)"})
-    min_chain: int = field(default=2, metadata={"help": "shortest chain to fuse (kernels)"})
-    max_chain: int = field(default=16, metadata={"help": "longest fused kernel (longer chains are cut)"})
+    min_chain: int = field(default=2, metadata={"minimum": 2, "help": "shortest chain to fuse (kernels)"})
+    max_chain: int = field(default=16, metadata={"minimum": 2, "help": "longest fused kernel (longer chains are cut)"})
     pattern: list[str] | None = field(default=None, metadata={
         "help": "regexes matched against consecutive kernel names (any kernel class)"})
 

@@ -64,8 +64,9 @@ class Gpu(Transform):
                    "CPU unchanged unless host_speed or host_from)")
 
     device: str = field(default="", metadata={"help": "catalog name (H100_SXM, MI300X…) or a trace-style GPU name"})
-    host_speed: float = field(default=1.0, metadata={"help": "CPU speed relative to the recorded host (2 = CPU "
-                                                             "tasks and gaps take half the time)"})
+    host_speed: float = field(default=1.0, metadata={
+        "exclusive_minimum": 0, "help": "CPU speed relative to the recorded host (2 = CPU "
+        "tasks and gaps take half the time)"})
     select: Selector = field(default_factory=lambda: Selector(kind="gpu"),
                              metadata={"help": "which GPU work moves (default: all)"})
     host_from: str | None = field(default=None, metadata={
@@ -78,8 +79,6 @@ class Gpu(Transform):
     def _check(self) -> None:
         if not str(self.device).strip():
             raise TransformError("gpu: name the destination, e.g. device = \"H100_SXM\" ('whatif devices' lists them)")
-        if not self.host_speed > 0:
-            raise TransformError(f"gpu: host_speed must be > 0 (1 = the recorded host), not {self.host_speed!r}")
         if self.host_from and self.host_speed != 1.0:
             raise TransformError("gpu: give host_speed or host_from, not both")
 

@@ -43,9 +43,11 @@ class DataParallel(OnTopology, Transform):
     name = "data_parallel"
     description = "data parallelism: d replicas; DDP gradient all-reduce buckets overlapped with backward"
 
-    degree: int = field(default=2, metadata={"help": "replicas d", "maximum": limits.MAX_GPUS})
-    bucket_mb: float = field(default=25.0, metadata={"help": "gradient bucket size in MiB (PyTorch DDP: 25)"})
-    grad_bytes: int = field(default=0, metadata={"help": "gradient bytes per step; 0 = forward GEMM/conv weight bytes"})
+    degree: int = field(default=2, metadata={"minimum": 1, "help": "replicas d", "maximum": limits.MAX_GPUS})
+    bucket_mb: float = field(default=25.0, metadata={
+        "exclusive_minimum": 0, "help": "gradient bucket size in MiB (PyTorch DDP: 25)"})
+    grad_bytes: int = field(default=0, metadata={
+        "minimum": 0, "help": "gradient bytes per step; 0 = forward GEMM/conv weight bytes"})
     topology: str = field(default="dgx_h100", metadata={"help": "topology preset for the all-reduces"})
     mode: str = field(default="training", metadata={"help": "training | serving"})
 

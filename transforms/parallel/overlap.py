@@ -229,13 +229,13 @@ class Overlap(OnTopology, Transform):
                 out.append(cls(nano_batches=2, comm_sms=TOKENWEAVE_SMS, fuse_norm=True))
         return out
 
-    nano_batches: int = field(default=2, metadata={"help": "nano-batches n per region (TokenWeave: 2)",
+    nano_batches: int = field(default=2, metadata={"minimum": 1, "help": "nano-batches n per region (TokenWeave: 2)",
                                                      "maximum": limits.MAX_PARTS})
-    interference: float = field(default=0.0, metadata={
+    interference: float = field(default=0.0, metadata={"minimum": 0,
         "help": "slowdown of concurrent compute and communication (>= 1); 0 = the graph's (the interference "
                 "transform's, else calibrated from the trace, else 1.15)"})
     topology: str = field(default="dgx_h100", metadata={"help": "topology preset that prices the collective parts"})
-    comm_sms: int = field(default=0, metadata={
+    comm_sms: int = field(default=0, metadata={"minimum": 0,
         "help": "SMs the collective kernel holds (TokenWeave: 2-8); > 0 replaces the interference: compute "
                 "slowed by SMs/(SMs - comm_sms), collectives at their own speed (fewer than the GPU's SMs)",
         "maximum": limits.MAX_GPU_SMS})
@@ -245,8 +245,6 @@ class Overlap(OnTopology, Transform):
 
     def factors(self, graph: TaskGraph, ctx: TransformContext) -> tuple[float, float]:
         """(slowdown of overlapped compute, slowdown of the collective parts)."""
-        if self.comm_sms < 0:
-            raise TransformError(f"{self.name}: comm_sms must be >= 0 (got {self.comm_sms})")
         if self.comm_sms and self.interference:
             raise TransformError(f"{self.name}: give comm_sms or interference, not both (comm_sms prices the "
                                  f"interference from the collective's SMs)")
@@ -297,8 +295,6 @@ class Overlap(OnTopology, Transform):
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
         n = self.nano_batches
-        if n < 1:
-            raise TransformError(f"{self.name}: nano_batches must be >= 1 (got {n})")
         if n == 1 and not self.fuse_norm:
             return graph
         if self.fuse_norm and not self.comm_sms:

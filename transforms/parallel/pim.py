@@ -479,10 +479,11 @@ class PimOffload(Transform):
     level: str = field(default="auto", metadata={"help": "partitioning level: auto | bank | bank_group | buffer_die"})
     partition: str = field(default="auto", metadata={"help": "auto (searched per kernel) | row | col"})
     offload: str = field(default="auto", metadata={"help": "auto (searched) | all (every candidate kernel)"})
-    max_intensity: float = field(default=16.0, metadata={"help": "candidates: arithmetic intensity <= this (FLOP/B)"})
-    kv_tokens: int = field(default=2048, metadata={
+    max_intensity: float = field(default=16.0, metadata={
+        "exclusive_minimum": 0, "help": "candidates: arithmetic intensity <= this (FLOP/B)"})
+    kv_tokens: int = field(default=2048, metadata={"minimum": 1,
         "help": "KV-cache tokens per attention (1 new per step is rearranged)"})
-    weight_reuse: int = field(default=0, metadata={
+    weight_reuse: int = field(default=0, metadata={"minimum": 0,
         "help": "steps one rearranged weight layout serves; 0 = rearranged once at load (reported, not per step)"})
     power_limited: bool = field(default=True, metadata={
         "help": "internal bandwidth within HBM's power budget (x9 bank, x3 bank group; AttAcc) or not (x16, x8)"})

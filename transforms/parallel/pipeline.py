@@ -251,17 +251,15 @@ class PipelineParallel(OnTopology, Transform):
     description = ("pipeline parallelism: one stage's layers, send/recv between stages, GPipe/1F1B bubbles "
                    "or request pipelining")
 
-    degree: int = field(default=2, metadata={"help": "pipeline stages p", "maximum": limits.MAX_GPUS})
-    micro_batches: int = field(default=0, metadata={
+    degree: int = field(default=2, metadata={"minimum": 1, "help": "pipeline stages p", "maximum": limits.MAX_GPUS})
+    micro_batches: int = field(default=0, metadata={"minimum": 0,
         "help": "micro-batches m per step; 0 = 4 for training, p for serving", "maximum": limits.MAX_PARTS})
     schedule: str = field(default="1f1b", metadata={"help": "1f1b | gpipe (training) | serving (request pipelining)"})
-    stage: int = field(default=-1, metadata={"help": "stage modeled (0..p-1); -1 = the last (it holds the LM head)"})
+    stage: int = field(default=-1, metadata={
+        "minimum": -1, "help": "stage modeled (0..p-1); -1 = the last (it holds the LM head)"})
     topology: str = field(default="dgx_h100", metadata={"help": "topology preset for the send/recv"})
 
     def _check(self) -> int:
-        if self.degree < 1 or self.micro_batches < 0:
-            raise TransformError(f"{self.name}: degree must be >= 1 and micro_batches >= 0 (got {self.degree}, "
-                                 f"{self.micro_batches})")
         if self.schedule not in SCHEDULES:
             raise TransformError(f"{self.name}: schedule must be one of {', '.join(SCHEDULES)} (got {self.schedule!r})")
         s = self.degree - 1 if self.stage < 0 else self.stage

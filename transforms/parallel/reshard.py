@@ -298,17 +298,22 @@ class Reshard(OnTopology, Transform):
     name = "reshard"
     description = "Seesaw: a parallel plan for prefill and one for decode; searches the pair, applies the best"
 
-    gpus: int = field(default=8, metadata={"help": "GPUs G (plans t x p = G)", "maximum": limits.MAX_GPUS})
+    gpus: int = field(default=8, metadata={
+        "minimum": 1, "help": "GPUs G (plans t x p = G)", "maximum": limits.MAX_GPUS})
     topology: str = field(default="dgx_h100", metadata={"help": "topology preset"})
-    buffer_gb: float = field(default=64.0, metadata={"help": "CPU KV buffer (GB) that sets the requests per phase"})
-    prompt_tokens: int = field(default=512, metadata={"help": "prompt tokens per request (KV size)"})
-    output_tokens: int = field(default=0, metadata={
+    buffer_gb: float = field(default=64.0, metadata={
+        "exclusive_minimum": 0, "help": "CPU KV buffer (GB) that sets the requests per phase"})
+    prompt_tokens: int = field(default=512, metadata={"minimum": 1, "help": "prompt tokens per request (KV size)"})
+    output_tokens: int = field(default=0, metadata={"minimum": 0,
         "help": "output tokens per request; 0 = decode/prefill steps ratio"})
-    kv_heads: int = field(default=0, metadata={"help": "KV heads (GQA); 0 = from the attention op's shapes"})
-    capacity_gb: float = field(default=0.0, metadata={"help": "GPU memory (GB); 0 = the recorded GPU's, from the "
-                                                              "catalog"})
-    gpus_per_host_link: int = field(default=2, metadata={"help": "GPUs sharing one PCIe host link (DGX A100: 2)",
-                                                           "maximum": limits.MAX_GPUS})
+    kv_heads: int = field(default=0, metadata={
+        "minimum": 0, "help": "KV heads (GQA); 0 = from the attention op's shapes"})
+    capacity_gb: float = field(default=0.0, metadata={
+        "minimum": 0, "help": "GPU memory (GB); 0 = the recorded GPU's, from the "
+        "catalog"})
+    gpus_per_host_link: int = field(default=2, metadata={
+        "minimum": 1, "help": "GPUs sharing one PCIe host link (DGX A100: 2)",
+        "maximum": limits.MAX_GPUS})
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         return find_blocks(graph)["task"].to_numpy(np.int64)

@@ -152,11 +152,12 @@ class SequenceParallel(OnTopology, Transform):
     description = "Ulysses / Ring / Torus (StreamFusion) sequence-parallel attention of degree P"
 
     mode: str = field(default="ulysses", metadata={"help": "ulysses | ring | torus | usp"})
-    degree: int = field(default=8, metadata={"help": "GPUs sharing the sequence (P)", "maximum": limits.MAX_GPUS})
+    degree: int = field(default=8, metadata={
+        "minimum": 1, "help": "GPUs sharing the sequence (P)", "maximum": limits.MAX_GPUS})
     topology: str = field(default="dgx_h100", metadata={"help": "topology preset; P > GPUs per machine spans machines"})
-    heads: int = field(default=0, metadata={
+    heads: int = field(default=0, metadata={"minimum": 0,
         "help": "attention heads (KV heads taken equal); 0 = from the attention op's recorded shapes"})
-    ulysses_degree: int = field(default=0, metadata={
+    ulysses_degree: int = field(default=0, metadata={"minimum": 0,
         "help": "usp: GPUs of the Ulysses group u (ring over P/u); 0 = the GPUs of one machine",
         "maximum": limits.MAX_GPUS})
 
@@ -176,8 +177,6 @@ class SequenceParallel(OnTopology, Transform):
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
         if self.mode not in MODES:
             raise TransformError(f"{self.name}: unknown mode {self.mode!r} (modes: {', '.join(MODES)})")
-        if self.degree < 1:
-            raise TransformError(f"{self.name}: degree must be >= 1 (got {self.degree})")
         machines, per = self._layout()
         blocks = find_blocks(graph)
         if blocks.empty:

@@ -78,20 +78,18 @@ class TensorParallel(OnTopology, Transform):
     name = "tensor_parallel"
     description = "Megatron tensor parallelism of degree t: sharded GEMMs/attention, all-reduces per block"
 
-    degree: int = field(default=2, metadata={"help": "tensor-parallel degree t (GPUs per model replica)",
+    degree: int = field(default=2, metadata={"minimum": 1, "help": "tensor-parallel degree t (GPUs per model replica)",
                                                "maximum": limits.MAX_GPUS})
     topology: str = field(default="dgx_h100", metadata={"help": "topology preset (whatif.hardware.topology)"})
     sequence_parallel: bool = field(default=False, metadata={
         "help": "reduce-scatter + all-gather instead of all-reduce; norms/residuals split along the sequence"})
-    activation_bytes: int = field(default=0, metadata={
+    activation_bytes: int = field(default=0, metadata={"minimum": 0,
         "help": "bytes of one block output (tokens x hidden x element size); 0 = from the GEMM shapes"})
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         return find_blocks(graph)["task"].to_numpy(np.int64)
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
-        if self.degree < 1:
-            raise TransformError(f"{self.name}: degree must be >= 1 (got {self.degree})")
         blocks = find_blocks(graph)
         if blocks.empty:
             raise TransformError(f"{self.name}: found no transformer block (an attention kernel followed by a "
