@@ -64,8 +64,8 @@ def main() -> None:
         print(f"pp4 1f1b m={m}: {ms(PipelineParallel(degree=4, micro_batches=m).apply(t.graph, ctx)):.2f} ms")
     for d in (2, 8):
         g = DataParallel(degree=d).apply(t.graph, ctx)
-        print(f"dp{d}: {ms(g):.2f} ms ({g.changes[-1].tasks} buckets, "
-              f"{g.changes[-1].after_ns / 1e6:.2f} ms of all-reduce)")
+        comm = g.tasks["dur_ns"].to_numpy()[g.tasks["kind"].to_numpy() == int(TaskKind.COMM)]
+        print(f"dp{d}: {ms(g):.2f} ms ({len(comm)} buckets, {comm.sum() / 1e6:.2f} ms of all-reduce)")
     print("\n## pipeline_parallel serving at equal in-flight sequences vs tensor_parallel (8 layers; x one GPU)")
     for name, kw in (("decode, 8 sequences", {"batch": 8, "new_tokens": 1, "kv_tokens": 2048}),
                      ("prefill, 1024 tokens", {"new_tokens": 1024, "kv_tokens": 1024})):
@@ -73,7 +73,7 @@ def main() -> None:
         ctx = make_context(a.trace)
         one = ms(a.graph)
         pp4 = ms(PipelineParallel(degree=4, schedule="serving").apply(a.graph, ctx)) / one
-        tp4 = ms(TensorParallel(degree=4, topology="dgx_a100").apply(a.graph, ctx)) / one
+        tp4 = ms(TensorParallel(degree=4, topology="dgx_h100").apply(a.graph, ctx)) / one
         print(f"{name}: pp4 {pp4:.2f}, tp4 {tp4:.2f}")
     a = analyze(llm_trace(tmp / "pp8.json.gz", new_tokens=1024, kv_tokens=1024, layers=8, steps=3))
     per_step = step_times(replay(PipelineParallel(degree=8, schedule="serving", stage=7).apply(
@@ -91,14 +91,14 @@ def main() -> None:
     comm = tp2.tasks[tp2.tasks["kind"] == int(TaskKind.COMM)]
     print(f"collectives: {len(comm)} ({ms(t.graph):.2f} -> {ms(tp2):.2f} ms per step)")
 
-    print("\n## overlap after tensor_parallel(8, dgx_a100) (512 tokens, 4 layers)")
+    print("\n## overlap after tensor_parallel(8, dgx_h100) (512 tokens, 4 layers)")
     s = analyze(llm_trace(tmp / "serve.json.gz", new_tokens=512, layers=4, steps=1))
     ctx = make_context(s.trace)
-    tp = TensorParallel(degree=8, topology="dgx_a100").apply(s.graph, ctx)
+    tp = TensorParallel(degree=8, topology="dgx_h100").apply(s.graph, ctx)
     print(f"1 GPU {ms(s.graph):.3f} ms, tp8 {ms(tp):.3f} ms")
     for n in (2, 4):
         for phi in (1.0, 1.15, 1.3):
-            overlapped = Overlap(nano_batches=n, interference=phi, topology='dgx_a100').apply(tp, ctx)
+            overlapped = Overlap(nano_batches=n, interference=phi, topology='dgx_h100').apply(tp, ctx)
             print(f"n={n} phi={phi}: {ms(overlapped):.3f} ms")
     for name in ("nccl_data_a100_rank0of2.json.gz", "negative_queue_a100_rank0of16.json.gz"):
         p = SHARED / "hta" / name
@@ -133,7 +133,8 @@ def sequence_parallel(tmp: Path) -> None:
     K, V with their merges), in us (2 blocks per step)."""
     print("\n## sequence_parallel (DiT-like, 2 blocks, 32,768 tokens, hidden 3072 = 24 heads x 128, FFN 12,288; "
           "dgx_h100)")
-    d = analyze(transformer_trace(tmp / "dit.json.gz", layers=2, tokens=32768, hidden=3072, ffn=4 * 3072))
+    d = analyze(transformer_trace(tmp / "dit.json.gz", layers=2, tokens=32768, hidden=3072, ffn=4 * 3072,
+                                  gpu_name="NVIDIA H100 80GB HBM3"))
     ctx = make_context(d.trace)
     print(f"1 GPU: {ms(d.graph):.2f} ms per step")
     print("| P x machines | mode | step (ms) | all-to-alls, us | hops or transfers, us | attention pieces, us |")

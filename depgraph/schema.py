@@ -61,6 +61,9 @@ class Column:
     required: bool = True
 
 
+PRECISION_COLUMN = "cost_precision"   # the precision specs applied to a task, "+"-joined (precision)
+DEVICE_COLUMN = "cost_device"         # the GPU a task is priced on now (gpu; inserted collectives: their preset's)
+
 TASKS = (
     Column("event", DType.INT, minimum=-1),
     Column("kind", DType.INT, codes=TaskKind),
@@ -74,8 +77,8 @@ TASKS = (
     Column("layer", DType.TEXT, nullable=True),
     Column("op", DType.TEXT, nullable=True),
     Column("name", DType.TEXT),
-    Column("cost_precision", DType.TEXT, nullable=True, required=False),
-    Column("cost_device", DType.TEXT, nullable=True, required=False),
+    Column(PRECISION_COLUMN, DType.TEXT, nullable=True, required=False),
+    Column(DEVICE_COLUMN, DType.TEXT, nullable=True, required=False),
     Column("share_ref", DType.FLOAT, nullable=True, required=False),
     Column("share_interference", DType.FLOAT, nullable=True, required=False),
 )

@@ -84,6 +84,7 @@ from whatif.core.dtypes import (
 from whatif.core.kernels import KernelClass, duration_shares, gemm_shape, op_flops_bytes
 from whatif.core.work import WORK_COLUMN, output_shares, shares_of
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph, TaskKind, kind_codes
+from whatif.depgraph.schema import DEVICE_COLUMN, PRECISION_COLUMN
 from whatif.hardware.devices import DEVICES, Device, find_device, get_device
 from whatif.hardware.retarget import PairedKernels, RetargetFit, fit_retarget, retarget_ns
 from whatif.hardware.roofline import (
@@ -111,8 +112,6 @@ ASSUMED_BW_EFFICIENCY = 0.7      # of peak DRAM bandwidth, when the trace cannot
 ASSUMED_MATRIX_EFFICIENCY = 0.5  # of peak FLOP/s, to estimate FLOPs of a matrix kernel without shapes
 DEFAULT_BW_BYTES_PER_S = 1.0e12  # when neither the trace nor the device tells
 MAX_WAIT_RATIO = 4.0             # a collective kernel longer than this x the model mostly waited for peers
-PRECISION_COLUMN = "cost_precision"
-DEVICE_COLUMN = "cost_device"
 
 PRECISIONS = ("tf32", "bf16", "fp16", "fp8", "int8")
 WEIGHT_ONLY = ("int4", "int8", "fp8")
@@ -527,8 +526,8 @@ class TraceCostModel(CostModelBase):
             if k == int(TaskKind.MEMCPY) or k == int(TaskKind.COMM) or c == KernelClass.COLLECTIVE.value:
                 ratio = _copy_ratio(names[idx], src, dst) if k == int(TaskKind.MEMCPY) \
                     else src.peer_copy_bw_bytes_per_s / dst.peer_copy_bw_bytes_per_s
-                fixed = np.minimum(dur[idx], fixed_latency_ns(src))
-                out[idx] = fixed + (dur[idx] - fixed) * ratio
+                fixed = np.minimum(dur[idx], fixed_latency_ns(src))   # launch and ramp: the device's own
+                out[idx] = fixed * (fixed_latency_ns(dst) / fixed_latency_ns(src)) + (dur[idx] - fixed) * ratio
             else:
                 fit = self.retarget_fit(src, dst, fit_from) if fit_from else None
                 family = np.where(pd.notna(ops[idx]), ops[idx], facts["kernel_class"][idx])

@@ -24,11 +24,12 @@ PEAK, BW, ELEM = 150e12, 1.5e12, 2   # FLOP/s and bytes/s the fake kernels reach
 
 
 def transformer_trace(path: Path, layers: int = 2, tokens: int = 2048, hidden: int = 4096, ffn: int = 11008,
-                      steps: int = 1, shapes: bool = True, nccl: bool = False) -> Path:
+                      steps: int = 1, shapes: bool = True, nccl: bool = False,
+                      gpu_name: str = "NVIDIA A100-SXM4-80GB") -> Path:
     """A pre-norm decoder forward pass per step: per layer norm, QKV, flash attention, out-proj,
     add, norm, gate/up, act, down, add; GEMMs launched by aten::mm with recorded shapes. With
     ``nccl``, one 8-rank all-reduce of the last output (as PyTorch records it) ends each step."""
-    tr = KinetoTrace(rank=0, world_size=8 if nccl else 1)
+    tr = KinetoTrace(rank=0, world_size=8 if nccl else 1, gpu_name=gpu_name)
     m, h = tokens, hidden
     corr, ts = 0, 0.0
     gpu_t = 0.0

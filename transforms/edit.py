@@ -47,6 +47,7 @@ from whatif.depgraph.graph import (
     TaskGraph,
     TaskKind,
 )
+from whatif.depgraph.schema import DEVICE_COLUMN
 from whatif.tracer.kinds import codes
 
 ORDER_KINDS = (int(EdgeKind.THREAD), int(EdgeKind.STREAM))
@@ -561,7 +562,8 @@ def insert_many(graph: TaskGraph, *, kind: TaskKind | Sequence[int] | np.ndarray
     """Add many tasks at once; return the new graph and their ids (in input order).
 
     Task ``i`` runs on ``resource`` (one value or one per task) for ``dur_ns[i]``. It takes its
-    step, phase, layer and op from task ``attribute_from[i]`` (-1: none) and its rank from its
+    step, phase, layer, op and the GPU it is priced on (``cost_device``: a part of a moved kernel
+    runs where the kernel does) from task ``attribute_from[i]`` (-1: none) and its rank from its
     resource. ``edges`` (see :class:`NewEdges`) connect the new tasks among themselves and to the
     graph; ``drop_edges`` (a mask over ``graph.edges``) removes edges they replace, e.g. the order
     edge a chain of new tasks is spliced into. A task with no incoming edge is anchored to its
@@ -609,7 +611,7 @@ def insert_many(graph: TaskGraph, *, kind: TaskKind | Sequence[int] | np.ndarray
     new["measured_start_ns"] = -1
     new["measured_end_ns"] = -1
     new["step"] = np.where(has, t["step"].to_numpy()[rows], -1)
-    for c in ("phase", "layer", "op"):
+    for c in ("phase", "layer", "op", DEVICE_COLUMN):
         if c in t:
             inherited = t[c].to_numpy(dtype=object)[rows]
             inherited[~has] = None

@@ -64,13 +64,13 @@ import pandas as pd
 from whatif.core.dtypes import DType, dtype_in_kernel_name, element_bytes
 from whatif.core.kernels import KernelClass, classify_kernel
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph
-from whatif.hardware.devices import Device, find_device
+from whatif.hardware.devices import Device
 from whatif.hardware.roofline import LARGE_GEMM_FLOPS, fixed_latency_ns, weight_gemm_ns
 from whatif.predictors.bounds import union_ns
-from whatif.predictors.costs import DEVICE_COLUMN
 from whatif.predictors.replay import Replay, replay
 from whatif.transforms.base import TransformContext
 from whatif.transforms.generic import Scale
+from whatif.transforms.optimizations.gpu import current_device
 from whatif.transforms.parallel.memory import DEFAULT_HEAD_DIM, ModelShape
 from whatif.transforms.select import Selector, kernel_classes
 
@@ -558,19 +558,6 @@ def anchors_from_replay(replay: Replay, cpu_replay: Replay, found: FoundIteratio
     gaps = held[1:, 0] - held[:-1, 1]
     loop = float(np.median(np.clip(gaps, 0, None))) if len(gaps) else 0.0
     return anchors, loop
-
-
-def current_device(graph: TaskGraph, recorded: Device | None) -> Device | None:
-    """The GPU the graph's kernels run on now: the destination a ``gpu`` transform wrote on most of
-    them (the ``cost_device`` column), else ``recorded``."""
-    if DEVICE_COLUMN not in graph.tasks:
-        return recorded
-    t = graph.tasks
-    gpu = np.isin(t["kind"].to_numpy(), [int(k) for k in GPU_WORK_KINDS])
-    moved = t.loc[gpu, DEVICE_COLUMN].dropna().astype(str)
-    if not len(moved) or len(moved) * 2 < int(gpu.sum()):
-        return recorded
-    return find_device(str(moved.value_counts().sort_index().idxmax())) or recorded
 
 
 def fit_cost_model(replay: Replay, cpu_replay: Replay, found: FoundIterations, device: Device | None,

@@ -36,12 +36,14 @@ import numpy as np
 from whatif.core.errors import WhatifError
 from whatif.depgraph.graph import (
     GPU_WORK_KINDS,
+    LOCAL_GPU_WORK_KINDS,
     EdgeKind,
     TaskGraph,
     TaskKind,
     kind_codes,
 )
-from whatif.hardware.devices import GIB, find_device, get_device
+from whatif.depgraph.schema import DEVICE_COLUMN
+from whatif.hardware.devices import GIB, Device, find_device, get_device
 from whatif.tracer.host import host_time_ratio
 from whatif.tracer.memory import device_label, gpu_peaks
 from whatif.tracer.trace import Trace, load_trace
@@ -52,7 +54,7 @@ from ..placement import Placement
 from ..registry import register
 from ..select import Selector, select
 
-COLUMN = "cost_device"   # read by whatif.predictors.costs
+COLUMN = DEVICE_COLUMN   # read by whatif.predictors.costs
 _CPU_KINDS = (int(TaskKind.CPU_CALL), int(TaskKind.CPU_WORK))
 
 
@@ -160,6 +162,20 @@ class Gpu(Transform):
                     f"gpu: rank {peak.rank} {device_label(peak.device_type, peak.device_id)} held "
                     f"{peak.allocated_bytes / GIB:.1f} GiB allocated at its peak, more than the {dest.name}'s "
                     f"{dest.mem_bytes / GIB:.0f} GiB: the work does not fit ('whatif memory' shows what held it)")
+
+
+def current_device(graph: TaskGraph, recorded: Device | None) -> Device | None:
+    """The GPU the graph's kernels run on now: the destination a ``gpu`` transform wrote on most of
+    them (the ``cost_device`` column), else ``recorded``. Collectives are left out: those a
+    parallel transform inserts name the GPU of the preset that priced them."""
+    if DEVICE_COLUMN not in graph.tasks:
+        return recorded
+    t = graph.tasks
+    gpu = np.isin(t["kind"].to_numpy(), [int(k) for k in LOCAL_GPU_WORK_KINDS])
+    moved = t.loc[gpu, DEVICE_COLUMN].dropna().astype(str)
+    if not len(moved) or len(moved) * 2 < int(gpu.sum()):
+        return recorded
+    return find_device(str(moved.value_counts().sort_index().idxmax())) or recorded
 
 
 def _catalog_name(device: str) -> str:

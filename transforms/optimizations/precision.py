@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph, kind_codes
+from whatif.depgraph.schema import PRECISION_COLUMN
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import scale, set_state
@@ -40,7 +41,7 @@ from ..placement import Placement
 from ..registry import register
 from ..select import Selector
 
-COLUMN = "cost_precision"   # read by whatif.predictors.costs
+COLUMN = PRECISION_COLUMN   # read by whatif.predictors.costs
 DTYPES = ("tf32", "bf16", "fp16", "fp8", "int8", "int4_weight")
 
 

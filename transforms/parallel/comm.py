@@ -20,11 +20,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
+from whatif.depgraph.schema import DEVICE_COLUMN
 from whatif.hardware.devices import find_device
+from whatif.hardware.topology import preset
 from whatif.tracer.measured_collectives import collective_points
 
 from ..base import TransformContext, TransformError
-from ..edit import NewEdges, add_resource, insert_many, new_task
+from ..edit import NewEdges, add_resource, insert_many, new_task, set_duration, set_state
+from ..optimizations.gpu import current_device
 
 
 class OnTopology:
@@ -36,6 +39,14 @@ class OnTopology:
 
     def collective_topology(self) -> str | None:
         return self.topology
+
+    def topology_gpu(self) -> str | None:
+        """The catalog name of the preset's GPUs, whose links price the collectives inserted on
+        it (None for a name that is not a preset: pricing refuses it with the presets' list)."""
+        try:
+            return preset(self.topology).device
+        except ValueError:
+            return None
 
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast", "reduce")
@@ -140,13 +151,20 @@ def comm_stream(graph: TaskGraph, rank: int, label: str) -> tuple[TaskGraph, int
 def insert_tasks(graph: TaskGraph, *, resource: int, after: Sequence[int], before: Sequence[int],
                  dur_ns: Sequence[int], names: Sequence[str], reason: str,
                  kind: TaskKind = TaskKind.COMM, extra_after: Sequence[Sequence[int]] | None = None,
-                 after_lat_ns: Sequence[int] | None = None, before_lat_ns: Sequence[int] | None = None) -> tuple[
-                     TaskGraph, np.ndarray]:
+                 after_lat_ns: Sequence[int] | None = None, before_lat_ns: Sequence[int] | None = None,
+                 priced_on: str | Sequence[str | None] | None = None,
+                 ctx: TransformContext | None = None) -> tuple[TaskGraph, np.ndarray]:
     """Insert tasks in bulk on ``resource`` (an ordered stream), chained in the order given.
 
     Task ``i`` depends on ``after[i]`` (and on ``extra_after[i]``) and ``before[i]`` depends on it
     (FLOW edges; -1 for none), those two edges carrying ``after_lat_ns[i]`` and ``before_lat_ns[i]``
-    (default 0); it inherits step, phase, layer and op from ``after[i]``.
+    (default 0); it inherits step, phase, layer, op and the GPU it is priced on from ``after[i]``.
+    ``priced_on`` (one catalog name, or one per task) instead names the GPU whose links priced the
+    new tasks. Collectives priced on a topology preset are priced on the preset's GPUs; with
+    ``ctx``, when the graph's GPU is another (recorded so, or moved by ``gpu``), they are moved to
+    it by the cost model's own ``move_to_device`` (the rule ``gpu`` applies to every collective:
+    link ratio beyond the fixed latency), so the preset sets the machine (fabric, NICs, machines)
+    and the GPU its links, and ``gpu`` before or after a parallel transform gives the same step.
     Returns the new graph and the new task ids (aligned with the inputs).
     """
     n_new = len(dur_ns)
@@ -176,8 +194,22 @@ def insert_tasks(graph: TaskGraph, *, resource: int, after: Sequence[int], befor
     edges = NewEdges(src=np.concatenate([*src, chain[:-1]]), dst=np.concatenate([*dst, chain[1:]]),
                      lat_ns=np.concatenate([*lat, np.zeros(len(chain) - 1, dtype=np.int64)]),
                      kind=np.r_[np.full(n_flow, int(EdgeKind.FLOW)), np.full(len(chain) - 1, int(EdgeKind.STREAM))])
-    return insert_many(graph, kind=kind, resource=resource, dur_ns=dur_ns, names=names, attribute_from=a,
-                       edges=edges, reason=reason)
+    out, ids = insert_many(graph, kind=kind, resource=resource, dur_ns=dur_ns, names=names, attribute_from=a,
+                           edges=edges, reason=reason)
+    if priced_on is None:
+        return out, ids
+    shown = priced_on if isinstance(priced_on, str) else "their collectives' GPUs"
+    out = set_state(out, ids, DEVICE_COLUMN, priced_on if isinstance(priced_on, str) else list(priced_on),
+                    reason=f"priced on {shown}")
+    if not isinstance(priced_on, str) or ctx is None:
+        return out, ids
+    here = current_device(out, find_device(ctx.device) if ctx.device else None)
+    if here is None or here.name == priced_on:
+        return out, ids
+    moved = ctx.require_cost("collective pricing").move_to_device(out, ids, here.name)
+    out = set_duration(out, ids, np.rint(moved).astype(np.int64),
+                       reason=f"priced on {priced_on} links, the graph runs on {here.name}: by link ratio")
+    return set_state(out, ids, DEVICE_COLUMN, here.name, reason=f"now on {here.name}"), ids
 
 
 def next_on_resource(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:

@@ -81,7 +81,8 @@ class DataParallel(OnTopology, Transform):
             g, res = comm_stream(g, rank, "dp comm")
             g, _ = insert_tasks(g, resource=res, after=[p[0] for p in plan], before=[p[1] for p in plan],
                                 dur_ns=[p[2] for p in plan], names=[p[3] for p in plan],
-                                reason=f"{self.label()}: {len(plan)} gradient all-reduce buckets")
+                                reason=f"{self.label()}: {len(plan)} gradient all-reduce buckets",
+                                priced_on=self.topology_gpu(), ctx=ctx)
         return g
 
     def _plan(self, graph: TaskGraph, cost, ctx: TransformContext, rank: int, step: int,

@@ -50,6 +50,7 @@ import pandas as pd
 from whatif.core import limits
 from whatif.core.kernels import collective_kind
 from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
+from whatif.depgraph.schema import DEVICE_COLUMN
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import add_edges, remove, remove_edges, set_duration
@@ -124,13 +125,15 @@ def detach_collectives(graph: TaskGraph, *, reason: str) -> TaskGraph:
     moved = e[touching]
     g = remove_edges(graph, touching, reason=reason)
     ranks, dur = t["rank"].to_numpy(), t["dur_ns"].to_numpy()
+    priced_on = t[DEVICE_COLUMN].to_numpy(dtype=object) if DEVICE_COLUMN in t else np.full(len(t), None, dtype=object)
     new_id = np.full(len(t), -1, dtype=np.int64)
     for rank in np.unique(ranks[coll]).tolist():
         mine = np.flatnonzero(ranks[coll] == rank)
         g, res = comm_stream(g, int(rank), "trace collectives")
         g, ids = insert_tasks(g, resource=res, after=before[mine].tolist(), before=after[mine].tolist(),
                               dur_ns=dur[coll[mine]].tolist(), names=[labels[i] for i in mine.tolist()], reason=reason,
-                              after_lat_ns=gap_before[mine].tolist(), before_lat_ns=gap_after[mine].tolist())
+                              after_lat_ns=gap_before[mine].tolist(), before_lat_ns=gap_after[mine].tolist(),
+                              priced_on=list(priced_on[coll[mine]]))
         new_id[coll[mine]] = ids
     src, dst = moved["src"].to_numpy(), moved["dst"].to_numpy()
     src, dst = np.where(new_id[src] >= 0, new_id[src], src), np.where(new_id[dst] >= 0, new_id[dst], dst)

@@ -386,7 +386,8 @@ class PipelineParallel(OnTopology, Transform):
             g, res = comm_stream(g, rank, "pp comm")
             g, _ = insert_tasks(g, resource=res, after=[h[1] for h in mine], before=[h[2] for h in mine],
                                 dur_ns=[h[3] for h in mine], names=[f"pp {h[4]} ({m} x send_recv)" for h in mine],
-                                reason=f"{self.label()}: {len(mine)} stage-boundary transfers")
+                                reason=f"{self.label()}: {len(mine)} stage-boundary transfers",
+                                priced_on=self.topology_gpu(), ctx=ctx)
         if anchors:
             why = (f"bubble (p-1)/(m+p-1) = {bubble_fraction(p, m):.3f} of the step; activations held: "
                    f"{m if self.schedule == 'gpipe' else min(p, m)} micro-batches" if training else

@@ -330,14 +330,15 @@ class SequenceParallel(OnTopology, Transform):
             plan = sorted(x for x in a2a_plan if x[5] == rank)
             g, ids = insert_tasks(g, resource=res, after=[x[1] for x in plan], before=[x[2] for x in plan],
                                   dur_ns=[x[3] for x in plan], names=[f"sp all_to_all {x[4]}" for x in plan],
-                                  reason=f"{self.label()}: {len(plan)} all-to-alls")
+                                  reason=f"{self.label()}: {len(plan)} all-to-alls",
+                                  priced_on=self.topology_gpu(), ctx=ctx)
             a2a_ids.update({x[0]: int(i) for x, i in zip(plan, ids.tolist())})
         if any(x[4] for x in splice_anchor):
-            g = self._blocks_and_hops(g, splice_anchor, a2a_ids)
+            g = self._blocks_and_hops(g, splice_anchor, a2a_ids, ctx)
         return g
 
     def _blocks_and_hops(self, g: TaskGraph, plan: list[tuple[int, int, int, list[int], list[int], int]],
-                         a2a_ids: dict[int, int]) -> TaskGraph:
+                         a2a_ids: dict[int, int], ctx: TransformContext) -> TaskGraph:
         """Hop transfers chained on a stream, the first of each block after the all-to-all whose
         output it sends (usp, torus); block computations spliced after the local one, each waiting
         for its hop."""
@@ -354,7 +355,8 @@ class SequenceParallel(OnTopology, Transform):
                 durs += hops
                 names += [f"{label} {j + 1}/{len(hops)}" for j in range(len(hops))]
             g, ids = insert_tasks(g, resource=res, after=after, before=[-1] * len(durs), dur_ns=durs, names=names,
-                                  reason=f"{self.label()}: {len(durs)} transfers", extra_after=extra)
+                                  reason=f"{self.label()}: {len(durs)} transfers", extra_after=extra,
+                                  priced_on=self.topology_gpu(), ctx=ctx)
             k = 0
             for i in mine:
                 hop_ids[i] = ids[k:k + len(plan[i][4])]

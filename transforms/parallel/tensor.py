@@ -157,7 +157,8 @@ class TensorParallel(OnTopology, Transform):
             g, _ = insert_tasks(g, resource=res, after=[p[1] for p in plan], before=[p[2] for p in plan],
                                 dur_ns=durs, names=[f"tp {p[3]} ({p[4] / 2**20:.2f} MiB x{self.degree})"
                                                     for p in plan],
-                                reason=f"{self.label()}: {len(plan)} collectives")
+                                reason=f"{self.label()}: {len(plan)} collectives",
+                                priced_on=self.topology_gpu(), ctx=ctx)
         return g
 
 
