@@ -95,5 +95,36 @@ def excluded_part(step: int, reason: Exclusion, step_ms: float, rank: int = 0) -
     return f"step {step}{f' of rank {rank}' if rank else ''} ({reason.value}: {reason.why}, {step_ms:,.3f} ms)"
 
 
+def ranks_text(ranks: Sequence[int]) -> str:
+    """Ranks as runs: ``0-3, 5, 7-9`` (``-`` for none).
+
+    >>> ranks_text([0, 1, 2, 3, 5, 7, 8, 9]), ranks_text([4]), ranks_text([])
+    ('0-3, 5, 7-9', '4', '-')
+    """
+    xs = sorted(set(int(r) for r in ranks))
+    if not xs:
+        return "-"
+    runs: list[list[int]] = [[xs[0], xs[0]]]
+    for x in xs[1:]:
+        if x == runs[-1][1] + 1:
+            runs[-1][1] = x
+        else:
+            runs.append([x, x])
+    return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
+
+
+def excluded_group(step: int, reason: Exclusion, step_ms: Sequence[float], ranks: Sequence[int]) -> str:
+    """One left-out step number on several ranks, named once (the ranks as runs, the times' range).
+
+    >>> excluded_group(0, Exclusion.WARMUP, [0.9, 1.2], [0, 1])
+    'step 0 of ranks 0-1 (warm-up: the first step (ProfilerStep#0) holds start-up, 0.900-1.200 ms)'
+    """
+    if len(ranks) == 1:
+        return excluded_part(step, reason, step_ms[0], ranks[0])
+    lo, hi = min(step_ms), max(step_ms)
+    took = f"{lo:,.3f} ms" if lo == hi else f"{lo:,.3f}-{hi:,.3f} ms"
+    return f"step {step} of ranks {ranks_text(ranks)} ({reason.value}: {reason.why}, {took})"
+
+
 INCLUDE_HINT = "--include-warmup / --include-partial count them"
 """What brings left-out steps back, said after the list of them."""

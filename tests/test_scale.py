@@ -5,6 +5,7 @@ multi-rank folders."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -207,6 +208,27 @@ def test_job_command_writes_the_steps_analyze_writes(synthetic: Path, tmp_path: 
     assert job["schema"] == "whatif.job" and job["steps"] == one["steps"] and job["tasks"] == one["tasks"]
     assert main(["job", str(synthetic), "--groups", "2", "-q", "--json", str(tmp_path / "k.json")]) == 0
     assert (tmp_path / "k.json").read_bytes() == (tmp_path / "j.json").read_bytes()
+
+
+def test_job_counts_the_steps_analyze_counts(synthetic: Path, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The per-rank means leave the warm-up step out as ``analyze`` does (until 2026-11-28 they
+    averaged it in), and ``--include-warmup`` counts it in both."""
+    assert main(["job", str(synthetic), "--inline"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if re.match(r"^\s*│?\s*\d+\s*│\s*\d+\s*│", line)]
+    assert len(rows) == 4 and {r[2] for r in rows} == {"2"}       # rank │ steps: 2 of 3 counted
+    assert "excluded from means: step 0 of ranks 0-3 (warm-up" in out and "--include-warmup" in out
+    for flags in ([], ["--include-warmup"]):
+        assert main(["job", str(synthetic), "--inline", "-q", "--json", str(tmp_path / "j.json"), *flags]) == 0
+        assert main(["analyze", str(synthetic), "-q", "--json", str(tmp_path / "a.json"), *flags]) == 0
+        job, one = json.loads((tmp_path / "j.json").read_text()), json.loads((tmp_path / "a.json").read_text())
+        assert job["steps"] == one["steps"]
+        assert any("excluded" in s for s in job["steps"]) == (not flags)
+    assert main(["job", str(synthetic), "--inline", "--include-warmup"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if re.match(r"^\s*│?\s*\d+\s*│\s*\d+\s*│", line)]
+    assert {r[2] for r in rows} == {"3"} and "excluded from means" not in out
 
 
 @pytest.mark.slow

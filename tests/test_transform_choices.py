@@ -77,7 +77,7 @@ def kernel_ns(graph: TaskGraph) -> int:
 
 def scenario(tmp_path: Path, body: str, name: str = "s.toml") -> Path:
     path = tmp_path / name
-    path.write_text(f'name = "toy"\n\n[[transform]]\nname = "toy_choices"\n{body}\n')
+    path.write_text(f'name = "toy {Path(name).stem}"\n\n[[transform]]\nname = "toy_choices"\n{body}\n')
     return path
 
 

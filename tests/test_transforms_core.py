@@ -280,3 +280,22 @@ def test_entry_point_transforms_are_registered(monkeypatch: pytest.MonkeyPatch, 
 def test_predict_api_accepts_transform_objects(launch_bound) -> None:
     p = predict(launch_bound, [Scale(select=Selector(kind="cpu"), factor=0.0)])
     assert step_times(p.scenarios[0].replay)["predicted_ns"].sum() < launch_bound.steps["predicted_ns"].sum()
+
+
+def test_scenario_names_are_distinct(tmp_path: Path, launch_bound, capsys: pytest.CaptureFixture[str]) -> None:
+    """Results are keyed by scenario name: a name given twice, or ``baseline``, is refused before
+    the trace is read, naming the files."""
+    trace = str(launch_bound.trace.ranks[0].path)
+    a = write(tmp_path / "a.toml", 'name = "fast"\n[[transform]]\nname = "scale"\nfactor = 0.5\n')
+    (tmp_path / "sub").mkdir()
+    b = write(tmp_path / "sub" / "b.toml", 'name = "fast"\n[[transform]]\nname = "scale"\nfactor = 0.25\n')
+    base = write(tmp_path / "base.toml", 'name = "baseline"\n[[transform]]\nname = "scale"\n')
+    for files, message in (([a, b], f"{b}: scenario name 'fast' is also that of {a}"),
+                           ([a, a], f"{a}: this scenario is given twice"),
+                           ([base], "scenario name 'baseline' is also that of the recorded trace")):
+        argv = ["predict", trace] + [x for f in files for x in ("-s", str(f))]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0]
+    with pytest.raises(ScenarioError, match="is also that of"):
+        predict(trace, [a, b])

@@ -201,6 +201,29 @@ def _transform_lines(text: str) -> list[int]:
     return [i + 1 for i, line in enumerate(text.splitlines()) if re.match(r"\s*\[\[\s*transform\s*\]\]", line)]
 
 
+BASELINE_NAME = "baseline"   # the row of the recorded trace in every result
+
+
+def check_distinct_names(scenarios: Sequence[Scenario]) -> None:
+    """Refuse two scenarios of one name, or one named ``baseline`` (the recorded trace's row): every
+    result (tables, JSON documents, reports, diffs) is keyed by the name.
+
+    Raises
+    ------
+    ScenarioError
+        Naming the second scenario's file (or ``<scenario>``) and the first's.
+    """
+    seen = {BASELINE_NAME: "the recorded trace (the baseline row)"}
+    for s in scenarios:
+        where = s.source or "<scenario>"
+        if s.name in seen and seen[s.name] == where != "<scenario>":
+            raise ScenarioError(f"{where}: this scenario is given twice")
+        if s.name in seen:
+            raise ScenarioError(f"{where}: scenario name {s.name!r} is also that of {seen[s.name]}: give each "
+                                f"scenario its own (name = \"...\" in the file)")
+        seen[s.name] = where
+
+
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file. Raises :class:`ScenarioError` (``FILE:LINE: problem``)."""
     path = Path(path)

@@ -29,7 +29,7 @@ from whatif.predictors.steps import (
 )
 from whatif.tracer.trace import Trace, load_trace
 from whatif.transforms.base import Transform, TransformContext
-from whatif.transforms.scenario import Scenario, ScenarioError, load_scenario
+from whatif.transforms.scenario import Scenario, ScenarioError, check_distinct_names, load_scenario
 from whatif.transforms.sharing import with_reference
 
 __all__ = ["Analysis", "Prediction", "ScenarioResult", "StepOptions", "analyze", "build_graph", "load_scenario",
@@ -158,6 +158,7 @@ def predict(path_or_analysis: str | Path | Analysis, scenarios: Sequence[Scenari
     own ``cost_model``, else of ``cost_model`` (both checked before the trace is read)."""
     loaded = [Scenario(name=item.label(), transforms=[item]) if isinstance(item, Transform)
               else item if isinstance(item, Scenario) else load_scenario(item) for item in scenarios]
+    check_distinct_names(loaded)
     models = [scenario_cost_model(s, cost_model) for s in loaded]
     base = path_or_analysis if isinstance(path_or_analysis, Analysis) else analyze(path_or_analysis)
     contexts: dict[tuple[Enum, tuple[tuple, ...]], TransformContext] = {}

@@ -109,7 +109,7 @@ from whatif.predictors.serving.simulator import (
 from whatif.transforms.base import Transform, TransformError
 from whatif.transforms.parallel.memory import ModelShape, device_capacity_bytes, model_shape
 from whatif.transforms.placement import Placement
-from whatif.transforms.scenario import Scenario, load_scenario, scenario_placement
+from whatif.transforms.scenario import Scenario, check_distinct_names, load_scenario, scenario_placement
 from whatif.transforms.select import Selector
 
 __all__ = ["DitOptions", "ServingModels", "Workload", "column_mapping", "fit_serving", "recorded_capacity", "serve",
@@ -517,6 +517,7 @@ def fit_serving(path: str | Path | Analysis, scenarios: Sequence[ScenarioLike] =
     a ``cost_model`` key are priced by ``cost_model``. The fits use the steps ``step_options``
     counts (default: an Analysis's own options, else warm-up and partial steps left out)."""
     loaded = [load_scenario(s) if isinstance(s, (str, Path)) else s for s in scenarios]  # validate files first
+    check_distinct_names([s for s in loaded if isinstance(s, Scenario)])
     for s in loaded:
         if isinstance(s, Scenario):
             scenario_cost_model(s, cost_model)

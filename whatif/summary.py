@@ -9,7 +9,7 @@ import pandas as pd
 from msgspec import UnsetType
 
 from whatif.api import Analysis, Prediction, ScenarioResult
-from whatif.core.steps import INCLUDE_HINT, Exclusion, excluded_part
+from whatif.core.steps import INCLUDE_HINT, Exclusion, excluded_group
 from whatif.depgraph.graph import GPU_WORK_KINDS, Change, TaskKind, kind_codes
 from whatif.documents import (
     UNSET,
@@ -76,8 +76,12 @@ def excluded_marks(steps: pd.DataFrame) -> list[str | UnsetType]:
 def excluded_line(entries: list[StepFidelity] | list[BaselineStep]) -> str | None:
     """``excluded from means: step 0 (warm-up: the first step ... holds start-up, 68.701 ms); ...``,
     None when every step counts."""
-    parts = [excluded_part(s.step, Exclusion(s.excluded), s.measured_ns / 1e6, s.rank)
-             for s in entries if s.excluded is not UNSET]
+    groups: dict[tuple[int, str], list[StepFidelity | BaselineStep]] = {}
+    for s in entries:
+        if s.excluded is not UNSET:
+            groups.setdefault((s.step, str(s.excluded)), []).append(s)
+    parts = [excluded_group(step, Exclusion(why), [s.measured_ns / 1e6 for s in g], [s.rank for s in g])
+             for (step, why), g in groups.items()]
     if not parts:
         return None
     return "excluded from means: " + "; ".join(parts) + f" ({INCLUDE_HINT})"

@@ -8,14 +8,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 from rich.console import Console
 
+from whatif.core.steps import ranks_text
 from whatif.documents import Fidelity, JobDocument, JobGroup, StepFidelity, write_json
+from whatif.predictors.steps import StepOptions
 from whatif.scale.job import Backend, JobReplay, ParallelOptions, replay_job
 from whatif.scale.ray_backend import RAY_ADDRESS_ENV, ray_target
-from whatif.summary import console, excluded_marks
+from whatif.summary import console, excluded_line, excluded_marks
 from whatif.tracer.readers import accepted
 
+from ._dataclass_args import add_dataclass_arguments, from_args
 from ._progress import working
 from ._tables import print_table
 from ._values import positive_int
@@ -34,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--inline", action="store_true", help="run the groups one after the other in this process")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the whatif.job JSON document here")
     parser.add_argument("--steps", action="store_true", help="one row per (rank, step) (default: per rank)")
+    add_dataclass_arguments(parser, StepOptions)
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing (with --json)")
 
 
@@ -51,19 +57,29 @@ def run(args: argparse.Namespace) -> int:
     options = options_of(args)
     with working(f"whatif job: {args.path}", args.quiet) as status:
         job = replay_job(args.path, options, progress=lambda line: status(f"whatif job: {line}"))
-    doc = job_document(job)
+    steps = counted_steps(job, from_args(StepOptions, args))
+    doc = job_document(job, steps)
     if args.json:
         write_json(args.json, doc)
     if not args.quiet:
-        render_job(job, doc, console(), per_step=args.steps)
+        render_job(job, doc, steps, console(), per_step=args.steps)
         if args.json:
             print(f"wrote {args.json}")
     return 0
 
 
-def job_document(job: JobReplay) -> JobDocument:
-    """The ``whatif.job`` document of a rank-parallel replay (no timings: same input, same bytes)."""
-    steps = job.steps
+def counted_steps(job: JobReplay, options: StepOptions) -> pd.DataFrame:
+    """The job's step rows, ``included`` as ``options`` count them (the groups mark the default:
+    warm-up and partial steps left out)."""
+    steps = job.steps.copy()
+    if len(steps):
+        steps["included"] = np.array([options.counts(r) for r in steps["excluded_reason"]], dtype=bool)
+    return steps
+
+
+def job_document(job: JobReplay, steps: pd.DataFrame) -> JobDocument:
+    """The ``whatif.job`` document of a rank-parallel replay (no timings: same input, same bytes);
+    ``steps``: :func:`counted_steps`."""
     marks = excluded_marks(steps)
     abs_err = steps["error"].abs()
     return JobDocument(
@@ -78,25 +94,29 @@ def job_document(job: JobReplay) -> JobDocument:
                           max_abs_error=round(float(abs_err.max()), 6) if len(steps) else None))
 
 
-def render_job(job: JobReplay, doc: JobDocument, out: Console, per_step: bool = False) -> None:
+def render_job(job: JobReplay, doc: JobDocument, steps: pd.DataFrame, out: Console, per_step: bool = False) -> None:
     out.print(f"{doc.source}: {len(doc.ranks)} ranks in {len(doc.groups)} rank groups; {doc.events:,} events, "
               f"{doc.tasks:,} tasks, {doc.edges:,} edges; {doc.collectives} collectives matched across ranks, "
               f"released in {doc.rounds} rounds")
     if doc.fidelity.median_abs_error is not None:
         out.print(f"replay error: median {doc.fidelity.median_abs_error:.2%}, worst {doc.fidelity.max_abs_error:.2%}")
-    steps = job.steps
     if per_step:
         rows = [[str(s.rank), str(s.step), f"{s.measured_ns / 1e6:.3f}", f"{s.predicted_ns / 1e6:.3f}",
                  f"{s.error:+.2%}"] for s in doc.steps]
         print_table(out, "Steps (ms)", ["rank", "step", "measured", "replayed", "error"], rows, set())
     elif len(steps):
-        by_rank = steps.groupby("rank").agg(n=("step", "size"), measured=("measured_ns", "mean"),
-                                            replayed=("predicted_ns", "mean"), worst=("error", lambda e: e.abs().max()))
-        rows = [[str(r), str(int(x.n)), f"{x.measured / 1e6:.3f}", f"{x.replayed / 1e6:.3f}", f"{x.worst:.2%}"]
-                for r, x in by_rank.iterrows()]
-        print_table(out, "Steps per rank (mean ms)", ["rank", "steps", "measured", "replayed", "worst error"], rows,
-                    set())
-    rows = [[str(i), _ranks_text(g.ranks), f"{g.tasks:,}",
+        counted = steps[steps["included"].to_numpy(dtype=bool)]
+        by_rank = counted.groupby("rank").agg(n=("step", "size"), measured=("measured_ns", "mean"),
+                                              replayed=("predicted_ns", "mean"))
+        worst = steps.groupby("rank")["error"].agg(lambda e: e.abs().max())
+        rows = [[str(r), str(int(by_rank.n.get(r, 0))), _ms(by_rank.measured.get(r)), _ms(by_rank.replayed.get(r)),
+                 f"{w:.2%}"] for r, w in worst.items()]
+        print_table(out, "Steps per rank (mean ms over the counted steps; worst error over all)",
+                    ["rank", "steps", "measured", "replayed", "worst error"], rows, set())
+        line = excluded_line(doc.steps)
+        if line:
+            out.print(line)
+    rows = [[str(i), ranks_text(g.ranks), f"{g.tasks:,}",
              *(f"{g.seconds.get(k, 0.0):.2f}" for k in ("read", "build", "link", "advance", "finish")),
              f"{g.peak_mib:,.0f}"] for i, g in enumerate(job.groups)]
     print_table(out, "Rank groups (seconds per stage, peak resident MiB)",
@@ -105,9 +125,5 @@ def render_job(job: JobReplay, doc: JobDocument, out: Console, per_step: bool = 
               + f"; coordinator CPU {job.seconds['coordinator_cpu']:.2f} s")
 
 
-def _ranks_text(ranks: tuple[int, ...]) -> str:
-    if not ranks:
-        return "-"
-    if list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
-    return " ".join(str(r) for r in ranks)
+def _ms(ns: float | None) -> str:
+    return "-" if ns is None or ns != ns else f"{ns / 1e6:.3f}"

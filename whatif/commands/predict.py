@@ -15,7 +15,7 @@ from whatif.predictors.cost_models import CostConfig
 from whatif.predictors.steps import StepOptions
 from whatif.summary import console, prediction_document, render_prediction
 from whatif.transforms.base import TransformError
-from whatif.transforms.scenario import load_scenario
+from whatif.transforms.scenario import check_distinct_names, load_scenario
 
 from ._dataclass_args import from_args
 from ._progress import working
@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     line on stderr (with the transform's reason), and every other scenario is still predicted."""
     cost = from_args(CostConfig, args)
     scenarios = [load_scenario(p) for p in args.scenario]  # validate every file before the slow part
+    check_distinct_names(scenarios)
     with working(f"whatif predict: analyzing {args.path}", args.quiet) as status:
         base = analyze(args.path, from_args(StepOptions, args))
         results, refused = [], []

@@ -24,7 +24,7 @@ from whatif.report.api import FILE_NAMES, FORMATS, parse_formats, parse_percent,
 from whatif.report.document import load_report, load_serving
 from whatif.report.thresholds import parse
 from whatif.suggest import suggest
-from whatif.transforms.scenario import load_scenario
+from whatif.transforms.scenario import check_distinct_names, load_scenario
 
 from ._dataclass_args import from_args
 from ._progress import working
@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     serving = load_serving(args.serving) if args.serving else None
     cost = from_args(CostConfig, args)
     scenarios = [load_scenario(p) for p in args.scenario]
+    check_distinct_names(scenarios)
     with working(f"whatif report: predicting {len(scenarios)} scenario(s) on {args.path}", args.quiet) as status:
         prediction = predict(analyze(args.path, from_args(StepOptions, args)), scenarios, cost_model=cost.cost_model)
         suggestions = suggest(prediction.baseline, cost_model=cost.cost_model,

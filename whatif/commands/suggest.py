@@ -17,7 +17,7 @@ from whatif.predictors.cost_models import CostConfig
 from whatif.predictors.steps import StepOptions
 from whatif.suggest import suggest
 from whatif.summary import console
-from whatif.transforms.scenario import load_scenario
+from whatif.transforms.scenario import check_distinct_names, load_scenario
 
 from ._dataclass_args import from_args
 from ._progress import working
@@ -36,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cost = from_args(CostConfig, args)
     extra = [load_scenario(p) for p in args.scenario]   # every file checked before the slow part
+    check_distinct_names(extra)
     out = console()
     with working(f"whatif suggest: analyzing {args.path}", args.quiet) as status:
         base = analyze(args.path, from_args(StepOptions, args))
