@@ -628,6 +628,36 @@ def _gather(op: str, args) -> tuple[int, int] | None:
     return 0, 2 * rows * (_numel(x) // max(x[0], 1)) * ex + rows * ei
 
 
+def embedding_table(op_name: str, input_dims: Sequence | None, input_types: Sequence | None = None,
+                    concrete_inputs: Sequence | None = None) -> tuple[int, int, int] | None:
+    """(rows, row width, bytes per element) of the table a lookup reads: ``embedding``'s weight, or
+    the 2-D input of ``index_select`` along dim 0 (what ``nn.Embedding`` runs as); None for another
+    op, another dim, or no shapes. A model's weights include the tables it looks tokens up in.
+
+    >>> embedding_table("aten::embedding", [[151936, 1024], [1, 512], [], [], []], ["c10::BFloat16", "long int"])
+    (151936, 1024, 2)
+    >>> embedding_table("aten::index_select", [[151936, 1024], [], [512]], ["c10::BFloat16", "Scalar", "long int"],
+    ...                 ["", "0", ""])
+    (151936, 1024, 2)
+    >>> embedding_table("aten::index_select", [[4, 8], [], [2]], ["float", "Scalar", "long int"], ["", "1", ""])
+    """
+    op = _op_key(op_name)
+    if op not in ("embedding", "index_select") or not input_dims:
+        return None
+    try:
+        args = _tensors(input_dims, input_types)
+        if op == "index_select":
+            dim = str([*(concrete_inputs or ()), "", ""][1]).strip()
+            if dim not in ("0", ""):
+                return None
+        table = args[0]
+        if table is None or len(table[0]) != 2 or min(table[0]) <= 0:
+            return None
+        return table[0][0], table[0][1], table[1]
+    except (ValueError, TypeError, IndexError):
+        return None
+
+
 class Layout(str, Enum):
     """Axis order of an attention op's Q/K/V tensors."""
 

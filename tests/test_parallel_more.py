@@ -624,8 +624,10 @@ def test_data_parallel_buckets_only_steps_backward(shared_traces) -> None:
 @pytest.mark.parametrize("gpu", ["hf_h100", "hf_mi300"])
 def test_model_shape_of_the_shared_qwen_traces(gpu: str) -> None:
     """Qwen1.5-0.5B (24 layers, hidden 1024, 16 heads; its layers' q/k/v/o and MLP GEMMs hold
-    24 x 12.85 M bf16 weights = 0.62 GB): read as such on both GPUs, not as 34 layers and 6.7 GB
-    (its first step starts with ten layers of an earlier forward, unlaunched in the trace)."""
+    24 x 12.85 M bf16 weights = 0.62 GB, its token embedding 151,936 x 1,024 = 0.31 GB more; the
+    traced forward has no LM head): read as such on both GPUs, not as 34 layers and 6.7 GB (its
+    first step starts with ten layers of an earlier forward, unlaunched in the trace), nor without
+    the embedding table (until 2026-11-28)."""
     from _cost_data import TRACES, need
 
     from whatif.transforms.parallel.memory import model_shape
@@ -634,3 +636,22 @@ def test_model_shape_of_the_shared_qwen_traces(gpu: str) -> None:
     shape = model_shape(a.graph, make_context(a.trace))
     assert (shape.layers, shape.hidden, shape.heads, shape.kv_heads) == (24, 1024, 16, 16)
     assert shape.weight_bytes == pytest.approx(24 * (4 * 1024 ** 2 + 3 * 1024 * 2816) * 2, rel=0.03)
+    assert shape.table_bytes == 151936 * 1024 * 2
+
+
+def test_embedding_tables_are_held_not_read() -> None:
+    """A replica holds its embedding tables (KV room shrinks by them per rank), and a lower
+    precision of the GEMM weights leaves them as they are."""
+    from dataclasses import replace
+
+    from whatif.transforms.parallel.memory import ModelShape, kv_capacity_tokens, weights_per_rank_bytes
+    from whatif.transforms.placement import Placement
+
+    s = ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, weight_bytes=130e9)
+    t = replace(s, table_bytes=8e9)
+    tp8 = Placement(tensor=8)
+    per_token = s.kv_bytes_per_rank_token(8, 1)
+    assert kv_capacity_tokens(t, 80e9, tp8) == int((0.9 * 80e9 - 138e9 / 8) // per_token)
+    assert kv_capacity_tokens(t, 80e9, tp8) < kv_capacity_tokens(s, 80e9, tp8)
+    assert weights_per_rank_bytes(t, tp8.weights_scaled(0.5)) == pytest.approx((65e9 + 8e9) / 8)
+    assert t.held_bytes == 138e9 and t.weight_bytes == 130e9

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from whatif.core.dtypes import element_bytes
-from whatif.core.kernels import KernelClass, is_attention
+from whatif.core.kernels import KernelClass, embedding_table, is_attention
 from whatif.core.work import WorkShare, current_shares
 from whatif.depgraph.graph import TaskGraph, TaskKind
 from whatif.hardware.devices import find_device
@@ -58,7 +58,8 @@ DEFAULT_HEAD_DIM = 128     # Llama, Mistral, Qwen, GPT-3 family
 class ModelShape:
     """What sizes a model's memory: per-step transformer ``layers``, ``hidden`` size, query
     ``heads``, ``kv_heads`` (fewer than ``heads``: GQA/MQA), ``head_dim``, forward GEMM
-    ``weight_bytes`` of one step, KV ``elem_bytes``, and how each was obtained."""
+    ``weight_bytes`` of one step (what its GEMMs read), KV ``elem_bytes``, the embedding
+    ``table_bytes`` it looks tokens up in (held, not read whole), and how each was obtained."""
 
     layers: int
     hidden: int
@@ -67,7 +68,13 @@ class ModelShape:
     head_dim: int
     weight_bytes: float
     elem_bytes: int = 2
+    table_bytes: float = 0.0
     assumptions: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def held_bytes(self) -> float:
+        """Parameter bytes a replica holds: the GEMM weights and the embedding tables."""
+        return self.weight_bytes + self.table_bytes
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -119,7 +126,7 @@ def plan_memory(shape: ModelShape, *, tensor: int, pipeline: int, kv_tokens: flo
     if tensor < 1 or pipeline < 1:
         raise TransformError(f"memory: tensor and pipeline degrees must be >= 1 (got {tensor}, {pipeline})")
     kv = float(kv_tokens) * shape.kv_bytes_per_rank_token(tensor, pipeline)
-    return PlanMemory(tensor=tensor, pipeline=pipeline, weights_bytes=shape.weight_bytes / (tensor * pipeline),
+    return PlanMemory(tensor=tensor, pipeline=pipeline, weights_bytes=shape.held_bytes / (tensor * pipeline),
                       kv_bytes=kv, workspace_bytes=workspace_fraction * capacity_bytes, capacity_bytes=capacity_bytes)
 
 
@@ -152,13 +159,14 @@ def kv_capacity_tokens(shape: ModelShape, capacity_bytes: float, placement: Plac
 
 
 def weights_per_rank_bytes(shape: ModelShape, placement: Placement) -> float:
-    """Weight bytes one rank of ``placement`` holds: ``W · weights_scale / (t·p)``.
+    """Parameter bytes one rank of ``placement`` holds: ``(W · weights_scale + tables) / (t·p)`` (a
+    lower precision scales the GEMM weights, not the embedding tables).
 
     >>> s = ModelShape(layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, weight_bytes=130e9)
     >>> weights_per_rank_bytes(s, Placement(tensor=8).weights_scaled(0.5)) / 1e9   # fp8 weights, TP 8
     8.125
     """
-    return shape.weight_bytes * placement.weights_scale / (placement.tensor * placement.pipeline)
+    return (shape.weight_bytes * placement.weights_scale + shape.table_bytes) / (placement.tensor * placement.pipeline)
 
 
 def device_capacity_bytes(ctx: TransformContext, override_gb: float = 0.0, device: str = "") -> float:
@@ -196,6 +204,24 @@ def _weight_bytes(facts: dict[str, np.ndarray]) -> tuple[float, list[str]]:
         return float(wb[shaped].sum()), []
     return float(wb[gemm].sum()), ["no GEMM shapes recorded: weights estimated from the GEMMs' times "
                                    "(every byte a GEMM moves counted as a weight; give weight_bytes)"]
+
+
+def embedding_bytes(graph: TaskGraph, tasks: np.ndarray, hidden: int) -> float:
+    """Bytes of the tables ``tasks`` look tokens up in (:func:`~whatif.core.kernels.embedding_table`
+    of their launching ops, rows of the model's ``hidden`` width: token and position embeddings, not
+    a rotary cache), each distinct table shape once."""
+    tr = graph.trace
+    rows = linked_op_rows(graph, tasks)
+    if tr is None or hidden <= 0:
+        return 0.0
+    names = tr.events["name"].astype(str).to_numpy()
+    dims, types, concrete = tr.arg(Arg.INPUT_DIMS), tr.arg(Arg.INPUT_TYPES), tr.arg(Arg.CONCRETE_INPUTS)
+    tables = set()
+    for r in np.unique(rows[~np.isnan(rows)].astype(np.int64)).tolist():
+        found = embedding_table(names[r], dims[r], types[r], concrete[r])
+        if found is not None and found[1] == hidden:
+            tables.add(found)
+    return float(sum(n * w * e for n, w, e in tables))
 
 
 def attention_heads(graph: TaskGraph, tasks: np.ndarray) -> tuple[int, int, int] | None:
@@ -307,4 +333,4 @@ def model_shape(graph: TaskGraph, ctx: TransformContext, who: str = "memory") ->
         notes.append(f"no attention shapes recorded: hidden {hidden} from the attention-output weight, "
                      f"head_dim {head_dim}, MHA ({heads} KV heads; GQA holds less)")
     return ModelShape(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                      weight_bytes=weights, assumptions=tuple(notes))
+                      weight_bytes=weights, table_bytes=embedding_bytes(graph, kern, hidden), assumptions=tuple(notes))

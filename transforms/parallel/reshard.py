@@ -214,7 +214,7 @@ def search_reshard(graph: TaskGraph, ctx: TransformContext, *, gpus: int = 8, to
                            "the other phase is priced by the same steps, so the best pair is the best single plan")
     out_tok = output_tokens or max(1, round(n_dec * decode_batch / max(n_pf * prefill_batch, 1))) if n_pf and n_dec \
         else (output_tokens or 1)
-    weights = shape.weight_bytes
+    weights = shape.held_bytes
     kv = kv_bytes_per_request or shape.kv_bytes_per_token * (prompt_tokens + out_tok)
     if not kv_bytes_per_request:
         assumptions.append(f"KV per request 2·{shape.layers} layers·{shape.kv_heads} KV heads·{shape.head_dim}·"

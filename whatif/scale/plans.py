@@ -394,7 +394,7 @@ def _shape(analysis: Analysis, ctx: TransformContext) -> tuple[ModelShape | None
         shape = model_shape(analysis.graph, ctx, "plan sweep")
     except TransformError as exc:
         return None, f"not checked: {exc}"
-    return shape, (f"weights {shape.weight_bytes / 1e9:.2f} GB / (tp·pp) + workspace per GPU; KV cache, gradients "
+    return shape, (f"weights {shape.held_bytes / 1e9:.2f} GB / (tp·pp) + workspace per GPU; KV cache, gradients "
                    f"and optimizer state not counted")
 
 
