@@ -57,6 +57,11 @@ class Bounds:
                 and (self.maximum is None or value <= self.maximum))
 
 
+    def refusal(self, value: Any) -> str | None:
+        """Why ``value`` is refused (``must be an integer >= 1, got 0``), None when it holds."""
+        return None if self.holds(value) else f"must be {self.describe()}, got {value!r}"
+
+
 def _show(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
 
@@ -81,6 +86,6 @@ def check_fields(obj: Any, error: type[Exception] = WhatifError) -> None:
         if value is None and type(None) in typing.get_args(hint):
             continue
         kind = next((t for t in (int, float) if t is hint or t in typing.get_args(hint)), float)
-        bounds = Bounds.of(kind, f.metadata)
-        if not bounds.holds(value):
-            raise error(f"{f.name} must be {bounds.describe()}, got {value!r}")
+        why = Bounds.of(kind, f.metadata).refusal(value)
+        if why:
+            raise error(f"{f.name} {why}")

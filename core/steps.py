@@ -60,6 +60,14 @@ class StepOptions:
         return (reason is None or (reason is Exclusion.WARMUP and self.include_warmup)
                 or (reason is Exclusion.PARTIAL and self.include_partial))
 
+    def mask(self, reasons: Sequence[Exclusion | None]) -> np.ndarray:
+        """Per step of ``reasons`` (why each is left out by default, None when not): whether it counts.
+
+        >>> StepOptions(include_warmup=True).mask([Exclusion.WARMUP, None, Exclusion.PARTIAL]).tolist()
+        [True, True, False]
+        """
+        return np.array([self.counts(r) for r in reasons], dtype=bool)
+
 
 COUNT_DEFAULT = StepOptions()
 """The default: warm-up and partial steps left out."""

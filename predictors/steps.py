@@ -82,7 +82,7 @@ def exclusion_reasons(graph: TaskGraph) -> dict[tuple[int, int], str]:
 
 def counted_steps(graph: TaskGraph, options: StepOptions = COUNT_DEFAULT) -> np.ndarray:
     """Per row of ``graph.steps`` (the measured graph): whether the step counts under ``options``."""
-    return np.array([options.counts(r) for r in step_exclusions(graph)], dtype=bool)
+    return options.mask(step_exclusions(graph))
 
 
 def _completion_floor(ranks: np.ndarray, begin: np.ndarray, done: np.ndarray) -> np.ndarray:
@@ -144,7 +144,7 @@ def step_times(replay: Replay, options: StepOptions = COUNT_DEFAULT, reference: 
     out["error"] = np.where(measured > 0, predicted / np.maximum(measured, 1) - 1.0, 0.0)
     reasons = step_exclusions(g if reference is None else reference)
     out["excluded_reason"] = pd.Series(reasons, dtype=object)
-    out["included"] = np.array([options.counts(r) for r in reasons], dtype=bool)
+    out["included"] = options.mask(reasons)
     return out
 
 

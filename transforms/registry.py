@@ -82,9 +82,7 @@ class Parameter:
         ['must be a finite number >= 0, got -1.0']
         """
         optional_none = value is None and _without_none(self.type) is not self.type
-        if self.bounds is None or optional_none or self.bounds.holds(value):
-            return None
-        return f"must be {self.bounds.describe()}, got {value!r}"
+        return None if self.bounds is None or optional_none else self.bounds.refusal(value)
 
     @property
     def choices(self) -> tuple[Any, ...] | None:

@@ -166,7 +166,7 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
 
 def _parameter(raw: Any, spec: registry.Parameter, where: str) -> Any:
     """``raw`` coerced to the parameter's type, refused outside its declared bounds (``minimum``,
-    ``above``, ``maximum`` in the field's metadata)."""
+    ``exclusive_minimum``, ``maximum`` in the field's metadata)."""
     value = _coerce(raw, spec.type, where)
     why = spec.bound_error(value)
     if why:

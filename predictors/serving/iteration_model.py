@@ -79,7 +79,7 @@ def replayed_iterations(replay: Replay, reference: TaskGraph | None = None,
     reasons = step_exclusions(g if reference is None else reference)
     rows = pd.DataFrame({"rank": steps["rank"].to_numpy(), "step": steps["step"].to_numpy(), "floor": floor,
                          "done": end[finisher], "reason": pd.Series(reasons, dtype=object),
-                         "included": [options.counts(r) for r in reasons]})
+                         "included": options.mask(reasons)})
     m = agg.merge(rows, on=["rank", "step"], how="inner")
     m["cycle_ns"] = m["done"] - m["first"]
     m["pre_gap_ns"] = m["first"] - m["floor"]

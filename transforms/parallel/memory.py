@@ -211,9 +211,9 @@ def embedding_bytes(graph: TaskGraph, tasks: np.ndarray, hidden: int) -> float:
     of their launching ops, rows of the model's ``hidden`` width: token and position embeddings, not
     a rotary cache), each distinct table shape once."""
     tr = graph.trace
-    rows = linked_op_rows(graph, tasks)
     if tr is None or hidden <= 0:
         return 0.0
+    rows = linked_op_rows(graph, tasks)
     names = tr.events["name"].astype(str).to_numpy()
     dims, types, concrete = tr.arg(Arg.INPUT_DIMS), tr.arg(Arg.INPUT_TYPES), tr.arg(Arg.CONCRETE_INPUTS)
     tables = set()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 from rich.console import Console
 
@@ -73,7 +72,7 @@ def counted_steps(job: JobReplay, options: StepOptions) -> pd.DataFrame:
     warm-up and partial steps left out)."""
     steps = job.steps.copy()
     if len(steps):
-        steps["included"] = np.array([options.counts(r) for r in steps["excluded_reason"]], dtype=bool)
+        steps["included"] = options.mask(steps["excluded_reason"].tolist())
     return steps
 
 
