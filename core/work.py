@@ -8,9 +8,17 @@ kernel. The splitting transform records a :class:`WorkShare` per task in the ``c
 (through :func:`whatif.transforms.edit.set_state`); the cost model multiplies the recorded facts by
 it. Tasks without one (None) keep their recorded work.
 
+``rows`` is the factor on the rows (tokens, batch) of each of a kernel's launches that a transform
+priced with the wave term (``batch``, ``sequence_parallel``'s token split, ``overlap``'s and a
+serving pipeline's micro-batches), ``launches`` how many launches the task stands for now (a
+pipeline's m micro-batches run each kernel m times; the other fields are then the work of each
+launch, and the task's time that of all of them): a GPU move re-prices the wave term and the
+launch latency on the destination, so that growing the batch and then moving prices as moving and
+then growing it.
+
 >>> s = WorkShare(flops=0.5, activation_bytes=0.75, weight_bytes=0.5)
 >>> s.then(WorkShare(flops=0.5, activation_bytes=1.0, weight_bytes=0.5))
-WorkShare(flops=0.25, activation_bytes=0.75, weight_bytes=0.25, output_bytes=1.0, heads=1.0)
+WorkShare(flops=0.25, activation_bytes=0.75, weight_bytes=0.25, output_bytes=1.0, heads=1.0, rows=1.0, launches=1.0)
 >>> shares_of([s, None])[0].tolist(), shares_of([s, None])[1].tolist()
 ([0.5, 1.0], [0.75, 1.0])
 """
@@ -28,20 +36,23 @@ WORK_COLUMN = "cost_work"
 @dataclass(frozen=True)
 class WorkShare:
     """Fractions of the recorded FLOPs, non-weight (activation: input + output) DRAM bytes, weight
-    bytes and output bytes one kernel does now, and of the attention heads it computes (1/t after a
-    tensor-parallel head split: what a later head split must divide)."""
+    bytes and output bytes one kernel (each of its launches) does now, of the attention heads it computes (1/t after a
+    tensor-parallel head split: what a later head split must divide), of the rows of each launch
+    as priced by the wave term, and the launches it stands for (module docstring)."""
 
     flops: float = 1.0
     activation_bytes: float = 1.0
     weight_bytes: float = 1.0
     output_bytes: float = 1.0
     heads: float = 1.0
+    rows: float = 1.0
+    launches: float = 1.0
 
     def then(self, other: WorkShare) -> WorkShare:
         """This share split again by ``other`` (a second transform on the same kernel)."""
         return WorkShare(self.flops * other.flops, self.activation_bytes * other.activation_bytes,
                          self.weight_bytes * other.weight_bytes, self.output_bytes * other.output_bytes,
-                         self.heads * other.heads)
+                         self.heads * other.heads, self.rows * other.rows, self.launches * other.launches)
 
 
 def split_further(current: Sequence[WorkShare | None] | np.ndarray,
@@ -71,3 +82,12 @@ def output_shares(tasks_frame: pd.DataFrame, tasks: np.ndarray) -> np.ndarray:
     """Per task: the share of its recorded output bytes it writes now (1 where never split)."""
     return np.array([v.output_bytes if isinstance(v, WorkShare) else 1.0
                      for v in current_shares(tasks_frame, tasks)], dtype=float)
+
+
+def launch_shares(tasks_frame: pd.DataFrame, tasks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per task: (the factor on each launch's rows that the wave term priced, the launches it
+    stands for); 1 where never split."""
+    got = [(v.rows, v.launches) if isinstance(v, WorkShare) else (1.0, 1.0)
+           for v in current_shares(tasks_frame, tasks)]
+    arr = np.asarray(got, dtype=float).reshape(-1, 2)
+    return arr[:, 0], arr[:, 1]

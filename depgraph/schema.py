@@ -4,8 +4,9 @@ Each table (``tasks``, ``edges``, ``resources``, ``steps``) declares its columns
 whether missing values are allowed, the smallest value, the enum whose codes a column holds, and
 the table whose row ids it points into. :func:`validate` raises :class:`GraphSchemaError` naming
 the table and column at fault. Extra columns (a plugin's own state) are allowed; the declared
-optional ones (``cost_precision``, ``cost_device``, and the replay's ``share_ref`` and
-``share_interference``: :mod:`whatif.transforms.sharing`) are checked when present.
+optional ones (``cost_precision``, ``cost_device``, ``cost_follows``, ``cost_follows_group``, and
+the replay's ``share_ref`` and ``share_interference``: :mod:`whatif.transforms.sharing`) are
+checked when present.
 
 The check runs after :func:`~whatif.depgraph.build.build_graph` and after every transform's
 ``apply`` when ``WHATIF_CHECK_SCHEMA=1`` (the test suite sets it, ``tests/conftest.py``);
@@ -63,6 +64,8 @@ class Column:
 
 PRECISION_COLUMN = "cost_precision"   # the precision specs applied to a task, "+"-joined (precision)
 DEVICE_COLUMN = "cost_device"         # the GPU a task is priced on now (gpu; inserted collectives: their preset's)
+FOLLOWS_COLUMN = "cost_follows"       # a derived task's duration as this factor x the kernels it follows
+FOLLOWS_GROUP_COLUMN = "cost_follows_group"   # which kernels: those of its group; NaN: its rank and step's
 
 TASKS = (
     Column("event", DType.INT, minimum=-1),
@@ -79,6 +82,8 @@ TASKS = (
     Column("name", DType.TEXT),
     Column(PRECISION_COLUMN, DType.TEXT, nullable=True, required=False),
     Column(DEVICE_COLUMN, DType.TEXT, nullable=True, required=False),
+    Column(FOLLOWS_COLUMN, DType.FLOAT, nullable=True, required=False),
+    Column(FOLLOWS_GROUP_COLUMN, DType.FLOAT, nullable=True, required=False),
     Column("share_ref", DType.FLOAT, nullable=True, required=False),
     Column("share_interference", DType.FLOAT, nullable=True, required=False),
 )

@@ -138,11 +138,15 @@ class RetargetFit:
 
 
 def _achievable(device: Device, classes: np.ndarray, dtypes: np.ndarray, flops: np.ndarray,
-                nbytes: np.ndarray) -> np.ndarray:
+                nbytes: np.ndarray, size_flops: np.ndarray | None = None,
+                compute_scale: np.ndarray | None = None) -> np.ndarray:
+    size = flops if size_flops is None else size_flops
+    scale = np.ones(len(flops)) if compute_scale is None else compute_scale
     keys = pd.DataFrame({"c": classes, "t": dtypes}).astype(str)
     out = np.full(len(classes), np.nan)
     for (c, t), idx in keys.groupby(["c", "t"]).indices.items():
-        out[idx] = [achievable_time_ns(f, b, device, t, c) for f, b in zip(flops[idx], nbytes[idx])]
+        out[idx] = [achievable_time_ns(f, b, device, t, c, size_flops=s, compute_scale=k)
+                    for f, b, s, k in zip(flops[idx], nbytes[idx], size[idx], scale[idx])]
     return out
 
 
@@ -189,24 +193,34 @@ def fit_retarget(pairs: PairedKernels, src: Device, dst: Device,
     return RetargetFit(src.name, dst.name, families, classes)
 
 
-def _fixed_part(dur: np.ndarray, l_src: float, l_dst: float) -> np.ndarray:
-    """The fixed part of each kernel on the destination: ``min(T, L_s)·L_d/L_s``."""
-    return np.minimum(dur, l_src) * (l_dst / l_src)
+def _fixed_part(dur: np.ndarray, l_src: float, l_dst: float, launches: np.ndarray | float = 1.0) -> np.ndarray:
+    """The fixed part of each task on the destination: ``n·min(T/n, L_s)·L_d/L_s`` (n launches)."""
+    return launches * np.minimum(dur / launches, l_src) * (l_dst / l_src)
 
 
-def _moved(dur: np.ndarray, a_src: np.ndarray, a_dst: np.ndarray, l_src: float, l_dst: float) -> np.ndarray:
+def _moved(dur: np.ndarray, a_src: np.ndarray, a_dst: np.ndarray, l_src: float, l_dst: float,
+           launches: np.ndarray | float = 1.0) -> np.ndarray:
     """``T'`` without a residual: the fixed part, plus the rest times the achievable-roofline ratio."""
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where((a_src > 0) & np.isfinite(a_dst), a_dst / a_src, 1.0)
-    return _fixed_part(dur, l_src, l_dst) + (dur - np.minimum(dur, l_src)) * ratio
+    return _fixed_part(dur, l_src, l_dst, launches) + (dur - launches * np.minimum(dur / launches, l_src)) * ratio
 
 
 def retarget_ns(dur_ns: ArrayLike, classes: ArrayLike, dtypes: ArrayLike, flops: ArrayLike,
                 nbytes: ArrayLike, src: Device, dst: Device, fit: RetargetFit | None = None,
-                families: ArrayLike | None = None) -> np.ndarray:
+                families: ArrayLike | None = None, size_flops: ArrayLike | None = None,
+                compute_scale: tuple[ArrayLike, ArrayLike] | None = None,
+                launches: ArrayLike | None = None) -> np.ndarray:
     """Per kernel: its time (ns) on ``dst`` from its measured ``dur_ns`` on ``src`` (module
     docstring). ``fit`` (for this pair of GPUs) adds its residual curves by ``families`` (op names;
-    the kernel class where none is given).
+    the kernel class where none is given). ``size_flops``: the FLOPs of the kernel as measured, when
+    a transform changed its work since (a shard): both GPUs' GEMM rates are read at that size, as
+    :func:`whatif.predictors.costs.anchored_time_ns` reads them, so sharding then moving prices as
+    moving then sharding. ``compute_scale``: the stretch of each kernel's compute term on ``src``
+    and on ``dst`` (the wave term of a kernel whose rows a transform changed,
+    :func:`~whatif.hardware.roofline.wave_tail_ratio` on each GPU's SMs). ``launches``: the
+    launches each task stands for (a kernel run once per micro-batch): each pays the fixed latency,
+    ``F = n·min(T/n, L_s)``.
 
     Raises
     ------
@@ -217,16 +231,20 @@ def retarget_ns(dur_ns: ArrayLike, classes: ArrayLike, dtypes: ArrayLike, flops:
     if src.name == dst.name:
         return dur.copy()
     cls, dts, f, b = _arrays(classes, dtypes, flops, nbytes)
-    a_s = _achievable(src, cls, dts, f, b)
-    a_d = _achievable(dst, cls, dts, f, b)
+    size = f if size_flops is None else np.nan_to_num(np.asarray(size_flops, dtype=float))
+    s_src, s_dst = (np.ones(len(f)), np.ones(len(f))) if compute_scale is None else \
+        (np.asarray(compute_scale[0], dtype=float), np.asarray(compute_scale[1], dtype=float))
+    a_s = _achievable(src, cls, dts, f, b, size, s_src)
+    a_d = _achievable(dst, cls, dts, f, b, size, s_dst)
     l_s, l_d = fixed_latency_ns(src), fixed_latency_ns(dst)
-    out = _moved(dur, a_s, a_d, l_s, l_d)
+    n = np.ones(len(dur)) if launches is None else np.maximum(np.asarray(launches, dtype=float), 1.0)
+    out = _moved(dur, a_s, a_d, l_s, l_d, n)
     if fit is not None:
         if (fit.src, fit.dst) != (src.name, dst.name):
             raise ValueError(f"the fit moves {fit.src} to {fit.dst}, not {src.name} to {dst.name}")
         fam = np.asarray(families if families is not None else cls, dtype=object)
         with np.errstate(divide="ignore", invalid="ignore"):
             x = np.log10(np.where(a_s > 0, a_s, 1.0))
-        fixed = _fixed_part(dur, l_s, l_d)
+        fixed = _fixed_part(dur, l_s, l_d, n)
         out = fixed + (out - fixed) * np.exp(fit.residual(fam, cls, x))
     return out

@@ -82,7 +82,7 @@ from whatif.core.dtypes import (
     op_dtype,
 )
 from whatif.core.kernels import KernelClass, duration_shares, gemm_shape, op_flops_bytes
-from whatif.core.work import WORK_COLUMN, output_shares, shares_of
+from whatif.core.work import WORK_COLUMN, launch_shares, output_shares, shares_of
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph, TaskKind, kind_codes
 from whatif.depgraph.schema import DEVICE_COLUMN, PRECISION_COLUMN
 from whatif.hardware.devices import DEVICES, Device, find_device, get_device
@@ -391,7 +391,9 @@ class TraceCostModel(CostModelBase):
         ``dtype`` (compute/storage dtype now), ``weight_dtype``, ``device`` (catalog name now),
         ``estimated`` (no recorded shapes: FLOPs/bytes estimated from the duration), ``waves``
         (a GEMM's output tiles now over its GPU's SMs, :attr:`~whatif.core.kernels.GemmShape.output_tiles`;
-        NaN for other kernels and where shapes or the GPU are unknown)."""
+        NaN for other kernels and where shapes or the GPU are unknown), ``recorded_flops`` (FLOPs
+        of the kernel as measured, before any transform: the size its achievable GEMM rate is read
+        at, whatever its work is now)."""
         tasks = np.asarray(tasks, dtype=np.int64)
         base = self._base(graph)
         devices = self._devices(graph, tasks)
@@ -401,7 +403,7 @@ class TraceCostModel(CostModelBase):
         waves = base["tiles"][tasks] * output_shares(graph.tasks, tasks) / sms
         return {"kernel_class": base["kernel_class"][tasks], "flops": flops, "bytes": nbytes,
                 "weight_bytes": wb, "dtype": state.act, "weight_dtype": state.weight, "device": devices,
-                "estimated": base["estimated"][tasks], "waves": waves}
+                "estimated": base["estimated"][tasks], "waves": waves, "recorded_flops": base["flops"][tasks]}
 
     def memory_bandwidth_bytes_per_s(self, graph: TaskGraph) -> float:
         """Median achieved DRAM bandwidth (bytes/s) of the trace's memory-bound kernels of >= 5 us
@@ -518,6 +520,8 @@ class TraceCostModel(CostModelBase):
         names = t["name"].astype(str).to_numpy()[tasks]
         ops = t["op"].astype(object).to_numpy()[tasks] if "op" in t else np.full(len(tasks), None, dtype=object)
         out = dur.copy()
+        waves = np.where(backward_mask(graph)[tasks], np.nan, facts["waves"])
+        rows, launches = launch_shares(t, tasks)
         keys = pd.DataFrame({"d": facts["device"], "k": kinds, "c": facts["kernel_class"]}).astype({"d": str, "c": str})
         for (d, k, c), idx in keys.groupby(["d", "k", "c"]).indices.items():
             src = get_device(d)
@@ -532,7 +536,12 @@ class TraceCostModel(CostModelBase):
                 fit = self.retarget_fit(src, dst, fit_from) if fit_from else None
                 family = np.where(pd.notna(ops[idx]), ops[idx], facts["kernel_class"][idx])
                 out[idx] = retarget_ns(dur[idx], facts["kernel_class"][idx], facts["dtype"][idx],
-                                       facts["flops"][idx], facts["bytes"][idx], src, dst, fit, family)
+                                       facts["flops"][idx], facts["bytes"][idx], src, dst, fit, family,
+                                       size_flops=facts["recorded_flops"][idx],
+                                       compute_scale=(_row_tail(waves[idx], rows[idx]),
+                                                      _row_tail(waves[idx] * src.sm_count / dst.sm_count,
+                                                                rows[idx])),
+                                       launches=launches[idx])
         return out
 
     def retarget_fit(self, src: Device, dst: Device, fit_from: Sequence[tuple[Trace, Trace]]) -> RetargetFit:
@@ -652,7 +661,8 @@ class TraceCostModel(CostModelBase):
                                         facts["bytes"][idx], np.asarray(flops, dtype=float)[idx],
                                         np.asarray(nbytes, dtype=float)[idx], dt, max_slowdown=max_slowdown,
                                         waves=None if waves is None else waves[idx],
-                                        new_waves=None if new_waves is None else new_waves[idx])
+                                        new_waves=None if new_waves is None else new_waves[idx],
+                                        size_flops=facts["recorded_flops"][idx])
         return out
 
 
@@ -660,14 +670,16 @@ def anchored_time_ns(device: Device | None, dur_ns: np.ndarray, classes: np.ndar
                      nbytes: np.ndarray, new_flops: np.ndarray, new_bytes: np.ndarray, dtype: str = "bf16",
                      fixed_ns: float | None = None, calibration: Any = None,
                      max_slowdown: float | None = None, waves: np.ndarray | None = None,
-                     new_waves: np.ndarray | None = None) -> np.ndarray:
+                     new_waves: np.ndarray | None = None, size_flops: np.ndarray | None = None) -> np.ndarray:
     """Measured ``dur_ns`` moved to new work (FLOPs, DRAM bytes):
     ``T' = F' + (T − F')·A(f', b')/A(f, b)``, ``F' = min(T, F)``: the time above the device's fixed
     latency F (:func:`~whatif.hardware.roofline.fixed_latency_ns`; ``fixed_ns`` overrides it)
     scales like the achievable roofline time A (:func:`~whatif.hardware.roofline.achievable_time_ns`,
     the kernel keeps its efficiency; Williams et al. 2009), its GEMM rate read at the measured
     kernel's size for both (a shard runs at the efficiency its whole did: reading it at the shard's
-    size took the Vidur TP bench from 4.9 % to 6.9 % median). ``calibration`` (a
+    size took the Vidur TP bench from 4.9 % to 6.9 % median). ``size_flops``: that size when the
+    kernel was measured at other work than ``flops`` (the recorded kernel's FLOPs, so that two
+    changes in a row price as the two at once). ``calibration`` (a
     :class:`~whatif.hardware.roofline.CalibratedRoofline`) prices the ratio on its curves instead;
     without a device, the FLOP ratio for matrix classes and the byte ratio otherwise. Used by
     ``tensor_parallel`` and the other parallel transforms; ``bench/parallel_tp.py`` measures it
@@ -701,10 +713,12 @@ def anchored_time_ns(device: Device | None, dur_ns: np.ndarray, classes: np.ndar
             new = np.array([calibration.kernel_time_ns(c, f, b) for c, f, b in zip(classes, new_flops, new_bytes)])
             ratio = new / old
         elif device is not None:
-            old = np.array([achievable_time_ns(f, b, device, dtype, c) for c, f, b in zip(classes, flops, nbytes)])
+            anchor = np.asarray(flops if size_flops is None else size_flops, dtype=float)
+            old = np.array([achievable_time_ns(f, b, device, dtype, c, size_flops=f0)
+                            for c, f, b, f0 in zip(classes, flops, nbytes, anchor)])
             tail = np.ones(len(classes)) if waves is None or new_waves is None else wave_tail_ratio(waves, new_waves)
             new = np.array([achievable_time_ns(f, b, device, dtype, c, size_flops=f0, compute_scale=s)
-                            for c, f, b, f0, s in zip(classes, new_flops, new_bytes, flops, tail)])
+                            for c, f, b, f0, s in zip(classes, new_flops, new_bytes, anchor, tail)])
             ratio = new / old
         else:
             ratio = np.where(np.isin(classes, list(MATRIX)), new_flops / flops, new_bytes / nbytes)
@@ -716,6 +730,12 @@ def anchored_time_ns(device: Device | None, dur_ns: np.ndarray, classes: np.ndar
         return fixed + (dur - fixed) * ratio
     work = np.minimum(dur - fixed, max_slowdown * old)
     return dur + work * (ratio - 1)
+
+
+def _row_tail(waves: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Per kernel: the wave term a transform that scaled its rows by ``rows`` priced, at its
+    ``waves`` now on some GPU (1 where the rows were not changed or the waves are unknown)."""
+    return np.where(rows != 1, wave_tail_ratio(waves / rows, waves), 1.0)
 
 
 def _copy_ratio(names: Sequence[str], src: Device, dst: Device) -> np.ndarray:

@@ -24,7 +24,7 @@ from whatif.depgraph.graph import TaskGraph
 from whatif.depgraph.schema import check_schema
 from whatif.tracer.trace import Trace
 
-from .edit import applying
+from .edit import applying, follow_kernels
 from .needs import Need
 from .placement import Placement
 
@@ -140,7 +140,8 @@ class Transform:
         """Run every subclass's ``apply`` inside :func:`~whatif.transforms.edit.applying` its name,
         so each change the primitives log names the transform without the transform passing it
         (a transform applied inside another, e.g. ``reshard`` applying ``tensor_parallel``, logs
-        under the outer one)."""
+        under the outer one); then idle waits derived from a step's kernels (a pipeline bubble,
+        :func:`~whatif.transforms.edit.set_follows`) follow what the transform did to them."""
         super().__init_subclass__(**kwargs)
         inner = cls.__dict__.get("apply")
         if inner is None:
@@ -149,7 +150,7 @@ class Transform:
         @functools.wraps(inner)
         def apply(self: Transform, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
             with applying(self.name, outer_wins=True):
-                return check_schema(inner(self, graph, ctx))
+                return check_schema(follow_kernels(inner(self, graph, ctx)))
 
         cls.apply = apply  # type: ignore[method-assign]
 

@@ -47,7 +47,7 @@ from whatif.depgraph.graph import (
     TaskGraph,
     TaskKind,
 )
-from whatif.depgraph.schema import DEVICE_COLUMN
+from whatif.depgraph.schema import DEVICE_COLUMN, FOLLOWS_COLUMN, FOLLOWS_GROUP_COLUMN
 from whatif.tracer.kinds import codes
 
 ORDER_KINDS = (int(EdgeKind.THREAD), int(EdgeKind.STREAM))
@@ -748,6 +748,94 @@ def set_state(graph: TaskGraph, tasks: Tasks, column: str, values: Any, *, reaso
     out.tasks[column] = col
     _log(out, _transform_name("set_state", transform), f"set {column} of", len(ids), 0, 0, reason)
     return out
+
+
+def set_follows(graph: TaskGraph, tasks: Tasks, factor: float | np.ndarray, *, reason: str,
+                of: Sequence[Sequence[int]] | None = None, transform: str | None = None) -> TaskGraph:
+    """Make ``tasks`` (sorted ids of derived tasks: a pipeline bubble, an overlap's later
+    nano-batches) last ``factor`` (one, or one per task) times the kernels they follow, now and
+    after every later transform (:func:`follow_kernels`), so that a wait or a copy of work moves
+    with the work it derives from. ``of``: per task, the kernels it follows (tasks given the same
+    kernels share them; a kernel follows no task and is followed by one group at most); None:
+    the kernels of its rank and step, other than such tasks.
+
+    Raises
+    ------
+    GraphError
+        When a task of ``of`` already belongs to another group, or is itself a follower.
+
+    >>> import pandas as pd
+    >>> from whatif.depgraph.graph import TaskGraph, TaskKind
+    >>> g = TaskGraph(tasks=pd.DataFrame({"kind": [int(TaskKind.KERNEL)] * 4, "rank": 0, "step": 0,
+    ...                                   "dur_ns": [100, 300, 0, 0]}), edges=pd.DataFrame(),
+    ...               resources=pd.DataFrame(), steps=pd.DataFrame())
+    >>> g = set_follows(g, [2], 2.0, of=[[0]], reason="a copy of kernel 0, twice as long")
+    >>> g = set_follows(g, [3], 0.5, reason="a bubble: half the step's kernels")
+    >>> set_duration(g, [0, 1], [50, 150], reason="twice as fast").tasks["dur_ns"].tolist()
+    [50, 150, 200, 300]
+    >>> follow_kernels(set_duration(g, [0, 1], [50, 150], reason="twice as fast")).tasks["dur_ns"].tolist()
+    [50, 150, 100, 150]
+    """
+    ids = _ids(graph, tasks)
+    out = graph.copy()
+    n = len(out.tasks)
+    factors = out.tasks[FOLLOWS_COLUMN].to_numpy(dtype=float).copy() if FOLLOWS_COLUMN in out.tasks \
+        else np.full(n, np.nan)
+    groups = out.tasks[FOLLOWS_GROUP_COLUMN].to_numpy(dtype=float).copy() if FOLLOWS_GROUP_COLUMN in out.tasks \
+        else np.full(n, np.nan)
+    factors[ids] = factor
+    if of is not None:
+        if len(of) != len(ids):
+            raise GraphError(f"set_follows: {len(ids)} tasks but {len(of)} lists of kernels they follow")
+        known: dict[tuple[int, ...], int] = {}
+        next_group = int(np.nanmax(groups)) + 1 if np.isfinite(groups).any() else 0
+        for task, kernels in zip(ids.tolist(), of):
+            key = tuple(sorted(int(k) for k in kernels))
+            if key not in known:
+                followed = np.asarray(key, dtype=np.int64)
+                if np.isfinite(groups[followed]).any() or np.isfinite(factors[followed]).any():
+                    raise GraphError("set_follows: a followed kernel already belongs to a group or follows one")
+                known[key] = next_group
+                groups[followed] = next_group
+                next_group += 1
+            groups[task] = known[key]
+    out.tasks[FOLLOWS_COLUMN] = factors
+    out.tasks[FOLLOWS_GROUP_COLUMN] = groups
+    _log(out, _transform_name("set_state", transform), f"set {FOLLOWS_COLUMN} of", len(ids), 0, 0, reason)
+    return follow_kernels(out, transform=transform)
+
+
+def follow_kernels(graph: TaskGraph, transform: str | None = None) -> TaskGraph:
+    """``graph`` with each task of :func:`set_follows` at its factor times the kernels it follows
+    now: first those that follow a group (which the rank and step's sum then includes), then those
+    of rank and step (the graph itself when none has changed)."""
+    if FOLLOWS_COLUMN not in graph.tasks:
+        return graph
+    t = graph.tasks
+    factor = t[FOLLOWS_COLUMN].to_numpy(dtype=float)
+    group = t[FOLLOWS_GROUP_COLUMN].to_numpy(dtype=float)
+    dur = t["dur_ns"].to_numpy().copy()
+    follower = np.isfinite(factor)
+    by_group = follower & np.isfinite(group)
+    by_step = follower & ~np.isfinite(group)
+    followed = ~follower & np.isfinite(group)
+    if by_group.any():
+        sums = pd.Series(dur[followed]).groupby(group[followed]).sum()
+        idx = np.flatnonzero(by_group)
+        dur[idx] = np.rint(factor[idx] * sums.reindex(group[idx], fill_value=0).to_numpy())
+    if by_step.any():
+        rank, step = t["rank"].to_numpy(), t["step"].to_numpy()
+        work = (t["kind"].to_numpy() == int(TaskKind.KERNEL)) & ~by_step
+        busy = pd.Series(dur[work]).groupby([rank[work], step[work]]).sum()
+        idx = np.flatnonzero(by_step)
+        keys = pd.MultiIndex.from_arrays([rank[idx], step[idx]])
+        dur[idx] = np.rint(factor[idx] * busy.reindex(keys, fill_value=0).to_numpy())
+    changed = np.flatnonzero(dur != t["dur_ns"].to_numpy())
+    if not len(changed):
+        return graph
+    return set_duration(graph, changed, dur[changed], transform=transform,
+                        reason="derived tasks follow the kernels they derive from (a pipeline bubble, later "
+                               "nano-batches)")
 
 
 def note(graph: TaskGraph, action: str, *, reason: str, transform: str | None = None) -> TaskGraph:

@@ -95,5 +95,5 @@ class Batch(Transform):
         out = set_duration(graph, ids, dur, reason=f"{len(ids):,} kernels at {k:g}x their batch: FLOPs and activation "
                                                    f"bytes x{k:g}, weights read once (achievable roofline, "
                                                    f"anchored on each kernel's time)")
-        return record_split(out, ids, WorkShare(flops=k, activation_bytes=k, weight_bytes=1.0, output_bytes=k),
+        return record_split(out, ids, WorkShare(flops=k, activation_bytes=k, weight_bytes=1.0, output_bytes=k, rows=k),
                             reason=f"kernels now do {k:g}x their recorded work")

@@ -49,11 +49,12 @@ import pandas as pd
 
 from whatif.core import limits
 from whatif.core.kernels import collective_kind
+from whatif.core.work import WorkShare
 from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
 from whatif.depgraph.schema import DEVICE_COLUMN
 
 from ..base import Transform, TransformContext, TransformError
-from ..edit import add_edges, remove, remove_edges, set_duration
+from ..edit import add_edges, remove, remove_edges, set_duration, set_follows
 from ..needs import Need
 from ..registry import register
 from ..sharing import collective_mask, graph_interference, priced_by_transform
@@ -70,7 +71,7 @@ from .comm import (
 )
 from .fused_norm import absorbed_part_ns, fusable, remove_absorbed
 from .layers import backward_mask
-from .sharding import batch_part_ns
+from .sharding import batch_part_ns, record_split
 from .tensor import prev_on_resource
 
 PART_NAME = "collective part"   # how the collective parts overlap splices are named
@@ -336,12 +337,21 @@ class Overlap(OnTopology, Transform):
         g = set_duration(graph, seg_all, np.rint(nano * factor).astype(np.int64),
                          reason=f"{self.label()}: nano-batch 1 at 1/{n} of the activations, slowed where it runs "
                                 f"beside the previous region's last collective part")
+        g = record_split(g, seg_all, WorkShare(flops=1 / n, activation_bytes=1 / n, weight_bytes=1.0,
+                                               output_bytes=1 / n, rows=1 / n),
+                         reason=f"{self.label()}: nano-batch 1 does 1/{n} of the segment's rows")
         g, nano_ids = splice_tasks(g, anchors=reg["producer"].tolist(),
                                    durs=[[int(round(s * (1 + (phi - 1) * f)))] * (n - 1)
                                          for s, f in zip(per_seg, later)],
                                    name=f"nano-batch compute (x{phi:.2f} interference at full overlap)",
                                    deps=[[-1] * (n - 1)] * len(reg),
                                    reason=f"{self.label()}: nano-batches 2..{n} of each segment")
+        if n > 1:   # later nano-batches follow what later transforms do to nano-batch 1 (a GPU move)
+            later_of = [(1 + (phi - 1) * fl) / (1 + (phi - 1) * ff) for ff, fl in zip(first, later)]
+            g = set_follows(g, np.concatenate(nano_ids), np.repeat(later_of, n - 1),
+                            of=[seg for seg in reg["segment"] for _ in range(n - 1)],
+                            reason=f"{self.label()}: nano-batches 2..{n} at nano-batch 1's time, at their own "
+                                   f"interference")
         order = np.argsort(comms)
         g = set_duration(g, comms[order], parts[order], reason=f"{self.label()}: collective part 1/{n}")
         comm_ids = [np.empty(0, dtype=np.int64)] * len(reg)

@@ -50,10 +50,11 @@ import pandas as pd
 
 from whatif.core import limits
 from whatif.core.kernels import CollectiveKind, collective_kind
+from whatif.core.work import WorkShare
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 
-from ..base import Transform, TransformContext, TransformError
-from ..edit import note, remove, scale, set_duration
+from ..base import CostModel, Transform, TransformContext, TransformError
+from ..edit import note, remove, scale, set_duration, set_follows
 from ..placement import Placement
 from ..registry import register
 from .comm import (
@@ -66,7 +67,7 @@ from .comm import (
     splice_tasks,
 )
 from .layers import backward_blocks, backward_mask, find_blocks, gemm_io_bytes, keep_backward_mask
-from .sharding import batch_part_ns
+from .sharding import batch_part_ns, record_split
 from .tensor import prev_on_resource
 
 SCHEDULES = ("1f1b", "gpipe", "serving")
@@ -295,7 +296,7 @@ class PipelineParallel(OnTopology, Transform):
         if len(bw):
             g, drop = self._backward(keep_backward_mask(graph, reason=f"{self.label()}: the backward's kernels, "
                                                                       f"kept through the stage's removals"),
-                                     bw, s, drop, blocks)
+                                     bw, s, drop, blocks, cost)
         drop = with_their_collectives(g, _with_inserted(g, drop))
         ids = np.concatenate([drop, _launches(g, drop)])
         g = remove(g, ids, reason=f"{self.label()}: {len(drop)} kernels of the other {p - 1} stages")
@@ -305,7 +306,7 @@ class PipelineParallel(OnTopology, Transform):
         return self._comm_and_bubble(g, ctx, act, s, training=training, backward=len(bw) > 0)
 
     def _backward(self, graph: TaskGraph, bw: np.ndarray, s: int, drop: np.ndarray,
-                  blocks: pd.DataFrame) -> tuple[TaskGraph, np.ndarray]:
+                  blocks: pd.DataFrame, cost: CostModel) -> tuple[TaskGraph, np.ndarray]:
         """The graph with this stage's backward and its share of the optimizer, and the kernels to
         remove: the other stages' backward (:func:`backward_stage_plan`) and the optimizer at 1/p (it
         updates this stage's parameters); where the backward cannot be mapped to blocks, every
@@ -314,7 +315,13 @@ class PipelineParallel(OnTopology, Transform):
         plan = backward_stage_plan(graph, p, s, blocks)
         if plan is not None:
             other, tail = plan
-            g = scale(graph, tail, 1.0 / p, reason=f"{self.label()}: this stage's share of the optimizer")
+            facts = cost.kernel_facts(graph, tail)
+            g = set_duration(graph, tail, np.rint(cost.kernel_time_ns(graph, tail, np.nan_to_num(facts["flops"]) / p,
+                                                                      np.nan_to_num(facts["bytes"]) / p)),
+                             reason=f"{self.label()}: this stage's share of the optimizer (1/{p} of the parameters; "
+                                    f"each kernel keeps its launch latency)")
+            g = record_split(g, tail, WorkShare(1 / p, 1 / p, 1 / p, 1 / p),
+                             reason=f"{self.label()}: the optimizer updates this stage's parameters")
             return g, np.union1d(drop, other)
         t = graph.tasks
         key = t["rank"].to_numpy() * (1 << 32) + t["step"].to_numpy()
@@ -339,6 +346,9 @@ class PipelineParallel(OnTopology, Transform):
         g = set_duration(g, kern, np.rint(m * batch_part_ns(cost, g, kern, m)).astype(np.int64),
                          reason=f"{self.label()}: the step's sequences in {m} micro-batches, each kernel "
                                 f"{m} times at 1/{m} of its activations (weights read each time)")
+        g = record_split(g, kern, WorkShare(flops=1 / m, activation_bytes=1 / m, weight_bytes=1.0, output_bytes=1 / m,
+                                            rows=1 / m, launches=float(m)),
+                         reason=f"{self.label()}: each kernel stands for {m} launches on 1/{m} of the rows")
         comm = np.flatnonzero(kinds == int(TaskKind.COMM))
         if not len(comm):
             return g
@@ -393,8 +403,10 @@ class PipelineParallel(OnTopology, Transform):
                    f"{m if self.schedule == 'gpipe' else min(p, m)} micro-batches" if training else
                    f"{m} micro-batches for {p} stages: each decode micro-batch waits for its previous token, "
                    f"the stage idles {p - m} of {p} slots")
-            g, _ = splice_tasks(g, anchors=anchors, durs=bubbles, name=f"pipeline bubble ({self.schedule}, idle)",
-                                deps=[[-1]] * len(anchors), reason=f"{self.label()}: {why}")
+            g, ids = splice_tasks(g, anchors=anchors, durs=bubbles, name=f"pipeline bubble ({self.schedule}, idle)",
+                                  deps=[[-1]] * len(anchors), reason=f"{self.label()}: {why}")
+            g = set_follows(g, np.concatenate(ids), (p - 1) / m if training else max(0, p - m) / m,
+                            reason=f"{self.label()}: the bubble follows the stage's kernels through later transforms")
         if not training:
             hop = max((h[3] for h in hops), default=0)
             g = note(g, "request pipelining",

@@ -207,8 +207,9 @@ class SequenceParallel(OnTopology, Transform):
         g = set_duration(graph, tasks, np.rint(new_dur).astype(np.int64),
                          reason=f"{self.label()}: block work on 1/{p} of the tokens")
         u = self.ulysses_group(per)
-        token_share = WorkShare(flops=1 / p, activation_bytes=1 / p, weight_bytes=1.0, output_bytes=1 / p)
-        head_share = WorkShare(flops=1 / p, activation_bytes=1 / p, weight_bytes=1.0, output_bytes=1 / p, heads=1 / u)
+        token_share = WorkShare(flops=1 / p, activation_bytes=1 / p, weight_bytes=1.0, output_bytes=1 / p, rows=1 / p)
+        head_share = WorkShare(flops=1 / p, activation_bytes=1 / p, weight_bytes=1.0, output_bytes=1 / p, heads=1 / u,
+                               rows=1 / p)
         g = record_split(g, tasks, [head_share if a else token_share for a in attention],
                          reason=f"{self.label()}: each GPU's share of the block work (attention: 1/{u} of the heads)")
         b = blocks.assign(in_bytes=inp, out_bytes=out, dur=np.rint(new_dur).astype(np.int64))
