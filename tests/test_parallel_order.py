@@ -180,3 +180,16 @@ def test_a_pipeline_bubble_follows_later_transforms(a100_train) -> None:
         same = kern & (rank == rank[b]) & (step == step[b])
         assert t["dur_ns"].to_numpy()[b] == round(t["dur_ns"].to_numpy()[same].sum() * (2 - 1) / pp.m)
     assert moved.tasks["dur_ns"].to_numpy()[bubble[0]] < staged.tasks["dur_ns"].to_numpy()[bubble[0]]
+
+
+def test_the_physics_relation_checks_the_move_and_the_batch_commute(a100_forward, monkeypatch) -> None:
+    """``device_commutes`` (whatif.physics, run on every shared trace by tests/test_physics.py)
+    holds here, and fails when the move reads the GEMM rate at the work now (as before 2026-11-28)."""
+    from whatif.physics import Relation, check
+    from whatif.predictors import costs
+    got = {r.relation: r for r in check(a100_forward)}[Relation.DEVICE_COMMUTES]
+    assert got.applies and got.holds, got.detail
+    plain = costs.retarget_ns
+    monkeypatch.setattr(costs, "retarget_ns", lambda *a, size_flops=None, **k: plain(*a, **k))
+    got = {r.relation: r for r in check(a100_forward)}[Relation.DEVICE_COMMUTES]
+    assert got.applies and not got.holds and "order matters" in got.detail

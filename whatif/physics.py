@@ -19,6 +19,10 @@ completion may move the wrong way, and that is what these relations test.
 * ``bounded``: all GPU work twice as fast speeds a step up by between 1 and Amdahl's
   ``1 / (1 - g / 2)``, ``g`` the step's GPU-busy fraction.
 * ``composition``: two scalings of disjoint kinds give the same steps in either order.
+* ``device_commutes``: another GPU then twice the batch gives the same steps as twice the batch
+  then the GPU (0.1 %): each kernel is priced on the recorded kernel's work, rate and waves in
+  both orders. Applies where the trace's GPU is in the catalog; the destination is an H100 (an
+  A100 for an H100 trace).
 
 >>> from whatif.api import analyze
 >>> results = check(analyze("sample_traces/llm_serve"))
@@ -35,9 +39,12 @@ import numpy as np
 import pandas as pd
 
 from whatif.analysis import Analysis, make_context, predict
+from whatif.hardware.devices import find_device
 from whatif.predictors.bounds import step_bounds
 from whatif.transforms.base import Transform, TransformContext
 from whatif.transforms.generic import Scale
+from whatif.transforms.optimizations.batch import Batch
+from whatif.transforms.optimizations.gpu import Gpu
 from whatif.transforms.scenario import Scenario
 from whatif.transforms.select import Selector
 
@@ -54,6 +61,7 @@ class Relation(str, Enum):
     CPU_ZERO = "cpu_zero"
     BOUNDED = "bounded"
     COMPOSITION = "composition"
+    DEVICE_COMMUTES = "device_commutes"
 
 
 @dataclass(frozen=True)
@@ -118,7 +126,8 @@ def check(analysis: Analysis, ctx: TransformContext | None = None) -> list[Relat
         bounds[col] = trial.cumulative(bounds[col].to_numpy())
     label = [f"rank {r} through step {s}" for r, s in zip(bounds["rank"], bounds["step"])]
     return [_identity(trial, base), _monotonic(trial, base, label), _gpu_zero(trial, bounds, label),
-            _cpu_zero(trial, bounds, label), _bounded(trial, base, bounds, label), _composition(trial, label)]
+            _cpu_zero(trial, bounds, label), _bounded(trial, base, bounds, label), _composition(trial, label),
+            _device_commutes(trial, label)]
 
 
 def _identity(trial: _Trial, base: np.ndarray) -> RelationResult:
@@ -210,3 +219,20 @@ def _composition(trial: _Trial, label: list[str]) -> RelationResult:
     i = int(np.argmax(np.abs(a - b)))
     return RelationResult(Relation.COMPOSITION, False, True,
                           f"order matters: {label[i]} {a[i] / 1e6:.3f} vs {b[i] / 1e6:.3f} ms")
+
+
+def _device_commutes(trial: _Trial, label: list[str]) -> RelationResult:
+    recorded = find_device(trial.ctx.device)
+    if recorded is None or not trial.has("kernel"):
+        return RelationResult(Relation.DEVICE_COMMUTES, True, False,
+                              "needs kernels and a GPU of the catalog ('whatif devices')")
+    dest = "A100_SXM_80GB" if recorded.name.startswith("H100") else "H100_SXM"
+    a = trial.steps([Gpu(device=dest), Batch(factor=2.0)])
+    b = trial.steps([Batch(factor=2.0), Gpu(device=dest)])
+    off = np.abs(a - b) / np.maximum(np.minimum(a, b), 1)
+    i = int(np.argmax(off)) if len(off) else 0
+    holds = not len(off) or off[i] <= MONOTONIC_TOLERANCE
+    return RelationResult(Relation.DEVICE_COMMUTES, holds, True,
+                          f"gpu({dest}) and batch x2 commute (worst {off[i] * 100:.3f} %)" if holds else
+                          f"order matters: {label[i]} {a[i] / 1e6:.3f} (gpu first) vs {b[i] / 1e6:.3f} ms "
+                          f"({off[i] * 100:.2f} %)")
