@@ -193,9 +193,27 @@ def fit_retarget(pairs: PairedKernels, src: Device, dst: Device,
     return RetargetFit(src.name, dst.name, families, classes)
 
 
+def _fixed_src(dur: np.ndarray, l_src: float, launches: np.ndarray | float = 1.0) -> np.ndarray:
+    """The fixed part of each task on the source: ``n·min(T/n, L_s)`` (n launches)."""
+    return launches * np.minimum(dur / launches, l_src)
+
+
 def _fixed_part(dur: np.ndarray, l_src: float, l_dst: float, launches: np.ndarray | float = 1.0) -> np.ndarray:
     """The fixed part of each task on the destination: ``n·min(T/n, L_s)·L_d/L_s`` (n launches)."""
-    return launches * np.minimum(dur / launches, l_src) * (l_dst / l_src)
+    return _fixed_src(dur, l_src, launches) * (l_dst / l_src)
+
+
+def moved_ns(dur: np.ndarray, ratio: np.ndarray | float, l_src: float, l_dst: float,
+             launches: np.ndarray | float = 1.0) -> np.ndarray:
+    """A measured time on another device: its fixed part at the destination's launch figure
+    (:func:`_fixed_part`), the rest times ``ratio``. The law of every move (kernels, copies,
+    collectives); it composes, A→B→C = A→C.
+
+    >>> moved_ns(np.array([10_000.0, 1_000.0]), 0.5, 2_000.0, 1_000.0).tolist()
+    [5000.0, 500.0]
+    """
+    fixed = _fixed_src(dur, l_src, launches)
+    return fixed * (l_dst / l_src) + (dur - fixed) * ratio
 
 
 def _moved(dur: np.ndarray, a_src: np.ndarray, a_dst: np.ndarray, l_src: float, l_dst: float,
@@ -203,7 +221,7 @@ def _moved(dur: np.ndarray, a_src: np.ndarray, a_dst: np.ndarray, l_src: float, 
     """``T'`` without a residual: the fixed part, plus the rest times the achievable-roofline ratio."""
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where((a_src > 0) & np.isfinite(a_dst), a_dst / a_src, 1.0)
-    return _fixed_part(dur, l_src, l_dst, launches) + (dur - launches * np.minimum(dur / launches, l_src)) * ratio
+    return moved_ns(dur, ratio, l_src, l_dst, launches)
 
 
 def retarget_ns(dur_ns: ArrayLike, classes: ArrayLike, dtypes: ArrayLike, flops: ArrayLike,

@@ -86,7 +86,7 @@ from whatif.core.work import WORK_COLUMN, launch_shares, output_shares, shares_o
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph, TaskKind, kind_codes
 from whatif.depgraph.schema import DEVICE_COLUMN, PRECISION_COLUMN
 from whatif.hardware.devices import DEVICES, Device, find_device, get_device
-from whatif.hardware.retarget import PairedKernels, RetargetFit, fit_retarget, retarget_ns
+from whatif.hardware.retarget import PairedKernels, RetargetFit, fit_retarget, moved_ns, retarget_ns
 from whatif.hardware.roofline import (
     DEFAULT_FIXED_NS,
     achievable_rate,
@@ -530,8 +530,7 @@ class TraceCostModel(CostModelBase):
             if k == int(TaskKind.MEMCPY) or k == int(TaskKind.COMM) or c == KernelClass.COLLECTIVE.value:
                 ratio = _copy_ratio(names[idx], src, dst) if k == int(TaskKind.MEMCPY) \
                     else src.peer_copy_bw_bytes_per_s / dst.peer_copy_bw_bytes_per_s
-                fixed = np.minimum(dur[idx], fixed_latency_ns(src))   # launch and ramp: the device's own
-                out[idx] = fixed * (fixed_latency_ns(dst) / fixed_latency_ns(src)) + (dur[idx] - fixed) * ratio
+                out[idx] = moved_ns(dur[idx], ratio, fixed_latency_ns(src), fixed_latency_ns(dst))
             else:
                 fit = self.retarget_fit(src, dst, fit_from) if fit_from else None
                 family = np.where(pd.notna(ops[idx]), ops[idx], facts["kernel_class"][idx])

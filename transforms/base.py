@@ -140,8 +140,9 @@ class Transform:
         """Run every subclass's ``apply`` inside :func:`~whatif.transforms.edit.applying` its name,
         so each change the primitives log names the transform without the transform passing it
         (a transform applied inside another, e.g. ``reshard`` applying ``tensor_parallel``, logs
-        under the outer one); then idle waits derived from a step's kernels (a pipeline bubble,
-        :func:`~whatif.transforms.edit.set_follows`) follow what the transform did to them."""
+        under the outer one); then derived tasks (a pipeline bubble, an overlap's later
+        nano-batches: :func:`~whatif.transforms.edit.set_follows`) follow what the transform did to
+        the kernels they derive from."""
         super().__init_subclass__(**kwargs)
         inner = cls.__dict__.get("apply")
         if inner is None:

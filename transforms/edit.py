@@ -778,11 +778,7 @@ def set_follows(graph: TaskGraph, tasks: Tasks, factor: float | np.ndarray, *, r
     """
     ids = _ids(graph, tasks)
     out = graph.copy()
-    n = len(out.tasks)
-    factors = out.tasks[FOLLOWS_COLUMN].to_numpy(dtype=float).copy() if FOLLOWS_COLUMN in out.tasks \
-        else np.full(n, np.nan)
-    groups = out.tasks[FOLLOWS_GROUP_COLUMN].to_numpy(dtype=float).copy() if FOLLOWS_GROUP_COLUMN in out.tasks \
-        else np.full(n, np.nan)
+    factors, groups = _float_column(out.tasks, FOLLOWS_COLUMN), _float_column(out.tasks, FOLLOWS_GROUP_COLUMN)
     factors[ids] = factor
     if of is not None:
         if len(of) != len(ids):
@@ -803,6 +799,11 @@ def set_follows(graph: TaskGraph, tasks: Tasks, factor: float | np.ndarray, *, r
     out.tasks[FOLLOWS_GROUP_COLUMN] = groups
     _log(out, _transform_name("set_state", transform), f"set {FOLLOWS_COLUMN} of", len(ids), 0, 0, reason)
     return follow_kernels(out, transform=transform)
+
+
+def _float_column(tasks: pd.DataFrame, column: str) -> np.ndarray:
+    """A copy of a float state column of ``tasks`` (NaN throughout where it does not exist yet)."""
+    return tasks[column].to_numpy(dtype=float).copy() if column in tasks else np.full(len(tasks), np.nan)
 
 
 def follow_kernels(graph: TaskGraph, transform: str | None = None) -> TaskGraph:

@@ -230,8 +230,10 @@ def _device_commutes(trial: _Trial, label: list[str]) -> RelationResult:
     a = trial.steps([Gpu(device=dest), Batch(factor=2.0)])
     b = trial.steps([Batch(factor=2.0), Gpu(device=dest)])
     off = np.abs(a - b) / np.maximum(np.minimum(a, b), 1)
-    i = int(np.argmax(off)) if len(off) else 0
-    holds = not len(off) or off[i] <= MONOTONIC_TOLERANCE
+    if not len(off):
+        return RelationResult(Relation.DEVICE_COMMUTES, True, False, "no step to compare")
+    i = int(np.argmax(off))
+    holds = off[i] <= MONOTONIC_TOLERANCE
     return RelationResult(Relation.DEVICE_COMMUTES, holds, True,
                           f"gpu({dest}) and batch x2 commute (worst {off[i] * 100:.3f} %)" if holds else
                           f"order matters: {label[i]} {a[i] / 1e6:.3f} (gpu first) vs {b[i] / 1e6:.3f} ms "
