@@ -1,5 +1,5 @@
-"""Does the order of a plan and a GPU move matter? Each plan applied to a hand-made A100 trace
-(tests/_llm_tracegen.py) then moved to another GPU, against the move then the plan: the kernels'
+"""Does the order of a plan (or lower precision) and a GPU move matter? Each plan applied to a
+hand-made A100 trace (tests/_llm_tracegen.py) then moved to another GPU, against the move then the plan: the kernels'
 total and the replayed step, as (plan then move) / (move then plan) - 1. 0 is right: the hardware
 does not know the order a scenario lists them in. docs/multi-gpu.md ("A GPU move and a parallel
 plan commute") holds the output. Run: .venv/bin/python bench/parallel_order.py (~10 s)."""
@@ -20,6 +20,7 @@ from whatif.predictors.steps import step_times  # noqa: E402
 from whatif.transforms.base import Transform, TransformContext  # noqa: E402
 from whatif.transforms.optimizations.batch import Batch  # noqa: E402
 from whatif.transforms.optimizations.gpu import Gpu  # noqa: E402
+from whatif.transforms.optimizations.precision import Precision  # noqa: E402
 from whatif.transforms.parallel.overlap import Overlap  # noqa: E402
 from whatif.transforms.parallel.pipeline import PipelineParallel  # noqa: E402
 from whatif.transforms.parallel.sequence import SequenceParallel  # noqa: E402
@@ -27,10 +28,13 @@ from whatif.transforms.parallel.tensor import TensorParallel  # noqa: E402
 
 DESTINATIONS = ("H100_SXM", "MI300X")
 TRAINING = {"tp2": [TensorParallel(degree=2)], "tp4": [TensorParallel(degree=4)], "batch x3": [Batch(factor=3)],
-            "batch x0.5": [Batch(factor=0.5)], "pp2 1f1b": [PipelineParallel(degree=2)]}
+            "batch x0.5": [Batch(factor=0.5)], "pp2 1f1b": [PipelineParallel(degree=2)],
+            "int8": [Precision(dtype="int8")], "int4 weight-only": [Precision(dtype="int4_weight")],
+            "tp2 + int8": [TensorParallel(degree=2), Precision(dtype="int8")]}
 INFERENCE = {"pp4 serving m2": [PipelineParallel(degree=4, micro_batches=2, schedule="serving")],
              "ulysses4": [SequenceParallel(degree=4)], "tp2 + batch x2": [TensorParallel(degree=2), Batch(factor=2)],
-             "tp4 + overlap(2)": [TensorParallel(degree=4), Overlap(nano_batches=2)]}
+             "tp4 + overlap(2)": [TensorParallel(degree=4), Overlap(nano_batches=2)],
+             "int8": [Precision(dtype="int8")], "int4 weight-only": [Precision(dtype="int4_weight")]}
 
 
 def _apply(graph: TaskGraph, ctx: TransformContext, transforms: list[Transform]) -> TaskGraph:

@@ -35,17 +35,19 @@ activation dtype ``a`` and weight dtype ``w``:
 * a kernel already at or below the target (16-bit for bf16/fp16, 8-bit for fp8/int8) is unchanged.
 
 The time above the device's fixed per-kernel latency ``F`` (:func:`~whatif.hardware.roofline.fixed_latency_ns`:
-launch, ramp, drain; never scales)
-then scales Habitat-style with the *precision change as the destination*:
-``T' = F' + (T − F')·m^γ·c^(1−γ)`` with ``F' = min(T, F)``, memory ratio
-``m = bytes'/bytes`` (``bytes' = act·b(a)/b(r) + weights·b(w)/b(r)``), compute ratio
-``c = P(r)/P(a)`` (achievable GEMM rates of the device at the kernel's size for matrix classes,
-:func:`~whatif.hardware.roofline.achievable_rate`; 1 for vector kernels:
-they compute in fp32 whatever they store), and ``γ = 1 − 0.5·I'/R'`` for ``I' ≤ R'`` else
-``0.5·R'/I'`` (Habitat, Yu et al. ATC'21) with the new intensity ``I' = FLOPs/bytes'`` and the
-new ridge ``R' = P(a)/BW_a`` (``BW_a`` the achievable streaming bandwidth). A pure memory-bound
-kernel (γ→1) scales by the byte ratio, a large GEMM (γ→0) by the rate ratio, a decode GEMV (I≈1)
-by the weight-byte ratio.
+launch, ramp, drain; never scales) then keeps the kernel's share of the achievable roofline, as
+every plan and the GPU move do (:func:`anchored_time_ns`): ``T' = F' + (T − F')·A'/A`` with
+``F' = min(T, F)`` (per launch for a task that stands for several), ``A = max(s·FLOPs/P(r),
+bytes/BW_a)`` at the recorded dtype and ``A'`` the same at the new ones
+(:func:`~whatif.hardware.roofline.achievable_time_ns`): ``bytes' = act·b(a)/b(r) + weights·b(w)/b(r)``,
+``P`` the device's achievable GEMM rate for the dtype read at the recorded kernel's size for
+matrix classes (fp32 for vector kernels: they compute in fp32 whatever they store), ``BW_a``
+its achievable streaming bandwidth, ``s`` the wave term of a kernel whose rows a plan split. A
+memory-bound kernel scales by the byte ratio, a compute-bound GEMM by the rate ratio (and not at
+all under weight-only quantization), a decode GEMV by its byte ratio; one that crosses the ridge
+by the part of each it keeps. Until 2026-11-28 the ratio was Habitat's blend ``m^γ·c^(1−γ)``
+(Yu et al. ATC'21), which does not telescope: precision then a GPU move and the move then
+precision differed by up to 2.2 % (``bench/parallel_order.py``).
 Daydream's AMP model (Zhu et al. ATC'20) uses ×1/3 compute-bound, ×1/2 memory-bound on
 V100 fp32→fp16; ``bench/whatif_precision.py`` compares the two on a V100 ResNet-50 trace.
 
@@ -89,7 +91,6 @@ from whatif.hardware.devices import DEVICES, Device, find_device, get_device
 from whatif.hardware.retarget import PairedKernels, RetargetFit, fit_retarget, moved_ns, retarget_ns
 from whatif.hardware.roofline import (
     DEFAULT_FIXED_NS,
-    achievable_rate,
     achievable_time_ns,
     fixed_latency_ns,
     wave_tail_ratio,
@@ -148,19 +149,6 @@ def _lookup(values: np.ndarray, table: dict[str, Any]) -> np.ndarray:
     if not len(uniques):
         return np.empty(len(values))
     return np.asarray([table[u] for u in uniques])[codes]
-
-
-def habitat_gamma_array(intensity: np.ndarray, ridge: np.ndarray) -> np.ndarray:
-    """Vectorized :func:`whatif.hardware.habitat.habitat_gamma`: γ = 1 − 0.5·I/R for I ≤ R,
-    else 0.5·R/I (I = inf gives 0).
-
-    >>> habitat_gamma_array(np.array([0.0, 1.0, 4.0, np.inf]), np.array([2.0, 2.0, 2.0, 2.0])).tolist()
-    [1.0, 0.75, 0.25, 0.0]
-    """
-    i = np.asarray(intensity, dtype=float)
-    r = np.asarray(ridge, dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(i <= r, 1.0 - 0.5 * i / r, 0.5 * r / i)
 
 
 def resolve_device(name: str) -> Device:
@@ -467,7 +455,10 @@ class TraceCostModel(CostModelBase):
 
     def precision_factor(self, graph: TaskGraph, tasks: np.ndarray, to_dtype: str) -> np.ndarray:
         """Per task: time multiplier when the spec ``to_dtype`` (``bf16``, ``fp8``,
-        ``int4_weight``… see the module docstring) is applied on top of the task's current state."""
+        ``int4_weight``… see the module docstring) is applied on top of the task's current state:
+        the achievable-roofline time at the new dtypes and bytes over the time at the old ones, on the
+        task's GPU, GEMM rates read at the recorded kernel's size (the law of every plan and of the
+        move, so precision and a GPU move commute)."""
         tasks = np.asarray(tasks, dtype=np.int64)
         if to_dtype == "int4":
             to_dtype = "int4_weight"
@@ -478,28 +469,30 @@ class TraceCostModel(CostModelBase):
         new = self._state(graph, tasks, base, devices, extra=to_dtype)
         flops, b_old, _ = self._work(graph, base, tasks, old)
         _, b_new, _ = self._work(graph, base, tasks, new)
+        flops, b_old, b_new = np.nan_to_num(flops), np.nan_to_num(b_old), np.nan_to_num(b_new)
+        size = np.nan_to_num(base["flops"][tasks])
         cls = base["kernel_class"][tasks]
-        comp = np.ones(len(tasks))
-        ridge = np.ones(len(tasks))
+        rows, launches = launch_shares(graph.tasks, tasks)
+        sms = np.array([DEVICES[d].sm_count if d in DEVICES else np.nan for d in devices], dtype=float)
+        waves = np.where(backward_mask(graph)[tasks], np.nan,
+                         base["tiles"][tasks] * output_shares(graph.tasks, tasks) / sms)
+        stretch = _row_tail(waves, rows)
+        ratio = np.ones(len(tasks))
         fixed_ns = np.full(len(tasks), DEFAULT_FIXED_NS)
+        changed = (new.act != old.act) | (new.weight != old.weight)
         keys = pd.DataFrame({"d": devices, "o": old.act, "n": new.act, "c": cls}).astype(str)
         for (d, o, nw, c), idx in keys.groupby(["d", "o", "n", "c"]).indices.items():
             dev = get_device(d)
-            p_new = np.array([achievable_rate(dev, nw, c, f) for f in np.nan_to_num(flops[idx])])
-            comp[idx] = np.array([achievable_rate(dev, o, c, f) for f in np.nan_to_num(flops[idx])]) / p_new
-            ridge[idx] = p_new / dev.stream_bw_bytes_per_s
             fixed_ns[idx] = fixed_latency_ns(dev)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            mem = np.where(b_old > 0, b_new / b_old, 1.0)
-            intensity = np.where(b_new > 0, flops / b_new, np.inf)
-        gamma = habitat_gamma_array(intensity, ridge)
-        busy_factor = mem ** gamma * comp ** (1.0 - gamma)
-        changed = (new.act != old.act) | (new.weight != old.weight)
-        busy_factor = np.where(changed & np.isfinite(busy_factor), busy_factor, 1.0)
+            for i in idx[changed[idx]].tolist():
+                before = achievable_time_ns(flops[i], b_old[i], dev, o, c, size_flops=size[i], compute_scale=stretch[i])
+                after = achievable_time_ns(flops[i], b_new[i], dev, nw, c, size_flops=size[i], compute_scale=stretch[i])
+                ratio[i] = after / before if before > 0 else 1.0
+        ratio = np.where(np.isfinite(ratio), ratio, 1.0)
         dur = graph.tasks["dur_ns"].to_numpy()[tasks].astype(float)
-        fixed = np.minimum(dur, fixed_ns)
+        fixed = launches * np.minimum(dur / launches, fixed_ns)
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(dur > 0, (fixed + (dur - fixed) * busy_factor) / dur, 1.0)
+            return np.where(dur > 0, (fixed + (dur - fixed) * ratio) / dur, 1.0)
 
     def move_to_device(self, graph: TaskGraph, tasks: np.ndarray, device: str,
                        fit_from: Sequence[tuple[Trace, Trace]] = ()) -> np.ndarray:

@@ -103,8 +103,8 @@ def test_bf16_gemm_by_peak_ratio_add_by_byte_ratio(fp32_a100: Analysis) -> None:
     # small bf16 GEMM loses more of its rate to ramp-up and tail than an fp32 one
     rates = A100.achievable_matrix_flops("fp32", 2.0 * N ** 3) / A100.achievable_matrix_flops("bf16", 2.0 * N ** 3)
     assert rates > A100.peak_flops("fp32") / A100.peak_flops("bf16")
-    r_gemm = busy_ratio(g, out, kernel(g, "ampere_sgemm"))
-    assert rates <= r_gemm <= 1.15 * rates                               # large GEMM: gamma ~ 0.06
+    # a compute-bound GEMM before and after keeps its share of the achievable rate: the rate ratio
+    assert busy_ratio(g, out, kernel(g, "ampere_sgemm")) == pytest.approx(rates, rel=1e-3)
     assert busy_ratio(g, out, kernel(g, "vectorized_elementwise")) == pytest.approx(0.5, rel=0.01)
     # the input graph is unchanged; the change log says what happened
     assert g.changes == before and "cost_precision" not in g.tasks
@@ -129,9 +129,9 @@ def test_int4_weight_only_shrinks_decode_gemv_by_weight_bytes(tmp_path: Path) ->
     a = analyze(ops_trace(types="c10::BFloat16").write(tmp_path / "bf16.json.gz"))
     out = apply(a, Precision(dtype="int4_weight"))
     g = a.graph
-    # 4 bits / 16 bits, to the power Habitat's gamma: just under 1 at intensity ~1 (achievable ridge)
+    # a GEMV reads its weights: 4 bits / 16 bits of them
     assert busy_ratio(g, out, kernel(g, "gemv2T")) == pytest.approx(0.25, rel=0.05)
-    assert busy_ratio(g, out, kernel(g, "ampere_sgemm")) > 0.85          # compute-bound: barely changes
+    assert busy_ratio(g, out, kernel(g, "ampere_sgemm")) == 1.0          # compute-bound: weight bytes do not matter
     assert busy_ratio(g, out, kernel(g, "vectorized_elementwise")) == 1.0  # activations stay bf16
     int8w = apply(a, Precision(dtype="int8", weight_only=True))
     assert busy_ratio(g, int8w, kernel(g, "gemv2T")) == pytest.approx(0.5, rel=0.02)

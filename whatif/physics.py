@@ -20,9 +20,9 @@ completion may move the wrong way, and that is what these relations test.
   ``1 / (1 - g / 2)``, ``g`` the step's GPU-busy fraction.
 * ``composition``: two scalings of disjoint kinds give the same steps in either order.
 * ``device_commutes``: another GPU then twice the batch gives the same steps as twice the batch
-  then the GPU (0.1 %): each kernel is priced on the recorded kernel's work, rate and waves in
-  both orders. Applies where the trace's GPU is in the catalog; the destination is an H100 (an
-  A100 for an H100 trace).
+  then the GPU (0.1 %), and likewise int8 (W8A8) quantization: each kernel is priced on the
+  recorded kernel's work, rate and waves, at its dtypes now, in both orders. Applies where the
+  trace's GPU is in the catalog; the destination is an H100 (an A100 for an H100 trace).
 
 >>> from whatif.api import analyze
 >>> results = check(analyze("sample_traces/llm_serve"))
@@ -41,10 +41,11 @@ import pandas as pd
 from whatif.analysis import Analysis, make_context, predict
 from whatif.hardware.devices import find_device
 from whatif.predictors.bounds import step_bounds
-from whatif.transforms.base import Transform, TransformContext
+from whatif.transforms.base import Transform, TransformContext, TransformError
 from whatif.transforms.generic import Scale
 from whatif.transforms.optimizations.batch import Batch
 from whatif.transforms.optimizations.gpu import Gpu
+from whatif.transforms.optimizations.precision import Precision
 from whatif.transforms.scenario import Scenario
 from whatif.transforms.select import Selector
 
@@ -227,14 +228,22 @@ def _device_commutes(trial: _Trial, label: list[str]) -> RelationResult:
         return RelationResult(Relation.DEVICE_COMMUTES, True, False,
                               "needs kernels and a GPU of the catalog ('whatif devices')")
     dest = "A100_SXM_80GB" if recorded.name.startswith("H100") else "H100_SXM"
-    a = trial.steps([Gpu(device=dest), Batch(factor=2.0)])
-    b = trial.steps([Batch(factor=2.0), Gpu(device=dest)])
-    off = np.abs(a - b) / np.maximum(np.minimum(a, b), 1)
-    if not len(off):
+    worst: tuple[float, str, int, np.ndarray, np.ndarray] | None = None
+    for name, change in (("batch x2", Batch(factor=2.0)), ("precision(int8)", Precision(dtype="int8"))):
+        try:
+            a = trial.steps([Gpu(device=dest), change])
+            b = trial.steps([change, Gpu(device=dest)])
+        except TransformError:   # a GPU without an int8 rate (GP100)
+            continue
+        off = np.abs(a - b) / np.maximum(np.minimum(a, b), 1)
+        if len(off) and (worst is None or off.max() > worst[0]):
+            worst = (float(off.max()), name, int(np.argmax(off)), a, b)
+    if worst is None:
         return RelationResult(Relation.DEVICE_COMMUTES, True, False, "no step to compare")
-    i = int(np.argmax(off))
-    holds = off[i] <= MONOTONIC_TOLERANCE
+    off, name, i, a, b = worst
+    holds = off <= MONOTONIC_TOLERANCE
     return RelationResult(Relation.DEVICE_COMMUTES, holds, True,
-                          f"gpu({dest}) and batch x2 commute (worst {off[i] * 100:.3f} %)" if holds else
-                          f"order matters: {label[i]} {a[i] / 1e6:.3f} (gpu first) vs {b[i] / 1e6:.3f} ms "
-                          f"({off[i] * 100:.2f} %)")
+                          f"gpu({dest}) commutes with batch x2 and precision(int8) (worst {off * 100:.3f} %, "
+                          f"{name})" if holds else
+                          f"order matters: gpu({dest}) and {name}, {label[i]} {a[i] / 1e6:.3f} (gpu first) vs "
+                          f"{b[i] / 1e6:.3f} ms ({off * 100:.2f} %)")

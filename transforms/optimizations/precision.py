@@ -1,19 +1,19 @@
 """``precision``: run the selected kernels in a lower precision — bf16/fp16 AMP, tf32, fp8,
 int8 (W8A8), or weight-only quantization (``int4_weight``, or ``weight_only=true`` with int8/fp8).
 
-Each selected kernel's duration ``T`` becomes ``F' + (T − F')·m^γ·c^(1−γ)`` with ``F' =
-min(T, L)`` a fixed latency that never scales (``L``: the device's, ``fixed_latency_ns``),
-``m`` the ratio of DRAM bytes after/before, ``c`` the ratio of the recorded device's achievable
-FLOP/s before/after (``achievable_rate``: its achievable GEMM rate at the kernel's size;
-vector-unit kernels compute in fp32 whatever they store: ``c = 1``), and Habitat's memory
-weight ``γ`` (Yu et al., USENIX ATC 2021) from the kernel's new arithmetic intensity and the
-ridge point of the new dtype. So a memory-bound kernel scales by the byte ratio, a large GEMM
-by the tensor-core peak ratio, a decode GEMV by its weight-byte ratio (weight-only: activations
-and math stay 16-bit, only GEMM/conv weight bytes shrink). fp8/int8 keep vector kernels
-(norms, activations, residuals) in 16-bit; a kernel already at or below the target is
-unchanged. The model and its sources: :mod:`whatif.predictors.costs`. Reference point:
-Daydream's AMP (Zhu et al., ATC 2020) ×1/3 compute-bound, ×1/2 memory-bound on V100
-fp32→fp16 (compared in ``bench/whatif_precision.py``).
+Each selected kernel's duration ``T`` becomes ``F' + (T − F')·A'/A`` with ``F' = min(T, L)`` a
+fixed latency that never scales (``L``: the device's, ``fixed_latency_ns``) and ``A``, ``A'`` the
+kernel's time on the recorded device's achievable roofline before and after
+(``achievable_time_ns``: ``max(FLOPs/P, bytes/BW)``, ``P`` the achievable GEMM rate of the dtype at
+the recorded kernel's size; vector-unit kernels compute in fp32 whatever they store): the kernel
+keeps its share of the roofline, as under every plan and a GPU move, so the order of
+``precision`` and ``gpu`` does not matter. A memory-bound kernel scales by the byte ratio, a
+compute-bound GEMM by the rate ratio, a decode GEMV by its weight-byte ratio (weight-only:
+activations and math stay 16-bit, only GEMM/conv weight bytes shrink, so a compute-bound GEMM
+does not change). fp8/int8 keep vector kernels (norms, activations, residuals) in 16-bit; a
+kernel already at or below the target is unchanged. The model and its sources:
+:mod:`whatif.predictors.costs`. Reference point: Daydream's AMP (Zhu et al., ATC 2020) ×1/3
+compute-bound, ×1/2 memory-bound on V100 fp32→fp16 (compared in ``bench/whatif_precision.py``).
 
 The recorded GPU must be in the catalog and have a native rate for the dtype (fp8 on a V100 or
 A100 is refused). The graph remembers what was applied (tasks column ``cost_precision``), so a
@@ -116,6 +116,6 @@ class Precision(Transform):
         changed = factor != 1.0
         out = scale(record_spec(graph, ids, spec), ids[changed], factor[changed],
                     reason=f"{spec}: {int(changed.sum()):,} of {len(ids):,} selected kernels change "
-                           f"(achievable-rate and byte ratios, Habitat γ); the rest are already at or below "
+                           f"(each keeps its share of the achievable roofline); the rest are already at or below "
                            f"{spec} or are fixed latency")
         return out
