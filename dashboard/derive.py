@@ -43,13 +43,14 @@ def step_phases(graph: TaskGraph) -> list[str]:
 def phase_rows(graph: TaskGraph, paths: list[CriticalPathEntry]) -> list[PhaseBreakdown]:
     """Mean critical-path breakdown of the counted steps of each phase (``paths``: a document's
     ``critical_path`` list, one entry per step row; excluded steps are left out, see
-    :func:`whatif.documents.counted`)."""
+    :func:`whatif.documents.counted`); steps without a phase annotation are the phase ``no phase``."""
     groups: dict[str, list[CriticalPathEntry]] = {}
     keep = {(p.rank, p.step) for p in counted(paths)}
     for phase, p in zip(step_phases(graph), paths):
         if (p.rank, p.step) in keep:
             groups.setdefault(phase, []).append(p)
-    return [PhaseBreakdown(phase, len(ps), mean_breakdown_ns(ps)) for phase, ps in groups.items()]
+    return [PhaseBreakdown("no phase" if phase == "-" else phase, len(ps), mean_breakdown_ns(ps))
+            for phase, ps in groups.items()]
 
 
 def step_row(graph: TaskGraph, task: int) -> int | None:
@@ -192,16 +193,34 @@ def path_segments(tasks: Sequence[int], resource: np.ndarray, kind: np.ndarray, 
     return segments
 
 
+def segment_times_ns(segments: Sequence[Sequence[int]], end_ns: np.ndarray, length_ns: int) -> list[int]:
+    """Per segment of a critical path (in path order): the time it adds to the path, from the end
+    of the segment before it to its own end (the first from the step's begin, ``length_ns`` before
+    the last end). A task that waits, such as a CPU thread blocked in a synchronize while the GPU
+    work it waits for is on the path, adds only what it runs past that work, as in the path's
+    breakdown (:func:`whatif.predictors.steps.critical_path`); so the times sum to ``length_ns``.
+
+    >>> segment_times_ns([[0], [1, 2], [3]], np.array([10, 50, 60, 64]), 60)
+    [6, 50, 4]
+    """
+    ends = np.array([int(end_ns[g[-1]]) for g in segments], dtype=np.int64)
+    if not len(ends):
+        return []
+    begin = int(ends[-1]) - int(length_ns)
+    return np.diff(np.concatenate([[begin], ends])).astype(int).tolist()
+
+
 def critical_path_elements(replay: Replay, row: int, max_nodes: int = PATH_NODES) -> list[dict[str, Any]]:
     """Cytoscape elements of the critical path of step row ``row``, placed left to right in rows of
     :data:`PATH_COLUMNS` (preset positions): one node per segment of :func:`path_segments`, the
-    :data:`SLOWEST` slowest of class ``slow``."""
+    :data:`SLOWEST` slowest of class ``slow``. A segment's time is what it adds to the path
+    (:func:`segment_times_ns`), so the times sum to the step."""
     graph = replay.graph
     t = graph.tasks
     res = t["resource"].to_numpy()
-    segments = path_segments(critical_path(replay, row).tasks, res, t["kind"].to_numpy(), replay.start_ns,
-                             replay.end_ns, max_nodes)
-    times = [int(replay.end_ns[g[-1]] - replay.start_ns[g[0]]) for g in segments]
+    path = critical_path(replay, row)
+    segments = path_segments(path.tasks, res, t["kind"].to_numpy(), replay.start_ns, replay.end_ns, max_nodes)
+    times = segment_times_ns(segments, replay.end_ns, path.length_ns)
     slow = set(sorted(range(len(segments)), key=lambda i: (-times[i], i))[:SLOWEST])
     elements: list[dict[str, Any]] = []
     for i, (g, time_ns) in enumerate(zip(segments, times)):
@@ -215,6 +234,11 @@ def critical_path_elements(replay: Replay, row: int, max_nodes: int = PATH_NODES
             node["data"].update(name=names, label=f"{len(g)} tasks on {short_name(where, 22)}\n"
                                                   f"{top}\n{time_ns / 1e3:,.1f} us")
             node["classes"] = "group critical"
+        else:
+            own_ns = int(replay.end_ns[g[0]] - replay.start_ns[g[0]])
+            if own_ns != time_ns:   # a wait: it ran beside the work before it on the path
+                node["data"]["label"] = f"{short_name(str(t['name'].iat[g[0]]), LABEL_CHARS)}\n" \
+                                        f"{time_ns / 1e3:,.1f} us on the path\n(ran {own_ns / 1e3:,.1f} us)"
         node["data"].update(id=f"g{i}", time_us=round(time_ns / 1e3, 3))
         node["position"] = {"x": (i % PATH_COLUMNS) * X_GAP, "y": (i // PATH_COLUMNS) * Y_GAP}
         if i in slow:

@@ -11,7 +11,7 @@ from typing import Any
 import dash
 from dash import dash_table, dcc, html
 
-from whatif.report.diff_text import short_name
+from whatif.report.diff_text import short_names
 
 from .pages import Page
 
@@ -98,12 +98,17 @@ def _numeric(rows: list[dict[str, Any]], column: str) -> bool:
 def name_cells(rows: list[dict[str, Any]], names: Sequence[str],
                width: int = NAME_WIDTH) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``rows`` with the ``names`` columns shortened from the middle to ``width`` characters, and
-    the DataTable ``tooltip_data`` holding the full names of the shortened cells.
+    the DataTable ``tooltip_data`` holding the full names of the shortened cells; different names
+    get different labels (:func:`~whatif.report.diff_text.short_names`).
 
     >>> name_cells([{"n": 1, "name": "a" * 60}], ["name"], 9)[0]
     [{'n': 1, 'name': 'aaaa…aaaa'}]
     """
-    shown = [{**r, **{c: short_name(str(r[c]), width) for c in names if r.get(c) is not None}} for r in rows]
+    shown = [dict(r) for r in rows]
+    for c in names:
+        at = [i for i, r in enumerate(rows) if r.get(c) is not None]
+        for i, label in zip(at, short_names([str(rows[i][c]) for i in at], width)):
+            shown[i][c] = label
     tips = [{c: {"value": str(r[c]), "type": "text"} for c in names
              if r.get(c) is not None and str(r[c]) != s[c]} for r, s in zip(rows, shown)]
     return shown, tips

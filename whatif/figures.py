@@ -39,6 +39,8 @@ from whatif.documents import (
 CATEGORY_COLORS = {"cpu": "#4C78A8", "launch": "#72B7B2", "gpu": "#54A24B", "comm": "#E45756", "sync": "#F58518",
                    "idle": "#BAB0AC"}
 MEASURED, PREDICTED = "#9D755D", "#4C78A8"
+LEGEND_BELOW = {"orientation": "h", "yanchor": "top", "y": -0.2}
+"""A horizontal legend under the x-axis title (plotly's default, y = -0.1, sits on it)."""
 
 
 class StepLike(Protocol):
@@ -81,7 +83,7 @@ def step_times_figure(steps: Sequence[StepFidelity] | Sequence[BaselineStep]) ->
         go.Bar(name="replayed", x=x, y=[s.predicted_ns / 1e6 for s in shown], marker_color=PREDICTED),
     ])
     fig.update_layout(barmode="group", title=title, xaxis_title="step",
-                      yaxis_title="ms", legend_orientation="h")
+                      yaxis_title="ms", legend=LEGEND_BELOW)
     return fig
 
 
@@ -97,7 +99,7 @@ def breakdown_figure(paths: Sequence[StepBreakdown] | Sequence[CriticalPathEntry
     cats = list(paths[0].breakdown_ns) if paths else list(CATEGORY_COLORS)
     fig = go.Figure([go.Bar(name=c, x=x, y=[p.breakdown_ns[c] / 1e6 for p in shown],
                             marker_color=CATEGORY_COLORS.get(c)) for c in cats])
-    fig.update_layout(barmode="stack", title=title, xaxis_title="step", yaxis_title="ms", legend_orientation="h")
+    fig.update_layout(barmode="stack", title=title, xaxis_title="step", yaxis_title="ms", legend=LEGEND_BELOW)
     return fig
 
 
@@ -253,7 +255,7 @@ def phase_breakdown_figure(rows: Sequence[PhaseBreakdown]) -> go.Figure:
     fig = go.Figure([go.Bar(name=c, x=x, y=[r.breakdown_ns[c] / 1e6 for r in rows],
                             marker_color=CATEGORY_COLORS.get(c)) for c in cats])
     fig.update_layout(barmode="stack", title="Critical path per step, by phase (mean)", xaxis_title="phase (steps)",
-                      yaxis_title="ms per step", legend_orientation="h")
+                      yaxis_title="ms per step", legend=LEGEND_BELOW)
     return fig
 
 
@@ -269,7 +271,7 @@ def scenario_breakdown_figure(prediction: PredictionDocument) -> go.Figure:
     fig = go.Figure([go.Bar(name=c, x=[r.name for r in rows], y=[m.get(c, 0) / 1e6 for m in means],
                             marker_color=CATEGORY_COLORS.get(c)) for c in cats])
     fig.update_layout(barmode="stack", title="Critical path per step (mean)", yaxis_title="ms per step",
-                      legend_orientation="h")
+                      legend=LEGEND_BELOW)
     return fig
 
 
@@ -281,13 +283,13 @@ def step_compare_figure(prediction: PredictionDocument) -> go.Figure:
     """
     base = counted(prediction.baseline.steps)
     x = _step_labels(base)
-    fig = go.Figure([go.Scatter(name="baseline", x=x, y=[s.predicted_ns / 1e6 for s in base], mode="lines",
+    fig = go.Figure([go.Scatter(name="baseline", x=x, y=[s.predicted_ns / 1e6 for s in base], mode="lines+markers",
                                 line={"color": MEASURED})])
-    for sc in prediction.scenarios:
+    for sc in prediction.scenarios:   # markers: a run of one step is one point, which a line does not draw
         fig.add_trace(go.Scatter(name=sc.name, x=x, y=[s.predicted_ns / 1e6 for s in counted(sc.steps)],
-                                 mode="lines"))
+                                 mode="lines+markers"))
     title = "Predicted time per step" + _excluded_note(prediction.baseline.steps)
-    fig.update_layout(title=title, xaxis_title="step", yaxis_title="ms", legend_orientation="h")
+    fig.update_layout(title=title, xaxis_title="step", yaxis_title="ms", legend=LEGEND_BELOW)
     return fig
 
 
@@ -324,7 +326,7 @@ def serving_curves_figure(sweep: SweepDocument, metric: Literal["", "tpot_ms", "
                                  line_dash="dot", name=f"{curve.name} p99"))
     fig.update_layout(title=f"{metric.removesuffix('_ms')} vs throughput",
                       xaxis_title="output tokens/s" if llm else "requests/s", yaxis_title="ms",
-                      legend_orientation="h")
+                      legend=LEGEND_BELOW)
     return fig
 
 
@@ -364,5 +366,5 @@ def plan_pareto_figure(sweep: PlanSweepDocument) -> go.Figure:
             text=[f"{r.plan}: {r.gpus} GPUs" for r in rows],
             marker={"size": [6 + 3 * math.log2(max(r.gpus, 1)) for r in rows], "opacity": 0.6}))
     fig.update_layout(title=f"{sweep.source}: {len(ran)} plans predicted (marker size: GPUs)",
-                      xaxis_title="step time (ms)", yaxis_title=sweep.throughput_unit, legend_orientation="h")
+                      xaxis_title="step time (ms)", yaxis_title=sweep.throughput_unit, legend=LEGEND_BELOW)
     return fig

@@ -23,7 +23,7 @@ from whatif.core.errors import WhatifError
 from whatif.depgraph.graph import TaskGraph
 from whatif.documents import ScenarioHeadline, SkippedSuggestion, SuggestDocument, Suggestion
 from whatif.predictors.cost_models import CostModelName
-from whatif.report.diff_text import short_name
+from whatif.report.diff_text import short_names
 from whatif.summary import mean_counted_step_ns, scenario_headline
 from whatif.transforms import registry
 from whatif.transforms.base import Transform, TransformContext
@@ -145,4 +145,5 @@ def _where(graph: TaskGraph, transforms: Sequence[Transform], ctx: TransformCont
     total: Counter[str] = Counter()
     for name, d in zip(names, durs):
         total[name] += int(d)
-    return [f"{short_name(name, 48)} ({ns / 1e6:.2f} ms)" for name, ns in total.most_common(TOP_WHERE)]
+    top = total.most_common(TOP_WHERE)
+    return [f"{label} ({ns / 1e6:.2f} ms)" for label, (_, ns) in zip(short_names([n for n, _ in top], 48), top)]

@@ -12,7 +12,7 @@ from dash import Input, Output, dcc, html
 
 from whatif.documents import OpsDocument
 from whatif.ops import Bound, GroupBy, ops_table
-from whatif.report.diff_text import short_name
+from whatif.report.diff_text import short_name, short_names
 
 from ..jobs import Pending, poller, watch, working
 from ..layout import card, error_box, guarded, loading, ms, table
@@ -68,13 +68,14 @@ def rows(doc: OpsDocument) -> list[dict[str, Any]]:
     def num(x: float | None, scale: float = 1.0, digits: int = 2) -> float | None:
         return None if x is None else round(x / scale, digits)
     out = []
-    for r in doc.rows:
+    op_labels = short_names([r.op for r in doc.rows], 48)
+    kernel_labels = short_names([r.kernel or "" for r in doc.rows], 56)
+    for r, op_label, kernel_label in zip(doc.rows, op_labels, kernel_labels):
         out.append({"total ms": ms(r.total_ns), "share %": round(100 * r.total_ns / doc.gpu_total_ns, 1),
                     "count": r.count, "mean us": round(r.mean_ns / 1e3, 1), "GFLOP": num(r.flops, 1e9),
                     "MB": num(r.bytes, 1e6), "FLOP/B": num(r.intensity, digits=1), "TFLOP/s": num(r.achieved_tflops),
                     "TB/s": num(r.achieved_tbps, digits=3), "roof TFLOP/s": r.roofline_tflops, "% roof": r.roofline_pct,
-                    "bound": r.bound, "op": short_name(r.op, 48), **({"kernel": short_name(r.kernel, 56)} if r.kernel
-                                                                      else {}),
+                    "bound": r.bound, "op": op_label, **({"kernel": kernel_label} if r.kernel else {}),
                     "shapes": short_name(r.shapes, 56), "dtype": r.dtype})
     return out
 

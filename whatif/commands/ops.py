@@ -11,7 +11,7 @@ from rich.console import Console
 
 from whatif.documents import OpsDocument
 from whatif.ops import GroupBy, ops_table, table_frame
-from whatif.report.diff_text import short_name
+from whatif.report.diff_text import short_name, short_names
 from whatif.summary import console, ms_text
 from whatif.tracer.readers import accepted
 from whatif.tracer.trace import load_trace
@@ -60,13 +60,14 @@ def render_ops(doc: OpsDocument, out: Console, top: int = 20) -> None:
     columns = ["total ms", "share", "count", "mean us", "GFLOP", "MB", "FLOP/B", "TFLOP/s", "TB/s", "roof TFLOP/s",
                "% roof", "bound", "op", "shapes", "dtype"]
     rows = []
-    for r in doc.rows[:top]:
-        name = r.op if not r.kernel else f"{r.op} / {r.kernel}"
+    shown = doc.rows[:top]
+    labels = short_names([r.op if not r.kernel else f"{r.op} / {r.kernel}" for r in shown], 48)
+    for r, label in zip(shown, labels):
         rows.append([ms_text(r.total_ns), f"{100 * r.total_ns / doc.gpu_total_ns:.1f} %", str(r.count),
                      f"{r.mean_ns / 1e3:,.1f}", _num(None if r.flops is None else r.flops / 1e9, ",.2f"),
                      _num(None if r.bytes is None else r.bytes / 1e6, ",.2f"), _num(r.intensity, ",.1f"),
                      _num(r.achieved_tflops, ",.2f"), _num(r.achieved_tbps, ".3f"), _num(r.roofline_tflops, ",.1f"),
-                     _num(r.roofline_pct, ".1f"), r.bound, short_name(name, 48), short_name(r.shapes, 40), r.dtype])
+                     _num(r.roofline_pct, ".1f"), r.bound, label, short_name(r.shapes, 40), r.dtype])
     print_table(out, "", columns, rows, text={11, 12, 13, 14})
     if len(doc.rows) > top:
         out.print(f"({len(doc.rows) - top} more rows: --top, -o table.csv or --json for all)")

@@ -1,6 +1,7 @@
 """The text form of a ``whatif.diff`` document (rich tables)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .markdown import ms
@@ -14,6 +15,50 @@ def short_name(name: str, width: int = 64) -> str:
         return name
     half = (width - 1) // 2
     return name[:half] + "…" + name[-(width - 1 - half):]
+
+
+def _common_prefix_chars(texts: Sequence[str]) -> int:
+    """Characters at the start that every one of ``texts`` shares."""
+    shortest = min(len(t) for t in texts)
+    for i in range(shortest):
+        if len({t[i] for t in texts}) > 1:
+            return i
+    return shortest
+
+
+def short_names(names: Sequence[str], width: int = 64) -> list[str]:
+    """:func:`short_name` of each name, except that different names whose short forms would read
+    the same show the part where they differ instead of the middle: ``head…differing part…tail``,
+    and a ``#k`` suffix where even that cannot tell them apart. Equal names keep equal labels.
+
+    >>> a = "void at::native::elementwise_kernel<128, 4, MulFunctor<float>>(int, Func const&)"
+    >>> b = "void at::native::elementwise_kernel<128, 4, CUDAFunctor_add<BFloat16>>(int, Func const&)"
+    >>> short_name(a, 40) == short_name(b, 40)
+    True
+    >>> print(*short_names([a, b, a], 40), sep="\\n")
+    at::nativ…, MulFunctor<float>>…c const&)
+    at::nativ…, CUDAFunctor_add<BF…c const&)
+    at::nativ…, MulFunctor<float>>…c const&)
+    """
+    labels = [short_name(n, width) for n in names]
+    by_label: dict[str, list[str]] = {}
+    for name, label in zip(names, labels):
+        same = by_label.setdefault(label, [])
+        if name not in same:
+            same.append(name)
+    fixed: dict[str, str] = {}
+    for group in (g for g in by_label.values() if len(g) > 1):
+        bare = [n[5:] if n.startswith("void ") else n for n in group]
+        head = _common_prefix_chars(bare)
+        edge = max(1, (width - 2) // 4)
+        middle = width - 2 - 2 * edge
+        seen: dict[str, int] = {}
+        for full, n in zip(group, bare):
+            lo = max(edge, head - 2)
+            label = n[:edge] + "…" + n[lo:lo + middle] + "…" + n[len(n) - edge:] if len(n) > width else n
+            seen[label] = seen.get(label, 0) + 1
+            fixed[full] = label if seen[label] == 1 else f"{label} #{seen[label]}"
+    return [fixed.get(n, label) for n, label in zip(names, labels)]
 
 
 def _pct(x: float | None) -> str:
