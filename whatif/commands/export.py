@@ -7,10 +7,11 @@ import argparse
 from pathlib import Path
 
 from whatif.api import analyze
-from whatif.core.output import OutputError, refuse_overwrite
+from whatif.core.output import refuse_overwrite
 from whatif.predictors.export import export_paths
 from whatif.tracer.readers import is_trace_name
 
+from ._outputs import refuse_inside_input
 from ._progress import working
 
 
@@ -20,21 +21,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output file (.json or .json.gz, e.g. predicted.pt.trace.json.gz); for a "
                              "multi-rank input a folder, which gets rank<k>.pt.trace.json.gz per rank")
     parser.add_argument("-f", "--force", action="store_true", help="overwrite the output file(s) if they exist")
-
-
-def refuse_inside_input(output: str | Path, input_path: str | Path) -> None:
-    """Refuse an output that a trace reader would take for a trace, inside an input folder: the
-    folder would no longer load (a second "rank" file).
-
-    >>> refuse_inside_input("/runs/a/predicted.json", "/runs/a")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    whatif.core.output.OutputError: /runs/a/predicted.json: inside the input folder /runs/a, ...
-    >>> refuse_inside_input("/runs/predicted.json", "/runs/a")
-    """
-    out, src = Path(output).absolute(), Path(input_path).absolute()
-    if is_trace_name(out.name) and src in out.parents:
-        raise OutputError(f"{output}: inside the input folder {input_path}, where a trace file would become part "
-                          "of it; write it elsewhere")
 
 
 def run(args: argparse.Namespace) -> int:
