@@ -326,6 +326,21 @@ def test_model_shape_says_when_weights_are_estimated(tmp_path: Path) -> None:
     assert [n for n in shape.assumptions if n.startswith("no attention shapes recorded")]
 
 
+def test_the_heads_check_skips_attention_kernels_without_an_op(tmp_path: Path) -> None:
+    """The heads come from the first attention kernels that have a launching op: on the Qwen H100
+    trace the first 10 of 34 have none, and TP 3 and TP 64 passed for 16 heads (the CLI audit of
+    2026-11-28)."""
+    path = llm_trace(tmp_path / "t.json.gz", new_tokens=64, layers=12, heads=32, steps=1)
+    a = analyze(path)
+    blocks = find_blocks(a.graph)
+    attention = blocks.loc[blocks["part"] == "attention", "task"].to_numpy()[:10]
+    rows = a.graph.tasks["event"].to_numpy()[attention]
+    b = analyze(_unlaunched(path, tmp_path / "first10.json.gz",
+                            {int(c) for c in a.trace.events["correlation"].to_numpy()[rows]}))
+    with pytest.raises(TransformError, match="degree 3 does not divide the 32 attention heads"):
+        TensorParallel(degree=3).apply(b.graph, make_context(b.trace))
+
+
 def test_tensor_parallel_checks_heads(tmp_path: Path) -> None:
     a = analyze(llm_trace(tmp_path / "gqa.json.gz", new_tokens=64, layers=2, heads=32, kv_heads=8, steps=1))
     ctx = make_context(a.trace)
