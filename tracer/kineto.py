@@ -552,14 +552,17 @@ def _parse_events(path: Path, events: list[_Event], metadata: dict[str, Any], ma
     if len(ts_ns) and max(abs(int(ts_ns.max()) + base_ns), abs(int(ts_ns.min()) + base_ns)) > limits.MAX_TIME_NS:
         raise TraceError(path, "timestamp + baseTimeNanoseconds out of range (more than 2**62 ns)")
     ts_ns += base_ns
+    dur_ns = _us_to_ns(dur_l, path, "duration", limits.MAX_DURATION_NS)
+    negative = int((dur_ns < 0).sum())   # read as 0
     columns = FileColumns(
-        ts_ns=ts_ns, dur_ns=np.maximum(_us_to_ns(dur_l, path, "duration", limits.MAX_DURATION_NS), 0),
+        ts_ns=ts_ns, dur_ns=np.maximum(dur_ns, 0),
         kind=kind, name_code=name_codes, names=names, pid=pid, tid=tid, device=device, stream=stream,
         correlation=_int64(corr_l), external_id=_int64(ext_l), args=EventArgs.of_json(args_l).pack())
     del args_l
     events.clear()  # the decoded events and their args dicts go before anything that outlives the parse is made
     flows, thread_names, process_names, memory, skipped = _other_events(rest, base_ns, interned)
     skipped["malformed"] += malformed
+    skipped["negative_dur"] = negative
     return FileTrace(path=path, columns=columns, flows=flows, metadata=metadata,
                      thread_names=thread_names, process_names=process_names,
                      category_counts=category_counts, skipped=skipped, memory=memory)

@@ -27,6 +27,7 @@ the same files read it back instead of parsing them.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -44,6 +45,10 @@ from .kinds import GPU_ACTIVITY_KINDS, EventKind, codes
 from .kineto import gc_paused, step_number
 from .memory import memory_frame
 from .readers import FileTrace, Flow, accepted, is_trace_file, read_file, reader_for
+
+INPUT_LOG = logging.getLogger("whatif.input")
+"""Where a loaded trace's data problems that do not stop the analysis are reported (the CLI prints
+them as ``whatif: warning: ...`` lines on stderr)."""
 
 LAUNCH_NAMES = ("LaunchKernel", "GraphLaunch", "LaunchCooperativeKernel", "ModuleLaunchKernel")
 
@@ -189,6 +194,9 @@ def check_usable(ft: FileTrace) -> None:
         raise TraceError(ft.path, "not a GPU trace: MTIA accelerator events (mtia_runtime/mtia_ccp_events) "
                                   "are not supported")
     kinds = ft.columns.kind
+    if kinds.size == 0 and ft.skipped.get("malformed"):
+        raise TraceError(ft.path, f"none of its complete (ph 'X') events has a numeric ts and dur "
+                                  f"({ft.skipped['malformed']:,} events without)")
     if kinds.size == 0:
         raise TraceError(ft.path, "trace has no complete (ph 'X') events")
     gpu = np.isin(kinds, codes(GPU_ACTIVITY_KINDS)).sum()
@@ -396,13 +404,28 @@ def load_trace(path: str | Path) -> Trace:
     paths = trace_files(path)
     with gc_paused():
         key, found = cached_trace(paths) if cache.enabled() else (None, None)
-        if found is not None:
-            return found
-        trace = _load_files(paths)
-        release_freed_memory(len(trace.events))  # the files' parse
-        if key is not None:
-            cache_trace(key, trace, paths)
-        return trace
+        if found is None:
+            found = _load_files(paths)
+            release_freed_memory(len(found.events))  # the files' parse
+            if key is not None:
+                cache_trace(key, found, paths)
+    for line in input_warnings(found):
+        INPUT_LOG.warning(line)
+    return found
+
+
+def input_warnings(trace: Trace) -> list[str]:
+    """One line per rank file whose events were dropped or changed at read time: complete events
+    whose ts or dur is not a number (dropped), negative durations (read as 0)."""
+    out = []
+    for r in trace.ranks:
+        bad, negative = r.skipped.get("malformed", 0), r.skipped.get("negative_dur", 0)
+        if bad:
+            out.append(f"{r.path}: {bad:,} event{'s' * (bad != 1)} skipped: a ts or dur that is not a number "
+                       f"(or a flow or instant event without its time or id)")
+        if negative:
+            out.append(f"{r.path}: {negative:,} negative duration{'s' * (negative != 1)} read as 0")
+    return out
 
 
 def trace_files(path: Path) -> list[Path]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -76,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"whatif: {exc}", file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
+    _report_input_warnings()
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return 2
@@ -100,6 +102,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         _drop_stdout()
         print(f"whatif: cannot write the output: {exc.strerror}", file=sys.stderr)
         return 2
+
+
+def _report_input_warnings() -> None:
+    """Data problems of a loaded trace that do not stop the analysis (``whatif.input``) as
+    ``whatif: warning: <file>: <problem>`` lines on stderr, once per process."""
+    log = logging.getLogger("whatif.input")
+    if not any(isinstance(h, _StderrNow) for h in log.handlers):
+        log.addHandler(_StderrNow())
+        log.propagate = False
+
+
+class _StderrNow(logging.Handler):
+    """Writes each record to the ``sys.stderr`` of the moment it is emitted (a test or a caller may
+    have replaced it since the handler was made)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"whatif: warning: {record.getMessage()}", file=sys.stderr)
 
 
 def _drop_stdout() -> None:

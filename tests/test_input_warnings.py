@@ -1,0 +1,47 @@
+"""Events the reader drops or changes are said, one line per file on stderr, not silently: every
+kernel of a trace with ``"dur": "abc"`` gave a smaller graph, an empty top-kernels table and exit 0
+without a word; negative durations were read as 0 unannounced; a trace whose every ``ts`` was a
+string was refused as having "no complete events" (the CLI audit of 2026-11-28)."""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from _llm_tracegen import llm_trace
+
+from whatif.cli import main
+
+
+def _edited(src: Path, dst: Path, field: str, value: object, every: bool) -> Path:
+    doc = json.loads(gzip.open(src).read())
+    kernels = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    for e in kernels[::2] if every else kernels[:1]:   # half the kernels, or the first
+        e[field] = value
+    dst.write_text(json.dumps(doc))
+    return dst
+
+
+def test_dropped_and_clamped_events_are_one_warning_line_each(tmp_path: Path, capsys) -> None:
+    src = llm_trace(tmp_path / "t.json.gz", layers=1, steps=2)
+    for name, field, value, every, said in (("dur_abc", "dur", "abc", True, "events skipped: a ts or dur"),
+                                            ("ts_one", "ts", "abc", False, "1 event skipped: a ts or dur"),
+                                            ("neg", "dur", -5, True, "negative durations read as 0")):
+        path = _edited(src, tmp_path / f"{name}.json", field, value, every)
+        assert main(["analyze", str(path), "--no-cache"]) == 0
+        warnings = [x for x in capsys.readouterr().err.splitlines() if x.startswith("whatif: warning:")]
+        assert len(warnings) == 1 and str(path) in warnings[0] and said in warnings[0]
+    assert main(["analyze", str(src), "--no-cache"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_a_trace_without_any_numeric_ts_says_so(tmp_path: Path, capsys) -> None:
+    src = llm_trace(tmp_path / "t.json.gz", layers=1, steps=2)
+    doc = json.loads(gzip.open(src).read())
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "X":
+            e["ts"] = "abc"
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    assert main(["analyze", str(tmp_path / "bad.json"), "--no-cache"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "none of its complete (ph 'X') events has a numeric ts and dur" in err[0]
