@@ -112,7 +112,8 @@ class Selector:
         for key, value in alone.items():
             if key in _TEXT_KEYS:
                 column = graph.resources["name"] if key == "resource" else graph.tasks[key]
-                hints.append(f"{key} {value!r} matches nothing; {_closest(column, str(value), key)}")
+                hints.append(f"{key} {value!r} matches nothing; {_closest(column, str(value), key)}"
+                             + (_enclosing_only(graph, str(value)) if key == "op" else ""))
             else:
                 hints.append(f"{key} {value!r} matches nothing")
         return f"{head}: " + "; ".join(hints)
@@ -132,6 +133,23 @@ def _closest(column: pd.Series, pattern: str, key: str, n: int = 3) -> str:
     listed = ", ".join(f"{v} ({c:,})" for v, c in shown.head(n).items())
     return (f"{key}s containing {word[-1]!r}: {listed}" if len(near) else f"most common {key}s: {listed}") \
         if len(shown) else f"no task has a {key}"
+
+
+def _enclosing_only(graph: TaskGraph, pattern: str) -> str:
+    """A note when ``pattern`` names ops the trace records that are no task's innermost op: they
+    only enclose other ops (``aten::linear`` around ``aten::addmm``/``aten::mm`` on a GPU), so
+    their work is selected by the ops they call, or by ``layer``."""
+    if graph.trace is None:
+        return ""
+    try:
+        found = graph.trace.events["name"].astype(str).str.contains(pattern, regex=True)
+    except re.error:
+        return ""
+    n = int(found.sum())
+    if not n:
+        return ""
+    return (f" ({n:,} trace events match {pattern!r}, none as a task's innermost op: they enclose other ops, "
+            f"whose names select their work; or select by layer)")
 
 
 def _as_list(value: Any) -> list:
