@@ -204,7 +204,7 @@ def render_text(doc: AnalysisDocument, console: Any, steps: bool = False) -> Non
             continue
         tab = Table(title=title, title_justify="left")
         tab.add_column("name", overflow="ellipsis", no_wrap=True, max_width=44)
-        for col in ("count", "GPU ms", "CPU ms"):
+        for col in ("tasks", "GPU ms", "CPU ms"):   # tasks: an op's CPU call, its launches and kernels each count
             tab.add_column(col, justify="right", no_wrap=True)
         for r in rows:   # the document holds the --top rows
             tab.add_row(r.name, str(r.count), ms_text(r.gpu_ns), ms_text(r.cpu_ns))
