@@ -87,3 +87,11 @@ def test_cli_table_json_and_top(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert first["setting"] in out and f"{first['headline']['speedup']:.3f}x" in out
     assert doc["suggestions"][1]["setting"] not in out.split("not tried")[0]   # --top 1 shows one row
     assert "more; --top" in out and "not tried:" in out
+
+
+def test_a_refusal_reason_does_not_repeat_the_transform_name() -> None:
+    """``not tried: dataloader: dataloader: no data-loading task ...`` read twice (CLI audit, 2026-11-28)."""
+    doc = suggest(Path(__file__).resolve().parents[1] / "sample_traces" / "llm_serve")
+    loader = [k for k in doc.skipped if k.transform == "dataloader"]
+    assert loader and loader[0].reason.startswith("no data-loading task")
+    assert not any(k.reason.startswith(f"{k.transform}:") for k in doc.skipped)

@@ -109,8 +109,8 @@ def _try_transform(base: Analysis, ctx: TransformContext, cls: type[Transform],
             progress(t.setting())
         try:
             result = predict(base, [Scenario(name=t.setting(), transforms=[t])], ctx).scenarios[0]
-        except ScenarioStepError as exc:
-            refusals.append(exc.reason)
+        except ScenarioStepError as exc:   # the listing names the transform: its message's own prefix goes
+            refusals.append(exc.reason.removeprefix(f"{t.name}: "))
             continue
         out.append(Tried(t.setting(), t.changed_params(), scenario_headline(base, result),
                          _where(base.graph, [t], ctx)))
