@@ -51,10 +51,11 @@ def _pct(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f} %" if whole else "-"
 
 
-def _table(out: Console, title: str, columns: list[str], rows: list[list[str]]) -> None:
+def _table(out: Console, title: str, columns: list[str], rows: list[list[str]], left: int = 2) -> None:
+    """A table whose first ``left`` columns (rank, step or stream) are text, the rest numbers."""
     t = Table(title=title, title_justify="left", show_edge=False)
     for i, col in enumerate(columns):
-        t.add_column(col, justify="left" if i < 2 else "right")
+        t.add_column(col, justify="left" if i < left else "right")
     for row in rows:
         t.add_row(*row)
     out.print(t)
@@ -72,8 +73,8 @@ def render_breakdown(doc: BreakdownDocument, out: Console, steps: bool = False, 
         out.print("no GPU activity (kernel, copy or memset) in this trace: nothing to break down")
         return
     temporal = [r for r in doc.temporal if steps or r.step == WHOLE_RANK]
-    _table(out, "GPU time (share of the span from first to last activity)",
-           ["rank", "step", "span ms", "idle", "compute", "non-compute", "comm", "memory", "comm overlapped"],
+    _table(out, "GPU time (idle, compute, non-compute: share of the span from first to last activity)",
+           ["rank", "step", "span ms", "idle", "compute", "non-compute", "comm ms", "memory ms", "comm overlapped"],
            [[str(r.rank), step_label(r.step, r.excluded), ms_text(r.span_ns), _pct(r.idle_ns, r.span_ns),
              _pct(r.compute_ns, r.span_ns), _pct(r.non_compute_ns, r.span_ns), ms_text(r.communication_ns),
              ms_text(r.memory_ns), _pct(r.comm_overlapped_ns, r.communication_ns)] for r in temporal[: top * 4]])
@@ -84,10 +85,10 @@ def render_breakdown(doc: BreakdownDocument, out: Console, steps: bool = False, 
            [[str(g.rank), g.stream, ms_text(g.host_wait_ns), ms_text(g.kernel_wait_ns), ms_text(g.other_ns),
              str(g.gaps)] for g in idle])
     _table(out, f"launch delay (activity start - end of its launch call; long: over {doc.long_delay_ns / 1e3:g} us)",
-           ["rank", "", "launches", "p50 us", "p90 us", "p99 us", "max us", "long", "GPU < launch"],
-           [[str(d.rank), "", str(d.launches), f"{d.p50_ns / 1e3:.1f}", f"{d.p90_ns / 1e3:.1f}",
+           ["rank", "launches", "p50 us", "p90 us", "p99 us", "max us", "long", "GPU < launch"],
+           [[str(d.rank), str(d.launches), f"{d.p50_ns / 1e3:.1f}", f"{d.p90_ns / 1e3:.1f}",
              f"{d.p99_ns / 1e3:.1f}", f"{d.max_ns / 1e3:.1f}", str(d.long_delays), str(d.shorter_than_launch)]
-            for d in doc.launches])
+            for d in doc.launches], left=1)
     queues = sorted(doc.queues, key=lambda q: -q.mean)[:top]
     _table(out, "launch queue (launched, not started)", ["rank", "stream", "max", "mean", "empty"],
            [[str(q.rank), q.stream, str(q.max), f"{q.mean:.2f}", f"{100 * q.empty_share:.1f} %"] for q in queues])
