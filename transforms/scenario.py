@@ -193,7 +193,7 @@ def build_transform(name: str, params: dict[str, Any], where: str = "") -> Trans
     try:
         return cls(**kwargs)
     except (TypeError, ValueError, TransformError) as exc:
-        raise ScenarioError(f"{prefix}{name}: {exc}") from None
+        raise ScenarioError(f"{prefix}{name}: {str(exc).removeprefix(f'{name}: ')}") from None
 
 
 def _transform_lines(text: str) -> list[int]:

@@ -79,6 +79,14 @@ class Selector:
                 expected = "text" if item is str else "an integer"
                 shape = expected if text_only else f"{expected} or a non-empty list of them"
                 raise SelectionError(f"selection key {key!r} must be {shape} (got {value!r})")
+            if key in _TEXT_KEYS:
+                _compiled(str(value))
+        for k in _as_list(self.kind) if self.kind is not None else []:
+            _kind_codes(str(k))
+        known = sorted(c.value for c in KernelClass)
+        bad = [c for c in _as_list(self.kernel_class or []) if str(c).lower() not in known]
+        if bad:
+            raise SelectionError(f"unknown kernel class {bad[0]!r} (known: {', '.join(known)})")
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items())
@@ -156,11 +164,25 @@ def _as_list(value: Any) -> list:
     return list(value) if isinstance(value, (list, tuple, set)) else [value]
 
 
-def _regex(column: pd.Series, pattern: str) -> np.ndarray:
+def _kind_codes(kind: str) -> list[int]:
+    """The task kinds a selection's ``kind`` names (an alias such as ``gpu``, or a kind)."""
+    key = kind.lower()
+    if key in KIND_ALIASES:
+        return [int(x) for x in KIND_ALIASES[key]]
+    if key.upper() in TaskKind.__members__:
+        return [int(TaskKind[key.upper()])]
+    raise SelectionError(f"unknown task kind {kind!r} (known: {', '.join(sorted(KIND_ALIASES))})")
+
+
+def _compiled(pattern: str) -> re.Pattern[str]:
     try:
-        rx = re.compile(pattern)
+        return re.compile(pattern)
     except re.error as exc:
         raise SelectionError(f"bad pattern {pattern!r}: {exc}") from None
+
+
+def _regex(column: pd.Series, pattern: str) -> np.ndarray:
+    rx = _compiled(pattern)
     if isinstance(column.dtype, pd.CategoricalDtype):
         cats = column.cat.categories
         if not len(cats):
@@ -198,15 +220,7 @@ def select(graph: TaskGraph, *, kind: str | Iterable[str] | None = None, name: s
     t = graph.tasks
     mask = np.ones(len(t), dtype=bool)
     if kind is not None:
-        kinds: list[int] = []
-        for k in _as_list(kind):
-            key = str(k).lower()
-            if key in KIND_ALIASES:
-                kinds += [int(x) for x in KIND_ALIASES[key]]
-            elif key.upper() in TaskKind.__members__:
-                kinds.append(int(TaskKind[key.upper()]))
-            else:
-                raise SelectionError(f"unknown task kind {k!r} (known: {', '.join(sorted(KIND_ALIASES))})")
+        kinds = [code for k in _as_list(kind) for code in _kind_codes(str(k))]
         mask &= t["kind"].isin(kinds).to_numpy()
     for column, pattern in (("name", name), ("layer", layer), ("op", op)):
         if pattern is not None:

@@ -71,6 +71,11 @@ class Precision(Transform):
     weight_only: bool = field(default=False, metadata={"help": "quantize only GEMM/conv weights (int8, fp8; "
                                                                "int4 is always weight-only)"})
 
+    def __post_init__(self) -> None:
+        """The field bounds, and a dtype the transform knows (so a scenario file names its line)."""
+        super().__post_init__()
+        self.spec()
+
     def spec(self) -> str:
         """The cost model's spec: ``bf16``…, or ``<dtype>_weight`` for weight-only."""
         d = str(self.dtype).lower().strip()
