@@ -65,7 +65,7 @@ from whatif.predictors.steps import COUNT_DEFAULT, StepOptions
 from whatif.summary import mean_counted_step_ns
 from whatif.transforms.base import TransformContext, TransformError
 from whatif.transforms.parallel.layers import backward_mask
-from whatif.transforms.parallel.memory import ModelShape, model_shape, plan_memory
+from whatif.transforms.parallel.memory import WORKSPACE_FRACTION, ModelShape, model_shape, plan_memory
 from whatif.transforms.scenario import Scenario, ScenarioError, ScenarioStepError, scenario_from_dict
 
 from .executor import Execution, map_chunks
@@ -394,8 +394,9 @@ def _shape(analysis: Analysis, ctx: TransformContext) -> tuple[ModelShape | None
         shape = model_shape(analysis.graph, ctx, "plan sweep")
     except TransformError as exc:
         return None, f"not checked: {exc}"
-    return shape, (f"weights {shape.held_bytes / 1e9:.2f} GB / (tp·pp) + workspace per GPU; KV cache, gradients "
-                   f"and optimizer state not counted")
+    return shape, (f"weights {shape.held_bytes / 1e9:.2f} GB / (tp·pp) + a workspace of {WORKSPACE_FRACTION:.0%} of "
+                   f"each GPU's memory (vLLM's gpu_memory_utilization 0.9 leaves it); KV cache, gradients and "
+                   f"optimizer state not counted")
 
 
 def plan_rows(plans: Sequence[Plan], outcomes: Sequence[PlanOutcome], ranks: int,
