@@ -94,11 +94,8 @@ def transform_form(name: str) -> list[Any]:
         elif p.choices is not None:  # Literal or Enum: its values (an Enum's member values)
             ctrl = dcc.Dropdown(id=id_, options=[{"label": str(c), "value": c} for c in p.choices],
                                 value=p.default_value)
-        elif hint in (int, float):
-            b = p.bounds
-            low = None if b is None else b.minimum if b.minimum is not None else b.exclusive_minimum
-            ctrl = dcc.Input(id=id_, type="number", value=p.default, step=1 if hint is int else "any", debounce=True,
-                             min=low, max=None if b is None else b.maximum)
+        elif hint in (int, float):  # no min/max/step: a browser sends a value outside them as empty (the default)
+            ctrl = dcc.Input(id=id_, type="number", value=p.default, step="any", debounce=True)
         else:
             ctrl = dcc.Input(id=id_, type="text", value=_text(p.default), debounce=True,
                              placeholder="TOML value" if hint is not str else "")
@@ -132,7 +129,14 @@ def _selector_value(raw: Any, field: str) -> Any:
 
 def params_from_form(name: str, values: dict[str, Any]) -> dict[str, Any]:
     """Scenario parameters of transform ``name`` from form values keyed by control name; empty
-    fields are left out (the transform's default applies)."""
+    fields are left out (the transform's default applies). Values are passed as typed, for
+    :func:`~whatif.transforms.scenario.build_transform` to refuse with its message.
+
+    >>> params_from_form("scale", {"factor": -1})
+    {'factor': -1.0}
+    >>> params_from_form("tensor_parallel", {"degree": 2.5})
+    {'degree': 2.5}
+    """
     out: dict[str, Any] = {}
     for p in registry.parameters(name):
         hint, _ = _base(p.type)
@@ -152,7 +156,7 @@ def params_from_form(name: str, values: dict[str, Any]) -> dict[str, Any]:
         elif hint is float:
             out[p.name] = float(raw)
         elif hint is int:
-            out[p.name] = int(raw)
+            out[p.name] = int(raw) if float(raw).is_integer() else float(raw)
         elif isinstance(raw, str):
             out[p.name] = _parse_text(raw, hint)
         else:

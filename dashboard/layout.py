@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import dash
@@ -145,10 +145,12 @@ def loading(*children: Any, id: str | None = None) -> dcc.Loading:
     return dcc.Loading(list(children), type="default", delay_show=150, **kw)
 
 
-def guarded(n_outputs: int, poll: int | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def guarded(n_outputs: int, poll: int | None = None,
+            clear: Mapping[int, Any] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a callback whose last output is an error box: any exception becomes a message
-    there (the other outputs are left as they were, except output ``poll``, a poller's
-    ``disabled``, set to stop polling), so the app never dies on bad input."""
+    there, so the app never dies on bad input. The other outputs are left as they were, except
+    output ``poll``, a poller's ``disabled``, set to stop polling, and the outputs ``clear`` maps
+    to the value that empties them (a result the error invalidates: ``{0: None}``)."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -159,19 +161,34 @@ def guarded(n_outputs: int, poll: int | None = None) -> Callable[[Callable[..., 
                 raise
             except Exception as exc:  # noqa: BLE001 - shown to the user, logged in full
                 log.warning("callback %s failed:\n%s", fn.__name__, traceback.format_exc())
-                message = str(exc) or type(exc).__name__
-                if isinstance(exc, KeyError) and exc.args:
-                    message = str(exc.args[0])
-                rest: list[Any] = [dash.no_update] * (n_outputs - 1)
-                if poll is not None:
-                    rest[poll] = True
-                return (*rest, error(f"{type(exc).__name__}: {message}")) if n_outputs > 1 else \
-                    error(f"{type(exc).__name__}: {message}")
+                box = error(f"{type(exc).__name__}: {_message(exc)}")
+                return (*_left_on_error(n_outputs - 1, poll, clear), box) if n_outputs > 1 else box
             if n_outputs == 1:
                 return out
             return (*out, None) if len(out) == n_outputs - 1 else out
         return inner
     return wrap
+
+
+def _message(exc: Exception) -> str:
+    if isinstance(exc, KeyError) and exc.args:
+        return str(exc.args[0])
+    return str(exc) or type(exc).__name__
+
+
+def _left_on_error(n: int, poll: int | None, clear: Mapping[int, Any] | None) -> list[Any]:
+    """The ``n`` outputs before the error box of a callback that failed.
+
+    >>> rest = _left_on_error(3, poll=1, clear={0: None})
+    >>> rest[:2], rest[2] is dash.no_update
+    ([None, True], True)
+    """
+    rest: list[Any] = [dash.no_update] * n
+    if poll is not None:
+        rest[poll] = True
+    for i, value in (clear or {}).items():
+        rest[i] = value
+    return rest
 
 
 def ms(ns: float) -> float:

@@ -29,13 +29,13 @@ from whatif.dashboard.guard import AccessDenied, PathGuard
 from whatif.dashboard.state import RunStore, discover
 from whatif.dashboard.uploads import UploadError, save_trace
 from whatif.serving import Workload
-from whatif.transforms.scenario import load_scenario
+from whatif.transforms.scenario import ScenarioError, build_transform, load_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "sample_traces" / "llm_serve"
 
 
-@pytest.mark.parametrize("module", ["guard", "forms", "timeline", "uploads"])
+@pytest.mark.parametrize("module", ["guard", "forms", "layout", "timeline", "uploads"])
 def test_doctests(module: str) -> None:
     mod = importlib.import_module(f"whatif.dashboard.{module}")
     assert doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE).failed == 0
@@ -156,15 +156,22 @@ def test_scale_form_round_trip(tmp_path: Path) -> None:
     assert spec_from_toml(path.read_text()) == spec
 
 
-def test_number_boxes_carry_the_parameters_bounds() -> None:
-    """The browser refuses a value the scenario loader would: the form's number boxes take the
-    bounds each parameter declares."""
-    boxes = {c.id["name"]: c for c in _controls(transform_form("tensor_parallel"))
-             if getattr(c, "type", None) == "number"}
-    assert (boxes["degree"].min, boxes["activation_bytes"].min) == (1, 0)
-    assert boxes["degree"].max is not None
-    gpu = {c.id["name"]: c for c in _controls(transform_form("gpu")) if getattr(c, "type", None) == "number"}
-    assert gpu["host_speed"].min == 0
+def test_number_boxes_send_what_was_typed() -> None:
+    """A number the browser finds out of range or off-step (its min, max, step) reaches Dash as
+    empty, and an empty field takes the default: scale with factor -1 was added as a x1.0 no-op.
+    The boxes carry no bounds, so the value typed reaches the scenario loader, which refuses it
+    naming the field; a box left empty takes the default."""
+    for name in ("tensor_parallel", "gpu", "scale"):
+        boxes = [c for c in _controls(transform_form(name)) if getattr(c, "type", None) == "number"]
+        assert boxes and all((getattr(c, "min", None), getattr(c, "max", None), c.step) == (None, None, "any")
+                             for c in boxes), name
+    degree = params_from_form("tensor_parallel", {"degree": 2.5})
+    assert degree == {"degree": 2.5}                        # not truncated to 2
+    with pytest.raises(ScenarioError, match=r"tensor_parallel\.degree: expected int, got float 2\.5"):
+        build_transform("tensor_parallel", degree)
+    with pytest.raises(ScenarioError, match=r"scale\.factor: must be a finite number >= 0, got -1\.0"):
+        build_transform("scale", params_from_form("scale", {"factor": -1}))
+    assert params_from_form("scale", {"factor": None}) == {}   # left empty: the default applies
 
 
 def _controls(tree: list) -> list:

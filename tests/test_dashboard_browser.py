@@ -728,3 +728,122 @@ def test_working_state_while_a_trace_is_analysed(server: Any, browser: Any, shot
     _wait(browser, lambda b: _text(b, "ov-tasks") and _idle(b))
     assert _text(browser, "ov-tasks") == f"{run.analysis.graph.num_tasks:,}"
     _no_error(browser)
+
+
+OTHER_RUN = SAMPLE.parent / "gpu" / "pairs" / "p1_precision-before-r1"
+"""A second run to switch to (a GPU trace inside the sample folder, so the store allows it)."""
+
+
+BUILDER_PROMPT = "Add a transform and press Predict."
+"""What the What-if prediction panel shows until Predict is pressed for the scenario on screen."""
+
+
+def _other_run(server: Any) -> Any:
+    return server.store.add_path(OTHER_RUN)[0]
+
+
+def _menu(browser: Any) -> str:
+    """The run the menu shows."""
+    return _text(browser, "run")
+
+
+def _pick_run(browser: Any, label: str) -> None:
+    """Choose ``label`` in the run menu, as a user does."""
+    from selenium.webdriver.common.by import By
+
+    _click(browser, "run")
+    option = _wait(browser, lambda b: next((o for o in b.find_elements(By.CSS_SELECTOR, "[role=option]")
+                                             if o.text == label), None))
+    option.click()
+    _wait(browser, lambda b: _menu(b) == label)
+
+
+def test_the_run_menu_writes_the_address(server: Any, browser: Any) -> None:
+    """A run chosen in the menu goes to the address's ?run= (and the navigation links), so a reload
+    shows it: the stale ?run= of the page first opened used to win."""
+    from selenium.webdriver.common.by import By
+
+    first, other = server.store.get(_run_id(server, "llm_serve")), _other_run(server)
+    browser.get(f"{server.url}/overview?run={first.id}")
+    _wait(browser, lambda b: _text(b, "ov-tasks") == f"{first.analysis.graph.num_tasks:,}")
+    _pick_run(browser, other.label)
+    _wait(browser, lambda b: f"run={other.id}" in b.current_url)
+    assert browser.current_url.startswith(f"{server.url}/overview?")
+    assert browser.find_element(By.ID, "nav-timeline").get_attribute("href").endswith(f"/timeline?run={other.id}")
+    browser.refresh()
+    _wait(browser, lambda b: _text(b, "ov-tasks") == f"{other.analysis.graph.num_tasks:,}" and _settled(b))
+    assert _menu(browser) == other.label and f"run={other.id}" in browser.current_url
+    _no_error(browser)
+
+
+def test_a_run_switch_empties_the_results(server: Any, browser: Any) -> None:
+    """What-if, Compare and Suggest results of one run are gone once another is chosen (they stayed
+    under the new run's name)."""
+    from selenium.webdriver.common.by import By
+
+    first, other = server.store.get(_run_id(server, "llm_serve")), _other_run(server)
+    browser.get(f"{server.url}/whatif?run={first.id}")
+    _wait(browser, lambda b: b.find_elements(By.XPATH, _param_xpath("factor")))
+    _predict(browser, "aten faster", "0.5", "aten::")
+    _wait(browser, lambda b: b.find_elements(By.ID, "wb-cp-compare") and _settled(b))
+    _pick_run(browser, other.label)
+    _wait(browser, lambda b: _text(b, "wb-result") == BUILDER_PROMPT and _settled(b))
+    assert not browser.find_elements(By.ID, "wb-speedup") and not browser.find_elements(By.ID, "wb-cp-compare")
+
+    first.scenarios["half cpu"] = {"name": "half cpu", "transform": [
+        {"name": "scale", "factor": 0.5, "select": {"kind": "cpu"}}]}
+    browser.get(f"{server.url}/compare?run={first.id}")
+    _wait(browser, lambda b: "half cpu" in _text(b, "cmp-scenarios") and _settled(b))
+    _click(browser, "cmp-run")
+    _wait(browser, lambda b: b.find_elements(By.ID, "cmp-table") and b.find_elements(By.ID, "cmp-serving-table"))
+    _pick_run(browser, other.label)
+    _wait(browser, lambda b: _settled(b) and not _text(b, "cmp-body") and not _text(b, "cmp-serving-body"))
+    assert _text(browser, "cmp-scenarios") == ""
+
+    browser.get(f"{server.url}/suggest?run={first.id}")
+    _wait(browser, lambda b: b.find_elements(By.ID, "sg-run") and _settled(b))
+    _click(browser, "sg-run")
+    _wait(browser, lambda b: _text(b, "sg-best"))
+    _pick_run(browser, other.label)
+    _wait(browser, lambda b: _idle(b) and not _text(b, "sg-body"))
+    _no_error(browser)
+
+
+def test_builder_errors_replace_what_they_invalidate(server: Any, browser: Any) -> None:
+    """A factor of -1 is refused naming the field (it was added as a x1.0 no-op); an error goes once
+    its cause is fixed; Clear then Predict leaves the error alone, not the old prediction and note."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{server.url}/whatif?run={_run_id(server, 'llm_serve')}")
+    _wait(browser, lambda b: b.find_elements(By.XPATH, _param_xpath("factor")))
+    _type(_param(browser, "factor"), "-1")
+    _click(browser, "wb-add")
+    _wait(browser, lambda b: "scale.factor: must be a finite number >= 0, got -1.0" in _text(b, "wb-spec-error"))
+    assert _text(browser, "wb-toml") == "(no transforms yet)"
+    _click(browser, "wb-predict")
+    _wait(browser, lambda b: "no transforms" in _text(b, "wb-error"))
+    _type(_param(browser, "factor"), "0.5")
+    _click(browser, "wb-add")
+    _wait(browser, lambda b: "factor = 0.5" in _text(b, "wb-toml") and _settled(b))
+    assert _text(browser, "wb-spec-error") == "" and _text(browser, "wb-error") == ""
+    _click(browser, "wb-predict")
+    _wait(browser, lambda b: b.find_elements(By.ID, "wb-cp-compare") and _settled(b))
+    _click(browser, "wb-save")
+    _wait(browser, lambda b: "saved" in _text(b, "wb-saved"))
+    _click(browser, "wb-clear")
+    _wait(browser, lambda b: _text(b, "wb-result") == BUILDER_PROMPT and _settled(b))
+    assert _text(browser, "wb-saved") == "" and not browser.find_elements(By.ID, "wb-cp-compare")
+    _click(browser, "wb-predict")
+    _wait(browser, lambda b: "no transforms" in _text(b, "wb-error") and _settled(b))
+    assert _text(browser, "wb-result") == "" and not browser.find_elements(By.ID, "wb-speedup")
+
+
+def test_graph_says_a_missing_task_once(server: Any, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{server.url}/graph?run={_run_id(server, 'llm_serve')}&task=15605")
+    _wait(browser, lambda b: "tasks within" in _text(b, "gr-info") and _idle(b))
+    _type(browser.find_element(By.ID, "gr-task"), "999999")
+    _wait(browser, lambda b: _settled(b) and "task 999999 does not exist" in _text(b, "gr-error"))
+    assert [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".error")] == [_text(browser, "gr-error")]
+    assert _text(browser, "gr-info") == "" and browser.execute_script("return window.cy.nodes().length") == 0

@@ -23,6 +23,7 @@ from . import Page
 
 MAX_SCENARIO_BYTES = 256 * 1024
 EMPTY: dict[str, Any] = {"name": "my scenario", "transform": []}
+PROMPT = "Add a transform and press Predict."
 
 
 def layout(**_: Any) -> html.Div:
@@ -57,8 +58,7 @@ def layout(**_: Any) -> html.Div:
             html.Div([
                 html.H4("3. Prediction"),
                 error_box("wb-error"),
-                loading(html.Div(id="wb-result", children=html.P("Add a transform and press Predict.",
-                                                                 className="note"))),
+                loading(html.Div(id="wb-result", children=prompt())),
                 loading(html.Div(id="wb-critical")),
                 error_box("wb-critical-error"),
             ], className="panel"),
@@ -66,6 +66,11 @@ def layout(**_: Any) -> html.Div:
         dcc.Store(id="wb-spec", data=copy.deepcopy(EMPTY)),
         dcc.Store(id="wb-last"),
     ])
+
+
+def prompt() -> html.P:
+    """What the prediction panel shows until Predict is pressed for the scenario as it is now."""
+    return html.P(PROMPT, className="note")
 
 
 def _default_cost_model() -> str:
@@ -95,12 +100,14 @@ def register(app: dash.Dash) -> None:
         return transform_form(name) if name else []
 
     @app.callback(Output("wb-spec", "data"), Output("wb-name", "value"), Output("wb-cost-model", "value"),
+                  Output("wb-saved", "children", allow_duplicate=True),
+                  Output("wb-save-error", "children", allow_duplicate=True),
                   Output("wb-spec-error", "children"), Input("wb-add", "n_clicks"), Input("wb-pop", "n_clicks"),
                   Input("wb-clear", "n_clicks"), Input("wb-upload", "contents"),
                   State({"type": "wb-param", "name": ALL}, "value"), State("wb-transform", "value"),
                   State("wb-spec", "data"), State("wb-name", "value"), State("wb-cost-model", "value"),
                   State("wb-upload", "filename"), State("run", "value"), prevent_initial_call=True)
-    @guarded(4)
+    @guarded(6)
     def edit(_a: int | None, _p: int | None, _c: int | None, upload: str | None, _values: list[Any],
              name: str | None, spec: dict[str, Any] | None, scenario_name: str | None, cost_model: str | None,
              filename: str | None, run_id: str | None) -> tuple[Any, ...]:
@@ -124,8 +131,8 @@ def register(app: dash.Dash) -> None:
             scenario_cost_model(scenario_from_dict(loaded, source=filename or "upload", default_name=stem))  # validate
             if run_id in get_store().runs:  # a loaded scenario can be compared right away
                 get_store().runs[run_id].scenarios[str(loaded["name"])] = loaded
-            return loaded, str(loaded["name"]), loaded.get("cost_model") or _default_cost_model()
-        return spec, scenario_name, cost_model
+            return loaded, str(loaded["name"]), loaded.get("cost_model") or _default_cost_model(), None, None
+        return spec, scenario_name, cost_model, None, None  # the note of a save is about the scenario before
 
     @app.callback(Output("wb-toml", "children"), Input("wb-spec", "data"), Input("wb-name", "value"),
                   Input("wb-cost-model", "value"))
@@ -134,14 +141,17 @@ def register(app: dash.Dash) -> None:
         return spec_to_toml(spec) if spec["transform"] else "(no transforms yet)"
 
     @app.callback(Output("wb-result", "children"), Output("wb-last", "data"), Output("wb-error", "children"),
-                  Input("wb-predict", "n_clicks"), Input(COUNT_ALL, "value"), State("run", "value"),
-                  State("wb-spec", "data"), State("wb-name", "value"), State("wb-cost-model", "value"),
-                  prevent_initial_call=True)
-    @guarded(3)
-    def run_prediction(n: int | None, count_all: list[str] | None, run_id: str | None, spec: dict[str, Any],
-                       name: str | None, cost_model: str | None) -> tuple[Any, ...]:
-        if not n:
-            raise dash.exceptions.PreventUpdate
+                  Input("wb-predict", "n_clicks"), Input(COUNT_ALL, "value"), Input("run", "value"),
+                  Input("wb-spec", "data"), Input("wb-cost-model", "value"), State("wb-name", "value"),
+                  State("wb-last", "data"), prevent_initial_call=True)
+    @guarded(3, clear={0: None, 1: None})
+    def run_prediction(_n: int | None, count_all: list[str] | None, run_id: str | None, spec: dict[str, Any],
+                       cost_model: str | None, name: str | None, last: dict[str, Any] | None) -> tuple[Any, ...]:
+        """The prediction on Predict, again when the steps counted change; back to the prompt when
+        the run or the scenario changes (a prediction shown is always the one of what is on screen)."""
+        trigger = dash.ctx.triggered_id
+        if trigger != "wb-predict" and not (trigger == COUNT_ALL and last):
+            return prompt(), None
         run = get_store().get(run_id)
         spec = _with_header(spec, name, cost_model)
         if not spec["transform"]:
@@ -166,9 +176,10 @@ def register(app: dash.Dash) -> None:
                   prevent_initial_call=True)
     @guarded(2)
     def critical(spec: dict[str, Any] | None, run_id: str | None, count_all: list[str] | None) -> tuple[Any]:
-        """The new critical path (per-step breakdowns take longer, so they follow the headline)."""
+        """The new critical path (per-step breakdowns take longer, so they follow the headline);
+        nothing when no prediction is shown."""
         if not spec:
-            raise dash.exceptions.PreventUpdate
+            return (None,)
         doc = get_store().get(run_id).prediction([spec], step_options(count_all))
         sc = doc.scenarios[0]
         return (html.Div([

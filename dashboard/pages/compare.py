@@ -45,9 +45,8 @@ def layout(**_: Any) -> html.Div:
         html.Div([
             html.H4("Serving"),
             html.Div(id="cmp-serving-note", className="note"),
-            html.Div([html.Label("arrival rate (req/s) "),
-                      dcc.Input(id="cmp-rate", type="number", min=0.01, step="any", debounce=True,
-                                style={"width": 90})]),
+            html.Div([html.Label("arrival rate (req/s) "),  # no min: a browser sends -1 as empty (the default)
+                      dcc.Input(id="cmp-rate", type="number", step="any", debounce=True, style={"width": 90})]),
             error_box("cmp-serving-error"),
             loading(html.Div(id="cmp-serving-body")),
         ], id="cmp-serving", className="panel"),
@@ -137,12 +136,20 @@ def body(run_id: str | None, names: list[str], count_all: list[str] | None = Non
     ])
 
 
+def pressed(n_clicks: int | None) -> bool:
+    """Whether Compare was pressed for the run shown: the run menu resets the button (``options``),
+    and a change of run empties the results whatever the order the callbacks run in."""
+    return bool(n_clicks) and "run.value" not in dash.ctx.triggered_prop_ids
+
+
 def register(app: dash.Dash) -> None:
-    @app.callback(Output("cmp-scenarios", "options"), Output("cmp-scenarios", "value"), Input("run", "value"))
-    def options(run_id: str | None) -> tuple[list[str], list[str]]:
+    @app.callback(Output("cmp-scenarios", "options"), Output("cmp-scenarios", "value"),
+                  Output("cmp-run", "n_clicks"), Input("run", "value"))
+    def options(run_id: str | None) -> tuple[list[str], list[str], None]:
+        """The run's scenarios, all ticked; Compare not pressed for this run yet."""
         store = get_store()
         names = list(store.runs[run_id].scenarios) if run_id in store.runs else []
-        return names, names
+        return names, names, None
 
     @app.callback(Output("cmp-serving-note", "children"), Output("cmp-rate", "value"), Input("run", "value"))
     def serving_defaults(run_id: str | None) -> tuple[str, float | None]:
@@ -159,22 +166,22 @@ def register(app: dash.Dash) -> None:
 
     @app.callback(Output("cmp-serving-body", "children"), Output("cmp-serving-error", "children"),
                   Input("cmp-run", "n_clicks"), Input("cmp-rate", "value"), Input(COUNT_ALL, "value"),
-                  State("run", "value"), State("cmp-scenarios", "value"), prevent_initial_call=True)
-    @guarded(2)
+                  Input("run", "value"), State("cmp-scenarios", "value"), prevent_initial_call=True)
+    @guarded(2, clear={0: None})
     def serving(n: int | None, rate: float | None, count_all: list[str] | None, run_id: str | None,
                 names: list[str] | None) -> tuple[Any]:
-        if not n:
-            raise dash.exceptions.PreventUpdate
+        if not pressed(n):
+            return (None,)
         return (serving_body(run_id, names or [], rate, count_all),)
 
     @app.callback(Output("cmp-body", "children"), Output("cmp-error", "children"), Input("cmp-run", "n_clicks"),
-                  Input(COUNT_ALL, "value"), State("run", "value"), State("cmp-scenarios", "value"),
+                  Input(COUNT_ALL, "value"), Input("run", "value"), State("cmp-scenarios", "value"),
                   prevent_initial_call=True)
-    @guarded(2)
+    @guarded(2, clear={0: None})
     def compare(n: int | None, count_all: list[str] | None, run_id: str | None, names: list[str] | None
                 ) -> tuple[Any]:
-        if not n:
-            raise dash.exceptions.PreventUpdate
+        if not pressed(n):
+            return (None,)
         if not names:
             raise ValueError("no scenario selected: save one in the What-if builder first")
         return (body(run_id, names, count_all),)

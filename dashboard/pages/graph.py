@@ -94,7 +94,7 @@ def register(app: dash.Dash) -> None:
                   Output("gr-info", "children"), Output("gr-error", "children"),
                   Input("run", "value"), Input("gr-mode", "value"), Input("gr-task", "value"),
                   Input("gr-depth", "value"), Input("gr-step", "value"))
-    @guarded(5)
+    @guarded(5, clear={0: [], 3: None})
     def draw(run_id: str | None, mode: str, task: int | None, depth: int | None, step: int | None) -> tuple[Any, ...]:
         run = get_store().get(run_id)
         a = run.analysis
@@ -139,7 +139,9 @@ def register(app: dash.Dash) -> None:
         try:
             return render_details(task_details(run.analysis.graph, run.analysis.replay, int(task), run.cache,
                                                t0_ns=origin_ns(run.analysis.graph)), run_id)
-        except (IndexError, ValueError) as exc:
+        except IndexError:  # no such task: draw's error box says so
+            return None
+        except ValueError as exc:
             return html.Div(str(exc), className="error")
 
 

@@ -19,6 +19,7 @@ COLUMNS = ("run", "device", "ranks", "steps", "tasks", "status", "path", "id")
 
 
 NAMES = ("run", "path")
+ANALYSING = "analysing every run (the status column follows)"
 
 
 def rows() -> list[dict[str, Any]]:
@@ -78,7 +79,7 @@ def register(app: dash.Dash) -> None:
             raise dash.exceptions.PreventUpdate
         if trigger == "runs-analyze":
             analyse(list(store.runs.values()))
-            return *cells(), store.options(), current, False, "analysing every run (the status column follows)"
+            return *cells(), store.options(), current, False, ANALYSING
         if not path or not path.strip():
             raise ValueError("type the path of a trace file or run folder first")
         added = store.add_path(path.strip())
@@ -88,15 +89,17 @@ def register(app: dash.Dash) -> None:
     @app.callback(Output("runs-table", "data", allow_duplicate=True),
                   Output("runs-table", "tooltip_data", allow_duplicate=True),
                   Output("runs-poll", "disabled", allow_duplicate=True),
-                  Input("run", "value"), Input("runs-poll", "n_intervals"),
+                  Output("runs-message", "children", allow_duplicate=True),
+                  Input("run", "value"), Input("runs-poll", "n_intervals"), State("runs-message", "children"),
                   prevent_initial_call="initial_duplicate")
-    def refresh(run_id: str | None, _: int | None) -> tuple[Any, ...]:
-        """Selecting a run analyses it in the background; the table follows until no run is analysing."""
+    def refresh(run_id: str | None, _: int | None, message: Any) -> tuple[Any, ...]:
+        """Selecting a run analyses it in the background; the table follows until no run is
+        analysing, and then the line saying that every run is being analysed goes."""
         store = get_store()
         if run_id in store.runs:
             analyse([store.runs[run_id]])
         busy = any(get_store().jobs.running(("analysis", r)) for r in store.runs)
-        return *cells(), not busy
+        return *cells(), not busy, None if message == ANALYSING and not busy else dash.no_update
 
 
 PAGE = Page(path="/", title="Runs", order=0, layout=layout, register_callbacks=register)

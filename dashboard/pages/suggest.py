@@ -6,17 +6,20 @@ from __future__ import annotations
 from typing import Any
 
 import dash
-from dash import Input, Output, State, html
+from dash import Input, Output, html
 
 from whatif.documents import SuggestDocument
 from whatif.suggest import suggest
 
-from ..jobs import Pending, poller, watch, working
+from ..jobs import Jobs, Pending, poller, watch, working
 from ..layout import COUNT_ALL, card, error_box, guarded, loading, ms, table
 from ..state import get_store, step_options
 from . import Page
 
 COLUMNS = ("rank", "optimization", "speedup", "step ms", "saved ms", "acts on", "cap", "also tried")
+RESETS = {"run.value", f"{COUNT_ALL}.value"}
+"""Changes that empty the page: its suggestions were for another run or other steps counted."""
+NONE_APPLIES = "No optimization applies to this run: each one whatif knows is listed under Not tried, with the reason."
 
 
 def layout(**_: Any) -> html.Div:
@@ -49,6 +52,15 @@ def rows(doc: SuggestDocument) -> list[dict[str, Any]]:
             for s in doc.suggestions]
 
 
+def ranking(doc: SuggestDocument) -> Any:
+    """The table of what was tried, or a line saying nothing applies."""
+    if not doc.suggestions:
+        return html.P(NONE_APPLIES, className="note", id="sg-empty")
+    return table("sg-table", rows(doc), COLUMNS, page_size=20,
+                 style_cell_conditional=[{"if": {"column_id": c}, "textAlign": "left", "minWidth": 180}
+                                         for c in ("acts on", "cap", "also tried")])
+
+
 def body(run_id: str | None, count_all: list[str] | None = None) -> html.Div:
     doc = document(run_id, count_all)
     best = doc.suggestions[0] if doc.suggestions else None
@@ -60,10 +72,7 @@ def body(run_id: str | None, count_all: list[str] | None = None) -> html.Div:
                   card("best", f"{best.setting} {best.headline.speedup:.3f}x" if best else "none applies",
                        id="sg-best"),
                   card("tried / not tried", f"{len(doc.suggestions)} / {len(doc.skipped)}")], className="cards"),
-        html.Div([table("sg-table", rows(doc), COLUMNS, page_size=20,
-                        style_cell_conditional=[{"if": {"column_id": c}, "textAlign": "left", "minWidth": 180}
-                                                for c in ("acts on", "cap", "also tried")])],
-                 className="panel"),
+        html.Div([ranking(doc)], className="panel"),
         html.Div([html.H4("Not tried"),
                   html.Ul([html.Li(f"{', '.join(names)}: {reason}") for reason, names in by_reason.items()],
                           id="sg-skipped")], className="panel"),
@@ -75,14 +84,22 @@ def register(app: dash.Dash) -> None:
 
     @app.callback(Output("sg-body", "children"), Output("sg-poll", "disabled"), Output("sg-waiting", "data"),
                   Output("sg-error", "children"), Input("sg-run", "n_clicks"), Input("sg-ready", "data"),
-                  State("run", "value"), State(COUNT_ALL, "value"), prevent_initial_call=True)
-    @guarded(4, poll=1)
-    def show(clicks: int | None, _: str | None, run_id: str | None, count_all: list[str] | None) -> tuple[Any, ...]:
+                  Input("run", "value"), Input(COUNT_ALL, "value"), prevent_initial_call=True)
+    @guarded(4, poll=1, clear={0: None})
+    def show(clicks: int | None, ready: str | None, run_id: str | None,
+             count_all: list[str] | None) -> tuple[Any, ...]:
+        """The suggestions on the button (a job: "working" until they are there); nothing, and no
+        job waited for, once the run or the steps counted change."""
+        if RESETS & set(dash.ctx.triggered_prop_ids):
+            return None, True, None
         if not clicks:
             raise dash.exceptions.PreventUpdate
         run = get_store().get(run_id)
         options = step_options(count_all)
-        doc = get_store().jobs.result(("suggest", run.id, options), lambda: document(run_id, count_all))
+        key = ("suggest", run.id, options)
+        if dash.ctx.triggered_id == "sg-ready" and not str(ready).startswith(Jobs.token(key)):
+            raise dash.exceptions.PreventUpdate  # the job of a run or step count no longer shown
+        doc = get_store().jobs.result(key, lambda: document(run_id, count_all))
         if isinstance(doc, Pending):
             return working(f"trying every optimization on {run.label}"), False, doc.token
         return body(run_id, count_all), True, dash.no_update
