@@ -23,12 +23,13 @@ COUNT_ALL = "count-all"
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #222; background: #f4f5f7; }
-.nav { display: flex; gap: 18px; align-items: center; padding: 8px 18px; background: #1f2a44; color: #fff; }
-.nav a { color: #dfe6f5; text-decoration: none; font-weight: 500; }
+.nav { display: flex; flex-wrap: wrap; gap: 6px 16px; align-items: center; padding: 8px 18px; background: #1f2a44;
+       color: #fff; }
+.nav a { color: #dfe6f5; text-decoration: none; font-weight: 500; white-space: nowrap; }
 .nav a:hover { color: #fff; text-decoration: underline; }
 .nav .brand { font-weight: 700; font-size: 18px; margin-right: 12px; color: #fff; }
-.nav .run { width: 360px; color: #222; }
-.nav .count-all { margin-left: auto; } .nav .count-all label { color: #dfe6f5; }
+.nav .run { width: 360px; max-width: 100%; color: #222; }
+.nav .count-all { margin-left: auto; } .nav .count-all label { color: #dfe6f5; white-space: nowrap; }
 .page { padding: 14px 18px; }
 .cards { display: flex; flex-wrap: wrap; gap: 10px; margin-bottom: 10px; }
 .card { background: #fff; border-radius: 6px; padding: 8px 14px; box-shadow: 0 1px 2px #0002; min-width: 120px; }
