@@ -228,19 +228,19 @@ def _mutate_json(doc: Any, rng: random.Random) -> None:
 
 
 def serving_log(rng: random.Random) -> Files:
-    """A sample serving run (trace, meta.json) with its serving log (or, one time in five, its
-    meta.json) mutated: values replaced by extremes, keys dropped, containers emptied, the bytes
-    truncated or made invalid UTF-8. meta.json's ``cwd`` points nowhere, so the log is the one in
+    """A sample serving run (trace, meta.jsonc) with its serving log (or, one time in five, its
+    meta.jsonc) mutated: values replaced by extremes, keys dropped, containers emptied, the bytes
+    truncated or made invalid UTF-8. meta.jsonc's ``cwd`` points nowhere, so the log is the one in
     the mutated folder."""
     run = rng.choice(SERVING_RUNS)
     files = {p.name: p.read_bytes() for p in sorted(run.iterdir()) if p.is_file()}
-    meta = json.loads(files["meta.json"])
+    meta = json.loads(files["meta.jsonc"])
     meta["cwd"] = "/nonexistent-whatif-fuzz"
-    name = "meta.json" if rng.random() < 0.2 else "serving.log"
-    doc = meta if name == "meta.json" else json.loads(files[name])
+    name = "meta.jsonc" if rng.random() < 0.2 else "serving.log"
+    doc = meta if name == "meta.jsonc" else json.loads(files[name])
     for _ in range(rng.randint(1, 3)):
         _mutate_json(doc, rng)
-    files["meta.json"] = json.dumps(meta).encode()
+    files["meta.jsonc"] = json.dumps(meta).encode()
     text = json.dumps(doc).encode()
     tail = rng.randrange(3)
     if tail == 1:
