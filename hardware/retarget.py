@@ -34,7 +34,7 @@ from numpy.typing import ArrayLike
 from whatif.core.kernels import KernelClass
 
 from .devices import Device
-from .roofline import achievable_time_ns, fixed_latency_ns
+from .roofline import achievable_times_ns, fixed_latency_ns
 
 MIN_FAMILY_SAMPLES = 8     # a family curve needs this many paired kernels, else its class's curve
 POINTS_PER_KNOT = 40
@@ -137,19 +137,6 @@ class RetargetFit:
         return out
 
 
-def _achievable(device: Device, classes: np.ndarray, dtypes: np.ndarray, flops: np.ndarray,
-                nbytes: np.ndarray, size_flops: np.ndarray | None = None,
-                compute_scale: np.ndarray | None = None) -> np.ndarray:
-    size = flops if size_flops is None else size_flops
-    scale = np.ones(len(flops)) if compute_scale is None else compute_scale
-    keys = pd.DataFrame({"c": classes, "t": dtypes}).astype(str)
-    out = np.full(len(classes), np.nan)
-    for (c, t), idx in keys.groupby(["c", "t"]).indices.items():
-        out[idx] = [achievable_time_ns(f, b, device, t, c, size_flops=s, compute_scale=k)
-                    for f, b, s, k in zip(flops[idx], nbytes[idx], size[idx], scale[idx])]
-    return out
-
-
 def _arrays(classes: ArrayLike, dtypes: ArrayLike, flops: ArrayLike,
             nbytes: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     cls = np.asarray([KernelClass(c).value for c in np.asarray(classes, dtype=object)], dtype=object)
@@ -168,8 +155,8 @@ def fit_retarget(pairs: PairedKernels, src: Device, dst: Device,
     """
     f = pairs.frame
     cls, dts, flops, nbytes = _arrays(f["kernel_class"], f["dtype"], f["flops"], f["bytes"])
-    a_s = _achievable(src, cls, dts, flops, nbytes)
-    a_d = _achievable(dst, cls, dts, flops, nbytes)
+    a_s = achievable_times_ns(src, cls, dts, flops, nbytes)
+    a_d = achievable_times_ns(dst, cls, dts, flops, nbytes)
     s = f["src_ns"].to_numpy(dtype=float)
     d = f["dst_ns"].to_numpy(dtype=float)
     ok = (s > 0) & (d > 0) & (a_s > 0) & (a_d > 0)
@@ -193,7 +180,7 @@ def fit_retarget(pairs: PairedKernels, src: Device, dst: Device,
     return RetargetFit(src.name, dst.name, families, classes)
 
 
-def _fixed_src(dur: np.ndarray, l_src: float, launches: np.ndarray | float = 1.0) -> np.ndarray:
+def _fixed_src(dur: np.ndarray, l_src: np.ndarray | float, launches: np.ndarray | float = 1.0) -> np.ndarray:
     """The fixed part of each task on the source: ``n·min(T/n, L_s)`` (n launches)."""
     return launches * np.minimum(dur / launches, l_src)
 
@@ -203,11 +190,12 @@ def _fixed_part(dur: np.ndarray, l_src: float, l_dst: float, launches: np.ndarra
     return _fixed_src(dur, l_src, launches) * (l_dst / l_src)
 
 
-def moved_ns(dur: np.ndarray, ratio: np.ndarray | float, l_src: float, l_dst: float,
+def moved_ns(dur: np.ndarray, ratio: np.ndarray | float, l_src: np.ndarray | float, l_dst: np.ndarray | float,
              launches: np.ndarray | float = 1.0) -> np.ndarray:
     """A measured time on another device: its fixed part at the destination's launch figure
     (:func:`_fixed_part`), the rest times ``ratio``. The law of every move (kernels, copies,
-    collectives); it composes, A→B→C = A→C.
+    collectives); it composes, A→B→C = A→C. On the same device (``l_src = l_dst``: per task) it is
+    ``precision``'s change of the work above the fixed part.
 
     >>> moved_ns(np.array([10_000.0, 1_000.0]), 0.5, 2_000.0, 1_000.0).tolist()
     [5000.0, 500.0]
@@ -252,8 +240,8 @@ def retarget_ns(dur_ns: ArrayLike, classes: ArrayLike, dtypes: ArrayLike, flops:
     size = f if size_flops is None else np.nan_to_num(np.asarray(size_flops, dtype=float))
     s_src, s_dst = (np.ones(len(f)), np.ones(len(f))) if compute_scale is None else \
         (np.asarray(compute_scale[0], dtype=float), np.asarray(compute_scale[1], dtype=float))
-    a_s = _achievable(src, cls, dts, f, b, size, s_src)
-    a_d = _achievable(dst, cls, dts, f, b, size, s_dst)
+    a_s = achievable_times_ns(src, cls, dts, f, b, size, s_src)
+    a_d = achievable_times_ns(dst, cls, dts, f, b, size, s_dst)
     l_s, l_d = fixed_latency_ns(src), fixed_latency_ns(dst)
     n = np.ones(len(dur)) if launches is None else np.maximum(np.asarray(launches, dtype=float), 1.0)
     out = _moved(dur, a_s, a_d, l_s, l_d, n)

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from whatif.core.dtypes import DType
 from whatif.core.kernels import KernelClass
@@ -83,6 +84,30 @@ def achievable_time_ns(flops: float, nbytes: float, device: Device, dtype: DType
     """
     rate = achievable_rate(device, dtype, kernel_class, flops if size_flops is None else size_flops)
     return max(compute_scale * flops / rate, nbytes / device.stream_bw_bytes_per_s) * 1e9
+
+
+def achievable_times_ns(device: Device, classes: np.ndarray, dtypes: np.ndarray, flops: np.ndarray,
+                        nbytes: np.ndarray, size_flops: np.ndarray | None = None,
+                        compute_scale: np.ndarray | None = None) -> np.ndarray:
+    """:func:`achievable_time_ns` of each kernel (class and dtype values, work, the GEMM size its
+    rate is read at, its compute stretch) on ``device``: the one law the GPU move
+    (:func:`~whatif.hardware.retarget.retarget_ns`) and ``precision`` read.
+
+    >>> from whatif.hardware.devices import get_device
+    >>> h100 = get_device("H100_SXM")
+    >>> t = achievable_times_ns(h100, np.array(["gemm", "elementwise"]), np.array(["bf16", "bf16"]),
+    ...                         np.array([1e12, 0.0]), np.array([1e6, 3e9]))
+    >>> bool(t[0] == achievable_time_ns(1e12, 1e6, h100, "bf16", "gemm")), bool(t[1] > 0)
+    (True, True)
+    """
+    size = flops if size_flops is None else size_flops
+    scale = np.ones(len(flops)) if compute_scale is None else compute_scale
+    keys = pd.DataFrame({"c": classes, "t": dtypes}).astype(str)
+    out = np.full(len(classes), np.nan)
+    for (c, t), idx in keys.groupby(["c", "t"]).indices.items():
+        out[idx] = [achievable_time_ns(f, b, device, t, c, size_flops=s, compute_scale=k)
+                    for f, b, s, k in zip(flops[idx], nbytes[idx], size[idx], scale[idx])]
+    return out
 
 
 def expected_waves(waves: np.ndarray | float) -> np.ndarray:

@@ -92,6 +92,7 @@ from whatif.hardware.retarget import PairedKernels, RetargetFit, fit_retarget, m
 from whatif.hardware.roofline import (
     DEFAULT_FIXED_NS,
     achievable_time_ns,
+    achievable_times_ns,
     fixed_latency_ns,
     wave_tail_ratio,
 )
@@ -387,11 +388,10 @@ class TraceCostModel(CostModelBase):
         devices = self._devices(graph, tasks)
         state = self._state(graph, tasks, base, devices)
         flops, nbytes, wb = self._work(graph, base, tasks, state)
-        sms = np.array([DEVICES[d].sm_count if d in DEVICES else np.nan for d in devices], dtype=float)
-        waves = base["tiles"][tasks] * output_shares(graph.tasks, tasks) / sms
         return {"kernel_class": base["kernel_class"][tasks], "flops": flops, "bytes": nbytes,
                 "weight_bytes": wb, "dtype": state.act, "weight_dtype": state.weight, "device": devices,
-                "estimated": base["estimated"][tasks], "waves": waves, "recorded_flops": base["flops"][tasks]}
+                "estimated": base["estimated"][tasks], "waves": _waves(graph, base, tasks, devices),
+                "recorded_flops": base["flops"][tasks]}
 
     def memory_bandwidth_bytes_per_s(self, graph: TaskGraph) -> float:
         """Median achieved DRAM bandwidth (bytes/s) of the trace's memory-bound kernels of >= 5 us
@@ -473,26 +473,23 @@ class TraceCostModel(CostModelBase):
         size = np.nan_to_num(base["flops"][tasks])
         cls = base["kernel_class"][tasks]
         rows, launches = launch_shares(graph.tasks, tasks)
-        sms = np.array([DEVICES[d].sm_count if d in DEVICES else np.nan for d in devices], dtype=float)
-        waves = np.where(backward_mask(graph)[tasks], np.nan,
-                         base["tiles"][tasks] * output_shares(graph.tasks, tasks) / sms)
-        stretch = _row_tail(waves, rows)
+        stretch = _row_tail(np.where(backward_mask(graph)[tasks], np.nan, _waves(graph, base, tasks, devices)), rows)
         ratio = np.ones(len(tasks))
         fixed_ns = np.full(len(tasks), DEFAULT_FIXED_NS)
         changed = (new.act != old.act) | (new.weight != old.weight)
-        keys = pd.DataFrame({"d": devices, "o": old.act, "n": new.act, "c": cls}).astype(str)
-        for (d, o, nw, c), idx in keys.groupby(["d", "o", "n", "c"]).indices.items():
+        on = pd.Series(devices, dtype=object).astype(str)
+        for d, idx in on.groupby(on).indices.items():
             dev = get_device(d)
             fixed_ns[idx] = fixed_latency_ns(dev)
-            for i in idx[changed[idx]].tolist():
-                before = achievable_time_ns(flops[i], b_old[i], dev, o, c, size_flops=size[i], compute_scale=stretch[i])
-                after = achievable_time_ns(flops[i], b_new[i], dev, nw, c, size_flops=size[i], compute_scale=stretch[i])
-                ratio[i] = after / before if before > 0 else 1.0
+            i = idx[changed[idx]]
+            before = achievable_times_ns(dev, cls[i], old.act[i], flops[i], b_old[i], size[i], stretch[i])
+            after = achievable_times_ns(dev, cls[i], new.act[i], flops[i], b_new[i], size[i], stretch[i])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio[i] = np.where(before > 0, after / before, 1.0)
         ratio = np.where(np.isfinite(ratio), ratio, 1.0)
         dur = graph.tasks["dur_ns"].to_numpy()[tasks].astype(float)
-        fixed = launches * np.minimum(dur / launches, fixed_ns)
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(dur > 0, (fixed + (dur - fixed) * ratio) / dur, 1.0)
+            return np.where(dur > 0, moved_ns(dur, ratio, fixed_ns, fixed_ns, launches) / dur, 1.0)
 
     def move_to_device(self, graph: TaskGraph, tasks: np.ndarray, device: str,
                        fit_from: Sequence[tuple[Trace, Trace]] = ()) -> np.ndarray:
@@ -722,6 +719,13 @@ def anchored_time_ns(device: Device | None, dur_ns: np.ndarray, classes: np.ndar
         return fixed + (dur - fixed) * ratio
     work = np.minimum(dur - fixed, max_slowdown * old)
     return dur + work * (ratio - 1)
+
+
+def _waves(graph: TaskGraph, base: dict[str, np.ndarray], tasks: np.ndarray, devices: np.ndarray) -> np.ndarray:
+    """Per task: a GEMM's output tiles now over its GPU's SMs (NaN for other kernels and where the
+    shapes or the GPU are unknown)."""
+    sms = np.array([DEVICES[d].sm_count if d in DEVICES else np.nan for d in devices], dtype=float)
+    return base["tiles"][tasks] * output_shares(graph.tasks, tasks) / sms
 
 
 def _row_tail(waves: np.ndarray, rows: np.ndarray) -> np.ndarray:
