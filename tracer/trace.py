@@ -194,11 +194,10 @@ def check_usable(ft: FileTrace) -> None:
         raise TraceError(ft.path, "not a GPU trace: MTIA accelerator events (mtia_runtime/mtia_ccp_events) "
                                   "are not supported")
     kinds = ft.columns.kind
-    if kinds.size == 0 and ft.skipped.get("malformed"):
-        raise TraceError(ft.path, f"none of its complete (ph 'X') events has a numeric ts and dur "
-                                  f"({ft.skipped['malformed']:,} events without)")
     if kinds.size == 0:
-        raise TraceError(ft.path, "trace has no complete (ph 'X') events")
+        bad = ft.skipped.get("malformed", 0)
+        raise TraceError(ft.path, f"none of its complete (ph 'X') events has a numeric ts and dur ({bad:,} events "
+                                  f"without)" if bad else "trace has no complete (ph 'X') events")
     gpu = np.isin(kinds, codes(GPU_ACTIVITY_KINDS)).sum()
     if gpu:
         return

@@ -83,10 +83,8 @@ class Selector:
                 _compiled(str(value))
         for k in _as_list(self.kind) if self.kind is not None else []:
             _kind_codes(str(k))
-        known = sorted(c.value for c in KernelClass)
-        bad = [c for c in _as_list(self.kernel_class or []) if str(c).lower() not in known]
-        if bad:
-            raise SelectionError(f"unknown kernel class {bad[0]!r} (known: {', '.join(known)})")
+        if self.kernel_class is not None:
+            _class_names(self.kernel_class)
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items())
@@ -174,6 +172,16 @@ def _kind_codes(kind: str) -> list[int]:
     raise SelectionError(f"unknown task kind {kind!r} (known: {', '.join(sorted(KIND_ALIASES))})")
 
 
+def _class_names(kernel_class: str | Iterable[str]) -> list[str]:
+    """The kernel classes a selection's ``kernel_class`` names, lower-cased."""
+    wanted = [str(c).lower() for c in _as_list(kernel_class)]
+    valid = sorted(c.value for c in KernelClass)
+    bad = [c for c in wanted if c not in valid]
+    if bad:
+        raise SelectionError(f"unknown kernel class {bad[0]!r} (known: {', '.join(valid)})")
+    return wanted
+
+
 def _compiled(pattern: str) -> re.Pattern[str]:
     try:
         return re.compile(pattern)
@@ -236,12 +244,7 @@ def select(graph: TaskGraph, *, kind: str | Iterable[str] | None = None, name: s
         hit = _regex(names, resource)
         mask &= hit[t["resource"].to_numpy()]
     if kernel_class is not None:
-        wanted = [str(c).lower() for c in _as_list(kernel_class)]
-        valid = {c.value for c in KernelClass}
-        bad = [c for c in wanted if c not in valid]
-        if bad:
-            raise SelectionError(f"unknown kernel class {bad[0]!r} (known: {', '.join(sorted(valid))})")
-        mask &= np.isin(kernel_classes(graph), wanted)
+        mask &= np.isin(kernel_classes(graph), _class_names(kernel_class))
     if where is not None:
         mask &= np.asarray(where(t), dtype=bool)
     return np.flatnonzero(mask).astype(np.int64)

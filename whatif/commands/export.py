@@ -11,7 +11,6 @@ from whatif.core.output import refuse_overwrite
 from whatif.predictors.export import export_paths
 from whatif.tracer.readers import is_trace_name
 
-from ._outputs import refuse_inside_input
 from ._progress import working
 
 
@@ -24,7 +23,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    refuse_inside_input(args.output, args.path)
     if is_trace_name(args.output.name):
         refuse_overwrite([args.output], args.force)
     with working(f"whatif export: analyzing {args.path}"):

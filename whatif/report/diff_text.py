@@ -7,10 +7,14 @@ from typing import Any
 from .markdown import ms
 
 
+def _bare(name: str) -> str:
+    return name.removeprefix("void ")
+
+
 def short_name(name: str, width: int = 64) -> str:
     """A kernel name that fits ``width``: ``void `` dropped, the middle elided so templated names
     that differ only in their functor stay distinct."""
-    name = name[5:] if name.startswith("void ") else name
+    name = _bare(name)
     if len(name) <= width:
         return name
     half = (width - 1) // 2
@@ -48,7 +52,7 @@ def short_names(names: Sequence[str], width: int = 64) -> list[str]:
             same.append(name)
     fixed: dict[str, str] = {}
     for group in (g for g in by_label.values() if len(g) > 1):
-        bare = [n[5:] if n.startswith("void ") else n for n in group]
+        bare = [_bare(n) for n in group]
         head = _common_prefix_chars(bare)
         edge = max(1, (width - 2) // 4)
         middle = width - 2 - 2 * edge
