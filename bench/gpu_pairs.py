@@ -6,7 +6,8 @@ Reads the recordings of ``bench/gpu_harvest/run.py`` (round 1 committed under
 round 2's program logs only). For the step-time pairs the figure is the mean step time of the
 counted steps (warm-up and partial steps left out) in the trace, their median (a compiled
 program's rare recompilation step would dominate a mean of 11 to 60 steps); for the serving pairs it is the
-serving metrics of ``whatif serve`` against the example's own log. A prediction "beats unchanged"
+serving metrics of ``whatif serve`` against the example's own log; for p1 (precision) also the GPU time
+per kernel class before, predicted and after. A prediction "beats unchanged"
 when its error is smaller than that of predicting the "before" value.
 
     .venv/bin/python bench/gpu_pairs.py [--round2 /path/to/round2/pairs] [--json OUT]
@@ -29,6 +30,7 @@ import pandas as pd
 
 from whatif.api import analyze, predict
 from whatif.depgraph.graph import TaskGraph, TaskKind
+from whatif.transforms.select import kernel_classes
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS_DIR = ROOT / "sample_traces" / "gpu" / "pairs"
@@ -91,6 +93,23 @@ def kernel_busy_ms(graph: TaskGraph, steps: pd.DataFrame) -> float:
     dur = t["dur_ns"].to_numpy()
     keep = (t["kind"].to_numpy() == int(TaskKind.KERNEL)) & np.isin(t["step"].to_numpy(), list(counted))
     return float(dur[keep].sum() / 1e6 / max(len(counted), 1))
+
+
+def class_ms(graph: TaskGraph, steps: pd.DataFrame) -> pd.Series:
+    """GPU kernel time per kernel class per counted step, ms (what :func:`kernel_busy_ms` sums)."""
+    t = graph.tasks
+    counted = set(steps.loc[steps["included"], "step"].tolist())
+    keep = (t["kind"].to_numpy() == int(TaskKind.KERNEL)) & np.isin(t["step"].to_numpy(), list(counted))
+    per = pd.Series(t["dur_ns"].to_numpy()[keep] / 1e6 / max(len(counted), 1))
+    return per.groupby(kernel_classes(graph)[keep]).sum()
+
+
+def precision_classes(before: Path, after: Path) -> pd.DataFrame:
+    """p1 per kernel class: GPU ms per counted step before, predicted by its scenario, and after."""
+    b, a = analyze(before), analyze(after)
+    pred = predict(b, [SCENARIOS / "p1_precision.toml"]).scenarios[0]
+    return pd.DataFrame({"before": class_ms(b.graph, b.steps), "predicted": class_ms(pred.graph, pred.steps),
+                         "after": class_ms(a.graph, a.steps)}).fillna(0.0)
 
 
 def step_row(pair: StepPair, before: Path, after: Path, rnd: int) -> StepRow:
@@ -187,6 +206,9 @@ def main() -> int:
         print(f"{r.pair:15} {r.round:>3} {r.kind:10} {r.before_ms:8.3f} {r.after_ms:8.3f} {r.predicted_ms:9.3f} "
               f"{pct(r.error):>8} {pct(r.unchanged_error):>9} {beats:>5} | {r.gpu_before_ms:18.3f} "
               f"{r.gpu_after_ms:7.3f} {r.gpu_predicted_ms:9.3f}")
+    print("\np1 (fp32 -> bf16 autocast) per kernel class, GPU ms per counted step, round 1")
+    print(precision_classes(PAIRS_DIR / "p1_precision-before-r1", PAIRS_DIR / "p1_precision-after-r1")
+          .to_string(float_format=lambda x: f"{x:.3f}"))
     print("\nServing pairs (whatif serve on the before trace vs the example's own log)")
     print(f"{'pair':15} {'rnd':>3} {'metric':15} {'before':>9} {'after':>9} {'predicted':>9} {'error':>8} "
           f"{'unchanged':>9} {'beats':>5}")
