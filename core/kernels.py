@@ -128,10 +128,18 @@ _OP_CLASSES.update({op: KernelClass.ELEMENTWISE for op in (
     "where", "clamp", "clamp_min", "clamp_min_", "masked_fill", "_foreach_add_", "_foreach_mul_",
     "_fused_adam_", "_fused_adamw_", "addcmul_", "addcdiv_", "lerp_", "sqrt", "abs")})
 
+WEIGHT_ARG = {"linear": 1, "addmm": 2, "mm": 1, "matmul": 1, "conv1d": 1, "conv2d": 1, "conv3d": 1,
+              "convolution": 1, "_convolution": 1, "cudnn_convolution": 1, "miopen_convolution": 1,
+              "_int_mm": 1, "_scaled_mm": 1}
+"""The argument of a GEMM/conv op that holds its weight (a 2-D ``mm``/``matmul`` operand: a linear
+layer's), by op name without namespace."""
+BIAS_ARG = {"linear": 2, "addmm": 0, "conv1d": 2, "conv2d": 2, "conv3d": 2, "convolution": 2, "_convolution": 2}
+"""The argument that holds a GEMM/conv op's bias (a parameter too: autocast casts it every forward)."""
+
 _GENERIC = re.compile(r"^(triton__[0-9d]+|kernel2?|void cutlass::kernel2?)$")
 
 
-def _op_key(op_name: str) -> str:
+def op_key(op_name: str) -> str:
     name = op_name.split("::")[-1].strip().lower()
     return name
 
@@ -171,7 +179,7 @@ def classify_kernel(name: str, op_name: str | None = None) -> KernelClass:
     inductor = _inductor_class(low)
     if inductor is not None:
         return inductor
-    op_cls = _OP_CLASSES.get(_op_key(op_name)) if op_name else None
+    op_cls = _OP_CLASSES.get(op_key(op_name)) if op_name else None
     if _GENERIC.match(low.strip()) and op_cls is not None:
         return op_cls
     for cls, pattern in _COMPILED:
@@ -219,7 +227,7 @@ def is_token_norm(name: str, op_name: str | None = None) -> bool:
     """
     if classify_kernel(name, op_name) is not KernelClass.NORMALIZATION:
         return False
-    low, op = name.lower(), _op_key(op_name) if op_name else ""
+    low, op = name.lower(), op_key(op_name) if op_name else ""
     if _GRADIENT.search(low) or _GRADIENT.search(op):
         return False
     return bool(_TOKEN_NORM.search(low)) or op in _TOKEN_NORM_OPS
@@ -237,7 +245,7 @@ def is_residual_add(name: str, op_name: str | None = None) -> bool:
     if classify_kernel(name, op_name) is not KernelClass.ELEMENTWISE:
         return False
     if op_name:
-        return _op_key(op_name) in ("add", "add_")
+        return op_key(op_name) in ("add", "add_")
     return bool(_RESIDUAL_ADD.search(name.lower()))
 
 
@@ -397,7 +405,7 @@ def op_flops_bytes(op_name: str, input_dims: Sequence | None,
     """
     if not input_dims:
         return None
-    op = _op_key(op_name)
+    op = op_key(op_name)
     try:
         args = _tensors(input_dims, input_types)
         attention = _ATTENTION_OPS.get(op)
@@ -448,7 +456,7 @@ def gemm_shape(op_name: str, input_dims: Sequence | None,
     >>> (g.m, g.n, g.k, g.output_tiles)
     (1024, 1280, 8192, 80)
     """
-    op = _op_key(op_name)
+    op = op_key(op_name)
     if not input_dims or op not in _GEMM_OPS:
         return None
     try:
@@ -641,7 +649,7 @@ def embedding_table(op_name: str, input_dims: Sequence | None, input_types: Sequ
     (151936, 1024, 2)
     >>> embedding_table("aten::index_select", [[4, 8], [], [2]], ["float", "Scalar", "long int"], ["", "1", ""])
     """
-    op = _op_key(op_name)
+    op = op_key(op_name)
     if op not in ("embedding", "index_select") or not input_dims:
         return None
     try:
@@ -778,7 +786,7 @@ def is_attention_backward(op_name: str) -> bool:
     ...     is_attention_backward("aten::scaled_dot_product_attention")
     (True, False)
     """
-    spec = _ATTENTION_OPS.get(_op_key(op_name))
+    spec = _ATTENTION_OPS.get(op_key(op_name))
     return spec is not None and spec.backward
 
 
@@ -794,7 +802,7 @@ def attention_sequences(op_name: str, input_dims: Sequence | None,
     >>> attention_sequences("aten::mm", [[4, 8], [8, 4]]) is None
     True
     """
-    spec = _ATTENTION_OPS.get(_op_key(op_name))
+    spec = _ATTENTION_OPS.get(op_key(op_name))
     if spec is None or spec.backward or not input_dims:
         return None
     operands = [a[0] for a in _tensors(input_dims, None)[spec.q:spec.q + 3] if a is not None]

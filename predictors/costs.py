@@ -83,7 +83,7 @@ from whatif.core.dtypes import (
     element_bytes,
     op_dtype,
 )
-from whatif.core.kernels import KernelClass, duration_shares, gemm_shape, op_flops_bytes
+from whatif.core.kernels import WEIGHT_ARG, KernelClass, duration_shares, gemm_shape, op_flops_bytes
 from whatif.core.work import WORK_COLUMN, launch_shares, output_shares, shares_of
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph, TaskKind, kind_codes
 from whatif.depgraph.schema import DEVICE_COLUMN, PRECISION_COLUMN
@@ -135,10 +135,6 @@ class _OpFacts:
     dtype: str
     output_tiles: float
 # weight operand position per aten op (GEMM/conv); bmm/baddbmm multiply two activations
-_WEIGHT_ARG = {"linear": 1, "addmm": 2, "mm": 1, "matmul": 1, "conv1d": 1, "conv2d": 1, "conv3d": 1,
-               "convolution": 1, "_convolution": 1, "cudnn_convolution": 1, "miopen_convolution": 1,
-               "_int_mm": 1, "_scaled_mm": 1}
-
 
 def _lookup(values: np.ndarray, table: dict[str, Any]) -> np.ndarray:
     """``table[v]`` for every value, one dict lookup per distinct value.
@@ -211,7 +207,7 @@ class TraceCostModel(CostModelBase):
         if fb is not None:
             flops, nbytes = float(fb[0]), float(fb[1])
             wbytes = 0.0
-            w = _WEIGHT_ARG.get(op_name.split("::")[-1].lower())
+            w = WEIGHT_ARG.get(op_name.split("::")[-1].lower())
             if w is not None and dims is not None and w < len(dims) and isinstance(dims[w], (list, tuple)) \
                     and (op_name.split("::")[-1].lower() != "matmul" or len(dims[w]) == 2):
                 esz = element_bytes(types[w] if types and w < len(types) else None) or 4

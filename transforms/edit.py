@@ -649,6 +649,62 @@ def insert_many(graph: TaskGraph, *, kind: TaskKind | Sequence[int] | np.ndarray
     return out, ids
 
 
+def splice_tasks(graph: TaskGraph, *, anchors: Sequence[int], durs: Sequence[Sequence[int]], name: str,
+                 deps: Sequence[Sequence[int]], reason: str,
+                 kind: TaskKind = TaskKind.KERNEL) -> tuple[TaskGraph, list[np.ndarray]]:
+    """After each ``anchors[i]`` on its ordered resource, splice a chain of new tasks with
+    durations ``durs[i]``; the j-th new task also depends on ``deps[i][j]`` (FLOW, -1: none).
+    Returns the graph and, per anchor, the new ids."""
+    t, e = graph.tasks, graph.edges
+    order = e["kind"].isin([int(EdgeKind.STREAM), int(EdgeKind.THREAD)]).to_numpy()
+    src_e, dst_e, lat_e = e["src"].to_numpy(), e["dst"].to_numpy(), e["lat_ns"].to_numpy()
+    res_kind = graph.resources["kind"].to_numpy()
+    drop = np.zeros(len(e), dtype=bool)
+    src: list[int] = []
+    dst: list[int] = []
+    lat: list[int] = []
+    kinds: list[int] = []
+    all_dur: list[int] = []
+    names: list[str] = []
+    resources: list[int] = []
+    attribute: list[int] = []
+    per_anchor: list[np.ndarray] = []
+    for a, ds, dep in zip(anchors, durs, deps):
+        first = len(all_dur)
+        per_anchor.append(np.arange(first, first + len(ds), dtype=np.int64))
+        if not len(ds):
+            continue
+        res = int(t["resource"].to_numpy()[a])
+        okind = int(EdgeKind.STREAM) if int(res_kind[res]) == int(ResourceKind.STREAM) else int(EdgeKind.THREAD)
+        chain = [int(a), *(new_task(first + j) for j in range(len(ds)))]
+        gaps = [0] * len(ds)
+        hit = np.flatnonzero(order & (src_e == a))
+        if len(hit):
+            drop[hit[0]] = True
+            chain.append(int(dst_e[hit[0]]))
+            gaps.append(int(lat_e[hit[0]]))
+        src += chain[:-1]
+        dst += chain[1:]
+        lat += gaps
+        kinds += [okind] * (len(chain) - 1)
+        for j, d in enumerate(ds):
+            all_dur.append(int(d))
+            names.append(f"{name} {j + 1}/{len(ds)}")
+            resources.append(res)
+            attribute.append(int(a))
+            if dep[j] >= 0:
+                src.append(int(dep[j]))
+                dst.append(new_task(first + j))
+                lat.append(0)
+                kinds.append(int(EdgeKind.FLOW))
+    if not all_dur:
+        return graph, per_anchor
+    out, ids = insert_many(graph, kind=kind, resource=np.asarray(resources, dtype=np.int64), dur_ns=all_dur,
+                           names=names, attribute_from=attribute, edges=NewEdges(src, dst, lat, kinds),
+                           drop_edges=drop, action="splice", reason=reason)
+    return out, [ids[p] for p in per_anchor]
+
+
 def add_resource(graph: TaskGraph, *, rank: int, kind: ResourceKind, name: str, device: int = -1,
                  ordered: bool = True, reason: str, transform: str | None = None) -> tuple[TaskGraph, int]:
     """Add a resource (a stream, a link, a copy engine, a PIM unit); return the graph and its id.

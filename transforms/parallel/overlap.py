@@ -54,7 +54,7 @@ from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
 from whatif.depgraph.schema import DEVICE_COLUMN
 
 from ..base import Transform, TransformContext, TransformError
-from ..edit import add_edges, remove, remove_edges, set_duration, set_follows
+from ..edit import add_edges, remove, remove_edges, set_duration, set_follows, splice_tasks
 from ..needs import Need
 from ..registry import register
 from ..sharing import collective_mask, graph_interference, priced_by_transform
@@ -67,7 +67,6 @@ from .comm import (
     insert_tasks,
     next_on_resource,
     overlapped_compute_slowdown,
-    splice_tasks,
 )
 from .fused_norm import absorbed_part_ns, fusable, remove_absorbed
 from .layers import backward_mask

@@ -54,7 +54,7 @@ from whatif.core.work import WorkShare
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 
 from ..base import CostModel, Transform, TransformContext, TransformError
-from ..edit import note, remove, scale, set_duration, set_follows
+from ..edit import note, remove, scale, set_duration, set_follows, splice_tasks
 from ..placement import Placement
 from ..registry import register
 from .comm import (
@@ -64,7 +64,6 @@ from .comm import (
     collective_part_ns,
     comm_stream,
     insert_tasks,
-    splice_tasks,
 )
 from .layers import backward_blocks, backward_mask, find_blocks, gemm_io_bytes, keep_backward_mask
 from .sharding import batch_part_ns, record_split

@@ -72,7 +72,7 @@ from whatif.hardware.roofline import fixed_latency_ns
 from whatif.hardware.topology import presets
 
 from ..base import Transform, TransformContext, TransformError
-from ..edit import add_edges, set_duration
+from ..edit import add_edges, set_duration, splice_tasks
 from ..registry import register
 from ..sharing import priced_by_transform
 from .comm import (
@@ -82,7 +82,6 @@ from .comm import (
     insert_tasks,
     next_on_resource,
     overlapped_compute_slowdown,
-    splice_tasks,
 )
 from .layers import backward_mask, find_blocks, gemm_io_bytes
 from .memory import HeadSplit, block_heads_now, head_split
