@@ -105,10 +105,13 @@ def class_ms(graph: TaskGraph, steps: pd.DataFrame) -> pd.Series:
 
 
 def precision_classes(before: Path, after: Path) -> pd.DataFrame:
-    """p1 per kernel class: GPU ms per counted step before, predicted by its scenario, and after."""
+    """p1 per kernel class: GPU ms per counted step before, predicted by its scenario (``autocast``),
+    predicted as a model converted to bf16 (``precision``), and after."""
     b, a = analyze(before), analyze(after)
-    pred = predict(b, [SCENARIOS / "p1_precision.toml"]).scenarios[0]
-    return pd.DataFrame({"before": class_ms(b.graph, b.steps), "predicted": class_ms(pred.graph, pred.steps),
+    auto, converted = predict(b, [SCENARIOS / "p1_precision.toml",
+                                  SCENARIOS / "p1_precision_converted.toml"]).scenarios
+    return pd.DataFrame({"before": class_ms(b.graph, b.steps), "autocast": class_ms(auto.graph, auto.steps),
+                         "converted": class_ms(converted.graph, converted.steps),
                          "after": class_ms(a.graph, a.steps)}).fillna(0.0)
 
 
@@ -206,9 +209,14 @@ def main() -> int:
         print(f"{r.pair:15} {r.round:>3} {r.kind:10} {r.before_ms:8.3f} {r.after_ms:8.3f} {r.predicted_ms:9.3f} "
               f"{pct(r.error):>8} {pct(r.unchanged_error):>9} {beats:>5} | {r.gpu_before_ms:18.3f} "
               f"{r.gpu_after_ms:7.3f} {r.gpu_predicted_ms:9.3f}")
-    print("\np1 (fp32 -> bf16 autocast) per kernel class, GPU ms per counted step, round 1")
-    print(precision_classes(PAIRS_DIR / "p1_precision-before-r1", PAIRS_DIR / "p1_precision-after-r1")
-          .to_string(float_format=lambda x: f"{x:.3f}"))
+    print("\np1 (fp32 -> bf16 autocast) per kernel class, GPU ms per counted step, round 1: predicted by "
+          "`autocast` and by `precision` (a model converted to bf16)")
+    classes = precision_classes(PAIRS_DIR / "p1_precision-before-r1", PAIRS_DIR / "p1_precision-after-r1")
+    print(pd.concat([classes, classes.sum().to_frame("total").T]).to_string(float_format=lambda x: f"{x:.3f}"))
+    b = analyze(PAIRS_DIR / "p1_precision-before-r1")
+    converted = predict(b, [SCENARIOS / "p1_precision_converted.toml"]).scenarios[0]
+    step_ms = median_counted_ms(converted.steps, "predicted_ns")
+    print(f"p1 step as a converted model (`precision dtype=bf16`): {step_ms:.3f} ms")
     print("\nServing pairs (whatif serve on the before trace vs the example's own log)")
     print(f"{'pair':15} {'rnd':>3} {'metric':15} {'before':>9} {'after':>9} {'predicted':>9} {'error':>8} "
           f"{'unchanged':>9} {'beats':>5}")
