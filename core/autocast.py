@@ -66,7 +66,7 @@ def is_fp32_op(op_name: str) -> bool:
     return op_key(op_name) in FP32_OPS
 
 
-def _float_tensors(dims: Sequence, types: Sequence[str]) -> list[tuple[int, int, DType]]:
+def float_tensors(dims: Sequence, types: Sequence[str]) -> list[tuple[int, int, DType]]:
     """(argument position, elements, dtype) of each floating-point tensor argument."""
     out = []
     for i, d in enumerate(dims):
@@ -94,7 +94,7 @@ def autocast_casts(op_name: str, dims: Sequence | None, types: Sequence[str] | N
     """
     if not dims:
         return []
-    tensors = _float_tensors(dims, types or ())
+    tensors = float_tensors(dims, types or ())
     key = op_key(op_name)
     if key in FP32_OPS:
         return [Cast(CastRole.ACTIVATION, tensors[0][1], to_fp32=True)] if fed_by_low and tensors else []

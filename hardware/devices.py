@@ -618,6 +618,15 @@ _NAME_RULES: list[tuple[str, str]] = [
 ]
 
 
+def sixteen_bit(device: Device) -> DType:
+    """The 16-bit dtype a device computes natively: bf16 when it has bf16 tensor cores, else fp16.
+
+    >>> sixteen_bit(get_device("A100_80GB")).value, sixteen_bit(get_device("V100_SXM2_32GB")).value
+    ('bf16', 'fp16')
+    """
+    return DType.BF16 if device.peak.get(DType.BF16) else DType.FP16
+
+
 def find_device(name_from_trace: str | None) -> Device | None:
     """Catalog entry for a trace's ``deviceProperties`` name, or None when unknown.
 

@@ -87,7 +87,7 @@ from whatif.core.kernels import WEIGHT_ARG, KernelClass, duration_shares, gemm_s
 from whatif.core.work import WORK_COLUMN, launch_shares, output_shares, shares_of
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph, TaskKind, kind_codes
 from whatif.depgraph.schema import DEVICE_COLUMN, PRECISION_COLUMN
-from whatif.hardware.devices import DEVICES, Device, find_device, get_device
+from whatif.hardware.devices import DEVICES, Device, find_device, get_device, sixteen_bit
 from whatif.hardware.retarget import PairedKernels, RetargetFit, fit_retarget, moved_ns, retarget_ns
 from whatif.hardware.roofline import (
     DEFAULT_FIXED_NS,
@@ -165,11 +165,6 @@ class _State:
 
     act: np.ndarray     # object: dtype names
     weight: np.ndarray  # object
-
-
-def sixteen_bit(device: Device) -> str:
-    """The 16-bit dtype a device computes natively: bf16 when it has bf16 tensor cores, else fp16."""
-    return "bf16" if device.peak.get(DType.BF16) else "fp16"
 
 
 @register_cost_model
@@ -344,7 +339,7 @@ class TraceCostModel(CostModelBase):
         weight = act.copy()
         cls = base["kernel_class"][tasks]
         half = _lookup(np.asarray([d or "" for d in devices], dtype=object),
-                       {d: sixteen_bit(dev) for d, dev in DEVICES.items()} | {"": "bf16"}).astype(object)
+                       {d: sixteen_bit(dev).value for d, dev in DEVICES.items()} | {"": "bf16"}).astype(object)
         specs = self._specs(graph, tasks)
         for joined in pd.unique(specs[pd.notna(specs)]):
             sel = np.flatnonzero(specs == joined)
@@ -442,7 +437,7 @@ class TraceCostModel(CostModelBase):
                                      f"is not in the device catalog, so its tensor-core rates are unknown; "
                                      f"apply gpu(device=...) first or add it to whatif.hardware.devices")
             dev = get_device(name)
-            need = DType(sixteen_bit(dev)) if weight_only else DType(dtype)
+            need = sixteen_bit(dev) if weight_only else DType(dtype)
             if not dev.peak.get(need):
                 alt = {DType.BF16: " (use dtype='fp16')", DType.FP8: " (use int8, or fp8_weight / int4_weight)",
                        DType.TF32: ""}.get(need, "")

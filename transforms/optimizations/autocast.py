@@ -40,13 +40,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from whatif.core.autocast import autocast_casts, is_fp32_op
+from whatif.core.autocast import autocast_casts, float_tensors, is_fp32_op
 from whatif.core.dtypes import ELEMENT_BYTES
 from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 from whatif.depgraph.hierarchy import build_hierarchy
 from whatif.depgraph.schema import DEVICE_COLUMN
-from whatif.hardware.devices import find_device
+from whatif.hardware.devices import find_device, sixteen_bit
 from whatif.hardware.roofline import fixed_latency_ns
 from whatif.tracer.args import Arg
 from whatif.tracer.kinds import EventKind
@@ -62,8 +62,7 @@ from .precision import record_spec
 DTYPES = ("bf16", "fp16")
 LOWERED = frozenset({KernelClass.GEMM.value, KernelClass.CONV.value, KernelClass.ATTENTION.value})
 """Kernel classes of autocast's lower-precision list."""
-_PASS_THROUGH = frozenset({KernelClass.ELEMENTWISE.value, KernelClass.COPY.value})
-_LOOK_BACK = 4   # one-tensor ops walked back through to find what an activation came from
+_LOOK_BACK = 4   # ops walked back through to find what an activation came from
 
 
 @dataclass(frozen=True)
@@ -138,19 +137,29 @@ def cast_cpu_ns(graph: TaskGraph) -> tuple[float, float]:
     return graph.memo("autocast_cast_cpu_ns", compute)
 
 
-def _fed_by_low(first: int, pred: np.ndarray, cls: np.ndarray, one_tensor: np.ndarray) -> bool:
+def _fed_by_low(first: int, pred: np.ndarray, cls: np.ndarray, passes: np.ndarray) -> bool:
     """Whether the activation of the op whose first kernel is ``first`` is a lower-precision output:
-    the kernel before it on its stream is a GEMM/conv/attention, possibly through one-tensor ops."""
+    the kernel before it on its stream is a GEMM/conv/attention, possibly through ops that keep
+    their input's dtype (``passes``)."""
     k = pred[first]
     for _ in range(_LOOK_BACK):
         if k < 0:
             return False
         if cls[k] in LOWERED:
             return True
-        if not (cls[k] in _PASS_THROUGH and one_tensor[k]):
+        if not passes[k]:
             return False
         k = pred[k]
     return False
+
+
+def _keeps_input_dtype(op_name: str, dims: list | None, types: list | None, kernel_class: str) -> bool:
+    """An op that runs in its input's dtype under autocast: not on the fp32 list, and not an
+    elementwise op of two or more tensors (``add``, ``mul``: those run in the widest, taken as the
+    fp32 residual stream's)."""
+    if is_fp32_op(op_name):
+        return False
+    return kernel_class != KernelClass.ELEMENTWISE.value or len(float_tensors(dims or [], types or [])) <= 1
 
 
 def plan_casts(graph: TaskGraph, kernels: np.ndarray, lowered: np.ndarray, low_bytes: float) -> list[CastSite]:
@@ -171,16 +180,15 @@ def plan_casts(graph: TaskGraph, kernels: np.ndarray, lowered: np.ndarray, low_b
     op_of[gpu[~np.isnan(found)]] = found[~np.isnan(found)].astype(np.int64)
     dims, types = trace.arg(Arg.INPUT_DIMS), trace.arg(Arg.INPUT_TYPES)
     names = ev["name"].astype(str).to_numpy()
+    lowered_ops = np.unique(op_of[kernels[lowered]])
+    if not any(dims[r] for r in lowered_ops[lowered_ops >= 0]):
+        raise TransformError("autocast: the trace records no input shapes of its GEMM/conv/attention ops, so the "
+                             "casts autocast adds cannot be sized; record with --record-shapes (precision prices "
+                             "a model converted to the dtype, without casts)")
 
-    def tensors(r: int) -> int:
-        d, ty = dims[r], types[r] or ()
-        return 0 if d is None else sum(1 for i, x in enumerate(d) if isinstance(x, (list, tuple)) and len(x)
-                                       and i < len(ty) and str(ty[i]).strip().lower() not in ("", "scalar"))
-    one_tensor = np.zeros(len(t), dtype=bool)
+    passes = np.zeros(len(t), dtype=bool)
     linked = gpu[op_of[gpu] >= 0]
-    count = {r: tensors(r) for r in np.unique(op_of[linked])}
-    one_tensor[linked] = [count[r] == 1 or names[r].split("::")[-1] in ("copy_", "clone", "contiguous")
-                          for r in op_of[linked]]
+    passes[linked] = [_keeps_input_dtype(names[r], dims[r], types[r], c) for r, c in zip(op_of[linked], cls[linked])]
 
     chosen = np.zeros(len(t), dtype=bool)
     chosen[kernels] = True
@@ -200,7 +208,7 @@ def plan_casts(graph: TaskGraph, kernels: np.ndarray, lowered: np.ndarray, low_b
             continue
         if lowered_op and cls[k0] not in LOWERED:
             continue
-        casts = autocast_casts(names[r], dims[r], types[r] or (), fed_by_low=_fed_by_low(k0, pred, cls, one_tensor))
+        casts = autocast_casts(names[r], dims[r], types[r] or (), fed_by_low=_fed_by_low(k0, pred, cls, passes))
         if not lowered_op:
             casts = [c for c in casts if c.to_fp32]
         q, c0 = int(pred[k0]), int(launcher[k0])
@@ -257,8 +265,10 @@ class Autocast(Transform):
 
     @classmethod
     def candidates(cls, graph: TaskGraph, ctx: TransformContext) -> list[Transform]:
-        """bf16 autocast (the program must record fp32 GEMMs for it to change anything)."""
-        return [cls(dtype="bf16")]
+        """Autocast to the GPU's native 16-bit dtype (fp16 on a V100); it changes a program that
+        records fp32 GEMMs."""
+        device = find_device(ctx.device)
+        return [cls(dtype=sixteen_bit(device).value if device is not None else "bf16")]
 
     def _lowered(self, graph: TaskGraph, ctx: TransformContext) -> tuple[np.ndarray, np.ndarray]:
         """The selected kernels, and per kernel: whether it is a GEMM/conv/attention kernel that
@@ -285,7 +295,10 @@ class Autocast(Transform):
                                  "(the program already runs them in lower precision)")
         sites = plan_casts(graph, ids, lowered, ELEMENT_BYTES[spec])
         mat = ids[lowered]
-        factor = cost.precision_factor(graph, mat, spec)
+        try:
+            factor = cost.precision_factor(graph, mat, spec)
+        except TransformError as exc:
+            raise TransformError(f"autocast: {str(exc).removeprefix('precision: ')}") from None
         out = scale(record_spec(graph, mat, spec), mat, factor,
                     reason=f"{spec} autocast: {len(mat):,} GEMM/conv/attention kernels in {spec} "
                            f"(each keeps its share of the achievable roofline); the rest keep their dtype")

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from whatif.core.dtypes import DType
 from whatif.hardware.device_spec import device_spec_toml
-from whatif.hardware.devices import DEVICES, Achievable, Device, find_device
+from whatif.hardware.devices import DEVICES, Achievable, Device, find_device, sixteen_bit
 
 from ._device_specs import add_device_spec_argument
 
@@ -45,10 +45,6 @@ def _matching(name: str | None) -> list[Device]:
     return found
 
 
-def _sixteen_bit(d: Device) -> DType:
-    return DType.BF16 if DType.BF16 in d.peak else DType.FP16
-
-
 def _rates(d: Device, dtype: DType, a: Achievable | None, small: bool = False) -> str:
     if not d.peak.get(dtype):
         return "-"
@@ -69,7 +65,7 @@ def _pair(datasheet: float, achieved: float | None, unit: float, digits: str) ->
 
 def _row(d: Device) -> list[str]:
     a = d.achievable
-    half = _sixteen_bit(d)
+    half = sixteen_bit(d)
     sixteen = _rates(d, half, a, small=True) + ("" if half is DType.BF16 else " (fp16)")
     link = _pair(d.link_bw_bytes_per_s, a.link_bw_bytes_per_s if a else None, G, ".0f")
     dram = _pair(d.mem_bw_bytes_per_s, a.stream_bw_bytes_per_s if a else None, T, ".2f")
