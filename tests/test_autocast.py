@@ -105,3 +105,10 @@ def test_refusals() -> None:
         Autocast(dtype="fp8")
     with pytest.raises(TransformError, match="already runs them in lower precision"):
         predict(AFTER, [Autocast()])
+
+
+def test_suggested_for_an_fp32_program_only(before) -> None:  # type: ignore[no-untyped-def]
+    assert [t.setting() for t in Autocast.candidates(before.graph, make_context(before.trace))] == ["autocast()"]
+    after = analyze(AFTER)
+    with pytest.raises(TransformError, match="not an fp32 program"):
+        Autocast.candidates(after.graph, make_context(after.trace))

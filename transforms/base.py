@@ -125,7 +125,8 @@ class Transform:
     def candidates(cls, graph: TaskGraph, ctx: TransformContext) -> list[Transform]:
         """The settings ``whatif suggest`` tries on ``graph`` (its needs met): sensible defaults,
         several where a parameter matters. Empty (the default): the transform needs a choice only
-        the user can make (a device, a degree, a factor) and is not suggested on its own."""
+        the user can make (a device, a degree, a factor) and is not suggested on its own. Raises
+        TransformError, saying why, when the trace is not one the transform is for."""
         return []
 
     def __post_init__(self) -> None:

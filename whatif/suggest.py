@@ -26,7 +26,7 @@ from whatif.predictors.cost_models import CostModelName
 from whatif.report.diff_text import short_names
 from whatif.summary import mean_counted_step_ns, scenario_headline
 from whatif.transforms import registry
-from whatif.transforms.base import Transform, TransformContext
+from whatif.transforms.base import Transform, TransformContext, TransformError
 from whatif.transforms.needs import unmet
 from whatif.transforms.scenario import Scenario, ScenarioStepError, load_scenario
 
@@ -100,7 +100,10 @@ def _try_transform(base: Analysis, ctx: TransformContext, cls: type[Transform],
     need = unmet(cls.requires, base.graph, ctx.device)
     if need is not None:
         return f"needs {need.value}"
-    candidates = cls.candidates(base.graph, ctx)
+    try:
+        candidates = cls.candidates(base.graph, ctx)
+    except TransformError as exc:   # the trace is not one the transform is for, and it says why
+        return str(exc).removeprefix(f"{cls.name}: ")
     if not candidates:
         return "needs a choice only you can make (a device, a degree, a factor): try it with whatif predict -s"
     out, refusals = [], []

@@ -265,10 +265,20 @@ class Autocast(Transform):
 
     @classmethod
     def candidates(cls, graph: TaskGraph, ctx: TransformContext) -> list[Transform]:
-        """Autocast to the GPU's native 16-bit dtype (fp16 on a V100); it changes a program that
-        records fp32 GEMMs."""
+        """Autocast to the GPU's native 16-bit dtype (fp16 on a V100), for an fp32 program: one
+        whose GEMM/conv/attention kernels spend most of their time in fp32 (a bf16 program's few
+        fp32 GEMMs are not what autocast is for)."""
         device = find_device(ctx.device)
-        return [cls(dtype=sixteen_bit(device).value if device is not None else "bf16")]
+        tr = cls(dtype=sixteen_bit(device).value if device is not None else "bf16")
+        ids, lowered = tr._lowered(graph, ctx)
+        facts = ctx.require_cost(cls.name).kernel_facts(graph, ids)
+        dur = graph.tasks["dur_ns"].to_numpy()[ids]
+        matrix = np.isin(facts["kernel_class"], list(LOWERED))
+        share = dur[lowered].sum() / max(dur[matrix].sum(), 1)
+        if share <= 0.5:
+            raise TransformError(f"autocast: not an fp32 program ({share:.0%} of the GEMM/conv/attention time is "
+                                 f"fp32); try it with whatif predict -s")
+        return [tr]
 
     def _lowered(self, graph: TaskGraph, ctx: TransformContext) -> tuple[np.ndarray, np.ndarray]:
         """The selected kernels, and per kernel: whether it is a GEMM/conv/attention kernel that
