@@ -188,7 +188,10 @@ def plan_casts(graph: TaskGraph, kernels: np.ndarray, lowered: np.ndarray, low_b
 
     passes = np.zeros(len(t), dtype=bool)
     linked = gpu[op_of[gpu] >= 0]
-    passes[linked] = [_keeps_input_dtype(names[r], dims[r], types[r], c) for r, c in zip(op_of[linked], cls[linked])]
+    pairs = pd.MultiIndex.from_arrays([op_of[linked], cls[linked]])
+    codes, uniq = pairs.factorize()
+    keeps = np.array([_keeps_input_dtype(names[r], dims[r], types[r], c) for r, c in uniq], dtype=bool)
+    passes[linked] = keeps[codes] if len(uniq) else False
 
     chosen = np.zeros(len(t), dtype=bool)
     chosen[kernels] = True
