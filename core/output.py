@@ -17,6 +17,7 @@ import contextlib
 import gzip
 import io
 import os
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -29,8 +30,16 @@ class OutputError(WhatifError):
 
 
 def write_output(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` (folders made as needed); :class:`OutputError` on any failure."""
+    """Write ``data`` to ``path`` (folders made as needed; ``-``: standard output);
+    :class:`OutputError` on any failure."""
     path = Path(path)
+    if str(path) == "-":
+        try:
+            sys.stdout.buffer.write(data if data.endswith(b"\n") else data + b"\n")
+            sys.stdout.flush()
+        except OSError as exc:
+            raise OutputError(f"standard output: cannot be written ({exc.strerror or type(exc).__name__})") from None
+        return path
     if path.is_dir():
         raise OutputError(f"{path}: is a folder, not a file to write")
     special = path.exists() and not path.is_file()   # a device or pipe (/dev/stdout): written in place

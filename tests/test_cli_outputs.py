@@ -45,3 +45,20 @@ def test_a_report_folder_is_not_the_input_folder(tmp_path: Path, capsys) -> None
     shutil.copytree(ROOT / "sample_traces" / "dit_serve", run)
     assert main(["report", str(run), "-s", str(ROOT / "scenarios" / "faster_linear.toml"), "-o", str(run)]) == 2
     assert "is the input itself" in capsys.readouterr().err
+
+
+def test_json_dash_is_stdout_and_only_json(trace: Path, capsys) -> None:
+    import json
+    for command, schema in (("analyze", "analysis"), ("breakdown", "breakdown"), ("ops", "ops")):
+        assert main([command, str(trace), "--json", "-"]) == 0
+        out = capsys.readouterr().out
+        assert json.loads(out)["schema"] == f"whatif.{schema}"   # no table around it
+    assert not Path("-").exists()
+
+
+def test_quiet_alone_is_the_exit_status(trace: Path, tmp_path: Path, capsys) -> None:
+    assert main(["analyze", str(trace), "-q"]) == 0
+    assert capsys.readouterr().out == ""
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert main(["analyze", str(bad), "-q"]) == 2

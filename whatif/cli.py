@@ -19,7 +19,7 @@ from whatif.core.errors import WhatifError
 from whatif.tracer import cache
 
 from .commands._device_specs import device_specs
-from .commands._outputs import refuse_clobbering
+from .commands._outputs import refuse_clobbering, settle_quiet
 
 # name -> module in whatif.commands; each module has ``add_arguments(parser)`` and ``run(args) -> int``
 COMMANDS: dict[str, str] = {
@@ -83,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         refuse_clobbering(args)
+        settle_quiet(args)
         with device_specs(args), cache.bypassed(bool(vars(args).get("no_cache"))):
             code = int(args._run(args) or 0)
         sys.stdout.flush()  # a full disk or a closed pipe shows here, not at the interpreter's exit

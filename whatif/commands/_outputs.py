@@ -59,3 +59,11 @@ def refuse_clobbering(args: argparse.Namespace) -> None:
                 continue
             for src in inputs:
                 refuse_inside_input(out, src)
+
+
+def settle_quiet(args: argparse.Namespace) -> None:
+    """``--json -`` writes the document to stdout, so the text tables stay off it (as with ``-q``).
+    ``-q`` alone prints nothing and leaves the exit status (like ``grep -q``: does it load?)."""
+    given = vars(args)
+    if "quiet" in given and str(given.get("json")) == "-":
+        args.quiet = True
