@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from .dtypes import DType, compute_dtype
-from .kernels import BIAS_ARG, WEIGHT_ARG, op_key
+from .dtypes import DType
+from .kernels import BIAS_ARG, float_tensors, op_key, weight_arg
 
 FP32_OPS = frozenset({
     "layer_norm", "native_layer_norm", "group_norm", "native_group_norm", "rms_norm", "_fused_rms_norm",
@@ -66,28 +66,12 @@ def is_fp32_op(op_name: str) -> bool:
     return op_key(op_name) in FP32_OPS
 
 
-def float_tensors(dims: Sequence, types: Sequence[str]) -> list[tuple[int, int, DType]]:
-    """(argument position, elements, dtype) of each floating-point tensor argument."""
-    out = []
-    for i, d in enumerate(dims):
-        if not isinstance(d, (list, tuple)) or not d or any(not isinstance(x, (int, float)) for x in d):
-            continue
-        dt = compute_dtype(types[i] if i < len(types) else None)
-        if dt is None:
-            continue
-        n = 1
-        for x in d:
-            n *= int(x)
-        out.append((i, n, dt))
-    return out
-
-
 def autocast_casts(op_name: str, dims: Sequence | None, types: Sequence[str] | None, *,
                    fed_by_low: bool) -> list[Cast]:
     """The casts autocast runs before a recorded fp32 op (empty when it casts nothing).
 
     A lower-precision op (GEMM, convolution, attention: the caller says which kernels are) casts its
-    fp32 parameters (``WEIGHT_ARG``, ``BIAS_ARG``) always and its other fp32 tensors unless
+    fp32 parameters (:func:`~whatif.core.kernels.weight_arg`, ``BIAS_ARG``) always and its other fp32 tensors unless
     ``fed_by_low``: its activation is the output of a lower-precision op (directly, or through ops
     that take one tensor). An fp32-list op (:data:`FP32_OPS`) casts its first tensor up when
     ``fed_by_low``. Other ops cast nothing.
@@ -98,11 +82,7 @@ def autocast_casts(op_name: str, dims: Sequence | None, types: Sequence[str] | N
     key = op_key(op_name)
     if key in FP32_OPS:
         return [Cast(CastRole.ACTIVATION, tensors[0][1], to_fp32=True)] if fed_by_low and tensors else []
-    w = WEIGHT_ARG.get(key)
-    if key == "matmul" and w is not None and not (w < len(dims) and isinstance(dims[w], (list, tuple))
-                                                  and len(dims[w]) == 2):
-        w = None    # a matmul of two activations (attention scores): no weight
-    params = {w: CastRole.WEIGHT, BIAS_ARG.get(key): CastRole.BIAS}
+    params = {weight_arg(op_name, dims): CastRole.WEIGHT, BIAS_ARG.get(key): CastRole.BIAS}
     out = []
     for i, n, dt in tensors:
         if dt not in (DType.FP32, DType.TF32):

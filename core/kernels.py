@@ -27,7 +27,7 @@ from enum import Enum
 
 import numpy as np
 
-from .dtypes import DEFAULT_ELEMENT_BYTES, element_bytes
+from .dtypes import DEFAULT_ELEMENT_BYTES, DType, compute_dtype, element_bytes
 
 
 class KernelClass(str, Enum):
@@ -135,6 +135,20 @@ WEIGHT_ARG = {"linear": 1, "addmm": 2, "mm": 1, "matmul": 1, "conv1d": 1, "conv2
 layer's), by op name without namespace."""
 BIAS_ARG = {"linear": 2, "addmm": 0, "conv1d": 2, "conv2d": 2, "conv3d": 2, "convolution": 2, "_convolution": 2}
 """The argument that holds a GEMM/conv op's bias (a parameter too: autocast casts it every forward)."""
+
+
+def weight_arg(op_name: str, dims: Sequence | None) -> int | None:
+    """The position of a recorded GEMM/conv op's weight (:data:`WEIGHT_ARG`), None when it has
+    none: another op, a missing argument, or a ``matmul`` of two activations (not 2-D).
+
+    >>> weight_arg("aten::linear", [[8, 4], [16, 4], [16]]), weight_arg("aten::matmul", [[2, 8, 4], [2, 4, 8]])
+    (1, None)
+    """
+    key = op_key(op_name)
+    w = WEIGHT_ARG.get(key)
+    if w is None or not dims or w >= len(dims) or not isinstance(dims[w], (list, tuple)):
+        return None
+    return None if key == "matmul" and len(dims[w]) != 2 else w
 
 _GENERIC = re.compile(r"^(triton__[0-9d]+|kernel2?|void cutlass::kernel2?)$")
 
@@ -351,6 +365,21 @@ def _tensors(dims: Sequence, types: Sequence | None) -> list[tuple[list[int], in
             out.append(None)
             continue
         out.append(([int(x) for x in d], int(size) if size else DEFAULT_ELEMENT_BYTES))
+    return out
+
+
+def float_tensors(dims: Sequence, types: Sequence | None) -> list[tuple[int, int, DType]]:
+    """(argument position, elements, dtype) of each floating-point tensor argument of a recorded op
+    (0-d tensors left out).
+
+    >>> float_tensors([[4, 8], [8], [], [3]], ["float", "c10::BFloat16", "Scalar", "long int"])
+    [(0, 32, <DType.FP32: 'fp32'>), (1, 8, <DType.BF16: 'bf16'>)]
+    """
+    out = []
+    for i, arg in enumerate(_tensors(dims, types)):
+        dt = compute_dtype(types[i] if types and i < len(types) else None)
+        if arg is not None and arg[0] and dt is not None:
+            out.append((i, _numel(arg[0]), dt))
     return out
 
 

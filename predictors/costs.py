@@ -83,7 +83,7 @@ from whatif.core.dtypes import (
     element_bytes,
     op_dtype,
 )
-from whatif.core.kernels import WEIGHT_ARG, KernelClass, duration_shares, gemm_shape, op_flops_bytes
+from whatif.core.kernels import KernelClass, duration_shares, gemm_shape, op_flops_bytes, weight_arg
 from whatif.core.work import WORK_COLUMN, launch_shares, output_shares, shares_of
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph, TaskKind, kind_codes
 from whatif.depgraph.schema import DEVICE_COLUMN, PRECISION_COLUMN
@@ -134,7 +134,7 @@ class _OpFacts:
     weight_bytes: float
     dtype: str
     output_tiles: float
-# weight operand position per aten op (GEMM/conv); bmm/baddbmm multiply two activations
+
 
 def _lookup(values: np.ndarray, table: dict[str, Any]) -> np.ndarray:
     """``table[v]`` for every value, one dict lookup per distinct value.
@@ -202,9 +202,8 @@ class TraceCostModel(CostModelBase):
         if fb is not None:
             flops, nbytes = float(fb[0]), float(fb[1])
             wbytes = 0.0
-            w = WEIGHT_ARG.get(op_name.split("::")[-1].lower())
-            if w is not None and dims is not None and w < len(dims) and isinstance(dims[w], (list, tuple)) \
-                    and (op_name.split("::")[-1].lower() != "matmul" or len(dims[w]) == 2):
+            w = weight_arg(op_name, dims)
+            if w is not None and dims is not None:
                 esz = element_bytes(types[w] if types and w < len(types) else None) or 4
                 wbytes = float(np.prod([int(x) for x in dims[w]] or [0])) * esz
                 wbytes = min(wbytes, nbytes)

@@ -38,7 +38,7 @@ def before():  # type: ignore[no-untyped-def]
 
 def _plan(a):  # type: ignore[no-untyped-def]
     tr = Autocast()
-    ids, lowered = tr._lowered(a.graph, make_context(a.trace))
+    ids, lowered, _ = tr._lowered(a.graph, make_context(a.trace))
     return plan_casts(a.graph, ids, lowered, 2.0)
 
 

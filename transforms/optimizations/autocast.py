@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from whatif.core.autocast import autocast_casts, float_tensors, is_fp32_op
+from whatif.core.autocast import autocast_casts, is_fp32_op
 from whatif.core.dtypes import ELEMENT_BYTES
-from whatif.core.kernels import KernelClass
+from whatif.core.kernels import KernelClass, float_tensors
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 from whatif.depgraph.hierarchy import build_hierarchy
 from whatif.depgraph.schema import DEVICE_COLUMN
@@ -54,7 +54,7 @@ from whatif.tracer.kinds import EventKind
 from ..base import Transform, TransformContext, TransformError
 from ..edit import add_edges, scale, set_duration, set_state, splice_tasks
 from ..needs import Need
-from ..parallel.layers import backward_mask
+from ..parallel.layers import backward_mask, linked_op_rows
 from ..registry import register
 from ..select import Selector, kernel_classes
 from .precision import record_spec
@@ -107,8 +107,7 @@ def cast_cpu_ns(graph: TaskGraph) -> tuple[float, float]:
         t = graph.tasks
         ev = trace.events
         kernels = np.flatnonzero(t["kind"].to_numpy() == int(TaskKind.KERNEL))
-        rows = t["event"].to_numpy()[kernels]
-        op_row = trace.launching_op_rows(rows)
+        op_row = linked_op_rows(graph, kernels)
         linked = ~np.isnan(op_row)
         kernels, op_row = kernels[linked], op_row[linked].astype(np.int64)
         hier = build_hierarchy(ev)
@@ -173,10 +172,9 @@ def plan_casts(graph: TaskGraph, kernels: np.ndarray, lowered: np.ndarray, low_b
     cls = kernel_classes(graph)
     pred, launcher, launch_lat = _neighbours(graph)
     back = backward_mask(graph)
-    rows = t["event"].to_numpy()
     gpu = np.flatnonzero(t["kind"].to_numpy() == int(TaskKind.KERNEL))
     op_of = np.full(len(t), -1, dtype=np.int64)
-    found = trace.launching_op_rows(rows[gpu])
+    found = linked_op_rows(graph, gpu)
     op_of[gpu[~np.isnan(found)]] = found[~np.isnan(found)].astype(np.int64)
     dims, types = trace.arg(Arg.INPUT_DIMS), trace.arg(Arg.INPUT_TYPES)
     names = ev["name"].astype(str).to_numpy()
@@ -208,8 +206,6 @@ def plan_casts(graph: TaskGraph, kernels: np.ndarray, lowered: np.ndarray, low_b
     for r, k0 in first_of.items():
         lowered_op = low[k0]
         if not lowered_op and not is_fp32_op(names[r]):
-            continue
-        if lowered_op and cls[k0] not in LOWERED:
             continue
         casts = autocast_casts(names[r], dims[r], types[r] or (), fed_by_low=_fed_by_low(k0, pred, cls, passes))
         if not lowered_op:
@@ -273,34 +269,32 @@ class Autocast(Transform):
         fp32 GEMMs are not what autocast is for)."""
         device = find_device(ctx.device)
         tr = cls(dtype=sixteen_bit(device).value if device is not None else "bf16")
-        ids, lowered = tr._lowered(graph, ctx)
-        facts = ctx.require_cost(cls.name).kernel_facts(graph, ids)
+        ids, lowered, matrix = tr._lowered(graph, ctx)
         dur = graph.tasks["dur_ns"].to_numpy()[ids]
-        matrix = np.isin(facts["kernel_class"], list(LOWERED))
         share = dur[lowered].sum() / max(dur[matrix].sum(), 1)
         if share <= 0.5:
             raise TransformError(f"autocast: not an fp32 program ({share:.0%} of the GEMM/conv/attention time is "
                                  f"fp32); try it with whatif predict -s")
         return [tr]
 
-    def _lowered(self, graph: TaskGraph, ctx: TransformContext) -> tuple[np.ndarray, np.ndarray]:
-        """The selected kernels, and per kernel: whether it is a GEMM/conv/attention kernel that
-        autocast runs in the autocast dtype (recorded in fp32 or tf32 now)."""
+    def _lowered(self, graph: TaskGraph, ctx: TransformContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The selected kernels, and per kernel: whether it is a GEMM/conv/attention kernel, and
+        whether it is one autocast runs in the autocast dtype (recorded in fp32 or tf32 now)."""
         ids = self.select(graph)
         if not len(ids):
-            return ids, np.zeros(0, dtype=bool)
+            return ids, np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
         facts = ctx.require_cost(self.name).kernel_facts(graph, ids)
-        lowered = np.isin(facts["kernel_class"], list(LOWERED)) & np.isin(facts["dtype"], ["fp32", "tf32"])
-        return ids, lowered
+        matrix = np.isin(facts["kernel_class"], list(LOWERED))
+        return ids, matrix & np.isin(facts["dtype"], ["fp32", "tf32"]), matrix
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
-        ids, lowered = self._lowered(graph, ctx)
+        ids, lowered, _ = self._lowered(graph, ctx)
         return ids[lowered]
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
         spec = str(self.dtype).lower()
         cost = ctx.require_cost(self.name)
-        ids, lowered = self._lowered(graph, ctx)
+        ids, lowered, _ = self._lowered(graph, ctx)
         if not len(ids):
             raise TransformError(f"autocast: {self.select.why_empty(graph)}")
         if not lowered.any():
