@@ -4,9 +4,9 @@ Each table (``tasks``, ``edges``, ``resources``, ``steps``) declares its columns
 whether missing values are allowed, the smallest value, the enum whose codes a column holds, and
 the table whose row ids it points into. :func:`validate` raises :class:`GraphSchemaError` naming
 the table and column at fault. Extra columns (a plugin's own state) are allowed; the declared
-optional ones (``cost_precision``, ``cost_device``, ``cost_follows``, ``cost_follows_group``, and
-the replay's ``share_ref`` and ``share_interference``: :mod:`whatif.transforms.sharing`) are
-checked when present.
+optional ones (``cost_precision``, ``cost_device``, ``cost_follows``, ``cost_follows_group``,
+``overlap``'s ``cost_beside_*``: :mod:`whatif.transforms.beside`, and the replay's ``share_ref``
+and ``share_interference``: :mod:`whatif.transforms.sharing`) are checked when present.
 
 The check runs after :func:`~whatif.depgraph.build.build_graph` and after every transform's
 ``apply`` when ``WHATIF_CHECK_SCHEMA=1`` (the test suite sets it, ``tests/conftest.py``);
@@ -66,6 +66,10 @@ PRECISION_COLUMN = "cost_precision"   # the precision specs applied to a task, "
 DEVICE_COLUMN = "cost_device"         # the GPU a task is priced on now (gpu; inserted collectives: their preset's)
 FOLLOWS_COLUMN = "cost_follows"       # a derived task's duration as this factor x the kernels it follows
 FOLLOWS_GROUP_COLUMN = "cost_follows_group"   # which kernels: those of its group; NaN: its rank and step's
+BESIDE_REGION_COLUMN = "cost_beside_region"   # the overlap region of a nano-batch kernel, follower or collective part
+BESIDE_AFTER_COLUMN = "cost_beside_after"     # a nano-batch 1 kernel's: the region whose last part it runs beside
+BESIDE_PHI_COLUMN = "cost_beside_phi"         # a nano-batch 1 kernel's interference factor at full overlap
+BESIDE_SLOWED_COLUMN = "cost_beside_slowed"   # the slowdown its duration holds now (1: lifted)
 
 TASKS = (
     Column("event", DType.INT, minimum=-1),
@@ -84,6 +88,10 @@ TASKS = (
     Column(DEVICE_COLUMN, DType.TEXT, nullable=True, required=False),
     Column(FOLLOWS_COLUMN, DType.FLOAT, nullable=True, required=False),
     Column(FOLLOWS_GROUP_COLUMN, DType.FLOAT, nullable=True, required=False),
+    Column(BESIDE_REGION_COLUMN, DType.FLOAT, nullable=True, required=False),
+    Column(BESIDE_AFTER_COLUMN, DType.FLOAT, nullable=True, required=False),
+    Column(BESIDE_PHI_COLUMN, DType.FLOAT, nullable=True, required=False),
+    Column(BESIDE_SLOWED_COLUMN, DType.FLOAT, nullable=True, required=False),
     Column("share_ref", DType.FLOAT, nullable=True, required=False),
     Column("share_interference", DType.FLOAT, nullable=True, required=False),
 )

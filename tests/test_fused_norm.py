@@ -18,10 +18,11 @@ from whatif.hardware.roofline import fixed_latency_ns
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import step_times
 from whatif.transforms.base import TransformContext, TransformError
+from whatif.transforms.beside import beside_fractions
 from whatif.transforms.edit import set_duration
 from whatif.transforms.parallel.fused_norm import absorbed_kernels, absorbed_part_ns
 from whatif.transforms.parallel.nanoflow import NANOFLOW_GEMV
-from whatif.transforms.parallel.overlap import PART_NAME, Overlap, _regions, beside_collective
+from whatif.transforms.parallel.overlap import PART_NAME, Overlap, _follows, _regions
 from whatif.transforms.parallel.sequence import SequenceParallel
 from whatif.transforms.parallel.tensor import TensorParallel
 
@@ -162,12 +163,10 @@ def test_fuse_norm_refusals(tp8, tmp_path) -> None:
 
 
 def test_nano_batches_slowed_by_their_time_beside_a_collective(tp8) -> None:
-    first, later = beside_collective(pd.DataFrame({"res": [0, 0, 1], "step": [0, 0, 0]}),
-                                     np.array([100.0, 100.0, 100.0]), np.array([50, 300, 20]), 2)
+    assert _follows(pd.DataFrame({"res": [0, 0, 1], "step": [0, 0, 0]})).tolist() == [False, True, False]
+    first, later = beside_fractions(np.array([100.0, 100.0, 100.0]), np.array([50, 300, 20]),
+                                    np.array([np.nan, 50, np.nan]))   # region 1 runs after region 0's last part
     assert first.tolist() == [0.0, 0.5, 0.0] and later.tolist() == [0.5, 1.0, 0.2]
-    first, _ = beside_collective(pd.DataFrame({"res": [0, 0], "step": [0, 0]}), np.array([100.0, 100.0]),
-                                 np.array([50, 50]), 1)
-    assert first.tolist() == [0.0, 0.0]                           # unsplit: it waits for the whole collective
     graph, ctx = tp8["eager"]
     reg = _regions(graph)
     lone, slowed = (Overlap(nano_batches=2, interference=phi).apply(graph, ctx) for phi in (1.0, 1.5))

@@ -12,10 +12,11 @@ from _llm_tracegen import llm_trace
 
 from whatif.api import analyze, make_context
 from whatif.depgraph.graph import TaskKind
-from whatif.depgraph.schema import DEVICE_COLUMN, FOLLOWS_COLUMN, FOLLOWS_GROUP_COLUMN
+from whatif.depgraph.schema import BESIDE_SLOWED_COLUMN, DEVICE_COLUMN, FOLLOWS_COLUMN
 from whatif.hardware.topology import preset
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import step_times
+from whatif.transforms.beside import lift_beside
 from whatif.transforms.optimizations.batch import Batch
 from whatif.transforms.optimizations.gpu import Gpu
 from whatif.transforms.optimizations.precision import Precision
@@ -167,28 +168,41 @@ def test_precision_and_a_plan_commute(a100_train) -> None:
     assert np.abs(kernel_ns(x) - kernel_ns(y)).max() <= 2
 
 
-def test_overlap_then_a_move_follows_its_nano_batches(a100_forward) -> None:
-    """Nano-batches 2..n of an overlap are copies of the segment's nano-batch 1: after a move they
-    keep their ratio to it. What does not commute is the interference: the share of a nano-batch
-    beside a collective part is taken on the GPU the overlap was applied on (within 5 % here)."""
+@pytest.mark.parametrize("dest", ["H100_SXM", "MI300X"])
+def test_overlap_and_a_move_commute(a100_forward, dest) -> None:
+    """The share of a nano-batch beside a collective part is re-taken at the durations a later
+    transform leaves (a move speeds the compute, not the parts): overlap then a move prices the
+    nano-batches as the move then overlap does (before 2026-11-28, evening, 2-4 % apart in step).
+    What is left: a part is priced as a share of its whole and moved with a fixed part of its own
+    (tens of ns per part)."""
     g0, ctx = a100_forward.graph, make_context(a100_forward.trace)
     plan = [TensorParallel(degree=4), Overlap(nano_batches=2)]
-    x, y = both_orders(g0, ctx, plan, "H100_SXM")
-    assert abs(step_ns(x) / step_ns(y) - 1) < 0.05
-    overlapped = g0
-    for t in plan:
-        overlapped = t.apply(overlapped, ctx)
-    moved = x
-    t0, t1 = overlapped.tasks, moved.tasks
-    later = np.flatnonzero(np.isfinite(t1[FOLLOWS_COLUMN].to_numpy(dtype=float)))
-    group = t1[FOLLOWS_GROUP_COLUMN].to_numpy(dtype=float)
-    assert len(later)
-    for task in later[:4]:
-        seg = np.flatnonzero((group == group[task]) & ~np.isfinite(t1[FOLLOWS_COLUMN].to_numpy(dtype=float)))
-        ratio_before = t0["dur_ns"].to_numpy()[task] / t0["dur_ns"].to_numpy()[seg].sum()
-        ratio_after = t1["dur_ns"].to_numpy()[task] / t1["dur_ns"].to_numpy()[seg].sum()
-        assert ratio_after == pytest.approx(ratio_before, rel=1e-3)
-        assert t1["dur_ns"].to_numpy()[task] < t0["dur_ns"].to_numpy()[task]   # the H100 is faster
+    x, y = both_orders(g0, ctx, plan, dest)
+    assert step_ns(x) / step_ns(y) - 1 == pytest.approx(0, abs=3e-4)
+    kx, ky = kernel_ns(x), kernel_ns(y)
+    assert np.abs(kx - ky).max() <= 0.002 * ky.max()
+    assert kx.sum() / ky.sum() - 1 == pytest.approx(0, abs=3e-4)
+    fx, fy = (g.tasks[FOLLOWS_COLUMN].to_numpy(dtype=float) for g in (x, y))
+    later = np.flatnonzero(np.isfinite(fx))
+    assert len(later) and np.array_equal(later, np.flatnonzero(np.isfinite(fy)))
+    assert fx[later] == pytest.approx(fy[later], rel=2e-3)
+
+
+def test_overlap_interference_is_retaken_after_a_move(a100_forward) -> None:
+    """After a move to a faster GPU the compute nano-batches shrink and the collective parts do not
+    (NVLink is priced on the topology preset): a larger share of each nano-batch runs beside a part,
+    so the nano-batches' slowdown grows; lifting it gives back the kernels' own durations."""
+    g0, ctx = a100_forward.graph, make_context(a100_forward.trace)
+    overlapped = Overlap(nano_batches=2, interference=1.5).apply(TensorParallel(degree=4).apply(g0, ctx), ctx)
+    moved = Gpu(device="H100_SXM").apply(overlapped, ctx)
+    slowed0 = overlapped.tasks[BESIDE_SLOWED_COLUMN].to_numpy(dtype=float)
+    slowed1 = moved.tasks[BESIDE_SLOWED_COLUMN].to_numpy(dtype=float)
+    hit = np.isfinite(slowed0) & (slowed0 > 1)
+    assert hit.any() and (slowed1[hit] > slowed0[hit]).all() and (slowed1[hit] <= 1.5).all()
+    bare = lift_beside(overlapped)
+    d0, d1 = overlapped.tasks["dur_ns"].to_numpy(), bare.tasks["dur_ns"].to_numpy()
+    assert (d1[hit] < d0[hit]).all() and np.array_equal(np.rint(d1[hit] * slowed0[hit]), d0[hit])
+    assert (bare.tasks[BESIDE_SLOWED_COLUMN].to_numpy(dtype=float)[hit] == 1).all()
 
 
 def test_a_pipeline_bubble_follows_later_transforms(a100_train) -> None:

@@ -24,7 +24,8 @@ from whatif.depgraph.graph import TaskGraph
 from whatif.depgraph.schema import check_schema
 from whatif.tracer.trace import Trace
 
-from .edit import applying, follow_kernels
+from .beside import lift_beside, slow_beside
+from .edit import applying, follow_kernels, outermost
 from .needs import Need
 from .placement import Placement
 
@@ -143,7 +144,9 @@ class Transform:
         (a transform applied inside another, e.g. ``reshard`` applying ``tensor_parallel``, logs
         under the outer one); then derived tasks (a pipeline bubble, an overlap's later
         nano-batches: :func:`~whatif.transforms.edit.set_follows`) follow what the transform did to
-        the kernels they derive from."""
+        the kernels they derive from. The outermost ``apply`` sees an overlap's nano-batch kernels
+        without the interference of the collective beside them and puts it back at the durations it
+        leaves (:mod:`whatif.transforms.beside`)."""
         super().__init_subclass__(**kwargs)
         inner = cls.__dict__.get("apply")
         if inner is None:
@@ -151,8 +154,10 @@ class Transform:
 
         @functools.wraps(inner)
         def apply(self: Transform, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
+            outer = outermost()
             with applying(self.name, outer_wins=True):
-                return check_schema(follow_kernels(inner(self, graph, ctx)))
+                out = inner(self, lift_beside(graph) if outer else graph, ctx)
+                return check_schema(follow_kernels(slow_beside(out) if outer else out))
 
         cls.apply = apply  # type: ignore[method-assign]
 

@@ -93,6 +93,11 @@ def applying(transform: str, *, outer_wins: bool = False) -> Iterator[None]:
         _APPLYING.reset(token)
 
 
+def outermost() -> bool:
+    """Whether no transform's ``apply`` is running (one that runs now is not inside another's)."""
+    return _APPLYING.get() is None
+
+
 def _transform_name(primitive: str, explicit: str | None = None) -> str:
     return explicit or _APPLYING.get() or primitive
 
@@ -792,10 +797,12 @@ def set_state(graph: TaskGraph, tasks: Tasks, column: str, values: Any, *, reaso
               transform: str | None = None) -> TaskGraph:
     """Record per-task state that cost models read (``cost_precision``, ``cost_device``): set
     ``column`` of ``tasks`` (sorted ids) to ``values`` (one, or one per task); other tasks keep
-    theirs (None where the column is new)."""
+    theirs (None where the column is new; NaN where it is new and ``values`` are numbers)."""
     ids = _ids(graph, tasks)
     out = graph.copy()
-    if column in out.tasks and pd.api.types.is_float_dtype(out.tasks[column].dtype):
+    if column not in out.tasks and np.asarray(values).dtype.kind in "fiu":
+        col = np.full(len(out.tasks), np.nan)
+    elif column in out.tasks and pd.api.types.is_float_dtype(out.tasks[column].dtype):
         col = out.tasks[column].to_numpy(dtype=float).copy()   # a number per task stays one
     else:
         col = out.tasks[column].to_numpy(dtype=object).copy() if column in out.tasks \

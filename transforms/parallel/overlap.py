@@ -18,9 +18,10 @@ nano-batches:
   after the last region the consumer waits for all of them;
 * concurrent compute and communication contend for SMs and memory bandwidth: each compute
   nano-batch is slowed by ``1 + (φ − 1)·f``, f the fraction of its time beside a collective part
-  (:func:`beside_collective`: nano-batch j+1 beside part j of its own region, nano-batch 1 of a
-  segment beside the previous region's last part, ``f = min(1, part/nano-batch)``), and every
-  collective part by φ: the **interference factor** φ ≥ 1. Default: φ
+  (:mod:`~whatif.transforms.beside`: nano-batch j+1 beside part j of its own region, nano-batch 1
+  of a segment beside the previous region's last part, ``f = min(1, part/nano-batch)``, kept at the
+  durations a later transform leaves), and every collective part by φ: the **interference factor**
+  φ ≥ 1. Default: φ
   calibrated from the trace (:func:`~whatif.transforms.sharing.calibrated_interference`: median
   slowdown of kernels that overlap a collective vs the same kernels alone) when it has such pairs,
   else ``DEFAULT_INTERFERENCE`` (1.15, an assumption: BACKGROUND's "more than the max, less than the
@@ -54,6 +55,7 @@ from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
 from whatif.depgraph.schema import DEVICE_COLUMN
 
 from ..base import Transform, TransformContext, TransformError
+from ..beside import set_beside
 from ..edit import add_edges, remove, remove_edges, set_duration, set_follows, splice_tasks
 from ..needs import Need
 from ..registry import register
@@ -156,26 +158,6 @@ def _follows(reg: pd.DataFrame) -> np.ndarray:
     step (its segment starts at that region's consumer)."""
     res, step = reg["res"].to_numpy(), reg["step"].to_numpy()
     return np.r_[False, (res[1:] == res[:-1]) & (step[1:] == step[:-1])]
-
-
-def beside_collective(reg: pd.DataFrame, seg_ns: np.ndarray, part_ns: np.ndarray,
-                      nano_batches: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per region: the fraction of its segment's nano-batch 1 that runs beside the previous region's
-    last collective part (0 for a step's first region and without splitting: it waits for the whole
-    collective), and of each of its nano-batches 2..n beside its own collective part j−1:
-    ``min(1, part / nano-batch)``.
-
-    >>> reg = pd.DataFrame({"res": [0, 0], "step": [0, 0]})
-    >>> beside_collective(reg, np.array([100.0, 100.0]), np.array([50, 300]), 2)
-    (array([0. , 0.5]), array([0.5, 1. ]))
-    """
-    seg = np.maximum(np.asarray(seg_ns, dtype=float), 1.0)
-    part = np.asarray(part_ns, dtype=float)
-    later = np.minimum(1.0, part / seg)
-    follows = _follows(reg) & (nano_batches > 1)
-    first = np.zeros(len(seg))
-    first[follows] = np.minimum(1.0, part[np.flatnonzero(follows) - 1] / seg[follows])
-    return first, later
 
 
 def _regions(graph: TaskGraph) -> pd.DataFrame:
@@ -329,28 +311,18 @@ class Overlap(OnTopology, Transform):
                                        self.topology)
                     for c, message in zip(comms.tolist(), collective_messages(graph, comms))]
         parts = np.asarray([int(round(d * phi_comm)) + int(a) for d, a in zip(comm_dur, absorbed_ns)], dtype=np.int64)
-        first, later = beside_collective(reg, per_seg, parts, n)
-        factor = np.ones(len(seg_all))
-        for w, f in zip(where, first):
-            factor[w] = 1 + (phi - 1) * f
-        g = set_duration(graph, seg_all, np.rint(nano * factor).astype(np.int64),
-                         reason=f"{self.label()}: nano-batch 1 at 1/{n} of the activations, slowed where it runs "
-                                f"beside the previous region's last collective part")
+        g = set_duration(graph, seg_all, nano, reason=f"{self.label()}: nano-batch 1 at 1/{n} of the activations")
         g = record_split(g, seg_all, WorkShare(flops=1 / n, activation_bytes=1 / n, weight_bytes=1.0,
                                                output_bytes=1 / n, rows=1 / n),
                          reason=f"{self.label()}: nano-batch 1 does 1/{n} of the segment's rows")
-        g, nano_ids = splice_tasks(g, anchors=reg["producer"].tolist(),
-                                   durs=[[int(round(s * (1 + (phi - 1) * f)))] * (n - 1)
-                                         for s, f in zip(per_seg, later)],
+        g, nano_ids = splice_tasks(g, anchors=reg["producer"].tolist(), durs=[[int(s)] * (n - 1) for s in per_seg],
                                    name=f"nano-batch compute (x{phi:.2f} interference at full overlap)",
                                    deps=[[-1] * (n - 1)] * len(reg),
                                    reason=f"{self.label()}: nano-batches 2..{n} of each segment")
         if n > 1:   # later nano-batches follow what later transforms do to nano-batch 1 (a GPU move)
-            later_of = [(1 + (phi - 1) * fl) / (1 + (phi - 1) * ff) for ff, fl in zip(first, later)]
-            g = set_follows(g, np.concatenate(nano_ids), np.repeat(later_of, n - 1),
+            g = set_follows(g, np.concatenate(nano_ids), 1.0,
                             of=[seg for seg in reg["segment"] for _ in range(n - 1)],
-                            reason=f"{self.label()}: nano-batches 2..{n} at nano-batch 1's time, at their own "
-                                   f"interference")
+                            reason=f"{self.label()}: nano-batches 2..{n} at nano-batch 1's time")
         order = np.argsort(comms)
         g = set_duration(g, comms[order], parts[order], reason=f"{self.label()}: collective part 1/{n}")
         comm_ids = [np.empty(0, dtype=np.int64)] * len(reg)
@@ -371,4 +343,9 @@ class Overlap(OnTopology, Transform):
             for j in range(n - 1):   # nano-batch j+2 of the next segment waits for collective part j+2
                 src.append(int(comm_ids[i][j]))
                 dst.append(int(nano_ids[i + 1][j]) if nxt else int(reg["consumer"].to_numpy()[i]))
-        return add_edges(g, src, dst, kind=EdgeKind.FLOW, reason=f"{self.label()}: nano-batch data dependencies")
+        g = add_edges(g, src, dst, kind=EdgeKind.FLOW, reason=f"{self.label()}: nano-batch data dependencies")
+        after = np.where(follows & (n > 1), np.arange(len(reg)) - 1, -1)
+        return set_beside(g, segments=list(reg["segment"]), followers=nano_ids,
+                          parts=[np.r_[c, ids] for c, ids in zip(comms.tolist(), comm_ids)], after=after.tolist(),
+                          phi=phi, reason=f"{self.label()}: compute nano-batches slowed x{phi:.2f} at full overlap "
+                                          f"with a collective part, by the fraction of their time beside one")
