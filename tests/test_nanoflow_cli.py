@@ -14,6 +14,7 @@ from _llm_tracegen import llm_trace
 from whatif.api import NanoFlowOptions, analyze, nanoflow
 from whatif.cli import main
 from whatif.core.errors import WhatifError
+from whatif.predictors.steps import StepOptions
 
 TP8 = 'name = "tp8"\n[[transform]]\nname = "tensor_parallel"\ndegree = 8\ntopology = "dgx_a100"\n'
 
@@ -104,3 +105,22 @@ def test_every_transform_with_a_topology_reports_it() -> None:
             assert not issubclass(cls, OnTopology), name
     assert {"tensor_parallel", "pipeline_parallel", "data_parallel", "sequence_parallel", "overlap",
             "reshard"} <= set(priced)
+
+
+def test_the_warm_up_step_is_left_out_unless_counted(tmp_path: Path, capsys) -> None:
+    """Like every mean in whatif, the iteration NanoFlow is searched on leaves out the warm-up step
+    (here a prefill of 1,024 tokens before two decode steps) unless --include-warmup counts it."""
+    trace = llm_trace(tmp_path / "warm.json.gz", batch=64, kv_tokens=1024, layers=2, steps=3,
+                      phases=("prefill", "decode", "decode"), device="A100_SXM_80GB",
+                      gpu_name="NVIDIA A100-SXM4-80GB")
+    scenario = tmp_path / "tp8.toml"
+    scenario.write_text(TP8)
+    default, _ = nanoflow(trace, scenario)
+    counted, _ = nanoflow(analyze(trace), scenario, steps=StepOptions(include_warmup=True))
+    decode_only = 2 * default.gemm_ns
+    assert counted.gemm_ns > decode_only                  # the prefill's GEMMs now in the mean of three
+    assert any("left out: step 0 (warm-up)" in a for a in default.assumptions)
+    assert not any("left out" in a for a in counted.assumptions)
+    js = tmp_path / "warm.json"
+    assert main(["nanoflow", str(trace), "-s", str(scenario), "--include-warmup", "-q", "--json", str(js)]) == 0
+    assert json.loads(js.read_text())["gemm_ns"] == counted.gemm_ns

@@ -20,6 +20,7 @@ from whatif.core.errors import WhatifError
 from whatif.documents import NanoFlowDocument, NanoFlowPartition
 from whatif.hardware.topology import TopologyName
 from whatif.predictors.cost_models import CostModelName
+from whatif.predictors.steps import StepOptions, step_exclusions
 from whatif.transforms.parallel.nanoflow import (
     NANOFLOW_GEMV,
     NANOFLOW_NETWORK,
@@ -92,9 +93,21 @@ def nanoflow_document(search: NanoFlowSearch, source: str, scenario: str, topolo
         speedup=round(search.speedup, 6), assumptions=list(search.assumptions))
 
 
+def counted_step_numbers(analysis: Analysis, steps: StepOptions) -> tuple[list[int], list[str]]:
+    """The step numbers that count under ``steps`` (on any rank) and, per step left out, why
+    (``step 0 (warm-up)``)."""
+    g = analysis.graph
+    reasons = step_exclusions(g)
+    numbers = g.steps["step"].astype(int).tolist()
+    counted = sorted({n for n, r in zip(numbers, reasons) if steps.counts(r)})
+    left = sorted({(n, r.value) for n, r in zip(numbers, reasons)
+                   if r is not None and not steps.counts(r) and n not in counted})
+    return counted, [f"step {n} ({why})" for n, why in left]
+
+
 def nanoflow(path_or_analysis: str | Path | Analysis, scenario: Scenario | str | Path | None = None,
-             options: NanoFlowOptions | None = None, *,
-             cost_model: str | Enum = CostModelName.TRACE) -> tuple[NanoFlowDocument, NanoFlowSearch]:
+             options: NanoFlowOptions | None = None, *, cost_model: str | Enum = CostModelName.TRACE,
+             steps: StepOptions | None = None) -> tuple[NanoFlowDocument, NanoFlowSearch]:
     """NanoFlow's schedule of a trace's iterations, after ``scenario``'s transforms when given.
 
     Parameters
@@ -104,6 +117,8 @@ def nanoflow(path_or_analysis: str | Path | Analysis, scenario: Scenario | str |
         GPU's trace.
     options : the collectives' topology (default: the scenario's) and the interference curves.
     cost_model : what prices the transforms and the nano-batches, unless the scenario names one.
+    steps : which steps' mean iteration is searched (default: the analysis' options; for a path,
+        the warm-up step and a partial last step are left out).
 
     Returns
     -------
@@ -123,6 +138,10 @@ def nanoflow(path_or_analysis: str | Path | Analysis, scenario: Scenario | str |
     ctx = make_context(base.trace, model, sc.collective_points if sc is not None else ())
     graphs = sc.apply(base.graph, ctx) if sc is not None else []
     memory, comm = options.curves()
+    counted, left_out = counted_step_numbers(base, steps or base.options)
     search = search_nanoflow(graphs[-1] if graphs else base.graph, ctx, topology=topology,
-                             memory_curve=memory, comm_curve=comm)
+                             memory_curve=memory, comm_curve=comm, steps=counted if left_out else None)
+    if left_out:
+        search.assumptions.append(f"the mean iteration of {len(counted)} steps; left out: {', '.join(left_out)} "
+                                  f"(--include-warmup / --include-partial count them)")
     return nanoflow_document(search, base.trace.source, sc.name if sc is not None else "", topology, options), search

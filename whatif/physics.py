@@ -20,9 +20,12 @@ completion may move the wrong way, and that is what these relations test.
   ``1 / (1 - g / 2)``, ``g`` the step's GPU-busy fraction.
 * ``composition``: two scalings of disjoint kinds give the same steps in either order.
 * ``device_commutes``: another GPU then twice the batch gives the same steps as twice the batch
-  then the GPU (0.1 %), and likewise int8 (W8A8) quantization: each kernel is priced on the
-  recorded kernel's work, rate and waves, at its dtypes now, in both orders. Applies where the
-  trace's GPU is in the catalog; the destination is an H100 (an A100 for an H100 trace).
+  then the GPU (0.1 %), and likewise int8 (W8A8) quantization, and tensor parallelism over 2
+  GPUs with its collectives overlapped in 2 nano-batches (where the trace's blocks can be
+  sharded): each kernel is priced on the recorded kernel's work, rate and waves, at its dtypes
+  now, and a nano-batch's share beside a collective part is re-taken after the move, in both
+  orders. Applies where the trace's GPU is in the catalog; the destination is an H100 (an A100
+  for an H100 trace).
 
 >>> from whatif.api import analyze
 >>> results = check(analyze("sample_traces/llm_serve"))
@@ -46,6 +49,8 @@ from whatif.transforms.generic import Scale
 from whatif.transforms.optimizations.batch import Batch
 from whatif.transforms.optimizations.gpu import Gpu
 from whatif.transforms.optimizations.precision import Precision
+from whatif.transforms.parallel.overlap import Overlap
+from whatif.transforms.parallel.tensor import TensorParallel
 from whatif.transforms.scenario import Scenario
 from whatif.transforms.select import Selector
 
@@ -229,11 +234,14 @@ def _device_commutes(trial: _Trial, label: list[str]) -> RelationResult:
                               "needs kernels and a GPU of the catalog ('whatif devices')")
     dest = "A100_SXM_80GB" if recorded.name.startswith("H100") else "H100_SXM"
     worst: tuple[float, str, int, np.ndarray, np.ndarray] | None = None
-    for name, change in (("batch x2", Batch(factor=2.0)), ("precision(int8)", Precision(dtype="int8"))):
+    changes: tuple[tuple[str, list[Transform]], ...] = (
+        ("batch x2", [Batch(factor=2.0)]), ("precision(int8)", [Precision(dtype="int8")]),
+        ("tensor_parallel(2) + overlap(2)", [TensorParallel(degree=2), Overlap(nano_batches=2)]))
+    for name, change in changes:
         try:
-            a = trial.steps([Gpu(device=dest), change])
-            b = trial.steps([change, Gpu(device=dest)])
-        except TransformError:   # a GPU without an int8 rate (GP100)
+            a = trial.steps([Gpu(device=dest), *change])
+            b = trial.steps([*change, Gpu(device=dest)])
+        except TransformError:   # a GPU without an int8 rate (GP100), no block to shard
             continue
         off = np.abs(a - b) / np.maximum(np.minimum(a, b), 1)
         if len(off) and (worst is None or off.max() > worst[0]):
@@ -243,7 +251,8 @@ def _device_commutes(trial: _Trial, label: list[str]) -> RelationResult:
     off, name, i, a, b = worst
     holds = off <= MONOTONIC_TOLERANCE
     return RelationResult(Relation.DEVICE_COMMUTES, holds, True,
-                          f"gpu({dest}) commutes with batch x2 and precision(int8) (worst {off * 100:.3f} %, "
+                          f"gpu({dest}) commutes with batch x2, precision(int8) and tensor_parallel(2) + "
+                          f"overlap(2) where they apply (worst {off * 100:.3f} %, "
                           f"{name})" if holds else
                           f"order matters: gpu({dest}) and {name}, {label[i]} {a[i] / 1e6:.3f} (gpu first) vs "
                           f"{b[i] / 1e6:.3f} ms ({off * 100:.2f} %)")

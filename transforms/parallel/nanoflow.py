@@ -43,6 +43,7 @@ overlapped schedule.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -161,9 +162,11 @@ class NanoFlowSearch:
         return self.sequential_ns / self.best["iteration_ns"]
 
 
-def _parts(graph: TaskGraph, ctx: TransformContext, n: int, topology: str) -> pd.DataFrame:
-    """Per step: GEMM, memory-bound kernel and collective time (ns) at n nano-batches, each
-    collective as n parts priced on ``topology`` (each pays the latency again)."""
+def _parts(graph: TaskGraph, ctx: TransformContext, n: int, topology: str,
+           steps: Sequence[int] | None = None) -> pd.DataFrame:
+    """Per step (those of ``steps``; None: all): GEMM, memory-bound kernel and collective time (ns)
+    at n nano-batches, each collective as n parts priced on ``topology`` (each pays the latency
+    again)."""
     t = graph.tasks
     kinds = t["kind"].to_numpy()
     kern = np.flatnonzero(kinds == int(TaskKind.KERNEL))
@@ -176,12 +179,13 @@ def _parts(graph: TaskGraph, ctx: TransformContext, n: int, topology: str) -> pd
         c_dur = np.array([n * collective_part_ns(ctx, NAME, int(d), m, n, topology)
                           for d, m in zip(c_dur.tolist(), collective_messages(graph, comm))], dtype=float)
     gemm = np.isin(cls, [KernelClass.GEMM.value, KernelClass.CONV.value])
-    steps = t["step"].to_numpy()
-    frame = pd.DataFrame({"step": np.r_[steps[kern], steps[comm]],
+    step = t["step"].to_numpy()
+    frame = pd.DataFrame({"step": np.r_[step[kern], step[comm]],
                           "gemm_ns": np.r_[np.where(gemm, k_dur, 0.0), np.zeros(len(comm))],
                           "memory_ns": np.r_[np.where(gemm, 0.0, k_dur), np.zeros(len(comm))],
                           "comm_ns": np.r_[np.zeros(len(kern)), c_dur]})
-    return frame[frame["step"] >= 0].groupby("step").sum()
+    kept = frame["step"] >= 0 if steps is None else frame["step"].isin(list(steps))
+    return frame[kept].groupby("step").sum()
 
 
 def layers_per_step(graph: TaskGraph) -> int:
@@ -207,7 +211,8 @@ def _shares(with_comm: bool) -> np.ndarray:
 
 def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, topology: str = "dgx_h100",
                     memory_curve: ShareCurve = NANOFLOW_GEMV, comm_curve: ShareCurve = NANOFLOW_NETWORK,
-                    nano_batches: tuple[int, ...] = NANO_BATCHES) -> NanoFlowSearch:
+                    nano_batches: tuple[int, ...] = NANO_BATCHES,
+                    steps: Sequence[int] | None = None) -> NanoFlowSearch:
     """Best nano-batch count and GPU partition for ``graph``'s iterations (see the module docstring).
 
     Parameters
@@ -216,21 +221,25 @@ def search_nanoflow(graph: TaskGraph, ctx: TransformContext, *, topology: str = 
         collective's n parts is priced on it and pays its latency again.
     memory_curve, comm_curve : speed of memory-bound kernels and of collectives on a share of the
         GPU beside the GEMMs (default: NanoFlow's A100 measurements).
+    steps : the step numbers whose mean iteration is searched (None: every step; ``whatif
+        nanoflow`` leaves out the warm-up and a partial last step, :mod:`whatif.core.steps`).
 
     Raises
     ------
     TransformError
-        When the trace's steps have no GEMM kernels, or ``nano_batches`` is empty.
+        When the trace's steps (those of ``steps``) have no GEMM kernels, or ``nano_batches`` is
+        empty.
     """
     if not nano_batches:
         raise TransformError(f"{NAME}: no nano-batch count to try")
-    base = _parts(graph, ctx, 1, topology)
+    base = _parts(graph, ctx, 1, topology, steps)
     if base.empty or not (base["gemm_ns"] > 0).any():
-        raise TransformError(f"{NAME}: the trace's steps have no GEMM kernels to overlap")
+        raise TransformError(f"{NAME}: the trace's steps{'' if steps is None else ' that count'} have no GEMM "
+                             f"kernels to overlap")
     layers = layers_per_step(graph)
     frames = []
     for n in nano_batches:
-        p = base if n == 1 else _parts(graph, ctx, n, topology)
+        p = base if n == 1 else _parts(graph, ctx, n, topology, steps)
         gemm, mem, comm = (float(p[c].mean()) for c in ("gemm_ns", "memory_ns", "comm_ns"))
         shares = _shares(comm > 0)
         comm_x = np.zeros(len(shares))

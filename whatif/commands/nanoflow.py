@@ -14,6 +14,7 @@ from rich.console import Console
 from whatif.documents import NanoFlowDocument
 from whatif.nanoflow import NanoFlowOptions, nanoflow
 from whatif.predictors.cost_models import CostConfig
+from whatif.predictors.steps import StepOptions
 from whatif.summary import console, ms_text
 from whatif.tracer.readers import accepted
 
@@ -30,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_output_arguments(parser, "every partition tried (nano-batches, shares, time)", "whatif.nanoflow")
     add_dataclass_arguments(parser, NanoFlowOptions)
     add_dataclass_arguments(parser, CostConfig)
+    add_dataclass_arguments(parser, StepOptions)
     add_device_spec_argument(parser)
 
 
@@ -38,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     options = from_args(NanoFlowOptions, args)
     cost = from_args(CostConfig, args)
     with working(f"whatif nanoflow: reading {args.path}", args.quiet):
-        doc, search = nanoflow(args.path, args.scenario, options, cost_model=cost.cost_model)
+        doc, search = nanoflow(args.path, args.scenario, options, cost_model=cost.cost_model,
+                               steps=from_args(StepOptions, args))
     written = write_outputs(args, doc, search.table)
     if not args.quiet:
         render_nanoflow(doc, console())
