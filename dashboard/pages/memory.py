@@ -79,7 +79,7 @@ def body(run_id: str | None, key: str | None) -> html.Div:
         return html.Div(NO_RECORDS, className="note", id="mem-empty")
     device = next((d for d in doc.devices if device_key(d) == key), doc.devices[0])
     ops = [{"held at peak MiB": mib(o.held_at_peak_bytes), "allocated MiB": mib(o.allocated_bytes),
-            "freed MiB": mib(o.freed_bytes), "net MiB": mib(o.net_bytes), "allocations": o.allocations,
+            "freed MiB": mib(o.freed_bytes), "allocated − freed MiB": mib(o.net_bytes), "allocations": o.allocations,
             "op": short_name(o.op, 70)}
            for o in doc.ops if o.rank == device.rank and o.device == device.device]
     steps = [{"step": step_label(s.step, s.excluded), "peak MiB": mib(s.peak_allocated_bytes),

@@ -83,7 +83,7 @@ def render_memory(doc: MemoryDocument, out: Console, steps: bool = False, top: i
         note = (f"; {mib_text(held)} MiB of the peak was allocated before the recording" if held is not None else
                 "; the records carry no addresses: nothing is matched to the peak")
         print_table(out, f"rank {d.rank} {d.device}: operators by memory held at the peak (MiB){note}",
-               ["held at peak", "allocated", "freed", "net", "allocations", "op"],
+               ["held at peak", "allocated", "freed", "allocated − freed", "allocations", "op"],
                [[mib_text(o.held_at_peak_bytes) if o.held_at_peak_bytes is not None else "-",
                  mib_text(o.allocated_bytes), mib_text(o.freed_bytes), mib_text(o.net_bytes), f"{o.allocations:,}",
                  short_name(o.op, 60)] for o in ops], text={5})
