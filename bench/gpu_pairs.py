@@ -51,7 +51,7 @@ STEP_PAIRS = (
     StepPair("p1_precision", "fp32 -> bf16 autocast", "p1_precision.toml"),
     StepPair("p2_cuda_graph", "eager -> CUDA graph", "p2_cuda_graph.toml"),
     StepPair("p3_compile", "eager -> torch.compile", "p3_compile.toml"),
-    StepPair("p4_sdpa", "SDPA math -> flash", "p4_sdpa_bound.toml", "bound"),
+    StepPair("p4_sdpa", "SDPA math -> flash (`flash_attention`)", "p4_sdpa.toml"),
     StepPair("p5_dataloader", "num_workers 0 -> 4", "p5_dataloader.toml"),
     StepPair("p6_batch", "decode batch 8 -> 32", "p6_batch.toml"),
     StepPair("p9_tp", "TP-1 -> TP-2 emulated", "p9_tp.toml"),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 import numpy as np
@@ -443,6 +443,32 @@ def op_flops_bytes(op_name: str, input_dims: Sequence | None,
         return _dispatch(op, args, input_dims, input_types, list(concrete_inputs or ()))
     except (ValueError, TypeError, IndexError, ZeroDivisionError):
         return None
+
+
+def fused_attention_flops_bytes(op_name: str, input_dims: Sequence | None, input_types: Sequence | None = None,
+                                concrete_inputs: Sequence | None = None
+                                ) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """(FLOPs, bytes) of one fused (flash) attention kernel for the forward attention op's call,
+    forward and backward: the forward as :func:`op_flops_bytes` prices it, the backward as it prices
+    the matching ``*_backward`` op (2.5× the FLOPs). None for a backward op, any other op, or
+    shapes that do not say.
+
+    >>> sdpa = [[1, 8, 128, 64]] * 3 + [[], [], [], [], []]
+    >>> fused_attention_flops_bytes("aten::scaled_dot_product_attention", sdpa, ["c10::BFloat16"] * 3,
+    ...                             ["", "", "", "", "0.", "True", "", "False"])
+    ((16908288, 524288), (42270720, 917504))
+    """
+    spec = _ATTENTION_OPS.get(op_key(op_name))
+    if spec is None or spec.backward or not input_dims:
+        return None
+    try:
+        args = _tensors(input_dims, input_types)
+        concrete = list(concrete_inputs or ())
+        forward = _attention(spec, args, input_dims, concrete)
+        backward = _attention(replace(spec, backward=True), args, input_dims, concrete)
+    except (ValueError, TypeError, IndexError, ZeroDivisionError):
+        return None
+    return None if forward is None or backward is None else (forward, backward)
 
 
 GEMM_TILE = 128

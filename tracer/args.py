@@ -92,6 +92,10 @@ class Arg(Enum):
     WAIT_ON_EVENT_CORRELATION = ArgSpec("wait_on_event_correlation", ("wait_on_cuda_event_record_corr_id",), (int,))
     SYNC_DEVICE = ArgSpec("sync_device", ("device",), (int,))
     SYNC_STREAM = ArgSpec("sync_stream", ("stream",), (int,))
+    # autograd: an op's sequence number (peeked at record time: the number the next node it creates
+    # gets) and its thread's id; a backward node carries the forward op's pair (torch/csrc/profiler)
+    SEQUENCE_NUMBER = ArgSpec("sequence_number", ("Sequence number",), (int,))
+    FWD_THREAD_ID = ArgSpec("fwd_thread_id", ("Fwd thread id",), (int,))
 
     @property
     def spec(self) -> ArgSpec:

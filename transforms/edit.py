@@ -804,6 +804,9 @@ def set_state(graph: TaskGraph, tasks: Tasks, column: str, values: Any, *, reaso
         col = np.full(len(out.tasks), np.nan)
     elif column in out.tasks and pd.api.types.is_float_dtype(out.tasks[column].dtype):
         col = out.tasks[column].to_numpy(dtype=float).copy()   # a number per task stays one
+    elif column in out.tasks and pd.api.types.is_integer_dtype(out.tasks[column].dtype) \
+            and np.asarray(values).dtype.kind in "iu":
+        col = out.tasks[column].to_numpy().copy()   # an integer column (a task's trace row) stays one
     else:
         col = out.tasks[column].to_numpy(dtype=object).copy() if column in out.tasks \
             else np.full(len(out.tasks), None, dtype=object)
