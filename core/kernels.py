@@ -445,6 +445,12 @@ def op_flops_bytes(op_name: str, input_dims: Sequence | None,
         return None
 
 
+FLASH_KERNEL_NAMES = {False: "flash_fwd_kernel<{dtype}> (whatif: fused attention)",
+                      True: "flash_bwd_kernel<{dtype}> (whatif: fused attention backward)"}
+"""The names of the forward and backward kernels a transform makes of unfused attention
+(``flash_attention``): attention kernels to :func:`classify_kernel`, their dtype in the name."""
+
+
 def fused_attention_flops_bytes(op_name: str, input_dims: Sequence | None, input_types: Sequence | None = None,
                                 concrete_inputs: Sequence | None = None
                                 ) -> tuple[tuple[int, int], tuple[int, int]] | None:

@@ -61,7 +61,14 @@ import numpy as np
 import pandas as pd
 
 from whatif.core.dtypes import DType, compute_dtype
-from whatif.core.kernels import KernelClass, fused_attention_flops_bytes, is_attention_backward, op_flops_bytes, op_key
+from whatif.core.kernels import (
+    FLASH_KERNEL_NAMES,
+    KernelClass,
+    fused_attention_flops_bytes,
+    is_attention_backward,
+    op_flops_bytes,
+    op_key,
+)
 from whatif.depgraph.graph import GPU_WORK_KINDS, EdgeKind, TaskGraph, TaskKind, kind_codes
 from whatif.depgraph.schema import DEVICE_COLUMN
 from whatif.hardware.devices import Device, find_device
@@ -83,8 +90,6 @@ BACKWARD_NODE = "autograd::engine::evaluate_function: "
 FLASH_FORWARD_EVENTS = 20
 FLASH_BACKWARD_EVENTS = 33
 DEFAULT_EFFICIENCY = 0.35
-FORWARD_NAME = "flash_fwd_kernel<{dtype}> (whatif: fused attention)"
-BACKWARD_NAME = "flash_bwd_kernel<{dtype}> (whatif: fused attention backward)"
 FLASH_OPS = {False: "aten::_scaled_dot_product_flash_attention",
              True: "aten::_scaled_dot_product_flash_attention_backward"}
 _CPU_EVENTS = (int(EventKind.CPU_OP), int(EventKind.RUNTIME), int(EventKind.DRIVER))
@@ -354,7 +359,7 @@ class FlashAttention(Transform):
                 assert on is not None, moved   # a gpu move is to a catalog GPU
                 ideal = achievable_time_ns(a.flops[i], a.bytes[i], on, a.dtype, KernelClass.ATTENTION)
                 cpu = p.ns_per_event * (FLASH_BACKWARD_EVENTS if backward else FLASH_FORWARD_EVENTS)
-                name = (BACKWARD_NAME if backward else FORWARD_NAME).format(dtype=a.dtype.value)
+                name = FLASH_KERNEL_NAMES[backward].format(dtype=a.dtype.value)
                 passes.append((p, fixed_latency_ns(on) + ideal / (e_bwd if backward else e_fwd), int(round(cpu)),
                                backward, name))
         n_bwd = sum(1 for p in passes if p[3])
