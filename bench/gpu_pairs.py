@@ -30,6 +30,15 @@ import pandas as pd
 
 from whatif.api import analyze, predict
 from whatif.depgraph.graph import TaskGraph, TaskKind
+from whatif.hardware.devices import find_device
+from whatif.transforms.optimizations.flash_attention import (
+    FlashAttention,
+    calibrated_efficiency,
+    dispatch_ns_per_event,
+    find_unfused,
+)
+from whatif.transforms.optimizations.gpu import Gpu
+from whatif.transforms.scenario import Scenario
 from whatif.transforms.select import kernel_classes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,6 +122,41 @@ def precision_classes(before: Path, after: Path) -> pd.DataFrame:
     return pd.DataFrame({"before": class_ms(b.graph, b.steps), "autocast": class_ms(auto.graph, auto.steps),
                          "converted": class_ms(converted.graph, converted.steps),
                          "after": class_ms(a.graph, a.steps)}).fillna(0.0)
+
+
+def flash_classes(before: Path, after: Path) -> pd.DataFrame:
+    """p4 per kernel class: GPU ms per counted step before, predicted by ``flash_attention``, and after."""
+    b, a = analyze(before), analyze(after)
+    pred = predict(b, [SCENARIOS / "p4_sdpa.toml"]).scenarios[0]
+    return pd.DataFrame({"before": class_ms(b.graph, b.steps), "flash_attention": class_ms(pred.graph, pred.steps),
+                         "after": class_ms(a.graph, a.steps)}).fillna(0.0)
+
+
+def flash_details(before: Path, after: Path) -> None:
+    """p4: what ``flash_attention`` read (events and CPU time per event of the calls it replaces,
+    the efficiency the after recording's own flash kernels reach) and whether it commutes with a
+    GPU move (kernel ms per counted step, flash then gpu / gpu then flash - 1)."""
+    b, a = analyze(before), analyze(after)
+    calls = find_unfused(b.graph)
+    for side in ("forward", "backward"):
+        passes = [getattr(c, side) for c in calls if getattr(c, side) is not None]
+        events = sorted({p.events for p in passes})
+        us = [p.ns_per_event / 1e3 for p in passes]
+        median = dispatch_ns_per_event(calls)[side == "backward"] / 1e3
+        print(f"p4 {side}: {len(passes)} calls, {events[0]}-{events[-1]} events each, "
+              f"{min(us):.1f}-{max(us):.1f} us of CPU per event (median {median:.2f})")
+    adds = [np.median(ev["dur_ns"].to_numpy()[(ev["name"].astype(str) == "aten::add").to_numpy()]) / 1e3
+            for ev in (b.trace.events, a.trace.events)]
+    print(f"p4 hosts: aten::add {adds[0]:.1f} us median before, {adds[1]:.1f} us after")
+    fwd, bwd, n_fwd, n_bwd = calibrated_efficiency(a.graph, find_device(a.trace.ranks[0].gpu_name))
+    print(f"p4 after's own flash kernels reach e = {fwd:.2f} forward ({n_fwd} ops), {bwd:.2f} backward ({n_bwd} ops)")
+    for device in ("H100_SXM", "A100_SXM_80GB", "MI300X"):
+        flash_first, move_first = predict(b, [
+            Scenario(name="flash then gpu", transforms=[FlashAttention(), Gpu(device=device)]),
+            Scenario(name="gpu then flash", transforms=[Gpu(device=device), FlashAttention()])]).scenarios
+        ratio = kernel_busy_ms(flash_first.graph, flash_first.steps) / kernel_busy_ms(move_first.graph,
+                                                                                       move_first.steps)
+        print(f"p4 on {device}: flash_attention then gpu / gpu then flash_attention, kernels {ratio - 1:+.1%}")
 
 
 def step_row(pair: StepPair, before: Path, after: Path, rnd: int) -> StepRow:
@@ -217,6 +261,16 @@ def main() -> int:
     converted = predict(b, [SCENARIOS / "p1_precision_converted.toml"]).scenarios[0]
     step_ms = median_counted_ms(converted.steps, "predicted_ns")
     print(f"p1 step as a converted model (`precision dtype=bf16`): {step_ms:.3f} ms")
+    print("\np4 (SDPA math -> flash) per kernel class, GPU ms per counted step, round 1: predicted by "
+          "`flash_attention`")
+    classes = flash_classes(PAIRS_DIR / "p4_sdpa-before-r1", PAIRS_DIR / "p4_sdpa-after-r1")
+    print(pd.concat([classes, classes.sum().to_frame("total").T]).to_string(float_format=lambda x: f"{x:.3f}"))
+    flash_details(PAIRS_DIR / "p4_sdpa-before-r1", PAIRS_DIR / "p4_sdpa-after-r1")
+    p4 = next(r for r in rows if r.pair == "p4_sdpa" and r.round == 1)
+    logged = [log_step_ms(PAIRS_DIR / f"p4_sdpa-{side}-r{rnd}") for rnd in (1, 2) for side in ("before", "after")]
+    print(f"p4 step after / before: predicted {p4.predicted_ms / p4.before_ms:.3f}; measured in the traces "
+          f"{p4.after_ms / p4.before_ms:.3f} (round 1); in the program logs {logged[1] / logged[0]:.3f} (round 1), "
+          f"{logged[3] / logged[2]:.3f} (round 2)")
     print("\nServing pairs (whatif serve on the before trace vs the example's own log)")
     print(f"{'pair':15} {'rnd':>3} {'metric':15} {'before':>9} {'after':>9} {'predicted':>9} {'error':>8} "
           f"{'unchanged':>9} {'beats':>5}")

@@ -39,8 +39,9 @@ kernel's launch) lasts what the flash op costs the CPU. Work outside the call is
   pessimistic; pass ``efficiency`` or a trace with flash kernels.
 
 **CPU time of the flash op**: ``r · n``, with ``r`` the CPU time per recorded event (ops and
-runtime calls) of the unfused call being replaced (its span over its event count: the host's
-speed at dispatching an op, measured where it is replaced) and ``n`` the events PyTorch's flash
+runtime calls) of the unfused calls being replaced (each call's span over its event count, the
+median over the calls, forward and backward apart: the host's speed at dispatching an op, measured
+where it is replaced) and ``n`` the events PyTorch's flash
 path records (``FLASH_FORWARD_EVENTS`` = 20: the SDPA op, ``_scaled_dot_product_flash_attention``,
 ``_flash_attention_forward``, transposes, output/LSE allocations, ``cudaFuncSetAttribute`` and the
 launch; ``FLASH_BACKWARD_EVENTS`` = 33 for the backward node; counted in PyTorch 2.11's flash
@@ -302,6 +303,15 @@ def calibrated_efficiency(graph: TaskGraph, device: Device) -> tuple[float | Non
     return fwd, bwd, len(share[False]), len(share[True])
 
 
+def dispatch_ns_per_event(calls: list[UnfusedAttention]) -> dict[bool, float]:
+    """The host's CPU time per recorded event of the calls being replaced, forward (False) and
+    backward (True): the median over the calls (one call can hold a one-off stall, such as the
+    first step's library initialization), the forward's where no call has a backward."""
+    fwd = float(np.median([a.forward.ns_per_event for a in calls]))
+    bwd = [a.backward.ns_per_event for a in calls if a.backward is not None]
+    return {False: fwd, True: float(np.median(bwd)) if bwd else fwd}
+
+
 @register
 @dataclass
 class FlashAttention(Transform):
@@ -348,6 +358,7 @@ class FlashAttention(Transform):
                                  "(with recorded shapes and 16-bit inputs, launching GPU work)")
         e_fwd, e_bwd, source = self.efficiencies(graph, device)
         now = graph.tasks[DEVICE_COLUMN].to_numpy(dtype=object) if DEVICE_COLUMN in graph.tasks else None
+        per_event = dispatch_ns_per_event(calls)
         passes: list[tuple[Pass, float, int, bool, str]] = []   # (pass, kernel ns, CPU ns, backward, name)
         for a in calls:
             for backward, p in ((False, a.forward), (True, a.backward)):
@@ -358,7 +369,7 @@ class FlashAttention(Transform):
                 on = find_device(str(moved)) if moved is not None else device
                 assert on is not None, moved   # a gpu move is to a catalog GPU
                 ideal = achievable_time_ns(a.flops[i], a.bytes[i], on, a.dtype, KernelClass.ATTENTION)
-                cpu = p.ns_per_event * (FLASH_BACKWARD_EVENTS if backward else FLASH_FORWARD_EVENTS)
+                cpu = per_event[backward] * (FLASH_BACKWARD_EVENTS if backward else FLASH_FORWARD_EVENTS)
                 name = FLASH_KERNEL_NAMES[backward].format(dtype=a.dtype.value)
                 passes.append((p, fixed_latency_ns(on) + ideal / (e_bwd if backward else e_fwd), int(round(cpu)),
                                backward, name))
