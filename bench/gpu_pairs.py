@@ -53,14 +53,13 @@ class StepPair:
     name: str
     change: str
     scenario: str
-    kind: str = "prediction"  # or "bound": the scenario bounds the change rather than models it
 
 
 STEP_PAIRS = (
     StepPair("p1_precision", "fp32 -> bf16 autocast", "p1_precision.toml"),
     StepPair("p2_cuda_graph", "eager -> CUDA graph", "p2_cuda_graph.toml"),
     StepPair("p3_compile", "eager -> torch.compile", "p3_compile.toml"),
-    StepPair("p4_sdpa", "SDPA math -> flash (`flash_attention`)", "p4_sdpa.toml"),
+    StepPair("p4_sdpa", "SDPA math -> flash", "p4_sdpa.toml"),
     StepPair("p5_dataloader", "num_workers 0 -> 4", "p5_dataloader.toml"),
     StepPair("p6_batch", "decode batch 8 -> 32", "p6_batch.toml"),
     StepPair("p9_tp", "TP-1 -> TP-2 emulated", "p9_tp.toml"),
@@ -71,7 +70,6 @@ STEP_PAIRS = (
 class StepRow:
     pair: str
     change: str
-    kind: str
     round: int
     before_ms: float
     after_ms: float
@@ -162,7 +160,7 @@ def flash_details(before: Path, after: Path) -> None:
 def step_row(pair: StepPair, before: Path, after: Path, rnd: int) -> StepRow:
     b, a = analyze(before), analyze(after)
     pred = predict(b, [SCENARIOS / pair.scenario]).scenarios[0]
-    return StepRow(pair.name, pair.change, pair.kind, rnd,
+    return StepRow(pair.name, pair.change, rnd,
                    before_ms=median_counted_ms(b.steps, "measured_ns"),
                    after_ms=median_counted_ms(a.steps, "measured_ns"),
                    predicted_ms=median_counted_ms(pred.steps, "predicted_ns"),
@@ -246,11 +244,11 @@ def main() -> int:
         for name in SERVE_PAIRS:
             srows += serve_rows(name, folder / f"{name}-before-r{rnd}", folder / f"{name}-after-r{rnd}", rnd)
     print("Step-time pairs (median of counted steps in the trace, ms; error = predicted / measured after - 1)")
-    print(f"{'pair':15} {'rnd':>3} {'kind':10} {'before':>8} {'after':>8} {'predicted':>9} {'error':>8} "
+    print(f"{'pair':15} {'rnd':>3} {'before':>8} {'after':>8} {'predicted':>9} {'error':>8} "
           f"{'unchanged':>9} {'beats':>5} | {'GPU ms/step before':>18} {'after':>7} {'predicted':>9}")
     for r in rows:
         beats = "yes" if r.error is not None and abs(r.error) < abs(r.unchanged_error) else "no"
-        print(f"{r.pair:15} {r.round:>3} {r.kind:10} {r.before_ms:8.3f} {r.after_ms:8.3f} {r.predicted_ms:9.3f} "
+        print(f"{r.pair:15} {r.round:>3} {r.before_ms:8.3f} {r.after_ms:8.3f} {r.predicted_ms:9.3f} "
               f"{pct(r.error):>8} {pct(r.unchanged_error):>9} {beats:>5} | {r.gpu_before_ms:18.3f} "
               f"{r.gpu_after_ms:7.3f} {r.gpu_predicted_ms:9.3f}")
     print("\np1 (fp32 -> bf16 autocast) per kernel class, GPU ms per counted step, round 1: predicted by "

@@ -112,3 +112,13 @@ def test_suggested_for_an_fp32_program_only(before) -> None:  # type: ignore[no-
     after = analyze(AFTER)
     with pytest.raises(TransformError, match="not an fp32 program"):
         Autocast.candidates(after.graph, make_context(after.trace))
+
+
+def test_the_math_attentions_fp32_gemms_are_not_autocasts() -> None:
+    """SDPA's math backend upcasts bf16 inputs to fp32 itself (p4 before: a bf16 autocast program
+    whose only fp32 GEMMs are the math attention's): autocast has nothing to lower there."""
+    p4 = analyze(PAIRS / "p4_sdpa-before-r1")
+    ctx = make_context(p4.trace)
+    with pytest.raises(TransformError, match="not an fp32 program"):
+        Autocast.candidates(p4.graph, ctx)
+    assert not len(Autocast().match(p4.graph, ctx))

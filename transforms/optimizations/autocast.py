@@ -57,6 +57,7 @@ from ..needs import Need
 from ..parallel.layers import backward_mask, linked_op_rows
 from ..registry import register
 from ..select import Selector, kernel_classes
+from .flash_attention import math_attention_kernels
 from .precision import record_spec
 
 DTYPES = ("bf16", "fp16")
@@ -279,13 +280,15 @@ class Autocast(Transform):
 
     def _lowered(self, graph: TaskGraph, ctx: TransformContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The selected kernels, and per kernel: whether it is a GEMM/conv/attention kernel, and
-        whether it is one autocast runs in the autocast dtype (recorded in fp32 or tf32 now)."""
+        whether it is one autocast runs in the autocast dtype (recorded in fp32 or tf32 now; not
+        the GEMMs of SDPA's math backend, which upcasts 16-bit inputs to fp32 itself)."""
         ids = self.select(graph)
         if not len(ids):
             return ids, np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
         facts = ctx.require_cost(self.name).kernel_facts(graph, ids)
         matrix = np.isin(facts["kernel_class"], list(LOWERED))
-        return ids, matrix & np.isin(facts["dtype"], ["fp32", "tf32"]), matrix
+        inside_math = np.isin(ids, math_attention_kernels(graph))
+        return ids, matrix & np.isin(facts["dtype"], ["fp32", "tf32"]) & ~inside_math, matrix
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         ids, lowered, _ = self._lowered(graph, ctx)

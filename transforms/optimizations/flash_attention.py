@@ -228,10 +228,11 @@ def _pass(graph: TaskGraph, cpu_tasks: _CpuTasks, threads: _Threads, rows: np.nd
                 end_ns=int((ts[rows] + dur[rows]).max()), events=events)
 
 
-def find_unfused(graph: TaskGraph) -> list[UnfusedAttention]:
+def find_unfused(graph: TaskGraph, sixteen_bit: bool = True) -> list[UnfusedAttention]:
     """Every SDPA math call of ``graph``'s trace with its forward and backward tasks (module
-    docstring); calls whose shapes or 16-bit dtype do not say what a flash kernel would do, or
-    that launched no GPU work, are left out."""
+    docstring); calls whose shapes do not say what a flash kernel would do, that launched no GPU
+    work, or (``sixteen_bit``) whose inputs are not fp16/bf16 (no flash kernel takes them) are
+    left out."""
     trace = graph.trace
     if trace is None:
         return []
@@ -254,7 +255,7 @@ def find_unfused(graph: TaskGraph) -> list[UnfusedAttention]:
         work = fused_attention_flops_bytes(SDPA_OP, dims[op], types[op], concrete[op])
         q_type = types[op][0] if types[op] else None
         dtype = compute_dtype(q_type) if q_type else None
-        if work is None or dtype not in (DType.BF16, DType.FP16):
+        if work is None or dtype is None or (sixteen_bit and dtype not in (DType.BF16, DType.FP16)):
             continue
         inside = threads.inside(op, int(ts[op]), int(end[op]))
         forward = _pass(graph, cpu_tasks, threads, np.array([op]), ev)
@@ -267,6 +268,13 @@ def find_unfused(graph: TaskGraph) -> list[UnfusedAttention]:
         (ff, fb), (bf, bb) = work
         found.append(UnfusedAttention(op, forward, backward, (float(ff), float(bf)), (float(fb), float(bb)), dtype))
     return found
+
+
+def math_attention_kernels(graph: TaskGraph) -> np.ndarray:
+    """Ids of the GPU tasks of every SDPA math call, forward and backward, whatever its inputs'
+    dtype (:func:`find_unfused`)."""
+    ids = [p.gpu for a in find_unfused(graph, sixteen_bit=False) for p in (a.forward, a.backward) if p is not None]
+    return np.unique(np.concatenate(ids)) if ids else np.empty(0, dtype=np.int64)
 
 
 def calibrated_efficiency(graph: TaskGraph, device: Device) -> tuple[float | None, float | None, int, int]:
