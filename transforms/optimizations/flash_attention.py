@@ -126,6 +126,18 @@ class UnfusedAttention:
     dtype: DType
 
 
+@dataclass(frozen=True)
+class Rewrite:
+    """What one pass becomes: a flash kernel of ``kernel_ns`` named ``name``, dispatched by one
+    op of ``cpu_ns``."""
+
+    unfused: Pass
+    kernel_ns: float
+    cpu_ns: int
+    backward: bool
+    name: str
+
+
 class _Threads:
     """The trace's CPU events per thread, sorted by start, to find what ran inside a span."""
 
@@ -367,7 +379,7 @@ class FlashAttention(Transform):
         e_fwd, e_bwd, source = self.efficiencies(graph, device)
         now = graph.tasks[DEVICE_COLUMN].to_numpy(dtype=object) if DEVICE_COLUMN in graph.tasks else None
         per_event = dispatch_ns_per_event(calls)
-        passes: list[tuple[Pass, float, int, bool, str]] = []   # (pass, kernel ns, CPU ns, backward, name)
+        passes: list[Rewrite] = []
         for a in calls:
             for backward, p in ((False, a.forward), (True, a.backward)):
                 if p is None:
@@ -379,17 +391,17 @@ class FlashAttention(Transform):
                 ideal = achievable_time_ns(a.flops[i], a.bytes[i], on, a.dtype, KernelClass.ATTENTION)
                 cpu = per_event[backward] * (FLASH_BACKWARD_EVENTS if backward else FLASH_FORWARD_EVENTS)
                 name = FLASH_KERNEL_NAMES[backward].format(dtype=a.dtype.value)
-                passes.append((p, fixed_latency_ns(on) + ideal / (e_bwd if backward else e_fwd), int(round(cpu)),
-                               backward, name))
-        n_bwd = sum(1 for p in passes if p[3])
+                passes.append(Rewrite(p, fixed_latency_ns(on) + ideal / (e_bwd if backward else e_fwd),
+                                      int(round(cpu)), backward, name))
+        n_bwd = sum(1 for r in passes if r.backward)
         why = (f"{len(calls):,} SDPA math calls as FlashAttention ({len(calls):,} forward, {n_bwd:,} backward "
                f"kernels; {source})")
-        gpu_events = [graph.tasks["event"].to_numpy()[p[0].gpu] for p in passes]
+        gpu_events = [graph.tasks["event"].to_numpy()[r.unfused.gpu] for r in passes]
         out = _cpu_to_one_op(graph, passes, why)
         return _fuse_kernels(out, passes, gpu_events, why)
 
 
-def _cpu_to_one_op(graph: TaskGraph, passes: list[tuple[Pass, float, int, bool, str]], why: str) -> TaskGraph:
+def _cpu_to_one_op(graph: TaskGraph, passes: list[Rewrite], why: str) -> TaskGraph:
     """Each pass's CPU tasks become its first launch call, lasting the flash op's CPU time: the
     gaps inside the pass go, the ones before and after it keep only their part outside it."""
     e = graph.edges
@@ -400,7 +412,8 @@ def _cpu_to_one_op(graph: TaskGraph, passes: list[tuple[Pass, float, int, bool, 
     new_lat = lat.copy()
     heads, head_ns, drop = [], [], []
     start, finish = t["measured_start_ns"].to_numpy(), t["measured_end_ns"].to_numpy()
-    for p, _kernel_ns, cpu_ns, _backward, _name in passes:
+    for r in passes:
+        p = r.unfused
         member[:] = False
         member[p.cpu] = True
         inner = thread & member[src] & member[dst]
@@ -414,7 +427,7 @@ def _cpu_to_one_op(graph: TaskGraph, passes: list[tuple[Pass, float, int, bool, 
         launching = launchers[np.isin(launchers, src[(kind == int(EdgeKind.LAUNCH)) & np.isin(dst, p.gpu)])]
         head = int(launching[np.argmin(start[launching])])
         heads.append(head)
-        head_ns.append(cpu_ns)
+        head_ns.append(r.cpu_ns)
         drop.append(p.cpu[(p.cpu != head) & ~np.isin(p.cpu, launching)])
     order = np.argsort(heads)
     heads_sorted, head_ns_sorted = np.asarray(heads)[order], np.asarray(head_ns, dtype=float)[order]
@@ -424,14 +437,13 @@ def _cpu_to_one_op(graph: TaskGraph, passes: list[tuple[Pass, float, int, bool, 
     out = set_duration(out, heads_sorted, durations_ns(head_ns_sorted),
                        reason=f"{why}: each call's CPU time is the flash op's (this host's time per recorded event "
                               f"x the events of PyTorch's flash path)")
-    out = set_state(out, heads_sorted, "op", [FLASH_OPS[passes[i][3]] for i in order],
+    out = set_state(out, heads_sorted, "op", [FLASH_OPS[passes[i].backward] for i in order],
                     reason=f"{why}: the op that dispatches the flash kernel")
     gone = np.concatenate(drop) if drop else np.empty(0, dtype=np.int64)
     return remove(out, gone, reason=f"{why}: the unfused ops' own CPU work") if len(gone) else out
 
 
-def _fuse_kernels(graph: TaskGraph, passes: list[tuple[Pass, float, int, bool, str]], gpu_events: list[np.ndarray],
-                  why: str) -> TaskGraph:
+def _fuse_kernels(graph: TaskGraph, passes: list[Rewrite], gpu_events: list[np.ndarray], why: str) -> TaskGraph:
     """Each pass's GPU tasks (found again by their trace rows: the CPU edit renumbered the tasks)
     become one flash kernel, a task of its own (no trace row: its work is the flash kernel's, not
     its first member's); its other members' launch calls go."""
@@ -443,9 +455,9 @@ def _fuse_kernels(graph: TaskGraph, passes: list[tuple[Pass, float, int, bool, s
     order = np.argsort([g[0] for g in groups])
     groups = [groups[i] for i in order]
     heads = np.array([g[0] for g in groups], dtype=np.int64)
-    durs = durations_ns(np.array([passes[i][1] for i in order]))
-    backward = np.array([passes[i][3] for i in order])
-    names = np.array([passes[i][4] for i in order], dtype=object)
+    durs = durations_ns(np.array([passes[i].kernel_ns for i in order]))
+    backward = np.array([passes[i].backward for i in order])
+    names = np.array([passes[i].name for i in order], dtype=object)
     out = set_state(graph, heads, "event", -1, reason=f"{why}: each fused kernel is a task of its own")
     out = set_state(out, heads, "op", [FLASH_OPS[b] for b in backward.tolist()],
                     reason=f"{why}: the ops that launch the flash kernels")
