@@ -161,8 +161,10 @@ def test_a_trace_without_the_math_backend_is_refused(after) -> None:  # type: ig
 def test_the_fused_work_of_a_gqa_call() -> None:
     # 32 query heads on 8 KV heads: K and V are read at their own (smaller) shape
     dims = [[2, 32, 512, 128], [2, 8, 512, 128], [2, 8, 512, 128], [], [], [], [], []]
-    (ff, fb), (bf, bb) = fused_attention_flops_bytes("aten::scaled_dot_product_attention", dims,
-                                                      ["c10::BFloat16"] * 3, ["", "", "", "", "0.", "False", "", "False"])
+    concrete = ["", "", "", "", "0.", "False", "", "False"]
+    work = fused_attention_flops_bytes("aten::scaled_dot_product_attention", dims, ["c10::BFloat16"] * 3, concrete)
+    assert work is not None
+    (ff, fb), (bf, bb) = work
     q = 2 * 32 * 512 * 128
     kv = 2 * 8 * 512 * 128
     assert ff == 4 * 128 * 2 * 32 * 512 * 512 and bf == ff * 5 // 2
