@@ -53,6 +53,11 @@ class CpuHierarchy:
     is_structure: np.ndarray  # this event is a step or phase annotation
 
 
+def thread_keys(rank: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """One int64 per (rank, pid, tid): equal for the events of one CPU thread of one rank."""
+    return rank.astype(np.int64) * 0x1000003 + pid.astype(np.int64) * 0x10001 + tid.astype(np.int64)
+
+
 def build_hierarchy(events: pd.DataFrame) -> CpuHierarchy:
     """Nest the CPU events of every (rank, pid, tid) and propagate step/phase/layer/op."""
     kinds = events["kind"].to_numpy()
@@ -62,7 +67,7 @@ def build_hierarchy(events: pd.DataFrame) -> CpuHierarchy:
     # Stable sort by thread keeps the table's (ts, -dur) order within a thread.
     order = np.lexsort((np.arange(len(rows)), tid, pid, rank))
     rows = rows[order]
-    thread = rank[order].astype(np.int64) * 0x1000003 + pid[order] * 0x10001 + tid[order]
+    thread = thread_keys(rank[order], pid[order], tid[order])
     del rank, pid, tid
     segments = _thread_segments(thread)
     parent_arr = _parents(events["ts_ns"].to_numpy()[rows], events["dur_ns"].to_numpy()[rows], segments)

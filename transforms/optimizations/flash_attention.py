@@ -61,21 +61,22 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from whatif.core.dtypes import DType, compute_dtype
+from whatif.core.dtypes import DType, op_dtype
 from whatif.core.kernels import (
     FLASH_KERNEL_NAMES,
     KernelClass,
     fused_attention_flops_bytes,
     is_attention_backward,
-    op_flops_bytes,
     op_key,
 )
 from whatif.depgraph.graph import GPU_WORK_KINDS, EdgeKind, TaskGraph, TaskKind, kind_codes
+from whatif.depgraph.hierarchy import thread_keys
 from whatif.depgraph.schema import DEVICE_COLUMN
 from whatif.hardware.devices import Device, find_device
 from whatif.hardware.roofline import achievable_time_ns, fixed_latency_ns
 from whatif.tracer.args import Arg
 from whatif.tracer.kinds import EventKind
+from whatif.tracer.op_facts import op_facts
 from whatif.tracer.trace import Trace, per_name
 
 from ..base import Transform, TransformContext, TransformError
@@ -153,22 +154,25 @@ class _Threads:
 
     def inside(self, row: int, start_ns: int, end_ns: int) -> np.ndarray:
         """Rows of the CPU events on ``row``'s thread that start within [start_ns, end_ns]."""
-        k = self.key[row]
-        lo, hi = np.searchsorted(self.keys, k, "left"), np.searchsorted(self.keys, k, "right")
-        a = lo + np.searchsorted(self.ts[lo:hi], start_ns, "left")
-        b = lo + np.searchsorted(self.ts[lo:hi], end_ns, "right")
+        a, b = _span(self.keys, self.ts, int(self.key[row]), start_ns, end_ns)
         return self.rows[a:b]
 
     def after(self, row: int, end_ns: int) -> np.ndarray:
         """Rows of the CPU events on ``row``'s thread that start after ``end_ns``, in order."""
-        k = self.key[row]
-        lo, hi = np.searchsorted(self.keys, k, "left"), np.searchsorted(self.keys, k, "right")
-        return self.rows[lo + np.searchsorted(self.ts[lo:hi], end_ns, "right"):hi]
+        a, b = _span(self.keys, self.ts, int(self.key[row]), end_ns + 1, np.iinfo(np.int64).max)
+        return self.rows[a:b]
 
 
 def _thread_keys(ev: pd.DataFrame) -> np.ndarray:
-    return (ev["rank"].to_numpy().astype(np.int64) * 0x1000003 + ev["pid"].to_numpy().astype(np.int64) * 0x10001
-            + ev["tid"].to_numpy().astype(np.int64))
+    return thread_keys(ev["rank"].to_numpy(), ev["pid"].to_numpy(), ev["tid"].to_numpy())
+
+
+def _span(keys: np.ndarray, starts: np.ndarray, key: int, start_ns: int, end_ns: int) -> tuple[int, int]:
+    """The positions [a, b) of the entries of ``key`` starting within [start_ns, end_ns] in arrays
+    sorted by (key, start)."""
+    lo, hi = np.searchsorted(keys, key, "left"), np.searchsorted(keys, key, "right")
+    return (int(lo + np.searchsorted(starts[lo:hi], start_ns, "left")),
+            int(lo + np.searchsorted(starts[lo:hi], end_ns, "right")))
 
 
 def _sequence(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -180,26 +184,33 @@ def _sequence(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def _backward_nodes(trace: Trace, threads: _Threads, op_row: int, end_ns: int, inside: np.ndarray) -> np.ndarray:
-    """Rows of the autograd nodes the forward ops of one call created (module docstring)."""
-    seq = trace.arg(Arg.SEQUENCE_NUMBER)
-    fwd_tid = trace.arg(Arg.FWD_THREAD_ID)
-    first = seq[op_row]
-    if first is None:
-        return np.empty(0, dtype=np.int64)
-    later = threads.after(op_row, end_ns)
-    numbered = later[_sequence(seq, later) >= 0][:1]
-    own = _sequence(seq, inside)
-    stop = int(seq[numbered[0]]) if len(numbered) else int(own.max()) + 1
-    ev = trace.events
-    nodes = np.flatnonzero(per_name(ev["name"], lambda n: n.startswith(BACKWARD_NODE))
-                           & (ev["kind"].to_numpy() == int(EventKind.CPU_OP))
-                           & (ev["rank"].to_numpy() == ev["rank"].to_numpy()[op_row]))
-    number = _sequence(seq, nodes)
-    hit = (number >= int(first)) & (number < stop)
-    if fwd_tid[op_row] is not None and int(fwd_tid[op_row]) > 0:   # forward ops record 0 (unset) in torch 2.x
-        hit &= _sequence(fwd_tid, nodes) == int(fwd_tid[op_row])
-    return nodes[hit]
+class _Nodes:
+    """The trace's autograd nodes (``evaluate_function`` ops): rows, rank, sequence number and
+    forward thread id, read once."""
+
+    def __init__(self, trace: Trace) -> None:
+        ev = trace.events
+        self.rows = np.flatnonzero(per_name(ev["name"], lambda n: n.startswith(BACKWARD_NODE))
+                                   & (ev["kind"].to_numpy() == int(EventKind.CPU_OP)))
+        self.rank = ev["rank"].to_numpy()[self.rows]
+        self.number = _sequence(trace.arg(Arg.SEQUENCE_NUMBER), self.rows)
+        self.fwd_tid = _sequence(trace.arg(Arg.FWD_THREAD_ID), self.rows)
+
+    def of_call(self, trace: Trace, threads: _Threads, op_row: int, end_ns: int, inside: np.ndarray) -> np.ndarray:
+        """Rows of the nodes the forward ops of one call created (module docstring)."""
+        seq = trace.arg(Arg.SEQUENCE_NUMBER)
+        first = seq[op_row]
+        if first is None:
+            return np.empty(0, dtype=np.int64)
+        later = threads.after(op_row, end_ns)
+        numbered = later[_sequence(seq, later) >= 0][:1]
+        stop = int(seq[numbered[0]]) if len(numbered) else int(_sequence(seq, inside).max()) + 1
+        hit = (self.rank == trace.events["rank"].to_numpy()[op_row]) & (self.number >= int(first)) \
+            & (self.number < stop)
+        fwd_tid = trace.arg(Arg.FWD_THREAD_ID)[op_row]
+        if fwd_tid is not None and int(fwd_tid) > 0:   # forward ops record 0 (unset) in torch 2.x
+            hit &= self.fwd_tid == int(fwd_tid)
+        return self.rows[hit]
 
 
 class _CpuTasks:
@@ -215,11 +226,9 @@ class _CpuTasks:
         self.end = t["measured_end_ns"].to_numpy()[self.ids]
 
     def inside(self, key: int, start_ns: int, end_ns: int) -> np.ndarray:
-        lo, hi = np.searchsorted(self.key, key, "left"), np.searchsorted(self.key, key, "right")
-        a = lo + np.searchsorted(self.start[lo:hi], start_ns, "left")
-        b = lo + np.searchsorted(self.start[lo:hi], end_ns, "right")
-        sel = self.ids[a:b]
-        return sel[self.end[a:b] <= end_ns]
+        """Ids of the CPU tasks of thread ``key`` that start and end within [start_ns, end_ns]."""
+        a, b = _span(self.key, self.start, key, start_ns, end_ns)
+        return self.ids[a:b][self.end[a:b] <= end_ns]
 
 
 def _launched(graph: TaskGraph, calls: np.ndarray) -> np.ndarray:
@@ -244,7 +253,11 @@ def find_unfused(graph: TaskGraph, sixteen_bit: bool = True) -> list[UnfusedAtte
     """Every SDPA math call of ``graph``'s trace with its forward and backward tasks (module
     docstring); calls whose shapes do not say what a flash kernel would do, that launched no GPU
     work, or (``sixteen_bit``) whose inputs are not fp16/bf16 (no flash kernel takes them) are
-    left out."""
+    left out. Found once per graph structure (read-only)."""
+    return graph.memo(f"flash_attention_unfused@{sixteen_bit}", lambda: _find_unfused(graph, sixteen_bit))
+
+
+def _find_unfused(graph: TaskGraph, sixteen_bit: bool) -> list[UnfusedAttention]:
     trace = graph.trace
     if trace is None:
         return []
@@ -256,29 +269,30 @@ def find_unfused(graph: TaskGraph, sixteen_bit: bool = True) -> list[UnfusedAtte
         return []
     threads = _Threads(trace)
     cpu_tasks = _CpuTasks(graph, trace)
+    autograd = _Nodes(trace)
     ts, end = ev["ts_ns"].to_numpy(), ev["ts_ns"].to_numpy() + ev["dur_ns"].to_numpy()
-    names = ev["name"]
+    is_sdpa = per_name(ev["name"], lambda n: n == SDPA_OP)
     dims, types, concrete = trace.arg(Arg.INPUT_DIMS), trace.arg(Arg.INPUT_TYPES), trace.arg(Arg.CONCRETE_INPUTS)
     found: list[UnfusedAttention] = []
     for m in math_rows.tolist():
         around = threads.inside(m, int(ts[m]) - 10**12, int(ts[m]))
-        around = around[(end[around] >= end[m]) & (names.to_numpy()[around] == SDPA_OP)]
+        around = around[(end[around] >= end[m]) & is_sdpa[around]]
         op = int(around[0]) if len(around) else m
         work = fused_attention_flops_bytes(SDPA_OP, dims[op], types[op], concrete[op])
-        q_type = types[op][0] if types[op] else None
-        dtype = compute_dtype(q_type) if q_type else None
-        if work is None or dtype is None or (sixteen_bit and dtype not in (DType.BF16, DType.FP16)):
+        dtype = op_dtype(types[op])
+        if work is None or not dtype or (sixteen_bit and dtype not in (DType.BF16.value, DType.FP16.value)):
             continue
         inside = threads.inside(op, int(ts[op]), int(end[op]))
         forward = _pass(graph, cpu_tasks, threads, np.array([op]), ev)
         if not len(forward.gpu):
             continue
-        nodes = _backward_nodes(trace, threads, op, int(end[op]), inside)
+        nodes = autograd.of_call(trace, threads, op, int(end[op]), inside)
         backward = _pass(graph, cpu_tasks, threads, nodes, ev) if len(nodes) else None
         if backward is not None and not len(backward.gpu):
             backward = None
         (ff, fb), (bf, bb) = work
-        found.append(UnfusedAttention(op, forward, backward, (float(ff), float(bf)), (float(fb), float(bb)), dtype))
+        found.append(UnfusedAttention(op, forward, backward, (float(ff), float(bf)), (float(fb), float(bb)),
+                                      DType(dtype)))
     return found
 
 
@@ -301,23 +315,17 @@ def calibrated_efficiency(graph: TaskGraph, device: Device) -> tuple[float | Non
     ok = ~np.isnan(op_row)
     per_op = pd.Series(graph.tasks["dur_ns"].to_numpy()[kernels[ok]].astype(float),
                        index=op_row[ok].astype(np.int64)).groupby(level=0).agg(["sum", "size"])
-    ev = trace.events
-    names = ev["name"].to_numpy()
-    dims, types, concrete = trace.arg(Arg.INPUT_DIMS), trace.arg(Arg.INPUT_TYPES), trace.arg(Arg.CONCRETE_INPUTS)
     fixed = fixed_latency_ns(device)
     share: dict[bool, list[float]] = {False: [], True: []}
-    for row, (total, count) in zip(per_op.index.tolist(), per_op.to_numpy().tolist()):
-        name = str(names[row])
-        if "paged" in name or op_key(name) == op_key(SDPA_OP):
+    facts = op_facts(trace, per_op.index.to_numpy())
+    for op, (total, count) in zip(facts, per_op.to_numpy().tolist()):
+        if "paged" in op.name or op_key(op.name) == op_key(SDPA_OP):
             continue
-        work = op_flops_bytes(name, dims[row], types[row], concrete[row])
-        q_type = types[row][0] if types[row] else None
-        dtype = compute_dtype(q_type) if q_type else None
         busy = total - fixed * count
-        if work is None or work[0] <= 0 or busy <= 0 or dtype not in (DType.BF16, DType.FP16):
+        if not op.flops > 0 or busy <= 0 or op.dtype not in (DType.BF16.value, DType.FP16.value):
             continue
-        ideal = achievable_time_ns(work[0], work[1], device, dtype, KernelClass.ATTENTION)
-        share[is_attention_backward(name)].append(ideal / busy)
+        ideal = achievable_time_ns(op.flops, op.nbytes, device, op.dtype, KernelClass.ATTENTION)
+        share[is_attention_backward(op.name)].append(ideal / busy)
     fwd = float(np.median(share[False])) if share[False] else None
     bwd = float(np.median(share[True])) if share[True] else None
     return fwd, bwd, len(share[False]), len(share[True])
