@@ -477,6 +477,64 @@ def fused_attention_flops_bytes(op_name: str, input_dims: Sequence | None, input
     return None if forward is None or backward is None else (forward, backward)
 
 
+@dataclass(frozen=True)
+class FlashBuffers:
+    """What a FlashAttention-2 call allocates on the GPU (Dao-AILab/flash-attention
+    ``csrc/flash_attn/flash_api.cpp``, ``mha_fwd`` / ``mha_bwd``, and PyTorch's copy of it under
+    ``aten/src/ATen/native/transformers/cuda/flash_attn``): forward, the output (Q's shape with V's
+    head dim, the inputs' dtype) and the softmax log-sum-exp it saves for the backward (fp32, one
+    per query and head); it saves Q, K, V (``inputs_bytes``), the output and the log-sum-exp for the
+    backward; backward, beside dQ/dK/dV (the gradients' own size), a workspace held for the call:
+    ``softmax_d`` (fp32, queries rounded up to 128, per head), ``dq_accum`` (fp32, queries rounded
+    to 128 × head dim rounded to 32, per head) and, when K/V have fewer heads than Q (GQA), dK and
+    dV expanded to Q's heads before they are summed back. ``query_elements``: Q's."""
+
+    output_bytes: int
+    lse_bytes: int
+    inputs_bytes: int
+    backward_workspace_bytes: int
+    query_elements: int
+
+
+def flash_buffers(op_name: str, input_dims: Sequence | None, input_types: Sequence | None = None,
+                  concrete_inputs: Sequence | None = None) -> FlashBuffers | None:
+    """:class:`FlashBuffers` of the flash kernel that would run a forward attention op's call;
+    None for any other op or shapes that do not say.
+
+    >>> sdpa = [[2, 8, 1000, 64]] * 3 + [[], [], [], [], []]
+    >>> b = flash_buffers("aten::scaled_dot_product_attention", sdpa, ["c10::BFloat16"] * 3)
+    >>> b.output_bytes, b.lse_bytes, b.inputs_bytes, b.backward_workspace_bytes
+    (2048000, 64000, 6144000, 4259840)
+    """
+    spec = _ATTENTION_OPS.get(op_key(op_name))
+    if spec is None or spec.backward or not input_dims:
+        return None
+    try:
+        qkv = _tensors(input_dims, input_types)[spec.q:spec.q + 3]
+        if len(qkv) < 3 or any(a is None for a in qkv):
+            return None
+        (q, eq), (k, _), (v, _) = (a for a in qkv if a is not None)
+        shape = _attention_shape(spec, q, k, v, input_dims, list(concrete_inputs or ()))
+    except (ValueError, TypeError, IndexError, ZeroDivisionError):
+        return None
+    if shape is None:
+        return None
+    queries = sum(a for a, _ in shape.lengths) * shape.batch
+    keys = sum(c for _, c in shape.lengths) * shape.batch
+    rounded = sum(_round_up(a, 128) for a, _ in shape.lengths) * shape.batch
+    expanded = keys * shape.batch_heads // shape.batch * (shape.d + shape.dv) * eq
+    gqa = expanded if expanded > shape.kv_elems * eq else 0
+    heads = shape.batch_heads // shape.batch
+    return FlashBuffers(output_bytes=queries * heads * shape.dv * eq, lse_bytes=queries * heads * 4,
+                        inputs_bytes=(queries * heads * shape.d + shape.kv_elems) * eq,
+                        backward_workspace_bytes=rounded * heads * 4 * (1 + _round_up(shape.d, 32)) + gqa,
+                        query_elements=queries * heads * shape.d)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
 GEMM_TILE = 128
 """Output tile edge (rows = columns) a GEMM kernel's thread block computes, for wave counts: the
 usual cuBLAS/CUTLASS tile on A100/H100 (NVIDIA, *Matrix Multiplication Background User's Guide*,

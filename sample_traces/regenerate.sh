@@ -13,4 +13,10 @@ PY=${PY:-.venv/bin/python}
   examples/dit_serve.py -- --device cpu --seed 0 --num-requests 4 --steps 6 --rate inf \
   --log sample_traces/dit_serve/serving.log
 
-du -sh sample_traces/llm_serve sample_traces/dit_serve
+for backend in math flash; do
+  "$PY" -m whatif.cli record -f -o sample_traces/sdpa_memory/$backend --no-summary --memory --record-shapes \
+    examples/train.py -- --device cpu --steps 4 --batch-size 4 --seq-len 512 --d-model 256 --heads 4 --layers 2 \
+    --autocast bf16 --sdpa $backend
+done
+
+du -sh sample_traces/llm_serve sample_traces/dit_serve sample_traces/sdpa_memory

@@ -140,3 +140,95 @@ def memory_frame(columns: Sequence[MemoryColumns], ranks: Sequence[int]) -> pd.D
         data[key] = np.concatenate([getattr(c, key) for c in columns] or [getattr(MemoryColumns.empty(), key)])
     order = np.lexsort((data["ts_ns"], data["rank"]))
     return pd.DataFrame({k: data[k][order] for k in MEMORY_COLUMNS}, copy=False)
+
+
+FIRST_ADDED_ADDR = -2
+"""The address of a what-if's first added block; later ones count down (recorded addresses are
+non-negative and :data:`UNKNOWN` is -1, so the two never meet)."""
+
+_ADDED_COLUMNS = ("anchor", "after", "bytes", "addr", "op")
+
+
+@dataclass(frozen=True)
+class RecordEdit:
+    """What a what-if changes in a trace's allocator records (``Trace.memory``): the rows that no
+    longer happen (``dropped``) and the records that happen instead (``added``: one row each;
+    ``anchor`` a row of ``Trace.memory`` whose rank, device, thread and time the new record takes,
+    ``after`` whether it comes right after the anchor or right before it, several at one place in
+    the order they are listed; ``bytes`` negative for a free; ``addr`` pairing an allocation with
+    its free, from :data:`FIRST_ADDED_ADDR` down; ``op`` the operator it is made in). ``what``:
+    one line for the reader. Built with :class:`RecordEditor`."""
+
+    what: str
+    dropped: np.ndarray
+    added: pd.DataFrame
+
+    @property
+    def added_bytes(self) -> int:
+        """Bytes the added records allocate."""
+        sizes = self.added["bytes"].to_numpy()
+        return int(sizes[sizes > 0].sum())
+
+
+class RecordEditor:
+    """Builds a :class:`RecordEdit` on a trace's allocator records: drop a block (its allocation
+    and the free that returns it), add a block (an allocation and its free, each at a place).
+
+    >>> mem = pd.DataFrame({"rank": [0] * 4, "ts_ns": [1, 2, 3, 4], "pid": [1] * 4, "tid": [1] * 4,
+    ...                     "device_type": [1] * 4, "device_id": [0] * 4, "bytes": [512, 64, -512, -64],
+    ...                     "total_allocated_bytes": [512, 576, 64, 0], "total_reserved_bytes": [0] * 4,
+    ...                     "addr": [7, 9, 7, 9]})
+    >>> ed = RecordEditor(mem)
+    >>> ed.free_of(0), ed.free_of(1)
+    (2, 3)
+    >>> ed.drop_block(0)
+    >>> ed.add_block(16, (1, False), (3, True), "aten::flash")
+    >>> e = ed.edit("one block for another")
+    >>> e.dropped.tolist(), e.added["bytes"].tolist(), e.added["addr"].tolist()
+    ([0, 2], [16, -16], [-2, -2])
+    """
+
+    def __init__(self, memory: pd.DataFrame) -> None:
+        self.memory = memory
+        self._dropped: list[int] = []
+        self._added: list[tuple[int, bool, int, int, str]] = []
+        self._next_addr = FIRST_ADDED_ADDR
+        n = len(memory)
+        sizes = memory["bytes"].to_numpy()
+        block = memory.groupby(["rank", "device_type", "device_id", "addr"], sort=False).ngroup().to_numpy()
+        order = np.lexsort((np.arange(n), block))
+        frees = pd.Series(np.where(sizes[order] < 0, order, np.nan))
+        later = frees.groupby(block[order]).bfill().to_numpy()
+        self._next_free = np.full(n, -1, dtype=np.int64)
+        known = ~np.isnan(later)
+        self._next_free[order[known]] = later[known].astype(np.int64)
+        self._next_free[memory["addr"].to_numpy() == UNKNOWN] = -1
+
+    def free_of(self, row: int) -> int | None:
+        """The row that frees the block allocated at ``row`` (the next free of its address on its
+        device), None when the recording ends first or the record has no address."""
+        if self.memory["bytes"].to_numpy()[row] <= 0:
+            raise ValueError(f"allocator record {row} is not an allocation")
+        free = int(self._next_free[row])
+        return free if free >= 0 else None
+
+    def drop_block(self, row: int) -> None:
+        """The allocation at ``row`` and its free no longer happen."""
+        self._dropped.append(row)
+        free = self.free_of(row)
+        if free is not None:
+            self._dropped.append(free)
+
+    def add_block(self, nbytes: int, alloc_at: tuple[int, bool], free_at: tuple[int, bool] | None, op: str) -> None:
+        """A block of ``nbytes`` allocated at ``alloc_at`` and freed at ``free_at`` (None: held to
+        the end), each ``(anchor row, after)``."""
+        addr = self._next_addr
+        self._next_addr -= 1
+        self._added.append((alloc_at[0], alloc_at[1], int(nbytes), addr, op))
+        if free_at is not None:
+            self._added.append((free_at[0], free_at[1], -int(nbytes), addr, op))
+
+    def edit(self, what: str) -> RecordEdit:
+        added = pd.DataFrame(self._added, columns=list(_ADDED_COLUMNS)).astype(
+            {"anchor": np.int64, "after": bool, "bytes": np.int64, "addr": np.int64, "op": object})
+        return RecordEdit(what, np.unique(np.asarray(self._dropped, dtype=np.int64)), added)

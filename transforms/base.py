@@ -22,6 +22,7 @@ from whatif.core.bounds import check_fields
 from whatif.core.errors import WhatifError
 from whatif.depgraph.graph import TaskGraph
 from whatif.depgraph.schema import check_schema
+from whatif.tracer.memory import RecordEdit
 from whatif.tracer.trace import Trace
 
 from .beside import lift_beside, slow_beside
@@ -180,6 +181,12 @@ class Transform:
         (``graph``: the graph it is applied to). Unchanged unless the transform spreads the model
         over more GPUs or moves bytes out of HBM (:mod:`whatif.transforms.placement`)."""
         return placement
+
+    def memory_edit(self, graph: TaskGraph) -> RecordEdit | None:
+        """What this transform changes in the allocator records of ``graph``'s trace (the memory
+        timeline ``whatif memory -s`` predicts: :class:`~whatif.tracer.memory.RecordEdit`); None
+        where it does not model memory, the default."""
+        return None
 
     def params(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)} if dataclasses.is_dataclass(self) \

@@ -671,7 +671,9 @@ class MemorySeries(Entry, frozen=True, kw_only=True):
 
 
 class MemoryDocument(Entry, frozen=True, kw_only=True):
-    """The ``whatif.memory`` v1 document (``whatif memory --json``)."""
+    """The ``whatif.memory`` v1 document (``whatif memory --json``). ``predicted``: None for the
+    recorded timeline; for a what-if's (``whatif memory -s``), a line per transform saying what it
+    changed in the records, or that it does not model memory."""
 
     schema: Literal["whatif.memory"] = "whatif.memory"
     version: Literal[1] = 1
@@ -681,6 +683,7 @@ class MemoryDocument(Entry, frozen=True, kw_only=True):
     steps: list[MemoryStep]
     ops: list[MemoryOp]
     timeline: list[MemorySeries]
+    predicted: list[str] | None = None
 
 
 # --- whatif.ops ------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ not freed at the peak; what no record allocated was allocated before the recordi
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,10 +35,19 @@ from whatif.documents import MemoryDevice, MemoryDocument, MemoryOp, MemorySerie
 from whatif.predictors.steps import exclusion_reasons
 from whatif.tracer.kinds import EventKind
 from whatif.tracer.kineto import step_number
-from whatif.tracer.memory import GPU_DEVICE_TYPES, UNKNOWN, allocated_bytes, device_label
+from whatif.tracer.memory import (
+    FIRST_ADDED_ADDR,
+    GPU_DEVICE_TYPES,
+    UNKNOWN,
+    RecordEdit,
+    allocated_bytes,
+    device_label,
+)
 from whatif.tracer.trace import Trace
+from whatif.transforms.base import Transform
 
-__all__ = ["NO_OP", "OUTSIDE_STEPS", "MemoryOptions", "device_order", "memory", "memory_table", "thin"]
+__all__ = ["NO_OP", "OUTSIDE_STEPS", "MemoryOptions", "device_order", "memory", "memory_edits", "memory_table",
+           "thin"]
 
 NO_OP = "(no op)"
 """The operator of a record made outside any CPU event of its thread."""
@@ -209,13 +218,44 @@ def _record_steps(trace: Trace) -> np.ndarray:
     return out
 
 
-def _devices(trace: Trace) -> Iterator[_Device]:
+def _edited(d: _Device, rows: np.ndarray, dropped: np.ndarray, added: pd.DataFrame) -> _Device:
+    """``d`` with a what-if's records: the dropped rows gone, the added ones in place, the
+    allocated bytes after each moved by what was dropped and added before it (so a device
+    nothing touches keeps its recorded values). Reserved bytes are not predicted."""
+    at = pd.Index(rows).get_indexer(added["anchor"].to_numpy())
+    mine = at >= 0
+    added, at = added[mine], at[mine]
+    n, k = len(rows), len(added)
+    sizes = d.sizes
+    after = added["after"].to_numpy()
+    # each item's place: (position, 0 before / 1 the record / 2 after, order listed)
+    place = np.concatenate([np.arange(n), at])
+    side = np.concatenate([np.ones(n, dtype=np.int64), np.where(after, 2, 0)])
+    order = np.lexsort((np.arange(n + k), side, place))
+    gone = np.concatenate([np.isin(rows, dropped), np.zeros(k, dtype=bool)])
+    base = np.concatenate([d.allocated, d.allocated[at] - np.where(after, 0, sizes[at])])
+    delta = np.concatenate([np.where(gone[:n], -sizes, 0), added["bytes"].to_numpy()])
+    allocated = (base[order] + np.cumsum(delta[order]))[~gone[order]]
+    keep = order[~gone[order]]
+    source = np.concatenate([np.arange(n), at])[keep]
+    frame = d.frame.iloc[source].copy()
+    new = keep >= n
+    frame["bytes"] = np.concatenate([sizes, added["bytes"].to_numpy()])[keep]
+    frame["addr"] = np.concatenate([d.frame["addr"].to_numpy(), added["addr"].to_numpy()])[keep]
+    frame["total_allocated_bytes"] = allocated
+    frame["total_reserved_bytes"] = UNKNOWN
+    ops = np.where(new, np.concatenate([d.ops, added["op"].to_numpy()])[keep], d.ops[source])
+    return _Device(d.rank, d.device_type, d.device_id, frame, ops, d.steps[source], allocated, d.recorded)
+
+
+def _devices(trace: Trace, edits: Sequence[RecordEdit] = ()) -> Iterator[_Device]:
     mem = trace.memory
     if not len(mem):
         return
     hierarchy = build_hierarchy(trace.events)
     ops = _record_ops(trace, hierarchy)
     steps = _record_steps(trace)
+    dropped, added = _joined(edits)
     groups: dict[tuple[int, int, int], np.ndarray] = {}
     keys = mem[["rank", "device_type", "device_id"]].to_numpy()
     for rows in mem.groupby(["rank", "device_type", "device_id"], sort=False).indices.values():
@@ -226,7 +266,21 @@ def _devices(trace: Trace) -> Iterator[_Device]:
         rows = groups[(rank, dtype, dev)]
         frame = mem.iloc[rows]
         allocated, recorded = allocated_bytes(frame)
-        yield _Device(rank, dtype, dev, frame, ops[rows], steps[rows], allocated, recorded)
+        d = _Device(rank, dtype, dev, frame, ops[rows], steps[rows], allocated, recorded)
+        yield _edited(d, rows, dropped, added) if edits else d
+
+
+def _joined(edits: Sequence[RecordEdit]) -> tuple[np.ndarray, pd.DataFrame]:
+    """The edits' dropped rows and added records together, each edit's addresses moved below the
+    previous edit's so that blocks of two edits stay apart."""
+    parts, floor = [], 0
+    for e in edits:
+        part = e.added.copy()
+        part["addr"] = part["addr"] + floor
+        floor = int(part["addr"].min()) - FIRST_ADDED_ADDR - 1 if len(part) else floor
+        parts.append(part)
+    dropped = np.unique(np.concatenate([e.dropped for e in edits])) if edits else np.empty(0, dtype=np.int64)
+    return dropped, (pd.concat(parts, ignore_index=True) if parts else pd.DataFrame())
 
 
 def _device_entry(d: _Device, held: dict[str, int] | None) -> MemoryDevice:
@@ -278,8 +332,10 @@ def _series(d: _Device, max_points: int) -> MemorySeries:
                         reserved_bytes=None if reserved is None else reserved[keep].tolist())
 
 
-def memory(trace: Trace, graph: TaskGraph | None = None, options: MemoryOptions = MemoryOptions()) -> MemoryDocument:
-    """The memory timeline of ``trace`` (its ``profile_memory`` allocator records).
+def memory(trace: Trace, graph: TaskGraph | None = None, options: MemoryOptions = MemoryOptions(),
+           edits: Sequence[RecordEdit] = (), predicted: Sequence[str] | None = None) -> MemoryDocument:
+    """The memory timeline of ``trace`` (its ``profile_memory`` allocator records), as recorded or
+    as a what-if predicts it.
 
     Parameters
     ----------
@@ -288,6 +344,9 @@ def memory(trace: Trace, graph: TaskGraph | None = None, options: MemoryOptions 
     graph : its dependency graph, for the steps left out of means (warm-up, partial); None: no
         step is marked.
     options : :class:`MemoryOptions`.
+    edits : what transforms change in the records (:meth:`whatif.transforms.base.Transform.memory_edit`):
+        the timeline is the recorded one with their records dropped and added; empty: as recorded.
+    predicted : lines saying what the edits are (the document's ``predicted``); None: as recorded.
 
     Raises
     ------
@@ -295,23 +354,45 @@ def memory(trace: Trace, graph: TaskGraph | None = None, options: MemoryOptions 
     """
     excluded = exclusion_reasons(graph) if graph is not None else {}
     devices, steps, ops, timeline = [], [], [], []
-    for d in _devices(trace):
+    for d in _devices(trace, edits):
         held = d.held_at_peak()
         devices.append(_device_entry(d, held))
         steps.extend(_step_entries(d, excluded))
         ops.extend(_op_entries(d, held))
         timeline.append(_series(d, options.max_points))
     return MemoryDocument(source=trace.source, max_points=options.max_points, devices=devices, steps=steps, ops=ops,
-                          timeline=timeline)
+                          timeline=timeline, predicted=list(predicted) if predicted is not None else None)
 
 
-def memory_table(trace: Trace) -> pd.DataFrame:
+def memory_edits(graph: TaskGraph, transforms: Sequence[Transform]) -> tuple[list[RecordEdit], list[str]]:
+    """What ``transforms`` change in the allocator records of ``graph``'s trace, and a line each
+    for the reader (:meth:`~whatif.transforms.base.Transform.memory_edit`; a transform that does
+    not model memory leaves its records as recorded and says so). Each transform's edit is read
+    on ``graph`` as recorded, not on what the ones before it made.
+
+    Raises
+    ------
+    TransformError : a transform that models memory cannot apply to this trace.
+    """
+    edits, lines = [], []
+    for t in transforms:
+        edit = t.memory_edit(graph)
+        if edit is None:
+            lines.append(f"{t.setting()}: memory not modelled (its allocations stay as recorded)")
+        else:
+            edits.append(edit)
+            lines.append(edit.what)
+    return edits, lines
+
+
+def memory_table(trace: Trace, edits: Sequence[RecordEdit] = ()) -> pd.DataFrame:
     """Every allocator record with what the timeline derives from it, one row each (what
     ``whatif memory -o`` writes): ``rank``, ``device``, ``ts_ns``, ``bytes`` (negative: a free),
     ``allocated_bytes`` and ``reserved_bytes`` after it (reserved: <NA> when not recorded),
-    ``step`` (-1 outside steps), ``op``; grouped by rank and device, in time order."""
+    ``step`` (-1 outside steps), ``op``; grouped by rank and device, in time order; with
+    ``edits``, the records a what-if predicts (as :func:`memory`)."""
     parts = []
-    for d in _devices(trace):
+    for d in _devices(trace, edits):
         reserved = d.reserved
         parts.append(pd.DataFrame({
             "rank": np.full(len(d.sizes), d.rank, dtype=np.int32), "device": d.label,

@@ -65,6 +65,7 @@ from whatif.core.dtypes import DType, op_dtype
 from whatif.core.kernels import (
     FLASH_KERNEL_NAMES,
     KernelClass,
+    flash_buffers,
     fused_attention_flops_bytes,
     is_attention_backward,
     op_key,
@@ -76,6 +77,7 @@ from whatif.hardware.devices import Device, find_device
 from whatif.hardware.roofline import achievable_time_ns, fixed_latency_ns
 from whatif.tracer.args import Arg
 from whatif.tracer.kinds import EventKind
+from whatif.tracer.memory import RecordEdit, RecordEditor
 from whatif.tracer.op_facts import op_facts
 from whatif.tracer.trace import Trace, per_name
 
@@ -257,43 +259,165 @@ def find_unfused(graph: TaskGraph, sixteen_bit: bool = True) -> list[UnfusedAtte
     return graph.memo(f"flash_attention_unfused@{sixteen_bit}", lambda: _find_unfused(graph, sixteen_bit))
 
 
-def _find_unfused(graph: TaskGraph, sixteen_bit: bool) -> list[UnfusedAttention]:
-    trace = graph.trace
-    if trace is None:
-        return []
+@dataclass(frozen=True)
+class MathCall:
+    """One SDPA math call as the trace recorded it: the SDPA op's row (shapes), the rows of the
+    autograd nodes of its backward (empty in inference), the fused kernel's (FLOPs, bytes) forward
+    and backward (None where the shapes do not say) and the inputs' dtype ('' when unknown)."""
+
+    op_row: int
+    nodes: np.ndarray
+    work: tuple[tuple[int, int], tuple[int, int]] | None
+    dtype: str
+
+    def flash_ready(self, sixteen_bit: bool) -> bool:
+        """Whether a flash kernel could run it: its work is known and (``sixteen_bit``) its inputs
+        are fp16/bf16."""
+        return self.work is not None and bool(self.dtype) and \
+            (not sixteen_bit or self.dtype in (DType.BF16.value, DType.FP16.value))
+
+
+def _math_calls(trace: Trace, threads: _Threads) -> list[MathCall]:
     ev = trace.events
-    kind = ev["kind"].to_numpy()
-    is_op = kind == int(EventKind.CPU_OP)
+    is_op = ev["kind"].to_numpy() == int(EventKind.CPU_OP)
     math_rows = np.flatnonzero(per_name(ev["name"], lambda n: op_key(n) == MATH_OP) & is_op)
     if not len(math_rows):
         return []
-    threads = _Threads(trace)
-    cpu_tasks = _CpuTasks(graph, trace)
     autograd = _Nodes(trace)
     ts, end = ev["ts_ns"].to_numpy(), ev["ts_ns"].to_numpy() + ev["dur_ns"].to_numpy()
     is_sdpa = per_name(ev["name"], lambda n: n == SDPA_OP)
     dims, types, concrete = trace.arg(Arg.INPUT_DIMS), trace.arg(Arg.INPUT_TYPES), trace.arg(Arg.CONCRETE_INPUTS)
-    found: list[UnfusedAttention] = []
+    out = []
     for m in math_rows.tolist():
         around = threads.inside(m, int(ts[m]) - 10**12, int(ts[m]))
         around = around[(end[around] >= end[m]) & is_sdpa[around]]
         op = int(around[0]) if len(around) else m
-        work = fused_attention_flops_bytes(SDPA_OP, dims[op], types[op], concrete[op])
-        dtype = op_dtype(types[op])
-        if work is None or not dtype or (sixteen_bit and dtype not in (DType.BF16.value, DType.FP16.value)):
-            continue
         inside = threads.inside(op, int(ts[op]), int(end[op]))
-        forward = _pass(graph, cpu_tasks, threads, np.array([op]), ev)
+        out.append(MathCall(op, autograd.of_call(trace, threads, op, int(end[op]), inside),
+                            fused_attention_flops_bytes(SDPA_OP, dims[op], types[op], concrete[op]),
+                            op_dtype(types[op]) or ""))
+    return out
+
+
+def _find_unfused(graph: TaskGraph, sixteen_bit: bool) -> list[UnfusedAttention]:
+    trace = graph.trace
+    if trace is None:
+        return []
+    threads = _Threads(trace)
+    calls = [c for c in _math_calls(trace, threads) if c.flash_ready(sixteen_bit)]
+    if not calls:
+        return []
+    ev = trace.events
+    cpu_tasks = _CpuTasks(graph, trace)
+    found: list[UnfusedAttention] = []
+    for c in calls:
+        assert c.work is not None
+        forward = _pass(graph, cpu_tasks, threads, np.array([c.op_row]), ev)
         if not len(forward.gpu):
             continue
-        nodes = autograd.of_call(trace, threads, op, int(end[op]), inside)
-        backward = _pass(graph, cpu_tasks, threads, nodes, ev) if len(nodes) else None
+        backward = _pass(graph, cpu_tasks, threads, c.nodes, ev) if len(c.nodes) else None
         if backward is not None and not len(backward.gpu):
             backward = None
-        (ff, fb), (bf, bb) = work
-        found.append(UnfusedAttention(op, forward, backward, (float(ff), float(bf)), (float(fb), float(bb)),
-                                      DType(dtype)))
+        (ff, fb), (bf, bb) = c.work
+        found.append(UnfusedAttention(c.op_row, forward, backward, (float(ff), float(bf)), (float(fb), float(bb)),
+                                      DType(c.dtype)))
     return found
+
+
+class _Records:
+    """The trace's allocator records per thread, sorted by time, to find what a span allocated."""
+
+    def __init__(self, memory: pd.DataFrame) -> None:
+        key = thread_keys(*(memory[c].to_numpy() for c in ("rank", "pid", "tid")))
+        ts = memory["ts_ns"].to_numpy()
+        order = np.lexsort((np.arange(len(memory)), ts, key))
+        self.rows, self.keys, self.ts = order, key[order], ts[order]
+
+    def inside(self, key: int, start_ns: int, end_ns: int) -> np.ndarray:
+        """Rows of thread ``key``'s records within [start_ns, end_ns], in record order."""
+        a, b = _span(self.keys, self.ts, key, start_ns, end_ns)
+        return np.sort(self.rows[a:b])
+
+
+def flash_memory_edit(trace: Trace) -> RecordEdit:
+    """What the allocator records become when each SDPA math call (16-bit inputs, known shapes) runs
+    as FlashAttention (:class:`~whatif.core.kernels.FlashBuffers`):
+
+    * forward: of the blocks allocated inside the SDPA op, the output (the last one still held
+      after the call with the output's size) stays; every other one goes with its free (the S×S
+      scores, the softmax the math backend saves for the backward, its fp32 copies of Q, K, V);
+      the log-sum-exp is allocated where the call began and freed where the last saved block was
+      (the backward's release of it), or at the call's end without one (inference). Where the
+      math backend saved fp32 copies of its 16-bit inputs (a held block of Q's elements × 4
+      bytes: the math backend upcasts them), nothing kept Q, K, V themselves; flash saves them,
+      so their bytes are held from the call's end to that release (one block: the trace does not
+      say which block holds them, nor when they would have been freed; counted from the call's
+      end, it is counted twice until then);
+    * backward: the blocks its autograd nodes allocate and free before the last node ends go (the
+      S×S gradients); those still held after it (the gradients for Q, K, V) stay; the flash
+      backward's workspace is held from its first record to its last.
+
+    A call whose output block is not found among its records is left as recorded (counted in the
+    edit's line).
+
+    Raises
+    ------
+    TransformError : the trace has no SDPA math call with 16-bit inputs and known shapes.
+    """
+    threads = _Threads(trace)
+    calls = [c for c in _math_calls(trace, threads) if c.flash_ready(sixteen_bit=True)]
+    if not calls:
+        raise TransformError("flash_attention: the trace runs no attention through SDPA's math backend "
+                             "(with recorded shapes and 16-bit inputs)")
+    mem = trace.memory
+    editor = RecordEditor(mem)
+    records = _Records(mem)
+    ev = trace.events
+    ts, end = ev["ts_ns"].to_numpy(), ev["ts_ns"].to_numpy() + ev["dur_ns"].to_numpy()
+    dims, types, concrete = trace.arg(Arg.INPUT_DIMS), trace.arg(Arg.INPUT_TYPES), trace.arg(Arg.CONCRETE_INPUTS)
+    sizes, mem_ts = mem["bytes"].to_numpy(), mem["ts_ns"].to_numpy()
+    device = mem["device_type"].to_numpy().astype(np.int64) * 0x10000 + mem["device_id"].to_numpy()
+    edited = 0
+    for c in calls:
+        buffers = flash_buffers(SDPA_OP, dims[c.op_row], types[c.op_row], concrete[c.op_row])
+        fwd = records.inside(int(threads.key[c.op_row]), int(ts[c.op_row]), int(end[c.op_row]))
+        allocs = fwd[sizes[fwd] > 0]
+        frees = {int(a): editor.free_of(int(a)) for a in allocs}
+        within = set(fwd.tolist())
+        held = [a for a, f in frees.items() if f is None or f not in within]
+        outputs = [a for a in held if buffers is not None and sizes[a] == buffers.output_bytes]
+        if buffers is None or not outputs:
+            continue
+        out = outputs[-1]
+        on = fwd[device[fwd] == device[out]]
+        for a in frees:
+            if a != out:
+                editor.drop_block(a)
+        saved = [f for a, f in frees.items() if a in held and a != out and f is not None and device[a] == device[out]]
+        released = (max(saved), True) if saved else (int(on[-1]), True)
+        editor.add_block(buffers.lse_bytes, (int(on[0]), False), released, FLASH_OPS[False])
+        if saved and any(sizes[a] == 4 * buffers.query_elements for a in held):
+            editor.add_block(buffers.inputs_bytes, (int(on[-1]), True), released, FLASH_OPS[False])
+        if len(c.nodes):
+            bwd = np.unique(np.concatenate([records.inside(int(threads.key[n]), int(ts[n]), int(end[n]))
+                                            for n in c.nodes.tolist()]))
+            stop = int(end[c.nodes].max())
+            for a in bwd[sizes[bwd] > 0].tolist():
+                f = editor.free_of(a)
+                if f is not None and mem_ts[f] <= stop:
+                    editor.drop_block(a)
+            mine = bwd[device[bwd] == device[out]]
+            if len(mine):
+                editor.add_block(buffers.backward_workspace_bytes, (int(mine[0]), False), (int(mine[-1]), True),
+                                 FLASH_OPS[True])
+        edited += 1
+    edit = editor.edit("")
+    gone = int(sizes[edit.dropped][sizes[edit.dropped] > 0].sum())
+    left = f"; {len(calls) - edited:,} without their output block among their records left as recorded" \
+        if edited < len(calls) else ""
+    return RecordEdit(f"flash_attention: {edited:,} of {len(calls):,} SDPA math calls allocate as FlashAttention "
+                      f"({gone / 2**20:,.1f} MiB of the math backend's blocks go, {edit.added_bytes / 2**20:,.1f} "
+                      f"MiB of log-sum-exp, saved Q, K, V and backward workspace come){left}", edit.dropped, edit.added)
 
 
 def math_attention_kernels(graph: TaskGraph) -> np.ndarray:
@@ -375,6 +499,12 @@ class FlashAttention(Transform):
         assert f is not None and b is not None
         return f, b, f"efficiency {f:.2f} / {b:.2f} (the trace's {n_fwd} forward / {n_bwd} backward fused " \
                      f"attention ops)"
+
+    def memory_edit(self, graph: TaskGraph) -> RecordEdit | None:
+        """The allocator records as FlashAttention makes them (:func:`flash_memory_edit`)."""
+        if graph.trace is None:
+            raise TransformError("flash_attention: the graph has no trace to read allocator records from")
+        return flash_memory_edit(graph.trace)
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
         device = find_device(ctx.device)

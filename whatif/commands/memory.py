@@ -11,11 +11,12 @@ from rich.console import Console
 
 from whatif.depgraph.build import build_graph
 from whatif.documents import MemoryDocument
-from whatif.memory import MemoryOptions, memory, memory_table
+from whatif.memory import MemoryOptions, memory, memory_edits, memory_table
 from whatif.report.diff_text import short_name
 from whatif.summary import console, mib_text, ms_text
 from whatif.tracer.readers import accepted
 from whatif.tracer.trace import load_trace
+from whatif.transforms.scenario import load_scenario
 
 from ._dataclass_args import add_dataclass_arguments, from_args
 from ._progress import working
@@ -30,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", type=Path, help=f"trace file ({accepted()}), folder of per-rank traces, or run folder")
     add_output_arguments(parser, "every allocator record with its allocated/reserved bytes, step and op",
                          "whatif.memory")
+    parser.add_argument("-s", "--scenario", type=Path, metavar="FILE",
+                        help="the timeline this scenario's transforms predict (those that model memory: "
+                             "flash_attention), beside the recorded peak")
     parser.add_argument("--steps", action="store_true", help="a row per step and device (default: per device)")
     parser.add_argument("--top", type=positive_int, default=10, help="operators per device (default 10)")
     add_dataclass_arguments(parser, MemoryOptions)
@@ -38,17 +42,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     options = from_args(MemoryOptions, args)
     check_outputs(args)
+    scenario = load_scenario(args.scenario) if args.scenario else None
     with working(f"whatif memory: reading {args.path}", args.quiet) as status:
         trace = load_trace(args.path)
         status(f"whatif memory: building the graph of {args.path}")
-        doc = memory(trace, build_graph(trace), options)
-        table = memory_table(trace) if args.output else None
+        graph = build_graph(trace)
+        recorded = memory(trace, graph, options)
+        edits, lines = memory_edits(graph, scenario.transforms) if scenario is not None else ([], None)
+        doc = memory(trace, graph, options, edits, lines) if scenario is not None else recorded
+        table = memory_table(trace, edits) if args.output else None
     written = write_outputs(args, doc, table)
     if not args.quiet:
-        render_memory(doc, console(), steps=args.steps, top=args.top)
+        out = console()
+        if scenario is not None and recorded.devices:
+            render_prediction(recorded, doc, scenario.name, out)
+        render_memory(doc, out, steps=args.steps, top=args.top)
         for path in written:
             print(f"wrote {path}")
     return 0
+
+
+def render_prediction(recorded: MemoryDocument, predicted: MemoryDocument, scenario: str, out: Console) -> None:
+    """What the scenario's transforms do to the records, and each device's peak recorded and
+    predicted (the tables after it are the predicted timeline's)."""
+    out.print(f"scenario {scenario}: the predicted timeline (the tables below are the prediction's)")
+    for line in predicted.predicted or ():
+        out.print(f"  {line}")
+    print_table(out, "peak allocated memory per device (MiB)", ["rank", "device", "recorded", "predicted", "ratio"],
+                [[str(r.rank), r.device, mib_text(r.peak_allocated_bytes), mib_text(p.peak_allocated_bytes),
+                  f"{p.peak_allocated_bytes / r.peak_allocated_bytes:.3f}x" if r.peak_allocated_bytes else "-"]
+                 for r, p in zip(recorded.devices, predicted.devices)], text={0, 1})
 
 
 def _step(step: int) -> str:
