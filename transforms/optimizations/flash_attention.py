@@ -47,9 +47,11 @@ path records (``FLASH_FORWARD_EVENTS`` = 20: the SDPA op, ``_scaled_dot_product_
 launch; ``FLASH_BACKWARD_EVENTS`` = 33 for the backward node; counted in PyTorch 2.11's flash
 path as `whatif record` traced it, ``sample_traces/gpu/pairs/p4_sdpa-after-r1``).
 
-Left out: the memory the S×S scores no longer take (``whatif memory`` still sees them), the
-efficient (xFormers) and cuDNN backends, FlashAttention-3, attention written by hand outside
-SDPA (its kernels are not one op), dropout's RNG in the flash kernel.
+**Memory** (``whatif memory -s``): :meth:`FlashAttention.memory_edit` edits the allocator records
+as FlashAttention-2 allocates (:func:`flash_memory_edit`; docs/memory.md).
+
+Left out: the efficient (xFormers) and cuDNN backends, FlashAttention-3, attention written by hand
+outside SDPA (its kernels are not one op), dropout's RNG in the flash kernel.
 
 >>> FlashAttention(efficiency=0.5).setting()
 'flash_attention(efficiency=0.5)'
