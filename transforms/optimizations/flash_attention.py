@@ -144,31 +144,45 @@ class Rewrite:
 
 
 class _Threads:
-    """The trace's CPU events per thread, sorted by start, to find what ran inside a span."""
+    """Rows of a table (the trace's events, or its allocator records) per CPU thread, sorted by
+    time (ties in row order), to find what started inside a span."""
 
-    def __init__(self, trace: Trace) -> None:
-        ev = trace.events
-        self.key = _thread_keys(ev)
-        cpu = np.flatnonzero(np.isin(ev["kind"].to_numpy(), _CPU_EVENTS))
-        ts = ev["ts_ns"].to_numpy()
-        order = np.lexsort((ts[cpu], self.key[cpu]))
-        self.rows = cpu[order]
-        self.keys = self.key[self.rows]
+    def __init__(self, key: np.ndarray, ts: np.ndarray, rows: np.ndarray) -> None:
+        self.key = key
+        order = np.lexsort((rows, ts[rows], key[rows]))
+        self.rows = rows[order]
+        self.keys = key[self.rows]
         self.ts = ts[self.rows]
 
-    def inside(self, row: int, start_ns: int, end_ns: int) -> np.ndarray:
-        """Rows of the CPU events on ``row``'s thread that start within [start_ns, end_ns]."""
-        a, b = _span(self.keys, self.ts, int(self.key[row]), start_ns, end_ns)
+    @classmethod
+    def events(cls, trace: Trace) -> _Threads:
+        """The trace's CPU events (ops, runtime and driver calls)."""
+        ev = trace.events
+        cpu = np.flatnonzero(np.isin(ev["kind"].to_numpy(), _CPU_EVENTS))
+        return cls(_thread_keys(ev), ev["ts_ns"].to_numpy(), cpu)
+
+    @classmethod
+    def records(cls, trace: Trace) -> _Threads:
+        """The trace's allocator records (``Trace.memory``)."""
+        mem = trace.memory
+        return cls(_thread_keys(mem), mem["ts_ns"].to_numpy(), np.arange(len(mem)))
+
+    def within(self, key: int, start_ns: int, end_ns: int) -> np.ndarray:
+        """Rows of thread ``key`` that start within [start_ns, end_ns], in order."""
+        a, b = _span(self.keys, self.ts, key, start_ns, end_ns)
         return self.rows[a:b]
+
+    def inside(self, row: int, start_ns: int, end_ns: int) -> np.ndarray:
+        """Rows on ``row``'s thread that start within [start_ns, end_ns], in order."""
+        return self.within(int(self.key[row]), start_ns, end_ns)
 
     def after(self, row: int, end_ns: int) -> np.ndarray:
-        """Rows of the CPU events on ``row``'s thread that start after ``end_ns``, in order."""
-        a, b = _span(self.keys, self.ts, int(self.key[row]), end_ns + 1, np.iinfo(np.int64).max)
-        return self.rows[a:b]
+        """Rows on ``row``'s thread that start after ``end_ns``, in order."""
+        return self.within(int(self.key[row]), end_ns + 1, np.iinfo(np.int64).max)
 
 
-def _thread_keys(ev: pd.DataFrame) -> np.ndarray:
-    return thread_keys(ev["rank"].to_numpy(), ev["pid"].to_numpy(), ev["tid"].to_numpy())
+def _thread_keys(table: pd.DataFrame) -> np.ndarray:
+    return thread_keys(table["rank"].to_numpy(), table["pid"].to_numpy(), table["tid"].to_numpy())
 
 
 def _span(keys: np.ndarray, starts: np.ndarray, key: int, start_ns: int, end_ns: int) -> tuple[int, int]:
@@ -305,7 +319,7 @@ def _find_unfused(graph: TaskGraph, sixteen_bit: bool) -> list[UnfusedAttention]
     trace = graph.trace
     if trace is None:
         return []
-    threads = _Threads(trace)
+    threads = _Threads.events(trace)
     calls = [c for c in _math_calls(trace, threads) if c.flash_ready(sixteen_bit)]
     if not calls:
         return []
@@ -324,21 +338,6 @@ def _find_unfused(graph: TaskGraph, sixteen_bit: bool) -> list[UnfusedAttention]
         found.append(UnfusedAttention(c.op_row, forward, backward, (float(ff), float(bf)), (float(fb), float(bb)),
                                       DType(c.dtype)))
     return found
-
-
-class _Records:
-    """The trace's allocator records per thread, sorted by time, to find what a span allocated."""
-
-    def __init__(self, memory: pd.DataFrame) -> None:
-        key = thread_keys(*(memory[c].to_numpy() for c in ("rank", "pid", "tid")))
-        ts = memory["ts_ns"].to_numpy()
-        order = np.lexsort((np.arange(len(memory)), ts, key))
-        self.rows, self.keys, self.ts = order, key[order], ts[order]
-
-    def inside(self, key: int, start_ns: int, end_ns: int) -> np.ndarray:
-        """Rows of thread ``key``'s records within [start_ns, end_ns], in record order."""
-        a, b = _span(self.keys, self.ts, key, start_ns, end_ns)
-        return np.sort(self.rows[a:b])
 
 
 def flash_memory_edit(trace: Trace) -> RecordEdit:
@@ -366,14 +365,14 @@ def flash_memory_edit(trace: Trace) -> RecordEdit:
     ------
     TransformError : the trace has no SDPA math call with 16-bit inputs and known shapes.
     """
-    threads = _Threads(trace)
+    threads = _Threads.events(trace)
     calls = [c for c in _math_calls(trace, threads) if c.flash_ready(sixteen_bit=True)]
     if not calls:
         raise TransformError("flash_attention: the trace runs no attention through SDPA's math backend "
                              "(with recorded shapes and 16-bit inputs)")
     mem = trace.memory
     editor = RecordEditor(mem)
-    records = _Records(mem)
+    records = _Threads.records(trace)
     ev = trace.events
     ts, end = ev["ts_ns"].to_numpy(), ev["ts_ns"].to_numpy() + ev["dur_ns"].to_numpy()
     dims, types, concrete = trace.arg(Arg.INPUT_DIMS), trace.arg(Arg.INPUT_TYPES), trace.arg(Arg.CONCRETE_INPUTS)
@@ -382,7 +381,7 @@ def flash_memory_edit(trace: Trace) -> RecordEdit:
     edited = 0
     for c in calls:
         buffers = flash_buffers(SDPA_OP, dims[c.op_row], types[c.op_row], concrete[c.op_row])
-        fwd = records.inside(int(threads.key[c.op_row]), int(ts[c.op_row]), int(end[c.op_row]))
+        fwd = records.within(int(threads.key[c.op_row]), int(ts[c.op_row]), int(end[c.op_row]))
         allocs = fwd[sizes[fwd] > 0]
         frees = {int(a): editor.free_of(int(a)) for a in allocs}
         within = set(fwd.tolist())
@@ -401,7 +400,7 @@ def flash_memory_edit(trace: Trace) -> RecordEdit:
         if saved and any(sizes[a] == 4 * buffers.query_elements for a in held):
             editor.add_block(buffers.inputs_bytes, (int(on[-1]), True), released, FLASH_OPS[False])
         if len(c.nodes):
-            bwd = np.unique(np.concatenate([records.inside(int(threads.key[n]), int(ts[n]), int(end[n]))
+            bwd = np.unique(np.concatenate([records.within(int(threads.key[n]), int(ts[n]), int(end[n]))
                                             for n in c.nodes.tolist()]))
             stop = int(end[c.nodes].max())
             for a in bwd[sizes[bwd] > 0].tolist():
