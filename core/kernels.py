@@ -137,6 +137,14 @@ BIAS_ARG = {"linear": 2, "addmm": 0, "conv1d": 2, "conv2d": 2, "conv3d": 2, "con
 """The argument that holds a GEMM/conv op's bias (a parameter too: autocast casts it every forward)."""
 
 
+NORM_PARAM_ARGS = {"layer_norm": (2, 3), "native_layer_norm": (2, 3), "rms_norm": (2,), "_fused_rms_norm": (2,),
+                   "group_norm": (2, 3), "native_group_norm": (1, 2), "batch_norm": (1, 2, 3, 4),
+                   "native_batch_norm": (1, 2, 3, 4), "_native_batch_norm_legit": (1, 2, 3, 4),
+                   "embedding": (0,)}
+"""The arguments of a norm or embedding op that hold its parameters (and batch norm's running
+statistics), by op name without namespace."""
+
+
 def weight_arg(op_name: str, dims: Sequence | None) -> int | None:
     """The position of a recorded GEMM/conv op's weight (:data:`WEIGHT_ARG`), None when it has
     none: another op, a missing argument, or a ``matmul`` of two activations (not 2-D).
@@ -149,6 +157,26 @@ def weight_arg(op_name: str, dims: Sequence | None) -> int | None:
     if w is None or not dims or w >= len(dims) or not isinstance(dims[w], (list, tuple)):
         return None
     return None if key == "matmul" and len(dims[w]) != 2 else w
+
+def param_args(op_name: str, dims: Sequence | None) -> list[int]:
+    """The positions of a recorded op's parameter arguments (a GEMM's or convolution's weight and
+    bias, a norm's weight and bias, an embedding's table) that it was given as tensors.
+
+    >>> param_args("aten::addmm", [[16], [8, 4], [4, 16], [], []])
+    [2, 0]
+    >>> param_args("aten::layer_norm", [[2, 8], [], [8], [8]])
+    [2, 3]
+    >>> param_args("aten::mul", [[2, 8], [2, 8]]), param_args("aten::linear", [[8, 4], [16, 4], []])
+    ([], [1])
+    """
+    if not dims:
+        return []
+    key = op_key(op_name)
+    w = weight_arg(op_name, dims)
+    found = ([w] if w is not None else []) + ([BIAS_ARG[key]] if w is not None and key in BIAS_ARG else [])
+    found += list(NORM_PARAM_ARGS.get(key, ()))
+    return [i for i in found if i < len(dims) and isinstance(dims[i], (list, tuple)) and len(dims[i]) > 0]
+
 
 _GENERIC = re.compile(r"^(triton__[0-9d]+|kernel2?|void cutlass::kernel2?)$")
 

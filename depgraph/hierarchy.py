@@ -182,3 +182,74 @@ def inherit(source: np.ndarray, parent: np.ndarray) -> np.ndarray:
             return val
         val[need] = val[up[need]]
         up[need] = up[up[need]]
+
+
+def enclosing(hierarchy: CpuHierarchy, events: pd.DataFrame, table: pd.DataFrame) -> np.ndarray:
+    """Per row of ``table`` (columns ``rank``, ``pid``, ``tid``, ``ts_ns``: allocator records,
+    instants): the position in ``hierarchy.rows`` of the innermost CPU event of its thread that
+    encloses its time, -1 outside every one.
+
+    >>> ev = pd.DataFrame({"kind": [int(EventKind.CPU_OP)] * 2, "rank": [0, 0], "pid": [1, 1], "tid": [1, 1],
+    ...                    "ts_ns": [0, 2], "dur_ns": [10, 3], "name": pd.Categorical(["aten::a", "aten::b"])})
+    >>> at = pd.DataFrame({"rank": [0, 0, 0], "pid": [1, 1, 1], "tid": [1, 1, 1], "ts_ns": [1, 3, 12]})
+    >>> enclosing(build_hierarchy(ev), ev, at).tolist()
+    [0, 1, -1]
+    """
+    out = np.full(len(table), -1, dtype=np.int64)
+    if not len(table) or not len(hierarchy.rows):
+        return out
+    sub = events.iloc[hierarchy.rows]
+    ts = sub["ts_ns"].to_numpy()
+    end = ts + sub["dur_ns"].to_numpy()
+    threads = pd.DataFrame({"rank": sub["rank"].to_numpy(), "pid": sub["pid"].to_numpy(),
+                            "tid": sub["tid"].to_numpy()})
+    starts = threads.groupby(["rank", "pid", "tid"], sort=False).indices
+    parent = hierarchy.parent
+    at_ns = table["ts_ns"].to_numpy()
+    for key, rows in table.groupby(["rank", "pid", "tid"], sort=False).indices.items():
+        mine = starts.get(key)
+        if mine is None:
+            continue
+        mine_ts = ts[mine]
+        rows = np.asarray(rows)
+        for row, t in zip(rows.tolist(), at_ns[rows].tolist()):
+            j = int(np.searchsorted(mine_ts, t, side="right")) - 1
+            pos = int(mine[j]) if j >= 0 else -1
+            while pos >= 0 and end[pos] < t:
+                pos = int(parent[pos])
+            out[row] = pos
+    return out
+
+
+OUTSIDE_STEPS = -1
+"""The step of a record outside every ``ProfilerStep`` window of its rank."""
+
+
+def step_windows(events: pd.DataFrame) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per rank: the ``ProfilerStep#N`` windows of a trace's events (begin, end, N), in begin order."""
+    ann = events[events["kind"].to_numpy() == int(EventKind.ANNOTATION)]
+    numbers = ann["name"].astype(str).map(step_number)
+    ann = ann[numbers.notna().to_numpy()]
+    numbers = numbers[numbers.notna()].astype(np.int64)
+    out = {}
+    for rank in np.unique(ann["rank"].to_numpy()).tolist():
+        mine = ann["rank"].to_numpy() == rank
+        begin = ann["ts_ns"].to_numpy()[mine]
+        order = np.argsort(begin, kind="stable")
+        out[int(rank)] = (begin[order], (begin + ann["dur_ns"].to_numpy()[mine])[order],
+                          numbers.to_numpy()[mine][order])
+    return out
+
+
+def record_steps(events: pd.DataFrame, table: pd.DataFrame) -> np.ndarray:
+    """Per row of ``table`` (columns ``rank``, ``ts_ns``: allocator records, events): the step
+    whose window on its rank holds its time, else :data:`OUTSIDE_STEPS`."""
+    out = np.full(len(table), OUTSIDE_STEPS, dtype=np.int64)
+    ranks = table["rank"].to_numpy()
+    ts = table["ts_ns"].to_numpy()
+    for rank, (begin, end, number) in step_windows(events).items():
+        rows = np.flatnonzero(ranks == rank)
+        j = np.searchsorted(begin, ts[rows], side="right") - 1
+        inside = (j >= 0) & (ts[rows] <= end[np.maximum(j, 0)])
+        out[rows[inside]] = number[j[inside]]
+    return out

@@ -156,7 +156,8 @@ class RecordEdit:
     ``anchor`` a row of ``Trace.memory`` whose rank, device, thread and time the new record takes,
     ``after`` whether it comes right after the anchor or right before it, several at one place in
     the order they are listed; ``bytes`` negative for a free; ``addr`` pairing an allocation with
-    its free, from :data:`FIRST_ADDED_ADDR` down; ``op`` the operator it is made in). ``what``:
+    its free, from :data:`FIRST_ADDED_ADDR` down; ``op`` the operator it is made in, None: its
+    anchor's). ``what``:
     one line for the reader. Built with :class:`RecordEditor`."""
 
     what: str
@@ -191,7 +192,7 @@ class RecordEditor:
     def __init__(self, memory: pd.DataFrame) -> None:
         self.memory = memory
         self._dropped: list[int] = []
-        self._added: list[tuple[int, bool, int, int, str]] = []
+        self._added: list[tuple[int, bool, int, int, str | None]] = []
         self._next_addr = FIRST_ADDED_ADDR
         n = len(memory)
         sizes = memory["bytes"].to_numpy()
@@ -219,9 +220,10 @@ class RecordEditor:
         if free is not None:
             self._dropped.append(free)
 
-    def add_block(self, nbytes: int, alloc_at: tuple[int, bool], free_at: tuple[int, bool] | None, op: str) -> None:
+    def add_block(self, nbytes: int, alloc_at: tuple[int, bool], free_at: tuple[int, bool] | None,
+                  op: str | None) -> None:
         """A block of ``nbytes`` allocated at ``alloc_at`` and freed at ``free_at`` (None: held to
-        the end), each ``(anchor row, after)``."""
+        the end), each ``(anchor row, after)``, made in ``op`` (None: the anchor's operator)."""
         addr = self._next_addr
         self._next_addr -= 1
         self._added.append((alloc_at[0], alloc_at[1], int(nbytes), addr, op))
@@ -232,3 +234,4 @@ class RecordEditor:
         added = pd.DataFrame(self._added, columns=list(_ADDED_COLUMNS)).astype(
             {"anchor": np.int64, "after": bool, "bytes": np.int64, "addr": np.int64, "op": object})
         return RecordEdit(what, np.unique(np.asarray(self._dropped, dtype=np.int64)), added)
+

@@ -30,11 +30,10 @@ import pandas as pd
 
 from whatif.core.bounds import check_fields
 from whatif.depgraph.graph import TaskGraph
-from whatif.depgraph.hierarchy import CpuHierarchy, build_hierarchy
+from whatif.depgraph.hierarchy import OUTSIDE_STEPS, CpuHierarchy, build_hierarchy, enclosing, record_steps
 from whatif.documents import MemoryDevice, MemoryDocument, MemoryOp, MemorySeries, MemoryStep
 from whatif.predictors.steps import exclusion_reasons
 from whatif.tracer.kinds import EventKind
-from whatif.tracer.kineto import step_number
 from whatif.tracer.memory import (
     FIRST_ADDED_ADDR,
     GPU_DEVICE_TYPES,
@@ -51,8 +50,6 @@ __all__ = ["NO_OP", "OUTSIDE_STEPS", "MemoryOptions", "device_order", "memory", 
 
 NO_OP = "(no op)"
 """The operator of a record made outside any CPU event of its thread."""
-OUTSIDE_STEPS = -1
-"""The step of a record outside every ``ProfilerStep`` window of its rank."""
 
 
 @dataclass(frozen=True)
@@ -160,61 +157,13 @@ def _record_ops(trace: Trace, hierarchy: CpuHierarchy) -> np.ndarray:
     if not len(mem) or not len(hierarchy.rows):
         return out
     sub = trace.events.iloc[hierarchy.rows]
-    ts = sub["ts_ns"].to_numpy()
-    end = ts + sub["dur_ns"].to_numpy()
     names = sub["name"].astype(str).to_numpy()
     label = np.where(pd.isna(hierarchy.op), np.where(pd.isna(hierarchy.layer), names, hierarchy.layer), hierarchy.op)
     kinds = sub["kind"].to_numpy()
     label = np.where((kinds == int(EventKind.ANNOTATION)) & pd.isna(hierarchy.op) & pd.isna(hierarchy.layer),
                      NO_OP, label)  # a bare step or phase window names no operator
-    threads = pd.DataFrame({"rank": sub["rank"].to_numpy(), "pid": sub["pid"].to_numpy(),
-                            "tid": sub["tid"].to_numpy()})
-    starts = threads.groupby(["rank", "pid", "tid"], sort=False).indices
-    parent = hierarchy.parent
-    for key, rows in mem.groupby(["rank", "pid", "tid"], sort=False).indices.items():
-        mine = starts.get(key)
-        if mine is None:
-            continue
-        mine_ts = ts[mine]
-        rows = np.asarray(rows)
-        for row, t in zip(rows.tolist(), mem["ts_ns"].to_numpy()[rows].tolist()):
-            j = int(np.searchsorted(mine_ts, t, side="right")) - 1
-            pos = int(mine[j]) if j >= 0 else -1
-            while pos >= 0 and end[pos] < t:
-                pos = int(parent[pos])
-            if pos >= 0:
-                out[row] = label[pos]
-    return out
-
-
-def _step_windows(trace: Trace) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per rank: the ``ProfilerStep#N`` windows (begin, end, N) in begin order."""
-    ev = trace.events
-    ann = ev[ev["kind"].to_numpy() == int(EventKind.ANNOTATION)]
-    numbers = ann["name"].astype(str).map(step_number)
-    ann = ann[numbers.notna().to_numpy()]
-    numbers = numbers[numbers.notna()].astype(np.int64)
-    out = {}
-    for rank in np.unique(ann["rank"].to_numpy()).tolist():
-        mine = ann["rank"].to_numpy() == rank
-        begin = ann["ts_ns"].to_numpy()[mine]
-        order = np.argsort(begin, kind="stable")
-        out[int(rank)] = (begin[order], (begin + ann["dur_ns"].to_numpy()[mine])[order],
-                          numbers.to_numpy()[mine][order])
-    return out
-
-
-def _record_steps(trace: Trace) -> np.ndarray:
-    """Per row of ``trace.memory``: the step whose window on the rank holds it, else -1."""
-    mem = trace.memory
-    out = np.full(len(mem), OUTSIDE_STEPS, dtype=np.int64)
-    ranks = mem["rank"].to_numpy()
-    ts = mem["ts_ns"].to_numpy()
-    for rank, (begin, end, number) in _step_windows(trace).items():
-        rows = np.flatnonzero(ranks == rank)
-        j = np.searchsorted(begin, ts[rows], side="right") - 1
-        inside = (j >= 0) & (ts[rows] <= end[np.maximum(j, 0)])
-        out[rows[inside]] = number[j[inside]]
+    pos = enclosing(hierarchy, trace.events, mem)
+    out[pos >= 0] = label[pos[pos >= 0]]
     return out
 
 
@@ -244,7 +193,8 @@ def _edited(d: _Device, rows: np.ndarray, dropped: np.ndarray, added: pd.DataFra
     frame["addr"] = np.concatenate([d.frame["addr"].to_numpy(), added["addr"].to_numpy()])[keep]
     frame["total_allocated_bytes"] = allocated
     frame["total_reserved_bytes"] = UNKNOWN
-    ops = np.where(new, np.concatenate([d.ops, added["op"].to_numpy()])[keep], d.ops[source])
+    named = np.concatenate([d.ops, added["op"].to_numpy()])[keep]
+    ops = np.where(new & pd.notna(named), named, d.ops[source])
     return _Device(d.rank, d.device_type, d.device_id, frame, ops, d.steps[source], allocated, d.recorded)
 
 
@@ -254,7 +204,7 @@ def _devices(trace: Trace, edits: Sequence[RecordEdit] = ()) -> Iterator[_Device
         return
     hierarchy = build_hierarchy(trace.events)
     ops = _record_ops(trace, hierarchy)
-    steps = _record_steps(trace)
+    steps = record_steps(trace.events, trace.memory)
     dropped, added = _joined(edits)
     groups: dict[tuple[int, int, int], np.ndarray] = {}
     keys = mem[["rank", "device_type", "device_id"]].to_numpy()

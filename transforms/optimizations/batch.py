@@ -15,9 +15,10 @@ barely moves, and a kernel that is all launch latency does not move. The graph r
 
 Left unchanged: CPU work (the same operators are launched), copies and memsets (an input batch
 copied from the host grows with the batch; the trace does not say which copies are input),
-collectives (a data-parallel gradient all-reduce moves the weights' gradients whatever the batch;
-a tensor-parallel activation all-reduce would grow with it), and memory (activations grow; the
-memory model counts weights only). Measured against Vidur's operator profiles at 2× and 4× the
+and collectives (a data-parallel gradient all-reduce moves the weights' gradients whatever the
+batch; a tensor-parallel activation all-reduce would grow with it). Memory (``whatif memory -s``):
+the blocks that hold activations grow ``factor`` ×, those made from parameters do not
+(:mod:`.batch_memory`). Measured against Vidur's operator profiles at 2× and 4× the
 tokens: ``bench/batch_scaling.py``, docs/accuracy.md.
 
 >>> Batch(factor=2).label()
@@ -33,12 +34,14 @@ from whatif.core import limits
 from whatif.core.kernels import KernelClass
 from whatif.core.work import WorkShare
 from whatif.depgraph.graph import TaskGraph, TaskKind
+from whatif.tracer.memory import RecordEdit
 
-from ..base import Transform, TransformContext
+from ..base import Transform, TransformContext, TransformError
 from ..edit import set_duration
 from ..needs import Need
 from ..parallel.sharding import record_split
 from ..registry import register
+from .batch_memory import batch_memory_edit
 
 MAX_SLOWDOWN = 4.0
 """At most this many times a kernel's achievable roofline time counts as work that grows with the
@@ -76,6 +79,12 @@ class Batch(Transform):
     factor: float = field(default=2.0, metadata={
         "exclusive_minimum": 0, "help": "the batch per GPU, as a multiple of the traced one (> 0)",
         "maximum": limits.MAX_PARTS})
+
+    def memory_edit(self, graph: TaskGraph) -> RecordEdit | None:
+        """The allocator records at ``factor`` × the batch (:func:`~.batch_memory.batch_memory_edit`)."""
+        if graph.trace is None:
+            raise TransformError("batch: the graph has no trace to read allocator records from")
+        return batch_memory_edit(graph.trace, float(self.factor))
 
     def _kernels(self, graph: TaskGraph) -> np.ndarray:
         return np.flatnonzero(graph.tasks["kind"].to_numpy() == int(TaskKind.KERNEL))

@@ -1,0 +1,365 @@
+"""What ``batch`` does to memory: the blocks that hold a sample's data grow with the batch, the
+ones made from parameters do not.
+
+Each allocation of a trace's allocator records (``Trace.memory``) gets a :class:`BlockRole` from
+where it was made (its step, the step's backward window) and the op that made it (the innermost
+enclosing aten op that was given a tensor, with its recorded ``Input Dims``):
+
+* **outside** a ``ProfilerStep`` window (on a rank that has them): as recorded;
+* **after the backward** (from the end of the step's last autograd node to the step's end:
+  gradient clipping, the optimizer, ``zero_grad``): as recorded;
+* **gradient**: made in the backward and still held after its last node (a parameter's ``.grad``;
+  activation gradients are freed inside the backward): as recorded;
+* **held to the end**: made before the backward (or in a step without one) and never freed while
+  recording (parameters made in the first step, state and caches kept for good; activations are
+  freed in their step): as recorded;
+* **weight gradient**: a GEMM's output in the backward that has a parameter's shape and is its
+  autograd node's last GEMM, or its only one (``AddmmBackward0`` and ``MmBackward0`` compute the
+  input's gradient first, then the weight's): as recorded;
+* **parameter**: an op whose every tensor of more than one element has a parameter's shape (an
+  autocast copy of a weight, a norm over gradients), or a factory op (``empty``, ``randn``…) outside
+  any op given a tensor and asked for a parameter's shape (its ``Concrete Inputs``: a parameter
+  made, then converted): as recorded;
+* **activation**: every other block made in a step (activations, saved tensors, their gradients,
+  temporaries): ``factor`` × its bytes (rounded up to the caching allocator's 512 bytes on a GPU).
+
+A parameter's shape is one the trace's forward ops take as a parameter argument
+(:func:`~whatif.core.kernels.param_args`: GEMM and convolution weights and biases, norm weights,
+embedding tables), either way round for 2-D ones. A trace without ``ProfilerStep`` windows is one
+step. Left out, and why it matters: blocks that do not hold a sample yet are made from
+activation-shaped data (a causal mask of S × S, position embeddings of S rows) grow too; an
+activation with a parameter's exact shape made by a non-GEMM op counts as a parameter (a
+``[tokens, hidden]`` tensor when tokens = hidden); a weight-gradient GEMM that is not its node's
+last GEMM (accumulated into an existing ``.grad`` under a custom autograd function) grows. Reserved
+memory is not predicted (``whatif memory``), and neither is fragmentation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+import pandas as pd
+
+from whatif.core.kernels import compute_dtype, op_key, param_args
+from whatif.depgraph.hierarchy import (
+    OUTSIDE_STEPS,
+    CpuHierarchy,
+    build_hierarchy,
+    enclosing,
+    inherit,
+    record_steps,
+    step_windows,
+)
+from whatif.tracer.args import Arg
+from whatif.tracer.kinds import EventKind
+from whatif.tracer.memory import GPU_DEVICE_TYPES, RecordEdit, RecordEditor
+from whatif.tracer.trace import Trace, per_name
+
+from ..base import TransformError
+
+BACKWARD_NODE = "autograd::engine::evaluate_function: "
+"""The name prefix of an autograd node's CPU op (the backward of one forward op)."""
+GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear"})
+"""GEMM ops whose output's shape is read from their inputs' (``mm``, ``addmm``: ``[m, n]``)."""
+REDUCTIONS = frozenset({"sum", "mean", "sum_to_size"})
+"""Ops whose output in the backward can be a broadcast parameter's gradient (a bias's)."""
+ELEMENT_BYTES = (2, 4, 8)
+"""The element sizes a parameter's gradient can have (16-bit, fp32, and fp64 CPU accumulators)."""
+GPU_BLOCK_BYTES = 512
+"""The CUDA caching allocator rounds every block up to a multiple of this."""
+
+
+class BlockRole(str, Enum):
+    """Why an allocation grows with the batch or not (module docstring)."""
+
+    ACTIVATION = "activation"
+    PARAMETER = "parameter"
+    WEIGHT_GRADIENT = "weight gradient"
+    GRADIENT = "gradient"
+    PERSISTENT = "held to the end"
+    AFTER_BACKWARD = "after the backward"
+    OUTSIDE = "outside steps"
+
+
+@dataclass(frozen=True)
+class BlockRoles:
+    """The role of each allocation (``rows`` of ``Trace.memory``) and the parameter shapes read."""
+
+    rows: np.ndarray
+    codes: np.ndarray  # int8 per row: the role's position in BlockRole
+    param_shapes: frozenset[tuple[int, ...]]
+
+    def of(self, role: BlockRole) -> np.ndarray:
+        """The rows of ``role``'s allocations."""
+        return self.rows[self.codes == list(BlockRole).index(role)]
+
+    def bytes_by_role(self, sizes: np.ndarray) -> dict[BlockRole, int]:
+        """Bytes allocated per role (every allocation counted, freed or not), roles without one left out."""
+        return {r: int(sizes[self.of(r)].sum()) for r in BlockRole if len(self.of(r))}
+
+
+def _shape(dims: object) -> tuple[int, ...] | None:
+    if isinstance(dims, (list, tuple)) and dims and all(isinstance(d, int) for d in dims):
+        return tuple(int(d) for d in dims)
+    return None
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _is_param(shape: tuple[int, ...], params: frozenset[tuple[int, ...]]) -> bool:
+    return shape in params or (len(shape) == 2 and shape[::-1] in params)
+
+
+def _tensors(dims: object, types: object) -> list[tuple[tuple[int, ...], bool]]:
+    """(shape, floating point) of an op's tensor arguments."""
+    out = []
+    kinds = types if isinstance(types, (list, tuple)) else ()
+    for i, d in enumerate(dims if isinstance(dims, (list, tuple)) else ()):
+        s = _shape(d)
+        if s is not None:
+            out.append((s, compute_dtype(kinds[i] if i < len(kinds) else None) is not None))
+    return out
+
+
+def _tensor_shapes(dims: object) -> list[tuple[int, ...]]:
+    """The shapes of an op's tensor arguments (a tensor list's members too)."""
+    out = []
+    for d in dims if isinstance(dims, (list, tuple)) else ():
+        s = _shape(d)
+        if s is not None:
+            out.append(s)
+        elif isinstance(d, (list, tuple)):
+            out.extend(x for x in (_shape(m) for m in d) if x is not None)
+    return out
+
+
+def _factory_shape(concrete: object) -> tuple[int, ...] | None:
+    """The size a factory op (``empty``, ``zeros``, ``randn``…) was given: its first concrete input.
+
+    >>> _factory_shape(["[1152, 192]", "", "False"]), _factory_shape(["", "0"])
+    ((1152, 192), None)
+    """
+    if not isinstance(concrete, (list, tuple)) or not concrete or not isinstance(concrete[0], str):
+        return None
+    text = concrete[0].strip()
+    if not (text.startswith("[") and text.endswith("]")) or len(text) < 3:
+        return None
+    try:
+        return tuple(int(x) for x in text[1:-1].split(","))
+    except ValueError:
+        return None
+
+
+def gemm_output_shape(op: str, dims: object) -> tuple[int, ...] | None:
+    """The output shape of a recorded ``mm`` or ``addmm`` (None for other ops or unknown shapes).
+
+    >>> gemm_output_shape("aten::mm", [[8, 4], [4, 16]]), gemm_output_shape("aten::addmm", [[16], [8, 4], [4, 16]])
+    ((8, 16), (8, 16))
+    """
+    key = op_key(op)
+    if not isinstance(dims, (list, tuple)):
+        return None
+    pair = {"mm": (0, 1), "addmm": (1, 2)}.get(key)
+    if pair is None or len(dims) <= pair[1]:
+        return None
+    a, b = _shape(dims[pair[0]]), _shape(dims[pair[1]])
+    if a is None or b is None or len(a) != 2 or len(b) != 2:
+        return None
+    return a[0], b[1]
+
+
+def _windows(trace: Trace, nodes: np.ndarray) -> dict[tuple[int, int], tuple[int, int]]:
+    """Per (rank, step): the backward window, from the first autograd node's start to the last one's end."""
+    ev = trace.events
+    steps = record_steps(ev, ev.iloc[nodes])
+    start = ev["ts_ns"].to_numpy()[nodes]
+    end = start + ev["dur_ns"].to_numpy()[nodes]
+    frame = pd.DataFrame({"rank": ev["rank"].to_numpy()[nodes], "step": steps, "start": start, "end": end})
+    agg = frame.groupby(["rank", "step"]).agg(start=("start", "min"), end=("end", "max"))
+    return {(int(r), int(s)): (int(a), int(b)) for (r, s), a, b in zip(agg.index, agg["start"], agg["end"])}
+
+
+def _param_shapes(names: np.ndarray, dims: np.ndarray, rows: np.ndarray) -> frozenset[tuple[int, ...]]:
+    out = set()
+    for r in rows.tolist():
+        d = dims[r]
+        for i in param_args(str(names[r]), d):
+            s = _shape(d[i])
+            if s is not None and _numel(s) > 1:
+                out.add(s)
+    return frozenset(out)
+
+
+def _token_counts(names: np.ndarray, dims: np.ndarray, rows: np.ndarray) -> frozenset[int]:
+    """The rows a forward GEMM with a weight multiplies: its activation's elements over its last dimension."""
+    out = set()
+    for r in rows.tolist():
+        name, d = str(names[r]), dims[r]
+        if op_key(name) not in GEMM_OPS:
+            continue
+        weights = param_args(name, d)
+        if not weights:
+            continue
+        for i, x in enumerate(d):
+            s = _shape(x)
+            if i not in weights and s is not None and len(s) >= 2:
+                out.add(_numel(s[:-1]))
+    return frozenset(out)
+
+
+def block_roles(trace: Trace) -> BlockRoles:
+    """The :class:`BlockRole` of every allocation in ``trace``'s allocator records (module docstring).
+
+    Raises
+    ------
+    TransformError : the trace has no allocator records, or no recorded shapes to tell parameters by.
+    """
+    mem, ev = trace.memory, trace.events
+    if not len(mem):
+        raise TransformError(f"batch: {trace.source} has no allocator records (record with `whatif record --memory`)")
+    dims = trace.arg(Arg.INPUT_DIMS)
+    kinds = ev["kind"].to_numpy()
+    ops = kinds == int(EventKind.CPU_OP)
+    shaped = ops & np.array([bool(_tensor_shapes(d)) for d in dims], dtype=bool)
+    if not shaped.any():
+        raise TransformError(f"batch: {trace.source} has no recorded shapes (record with `whatif record "
+                             f"--record-shapes`)")
+    names = ev["name"].astype(str).to_numpy()
+    nodes = np.flatnonzero(ops & per_name(ev["name"], lambda n: n.startswith(BACKWARD_NODE)))
+    windows = _windows(trace, nodes)
+    ts = ev["ts_ns"].to_numpy()
+    rank = ev["rank"].to_numpy()
+    op_steps = record_steps(ev, ev)
+    in_backward = np.zeros(len(ev), dtype=bool)
+    for (r, s), (a, b) in windows.items():
+        in_backward |= (rank == r) & (op_steps == s) & (ts >= a) & (ts <= b)
+    forward = np.flatnonzero(shaped & ~in_backward)
+    params = _param_shapes(names, dims, forward)
+    tokens = _token_counts(names, dims, forward)
+    types, concrete = trace.arg(Arg.INPUT_TYPES), trace.arg(Arg.CONCRETE_INPUTS)
+
+    hierarchy = build_hierarchy(ev)
+    rows = np.flatnonzero(mem["bytes"].to_numpy() > 0)
+    pos = enclosing(hierarchy, ev, mem.iloc[rows])
+    shaped_pos = np.where(shaped[hierarchy.rows], np.arange(len(hierarchy.rows)), -1)
+    # the nearest enclosing op that was given a tensor, and the nearest enclosing autograd node
+    op_at = inherit(shaped_pos, hierarchy.parent)
+    is_node = np.isin(hierarchy.rows, nodes)
+    node_at = inherit(np.where(is_node, np.arange(len(hierarchy.rows)), -1), hierarchy.parent)
+
+    editor = RecordEditor(mem)
+    mem_ts, mem_rank, sizes = mem["ts_ns"].to_numpy(), mem["rank"].to_numpy(), mem["bytes"].to_numpy()
+    steps = record_steps(ev, mem)
+    has_steps = set(step_windows(ev))
+    wgrad = _weight_gradients(hierarchy, node_at, names, dims, ops, params, tokens)
+    roles: list[BlockRole] = [BlockRole.ACTIVATION] * len(rows)
+    for i, (row, p) in enumerate(zip(rows.tolist(), pos.tolist())):
+        r, s, t = int(mem_rank[row]), int(steps[row]), int(mem_ts[row])
+        if s == OUTSIDE_STEPS and r in has_steps:
+            roles[i] = BlockRole.OUTSIDE
+            continue
+        window = windows.get((r, s))
+        if window is not None and t > window[1]:
+            roles[i] = BlockRole.AFTER_BACKWARD
+            continue
+        backward = window is not None and t >= window[0]
+        free = editor.free_of(row)
+        if window is not None and backward and (free is None or mem_ts[free] > window[1]):
+            roles[i] = BlockRole.GRADIENT
+            continue
+        if free is None:
+            roles[i] = BlockRole.PERSISTENT
+            continue
+        at = int(op_at[p]) if p >= 0 else -1
+        made = _factory_shape(concrete[hierarchy.rows[p]]) if p >= 0 and at < 0 else None
+        if made is not None and _is_param(made, params):
+            roles[i] = BlockRole.PARAMETER
+            continue
+        roles[i] = _op_role(at, hierarchy.rows, names, dims, types, params, backward, wgrad, int(sizes[row]))
+    order = list(BlockRole)
+    return BlockRoles(rows, np.array([order.index(r) for r in roles], dtype=np.int8), params)
+
+
+def _gemm_facts(name: str, dims: object) -> tuple[tuple[int, ...] | None, int | None]:
+    """A recorded ``mm``/``addmm``'s output shape and contraction size (None where unknown)."""
+    out = gemm_output_shape(name, dims)
+    if out is None or not isinstance(dims, (list, tuple)):
+        return out, None
+    a = _shape(dims[1 if op_key(name) == "addmm" else 0])
+    return out, a[1] if a is not None else None
+
+
+def _weight_gradients(hierarchy: CpuHierarchy, node_at: np.ndarray, names: np.ndarray, dims: np.ndarray,
+                      ops: np.ndarray, params: frozenset[tuple[int, ...]], tokens: frozenset[int]) -> set[int]:
+    """The positions of the backward GEMMs that compute a weight's gradient: per autograd node,
+    of its GEMMs whose output has a parameter's shape, the one that contracts over a token count
+    (the last such one if several do), else the last one."""
+    per_node: dict[int, list[tuple[int, bool]]] = {}
+    for p in np.flatnonzero(node_at >= 0).tolist():
+        r = int(hierarchy.rows[p])
+        if not ops[r] or op_key(str(names[r])) not in GEMM_OPS:
+            continue
+        out, k = _gemm_facts(str(names[r]), dims[r])
+        if out is not None and _is_param(out, params):
+            per_node.setdefault(int(node_at[p]), []).append((p, k in tokens))
+    found = set()
+    for gemms in per_node.values():
+        contracting = [p for p, over_tokens in gemms if over_tokens]
+        found.add((contracting or [p for p, _ in gemms])[-1])
+    return found
+
+
+def _op_role(at: int, ev_rows: np.ndarray, names: np.ndarray, dims: np.ndarray, types: np.ndarray,
+             params: frozenset[tuple[int, ...]], backward: bool, wgrad: set[int], nbytes: int) -> BlockRole:
+    if at < 0:
+        return BlockRole.ACTIVATION
+    r = int(ev_rows[at])
+    name, d = str(names[r]), dims[r]
+    key = op_key(name)
+    if key in GEMM_OPS:
+        return BlockRole.WEIGHT_GRADIENT if backward and at in wgrad else BlockRole.ACTIVATION
+    tensors = _tensors(d, types[r])
+    big = [(s, f) for s, f in tensors if _numel(s) > 1]
+    if big and all(f and _is_param(s, params) for s, f in big):
+        return BlockRole.PARAMETER
+    if backward:
+        # a reduction's output the size of any parameter (a bias's gradient), or a block the size of
+        # the op's own parameter input (a norm's or convolution's weight gradient)
+        own = [s for s, f in big if f and _is_param(s, params)]
+        numels = {_numel(p) for p in params} if key in REDUCTIONS else {_numel(s) for s in own}
+        if any(nbytes == n * e for n in numels for e in ELEMENT_BYTES):
+            return BlockRole.WEIGHT_GRADIENT
+    return BlockRole.ACTIVATION
+
+
+def batch_memory_edit(trace: Trace, factor: float) -> RecordEdit:
+    """The allocator records at ``factor`` × the batch: each activation block (:func:`block_roles`)
+    allocated ``factor`` × its bytes, at its place, freed at its free; every other block as recorded.
+
+    Raises
+    ------
+    TransformError : as :func:`block_roles`.
+    """
+    roles = block_roles(trace)
+    mem = trace.memory
+    sizes = mem["bytes"].to_numpy()
+    gpu = np.isin(mem["device_type"].to_numpy(), [int(d) for d in GPU_DEVICE_TYPES])
+    editor = RecordEditor(mem)
+    grow = roles.of(BlockRole.ACTIVATION)
+    for row in grow.tolist():
+        new = float(sizes[row]) * factor
+        nbytes = int(np.ceil(new / GPU_BLOCK_BYTES) * GPU_BLOCK_BYTES) if gpu[row] else int(round(new))
+        free = editor.free_of(row)
+        editor.drop_block(row)
+        if nbytes > 0:
+            editor.add_block(nbytes, (row, True), (free, True) if free is not None else None, None)
+    edit = editor.edit("")
+    by_role = roles.bytes_by_role(sizes)
+    kept = ", ".join(f"{r.value} {b / 2**20:,.1f}" for r, b in by_role.items() if r is not BlockRole.ACTIVATION)
+    grown = by_role.get(BlockRole.ACTIVATION, 0) / 2**20
+    what = (f"batch(factor={factor:g}): {len(grow):,} activation blocks ({grown:,.1f} MiB allocated) at "
+            f"{factor:g}x their bytes; as recorded (MiB allocated): {kept or 'none'}")
+    return RecordEdit(what, edit.dropped, edit.added)
