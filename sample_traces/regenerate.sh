@@ -19,4 +19,8 @@ for backend in math flash; do
     --autocast bf16 --sdpa $backend
 done
 
+"$PY" -m whatif.cli record -f -o sample_traces/sdpa_memory/math_batch2 --no-summary --memory --record-shapes \
+  examples/train.py -- --device cpu --steps 4 --batch-size 2 --seq-len 512 --d-model 256 --heads 4 --layers 2 \
+  --autocast bf16 --sdpa math
+
 du -sh sample_traces/llm_serve sample_traces/dit_serve sample_traces/sdpa_memory

@@ -43,7 +43,7 @@ from whatif.tracer.memory import (
     device_label,
 )
 from whatif.tracer.trace import Trace
-from whatif.transforms.base import Transform
+from whatif.transforms.base import Transform, TransformError
 
 __all__ = ["NO_OP", "OUTSIDE_STEPS", "MemoryOptions", "device_order", "memory", "memory_edits", "memory_table",
            "thin"]
@@ -322,16 +322,25 @@ def memory_edits(graph: TaskGraph, transforms: Sequence[Transform]) -> tuple[lis
 
     Raises
     ------
-    TransformError : a transform that models memory cannot apply to this trace.
+    TransformError : a transform that models memory cannot apply to this trace, or two of them
+        change the same records (each edit is read on the records as recorded, so they do not compose).
     """
-    edits, lines = [], []
+    edits: list[RecordEdit] = []
+    lines: list[str] = []
+    names: list[str] = []
     for t in transforms:
         edit = t.memory_edit(graph)
         if edit is None:
             lines.append(f"{t.setting()}: memory not modelled (its allocations stay as recorded)")
-        else:
-            edits.append(edit)
-            lines.append(edit.what)
+            continue
+        for other, name in zip(edits, names):
+            both = np.intersect1d(other.dropped, edit.dropped)
+            if len(both):
+                raise TransformError(f"{name} and {t.label()} both change {len(both):,} of the same allocator records: "
+                                     f"their memory is predicted one transform at a time (a scenario each)")
+        edits.append(edit)
+        names.append(t.label())
+        lines.append(edit.what)
     return edits, lines
 
 

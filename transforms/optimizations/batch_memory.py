@@ -53,7 +53,7 @@ from whatif.depgraph.hierarchy import (
 )
 from whatif.tracer.args import Arg
 from whatif.tracer.kinds import EventKind
-from whatif.tracer.memory import GPU_DEVICE_TYPES, RecordEdit, RecordEditor
+from whatif.tracer.memory import GPU_DEVICE_TYPES, UNKNOWN, RecordEdit, RecordEditor
 from whatif.tracer.trace import Trace, per_name
 
 from ..base import TransformError
@@ -215,11 +215,18 @@ def block_roles(trace: Trace) -> BlockRoles:
 
     Raises
     ------
-    TransformError : the trace has no allocator records, or no recorded shapes to tell parameters by.
+    TransformError : the trace has no allocator records, records without block addresses, or no
+        recorded shapes to tell parameters by.
     """
     mem, ev = trace.memory, trace.events
     if not len(mem):
         raise TransformError(f"batch: {trace.source} has no allocator records (record with `whatif record --memory`)")
+    allocs = mem["bytes"].to_numpy() > 0
+    blind = int((allocs & (mem["addr"].to_numpy() == UNKNOWN)).sum())
+    if blind:
+        raise TransformError(f"batch: {blind:,} of {int(allocs.sum()):,} allocator records of {trace.source} carry "
+                             f"no block address (an early Kineto schema): their blocks cannot be paired with their "
+                             f"frees")
     dims = trace.arg(Arg.INPUT_DIMS)
     kinds = ev["kind"].to_numpy()
     ops = kinds == int(EventKind.CPU_OP)
