@@ -22,6 +22,8 @@ from whatif.tracer.kinds import EventKind
 from whatif.tracer.kineto import step_number
 from whatif.tracer.markers import PHASE_PREFIX
 
+BACKWARD_NODE = "autograd::engine::evaluate_function: "
+"""The name prefix of an autograd node's CPU op (the backward of one forward op)."""
 KNOWN_PHASES = frozenset({"prefill", "decode", "denoise", "denoising", "forward", "backward", "optimizer"})
 CPU_KINDS = (EventKind.CPU_OP, EventKind.ANNOTATION, EventKind.PYTHON, EventKind.RUNTIME, EventKind.DRIVER)
 

@@ -43,6 +43,7 @@ import pandas as pd
 
 from whatif.core.kernels import compute_dtype, op_key, param_args
 from whatif.depgraph.hierarchy import (
+    BACKWARD_NODE,
     OUTSIDE_STEPS,
     CpuHierarchy,
     build_hierarchy,
@@ -58,8 +59,6 @@ from whatif.tracer.trace import Trace, per_name
 
 from ..base import TransformError
 
-BACKWARD_NODE = "autograd::engine::evaluate_function: "
-"""The name prefix of an autograd node's CPU op (the backward of one forward op)."""
 GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear"})
 """GEMM ops whose output's shape is read from their inputs' (``mm``, ``addmm``: ``[m, n]``)."""
 REDUCTIONS = frozenset({"sum", "mean", "sum_to_size"})

@@ -73,7 +73,7 @@ from whatif.core.kernels import (
     op_key,
 )
 from whatif.depgraph.graph import GPU_WORK_KINDS, EdgeKind, TaskGraph, TaskKind, kind_codes
-from whatif.depgraph.hierarchy import thread_keys
+from whatif.depgraph.hierarchy import BACKWARD_NODE, thread_keys
 from whatif.depgraph.schema import DEVICE_COLUMN
 from whatif.hardware.devices import Device, find_device
 from whatif.hardware.roofline import achievable_time_ns, fixed_latency_ns
@@ -92,7 +92,6 @@ from ..select import kernel_classes
 
 MATH_OP = "_scaled_dot_product_attention_math"
 SDPA_OP = "aten::scaled_dot_product_attention"
-BACKWARD_NODE = "autograd::engine::evaluate_function: "
 FLASH_FORWARD_EVENTS = 20
 FLASH_BACKWARD_EVENTS = 33
 DEFAULT_EFFICIENCY = 0.35
