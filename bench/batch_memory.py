@@ -9,8 +9,6 @@ Run: .venv/bin/python bench/batch_memory.py [--write-docs]   (the table goes int
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -23,8 +21,10 @@ from whatif.transforms.optimizations.batch import Batch
 
 try:
     from common.docs import replace_section
+    from common.recording import record_cpu
 except ImportError:  # run as a module from the repo root
     from bench.common.docs import replace_section
+    from bench.common.recording import record_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- bench/batch_memory.py begin -->", "<!-- bench/batch_memory.py end -->"
@@ -62,17 +62,6 @@ SETUPS = (
 )
 
 
-def record(setup: Setup, batch: int, out: Path) -> Path:
-    run = out / f"b{batch}"
-    cmd = [sys.executable, "-m", "whatif.cli", "record", "-f", "-o", str(run), "--no-summary", "--memory",
-           "--record-shapes", str(ROOT / "examples" / setup.program), "--", "--device", "cpu", *setup.args,
-           setup.batch_flag, str(batch)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise SystemExit(f"recording failed: {' '.join(cmd)}\n{done.stderr[-2000:]}")
-    return run
-
-
 def row(setup: Setup, before: Trace, after: Trace, factor: float, pair: str) -> str:
     graph = build_graph(before)
     t0 = time.perf_counter()
@@ -101,7 +90,8 @@ def main() -> None:
     for setup in SETUPS:
         small, large = setup.batches
         with tempfile.TemporaryDirectory() as tmp:
-            a, b = (load_trace(record(setup, n, Path(tmp))) for n in setup.batches)
+            a, b = (load_trace(record_cpu(setup.program, (*setup.args, setup.batch_flag, str(n)), Path(tmp) / f"b{n}"))
+                    for n in setup.batches)
         rows.append(row(setup, a, b, large / small, f"{small} → {large}"))
         rows.append(row(setup, b, a, small / large, f"{large} → {small}"))
     table = "\n".join(rows)

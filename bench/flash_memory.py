@@ -9,8 +9,6 @@ Run: .venv/bin/python bench/flash_memory.py [--write-docs]   (the table goes int
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -23,8 +21,10 @@ from whatif.transforms.optimizations.flash_attention import FlashAttention
 
 try:
     from common.docs import replace_section
+    from common.recording import record_cpu
 except ImportError:  # run as a module from the repo root
     from bench.common.docs import replace_section
+    from bench.common.recording import record_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- bench/flash_memory.py begin -->", "<!-- bench/flash_memory.py end -->"
@@ -54,17 +54,6 @@ SETUPS = (
 )
 
 
-def record(setup: Setup, backend: str, out: Path) -> Path:
-    run = out / backend
-    cmd = [sys.executable, "-m", "whatif.cli", "record", "-f", "-o", str(run), "--no-summary", "--memory",
-           "--record-shapes", str(ROOT / "examples" / setup.program), "--", "--device", "cpu", *setup.args,
-           "--sdpa", backend]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise SystemExit(f"recording failed: {' '.join(cmd)}\n{done.stderr[-2000:]}")
-    return run
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write-docs", action="store_true", help="write the table into docs/memory.md")
@@ -74,7 +63,8 @@ def main() -> None:
             "|---|---|---|---|---|---|---|---|---|"]
     for setup in SETUPS:
         with tempfile.TemporaryDirectory() as tmp:
-            before, after = (load_trace(record(setup, b, Path(tmp))) for b in ("math", "flash"))
+            before, after = (load_trace(record_cpu(setup.program, (*setup.args, "--sdpa", b), Path(tmp) / b))
+                             for b in ("math", "flash"))
         graph = build_graph(before)
         t0 = time.perf_counter()
         edits, lines = memory_edits(graph, [FlashAttention()])
