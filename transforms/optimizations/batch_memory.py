@@ -13,13 +13,15 @@ enclosing aten op that was given a tensor, with its recorded ``Input Dims``):
 * **held to the end**: made before the backward (or in a step without one) and never freed while
   recording (parameters made in the first step, state and caches kept for good; activations are
   freed in their step): as recorded;
-* **weight gradient**: a GEMM's output in the backward that has a parameter's shape and is its
-  autograd node's last GEMM, or its only one (``AddmmBackward0`` and ``MmBackward0`` compute the
-  input's gradient first, then the weight's): as recorded;
-* **parameter**: an op whose every tensor of more than one element has a parameter's shape (an
-  autocast copy of a weight, a norm over gradients), or a factory op (``empty``, ``randn``…) outside
-  any op given a tensor and asked for a parameter's shape (its ``Concrete Inputs``: a parameter
-  made, then converted): as recorded;
+* **weight gradient**: in the backward, the GEMM of an autograd node whose output has a
+  parameter's shape and that contracts over a token count (the rows a forward GEMM with a weight
+  multiplies; of several such GEMMs the last, and without one the node's last GEMM with a
+  parameter-shaped output); a reduction the size of a parameter (a bias's gradient); a block the
+  size of its op's own parameter input (a norm's or convolution's weight gradient): as recorded;
+* **parameter**: an op whose every floating-point tensor of more than one element has a parameter's
+  shape (autocast's copy of a weight, a norm over gradients), or a factory op (``empty``,
+  ``randn``…) outside any op given a tensor and asked for a parameter's shape (its ``Concrete
+  Inputs``: a weight made, then converted): as recorded;
 * **activation**: every other block made in a step (activations, saved tensors, their gradients,
   temporaries): ``factor`` × its bytes (rounded up to the caching allocator's 512 bytes on a GPU).
 
@@ -29,8 +31,9 @@ embedding tables), either way round for 2-D ones. A trace without ``ProfilerStep
 step. Left out, and why it matters: blocks that do not hold a sample yet are made from
 activation-shaped data (a causal mask of S × S, position embeddings of S rows) grow too; an
 activation with a parameter's exact shape made by a non-GEMM op counts as a parameter (a
-``[tokens, hidden]`` tensor when tokens = hidden); a weight-gradient GEMM that is not its node's
-last GEMM (accumulated into an existing ``.grad`` under a custom autograd function) grows. Reserved
+``[tokens, hidden]`` tensor when tokens = hidden; GEMMs are told by role, not shape); a weight
+gradient computed outside its autograd node's GEMMs (a custom autograd function's) grows; a cache
+preallocated for a batch and kept (a static KV cache) is held to the end and stays. Reserved
 memory is not predicted (``whatif memory``), and neither is fragmentation.
 """
 from __future__ import annotations
@@ -41,7 +44,8 @@ from enum import Enum
 import numpy as np
 import pandas as pd
 
-from whatif.core.kernels import compute_dtype, op_key, param_args
+from whatif.core.dtypes import compute_dtype
+from whatif.core.kernels import op_key, param_args
 from whatif.depgraph.hierarchy import (
     BACKWARD_NODE,
     OUTSIDE_STEPS,
