@@ -15,7 +15,7 @@ from whatif.memory import memory, memory_edits
 from whatif.tracer.trace import load_trace
 from whatif.transforms.base import TransformError
 from whatif.transforms.optimizations.batch import Batch
-from whatif.transforms.optimizations.batch_memory import BlockRole, batch_memory_edit, block_roles
+from whatif.transforms.optimizations.batch_memory import BlockRole, batch_memory_edit, block_roles, largest_factor
 from whatif.transforms.optimizations.flash_attention import FlashAttention
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,3 +168,27 @@ def test_two_edits_of_the_same_blocks_are_refused() -> None:
     refused = r"flash_attention\(\) and batch\(factor=2\) both change [\d,]+ of the same"
     with pytest.raises(TransformError, match=refused):
         memory_edits(graph, [FlashAttention(), Batch(factor=2)])
+
+
+def test_the_largest_batch_that_fits_fills_the_device(tmp_path: Path) -> None:
+    trace = load_trace(one_linear_step(tmp_path))
+    roles = block_roles(trace)
+    # the peak (5,752 B at the .grad's allocation) holds 1,000 + 512 B of activations: 1 + 248 / 1,512
+    assert largest_factor(trace, roles, 6000) == pytest.approx(1 + 248 / 1512)
+    assert largest_factor(trace, roles, 5000) < 1
+    cpu = load_trace(BATCH2)
+    assert largest_factor(cpu, block_roles(cpu), 1e9) is None    # a CPU trace has no GPU
+    edit = batch_memory_edit(trace, 2.0, ("A100_SXM", 80 * 2**30))
+    at_peak = 1 + (80 * 2**30 - 5752) / 1512
+    assert edit.what.endswith(f"fits in the A100_SXM's 80 GiB: {at_peak:,.2f}x the recorded one")
+
+
+def test_the_largest_batch_on_a_third_party_trace_reaches_the_capacity(shared_traces: Path) -> None:
+    trace = load_trace(shared_traces / SHARED[0])
+    capacity = 80 * 2**30
+    k = largest_factor(trace, block_roles(trace), capacity)
+    assert k is not None and 10 < k < 100
+    peak = memory(trace, edits=[batch_memory_edit(trace, k)]).devices[0].peak_allocated_bytes
+    assert abs(peak / capacity - 1) < 1e-4                       # the GPU's 512-byte blocks, left out
+    line = memory_edits(build_graph(trace), [Batch(factor=2)])[1][0]
+    assert f"fits in the H100_SXM's 80 GiB: {k:,.2f}x the recorded one" in line

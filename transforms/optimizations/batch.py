@@ -34,6 +34,7 @@ from whatif.core import limits
 from whatif.core.kernels import KernelClass
 from whatif.core.work import WorkShare
 from whatif.depgraph.graph import TaskGraph, TaskKind
+from whatif.hardware.devices import find_device
 from whatif.tracer.memory import RecordEdit
 
 from ..base import Transform, TransformContext, TransformError
@@ -81,10 +82,13 @@ class Batch(Transform):
         "maximum": limits.MAX_PARTS})
 
     def memory_edit(self, graph: TaskGraph) -> RecordEdit | None:
-        """The allocator records at ``factor`` × the batch (:func:`~.batch_memory.batch_memory_edit`)."""
+        """The allocator records at ``factor`` × the batch (:func:`~.batch_memory.batch_memory_edit`),
+        with the largest batch that fits the recorded GPU when the catalog knows its memory."""
         if graph.trace is None:
             raise TransformError("batch: the graph has no trace to read allocator records from")
-        return batch_memory_edit(graph.trace, float(self.factor))
+        device = find_device(next((r.gpu_name for r in graph.trace.ranks if r.gpu_name), None))
+        capacity = (device.name, float(device.mem_bytes)) if device is not None and device.mem_bytes else None
+        return batch_memory_edit(graph.trace, float(self.factor), capacity)
 
     def _kernels(self, graph: TaskGraph) -> np.ndarray:
         return np.flatnonzero(graph.tasks["kind"].to_numpy() == int(TaskKind.KERNEL))

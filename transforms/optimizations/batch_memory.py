@@ -58,7 +58,7 @@ from whatif.depgraph.hierarchy import (
 )
 from whatif.tracer.args import Arg
 from whatif.tracer.kinds import EventKind
-from whatif.tracer.memory import GPU_DEVICE_TYPES, UNKNOWN, RecordEdit, RecordEditor
+from whatif.tracer.memory import GPU_DEVICE_TYPES, UNKNOWN, RecordEdit, RecordEditor, allocated_bytes
 from whatif.tracer.trace import Trace, per_name
 
 from ..base import TransformError
@@ -345,9 +345,40 @@ def _op_role(at: int, ev_rows: np.ndarray, names: np.ndarray, dims: np.ndarray, 
     return BlockRole.ACTIVATION
 
 
-def batch_memory_edit(trace: Trace, factor: float) -> RecordEdit:
+def largest_factor(trace: Trace, roles: BlockRoles, capacity_bytes: float) -> float | None:
+    """The largest multiple of the recorded batch whose allocated bytes stay within
+    ``capacity_bytes`` on every GPU of the trace (None without GPU records; ``inf`` when no
+    activation is ever live). After each record the allocated bytes at ``k`` × the batch are the
+    recorded ones plus ``(k − 1)`` × the activation bytes then live, so ``k`` is the least of
+    ``1 + (C − allocated) / live`` (block rounding left out: under 512 bytes a block)."""
+    mem = trace.memory
+    gpu = np.isin(mem["device_type"].to_numpy(), [int(d) for d in GPU_DEVICE_TYPES])
+    if not gpu.any():
+        return None
+    sizes = mem["bytes"].to_numpy()
+    editor = RecordEditor(mem)
+    delta = np.zeros(len(mem), dtype=np.int64)
+    for row in roles.of(BlockRole.ACTIVATION).tolist():
+        delta[row] += sizes[row]
+        free = editor.free_of(row)
+        if free is not None:
+            delta[free] -= sizes[row]
+    best = float("inf")
+    for rows in mem[gpu].groupby(["rank", "device_type", "device_id"], sort=False).indices.values():
+        at = np.flatnonzero(gpu)[np.asarray(rows)]
+        allocated, _ = allocated_bytes(mem.iloc[at])
+        live = np.cumsum(delta[at])
+        grows = live > 0
+        if grows.any():
+            best = min(best, float((1 + (capacity_bytes - allocated[grows]) / live[grows]).min()))
+    return max(best, 0.0)
+
+
+def batch_memory_edit(trace: Trace, factor: float, capacity: tuple[str, float] | None = None) -> RecordEdit:
     """The allocator records at ``factor`` × the batch: each activation block (:func:`block_roles`)
     allocated ``factor`` × its bytes, at its place, freed at its free; every other block as recorded.
+    With ``capacity`` (the GPU's name and bytes), the line says the largest batch that fits
+    (:func:`largest_factor`).
 
     Raises
     ------
@@ -372,4 +403,9 @@ def batch_memory_edit(trace: Trace, factor: float) -> RecordEdit:
     grown = by_role.get(BlockRole.ACTIVATION, 0) / 2**20
     what = (f"batch(factor={factor:g}): {len(grow):,} activation blocks ({grown:,.1f} MiB allocated) at "
             f"{factor:g}x their bytes; as recorded (MiB allocated): {kept or 'none'}")
+    fits = largest_factor(trace, roles, capacity[1]) if capacity is not None else None
+    if capacity is not None and fits is not None:
+        what += (f"; the largest batch that fits in the {capacity[0]}'s {capacity[1] / 2**30:,.0f} GiB: "
+                 + ("any (no activation is recorded on a GPU)" if fits == float("inf") else
+                    f"{fits:,.2f}x the recorded one"))
     return RecordEdit(what, edit.dropped, edit.added)
