@@ -570,7 +570,8 @@ usual cuBLAS/CUTLASS tile on A100/H100 (NVIDIA, *Matrix Multiplication Backgroun
 GEMMs ``bench/wave_split.py --tile 64`` prices splits slightly better (4.8 vs 5.3 % median for
 halves), ``--tile 256`` much worse."""
 
-_GEMM_OPS = ("mm", "_int_mm", "_scaled_mm", "addmm", "bmm", "baddbmm", "linear", "matmul")
+GEMM_OPS = frozenset({"mm", "_int_mm", "_scaled_mm", "addmm", "bmm", "baddbmm", "linear", "matmul"})
+"""The recorded ops (by name without namespace) that run one GEMM or a batch of them."""
 
 
 @dataclass(frozen=True)
@@ -604,7 +605,7 @@ def gemm_shape(op_name: str, input_dims: Sequence | None,
     (1024, 1280, 8192, 80)
     """
     op = op_key(op_name)
-    if not input_dims or op not in _GEMM_OPS:
+    if not input_dims or op not in GEMM_OPS:
         return None
     try:
         return _gemm_shape(op, _tensors(input_dims, input_types))
@@ -651,7 +652,7 @@ def _gemm_shape(op: str, args) -> GemmShape | None:
 
 
 def _dispatch(op: str, args, dims, types, concrete: list) -> tuple[int, int] | None:
-    if op in _GEMM_OPS:
+    if op in GEMM_OPS:
         shape = _gemm_shape(op, args)
         return shape.flops_bytes() if shape is not None else None
     if op in ("conv1d", "conv2d", "conv3d", "convolution", "_convolution", "cudnn_convolution",

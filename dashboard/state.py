@@ -149,7 +149,7 @@ class Run:
         if self.loaded:
             a = self._analysis
             assert a is not None
-            row.update(device=next((r.gpu_name for r in a.trace.ranks if r.gpu_name), None) or "unknown",
+            row.update(device=a.trace.gpu_name or "unknown",
                        ranks=len(a.trace.ranks), steps=len(a.steps), tasks=a.graph.num_tasks)
         return row
 

@@ -21,6 +21,7 @@ import pandas as pd
 from whatif.tracer.kinds import EventKind
 from whatif.tracer.kineto import step_number
 from whatif.tracer.markers import PHASE_PREFIX
+from whatif.tracer.trace import per_name
 
 BACKWARD_NODE = "autograd::engine::evaluate_function: "
 """The name prefix of an autograd node's CPU op (the backward of one forward op)."""
@@ -58,6 +59,12 @@ class CpuHierarchy:
 def thread_keys(rank: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
     """One int64 per (rank, pid, tid): equal for the events of one CPU thread of one rank."""
     return rank.astype(np.int64) * 0x1000003 + pid.astype(np.int64) * 0x10001 + tid.astype(np.int64)
+
+
+def autograd_nodes(events: pd.DataFrame) -> np.ndarray:
+    """Rows of the autograd nodes' CPU ops (:data:`BACKWARD_NODE`), in table order."""
+    return np.flatnonzero(per_name(events["name"], lambda n: n.startswith(BACKWARD_NODE))
+                          & (events["kind"].to_numpy() == int(EventKind.CPU_OP)))
 
 
 def build_hierarchy(events: pd.DataFrame) -> CpuHierarchy:

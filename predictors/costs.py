@@ -176,7 +176,7 @@ class TraceCostModel(CostModelBase):
 
     def __init__(self, trace: Trace, device: Device | None = None) -> None:
         self.trace = trace
-        gpu = next((r.gpu_name for r in trace.ranks if r.gpu_name), None)
+        gpu = trace.gpu_name
         self.device = device or find_device(gpu)
         self.gpu_name = gpu
         self._bw: float | None = None
@@ -539,7 +539,7 @@ class TraceCostModel(CostModelBase):
         pairs: PairedKernels | None = None
         for a, b in fit_from:
             for trace, want in ((a, src), (b, dst)):
-                found = find_device(next((r.gpu_name for r in trace.ranks if r.gpu_name), None))
+                found = find_device(trace.gpu_name)
                 if found is None or found.name != want.name:
                     raise TransformError(f"gpu: {trace.source} was recorded on "
                                          f"{found.name if found else 'an unknown GPU'}, not {want.name}: a fit "

@@ -141,6 +141,11 @@ class Trace:
         return self.args.values(rows)
 
     @property
+    def gpu_name(self) -> str | None:
+        """Name of the recorded GPU: the first rank's that names one."""
+        return next((r.gpu_name for r in self.ranks if r.gpu_name), None)
+
+    @property
     def source(self) -> str:
         paths = sorted({str(f) for r in self.ranks for f in r.files})
         return paths[0] if len(paths) == 1 else f"{Path(paths[0]).parent} ({len(paths)} files)"

@@ -94,7 +94,7 @@ def make_context(trace: Trace, cost_model: str | Enum = CostModelName.TRACE,
     """The context transforms get for ``trace``: the recorded GPU, the cost model named
     ``cost_model`` (``COST_MODELS.names()``; default the trace-calibrated one), calibrated on the
     measured ``collective_points`` as well (a scenario's ``collectives_measured``), and the replay."""
-    gpu = next((r.gpu_name for r in trace.ranks if r.gpu_name), None)
+    gpu = trace.gpu_name
     cost = COST_MODELS.get(cost_model)(trace)
     if collective_points:
         cost.measure_collectives(collective_points)

@@ -558,7 +558,7 @@ def _device_and_shape(base: Analysis, need_device: bool = False) -> tuple[Device
     """The recorded GPU (catalog) and the model's shape from the memory model, None where the trace
     does not say (no cataloged GPU, no transformer block found); ``need_device``: no shape either
     without a cataloged GPU (a serving log's fit prices its weight GEMMs only on one)."""
-    device = find_device(next((r.gpu_name for r in base.trace.ranks if r.gpu_name), None))
+    device = find_device(base.trace.gpu_name)
     if need_device and device is None:
         return None, None
     try:

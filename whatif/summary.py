@@ -304,7 +304,7 @@ def prediction_document(pred: Prediction, baseline: BaselinePrediction | None = 
     base = pred.baseline
     return PredictionDocument(
         source=base.trace.source,
-        device=next((r.gpu_name for r in base.trace.ranks if r.gpu_name), None),
+        device=base.trace.gpu_name,
         baseline=baseline or baseline_document(base),
         scenarios=[_scenario_document(base, r) for r in pred.scenarios],
     )

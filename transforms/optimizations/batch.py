@@ -86,7 +86,7 @@ class Batch(Transform):
         with the largest batch that fits the recorded GPU when the catalog knows its memory."""
         if graph.trace is None:
             raise TransformError("batch: the graph has no trace to read allocator records from")
-        device = find_device(next((r.gpu_name for r in graph.trace.ranks if r.gpu_name), None))
+        device = find_device(graph.trace.gpu_name)
         capacity = (device.name, float(device.mem_bytes)) if device is not None and device.mem_bytes else None
         return batch_memory_edit(graph.trace, float(self.factor), capacity)
 

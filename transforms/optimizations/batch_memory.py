@@ -45,11 +45,11 @@ import numpy as np
 import pandas as pd
 
 from whatif.core.dtypes import compute_dtype
-from whatif.core.kernels import op_key, param_args
+from whatif.core.kernels import GEMM_OPS, op_key, param_args
 from whatif.depgraph.hierarchy import (
-    BACKWARD_NODE,
     OUTSIDE_STEPS,
     CpuHierarchy,
+    autograd_nodes,
     build_hierarchy,
     enclosing,
     inherit,
@@ -59,12 +59,10 @@ from whatif.depgraph.hierarchy import (
 from whatif.tracer.args import Arg
 from whatif.tracer.kinds import EventKind
 from whatif.tracer.memory import GPU_DEVICE_TYPES, UNKNOWN, RecordEdit, RecordEditor, allocated_bytes
-from whatif.tracer.trace import Trace, per_name
+from whatif.tracer.trace import Trace
 
 from ..base import TransformError
 
-GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear"})
-"""GEMM ops whose output's shape is read from their inputs' (``mm``, ``addmm``: ``[m, n]``)."""
 REDUCTIONS = frozenset({"sum", "mean", "sum_to_size"})
 """Ops whose output in the backward can be a broadcast parameter's gradient (a bias's)."""
 ELEMENT_BYTES = (2, 4, 8)
@@ -87,10 +85,12 @@ class BlockRole(str, Enum):
 
 @dataclass(frozen=True)
 class BlockRoles:
-    """The role of each allocation (``rows`` of ``Trace.memory``) and the parameter shapes read."""
+    """The role of each allocation (``rows`` of ``Trace.memory``), the record that frees it, and
+    the parameter shapes read."""
 
     rows: np.ndarray
     codes: np.ndarray  # int8 per row: the role's position in BlockRole
+    frees: np.ndarray  # int64 per row: the record that frees its block, -1 when none does
     param_shapes: frozenset[tuple[int, ...]]
 
     def of(self, role: BlockRole) -> np.ndarray:
@@ -174,15 +174,22 @@ def gemm_output_shape(op: str, dims: object) -> tuple[int, ...] | None:
     return a[0], b[1]
 
 
-def _windows(trace: Trace, nodes: np.ndarray) -> dict[tuple[int, int], tuple[int, int]]:
-    """Per (rank, step): the backward window, from the first autograd node's start to the last one's end."""
-    ev = trace.events
-    steps = record_steps(ev, ev.iloc[nodes])
+def _windows(ev: pd.DataFrame, nodes: np.ndarray, steps: np.ndarray) -> pd.DataFrame:
+    """Per (rank, step) (the index): the backward window, from the first autograd node's start to
+    the last one's end (columns ``start``, ``end``); ``steps``: each event's step."""
     start = ev["ts_ns"].to_numpy()[nodes]
-    end = start + ev["dur_ns"].to_numpy()[nodes]
-    frame = pd.DataFrame({"rank": ev["rank"].to_numpy()[nodes], "step": steps, "start": start, "end": end})
-    agg = frame.groupby(["rank", "step"]).agg(start=("start", "min"), end=("end", "max"))
-    return {(int(r), int(s)): (int(a), int(b)) for (r, s), a, b in zip(agg.index, agg["start"], agg["end"])}
+    frame = pd.DataFrame({"rank": ev["rank"].to_numpy()[nodes], "step": steps[nodes], "start": start,
+                          "end": start + ev["dur_ns"].to_numpy()[nodes]})
+    return frame.groupby(["rank", "step"]).agg(start=("start", "min"), end=("end", "max"))
+
+
+def _in_windows(windows: pd.DataFrame, rank: np.ndarray, step: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """Per entry: whether ``ts`` lies in the backward window of its (rank, step)."""
+    if not len(windows):
+        return np.zeros(len(ts), dtype=bool)
+    at = windows.index.get_indexer(pd.MultiIndex.from_arrays([rank, step]))
+    safe = np.maximum(at, 0)
+    return (at >= 0) & (ts >= windows["start"].to_numpy()[safe]) & (ts <= windows["end"].to_numpy()[safe])
 
 
 def _param_shapes(names: np.ndarray, dims: np.ndarray, rows: np.ndarray) -> frozenset[tuple[int, ...]]:
@@ -238,21 +245,18 @@ def block_roles(trace: Trace) -> BlockRoles:
         raise TransformError(f"batch: {trace.source} has no recorded shapes (record with `whatif record "
                              f"--record-shapes`)")
     names = ev["name"].astype(str).to_numpy()
-    nodes = np.flatnonzero(ops & per_name(ev["name"], lambda n: n.startswith(BACKWARD_NODE)))
-    windows = _windows(trace, nodes)
-    ts = ev["ts_ns"].to_numpy()
-    rank = ev["rank"].to_numpy()
-    op_steps = record_steps(ev, ev)
-    in_backward = np.zeros(len(ev), dtype=bool)
-    for (r, s), (a, b) in windows.items():
-        in_backward |= (rank == r) & (op_steps == s) & (ts >= a) & (ts <= b)
+    nodes = autograd_nodes(ev)
+    ev_steps = record_steps(ev, ev)
+    table = _windows(ev, nodes, ev_steps)
+    in_backward = _in_windows(table, ev["rank"].to_numpy(), ev_steps, ev["ts_ns"].to_numpy())
+    windows = {(int(r), int(s)): (int(a), int(b)) for (r, s), a, b in zip(table.index, table["start"], table["end"])}
     forward = np.flatnonzero(shaped & ~in_backward)
     params = _param_shapes(names, dims, forward)
     tokens = _token_counts(names, dims, forward)
     types, concrete = trace.arg(Arg.INPUT_TYPES), trace.arg(Arg.CONCRETE_INPUTS)
 
     hierarchy = build_hierarchy(ev)
-    rows = np.flatnonzero(mem["bytes"].to_numpy() > 0)
+    rows = np.flatnonzero(allocs)
     pos = enclosing(hierarchy, ev, mem.iloc[rows])
     shaped_pos = np.where(shaped[hierarchy.rows], np.arange(len(hierarchy.rows)), -1)
     # the nearest enclosing op that was given a tensor, and the nearest enclosing autograd node
@@ -261,12 +265,13 @@ def block_roles(trace: Trace) -> BlockRoles:
     node_at = inherit(np.where(is_node, np.arange(len(hierarchy.rows)), -1), hierarchy.parent)
 
     editor = RecordEditor(mem)
+    frees = np.array([f if f is not None else -1 for f in map(editor.free_of, rows.tolist())], dtype=np.int64)
     mem_ts, mem_rank, sizes = mem["ts_ns"].to_numpy(), mem["rank"].to_numpy(), mem["bytes"].to_numpy()
     steps = record_steps(ev, mem)
     has_steps = set(step_windows(ev))
     wgrad = _weight_gradients(hierarchy, node_at, names, dims, ops, params, tokens)
     roles: list[BlockRole] = [BlockRole.ACTIVATION] * len(rows)
-    for i, (row, p) in enumerate(zip(rows.tolist(), pos.tolist())):
+    for i, (row, p, free) in enumerate(zip(rows.tolist(), pos.tolist(), frees.tolist())):
         r, s, t = int(mem_rank[row]), int(steps[row]), int(mem_ts[row])
         if s == OUTSIDE_STEPS and r in has_steps:
             roles[i] = BlockRole.OUTSIDE
@@ -276,11 +281,10 @@ def block_roles(trace: Trace) -> BlockRoles:
             roles[i] = BlockRole.AFTER_BACKWARD
             continue
         backward = window is not None and t >= window[0]
-        free = editor.free_of(row)
-        if window is not None and backward and (free is None or mem_ts[free] > window[1]):
+        if window is not None and backward and (free < 0 or mem_ts[free] > window[1]):
             roles[i] = BlockRole.GRADIENT
             continue
-        if free is None:
+        if free < 0:
             roles[i] = BlockRole.PERSISTENT
             continue
         at = int(op_at[p]) if p >= 0 else -1
@@ -290,7 +294,7 @@ def block_roles(trace: Trace) -> BlockRoles:
             continue
         roles[i] = _op_role(at, hierarchy.rows, names, dims, types, params, backward, wgrad, int(sizes[row]))
     order = list(BlockRole)
-    return BlockRoles(rows, np.array([order.index(r) for r in roles], dtype=np.int8), params)
+    return BlockRoles(rows, np.array([order.index(r) for r in roles], dtype=np.int8), frees, params)
 
 
 def _gemm_facts(name: str, dims: object) -> tuple[tuple[int, ...] | None, int | None]:
@@ -356,13 +360,11 @@ def largest_factor(trace: Trace, roles: BlockRoles, capacity_bytes: float) -> fl
     if not gpu.any():
         return None
     sizes = mem["bytes"].to_numpy()
-    editor = RecordEditor(mem)
+    active = roles.codes == list(BlockRole).index(BlockRole.ACTIVATION)
     delta = np.zeros(len(mem), dtype=np.int64)
-    for row in roles.of(BlockRole.ACTIVATION).tolist():
-        delta[row] += sizes[row]
-        free = editor.free_of(row)
-        if free is not None:
-            delta[free] -= sizes[row]
+    delta[roles.rows[active]] += sizes[roles.rows[active]]
+    freed = active & (roles.frees >= 0)
+    np.subtract.at(delta, roles.frees[freed], sizes[roles.rows[freed]])
     best = float("inf")
     for rows in mem[gpu].groupby(["rank", "device_type", "device_id"], sort=False).indices.values():
         at = np.flatnonzero(gpu)[np.asarray(rows)]

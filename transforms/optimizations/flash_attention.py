@@ -73,7 +73,7 @@ from whatif.core.kernels import (
     op_key,
 )
 from whatif.depgraph.graph import GPU_WORK_KINDS, EdgeKind, TaskGraph, TaskKind, kind_codes
-from whatif.depgraph.hierarchy import BACKWARD_NODE, thread_keys
+from whatif.depgraph.hierarchy import autograd_nodes, thread_keys
 from whatif.depgraph.schema import DEVICE_COLUMN
 from whatif.hardware.devices import Device, find_device
 from whatif.hardware.roofline import achievable_time_ns, fixed_latency_ns
@@ -207,8 +207,7 @@ class _Nodes:
 
     def __init__(self, trace: Trace) -> None:
         ev = trace.events
-        self.rows = np.flatnonzero(per_name(ev["name"], lambda n: n.startswith(BACKWARD_NODE))
-                                   & (ev["kind"].to_numpy() == int(EventKind.CPU_OP)))
+        self.rows = autograd_nodes(ev)
         self.rank = ev["rank"].to_numpy()[self.rows]
         self.number = _sequence(trace.arg(Arg.SEQUENCE_NUMBER), self.rows)
         self.fwd_tid = _sequence(trace.arg(Arg.FWD_THREAD_ID), self.rows)

@@ -181,4 +181,4 @@ def diff_document(before: Analysis, after: Analysis, prediction: ReportDocument 
 
 
 def _device(a: Analysis) -> str | None:
-    return next((r.gpu_name for r in a.trace.ranks if r.gpu_name), None)
+    return a.trace.gpu_name

@@ -18,6 +18,7 @@ import numpy as np
 
 from whatif.core.kernels import attention_sequences, is_attention, is_attention_backward
 from whatif.depgraph.graph import TaskGraph
+from whatif.depgraph.hierarchy import BACKWARD_NODE
 from whatif.tracer.args import Arg
 from whatif.tracer.kinds import EventKind
 from whatif.tracer.trace import Trace, per_name
@@ -36,7 +37,6 @@ from .base import (
 )
 
 MODULE_PREFIX = "nn.Module: "
-AUTOGRAD_PREFIX = "autograd::engine::evaluate_function"
 
 
 class ShapedOps:
@@ -70,7 +70,7 @@ class AttentionShapes:
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
         self.ops = ShapedOps(trace, is_attention)
-        self.backward = ShapedOps(trace, lambda n: n.startswith(AUTOGRAD_PREFIX) or is_attention_backward(n),
+        self.backward = ShapedOps(trace, lambda n: n.startswith(BACKWARD_NODE) or is_attention_backward(n),
                                   shaped=False)
 
     def composition(self, rank: int, start_ns: int, end_ns: int) -> LLMBatch | None:
