@@ -164,6 +164,29 @@ def test_a_signal_in_a_shielded_step_waits_for_its_end() -> None:
         guard.restore()
 
 
+def test_sigterm_calls_terminate_instead_of_raising_and_sigint_still_raises() -> None:
+    import signal
+
+    from whatif.tracer.record.signals import SignalGuard
+    ended: list[int] = []
+
+    def terminate(signum: int) -> None:
+        ended.append(signum)
+        raise SystemExit(0)  # stands in for the process ending
+
+    guard = SignalGuard(terminate=terminate)
+    guard.install()
+    try:
+        with pytest.raises(SystemExit):
+            guard.shielded(lambda: signal.raise_signal(signal.SIGTERM))()
+        assert ended == [signal.SIGTERM]  # held until the shielded call returned, then terminate
+        with pytest.raises(KeyboardInterrupt):  # SIGINT unwinds the program, as under python
+            signal.raise_signal(signal.SIGINT)
+        assert ended == [signal.SIGTERM]
+    finally:
+        guard.restore()
+
+
 def test_torch_import_hook_ignores_other_modules() -> None:
     assert TorchImportHook().find_spec("json", None) is None
 
@@ -248,6 +271,48 @@ def test_engine_core_stopped_by_sigterm_leaves_a_readable_trace(tmp_path: Path) 
     assert core["end"]["during"] in ("program", "write"), why   # where the signal lands is the scheduler's call
     trace = load_trace(run)
     assert (trace.events["pid"] == core["pid"]).sum() > 0
+
+
+HANGS_IF_UNWOUND = """
+import multiprocessing as mp, sys, threading, time
+import torch
+
+def worker(ready):
+    torch.ones(4).sum()
+    try:
+        ready.set()
+        while True:
+            time.sleep(0.01)
+    finally:  # never reached under python: SIGTERM ends the process at once
+        threading.Event().wait()
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    child = ctx.Process(target=worker, args=(ready,), name="Worker")
+    child.start()
+    assert ready.wait(120)
+    child.terminate()
+    child.join(120)
+    print("exitcode", child.exitcode)
+    sys.exit(0 if child.exitcode == -15 else 1)
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_child_at_once_without_running_its_finally_blocks(tmp_path: Path) -> None:
+    # unwinding the child's program on SIGTERM ran its finally blocks and multiprocessing's
+    # finalizers, which can wait forever (a queue's lock held by the code the signal interrupted)
+    program = tmp_path / "hangs_if_unwound.py"
+    program.write_text(HANGS_IF_UNWOUND)
+    run, done = _record(tmp_path, str(program), timeout_s=200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "exitcode -15" in done.stdout
+    child = _meta(run)["processes"][1]
+    assert (child["name"], child["exit_status"], child["end"]) == ("Worker", 143,
+                                                                   {"signal": "SIGTERM", "during": "program"})
+    ev = load_trace(run).events
+    assert (ev["pid"] == child["pid"]).sum() > 0
 
 
 @pytest.mark.slow

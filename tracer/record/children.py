@@ -9,8 +9,10 @@ Child: once it imports torch, :func:`start_child` starts a :class:`ChildRecordin
 main process's backend and options. It stops and writes ``rank<k>.<role>.<pid>.pt.trace.json.gz``
 when the process ends: at the end of a ``multiprocessing`` process's ``_bootstrap`` (fork children
 leave by ``os._exit``, so ``atexit`` would never run) or at ``atexit``. SIGINT/SIGTERM are handled
-as in the main process (:class:`~.signals.SignalGuard`): the trace is written, then the process
-ends by the same signal, so its parent sees what it would have seen without whatif.
+as in the main process (:class:`~.signals.SignalGuard`), except that SIGTERM while the program runs
+ends the child at once, as without whatif (:meth:`ChildRecording._terminated`): the trace is
+written, then the process ends by the same signal, so its parent sees what it would have seen
+without whatif.
 
 A child forked (``os.fork``, ``multiprocessing``'s fork start method) from a process that is
 recording inherits that process's profiler, which cannot be used there: the fork hook forgets it
@@ -28,7 +30,6 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import msgspec
@@ -40,7 +41,7 @@ from .errors import OptionError
 from .options import RecordOptions, Schedule
 from .processes import ProcessEnd, ProcessRecord, add_process, child_role, process_trace_name
 from .session import make_session, record_info, trace_document
-from .signals import ProgramTerminated, RecordingAborted, SignalGuard, exit_status
+from .signals import RecordingAborted, SignalGuard, exit_status
 from .steps import StepDetector
 from .trace_file import write_trace
 
@@ -166,7 +167,7 @@ class ChildRecording:
         self.options = config.options()
         self.run_dir = Path(config.run_dir)
         self.session = make_session(self.options, self.run_dir)
-        self.guard = SignalGuard()
+        self.guard = SignalGuard(terminate=self._terminated)
         step = self.guard.shielded(self.session.step)
         try:
             self.detector = StepDetector(step, self.options.step_on, [os.getcwd()])
@@ -242,12 +243,27 @@ class ChildRecording:
         parent sees the exit it would have seen without whatif (``Process.exitcode`` -15)."""
         signum = self.signalled()
         if signum is not None and os.getpid() == self.pid:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(self.pid, signum)
+            _die(signum)
+
+    def _terminated(self, signum: int) -> None:
+        """SIGTERM while the program runs: the process ends at once, as without whatif, once its
+        trace is written. None of the program's ``finally`` blocks, ``atexit`` handlers or
+        ``multiprocessing`` finalizers runs: unwinding the program would run them, and one can
+        wait forever for a lock that the interrupted code held (a queue's ``put`` cut between
+        acquiring its lock and entering its ``with`` block leaves the queue's finalizer waiting)."""
+        self.finish(None)
+        _die(signum)
 
     def _at_exit(self) -> None:
         self.finish(1 if hasattr(sys, "last_value") else None)
         self.end_by_signal()
+
+
+def _die(signum: int) -> None:
+    """End this process by ``signum`` with its default action (its parent sees the signal)."""
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    os._exit(exit_status(signum))  # not reached: Linux ends the process before kill() returns
 
 
 _current: ChildRecording | None = None
@@ -264,7 +280,6 @@ def start_child() -> None:
     _current = recording
     _register_fork_hook()
     _patch_multiprocessing()
-    _quiet_termination()
 
 
 def _after_fork_in_child() -> None:
@@ -298,23 +313,13 @@ _original_bootstrap: Callable[..., int] | None = None
 
 def _patch_multiprocessing() -> None:
     """Write a ``multiprocessing`` child's trace at the end of its ``_bootstrap`` (before the
-    ``os._exit`` of a fork child); SIGTERM from ``Process.terminate()`` ends its ``run`` quietly."""
+    ``os._exit`` of a fork child)."""
     global _original_bootstrap
     if _original_bootstrap is not None:
         return
     original = _original_bootstrap = multiprocessing.process.BaseProcess._bootstrap  # type: ignore[attr-defined]
 
     def _bootstrap(self: multiprocessing.process.BaseProcess, *args: Any, **kwargs: Any) -> int:
-        run = self.run
-
-        def run_until_signal() -> None:
-            try:
-                run()
-            except ProgramTerminated:
-                if _current is None:
-                    raise
-
-        self.run = run_until_signal  # type: ignore[method-assign]
         code = original(self, *args, **kwargs)
         recording = _current
         if recording is not None:
@@ -323,17 +328,3 @@ def _patch_multiprocessing() -> None:
         return code
 
     multiprocessing.process.BaseProcess._bootstrap = _bootstrap  # type: ignore[attr-defined]
-
-
-def _quiet_termination() -> None:
-    """An uncaught :class:`ProgramTerminated` (SIGTERM in a script child) prints one line, not a
-    traceback into whatif."""
-    previous = sys.excepthook
-
-    def excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-        if isinstance(value, ProgramTerminated):
-            print(f"Terminated ({value})", file=sys.stderr)
-            return
-        previous(kind, value, tb)
-
-    sys.excepthook = excepthook

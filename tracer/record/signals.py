@@ -64,12 +64,17 @@ class RunEnd:
 class SignalGuard:
     """Installs the handlers of :data:`HANDLED` (main thread only; elsewhere it does nothing).
 
+    ``terminate``: what SIGTERM does while the program runs, instead of raising
+    :class:`ProgramTerminated` (a traced child ends at once, :mod:`.children`); should it return,
+    the exception is raised.
+
     Use: :meth:`install` before tracing starts, :meth:`defer` as soon as the program has ended,
     :meth:`restore` when whatif is done.
     """
 
-    def __init__(self, stderr: TextIO | None = None) -> None:
+    def __init__(self, stderr: TextIO | None = None, terminate: Callable[[int], None] | None = None) -> None:
         self._stderr = stderr
+        self._terminate = terminate                  # SIGTERM while the program runs: called instead of raising
         self._previous: dict[int, Any] = {}
         self._writing = False
         self._shielded = False
@@ -117,10 +122,11 @@ class SignalGuard:
                 self._interrupt(held)
         return run
 
-    @staticmethod
-    def _interrupt(signum: int) -> None:
+    def _interrupt(self, signum: int) -> None:
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
+        if self._terminate is not None:
+            self._terminate(signum)
         raise ProgramTerminated(signum)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
