@@ -522,6 +522,56 @@ def test_memory_page(server: Any, browser: Any, shots: Path) -> None:
     browser.save_screenshot(str(shots / "dashboard-memory.png"))
 
 
+def _pick(browser: Any, id_: str, label: str) -> None:
+    """Choose ``label`` in the dropdown ``#id_``, as a user does."""
+    from selenium.webdriver.common.by import By
+
+    _click(browser, id_)
+    option = _wait(browser, lambda b: next((o for o in b.find_elements(By.CSS_SELECTOR, "[role=option]")
+                                             if o.text == label), None))
+    option.click()
+
+
+def test_memory_page_predicts_a_scenario(server: Any, browser: Any, shots: Path) -> None:
+    """A scenario of the run shows the timeline its transforms predict (`whatif memory -s`) beside the
+    recorded one; a scenario whose memory model cannot apply says why in one line."""
+    from selenium.webdriver.common.by import By
+
+    from whatif.memory import memory, memory_edits
+    from whatif.transforms.scenario import scenario_from_dict
+
+    run = server.store.add_path(REPO / "sample_traces" / "sdpa_memory" / "math")[0]
+    spec = {"name": "batch 2", "transform": [{"name": "batch", "factor": 2}]}
+    run.scenarios["batch 2"] = spec
+    run.scenarios["fuse"] = {"name": "fuse", "transform": [{"name": "cuda_graph"}]}
+    run.scenarios["flash, batch 2"] = {"name": "flash, batch 2", "transform": [{"name": "flash_attention"},
+                                                                              {"name": "batch", "factor": 2}]}
+    browser.get(f"{server.url}/memory?run={run.id}")
+    _wait(browser, lambda b: b.find_elements(By.ID, "mem-peak") and _text(b, "mem-peak"))
+    recorded = _text(browser, "mem-peak")
+    assert not browser.find_elements(By.ID, "mem-predicted")
+    _pick(browser, "mem-scenario", "predicted: batch 2")
+    _wait(browser, lambda b: b.find_elements(By.ID, "mem-predicted"))
+    _no_error(browser)
+    analysis = run.analysis
+    edits, lines = memory_edits(analysis.graph, scenario_from_dict(spec).transforms)
+    cpu = memory(analysis.trace, analysis.graph, edits=edits).devices[0]
+    assert _text(browser, "mem-peak") == f"{round(cpu.peak_allocated_bytes / 2**20, 1):,}"
+    assert _text(browser, "mem-recorded-peak") == recorded
+    assert _text(browser, "mem-predicted").splitlines() == lines and lines[0].startswith("batch")
+    assert float(_text(browser, "mem-peak-ratio").rstrip("x")) > 1.2
+    _wait(browser, _settled)
+    browser.save_screenshot(str(shots / "dashboard-memory-predicted.png"))
+    _pick(browser, "mem-scenario", "predicted: fuse")  # a transform that does not model memory says so
+    _wait(browser, lambda b: "memory not modelled" in _text(b, "mem-predicted"))
+    assert _text(browser, "mem-peak") == recorded and _text(browser, "mem-peak-ratio") == "1.000x"
+    _pick(browser, "mem-scenario", "predicted: flash, batch 2")  # edits that do not compose: one line
+    _wait(browser, lambda b: "both change" in _text(b, "mem-body-error"))
+    assert not browser.find_elements(By.ID, "mem-peak")
+    _pick(browser, "mem-scenario", "as recorded")
+    _wait(browser, lambda b: _text(b, "mem-peak") == recorded and not b.find_elements(By.ID, "mem-predicted"))
+
+
 def test_ops_page(server: Any, browser: Any, shots: Path) -> None:
     """The Ops page shows the `whatif ops` table of the same run, longest group first, numbers first."""
     from selenium.webdriver.common.by import By
