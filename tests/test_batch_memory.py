@@ -15,7 +15,13 @@ from whatif.memory import memory, memory_edits
 from whatif.tracer.trace import load_trace
 from whatif.transforms.base import TransformError
 from whatif.transforms.optimizations.batch import Batch
-from whatif.transforms.optimizations.batch_memory import BlockRole, batch_memory_edit, block_roles, largest_factor
+from whatif.transforms.optimizations.batch_memory import (
+    BlockRole,
+    batch_memory_edit,
+    batch_peaks,
+    block_roles,
+    largest_factor,
+)
 from whatif.transforms.optimizations.flash_attention import FlashAttention
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,6 +187,17 @@ def test_the_largest_batch_that_fits_fills_the_device(tmp_path: Path) -> None:
     edit = batch_memory_edit(trace, 2.0, ("A100_SXM", 80 * 2**30))
     at_peak = 1 + (80 * 2**30 - 5752) / 1512
     assert edit.what.endswith(f"fits in the A100_SXM's 80 GiB: {at_peak:,.2f}x the recorded one")
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.0, 2.0, 8.0])
+def test_the_peak_at_any_batch_is_the_edited_timelines(tmp_path: Path, factor: float) -> None:
+    trace = load_trace(one_linear_step(tmp_path))
+    peaks = batch_peaks(trace, block_roles(trace))
+    assert peaks is not None
+    edited = memory(trace, edits=[batch_memory_edit(trace, factor)]).devices[0].peak_allocated_bytes
+    assert 0 <= edited - peaks.peak_bytes(factor) < 2 * 512   # two activation blocks, each rounded up to 512 B
+    if factor == 1.0:
+        assert peaks.peak_bytes(1.0) == memory(trace).devices[0].peak_allocated_bytes == 5752
 
 
 def test_the_largest_batch_on_a_third_party_trace_reaches_the_capacity(shared_traces: Path) -> None:

@@ -221,6 +221,39 @@ def test_batch_axis_prices_the_bigger_batch_and_counts_its_samples(training, tra
     assert two.step_ns == json.loads(out.read_text())["scenarios"][0]["mean_step_ns"]
 
 
+def test_batch_axis_memory_comes_from_the_allocator_records(tmp_path):
+    """On a trace with GPU allocator records, a plan of one GPU per rank is checked against the
+    recorded timeline at its batch (batch's memory model), exactly what ``whatif memory -s`` predicts."""
+    from test_batch_memory import one_linear_step
+
+    from whatif.tracer.trace import load_trace
+    from whatif.transforms.optimizations.batch_memory import batch_peaks, block_roles
+
+    path = one_linear_step(tmp_path)
+    doc = sweep_plans(path, PlanGrid(batch_factor=(1, 2, 8)), Execution(jobs=1))
+    trace = load_trace(path)
+    peaks = batch_peaks(trace, block_roles(trace))
+    assert [(r.memory_source, r.memory_per_gpu_bytes, r.fits) for r in doc.plans] == [
+        ("allocator records", peaks.peak_bytes(b), True) for b in (1, 2, 8)]
+    one, two, eight = (r.memory_per_gpu_bytes for r in doc.plans)
+    assert one == 5752 < two < eight
+    assert doc.memory_model.startswith("plans of one GPU per rank (tp·pp·sp = 1): the peak of the recorded allocator")
+
+
+def test_a_batch_over_the_gpu_is_a_row_that_does_not_fit(shared_traces):
+    from whatif.transforms.optimizations.batch_memory import batch_peaks, block_roles
+
+    analysis = analyze(shared_traces / "tracelens/hf_h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz")
+    k = batch_peaks(analysis.trace, block_roles(analysis.trace)).largest_factor(80 * 2**30)
+    small, large = float(int(k)), float(int(k) + 1)
+    doc = sweep_plans(analysis, PlanGrid(batch_factor=(small, large)), Execution(jobs=1))
+    fits, over = doc.plans
+    assert (fits.status, fits.fits, over.status, over.fits) == ("ok", True, "does not fit", False)
+    assert fits.memory_per_gpu_bytes <= 80 * 2**30 < over.memory_per_gpu_bytes
+    assert over.reason.startswith(f"the recorded allocator timeline at {large:g}x the batch peaks at ")
+    assert over.step_ns is None and not over.pareto
+
+
 def test_batch_factors_are_checked():
     with pytest.raises(ValueError, match="batch factors must be in"):
         _batches("1,0")

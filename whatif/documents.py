@@ -1187,8 +1187,10 @@ class PlanRow(Entry, frozen=True, kw_only=True):
     traced batch per GPU), the GPUs it takes, what happened
     (``status``: ``ok``, ``refused`` by a transform, ``does not fit`` the device's memory, with
     the one-line ``reason``), the predicted mean step, the throughput (the document's
-    ``throughput_unit``), the memory model's bytes per GPU (None when it cannot be read) and
-    whether it is on the Pareto front of the plans that ran."""
+    ``throughput_unit``), the bytes per GPU (None when they cannot be read) and where they come
+    from (``memory_source``: ``allocator records``, the recorded timeline at the plan's batch;
+    ``weights + workspace``, the plan memory model; empty: neither) and whether it is on the
+    Pareto front of the plans that ran."""
 
     plan: str
     tp: int
@@ -1206,6 +1208,7 @@ class PlanRow(Entry, frozen=True, kw_only=True):
     fits: bool | None
     pareto: bool
     reason: str
+    memory_source: str = ""
 
 
 class PlanSweepDocument(Entry, frozen=True, kw_only=True):

@@ -349,12 +349,35 @@ def _op_role(at: int, ev_rows: np.ndarray, names: np.ndarray, dims: np.ndarray, 
     return BlockRole.ACTIVATION
 
 
-def largest_factor(trace: Trace, roles: BlockRoles, capacity_bytes: float) -> float | None:
-    """The largest multiple of the recorded batch whose allocated bytes stay within
-    ``capacity_bytes`` on every GPU of the trace (None without GPU records; ``inf`` when no
-    activation is ever live). After each record the allocated bytes at ``k`` × the batch are the
-    recorded ones plus ``(k − 1)`` × the activation bytes then live, so ``k`` is the least of
-    ``1 + (C − allocated) / live`` (block rounding left out: under 512 bytes a block)."""
+@dataclass(frozen=True)
+class BatchPeaks:
+    """Each GPU's allocated bytes after each of its records as recorded (``allocated``) and the
+    activation bytes live then (``live``, :func:`block_roles`): at ``k`` × the batch the allocated
+    bytes after a record are ``allocated + (k − 1) · live`` (block rounding left out: under 512 bytes
+    a block)."""
+
+    allocated: tuple[np.ndarray, ...]
+    live: tuple[np.ndarray, ...]
+
+    def peak_bytes(self, factor: float) -> int:
+        """The highest allocated bytes of any GPU at ``factor`` × the batch (0 without records)."""
+        return max((int((a + (factor - 1) * v).max()) for a, v in zip(self.allocated, self.live) if len(a)),
+                   default=0)
+
+    def largest_factor(self, capacity_bytes: float) -> float:
+        """The largest multiple of the batch whose allocated bytes stay within ``capacity_bytes``
+        on every GPU (``inf`` when no activation is ever live): the least of
+        ``1 + (C − allocated) / live`` over the records with activations live."""
+        best = float("inf")
+        for allocated, live in zip(self.allocated, self.live):
+            grows = live > 0
+            if grows.any():
+                best = min(best, float((1 + (capacity_bytes - allocated[grows]) / live[grows]).min()))
+        return max(best, 0.0)
+
+
+def batch_peaks(trace: Trace, roles: BlockRoles) -> BatchPeaks | None:
+    """The :class:`BatchPeaks` of ``trace``'s GPUs (None without GPU records)."""
     mem = trace.memory
     gpu = np.isin(mem["device_type"].to_numpy(), [int(d) for d in GPU_DEVICE_TYPES])
     if not gpu.any():
@@ -365,15 +388,20 @@ def largest_factor(trace: Trace, roles: BlockRoles, capacity_bytes: float) -> fl
     delta[roles.rows[active]] += sizes[roles.rows[active]]
     freed = active & (roles.frees >= 0)
     np.subtract.at(delta, roles.frees[freed], sizes[roles.rows[freed]])
-    best = float("inf")
+    allocated, live = [], []
     for rows in mem[gpu].groupby(["rank", "device_type", "device_id"], sort=False).indices.values():
         at = np.flatnonzero(gpu)[np.asarray(rows)]
-        allocated, _ = allocated_bytes(mem.iloc[at])
-        live = np.cumsum(delta[at])
-        grows = live > 0
-        if grows.any():
-            best = min(best, float((1 + (capacity_bytes - allocated[grows]) / live[grows]).min()))
-    return max(best, 0.0)
+        allocated.append(allocated_bytes(mem.iloc[at])[0])
+        live.append(np.cumsum(delta[at]))
+    return BatchPeaks(tuple(allocated), tuple(live))
+
+
+def largest_factor(trace: Trace, roles: BlockRoles, capacity_bytes: float) -> float | None:
+    """The largest multiple of the recorded batch whose allocated bytes stay within
+    ``capacity_bytes`` on every GPU of the trace (None without GPU records; ``inf`` when no
+    activation is ever live): :meth:`BatchPeaks.largest_factor`."""
+    peaks = batch_peaks(trace, roles)
+    return peaks.largest_factor(capacity_bytes) if peaks is not None else None
 
 
 def batch_memory_edit(trace: Trace, factor: float, capacity: tuple[str, float] | None = None) -> RecordEdit:

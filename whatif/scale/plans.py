@@ -63,7 +63,9 @@ from whatif.predictors.cost_models import CostModelName
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import COUNT_DEFAULT, StepOptions
 from whatif.summary import mean_counted_step_ns
+from whatif.tracer.memory import GPU_DEVICE_TYPES
 from whatif.transforms.base import TransformContext, TransformError
+from whatif.transforms.optimizations.batch_memory import BatchPeaks, batch_peaks, block_roles
 from whatif.transforms.parallel.layers import backward_mask
 from whatif.transforms.parallel.memory import WORKSPACE_FRACTION, ModelShape, model_shape, plan_memory
 from whatif.transforms.scenario import Scenario, ScenarioError, ScenarioStepError, scenario_from_dict
@@ -270,15 +272,25 @@ def plan_scenario(plan: Plan) -> Scenario | None:
     return scenario_from_dict({"name": plan.label, "transform": tables}, source=f"<plan {plan.label}>")
 
 
+class MemorySource(str, Enum):
+    """Where a plan's bytes per GPU come from."""
+
+    RECORDS = "allocator records"      # the recorded timeline at the plan's batch (one GPU per rank)
+    MODEL = "weights + workspace"      # transforms/parallel/memory.py
+    NONE = ""                          # neither can be read
+
+
 @dataclass
 class PlanBase:
     """What every worker gets once: the analysed trace, the cost model's name, the model shape
-    for the memory model (None, with ``memory_note`` saying why, when it cannot be read)."""
+    for the memory model (None, with ``memory_note`` saying why, when it cannot be read), and the
+    recorded GPU memory at any batch (None when the trace has no GPU allocator records to read)."""
 
     analysis: Analysis
     cost_model: str
     shape: ModelShape | None
     memory_note: str
+    recorded: BatchPeaks | None = None
 
 
 Prefix = tuple[tuple[tuple[str, object], ...], ...]
@@ -326,6 +338,7 @@ class PlanOutcome:
     memory_per_gpu_bytes: int | None
     fits: bool | None
     reason: str
+    memory_source: MemorySource = MemorySource.NONE
 
 
 def setup_worker(base: PlanBase) -> PlanWorker:
@@ -347,26 +360,35 @@ def evaluate(worker: PlanWorker, plan: Plan) -> PlanOutcome:
     base = worker.base
     memory: int | None = None
     fits: bool | None = None
+    source = MemorySource.NONE
     capacity = _capacity_bytes(plan, worker.ctx.device)
-    if base.shape is not None and capacity is not None:
+    if base.recorded is not None and plan.tp == plan.pp == plan.sp == 1:
+        memory, source = base.recorded.peak_bytes(plan.batch), MemorySource.RECORDS
+        if capacity is not None:
+            fits = memory <= capacity
+            if not fits:
+                return PlanOutcome(PlanStatus.NO_FIT, None, memory, False,
+                                   f"the recorded allocator timeline at {plan.batch:g}x the batch peaks at "
+                                   f"{memory / 2**30:,.2f} GiB, over the GPU's {capacity / 2**30:,.0f} GiB", source)
+    elif base.shape is not None and capacity is not None:
         mem = plan_memory(base.shape, tensor=plan.tp, pipeline=plan.pp, kv_tokens=0, capacity_bytes=capacity)
-        memory, fits = int(mem.total_bytes), mem.fits
+        memory, fits, source = int(mem.total_bytes), mem.fits, MemorySource.MODEL
         if not mem.fits:
-            return PlanOutcome(PlanStatus.NO_FIT, None, memory, False, mem.why_not())
+            return PlanOutcome(PlanStatus.NO_FIT, None, memory, False, mem.why_not(), source)
     scenario = plan_scenario(plan)
     a = base.analysis
     if scenario is None:
-        return PlanOutcome(PlanStatus.OK, mean_counted_step_ns(a.steps), memory, fits, "")
+        return PlanOutcome(PlanStatus.OK, mean_counted_step_ns(a.steps), memory, fits, "", source)
     try:
         graph = worker.after(scenario, plan.transforms())
     except ScenarioStepError as exc:
-        return PlanOutcome(PlanStatus.REFUSED, None, memory, fits, exc.reason.splitlines()[0])
+        return PlanOutcome(PlanStatus.REFUSED, None, memory, fits, exc.reason.splitlines()[0], source)
     except WhatifError as exc:
-        return PlanOutcome(PlanStatus.REFUSED, None, memory, fits, str(exc).splitlines()[0])
+        return PlanOutcome(PlanStatus.REFUSED, None, memory, fits, str(exc).splitlines()[0], source)
     replayed = replay(graph)
     result = ScenarioResult(scenario=scenario, graphs=[replayed.graph], replays=[replayed], reference=a.graph,
                             options=a.options)
-    return PlanOutcome(PlanStatus.OK, mean_counted_step_ns(result.steps), memory, fits, "")
+    return PlanOutcome(PlanStatus.OK, mean_counted_step_ns(result.steps), memory, fits, "", source)
 
 
 def pareto_front(gpus: Sequence[int], step_ns: Sequence[float], throughput: Sequence[float]) -> np.ndarray:
@@ -399,6 +421,20 @@ def _shape(analysis: Analysis, ctx: TransformContext) -> tuple[ModelShape | None
                    f"optimizer state not counted")
 
 
+def _recorded(analysis: Analysis) -> tuple[BatchPeaks | None, str]:
+    """The recorded GPU memory at any batch, and a line saying what it counts (or why it is not used)."""
+    trace = analysis.trace
+    if not np.isin(trace.memory["device_type"].to_numpy(), [int(d) for d in GPU_DEVICE_TYPES]).any():
+        return None, ""
+    try:
+        peaks = batch_peaks(trace, block_roles(trace))
+    except TransformError as exc:
+        return None, f"the allocator records are not used: {exc}"
+    return peaks, ("plans of one GPU per rank (tp·pp·sp = 1): the peak of the recorded allocator timeline with the "
+                   "activations at the plan's batch (batch's memory model, docs/memory.md; DDP's gradient buckets "
+                   "not counted)")
+
+
 def plan_rows(plans: Sequence[Plan], outcomes: Sequence[PlanOutcome], ranks: int,
               samples_per_step: int) -> list[PlanRow]:
     """The document's rows: GPUs, throughput and the Pareto front added to each plan's outcome."""
@@ -413,7 +449,8 @@ def plan_rows(plans: Sequence[Plan], outcomes: Sequence[PlanOutcome], ranks: int
     return [PlanRow(plan=p.label, tp=p.tp, pp=p.pp, micro_batches=p.micro_batches, sp=p.sp, dp=p.dp, batch=p.batch,
                     device=p.device or "", gpus=gpus[i], status=o.status.value, step_ns=o.step_ns,
                     throughput_per_s=throughput[i],
-                    memory_per_gpu_bytes=o.memory_per_gpu_bytes, fits=o.fits, pareto=i in on_front,
+                    memory_per_gpu_bytes=o.memory_per_gpu_bytes, fits=o.fits,
+                    memory_source=o.memory_source.value, pareto=i in on_front,
                     reason=o.reason)
             for i, (p, o) in enumerate(zip(plans, outcomes))]
 
@@ -433,7 +470,10 @@ def sweep_plans(path_or_analysis: str | Path | Analysis, grid: PlanGrid, executi
     mode = grid.mode or _trace_mode(analysis)
     plans = expand(grid, ctx.device, mode)
     shape, note = _shape(analysis, ctx)
-    base = PlanBase(analysis=analysis, cost_model=str(cost_model), shape=shape, memory_note=note)
+    recorded, recorded_note = _recorded(analysis)
+    note = f"{recorded_note}; other plans: {note}" if recorded is not None else \
+        "; ".join(n for n in (note, recorded_note) if n)
+    base = PlanBase(analysis=analysis, cost_model=str(cost_model), shape=shape, memory_note=note, recorded=recorded)
     total = len(plans)
     report = (lambda done: progress(done, total)) if progress else None
     outcomes = map_chunks(setup_worker, base, evaluate_chunk, plans, execution, report)
