@@ -116,27 +116,30 @@ def name_cells(rows: list[dict[str, Any]], names: Sequence[str],
 
 
 def table(id: str, rows: list[dict[str, Any]], columns: Sequence[str] | None = None, page_size: int = 12,
-          names: Sequence[str] = (), name_width: int = NAME_WIDTH,
+          names: Sequence[str] = (), name_width: int = NAME_WIDTH, numbers: Sequence[str] = (),
           **kwargs: Any) -> dash_table.DataTable:  # type: ignore[name-defined]  # see below
     """A sortable, filterable table of ``rows`` (numbers stay numbers, so sorting is numeric).
 
     Numbers come first (right-aligned), then text, then the ``names`` columns (kernels, ops, runs),
     shortened from the middle to ``name_width`` characters with the full name in the cell's tooltip
-    (text left-aligned). Cells wrap instead of clipping."""
+    (text left-aligned). Cells wrap instead of clipping. A column is numeric when its first value is
+    a number, or when listed in ``numbers`` (a table whose rows get their numbers later: the Runs
+    table before any run is analysed)."""
     given = list(columns or (rows[0].keys() if rows else []))
-    cols = ([c for c in given if _numeric(rows, c) and c not in names]
-            + [c for c in given if not _numeric(rows, c) and c not in names] + [c for c in given if c in names])
+    numeric = {c for c in given if c in numbers or _numeric(rows, c)}
+    cols = ([c for c in given if c in numeric and c not in names]
+            + [c for c in given if c not in numeric and c not in names] + [c for c in given if c in names])
     shown, tips = name_cells(rows, names, name_width)
     # dash/dash_table/__init__.py is `# type: ignore`d as a whole, so mypy sees none of its names
     return dash_table.DataTable(  # type: ignore[attr-defined]
-        id=id, data=shown, columns=[{"name": c, "id": c, "type": "numeric" if _numeric(rows, c) else "text"}
+        id=id, data=shown, columns=[{"name": c, "id": c, "type": "numeric" if c in numeric else "text"}
                                     for c in cols],
         sort_action="native", filter_action="native", page_size=page_size,
         **({"tooltip_data": tips, "tooltip_duration": None} if any(tips) else {}),
         style_table={"overflowX": "auto"},
         style_cell={"fontSize": 12, "padding": "3px 6px", "whiteSpace": "normal", "height": "auto",
                     "overflowWrap": "anywhere"},
-        style_cell_conditional=[{"if": {"column_id": c}, "textAlign": "left"} for c in cols if not _numeric(rows, c)]
+        style_cell_conditional=[{"if": {"column_id": c}, "textAlign": "left"} for c in cols if c not in numeric]
         + [{"if": {"column_id": c}, "minWidth": 160} for c in names] + kwargs.pop("style_cell_conditional", []),
         style_header={"fontWeight": 600, "backgroundColor": "#eef1f6"}, **kwargs)
 

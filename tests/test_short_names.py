@@ -3,7 +3,7 @@ all read ``at::native::elementwise…onst&)::{lambda(int)#1})`` in the dashboard
 2026-11-28 (the functor that tells them apart is in the elided middle)."""
 from __future__ import annotations
 
-from whatif.dashboard.layout import name_cells
+from whatif.dashboard.layout import name_cells, table
 from whatif.report.diff_text import short_name, short_names
 
 PREFIX = "void at::native::elementwise_kernel<128, {w}, at::native::gpu_kernel_impl_nocast<"
@@ -27,3 +27,13 @@ def test_dashboard_tables_label_each_kernel_apart_and_keep_the_full_name_in_the_
     shown, tips = name_cells([{"name": n, "ms": 1.0} for n in NAMES], ["name"], 40)
     assert len({r["name"] for r in shown}) == 4
     assert [t["name"]["value"] for t in tips] == NAMES
+
+
+def test_a_column_declared_numeric_sorts_as_numbers_before_it_has_a_value() -> None:
+    rows = [{"run": "a", "ranks": None, "status": "not loaded"}]
+    types = {c["id"]: c["type"] for c in table("t", rows).columns}
+    assert types["ranks"] == "text"                     # nothing says it is a number yet
+    declared = table("t", rows, numbers=("ranks",))
+    assert [(c["id"], c["type"]) for c in declared.columns] == [("ranks", "numeric"), ("run", "text"),
+                                                               ("status", "text")]
+    assert {"if": {"column_id": "ranks"}, "textAlign": "left"} not in declared.style_cell_conditional

@@ -16,6 +16,7 @@ from ..uploads import UPLOAD_ROUTE
 from . import Page
 
 COLUMNS = ("run", "device", "ranks", "steps", "tasks", "status", "path", "id")
+NUMBERS = ("ranks", "steps", "tasks")  # known once a run is analysed
 
 
 NAMES = ("run", "path")
@@ -38,7 +39,7 @@ def layout(**_: Any) -> html.Div:
         html.H2("Runs"),
         html.P("Traces and run folders this dashboard has loaded. Pick one in the run menu (top right); it is "
                "analyzed on first use.", className="note"),
-        html.Div([loading(table("runs-table", rows(), COLUMNS, names=NAMES, row_selectable=False)),
+        html.Div([loading(table("runs-table", rows(), COLUMNS, names=NAMES, numbers=NUMBERS, row_selectable=False)),
                   html.Button("Analyze all", id="runs-analyze", className="secondary")], className="panel"),
         html.Div([
             html.H4("Add a run"),
