@@ -117,10 +117,15 @@ class DevicePeak:
     recorded: bool  # the allocator's Total Allocated (else relative to the recording's start)
 
 
+def on_gpu(memory: pd.DataFrame) -> np.ndarray:
+    """Per record of ``memory`` (``Trace.memory``): whether it is a GPU's (:data:`GPU_DEVICE_TYPES`)."""
+    return np.isin(memory["device_type"].to_numpy(), [int(t) for t in GPU_DEVICE_TYPES])
+
+
 def gpu_peaks(memory: pd.DataFrame) -> list[DevicePeak]:
     """Per GPU device of each rank in ``memory`` (``Trace.memory``), its allocated peak; empty
     when the trace has no allocator records (``record --memory``)."""
-    gpu = memory[memory["device_type"].isin([int(t) for t in GPU_DEVICE_TYPES])]
+    gpu = memory[on_gpu(memory)]
     peaks = []
     for (rank, dtype, dev), rows in sorted(gpu.groupby(["rank", "device_type", "device_id"]).indices.items()):
         frame = gpu.iloc[rows]

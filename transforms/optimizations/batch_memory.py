@@ -58,7 +58,7 @@ from whatif.depgraph.hierarchy import (
 )
 from whatif.tracer.args import Arg
 from whatif.tracer.kinds import EventKind
-from whatif.tracer.memory import GPU_DEVICE_TYPES, UNKNOWN, RecordEdit, RecordEditor, allocated_bytes
+from whatif.tracer.memory import UNKNOWN, RecordEdit, RecordEditor, allocated_bytes, on_gpu
 from whatif.tracer.trace import Trace
 
 from ..base import TransformError
@@ -379,7 +379,7 @@ class BatchPeaks:
 def batch_peaks(trace: Trace, roles: BlockRoles) -> BatchPeaks | None:
     """The :class:`BatchPeaks` of ``trace``'s GPUs (None without GPU records)."""
     mem = trace.memory
-    gpu = np.isin(mem["device_type"].to_numpy(), [int(d) for d in GPU_DEVICE_TYPES])
+    gpu = on_gpu(mem)
     if not gpu.any():
         return None
     sizes = mem["bytes"].to_numpy()
@@ -417,7 +417,7 @@ def batch_memory_edit(trace: Trace, factor: float, capacity: tuple[str, float] |
     roles = block_roles(trace)
     mem = trace.memory
     sizes = mem["bytes"].to_numpy()
-    gpu = np.isin(mem["device_type"].to_numpy(), [int(d) for d in GPU_DEVICE_TYPES])
+    gpu = on_gpu(mem)
     editor = RecordEditor(mem)
     grow = roles.of(BlockRole.ACTIVATION)
     for row in grow.tolist():

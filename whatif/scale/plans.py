@@ -63,7 +63,7 @@ from whatif.predictors.cost_models import CostModelName
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import COUNT_DEFAULT, StepOptions
 from whatif.summary import mean_counted_step_ns
-from whatif.tracer.memory import GPU_DEVICE_TYPES
+from whatif.tracer.memory import on_gpu
 from whatif.transforms.base import TransformContext, TransformError
 from whatif.transforms.optimizations.batch_memory import BatchPeaks, batch_peaks, block_roles
 from whatif.transforms.parallel.layers import backward_mask
@@ -424,7 +424,7 @@ def _shape(analysis: Analysis, ctx: TransformContext) -> tuple[ModelShape | None
 def _recorded(analysis: Analysis) -> tuple[BatchPeaks | None, str]:
     """The recorded GPU memory at any batch, and a line saying what it counts (or why it is not used)."""
     trace = analysis.trace
-    if not np.isin(trace.memory["device_type"].to_numpy(), [int(d) for d in GPU_DEVICE_TYPES]).any():
+    if not on_gpu(trace.memory).any():
         return None, ""
     try:
         peaks = batch_peaks(trace, block_roles(trace))
