@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from whatif.depgraph.build import build_graph
-from whatif.memory import memory, memory_edits
 from whatif.tracer.trace import Trace, load_trace
 from whatif.transforms.optimizations.batch import Batch
 
 try:
     from common.docs import replace_section
+    from common.memory_pair import predict_pair
     from common.recording import record_cpu
 except ImportError:  # run as a module from the repo root
     from bench.common.docs import replace_section
+    from bench.common.memory_pair import predict_pair
     from bench.common.recording import record_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,21 +62,16 @@ SETUPS = (
 
 
 def row(setup: Setup, before: Trace, after: Trace, factor: float, pair: str) -> str:
-    graph = build_graph(before)
-    t0 = time.perf_counter()
-    edits, lines = memory_edits(graph, [Batch(factor=factor)])
-    predicted = memory(before, graph, edits=edits, predicted=lines)
-    took = time.perf_counter() - t0
-    recorded, measured = memory(before, graph), memory(after, build_graph(after))
-    (was,), (got,), (truth,) = recorded.devices, predicted.devices, measured.devices
-    steps = {s.step: s.peak_allocated_bytes for s in measured.steps if s.excluded is None}
-    common = [s for s in predicted.steps if s.step in steps and s.excluded is None]
+    docs = predict_pair(before, after, Batch(factor=factor))
+    (was,), (got,), (truth,) = docs.recorded.devices, docs.predicted.devices, docs.measured.devices
+    steps = {s.step: s.peak_allocated_bytes for s in docs.measured.steps if s.excluded is None}
+    common = [s for s in docs.predicted.steps if s.step in steps and s.excluded is None]
     worst = max(abs(s.peak_allocated_bytes / steps[s.step] - 1) for s in common)
     p, t, w = got.peak_allocated_bytes, truth.peak_allocated_bytes, was.peak_allocated_bytes
-    print(f"{setup.label} {pair}: {lines[0]}", flush=True)
+    print(f"{setup.label} {pair}: {docs.line}", flush=True)
     return (f"| {setup.label} | {pair} | {w / MiB:,.1f} | {p / MiB:,.1f} | {t / MiB:,.1f} | {p / t - 1:+.2%} "
             f"({p - t:+,}) | {w / t - 1:+.1%} | {w * factor / t - 1:+.1%} | {worst:.2%} ({len(common)}) | "
-            f"{took:.2f} |")
+            f"{docs.what_if_s:.2f} |")
 
 
 def main() -> None:

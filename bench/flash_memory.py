@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from whatif.depgraph.build import build_graph
-from whatif.memory import memory, memory_edits
 from whatif.tracer.trace import load_trace
 from whatif.transforms.optimizations.flash_attention import FlashAttention
 
 try:
     from common.docs import replace_section
+    from common.memory_pair import predict_pair
     from common.recording import record_cpu
 except ImportError:  # run as a module from the repo root
     from bench.common.docs import replace_section
+    from bench.common.memory_pair import predict_pair
     from bench.common.recording import record_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,24 +64,20 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             before, after = (load_trace(record_cpu(setup.program, (*setup.args, "--sdpa", b), Path(tmp) / b))
                              for b in ("math", "flash"))
-        graph = build_graph(before)
-        t0 = time.perf_counter()
-        edits, lines = memory_edits(graph, [FlashAttention()])
-        predicted = memory(before, graph, edits=edits, predicted=lines)
-        took = time.perf_counter() - t0
-        recorded, measured = memory(before, graph), memory(after, build_graph(after))
-        (was,), (got,), (truth,) = recorded.devices, predicted.devices, measured.devices
-        counted = [s.step for s in measured.steps if s.excluded is None]
-        steps = {s.step: s.peak_allocated_bytes for s in predicted.steps}
-        worst = max(abs(steps[s.step] / s.peak_allocated_bytes - 1) for s in measured.steps if s.step in counted)
+        docs = predict_pair(before, after, FlashAttention())
+        (was,), (got,), (truth,) = docs.recorded.devices, docs.predicted.devices, docs.measured.devices
+        counted = [s.step for s in docs.measured.steps if s.excluded is None]
+        steps = {s.step: s.peak_allocated_bytes for s in docs.predicted.steps}
+        worst = max(abs(steps[s.step] / s.peak_allocated_bytes - 1) for s in docs.measured.steps
+                    if s.step in counted)
         err = got.peak_allocated_bytes / truth.peak_allocated_bytes - 1
         unchanged = was.peak_allocated_bytes / truth.peak_allocated_bytes - 1
-        calls = lines[0].split(" SDPA math calls")[0].removeprefix("flash_attention: ")
+        calls = docs.line.split(" SDPA math calls")[0].removeprefix("flash_attention: ")
         rows.append(f"| {setup.label} | {calls} | {was.peak_allocated_bytes / MiB:,.1f} | "
                     f"{got.peak_allocated_bytes / MiB:,.1f} | {truth.peak_allocated_bytes / MiB:,.1f} | {err:+.2%} "
                     f"({got.peak_allocated_bytes - truth.peak_allocated_bytes:+,}) | "
-                    f"{unchanged:+.1%} | {worst:.2%} | {took:.2f} |")
-        print(f"{setup.label}: {lines[0]}", flush=True)
+                    f"{unchanged:+.1%} | {worst:.2%} | {docs.what_if_s:.2f} |")
+        print(f"{setup.label}: {docs.line}", flush=True)
     table = "\n".join(rows)
     print(table)
     if args.write_docs:

@@ -1,0 +1,33 @@
+"""A memory what-if against a second recording: the timeline one transform predicts from the
+``before`` recording (``whatif memory -s``), beside ``before`` as recorded and ``after`` as measured."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from whatif.depgraph.build import build_graph
+from whatif.documents import MemoryDocument
+from whatif.memory import memory, memory_edits
+from whatif.tracer.trace import Trace
+from whatif.transforms.base import Transform
+
+
+@dataclass(frozen=True)
+class MemoryPair:
+    """The three memory documents, the transform's line and the what-if's seconds (edit and
+    predicted document, not the graph build)."""
+
+    recorded: MemoryDocument
+    predicted: MemoryDocument
+    measured: MemoryDocument
+    line: str
+    what_if_s: float
+
+
+def predict_pair(before: Trace, after: Trace, transform: Transform) -> MemoryPair:
+    graph = build_graph(before)
+    t0 = time.perf_counter()
+    edits, lines = memory_edits(graph, [transform])
+    predicted = memory(before, graph, edits=edits, predicted=lines)
+    took = time.perf_counter() - t0
+    return MemoryPair(memory(before, graph), predicted, memory(after, build_graph(after)), lines[0], took)
