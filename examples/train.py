@@ -18,7 +18,14 @@ Variants (the GPU harvest's before/after pairs, ``bench/gpu_harvest``):
 * ``--sdpa math|flash|efficient|cudnn``: force one scaled-dot-product-attention backend;
 * ``--workers N``: batches come from a ``torch.utils.data.DataLoader`` with ``num_workers=N``
   (0: loaded in the training thread) whose dataset spends ``--load-ms`` of CPU time per batch,
-  as tokenization or decoding would; without ``--workers`` the batches are pre-made tensors.
+  as tokenization or decoding would; without ``--workers`` the batches are pre-made tensors;
+* ``--tp N``: Megatron-LM tensor parallelism over ``N`` processes started by torchrun (gloo on
+  the CPU, NCCL on a GPU): QKV and MLP up column-parallel, attention on ``heads / N`` heads,
+  attention output and MLP down row-parallel (an all-reduce, then the bias); embeddings, norms
+  and the LM head replicated; every rank trains on the same batches::
+
+    torchrun --nproc-per-node 2 -m whatif.cli record -o runs/tp2 --memory --record-shapes \
+        examples/train.py -- --tp 2
 
 Log (``--log OUT.json``)::
 
@@ -37,6 +44,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -45,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from _runtime import add_runtime_args, attention_backend, pick_device, set_threads
 from torch import nn
@@ -55,32 +64,82 @@ AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 SCHEMA = "whatif.examples.train/1"
 
 
-class Block(nn.Module):
-    """Pre-norm transformer block: causal self-attention and a GELU MLP."""
+class _ToTensorParallel(torch.autograd.Function):
+    """Megatron's ``f``: the identity forward, an all-reduce of the gradient backward."""
 
-    def __init__(self, dim: int, heads: int) -> None:
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.contiguous()
+        dist.all_reduce(grad)
+        return grad
+
+
+class _FromTensorParallel(torch.autograd.Function):
+    """Megatron's ``g``: an all-reduce forward, the identity backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+class RowParallelLinear(nn.Module):
+    """``in_features / tp`` inputs per rank: the partial products all-reduced, then the bias."""
+
+    def __init__(self, in_features: int, out_features: int, tp: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features // tp))
+        self.bias = nn.Parameter(torch.zeros(out_features))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _FromTensorParallel.apply(F.linear(x, self.weight)) + self.bias
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention and a GELU MLP; with ``tp`` > 1 one rank's
+    shard of it (module docstring, ``--tp``)."""
+
+    def __init__(self, dim: int, heads: int, tp: int = 1) -> None:
         super().__init__()
         if dim % heads:
             raise ValueError(f"d_model {dim} is not a multiple of heads {heads}")
-        self.heads = heads
+        if heads % tp:
+            raise ValueError(f"heads {heads} is not a multiple of --tp {tp}")
+        self.heads, self.tp = heads // tp, tp
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        if tp == 1:
+            self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+            self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        else:
+            self.qkv, self.proj = nn.Linear(dim, 3 * dim // tp), RowParallelLinear(dim, dim, tp)
+            self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim // tp), nn.GELU(), RowParallelLinear(4 * dim, dim, tp))
+
+    def _in(self, x: torch.Tensor) -> torch.Tensor:
+        return _ToTensorParallel.apply(x) if self.tp > 1 else x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv(self.norm1(x)).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)
+        q, k, v = self.qkv(self._in(self.norm1(x))).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(o.transpose(1, 2).flatten(2))
-        return x + self.mlp(self.norm2(x))
+        return x + self.mlp(self._in(self.norm2(x)))
 
 
 class TinyLM(nn.Module):
     """``[batch, seq]`` token ids -> ``[batch, seq, vocab]`` next-token logits."""
 
-    def __init__(self, vocab: int, dim: int, layers: int, heads: int, max_seq: int) -> None:
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int, max_seq: int, tp: int = 1) -> None:
         super().__init__()
         self.embed, self.pos = nn.Embedding(vocab, dim), nn.Embedding(max_seq, dim)
-        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(dim, heads, tp) for _ in range(layers))
         self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -180,27 +239,46 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="load batches with a DataLoader of this many worker processes (0: in the "
                         "training thread); default: pre-made batches, no DataLoader")
     p.add_argument("--load-ms", type=float, default=0.0, help="CPU time to load one batch (with --workers)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel degree: the number of processes torchrun started (WORLD_SIZE)")
     p.add_argument("--log", default=None, help="write the JSON log here")
     args = p.parse_args(argv)
     if args.workers is not None and args.workers < 0:
         p.error("--workers must be >= 0")
     if args.load_ms < 0:
         p.error("--load-ms must be >= 0")
-    for name in ("steps", "batch_size", "seq_len", "batches", "layers", "d_model", "heads", "vocab"):
+    for name in ("steps", "batch_size", "seq_len", "batches", "layers", "d_model", "heads", "vocab", "tp"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
 
 
+def start_tensor_parallel(tp: int, device: torch.device) -> str | None:
+    """Join torchrun's process group for ``--tp`` > 1 (None), or say why it cannot."""
+    if tp == 1:
+        return None
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != tp:
+        return f"--tp {tp} needs {tp} processes started by torchrun (WORLD_SIZE is {world})"
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
+    if device.type == "cuda" and args.tp > 1:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     set_threads(args.threads, device)
     torch.manual_seed(args.seed)
     try:
-        model = TinyLM(args.vocab, args.d_model, args.layers, args.heads, args.seq_len).to(device)
+        model = TinyLM(args.vocab, args.d_model, args.layers, args.heads, args.seq_len, args.tp).to(device)
     except ValueError as e:
         print(f"train: error: {e}", file=sys.stderr)
+        return 2
+    problem = start_tensor_parallel(args.tp, device)
+    if problem:
+        print(f"train: error: {problem}", file=sys.stderr)
         return 2
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     forward = torch.compile(model) if args.compile else model
@@ -227,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
                "steps": steps, "summary": summary}
         Path(args.log).parent.mkdir(parents=True, exist_ok=True)
         Path(args.log).write_text(json.dumps(log, indent=1))
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return 0 if all(math.isfinite(s["loss"]) for s in steps) else 1
 
 

@@ -23,4 +23,10 @@ done
   examples/train.py -- --device cpu --steps 4 --batch-size 2 --seq-len 512 --d-model 256 --heads 4 --layers 2 \
   --autocast bf16 --sdpa math
 
-du -sh sample_traces/llm_serve sample_traces/dit_serve sample_traces/sdpa_memory
+TP_ARGS="--device cpu --steps 3 --batch-size 4 --seq-len 256 --d-model 256 --heads 8 --layers 2 --sdpa math"
+"$PY" -m whatif.cli record -f -o sample_traces/tp_memory/tp1 --no-summary --memory --record-shapes \
+  examples/train.py -- $TP_ARGS
+"$PY" -m torch.distributed.run --nproc-per-node 2 -m whatif.cli record -f -o sample_traces/tp_memory/tp2 --no-summary \
+  --memory --record-shapes examples/train.py -- $TP_ARGS --tp 2
+
+du -sh sample_traces/llm_serve sample_traces/dit_serve sample_traces/sdpa_memory sample_traces/tp_memory

@@ -192,6 +192,16 @@ def _in_windows(windows: pd.DataFrame, rank: np.ndarray, step: np.ndarray, ts: n
     return (at >= 0) & (ts >= windows["start"].to_numpy()[safe]) & (ts <= windows["end"].to_numpy()[safe])
 
 
+def backward_events(ev: pd.DataFrame, windows: pd.DataFrame | None = None,
+                    steps: np.ndarray | None = None) -> np.ndarray:
+    """Per event of ``ev`` (``Trace.events``): whether it starts in its step's backward window,
+    from the first autograd node's start to the last one's end (``windows`` and ``steps``, each
+    event's step, when already computed)."""
+    steps = record_steps(ev, ev) if steps is None else steps
+    windows = _windows(ev, autograd_nodes(ev), steps) if windows is None else windows
+    return _in_windows(windows, ev["rank"].to_numpy(), steps, ev["ts_ns"].to_numpy())
+
+
 def _param_shapes(names: np.ndarray, dims: np.ndarray, rows: np.ndarray) -> frozenset[tuple[int, ...]]:
     out = set()
     for r in rows.tolist():
@@ -248,7 +258,7 @@ def block_roles(trace: Trace) -> BlockRoles:
     nodes = autograd_nodes(ev)
     ev_steps = record_steps(ev, ev)
     table = _windows(ev, nodes, ev_steps)
-    in_backward = _in_windows(table, ev["rank"].to_numpy(), ev_steps, ev["ts_ns"].to_numpy())
+    in_backward = backward_events(ev, table, ev_steps)
     windows = {(int(r), int(s)): (int(a), int(b)) for (r, s), a, b in zip(table.index, table["start"], table["end"])}
     forward = np.flatnonzero(shaped & ~in_backward)
     params = _param_shapes(names, dims, forward)
@@ -376,22 +386,32 @@ class BatchPeaks:
         return max(best, 0.0)
 
 
-def batch_peaks(trace: Trace, roles: BlockRoles) -> BatchPeaks | None:
-    """The :class:`BatchPeaks` of ``trace``'s GPUs (None without GPU records)."""
+def batch_peaks(trace: Trace, roles: BlockRoles, shares: np.ndarray | None = None,
+                before: float = 1.0) -> BatchPeaks | None:
+    """The :class:`BatchPeaks` of ``trace``'s GPUs (None without GPU records). With ``shares``
+    (per allocation of ``roles.rows``: the share of its bytes kept, e.g. on one rank of a parallel
+    plan) and ``before`` (the share kept of what was allocated before the recording), of the
+    records so scaled (block rounding left out)."""
     mem = trace.memory
     gpu = on_gpu(mem)
     if not gpu.any():
         return None
     sizes = mem["bytes"].to_numpy()
+    kept = np.ones(len(roles.rows)) if shares is None else np.asarray(shares, dtype=float)
     active = roles.codes == list(BlockRole).index(BlockRole.ACTIVATION)
-    delta = np.zeros(len(mem), dtype=np.int64)
-    delta[roles.rows[active]] += sizes[roles.rows[active]]
-    freed = active & (roles.frees >= 0)
-    np.subtract.at(delta, roles.frees[freed], sizes[roles.rows[freed]])
+    freed = roles.frees >= 0
+    delta = np.zeros(len(mem))
+    delta[roles.rows[active]] += sizes[roles.rows[active]] * kept[active]
+    np.subtract.at(delta, roles.frees[active & freed], sizes[roles.rows[active & freed]] * kept[active & freed])
+    less = np.zeros(len(mem))
+    less[roles.rows] += sizes[roles.rows] * (1 - kept)
+    np.subtract.at(less, roles.frees[freed], sizes[roles.rows[freed]] * (1 - kept[freed]))
     allocated, live = [], []
     for rows in mem[gpu].groupby(["rank", "device_type", "device_id"], sort=False).indices.values():
         at = np.flatnonzero(gpu)[np.asarray(rows)]
-        allocated.append(allocated_bytes(mem.iloc[at])[0])
+        recorded, baseline = allocated_bytes(mem.iloc[at])
+        start = float(recorded[0] - sizes[at[0]]) if baseline else 0.0
+        allocated.append(recorded - np.cumsum(less[at]) - start * (1 - before))
         live.append(np.cumsum(delta[at]))
     return BatchPeaks(tuple(allocated), tuple(live))
 

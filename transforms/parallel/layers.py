@@ -140,13 +140,14 @@ def find_blocks(graph: TaskGraph) -> pd.DataFrame:
         for step in np.unique(steps[mine]).tolist():
             k = np.flatnonzero(mine & (steps == step))
             k = k[np.argsort(start[k], kind="stable")]
-            first_block += _sequence_rows(rows, k, int(rank), first_block, cls_all, names, ops, layers)
+            first_block += sequence_rows(rows, k, int(rank), first_block, cls_all, names, ops, layers)
     return pd.DataFrame(rows, columns=list(COLUMNS)).sort_values("task", ignore_index=True)
 
 
-def _sequence_rows(rows: list[tuple[int, int, int, str, str]], k: np.ndarray, rank: int, first_block: int,
+def sequence_rows(rows: list[tuple[int, int, int, str, str]], k: np.ndarray, rank: int, first_block: int,
                    cls_all: np.ndarray, names: np.ndarray, ops: np.ndarray, layers: np.ndarray) -> int:
-    """Append the block rows of one kernel sequence ``k`` (task ids in start order), numbering its
+    """Append the block rows of one kernel sequence ``k`` (task ids in start order; or any items
+    the class, name, op and layer arrays are indexed by, such as CPU ops) to ``rows``, numbering its
     blocks from ``first_block``; returns how many blocks it had."""
     blocks = _rank_blocks(cls_all[k], names[k], ops[k], layers[k])
     gemm = (cls_all[k] == KernelClass.GEMM.value)

@@ -12,8 +12,9 @@ sequence (Korthikanti et al. 2022). In a training step the backward is sharded t
 (:func:`~.layers.backward_blocks`: each forward GEMM's two gradient GEMMs take its role, the
 attention backward its heads) with the conjugate collectives: an all-reduce of the input gradient
 after each column-parallel group's gradients (QKV, MLP up/gate); a backward that cannot be mapped is
-refused. Heads must divide by t (:func:`check_heads`). Collectives are COMM tasks on a ``tp comm`` stream
-(:mod:`~whatif.transforms.parallel.comm`); the rank modeled is one representative rank.
+refused. Heads must divide by t (:func:`check_heads`). Collectives are COMM tasks on a ``tp comm``
+stream (:mod:`~whatif.transforms.parallel.comm`); the rank modeled is one representative rank. Its
+memory (``whatif memory -s``): one rank's allocator records (:mod:`~.tp_memory`).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from whatif.core import limits
 from whatif.core.kernels import KernelClass
 from whatif.core.work import WorkShare
 from whatif.depgraph.graph import EdgeKind, TaskGraph
+from whatif.tracer.memory import RecordEdit
 
 from ..base import CostModel, Transform, TransformContext, TransformError
 from ..edit import set_duration
@@ -36,6 +38,7 @@ from .comm import Collective, OnTopology, comm_stream, insert_tasks, next_on_res
 from .layers import backward_blocks, find_blocks, gemm_io_bytes
 from .memory import HeadSplit, block_heads_now, head_split
 from .sharding import Role, record_split, shard_arrays
+from .tp_memory import tensor_parallel_memory_edit
 
 
 def prev_on_resource(graph: TaskGraph, tasks: np.ndarray) -> np.ndarray:
@@ -116,6 +119,12 @@ class TensorParallel(OnTopology, Transform):
 
     def placement(self, placement: Placement, graph: TaskGraph, ctx: TransformContext) -> Placement:
         return placement.spread(tensor=self.degree)
+
+    def memory_edit(self, graph: TaskGraph) -> RecordEdit | None:
+        """The allocator records of one rank (:func:`~.tp_memory.tensor_parallel_memory_edit`)."""
+        if graph.trace is None:
+            raise TransformError(f"{self.name}: the graph has no trace to read allocator records from")
+        return tensor_parallel_memory_edit(graph.trace, self.degree, self.sequence_parallel)
 
     def _message(self, row_bytes: float) -> float:
         return float(self.activation_bytes) if self.activation_bytes > 0 else float(row_bytes)

@@ -12,8 +12,11 @@ plan's step time is ``whatif predict -s plan.toml``'s mean step. Each rank of th
 
 Per plan: the predicted mean step (the latency), the throughput ``dp x batch x samples per step /
 step`` (samples when the samples one step of the traced job processes are given, else traced
-batches), the bytes per GPU of the memory model (``transforms/parallel/memory.py``:
-weights ``W/(tp·pp)`` and the workspace; a plan over the device's memory is not replayed), and the
+batches), the bytes per GPU (on a trace with GPU allocator records and shapes, plans with
+pp = sp = 1: the peak of the recorded timeline at the plan's batch and one tensor-parallel rank's
+share of each block, ``batch_memory.py`` and ``tp_memory.py``; other plans: the memory model of
+``transforms/parallel/memory.py``, weights ``W/(tp·pp)`` and the workspace; a plan over the
+device's memory is not replayed), and the
 Pareto front of the plans that ran: a plan is on it when no other plan is at least as good on GPUs
 (fewer), step time (shorter) and throughput (higher) and better on one.
 
@@ -68,6 +71,7 @@ from whatif.transforms.base import TransformContext, TransformError
 from whatif.transforms.optimizations.batch_memory import BatchPeaks, batch_peaks, block_roles
 from whatif.transforms.parallel.layers import backward_mask
 from whatif.transforms.parallel.memory import WORKSPACE_FRACTION, ModelShape, model_shape, plan_memory
+from whatif.transforms.parallel.tp_memory import tensor_parallel_shares
 from whatif.transforms.scenario import Scenario, ScenarioError, ScenarioStepError, scenario_from_dict
 
 from .executor import Execution, map_chunks
@@ -275,7 +279,7 @@ def plan_scenario(plan: Plan) -> Scenario | None:
 class MemorySource(str, Enum):
     """Where a plan's bytes per GPU come from."""
 
-    RECORDS = "allocator records"      # the recorded timeline at the plan's batch (one GPU per rank)
+    RECORDS = "allocator records"      # the recorded timeline at the plan's batch (and TP rank)
     MODEL = "weights + workspace"      # transforms/parallel/memory.py
     NONE = ""                          # neither can be read
 
@@ -284,13 +288,15 @@ class MemorySource(str, Enum):
 class PlanBase:
     """What every worker gets once: the analysed trace, the cost model's name, the model shape
     for the memory model (None, with ``memory_note`` saying why, when it cannot be read), and the
-    recorded GPU memory at any batch (None when the trace has no GPU allocator records to read)."""
+    recorded GPU memory at any batch per tensor-parallel degree of the grid (one rank's; empty
+    when the trace has no GPU allocator records to read, a degree left out when its memory cannot
+    be sharded)."""
 
     analysis: Analysis
     cost_model: str
     shape: ModelShape | None
     memory_note: str
-    recorded: BatchPeaks | None = None
+    recorded: dict[int, BatchPeaks] = field(default_factory=dict)
 
 
 Prefix = tuple[tuple[tuple[str, object], ...], ...]
@@ -362,13 +368,15 @@ def evaluate(worker: PlanWorker, plan: Plan) -> PlanOutcome:
     fits: bool | None = None
     source = MemorySource.NONE
     capacity = _capacity_bytes(plan, worker.ctx.device)
-    if base.recorded is not None and plan.tp == plan.pp == plan.sp == 1:
-        memory, source = base.recorded.peak_bytes(plan.batch), MemorySource.RECORDS
+    recorded = base.recorded.get(plan.tp) if plan.pp == plan.sp == 1 else None
+    if recorded is not None:
+        memory, source = recorded.peak_bytes(plan.batch), MemorySource.RECORDS
         if capacity is not None:
             fits = memory <= capacity
             if not fits:
+                rank = f" on one rank of tensor parallelism {plan.tp}" if plan.tp > 1 else ""
                 return PlanOutcome(PlanStatus.NO_FIT, None, memory, False,
-                                   f"the recorded allocator timeline at {plan.batch:g}x the batch peaks at "
+                                   f"the recorded allocator timeline at {plan.batch:g}x the batch{rank} peaks at "
                                    f"{memory / 2**30:,.2f} GiB, over the GPU's {capacity / 2**30:,.0f} GiB", source)
     elif base.shape is not None and capacity is not None:
         mem = plan_memory(base.shape, tensor=plan.tp, pipeline=plan.pp, kv_tokens=0, capacity_bytes=capacity)
@@ -421,18 +429,32 @@ def _shape(analysis: Analysis, ctx: TransformContext) -> tuple[ModelShape | None
                    f"optimizer state not counted")
 
 
-def _recorded(analysis: Analysis) -> tuple[BatchPeaks | None, str]:
-    """The recorded GPU memory at any batch, and a line saying what it counts (or why it is not used)."""
+def _recorded(analysis: Analysis, degrees: Sequence[int]) -> tuple[dict[int, BatchPeaks], str]:
+    """The recorded GPU memory at any batch per tensor-parallel degree in ``degrees`` (one rank's),
+    and a line saying what it counts (or why it is not used)."""
     trace = analysis.trace
     if not on_gpu(trace.memory).any():
-        return None, ""
+        return {}, ""
     try:
-        peaks = batch_peaks(trace, block_roles(trace))
+        roles = block_roles(trace)
     except TransformError as exc:
-        return None, f"the allocator records are not used: {exc}"
-    return peaks, ("plans of one GPU per rank (tp·pp·sp = 1): the peak of the recorded allocator timeline with the "
-                   "activations at the plan's batch (batch's memory model, docs/memory.md; DDP's gradient buckets "
-                   "not counted)")
+        return {}, f"the allocator records are not used: {exc}"
+    out: dict[int, BatchPeaks] = {}
+    refused = ""
+    for tp in sorted(set(degrees)):
+        try:
+            shares = tensor_parallel_shares(trace, tp, roles=roles) if tp > 1 else None
+        except TransformError as exc:
+            refused = f"; tp > 1 plans keep the model: {exc}"
+            continue
+        peaks = batch_peaks(trace, roles, None if shares is None else shares.scale,
+                            1.0 if shares is None else shares.before)
+        if peaks is not None:
+            out[tp] = peaks
+    which = ", ".join(str(tp) for tp in out)
+    return out, (f"plans with pp = sp = 1 and tp {which}: the peak of the recorded allocator timeline with the "
+                 f"activations at the plan's batch and, for tp > 1, one rank's share of each block (batch's and "
+                 f"tensor_parallel's memory models, docs/memory.md; DDP's gradient buckets not counted){refused}")
 
 
 def plan_rows(plans: Sequence[Plan], outcomes: Sequence[PlanOutcome], ranks: int,
@@ -470,8 +492,8 @@ def sweep_plans(path_or_analysis: str | Path | Analysis, grid: PlanGrid, executi
     mode = grid.mode or _trace_mode(analysis)
     plans = expand(grid, ctx.device, mode)
     shape, note = _shape(analysis, ctx)
-    recorded, recorded_note = _recorded(analysis)
-    note = f"{recorded_note}; other plans: {note}" if recorded is not None else \
+    recorded, recorded_note = _recorded(analysis, grid.tp)
+    note = f"{recorded_note}; other plans: {note}" if recorded else \
         "; ".join(n for n in (note, recorded_note) if n)
     base = PlanBase(analysis=analysis, cost_model=str(cost_model), shape=shape, memory_note=note, recorded=recorded)
     total = len(plans)
