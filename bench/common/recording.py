@@ -18,3 +18,16 @@ def record_cpu(program: str, args: tuple[str, ...] | list[str], run: Path, timeo
     if done.returncode != 0:
         raise SystemExit(f"recording failed: {' '.join(cmd)}\n{done.stderr[-2000:]}")
     return run
+
+
+def record_cpu_ranks(program: str, args: tuple[str, ...] | list[str], run: Path, ranks: int,
+                     timeout_s: int = 900) -> Path:
+    """As :func:`record_cpu`, with ``ranks`` processes started by torchrun (``torch.distributed.run``,
+    gloo on this machine's CPU): one trace per rank in ``run``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "-m", "whatif.cli",
+           "record", "-f", "-o", str(run), "--no-summary", "--memory", "--record-shapes",
+           str(ROOT / "examples" / program), "--", "--device", "cpu", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise SystemExit(f"recording failed: {' '.join(cmd)}\n{done.stderr[-2000:]}")
+    return run

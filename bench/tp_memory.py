@@ -1,0 +1,99 @@
+"""The memory ``tensor_parallel`` predicts for one rank (``whatif memory -s``) against the program
+run with Megatron tensor parallelism: each setup is recorded on this machine's CPU with ``whatif
+record --memory --record-shapes``, once alone (``examples/train.py``) and once as ``t`` gloo ranks
+started by torchrun (``--tp t``); the alone recording's timeline is edited to one rank's and its
+peak compared with each rank's. Two bars to beat: predicting no change, and every allocation / t.
+A third column takes out of each rank's peak what its records hold as no block (the bytes gloo
+holds for the all-reduces, ``held_at_peak_unrecorded_bytes``), which the prediction leaves out.
+
+Run: .venv/bin/python bench/tp_memory.py [--write-docs]   (the table goes into docs/memory.md)
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from whatif.tracer.trace import Trace, load_trace
+from whatif.transforms.parallel.tensor import TensorParallel
+
+try:
+    from common.docs import replace_section
+    from common.memory_pair import predict_pair
+    from common.recording import record_cpu, record_cpu_ranks
+except ImportError:  # run as a module from the repo root
+    from bench.common.docs import replace_section
+    from bench.common.memory_pair import predict_pair
+    from bench.common.recording import record_cpu, record_cpu_ranks
+
+ROOT = Path(__file__).resolve().parents[1]
+BEGIN, END = "<!-- bench/tp_memory.py begin -->", "<!-- bench/tp_memory.py end -->"
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class Setup:
+    label: str
+    args: tuple[str, ...]
+    degrees: tuple[int, ...]
+
+
+SETUPS = (
+    Setup("fp32, SDPA math, 2 layers, d 256, 8 heads, 4 × 256 tokens (sample_traces/tp_memory)",
+          ("--steps", "3", "--batch-size", "4", "--seq-len", "256", "--d-model", "256", "--heads", "8", "--layers", "2",
+           "--sdpa", "math"), (2, 4)),
+    Setup("fp32, SDPA math, 2 layers, d 256, 8 heads, 2 × 512 tokens: attention's peak",
+          ("--steps", "3", "--batch-size", "2", "--seq-len", "512", "--d-model", "256", "--heads", "8", "--layers", "2",
+           "--sdpa", "math"), (2,)),
+    Setup("fp32, SDPA flash, 2 layers, d 512, 8 heads, 4 × 256 tokens: weights and optimizer state",
+          ("--steps", "3", "--batch-size", "4", "--seq-len", "256", "--d-model", "512", "--heads", "8", "--layers", "2",
+           "--sdpa", "flash"), (2,)),
+    Setup("bf16 autocast, SDPA math, 2 layers, d 256, 8 heads, 4 × 256 tokens",
+          ("--steps", "3", "--batch-size", "4", "--seq-len", "256", "--d-model", "256", "--heads", "8", "--layers", "2",
+           "--sdpa", "math", "--autocast", "bf16"), (2,)),
+)
+
+
+def row(setup: Setup, alone: Trace, ranks: Trace, t: int) -> str:
+    docs = predict_pair(alone, ranks, TensorParallel(degree=t))
+    (was,), (got,) = docs.recorded.devices, docs.predicted.devices
+    w, p = was.peak_allocated_bytes, got.peak_allocated_bytes
+    measured = [d.peak_allocated_bytes for d in docs.measured.devices]
+    blocks = [d.peak_allocated_bytes - (d.held_at_peak_unrecorded_bytes or 0) for d in docs.measured.devices]
+    same_op = sum(d.peak_op == got.peak_op for d in docs.measured.devices)
+
+    def span(values: list[float], fmt: str) -> str:
+        lo, hi = min(values), max(values)
+        return format(lo, fmt) if lo == hi else f"{format(lo, fmt)} to {format(hi, fmt)}"
+
+    print(f"{setup.label} tp {t}: {docs.line}", flush=True)
+    return (f"| {setup.label} | {t} | {w / MiB:,.1f} | {p / MiB:,.1f} | {span([m / MiB for m in measured], ',.1f')} | "
+            f"{span([p / m - 1 for m in measured], '+.1%')} | {span([b / MiB for b in blocks], ',.1f')} | "
+            f"{span([p / b - 1 for b in blocks], '+.1%')} | {span([w / m - 1 for m in measured], '+.1%')} | "
+            f"{span([w / t / m - 1 for m in measured], '+.1%')} | {got.peak_op} ({same_op} of {len(measured)}) | "
+            f"{docs.what_if_s:.2f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write-docs", action="store_true", help="write the table into docs/memory.md")
+    args = parser.parse_args()
+    rows = ["| setup | t | recorded alone, peak MiB | predicted, one rank | measured, per rank | error | measured "
+            "less what gloo holds | error | predicting no change | every allocation / t | op at the predicted peak "
+            "(ranks peaking there) | what-if s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for setup in SETUPS:
+        with tempfile.TemporaryDirectory() as tmp:
+            alone = load_trace(record_cpu("train.py", setup.args, Path(tmp) / "tp1"))
+            for t in setup.degrees:
+                ranks = load_trace(record_cpu_ranks("train.py", (*setup.args, "--tp", str(t)), Path(tmp) / f"tp{t}", t))
+                rows.append(row(setup, alone, ranks, t))
+    table = "\n".join(rows)
+    print(table)
+    if args.write_docs:
+        replace_section(ROOT / "docs" / "memory.md", BEGIN, END, table)
+
+
+if __name__ == "__main__":
+    main()
