@@ -141,3 +141,32 @@ def test_on_a_gpu_trace_the_sweep_reads_one_ranks_records(shared_traces: Path) -
     assert {r.memory_source for r in doc.plans} == {"allocator records"}
     assert rows[(2, 1.0)].memory_per_gpu_bytes == peaks.peak_bytes(1.0)
     assert rows[(2, 8.0)].memory_per_gpu_bytes == peaks.peak_bytes(8.0) < rows[(1, 8.0)].memory_per_gpu_bytes
+
+
+def test_a_larger_batch_on_one_rank_composes_in_either_order(tp1: Trace) -> None:
+    """``batch`` and ``tensor_parallel`` both scale blocks, so a scenario of both is each block at
+    the product of their factors, whichever comes first; ``flash_attention`` with either is still refused."""
+    from whatif.transforms.optimizations.batch import Batch
+
+    graph = build_graph(tp1)
+    one, lines = memory_edits(graph, [Batch(factor=2), TensorParallel(degree=2)])
+    other, _ = memory_edits(graph, [TensorParallel(degree=2), Batch(factor=2)])
+    assert len(one) == len(other) == 1 and lines[0].startswith("batch(factor=2)")
+    assert lines[1].startswith("tensor_parallel(degree=2)")
+    peaks = [memory(tp1, edits=e).devices[0].peak_allocated_bytes for e in (one, other)]
+    tp_only = memory(tp1, edits=[tensor_parallel_memory_edit(tp1, 2)]).devices[0].peak_allocated_bytes
+    assert abs(peaks[0] - peaks[1]) <= 2 and peaks[0] > tp_only
+    assert peaks[0] < memory(tp1, edits=memory_edits(graph, [Batch(factor=2)])[0]).devices[0].peak_allocated_bytes
+
+
+def test_on_a_gpu_trace_batch_and_tensor_parallel_compose_as_the_sweep_does(shared_traces: Path) -> None:
+    from whatif.transforms.optimizations.batch import Batch
+
+    trace = load_trace(shared_traces / QWEN)
+    roles = block_roles(trace)
+    shares = tensor_parallel_shares(trace, 2, roles=roles)
+    edits, _ = memory_edits(build_graph(trace), [Batch(factor=8), TensorParallel(degree=2)])
+    predicted = memory(trace, edits=edits).devices[0].peak_allocated_bytes
+    expected = batch_peaks(trace, roles, shares.scale, shares.before).peak_bytes(8.0)
+    assert 0 <= predicted - expected <= 512 * len(roles.rows)
+    assert abs(predicted / expected - 1) < 1e-3

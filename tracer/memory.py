@@ -154,6 +154,38 @@ non-negative and :data:`UNKNOWN` is -1, so the two never meet)."""
 _ADDED_COLUMNS = ("anchor", "after", "bytes", "addr", "op")
 
 
+GPU_BLOCK_BYTES = 512
+"""The CUDA caching allocator rounds every block up to a multiple of this."""
+BEFORE_THE_RECORDING = "(allocated before the recording)"
+"""The operator of a what-if's record that changes what a device held before its first record."""
+
+
+@dataclass(frozen=True)
+class BlockScaling:
+    """A what-if that keeps each block of some allocations at a multiple of its bytes (``rows``
+    of ``Trace.memory``, allocations only; ``factors`` aligned), and what each device held before
+    its first record at ``before`` × it. Two compose by multiplying (:meth:`then`), so a larger
+    batch on one tensor-parallel rank is both at once.
+
+    >>> a = BlockScaling(np.array([3, 5]), np.array([2.0, 2.0]))
+    >>> b = BlockScaling(np.array([5, 7]), np.array([0.5, 0.5]), before=0.5)
+    >>> c = a.then(b)
+    >>> c.rows.tolist(), c.factors.tolist(), c.before
+    ([3, 5, 7], [2.0, 1.0, 0.5], 0.5)
+    """
+
+    rows: np.ndarray
+    factors: np.ndarray
+    before: float = 1.0
+
+    def then(self, other: BlockScaling) -> BlockScaling:
+        rows = np.union1d(self.rows, other.rows)
+        factors = np.ones(len(rows))
+        for part in (self, other):
+            factors[np.searchsorted(rows, part.rows)] *= part.factors
+        return BlockScaling(rows, factors, self.before * other.before)
+
+
 @dataclass(frozen=True)
 class RecordEdit:
     """What a what-if changes in a trace's allocator records (``Trace.memory``): the rows that no
@@ -163,11 +195,13 @@ class RecordEdit:
     the order they are listed; ``bytes`` negative for a free; ``addr`` pairing an allocation with
     its free, from :data:`FIRST_ADDED_ADDR` down; ``op`` the operator it is made in, None: its
     anchor's). ``what``:
-    one line for the reader. Built with :class:`RecordEditor`."""
+    one line for the reader; ``scaling``: the :class:`BlockScaling` it was made from, if it was
+    (:func:`scaled_edit`). Built with :class:`RecordEditor`."""
 
     what: str
     dropped: np.ndarray
     added: pd.DataFrame
+    scaling: BlockScaling | None = None
 
     @property
     def added_bytes(self) -> int:
@@ -240,3 +274,33 @@ class RecordEditor:
             {"anchor": np.int64, "after": bool, "bytes": np.int64, "addr": np.int64, "op": object})
         return RecordEdit(what, np.unique(np.asarray(self._dropped, dtype=np.int64)), added)
 
+
+
+def scaled_edit(memory: pd.DataFrame, scaling: BlockScaling, what: str) -> RecordEdit:
+    """The records of ``scaling`` on ``memory`` (``Trace.memory``): each block of its rows whose
+    factor is not 1 allocated at the factor × its bytes (rounded up to :data:`GPU_BLOCK_BYTES` on a
+    GPU) at its place and freed at its free; what each device held before its first record (its
+    first ``Total Allocated`` less the record, when recorded) moved by ``before``, one record
+    before the first."""
+    sizes = memory["bytes"].to_numpy()
+    gpu = on_gpu(memory)
+    editor = RecordEditor(memory)
+    for row, factor in zip(scaling.rows.tolist(), scaling.factors.tolist()):
+        if factor == 1:
+            continue
+        new = float(sizes[row]) * factor
+        nbytes = int(np.ceil(new / GPU_BLOCK_BYTES) * GPU_BLOCK_BYTES) if gpu[row] else int(round(new))
+        free = editor.free_of(row)
+        editor.drop_block(row)
+        if nbytes > 0:
+            editor.add_block(nbytes, (row, True), (free, True) if free is not None else None, None)
+    if scaling.before != 1:
+        for rows in memory.groupby(["rank", "device_type", "device_id"], sort=False).indices.values():
+            first = int(np.asarray(rows)[0])
+            allocated, recorded = allocated_bytes(memory.iloc[[first]])
+            start = int(allocated[0]) - int(sizes[first]) if recorded else 0
+            change = int(round(start * (scaling.before - 1)))
+            if change:
+                editor.add_block(change, (first, False), None, BEFORE_THE_RECORDING)
+    edit = editor.edit(what)
+    return RecordEdit(what, edit.dropped, edit.added, scaling)

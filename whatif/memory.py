@@ -41,6 +41,7 @@ from whatif.tracer.memory import (
     RecordEdit,
     allocated_bytes,
     device_label,
+    scaled_edit,
 )
 from whatif.tracer.trace import Trace
 from whatif.transforms.base import Transform, TransformError
@@ -318,7 +319,9 @@ def memory_edits(graph: TaskGraph, transforms: Sequence[Transform]) -> tuple[lis
     """What ``transforms`` change in the allocator records of ``graph``'s trace, and a line each
     for the reader (:meth:`~whatif.transforms.base.Transform.memory_edit`; a transform that does
     not model memory leaves its records as recorded and says so). Each transform's edit is read
-    on ``graph`` as recorded, not on what the ones before it made.
+    on ``graph`` as recorded, not on what the ones before it made; edits that scale blocks
+    (:class:`~whatif.tracer.memory.BlockScaling`: ``batch``, ``tensor_parallel``) compose into one,
+    each block at the product of their factors.
 
     Raises
     ------
@@ -333,6 +336,14 @@ def memory_edits(graph: TaskGraph, transforms: Sequence[Transform]) -> tuple[lis
         if edit is None:
             lines.append(f"{t.setting()}: memory not modelled (its allocations stay as recorded)")
             continue
+        lines.append(edit.what)
+        scaled = [i for i, other in enumerate(edits) if other.scaling is not None]
+        if edit.scaling is not None and scaled and graph.trace is not None:
+            i = scaled[0]
+            merged = edits[i].scaling.then(edit.scaling)   # type: ignore[union-attr]  # in scaled
+            edits[i] = scaled_edit(graph.trace.memory, merged, edits[i].what)
+            names[i] = f"{names[i]} and {t.label()}"
+            continue
         for other, name in zip(edits, names):
             both = np.intersect1d(other.dropped, edit.dropped)
             if len(both):
@@ -340,7 +351,6 @@ def memory_edits(graph: TaskGraph, transforms: Sequence[Transform]) -> tuple[lis
                                      f"their memory is predicted one transform at a time (a scenario each)")
         edits.append(edit)
         names.append(t.label())
-        lines.append(edit.what)
     return edits, lines
 
 

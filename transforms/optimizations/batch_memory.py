@@ -58,7 +58,15 @@ from whatif.depgraph.hierarchy import (
 )
 from whatif.tracer.args import Arg
 from whatif.tracer.kinds import EventKind
-from whatif.tracer.memory import UNKNOWN, RecordEdit, RecordEditor, allocated_bytes, on_gpu
+from whatif.tracer.memory import (
+    UNKNOWN,
+    BlockScaling,
+    RecordEdit,
+    RecordEditor,
+    allocated_bytes,
+    on_gpu,
+    scaled_edit,
+)
 from whatif.tracer.trace import Trace
 
 from ..base import TransformError
@@ -67,8 +75,6 @@ REDUCTIONS = frozenset({"sum", "mean", "sum_to_size"})
 """Ops whose output in the backward can be a broadcast parameter's gradient (a bias's)."""
 ELEMENT_BYTES = (2, 4, 8)
 """The element sizes a parameter's gradient can have (16-bit, fp32, and fp64 CPU accumulators)."""
-GPU_BLOCK_BYTES = 512
-"""The CUDA caching allocator rounds every block up to a multiple of this."""
 
 
 class BlockRole(str, Enum):
@@ -437,17 +443,7 @@ def batch_memory_edit(trace: Trace, factor: float, capacity: tuple[str, float] |
     roles = block_roles(trace)
     mem = trace.memory
     sizes = mem["bytes"].to_numpy()
-    gpu = on_gpu(mem)
-    editor = RecordEditor(mem)
     grow = roles.of(BlockRole.ACTIVATION)
-    for row in grow.tolist():
-        new = float(sizes[row]) * factor
-        nbytes = int(np.ceil(new / GPU_BLOCK_BYTES) * GPU_BLOCK_BYTES) if gpu[row] else int(round(new))
-        free = editor.free_of(row)
-        editor.drop_block(row)
-        if nbytes > 0:
-            editor.add_block(nbytes, (row, True), (free, True) if free is not None else None, None)
-    edit = editor.edit("")
     by_role = roles.bytes_by_role(sizes)
     kept = ", ".join(f"{r.value} {b / 2**20:,.1f}" for r, b in by_role.items() if r is not BlockRole.ACTIVATION)
     grown = by_role.get(BlockRole.ACTIVATION, 0) / 2**20
@@ -458,4 +454,4 @@ def batch_memory_edit(trace: Trace, factor: float, capacity: tuple[str, float] |
         what += (f"; the largest batch that fits in the {capacity[0]}'s {capacity[1] / 2**30:,.0f} GiB: "
                  + ("any (no activation is recorded on a GPU)" if fits == float("inf") else
                     f"{fits:,.2f}x the recorded one"))
-    return RecordEdit(what, edit.dropped, edit.added)
+    return scaled_edit(mem, BlockScaling(np.sort(grow), np.full(len(grow), float(factor))), what)

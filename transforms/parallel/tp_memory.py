@@ -50,12 +50,11 @@ from whatif.core.kernels import KernelClass, classify_kernel, param_args, weight
 from whatif.depgraph.hierarchy import CpuHierarchy, autograd_nodes, build_hierarchy, enclosing, inherit, record_steps
 from whatif.tracer.args import Arg
 from whatif.tracer.kinds import EventKind
-from whatif.tracer.memory import RecordEdit, RecordEditor, allocated_bytes, on_gpu
+from whatif.tracer.memory import GPU_BLOCK_BYTES, BlockScaling, RecordEdit, on_gpu, scaled_edit
 from whatif.tracer.trace import Trace
 
 from ..base import TransformError
 from ..optimizations.batch_memory import (
-    GPU_BLOCK_BYTES,
     BlockRole,
     BlockRoles,
     backward_events,
@@ -67,7 +66,6 @@ from .sharding import Role
 _ROLES = list(Role)
 FORWARD_SHARDED = frozenset({Role.COLUMN, Role.HEADS, Role.SHARDED})
 """Forward roles whose output is ``1/t`` on a rank (SEQUENCE too with sequence parallelism)."""
-BEFORE = "(allocated before the recording)"
 PARAMETER_BYTES = 4
 """Bytes an element of a parameter's master copy, gradient and optimizer state are taken to hold (fp32)."""
 
@@ -264,53 +262,26 @@ def tensor_parallel_shares(trace: Trace, degree: int, sequence_parallel: bool = 
     return TensorParallelShares(degree, sequence_parallel, roles, scale, before)
 
 
-def _new_bytes(nbytes: float, gpu: bool) -> int:
-    return int(np.ceil(nbytes / GPU_BLOCK_BYTES) * GPU_BLOCK_BYTES) if gpu else int(round(nbytes))
-
-
 def tensor_parallel_memory_edit(trace: Trace, degree: int, sequence_parallel: bool = False) -> RecordEdit:
     """The allocator records of one rank of tensor parallelism of ``degree``: each allocation at
     its share of its bytes (:func:`tensor_parallel_shares`), at its place, freed at its free; on
-    each device, what was allocated before the recording less by the parameters' share, from the
-    first record on.
+    each device, what was allocated before the recording at the parameters' share, from the first
+    record on (:func:`~whatif.tracer.memory.scaled_edit`).
 
     Raises
     ------
     TransformError : as :func:`tensor_parallel_shares`.
     """
     shares = tensor_parallel_shares(trace, degree, sequence_parallel)
-    mem = trace.memory
-    sizes = mem["bytes"].to_numpy()
-    gpu = on_gpu(mem)
-    editor = RecordEditor(mem)
+    sizes = trace.memory["bytes"].to_numpy()
     rows = shares.roles.rows
     activation = shares.roles.codes == list(BlockRole).index(BlockRole.ACTIVATION)
-    freed = {True: 0.0, False: 0.0}
-    for i in shares.sharded().tolist():
-        row = int(rows[i])
-        nbytes = _new_bytes(float(sizes[row]) * float(shares.scale[i]), bool(gpu[row]))
-        free = editor.free_of(row)
-        editor.drop_block(row)
-        if nbytes > 0:
-            editor.add_block(nbytes, (row, True), (free, True) if free is not None else None, None)
-        freed[bool(activation[i])] += float(sizes[row]) - nbytes
-    held_before = start_total = 0.0
-    if shares.before < 1:
-        for device_rows in mem.groupby(["rank", "device_type", "device_id"], sort=False).indices.values():
-            first = int(np.asarray(device_rows)[0])
-            allocated, recorded = allocated_bytes(mem.iloc[[first]])
-            start = int(allocated[0]) - int(sizes[first]) if recorded else 0
-            less = int(round(start * (1 - shares.before)))
-            if less > 0:
-                editor.add_block(-less, (first, False), None, BEFORE)
-                held_before += less
-                start_total += start
-    edit = editor.edit("")
+    less = sizes[rows] * (1 - shares.scale)
     what = (f"tensor_parallel(degree={degree}{', sequence_parallel' if sequence_parallel else ''}): "
             f"{len(shares.sharded()):,} blocks held at less than their bytes on one rank: "
-            f"{freed[True] / 2**20:,.1f} MiB fewer activation bytes allocated, {freed[False] / 2**20:,.1f} MiB fewer "
-            f"parameter, gradient and optimizer-state bytes")
-    if held_before:
-        what += (f"; of the {start_total / 2**20:,.1f} MiB allocated before the recording, taken as parameters, "
-                 f"{held_before / 2**20:,.1f} MiB less")
-    return RecordEdit(what, edit.dropped, edit.added)
+            f"{less[activation].sum() / 2**20:,.1f} MiB fewer activation bytes allocated, "
+            f"{less[~activation].sum() / 2**20:,.1f} MiB fewer parameter, gradient and optimizer-state bytes")
+    if shares.before < 1:
+        what += f"; what was allocated before the recording, taken as parameters, at {shares.before:.1%} of its bytes"
+    order = np.argsort(rows)
+    return scaled_edit(trace.memory, BlockScaling(rows[order], shares.scale[order], shares.before), what)
