@@ -64,8 +64,8 @@ def row(setup: Setup, alone: Trace, ranks: Trace, t: int) -> str:
     same_op = sum(d.peak_op == got.peak_op for d in docs.measured.devices)
 
     def span(values: list[float], fmt: str) -> str:
-        lo, hi = min(values), max(values)
-        return format(lo, fmt) if lo == hi else f"{format(lo, fmt)} to {format(hi, fmt)}"
+        lo, hi = format(min(values), fmt), format(max(values), fmt)
+        return lo if lo == hi else f"{lo} to {hi}"
 
     print(f"{setup.label} tp {t}: {docs.line}", flush=True)
     return (f"| {setup.label} | {t} | {w / MiB:,.1f} | {p / MiB:,.1f} | {span([m / MiB for m in measured], ',.1f')} | "

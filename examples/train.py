@@ -92,36 +92,56 @@ class _FromTensorParallel(torch.autograd.Function):
 
 
 class RowParallelLinear(nn.Module):
-    """``in_features / tp`` inputs per rank: the partial products all-reduced, then the bias."""
+    """A rank's ``in_features / tp`` columns of a linear layer: its partial product all-reduced,
+    then the (whole) bias."""
 
-    def __init__(self, in_features: int, out_features: int, tp: int) -> None:
+    def __init__(self, full: nn.Linear, rank: int, tp: int) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features // tp))
-        self.bias = nn.Parameter(torch.zeros(out_features))
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        width = full.in_features // tp
+        self.weight = nn.Parameter(full.weight.detach()[:, rank * width:(rank + 1) * width].clone())
+        self.bias = nn.Parameter(full.bias.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _FromTensorParallel.apply(F.linear(x, self.weight)) + self.bias
 
 
-class Block(nn.Module):
-    """Pre-norm transformer block: causal self-attention and a GELU MLP; with ``tp`` > 1 one rank's
-    shard of it (module docstring, ``--tp``)."""
+def column_parallel(full: nn.Linear, rows: torch.Tensor) -> nn.Linear:
+    """A rank's output features ``rows`` of a linear layer (weight rows and bias)."""
+    part = nn.Linear(full.in_features, len(rows))
+    with torch.no_grad():
+        part.weight.copy_(full.weight[rows])
+        part.bias.copy_(full.bias[rows])
+    return part
 
-    def __init__(self, dim: int, heads: int, tp: int = 1) -> None:
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention and a GELU MLP; :meth:`shard` makes a
+    tensor-parallel rank's part of it (module docstring, ``--tp``)."""
+
+    def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
         if dim % heads:
             raise ValueError(f"d_model {dim} is not a multiple of heads {heads}")
-        if heads % tp:
-            raise ValueError(f"heads {heads} is not a multiple of --tp {tp}")
-        self.heads, self.tp = heads // tp, tp
+        self.heads, self.tp = heads, 1
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        if tp == 1:
-            self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-            self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-        else:
-            self.qkv, self.proj = nn.Linear(dim, 3 * dim // tp), RowParallelLinear(dim, dim, tp)
-            self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim // tp), nn.GELU(), RowParallelLinear(4 * dim, dim, tp))
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def shard(self, rank: int, tp: int) -> list[nn.Parameter]:
+        """Keep rank ``rank`` of ``tp``'s part: QKV's rows of its heads (of Q, K and V each) and MLP
+        up's rows column-parallel, attention output's and MLP down's columns row-parallel; returns
+        the sharded parameters."""
+        if self.heads % tp:
+            raise ValueError(f"heads {self.heads} is not a multiple of --tp {tp}")
+        dim = self.proj.in_features
+        width, hidden = dim // tp, self.mlp[0].out_features // tp
+        mine = torch.arange(rank * width, (rank + 1) * width)
+        self.qkv = column_parallel(self.qkv, torch.cat([mine + j * dim for j in range(3)]))
+        self.proj = RowParallelLinear(self.proj, rank, tp)
+        up = column_parallel(self.mlp[0], torch.arange(rank * hidden, (rank + 1) * hidden))
+        self.mlp = nn.Sequential(up, nn.GELU(), RowParallelLinear(self.mlp[2], rank, tp))
+        self.heads, self.tp = self.heads // tp, tp
+        return [self.qkv.weight, self.qkv.bias, self.proj.weight, up.weight, up.bias, self.mlp[2].weight]
 
     def _in(self, x: torch.Tensor) -> torch.Tensor:
         return _ToTensorParallel.apply(x) if self.tp > 1 else x
@@ -134,19 +154,39 @@ class Block(nn.Module):
 
 
 class TinyLM(nn.Module):
-    """``[batch, seq]`` token ids -> ``[batch, seq, vocab]`` next-token logits."""
+    """``[batch, seq]`` token ids -> ``[batch, seq, vocab]`` next-token logits; with ``tp`` > 1 the
+    part of tensor-parallel rank ``rank`` of the same (seeded) model."""
 
-    def __init__(self, vocab: int, dim: int, layers: int, heads: int, max_seq: int, tp: int = 1) -> None:
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int, max_seq: int, tp: int = 1,
+                 rank: int = 0) -> None:
         super().__init__()
         self.embed, self.pos = nn.Embedding(vocab, dim), nn.Embedding(max_seq, dim)
-        self.blocks = nn.ModuleList(Block(dim, heads, tp) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
         self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
+        self.tp = tp
+        self.sharded: set[int] = set()
+        if tp > 1:
+            self.sharded = {id(p) for block in self.blocks for p in block.shard(rank, tp)}
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.embed(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
         for block in self.blocks:
             h = block(h)
         return self.head(self.norm(h))
+
+
+def clip_gradients(model: TinyLM, max_norm: float) -> None:
+    """``clip_grad_norm_`` over the whole model: with ``--tp``, the sharded parameters' squared
+    gradient norms summed over the ranks (the replicated ones' are the same on every rank)."""
+    if model.tp == 1:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        return
+    grads = [(p.grad.detach().float().pow(2).sum(), id(p) in model.sharded)
+             for p in model.parameters() if p.grad is not None]
+    sharded = torch.stack([g for g, s in grads if s]).sum()
+    dist.all_reduce(sharded)
+    total = (sharded + torch.stack([g for g, s in grads if not s]).sum()).sqrt()
+    torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, total)
 
 
 def make_data(args: argparse.Namespace, device: torch.device) -> list[torch.Tensor]:
@@ -194,17 +234,18 @@ def batches(args: argparse.Namespace, device: torch.device) -> Iterator[torch.Te
         yield batch.to(device, non_blocking=True)
 
 
-def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: torch.Tensor,
-               clip: float, autocast: str = "off") -> torch.Tensor:
-    """One optimizer step on next-token cross-entropy; returns the (detached) loss."""
+def train_step(model: TinyLM, opt: torch.optim.Optimizer, batch: torch.Tensor,
+               clip: float, autocast: str = "off", forward: nn.Module | None = None) -> torch.Tensor:
+    """One optimizer step on next-token cross-entropy (``forward``: the model as it is called, e.g.
+    compiled; default the model); returns the (detached) loss."""
     opt.zero_grad(set_to_none=True)
     with (torch.autocast(batch.device.type, dtype=AUTOCAST_DTYPES[autocast]) if autocast != "off"
           else contextlib.nullcontext()):
-        logits = model(batch[:, :-1])
+        logits = (forward or model)(batch[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
     loss.backward()
     if clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        clip_gradients(model, clip)
     opt.step()
     return loss.detach()
 
@@ -260,6 +301,11 @@ def start_tensor_parallel(tp: int, device: torch.device) -> str | None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != tp:
         return f"--tp {tp} needs {tp} processes started by torchrun (WORLD_SIZE is {world})"
+    missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        return f"--tp {tp} needs torchrun's {', '.join(missing)} in the environment"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return None
 
@@ -270,15 +316,19 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and args.tp > 1:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     set_threads(args.threads, device)
-    torch.manual_seed(args.seed)
-    try:
-        model = TinyLM(args.vocab, args.d_model, args.layers, args.heads, args.seq_len, args.tp).to(device)
-    except ValueError as e:
-        print(f"train: error: {e}", file=sys.stderr)
+    if args.heads % args.tp:
+        print(f"train: error: heads {args.heads} is not a multiple of --tp {args.tp}", file=sys.stderr)
         return 2
     problem = start_tensor_parallel(args.tp, device)
     if problem:
         print(f"train: error: {problem}", file=sys.stderr)
+        return 2
+    torch.manual_seed(args.seed)
+    try:
+        model = TinyLM(args.vocab, args.d_model, args.layers, args.heads, args.seq_len, args.tp,
+                       dist.get_rank() if args.tp > 1 else 0).to(device)
+    except ValueError as e:
+        print(f"train: error: {e}", file=sys.stderr)
         return 2
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     forward = torch.compile(model) if args.compile else model
@@ -286,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     start = t0 = now(device)
     with attention_backend(args.sdpa):
         for i, batch in enumerate(batches(args, device)):
-            loss = train_step(forward, opt, batch, args.clip, args.autocast).item()
+            loss = train_step(model, opt, batch, args.clip, args.autocast, forward).item()
             t1 = now(device)
             steps.append({"step": i, "loss": loss, "step_ms": (t1 - t0) * 1e3})
             t0 = t1

@@ -535,6 +535,20 @@ def arg_column(args: EventArgs, arg: Arg, rows: np.ndarray | None = None) -> np.
     return _typed(args.values(rows), spec)
 
 
+def int_values(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """An integer argument of ``rows`` (``values``: its column, ``Trace.arg``) as int64, -1 where
+    an event does not carry it (sequence numbers, forward thread ids).
+
+    >>> int_values(np.array([None, 7, 3], dtype=object), np.array([0, 1, 2])).tolist()
+    [-1, 7, 3]
+    """
+    out = np.full(len(rows), -1, dtype=np.int64)
+    for i, v in enumerate(values[rows]):
+        if v is not None:
+            out[i] = int(v)
+    return out
+
+
 def arg_columns(args: EventArgs, wanted: Sequence[Arg], rows: np.ndarray) -> dict[Arg, np.ndarray]:
     """The typed values of each argument in ``wanted`` for ``rows``, their ``args`` decoded once.
 

@@ -275,32 +275,33 @@ class RecordEditor:
         return RecordEdit(what, np.unique(np.asarray(self._dropped, dtype=np.int64)), added)
 
 
-
 def scaled_edit(memory: pd.DataFrame, scaling: BlockScaling, what: str) -> RecordEdit:
     """The records of ``scaling`` on ``memory`` (``Trace.memory``): each block of its rows whose
     factor is not 1 allocated at the factor × its bytes (rounded up to :data:`GPU_BLOCK_BYTES` on a
     GPU) at its place and freed at its free; what each device held before its first record (its
     first ``Total Allocated`` less the record, when recorded) moved by ``before``, one record
-    before the first."""
+    before the first: every GPU's on a trace with GPU records (the host's is not the model's),
+    else every device's."""
     sizes = memory["bytes"].to_numpy()
     gpu = on_gpu(memory)
     editor = RecordEditor(memory)
     for row, factor in zip(scaling.rows.tolist(), scaling.factors.tolist()):
         if factor == 1:
             continue
-        new = float(sizes[row]) * factor
-        nbytes = int(np.ceil(new / GPU_BLOCK_BYTES) * GPU_BLOCK_BYTES) if gpu[row] else int(round(new))
+        exact_bytes = float(sizes[row]) * factor
+        nbytes = int(np.ceil(exact_bytes / GPU_BLOCK_BYTES) * GPU_BLOCK_BYTES) if gpu[row] else int(round(exact_bytes))
         free = editor.free_of(row)
         editor.drop_block(row)
         if nbytes > 0:
             editor.add_block(nbytes, (row, True), (free, True) if free is not None else None, None)
     if scaling.before != 1:
-        for rows in memory.groupby(["rank", "device_type", "device_id"], sort=False).indices.values():
-            first = int(np.asarray(rows)[0])
+        devices = memory[gpu] if gpu.any() else memory
+        for rows in devices.groupby(["rank", "device_type", "device_id"], sort=False).indices.values():
+            first = int(np.flatnonzero(gpu)[rows[0]]) if gpu.any() else int(rows[0])
             allocated, recorded = allocated_bytes(memory.iloc[[first]])
-            start = int(allocated[0]) - int(sizes[first]) if recorded else 0
-            change = int(round(start * (scaling.before - 1)))
-            if change:
-                editor.add_block(change, (first, False), None, BEFORE_THE_RECORDING)
+            start_bytes = int(allocated[0]) - int(sizes[first]) if recorded else 0
+            change_bytes = int(round(start_bytes * (scaling.before - 1)))
+            if change_bytes:
+                editor.add_block(change_bytes, (first, False), None, BEFORE_THE_RECORDING)
     edit = editor.edit(what)
     return RecordEdit(what, edit.dropped, edit.added, scaling)

@@ -338,19 +338,23 @@ def memory_edits(graph: TaskGraph, transforms: Sequence[Transform]) -> tuple[lis
             continue
         lines.append(edit.what)
         scaled = [i for i, other in enumerate(edits) if other.scaling is not None]
+        at, name = len(edits), t.label()
         if edit.scaling is not None and scaled and graph.trace is not None:
-            i = scaled[0]
-            merged = edits[i].scaling.then(edit.scaling)   # type: ignore[union-attr]  # in scaled
-            edits[i] = scaled_edit(graph.trace.memory, merged, edits[i].what)
-            names[i] = f"{names[i]} and {t.label()}"
-            continue
-        for other, name in zip(edits, names):
+            at = scaled[0]
+            merged = edits[at].scaling.then(edit.scaling)   # type: ignore[union-attr]  # in scaled
+            edit, name = scaled_edit(graph.trace.memory, merged, edits[at].what), f"{names[at]} and {name}"
+            lines.append(f"{name}: each block at the product of their factors (a largest batch that fits, above, "
+                         f"is one GPU's without the others)")
+        for i, (other, other_name) in enumerate(zip(edits, names)):
             both = np.intersect1d(other.dropped, edit.dropped)
-            if len(both):
-                raise TransformError(f"{name} and {t.label()} both change {len(both):,} of the same allocator records: "
-                                     f"their memory is predicted one transform at a time (a scenario each)")
-        edits.append(edit)
-        names.append(t.label())
+            if i != at and len(both):
+                raise TransformError(f"{other_name} and {t.label()} both change {len(both):,} of the same allocator "
+                                     f"records: their memory is predicted one transform at a time (a scenario each)")
+        if at == len(edits):
+            edits.append(edit)
+            names.append(name)
+        else:
+            edits[at], names[at] = edit, name
     return edits, lines
 
 

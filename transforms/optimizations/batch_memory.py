@@ -236,8 +236,9 @@ def _token_counts(names: np.ndarray, dims: np.ndarray, rows: np.ndarray) -> froz
     return frozenset(out)
 
 
-def block_roles(trace: Trace) -> BlockRoles:
-    """The :class:`BlockRole` of every allocation in ``trace``'s allocator records (module docstring).
+def block_roles(trace: Trace, who: str = "batch") -> BlockRoles:
+    """The :class:`BlockRole` of every allocation in ``trace``'s allocator records (module docstring;
+    ``who``: the transform that asks, named in the errors).
 
     Raises
     ------
@@ -246,11 +247,11 @@ def block_roles(trace: Trace) -> BlockRoles:
     """
     mem, ev = trace.memory, trace.events
     if not len(mem):
-        raise TransformError(f"batch: {trace.source} has no allocator records (record with `whatif record --memory`)")
+        raise TransformError(f"{who}: {trace.source} has no allocator records (record with `whatif record --memory`)")
     allocs = mem["bytes"].to_numpy() > 0
     blind = int((allocs & (mem["addr"].to_numpy() == UNKNOWN)).sum())
     if blind:
-        raise TransformError(f"batch: {blind:,} of {int(allocs.sum()):,} allocator records of {trace.source} carry "
+        raise TransformError(f"{who}: {blind:,} of {int(allocs.sum()):,} allocator records of {trace.source} carry "
                              f"no block address (an early Kineto schema): their blocks cannot be paired with their "
                              f"frees")
     dims = trace.arg(Arg.INPUT_DIMS)
@@ -258,7 +259,7 @@ def block_roles(trace: Trace) -> BlockRoles:
     ops = kinds == int(EventKind.CPU_OP)
     shaped = ops & np.array([bool(_tensor_shapes(d)) for d in dims], dtype=bool)
     if not shaped.any():
-        raise TransformError(f"batch: {trace.source} has no recorded shapes (record with `whatif record "
+        raise TransformError(f"{who}: {trace.source} has no recorded shapes (record with `whatif record "
                              f"--record-shapes`)")
     names = ev["name"].astype(str).to_numpy()
     nodes = autograd_nodes(ev)

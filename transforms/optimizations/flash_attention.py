@@ -77,7 +77,7 @@ from whatif.depgraph.hierarchy import autograd_nodes, thread_keys
 from whatif.depgraph.schema import DEVICE_COLUMN
 from whatif.hardware.devices import Device, find_device
 from whatif.hardware.roofline import achievable_time_ns, fixed_latency_ns
-from whatif.tracer.args import Arg
+from whatif.tracer.args import Arg, int_values
 from whatif.tracer.kinds import EventKind
 from whatif.tracer.memory import RecordEdit, RecordEditor
 from whatif.tracer.op_facts import op_facts
@@ -192,15 +192,6 @@ def _span(keys: np.ndarray, starts: np.ndarray, key: int, start_ns: int, end_ns:
             int(lo + np.searchsorted(starts[lo:hi], end_ns, "right")))
 
 
-def _sequence(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The sequence numbers (or fwd thread ids) of ``rows`` as int64, -1 where absent."""
-    out = np.full(len(rows), -1, dtype=np.int64)
-    for i, v in enumerate(values[rows]):
-        if v is not None:
-            out[i] = int(v)
-    return out
-
-
 class _Nodes:
     """The trace's autograd nodes (``evaluate_function`` ops): rows, rank, sequence number and
     forward thread id, read once."""
@@ -209,8 +200,8 @@ class _Nodes:
         ev = trace.events
         self.rows = autograd_nodes(ev)
         self.rank = ev["rank"].to_numpy()[self.rows]
-        self.number = _sequence(trace.arg(Arg.SEQUENCE_NUMBER), self.rows)
-        self.fwd_tid = _sequence(trace.arg(Arg.FWD_THREAD_ID), self.rows)
+        self.number = int_values(trace.arg(Arg.SEQUENCE_NUMBER), self.rows)
+        self.fwd_tid = int_values(trace.arg(Arg.FWD_THREAD_ID), self.rows)
 
     def of_call(self, trace: Trace, threads: _Threads, op_row: int, end_ns: int, inside: np.ndarray) -> np.ndarray:
         """Rows of the nodes the forward ops of one call created (module docstring)."""
@@ -219,8 +210,8 @@ class _Nodes:
         if first is None:
             return np.empty(0, dtype=np.int64)
         later = threads.after(op_row, end_ns)
-        numbered = later[_sequence(seq, later) >= 0][:1]
-        stop = int(seq[numbered[0]]) if len(numbered) else int(_sequence(seq, inside).max()) + 1
+        numbered = later[int_values(seq, later) >= 0][:1]
+        stop = int(seq[numbered[0]]) if len(numbered) else int(int_values(seq, inside).max()) + 1
         hit = (self.rank == trace.events["rank"].to_numpy()[op_row]) & (self.number >= int(first)) \
             & (self.number < stop)
         fwd_tid = trace.arg(Arg.FWD_THREAD_ID)[op_row]

@@ -8,39 +8,43 @@ Each allocation of the trace's allocator records (``Trace.memory``) keeps its
 one rank over its recorded bytes:
 
 * **Activations made in the forward** take the share of the output of the op they are made in:
-  the trace's forward CPU ops that do work (the outermost op of a GEMM, attention, a norm, an
-  elementwise op or a copy) form a sequence per rank and step, and the transformer blocks of
+  the trace's forward CPU ops that do work (the outermost op whose name has a kernel class other
+  than ``other``: a GEMM, attention, a norm, a reduction, an elementwise op, a copy…) form a
+  sequence per rank and step, and the transformer blocks of
   :func:`~whatif.transforms.parallel.layers.sequence_rows` (the heuristic ``tensor_parallel`` runs
   on kernels) give each its role. The output of a column-parallel GEMM (QKV, MLP up/gate), of
   attention (its heads) and of an elementwise op between them (the MLP activation, the attention
   output's copy) is ``1/t``; that of a row-parallel GEMM (the full hidden size, all-reduced), a
   norm, a residual add or an op outside every block (embedding, LM head, loss) whole; with
-  ``sequence_parallel`` norms and residual adds are ``1/t`` too. An op that does no work (a view,
-  a reshape) outputs what the work op before it output.
+  ``sequence_parallel`` norms and residual adds are ``1/t`` too (but the last block's MLP
+  residual add, which lies after the last GEMM the heuristic puts in a block). An op that does no
+  work (a view, a reshape) outputs what the work op before it output.
 * **Activations made in the backward** are the input gradients of the forward op whose autograd
   node makes them (matched by ``Sequence number``), the share of that op's input: what the work
   op before it output (a column-parallel GEMM's input is whole, all-gathered with sequence
   parallelism). So a row-parallel GEMM's input gradient is ``1/t``, a column-parallel one's whole.
 * **Parameters, their gradients, optimizer state and everything else made to last** (every role
-  but activations): a block whose bytes are those of a parameter (its elements × 2, 4 or 8 bytes,
-  rounded up to 512 on a GPU) takes that parameter's share: a column-parallel GEMM's weight and
+  but activations): a block whose bytes are those of a parameter (its elements × 4 bytes, the
+  fp32 master copy, gradient and optimizer state, or × its recorded type's size, autocast's bf16
+  copy; rounded up to 512 on a GPU) takes that parameter's share: a column-parallel GEMM's weight and
   bias and a row-parallel GEMM's weight are ``1/t``; a row-parallel bias, norms and embeddings
   are whole. When several parameters have those bytes, the block takes their mean share, each
   parameter counted as often as the forward uses it.
-* **Memory allocated before the recording** (a device's first ``Total Allocated`` less its first
-  record) is taken to be parameters: its share is the parameters' (their elements, weighted as
-  above).
+* **Memory allocated before the recording** (a GPU's first ``Total Allocated`` less its first
+  record; a CPU-only trace's device's) is taken to be parameters: its share is the parameters'
+  (their elements, weighted as above).
 
 Left out: the all-reduce's own buffers (NCCL's are outside the caching allocator; gloo's on the
-CPU are recorded), the extra output-sized block of a row-parallel GEMM's bias added after its
-all-reduce, a vocabulary-parallel embedding or LM head (Megatron shards them; whatif's
-``tensor_parallel`` keeps them replicated), and KV caches allocated before the recording (taken as
-parameters).
+CPU are allocated on its own threads and show as no block), blocks made inside attention that are
+not per head (a causal mask) taken as ``1/t``, the extra output-sized block of a row-parallel
+GEMM's bias added after its all-reduce, a vocabulary-parallel embedding or LM head (Megatron
+shards them; whatif's ``tensor_parallel`` keeps them replicated), and KV caches allocated before
+the recording (taken as parameters).
 """
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -48,18 +52,20 @@ import pandas as pd
 from whatif.core.dtypes import element_bytes
 from whatif.core.kernels import KernelClass, classify_kernel, param_args, weight_arg
 from whatif.depgraph.hierarchy import CpuHierarchy, autograd_nodes, build_hierarchy, enclosing, inherit, record_steps
-from whatif.tracer.args import Arg
+from whatif.tracer.args import Arg, int_values
 from whatif.tracer.kinds import EventKind
-from whatif.tracer.memory import GPU_BLOCK_BYTES, BlockScaling, RecordEdit, on_gpu, scaled_edit
+from whatif.tracer.memory import (
+    BEFORE_THE_RECORDING,
+    GPU_BLOCK_BYTES,
+    BlockScaling,
+    RecordEdit,
+    on_gpu,
+    scaled_edit,
+)
 from whatif.tracer.trace import Trace
 
 from ..base import TransformError
-from ..optimizations.batch_memory import (
-    BlockRole,
-    BlockRoles,
-    backward_events,
-    block_roles,
-)
+from ..optimizations.batch_memory import BlockRole, BlockRoles, backward_events, block_roles
 from .layers import sequence_rows
 from .sharding import Role
 
@@ -84,6 +90,21 @@ class TensorParallelShares:
     def sharded(self) -> np.ndarray:
         """Positions (into ``roles.rows``) of the allocations a rank holds less of."""
         return np.flatnonzero(self.scale < 1)
+
+
+def _positions(mask: np.ndarray) -> np.ndarray:
+    """Each position where ``mask`` holds, -1 elsewhere (what :func:`inherit` passes down)."""
+    return np.where(mask, np.arange(len(mask)), -1)
+
+
+def outermost(mask: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """Per position of a hierarchy: ``mask`` holds there and at none of its ancestors.
+
+    >>> outermost(np.array([True, True, False, True]), np.array([-1, 0, -1, 2])).tolist()
+    [True, False, False, True]
+    """
+    above = inherit(_positions(mask), parent)
+    return mask & (np.where(parent >= 0, above[np.maximum(parent, 0)], -1) < 0)
 
 
 def _work_classes(names: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -125,10 +146,7 @@ def forward_shares(trace: Trace, hierarchy: CpuHierarchy, backward: np.ndarray, 
     nodes = np.isin(rows, autograd_nodes(ev))
     forward = (kinds == int(EventKind.CPU_OP)) & ~nodes & ~backward[rows]
     cls = np.where(forward, _work_classes(names, rows), KernelClass.OTHER.value)
-    item = cls != KernelClass.OTHER.value
-    above = inherit(np.where(item, np.arange(n), -1), hierarchy.parent)
-    parent_item = np.where(hierarchy.parent >= 0, above[np.maximum(hierarchy.parent, 0)], -1)
-    outer = np.flatnonzero(item & (parent_item < 0))
+    outer = np.flatnonzero(outermost(cls != KernelClass.OTHER.value, hierarchy.parent))
     ts = ev["ts_ns"].to_numpy()[rows]
     rank = ev["rank"].to_numpy()[rows]
     steps = record_steps(ev, ev)[rows]
@@ -149,7 +167,7 @@ def forward_shares(trace: Trace, hierarchy: CpuHierarchy, backward: np.ndarray, 
             out[pos] = 1 / degree if Role(value) in sharded else 1.0
         into[k[1:]] = np.where(role[k[1:]] == _ROLES.index(Role.COLUMN), 1.0, out[k[:-1]])
         sequences[(int(r), int(s))] = k
-    in_outer = inherit(np.where(np.isin(np.arange(n), outer), np.arange(n), -1), hierarchy.parent)
+    in_outer = inherit(_positions(np.isin(np.arange(n), outer)), hierarchy.parent)
     inside = in_outer >= 0
     at = np.maximum(in_outer, 0)
     role = np.where(inside, role[at], -1)
@@ -180,10 +198,8 @@ def _shares_by_bytes(trace: Trace, hierarchy: CpuHierarchy, role: np.ndarray, ba
     rows = hierarchy.rows
     forward = ~backward[rows] & (ev["kind"].to_numpy()[rows] == int(EventKind.CPU_OP))
     given = np.asarray([bool(f) and bool(param_args(str(names[r]), dims[r])) for f, r in zip(forward, rows)])
-    above = inherit(np.where(given, np.arange(len(rows)), -1), hierarchy.parent)
-    outermost = given & (np.where(hierarchy.parent >= 0, above[np.maximum(hierarchy.parent, 0)], -1) < 0)
     uses: Counter[tuple[int, int, bool]] = Counter()   # (elements, bytes an element, sharded) -> uses
-    for pos in np.flatnonzero(outermost).tolist():
+    for pos in np.flatnonzero(outermost(given, hierarchy.parent)).tolist():
         r = int(rows[pos])
         name, d = str(names[r]), dims[r]
         kinds = types[r] if isinstance(types[r], (list, tuple)) else ()
@@ -221,7 +237,7 @@ def tensor_parallel_shares(trace: Trace, degree: int, sequence_parallel: bool = 
     TransformError : as :func:`~whatif.transforms.optimizations.batch_memory.block_roles`, or the
         trace's forward has no transformer block.
     """
-    roles = block_roles(trace) if roles is None else roles
+    roles = block_roles(trace, "tensor_parallel") if roles is None else roles
     ev, mem = trace.events, trace.memory
     hierarchy = build_hierarchy(ev)
     backward = backward_events(ev)
@@ -230,22 +246,19 @@ def tensor_parallel_shares(trace: Trace, degree: int, sequence_parallel: bool = 
         raise TransformError(f"tensor_parallel: found no transformer block (attention followed by a GEMM) in the "
                              f"forward ops of {trace.source}; its memory cannot be sharded")
     # the forward op behind each autograd node (by rank and sequence number)
-    seq = trace.arg(Arg.SEQUENCE_NUMBER)
     rows = hierarchy.rows
-    ranks = ev["rank"].to_numpy()
+    seq = int_values(trace.arg(Arg.SEQUENCE_NUMBER), rows)
+    ranks = ev["rank"].to_numpy()[rows]
     by_seq: dict[tuple[int, int], int] = {}
-    for pos in np.flatnonzero(~backward[rows]).tolist():
-        s = seq[rows[pos]]
-        if isinstance(s, int) and s >= 0:
-            by_seq.setdefault((int(ranks[rows[pos]]), s), pos)
+    for pos in np.flatnonzero(~backward[rows] & (seq >= 0)).tolist():
+        by_seq.setdefault((int(ranks[pos]), int(seq[pos])), pos)
     is_node = np.isin(rows, autograd_nodes(ev))
     node_into = np.ones(len(rows))
-    for pos in np.flatnonzero(is_node).tolist():
-        s = seq[rows[pos]]
-        made_by = by_seq.get((int(ranks[rows[pos]]), s), -1) if isinstance(s, int) else -1
+    for pos in np.flatnonzero(is_node & (seq >= 0)).tolist():
+        made_by = by_seq.get((int(ranks[pos]), int(seq[pos])), -1)
         if made_by >= 0:
             node_into[pos] = fwd.into[made_by]
-    node_at = inherit(np.where(is_node, np.arange(len(rows)), -1), hierarchy.parent)
+    node_at = inherit(_positions(is_node), hierarchy.parent)
 
     allocs = roles.rows
     pos = enclosing(hierarchy, ev, mem.iloc[allocs])
@@ -281,7 +294,8 @@ def tensor_parallel_memory_edit(trace: Trace, degree: int, sequence_parallel: bo
             f"{len(shares.sharded()):,} blocks held at less than their bytes on one rank: "
             f"{less[activation].sum() / 2**20:,.1f} MiB fewer activation bytes allocated, "
             f"{less[~activation].sum() / 2**20:,.1f} MiB fewer parameter, gradient and optimizer-state bytes")
-    if shares.before < 1:
-        what += f"; what was allocated before the recording, taken as parameters, at {shares.before:.1%} of its bytes"
     order = np.argsort(rows)
-    return scaled_edit(trace.memory, BlockScaling(rows[order], shares.scale[order], shares.before), what)
+    edit = scaled_edit(trace.memory, BlockScaling(rows[order], shares.scale[order], shares.before), what)
+    if (edit.added["op"] == BEFORE_THE_RECORDING).any():
+        what += f"; what was allocated before the recording, taken as parameters, at {shares.before:.1%} of its bytes"
+    return replace(edit, what=what)

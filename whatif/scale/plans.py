@@ -451,6 +451,8 @@ def _recorded(analysis: Analysis, degrees: Sequence[int]) -> tuple[dict[int, Bat
                             1.0 if shares is None else shares.before)
         if peaks is not None:
             out[tp] = peaks
+    if not out:
+        return out, f"the allocator records are not used{refused}"
     which = ", ".join(str(tp) for tp in out)
     return out, (f"plans with pp = sp = 1 and tp {which}: the peak of the recorded allocator timeline with the "
                  f"activations at the plan's batch and, for tp > 1, one rank's share of each block (batch's and "
