@@ -130,8 +130,8 @@ def forward_shares(trace: Trace, hierarchy: CpuHierarchy, backward: np.ndarray, 
                    sequence_parallel: bool = False) -> ForwardShares:
     """The :class:`ForwardShares` of ``trace``'s forward ops under tensor parallelism of ``degree``.
 
-    The work ops (the outermost CPU ops of a GEMM, attention, norm, elementwise or copy class)
-    of each rank's and step's forward form a sequence whose transformer blocks
+    The work ops (the outermost CPU ops whose name has a kernel class other than ``other``) of
+    each rank's and step's forward form a sequence whose transformer blocks
     (:func:`~whatif.transforms.parallel.layers.sequence_rows`) give each its role; a work op's
     output is ``1/t`` for the roles of :data:`FORWARD_SHARDED` (and norms and residual adds with
     ``sequence_parallel``), its input what the work op before it output (a column-parallel GEMM's
