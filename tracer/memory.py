@@ -117,6 +117,16 @@ class DevicePeak:
     recorded: bool  # the allocator's Total Allocated (else relative to the recording's start)
 
 
+def held_before_bytes(records: pd.DataFrame) -> int:
+    """What one device held before its first record in ``records`` (its records in time order):
+    the allocator's first ``Total Allocated`` less that record's bytes; 0 when the totals are not
+    recorded (2021 traces count from the recording's start)."""
+    if not len(records):
+        return 0
+    allocated, recorded = allocated_bytes(records)
+    return int(allocated[0]) - int(records["bytes"].to_numpy()[0]) if recorded else 0
+
+
 def on_gpu(memory: pd.DataFrame) -> np.ndarray:
     """Per record of ``memory`` (``Trace.memory``): whether it is a GPU's (:data:`GPU_DEVICE_TYPES`)."""
     return np.isin(memory["device_type"].to_numpy(), [int(t) for t in GPU_DEVICE_TYPES])
@@ -295,12 +305,10 @@ def scaled_edit(memory: pd.DataFrame, scaling: BlockScaling, what: str) -> Recor
         if nbytes > 0:
             editor.add_block(nbytes, (row, True), (free, True) if free is not None else None, None)
     if scaling.before != 1:
-        devices = memory[gpu] if gpu.any() else memory
-        for rows in devices.groupby(["rank", "device_type", "device_id"], sort=False).indices.values():
-            first = int(np.flatnonzero(gpu)[rows[0]]) if gpu.any() else int(rows[0])
-            allocated, recorded = allocated_bytes(memory.iloc[[first]])
-            start_bytes = int(allocated[0]) - int(sizes[first]) if recorded else 0
-            change_bytes = int(round(start_bytes * (scaling.before - 1)))
+        scope = np.flatnonzero(gpu) if gpu.any() else np.arange(len(memory))
+        for rows in memory.iloc[scope].groupby(["rank", "device_type", "device_id"], sort=False).indices.values():
+            first = int(scope[rows[0]])
+            change_bytes = int(round(held_before_bytes(memory.iloc[scope[rows]]) * (scaling.before - 1)))
             if change_bytes:
                 editor.add_block(change_bytes, (first, False), None, BEFORE_THE_RECORDING)
     edit = editor.edit(what)

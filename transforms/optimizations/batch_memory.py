@@ -64,6 +64,7 @@ from whatif.tracer.memory import (
     RecordEdit,
     RecordEditor,
     allocated_bytes,
+    held_before_bytes,
     on_gpu,
     scaled_edit,
 )
@@ -416,9 +417,8 @@ def batch_peaks(trace: Trace, roles: BlockRoles, shares: np.ndarray | None = Non
     allocated, live = [], []
     for rows in mem[gpu].groupby(["rank", "device_type", "device_id"], sort=False).indices.values():
         at = np.flatnonzero(gpu)[np.asarray(rows)]
-        recorded, baseline = allocated_bytes(mem.iloc[at])
-        start = float(recorded[0] - sizes[at[0]]) if baseline else 0.0
-        allocated.append(recorded - np.cumsum(less[at]) - start * (1 - before))
+        records = mem.iloc[at]
+        allocated.append(allocated_bytes(records)[0] - np.cumsum(less[at]) - held_before_bytes(records) * (1 - before))
         live.append(np.cumsum(delta[at]))
     return BatchPeaks(tuple(allocated), tuple(live))
 

@@ -126,7 +126,7 @@ class ForwardShares:
     into: np.ndarray
 
 
-def forward_shares(trace: Trace, hierarchy: CpuHierarchy, backward: np.ndarray, degree: int,
+def forward_shares(trace: Trace, hierarchy: CpuHierarchy, backward: np.ndarray, steps: np.ndarray, degree: int,
                    sequence_parallel: bool = False) -> ForwardShares:
     """The :class:`ForwardShares` of ``trace``'s forward ops under tensor parallelism of ``degree``.
 
@@ -137,7 +137,8 @@ def forward_shares(trace: Trace, hierarchy: CpuHierarchy, backward: np.ndarray, 
     ``sequence_parallel``), its input what the work op before it output (a column-parallel GEMM's
     always whole: all-gathered with sequence parallelism); ops inside a work op take its shares,
     other forward ops (views, reshapes) the output share of the work op before them.
-    ``backward``: per event, whether it lies in a backward window."""
+    ``backward``: per event, whether it lies in a backward window; ``steps``: per event, its step
+    (:func:`~whatif.depgraph.hierarchy.record_steps`)."""
     ev = trace.events
     rows = hierarchy.rows
     n = len(rows)
@@ -149,7 +150,7 @@ def forward_shares(trace: Trace, hierarchy: CpuHierarchy, backward: np.ndarray, 
     outer = np.flatnonzero(outermost(cls != KernelClass.OTHER.value, hierarchy.parent))
     ts = ev["ts_ns"].to_numpy()[rows]
     rank = ev["rank"].to_numpy()[rows]
-    steps = record_steps(ev, ev)[rows]
+    steps = steps[rows]
     pos_names = names[rows]
     layers = np.full(n, None, dtype=object)
     sharded = FORWARD_SHARDED | ({Role.SEQUENCE} if sequence_parallel else set())
@@ -240,8 +241,9 @@ def tensor_parallel_shares(trace: Trace, degree: int, sequence_parallel: bool = 
     roles = block_roles(trace, "tensor_parallel") if roles is None else roles
     ev, mem = trace.events, trace.memory
     hierarchy = build_hierarchy(ev)
-    backward = backward_events(ev)
-    fwd = forward_shares(trace, hierarchy, backward, degree, sequence_parallel)
+    steps = record_steps(ev, ev)
+    backward = backward_events(ev, steps=steps)
+    fwd = forward_shares(trace, hierarchy, backward, steps, degree, sequence_parallel)
     if not (fwd.role >= 0).any():
         raise TransformError(f"tensor_parallel: found no transformer block (attention followed by a GEMM) in the "
                              f"forward ops of {trace.source}; its memory cannot be sharded")
