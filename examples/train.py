@@ -27,6 +27,14 @@ Variants (the GPU harvest's before/after pairs, ``bench/gpu_harvest``):
     torchrun --nproc-per-node 2 -m whatif.cli record -o runs/tp2 --memory --record-shapes \
         examples/train.py -- --tp 2
 
+* ``--pp N --micro-batches M``: pipeline parallelism over ``N`` processes started by torchrun,
+  the 1F1B schedule of Megatron-LM (PipeDream-Flush, Narayanan et al. 2021): stage ``s`` holds
+  blocks ``[s·L/N, (s+1)·L/N)`` (stage 0 also the embeddings, the last also the final norm, the
+  LM head and the loss), runs ``min(N − s − 1, M)`` warm-up forwards, then one forward and one
+  backward in turn, then the remaining backwards; activations go forward and their gradients back
+  by send/recv (gloo on the CPU, NCCL on a GPU). ``--micro-batches`` alone (``--pp 1``)
+  accumulates the gradients of ``M`` micro-batches.
+
 Log (``--log OUT.json``)::
 
     {"schema": "whatif.examples.train/1",
@@ -158,34 +166,55 @@ class TinyLM(nn.Module):
     part of tensor-parallel rank ``rank`` of the same (seeded) model."""
 
     def __init__(self, vocab: int, dim: int, layers: int, heads: int, max_seq: int, tp: int = 1,
-                 rank: int = 0) -> None:
+                 rank: int = 0, pp: int = 1) -> None:
         super().__init__()
+        self.dim = dim
         self.embed, self.pos = nn.Embedding(vocab, dim), nn.Embedding(max_seq, dim)
         self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
         self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
-        self.tp = tp
+        self.tp, self.pp, self.first, self.last = tp, pp, True, True
         self.sharded: set[int] = set()
         if tp > 1:
             self.sharded = {id(p) for block in self.blocks for p in block.shard(rank, tp)}
+        if pp > 1:
+            self._keep_stage(rank, pp)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.embed(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+    def _keep_stage(self, stage: int, pp: int) -> None:
+        """Keep pipeline stage ``stage`` of ``pp``: its blocks, the embeddings on the first, the
+        final norm and LM head on the last; every parameter kept is this stage's alone."""
+        if len(self.blocks) % pp:
+            raise ValueError(f"layers {len(self.blocks)} is not a multiple of --pp {pp}")
+        per = len(self.blocks) // pp
+        self.blocks = nn.ModuleList(list(self.blocks)[stage * per:(stage + 1) * per])
+        self.first, self.last = stage == 0, stage == pp - 1
+        if not self.first:
+            del self.embed, self.pos
+        if not self.last:
+            del self.norm, self.head
+        self.sharded = {id(p) for p in self.parameters()}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids ``[batch, seq]`` (the first stage) or the previous stage's hidden states
+        ``[batch, seq, dim]`` -> logits (the last stage) or this stage's hidden states."""
+        h = self.embed(x) + self.pos(torch.arange(x.shape[1], device=x.device)) if self.first else x
         for block in self.blocks:
             h = block(h)
-        return self.head(self.norm(h))
+        return self.head(self.norm(h)) if self.last else h
 
 
 def clip_gradients(model: TinyLM, max_norm: float) -> None:
-    """``clip_grad_norm_`` over the whole model: with ``--tp``, the sharded parameters' squared
-    gradient norms summed over the ranks (the replicated ones' are the same on every rank)."""
-    if model.tp == 1:
+    """``clip_grad_norm_`` over the whole model: with ``--tp`` or ``--pp``, the squared gradient
+    norms of the parameters a rank holds alone summed over the ranks (the replicated ones' are the
+    same on every rank)."""
+    if not model.sharded:
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         return
     grads = [(p.grad.detach().float().pow(2).sum(), id(p) in model.sharded)
              for p in model.parameters() if p.grad is not None]
-    sharded = torch.stack([g for g, s in grads if s]).sum()
+    device = next(model.parameters()).device
+    sharded = sum((g for g, s in grads if s), torch.zeros((), device=device))
     dist.all_reduce(sharded)
-    total = (sharded + torch.stack([g for g, s in grads if not s]).sum()).sqrt()
+    total = (sharded + sum((g for g, s in grads if not s), torch.zeros((), device=device))).sqrt()
     torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, total)
 
 
@@ -250,6 +279,99 @@ def train_step(model: TinyLM, opt: torch.optim.Optimizer, batch: torch.Tensor,
     return loss.detach()
 
 
+class _Neighbours:
+    """Send/recv between pipeline stages, as Megatron-LM pairs them (each call posts its sends and
+    receives together and waits for all): activations go to the next stage, their gradients back
+    to the previous one; a stage without that neighbour sends and receives nothing."""
+
+    def __init__(self, model: TinyLM, shape: tuple[int, ...], device: torch.device) -> None:
+        rank = dist.get_rank() if model.pp > 1 else 0
+        self.prev = None if model.first else rank - 1
+        self.next = None if model.last else rank + 1
+        self.shape, self.device = shape, device
+
+    def _exchange(self, send: tuple[torch.Tensor, int | None] | None, recv: int | None) -> torch.Tensor | None:
+        ops, got = [], None
+        if send is not None and send[1] is not None:
+            ops.append(dist.P2POp(dist.isend, send[0].contiguous(), send[1]))
+        if recv is not None:
+            got = torch.empty(self.shape, device=self.device)
+            ops.append(dist.P2POp(dist.irecv, got, recv))
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        return got
+
+    def recv_forward(self) -> torch.Tensor | None:
+        x = self._exchange(None, self.prev)
+        return None if x is None else x.requires_grad_()
+
+    def send_forward(self, y: torch.Tensor) -> None:
+        self._exchange((y, self.next), None)
+
+    def send_forward_recv_backward(self, y: torch.Tensor) -> torch.Tensor | None:
+        return self._exchange((y, self.next), self.next)
+
+    def send_backward_recv_forward(self, g: torch.Tensor | None) -> torch.Tensor | None:
+        x = self._exchange(None if g is None else (g, self.prev), self.prev)
+        return None if x is None else x.requires_grad_()
+
+    def recv_backward(self) -> torch.Tensor | None:
+        return self._exchange(None, self.next)
+
+    def send_backward(self, g: torch.Tensor | None) -> None:
+        self._exchange(None if g is None else (g, self.prev), None)
+
+
+def pipeline_step(model: TinyLM, opt: torch.optim.Optimizer, batch: torch.Tensor, clip: float,
+                  micro_batches: int, autocast: str = "off") -> torch.Tensor:
+    """One optimizer step over ``micro_batches`` micro-batches on this rank's pipeline stage, the
+    1F1B schedule (module docstring, ``--pp``; without ``--pp`` gradient accumulation); returns
+    the (detached) loss of the whole batch, on every stage."""
+    opt.zero_grad(set_to_none=True)
+    m = micro_batches
+    tokens, targets = batch[:, :-1].chunk(m), batch[:, 1:].chunk(m)
+    link = _Neighbours(model, (*tokens[0].shape, model.dim), batch.device)
+    stage, stages = (dist.get_rank(), model.pp) if model.pp > 1 else (0, 1)
+    total = torch.zeros((), device=batch.device)
+    pending: list[tuple[torch.Tensor | None, torch.Tensor]] = []
+
+    def forward(i: int, x: torch.Tensor | None) -> torch.Tensor:
+        nonlocal total
+        with (torch.autocast(batch.device.type, dtype=AUTOCAST_DTYPES[autocast]) if autocast != "off"
+              else contextlib.nullcontext()):
+            y = model(tokens[i] if x is None else x)
+            if model.last:
+                y = F.cross_entropy(y.flatten(0, 1).float(), targets[i].flatten()) / m
+                total = total + y.detach()
+        pending.append((x, y))
+        return y
+
+    def backward(g: torch.Tensor | None) -> torch.Tensor | None:
+        x, y = pending.pop(0)
+        torch.autograd.backward(y, None if model.last else g)
+        return None if x is None else x.grad
+
+    warmup = min(stages - stage - 1, m)
+    for i in range(warmup):
+        link.send_forward(forward(i, link.recv_forward()))
+    x = link.recv_forward() if warmup < m else None
+    for i in range(warmup, m):
+        g = backward(link.send_forward_recv_backward(forward(i, x)))
+        if i == m - 1:
+            link.send_backward(g)
+        else:
+            x = link.send_backward_recv_forward(g)
+    for _ in range(warmup):
+        link.send_backward(backward(link.recv_backward()))
+    if model.pp > 1:
+        dist.all_reduce(total)
+    if clip > 0:
+        clip_gradients(model, clip)
+    opt.step()
+    return total
+
+
 def now(device: torch.device) -> float:
     """``time.perf_counter()`` in seconds after the device finished its queued work."""
     if device.type == "cuda":
@@ -282,28 +404,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--load-ms", type=float, default=0.0, help="CPU time to load one batch (with --workers)")
     p.add_argument("--tp", type=int, default=1,
                    help="tensor-parallel degree: the number of processes torchrun started (WORLD_SIZE)")
+    p.add_argument("--pp", type=int, default=1,
+                   help="pipeline-parallel stages: the number of processes torchrun started (WORLD_SIZE)")
+    p.add_argument("--micro-batches", type=int, default=1,
+                   help="micro-batches per step (1F1B with --pp; gradient accumulation without)")
     p.add_argument("--log", default=None, help="write the JSON log here")
     args = p.parse_args(argv)
     if args.workers is not None and args.workers < 0:
         p.error("--workers must be >= 0")
     if args.load_ms < 0:
         p.error("--load-ms must be >= 0")
-    for name in ("steps", "batch_size", "seq_len", "batches", "layers", "d_model", "heads", "vocab", "tp"):
+    for name in ("steps", "batch_size", "seq_len", "batches", "layers", "d_model", "heads", "vocab", "tp", "pp",
+                 "micro_batches"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.tp > 1 and args.pp > 1:
+        p.error("--tp and --pp are one at a time")
+    if args.batch_size % args.micro_batches:
+        p.error(f"--batch-size {args.batch_size} is not a multiple of --micro-batches {args.micro_batches}")
+    if args.micro_batches > 1 and args.compile:
+        p.error("--micro-batches runs the model eagerly (no --compile)")
     return args
 
 
-def start_tensor_parallel(tp: int, device: torch.device) -> str | None:
-    """Join torchrun's process group for ``--tp`` > 1 (None), or say why it cannot."""
-    if tp == 1:
+def start_ranks(flag: str, ranks: int, device: torch.device) -> str | None:
+    """Join torchrun's process group for ``flag`` (``--tp`` or ``--pp``) of ``ranks`` > 1 (None),
+    or say why it cannot."""
+    if ranks == 1:
         return None
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world != tp:
-        return f"--tp {tp} needs {tp} processes started by torchrun (WORLD_SIZE is {world})"
+    if world != ranks:
+        return f"{flag} {ranks} needs {ranks} processes started by torchrun (WORLD_SIZE is {world})"
     missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
-        return f"--tp {tp} needs torchrun's {', '.join(missing)} in the environment"
+        return f"{flag} {ranks} needs torchrun's {', '.join(missing)} in the environment"
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
@@ -313,20 +447,25 @@ def start_tensor_parallel(tp: int, device: torch.device) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
-    if device.type == "cuda" and args.tp > 1:
+    flag, ranks = ("--pp", args.pp) if args.pp > 1 else ("--tp", args.tp)
+    if device.type == "cuda" and ranks > 1:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     set_threads(args.threads, device)
     if args.heads % args.tp:
         print(f"train: error: heads {args.heads} is not a multiple of --tp {args.tp}", file=sys.stderr)
         return 2
-    problem = start_tensor_parallel(args.tp, device)
+    if args.layers % args.pp:
+        print(f"train: error: layers {args.layers} is not a multiple of --pp {args.pp}", file=sys.stderr)
+        return 2
+    problem = start_ranks(flag, ranks, device)
     if problem:
         print(f"train: error: {problem}", file=sys.stderr)
         return 2
     torch.manual_seed(args.seed)
+    rank = dist.get_rank() if ranks > 1 else 0
     try:
-        model = TinyLM(args.vocab, args.d_model, args.layers, args.heads, args.seq_len, args.tp,
-                       dist.get_rank() if args.tp > 1 else 0).to(device)
+        model = TinyLM(args.vocab, args.d_model, args.layers, args.heads, args.seq_len, args.tp, rank,
+                       args.pp).to(device)
     except ValueError as e:
         print(f"train: error: {e}", file=sys.stderr)
         return 2
@@ -336,7 +475,9 @@ def main(argv: list[str] | None = None) -> int:
     start = t0 = now(device)
     with attention_backend(args.sdpa):
         for i, batch in enumerate(batches(args, device)):
-            loss = train_step(model, opt, batch, args.clip, args.autocast, forward).item()
+            loss = (pipeline_step(model, opt, batch, args.clip, args.micro_batches, args.autocast)
+                    if args.pp > 1 or args.micro_batches > 1
+                    else train_step(model, opt, batch, args.clip, args.autocast, forward)).item()
             t1 = now(device)
             steps.append({"step": i, "loss": loss, "step_ms": (t1 - t0) * 1e3})
             t0 = t1

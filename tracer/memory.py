@@ -16,7 +16,7 @@ columns into ``Trace.memory`` (one row per record, every rank).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
@@ -168,32 +168,42 @@ GPU_BLOCK_BYTES = 512
 """The CUDA caching allocator rounds every block up to a multiple of this."""
 BEFORE_THE_RECORDING = "(allocated before the recording)"
 """The operator of a what-if's record that changes what a device held before its first record."""
+HELD_EARLIER = "(allocated earlier: held from a first micro-batch)"
+"""The operator of a block a what-if allocates earlier than recorded (:class:`BlockScaling` ``moved``)."""
 
 
 @dataclass(frozen=True)
 class BlockScaling:
     """A what-if that keeps each block of some allocations at a multiple of its bytes (``rows``
-    of ``Trace.memory``, allocations only; ``factors`` aligned), and what each device held before
-    its first record at ``before`` × it. Two compose by multiplying (:meth:`then`), so a larger
-    batch on one tensor-parallel rank is both at once.
+    of ``Trace.memory``, allocations only; ``factors`` aligned), what each device held before
+    its first record at ``before`` × it, and some blocks allocated earlier (``moved`` rows,
+    each right before its ``to`` row; made in :data:`HELD_EARLIER`). Two compose by multiplying
+    (:meth:`then`), so a larger batch on one tensor-parallel rank is both at once.
 
     >>> a = BlockScaling(np.array([3, 5]), np.array([2.0, 2.0]))
-    >>> b = BlockScaling(np.array([5, 7]), np.array([0.5, 0.5]), before=0.5)
+    >>> b = BlockScaling(np.array([5, 7]), np.array([0.5, 0.5]), before=0.5, moved=np.array([7]), to=np.array([1]))
     >>> c = a.then(b)
-    >>> c.rows.tolist(), c.factors.tolist(), c.before
-    ([3, 5, 7], [2.0, 1.0, 0.5], 0.5)
+    >>> c.rows.tolist(), c.factors.tolist(), c.before, c.moved.tolist(), c.to.tolist()
+    ([3, 5, 7], [2.0, 1.0, 0.5], 0.5, [7], [1])
     """
 
     rows: np.ndarray
     factors: np.ndarray
     before: float = 1.0
+    moved: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    to: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def then(self, other: BlockScaling) -> BlockScaling:
         rows = np.union1d(self.rows, other.rows)
         factors = np.ones(len(rows))
         for part in (self, other):
             factors[np.searchsorted(rows, part.rows)] *= part.factors
-        return BlockScaling(rows, factors, self.before * other.before)
+        moves = dict(zip(self.moved.tolist(), self.to.tolist()))
+        for row, to in zip(other.moved.tolist(), other.to.tolist()):
+            moves[row] = min(to, moves.get(row, to))
+        moved = np.asarray(sorted(moves), dtype=np.int64)
+        return BlockScaling(rows, factors, self.before * other.before, moved,
+                            np.asarray([moves[r] for r in moved.tolist()], dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -288,22 +298,28 @@ class RecordEditor:
 def scaled_edit(memory: pd.DataFrame, scaling: BlockScaling, what: str) -> RecordEdit:
     """The records of ``scaling`` on ``memory`` (``Trace.memory``): each block of its rows whose
     factor is not 1 allocated at the factor × its bytes (rounded up to :data:`GPU_BLOCK_BYTES` on a
-    GPU) at its place and freed at its free; what each device held before its first record (its
+    GPU) at its place (a moved one's right before its ``to`` row) and freed at its free; what each
+    device held before its first record (its
     first ``Total Allocated`` less the record, when recorded) moved by ``before``, one record
     before the first: every GPU's on a trace with GPU records (the host's is not the model's),
     else every device's."""
     sizes = memory["bytes"].to_numpy()
     gpu = on_gpu(memory)
     editor = RecordEditor(memory)
-    for row, factor in zip(scaling.rows.tolist(), scaling.factors.tolist()):
-        if factor == 1:
+    moves = dict(zip(scaling.moved.tolist(), scaling.to.tolist()))
+    factors = dict(zip(scaling.rows.tolist(), scaling.factors.tolist()))
+    for row in sorted(set(factors) | set(moves)):
+        factor = factors.get(row, 1.0)
+        to = moves.get(row)
+        if factor == 1 and to is None:
             continue
         exact_bytes = float(sizes[row]) * factor
         nbytes = int(np.ceil(exact_bytes / GPU_BLOCK_BYTES) * GPU_BLOCK_BYTES) if gpu[row] else int(round(exact_bytes))
         free = editor.free_of(row)
         editor.drop_block(row)
         if nbytes > 0:
-            editor.add_block(nbytes, (row, True), (free, True) if free is not None else None, None)
+            editor.add_block(nbytes, (row, True) if to is None else (to, False),
+                             (free, True) if free is not None else None, None if to is None else HELD_EARLIER)
     if scaling.before != 1:
         scope = np.flatnonzero(gpu) if gpu.any() else np.arange(len(memory))
         for rows in memory.iloc[scope].groupby(["rank", "device_type", "device_id"], sort=False).indices.values():

@@ -52,6 +52,7 @@ from whatif.core import limits
 from whatif.core.kernels import CollectiveKind, collective_kind
 from whatif.core.work import WorkShare
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
+from whatif.tracer.memory import RecordEdit
 
 from ..base import CostModel, Transform, TransformContext, TransformError
 from ..edit import note, remove, scale, set_duration, set_follows, splice_tasks
@@ -66,10 +67,9 @@ from .comm import (
     insert_tasks,
 )
 from .layers import backward_blocks, backward_mask, find_blocks, gemm_io_bytes, keep_backward_mask
+from .pp_memory import SCHEDULES, pipeline_memory_edit, stage_of
 from .sharding import batch_part_ns, record_split
 from .tensor import prev_on_resource
-
-SCHEDULES = ("1f1b", "gpipe", "serving")
 
 
 def bubble_fraction(stages: int, micro_batches: int) -> float:
@@ -95,11 +95,7 @@ def _staged_blocks(graph: TaskGraph, b: pd.DataFrame, stages: int) -> pd.DataFra
     order = order.assign(layer_in_step=order.groupby(["rank", "step"]).cumcount(),
                          n=order.groupby(["rank", "step"])["block"].transform("size"))
     b = b.merge(order[["rank", "step", "block", "layer_in_step", "n"]], on=["rank", "step", "block"])
-    layer, n = b["layer_in_step"].to_numpy(), b["n"].to_numpy()
-    stage = np.zeros(len(b), dtype=np.int64)
-    for s in range(1, stages):
-        stage[layer >= (n * s) // stages] = s
-    return b.assign(stage=stage)
+    return b.assign(stage=stage_of(b["layer_in_step"].to_numpy(), b["n"].to_numpy(), stages))
 
 
 def stage_plan(graph: TaskGraph, stages: int, stage: int,
@@ -274,6 +270,12 @@ class PipelineParallel(OnTopology, Transform):
 
     def placement(self, placement: Placement, graph: TaskGraph, ctx: TransformContext) -> Placement:
         return placement.spread(pipeline=self.degree)
+
+    def memory_edit(self, graph: TaskGraph) -> RecordEdit | None:
+        """The allocator records of the modeled stage (:func:`~.pp_memory.pipeline_memory_edit`)."""
+        if graph.trace is None:
+            raise TransformError(f"{self.name}: the graph has no trace to read allocator records from")
+        return pipeline_memory_edit(graph.trace, self.degree, self._check(), self.m, self.schedule)
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         return stage_plan(graph, self.degree, self._check())[0]

@@ -1,0 +1,203 @@
+"""What ``pipeline_parallel`` does to memory: stage ``s`` of ``p`` holds its layers' parameters,
+gradients and optimizer state, and the activations of the micro-batches its schedule keeps in
+flight (Narayanan et al. 2021, §2.2: with 1F1B stage ``s`` holds at most ``p − s`` micro-batches'
+activations, GPipe all ``m``; Korthikanti et al. 2022, §4.2.3, for the first stage's ``p``).
+
+Each allocation of the trace's allocator records (``Trace.memory``; a recording without pipeline
+parallelism) keeps its :class:`~whatif.transforms.optimizations.batch_memory.BlockRole` and gets a
+**share**, its bytes on the stage over its recorded bytes. The forward's work ops
+(:mod:`.forward_ops`) each belong to the stage of their transformer block — stage ``s`` holds
+blocks ``[s·n/p, (s+1)·n/p)`` of a step's ``n`` (:func:`stage_of`, as ``pipeline_parallel``
+splits the kernels); the ops before the first block (embeddings) to stage 0, those after the last
+(final norm, LM head, loss) to the last stage:
+
+* **Activations made in the forward** belong to the stage of the op that makes them and to the
+  stage of the work op that takes them (a stage boundary's activation is received into a buffer
+  of its size); each is one micro-batch's, ``1/m`` of the recorded batch, and the stage holds
+  ``f`` micro-batches of them at once: ``min(p − s, m)`` with ``1f1b``, ``m`` with ``gpipe``, 1
+  when ``serving`` (no backward keeps them). Share ``f/m`` on the stages that hold them, 0 elsewhere.
+* **Activations made in the backward** are input gradients (matched to their forward op by
+  ``Sequence number``): they belong to that op's stage and to the stage of the work op that made
+  its input (which receives the gradient), one micro-batch at a time: ``1/m``.
+* **Other activations** (outside the forward's ops and the autograd nodes: the batch as loaded,
+  the loss's scalars) are taken whole.
+* **Parameters, their gradients, optimizer state and everything else made to last**: a block whose
+  bytes are those of a parameter (:func:`~.forward_ops.lasting_shares`) takes the share of the
+  parameters with those bytes that the stage's ops use (1 for each on the stage, 0 for each not;
+  their mean); what was allocated before the recording takes the stage's share of the parameters'
+  elements.
+
+Left out: a stage boundary's residual stream when the block heuristic puts the next layer's norm
+on the previous stage (the norm's output is counted, the residual it reads is not), the send
+buffers of a transport that copies (NCCL and gloo send from the tensor), weights tied across the
+first and last stage (each holds a copy; counted once, half on each), and activations that do not
+scale with the batch (taken to).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from whatif.depgraph.hierarchy import OUTSIDE_STEPS, enclosing, record_steps
+from whatif.tracer.memory import BEFORE_THE_RECORDING, BlockScaling, RecordEdit, on_gpu, scaled_edit
+from whatif.tracer.trace import Trace
+
+from ..base import TransformError
+from ..optimizations.batch_memory import BlockRole, BlockRoles, block_roles
+from .forward_ops import ForwardOps, forward_ops, lasting_shares, parameter_uses
+
+SCHEDULES = ("1f1b", "gpipe", "serving")
+
+
+def stage_of(layer: np.ndarray, blocks: np.ndarray, stages: int) -> np.ndarray:
+    """Per layer (its block's index among the ``blocks`` of its step, -1 before the first): the
+    pipeline stage that holds it, ``s`` for blocks ``[s·n/p, (s+1)·n/p)``.
+
+    >>> stage_of(np.array([-1, 0, 1, 2, 3, 4, 5]), np.array([6] * 7), 4).tolist()
+    [0, 0, 1, 1, 2, 3, 3]
+    """
+    stage = np.zeros(len(layer), dtype=np.int64)
+    for s in range(1, stages):
+        stage[layer >= (blocks * s) // stages] = s
+    return stage
+
+
+def in_flight(schedule: str, stages: int, stage: int, micro_batches: int) -> int:
+    """Micro-batches whose forward activations stage ``stage`` of ``stages`` holds at once.
+
+    >>> [in_flight("1f1b", 4, s, 8) for s in range(4)], in_flight("1f1b", 4, 0, 2), in_flight("gpipe", 4, 0, 8)
+    ([4, 3, 2, 1], 2, 8)
+    """
+    if schedule == "gpipe":
+        return micro_batches
+    if schedule == "serving":
+        return 1
+    return min(stages - stage, micro_batches)
+
+
+@dataclass(frozen=True)
+class PipelineShares:
+    """Each allocation's bytes on pipeline stage ``stage`` over its recorded bytes (``scale``,
+    aligned with ``roles.rows``) and the share of what was allocated before the recording
+    (``before``); ``in_flight``: the micro-batches whose activations the stage holds at once;
+    ``moved``: the gradients allocated earlier, each right before its ``to`` row (a step's first
+    forward allocation)."""
+
+    degree: int
+    stage: int
+    micro_batches: int
+    schedule: str
+    in_flight: int
+    roles: BlockRoles
+    scale: np.ndarray
+    before: float
+    moved: np.ndarray
+    to: np.ndarray
+
+
+def _owned(stages: np.ndarray, *at: np.ndarray, stage: int) -> np.ndarray:
+    """Whether ``stage`` is among the stages of positions ``at`` (-1: none there)."""
+    out = np.zeros(len(at[0]), dtype=bool)
+    for pos in at:
+        out |= (pos >= 0) & (stages[np.maximum(pos, 0)] == stage)
+    return out
+
+
+def pipeline_shares(trace: Trace, degree: int, stage: int, micro_batches: int, schedule: str = "1f1b",
+                    roles: BlockRoles | None = None, ops: ForwardOps | None = None) -> PipelineShares:
+    """Each allocation's share on stage ``stage`` of ``degree`` with ``micro_batches`` micro-batches
+    under ``schedule`` (module docstring).
+
+    Raises
+    ------
+    TransformError : as :func:`~whatif.transforms.optimizations.batch_memory.block_roles`; an unknown
+        schedule or stage; the trace's forward has no transformer block, or fewer in a step than stages.
+    """
+    if schedule not in SCHEDULES:
+        raise TransformError(f"pipeline_parallel: schedule must be one of {', '.join(SCHEDULES)} (got {schedule!r})")
+    if not 0 <= stage < degree or micro_batches < 1:
+        raise TransformError(f"pipeline_parallel: stage {stage} of {degree} with {micro_batches} micro-batches")
+    roles = block_roles(trace, "pipeline_parallel") if roles is None else roles
+    ops = forward_ops(trace) if ops is None else ops
+    if not (ops.role >= 0).any():
+        raise TransformError(f"pipeline_parallel: found no transformer block (attention followed by a GEMM) in the "
+                             f"forward ops of {trace.source}; its memory cannot be split into stages")
+    fewest = int(ops.blocks[ops.blocks > 0].min())
+    if degree > fewest:
+        raise TransformError(f"pipeline_parallel: {degree} stages for {fewest} blocks per step in the forward ops of "
+                             f"{trace.source} would leave a stage empty")
+    stages = np.where(ops.work >= 0, stage_of(ops.block, ops.blocks, degree), -1)
+    f = in_flight(schedule, degree, stage, micro_batches)
+    mem = trace.memory
+    allocs = roles.rows
+    pos = enclosing(ops.hierarchy, trace.events, mem.iloc[allocs])
+    at = np.maximum(pos, 0)
+    made_by = np.where(pos >= 0, ops.made_by[at], -1)
+    in_forward = (pos >= 0) & (ops.work[at] >= 0) & (made_by < 0)
+    backward = made_by >= 0
+    by = np.maximum(made_by, 0)
+    forward_owned = _owned(stages, np.where(in_forward, at, -1), np.where(in_forward, ops.consumer(at), -1),
+                           stage=stage)
+    backward_owned = _owned(stages, np.where(backward, by, -1), np.where(backward, ops.producer(by), -1), stage=stage)
+    activation_scale = np.where(in_forward, np.where(forward_owned, f / micro_batches, 0.0),
+                                np.where(backward, np.where(backward_owned, 1 / micro_batches, 0.0), 1.0))
+    activation = roles.codes == list(BlockRole).index(BlockRole.ACTIVATION)
+    uses = parameter_uses(trace, ops)
+    lasting = lasting_shares(uses, (stages[uses.pos] == stage).astype(float))
+    scale = np.where(activation, activation_scale, lasting.of(mem["bytes"].to_numpy()[allocs], on_gpu(mem)[allocs]))
+    moved = np.zeros(0, dtype=np.int64)
+    to = np.zeros(0, dtype=np.int64)
+    if schedule == "1f1b" and micro_batches > f:
+        moved, to = _gradients_earlier(trace, roles, (pos >= 0) & ops.forward[at], scale > 0)
+    return PipelineShares(degree, stage, micro_batches, schedule, f, roles, scale, lasting.before, moved, to)
+
+
+def _gradients_earlier(trace: Trace, roles: BlockRoles, in_forward: np.ndarray,
+                       kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The gradients (``BlockRole.GRADIENT`` allocations of ``kept``) and, for each, the step's
+    first allocation made in a forward op on its device (``in_forward``: per allocation of
+    ``roles.rows``): with 1F1B a stage's first backward makes them while later micro-batches'
+    forwards are still to come."""
+    mem = trace.memory
+    allocs = roles.rows
+    steps = record_steps(trace.events, mem.iloc[allocs])
+    frame = pd.DataFrame({"row": allocs, "ts": mem["ts_ns"].to_numpy()[allocs], "step": steps,
+                          "rank": mem["rank"].to_numpy()[allocs], "type": mem["device_type"].to_numpy()[allocs],
+                          "device": mem["device_id"].to_numpy()[allocs]})
+    keys = ["rank", "type", "device", "step"]
+    first = frame[in_forward & (steps != OUTSIDE_STEPS)].sort_values(["ts", "row"]).drop_duplicates(keys)
+    grads = frame[(roles.codes == list(BlockRole).index(BlockRole.GRADIENT)) & kept]
+    anchored = grads.merge(first[[*keys, "row"]], on=keys, suffixes=("", "_to"))
+    anchored = anchored[anchored["row_to"] < anchored["row"]]
+    return anchored["row"].to_numpy(np.int64), anchored["row_to"].to_numpy(np.int64)
+
+
+def pipeline_memory_edit(trace: Trace, degree: int, stage: int, micro_batches: int,
+                         schedule: str = "1f1b") -> RecordEdit:
+    """The allocator records of pipeline stage ``stage`` of ``degree``: each allocation at its share
+    of its bytes (:func:`pipeline_shares`), at its place, freed at its free; on each device, what
+    was allocated before the recording at the stage's share of the parameters, from the first
+    record on (:func:`~whatif.tracer.memory.scaled_edit`).
+
+    Raises
+    ------
+    TransformError : as :func:`pipeline_shares`.
+    """
+    shares = pipeline_shares(trace, degree, stage, micro_batches, schedule)
+    sizes = trace.memory["bytes"].to_numpy()
+    rows = shares.roles.rows
+    activation = shares.roles.codes == list(BlockRole).index(BlockRole.ACTIVATION)
+    less = sizes[rows] * (1 - shares.scale)
+    what = (f"pipeline_parallel(degree={degree}, stage={stage}, micro_batches={micro_batches}, schedule={schedule}): "
+            f"{shares.in_flight} of {micro_batches} micro-batches' activations held at once; "
+            f"{less[activation].sum() / 2**20:,.1f} MiB fewer activation bytes allocated, "
+            f"{less[~activation].sum() / 2**20:,.1f} MiB fewer parameter, gradient and optimizer-state bytes "
+            f"(the other stages' layers)")
+    order = np.argsort(rows)
+    edit = scaled_edit(trace.memory, BlockScaling(rows[order], shares.scale[order], shares.before, shares.moved,
+                                                  shares.to), what)
+    if (edit.added["op"] == BEFORE_THE_RECORDING).any():
+        what += f"; what was allocated before the recording, taken as parameters, at {shares.before:.1%} of its bytes"
+    return replace(edit, what=what)
