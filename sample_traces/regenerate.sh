@@ -28,5 +28,7 @@ TP_ARGS="--device cpu --steps 3 --batch-size 4 --seq-len 256 --d-model 256 --hea
   examples/train.py -- $TP_ARGS
 "$PY" -m torch.distributed.run --nproc-per-node 2 -m whatif.cli record -f -o sample_traces/tp_memory/tp2 --no-summary \
   --memory --record-shapes examples/train.py -- $TP_ARGS --tp 2
+"$PY" -m torch.distributed.run --nproc-per-node 2 -m whatif.cli record -f -o sample_traces/tp_memory/pp2 --no-summary \
+  --memory --record-shapes examples/train.py -- $TP_ARGS --pp 2 --micro-batches 2
 
 du -sh sample_traces/llm_serve sample_traces/dit_serve sample_traces/sdpa_memory sample_traces/tp_memory

@@ -372,6 +372,51 @@ def test_train_tensor_parallel_ranks_train_the_same_model(tmp_path: Path) -> Non
     assert lone.stderr.strip() == "train: error: --tp 2 needs 2 processes started by torchrun (WORLD_SIZE is 1)"
 
 
+@pytest.mark.slow
+def test_train_pipeline_stages_train_the_same_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--pp 2 --micro-batches 4`` as torchrun starts it: two gloo ranks, each holding its stage's
+    blocks of the same seeded model (the first also the embeddings, the last the LM head), train
+    it with 1F1B as one process does (the same losses, clipping over both stages included), and
+    so does gradient accumulation over the micro-batches in one process; bad splits are one line."""
+    import os
+    import socket
+
+    train = load("train")
+    first, last = train.TinyLM(64, 32, 4, 4, 16, pp=2, rank=0), train.TinyLM(64, 32, 4, 4, 16, pp=2, rank=1)
+    assert (len(first.blocks), len(last.blocks)) == (2, 2)
+    assert hasattr(first, "embed") and not hasattr(first, "head") and hasattr(last, "head") and not hasattr(last, "pos")
+    one = train.TinyLM(64, 32, 4, 4, 16)
+    assert sum(p.numel() for p in first.parameters()) + sum(p.numel() for p in last.parameters()) == \
+        sum(p.numel() for p in one.parameters())
+    args = [*TINY_TRAIN, "--heads", "4", "--layers", "4", "--batch-size", "4", "--clip", "0.5"]
+    alone, accumulated = tmp_path / "alone.json", tmp_path / "accumulated.json"
+    assert train.main([*args, "--log", str(alone)]) == 0
+    assert train.main([*args, "--micro-batches", "4", "--log", str(accumulated)]) == 0
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    logs = [tmp_path / f"stage{r}.json" for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(EXAMPLES / "train.py"), *args, "--pp", "2", "--micro-batches", "4",
+                               "--log", str(logs[r])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+             for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    losses = [[s["loss"] for s in json.loads(log.read_text())["steps"]] for log in (alone, accumulated, *logs)]
+    assert losses[2] == losses[3] and len(losses[0]) == 3 and losses[0][-1] != losses[0][0]
+    for other in losses[1:]:
+        assert other == pytest.approx(losses[0], rel=1e-5)
+    for bad, message in ((["--pp", "2", "--tp", "2"], "--tp and --pp are one at a time"),
+                         (["--micro-batches", "3"], "is not a multiple of --micro-batches 3")):
+        with pytest.raises(SystemExit):
+            train.parse_args([*args, *bad])
+        assert message in capsys.readouterr().err
+    lone = subprocess.run([sys.executable, str(EXAMPLES / "train.py"), *args, "--layers", "3", "--pp", "2"],
+                          capture_output=True, text=True, timeout=120)
+    assert lone.returncode == 2 and lone.stderr.strip() == "train: error: layers 3 is not a multiple of --pp 2"
+
+
 def test_every_example_takes_an_attention_backend() -> None:
     for name in ("train", "llm_serve", "dit_serve"):
         module = load(name)

@@ -237,7 +237,7 @@ def test_batch_axis_memory_comes_from_the_allocator_records(tmp_path):
         ("allocator records", peaks.peak_bytes(b), True) for b in (1, 2, 8)]
     one, two, eight = (r.memory_per_gpu_bytes for r in doc.plans)
     assert one == 5752 < two < eight
-    assert doc.memory_model.startswith("plans with pp = sp = 1 and tp 1: the peak of the recorded allocator")
+    assert doc.memory_model.startswith("plans with sp = 1, tp 1 and pp 1: the peak of the recorded allocator")
 
 
 def test_a_batch_over_the_gpu_is_a_row_that_does_not_fit(shared_traces):

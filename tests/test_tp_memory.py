@@ -132,7 +132,7 @@ def test_on_a_gpu_trace_the_sweep_reads_one_ranks_records(shared_traces: Path) -
     roles = block_roles(trace)
     shares = tensor_parallel_shares(trace, 2, roles=roles)
     assert 0.5 < shares.before < 1
-    peaks = batch_peaks(trace, roles, shares.scale, shares.before)
+    peaks = batch_peaks(trace, roles, shares.scaling())
     edited = memory(trace, edits=[tensor_parallel_memory_edit(trace, 2)]).devices[0]
     assert 0 <= edited.peak_allocated_bytes - peaks.peak_bytes(1.0) <= 512 * len(shares.sharded()) + 512
     recorded = memory(trace).devices[0].peak_allocated_bytes
@@ -170,7 +170,7 @@ def test_on_a_gpu_trace_batch_and_tensor_parallel_compose_as_the_sweep_does(shar
     shares = tensor_parallel_shares(trace, 2, roles=roles)
     edits, _ = memory_edits(build_graph(trace), [Batch(factor=8), TensorParallel(degree=2)])
     predicted = memory(trace, edits=edits).devices[0].peak_allocated_bytes
-    expected = batch_peaks(trace, roles, shares.scale, shares.before).peak_bytes(8.0)
+    expected = batch_peaks(trace, roles, shares.scaling()).peak_bytes(8.0)
     assert 0 <= predicted - expected <= 512 * len(roles.rows)
     assert abs(predicted / expected - 1) < 1e-3
 

@@ -38,6 +38,7 @@ memory is not predicted (``whatif memory``), and neither is fragmentation.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -372,10 +373,16 @@ class BatchPeaks:
     """Each GPU's allocated bytes after each of its records as recorded (``allocated``) and the
     activation bytes live then (``live``, :func:`block_roles`): at ``k`` × the batch the allocated
     bytes after a record are ``allocated + (k − 1) · live`` (block rounding left out: under 512 bytes
-    a block)."""
+    a block). Several timelines (a pipeline's stages) are one :class:`BatchPeaks` by :meth:`of_all`."""
 
     allocated: tuple[np.ndarray, ...]
     live: tuple[np.ndarray, ...]
+
+    @classmethod
+    def of_all(cls, parts: Sequence[BatchPeaks]) -> BatchPeaks:
+        """The timelines of ``parts`` side by side: the peak is the highest of any, the largest
+        batch the least of any."""
+        return cls(tuple(a for p in parts for a in p.allocated), tuple(v for p in parts for v in p.live))
 
     def peak_bytes(self, factor: float) -> int:
         """The highest allocated bytes of any GPU at ``factor`` × the batch (0 without records)."""
@@ -394,18 +401,21 @@ class BatchPeaks:
         return max(best, 0.0)
 
 
-def batch_peaks(trace: Trace, roles: BlockRoles, shares: np.ndarray | None = None,
-                before: float = 1.0) -> BatchPeaks | None:
-    """The :class:`BatchPeaks` of ``trace``'s GPUs (None without GPU records). With ``shares``
-    (per allocation of ``roles.rows``: the share of its bytes kept, e.g. on one rank of a parallel
-    plan) and ``before`` (the share kept of what was allocated before the recording), of the
-    records so scaled (block rounding left out)."""
+def batch_peaks(trace: Trace, roles: BlockRoles, scaling: BlockScaling | None = None) -> BatchPeaks | None:
+    """The :class:`BatchPeaks` of ``trace``'s GPUs (None without GPU records). With ``scaling``
+    (a share of each allocation's bytes kept, e.g. on one rank of a parallel plan, what was
+    allocated before the recording at ``before`` × it, and blocks allocated earlier), of the
+    records so edited (block rounding left out)."""
     mem = trace.memory
     gpu = on_gpu(mem)
     if not gpu.any():
         return None
     sizes = mem["bytes"].to_numpy()
-    kept = np.ones(len(roles.rows)) if shares is None else np.asarray(shares, dtype=float)
+    kept = np.ones(len(roles.rows))
+    before = 1.0
+    if scaling is not None:
+        kept[np.searchsorted(roles.rows, scaling.rows)] = scaling.factors
+        before = scaling.before
     active = roles.codes == list(BlockRole).index(BlockRole.ACTIVATION)
     freed = roles.frees >= 0
     delta = np.zeros(len(mem))
@@ -414,6 +424,14 @@ def batch_peaks(trace: Trace, roles: BlockRoles, shares: np.ndarray | None = Non
     less = np.zeros(len(mem))
     less[roles.rows] += sizes[roles.rows] * (1 - kept)
     np.subtract.at(less, roles.frees[freed], sizes[roles.rows[freed]] * (1 - kept[freed]))
+    if scaling is not None and len(scaling.moved):
+        at = np.searchsorted(roles.rows, scaling.moved)
+        held = sizes[scaling.moved] * kept[at]
+        grows = active[at]
+        np.add.at(delta, scaling.to[grows], held[grows])
+        np.subtract.at(delta, scaling.moved[grows], held[grows])
+        np.subtract.at(less, scaling.to[~grows], held[~grows])
+        np.add.at(less, scaling.moved[~grows], held[~grows])
     allocated, live = [], []
     for rows in mem[gpu].groupby(["rank", "device_type", "device_id"], sort=False).indices.values():
         at = np.flatnonzero(gpu)[np.asarray(rows)]

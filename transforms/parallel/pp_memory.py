@@ -15,12 +15,13 @@ splits the kernels); the ops before the first block (embeddings) to stage 0, tho
   stage of the work op that takes them (a stage boundary's activation is received into a buffer
   of its size); each is one micro-batch's, ``1/m`` of the recorded batch, and the stage holds
   ``f`` micro-batches of them at once: ``min(p − s, m)`` with ``1f1b``, ``m`` with ``gpipe``, 1
-  when ``serving`` (no backward keeps them). Share ``f/m`` on the stages that hold them, 0 elsewhere.
+  when ``serving`` (no backward keeps them). Share ``f/m`` on the stages that hold them, 0 elsewhere;
+  one held past its step's end (a KV cache: every micro-batch's sequences keep theirs) ``1``.
 * **Activations made in the backward** are input gradients (matched to their forward op by
   ``Sequence number``): they belong to that op's stage and to the stage of the work op that made
   its input (which receives the gradient), one micro-batch at a time: ``1/m``.
-* **Other activations** (outside the forward's ops and the autograd nodes: the batch as loaded,
-  the loss's scalars) are taken whole.
+* **Other activations** (outside the forward's work ops and the autograd nodes of their ops: the
+  batch as loaded, the loss's scalars) are taken whole.
 * **Parameters, their gradients, optimizer state and everything else made to last**: a block whose
   bytes are those of a parameter (:func:`~.forward_ops.lasting_shares`) takes the share of the
   parameters with those bytes that the stage's ops use (1 for each on the stage, 0 for each not;
@@ -96,6 +97,11 @@ class PipelineShares:
     moved: np.ndarray
     to: np.ndarray
 
+    def scaling(self) -> BlockScaling:
+        """The shares and moves as a :class:`~whatif.tracer.memory.BlockScaling` (what
+        ``scaled_edit`` and ``batch_peaks`` take)."""
+        return BlockScaling(self.roles.rows, self.scale, self.before, self.moved, self.to)
+
 
 def _owned(stages: np.ndarray, *at: np.ndarray, stage: int) -> np.ndarray:
     """Whether ``stage`` is among the stages of positions ``at`` (-1: none there)."""
@@ -136,12 +142,15 @@ def pipeline_shares(trace: Trace, degree: int, stage: int, micro_batches: int, s
     at = np.maximum(pos, 0)
     made_by = np.where(pos >= 0, ops.made_by[at], -1)
     in_forward = (pos >= 0) & (ops.work[at] >= 0) & (made_by < 0)
-    backward = made_by >= 0
     by = np.maximum(made_by, 0)
+    backward = (made_by >= 0) & (ops.work[by] >= 0)
     forward_owned = _owned(stages, np.where(in_forward, at, -1), np.where(in_forward, ops.consumer(at), -1),
                            stage=stage)
     backward_owned = _owned(stages, np.where(backward, by, -1), np.where(backward, ops.producer(by), -1), stage=stage)
-    activation_scale = np.where(in_forward, np.where(forward_owned, f / micro_batches, 0.0),
+    steps = record_steps(trace.events, mem)
+    kept = (roles.frees < 0) | (steps[np.maximum(roles.frees, 0)] != steps[allocs])
+    held = np.where(kept, 1.0, f / micro_batches)
+    activation_scale = np.where(in_forward, np.where(forward_owned, held, 0.0),
                                 np.where(backward, np.where(backward_owned, 1 / micro_batches, 0.0), 1.0))
     activation = roles.codes == list(BlockRole).index(BlockRole.ACTIVATION)
     uses = parameter_uses(trace, ops)
@@ -195,9 +204,7 @@ def pipeline_memory_edit(trace: Trace, degree: int, stage: int, micro_batches: i
             f"{less[activation].sum() / 2**20:,.1f} MiB fewer activation bytes allocated, "
             f"{less[~activation].sum() / 2**20:,.1f} MiB fewer parameter, gradient and optimizer-state bytes "
             f"(the other stages' layers)")
-    order = np.argsort(rows)
-    edit = scaled_edit(trace.memory, BlockScaling(rows[order], shares.scale[order], shares.before, shares.moved,
-                                                  shares.to), what)
+    edit = scaled_edit(trace.memory, shares.scaling(), what)
     if (edit.added["op"] == BEFORE_THE_RECORDING).any():
         what += f"; what was allocated before the recording, taken as parameters, at {shares.before:.1%} of its bytes"
     return replace(edit, what=what)

@@ -75,6 +75,11 @@ class TensorParallelShares:
         """Positions (into ``roles.rows``) of the allocations a rank holds less of."""
         return np.flatnonzero(self.scale < 1)
 
+    def scaling(self) -> BlockScaling:
+        """The shares as a :class:`~whatif.tracer.memory.BlockScaling` (what ``scaled_edit`` and
+        ``batch_peaks`` take)."""
+        return BlockScaling(self.roles.rows, self.scale, self.before)
+
 
 @dataclass(frozen=True)
 class ForwardShares:
@@ -158,8 +163,7 @@ def tensor_parallel_memory_edit(trace: Trace, degree: int, sequence_parallel: bo
             f"{len(shares.sharded()):,} blocks held at less than their bytes on one rank: "
             f"{less[activation].sum() / 2**20:,.1f} MiB fewer activation bytes allocated, "
             f"{less[~activation].sum() / 2**20:,.1f} MiB fewer parameter, gradient and optimizer-state bytes")
-    order = np.argsort(rows)
-    edit = scaled_edit(trace.memory, BlockScaling(rows[order], shares.scale[order], shares.before), what)
+    edit = scaled_edit(trace.memory, shares.scaling(), what)
     if (edit.added["op"] == BEFORE_THE_RECORDING).any():
         what += f"; what was allocated before the recording, taken as parameters, at {shares.before:.1%} of its bytes"
     return replace(edit, what=what)

@@ -13,8 +13,9 @@ plan's step time is ``whatif predict -s plan.toml``'s mean step. Each rank of th
 Per plan: the predicted mean step (the latency), the throughput ``dp x batch x samples per step /
 step`` (samples when the samples one step of the traced job processes are given, else traced
 batches), the bytes per GPU (on a trace with GPU allocator records and shapes, plans with
-pp = sp = 1: the peak of the recorded timeline at the plan's batch and one tensor-parallel rank's
-share of each block, ``batch_memory.py`` and ``tp_memory.py``; other plans: the memory model of
+sp = 1: the peak of the recorded timeline at the plan's batch, one tensor-parallel rank's share of
+each block and, pipelined, the fullest stage's (``batch_memory.py``, ``tp_memory.py``,
+``pp_memory.py``); other plans: the memory model of
 ``transforms/parallel/memory.py``, weights ``W/(tp·pp)`` and the workspace; a plan over the
 device's memory is not replayed), and the
 Pareto front of the plans that ran: a plan is on it when no other plan is at least as good on GPUs
@@ -66,11 +67,14 @@ from whatif.predictors.cost_models import CostModelName
 from whatif.predictors.replay import replay
 from whatif.predictors.steps import COUNT_DEFAULT, StepOptions
 from whatif.summary import mean_counted_step_ns
-from whatif.tracer.memory import on_gpu
+from whatif.tracer.memory import BlockScaling, on_gpu
 from whatif.transforms.base import TransformContext, TransformError
 from whatif.transforms.optimizations.batch_memory import BatchPeaks, batch_peaks, block_roles
+from whatif.transforms.parallel.forward_ops import forward_ops
 from whatif.transforms.parallel.layers import backward_mask
 from whatif.transforms.parallel.memory import WORKSPACE_FRACTION, ModelShape, model_shape, plan_memory
+from whatif.transforms.parallel.pipeline import PipelineParallel
+from whatif.transforms.parallel.pp_memory import pipeline_shares
 from whatif.transforms.parallel.tp_memory import tensor_parallel_shares
 from whatif.transforms.scenario import Scenario, ScenarioError, ScenarioStepError, scenario_from_dict
 
@@ -296,7 +300,7 @@ class PlanBase:
     cost_model: str
     shape: ModelShape | None
     memory_note: str
-    recorded: dict[int, BatchPeaks] = field(default_factory=dict)
+    recorded: dict[RecordedKey, BatchPeaks] = field(default_factory=dict)
 
 
 Prefix = tuple[tuple[tuple[str, object], ...], ...]
@@ -368,13 +372,14 @@ def evaluate(worker: PlanWorker, plan: Plan) -> PlanOutcome:
     fits: bool | None = None
     source = MemorySource.NONE
     capacity = _capacity_bytes(plan, worker.ctx.device)
-    recorded = base.recorded.get(plan.tp) if plan.pp == plan.sp == 1 else None
+    recorded = base.recorded.get(_recorded_key(plan)) if plan.sp == 1 else None
     if recorded is not None:
         memory, source = recorded.peak_bytes(plan.batch), MemorySource.RECORDS
         if capacity is not None:
             fits = memory <= capacity
             if not fits:
-                rank = f" on one rank of tensor parallelism {plan.tp}" if plan.tp > 1 else ""
+                rank = " on".join(([f" one rank of tensor parallelism {plan.tp}"] if plan.tp > 1 else []) +
+                                  ([f" the fullest of {plan.pp} pipeline stages"] if plan.pp > 1 else []))
                 return PlanOutcome(PlanStatus.NO_FIT, None, memory, False,
                                    f"the recorded allocator timeline at {plan.batch:g}x the batch{rank} peaks at "
                                    f"{memory / 2**30:,.2f} GiB, over the GPU's {capacity / 2**30:,.0f} GiB", source)
@@ -429,9 +434,21 @@ def _shape(analysis: Analysis, ctx: TransformContext) -> tuple[ModelShape | None
                    f"optimizer state not counted")
 
 
-def _recorded(analysis: Analysis, degrees: Sequence[int]) -> tuple[dict[int, BatchPeaks], str]:
-    """The recorded GPU memory at any batch per tensor-parallel degree in ``degrees`` (one rank's),
-    and a line saying what it counts (or why it is not used)."""
+RecordedKey = tuple[int, int, int]
+"""A plan's (tensor-parallel degree, pipeline stages, micro-batches: 0 without pipelining)."""
+
+
+def _recorded_key(plan: Plan) -> RecordedKey:
+    if plan.pp == 1:
+        return plan.tp, 1, 0
+    schedule = "1f1b" if plan.mode is Mode.TRAINING else "serving"
+    return plan.tp, plan.pp, PipelineParallel(degree=plan.pp, micro_batches=plan.micro_batches, schedule=schedule).m
+
+
+def _recorded(analysis: Analysis, plans: Sequence[Plan]) -> tuple[dict[RecordedKey, BatchPeaks], str]:
+    """The recorded GPU memory at any batch per (tp, pp, micro-batches) of ``plans`` with sp = 1
+    (one tensor-parallel rank's; of a pipeline, its fullest stage's), and a line saying what it
+    counts (or why it is not used)."""
     trace = analysis.trace
     if not on_gpu(trace.memory).any():
         return {}, ""
@@ -439,24 +456,40 @@ def _recorded(analysis: Analysis, degrees: Sequence[int]) -> tuple[dict[int, Bat
         roles = block_roles(trace)
     except TransformError as exc:
         return {}, f"the allocator records are not used: {exc}"
-    out: dict[int, BatchPeaks] = {}
-    refused = ""
-    for tp in sorted(set(degrees)):
+    ops = forward_ops(trace)
+    schedule = "1f1b" if plans and plans[0].mode is Mode.TRAINING else "serving"
+    tensor: dict[int, BlockScaling | None] = {}
+    refused: dict[str, str] = {}
+    out: dict[RecordedKey, BatchPeaks] = {}
+    for key in sorted({_recorded_key(p) for p in plans if p.sp == 1}):
+        tp, pp, m = key
         try:
-            shares = tensor_parallel_shares(trace, tp, roles=roles) if tp > 1 else None
+            if tp not in tensor:
+                tensor[tp] = tensor_parallel_shares(trace, tp, roles=roles, ops=ops).scaling() if tp > 1 else None
         except TransformError as exc:
-            refused = f"; tp > 1 plans keep the model: {exc}"
+            refused.setdefault("tp > 1", str(exc))
             continue
-        peaks = batch_peaks(trace, roles, None if shares is None else shares.scale,
-                            1.0 if shares is None else shares.before)
-        if peaks is not None:
-            out[tp] = peaks
+        rank = tensor[tp]
+        try:
+            stages = [pipeline_shares(trace, pp, s, m, schedule, roles, ops).scaling() for s in range(pp)] \
+                if pp > 1 else [None]
+        except TransformError as exc:
+            refused.setdefault("pp > 1", str(exc))
+            continue
+        peaks = [batch_peaks(trace, roles, stage if rank is None else rank if stage is None else rank.then(stage))
+                 for stage in stages]
+        if all(p is not None for p in peaks):
+            out[key] = BatchPeaks.of_all([p for p in peaks if p is not None])
+    why = "".join(f"; {k} plans keep the model: {v}" for k, v in sorted(refused.items()))
     if not out:
-        return out, f"the allocator records are not used{refused}"
-    which = ", ".join(str(tp) for tp in out)
-    return out, (f"plans with pp = sp = 1 and tp {which}: the peak of the recorded allocator timeline with the "
-                 f"activations at the plan's batch and, for tp > 1, one rank's share of each block (batch's and "
-                 f"tensor_parallel's memory models, docs/memory.md; DDP's gradient buckets not counted){refused}")
+        return out, f"the allocator records are not used{why}"
+    tps = ", ".join(str(tp) for tp in sorted({k[0] for k in out}))
+    pps = ", ".join(str(pp) for pp in sorted({k[1] for k in out}))
+    return out, (f"plans with sp = 1, tp {tps} and pp {pps}: the peak of the recorded allocator timeline with the "
+                 f"activations at the plan's batch and, for tp > 1, one rank's share of each block, for pp > 1 the "
+                 f"fullest stage's (its layers, the micro-batches its schedule keeps in flight) (batch's, "
+                 f"tensor_parallel's and pipeline_parallel's memory models, docs/memory.md; DDP's gradient buckets "
+                 f"not counted){why}")
 
 
 def plan_rows(plans: Sequence[Plan], outcomes: Sequence[PlanOutcome], ranks: int,
@@ -494,7 +527,7 @@ def sweep_plans(path_or_analysis: str | Path | Analysis, grid: PlanGrid, executi
     mode = grid.mode or _trace_mode(analysis)
     plans = expand(grid, ctx.device, mode)
     shape, note = _shape(analysis, ctx)
-    recorded, recorded_note = _recorded(analysis, grid.tp)
+    recorded, recorded_note = _recorded(analysis, plans)
     note = f"{recorded_note}; other plans: {note}" if recorded else \
         "; ".join(n for n in (note, recorded_note) if n)
     base = PlanBase(analysis=analysis, cost_model=str(cost_model), shape=shape, memory_note=note, recorded=recorded)
