@@ -422,8 +422,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--tp and --pp are one at a time")
     if args.batch_size % args.micro_batches:
         p.error(f"--batch-size {args.batch_size} is not a multiple of --micro-batches {args.micro_batches}")
-    if args.micro_batches > 1 and args.compile:
-        p.error("--micro-batches runs the model eagerly (no --compile)")
+    if (args.micro_batches > 1 or args.pp > 1) and args.compile:
+        p.error("--micro-batches and --pp run the model eagerly (no --compile)")
     return args
 
 

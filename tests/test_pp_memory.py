@@ -177,3 +177,33 @@ def test_the_sweep_reads_the_fullest_stage_from_the_records(shared_traces: Path)
         assert rows[(2, 2, batch)].memory_per_gpu_bytes < rows[(1, 2, batch)].memory_per_gpu_bytes \
             < rows[(1, 1, batch)].memory_per_gpu_bytes
     assert "pp 1, 2" in doc.memory_model and "fullest stage" in doc.memory_model
+
+
+def test_the_sweep_s_closed_form_moves_blocks_as_the_edit_does(tp1: Trace) -> None:
+    """``batch_peaks`` (the sweep's closed form) reads a stage's scaling, gradients moved earlier
+    included, as ``scaled_edit`` does: on the sample relabelled as a GPU's records the two peaks
+    agree within the caching allocator's rounding; without the moves the peak is lower."""
+    from dataclasses import replace
+
+    from whatif.tracer.memory import DeviceType
+
+    gpu = replace(tp1, memory=tp1.memory.assign(device_type=int(DeviceType.CUDA)))
+    roles = block_roles(gpu)
+    shares = pipeline_shares(gpu, 2, 1, 2, roles=roles)
+    scaling = shares.scaling()
+    closed = batch_peaks(gpu, roles, scaling)
+    edited = memory(gpu, edits=[scaled_edit(gpu.memory, scaling, "stage 1")]).devices[0].peak_allocated_bytes
+    assert closed is not None and 0 <= edited - closed.peak_bytes(1.0) <= 512 * len(roles.rows)
+    unmoved = batch_peaks(gpu, roles, BlockScaling(scaling.rows, scaling.factors, scaling.before))
+    assert unmoved is not None and unmoved.peak_bytes(1.0) < closed.peak_bytes(1.0)
+    with pytest.raises(ValueError, match="not allocations of these block roles"):
+        batch_peaks(gpu, roles, BlockScaling(np.array([-5]), np.array([2.0])))
+
+
+def test_a_pipelined_plan_over_the_gpu_says_which_stage(shared_traces: Path) -> None:
+    trace = load_trace(shared_traces / QWEN)
+    doc = sweep_plans(trace.source, PlanGrid(pp=(2,), tp=(2,), batch_factor=(2000,)), Execution(jobs=1))
+    (row,) = doc.plans
+    assert row.status == "does not fit"
+    assert row.reason.startswith("the recorded allocator timeline at 2000x the batch on one rank of tensor "
+                                 "parallelism 2 on the fullest of 2 pipeline stages peaks at ")

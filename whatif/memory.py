@@ -320,8 +320,8 @@ def memory_edits(graph: TaskGraph, transforms: Sequence[Transform]) -> tuple[lis
     for the reader (:meth:`~whatif.transforms.base.Transform.memory_edit`; a transform that does
     not model memory leaves its records as recorded and says so). Each transform's edit is read
     on ``graph`` as recorded, not on what the ones before it made; edits that scale blocks
-    (:class:`~whatif.tracer.memory.BlockScaling`: ``batch``, ``tensor_parallel``, ``pipeline_parallel``) compose into one,
-    each block at the product of their factors.
+    (:class:`~whatif.tracer.memory.BlockScaling`: ``batch``, ``tensor_parallel``,
+    ``pipeline_parallel``) compose into one, each block at the product of their factors.
 
     Raises
     ------

@@ -414,7 +414,10 @@ def batch_peaks(trace: Trace, roles: BlockRoles, scaling: BlockScaling | None = 
     kept = np.ones(len(roles.rows))
     before = 1.0
     if scaling is not None:
-        kept[np.searchsorted(roles.rows, scaling.rows)] = scaling.factors
+        at = np.searchsorted(roles.rows, scaling.rows)
+        if not np.array_equal(roles.rows[np.minimum(at, len(roles.rows) - 1)], scaling.rows):
+            raise ValueError("batch_peaks: the scaling's rows are not allocations of these block roles")
+        kept[at] = scaling.factors
         before = scaling.before
     active = roles.codes == list(BlockRole).index(BlockRole.ACTIVATION)
     freed = roles.frees >= 0
@@ -428,10 +431,10 @@ def batch_peaks(trace: Trace, roles: BlockRoles, scaling: BlockScaling | None = 
         at = np.searchsorted(roles.rows, scaling.moved)
         held = sizes[scaling.moved] * kept[at]
         grows = active[at]
+        np.subtract.at(less, scaling.to, held)
+        np.add.at(less, scaling.moved, held)
         np.add.at(delta, scaling.to[grows], held[grows])
         np.subtract.at(delta, scaling.moved[grows], held[grows])
-        np.subtract.at(less, scaling.to[~grows], held[~grows])
-        np.add.at(less, scaling.moved[~grows], held[~grows])
     allocated, live = [], []
     for rows in mem[gpu].groupby(["rank", "device_type", "device_id"], sort=False).indices.values():
         at = np.flatnonzero(gpu)[np.asarray(rows)]

@@ -62,8 +62,7 @@ def _work_classes(names: np.ndarray, rows: np.ndarray) -> np.ndarray:
 class ForwardOps:
     """The forward of a trace, per position of ``hierarchy.rows`` (module docstring).
 
-    ``steps`` and ``backward`` are per event (its step; whether it starts in its step's backward
-    window). Per position: ``forward`` (a forward CPU op, not an autograd node), ``work`` (the work
+    Per position: ``forward`` (a forward CPU op, not an autograd node), ``work`` (the work
     op it is or lies inside of; for a loose op the work op before it; -1), ``loose``, ``role``
     (the :class:`Role` index of its work op; -1 outside every block), ``block`` (its work op's
     block in its sequence, or the last block before it; -1 before the first), ``blocks`` (blocks
@@ -72,8 +71,6 @@ class ForwardOps:
     first forward op with the node's sequence number; -1)."""
 
     hierarchy: CpuHierarchy
-    steps: np.ndarray
-    backward: np.ndarray
     forward: np.ndarray
     work: np.ndarray
     loose: np.ndarray
@@ -105,8 +102,8 @@ def forward_ops(trace: Trace) -> ForwardOps:
     n = len(rows)
     if not n:
         empty = np.zeros(0, dtype=np.int64)
-        return ForwardOps(hierarchy, empty, np.zeros(len(ev), dtype=bool), np.zeros(0, dtype=bool), empty,
-                          np.zeros(0, dtype=bool), empty, empty, empty, empty, empty, empty)
+        return ForwardOps(hierarchy, np.zeros(0, dtype=bool), empty, np.zeros(0, dtype=bool), empty, empty, empty,
+                          empty, empty, empty)
     steps = record_steps(ev, ev)
     backward = backward_events(ev, steps=steps)
     names = ev["name"].astype(str).to_numpy()
@@ -154,7 +151,7 @@ def forward_ops(trace: Trace) -> ForwardOps:
     role = np.where(work >= 0, role[inside], -1)
     block = np.where(work >= 0, block[inside], -1)
     blocks = np.where(work >= 0, blocks[inside], 0)
-    return ForwardOps(hierarchy, steps, backward, forward, work, loose, role, block, blocks, before, after,
+    return ForwardOps(hierarchy, forward, work, loose, role, block, blocks, before, after,
                       _made_by(trace, hierarchy, backward, nodes))
 
 

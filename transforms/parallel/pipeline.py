@@ -67,7 +67,15 @@ from .comm import (
     insert_tasks,
 )
 from .layers import backward_blocks, backward_mask, find_blocks, gemm_io_bytes, keep_backward_mask
-from .pp_memory import SCHEDULES, pipeline_memory_edit, stage_of
+from .pp_memory import (
+    TRAINING_MICRO_BATCHES,
+    Schedule,
+    default_micro_batches,
+    in_flight,
+    pipeline_memory_edit,
+    schedule_of,
+    stage_of,
+)
 from .sharding import batch_part_ns, record_split
 from .tensor import prev_on_resource
 
@@ -249,15 +257,15 @@ class PipelineParallel(OnTopology, Transform):
 
     degree: int = field(default=2, metadata={"minimum": 1, "help": "pipeline stages p", "maximum": limits.MAX_GPUS})
     micro_batches: int = field(default=0, metadata={"minimum": 0,
-        "help": "micro-batches m per step; 0 = 4 for training, p for serving", "maximum": limits.MAX_PARTS})
+        "help": f"micro-batches m per step; 0 = {TRAINING_MICRO_BATCHES} for training, p for serving",
+        "maximum": limits.MAX_PARTS})
     schedule: str = field(default="1f1b", metadata={"help": "1f1b | gpipe (training) | serving (request pipelining)"})
     stage: int = field(default=-1, metadata={
         "minimum": -1, "help": "stage modeled (0..p-1); -1 = the last (it holds the LM head)"})
     topology: str = field(default="dgx_h100", metadata={"help": "topology preset for the send/recv"})
 
     def _check(self) -> int:
-        if self.schedule not in SCHEDULES:
-            raise TransformError(f"{self.name}: schedule must be one of {', '.join(SCHEDULES)} (got {self.schedule!r})")
+        schedule_of(self.schedule, self.name)
         s = self.degree - 1 if self.stage < 0 else self.stage
         if s >= self.degree:
             raise TransformError(f"{self.name}: stage {s} >= degree {self.degree}")
@@ -266,7 +274,7 @@ class PipelineParallel(OnTopology, Transform):
     @property
     def m(self) -> int:
         """Micro-batches per step (``micro_batches``, or its default for the schedule)."""
-        return self.micro_batches or (self.degree if self.schedule == "serving" else 4)
+        return self.micro_batches or default_micro_batches(schedule_of(self.schedule, self.name), self.degree)
 
     def placement(self, placement: Placement, graph: TaskGraph, ctx: TransformContext) -> Placement:
         return placement.spread(pipeline=self.degree)
@@ -301,7 +309,7 @@ class PipelineParallel(OnTopology, Transform):
         drop = with_their_collectives(g, _with_inserted(g, drop))
         ids = np.concatenate([drop, _launches(g, drop)])
         g = remove(g, ids, reason=f"{self.label()}: {len(drop)} kernels of the other {p - 1} stages")
-        training = self.schedule != "serving"
+        training = schedule_of(self.schedule, self.name) is not Schedule.SERVING
         if not training:
             g = self._micro_batched(g, ctx)
         return self._comm_and_bubble(g, ctx, act, s, training=training, backward=len(bw) > 0)
@@ -401,7 +409,7 @@ class PipelineParallel(OnTopology, Transform):
                                 priced_on=self.topology_gpu(), ctx=ctx)
         if anchors:
             why = (f"bubble (p-1)/(m+p-1) = {bubble_fraction(p, m):.3f} of the step; activations held: "
-                   f"{m if self.schedule == 'gpipe' else min(p, m)} micro-batches" if training else
+                   f"{in_flight(schedule_of(self.schedule, self.name), p, s, m)} micro-batches" if training else
                    f"{m} micro-batches for {p} stages: each decode micro-batch waits for its previous token, "
                    f"the stage idles {p - m} of {p} slots")
             g, ids = splice_tasks(g, anchors=anchors, durs=bubbles, name=f"pipeline bubble ({self.schedule}, idle)",

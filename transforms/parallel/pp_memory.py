@@ -31,12 +31,15 @@ splits the kernels); the ops before the first block (embeddings) to stage 0, tho
 Left out: a stage boundary's residual stream when the block heuristic puts the next layer's norm
 on the previous stage (the norm's output is counted, the residual it reads is not), the send
 buffers of a transport that copies (NCCL and gloo send from the tensor), weights tied across the
-first and last stage (each holds a copy; counted once, half on each), and activations that do not
-scale with the batch (taken to).
+first and last stage (each holds a copy; counted once, half on each), activations that do not
+scale with the batch (taken to), and Megatron-LM's freeing of a stage's output once sent (its
+data; the autograd graph stays): the output is counted on the stage that made it until its
+backward, as a plain PyTorch pipeline (examples/train.py) holds it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import Enum
 
 import numpy as np
 import pandas as pd
@@ -49,7 +52,42 @@ from ..base import TransformError
 from ..optimizations.batch_memory import BlockRole, BlockRoles, block_roles
 from .forward_ops import ForwardOps, forward_ops, lasting_shares, parameter_uses
 
-SCHEDULES = ("1f1b", "gpipe", "serving")
+
+class Schedule(str, Enum):
+    """How a pipeline runs its micro-batches: 1F1B / PipeDream-Flush and GPipe for training,
+    request pipelining for serving (module docstring of :mod:`.pipeline`)."""
+
+    ONE_F_ONE_B = "1f1b"
+    GPIPE = "gpipe"
+    SERVING = "serving"
+
+
+SCHEDULES = tuple(s.value for s in Schedule)
+TRAINING_MICRO_BATCHES = 4
+"""Micro-batches per training step when a plan does not say (serving: one per stage)."""
+
+
+def schedule_of(name: str, who: str = "pipeline_parallel") -> Schedule:
+    """The :class:`Schedule` called ``name``.
+
+    Raises
+    ------
+    TransformError : ``name`` is not one (``who`` names the transform that asks).
+    """
+    try:
+        return Schedule(name)
+    except ValueError:
+        raise TransformError(f"{who}: schedule must be one of {', '.join(SCHEDULES)} (got {name!r})") from None
+
+
+def default_micro_batches(schedule: Schedule, stages: int) -> int:
+    """Micro-batches per step when none are given: one per stage when serving (the fewest that
+    keep every stage busy), :data:`TRAINING_MICRO_BATCHES` when training.
+
+    >>> default_micro_batches(Schedule.SERVING, 8), default_micro_batches(Schedule.GPIPE, 8)
+    (8, 4)
+    """
+    return stages if schedule is Schedule.SERVING else TRAINING_MICRO_BATCHES
 
 
 def stage_of(layer: np.ndarray, blocks: np.ndarray, stages: int) -> np.ndarray:
@@ -65,15 +103,18 @@ def stage_of(layer: np.ndarray, blocks: np.ndarray, stages: int) -> np.ndarray:
     return stage
 
 
-def in_flight(schedule: str, stages: int, stage: int, micro_batches: int) -> int:
+def in_flight(schedule: Schedule, stages: int, stage: int, micro_batches: int) -> int:
     """Micro-batches whose forward activations stage ``stage`` of ``stages`` holds at once.
 
-    >>> [in_flight("1f1b", 4, s, 8) for s in range(4)], in_flight("1f1b", 4, 0, 2), in_flight("gpipe", 4, 0, 8)
-    ([4, 3, 2, 1], 2, 8)
+    >>> one_f_one_b = Schedule.ONE_F_ONE_B
+    >>> [in_flight(one_f_one_b, 4, s, 8) for s in range(4)], in_flight(one_f_one_b, 4, 0, 2)
+    ([4, 3, 2, 1], 2)
+    >>> in_flight(Schedule.GPIPE, 4, 0, 8), in_flight(Schedule.SERVING, 4, 0, 8)
+    (8, 1)
     """
-    if schedule == "gpipe":
+    if schedule is Schedule.GPIPE:
         return micro_batches
-    if schedule == "serving":
+    if schedule is Schedule.SERVING:
         return 1
     return min(stages - stage, micro_batches)
 
@@ -89,7 +130,7 @@ class PipelineShares:
     degree: int
     stage: int
     micro_batches: int
-    schedule: str
+    schedule: Schedule
     in_flight: int
     roles: BlockRoles
     scale: np.ndarray
@@ -111,7 +152,7 @@ def _owned(stages: np.ndarray, *at: np.ndarray, stage: int) -> np.ndarray:
     return out
 
 
-def pipeline_shares(trace: Trace, degree: int, stage: int, micro_batches: int, schedule: str = "1f1b",
+def pipeline_shares(trace: Trace, degree: int, stage: int, micro_batches: int, schedule: str = Schedule.ONE_F_ONE_B,
                     roles: BlockRoles | None = None, ops: ForwardOps | None = None) -> PipelineShares:
     """Each allocation's share on stage ``stage`` of ``degree`` with ``micro_batches`` micro-batches
     under ``schedule`` (module docstring).
@@ -121,8 +162,7 @@ def pipeline_shares(trace: Trace, degree: int, stage: int, micro_batches: int, s
     TransformError : as :func:`~whatif.transforms.optimizations.batch_memory.block_roles`; an unknown
         schedule or stage; the trace's forward has no transformer block, or fewer in a step than stages.
     """
-    if schedule not in SCHEDULES:
-        raise TransformError(f"pipeline_parallel: schedule must be one of {', '.join(SCHEDULES)} (got {schedule!r})")
+    schedule = schedule_of(schedule)
     if not 0 <= stage < degree or micro_batches < 1:
         raise TransformError(f"pipeline_parallel: stage {stage} of {degree} with {micro_batches} micro-batches")
     roles = block_roles(trace, "pipeline_parallel") if roles is None else roles
@@ -148,8 +188,8 @@ def pipeline_shares(trace: Trace, degree: int, stage: int, micro_batches: int, s
                            stage=stage)
     backward_owned = _owned(stages, np.where(backward, by, -1), np.where(backward, ops.producer(by), -1), stage=stage)
     steps = record_steps(trace.events, mem)
-    kept = (roles.frees < 0) | (steps[np.maximum(roles.frees, 0)] != steps[allocs])
-    held = np.where(kept, 1.0, f / micro_batches)
+    past_step = (roles.frees < 0) | (steps[np.maximum(roles.frees, 0)] != steps[allocs])
+    held = np.where(past_step, 1.0, f / micro_batches)
     activation_scale = np.where(in_forward, np.where(forward_owned, held, 0.0),
                                 np.where(backward, np.where(backward_owned, 1 / micro_batches, 0.0), 1.0))
     activation = roles.codes == list(BlockRole).index(BlockRole.ACTIVATION)
@@ -158,7 +198,7 @@ def pipeline_shares(trace: Trace, degree: int, stage: int, micro_batches: int, s
     scale = np.where(activation, activation_scale, lasting.of(mem["bytes"].to_numpy()[allocs], on_gpu(mem)[allocs]))
     moved = np.zeros(0, dtype=np.int64)
     to = np.zeros(0, dtype=np.int64)
-    if schedule == "1f1b" and micro_batches > f:
+    if schedule is Schedule.ONE_F_ONE_B and micro_batches > f:
         moved, to = _gradients_earlier(trace, roles, (pos >= 0) & ops.forward[at], scale > 0)
     return PipelineShares(degree, stage, micro_batches, schedule, f, roles, scale, lasting.before, moved, to)
 
@@ -184,7 +224,7 @@ def _gradients_earlier(trace: Trace, roles: BlockRoles, in_forward: np.ndarray,
 
 
 def pipeline_memory_edit(trace: Trace, degree: int, stage: int, micro_batches: int,
-                         schedule: str = "1f1b") -> RecordEdit:
+                         schedule: str = Schedule.ONE_F_ONE_B) -> RecordEdit:
     """The allocator records of pipeline stage ``stage`` of ``degree``: each allocation at its share
     of its bytes (:func:`pipeline_shares`), at its place, freed at its free; on each device, what
     was allocated before the recording at the stage's share of the parameters, from the first
@@ -199,7 +239,8 @@ def pipeline_memory_edit(trace: Trace, degree: int, stage: int, micro_batches: i
     rows = shares.roles.rows
     activation = shares.roles.codes == list(BlockRole).index(BlockRole.ACTIVATION)
     less = sizes[rows] * (1 - shares.scale)
-    what = (f"pipeline_parallel(degree={degree}, stage={stage}, micro_batches={micro_batches}, schedule={schedule}): "
+    what = (f"pipeline_parallel(degree={degree}, stage={stage}, micro_batches={micro_batches}, "
+            f"schedule={shares.schedule.value}): "
             f"{shares.in_flight} of {micro_batches} micro-batches' activations held at once; "
             f"{less[activation].sum() / 2**20:,.1f} MiB fewer activation bytes allocated, "
             f"{less[~activation].sum() / 2**20:,.1f} MiB fewer parameter, gradient and optimizer-state bytes "

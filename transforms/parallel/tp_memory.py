@@ -136,7 +136,7 @@ def tensor_parallel_shares(trace: Trace, degree: int, sequence_parallel: bool = 
     scale = np.where(made_by >= 0, fwd.into[np.maximum(made_by, 0)], np.where(pos >= 0, fwd.out[at], 1.0))
     activation = roles.codes == list(BlockRole).index(BlockRole.ACTIVATION)
     uses = parameter_uses(trace, ops)
-    of = np.where(uses.pos >= 0, fwd.role[uses.pos] if len(uses.pos) else -1, -1)
+    of = fwd.role[uses.pos]
     sharded = (of == ROLES.index(Role.COLUMN)) | ((of == ROLES.index(Role.ROW)) & uses.weight)
     lasting = lasting_shares(uses, np.where(sharded, 1 / degree, 1.0))
     scale = np.where(activation, scale, lasting.of(mem["bytes"].to_numpy()[allocs], on_gpu(mem)[allocs]))

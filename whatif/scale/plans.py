@@ -73,8 +73,7 @@ from whatif.transforms.optimizations.batch_memory import BatchPeaks, batch_peaks
 from whatif.transforms.parallel.forward_ops import forward_ops
 from whatif.transforms.parallel.layers import backward_mask
 from whatif.transforms.parallel.memory import WORKSPACE_FRACTION, ModelShape, model_shape, plan_memory
-from whatif.transforms.parallel.pipeline import PipelineParallel
-from whatif.transforms.parallel.pp_memory import pipeline_shares
+from whatif.transforms.parallel.pp_memory import Schedule, default_micro_batches, pipeline_shares
 from whatif.transforms.parallel.tp_memory import tensor_parallel_shares
 from whatif.transforms.scenario import Scenario, ScenarioError, ScenarioStepError, scenario_from_dict
 
@@ -233,7 +232,7 @@ class Plan:
         if self.pp > 1:
             out.append({"name": "pipeline_parallel", "degree": self.pp,
                         **({"micro_batches": self.micro_batches} if self.micro_batches else {}),
-                        "schedule": "1f1b" if self.mode is Mode.TRAINING else "serving", "topology": self.topology})
+                        "schedule": _schedule(self.mode).value, "topology": self.topology})
         if self.dp > 1:
             out.append({"name": "data_parallel", "degree": self.dp, "mode": self.mode.value,
                         "topology": self.topology})
@@ -378,8 +377,9 @@ def evaluate(worker: PlanWorker, plan: Plan) -> PlanOutcome:
         if capacity is not None:
             fits = memory <= capacity
             if not fits:
-                rank = " on".join(([f" one rank of tensor parallelism {plan.tp}"] if plan.tp > 1 else []) +
-                                  ([f" the fullest of {plan.pp} pipeline stages"] if plan.pp > 1 else []))
+                parts = ([f"one rank of tensor parallelism {plan.tp}"] if plan.tp > 1 else []) + \
+                    ([f"the fullest of {plan.pp} pipeline stages"] if plan.pp > 1 else [])
+                rank = "".join(f" on {part}" for part in parts)
                 return PlanOutcome(PlanStatus.NO_FIT, None, memory, False,
                                    f"the recorded allocator timeline at {plan.batch:g}x the batch{rank} peaks at "
                                    f"{memory / 2**30:,.2f} GiB, over the GPU's {capacity / 2**30:,.0f} GiB", source)
@@ -438,11 +438,15 @@ RecordedKey = tuple[int, int, int]
 """A plan's (tensor-parallel degree, pipeline stages, micro-batches: 0 without pipelining)."""
 
 
+def _schedule(mode: Mode) -> Schedule:
+    """The pipeline schedule a plan of ``mode`` runs."""
+    return Schedule.ONE_F_ONE_B if mode is Mode.TRAINING else Schedule.SERVING
+
+
 def _recorded_key(plan: Plan) -> RecordedKey:
     if plan.pp == 1:
         return plan.tp, 1, 0
-    schedule = "1f1b" if plan.mode is Mode.TRAINING else "serving"
-    return plan.tp, plan.pp, PipelineParallel(degree=plan.pp, micro_batches=plan.micro_batches, schedule=schedule).m
+    return plan.tp, plan.pp, plan.micro_batches or default_micro_batches(_schedule(plan.mode), plan.pp)
 
 
 def _recorded(analysis: Analysis, plans: Sequence[Plan]) -> tuple[dict[RecordedKey, BatchPeaks], str]:
@@ -457,30 +461,35 @@ def _recorded(analysis: Analysis, plans: Sequence[Plan]) -> tuple[dict[RecordedK
     except TransformError as exc:
         return {}, f"the allocator records are not used: {exc}"
     ops = forward_ops(trace)
-    schedule = "1f1b" if plans and plans[0].mode is Mode.TRAINING else "serving"
+    schedule = _schedule(plans[0].mode) if plans else Schedule.SERVING
     tensor: dict[int, BlockScaling | None] = {}
-    refused: dict[str, str] = {}
+    refused_tp = refused_pp = ""
     out: dict[RecordedKey, BatchPeaks] = {}
     for key in sorted({_recorded_key(p) for p in plans if p.sp == 1}):
         tp, pp, m = key
-        try:
-            if tp not in tensor:
-                tensor[tp] = tensor_parallel_shares(trace, tp, roles=roles, ops=ops).scaling() if tp > 1 else None
-        except TransformError as exc:
-            refused.setdefault("tp > 1", str(exc))
+        if tp > 1 and tp not in tensor and not refused_tp:
+            try:
+                tensor[tp] = tensor_parallel_shares(trace, tp, roles=roles, ops=ops).scaling()
+            except TransformError as exc:
+                refused_tp = str(exc)
+        if tp > 1 and tp not in tensor:
             continue
-        rank = tensor[tp]
-        try:
-            stages = [pipeline_shares(trace, pp, s, m, schedule, roles, ops).scaling() for s in range(pp)] \
-                if pp > 1 else [None]
-        except TransformError as exc:
-            refused.setdefault("pp > 1", str(exc))
-            continue
+        rank = tensor.get(tp)
+        stages: list[BlockScaling | None] = [None]
+        if pp > 1:
+            if refused_pp:
+                continue
+            try:
+                stages = [pipeline_shares(trace, pp, s, m, schedule, roles, ops).scaling() for s in range(pp)]
+            except TransformError as exc:
+                refused_pp = str(exc)
+                continue
         peaks = [batch_peaks(trace, roles, stage if rank is None else rank if stage is None else rank.then(stage))
                  for stage in stages]
         if all(p is not None for p in peaks):
             out[key] = BatchPeaks.of_all([p for p in peaks if p is not None])
-    why = "".join(f"; {k} plans keep the model: {v}" for k, v in sorted(refused.items()))
+    why = "".join(f"; {which} plans keep the model: {reason}"
+                  for which, reason in (("pp > 1", refused_pp), ("tp > 1", refused_tp)) if reason)
     if not out:
         return out, f"the allocator records are not used{why}"
     tps = ", ".join(str(tp) for tp in sorted({k[0] for k in out}))
