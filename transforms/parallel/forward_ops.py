@@ -12,7 +12,7 @@ that op; other forward ops (views, reshapes: **loose** ops) belong to the work o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -22,10 +22,10 @@ from whatif.core.kernels import KernelClass, classify_kernel, param_args, weight
 from whatif.depgraph.hierarchy import CpuHierarchy, autograd_nodes, build_hierarchy, inherit, record_steps
 from whatif.tracer.args import Arg, int_values
 from whatif.tracer.kinds import EventKind
-from whatif.tracer.memory import GPU_BLOCK_BYTES
+from whatif.tracer.memory import BEFORE_THE_RECORDING, GPU_BLOCK_BYTES, BlockScaling, RecordEdit, scaled_edit
 from whatif.tracer.trace import Trace
 
-from ..optimizations.batch_memory import backward_events
+from ..optimizations.batch_memory import BlockRole, BlockRoles, backward_events
 from .layers import sequence_rows
 from .sharding import Role
 
@@ -249,3 +249,19 @@ def lasting_shares(uses: ParameterUses, share: np.ndarray) -> LastingShares:
         total += numel
     return LastingShares({b: s / n for b, (s, n) in cpu.items()}, {b: s / n for b, (s, n) in gpu.items()},
                          held / total if total else 1.0)
+
+
+def shares_edit(trace: Trace, roles: BlockRoles, scaling: BlockScaling, head: str, tail: str = "") -> RecordEdit:
+    """The records of a parallel rank's ``scaling`` (factors aligned with ``roles.rows``:
+    :func:`~whatif.tracer.memory.scaled_edit`) and its line: ``head``, the activation and other
+    MiB it allocates less of, ``tail``, and the share kept of what was allocated before the
+    recording when there was some."""
+    sizes = trace.memory["bytes"].to_numpy()[roles.rows]
+    activation = roles.codes == list(BlockRole).index(BlockRole.ACTIVATION)
+    less = sizes * (1 - scaling.factors)
+    what = (f"{head}{less[activation].sum() / 2**20:,.1f} MiB fewer activation bytes allocated, "
+            f"{less[~activation].sum() / 2**20:,.1f} MiB fewer parameter, gradient and optimizer-state bytes{tail}")
+    edit = scaled_edit(trace.memory, scaling, what)
+    if (edit.added["op"] == BEFORE_THE_RECORDING).any():
+        what += f"; what was allocated before the recording, taken as parameters, at {scaling.before:.1%} of its bytes"
+    return replace(edit, what=what)

@@ -38,19 +38,19 @@ backward, as a plain PyTorch pipeline (examples/train.py) holds it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
 import pandas as pd
 
 from whatif.depgraph.hierarchy import OUTSIDE_STEPS, enclosing, record_steps
-from whatif.tracer.memory import BEFORE_THE_RECORDING, BlockScaling, RecordEdit, on_gpu, scaled_edit
+from whatif.tracer.memory import BlockScaling, RecordEdit, on_gpu
 from whatif.tracer.trace import Trace
 
 from ..base import TransformError
 from ..optimizations.batch_memory import BlockRole, BlockRoles, block_roles
-from .forward_ops import ForwardOps, forward_ops, lasting_shares, parameter_uses
+from .forward_ops import ForwardOps, forward_ops, lasting_shares, parameter_uses, shares_edit
 
 
 class Schedule(str, Enum):
@@ -235,17 +235,7 @@ def pipeline_memory_edit(trace: Trace, degree: int, stage: int, micro_batches: i
     TransformError : as :func:`pipeline_shares`.
     """
     shares = pipeline_shares(trace, degree, stage, micro_batches, schedule)
-    sizes = trace.memory["bytes"].to_numpy()
-    rows = shares.roles.rows
-    activation = shares.roles.codes == list(BlockRole).index(BlockRole.ACTIVATION)
-    less = sizes[rows] * (1 - shares.scale)
-    what = (f"pipeline_parallel(degree={degree}, stage={stage}, micro_batches={micro_batches}, "
-            f"schedule={shares.schedule.value}): "
-            f"{shares.in_flight} of {micro_batches} micro-batches' activations held at once; "
-            f"{less[activation].sum() / 2**20:,.1f} MiB fewer activation bytes allocated, "
-            f"{less[~activation].sum() / 2**20:,.1f} MiB fewer parameter, gradient and optimizer-state bytes "
-            f"(the other stages' layers)")
-    edit = scaled_edit(trace.memory, shares.scaling(), what)
-    if (edit.added["op"] == BEFORE_THE_RECORDING).any():
-        what += f"; what was allocated before the recording, taken as parameters, at {shares.before:.1%} of its bytes"
-    return replace(edit, what=what)
+    return shares_edit(trace, shares.roles, shares.scaling(),
+                       f"pipeline_parallel(degree={degree}, stage={stage}, micro_batches={micro_batches}, "
+                       f"schedule={shares.schedule.value}): {shares.in_flight} of {micro_batches} micro-batches' "
+                       f"activations held at once; ", " (the other stages' layers)")

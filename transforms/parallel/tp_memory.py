@@ -43,17 +43,17 @@ the recording (taken as parameters).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from whatif.depgraph.hierarchy import enclosing
-from whatif.tracer.memory import BEFORE_THE_RECORDING, BlockScaling, RecordEdit, on_gpu, scaled_edit
+from whatif.tracer.memory import BlockScaling, RecordEdit, on_gpu
 from whatif.tracer.trace import Trace
 
 from ..base import TransformError
 from ..optimizations.batch_memory import BlockRole, BlockRoles, block_roles
-from .forward_ops import ROLES, ForwardOps, forward_ops, lasting_shares, parameter_uses
+from .forward_ops import ROLES, ForwardOps, forward_ops, lasting_shares, parameter_uses, shares_edit
 from .sharding import Role
 
 FORWARD_SHARDED = frozenset({Role.COLUMN, Role.HEADS, Role.SHARDED})
@@ -155,15 +155,6 @@ def tensor_parallel_memory_edit(trace: Trace, degree: int, sequence_parallel: bo
     TransformError : as :func:`tensor_parallel_shares`.
     """
     shares = tensor_parallel_shares(trace, degree, sequence_parallel)
-    sizes = trace.memory["bytes"].to_numpy()
-    rows = shares.roles.rows
-    activation = shares.roles.codes == list(BlockRole).index(BlockRole.ACTIVATION)
-    less = sizes[rows] * (1 - shares.scale)
-    what = (f"tensor_parallel(degree={degree}{', sequence_parallel' if sequence_parallel else ''}): "
-            f"{len(shares.sharded()):,} blocks held at less than their bytes on one rank: "
-            f"{less[activation].sum() / 2**20:,.1f} MiB fewer activation bytes allocated, "
-            f"{less[~activation].sum() / 2**20:,.1f} MiB fewer parameter, gradient and optimizer-state bytes")
-    edit = scaled_edit(trace.memory, shares.scaling(), what)
-    if (edit.added["op"] == BEFORE_THE_RECORDING).any():
-        what += f"; what was allocated before the recording, taken as parameters, at {shares.before:.1%} of its bytes"
-    return replace(edit, what=what)
+    return shares_edit(trace, shares.roles, shares.scaling(),
+                       f"tensor_parallel(degree={degree}{', sequence_parallel' if sequence_parallel else ''}): "
+                       f"{len(shares.sharded()):,} blocks held at less than their bytes on one rank: ")
