@@ -33,7 +33,9 @@ Variants (the GPU harvest's before/after pairs, ``bench/gpu_harvest``):
   LM head and the loss), runs ``min(N − s − 1, M)`` warm-up forwards, then one forward and one
   backward in turn, then the remaining backwards; activations go forward and their gradients back
   by send/recv (gloo on the CPU, NCCL on a GPU). ``--micro-batches`` alone (``--pp 1``)
-  accumulates the gradients of ``M`` micro-batches.
+  accumulates the gradients of ``M`` micro-batches. ``--tp T --pp N`` together: ``T·N``
+  processes, rank ``s·T + j`` is tensor-parallel rank ``j`` of stage ``s`` (each stage's ranks
+  all-reduce among themselves; rank ``j`` of a stage sends to rank ``j`` of the next).
 
 Log (``--log OUT.json``)::
 
@@ -69,6 +71,9 @@ from torch.utils.data import DataLoader, Dataset
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
+TENSOR_PARALLEL_GROUP: dist.ProcessGroup | None = None
+"""The ranks of this rank's pipeline stage when ``--tp`` and ``--pp`` are both > 1 (None: every rank)."""
+
 SCHEMA = "whatif.examples.train/1"
 
 
@@ -82,7 +87,7 @@ class _ToTensorParallel(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         grad = grad.contiguous()
-        dist.all_reduce(grad)
+        dist.all_reduce(grad, group=TENSOR_PARALLEL_GROUP)
         return grad
 
 
@@ -91,7 +96,7 @@ class _FromTensorParallel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(x)
+        dist.all_reduce(x, group=TENSOR_PARALLEL_GROUP)
         return x
 
     @staticmethod
@@ -163,25 +168,26 @@ class Block(nn.Module):
 
 class TinyLM(nn.Module):
     """``[batch, seq]`` token ids -> ``[batch, seq, vocab]`` next-token logits; with ``tp`` > 1 the
-    part of tensor-parallel rank ``rank`` of the same (seeded) model."""
+    part of tensor-parallel rank ``rank`` of the same (seeded) model, with ``pp`` > 1 of pipeline
+    stage ``stage`` (both: that rank's part of that stage)."""
 
     def __init__(self, vocab: int, dim: int, layers: int, heads: int, max_seq: int, tp: int = 1,
-                 rank: int = 0, pp: int = 1) -> None:
+                 rank: int = 0, pp: int = 1, stage: int = 0) -> None:
         super().__init__()
         self.dim = dim
         self.embed, self.pos = nn.Embedding(vocab, dim), nn.Embedding(max_seq, dim)
         self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
         self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
-        self.tp, self.pp, self.first, self.last = tp, pp, True, True
+        self.tp, self.pp, self.tp_rank, self.stage, self.first, self.last = tp, pp, rank, stage, True, True
         self.sharded: set[int] = set()
         if tp > 1:
             self.sharded = {id(p) for block in self.blocks for p in block.shard(rank, tp)}
         if pp > 1:
-            self._keep_stage(rank, pp)
+            self._keep_stage(stage, pp)
 
     def _keep_stage(self, stage: int, pp: int) -> None:
         """Keep pipeline stage ``stage`` of ``pp``: its blocks, the embeddings on the first, the
-        final norm and LM head on the last; every parameter kept is this stage's alone."""
+        final norm and LM head on the last."""
         if len(self.blocks) % pp:
             raise ValueError(f"layers {len(self.blocks)} is not a multiple of --pp {pp}")
         per = len(self.blocks) // pp
@@ -191,7 +197,6 @@ class TinyLM(nn.Module):
             del self.embed, self.pos
         if not self.last:
             del self.norm, self.head
-        self.sharded = {id(p) for p in self.parameters()}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Token ids ``[batch, seq]`` (the first stage) or the previous stage's hidden states
@@ -203,19 +208,19 @@ class TinyLM(nn.Module):
 
 
 def clip_gradients(model: TinyLM, max_norm: float) -> None:
-    """``clip_grad_norm_`` over the whole model: with ``--tp`` or ``--pp``, the squared gradient
-    norms of the parameters a rank holds alone summed over the ranks (the replicated ones' are the
-    same on every rank)."""
-    if not model.sharded:
+    """``clip_grad_norm_`` over the whole model: with ``--tp`` or ``--pp``, each rank's squared
+    gradient norms summed over every rank, a tensor-parallel replicated parameter's (the same on
+    each rank of its stage) counted once."""
+    if model.tp == model.pp == 1:
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         return
-    grads = [(p.grad.detach().float().pow(2).sum(), id(p) in model.sharded)
-             for p in model.parameters() if p.grad is not None]
     device = next(model.parameters()).device
-    sharded = sum((g for g, s in grads if s), torch.zeros((), device=device))
-    dist.all_reduce(sharded)
-    total = (sharded + sum((g for g, s in grads if not s), torch.zeros((), device=device))).sqrt()
-    torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, total)
+    squares = torch.zeros((), device=device)
+    for p in model.parameters():
+        if p.grad is not None:
+            squares = squares + p.grad.detach().float().pow(2).sum() / (1 if id(p) in model.sharded else model.tp)
+    dist.all_reduce(squares)
+    torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, squares.sqrt())
 
 
 def make_data(args: argparse.Namespace, device: torch.device) -> list[torch.Tensor]:
@@ -286,8 +291,8 @@ class _Neighbours:
 
     def __init__(self, model: TinyLM, shape: tuple[int, ...], device: torch.device) -> None:
         rank = dist.get_rank() if model.pp > 1 else 0
-        self.prev = None if model.first else rank - 1
-        self.next = None if model.last else rank + 1
+        self.prev = None if model.first else rank - model.tp
+        self.next = None if model.last else rank + model.tp
         self.shape, self.device = shape, device
 
     def _exchange(self, send: tuple[torch.Tensor, int | None] | None, recv: int | None) -> torch.Tensor | None:
@@ -332,7 +337,7 @@ def pipeline_step(model: TinyLM, opt: torch.optim.Optimizer, batch: torch.Tensor
     m = micro_batches
     tokens, targets = batch[:, :-1].chunk(m), batch[:, 1:].chunk(m)
     link = _Neighbours(model, (*tokens[0].shape, model.dim), batch.device)
-    stage, stages = (dist.get_rank(), model.pp) if model.pp > 1 else (0, 1)
+    stage, stages = model.stage, model.pp
     total = torch.zeros((), device=batch.device)
     pending: list[tuple[torch.Tensor | None, torch.Tensor]] = []
 
@@ -365,6 +370,8 @@ def pipeline_step(model: TinyLM, opt: torch.optim.Optimizer, batch: torch.Tensor
     for _ in range(warmup):
         link.send_backward(backward(link.recv_backward()))
     if model.pp > 1:
+        if not (model.last and model.tp_rank == 0):
+            total.zero_()
         dist.all_reduce(total)
     if clip > 0:
         clip_gradients(model, clip)
@@ -403,9 +410,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "training thread); default: pre-made batches, no DataLoader")
     p.add_argument("--load-ms", type=float, default=0.0, help="CPU time to load one batch (with --workers)")
     p.add_argument("--tp", type=int, default=1,
-                   help="tensor-parallel degree: the number of processes torchrun started (WORLD_SIZE)")
+                   help="tensor-parallel degree (torchrun starts --tp x --pp processes: WORLD_SIZE)")
     p.add_argument("--pp", type=int, default=1,
-                   help="pipeline-parallel stages: the number of processes torchrun started (WORLD_SIZE)")
+                   help="pipeline-parallel stages (torchrun starts --tp x --pp processes: WORLD_SIZE)")
     p.add_argument("--micro-batches", type=int, default=1,
                    help="micro-batches per step (1F1B with --pp; gradient accumulation without)")
     p.add_argument("--log", default=None, help="write the JSON log here")
@@ -418,8 +425,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                  "micro_batches"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.tp > 1 and args.pp > 1:
-        p.error("--tp and --pp are one at a time")
     if args.batch_size % args.micro_batches:
         p.error(f"--batch-size {args.batch_size} is not a multiple of --micro-batches {args.micro_batches}")
     if (args.micro_batches > 1 or args.pp > 1) and args.compile:
@@ -427,27 +432,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def start_ranks(flag: str, ranks: int, device: torch.device) -> str | None:
-    """Join torchrun's process group for ``flag`` (``--tp`` or ``--pp``) of ``ranks`` > 1 (None),
-    or say why it cannot."""
+def start_ranks(tp: int, pp: int, device: torch.device) -> str | None:
+    """Join torchrun's process group for ``--tp`` × ``--pp`` > 1 ranks (rank = stage · tp + its
+    tensor-parallel rank; with both > 1 each stage's ranks get a group of their own,
+    :data:`TENSOR_PARALLEL_GROUP`) and return None, or say why it cannot."""
+    global TENSOR_PARALLEL_GROUP
+    ranks = tp * pp
     if ranks == 1:
         return None
+    flags = " ".join(f"{flag} {n}" for flag, n in (("--tp", tp), ("--pp", pp)) if n > 1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != ranks:
-        return f"{flag} {ranks} needs {ranks} processes started by torchrun (WORLD_SIZE is {world})"
+        return f"{flags} needs {ranks} processes started by torchrun (WORLD_SIZE is {world})"
     missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
-        return f"{flag} {ranks} needs torchrun's {', '.join(missing)} in the environment"
+        return f"{flags} needs torchrun's {', '.join(missing)} in the environment"
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if tp > 1 and pp > 1:
+        groups = [dist.new_group(list(range(s * tp, (s + 1) * tp))) for s in range(pp)]
+        TENSOR_PARALLEL_GROUP = groups[dist.get_rank() // tp]
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
-    flag, ranks = ("--pp", args.pp) if args.pp > 1 else ("--tp", args.tp)
+    ranks = args.tp * args.pp
     if device.type == "cuda" and ranks > 1:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     set_threads(args.threads, device)
@@ -457,15 +469,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.layers % args.pp:
         print(f"train: error: layers {args.layers} is not a multiple of --pp {args.pp}", file=sys.stderr)
         return 2
-    problem = start_ranks(flag, ranks, device)
+    problem = start_ranks(args.tp, args.pp, device)
     if problem:
         print(f"train: error: {problem}", file=sys.stderr)
         return 2
     torch.manual_seed(args.seed)
     rank = dist.get_rank() if ranks > 1 else 0
     try:
-        model = TinyLM(args.vocab, args.d_model, args.layers, args.heads, args.seq_len, args.tp, rank,
-                       args.pp).to(device)
+        model = TinyLM(args.vocab, args.d_model, args.layers, args.heads, args.seq_len, args.tp, rank % args.tp,
+                       args.pp, rank // args.tp).to(device)
     except ValueError as e:
         print(f"train: error: {e}", file=sys.stderr)
         return 2

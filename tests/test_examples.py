@@ -376,13 +376,14 @@ def test_train_tensor_parallel_ranks_train_the_same_model(tmp_path: Path) -> Non
 def test_train_pipeline_stages_train_the_same_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--pp 2 --micro-batches 4`` as torchrun starts it: two gloo ranks, each holding its stage's
     blocks of the same seeded model (the first also the embeddings, the last the LM head), train
-    it with 1F1B as one process does (the same losses, clipping over both stages included), and
-    so does gradient accumulation over the micro-batches in one process; bad splits are one line."""
+    it with 1F1B as one process does (the same losses, clipping over both stages included); so do
+    four ranks of ``--tp 2 --pp 2`` and gradient accumulation over the micro-batches in one
+    process; bad splits are one line."""
     import os
     import socket
 
     train = load("train")
-    first, last = train.TinyLM(64, 32, 4, 4, 16, pp=2, rank=0), train.TinyLM(64, 32, 4, 4, 16, pp=2, rank=1)
+    first, last = train.TinyLM(64, 32, 4, 4, 16, pp=2, stage=0), train.TinyLM(64, 32, 4, 4, 16, pp=2, stage=1)
     assert (len(first.blocks), len(last.blocks)) == (2, 2)
     assert hasattr(first, "embed") and not hasattr(first, "head") and hasattr(last, "head") and not hasattr(last, "pos")
     one = train.TinyLM(64, 32, 4, 4, 16)
@@ -395,19 +396,24 @@ def test_train_pipeline_stages_train_the_same_model(tmp_path: Path, capsys: pyte
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    logs = [tmp_path / f"stage{r}.json" for r in range(2)]
-    procs = [subprocess.Popen([sys.executable, str(EXAMPLES / "train.py"), *args, "--pp", "2", "--micro-batches", "4",
-                               "--log", str(logs[r])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
-                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-             for r in range(2)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
-    losses = [[s["loss"] for s in json.loads(log.read_text())["steps"]] for log in (alone, accumulated, *logs)]
-    assert losses[2] == losses[3] and len(losses[0]) == 3 and losses[0][-1] != losses[0][0]
+    logs = []
+    for plan, ranks in ((["--pp", "2"], 2), (["--tp", "2", "--pp", "2"], 4)):   # rank = stage x tp + its tp rank
+        logs.append([tmp_path / f"{'-'.join(plan)}.{r}.json" for r in range(ranks)])
+        procs = [subprocess.Popen([sys.executable, str(EXAMPLES / "train.py"), *args, *plan, "--micro-batches", "4",
+                                   "--log", str(logs[-1][r])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r),
+                                                  "WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1",
+                                                  "MASTER_PORT": str(port + len(logs))})
+                 for r in range(ranks)]
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert [p.returncode for p in procs] == [0] * ranks, outs
+    losses = [[s["loss"] for s in json.loads(log.read_text())["steps"]]
+              for log in (alone, accumulated, *logs[0], *logs[1])]
+    assert losses[2:4] == [losses[2]] * 2 and losses[4:] == [losses[4]] * 4
+    assert len(losses[0]) == 3 and losses[0][-1] != losses[0][0]
     for other in losses[1:]:
         assert other == pytest.approx(losses[0], rel=1e-5)
-    for bad, message in ((["--pp", "2", "--tp", "2"], "--tp and --pp are one at a time"),
+    for bad, message in ((["--pp", "2", "--compile"], "--micro-batches and --pp run the model eagerly"),
                          (["--micro-batches", "3"], "is not a multiple of --micro-batches 3")):
         with pytest.raises(SystemExit):
             train.parse_args([*args, *bad])

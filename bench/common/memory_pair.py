@@ -1,4 +1,4 @@
-"""A memory what-if against a second recording: the timeline one transform predicts from the
+"""A memory what-if against a second recording: the timeline transforms predict from the
 ``before`` recording (``whatif memory -s``), beside ``before`` as recorded and ``after`` as measured."""
 from __future__ import annotations
 
@@ -14,20 +14,25 @@ from whatif.transforms.base import Transform
 
 @dataclass(frozen=True)
 class MemoryPair:
-    """The three memory documents, the transform's line and the what-if's seconds (edit and
+    """The three memory documents, the transforms' lines and the what-if's seconds (edit and
     predicted document, not the graph build)."""
 
     recorded: MemoryDocument
     predicted: MemoryDocument
     measured: MemoryDocument
-    line: str
+    lines: list[str]
     what_if_s: float
 
+    @property
+    def line(self) -> str:
+        """The first transform's line."""
+        return self.lines[0]
 
-def predict_pair(before: Trace, after: Trace, transform: Transform) -> MemoryPair:
+
+def predict_pair(before: Trace, after: Trace, *transforms: Transform) -> MemoryPair:
     graph = build_graph(before)
     t0 = time.perf_counter()
-    edits, lines = memory_edits(graph, [transform])
+    edits, lines = memory_edits(graph, list(transforms))
     predicted = memory(before, graph, edits=edits, predicted=lines)
     took = time.perf_counter() - t0
-    return MemoryPair(memory(before, graph), predicted, memory(after, build_graph(after)), lines[0], took)
+    return MemoryPair(memory(before, graph), predicted, memory(after, build_graph(after)), lines, took)
