@@ -3,9 +3,10 @@ program run with 1F1B pipeline parallelism: each setup is recorded on this machi
 ``whatif record --memory --record-shapes``, once alone (``examples/train.py``, the whole batch in
 one pass) and once as ``p`` gloo ranks started by torchrun (``--pp p --micro-batches m``, rank
 ``s`` = stage ``s``); the alone recording's timeline is edited to each stage's and its peak
-compared with that rank's. Two bars to beat: predicting no change, and every allocation / p. One
-setup also runs tensor parallelism inside each stage (``--tp 2 --pp 2``: the scenario
-``tensor_parallel`` then ``pipeline_parallel``, their shares multiplied), where a further column
+compared with that rank's (``--schedule gpipe`` for GPipe rows). Two bars to beat: predicting no
+change, and every allocation / p. One setup also runs tensor parallelism inside each stage
+(``--tp 2 --pp 2``: the scenario ``tensor_parallel`` then ``pipeline_parallel``, their shares
+multiplied), where a further column
 takes out of each rank's peak what its records hold as no block (what gloo holds for the
 all-reduces, ``held_at_peak_unrecorded_bytes``), which the prediction leaves out.
 
@@ -42,35 +43,36 @@ MiB = 2**20
 class Setup:
     label: str
     args: tuple[str, ...]
-    plans: tuple[tuple[int, int, int], ...]   # (tensor-parallel degree, stages, micro-batches)
+    plans: tuple[tuple[int, int, int, str], ...]   # (tensor-parallel degree, stages, micro-batches, schedule)
 
 
 MODEL = ("--steps", "3", "--d-model", "256", "--heads", "8", "--layers", "4")
 SETUPS = (
     Setup("fp32, SDPA math, 4 layers, d 256, 8 heads, 8 × 256 tokens",
           (*MODEL, "--batch-size", "8", "--seq-len", "256", "--sdpa", "math"),
-          ((1, 2, 4), (1, 4, 4), (1, 4, 8), (2, 2, 4))),
+          ((1, 2, 4, "1f1b"), (1, 4, 4, "1f1b"), (1, 4, 8, "1f1b"), (1, 2, 4, "gpipe"), (2, 2, 4, "1f1b"))),
     Setup("fp32, SDPA flash, 4 layers, d 512, 8 heads, 8 × 128 tokens: weights and optimizer state",
           ("--steps", "3", "--d-model", "512", "--heads", "8", "--layers", "4", "--batch-size", "8", "--seq-len", "128",
-           "--sdpa", "flash"), ((1, 2, 4),)),
+           "--sdpa", "flash"), ((1, 2, 4, "1f1b"),)),
     Setup("bf16 autocast, SDPA math, 4 layers, d 256, 8 heads, 8 × 256 tokens",
-          (*MODEL, "--batch-size", "8", "--seq-len", "256", "--sdpa", "math", "--autocast", "bf16"), ((1, 2, 4),)),
+          (*MODEL, "--batch-size", "8", "--seq-len", "256", "--sdpa", "math", "--autocast", "bf16"),
+          ((1, 2, 4, "1f1b"),)),
 )
 
 
-def rows(setup: Setup, alone: Trace, ranks: Trace, t: int, p: int, m: int) -> list[str]:
+def rows(setup: Setup, alone: Trace, ranks: Trace, t: int, p: int, m: int, schedule: str) -> list[str]:
     measured = {d.rank: d for d in memory(ranks, build_graph(ranks)).devices}
     out = []
     for s in range(p):
-        stage_of_plan = PipelineParallel(degree=p, stage=s, micro_batches=m)
+        stage_of_plan = PipelineParallel(degree=p, stage=s, micro_batches=m, schedule=schedule)
         docs = predict_pair(alone, alone, *([TensorParallel(degree=t)] if t > 1 else []), stage_of_plan)
         (was,), (got,) = docs.recorded.devices, docs.predicted.devices
         w, pred = was.peak_allocated_bytes, got.peak_allocated_bytes
         stage = [measured[s * t + j] for j in range(t)]
         meas = [d.peak_allocated_bytes for d in stage]
         blocks = [d.peak_allocated_bytes - (d.held_at_peak_unrecorded_bytes or 0) for d in stage]
-        print(f"{setup.label} tp {t} pp {p} mb {m} stage {s}: {' | '.join(docs.lines)}", flush=True)
-        out.append(f"| {setup.label} | {t} | {p} | {m} | {s} | {w / MiB:,.1f} | {pred / MiB:,.1f} | "
+        print(f"{setup.label} tp {t} pp {p} mb {m} {schedule} stage {s}: {' | '.join(docs.lines)}", flush=True)
+        out.append(f"| {setup.label} | {t} | {p} | {m} | {schedule} | {s} | {w / MiB:,.1f} | {pred / MiB:,.1f} | "
                    f"{span([x / MiB for x in meas], ',.1f')} | {span([pred / x - 1 for x in meas], '+.1%')} | "
                    f"{span([x / MiB for x in blocks], ',.1f')} | {span([pred / x - 1 for x in blocks], '+.1%')} | "
                    f"{span([w / x - 1 for x in meas], '+.1%')} | {span([w / (t * p) / x - 1 for x in meas], '+.1%')} | "
@@ -87,17 +89,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write-docs", action="store_true", help="write the table into docs/memory.md")
     args = parser.parse_args()
-    table = ["| setup | t | p | m | stage | recorded alone, peak MiB | predicted | measured, per rank | error | "
-             "measured less what gloo holds | error | predicting no change | every allocation / (t·p) | "
+    table = ["| setup | t | p | m | schedule | stage | recorded alone, peak MiB | predicted | measured, per rank | "
+             "error | measured less what gloo holds | error | predicting no change | every allocation / (t·p) | "
              "op at the predicted peak | op at the measured peak | what-if s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for setup in SETUPS:
         with tempfile.TemporaryDirectory() as tmp:
             alone = load_trace(record_cpu("train.py", setup.args, Path(tmp) / "alone"))
-            for t, p, m in setup.plans:
-                run = record_cpu_ranks("train.py", (*setup.args, "--tp", str(t), "--pp", str(p), "--micro-batches",
-                                                    str(m)), Path(tmp) / f"tp{t}pp{p}m{m}", t * p)
-                table.extend(rows(setup, alone, load_trace(run), t, p, m))
+            for t, p, m, schedule in setup.plans:
+                plan = ("--tp", str(t), "--pp", str(p), "--micro-batches", str(m), "--schedule", schedule)
+                run = record_cpu_ranks("train.py", (*setup.args, *plan), Path(tmp) / f"tp{t}pp{p}m{m}{schedule}", t * p)
+                table.extend(rows(setup, alone, load_trace(run), t, p, m, schedule))
     text = "\n".join(table)
     print(text)
     if args.write_docs:

@@ -32,7 +32,8 @@ Variants (the GPU harvest's before/after pairs, ``bench/gpu_harvest``):
   blocks ``[s·L/N, (s+1)·L/N)`` (stage 0 also the embeddings, the last also the final norm, the
   LM head and the loss), runs ``min(N − s − 1, M)`` warm-up forwards, then one forward and one
   backward in turn, then the remaining backwards; activations go forward and their gradients back
-  by send/recv (gloo on the CPU, NCCL on a GPU). ``--micro-batches`` alone (``--pp 1``)
+  by send/recv (gloo on the CPU, NCCL on a GPU); ``--schedule gpipe`` runs every forward,
+  then every backward (GPipe, Huang et al. 2019). ``--micro-batches`` alone (``--pp 1``)
   accumulates the gradients of ``M`` micro-batches. ``--tp T --pp N`` together: ``T·N``
   processes, rank ``s·T + j`` is tensor-parallel rank ``j`` of stage ``s`` (each stage's ranks
   all-reduce among themselves; rank ``j`` of a stage sends to rank ``j`` of the next).
@@ -329,10 +330,11 @@ class _Neighbours:
 
 
 def pipeline_step(model: TinyLM, opt: torch.optim.Optimizer, batch: torch.Tensor, clip: float,
-                  micro_batches: int, autocast: str = "off") -> torch.Tensor:
+                  micro_batches: int, autocast: str = "off", schedule: str = "1f1b") -> torch.Tensor:
     """One optimizer step over ``micro_batches`` micro-batches on this rank's pipeline stage, the
-    1F1B schedule (module docstring, ``--pp``; without ``--pp`` gradient accumulation); returns
-    the (detached) loss of the whole batch, on every stage."""
+    1F1B schedule or GPipe's (every forward, then every backward; module docstring, ``--pp``;
+    without ``--pp`` gradient accumulation); returns the (detached) loss of the whole batch, on
+    every stage."""
     opt.zero_grad(set_to_none=True)
     m = micro_batches
     tokens, targets = batch[:, :-1].chunk(m), batch[:, 1:].chunk(m)
@@ -357,7 +359,7 @@ def pipeline_step(model: TinyLM, opt: torch.optim.Optimizer, batch: torch.Tensor
         torch.autograd.backward(y, None if model.last else g)
         return None if x is None else x.grad
 
-    warmup = min(stages - stage - 1, m)
+    warmup = m if schedule == "gpipe" else min(stages - stage - 1, m)
     for i in range(warmup):
         link.send_forward(forward(i, link.recv_forward()))
     x = link.recv_forward() if warmup < m else None
@@ -415,6 +417,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="pipeline-parallel stages (torchrun starts --tp x --pp processes: WORLD_SIZE)")
     p.add_argument("--micro-batches", type=int, default=1,
                    help="micro-batches per step (1F1B with --pp; gradient accumulation without)")
+    p.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"],
+                   help="pipeline schedule with --pp: 1F1B, or GPipe (every forward, then every backward)")
     p.add_argument("--log", default=None, help="write the JSON log here")
     args = p.parse_args(argv)
     if args.workers is not None and args.workers < 0:
@@ -487,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     start = t0 = now(device)
     with attention_backend(args.sdpa):
         for i, batch in enumerate(batches(args, device)):
-            loss = (pipeline_step(model, opt, batch, args.clip, args.micro_batches, args.autocast)
+            loss = (pipeline_step(model, opt, batch, args.clip, args.micro_batches, args.autocast, args.schedule)
                     if args.pp > 1 or args.micro_batches > 1
                     else train_step(model, opt, batch, args.clip, args.autocast, forward)).item()
             t1 = now(device)

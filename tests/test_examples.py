@@ -377,7 +377,7 @@ def test_train_pipeline_stages_train_the_same_model(tmp_path: Path, capsys: pyte
     """``--pp 2 --micro-batches 4`` as torchrun starts it: two gloo ranks, each holding its stage's
     blocks of the same seeded model (the first also the embeddings, the last the LM head), train
     it with 1F1B as one process does (the same losses, clipping over both stages included); so do
-    four ranks of ``--tp 2 --pp 2`` and gradient accumulation over the micro-batches in one
+    GPipe, four ranks of ``--tp 2 --pp 2`` and gradient accumulation over the micro-batches in one
     process; bad splits are one line."""
     import os
     import socket
@@ -397,7 +397,8 @@ def test_train_pipeline_stages_train_the_same_model(tmp_path: Path, capsys: pyte
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     logs = []
-    for plan, ranks in ((["--pp", "2"], 2), (["--tp", "2", "--pp", "2"], 4)):   # rank = stage x tp + its tp rank
+    for plan, ranks in ((["--pp", "2"], 2), (["--tp", "2", "--pp", "2"], 4),   # rank = stage x tp + its tp rank
+                        (["--pp", "2", "--schedule", "gpipe"], 2)):
         logs.append([tmp_path / f"{'-'.join(plan)}.{r}.json" for r in range(ranks)])
         procs = [subprocess.Popen([sys.executable, str(EXAMPLES / "train.py"), *args, *plan, "--micro-batches", "4",
                                    "--log", str(logs[-1][r])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -408,8 +409,8 @@ def test_train_pipeline_stages_train_the_same_model(tmp_path: Path, capsys: pyte
         outs = [p.communicate(timeout=120) for p in procs]
         assert [p.returncode for p in procs] == [0] * ranks, outs
     losses = [[s["loss"] for s in json.loads(log.read_text())["steps"]]
-              for log in (alone, accumulated, *logs[0], *logs[1])]
-    assert losses[2:4] == [losses[2]] * 2 and losses[4:] == [losses[4]] * 4
+              for log in (alone, accumulated, *logs[0], *logs[1], *logs[2])]
+    assert losses[2:4] == [losses[2]] * 2 and losses[4:8] == [losses[4]] * 4 and losses[8:] == [losses[8]] * 2
     assert len(losses[0]) == 3 and losses[0][-1] != losses[0][0]
     for other in losses[1:]:
         assert other == pytest.approx(losses[0], rel=1e-5)
