@@ -27,11 +27,11 @@ from whatif.transforms.parallel.tensor import TensorParallel
 
 try:
     from common.docs import replace_section
-    from common.memory_pair import predict_pair
+    from common.memory_pair import predict_pair, span
     from common.recording import record_cpu, record_cpu_ranks
 except ImportError:  # run as a module from the repo root
     from bench.common.docs import replace_section
-    from bench.common.memory_pair import predict_pair
+    from bench.common.memory_pair import predict_pair, span
     from bench.common.recording import record_cpu, record_cpu_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,11 +78,6 @@ def rows(setup: Setup, alone: Trace, ranks: Trace, t: int, p: int, m: int, sched
                    f"{span([w / x - 1 for x in meas], '+.1%')} | {span([w / (t * p) / x - 1 for x in meas], '+.1%')} | "
                    f"{got.peak_op} | {', '.join(sorted({d.peak_op for d in stage}))} | {docs.what_if_s:.2f} |")
     return out
-
-
-def span(values: list[float], fmt: str) -> str:
-    lo, hi = format(min(values), fmt), format(max(values), fmt)
-    return lo if lo == hi else f"{lo} to {hi}"
 
 
 def main() -> None:

@@ -20,11 +20,11 @@ from whatif.transforms.parallel.tensor import TensorParallel
 
 try:
     from common.docs import replace_section
-    from common.memory_pair import predict_pair
+    from common.memory_pair import predict_pair, span
     from common.recording import record_cpu, record_cpu_ranks
 except ImportError:  # run as a module from the repo root
     from bench.common.docs import replace_section
-    from bench.common.memory_pair import predict_pair
+    from bench.common.memory_pair import predict_pair, span
     from bench.common.recording import record_cpu, record_cpu_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,10 +62,6 @@ def row(setup: Setup, alone: Trace, ranks: Trace, t: int) -> str:
     measured = [d.peak_allocated_bytes for d in docs.measured.devices]
     blocks = [d.peak_allocated_bytes - (d.held_at_peak_unrecorded_bytes or 0) for d in docs.measured.devices]
     same_op = sum(d.peak_op == got.peak_op for d in docs.measured.devices)
-
-    def span(values: list[float], fmt: str) -> str:
-        lo, hi = format(min(values), fmt), format(max(values), fmt)
-        return lo if lo == hi else f"{lo} to {hi}"
 
     print(f"{setup.label} tp {t}: {docs.line}", flush=True)
     return (f"| {setup.label} | {t} | {w / MiB:,.1f} | {p / MiB:,.1f} | {span([m / MiB for m in measured], ',.1f')} | "

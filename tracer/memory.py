@@ -166,6 +166,15 @@ _ADDED_COLUMNS = ("anchor", "after", "bytes", "addr", "op")
 
 GPU_BLOCK_BYTES = 512
 """The CUDA caching allocator rounds every block up to a multiple of this."""
+
+
+def gpu_block_bytes(nbytes: float) -> int:
+    """The bytes the caching allocator gives a request of ``nbytes`` (:data:`GPU_BLOCK_BYTES` multiples).
+
+    >>> gpu_block_bytes(1), gpu_block_bytes(512), gpu_block_bytes(1024.5)
+    (512, 512, 1536)
+    """
+    return int(np.ceil(nbytes / GPU_BLOCK_BYTES)) * GPU_BLOCK_BYTES
 BEFORE_THE_RECORDING = "(allocated before the recording)"
 """The operator of a what-if's record that changes what a device held before its first record."""
 HELD_EARLIER = "(allocated earlier: held from a first micro-batch)"
@@ -314,7 +323,7 @@ def scaled_edit(memory: pd.DataFrame, scaling: BlockScaling, what: str) -> Recor
         if factor == 1 and to is None:
             continue
         exact_bytes = float(sizes[row]) * factor
-        nbytes = int(np.ceil(exact_bytes / GPU_BLOCK_BYTES) * GPU_BLOCK_BYTES) if gpu[row] else int(round(exact_bytes))
+        nbytes = gpu_block_bytes(exact_bytes) if gpu[row] else int(round(exact_bytes))
         free = editor.free_of(row)
         editor.drop_block(row)
         if nbytes > 0:

@@ -36,3 +36,9 @@ def predict_pair(before: Trace, after: Trace, *transforms: Transform) -> MemoryP
     predicted = memory(before, graph, edits=edits, predicted=lines)
     took = time.perf_counter() - t0
     return MemoryPair(memory(before, graph), predicted, memory(after, build_graph(after)), lines, took)
+
+
+def span(values: list[float], fmt: str) -> str:
+    """The least and greatest of ``values`` formatted with ``fmt`` ("a to b"; one value when they print the same)."""
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    return lo if lo == hi else f"{lo} to {hi}"

@@ -101,9 +101,13 @@ class BlockRoles:
     frees: np.ndarray  # int64 per row: the record that frees its block, -1 when none does
     param_shapes: frozenset[tuple[int, ...]]
 
+    def mask(self, role: BlockRole) -> np.ndarray:
+        """Per allocation (aligned with ``rows``): whether its role is ``role``."""
+        return self.codes == list(BlockRole).index(role)
+
     def of(self, role: BlockRole) -> np.ndarray:
         """The rows of ``role``'s allocations."""
-        return self.rows[self.codes == list(BlockRole).index(role)]
+        return self.rows[self.mask(role)]
 
     def bytes_by_role(self, sizes: np.ndarray) -> dict[BlockRole, int]:
         """Bytes allocated per role (every allocation counted, freed or not), roles without one left out."""
@@ -419,7 +423,7 @@ def batch_peaks(trace: Trace, roles: BlockRoles, scaling: BlockScaling | None = 
             raise ValueError("batch_peaks: the scaling's rows are not allocations of these block roles")
         kept[at] = scaling.factors
         before = scaling.before
-    active = roles.codes == list(BlockRole).index(BlockRole.ACTIVATION)
+    active = roles.mask(BlockRole.ACTIVATION)
     freed = roles.frees >= 0
     delta = np.zeros(len(mem))
     delta[roles.rows[active]] += sizes[roles.rows[active]] * kept[active]

@@ -22,7 +22,7 @@ from whatif.core.kernels import KernelClass, classify_kernel, param_args, weight
 from whatif.depgraph.hierarchy import CpuHierarchy, autograd_nodes, build_hierarchy, inherit, record_steps
 from whatif.tracer.args import Arg, int_values
 from whatif.tracer.kinds import EventKind
-from whatif.tracer.memory import BEFORE_THE_RECORDING, GPU_BLOCK_BYTES, BlockScaling, RecordEdit, scaled_edit
+from whatif.tracer.memory import BEFORE_THE_RECORDING, BlockScaling, RecordEdit, gpu_block_bytes, scaled_edit
 from whatif.tracer.trace import Trace
 
 from ..optimizations.batch_memory import BlockRole, BlockRoles, backward_events
@@ -241,7 +241,7 @@ def lasting_shares(uses: ParameterUses, share: np.ndarray) -> LastingShares:
     held = total = 0.0
     for numel, recorded, part in zip(uses.numel.tolist(), uses.recorded_bytes.tolist(), share.tolist()):
         for e in sorted({PARAMETER_BYTES, recorded}):
-            for table, nbytes in ((cpu, numel * e), (gpu, -(-numel * e // GPU_BLOCK_BYTES) * GPU_BLOCK_BYTES)):
+            for table, nbytes in ((cpu, numel * e), (gpu, gpu_block_bytes(numel * e))):
                 acc = table.setdefault(nbytes, [0.0, 0.0])
                 acc[0] += part
                 acc[1] += 1
@@ -257,7 +257,7 @@ def shares_edit(trace: Trace, roles: BlockRoles, scaling: BlockScaling, head: st
     MiB it allocates less of, ``tail``, and the share kept of what was allocated before the
     recording when there was some."""
     sizes = trace.memory["bytes"].to_numpy()[roles.rows]
-    activation = roles.codes == list(BlockRole).index(BlockRole.ACTIVATION)
+    activation = roles.mask(BlockRole.ACTIVATION)
     less = sizes * (1 - scaling.factors)
     what = (f"{head}{less[activation].sum() / 2**20:,.1f} MiB fewer activation bytes allocated, "
             f"{less[~activation].sum() / 2**20:,.1f} MiB fewer parameter, gradient and optimizer-state bytes{tail}")

@@ -192,32 +192,31 @@ def pipeline_shares(trace: Trace, degree: int, stage: int, micro_batches: int, s
     held = np.where(past_step, 1.0, f / micro_batches)
     activation_scale = np.where(in_forward, np.where(forward_owned, held, 0.0),
                                 np.where(backward, np.where(backward_owned, 1 / micro_batches, 0.0), 1.0))
-    activation = roles.codes == list(BlockRole).index(BlockRole.ACTIVATION)
+    activation = roles.mask(BlockRole.ACTIVATION)
     uses = parameter_uses(trace, ops)
     lasting = lasting_shares(uses, (stages[uses.pos] == stage).astype(float))
     scale = np.where(activation, activation_scale, lasting.of(mem["bytes"].to_numpy()[allocs], on_gpu(mem)[allocs]))
     moved = np.zeros(0, dtype=np.int64)
     to = np.zeros(0, dtype=np.int64)
     if schedule is Schedule.ONE_F_ONE_B and micro_batches > f:
-        moved, to = _gradients_earlier(trace, roles, (pos >= 0) & ops.forward[at], scale > 0)
+        moved, to = _gradients_earlier(trace, roles, steps[allocs], (pos >= 0) & ops.forward[at], scale > 0)
     return PipelineShares(degree, stage, micro_batches, schedule, f, roles, scale, lasting.before, moved, to)
 
 
-def _gradients_earlier(trace: Trace, roles: BlockRoles, in_forward: np.ndarray,
+def _gradients_earlier(trace: Trace, roles: BlockRoles, steps: np.ndarray, in_forward: np.ndarray,
                        kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The gradients (``BlockRole.GRADIENT`` allocations of ``kept``) and, for each, the step's
-    first allocation made in a forward op on its device (``in_forward``: per allocation of
-    ``roles.rows``): with 1F1B a stage's first backward makes them while later micro-batches'
-    forwards are still to come."""
+    first allocation made in a forward op on its device (``steps``, ``in_forward``: per allocation
+    of ``roles.rows``, its step and whether a forward op made it): with 1F1B a stage's first
+    backward makes them while later micro-batches' forwards are still to come."""
     mem = trace.memory
     allocs = roles.rows
-    steps = record_steps(trace.events, mem.iloc[allocs])
     frame = pd.DataFrame({"row": allocs, "ts": mem["ts_ns"].to_numpy()[allocs], "step": steps,
                           "rank": mem["rank"].to_numpy()[allocs], "type": mem["device_type"].to_numpy()[allocs],
                           "device": mem["device_id"].to_numpy()[allocs]})
     keys = ["rank", "type", "device", "step"]
     first = frame[in_forward & (steps != OUTSIDE_STEPS)].sort_values(["ts", "row"]).drop_duplicates(keys)
-    grads = frame[(roles.codes == list(BlockRole).index(BlockRole.GRADIENT)) & kept]
+    grads = frame[roles.mask(BlockRole.GRADIENT) & kept]
     anchored = grads.merge(first[[*keys, "row"]], on=keys, suffixes=("", "_to"))
     anchored = anchored[anchored["row_to"] < anchored["row"]]
     return anchored["row"].to_numpy(np.int64), anchored["row_to"].to_numpy(np.int64)

@@ -134,7 +134,7 @@ def tensor_parallel_shares(trace: Trace, degree: int, sequence_parallel: bool = 
     at = np.maximum(pos, 0)
     made_by = np.where(pos >= 0, ops.made_by[at], -1)
     scale = np.where(made_by >= 0, fwd.into[np.maximum(made_by, 0)], np.where(pos >= 0, fwd.out[at], 1.0))
-    activation = roles.codes == list(BlockRole).index(BlockRole.ACTIVATION)
+    activation = roles.mask(BlockRole.ACTIVATION)
     uses = parameter_uses(trace, ops)
     of = fwd.role[uses.pos]
     sharded = (of == ROLES.index(Role.COLUMN)) | ((of == ROLES.index(Role.ROW)) & uses.weight)

@@ -45,6 +45,7 @@ topology = "dgx_h100"
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -449,6 +450,12 @@ def _recorded_key(plan: Plan) -> RecordedKey:
     return plan.tp, plan.pp, plan.micro_batches or default_micro_batches(_schedule(plan.mode), plan.pp)
 
 
+def _composed(*scalings: BlockScaling | None) -> BlockScaling | None:
+    """The scalings given, one after another (:meth:`BlockScaling.then`); None when none is."""
+    given = [s for s in scalings if s is not None]
+    return functools.reduce(BlockScaling.then, given) if given else None
+
+
 def _recorded(analysis: Analysis, plans: Sequence[Plan]) -> tuple[dict[RecordedKey, BatchPeaks], str]:
     """The recorded GPU memory at any batch per (tp, pp, micro-batches) of ``plans`` with sp = 1
     (one tensor-parallel rank's; of a pipeline, its fullest stage's), and a line saying what it
@@ -484,8 +491,7 @@ def _recorded(analysis: Analysis, plans: Sequence[Plan]) -> tuple[dict[RecordedK
             except TransformError as exc:
                 refused_pp = str(exc)
                 continue
-        peaks = [batch_peaks(trace, roles, stage if rank is None else rank if stage is None else rank.then(stage))
-                 for stage in stages]
+        peaks = [batch_peaks(trace, roles, _composed(rank, stage)) for stage in stages]
         if all(p is not None for p in peaks):
             out[key] = BatchPeaks.of_all([p for p in peaks if p is not None])
     why = "".join(f"; {which} plans keep the model: {reason}"
