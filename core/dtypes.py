@@ -108,6 +108,26 @@ def compute_dtype(type_name: str | None) -> DType | None:
     return entry[1] if entry else None
 
 
+SCALAR_TYPES: dict[int, str] = {0: "uint8", 1: "int8", 2: "short", 3: "int", 4: "long", 5: "fp16", 6: "fp32",
+                                 7: "double", 11: "bool", 15: "bf16"}
+"""c10::ScalarType codes, as a recorded op's ``Concrete Inputs`` spell a dtype argument (``aten::to``)."""
+
+
+def conversion_target(input_types: Sequence[str] | None, concrete: Sequence[str] | None) -> str | None:
+    """The dtype a recorded conversion (``aten::to``, ``aten::_to_copy``) converts to: its first
+    ``Scalar`` argument after the tensor that is a :data:`SCALAR_TYPES` code (None when none is).
+
+    >>> conversion_target(["float", "Scalar", "Scalar", "Scalar", ""], ["", "15", "False", "False", ""])
+    'bf16'
+    >>> conversion_target(["float", "", "Scalar", "Scalar"], ["", "", "6", "False"])
+    'fp32'
+    """
+    for kind, value in list(zip(input_types or [], concrete or []))[1:]:
+        if kind == "Scalar" and str(value).isdigit():
+            return SCALAR_TYPES.get(int(value))
+    return None
+
+
 def op_dtype(input_types: Sequence[str] | None) -> str:
     """The dtype an op computes in: its first argument whose ``Input type`` is a compute dtype
     ("" when none is).

@@ -312,9 +312,18 @@ def scaled_edit(memory: pd.DataFrame, scaling: BlockScaling, what: str) -> Recor
     first ``Total Allocated`` less the record, when recorded) moved by ``before``, one record
     before the first: every GPU's on a trace with GPU records (the host's is not the model's),
     else every device's."""
+    editor = RecordEditor(memory)
+    scale_blocks(editor, scaling)
+    edit = editor.edit(what)
+    return RecordEdit(what, edit.dropped, edit.added, scaling)
+
+
+def scale_blocks(editor: RecordEditor, scaling: BlockScaling) -> None:
+    """Put ``scaling``'s records into ``editor`` (what :func:`scaled_edit` does), so that an edit
+    can scale some blocks and add others."""
+    memory = editor.memory
     sizes = memory["bytes"].to_numpy()
     gpu = on_gpu(memory)
-    editor = RecordEditor(memory)
     moves = dict(zip(scaling.moved.tolist(), scaling.to.tolist()))
     factors = dict(zip(scaling.rows.tolist(), scaling.factors.tolist()))
     for row in sorted(set(factors) | set(moves)):
@@ -336,5 +345,3 @@ def scaled_edit(memory: pd.DataFrame, scaling: BlockScaling, what: str) -> Recor
             change_bytes = int(round(held_before_bytes(memory.iloc[scope[rows]]) * (scaling.before - 1)))
             if change_bytes:
                 editor.add_block(change_bytes, (first, False), None, BEFORE_THE_RECORDING)
-    edit = editor.edit(what)
-    return RecordEdit(what, edit.dropped, edit.added, scaling)

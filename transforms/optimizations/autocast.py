@@ -23,10 +23,13 @@ fixed latency). A cast's CPU op lasts what an op launching one elementwise kerne
 trace (the median, forward and backward apart: a backward node adds the autograd engine's
 overhead). Measured against an H200 fp32 → bf16 autocast pair in ``bench/gpu_pairs.py`` (p1).
 
+**Memory** (``whatif memory -s``): :meth:`Autocast.memory_edit` edits the allocator records as
+the program allocates under autocast (:mod:`.autocast_memory`: blocks in the dtype their op
+outputs, the casts' copies, each held as long as autograd keeps it; docs/memory.md).
+
 Left out: autocast's dispatch overhead on ops it does not cast; the cast cache when one weight is
 used twice in a forward (tied embeddings: cast once); a product of two lower-precision outputs
-(SwiGLU's ``gate·up``) is taken as fp32, so one activation cast too many per such MLP; memory
-(the bf16 copies of the weights and halved saved activations).
+(SwiGLU's ``gate·up``) is taken as fp32, so one activation cast too many per such MLP.
 
 >>> Autocast(dtype="fp16").setting()
 'autocast(dtype=fp16)'
@@ -50,6 +53,7 @@ from whatif.hardware.devices import find_device, sixteen_bit
 from whatif.hardware.roofline import fixed_latency_ns
 from whatif.tracer.args import Arg
 from whatif.tracer.kinds import EventKind
+from whatif.tracer.memory import RecordEdit
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import add_edges, scale, set_duration, set_state, splice_tasks
@@ -57,6 +61,7 @@ from ..needs import Need
 from ..parallel.layers import backward_mask, linked_op_rows
 from ..registry import register
 from ..select import Selector, kernel_classes
+from .autocast_memory import autocast_memory_edit
 from .flash_attention import math_attention_kernels
 from .precision import record_spec
 
@@ -293,6 +298,13 @@ class Autocast(Transform):
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         ids, lowered, _ = self._lowered(graph, ctx)
         return ids[lowered]
+
+    def memory_edit(self, graph: TaskGraph) -> RecordEdit | None:
+        """The allocator records as the program makes them under autocast
+        (:func:`~.autocast_memory.autocast_memory_edit`)."""
+        if graph.trace is None:
+            raise TransformError("autocast: the graph has no trace to read allocator records from")
+        return autocast_memory_edit(graph.trace, str(self.dtype).lower())
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
         spec = str(self.dtype).lower()
