@@ -127,3 +127,26 @@ def test_memory_dash_s_predicts_autocast(tmp_path: Path, capsys: pytest.CaptureF
     out = capsys.readouterr().out
     assert "autocast(dtype=fp16):" in out and "cast copies added" in out
     assert "0.93" in out
+
+
+def test_on_a_gpu_every_block_is_a_whole_number_of_the_allocators_512_bytes(fp32: Trace) -> None:
+    """The same recording read as a GPU's, one recast block made 1,200 bytes (600 in 16 bits):
+    each block the edit adds (cast copies, a recast's two halves, halved activations) is rounded up
+    as the caching allocator rounds it; the predicted peak is at least the CPU one's and at most
+    512 B a block above it."""
+    from dataclasses import replace
+
+    from whatif.tracer.memory import DeviceType
+
+    gpu = replace(fp32, memory=fp32.memory.assign(device_type=int(DeviceType.CUDA)))
+    on_cpu = memory(fp32, edits=[autocast_memory_edit(fp32)]).devices[0].peak_allocated_bytes
+    edit = autocast_memory_edit(gpu)
+    on_gpu = memory(gpu, edits=[edit]).devices[0].peak_allocated_bytes
+    assert on_cpu <= on_gpu <= on_cpu + 512 * len(edit.added)
+    first = autocast_memory(fp32).recasts[0].i
+    roles = autocast_memory(fp32).roles
+    sizes = gpu.memory["bytes"].to_numpy().copy()
+    sizes[roles.rows[first]], sizes[roles.frees[first]] = 1200, -1200
+    odd = replace(gpu, memory=gpu.memory.assign(bytes=sizes))
+    added = autocast_memory_edit(odd).added["bytes"].to_numpy()
+    assert len(added) and (added % 512 == 0).all()

@@ -59,7 +59,15 @@ from whatif.core.dtypes import ELEMENT_BYTES, compute_dtype, conversion_target
 from whatif.core.kernels import KernelClass, classify_kernel, float_tensors, op_key
 from whatif.depgraph.hierarchy import autograd_nodes, enclosing, inherit, record_steps
 from whatif.tracer.args import Arg
-from whatif.tracer.memory import GPU_DEVICE_TYPES, BlockScaling, RecordEdit, RecordEditor, gpu_block_bytes, scale_blocks
+from whatif.tracer.memory import (
+    GPU_DEVICE_TYPES,
+    BlockScaling,
+    RecordEdit,
+    RecordEditor,
+    gpu_block_bytes,
+    on_gpu,
+    scale_blocks,
+)
 from whatif.tracer.trace import Trace
 
 from ..base import TransformError
@@ -438,14 +446,19 @@ def autocast_memory_edit(trace: Trace, dtype: str = "bf16") -> RecordEdit:
         row = int(model.roles.rows[i])
         editor.drop_block(row)
         editor.add_block(int(sizes[row]), (row, True), free, None)
+    gpu = on_gpu(trace.memory)
+
+    def block(row: int, nbytes: int) -> int:   # a GPU's caching allocator rounds up to 512 B
+        return gpu_block_bytes(nbytes) if gpu[row] else nbytes
+
     for r in model.recasts:
         row = int(model.roles.rows[r.i])
         last = editor.free_of(row)
         editor.drop_block(row)
-        editor.add_block(r.then, r.at, (last, True) if last is not None else None, CAST_OP)
-        editor.add_block(r.first, (row, True), r.at, None)
+        editor.add_block(block(row, r.then), r.at, (last, True) if last is not None else None, CAST_OP)
+        editor.add_block(block(row, r.first), (row, True), r.at, None)
     for b in model.added:
-        editor.add_block(b.nbytes, b.alloc_at, b.free_at, CAST_OP)
+        editor.add_block(block(b.alloc_at[0], b.nbytes), b.alloc_at, b.free_at, CAST_OP)
     less = float((sizes[model.roles.rows] * (1 - model.factors)).sum())
     what = (f"autocast(dtype={dtype}): {int((model.factors < 1).sum()):,} blocks held in {dtype} "
             f"({less / 2**20:,.1f} MiB fewer bytes allocated), {len(model.recasts):,} made in one dtype and "
