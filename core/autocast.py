@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .dtypes import DType
-from .kernels import BIAS_ARG, float_tensors, op_key, weight_arg
+from .kernels import BIAS_ARG, KernelClass, float_tensors, op_key, weight_arg
 
 FP32_OPS = frozenset({
     "layer_norm", "native_layer_norm", "group_norm", "native_group_norm", "rms_norm", "_fused_rms_norm",
@@ -37,6 +37,10 @@ FP32_OPS = frozenset({
     "reciprocal", "softplus", "sum", "prod", "cumsum", "cumprod", "norm", "linalg_vector_norm", "logsumexp",
     "cosine_similarity", "cdist", "renorm", "erfinv"})
 """Autocast's fp32 list (CUDA), by op name without namespace: these cast lower-precision inputs up."""
+
+
+LOWERED_CLASSES = frozenset({KernelClass.GEMM.value, KernelClass.CONV.value, KernelClass.ATTENTION.value})
+"""Kernel classes of autocast's lower-precision list (GEMMs, convolutions, attention)."""
 
 
 class CastRole(str, Enum):

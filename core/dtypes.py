@@ -114,8 +114,9 @@ SCALAR_TYPES: dict[int, str] = {0: "uint8", 1: "int8", 2: "short", 3: "int", 4: 
 
 
 def conversion_target(input_types: Sequence[str] | None, concrete: Sequence[str] | None) -> str | None:
-    """The dtype a recorded conversion (``aten::to``, ``aten::_to_copy``) converts to: its first
-    ``Scalar`` argument after the tensor that is a :data:`SCALAR_TYPES` code (None when none is).
+    """The dtype a recorded conversion (``aten::to``, ``aten::_to_copy``) converts to: what its
+    first integer ``Scalar`` argument after the tensor names as a :data:`SCALAR_TYPES` code (None
+    when there is none, or it names another type).
 
     >>> conversion_target(["float", "Scalar", "Scalar", "Scalar", ""], ["", "15", "False", "False", ""])
     'bf16'

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from whatif.core.autocast import autocast_casts, is_fp32_op
+from whatif.core.autocast import LOWERED_CLASSES, autocast_casts, is_fp32_op
 from whatif.core.dtypes import ELEMENT_BYTES
 from whatif.core.kernels import KernelClass, float_tensors
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
@@ -66,8 +66,6 @@ from .flash_attention import math_attention_kernels
 from .precision import record_spec
 
 DTYPES = ("bf16", "fp16")
-LOWERED = frozenset({KernelClass.GEMM.value, KernelClass.CONV.value, KernelClass.ATTENTION.value})
-"""Kernel classes of autocast's lower-precision list."""
 _LOOK_BACK = 4   # ops walked back through to find what an activation came from
 
 
@@ -150,7 +148,7 @@ def _fed_by_low(first: int, pred: np.ndarray, cls: np.ndarray, passes: np.ndarra
     for _ in range(_LOOK_BACK):
         if k < 0:
             return False
-        if cls[k] in LOWERED:
+        if cls[k] in LOWERED_CLASSES:
             return True
         if not passes[k]:
             return False
@@ -222,7 +220,8 @@ def plan_casts(graph: TaskGraph, kernels: np.ndarray, lowered: np.ndarray, low_b
         site = CastSite(q, int(pred[c0]), int(launch_lat[k0]), tuple(c.bytes(low_bytes) for c in casts), False)
         sites.append(site)
         forward_sites.append((int(rank[k0]), int(step[k0]), int(start[k0]), site))
-    sites += _backward_sites(graph, forward_sites, chosen & back & np.isin(cls, list(LOWERED)), launcher, launch_lat)
+    matrix = chosen & back & np.isin(cls, list(LOWERED_CLASSES))
+    sites += _backward_sites(graph, forward_sites, matrix, launcher, launch_lat)
     return sites
 
 
@@ -291,7 +290,7 @@ class Autocast(Transform):
         if not len(ids):
             return ids, np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
         facts = ctx.require_cost(self.name).kernel_facts(graph, ids)
-        matrix = np.isin(facts["kernel_class"], list(LOWERED))
+        matrix = np.isin(facts["kernel_class"], list(LOWERED_CLASSES))
         inside_math = np.isin(ids, math_attention_kernels(graph))
         return ids, matrix & np.isin(facts["dtype"], ["fp32", "tf32"]) & ~inside_math, matrix
 
