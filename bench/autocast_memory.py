@@ -1,9 +1,10 @@
-"""The memory ``autocast`` predicts (``whatif memory -s``) against the program recorded under
-``torch.autocast``: each setup of examples/train.py is recorded twice on this machine's CPU with
-``whatif record --memory --record-shapes`` (fp32, then ``--autocast bf16|fp16``), the fp32
-recording's timeline is edited as autocast would allocate, and its peak is compared with the
-autocast recording's. Two bars to beat: predicting no change, and the rule of thumb "mixed
-precision halves the activations" (every activation block at half its bytes, nothing added).
+"""The memory ``autocast`` and ``precision`` predict (``whatif memory -s``) against the program
+recorded under ``torch.autocast`` and converted to 16 bits: each setup of examples/train.py is
+recorded on this machine's CPU with ``whatif record --memory --record-shapes`` in fp32, under
+``--autocast bf16|fp16`` and converted with ``--dtype bfloat16|float16``; the fp32 recording's
+timeline is edited as each would allocate, and its peak is compared with the other recording's.
+Two bars to beat: predicting no change, and a rule of thumb (mixed precision halves the
+activations; a converted model halves every block).
 
 Run: .venv/bin/python bench/autocast_memory.py [--write-docs]   (the table goes into docs/memory.md)
 """
@@ -20,8 +21,10 @@ from whatif.depgraph.build import build_graph
 from whatif.memory import memory
 from whatif.tracer.memory import BlockScaling, scaled_edit
 from whatif.tracer.trace import Trace, load_trace
+from whatif.transforms.base import Transform
 from whatif.transforms.optimizations.autocast import Autocast
 from whatif.transforms.optimizations.batch_memory import BlockRole, block_roles
+from whatif.transforms.optimizations.precision import Precision
 
 try:
     from common.docs import replace_section
@@ -42,6 +45,10 @@ class Setup:
     label: str
     dtype: str
     args: tuple[str, ...]
+    converted: bool = True   # also recorded converted to the dtype (--dtype)
+
+
+MODEL_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 def _model(layers: int, d: int, heads: int, batch: int, seq: int, sdpa: str, vocab: int = 512) -> tuple[str, ...]:
@@ -54,7 +61,8 @@ SETUPS = (
           _model(2, 256, 8, 4, 256, "math")),
     Setup("2 layers, d 256, 8 heads, 4 × 256 tokens, SDPA flash", "bf16", _model(2, 256, 8, 4, 256, "flash")),
     Setup("2 layers, d 256, 8 heads, 4 × 256 tokens, SDPA math", "fp16", _model(2, 256, 8, 4, 256, "math")),
-    Setup("4 layers, d 512, 8 heads, 4 × 512 tokens, SDPA math", "bf16", _model(4, 512, 8, 4, 512, "math")),
+    Setup("4 layers, d 512, 8 heads, 4 × 512 tokens, SDPA math", "bf16", _model(4, 512, 8, 4, 512, "math"),
+          converted=False),
     Setup("2 layers, d 1,024, 16 heads, 8 × 256 tokens, SDPA flash, vocabulary 8,192", "bf16",
           _model(2, 1024, 16, 8, 256, "flash", 8192)),
     Setup("2 layers, d 1,024, 16 heads, 4 × 64 tokens, SDPA math, vocabulary 8,192 (weights dominate)", "bf16",
@@ -62,11 +70,11 @@ SETUPS = (
 )
 
 
-def halved_peak(trace: Trace) -> int:
-    """The peak when every activation block is held at half its bytes and nothing else changes."""
+def halved_peak(trace: Trace, roles_halved: tuple[BlockRole, ...]) -> int:
+    """The peak when every block of ``roles_halved`` is held at half its bytes and nothing else changes."""
     roles = block_roles(trace, "autocast")
-    rows = roles.of(BlockRole.ACTIVATION)
-    edit = scaled_edit(trace.memory, BlockScaling(rows, np.full(len(rows), 0.5)), "activations halved")
+    rows = np.sort(np.concatenate([roles.of(r) for r in roles_halved]))
+    edit = scaled_edit(trace.memory, BlockScaling(rows, np.full(len(rows), 0.5)), "halved")
     return memory(trace, build_graph(trace), edits=[edit]).devices[0].peak_allocated_bytes
 
 
@@ -74,28 +82,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write-docs", action="store_true", help="write the table into docs/memory.md")
     args = parser.parse_args()
-    rows = ["| setup (examples/train.py, 3 steps) | autocast | fp32, peak MiB | predicted | autocast, measured | "
-            "error (bytes) | predicting no change | activations halved | step peaks, largest error | "
+    rows = ["| setup (examples/train.py, 3 steps) | what-if | fp32, peak MiB | predicted | measured | "
+            "error (bytes) | predicting no change | rule of thumb | step peaks, largest error | "
             "peak at (predicted / measured) | what-if s |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for setup in SETUPS:
+        runs: list[tuple[str, tuple[BlockRole, ...], Transform, tuple[str, ...]]] = [
+            (f"autocast {setup.dtype}", (BlockRole.ACTIVATION,), Autocast(dtype=setup.dtype),
+             ("--autocast", setup.dtype))]
+        if setup.converted:
+            runs.append((f"precision {setup.dtype} (converted)", tuple(BlockRole), Precision(dtype=setup.dtype),
+                         ("--dtype", MODEL_DTYPES[setup.dtype])))
         with tempfile.TemporaryDirectory() as tmp:
             before = load_trace(record_cpu("train.py", setup.args, Path(tmp) / "fp32"))
-            after = load_trace(record_cpu("train.py", (*setup.args, "--autocast", setup.dtype),
-                                          Path(tmp) / setup.dtype))
-        docs = predict_pair(before, after, Autocast(dtype=setup.dtype))
-        (was,), (got,), (truth,) = docs.recorded.devices, docs.predicted.devices, docs.measured.devices
-        steps = {s.step: s.peak_allocated_bytes for s in docs.predicted.steps}
-        worst = max(abs(steps[s.step] / s.peak_allocated_bytes - 1) for s in docs.measured.steps
-                    if s.excluded is None and s.step in steps)
-        t = truth.peak_allocated_bytes
-        err = got.peak_allocated_bytes / t - 1
-        halved = halved_peak(before) / t - 1
-        rows.append(f"| {setup.label} | {setup.dtype} | {was.peak_allocated_bytes / MiB:,.1f} | "
-                    f"{got.peak_allocated_bytes / MiB:,.1f} | {t / MiB:,.1f} | {err:+.2%} "
-                    f"({got.peak_allocated_bytes - t:+,}) | {was.peak_allocated_bytes / t - 1:+.1%} | {halved:+.1%} | "
-                    f"{worst:.2%} | {got.peak_op} / {truth.peak_op} | {docs.what_if_s:.2f} |")
-        print(f"{setup.label}: {docs.line}", flush=True)
+            afters = [load_trace(record_cpu("train.py", (*setup.args, *extra), Path(tmp) / f"after{i}"))
+                      for i, (_, _, _, extra) in enumerate(runs)]
+        for (label, halved, transform, _), after in zip(runs, afters):
+            docs = predict_pair(before, after, transform)
+            (was,), (got,), (truth,) = docs.recorded.devices, docs.predicted.devices, docs.measured.devices
+            steps = {s.step: s.peak_allocated_bytes for s in docs.predicted.steps}
+            worst = max(abs(steps[s.step] / s.peak_allocated_bytes - 1) for s in docs.measured.steps
+                        if s.excluded is None and s.step in steps)
+            t = truth.peak_allocated_bytes
+            err = got.peak_allocated_bytes / t - 1
+            rule = halved_peak(before, halved) / t - 1
+            unchanged = was.peak_allocated_bytes / t - 1
+            rows.append(f"| {setup.label} | {label} | {was.peak_allocated_bytes / MiB:,.1f} | "
+                        f"{got.peak_allocated_bytes / MiB:,.1f} | {t / MiB:,.1f} | {err:+.2%} "
+                        f"({got.peak_allocated_bytes - t:+,}) | {unchanged:+.1%} | {rule:+.1%} | "
+                        f"{worst:.2%} | {got.peak_op} / {truth.peak_op} | {docs.what_if_s:.2f} |")
+            print(f"{setup.label}: {docs.line}", flush=True)
     table = "\n".join(rows)
     print(table)
     if args.write_docs:

@@ -14,6 +14,8 @@ memorize them and the loss goes down.
 Variants (the GPU harvest's before/after pairs, ``bench/gpu_harvest``):
 
 * ``--autocast bf16|fp16``: forward and loss under ``torch.autocast`` (mixed precision);
+* ``--dtype bfloat16|float16``: the model converted to that dtype (``model.to(dtype)``: weights,
+  gradients, optimizer state and activations; the loss still in fp32, ``logits.float()``);
 * ``--compile``: ``torch.compile`` the model (inductor);
 * ``--sdpa math|flash|efficient|cudnn``: force one scaled-dot-product-attention backend;
 * ``--workers N``: batches come from a ``torch.utils.data.DataLoader`` with ``num_workers=N``
@@ -71,6 +73,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+MODEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 TENSOR_PARALLEL_GROUP: dist.ProcessGroup | None = None
 """The ranks of this rank's pipeline stage when ``--tp`` and ``--pp`` are both > 1 (None: every rank)."""
@@ -406,6 +409,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--clip", type=float, default=1.0, help="max grad norm; 0 disables clipping")
     p.add_argument("--autocast", default="off", choices=["off", *AUTOCAST_DTYPES],
                    help="mixed precision for forward and loss")
+    p.add_argument("--dtype", default="float32", choices=list(MODEL_DTYPES),
+                   help="the model's dtype (converted: weights, gradients, optimizer state, activations)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--workers", type=int, default=None,
                    help="load batches with a DataLoader of this many worker processes (0: in the "
@@ -431,6 +436,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.batch_size % args.micro_batches:
         p.error(f"--batch-size {args.batch_size} is not a multiple of --micro-batches {args.micro_batches}")
+    if args.dtype != "float32" and args.autocast != "off":
+        p.error("--dtype converts the model; --autocast runs an fp32 one in mixed precision: choose one")
     if (args.micro_batches > 1 or args.pp > 1) and args.compile:
         p.error("--micro-batches and --pp run the model eagerly (no --compile)")
     return args
@@ -481,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = dist.get_rank() if ranks > 1 else 0
     try:
         model = TinyLM(args.vocab, args.d_model, args.layers, args.heads, args.seq_len, args.tp, rank % args.tp,
-                       args.pp, rank // args.tp).to(device)
+                       args.pp, rank // args.tp).to(device, MODEL_DTYPES[args.dtype])
     except ValueError as e:
         print(f"train: error: {e}", file=sys.stderr)
         return 2

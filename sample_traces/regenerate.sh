@@ -28,6 +28,8 @@ TP_ARGS="--device cpu --steps 3 --batch-size 4 --seq-len 256 --d-model 256 --hea
   examples/train.py -- $TP_ARGS
 "$PY" -m whatif.cli record -f -o sample_traces/tp_memory/tp1_bf16 --no-summary --memory --record-shapes \
   examples/train.py -- $TP_ARGS --autocast bf16
+"$PY" -m whatif.cli record -f -o sample_traces/tp_memory/tp1_bf16_model --no-summary --memory --record-shapes \
+  examples/train.py -- $TP_ARGS --dtype bfloat16
 "$PY" -m torch.distributed.run --nproc-per-node 2 -m whatif.cli record -f -o sample_traces/tp_memory/tp2 --no-summary \
   --memory --record-shapes examples/train.py -- $TP_ARGS --tp 2
 "$PY" -m torch.distributed.run --nproc-per-node 2 -m whatif.cli record -f -o sample_traces/tp_memory/pp2 --no-summary \

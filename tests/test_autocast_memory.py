@@ -1,7 +1,9 @@
-"""``autocast``'s memory (``whatif memory -s``): what each forward op outputs under autocast, the
-casts it adds and how long autograd holds them, checked on our own CPU recording of
-examples/train.py in fp32 (``sample_traces/tp_memory/tp1``: 2 layers, 4 × 256 tokens, SDPA math)
-against the same program recorded under ``--autocast bf16`` (``sample_traces/tp_memory/tp1_bf16``)."""
+"""``autocast``'s and ``precision``'s memory (``whatif memory -s``): what each forward op outputs
+under autocast or in a model converted to bf16, the casts autocast adds and how long autograd
+holds them, checked on our own CPU recording of examples/train.py in fp32
+(``sample_traces/tp_memory/tp1``: 2 layers, 4 × 256 tokens, SDPA math) against the same program
+recorded under ``--autocast bf16`` (``tp1_bf16``) and converted with ``--dtype bfloat16``
+(``tp1_bf16_model``)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -17,6 +19,7 @@ from whatif.memory import memory, memory_edits
 from whatif.tracer.trace import Trace, load_trace
 from whatif.transforms.base import TransformError
 from whatif.transforms.optimizations.autocast import Autocast
+from whatif.transforms.optimizations.precision import Precision
 from whatif.transforms.optimizations.autocast_memory import (
     Rule,
     _spans,
@@ -163,7 +166,8 @@ def test_a_forward_ends_where_the_next_backward_on_its_rank_begins() -> None:
 
 
 def test_an_autocast_recording_is_refused(bf16: Trace) -> None:
-    with pytest.raises(TransformError, match="already take 16-bit inputs; autocast's memory is predicted from an fp32"):
+    with pytest.raises(TransformError, match=r"autocast: .* already take 16-bit inputs; its memory in bf16 is "
+                                             r"predicted from an fp32"):
         autocast_memory_edit(bf16)
 
 
@@ -200,5 +204,53 @@ def test_on_a_gpu_every_block_is_a_whole_number_of_the_allocators_512_bytes(fp32
 
 
 def test_only_autocast_dtypes() -> None:
-    with pytest.raises(TransformError, match="'fp8' is not an autocast dtype"):
+    with pytest.raises(TransformError, match="'fp8' is not a 16-bit floating-point dtype"):
         autocast_memory(load_trace(SAMPLES / "tp_memory" / "tp1"), "fp8")
+
+
+def test_in_a_converted_model_everything_is_16_bit_until_the_loss(fp32: Trace) -> None:
+    """``model.to(bf16)``: norms, residual adds and GELU compute in bf16 too; SDPA's math backend
+    still computes in fp32 inside; ``logits.float()`` makes the loss fp32."""
+    ops = forward_ops(fp32)
+    dt = op_dtypes(fp32, ops, converted=True)
+    rows = ops.hierarchy.rows
+    names = fp32.events["name"].astype(str).to_numpy()[rows]
+    ts = fp32.events["ts_ns"].to_numpy()[rows]
+    steps = record_steps(fp32.events, fp32.events)[rows]
+    backward_from = {s: ts[(ops.made_by >= 0) & (steps == s)].min() for s in (0, 1, 2)}
+    in_forward = np.asarray([s in backward_from and t < backward_from[s] for s, t in zip(steps, ts)])
+    computes: dict[str, set[bool]] = {}
+    for w in np.flatnonzero((dt.rule >= 0) & in_forward).tolist():
+        computes.setdefault(str(names[w]), set()).add(bool(dt.computes_low[w]))
+    for op in ("aten::embedding", "aten::layer_norm", "aten::add", "aten::gelu", "aten::linear"):
+        assert computes[op] == {True}, op
+    assert computes["aten::scaled_dot_product_attention"] == {False}
+    assert computes["aten::cross_entropy_loss"] == {False}
+
+
+def test_precision_predicts_the_converted_models_memory(fp32: Trace) -> None:
+    """Parameters, gradients and AdamW's state in bf16 too: the peak of the bf16 run within 2 %,
+    at the op where it peaks, and what the run holds at its end (the parameters' and the
+    optimizer's state) to the byte."""
+    converted = load_trace(SAMPLES / "tp_memory" / "tp1_bf16_model")
+    graph = build_graph(fp32)
+    edits, lines = memory_edits(graph, [Precision(dtype="bf16")])
+    assert lines[0].startswith("precision(dtype=bf16), the model converted:")
+    got = memory(fp32, graph, edits=edits).devices[0]
+    truth = memory(converted, build_graph(converted)).devices[0]
+    was = memory(fp32, graph).devices[0]
+    assert abs(got.peak_allocated_bytes / truth.peak_allocated_bytes - 1) < 0.02
+    assert abs(got.peak_allocated_bytes - truth.peak_allocated_bytes) < abs(was.peak_allocated_bytes
+                                                                           - truth.peak_allocated_bytes) / 10
+    assert got.peak_op == truth.peak_op
+    assert got.end_allocated_bytes == truth.end_allocated_bytes
+
+
+def test_precision_models_memory_only_for_a_whole_model_in_16_bits(fp32: Trace) -> None:
+    from whatif.transforms.select import Selector
+
+    graph = build_graph(fp32)
+    _, lines = memory_edits(graph, [Precision(dtype="tf32"), Precision(dtype="int4_weight"),
+                                    Precision(dtype="bf16", select=Selector(kind="kernel", name="gemm"))])
+    assert lines[0] == "precision(dtype=tf32): tf32 is stored as fp32; the allocations stay as recorded"
+    assert all("memory not modelled" in line for line in lines[1:])

@@ -1,5 +1,6 @@
 """What ``autocast`` does to memory: an fp32 program's allocator records as the same program makes
-them under ``torch.autocast(dtype=bf16|fp16)``.
+them under ``torch.autocast(dtype=bf16|fp16)``; and what ``precision`` to bf16/fp16 does, the
+program converted to the dtype (``converted``: ``model.to(dtype)``).
 
 Each forward op that does work (:mod:`whatif.transforms.parallel.forward_ops`) gets a **rule**
 from what autocast does to it (:mod:`whatif.core.autocast`, PyTorch's ``autocast_mode.cpp``):
@@ -42,13 +43,21 @@ after the cast instead. An fp32-list op fed the autocast dtype casts it up (an f
 op); an upcast op makes fp32 copies of its inputs (over the op); ``x.float()`` of a lower-precision
 tensor makes an fp32 one, held to the end of the next op that takes a tensor of its size.
 
+A **converted** program casts nothing before an op: every op computes in the dtype of what it is
+given (a parameter's, 16-bit; the first op's input, an embedding table, too) but an upcast op
+(fp32 inside, its output cast down) and what follows a ``.float()``; every block made from
+parameters (their gradients, optimizer state, what the optimizer and clipping make, what is held
+to the end or was allocated before the recording) is in the dtype too. Under both, a block made by
+an op given only integer tensors (a copy of the token ids) keeps its bytes.
+
 Left out: the fp32 activation a lowered op casts is freed right after the cast when the op's node
 was its last holder (a later forward use keeps it alive a little longer); one activation fed to
 several lowered ops (separate Q, K and V projections) is cast once per op, taken as fed by the op
 before it (one cast); the autograd engine's cast of a gradient into a lower-precision branch of a
 residual add; CPU type promotion's temporary copies; non-float blocks (a dropout mask) made by an
 op that outputs the autocast dtype, taken as halved; a weight used by two lowered ops (cast once,
-counted twice). The op lists are CUDA's: on the CPU, autocast's fp32 list is different (norms and
+counted twice); in a converted program, a ``.float()`` after the backward (clipping's fp32 norms):
+taken as 16-bit. The op lists are CUDA's: on the CPU, autocast's fp32 list is different (norms and
 softmax run in the autocast dtype when fed it), which matters only where such an op takes a
 lowered output.
 """
@@ -61,8 +70,8 @@ import numpy as np
 import pandas as pd
 
 from whatif.core.autocast import LOWERED_CLASSES, CastRole, autocast_casts, is_fp32_op
-from whatif.core.dtypes import ELEMENT_BYTES, compute_dtype, conversion_target
-from whatif.core.kernels import KernelClass, classify_kernel, float_tensors, op_key
+from whatif.core.dtypes import ELEMENT_BYTES, compute_dtype, conversion_target, element_bytes
+from whatif.core.kernels import KernelClass, classify_kernel, float_tensors, op_key, param_args
 from whatif.depgraph.hierarchy import autograd_nodes, enclosing, inherit, record_steps
 from whatif.tracer.args import Arg
 from whatif.tracer.memory import (
@@ -104,19 +113,23 @@ class Rule(IntEnum):
 class OpDtypes:
     """Per position of a :class:`ForwardOps` hierarchy that is a work op: its :class:`Rule`
     (-1 elsewhere), whether it computes in the autocast dtype (``computes_low``), outputs it
-    (``outputs_low``), is fed it (``fed_low``: the work op before it outputs it), and whether its
-    first floating-point input was recorded in 16 bits (``recorded_low``)."""
+    (``outputs_low``), is fed it (``fed_low``: the work op before it outputs it), whether its
+    first floating-point input was recorded in 16 bits (``recorded_low``); per position, whether
+    the op takes tensors and none of them is floating-point (``integer``: what it makes is not
+    either); and whether the program is converted to the dtype (``converted``) or autocast."""
 
     rule: np.ndarray
     computes_low: np.ndarray
     outputs_low: np.ndarray
     fed_low: np.ndarray
     recorded_low: np.ndarray
+    integer: np.ndarray
+    converted: bool
 
     def input_low(self, w: int) -> bool:
         """Whether the input whose gradient ``w``'s node passes back is in the autocast dtype
-        (a widest op's is taken as the fp32 residual stream's)."""
-        return bool(self.fed_low[w]) and self.rule[w] != Rule.WIDEST
+        (under autocast a widest op's is taken as the fp32 residual stream's)."""
+        return bool(self.fed_low[w]) and (self.converted or self.rule[w] != Rule.WIDEST)
 
 
 def _listed(value: object) -> list:
@@ -136,8 +149,11 @@ def _rule(name: str, types: list, concrete: list, math_inside: bool) -> Rule:
     return Rule.KEEPS
 
 
-def op_dtypes(trace: Trace, ops: ForwardOps) -> OpDtypes:
-    """The :class:`OpDtypes` of ``trace``'s forward work ops, each sequence in the order it ran."""
+def op_dtypes(trace: Trace, ops: ForwardOps, converted: bool = False) -> OpDtypes:
+    """The :class:`OpDtypes` of ``trace``'s forward work ops, each sequence in the order it ran,
+    under autocast, or with the program ``converted`` to the dtype: then every op but an upcast
+    one computes in the dtype of its input, the first op's (an embedding table's) being 16-bit,
+    until a ``.float()``."""
     ev = trace.events
     rows = ops.hierarchy.rows
     n = len(rows)
@@ -149,22 +165,35 @@ def op_dtypes(trace: Trace, ops: ForwardOps) -> OpDtypes:
     math_in[ops.work[(ops.work >= 0) & is_math]] = True
     rule = np.full(n, -1, dtype=np.int64)
     recorded = np.zeros(n, dtype=bool)
+    integer = np.zeros(n, dtype=bool)
+    for p in np.flatnonzero(ops.forward).tolist():
+        kinds = [t for t in _listed(types[int(rows[p])]) if element_bytes(t) is not None]
+        integer[p] = bool(kinds) and all(compute_dtype(t) is None for t in kinds)
     for w in work.tolist():
         r = int(rows[w])
         kinds = _listed(types[r])
         rule[w] = _rule(str(names[w]), kinds, _listed(concrete[r]), bool(math_in[w]))
         first = next((d for d in map(compute_dtype, kinds) if d is not None), None)
         recorded[w] = first is not None and first.bytes == 2
+    dims = trace.arg(Arg.INPUT_DIMS)
+    given = np.zeros(n, dtype=bool)
+    given[work] = [bool(param_args(str(names[w]), dims[int(rows[w])])) for w in work.tolist()]
     computes = np.zeros(n, dtype=bool)
     outputs = np.zeros(n, dtype=bool)
     fed = np.zeros(n, dtype=bool)
     ts_ns = ev["ts_ns"].to_numpy()[rows]
     for w in work[np.argsort(ts_ns[work], kind="stable")].tolist():
         b = int(ops.before[w])
-        fed[w] = b >= 0 and outputs[b]
-        computes[w] = rule[w] == Rule.LOWERED or (rule[w] == Rule.KEEPS and fed[w])
+        fed[w] = outputs[b] if b >= 0 else converted
+        if integer[w]:   # an index's op: the float tensors after it are what came before it
+            outputs[w] = fed[w]
+            continue
+        # an op given a parameter computes in the parameter's dtype: 16-bit once converted
+        takes = (given[w] and converted) or fed[w]
+        follows = converted or rule[w] == Rule.KEEPS
+        computes[w] = rule[w] == Rule.LOWERED or (follows and rule[w] not in (Rule.UPCAST, Rule.TO_FP32) and takes)
         outputs[w] = computes[w] or rule[w] == Rule.UPCAST
-    return OpDtypes(rule, computes, outputs, fed, recorded)
+    return OpDtypes(rule, computes, outputs, fed, recorded, integer, converted)
 
 
 @dataclass(frozen=True)
@@ -196,8 +225,10 @@ class Recast:
 class AutocastMemory:
     """Each allocation's bytes under autocast over its recorded bytes (``factors``, aligned with
     ``roles.rows``; 1 for a recast one), the allocations cast on the way (``recasts``), the
-    blocks autocast adds (``added``) and the allocations freed earlier than recorded
-    (``freed_early``, positions into ``roles.rows``, each freed at its ``freed_at``)."""
+    blocks autocast adds (``added``), the allocations freed earlier than recorded
+    (``freed_early``, positions into ``roles.rows``, each freed at its ``freed_at``) and what was
+    allocated before the recording over its recorded bytes (``before``: the parameters and
+    optimizer state of a converted program are in the dtype)."""
 
     roles: BlockRoles
     factors: np.ndarray
@@ -205,10 +236,12 @@ class AutocastMemory:
     added: tuple[AddedBlock, ...]
     freed_early: np.ndarray
     freed_at: tuple[tuple[int, bool], ...]
+    before: float
 
     def scaling(self) -> BlockScaling:
-        """The factors as a :class:`~whatif.tracer.memory.BlockScaling` (what ``scale_blocks`` takes)."""
-        return BlockScaling(self.roles.rows, self.factors)
+        """The factors, and ``before`` for what was allocated before the recording, as a
+        :class:`~whatif.tracer.memory.BlockScaling` (what ``scale_blocks`` takes)."""
+        return BlockScaling(self.roles.rows, self.factors, self.before)
 
 
 class _Timelines:
@@ -344,9 +377,14 @@ def _context(trace: Trace, roles: BlockRoles, ops: ForwardOps, dt: OpDtypes, dty
         rank=mem["rank"].to_numpy()[allocs])
 
 
+def _floating(cx: _Context) -> np.ndarray:
+    """Per allocation: made by an op that takes a floating-point tensor or none (not an index's copy)."""
+    return ~np.where(cx.pos >= 0, cx.dt.integer[np.maximum(cx.pos, 0)], False)
+
+
 def _forward_factors(cx: _Context, factors: np.ndarray) -> list[Recast]:
     """Forward activations in their op's output dtype; an upcast op's output cast at its end."""
-    fwd = np.flatnonzero(cx.roles.mask(BlockRole.ACTIVATION) & (cx.work >= 0))
+    fwd = np.flatnonzero(cx.roles.mask(BlockRole.ACTIVATION) & (cx.work >= 0) & _floating(cx))
     w = cx.work[fwd]
     factors[fwd[cx.dt.outputs_low[w] & (cx.dt.rule[w] != Rule.UPCAST)]] = cx.low_ratio
     upcast = fwd[cx.dt.rule[w] == Rule.UPCAST]
@@ -377,8 +415,19 @@ def _backward_factors(cx: _Context, factors: np.ndarray) -> list[Recast]:
     return out
 
 
+LASTING = (BlockRole.PARAMETER, BlockRole.GRADIENT, BlockRole.WEIGHT_GRADIENT, BlockRole.PERSISTENT,
+           BlockRole.AFTER_BACKWARD, BlockRole.OUTSIDE)
+"""Roles of the blocks made from parameters: their gradients, optimizer state, what the optimizer
+and gradient clipping make, what is held to the end, what is made outside steps."""
+
+
 def _gradient_factors(cx: _Context, factors: np.ndarray) -> list[Recast]:
-    """A lowered op's parameter gradients: its GEMM's output, cast to fp32 when its node ends."""
+    """Under autocast, a lowered op's parameter gradients: its GEMM's output, cast to fp32 when
+    its node ends. In a converted program every block made from parameters is in the dtype."""
+    if cx.dt.converted:
+        lasting = np.logical_or.reduce([cx.roles.mask(r) for r in LASTING]) & _floating(cx)
+        factors[lasting] = cx.low_ratio
+        return []
     grads = cx.roles.mask(BlockRole.GRADIENT) | cx.roles.mask(BlockRole.WEIGHT_GRADIENT)
     out = []
     for i in np.flatnonzero(grads & (cx.of >= 0)).tolist():
@@ -439,12 +488,14 @@ def _casts(cx: _Context, first: dict[int, int]) -> list[AddedBlock]:
             continue
         if rule in (Rule.KEEPS, Rule.WIDEST) or (rule == Rule.FP32 and not fed) or w not in first:
             continue
+        if cx.dt.converted and rule != Rule.UPCAST:   # no autocast: nothing is cast before the op
+            continue
         start = (first[w], False)
         op_end = cx.lines.last_by(first[w], int(cx.end_ns[w]))
         forward_end = cx.lines.last_by(first[w], int(cx.spans.forward_end_ns[w]) - 1)
         saved = (cx.lines.last_by(first[w], int(cx.spans.node_end_ns[w])) if cx.spans.node_end_ns[w] >= 0
                  else None)
-        for c in autocast_casts(str(names[r]), dims[r], types[r], fed_by_low=fed):
+        for c in [] if cx.dt.converted else autocast_casts(str(names[r]), dims[r], types[r], fed_by_low=fed):
             if c.to_fp32:
                 out.append(AddedBlock(c.numel * FP32_BYTES, start, op_end, w))
                 continue
@@ -475,6 +526,8 @@ def _early_frees(cx: _Context, first: dict[int, int], factors: np.ndarray,
     free = (cx.roles.mask(BlockRole.ACTIVATION) & (cx.work >= 0) & (factors == 1)
             & ~np.isin(np.arange(len(factors)), list(recast)))
     early: dict[int, tuple[int, bool]] = {}
+    if cx.dt.converted:
+        return early
     lowered = np.flatnonzero((cx.dt.rule == Rule.LOWERED) & ~cx.dt.fed_low & (cx.spans.node_end_ns >= 0))
     for w in lowered.tolist():
         if w not in first:
@@ -492,9 +545,9 @@ def _early_frees(cx: _Context, first: dict[int, int], factors: np.ndarray,
     return early
 
 
-def autocast_memory(trace: Trace, dtype: str = "bf16") -> AutocastMemory:
-    """The :class:`AutocastMemory` of ``trace`` (an fp32 program) under autocast to ``dtype``
-    (module docstring).
+def autocast_memory(trace: Trace, dtype: str = "bf16", converted: bool = False) -> AutocastMemory:
+    """The :class:`AutocastMemory` of ``trace`` (an fp32 program) under autocast to ``dtype``, or
+    ``converted`` to it (module docstring).
 
     Raises
     ------
@@ -502,19 +555,20 @@ def autocast_memory(trace: Trace, dtype: str = "bf16") -> AutocastMemory:
         the trace's forward has no op autocast lowers (a GEMM, convolution or attention op), or
         its lowered ops already take 16-bit inputs.
     """
+    who = "precision" if converted else "autocast"
     if dtype not in DTYPES:
-        raise TransformError(f"autocast: dtype {dtype!r} is not an autocast dtype; choose bf16 or fp16")
-    roles = block_roles(trace, "autocast")
+        raise TransformError(f"{who}: dtype {dtype!r} is not a 16-bit floating-point dtype; choose bf16 or fp16")
+    roles = block_roles(trace, who)
     ops = forward_ops(trace)
-    dt = op_dtypes(trace, ops)
+    dt = op_dtypes(trace, ops, converted)
     lowered = np.flatnonzero((dt.rule == Rule.LOWERED) | (dt.rule == Rule.UPCAST))
     if not len(lowered):
-        raise TransformError(f"autocast: found no GEMM, convolution or attention op in the forward of "
-                             f"{trace.source}; its memory does not change under autocast")
+        raise TransformError(f"{who}: found no GEMM, convolution or attention op in the forward of "
+                             f"{trace.source}; its memory is predicted from a model's")
     already = int(dt.recorded_low[lowered].sum())
     if already:
-        raise TransformError(f"autocast: {already:,} of the {len(lowered):,} GEMM, convolution and attention ops in "
-                             f"the forward of {trace.source} already take 16-bit inputs; autocast's memory is "
+        raise TransformError(f"{who}: {already:,} of the {len(lowered):,} GEMM, convolution and attention ops in "
+                             f"the forward of {trace.source} already take 16-bit inputs; its memory in {dtype} is "
                              f"predicted from an fp32 program")
     cx = _context(trace, roles, ops, dt, dtype)
     factors = np.ones(len(roles.rows))
@@ -523,10 +577,10 @@ def autocast_memory(trace: Trace, dtype: str = "bf16") -> AutocastMemory:
     early = _early_frees(cx, first, factors, {r.i for r in recasts})
     at_early = np.asarray(sorted(early), dtype=np.int64)
     return AutocastMemory(roles, factors, tuple(recasts), tuple(_casts(cx, first)), at_early,
-                          tuple(early[i] for i in at_early.tolist()))
+                          tuple(early[i] for i in at_early.tolist()), cx.low_ratio if converted else 1.0)
 
 
-def autocast_memory_edit(trace: Trace, dtype: str = "bf16") -> RecordEdit:
+def autocast_memory_edit(trace: Trace, dtype: str = "bf16", converted: bool = False) -> RecordEdit:
     """The allocator records of ``trace`` (an fp32 program) run under autocast to ``dtype``:
     each allocation at its :func:`autocast_memory` factor, at its place (a GPU's rounded up to
     the caching allocator's 512 bytes), the recast ones in two parts, the early-freed ones freed
@@ -536,7 +590,7 @@ def autocast_memory_edit(trace: Trace, dtype: str = "bf16") -> RecordEdit:
     ------
     TransformError : as :func:`autocast_memory`.
     """
-    model = autocast_memory(trace, dtype)
+    model = autocast_memory(trace, dtype, converted)
     mem = trace.memory
     editor = RecordEditor(mem)
     scale_blocks(editor, model.scaling())
@@ -561,9 +615,14 @@ def autocast_memory_edit(trace: Trace, dtype: str = "bf16") -> RecordEdit:
         nbytes = block(b.alloc_at[0], b.nbytes)
         editor.add_block(nbytes, b.alloc_at, b.free_at, CAST_OP)
         copies_bytes += nbytes
-    fewer_bytes = float((sizes[model.roles.rows] * (1 - model.factors)).sum())
-    what = (f"autocast(dtype={dtype}): {int((model.factors < 1).sum()):,} blocks held in {dtype} "
-            f"({fewer_bytes / 2**20:,.1f} MiB fewer bytes allocated), {len(model.recasts):,} made in one dtype and "
-            f"cast to the other, {len(model.added):,} cast copies added ({copies_bytes / 2**20:,.1f} MiB "
-            f"allocated), {len(model.freed_early):,} fp32 activations freed once cast")
+    fewer_mib = float((sizes[model.roles.rows] * (1 - model.factors)).sum()) / 2**20
+    held = f"{int((model.factors < 1).sum()):,} blocks held in {dtype} ({fewer_mib:,.1f} MiB fewer bytes allocated)"
+    recast = f"{len(model.recasts):,} made in one dtype and cast to the other"
+    copies = f"({copies_bytes / 2**20:,.1f} MiB allocated)"
+    if converted:
+        what = (f"precision(dtype={dtype}), the model converted: {held}, {recast}, {len(model.added):,} fp32 copies "
+                f"added {copies} (SDPA math's upcasts, .float())")
+    else:
+        what = (f"autocast(dtype={dtype}): {held}, {recast}, {len(model.added):,} cast copies added {copies}, "
+                f"{len(model.freed_early):,} fp32 activations freed once cast")
     return editor.edit(what)

@@ -19,6 +19,12 @@ The recorded GPU must be in the catalog and have a native rate for the dtype (fp
 A100 is refused). The graph remembers what was applied (tasks column ``cost_precision``), so a
 later ``gpu`` or ``precision`` transform prices the kernels in their new dtype.
 
+**Memory** (``whatif memory -s``): bf16/fp16 on every kernel is a model converted to the dtype
+(``model.to(dtype)``): :meth:`Precision.memory_edit` edits the allocator records as it allocates
+(:mod:`.autocast_memory`: every floating-point block in the dtype but SDPA math's fp32 insides and
+what follows a ``.float()``; docs/memory.md). tf32 leaves them as recorded; fp8, int8 and
+weight-only quantization are not modelled.
+
 >>> Precision(dtype="int4_weight").label()
 "precision(dtype=int4_weight, select=Selector(kind='kernel'), weight_only=False)"
 >>> Precision(dtype="int8", weight_only=True).spec()
@@ -33,6 +39,7 @@ import pandas as pd
 
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph, kind_codes
 from whatif.depgraph.schema import PRECISION_COLUMN
+from whatif.tracer.memory import RecordEdit, RecordEditor
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import scale, set_state
@@ -40,6 +47,7 @@ from ..needs import Need
 from ..placement import Placement
 from ..registry import register
 from ..select import Selector
+from .autocast_memory import autocast_memory_edit
 
 COLUMN = PRECISION_COLUMN   # read by whatif.predictors.costs
 DTYPES = ("tf32", "bf16", "fp16", "fp8", "int8", "int4_weight")
@@ -89,6 +97,20 @@ class Precision(Transform):
                                      f"not {d!r}")
             return f"{d}_weight"
         return d
+
+    def memory_edit(self, graph: TaskGraph) -> RecordEdit | None:
+        """A model converted to bf16/fp16 (every kernel selected): the allocator records as it makes
+        them (:func:`~.autocast_memory.autocast_memory_edit` with ``converted``); tf32 stores
+        fp32, so the records stay; other dtypes and a selection of kernels are not modelled (None)."""
+        spec = self.spec()
+        if graph.trace is None:
+            raise TransformError("precision: the graph has no trace to read allocator records from")
+        if spec == "tf32":
+            return RecordEditor(graph.trace.memory).edit("precision(dtype=tf32): tf32 is stored as fp32; the "
+                                                         "allocations stay as recorded")
+        if spec not in ("bf16", "fp16") or self.select != Selector(kind="kernel"):
+            return None
+        return autocast_memory_edit(graph.trace, spec, converted=True)
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         ids = self.select(graph)
