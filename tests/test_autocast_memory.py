@@ -19,7 +19,6 @@ from whatif.memory import memory, memory_edits
 from whatif.tracer.trace import Trace, load_trace
 from whatif.transforms.base import TransformError
 from whatif.transforms.optimizations.autocast import Autocast
-from whatif.transforms.optimizations.precision import Precision
 from whatif.transforms.optimizations.autocast_memory import (
     Rule,
     _spans,
@@ -27,6 +26,7 @@ from whatif.transforms.optimizations.autocast_memory import (
     autocast_memory_edit,
     op_dtypes,
 )
+from whatif.transforms.optimizations.precision import Precision
 from whatif.transforms.parallel.forward_ops import forward_ops
 
 ROOT = Path(__file__).resolve().parents[1]
