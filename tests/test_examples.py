@@ -332,6 +332,17 @@ def test_train_variants_of_the_gpu_pairs(tmp_path: Path) -> None:
         train.parse_args([*TINY_TRAIN, "--workers", "-1"])
 
 
+def test_train_converted_to_bf16_trains_near_fp32(tmp_path: Path) -> None:
+    """``--dtype bfloat16`` converts the model (``sample_traces/tp_memory/tp1_bf16_model``): it
+    trains, a little away from fp32; with ``--autocast`` too it is refused."""
+    train = load("train")
+    plain = _losses(train, tmp_path)
+    converted = _losses(train, tmp_path, "--dtype", "bfloat16")
+    assert converted != plain and all(abs(a - b) < 0.1 for a, b in zip(plain, converted))
+    with pytest.raises(SystemExit):
+        train.parse_args([*TINY_TRAIN, "--dtype", "bfloat16", "--autocast", "bf16"])
+
+
 @pytest.mark.slow
 def test_train_tensor_parallel_ranks_train_the_same_model(tmp_path: Path) -> None:
     """``--tp 2`` as torchrun starts it: two gloo ranks, each holding its half of every sharded
