@@ -46,6 +46,8 @@ class Setup:
     dtype: str
     args: tuple[str, ...]
     converted: bool = True   # also recorded converted to the dtype (--dtype)
+    program: str = "train.py"
+    autocast: bool = True    # also recorded under --autocast (train.py only)
 
 
 MODEL_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -69,7 +71,15 @@ SETUPS = (
           _model(2, 1024, 16, 8, 256, "flash", 8192)),
     Setup("2 layers, d 1,024, 16 heads, 4 × 64 tokens, SDPA math, vocabulary 8,192 (weights dominate)", "bf16",
           _model(2, 1024, 16, 4, 64, "math", 8192)),
+    Setup("LLM serving (llm_serve.py), 4 requests of 8-16 output tokens, KV cache, SDPA math", "bf16",
+          ("--seed", "0", "--num-requests", "4", "--rate", "inf", "--output-min", "8", "--output-max", "16",
+           "--sdpa", "math"), program="llm_serve.py", autocast=False),
+    Setup("DiT inference (dit_serve.py), 2 requests × 3 denoising steps with CFG, SDPA math", "bf16",
+          ("--seed", "0", "--num-requests", "2", "--steps", "3", "--rate", "inf", "--resolution", "32", "--frames",
+           "2", "--sdpa", "math"), program="dit_serve.py", autocast=False),
 )
+BASELINE = {"train.py": ()}
+"""What records the fp32 program (train.py is fp32 by default; the servers pick by --dtype)."""
 
 
 def halved_peak(trace: Trace, roles_halved: tuple[BlockRole, ...]) -> int:
@@ -84,20 +94,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write-docs", action="store_true", help="write the table into docs/memory.md")
     args = parser.parse_args()
-    rows = ["| setup (examples/train.py, 3 steps) | what-if | fp32, peak MiB | predicted | measured | "
+    rows = ["| setup (examples/train.py, 3 steps, unless named) | what-if | fp32, peak MiB | predicted | measured | "
             "error (bytes) | predicting no change | rule of thumb | step peaks, largest error | "
             "peak at (predicted / measured) | what-if s |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for setup in SETUPS:
-        runs: list[tuple[str, tuple[BlockRole, ...], Transform, tuple[str, ...]]] = [
-            (f"autocast {setup.dtype}", (BlockRole.ACTIVATION,), Autocast(dtype=setup.dtype),
-             ("--autocast", setup.dtype))]
+        runs: list[tuple[str, tuple[BlockRole, ...], Transform, tuple[str, ...]]] = []
+        if setup.autocast:
+            runs.append((f"autocast {setup.dtype}", (BlockRole.ACTIVATION,), Autocast(dtype=setup.dtype),
+                         ("--autocast", setup.dtype)))
         if setup.converted:
             runs.append((f"precision {setup.dtype} (converted)", tuple(BlockRole), Precision(dtype=setup.dtype),
                          ("--dtype", MODEL_DTYPES[setup.dtype])))
         with tempfile.TemporaryDirectory() as tmp:
-            before = load_trace(record_cpu("train.py", setup.args, Path(tmp) / "fp32"))
-            afters = [load_trace(record_cpu("train.py", (*setup.args, *extra), Path(tmp) / f"after{i}"))
+            fp32 = BASELINE.get(setup.program, ("--dtype", "float32"))
+            before = load_trace(record_cpu(setup.program, (*setup.args, *fp32), Path(tmp) / "fp32"))
+            afters = [load_trace(record_cpu(setup.program, (*setup.args, *extra), Path(tmp) / f"after{i}"))
                       for i, (_, _, _, extra) in enumerate(runs)]
         for (label, halved, transform, _), after in zip(runs, afters):
             docs = predict_pair(before, after, transform)

@@ -198,14 +198,16 @@ def op_dtypes(trace: Trace, ops: ForwardOps, converted: bool = False) -> OpDtype
 
 @dataclass(frozen=True)
 class AddedBlock:
-    """A cast's copy, a block the autocast run makes that the fp32 run does not: ``nbytes``
-    allocated at ``alloc_at`` and freed at ``free_at`` (each ``(row of Trace.memory, after)``),
-    made for the forward work op at position ``made_in`` of the :class:`ForwardOps` hierarchy."""
+    """A block the 16-bit run makes that the fp32 run does not (a cast's copy, a CPU GEMM's
+    accumulator): ``nbytes`` allocated at ``alloc_at`` and freed at ``free_at`` (each ``(row of
+    Trace.memory, after)``), made for the op at position ``made_in`` of the :class:`ForwardOps`
+    hierarchy, in ``op`` (None: its anchor's)."""
 
     nbytes: int
     alloc_at: tuple[int, bool]
     free_at: tuple[int, bool]
     made_in: int
+    op: str | None = CAST_OP
 
 
 @dataclass(frozen=True)
@@ -318,7 +320,8 @@ def _spans(trace: Trace, ops: ForwardOps, ts_ns: np.ndarray, end_ns: np.ndarray)
         nxt = np.searchsorted(starts, ts_ns[at], side="left")
         fallback = np.asarray([last_forward.get((rank, int(s)), int(e)) for s, e in zip(steps[at], end_ns[at])],
                               dtype=np.int64)
-        forward_end[at] = np.where(nxt < len(starts), starts[np.minimum(nxt, len(starts) - 1)], fallback)
+        forward_end[at] = (np.where(nxt < len(starts), starts[np.minimum(nxt, len(starts) - 1)], fallback)
+                           if len(starts) else fallback)
     return _Spans(node_start, node_end, forward_end)
 
 
@@ -545,6 +548,45 @@ def _early_frees(cx: _Context, first: dict[int, int], factors: np.ndarray,
     return early
 
 
+CPU_GEMM_OPS = frozenset({"mm", "addmm"})
+CPU_ACCUMULATOR_PAD_BYTES = 128
+"""On the CPU, a 16-bit ``mm``/``addmm`` accumulates in an fp32 buffer of its output's elements ×
+4 bytes + this, allocated after its output and freed before the op returns (PyTorch 2.13's CPU
+build, every shape of our recordings, 2 × 192 to 4,096 × 1,152)."""
+
+
+def _cpu_temporaries(cx: _Context, first: dict[int, int], factors: np.ndarray,
+                     recasts: list[Recast]) -> list[AddedBlock]:
+    """What a CPU allocates in 16 bits that a GPU does not: the fp32 accumulator of each 16-bit
+    GEMM (:data:`CPU_ACCUMULATOR_PAD_BYTES`), forward and backward, and the fp32 copy an
+    elementwise op of mixed dtypes (a residual add fed a 16-bit branch under autocast) makes of its
+    16-bit operand before it computes; none on a GPU trace."""
+    mem = cx.trace.memory
+    on_cpu = ~on_gpu(mem)[cx.roles.rows]
+    names = cx.trace.events["name"].astype(str).to_numpy()[cx.ops.hierarchy.rows]
+    low = factors == cx.low_ratio
+    low[[r.i for r in recasts if r.first_bytes < cx.sizes[r.i]]] = True
+    out: list[AddedBlock] = []
+    for i in np.flatnonzero(on_cpu & low & (cx.pos >= 0)).tolist():
+        p = int(cx.pos[i])
+        if op_key(str(names[p])) not in CPU_GEMM_OPS:
+            continue
+        row = int(cx.roles.rows[i])
+        out.append(AddedBlock(int(cx.sizes[i]) + CPU_ACCUMULATOR_PAD_BYTES, (row, True),
+                              cx.lines.last_by(row, int(cx.end_ns[p])), p, None))
+    if cx.dt.converted:
+        return out
+    mixed = np.flatnonzero((cx.dt.rule == Rule.WIDEST) & cx.dt.fed_low)
+    for w in mixed.tolist():
+        if w not in first or on_gpu(mem)[first[w]]:
+            continue
+        made = np.flatnonzero((cx.work == w) & cx.roles.mask(BlockRole.ACTIVATION))
+        if len(made):
+            out.append(AddedBlock(int(cx.sizes[made[0]]), (first[w], False),
+                                  cx.lines.last_by(first[w], int(cx.end_ns[w])), w))
+    return out
+
+
 def autocast_memory(trace: Trace, dtype: str = "bf16", converted: bool = False) -> AutocastMemory:
     """The :class:`AutocastMemory` of ``trace`` (an fp32 program) under autocast to ``dtype``, or
     ``converted`` to it (module docstring).
@@ -576,7 +618,8 @@ def autocast_memory(trace: Trace, dtype: str = "bf16", converted: bool = False) 
     first = _first_allocations(cx)
     early = _early_frees(cx, first, factors, {r.i for r in recasts})
     at_early = np.asarray(sorted(early), dtype=np.int64)
-    return AutocastMemory(roles, factors, tuple(recasts), tuple(_casts(cx, first)), at_early,
+    added = _casts(cx, first) + _cpu_temporaries(cx, first, factors, recasts)
+    return AutocastMemory(roles, factors, tuple(recasts), tuple(added), at_early,
                           tuple(early[i] for i in at_early.tolist()), cx.low_ratio if converted else 1.0)
 
 
@@ -613,16 +656,19 @@ def autocast_memory_edit(trace: Trace, dtype: str = "bf16", converted: bool = Fa
     copies_bytes = 0
     for b in model.added:
         nbytes = block(b.alloc_at[0], b.nbytes)
-        editor.add_block(nbytes, b.alloc_at, b.free_at, CAST_OP)
-        copies_bytes += nbytes
+        editor.add_block(nbytes, b.alloc_at, b.free_at, b.op)
+        copies_bytes += nbytes if b.op == CAST_OP else 0
     fewer_mib = float((sizes[model.roles.rows] * (1 - model.factors)).sum()) / 2**20
     held = f"{int((model.factors < 1).sum()):,} blocks held in {dtype} ({fewer_mib:,.1f} MiB fewer bytes allocated)"
     recast = f"{len(model.recasts):,} made in one dtype and cast to the other"
+    n_copies = sum(b.op == CAST_OP for b in model.added)
     copies = f"({copies_bytes / 2**20:,.1f} MiB allocated)"
+    accumulators = len(model.added) - n_copies
+    cpu = f", {accumulators:,} fp32 accumulators of the CPU's 16-bit GEMMs (transient)" if accumulators else ""
     if converted:
-        what = (f"precision(dtype={dtype}), the model converted: {held}, {recast}, {len(model.added):,} fp32 copies "
-                f"added {copies} (SDPA math's upcasts, .float())")
+        what = (f"precision(dtype={dtype}), the model converted: {held}, {recast}, {n_copies:,} fp32 copies "
+                f"added {copies} (SDPA math's upcasts, .float()){cpu}")
     else:
-        what = (f"autocast(dtype={dtype}): {held}, {recast}, {len(model.added):,} cast copies added {copies}, "
-                f"{len(model.freed_early):,} fp32 activations freed once cast")
+        what = (f"autocast(dtype={dtype}): {held}, {recast}, {n_copies:,} cast copies added {copies}, "
+                f"{len(model.freed_early):,} fp32 activations freed once cast{cpu}")
     return editor.edit(what)
