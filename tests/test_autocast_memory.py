@@ -283,3 +283,19 @@ def test_precision_models_memory_only_for_a_whole_model_in_16_bits(fp32: Trace) 
                                     Precision(dtype="bf16", select=Selector(kind="kernel", name="gemm"))])
     assert lines[0] == "precision(dtype=tf32): tf32 is stored as fp32; the allocations stay as recorded"
     assert all("memory not modelled" in line for line in lines[1:])
+
+
+def test_without_a_backward_the_forward_ends_with_its_steps_last_op() -> None:
+    """A server (no autograd node): the cast cache lasts to the end of each step's last forward op."""
+    trace = load_trace(SAMPLES / "llm_serve")
+    ops = forward_ops(trace)
+    rows = ops.hierarchy.rows
+    ts = trace.events["ts_ns"].to_numpy()[rows]
+    end = ts + trace.events["dur_ns"].to_numpy()[rows]
+    spans = _spans(trace, ops, ts, end)
+    work = np.flatnonzero(ops.work == np.arange(len(rows)))
+    assert not (ops.made_by >= 0).any() and len(work)
+    steps = record_steps(trace.events, trace.events)[rows]
+    for s in np.unique(steps[work]).tolist():
+        mine = work[steps[work] == s]
+        assert (spans.forward_end_ns[mine] == end[ops.forward & (ops.work >= 0) & (steps == s)].max()).all()
