@@ -50,11 +50,15 @@ parameters (their gradients, optimizer state, what the optimizer and clipping ma
 to the end or was allocated before the recording) is in the dtype too. Under both, a block made by
 an op given only integer tensors (a copy of the token ids) keeps its bytes.
 
+On a CPU trace, what the CPU allocates in 16 bits and a GPU does not is added too: each 16-bit
+``mm``/``addmm``'s fp32 accumulator, and the fp32 copy a mixed-dtype elementwise op makes of its
+16-bit operand (:data:`CPU_ACCUMULATOR_PAD_BYTES`).
+
 Left out: the fp32 activation a lowered op casts is freed right after the cast when the op's node
 was its last holder (a later forward use keeps it alive a little longer); one activation fed to
 several lowered ops (separate Q, K and V projections) is cast once per op, taken as fed by the op
 before it (one cast); the autograd engine's cast of a gradient into a lower-precision branch of a
-residual add; CPU type promotion's temporary copies; non-float blocks (a dropout mask) made by an
+residual add; non-float blocks (a dropout mask) made by an
 op that outputs the autocast dtype, taken as halved; a weight used by two lowered ops (cast once,
 counted twice); in a converted program, a ``.float()`` after the backward (clipping's fp32 norms):
 taken as 16-bit. The op lists are CUDA's: on the CPU, autocast's fp32 list is different (norms and
