@@ -129,6 +129,24 @@ def conversion_target(input_types: Sequence[str] | None, concrete: Sequence[str]
     return None
 
 
+FACTORY_DTYPE_ARGS: dict[str, int] = {
+    "empty": 1, "empty_strided": 2, "empty_like": 1, "zeros": 1, "zeros_like": 1, "ones": 1, "ones_like": 1,
+    "full": 2, "full_like": 2, "scalar_tensor": 1, "rand": 1, "randn": 1}
+"""The argument that names the dtype of what a factory op makes (aten's signatures)."""
+
+
+def factory_dtype(op_name: str, concrete: Sequence[str] | None) -> str | None:
+    """The dtype a recorded factory op (``aten::empty``…, :data:`FACTORY_DTYPE_ARGS`) is asked
+    to make, from its ``Concrete Inputs``; None for another op or when it does not say.
+
+    >>> factory_dtype("aten::empty", ["[4, 256]", "4", "0", "", "", "0"]), factory_dtype("aten::ones", ["[2]", ""])
+    ('long', None)
+    """
+    at = FACTORY_DTYPE_ARGS.get(op_name.rsplit("::", 1)[-1])
+    value = str(concrete[at]) if at is not None and concrete is not None and at < len(concrete) else ""
+    return SCALAR_TYPES.get(int(value)) if value.isdigit() else None
+
+
 def op_dtype(input_types: Sequence[str] | None) -> str:
     """The dtype an op computes in: its first argument whose ``Input type`` is a compute dtype
     ("" when none is).

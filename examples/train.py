@@ -68,12 +68,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from _runtime import add_runtime_args, attention_backend, pick_device, set_threads
+from _runtime import add_runtime_args, attention_backend, pick_device, pick_dtype, set_threads
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-MODEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 TENSOR_PARALLEL_GROUP: dist.ProcessGroup | None = None
 """The ranks of this rank's pipeline stage when ``--tp`` and ``--pp`` are both > 1 (None: every rank)."""
@@ -293,18 +292,18 @@ class _Neighbours:
     receives together and waits for all): activations go to the next stage, their gradients back
     to the previous one; a stage without that neighbour sends and receives nothing."""
 
-    def __init__(self, model: TinyLM, shape: tuple[int, ...], device: torch.device) -> None:
+    def __init__(self, model: TinyLM, shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> None:
         rank = dist.get_rank() if model.pp > 1 else 0
         self.prev = None if model.first else rank - model.tp
         self.next = None if model.last else rank + model.tp
-        self.shape, self.device = shape, device
+        self.shape, self.device, self.dtype = shape, device, dtype
 
     def _exchange(self, send: tuple[torch.Tensor, int | None] | None, recv: int | None) -> torch.Tensor | None:
         ops, got = [], None
         if send is not None and send[1] is not None:
             ops.append(dist.P2POp(dist.isend, send[0].contiguous(), send[1]))
         if recv is not None:
-            got = torch.empty(self.shape, device=self.device)
+            got = torch.empty(self.shape, device=self.device, dtype=self.dtype)
             ops.append(dist.P2POp(dist.irecv, got, recv))
         if ops:
             for work in dist.batch_isend_irecv(ops):
@@ -341,7 +340,7 @@ def pipeline_step(model: TinyLM, opt: torch.optim.Optimizer, batch: torch.Tensor
     opt.zero_grad(set_to_none=True)
     m = micro_batches
     tokens, targets = batch[:, :-1].chunk(m), batch[:, 1:].chunk(m)
-    link = _Neighbours(model, (*tokens[0].shape, model.dim), batch.device)
+    link = _Neighbours(model, (*tokens[0].shape, model.dim), batch.device, next(model.parameters()).dtype)
     stage, stages = model.stage, model.pp
     total = torch.zeros((), device=batch.device)
     pending: list[tuple[torch.Tensor | None, torch.Tensor]] = []
@@ -409,7 +408,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--clip", type=float, default=1.0, help="max grad norm; 0 disables clipping")
     p.add_argument("--autocast", default="off", choices=["off", *AUTOCAST_DTYPES],
                    help="mixed precision for forward and loss")
-    p.add_argument("--dtype", default="float32", choices=list(MODEL_DTYPES),
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="the model's dtype (converted: weights, gradients, optimizer state, activations)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--workers", type=int, default=None,
@@ -488,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = dist.get_rank() if ranks > 1 else 0
     try:
         model = TinyLM(args.vocab, args.d_model, args.layers, args.heads, args.seq_len, args.tp, rank % args.tp,
-                       args.pp, rank // args.tp).to(device, MODEL_DTYPES[args.dtype])
+                       args.pp, rank // args.tp).to(device, pick_dtype(args.dtype, device))
     except ValueError as e:
         print(f"train: error: {e}", file=sys.stderr)
         return 2

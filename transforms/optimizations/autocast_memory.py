@@ -40,21 +40,26 @@ cache); its **bias** copy until the forward ends (the cast cache; no node saves 
 weight's gradient), or to the op's end without a backward. That fp32 activation (a norm's output),
 recorded as freed while the op's node ran (the op saved it, nothing after it did), is freed right
 after the cast instead. An fp32-list op fed the autocast dtype casts it up (an fp32 copy over the
-op); an upcast op makes fp32 copies of its inputs (over the op); ``x.float()`` of a lower-precision
-tensor makes an fp32 one, held to the end of the next op that takes a tensor of its size.
+op); an upcast op makes fp32 copies of its inputs (over the op) and, in its backward, of its
+output's gradient (over its nodes, less the 16-bit gradient it replaces); ``x.float()`` of a
+lower-precision tensor makes an fp32 one, held to the end of the next op that takes a tensor of
+its size.
 
 A **converted** program casts nothing before an op: every op computes in the dtype of what it is
 given (a parameter's, 16-bit; the first op's input, an embedding table, too) but an upcast op
 (fp32 inside, its output cast down) and what follows a ``.float()``; every block made from
 parameters (their gradients, optimizer state, what the optimizer and clipping make, what is held
-to the end or was allocated before the recording) is in the dtype too. Under both, a block made by
-an op given only integer tensors (a copy of the token ids) keeps its bytes.
+to the end or was allocated before the recording) is in the dtype too, but one-element blocks (an
+optimizer's step count) and blocks off the rank's main device (a GPU trace's host copies). Under
+both, a block of integers keeps its bytes: one made by a factory asked for an integer or bool
+type (its ``Concrete Inputs``), or by an op given only integer tensors (a copy of the token ids).
 
 On a CPU trace, what the CPU allocates in 16 bits and a GPU does not is added too: each 16-bit
 ``mm``/``addmm``'s fp32 accumulator, and the fp32 copy a mixed-dtype elementwise op makes of its
 16-bit operand (:data:`CPU_ACCUMULATOR_PAD_BYTES`).
 
-Left out: the fp32 activation a lowered op casts is freed right after the cast when the op's node
+Left out: the upcast op's 16-bit copy of its attention probabilities, returned and dropped inside
+the op (a transient over the op's end); the fp32 activation a lowered op casts is freed right after the cast when the op's node
 was its last holder (a later forward use keeps it alive a little longer); one activation fed to
 several lowered ops (separate Q, K and V projections) is cast once per op, taken as fed by the op
 before it (one cast); the autograd engine's cast of a gradient into a lower-precision branch of a
@@ -67,14 +72,14 @@ lowered output.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import IntEnum
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
 
 import numpy as np
 import pandas as pd
 
 from whatif.core.autocast import LOWERED_CLASSES, CastRole, autocast_casts, is_fp32_op
-from whatif.core.dtypes import ELEMENT_BYTES, compute_dtype, conversion_target, element_bytes
+from whatif.core.dtypes import ELEMENT_BYTES, compute_dtype, conversion_target, element_bytes, factory_dtype
 from whatif.core.kernels import KernelClass, classify_kernel, float_tensors, op_key, param_args
 from whatif.depgraph.hierarchy import autograd_nodes, enclosing, inherit, record_steps
 from whatif.tracer.args import Arg
@@ -119,8 +124,9 @@ class OpDtypes:
     (-1 elsewhere), whether it computes in the autocast dtype (``computes_low``), outputs it
     (``outputs_low``), is fed it (``fed_low``: the work op before it outputs it), whether its
     first floating-point input was recorded in 16 bits (``recorded_low``); per position, whether
-    the op takes tensors and none of them is floating-point (``integer``: what it makes is not
-    either); and whether the program is converted to the dtype (``converted``) or autocast."""
+    what the op makes is not floating-point (``integer``: a factory asked for an integer or bool
+    type, :func:`~whatif.core.dtypes.factory_dtype`, or an op given tensors none of which is
+    floating-point); and whether the program is converted to the dtype (``converted``) or autocast."""
 
     rule: np.ndarray
     computes_low: np.ndarray
@@ -156,8 +162,9 @@ def _rule(name: str, types: list, concrete: list, math_inside: bool) -> Rule:
 def op_dtypes(trace: Trace, ops: ForwardOps, converted: bool = False) -> OpDtypes:
     """The :class:`OpDtypes` of ``trace``'s forward work ops, each sequence in the order it ran,
     under autocast, or with the program ``converted`` to the dtype: then every op but an upcast
-    one computes in the dtype of its input, the first op's (an embedding table's) being 16-bit,
-    until a ``.float()``."""
+    one computes in the dtype of its input, the first op's being 16-bit, until a ``.float()``; an
+    op given a parameter (an embedding table, a norm's weight) in the parameter's, 16-bit. An
+    integer op passes on the dtype of what came before it."""
     ev = trace.events
     rows = ops.hierarchy.rows
     n = len(rows)
@@ -170,9 +177,11 @@ def op_dtypes(trace: Trace, ops: ForwardOps, converted: bool = False) -> OpDtype
     rule = np.full(n, -1, dtype=np.int64)
     recorded = np.zeros(n, dtype=bool)
     integer = np.zeros(n, dtype=bool)
-    for p in np.flatnonzero(ops.forward).tolist():
-        kinds = [t for t in _listed(types[int(rows[p])]) if element_bytes(t) is not None]
-        integer[p] = bool(kinds) and all(compute_dtype(t) is None for t in kinds)
+    for p, r in enumerate(rows.tolist()):
+        made = factory_dtype(str(names[p]), _listed(concrete[r]))
+        kinds = [t for t in _listed(types[r]) if element_bytes(t) is not None]
+        integer[p] = (compute_dtype(made) is None if made is not None
+                      else bool(kinds) and all(compute_dtype(t) is None for t in kinds))
     for w in work.tolist():
         r = int(rows[w])
         kinds = _listed(types[r])
@@ -181,7 +190,8 @@ def op_dtypes(trace: Trace, ops: ForwardOps, converted: bool = False) -> OpDtype
         recorded[w] = first is not None and first.bytes == 2
     dims = trace.arg(Arg.INPUT_DIMS)
     given = np.zeros(n, dtype=bool)
-    given[work] = [bool(param_args(str(names[w]), dims[int(rows[w])])) for w in work.tolist()]
+    if converted:
+        given[work] = [bool(param_args(str(names[w]), dims[int(rows[w])])) for w in work.tolist()]
     computes = np.zeros(n, dtype=bool)
     outputs = np.zeros(n, dtype=bool)
     fed = np.zeros(n, dtype=bool)
@@ -200,18 +210,32 @@ def op_dtypes(trace: Trace, ops: ForwardOps, converted: bool = False) -> OpDtype
     return OpDtypes(rule, computes, outputs, fed, recorded, integer, converted)
 
 
+class Added(str, Enum):
+    """What an added block is."""
+
+    CAST = "a cast's copy"
+    ACCUMULATOR = "a CPU GEMM's fp32 accumulator"
+    PROMOTION = "a CPU mixed-dtype op's fp32 copy"
+
+
 @dataclass(frozen=True)
 class AddedBlock:
     """A block the 16-bit run makes that the fp32 run does not (a cast's copy, a CPU GEMM's
     accumulator): ``nbytes`` allocated at ``alloc_at`` and freed at ``free_at`` (each ``(row of
     Trace.memory, after)``), made for the op at position ``made_in`` of the :class:`ForwardOps`
-    hierarchy, in ``op`` (None: its anchor's)."""
+    hierarchy; what it is, ``kind``."""
 
     nbytes: int
     alloc_at: tuple[int, bool]
     free_at: tuple[int, bool]
     made_in: int
-    op: str | None = CAST_OP
+    kind: Added = field(default_factory=lambda: Added.CAST)
+
+    @property
+    def op(self) -> str | None:
+        """The op the block is said to be made in: a copy's ``aten::_to_copy``, an accumulator's
+        GEMM (its anchor's, None)."""
+        return None if self.kind is Added.ACCUMULATOR else CAST_OP
 
 
 @dataclass(frozen=True)
@@ -422,17 +446,19 @@ def _backward_factors(cx: _Context, factors: np.ndarray) -> list[Recast]:
     return out
 
 
-LASTING = (BlockRole.PARAMETER, BlockRole.GRADIENT, BlockRole.WEIGHT_GRADIENT, BlockRole.PERSISTENT,
-           BlockRole.AFTER_BACKWARD, BlockRole.OUTSIDE)
-"""Roles of the blocks made from parameters: their gradients, optimizer state, what the optimizer
-and gradient clipping make, what is held to the end, what is made outside steps."""
+SCALAR_BYTES = 8
+"""A block of at most this many bytes holds one element (an optimizer's step count, a loss): its
+dtype is its own, not the model's."""
 
 
 def _gradient_factors(cx: _Context, factors: np.ndarray) -> list[Recast]:
     """Under autocast, a lowered op's parameter gradients: its GEMM's output, cast to fp32 when
-    its node ends. In a converted program every block made from parameters is in the dtype."""
+    its node ends. In a converted program every block but the activations on the rank's main
+    device (parameters, gradients, optimizer state, what the optimizer and clipping make, what is
+    held to the end) is in the dtype, but one-element blocks (:data:`SCALAR_BYTES`)."""
     if cx.dt.converted:
-        lasting = np.logical_or.reduce([cx.roles.mask(r) for r in LASTING]) & _floating(cx)
+        main = cx.lines.on_main(cx.roles.rows, cx.rank)
+        lasting = ~cx.roles.mask(BlockRole.ACTIVATION) & _floating(cx) & main & (cx.sizes > SCALAR_BYTES)
         factors[lasting] = cx.low_ratio
         return []
     grads = cx.roles.mask(BlockRole.GRADIENT) | cx.roles.mask(BlockRole.WEIGHT_GRADIENT)
@@ -478,11 +504,55 @@ def _conversion_copy(cx: _Context, w: int, tensors: list) -> AddedBlock | None:
     return AddedBlock(numel * FP32_BYTES, start, cx.lines.last_by(start[0], until_ns), w)
 
 
+def _autocast_copies(cx: _Context, w: int, rule: Rule, anchor: int) -> list[AddedBlock]:
+    """The copies autocast makes before lowered op ``w`` (its weight's, bias's and an fp32
+    activation's, each held as long as its holder keeps it: module docstring) or fp32-list op
+    ``w`` fed 16 bits (an fp32 copy over the op); ``anchor``: its first allocation."""
+    r = int(cx.ops.hierarchy.rows[w])
+    name = str(cx.trace.events["name"].iat[r])
+    dims, types = cx.trace.arg(Arg.INPUT_DIMS), cx.trace.arg(Arg.INPUT_TYPES)
+    start = (anchor, False)
+    op_end = cx.lines.last_by(anchor, int(cx.end_ns[w]))
+    forward_end = cx.lines.last_by(anchor, int(cx.spans.forward_end_ns[w]) - 1)
+    saved = cx.lines.last_by(anchor, int(cx.spans.node_end_ns[w])) if cx.spans.node_end_ns[w] >= 0 else None
+    out = []
+    for c in autocast_casts(name, dims[r], types[r], fed_by_low=bool(cx.dt.fed_low[w])):
+        if c.to_fp32:
+            out.append(AddedBlock(c.numel * FP32_BYTES, start, op_end, w))
+            continue
+        if rule == Rule.UPCAST:
+            free = op_end
+        elif c.role is CastRole.BIAS:
+            free = forward_end
+        elif c.role is CastRole.WEIGHT:
+            free = saved or forward_end
+        else:
+            free = saved or op_end
+        out.append(AddedBlock(int(round(c.numel * FP32_BYTES * cx.low_ratio)), start, free, w))
+    return out
+
+
+def _upcast_copies(cx: _Context, w: int, tensors: list, anchor: int) -> list[AddedBlock]:
+    """The fp32 copies SDPA's math backend makes of its 16-bit inputs (Q, K, V; over the op) and,
+    in its backward, of the output's gradient (over its autograd nodes; less the 16-bit gradient
+    it replaces, freed once copied)."""
+    start = (anchor, False)
+    op_end = cx.lines.last_by(anchor, int(cx.end_ns[w]))
+    out = [AddedBlock(numel * FP32_BYTES, start, op_end, w) for _, numel, _ in tensors[:3]]
+    if tensors and cx.spans.node_end_ns[w] >= 0:
+        rank = int(cx.trace.events["rank"].to_numpy()[cx.ops.hierarchy.rows[w]])
+        node_start = cx.lines.first_from(rank, int(cx.spans.node_start_ns[w]))
+        if node_start is not None:
+            grown = int(round(tensors[0][1] * FP32_BYTES * (1 - cx.low_ratio)))
+            out.append(AddedBlock(grown, node_start, cx.lines.last_by(node_start[0], int(cx.spans.node_end_ns[w])), w))
+    return out
+
+
 def _casts(cx: _Context, first: dict[int, int]) -> list[AddedBlock]:
-    """The copies autocast makes for the forward's lowered, upcast, fp32-list and ``.float()`` ops
-    (module docstring)."""
+    """The copies made for the forward's lowered, upcast, fp32-list and ``.float()`` ops (module
+    docstring): autocast's casts (none in a converted program), the math backend's fp32 copies,
+    and ``.float()``'s of a 16-bit tensor."""
     rows = cx.ops.hierarchy.rows
-    names = cx.trace.events["name"].astype(str).to_numpy()
     dims, types = cx.trace.arg(Arg.INPUT_DIMS), cx.trace.arg(Arg.INPUT_TYPES)
     out: list[AddedBlock] = []
     for w in np.flatnonzero(cx.dt.rule >= 0).tolist():
@@ -493,30 +563,12 @@ def _casts(cx: _Context, first: dict[int, int]) -> list[AddedBlock]:
             block = _conversion_copy(cx, w, tensors) if fed and tensors else None
             out += [block] if block is not None else []
             continue
-        if rule in (Rule.KEEPS, Rule.WIDEST) or (rule == Rule.FP32 and not fed) or w not in first:
+        if w not in first:
             continue
-        if cx.dt.converted and rule != Rule.UPCAST:   # no autocast: nothing is cast before the op
-            continue
-        start = (first[w], False)
-        op_end = cx.lines.last_by(first[w], int(cx.end_ns[w]))
-        forward_end = cx.lines.last_by(first[w], int(cx.spans.forward_end_ns[w]) - 1)
-        saved = (cx.lines.last_by(first[w], int(cx.spans.node_end_ns[w])) if cx.spans.node_end_ns[w] >= 0
-                 else None)
-        for c in [] if cx.dt.converted else autocast_casts(str(names[r]), dims[r], types[r], fed_by_low=fed):
-            if c.to_fp32:
-                out.append(AddedBlock(c.numel * FP32_BYTES, start, op_end, w))
-                continue
-            if rule == Rule.UPCAST:
-                free = op_end
-            elif c.role is CastRole.BIAS:
-                free = forward_end
-            elif c.role is CastRole.WEIGHT:
-                free = saved or forward_end
-            else:
-                free = saved or op_end
-            out.append(AddedBlock(int(round(c.numel * FP32_BYTES * cx.low_ratio)), start, free, w))
+        if not cx.dt.converted and (rule in (Rule.LOWERED, Rule.UPCAST) or (rule == Rule.FP32 and fed)):
+            out += _autocast_copies(cx, w, rule, first[w])
         if rule == Rule.UPCAST:
-            out += [AddedBlock(numel * FP32_BYTES, start, op_end, w) for _, numel, _ in tensors[:3]]
+            out += _upcast_copies(cx, w, tensors, first[w])
     return out
 
 
@@ -526,15 +578,15 @@ def _early_frees(cx: _Context, first: dict[int, int], factors: np.ndarray,
     its free): per lowered op fed fp32 with a backward, the last block of its rank and device of
     the cast's elements × 4 bytes, made before the op and freed, as recorded, while the op's
     autograd nodes ran (the op saved it and nothing after it did); freed right after the cast."""
+    early: dict[int, tuple[int, bool]] = {}
+    if cx.dt.converted:
+        return early
     names = cx.trace.events["name"].astype(str).to_numpy()
     dims, types = cx.trace.arg(Arg.INPUT_DIMS), cx.trace.arg(Arg.INPUT_TYPES)
     rows = cx.ops.hierarchy.rows
     device = cx.lines.device[cx.roles.rows]
     free = (cx.roles.mask(BlockRole.ACTIVATION) & (cx.work >= 0) & (factors == 1)
             & ~np.isin(np.arange(len(factors)), list(recast)))
-    early: dict[int, tuple[int, bool]] = {}
-    if cx.dt.converted:
-        return early
     lowered = np.flatnonzero((cx.dt.rule == Rule.LOWERED) & ~cx.dt.fed_low & (cx.spans.node_end_ns >= 0))
     for w in lowered.tolist():
         if w not in first:
@@ -553,41 +605,43 @@ def _early_frees(cx: _Context, first: dict[int, int], factors: np.ndarray,
 
 
 CPU_GEMM_OPS = frozenset({"mm", "addmm"})
+"""The GEMM ops whose 16-bit CPU kernels allocate an fp32 accumulator (no 16-bit ``bmm`` ran in our recordings)."""
 CPU_ACCUMULATOR_PAD_BYTES = 128
 """On the CPU, a 16-bit ``mm``/``addmm`` accumulates in an fp32 buffer of its output's elements ×
 4 bytes + this, allocated after its output and freed before the op returns (PyTorch 2.13's CPU
 build, every shape of our recordings, 2 × 192 to 4,096 × 1,152)."""
 
 
-def _cpu_temporaries(cx: _Context, first: dict[int, int], factors: np.ndarray,
-                     recasts: list[Recast]) -> list[AddedBlock]:
-    """What a CPU allocates in 16 bits that a GPU does not: the fp32 accumulator of each 16-bit
-    GEMM (:data:`CPU_ACCUMULATOR_PAD_BYTES`), forward and backward, and the fp32 copy an
-    elementwise op of mixed dtypes (a residual add fed a 16-bit branch under autocast) makes of its
-    16-bit operand before it computes; none on a GPU trace."""
-    mem = cx.trace.memory
-    on_cpu = ~on_gpu(mem)[cx.roles.rows]
+def _cpu_temporaries(cx: _Context, factors: np.ndarray, recasts: list[Recast]) -> list[AddedBlock]:
+    """What a CPU allocates in 16 bits that a GPU does not (blocks of the CPU's records only): the
+    fp32 accumulator of each 16-bit GEMM, forward and backward (its output's elements × 4 +
+    :data:`CPU_ACCUMULATOR_PAD_BYTES`, after the output, to the op's end), and under autocast the
+    fp32 copy an elementwise op of mixed dtypes (a residual add fed a 16-bit branch) makes of its
+    16-bit operand before it computes (the size of its fp32 output, over the op)."""
+    on_cpu = ~on_gpu(cx.trace.memory)[cx.roles.rows]
     names = cx.trace.events["name"].astype(str).to_numpy()[cx.ops.hierarchy.rows]
     low = factors == cx.low_ratio
     low[[r.i for r in recasts if r.first_bytes < cx.sizes[r.i]]] = True
     out: list[AddedBlock] = []
+    seen: set[int] = set()
     for i in np.flatnonzero(on_cpu & low & (cx.pos >= 0)).tolist():
         p = int(cx.pos[i])
-        if op_key(str(names[p])) not in CPU_GEMM_OPS:
+        if p in seen or op_key(str(names[p])) not in CPU_GEMM_OPS:
             continue
+        seen.add(p)
         row = int(cx.roles.rows[i])
         out.append(AddedBlock(int(cx.sizes[i]) + CPU_ACCUMULATOR_PAD_BYTES, (row, True),
-                              cx.lines.last_by(row, int(cx.end_ns[p])), p, None))
+                              cx.lines.last_by(row, int(cx.end_ns[p])), p, Added.ACCUMULATOR))
     if cx.dt.converted:
         return out
-    mixed = np.flatnonzero((cx.dt.rule == Rule.WIDEST) & cx.dt.fed_low)
-    for w in mixed.tolist():
-        if w not in first or on_gpu(mem)[first[w]]:
-            continue
-        made = np.flatnonzero((cx.work == w) & cx.roles.mask(BlockRole.ACTIVATION))
-        if len(made):
-            out.append(AddedBlock(int(cx.sizes[made[0]]), (first[w], False),
-                                  cx.lines.last_by(first[w], int(cx.end_ns[w])), w))
+    inside = np.where(cx.pos >= 0, ~cx.ops.loose[np.maximum(cx.pos, 0)], False)
+    made = on_cpu & inside & cx.roles.mask(BlockRole.ACTIVATION)
+    for w in np.flatnonzero((cx.dt.rule == Rule.WIDEST) & cx.dt.fed_low).tolist():
+        mine = np.flatnonzero(made & (cx.work == w))
+        if len(mine):
+            row = int(cx.roles.rows[mine[0]])
+            out.append(AddedBlock(int(cx.sizes[mine[0]]), (row, False), cx.lines.last_by(row, int(cx.end_ns[w])), w,
+                                  Added.PROMOTION))
     return out
 
 
@@ -597,7 +651,7 @@ def autocast_memory(trace: Trace, dtype: str = "bf16", converted: bool = False) 
 
     Raises
     ------
-    TransformError : ``dtype`` is not an autocast dtype; as :func:`~.batch_memory.block_roles`;
+    TransformError : ``dtype`` is not bf16 or fp16; as :func:`~.batch_memory.block_roles`;
         the trace's forward has no op autocast lowers (a GEMM, convolution or attention op), or
         its lowered ops already take 16-bit inputs.
     """
@@ -610,7 +664,7 @@ def autocast_memory(trace: Trace, dtype: str = "bf16", converted: bool = False) 
     lowered = np.flatnonzero((dt.rule == Rule.LOWERED) | (dt.rule == Rule.UPCAST))
     if not len(lowered):
         raise TransformError(f"{who}: found no GEMM, convolution or attention op in the forward of "
-                             f"{trace.source}; its memory is predicted from a model's")
+                             f"{trace.source}: no op whose memory 16 bits would change")
     already = int(dt.recorded_low[lowered].sum())
     if already:
         raise TransformError(f"{who}: {already:,} of the {len(lowered):,} GEMM, convolution and attention ops in "
@@ -622,7 +676,7 @@ def autocast_memory(trace: Trace, dtype: str = "bf16", converted: bool = False) 
     first = _first_allocations(cx)
     early = _early_frees(cx, first, factors, {r.i for r in recasts})
     at_early = np.asarray(sorted(early), dtype=np.int64)
-    added = _casts(cx, first) + _cpu_temporaries(cx, first, factors, recasts)
+    added = _casts(cx, first) + _cpu_temporaries(cx, factors, recasts)
     return AutocastMemory(roles, factors, tuple(recasts), tuple(added), at_early,
                           tuple(early[i] for i in at_early.tolist()), cx.low_ratio if converted else 1.0)
 
@@ -661,17 +715,20 @@ def autocast_memory_edit(trace: Trace, dtype: str = "bf16", converted: bool = Fa
     for b in model.added:
         nbytes = block(b.alloc_at[0], b.nbytes)
         editor.add_block(nbytes, b.alloc_at, b.free_at, b.op)
-        copies_bytes += nbytes if b.op == CAST_OP else 0
+        copies_bytes += nbytes if b.kind is Added.CAST else 0
     fewer_mib = float((sizes[model.roles.rows] * (1 - model.factors)).sum()) / 2**20
     held = f"{int((model.factors < 1).sum()):,} blocks held in {dtype} ({fewer_mib:,.1f} MiB fewer bytes allocated)"
     recast = f"{len(model.recasts):,} made in one dtype and cast to the other"
-    n_copies = sum(b.op == CAST_OP for b in model.added)
+    n_copies = sum(b.kind is Added.CAST for b in model.added)
     copies = f"({copies_bytes / 2**20:,.1f} MiB allocated)"
-    accumulators = len(model.added) - n_copies
-    cpu = f", {accumulators:,} fp32 accumulators of the CPU's 16-bit GEMMs (transient)" if accumulators else ""
+    cpu_blocks = len(model.added) - n_copies
+    cpu = f", {cpu_blocks:,} CPU temporaries in fp32 (its 16-bit GEMMs' accumulators, mixed-dtype copies)" \
+        if cpu_blocks else ""
+    before = (", what was allocated before the recording (the parameters, the optimizer's state) at "
+              f"{model.before:.0%}" if model.before != 1 else "")
     if converted:
         what = (f"precision(dtype={dtype}), the model converted: {held}, {recast}, {n_copies:,} fp32 copies "
-                f"added {copies} (SDPA math's upcasts, .float()){cpu}")
+                f"added {copies} (SDPA math's upcasts, .float()){cpu}{before}")
     else:
         what = (f"autocast(dtype={dtype}): {held}, {recast}, {n_copies:,} cast copies added {copies}, "
                 f"{len(model.freed_early):,} fp32 activations freed once cast{cpu}")

@@ -1,4 +1,5 @@
-"""``precision``: run the selected kernels in a lower precision — bf16/fp16 AMP, tf32, fp8,
+"""``precision``: run the selected kernels in a lower precision — a model converted to bf16/fp16
+(``model.to(dtype)``; mixed precision, fp32 weights under ``torch.autocast``, is ``autocast``), tf32, fp8,
 int8 (W8A8), or weight-only quantization (``int4_weight``, or ``weight_only=true`` with int8/fp8).
 
 Each selected kernel's duration ``T`` becomes ``F' + (T − F')·A'/A`` with ``F' = min(T, L)`` a
@@ -65,12 +66,14 @@ def record_spec(graph: TaskGraph, tasks: np.ndarray, spec: str) -> TaskGraph:
 @dataclass
 class Precision(Transform):
     name = "precision"
-    description = "Lower precision: bf16/fp16 AMP, tf32, fp8, int8 (W8A8), int4 weight-only (by peak and byte ratios)"
+    description = ("Lower precision: a model converted to bf16/fp16, tf32, fp8, int8 (W8A8), int4 weight-only "
+                   "(by peak and byte ratios)")
     requires = (Need.GPU_KERNELS, Need.KNOWN_GPU)
 
     @classmethod
     def candidates(cls, graph: TaskGraph, ctx: TransformContext) -> list[Transform]:
-        """bf16 (AMP), fp8 and int4 weight-only: a GPU without fp8 refuses that one, and suggest says so."""
+        """bf16 (the model converted), fp8 and int4 weight-only: a GPU without fp8 refuses that one, and
+        suggest says so."""
         return [cls(dtype="bf16"), cls(dtype="fp8"), cls(dtype="int4_weight")]
 
     dtype: str = field(default="bf16", metadata={"help": "tf32, bf16, fp16, fp8, int8 (W8A8) or int4_weight"})
