@@ -59,8 +59,9 @@ On a CPU trace, what the CPU allocates in 16 bits and a GPU does not is added to
 16-bit operand (:data:`CPU_ACCUMULATOR_PAD_BYTES`).
 
 Left out: the upcast op's 16-bit copy of its attention probabilities, returned and dropped inside
-the op (a transient over the op's end); the fp32 activation a lowered op casts is freed right after the cast when the op's node
-was its last holder (a later forward use keeps it alive a little longer); one activation fed to
+the op (a transient over the op's end); the fp32 activation a lowered op casts is freed right
+after the cast when the op's node was its last holder (a later forward use keeps it alive a
+little longer); one activation fed to
 several lowered ops (separate Q, K and V projections) is cast once per op, taken as fed by the op
 before it (one cast); the autograd engine's cast of a gradient into a lower-precision branch of a
 residual add; non-float blocks (a dropout mask) made by an
