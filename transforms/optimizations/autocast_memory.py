@@ -124,10 +124,11 @@ class OpDtypes:
     """Per position of a :class:`ForwardOps` hierarchy that is a work op: its :class:`Rule`
     (-1 elsewhere), whether it computes in the autocast dtype (``computes_low``), outputs it
     (``outputs_low``), is fed it (``fed_low``: the work op before it outputs it), whether its
-    first floating-point input was recorded in 16 bits (``recorded_low``); per position, whether
-    what the op makes is not floating-point (``integer``: a factory asked for an integer or bool
-    type, :func:`~whatif.core.dtypes.factory_dtype`, or an op given tensors none of which is
-    floating-point); and whether the program is converted to the dtype (``converted``) or autocast."""
+    first floating-point input was recorded in 16 bits (``recorded_low``); per work op and op
+    that allocates, whether what it makes is not floating-point (``integer``: a factory asked for
+    an integer or bool type, :func:`~whatif.core.dtypes.factory_dtype`, or an op given tensors
+    none of which is floating-point); and whether the program is converted to the dtype
+    (``converted``) or autocast."""
 
     rule: np.ndarray
     computes_low: np.ndarray
@@ -178,7 +179,9 @@ def op_dtypes(trace: Trace, ops: ForwardOps, converted: bool = False) -> OpDtype
     rule = np.full(n, -1, dtype=np.int64)
     recorded = np.zeros(n, dtype=bool)
     integer = np.zeros(n, dtype=bool)
-    for p, r in enumerate(rows.tolist()):
+    allocating = enclosing(ops.hierarchy, ev, trace.memory) if len(trace.memory) else np.zeros(0, dtype=np.int64)
+    for p in np.union1d(work, allocating[allocating >= 0]).tolist():   # where it is read
+        r = int(rows[p])
         made = factory_dtype(str(names[p]), _listed(concrete[r]))
         kinds = [t for t in _listed(types[r]) if element_bytes(t) is not None]
         integer[p] = (compute_dtype(made) is None if made is not None
