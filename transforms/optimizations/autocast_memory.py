@@ -413,7 +413,7 @@ def _context(trace: Trace, roles: BlockRoles, ops: ForwardOps, dt: OpDtypes, dty
 
 
 def _floating(cx: _Context) -> np.ndarray:
-    """Per allocation: made by an op that takes a floating-point tensor or none (not an index's copy)."""
+    """Per allocation: not made as integers (:class:`OpDtypes` ``integer`` of its innermost op)."""
     return ~np.where(cx.pos >= 0, cx.dt.integer[np.maximum(cx.pos, 0)], False)
 
 
@@ -436,7 +436,7 @@ def _backward_factors(cx: _Context, factors: np.ndarray) -> list[Recast]:
     """Backward activations in the dtype their op computes in; the gradient an op passes back
     cast to its input's dtype when its node ends (``ToCopyBackward0``)."""
     out = []
-    for i in np.flatnonzero(cx.roles.mask(BlockRole.ACTIVATION) & (cx.of >= 0)).tolist():
+    for i in np.flatnonzero(cx.roles.mask(BlockRole.ACTIVATION) & (cx.of >= 0) & _floating(cx)).tolist():
         f = int(cx.of[i])
         if cx.ops.loose[cx.made[i]]:   # the backward of a view or reshape of f's output
             factors[i] = cx.low_ratio if cx.dt.outputs_low[f] else 1.0
