@@ -61,15 +61,14 @@ On a CPU trace, what the CPU allocates in 16 bits and a GPU does not is added to
 Left out: the upcast op's 16-bit copy of its attention probabilities, returned and dropped inside
 the op (a transient over the op's end); the fp32 activation a lowered op casts is freed right
 after the cast when the op's node was its last holder (a later forward use keeps it alive a
-little longer); one activation fed to
-several lowered ops (separate Q, K and V projections) is cast once per op, taken as fed by the op
-before it (one cast); the autograd engine's cast of a gradient into a lower-precision branch of a
-residual add; non-float blocks (a dropout mask) made by an
-op that outputs the autocast dtype, taken as halved; a weight used by two lowered ops (cast once,
-counted twice); in a converted program, a ``.float()`` after the backward (clipping's fp32 norms):
-taken as 16-bit. The op lists are CUDA's: on the CPU, autocast's fp32 list is different (norms and
-softmax run in the autocast dtype when fed it), which matters only where such an op takes a
-lowered output.
+little longer); one activation fed to several lowered ops (separate Q, K and V projections) is
+cast once per op, taken as fed by the op before it (one cast); the autograd engine's cast of a
+gradient into a lower-precision branch of a residual add; non-float blocks made without a dtype
+argument by an op that outputs the autocast dtype, taken as halved; a weight used by two lowered
+ops (cast once, counted twice); in a converted program, a ``.float()`` after the backward
+(clipping's fp32 norms): taken as 16-bit. The op lists are CUDA's: on the CPU, autocast's fp32
+list is different (norms and softmax run in the autocast dtype when fed it), which matters only
+where such an op takes a lowered output.
 """
 from __future__ import annotations
 
