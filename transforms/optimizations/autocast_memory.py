@@ -123,11 +123,9 @@ class OpDtypes:
     """Per position of a :class:`ForwardOps` hierarchy that is a work op: its :class:`Rule`
     (-1 elsewhere), whether it computes in the autocast dtype (``computes_low``), outputs it
     (``outputs_low``), is fed it (``fed_low``: the work op before it outputs it), whether its
-    first floating-point input was recorded in 16 bits (``recorded_low``); per work op and op
-    that allocates, whether what it makes is not floating-point (``integer``: a factory asked for
-    an integer or bool type, :func:`~whatif.core.dtypes.factory_dtype`, or an op given tensors
-    none of which is floating-point); and whether the program is converted to the dtype
-    (``converted``) or autocast."""
+    first floating-point input was recorded in 16 bits (``recorded_low``), whether what it makes
+    is not floating-point (``integer``, :func:`makes_integers`); and whether the program is
+    converted to the dtype (``converted``) or autocast."""
 
     rule: np.ndarray
     computes_low: np.ndarray
@@ -160,6 +158,27 @@ def _rule(name: str, types: list, concrete: list, math_inside: bool) -> Rule:
     return Rule.KEEPS
 
 
+def makes_integers(trace: Trace, ops: ForwardOps, at: np.ndarray) -> np.ndarray:
+    """Per position in ``at`` (of ``ops``' hierarchy; -1: none, False): what the op makes is not
+    floating-point: it is a factory asked for an integer or bool type
+    (:func:`~whatif.core.dtypes.factory_dtype`), or it is given tensors and none of them is."""
+    rows = ops.hierarchy.rows
+    names = trace.events["name"].astype(str).to_numpy()
+    types, concrete = trace.arg(Arg.INPUT_TYPES), trace.arg(Arg.CONCRETE_INPUTS)
+    known = at >= 0
+    distinct = np.unique(at[known])
+    integer = np.zeros(len(distinct), dtype=bool)
+    for k, p in enumerate(distinct.tolist()):
+        r = int(rows[p])
+        made = factory_dtype(str(names[r]), _listed(concrete[r]))
+        kinds = [t for t in _listed(types[r]) if element_bytes(t) is not None]
+        integer[k] = (compute_dtype(made) is None if made is not None
+                      else bool(kinds) and all(compute_dtype(t) is None for t in kinds))
+    out = np.zeros(len(at), dtype=bool)
+    out[known] = integer[np.searchsorted(distinct, at[known])]
+    return out
+
+
 def op_dtypes(trace: Trace, ops: ForwardOps, converted: bool = False) -> OpDtypes:
     """The :class:`OpDtypes` of ``trace``'s forward work ops, each sequence in the order it ran,
     under autocast, or with the program ``converted`` to the dtype: then every op but an upcast
@@ -178,13 +197,7 @@ def op_dtypes(trace: Trace, ops: ForwardOps, converted: bool = False) -> OpDtype
     rule = np.full(n, -1, dtype=np.int64)
     recorded = np.zeros(n, dtype=bool)
     integer = np.zeros(n, dtype=bool)
-    allocating = enclosing(ops.hierarchy, ev, trace.memory) if len(trace.memory) else np.zeros(0, dtype=np.int64)
-    for p in np.union1d(work, allocating[allocating >= 0]).tolist():   # where it is read
-        r = int(rows[p])
-        made = factory_dtype(str(names[p]), _listed(concrete[r]))
-        kinds = [t for t in _listed(types[r]) if element_bytes(t) is not None]
-        integer[p] = (compute_dtype(made) is None if made is not None
-                      else bool(kinds) and all(compute_dtype(t) is None for t in kinds))
+    integer[work] = makes_integers(trace, ops, work)
     for w in work.tolist():
         r = int(rows[w])
         kinds = _listed(types[r])
@@ -287,8 +300,9 @@ class _Timelines:
         for idx in memory.groupby(["rank", "device_type", "device_id"], sort=False).indices.values():
             rank, kind, device = columns[idx[0]].tolist()
             self.groups[(rank, kind, device)] = np.asarray(idx)
+        self.indices = list(self.groups.values())
         self.device = np.zeros(len(memory), dtype=np.int64)
-        for i, idx in enumerate(self.groups.values()):
+        for i, idx in enumerate(self.indices):
             self.device[idx] = i
         keys = list(self.groups)
         self.main: dict[int, int] = {}
@@ -306,13 +320,13 @@ class _Timelines:
         when the rank has no record."""
         if rank not in self.main:
             return None
-        idx = list(self.groups.values())[self.main[rank]]
+        idx = self.indices[self.main[rank]]
         at = int(np.searchsorted(self.ts_ns[idx], t_ns, side="left"))
         return (int(idx[at]), False) if at < len(idx) else (int(idx[-1]), True)
 
     def last_by(self, row: int, t_ns: int) -> tuple[int, bool]:
         """Right after the last record of ``row``'s device at or before ``t_ns`` (never before ``row``)."""
-        idx = list(self.groups.values())[self.device[row]]
+        idx = self.indices[self.device[row]]
         at = int(np.searchsorted(self.ts_ns[idx], t_ns, side="right")) - 1
         return max(int(idx[max(at, 0)]), row), True
 
@@ -361,7 +375,8 @@ class _Context:
     """What the parts of :func:`autocast_memory` read: per allocation (aligned with
     ``roles.rows``) its innermost op's position ``pos``, the forward work op it is made in
     (``work``) or whose autograd node makes it (``of``), ``made`` (the node's forward op),
-    ``node`` (the node's position), bytes and times; per hierarchy position start and end."""
+    ``node`` (the node's position), bytes and times, ``floating`` (not made as integers:
+    :func:`makes_integers` of its innermost op); per hierarchy position start and end."""
 
     trace: Trace
     ops: ForwardOps
@@ -381,6 +396,7 @@ class _Context:
     made_ns: np.ndarray
     free_ns: np.ndarray
     rank: np.ndarray
+    floating: np.ndarray
 
     def recast(self, i: int, first: float, then: float, until_ns: int) -> Recast:
         row = int(self.roles.rows[i])
@@ -408,17 +424,13 @@ def _context(trace: Trace, roles: BlockRoles, ops: ForwardOps, dt: OpDtypes, dty
         sizes=mem["bytes"].to_numpy()[allocs],
         made_ns=mem_ns[allocs],
         free_ns=np.where(roles.frees >= 0, mem_ns[np.maximum(roles.frees, 0)], np.iinfo(np.int64).max),
-        rank=mem["rank"].to_numpy()[allocs])
-
-
-def _floating(cx: _Context) -> np.ndarray:
-    """Per allocation: not made as integers (:class:`OpDtypes` ``integer`` of its innermost op)."""
-    return ~np.where(cx.pos >= 0, cx.dt.integer[np.maximum(cx.pos, 0)], False)
+        rank=mem["rank"].to_numpy()[allocs],
+        floating=~makes_integers(trace, ops, pos))
 
 
 def _forward_factors(cx: _Context, factors: np.ndarray) -> list[Recast]:
     """Forward activations in their op's output dtype; an upcast op's output cast at its end."""
-    fwd = np.flatnonzero(cx.roles.mask(BlockRole.ACTIVATION) & (cx.work >= 0) & _floating(cx))
+    fwd = np.flatnonzero(cx.roles.mask(BlockRole.ACTIVATION) & (cx.work >= 0) & cx.floating)
     w = cx.work[fwd]
     factors[fwd[cx.dt.outputs_low[w] & (cx.dt.rule[w] != Rule.UPCAST)]] = cx.low_ratio
     upcast = fwd[cx.dt.rule[w] == Rule.UPCAST]
@@ -435,7 +447,7 @@ def _backward_factors(cx: _Context, factors: np.ndarray) -> list[Recast]:
     """Backward activations in the dtype their op computes in; the gradient an op passes back
     cast to its input's dtype when its node ends (``ToCopyBackward0``)."""
     out = []
-    for i in np.flatnonzero(cx.roles.mask(BlockRole.ACTIVATION) & (cx.of >= 0) & _floating(cx)).tolist():
+    for i in np.flatnonzero(cx.roles.mask(BlockRole.ACTIVATION) & (cx.of >= 0) & cx.floating).tolist():
         f = int(cx.of[i])
         if cx.ops.loose[cx.made[i]]:   # the backward of a view or reshape of f's output
             factors[i] = cx.low_ratio if cx.dt.outputs_low[f] else 1.0
@@ -461,7 +473,7 @@ def _gradient_factors(cx: _Context, factors: np.ndarray) -> list[Recast]:
     held to the end) is in the dtype, but one-element blocks (:data:`SCALAR_BYTES`)."""
     if cx.dt.converted:
         main = cx.lines.on_main(cx.roles.rows, cx.rank)
-        lasting = ~cx.roles.mask(BlockRole.ACTIVATION) & _floating(cx) & main & (cx.sizes > SCALAR_BYTES)
+        lasting = ~cx.roles.mask(BlockRole.ACTIVATION) & cx.floating & main & (cx.sizes > SCALAR_BYTES)
         factors[lasting] = cx.low_ratio
         return []
     grads = cx.roles.mask(BlockRole.GRADIENT) | cx.roles.mask(BlockRole.WEIGHT_GRADIENT)
