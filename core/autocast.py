@@ -39,6 +39,8 @@ FP32_OPS = frozenset({
 """Autocast's fp32 list (CUDA), by op name without namespace: these cast lower-precision inputs up."""
 
 
+AUTOCAST_DTYPES = ("bf16", "fp16")
+"""The 16-bit dtypes autocast (and a converted model, ``precision``) computes in."""
 LOWERED_CLASSES = frozenset({KernelClass.GEMM.value, KernelClass.CONV.value, KernelClass.ATTENTION.value})
 """Kernel classes of autocast's lower-precision list (GEMMs, convolutions, attention)."""
 

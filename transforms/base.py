@@ -188,6 +188,17 @@ class Transform:
         where it does not model memory, the default."""
         return None
 
+    def recorded_trace(self, graph: TaskGraph) -> Trace:
+        """``graph``'s trace, whose allocator records a :meth:`memory_edit` reads.
+
+        Raises
+        ------
+        TransformError : the graph has none.
+        """
+        if graph.trace is None:
+            raise TransformError(f"{self.name}: the graph has no trace to read allocator records from")
+        return graph.trace
+
     def params(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)} if dataclasses.is_dataclass(self) \
             else {}

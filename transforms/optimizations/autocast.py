@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from whatif.core.autocast import LOWERED_CLASSES, autocast_casts, is_fp32_op
+from whatif.core.autocast import AUTOCAST_DTYPES, LOWERED_CLASSES, autocast_casts, is_fp32_op
 from whatif.core.dtypes import ELEMENT_BYTES
 from whatif.core.kernels import KernelClass, float_tensors
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
@@ -65,7 +65,6 @@ from .autocast_memory import autocast_memory_edit
 from .flash_attention import math_attention_kernels
 from .precision import record_spec
 
-DTYPES = ("bf16", "fp16")
 _LOOK_BACK = 4   # ops walked back through to find what an activation came from
 
 
@@ -264,7 +263,7 @@ class Autocast(Transform):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if str(self.dtype).lower() not in DTYPES:
+        if str(self.dtype).lower() not in AUTOCAST_DTYPES:
             raise TransformError(f"autocast: dtype {self.dtype!r} is not an autocast dtype; choose bf16 or fp16")
 
     @classmethod
@@ -301,9 +300,7 @@ class Autocast(Transform):
     def memory_edit(self, graph: TaskGraph) -> RecordEdit | None:
         """The allocator records as the program makes them under autocast
         (:func:`~.autocast_memory.autocast_memory_edit`)."""
-        if graph.trace is None:
-            raise TransformError("autocast: the graph has no trace to read allocator records from")
-        return autocast_memory_edit(graph.trace, str(self.dtype).lower())
+        return autocast_memory_edit(self.recorded_trace(graph), str(self.dtype).lower())
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
         spec = str(self.dtype).lower()

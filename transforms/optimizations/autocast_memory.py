@@ -78,7 +78,7 @@ from enum import Enum, IntEnum
 import numpy as np
 import pandas as pd
 
-from whatif.core.autocast import LOWERED_CLASSES, CastRole, autocast_casts, is_fp32_op
+from whatif.core.autocast import AUTOCAST_DTYPES, LOWERED_CLASSES, CastRole, autocast_casts, is_fp32_op
 from whatif.core.dtypes import ELEMENT_BYTES, compute_dtype, conversion_target, element_bytes, factory_dtype
 from whatif.core.kernels import KernelClass, classify_kernel, float_tensors, op_key, param_args
 from whatif.depgraph.hierarchy import autograd_nodes, enclosing, inherit, record_steps
@@ -99,7 +99,6 @@ from ..parallel.forward_ops import ForwardOps, forward_ops, positions
 from .batch_memory import BlockRole, BlockRoles, block_roles
 from .flash_attention import MATH_OP
 
-DTYPES = ("bf16", "fp16")
 FP32_BYTES = int(ELEMENT_BYTES["fp32"])
 CONVERSIONS = frozenset({"to", "_to_copy"})
 CAST_OP = "aten::_to_copy"
@@ -671,7 +670,7 @@ def autocast_memory(trace: Trace, dtype: str = "bf16", converted: bool = False) 
         its lowered ops already take 16-bit inputs.
     """
     who = "precision" if converted else "autocast"
-    if dtype not in DTYPES:
+    if dtype not in AUTOCAST_DTYPES:
         raise TransformError(f"{who}: dtype {dtype!r} is not a 16-bit floating-point dtype; choose bf16 or fp16")
     roles = block_roles(trace, who)
     ops = forward_ops(trace)

@@ -37,7 +37,7 @@ from whatif.depgraph.graph import TaskGraph, TaskKind
 from whatif.hardware.devices import find_device
 from whatif.tracer.memory import RecordEdit
 
-from ..base import Transform, TransformContext, TransformError
+from ..base import Transform, TransformContext
 from ..edit import set_duration
 from ..needs import Need
 from ..parallel.sharding import record_split
@@ -84,11 +84,10 @@ class Batch(Transform):
     def memory_edit(self, graph: TaskGraph) -> RecordEdit | None:
         """The allocator records at ``factor`` × the batch (:func:`~.batch_memory.batch_memory_edit`),
         with the largest batch that fits the recorded GPU when the catalog knows its memory."""
-        if graph.trace is None:
-            raise TransformError("batch: the graph has no trace to read allocator records from")
-        device = find_device(graph.trace.gpu_name)
+        trace = self.recorded_trace(graph)
+        device = find_device(trace.gpu_name)
         capacity = (device.name, float(device.mem_bytes)) if device is not None and device.mem_bytes else None
-        return batch_memory_edit(graph.trace, float(self.factor), capacity)
+        return batch_memory_edit(trace, float(self.factor), capacity)
 
     def _kernels(self, graph: TaskGraph) -> np.ndarray:
         return np.flatnonzero(graph.tasks["kind"].to_numpy() == int(TaskKind.KERNEL))

@@ -492,9 +492,7 @@ class FlashAttention(Transform):
 
     def memory_edit(self, graph: TaskGraph) -> RecordEdit | None:
         """The allocator records as FlashAttention makes them (:func:`flash_memory_edit`)."""
-        if graph.trace is None:
-            raise TransformError("flash_attention: the graph has no trace to read allocator records from")
-        return flash_memory_edit(graph.trace)
+        return flash_memory_edit(self.recorded_trace(graph))
 
     def apply(self, graph: TaskGraph, ctx: TransformContext) -> TaskGraph:
         device = find_device(ctx.device)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from whatif.core.autocast import AUTOCAST_DTYPES
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph, kind_codes
 from whatif.depgraph.schema import PRECISION_COLUMN
 from whatif.tracer.memory import RecordEdit, RecordEditor
@@ -106,14 +107,13 @@ class Precision(Transform):
         them (:func:`~.autocast_memory.autocast_memory_edit` with ``converted``); tf32 stores
         fp32, so the records stay; other dtypes and a selection of kernels are not modelled (None)."""
         spec = self.spec()
-        if graph.trace is None:
-            raise TransformError("precision: the graph has no trace to read allocator records from")
+        trace = self.recorded_trace(graph)
         if spec == "tf32":
-            return RecordEditor(graph.trace.memory).edit("precision(dtype=tf32): tf32 is stored as fp32; the "
-                                                         "allocations stay as recorded")
-        if spec not in ("bf16", "fp16") or self.select != Selector(kind="kernel"):
+            return RecordEditor(trace.memory).edit("precision(dtype=tf32): tf32 is stored as fp32; the allocations "
+                                                   "stay as recorded")
+        if spec not in AUTOCAST_DTYPES or self.select != Selector(kind="kernel"):
             return None
-        return autocast_memory_edit(graph.trace, spec, converted=True)
+        return autocast_memory_edit(trace, spec, converted=True)
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         ids = self.select(graph)

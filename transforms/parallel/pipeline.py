@@ -281,9 +281,7 @@ class PipelineParallel(OnTopology, Transform):
 
     def memory_edit(self, graph: TaskGraph) -> RecordEdit | None:
         """The allocator records of the modeled stage (:func:`~.pp_memory.pipeline_memory_edit`)."""
-        if graph.trace is None:
-            raise TransformError(f"{self.name}: the graph has no trace to read allocator records from")
-        return pipeline_memory_edit(graph.trace, self.degree, self._check(), self.m, self.schedule)
+        return pipeline_memory_edit(self.recorded_trace(graph), self.degree, self._check(), self.m, self.schedule)
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         return stage_plan(graph, self.degree, self._check())[0]

@@ -122,9 +122,7 @@ class TensorParallel(OnTopology, Transform):
 
     def memory_edit(self, graph: TaskGraph) -> RecordEdit | None:
         """The allocator records of one rank (:func:`~.tp_memory.tensor_parallel_memory_edit`)."""
-        if graph.trace is None:
-            raise TransformError(f"{self.name}: the graph has no trace to read allocator records from")
-        return tensor_parallel_memory_edit(graph.trace, self.degree, self.sequence_parallel)
+        return tensor_parallel_memory_edit(self.recorded_trace(graph), self.degree, self.sequence_parallel)
 
     def _message(self, row_bytes: float) -> float:
         return float(self.activation_bytes) if self.activation_bytes > 0 else float(row_bytes)
