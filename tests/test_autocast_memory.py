@@ -7,14 +7,16 @@ recorded under ``--autocast bf16`` (``tp1_bf16``) and converted with ``--dtype b
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from whatif.cli import main
 from whatif.depgraph.build import build_graph
-from whatif.depgraph.hierarchy import build_hierarchy, enclosing, record_steps
+from whatif.depgraph.hierarchy import CpuHierarchy, build_hierarchy, enclosing, record_steps
 from whatif.memory import memory, memory_edits
 from whatif.tracer.trace import Trace, load_trace
 from whatif.transforms.base import TransformError
@@ -83,14 +85,29 @@ def test_predicted_peak_is_the_autocast_runs_and_beats_no_change(fp32: Trace, bf
         assert abs(s.peak_allocated_bytes / by_step[s.step] - 1) < 0.03, s.step
 
 
+@dataclass(frozen=True)
+class _Records:
+    """A recording's allocator records with where each was made: the CPU hierarchy, its op names,
+    each record's innermost enclosing op (``pos``, -1: none) and step."""
+
+    hierarchy: CpuHierarchy
+    names: np.ndarray
+    mem: pd.DataFrame
+    pos: np.ndarray
+    steps: np.ndarray
+
+
+def _records(trace: Trace) -> _Records:
+    h = build_hierarchy(trace.events)
+    return _Records(h, trace.events["name"].astype(str).to_numpy()[h.rows], trace.memory,
+                    enclosing(h, trace.events, trace.memory), record_steps(trace.events, trace.memory))
+
+
 def _measured_casts(trace: Trace, step: int) -> Counter[str]:
     """Bytes the autocast recording allocates in ``aten::_to_copy`` in ``step``, by the op that
     called the ``aten::to`` (``ToCopyBackward0`` for a backward cast)."""
-    h = build_hierarchy(trace.events)
-    names = trace.events["name"].astype(str).to_numpy()[h.rows]
-    mem = trace.memory
-    pos = enclosing(h, trace.events, mem)
-    steps = record_steps(trace.events, mem)
+    rec = _records(trace)
+    h, names, mem, pos, steps = rec.hierarchy, rec.names, rec.mem, rec.pos, rec.steps
     out: Counter[str] = Counter()
     for i in np.flatnonzero((pos >= 0) & (mem["bytes"].to_numpy() > 0) & (steps == step)).tolist():
         up = h.parent[pos[i]]
@@ -208,12 +225,9 @@ def test_on_a_gpu_every_block_is_a_whole_number_of_the_allocators_512_bytes(fp32
 
 def _gemm_transients(trace: Trace) -> Counter[tuple[int, int]]:
     """(step, bytes) of each block allocated and freed inside one ``aten::mm``/``aten::addmm``."""
-    h = build_hierarchy(trace.events)
-    names = trace.events["name"].astype(str).to_numpy()[h.rows]
-    end = (trace.events["ts_ns"] + trace.events["dur_ns"]).to_numpy()[h.rows]
-    mem = trace.memory
-    pos = enclosing(h, trace.events, mem)
-    steps = record_steps(trace.events, mem)
+    rec = _records(trace)
+    names, mem, pos, steps = rec.names, rec.mem, rec.pos, rec.steps
+    end = (trace.events["ts_ns"] + trace.events["dur_ns"]).to_numpy()[rec.hierarchy.rows]
     sizes, ts, addr = (mem[c].to_numpy() for c in ("bytes", "ts_ns", "addr"))
     out: Counter[tuple[int, int]] = Counter()
     for i in np.flatnonzero((pos >= 0) & (sizes > 0)).tolist():
@@ -248,11 +262,8 @@ def test_a_cpus_mixed_dtype_add_copies_its_16_bit_operand(fp32: Trace, bf16: Tra
     """Under autocast the residual add takes the fp32 stream and a bf16 branch: the CPU copies
     the branch to fp32 first (``aten::to`` inside ``aten::add``); the prediction's copies are the
     run's, step by step (the run also copies one scalar a step so, outside the model)."""
-    h = build_hierarchy(bf16.events)
-    names = bf16.events["name"].astype(str).to_numpy()[h.rows]
-    mem = bf16.memory
-    pos = enclosing(h, bf16.events, mem)
-    steps = record_steps(bf16.events, mem)
+    rec = _records(bf16)
+    h, names, mem, pos, steps = rec.hierarchy, rec.names, rec.mem, rec.pos, rec.steps
     measured: Counter[tuple[int, int]] = Counter()
     for i in np.flatnonzero((pos >= 0) & (mem["bytes"].to_numpy() > 0)).tolist():
         chain = [names[pos[i]]]
