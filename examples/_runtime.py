@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import random
 import time
 from collections.abc import Callable
@@ -60,6 +61,79 @@ def attention_backend(name: str) -> contextlib.AbstractContextManager[Any]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     return sdpa_kernel({"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
                         "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[name])
+
+
+def join_torchrun(ranks: int, flags: str, device: torch.device) -> str | None:
+    """Join torchrun's process group of ``ranks`` processes (nccl on a GPU, gloo on the CPU) and
+    return None, or say why it cannot (``flags``: the options that asked for them)."""
+    import torch.distributed as dist
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != ranks:
+        return f"{flags} needs {ranks} processes started by torchrun (WORLD_SIZE is {world})"
+    missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        return f"{flags} needs torchrun's {', '.join(missing)} in the environment"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return None
+
+
+class Collectives:
+    """All-reduce, all-to-all and all-gather among ``ranks`` (this rank one of them):
+    torch.distributed's (``group``: the group already made for them, None for every rank) on a
+    GPU; on the CPU a gloo process group of its own with one communication thread, each collective
+    followed by a one-element all-reduce of a tensor allocated once (the fence).
+
+    Why, on the CPU: gloo's work object holds a collective's tensors and its thread may release
+    them after the call has returned, so the last reference to a buffer can die on that thread,
+    where the profiler records no allocator event, and the recording would hold the block to its
+    end. With one thread running the works in order, the fence's return means the collective's
+    work is released, and this thread frees its buffers, recorded. (A gloo group made by
+    ``dist.new_group`` ignores ``pg_options``: it always runs two threads.)"""
+
+    def __init__(self, ranks: list[int], device: torch.device, name: str, group: Any = None) -> None:
+        import datetime
+
+        import torch.distributed as dist
+        self.group = group
+        self.gloo: Any = None
+        if device.type == "cpu":
+            options = dist.ProcessGroupGloo._Options()
+            options._threads = 1
+            options._devices = [dist.ProcessGroupGloo.create_default_device()]
+            options._timeout = datetime.timedelta(minutes=10)
+            store = dist.PrefixStore(name, dist.distributed_c10d._get_default_store())
+            self.gloo = dist.ProcessGroupGloo(store, ranks.index(dist.get_rank()), len(ranks), options)
+            self.fence = torch.zeros(1)
+
+    def _fenced(self, work: Any) -> None:
+        work.wait()
+        self.gloo.allreduce([self.fence]).wait()
+
+    def all_reduce(self, x: torch.Tensor) -> None:
+        """Sum ``x`` over the ranks, in place."""
+        if self.gloo is None:
+            import torch.distributed as dist
+            dist.all_reduce(x, group=self.group)
+        else:
+            self._fenced(self.gloo.allreduce([x]))
+
+    def all_to_all(self, got: torch.Tensor, send: torch.Tensor) -> None:
+        """``all_to_all_single``: rank r's ``send`` chunk i lands in rank i's ``got`` chunk r."""
+        if self.gloo is None:
+            import torch.distributed as dist
+            dist.all_to_all_single(got, send, group=self.group)
+        else:
+            self._fenced(self.gloo.alltoall_base(got, send, [], []))
+
+    def all_gather(self, parts: list[torch.Tensor], x: torch.Tensor) -> None:
+        """Every rank's ``x`` into ``parts``, in rank order."""
+        if self.gloo is None:
+            import torch.distributed as dist
+            dist.all_gather(parts, x, group=self.group)
+        else:
+            self._fenced(self.gloo.allgather([parts], [x]))
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -27,6 +27,19 @@ requests (FCFS) and denoises them together, one ``whatif.phase("denoise")`` and 
 ``whatif.step()`` per denoising step, so a run has ceil-per-batch x ``--steps`` steps.
 The device is synchronized before every timestamp.
 
+Sequence parallelism (``--sp P``, DeepSpeed-Ulysses as xDiT runs it through yunchang's
+``SeqAllToAll4D``): ``P`` processes started by torchrun (gloo on the CPU, NCCL on GPUs) each hold
+the whole model and run the transformer blocks on ``tokens / P`` of the tokens: the embedded
+sequence is cut into ``P`` chunks after the position embedding, and before attention an all-to-all
+turns each rank's chunk of Q, K and V (all heads) into all tokens of ``heads / P`` heads, another
+turns the attention output back (each all-to-all sends a contiguous copy of its input into a new
+buffer, whose reshape is copied once more); after the last block the chunks are all-gathered, so
+the final layer and the sampler run on every token, on every rank. Every rank serves the same
+requests, so ``--sp`` needs ``--rate inf`` (the batches do not depend on each rank's clock)::
+
+    torchrun --nproc-per-node 2 -m whatif.cli record -o runs/sp2 --memory --record-shapes \
+        examples/dit_serve.py -- --device cpu --rate inf --sp 2
+
 Log (``--log OUT.json``); every ``*_s`` is seconds since the server started, every
 ``*_ms`` a duration in milliseconds::
 
@@ -37,7 +50,7 @@ Log (``--log OUT.json``); every ``*_s`` is seconds since the server started, eve
      "requests": [{"id", "class_label", "batch_index", "arrival_s", "start_s", "end_s",
                    "queue_ms", "service_ms", "latency_ms"}],
      "batches": [{"index", "request_ids", "batch_size", "model_batch", "start_s", "end_s",
-                  "duration_ms", "step_ms": [...]}],
+                  "duration_ms", "step_ms": [...], "latent_sum"}],
      "steps": [{"index", "batch_index", "step", "t", "model_batch", "start_s", "end_s",
                 "duration_ms"}],
      "summary": {"num_requests", "num_batches", "num_steps", "duration_s",
@@ -50,6 +63,7 @@ import argparse
 import collections
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -59,10 +73,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from _runtime import (
+    Collectives,
     add_runtime_args,
     attention_backend,
+    join_torchrun,
     json_safe,
     pick_device,
     pick_dtype,
@@ -93,30 +110,76 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
     return x * (1 + scale[:, None]) + shift[:, None]
 
 
+SP_GROUP: Collectives | None = None
+"""The ``--sp`` ranks' collectives (None without ``--sp``)."""
+
+
+def exchange(got: torch.Tensor, send: torch.Tensor) -> None:
+    """``all_to_all_single(got, send)`` over the ``--sp`` ranks."""
+    assert SP_GROUP is not None
+    SP_GROUP.all_to_all(got, send)
+
+
+def seq_to_heads(x: torch.Tensor, sp: int) -> torch.Tensor:
+    """Ulysses' first all-to-all: ``[N, tokens/P, heads, d]`` on each rank -> ``[N, tokens, heads/P, d]``
+    (rank r keeps heads ``r·H/P…``; the tokens in rank order)."""
+    n, chunk, heads, d = x.shape
+    send = x.reshape(n, chunk, sp, heads // sp, d).transpose(0, 2).contiguous()   # [P, chunk, N, H/P, d]
+    got = torch.empty_like(send)
+    exchange(got, send)
+    return got.reshape(sp * chunk, n, heads // sp, d).transpose(0, 1).contiguous()
+
+
+def heads_to_seq(x: torch.Tensor, sp: int) -> torch.Tensor:
+    """Ulysses' second all-to-all, the inverse of :func:`seq_to_heads`: ``[N, tokens, heads/P, d]``
+    -> ``[N, tokens/P, heads, d]``."""
+    n, tokens, part, d = x.shape
+    send = x.reshape(n, sp, tokens // sp, part, d).transpose(0, 3).transpose(0, 1).contiguous()   # [P, H/P, s, N, d]
+    got = torch.empty_like(send)
+    exchange(got, send)
+    return got.reshape(sp * part, tokens // sp, n, d).transpose(0, 2).contiguous()
+
+
+def gather_tokens(x: torch.Tensor, sp: int) -> torch.Tensor:
+    """Every rank's ``[N, tokens/P, dim]`` chunk, all-gathered in rank order: ``[N, tokens, dim]``."""
+    parts = [torch.empty_like(x) for _ in range(sp)]
+    assert SP_GROUP is not None
+    SP_GROUP.all_gather(parts, x.contiguous())
+    return torch.cat(parts, dim=1)
+
+
 class Attention(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
+    def __init__(self, dim: int, heads: int, sp: int = 1) -> None:
         super().__init__()
         if dim % heads:
             raise ValueError(f"d_model {dim} is not a multiple of heads {heads}")
-        self.heads = heads
+        if heads % sp:
+            raise ValueError(f"heads {heads} is not a multiple of --sp {sp}")
+        self.heads, self.sp = heads, sp
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Bidirectional self-attention over all tokens; ``x``: ``[N, tokens, dim]``."""
-        q, k, v = self.qkv(x).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)
+        """Bidirectional self-attention over all tokens; ``x``: ``[N, tokens, dim]`` (``tokens / P``
+        of them with ``--sp P``)."""
+        if self.sp == 1:
+            q, k, v = self.qkv(x).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)
+            o = F.scaled_dot_product_attention(q, k, v)
+            return self.proj(o.transpose(1, 2).flatten(2))
+        q, k, v = (seq_to_heads(t, self.sp).transpose(1, 2)
+                   for t in self.qkv(x).unflatten(-1, (3, self.heads, -1)).unbind(2))
         o = F.scaled_dot_product_attention(q, k, v)
-        return self.proj(o.transpose(1, 2).flatten(2))
+        return self.proj(heads_to_seq(o.transpose(1, 2), self.sp).flatten(2))
 
 
 class DiTBlock(nn.Module):
     """adaLN-Zero block: modulated LayerNorm, gated attention and MLP residuals."""
 
-    def __init__(self, dim: int, heads: int, mlp_ratio: float = 4.0) -> None:
+    def __init__(self, dim: int, heads: int, mlp_ratio: float = 4.0, sp: int = 1) -> None:
         super().__init__()
         hidden = int(dim * mlp_ratio)
         self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
-        self.attn = Attention(dim, heads)
+        self.attn = Attention(dim, heads, sp)
         self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(approximate="tanh"),
                                  nn.Linear(hidden, dim))
@@ -129,22 +192,25 @@ class DiTBlock(nn.Module):
 
 
 class DiT(nn.Module):
-    """Latent ``[N, C, H, W]`` (image) or ``[N, C, F, H, W]`` (video) -> velocity of the same shape."""
+    """Latent ``[N, C, H, W]`` (image) or ``[N, C, F, H, W]`` (video) -> velocity of the same shape;
+    with ``sp`` > 1 the blocks run on this rank's ``tokens / sp`` (module docstring)."""
 
     def __init__(self, channels: int, resolution: int, frames: int, patch: int, dim: int,
-                 layers: int, heads: int, num_classes: int) -> None:
+                 layers: int, heads: int, num_classes: int, sp: int = 1) -> None:
         super().__init__()
         if resolution % patch:
             raise ValueError(f"--resolution {resolution} is not a multiple of --patch {patch}")
-        self.channels, self.patch, self.frames = channels, patch, frames
+        self.channels, self.patch, self.frames, self.sp = channels, patch, frames, sp
         self.grid = resolution // patch
         self.num_tokens = frames * self.grid ** 2
+        if self.num_tokens % sp:
+            raise ValueError(f"{self.num_tokens} tokens are not a multiple of --sp {sp}")
         self.num_classes = num_classes  # index num_classes is the null class
         self.patchify = nn.Conv2d(channels, dim, kernel_size=patch, stride=patch)
         self.pos = nn.Parameter(torch.randn(1, self.num_tokens, dim) * 0.02)
         self.t_mlp = nn.Sequential(nn.Linear(256, dim), nn.SiLU(), nn.Linear(dim, dim))
         self.y_embed = nn.Embedding(num_classes + 1, dim)
-        self.blocks = nn.ModuleList(DiTBlock(dim, heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(DiTBlock(dim, heads, sp=sp) for _ in range(layers))
         self.final_norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.final_ada = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
         self.final = nn.Linear(dim, patch * patch * channels)
@@ -161,8 +227,12 @@ class DiT(nn.Module):
         frames = x.transpose(1, 2).flatten(0, 1) if self.frames > 1 else x  # [N*F, C, H, W]
         h = self.patchify(frames).flatten(2).transpose(1, 2).reshape(n, self.num_tokens, -1) + self.pos
         c = self.t_mlp(timestep_embedding(t * 1000, 256).to(h.dtype)) + self.y_embed(y)
+        if self.sp > 1:
+            h = h.chunk(self.sp, dim=1)[dist.get_rank()]
         for block in self.blocks:
             h = block(h, c)
+        if self.sp > 1:
+            h = gather_tokens(h, self.sp)
         shift, scale = self.final_ada(c).chunk(2, dim=-1)
         return self.unpatchify(self.final(modulate(self.final_norm(h), shift, scale)))
 
@@ -178,7 +248,7 @@ def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     """Random weights from ``--seed`` (drawn on the CPU, so identical on every device)."""
     torch.manual_seed(args.seed)
     model = DiT(args.channels, args.resolution, args.frames, args.patch, args.d_model,
-                args.layers, args.heads, args.num_classes)
+                args.layers, args.heads, args.num_classes, args.sp)
     return model.to(device=device, dtype=dtype).eval()
 
 
@@ -291,13 +361,14 @@ class Server:
             whatif.step()
 
         latents = sample(self.model, noise, labels, self.args.steps, self.args.cfg_scale, on_step)
-        latents.sum().item()  # the result leaves the device: the request is done
+        latent_sum = latents.sum().item()  # the result leaves the device: the request is done
         end = self.now()
         for r in batch:
             r.batch_index, r.start_s, r.end_s = index, start, end
         self.batches.append({"index": index, "request_ids": [r.id for r in batch],
                              "batch_size": len(batch), "model_batch": model_batch, "start_s": start,
-                             "end_s": end, "duration_ms": (end - start) * 1e3, "step_ms": step_ms})
+                             "end_s": end, "duration_ms": (end - start) * 1e3, "step_ms": step_ms,
+                             "latent_sum": latent_sum})
         return latents
 
 
@@ -366,20 +437,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     w.add_argument("--batch", type=int, default=4, help="max requests denoised together")
     w.add_argument("--warmup", type=int, default=1,
                    help="untimed warm-up passes before serving, each a model call at every batch size up to --batch")
+    w.add_argument("--sp", type=int, default=1,
+                   help="Ulysses sequence-parallel degree (torchrun starts --sp processes; needs --rate inf)")
     p.add_argument("--log", default=None, help="write the JSON log here")
     args = p.parse_args(argv)
     for name in ("layers", "d_model", "heads", "patch", "channels", "num_classes", "resolution",
                  "frames", "steps", "num_requests", "batch"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.sp < 1:
+        p.error("--sp must be >= 1")
+    if args.sp > 1 and math.isfinite(args.rate):
+        p.error("--sp needs --rate inf: every rank must serve the same batches, which a wall-clock schedule "
+                "does not promise")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
+    global SP_GROUP
     args = parse_args(argv)
     device = pick_device(args.device)
+    if device.type == "cuda" and args.sp > 1:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     set_threads(args.threads, device)
     dtype = pick_dtype(args.dtype, device)
+    problem = join_torchrun(args.sp, f"--sp {args.sp}", device) if args.sp > 1 else None
+    if problem:
+        print(f"dit_serve: error: {problem}", file=sys.stderr)
+        return 2
+    if args.sp > 1:
+        SP_GROUP = Collectives(list(range(args.sp)), device, "sp")
     try:
         model = build_model(args, device, dtype)
     except ValueError as e:
@@ -394,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     records = [request_record(r) for r in requests]
     summary = summarize(records, server.batches, server.steps)
     print(one_line(summary))
-    if args.log:
+    if args.log and (args.sp == 1 or dist.get_rank() == 0):   # every rank served the same requests
         log = {
             "schema": SCHEMA,
             "config": {**json_safe(vars(args)), "device": str(device),

@@ -68,14 +68,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from _runtime import add_runtime_args, attention_backend, pick_device, pick_dtype, set_threads
+from _runtime import (
+    Collectives,
+    add_runtime_args,
+    attention_backend,
+    join_torchrun,
+    pick_device,
+    pick_dtype,
+    set_threads,
+)
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
-TENSOR_PARALLEL_GROUP: dist.ProcessGroup | None = None
-"""The ranks of this rank's pipeline stage when ``--tp`` and ``--pp`` are both > 1 (None: every rank)."""
+TENSOR_PARALLEL: Collectives | None = None
+"""The all-reduces among this rank's tensor-parallel ranks (its pipeline stage's with ``--pp``), with ``--tp`` > 1."""
 
 SCHEMA = "whatif.examples.train/1"
 
@@ -90,7 +98,8 @@ class _ToTensorParallel(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         grad = grad.contiguous()
-        dist.all_reduce(grad, group=TENSOR_PARALLEL_GROUP)
+        assert TENSOR_PARALLEL is not None
+        TENSOR_PARALLEL.all_reduce(grad)
         return grad
 
 
@@ -99,7 +108,8 @@ class _FromTensorParallel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(x, group=TENSOR_PARALLEL_GROUP)
+        assert TENSOR_PARALLEL is not None
+        TENSOR_PARALLEL.all_reduce(x)
         return x
 
     @staticmethod
@@ -444,25 +454,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def start_ranks(tp: int, pp: int, device: torch.device) -> str | None:
     """Join torchrun's process group for ``--tp`` × ``--pp`` > 1 ranks (rank = stage · tp + its
-    tensor-parallel rank; with both > 1 each stage's ranks get a group of their own,
-    :data:`TENSOR_PARALLEL_GROUP`) and return None, or say why it cannot."""
-    global TENSOR_PARALLEL_GROUP
+    tensor-parallel rank; each stage's ranks all-reduce among themselves, :data:`TENSOR_PARALLEL`)
+    and return None, or say why it cannot."""
+    global TENSOR_PARALLEL
     ranks = tp * pp
     if ranks == 1:
         return None
     flags = " ".join(f"{flag} {n}" for flag, n in (("--tp", tp), ("--pp", pp)) if n > 1)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world != ranks:
-        return f"{flags} needs {ranks} processes started by torchrun (WORLD_SIZE is {world})"
-    missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
-    if missing:
-        return f"{flags} needs torchrun's {', '.join(missing)} in the environment"
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if tp > 1 and pp > 1:
-        groups = [dist.new_group(list(range(s * tp, (s + 1) * tp))) for s in range(pp)]
-        TENSOR_PARALLEL_GROUP = groups[dist.get_rank() // tp]
+    problem = join_torchrun(ranks, flags, device)
+    if problem:
+        return problem
+    if tp > 1:
+        stage = dist.get_rank() // tp
+        mine = list(range(stage * tp, (stage + 1) * tp))
+        groups = [dist.new_group(list(range(s * tp, (s + 1) * tp))) for s in range(pp)] \
+            if pp > 1 and device.type != "cpu" else [None] * pp
+        TENSOR_PARALLEL = Collectives(mine, device, f"tp{stage}", groups[stage])
     return None
 
 

@@ -35,4 +35,11 @@ TP_ARGS="--device cpu --steps 3 --batch-size 4 --seq-len 256 --d-model 256 --hea
 "$PY" -m torch.distributed.run --nproc-per-node 2 -m whatif.cli record -f -o sample_traces/tp_memory/pp2 --no-summary \
   --memory --record-shapes examples/train.py -- $TP_ARGS --pp 2 --micro-batches 2
 
-du -sh sample_traces/llm_serve sample_traces/dit_serve sample_traces/sdpa_memory sample_traces/tp_memory
+SP_ARGS="--device cpu --seed 0 --rate inf --warmup 1 --num-requests 2 --batch 2 --steps 2 --resolution 32 --sdpa math"
+"$PY" -m whatif.cli record -f -o sample_traces/sp_memory/sp1 --no-summary --memory --record-shapes \
+  examples/dit_serve.py -- $SP_ARGS
+"$PY" -m torch.distributed.run --nproc-per-node 2 -m whatif.cli record -f -o sample_traces/sp_memory/sp2 --no-summary \
+  --memory --record-shapes examples/dit_serve.py -- $SP_ARGS --sp 2
+
+du -sh sample_traces/llm_serve sample_traces/dit_serve sample_traces/sdpa_memory sample_traces/tp_memory \
+  sample_traces/sp_memory

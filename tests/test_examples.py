@@ -384,6 +384,43 @@ def test_train_tensor_parallel_ranks_train_the_same_model(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+def test_dit_ulysses_ranks_serve_the_same_images(tmp_path: Path) -> None:
+    """``--sp 2`` as torchrun starts it: two gloo ranks, each running the blocks on half the
+    tokens with Ulysses' all-to-alls, denoise to the latents one process does; the batches are
+    logged once (rank 0). ``--sp`` needs torchrun and ``--rate inf``, and a head count it divides:
+    one line and exit 2 otherwise."""
+    import os
+    import socket
+
+    args = ["--device", "cpu", "--rate", "inf", "--num-requests", "2", "--batch", "2", "--steps", "2",
+            "--layers", "2", "--d-model", "32", "--heads", "4", "--resolution", "8", "--warmup", "0"]
+    alone = tmp_path / "alone.json"
+    assert load("dit_serve").main([*args, "--log", str(alone)]) == 0
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    logs = [tmp_path / f"rank{r}.json" for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(EXAMPLES / "dit_serve.py"), *args, "--sp", "2",
+                               "--log", str(logs[r])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+             for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert logs[0].exists() and not logs[1].exists()
+    sums = [[b["latent_sum"] for b in json.loads(log.read_text())["batches"]] for log in (alone, logs[0])]
+    assert sums[1] == pytest.approx(sums[0], rel=1e-5) and len(sums[0]) == 1
+    for extra, message in ((["--sp", "2"], "dit_serve: error: --sp 2 needs 2 processes started by torchrun "
+                                           "(WORLD_SIZE is 1)"),
+                           (["--sp", "2", "--rate", "5"], "--sp needs --rate inf")):
+        lone = subprocess.run([sys.executable, str(EXAMPLES / "dit_serve.py"), *args, *extra],
+                              capture_output=True, text=True, timeout=120)
+        assert lone.returncode == 2 and message in lone.stderr.strip().splitlines()[-1]
+    with pytest.raises(ValueError, match="heads 4 is not a multiple of --sp 3"):
+        load("dit_serve").Attention(32, 4, sp=3)
+
+
+@pytest.mark.slow
 def test_train_pipeline_stages_train_the_same_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--pp 2 --micro-batches 4`` as torchrun starts it: two gloo ranks, each holding its stage's
     blocks of the same seeded model (the first also the embeddings, the last the LM head), train

@@ -19,6 +19,7 @@ from whatif.core.errors import WhatifError
 from whatif.depgraph.build import build_graph
 from whatif.documents import MemoryDocument, from_json
 from whatif.memory import NO_OP, OUTSIDE_STEPS, MemoryOptions, memory, memory_table, thin
+from whatif.tracer.memory import UNSEEN_FREE_OP
 from whatif.tracer.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,6 +81,35 @@ def test_known_trace(tmp_path: Path) -> None:
     assert len(table) == 7 and table["step"].tolist().count(OUTSIDE_STEPS) == 1
     assert table[table["device"] == "GPU 0"]["op"].tolist() == ["aten::mm", "aten::relu", NO_OP, "aten::mm",
                                                                 "MulBackward0", NO_OP]
+
+
+def test_a_free_on_a_thread_the_profiler_did_not_record_is_inferred(tmp_path: Path) -> None:
+    """A block whose last reference died on a communication thread has no free record; its
+    address allocated again proves it gone. The CPU allocator's counter missed the free too (the
+    totals are lowered from there on); a GPU's counted it (its totals are kept)."""
+    t = KinetoTrace()
+    t.step(0, 0, 100)
+    t.op("aten::empty", 10, 5)
+    t.memory(11, 4 * MiB, addr=5, total_allocated=4 * MiB, total_reserved=0, device=-1, device_type=0)
+    t.memory(12, 2 * MiB, addr=6, total_allocated=106 * MiB, total_reserved=200 * MiB)
+    t.op("aten::mm", 30, 5)
+    t.memory(31, 4 * MiB, addr=5, total_allocated=8 * MiB, total_reserved=0, device=-1, device_type=0)
+    t.memory(32, 2 * MiB, addr=6, total_allocated=106 * MiB, total_reserved=200 * MiB)   # GPU: counted
+    t.memory(40, -4 * MiB, addr=5, total_allocated=4 * MiB, total_reserved=0, device=-1, device_type=0)
+    t.memory(41, -2 * MiB, addr=6, total_allocated=104 * MiB, total_reserved=200 * MiB)
+    t.gpu("gemm", 20, 5, corr=1)
+    t.write(tmp_path / "unseen.json.gz")
+    trace = load_trace(tmp_path / "unseen.json.gz")
+    assert len(trace.memory) == 8
+    table = memory_table(trace)
+    cpu, gpu = table[table["device"] == "CPU"], table[table["device"] == "GPU 0"]
+    assert cpu["bytes"].tolist() == [4 * MiB, -4 * MiB, 4 * MiB, -4 * MiB]
+    assert cpu["allocated_bytes"].tolist() == [4 * MiB, 0, 4 * MiB, 0]
+    assert cpu["op"].tolist() == ["aten::empty", UNSEEN_FREE_OP, "aten::mm", NO_OP]
+    assert gpu["allocated_bytes"].tolist() == [106 * MiB, 104 * MiB, 106 * MiB, 104 * MiB]
+    doc = memory(trace)
+    assert [(d.device, d.peak_allocated_bytes, d.end_allocated_bytes, d.frees) for d in doc.devices] == \
+        [("GPU 0", 106 * MiB, 104 * MiB, 2), ("CPU", 4 * MiB, 0, 2)]
 
 
 def test_sizes_only_is_relative_and_matches_nothing_to_the_peak(tmp_path: Path) -> None:

@@ -78,19 +78,16 @@ def test_parameter_blocks_take_their_parameters_share(tp1: Trace) -> None:
 
 
 def test_the_predicted_peak_is_the_tensor_parallel_runs(tp1: Trace) -> None:
-    """Run with two gloo ranks, the program peaks at 53.9 and 55.9 MiB (recorded alone: 80.6, "no
-    change" 44-50 % off); predicted 50.9, at the same op. The prediction leaves out what gloo holds
-    for the all-reduces, which the ranks' records show as no block (2.0 MiB on each at its peak),
-    and the ranks keep one activation-sized block a step (the all-reduced input gradient, 1 MiB):
-    less the former, the ranks peak within 6 % of the prediction."""
+    """Run with two gloo ranks, the program peaks at 50.9 MiB on each (recorded alone: 80.6, "no
+    change" 58 % over); predicted the same to a byte (a share of an odd size rounds), at the same op.
+    (Recorded with gloo's two threads, the ranks had held blocks the communication thread freed
+    unseen: 53.9 and 55.9 MiB.)"""
     predicted = memory(tp1, edits=[tensor_parallel_memory_edit(tp1, 2)]).devices[0]
     recorded = memory(tp1).devices[0].peak_allocated_bytes
     for rank in memory(load_trace(TP2)).devices:
         measured = rank.peak_allocated_bytes
-        error = abs(predicted.peak_allocated_bytes / measured - 1)
-        assert error < 0.11 and error < abs(recorded / measured - 1) / 3
-        blocks = measured - (rank.held_at_peak_unrecorded_bytes or 0)
-        assert abs(predicted.peak_allocated_bytes / blocks - 1) < 0.06
+        assert predicted.peak_allocated_bytes == pytest.approx(measured, abs=8)
+        assert recorded > 1.5 * measured and rank.held_at_peak_unrecorded_bytes == 0
         assert predicted.peak_op == rank.peak_op == "aten::_log_softmax_backward_data"
 
 

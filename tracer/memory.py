@@ -148,14 +148,73 @@ def gpu_peaks(memory: pd.DataFrame) -> list[DevicePeak]:
 
 def memory_frame(columns: Sequence[MemoryColumns], ranks: Sequence[int]) -> pd.DataFrame:
     """Every file's records in one table, sorted by (rank, ts_ns) and, at equal times, in file
-    order (the allocator's own order)."""
+    order (the allocator's own order), with the frees the profiler did not record inferred
+    (:func:`with_unseen_frees`)."""
     data = {"rank": np.concatenate([np.full(len(c), r, dtype=np.int32) for c, r in zip(columns, ranks)]
                                    or [np.zeros(0, dtype=np.int32)])}
     for key in MEMORY_COLUMNS[1:]:
         data[key] = np.concatenate([getattr(c, key) for c in columns] or [getattr(MemoryColumns.empty(), key)])
     order = np.lexsort((data["ts_ns"], data["rank"]))
-    return pd.DataFrame({k: data[k][order] for k in MEMORY_COLUMNS}, copy=False)
+    return with_unseen_frees(pd.DataFrame({k: data[k][order] for k in MEMORY_COLUMNS}, copy=False))
 
+
+def with_unseen_frees(memory: pd.DataFrame) -> pd.DataFrame:
+    """``memory`` (records sorted by rank and time) with a free inferred wherever a block is
+    allocated at an address that, by the records, still holds one.
+
+    The profiler records an allocator event only on a thread it profiles, so a tensor whose last
+    reference dies on another thread (a gloo or NCCL work object releasing its tensors on the
+    communication library's thread, a data-loader thread) is freed with no record; the address
+    allocated again proves it was freed by then. The inferred free is placed right before that
+    allocation (the latest it can have happened), with the block's negative size, its device and
+    address, and ``tid`` :data:`UNKNOWN` (the thread is not known; it is in no operator). Its
+    ``Total Allocated``: the CPU allocator's counter (``ProfiledCPUMemoryReporter`` in
+    ``c10/core/CPUAllocator.cpp``) updates only when the freeing thread is profiled, so it missed
+    the free too and every later total of the device is lowered by the block; the CUDA/HIP caching
+    allocators count every free in their statistics, so their later totals already have it (the
+    inferred record repeats the total before it).
+
+    >>> mem = pd.DataFrame({"rank": [0] * 3, "ts_ns": [1, 2, 3], "pid": [1] * 3, "tid": [1] * 3,
+    ...                     "device_type": [0] * 3, "device_id": [-1] * 3, "bytes": [64, 64, -64],
+    ...                     "total_allocated_bytes": [64, 128, 64], "total_reserved_bytes": [0] * 3,
+    ...                     "addr": [7, 7, 7]})
+    >>> out = with_unseen_frees(mem)
+    >>> out["bytes"].tolist(), out["total_allocated_bytes"].tolist(), out["tid"].tolist()
+    ([64, -64, 64, -64], [64, 0, 64, 0], [1, -1, 1, 1])
+    """
+    n = len(memory)
+    addrs, sizes = memory["addr"].to_numpy(), memory["bytes"].to_numpy()
+    device = memory.groupby(["rank", "device_type", "device_id"], sort=False).ngroup().to_numpy()
+    order = np.lexsort((np.arange(n), addrs, device))
+    same = np.zeros(n, dtype=bool)
+    same[1:] = (device[order][1:] == device[order][:-1]) & (addrs[order][1:] == addrs[order][:-1])
+    again = np.zeros(n, dtype=bool)
+    again[1:] = same[1:] & (sizes[order][1:] > 0) & (sizes[order][:-1] > 0) & (addrs[order][1:] != UNKNOWN)
+    reused = order[again]                       # allocations at an address still held
+    if not len(reused):
+        return memory
+    held = order[np.flatnonzero(again) - 1]     # the blocks there, freed unseen
+    rank = np.argsort(reused, kind="stable")
+    reused, held = reused[rank], held[rank]
+    lost = np.zeros(n, dtype=np.int64)
+    cpu = memory["device_type"].to_numpy()[reused] == DeviceType.CPU
+    lost[reused[cpu]] = sizes[held[cpu]]
+    totals = memory["total_allocated_bytes"].to_numpy()
+    lowered = np.where(totals != UNKNOWN,
+                       totals - pd.Series(lost).groupby(device).cumsum().to_numpy(), totals)
+    frees = memory.iloc[reused].copy()
+    frees["tid"] = UNKNOWN
+    frees["bytes"] = -sizes[held]
+    frees["addr"] = addrs[held]
+    frees["total_allocated_bytes"] = np.where(totals[reused] != UNKNOWN, lowered[reused] - sizes[reused], UNKNOWN)
+    out = memory.assign(total_allocated_bytes=lowered)
+    place = np.concatenate([np.arange(n), reused])
+    side = np.concatenate([np.ones(n, dtype=np.int64), np.zeros(len(reused), dtype=np.int64)])
+    return pd.concat([out, frees], ignore_index=True).iloc[np.lexsort((side, place))].reset_index(drop=True)
+
+
+UNSEEN_FREE_OP = "(freed on a thread the profiler did not record)"
+"""The operator of a free :func:`with_unseen_frees` inferred."""
 
 FIRST_ADDED_ADDR = -2
 """The address of a what-if's first added block; later ones count down (recorded addresses are
@@ -297,6 +356,35 @@ class RecordEditor:
         self._added.append((alloc_at[0], alloc_at[1], int(nbytes), addr, op))
         if free_at is not None:
             self._added.append((free_at[0], free_at[1], -int(nbytes), addr, op))
+
+    def add_burst(self, at: tuple[int, bool], records: Sequence[tuple[object, int]], op: str | None) -> None:
+        """Blocks allocated and freed at one place (``(anchor row, after)``), in the order of
+        ``records``: ``(block, n)`` allocates block ``block`` (any key) of ``n`` bytes, ``(block,
+        0)`` frees it; every block must be freed in the burst.
+
+        >>> mem = pd.DataFrame({"rank": [0], "ts_ns": [1], "pid": [1], "tid": [1], "device_type": [0],
+        ...                     "device_id": [-1], "bytes": [64], "total_allocated_bytes": [64],
+        ...                     "total_reserved_bytes": [0], "addr": [7]})
+        >>> ed = RecordEditor(mem)
+        >>> ed.add_burst((0, True), [("send", 8), ("got", 8), ("send", 0), ("got", 0)], "all_to_all")
+        >>> e = ed.edit("a send and a receive buffer")
+        >>> e.added["bytes"].tolist(), e.added["addr"].tolist()
+        ([8, 8, -8, -8], [-2, -3, -2, -3])
+        """
+        held: dict[object, tuple[int, int]] = {}
+        for block, nbytes in records:
+            if nbytes > 0 and block not in held:
+                held[block] = (self._next_addr, int(nbytes))
+                self._added.append((at[0], at[1], int(nbytes), self._next_addr, op))
+                self._next_addr -= 1
+            elif nbytes == 0 and block in held:
+                addr, size = held.pop(block)
+                self._added.append((at[0], at[1], -size, addr, op))
+            else:
+                raise ValueError(f"a burst {'allocates' if nbytes else 'frees'} block {block!r} "
+                                 f"{'twice' if nbytes else 'it does not hold'}")
+        if held:
+            raise ValueError(f"a burst must free every block it allocates ({', '.join(map(repr, held))} held)")
 
     def edit(self, what: str) -> RecordEdit:
         added = pd.DataFrame(self._added, columns=list(_ADDED_COLUMNS)).astype(

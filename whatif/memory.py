@@ -38,6 +38,7 @@ from whatif.tracer.memory import (
     FIRST_ADDED_ADDR,
     GPU_DEVICE_TYPES,
     UNKNOWN,
+    UNSEEN_FREE_OP,
     RecordEdit,
     allocated_bytes,
     device_label,
@@ -155,6 +156,7 @@ def _record_ops(trace: Trace, hierarchy: CpuHierarchy) -> np.ndarray:
     the innermost annotation or module, else :data:`NO_OP`."""
     mem = trace.memory
     out = np.full(len(mem), NO_OP, dtype=object)
+    out[mem["tid"].to_numpy() == UNKNOWN] = UNSEEN_FREE_OP
     if not len(mem) or not len(hierarchy.rows):
         return out
     sub = trace.events.iloc[hierarchy.rows]
@@ -164,7 +166,8 @@ def _record_ops(trace: Trace, hierarchy: CpuHierarchy) -> np.ndarray:
     label = np.where((kinds == int(EventKind.ANNOTATION)) & pd.isna(hierarchy.op) & pd.isna(hierarchy.layer),
                      NO_OP, label)  # a bare step or phase window names no operator
     pos = enclosing(hierarchy, trace.events, mem)
-    out[pos >= 0] = label[pos[pos >= 0]]
+    found = (pos >= 0) & (mem["tid"].to_numpy() != UNKNOWN)
+    out[found] = label[pos[found]]
     return out
 
 

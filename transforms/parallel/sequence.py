@@ -70,9 +70,11 @@ from whatif.depgraph.graph import TaskGraph
 from whatif.hardware.devices import find_device
 from whatif.hardware.roofline import fixed_latency_ns
 from whatif.hardware.topology import presets
+from whatif.tracer.memory import RecordEdit
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import add_edges, set_duration, splice_tasks
+from ..optimizations.batch_memory import backward_events
 from ..registry import register
 from ..sharing import priced_by_transform
 from .comm import (
@@ -86,6 +88,7 @@ from .comm import (
 from .layers import backward_mask, find_blocks, gemm_io_bytes
 from .memory import HeadSplit, block_heads_now, head_split
 from .sharding import record_split
+from .sp_memory import sequence_parallel_memory_edit
 from .tensor import prev_on_resource
 
 MODES = ("ulysses", "ring", "torus", "usp")
@@ -183,9 +186,7 @@ class SequenceParallel(OnTopology, Transform):
                                  f"GEMM); see docs/multi-gpu.md for the heuristic")
         if self.degree == 1:
             return graph
-        if backward_mask(graph).any():
-            raise TransformError(f"{self.name}: models a forward pass (DiT or long-context inference); the trace has a "
-                                 f"backward pass, whose sequence-parallel gradients are not modelled")
+        self._forward_only(graph)
         heads, kv_heads = self._heads(graph, blocks)
         self._check_heads(heads, kv_heads, per)
         cost = ctx.require_cost(self.name)
@@ -216,6 +217,21 @@ class SequenceParallel(OnTopology, Transform):
         if kv_heads and u > 1:   # fewer KV heads than the head split: each GPU holds a replicated one
             kv_share *= math.ceil(kv_heads / u) * u / kv_heads
         return self._attention(g, ctx, b, machines, per, kv_share)
+
+    def memory_edit(self, graph: TaskGraph) -> RecordEdit | None:
+        """One Ulysses rank's allocator records (:func:`~.sp_memory.sequence_parallel_memory_edit`);
+        Ring, USP and Torus are not modelled (None)."""
+        if self.mode != "ulysses" or self.degree == 1:
+            return None
+        trace = self.recorded_trace(graph)
+        self._forward_only(graph, bool(backward_events(trace.events).any()))
+        return sequence_parallel_memory_edit(trace, self.degree)
+
+    def _forward_only(self, graph: TaskGraph, backward_ops: bool = False) -> None:
+        """Refuse a trace with a backward pass: its GPU kernels, or (``backward_ops``) its CPU ops."""
+        if backward_ops or backward_mask(graph).any():
+            raise TransformError(f"{self.name}: models a forward pass (DiT or long-context inference); the trace has a "
+                                 f"backward pass, whose sequence-parallel gradients are not modelled")
 
     def _heads(self, graph: TaskGraph, blocks: pd.DataFrame) -> tuple[int, int]:
         """(query heads, KV heads) one GPU computes: ``heads`` when given, else the recorded

@@ -1,0 +1,238 @@
+"""What ``sequence_parallel`` in Ulysses mode does to memory: one rank of DeepSpeed-Ulysses of
+degree ``P`` (Jacobs et al. 2023) holds the whole model and ``1/P`` of every per-token activation
+of the transformer blocks, plus the all-to-alls' buffers.
+
+Read from a forward-only recording (DiT or long-context inference; the transform refuses a
+backward) with its shapes (``--record-shapes``):
+
+* **Which ops run on the rank's tokens**: the trace's forward work ops and transformer blocks
+  (:mod:`.forward_ops`: the heuristic ``tensor_parallel`` runs on kernels) with, for the first
+  block of each run of blocks, its lead-in (the work ops before it back to the first GEMM or
+  convolution: a DiT block's norm and modulation before its QKV GEMM). Of these, an op is
+  **per token** when a tensor it is given has a dimension other than its last equal to the
+  attention's tokens per sequence ``N`` or to all its tokens ``B·N`` (read from the attention
+  ops' shapes, :func:`~whatif.core.kernels.attention_sequences`); the others (the adaLN
+  modulation of a DiT, computed from one conditioning vector per sample) run whole on every rank.
+* **Activations made in a per-token op** of the blocks are ``1/P`` of their recorded bytes:
+  GEMM, norm and elementwise outputs hold ``N/P`` tokens, and attention runs on ``H/P`` heads of
+  all ``N`` tokens, so what it makes (the math backend's ``S×S`` scores too) is ``1/P``.
+  Everything else (parameters, the embedding and final layers outside the blocks, per-sample
+  tensors) is as recorded.
+* **The all-to-alls' buffers**, as yunchang's ``SeqAllToAll4D`` (the Ulysses under xDiT) and
+  DeepSpeed's ``_SeqAllToAll`` make them: each of Q, K and V is copied contiguous into a send
+  buffer, received into a buffer of the same size, and the received one reshaped into one more
+  copy, which attention reads; the send and receive buffers are freed once it is made. So right
+  before each attention call three blocks of Q's bytes on a rank (``q``: its recorded bytes /
+  ``P``) come and two go, then K's, then V's; the three reshaped copies stand for the QKV output
+  (freed in the program, held in the recording's place). After the call the output's all-to-all
+  makes the same three blocks of its bytes, the last standing for the copy the recording makes
+  when the output is flattened.
+* **The all-gather after the last block** (each rank's tokens gathered for the final layer, which
+  runs whole): ``P`` receive blocks holding the whole hidden state are made and freed after the
+  last per-token op, and that op's output is kept whole (the gathered tensor from then on).
+
+Left out: Ring, USP and Torus (their K, V blocks, running output and log-sum-exp; no recording
+checks them: they are "memory not modelled"), buffers a communication library holds outside
+PyTorch's allocator (NCCL's; gloo's), a sharded op's output briefly held whole before the gather,
+and ops whose tensors only coincidentally have ``N`` in a non-last dimension.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from whatif.core.dtypes import element_bytes
+from whatif.core.kernels import KernelClass, attention_sequences, classify_kernel, is_attention
+from whatif.depgraph.hierarchy import enclosing, record_steps
+from whatif.tracer.args import Arg
+from whatif.tracer.memory import BlockScaling, RecordEdit, RecordEditor, gpu_block_bytes, on_gpu, scale_blocks
+from whatif.tracer.trace import Trace
+
+from ..base import TransformError
+from ..optimizations.batch_memory import BlockRole, BlockRoles, block_roles
+from .forward_ops import ForwardOps, forward_ops
+
+WHO = "sequence_parallel"
+STOPS = frozenset({KernelClass.GEMM.value, KernelClass.CONV.value, KernelClass.ATTENTION.value})
+"""Work-op classes a block's lead-in does not reach past."""
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """One attention op of the sharded blocks: the first and last allocator records inside it
+    (rows of ``Trace.memory``) and the bytes on one rank of each tensor its all-to-alls move
+    (Q, K, V, then the output)."""
+
+    first: int
+    last: int
+    qkv_bytes: tuple[int, int, int]
+    out_bytes: int
+
+
+@dataclass(frozen=True)
+class UlyssesMemory:
+    """One Ulysses rank's memory: each allocation's share (``scale``, aligned with
+    ``roles.rows``), the attention calls whose all-to-alls add buffers, and the all-gathers (the
+    record after which each happens and the bytes it receives)."""
+
+    degree: int
+    roles: BlockRoles
+    scale: np.ndarray
+    calls: tuple[AttentionCall, ...]
+    gathers: tuple[tuple[int, int], ...]
+
+    def scaling(self) -> BlockScaling:
+        return BlockScaling(self.roles.rows, self.scale)
+
+
+def _tensor_dims(dims: object) -> list[list[int]]:
+    if not isinstance(dims, list):
+        return []
+    return [[int(x) for x in d] for d in dims
+            if isinstance(d, list) and d and all(isinstance(x, (int, float)) for x in d)]
+
+
+def per_token(dims: object, tokens: frozenset[int]) -> bool:
+    """Whether an op given tensors of shapes ``dims`` works per token: a tensor of two or more
+    dimensions has one other than its last in ``tokens``.
+
+    >>> per_token([[4, 256, 192], [1, 256, 192]], frozenset({256, 1024})), per_token([[4, 192]], frozenset({256}))
+    (True, False)
+    >>> per_token([[4, 256]], frozenset({256})), per_token([[1024, 192]], frozenset({256, 1024}))
+    (False, True)
+    """
+    return any(len(d) >= 2 and any(x in tokens for x in d[:-1]) for d in _tensor_dims(dims))
+
+
+def _sequences(trace: Trace, ops: ForwardOps) -> dict[tuple[int, int], np.ndarray]:
+    """Each rank's and step's work ops in the order they ran."""
+    rows = ops.hierarchy.rows
+    own = np.flatnonzero((ops.work == np.arange(len(rows))) & ops.forward)
+    steps = record_steps(trace.events, trace.events)[rows]
+    ranks = trace.events["rank"].to_numpy()[rows]
+    ts = trace.events["ts_ns"].to_numpy()[rows]
+    out: dict[tuple[int, int], np.ndarray] = {}
+    for key in sorted({(int(ranks[p]), int(steps[p])) for p in own.tolist()}):
+        mine = own[(ranks[own] == key[0]) & (steps[own] == key[1])]
+        out[key] = mine[np.lexsort((mine, ts[mine]))]
+    return out
+
+
+def _sharded(seq: np.ndarray, ops: ForwardOps, names: np.ndarray, dims: np.ndarray,
+             tokens: frozenset[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per work op of one sequence: whether it runs on the rank's tokens (module docstring), and
+    whether it is the last to before the gather (the next per-token op runs whole, or none follows)."""
+    in_block = ops.role[seq] >= 0
+    lead = np.zeros(len(seq), dtype=bool)
+    for i in np.flatnonzero(in_block & ~np.r_[False, in_block[:-1]]).tolist():
+        j = i - 1
+        while j >= 0 and not in_block[j] and classify_kernel(str(names[seq[j]]), str(names[seq[j]])).value not in STOPS:
+            lead[j] = True
+            j -= 1
+    token = np.asarray([per_token(dims[ops.hierarchy.rows[p]], tokens) for p in seq.tolist()], dtype=bool)
+    sharded = (in_block | lead) & token
+    at = np.flatnonzero(token)
+    last = np.zeros(len(seq), dtype=bool)
+    last[at] = sharded[at] & ~np.r_[sharded[at][1:], False]
+    return sharded, last
+
+
+def ulysses_memory(trace: Trace, degree: int) -> UlyssesMemory:
+    """One rank's memory under Ulysses of ``degree`` (module docstring).
+
+    Raises
+    ------
+    TransformError : the trace has no allocator records or no recorded shapes, or its forward has
+        no transformer block with a fused attention op.
+    """
+    if not len(trace.memory):
+        raise TransformError(f"{WHO}: {trace.source} has no allocator records (record with --memory)")
+    roles = block_roles(trace, WHO)
+    ops = forward_ops(trace)
+    ev = trace.events
+    rows = ops.hierarchy.rows
+    names = ev["name"].astype(str).to_numpy()[rows]
+    dims = trace.arg(Arg.INPUT_DIMS)[rows]
+    types = trace.arg(Arg.INPUT_TYPES)[rows]
+    sharded = np.zeros(len(rows), dtype=bool)
+    ends: list[int] = []
+    for seq in _sequences(trace, ops).values():
+        lengths = [attention_sequences(str(names[p]), dims[p]) for p in seq.tolist() if is_attention(str(names[p]))]
+        tokens = frozenset(x for found in lengths if found for x in (found[0][0], found[0][0] * len(found)))
+        if not tokens:
+            continue
+        mine, last = _sharded(seq, ops, names, dims, tokens)
+        sharded[seq[mine]] = True
+        ends += seq[last].tolist()
+    if not sharded.any():
+        raise TransformError(f"{WHO}: found no transformer block with a fused attention op and recorded shapes in "
+                             f"the forward of {trace.source} (record with --record-shapes); its memory cannot be "
+                             f"sharded")
+    mem = trace.memory
+    pos = enclosing(ops.hierarchy, ev, mem)
+    work = np.where(pos >= 0, ops.work[np.maximum(pos, 0)], -1)
+    allocs = roles.rows
+    made_in = work[allocs]
+    scale = np.where(roles.mask(BlockRole.ACTIVATION) & (made_in >= 0) & sharded[np.maximum(made_in, 0)],
+                     1 / degree, 1.0)
+    gathers = []
+    for end in ends:
+        inside = allocs[made_in == end]
+        if len(inside):
+            scale[np.searchsorted(allocs, inside[-1])] = 1.0
+            gathers.append((int(inside[-1]), int(mem["bytes"].to_numpy()[inside[-1]])))
+    calls = []
+    for p in np.flatnonzero(sharded).tolist():
+        if not is_attention(str(names[p])):
+            continue
+        records = np.flatnonzero(work == p)
+        tensors = _tensor_dims(dims[p])[:3]
+        kinds = types[p] if isinstance(types[p], (list, tuple)) else ()
+        if not len(records) or len(tensors) < 3:
+            continue
+        sizes = [int(np.prod(t)) * int(element_bytes(kinds[i] if i < len(kinds) else None) or 4) // degree
+                 for i, t in enumerate(tensors)]
+        calls.append(AttentionCall(int(records[0]), int(records[-1]), (sizes[0], sizes[1], sizes[2]), sizes[0]))
+    return UlyssesMemory(degree, roles, scale, tuple(calls), tuple(gathers))
+
+
+def _exchange(name: str, nbytes: int) -> list[tuple[str, int]]:
+    """One all-to-all's records: send and receive buffers, the reshaped copy, the two freed."""
+    return [(f"{name} send", nbytes), (f"{name} receive", nbytes), (name, nbytes), (f"{name} send", 0),
+            (f"{name} receive", 0)]
+
+
+def sequence_parallel_memory_edit(trace: Trace, degree: int) -> RecordEdit:
+    """The allocator records of one rank of Ulysses of ``degree`` (:func:`ulysses_memory`): the
+    per-token activations of the blocks at ``1/P``, each attention call's all-to-all buffers and
+    each all-gather's receive blocks added.
+
+    Raises
+    ------
+    TransformError : as :func:`ulysses_memory`.
+    """
+    um = ulysses_memory(trace, degree)
+    editor = RecordEditor(trace.memory)
+    scale_blocks(editor, um.scaling())
+    gpu = on_gpu(trace.memory)
+
+    def size(row: int, nbytes: int) -> int:
+        return gpu_block_bytes(nbytes) if gpu[row] else nbytes
+
+    for call in um.calls:
+        q, k, v = (size(call.first, b) for b in call.qkv_bytes)
+        qkv = [*_exchange("q", q), *_exchange("k", k), *_exchange("v", v), ("q", 0), ("k", 0), ("v", 0)]
+        editor.add_burst((call.first, False), qkv, "(Ulysses all-to-all: Q, K, V)")
+        o = size(call.last, call.out_bytes)
+        editor.add_burst((call.last, True), [*_exchange("o", o), ("o", 0)], "(Ulysses all-to-all: output)")
+    for row, nbytes in um.gathers:
+        part = size(row, nbytes // degree)
+        editor.add_burst((row, True), [(i, part) for i in range(degree)] + [(i, 0) for i in range(degree)],
+                         "(Ulysses all-gather)")
+    sizes = trace.memory["bytes"].to_numpy()[um.roles.rows]
+    less = float((sizes * (1 - um.scale)).sum())
+    what = (f"sequence_parallel(ulysses, degree={degree}): {int((um.scale < 1).sum()):,} activation blocks at "
+            f"1/{degree} ({less / 2**20:,.1f} MiB fewer allocated), the all-to-all buffers of {len(um.calls):,} "
+            f"attention calls and {len(um.gathers):,} all-gathers added")
+    return editor.edit(what)
