@@ -6,9 +6,7 @@ one pass) and once as ``p`` gloo ranks started by torchrun (``--pp p --micro-bat
 compared with that rank's (``--schedule gpipe`` for GPipe rows). Two bars to beat: predicting no
 change, and every allocation / p. One setup also runs tensor parallelism inside each stage
 (``--tp 2 --pp 2``: the scenario ``tensor_parallel`` then ``pipeline_parallel``, their shares
-multiplied), where a further column
-takes out of each rank's peak what its records hold as no block (what gloo holds for the
-all-reduces, ``held_at_peak_unrecorded_bytes``), which the prediction leaves out.
+multiplied).
 
 Run: .venv/bin/python bench/pp_memory.py [--write-docs]   (the table goes into docs/memory.md)
 """
@@ -70,11 +68,9 @@ def rows(setup: Setup, alone: Trace, ranks: Trace, t: int, p: int, m: int, sched
         w, pred = was.peak_allocated_bytes, got.peak_allocated_bytes
         stage = [measured[s * t + j] for j in range(t)]
         meas = [d.peak_allocated_bytes for d in stage]
-        blocks = [d.peak_allocated_bytes - (d.held_at_peak_unrecorded_bytes or 0) for d in stage]
         print(f"{setup.label} tp {t} pp {p} mb {m} {schedule} stage {s}: {' | '.join(docs.lines)}", flush=True)
         out.append(f"| {setup.label} | {t} | {p} | {m} | {schedule} | {s} | {w / MiB:,.1f} | {pred / MiB:,.1f} | "
                    f"{span([x / MiB for x in meas], ',.1f')} | {span([pred / x - 1 for x in meas], '+.1%')} | "
-                   f"{span([x / MiB for x in blocks], ',.1f')} | {span([pred / x - 1 for x in blocks], '+.1%')} | "
                    f"{span([w / x - 1 for x in meas], '+.1%')} | {span([w / (t * p) / x - 1 for x in meas], '+.1%')} | "
                    f"{got.peak_op} | {', '.join(sorted({d.peak_op for d in stage}))} | {docs.what_if_s:.2f} |")
     return out
@@ -85,9 +81,9 @@ def main() -> None:
     parser.add_argument("--write-docs", action="store_true", help="write the table into docs/memory.md")
     args = parser.parse_args()
     table = ["| setup | t | p | m | schedule | stage | recorded alone, peak MiB | predicted | measured, per rank | "
-             "error | measured less what gloo holds | error | predicting no change | every allocation / (t·p) | "
-             "op at the predicted peak | op at the measured peak | what-if s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "error | predicting no change | every allocation / (t·p) | op at the predicted peak | "
+             "op at the measured peak | what-if s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for setup in SETUPS:
         with tempfile.TemporaryDirectory() as tmp:
             alone = load_trace(record_cpu("train.py", setup.args, Path(tmp) / "alone"))

@@ -20,6 +20,7 @@ from whatif.transforms.parallel.sp_memory import sequence_parallel_memory_edit, 
 
 ROOT = Path(__file__).resolve().parents[1]
 SP1, SP2 = ROOT / "sample_traces" / "sp_memory" / "sp1", ROOT / "sample_traces" / "sp_memory" / "sp2"
+QWEN = "tracelens/hf_h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +85,21 @@ def test_more_ranks_never_need_more_and_one_changes_nothing(sp1: Trace) -> None:
         edits, _ = memory_edits(graph, [SequenceParallel(mode="ulysses", degree=p)])
         peaks.append(memory(sp1, graph, edits=edits).devices[0].peak_allocated_bytes)
     assert peaks[0] == memory(sp1, graph).devices[0].peak_allocated_bytes
+    assert peaks[0] > peaks[1] > peaks[2]
+
+
+def test_on_a_gpu_trace_the_buffers_are_gpu_blocks(shared_traces: Path) -> None:
+    """Qwen1.5-0.5B inference on an H100 (HF, SDPA): the buffers go on the GPU in whole 512-byte
+    blocks, one all-to-all set per layer, and two ranks hold less than one, four less than two."""
+    trace = load_trace(shared_traces / QWEN)
+    edit = sequence_parallel_memory_edit(trace, 2)
+    buffers = edit.added[edit.added["op"].astype(str).str.startswith("(Ulysses")]
+    anchors = trace.memory.iloc[buffers["anchor"].to_numpy()]
+    assert len(buffers) and (anchors["device_type"] == 1).all() and (buffers["bytes"].abs() % 512 == 0).all()
+    assert len(ulysses_memory(trace, 2).calls) == 24
+    graph = build_graph(trace)
+    peaks = [memory(trace, graph, edits=memory_edits(graph, [SequenceParallel(mode="ulysses", degree=p)])[0])
+             .devices[0].peak_allocated_bytes for p in (1, 2, 4)]
     assert peaks[0] > peaks[1] > peaks[2]
 
 

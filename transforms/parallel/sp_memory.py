@@ -130,7 +130,7 @@ def _sharded(seq: np.ndarray, ops: ForwardOps, names: np.ndarray, dims: np.ndarr
         while j >= 0 and not in_block[j] and classify_kernel(str(names[seq[j]]), str(names[seq[j]])).value not in STOPS:
             lead[j] = True
             j -= 1
-    token = np.asarray([per_token(dims[ops.hierarchy.rows[p]], tokens) for p in seq.tolist()], dtype=bool)
+    token = np.asarray([per_token(dims[p], tokens) for p in seq.tolist()], dtype=bool)
     sharded = (in_block | lead) & token
     at = np.flatnonzero(token)
     last = np.zeros(len(seq), dtype=bool)
@@ -170,6 +170,8 @@ def ulysses_memory(trace: Trace, degree: int) -> UlyssesMemory:
                              f"the forward of {trace.source} (record with --record-shapes); its memory cannot be "
                              f"sharded")
     mem = trace.memory
+    gpu = on_gpu(mem)
+    model_device = gpu if gpu.any() else np.ones(len(mem), dtype=bool)   # not the host's records of a GPU run
     pos = enclosing(ops.hierarchy, ev, mem)
     work = np.where(pos >= 0, ops.work[np.maximum(pos, 0)], -1)
     allocs = roles.rows
@@ -178,7 +180,7 @@ def ulysses_memory(trace: Trace, degree: int) -> UlyssesMemory:
                      1 / degree, 1.0)
     gathers = []
     for end in ends:
-        inside = allocs[made_in == end]
+        inside = allocs[(made_in == end) & model_device[allocs]]
         if len(inside):
             scale[np.searchsorted(allocs, inside[-1])] = 1.0
             gathers.append((int(inside[-1]), int(mem["bytes"].to_numpy()[inside[-1]])))
@@ -186,7 +188,7 @@ def ulysses_memory(trace: Trace, degree: int) -> UlyssesMemory:
     for p in np.flatnonzero(sharded).tolist():
         if not is_attention(str(names[p])):
             continue
-        records = np.flatnonzero(work == p)
+        records = np.flatnonzero((work == p) & model_device)
         tensors = _tensor_dims(dims[p])[:3]
         kinds = types[p] if isinstance(types[p], (list, tuple)) else ()
         if not len(records) or len(tensors) < 3:
