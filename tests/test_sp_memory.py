@@ -12,11 +12,13 @@ import pytest
 from whatif.cli import main
 from whatif.depgraph.build import build_graph
 from whatif.memory import memory, memory_edits, memory_table
+from whatif.scale.executor import Execution
+from whatif.scale.plans import PlanGrid, sweep_plans
 from whatif.tracer.trace import Trace, load_trace
 from whatif.transforms.base import TransformError
 from whatif.transforms.optimizations.batch_memory import BlockRole
 from whatif.transforms.parallel.sequence import SequenceParallel
-from whatif.transforms.parallel.sp_memory import sequence_parallel_memory_edit, ulysses_memory
+from whatif.transforms.parallel.sp_memory import sequence_parallel_memory_edit, ulysses_batch_peaks, ulysses_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 SP1, SP2 = ROOT / "sample_traces" / "sp_memory" / "sp1", ROOT / "sample_traces" / "sp_memory" / "sp2"
@@ -101,6 +103,22 @@ def test_on_a_gpu_trace_the_buffers_are_gpu_blocks(shared_traces: Path) -> None:
     peaks = [memory(trace, graph, edits=memory_edits(graph, [SequenceParallel(mode="ulysses", degree=p)])[0])
              .devices[0].peak_allocated_bytes for p in (1, 2, 4)]
     assert peaks[0] > peaks[1] > peaks[2]
+
+
+def test_the_sweep_reads_a_ulysses_ranks_records(shared_traces: Path) -> None:
+    """A plan sweep with sp > 1 (Ulysses, no tensor or pipeline parallelism) reads one rank's
+    records: at the traced batch the bytes per GPU are ``whatif memory -s``'s peak, and a larger
+    batch grows the buffers with the activations; a plan with tp and sp keeps the memory model."""
+    trace = load_trace(shared_traces / QWEN)
+    doc = sweep_plans(trace.source, PlanGrid(tp=(1, 2), sp=(1, 2), batch_factor=(1, 4)), Execution(jobs=1))
+    rows = {(r.tp, r.sp, r.batch): r for r in doc.plans}
+    edited = memory(trace, edits=[sequence_parallel_memory_edit(trace, 2)]).devices[0].peak_allocated_bytes
+    assert rows[(1, 2, 1.0)].memory_source == "allocator records"
+    assert rows[(1, 2, 1.0)].memory_per_gpu_bytes == edited < rows[(1, 1, 1.0)].memory_per_gpu_bytes
+    peaks = ulysses_batch_peaks(trace, 2)
+    assert peaks is not None and rows[(1, 2, 4.0)].memory_per_gpu_bytes == peaks.peak_bytes(4.0) > edited
+    assert rows[(2, 2, 1.0)].memory_source == "weights + workspace"
+    assert "Ulysses plans with sp 2" in doc.memory_model
 
 
 def test_ring_usp_and_torus_are_not_modelled(sp1: Trace) -> None:

@@ -448,6 +448,29 @@ def batch_peaks(trace: Trace, roles: BlockRoles, scaling: BlockScaling | None = 
     return BatchPeaks(tuple(allocated), tuple(live))
 
 
+def with_transients(trace: Trace, peaks: BatchPeaks, transients: Sequence[tuple[int, bool, int]]) -> BatchPeaks:
+    """``peaks`` (of ``trace``'s GPUs, :func:`batch_peaks`) with activation bytes held for a moment
+    at some records: each ``(row, after, bytes)`` of ``Trace.memory`` adds a point right after the
+    record (or right before it) whose allocated and live activation bytes are that moment's plus
+    ``bytes`` (a burst of buffers made and freed there, which grows with the batch); rows not on a
+    GPU are left out. A peak and a largest batch are over points, so the points need no order."""
+    mem = trace.memory
+    gpu = np.flatnonzero(on_gpu(mem))
+    groups = list(mem.iloc[gpu].groupby(["rank", "device_type", "device_id"], sort=False).indices.values())
+    where = {int(gpu[r]): (g, i) for g, rows in enumerate(groups) for i, r in enumerate(rows)}
+    extra: list[list[tuple[float, float]]] = [[] for _ in groups]
+    for row, after, nbytes in transients:
+        if row not in where:
+            continue
+        g, i = where[row]
+        at = i if after else i - 1
+        base = (peaks.allocated[g][at], peaks.live[g][at]) if at >= 0 else (peaks.allocated[g][0], peaks.live[g][0])
+        extra[g].append((base[0] + nbytes, base[1] + nbytes))
+    allocated = tuple(np.concatenate([a, [x for x, _ in e]]) for a, e in zip(peaks.allocated, extra))
+    live = tuple(np.concatenate([v, [y for _, y in e]]) for v, e in zip(peaks.live, extra))
+    return BatchPeaks(allocated, live)
+
+
 def largest_factor(trace: Trace, roles: BlockRoles, capacity_bytes: float) -> float | None:
     """The largest multiple of the recorded batch whose allocated bytes stay within
     ``capacity_bytes`` on every GPU of the trace (None without GPU records; ``inf`` when no

@@ -12,7 +12,8 @@ backward) with its shapes (``--record-shapes``):
   **per token** when a tensor it is given has a dimension other than its last equal to the
   attention's tokens per sequence ``N`` or to all its tokens ``B·N`` (read from the attention
   ops' shapes, :func:`~whatif.core.kernels.attention_sequences`); the others (the adaLN
-  modulation of a DiT, computed from one conditioning vector per sample) run whole on every rank.
+  modulation of a DiT, computed from one conditioning vector per sample) run whole on every rank,
+  and so does a forward whose attention has fewer query tokens than ranks (a decode step).
 * **Activations made in a per-token op** of the blocks are ``1/P`` of their recorded bytes:
   GEMM, norm and elementwise outputs hold ``N/P`` tokens, and attention runs on ``H/P`` heads of
   all ``N`` tokens, so what it makes (the math backend's ``S×S`` scores too) is ``1/P``.
@@ -50,7 +51,7 @@ from whatif.tracer.memory import BlockScaling, RecordEdit, RecordEditor, gpu_blo
 from whatif.tracer.trace import Trace
 
 from ..base import TransformError
-from ..optimizations.batch_memory import BlockRole, BlockRoles, block_roles
+from ..optimizations.batch_memory import BatchPeaks, BlockRole, BlockRoles, batch_peaks, block_roles, with_transients
 from .forward_ops import ForwardOps, forward_ops
 
 WHO = "sequence_parallel"
@@ -138,7 +139,7 @@ def _sharded(seq: np.ndarray, ops: ForwardOps, names: np.ndarray, dims: np.ndarr
     return sharded, last
 
 
-def ulysses_memory(trace: Trace, degree: int) -> UlyssesMemory:
+def ulysses_memory(trace: Trace, degree: int, roles: BlockRoles | None = None) -> UlyssesMemory:
     """One rank's memory under Ulysses of ``degree`` (module docstring).
 
     Raises
@@ -148,7 +149,7 @@ def ulysses_memory(trace: Trace, degree: int) -> UlyssesMemory:
     """
     if not len(trace.memory):
         raise TransformError(f"{WHO}: {trace.source} has no allocator records (record with --memory)")
-    roles = block_roles(trace, WHO)
+    roles = block_roles(trace, WHO) if roles is None else roles
     ops = forward_ops(trace)
     ev = trace.events
     rows = ops.hierarchy.rows
@@ -159,7 +160,8 @@ def ulysses_memory(trace: Trace, degree: int) -> UlyssesMemory:
     ends: list[int] = []
     for seq in _sequences(trace, ops).values():
         lengths = [attention_sequences(str(names[p]), dims[p]) for p in seq.tolist() if is_attention(str(names[p]))]
-        tokens = frozenset(x for found in lengths if found for x in (found[0][0], found[0][0] * len(found)))
+        tokens = frozenset(x for found in lengths if found and found[0][0] >= degree   # fewer: not split
+                           for x in (found[0][0], found[0][0] * len(found)))
         if not tokens:
             continue
         mine, last = _sharded(seq, ops, names, dims, tokens)
@@ -199,10 +201,61 @@ def ulysses_memory(trace: Trace, degree: int) -> UlyssesMemory:
     return UlyssesMemory(degree, roles, scale, tuple(calls), tuple(gathers))
 
 
-def _exchange(name: str, nbytes: int) -> list[tuple[str, int]]:
+def _exchange(name: str, nbytes: int) -> list[tuple[str | int, int]]:
     """One all-to-all's records: send and receive buffers, the reshaped copy, the two freed."""
     return [(f"{name} send", nbytes), (f"{name} receive", nbytes), (name, nbytes), (f"{name} send", 0),
             (f"{name} receive", 0)]
+
+
+def _bursts(um: UlyssesMemory, gpu: np.ndarray) -> list[tuple[tuple[int, bool], list[tuple[str | int, int]], str]]:
+    """Each burst of buffers one rank makes and frees at one place: ``((row, after), records, op)``."""
+    def size(row: int, nbytes: int) -> int:
+        return gpu_block_bytes(nbytes) if gpu[row] else nbytes
+
+    out: list[tuple[tuple[int, bool], list[tuple[str | int, int]], str]] = []
+    for call in um.calls:
+        q, k, v = (size(call.first, b) for b in call.qkv_bytes)
+        qkv: list[tuple[str | int, int]] = [*_exchange("q", q), *_exchange("k", k), *_exchange("v", v),
+                                             ("q", 0), ("k", 0), ("v", 0)]
+        out.append(((call.first, False), qkv, "(Ulysses all-to-all: Q, K, V)"))
+        o = size(call.last, call.out_bytes)
+        out.append(((call.last, True), [*_exchange("o", o), ("o", 0)], "(Ulysses all-to-all: output)"))
+    for row, nbytes in um.gathers:
+        part = size(row, nbytes // um.degree)
+        parts: list[tuple[str | int, int]] = [(i, n) for n in (part, 0) for i in range(um.degree)]
+        out.append(((row, True), parts, "(Ulysses all-gather)"))
+    return out
+
+
+def _most_held(records: list[tuple[str | int, int]]) -> int:
+    """The most bytes a burst holds at once."""
+    held: dict[str | int, int] = {}
+    most = 0
+    for block, nbytes in records:
+        if nbytes:
+            held[block] = nbytes
+        else:
+            held.pop(block, None)
+        most = max(most, sum(held.values()))
+    return most
+
+
+def ulysses_batch_peaks(trace: Trace, degree: int, roles: BlockRoles | None = None) -> BatchPeaks | None:
+    """One Ulysses rank's GPU memory at any batch (what the plan sweep reads for sp > 1): the
+    per-token activations at 1/P (:func:`~whatif.transforms.optimizations.batch_memory.batch_peaks`
+    with :meth:`UlyssesMemory.scaling`) and each burst of buffers at its most, growing with the
+    batch; None without GPU records.
+
+    Raises
+    ------
+    TransformError : as :func:`ulysses_memory`.
+    """
+    um = ulysses_memory(trace, degree, roles)
+    peaks = batch_peaks(trace, um.roles, um.scaling())
+    if peaks is None:
+        return None
+    gpu = on_gpu(trace.memory)
+    return with_transients(trace, peaks, [(at[0], at[1], _most_held(records)) for at, records, _ in _bursts(um, gpu)])
 
 
 def sequence_parallel_memory_edit(trace: Trace, degree: int) -> RecordEdit:
@@ -217,21 +270,8 @@ def sequence_parallel_memory_edit(trace: Trace, degree: int) -> RecordEdit:
     um = ulysses_memory(trace, degree)
     editor = RecordEditor(trace.memory)
     scale_blocks(editor, um.scaling())
-    gpu = on_gpu(trace.memory)
-
-    def size(row: int, nbytes: int) -> int:
-        return gpu_block_bytes(nbytes) if gpu[row] else nbytes
-
-    for call in um.calls:
-        q, k, v = (size(call.first, b) for b in call.qkv_bytes)
-        qkv = [*_exchange("q", q), *_exchange("k", k), *_exchange("v", v), ("q", 0), ("k", 0), ("v", 0)]
-        editor.add_burst((call.first, False), qkv, "(Ulysses all-to-all: Q, K, V)")
-        o = size(call.last, call.out_bytes)
-        editor.add_burst((call.last, True), [*_exchange("o", o), ("o", 0)], "(Ulysses all-to-all: output)")
-    for row, nbytes in um.gathers:
-        part = size(row, nbytes // degree)
-        editor.add_burst((row, True), [(i, part) for i in range(degree)] + [(i, 0) for i in range(degree)],
-                         "(Ulysses all-gather)")
+    for at, records, op in _bursts(um, on_gpu(trace.memory)):
+        editor.add_burst(at, records, op)
     sizes = trace.memory["bytes"].to_numpy()[um.roles.rows]
     less = float((sizes * (1 - um.scale)).sum())
     what = (f"sequence_parallel(ulysses, degree={degree}): {int((um.scale < 1).sum()):,} activation blocks at "

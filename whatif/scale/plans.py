@@ -15,7 +15,8 @@ step`` (samples when the samples one step of the traced job processes are given,
 batches), the bytes per GPU (on a trace with GPU allocator records and shapes, plans with
 sp = 1: the peak of the recorded timeline at the plan's batch, one tensor-parallel rank's share of
 each block and, pipelined, the fullest stage's (``batch_memory.py``, ``tp_memory.py``,
-``pp_memory.py``); other plans: the memory model of
+``pp_memory.py``); Ulysses plans with tp = pp = 1: one sequence-parallel rank's
+(``sp_memory.py``); other plans: the memory model of
 ``transforms/parallel/memory.py``, weights ``W/(tp·pp)`` and the workspace; a plan over the
 device's memory is not replayed), and the
 Pareto front of the plans that ran: a plan is on it when no other plan is at least as good on GPUs
@@ -75,6 +76,7 @@ from whatif.transforms.parallel.forward_ops import forward_ops
 from whatif.transforms.parallel.layers import backward_mask
 from whatif.transforms.parallel.memory import WORKSPACE_FRACTION, ModelShape, model_shape, plan_memory
 from whatif.transforms.parallel.pp_memory import Schedule, default_micro_batches, pipeline_shares
+from whatif.transforms.parallel.sp_memory import ulysses_batch_peaks
 from whatif.transforms.parallel.tp_memory import tensor_parallel_shares
 from whatif.transforms.scenario import Scenario, ScenarioError, ScenarioStepError, scenario_from_dict
 
@@ -372,14 +374,16 @@ def evaluate(worker: PlanWorker, plan: Plan) -> PlanOutcome:
     fits: bool | None = None
     source = MemorySource.NONE
     capacity = _capacity_bytes(plan, worker.ctx.device)
-    recorded = base.recorded.get(_recorded_key(plan)) if plan.sp == 1 else None
+    key = _recorded_key(plan)
+    recorded = base.recorded.get(key) if key is not None else None
     if recorded is not None:
         memory, source = recorded.peak_bytes(plan.batch), MemorySource.RECORDS
         if capacity is not None:
             fits = memory <= capacity
             if not fits:
                 parts = ([f"one rank of tensor parallelism {plan.tp}"] if plan.tp > 1 else []) + \
-                    ([f"the fullest of {plan.pp} pipeline stages"] if plan.pp > 1 else [])
+                    ([f"the fullest of {plan.pp} pipeline stages"] if plan.pp > 1 else []) + \
+                    ([f"one rank of Ulysses sequence parallelism {plan.sp}"] if plan.sp > 1 else [])
                 rank = "".join(f" on {part}" for part in parts)
                 return PlanOutcome(PlanStatus.NO_FIT, None, memory, False,
                                    f"the recorded allocator timeline at {plan.batch:g}x the batch{rank} peaks at "
@@ -435,7 +439,8 @@ def _shape(analysis: Analysis, ctx: TransformContext) -> tuple[ModelShape | None
                    f"optimizer state not counted")
 
 
-RecordedKey = tuple[int, int, int]
+RecordedKey = tuple[int, int, int, int]
+"""(tp, pp, micro-batches (0 unpipelined), sp) of the plans that read one recorded timeline."""
 """A plan's (tensor-parallel degree, pipeline stages, micro-batches: 0 without pipelining)."""
 
 
@@ -444,10 +449,14 @@ def _schedule(mode: Mode) -> Schedule:
     return Schedule.ONE_F_ONE_B if mode is Mode.TRAINING else Schedule.SERVING
 
 
-def _recorded_key(plan: Plan) -> RecordedKey:
+def _recorded_key(plan: Plan) -> RecordedKey | None:
+    """The timeline ``plan`` reads; None for sequence parallelism other than Ulysses alone (no
+    tensor or pipeline parallelism), which keeps the memory model."""
+    if plan.sp > 1:
+        return (1, 1, 0, plan.sp) if plan.tp == plan.pp == 1 and plan.sp_mode == "ulysses" else None
     if plan.pp == 1:
-        return plan.tp, 1, 0
-    return plan.tp, plan.pp, plan.micro_batches or default_micro_batches(_schedule(plan.mode), plan.pp)
+        return plan.tp, 1, 0, 1
+    return plan.tp, plan.pp, plan.micro_batches or default_micro_batches(_schedule(plan.mode), plan.pp), 1
 
 
 def _composed(*scalings: BlockScaling | None) -> BlockScaling | None:
@@ -470,10 +479,20 @@ def _recorded(analysis: Analysis, plans: Sequence[Plan]) -> tuple[dict[RecordedK
     ops = forward_ops(trace)
     schedule = _schedule(plans[0].mode) if plans else Schedule.SERVING
     tensor: dict[int, BlockScaling | None] = {}
-    refused_tp = refused_pp = ""
+    refused_tp = refused_pp = refused_sp = ""
     out: dict[RecordedKey, BatchPeaks] = {}
-    for key in sorted({_recorded_key(p) for p in plans if p.sp == 1}):
-        tp, pp, m = key
+    for key in sorted({k for k in map(_recorded_key, plans) if k is not None}):
+        tp, pp, m, sp = key
+        if sp > 1:
+            if not refused_sp:
+                try:
+                    found = ulysses_batch_peaks(trace, sp, roles)
+                except TransformError as exc:
+                    refused_sp = str(exc)
+                    continue
+                if found is not None:
+                    out[key] = found
+            continue
         if tp > 1 and tp not in tensor and not refused_tp:
             try:
                 tensor[tp] = tensor_parallel_shares(trace, tp, roles=roles, ops=ops).scaling()
@@ -495,16 +514,23 @@ def _recorded(analysis: Analysis, plans: Sequence[Plan]) -> tuple[dict[RecordedK
         if all(p is not None for p in peaks):
             out[key] = BatchPeaks.of_all([p for p in peaks if p is not None])
     why = "".join(f"; {which} plans keep the model: {reason}"
-                  for which, reason in (("pp > 1", refused_pp), ("tp > 1", refused_tp)) if reason)
+                  for which, reason in (("pp > 1", refused_pp), ("tp > 1", refused_tp), ("sp > 1", refused_sp))
+                  if reason)
     if not out:
         return out, f"the allocator records are not used{why}"
-    tps = ", ".join(str(tp) for tp in sorted({k[0] for k in out}))
-    pps = ", ".join(str(pp) for pp in sorted({k[1] for k in out}))
+    plain = [k for k in out if k[3] == 1]
+    sps = ", ".join(str(k[3]) for k in sorted(out) if k[3] > 1)
+    ulysses = (f"; Ulysses plans with sp {sps} (tp = pp = 1): one rank's per-token activations of the blocks and "
+               f"its all-to-all buffers at the plan's batch (sequence_parallel's memory model)") if sps else ""
+    if not plain:
+        return out, f"{ulysses.removeprefix('; ')} (docs/memory.md){why}"
+    tps = ", ".join(str(tp) for tp in sorted({k[0] for k in plain}))
+    pps = ", ".join(str(pp) for pp in sorted({k[1] for k in plain}))
     return out, (f"plans with sp = 1, tp {tps} and pp {pps}: the peak of the recorded allocator timeline with the "
                  f"activations at the plan's batch and, for tp > 1, one rank's share of each block, for pp > 1 the "
                  f"fullest stage's (its layers, the micro-batches its schedule keeps in flight) (batch's, "
-                 f"tensor_parallel's and pipeline_parallel's memory models, docs/memory.md; DDP's gradient buckets "
-                 f"not counted){why}")
+                 f"tensor_parallel's and pipeline_parallel's memory models{ulysses}, docs/memory.md; DDP's gradient "
+                 f"buckets not counted){why}")
 
 
 def plan_rows(plans: Sequence[Plan], outcomes: Sequence[PlanOutcome], ranks: int,
