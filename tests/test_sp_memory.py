@@ -16,9 +16,20 @@ from whatif.scale.executor import Execution
 from whatif.scale.plans import PlanGrid, sweep_plans
 from whatif.tracer.trace import Trace, load_trace
 from whatif.transforms.base import TransformError
-from whatif.transforms.optimizations.batch_memory import BlockRole
+from whatif.transforms.optimizations.batch_memory import (
+    BlockRole,
+    batch_peaks,
+    block_roles,
+    gpu_devices,
+    with_transients,
+)
 from whatif.transforms.parallel.sequence import SequenceParallel
-from whatif.transforms.parallel.sp_memory import sequence_parallel_memory_edit, ulysses_batch_peaks, ulysses_memory
+from whatif.transforms.parallel.sp_memory import (
+    _attention_bytes,
+    sequence_parallel_memory_edit,
+    ulysses_batch_peaks,
+    ulysses_memory,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SP1, SP2 = ROOT / "sample_traces" / "sp_memory" / "sp1", ROOT / "sample_traces" / "sp_memory" / "sp2"
@@ -119,6 +130,41 @@ def test_the_sweep_reads_a_ulysses_ranks_records(shared_traces: Path) -> None:
     assert peaks is not None and rows[(1, 2, 4.0)].memory_per_gpu_bytes == peaks.peak_bytes(4.0) > edited
     assert rows[(2, 2, 1.0)].memory_source == "weights + workspace"
     assert "Ulysses plans with sp 2" in doc.memory_model
+
+
+def test_gqa_kv_heads_are_replicated_when_the_ranks_outnumber_them() -> None:
+    """Q, K, V and the output on one rank: each over P; K and V at least one KV head of every token
+    (8 query heads, 2 KV heads over 4 ranks: half of K, not a quarter); a split of the heads the
+    transform refuses is refused."""
+    sdpa = "aten::scaled_dot_product_attention"
+    dims = [[2, 8, 256, 64], [2, 2, 256, 64], [2, 2, 256, 64]]
+    kinds = ["c10::BFloat16"] * 3
+    q, kv = 2 * 8 * 256 * 64 * 2, 2 * 2 * 256 * 64 * 2
+    assert _attention_bytes(sdpa, dims, kinds, 2) == (q // 2, kv // 2, kv // 2, q // 2)
+    assert _attention_bytes(sdpa, dims, kinds, 4) == (q // 4, kv // 2, kv // 2, q // 4)
+    assert _attention_bytes("aten::mm", [[4, 4], [4, 4]], ["float"] * 2, 2) is None
+
+
+def test_a_split_the_heads_do_not_allow_is_refused(sp1: Trace) -> None:
+    with pytest.raises(TransformError, match=r"splits the 4 attention heads .* over 8 GPUs"):
+        ulysses_memory(sp1, 8)
+    with pytest.raises(TransformError, match="at least 512 query tokens"):
+        ulysses_memory(sp1, 512)
+
+
+def test_a_transient_is_a_point_beside_its_record(shared_traces: Path) -> None:
+    """``with_transients``: a burst after a record stands on that record's bytes, one before it on
+    the record's before (before a device's first record: its allocated bytes less the record's)."""
+    trace = load_trace(shared_traces / QWEN)
+    peaks = batch_peaks(trace, block_roles(trace))
+    assert peaks is not None
+    (rows,) = gpu_devices(trace.memory)
+    first, third = int(rows[0]), int(rows[2])
+    more = with_transients(trace, peaks, [(first, False, 1000), (third, True, 10), (third, False, 20)])
+    (allocated,), (was,) = more.allocated, peaks.allocated
+    size = int(trace.memory["bytes"].to_numpy()[first])
+    assert allocated[len(was):].tolist() == [was[0] - size + 1000, was[2] + 10, was[1] + 20]
+    assert more.live[0][len(was):].tolist() == [1000, peaks.live[0][2] + 10, peaks.live[0][1] + 20]
 
 
 def test_ring_usp_and_torus_are_not_modelled(sp1: Trace) -> None:

@@ -405,6 +405,14 @@ class BatchPeaks:
         return max(best, 0.0)
 
 
+def gpu_devices(memory: pd.DataFrame) -> list[np.ndarray]:
+    """The rows of ``memory`` (``Trace.memory``) of each GPU of each rank, in time order; the
+    order of :class:`BatchPeaks`' timelines."""
+    gpu = np.flatnonzero(on_gpu(memory))
+    groups = memory.iloc[gpu].groupby(["rank", "device_type", "device_id"], sort=False).indices.values()
+    return [gpu[np.asarray(rows)] for rows in groups]
+
+
 def batch_peaks(trace: Trace, roles: BlockRoles, scaling: BlockScaling | None = None) -> BatchPeaks | None:
     """The :class:`BatchPeaks` of ``trace``'s GPUs (None without GPU records). With ``scaling``
     (a share of each allocation's bytes kept, e.g. on one rank of a parallel plan, what was
@@ -440,8 +448,7 @@ def batch_peaks(trace: Trace, roles: BlockRoles, scaling: BlockScaling | None = 
         np.add.at(delta, scaling.to[grows], held[grows])
         np.subtract.at(delta, scaling.moved[grows], held[grows])
     allocated, live = [], []
-    for rows in mem[gpu].groupby(["rank", "device_type", "device_id"], sort=False).indices.values():
-        at = np.flatnonzero(gpu)[np.asarray(rows)]
+    for at in gpu_devices(mem):
         records = mem.iloc[at]
         allocated.append(allocated_bytes(records)[0] - np.cumsum(less[at]) - held_before_bytes(records) * (1 - before))
         live.append(np.cumsum(delta[at]))
@@ -451,20 +458,23 @@ def batch_peaks(trace: Trace, roles: BlockRoles, scaling: BlockScaling | None = 
 def with_transients(trace: Trace, peaks: BatchPeaks, transients: Sequence[tuple[int, bool, int]]) -> BatchPeaks:
     """``peaks`` (of ``trace``'s GPUs, :func:`batch_peaks`) with activation bytes held for a moment
     at some records: each ``(row, after, bytes)`` of ``Trace.memory`` adds a point right after the
-    record (or right before it) whose allocated and live activation bytes are that moment's plus
-    ``bytes`` (a burst of buffers made and freed there, which grows with the batch); rows not on a
-    GPU are left out. A peak and a largest batch are over points, so the points need no order."""
+    record (or right before it: before a device's first, its allocated bytes less the record's)
+    whose allocated and live activation bytes are that moment's plus ``bytes`` (a burst of buffers
+    made and freed there, which grows with the batch); rows not on a GPU are left out. A peak and
+    a largest batch are over points, so the points need no order."""
     mem = trace.memory
-    gpu = np.flatnonzero(on_gpu(mem))
-    groups = list(mem.iloc[gpu].groupby(["rank", "device_type", "device_id"], sort=False).indices.values())
-    where = {int(gpu[r]): (g, i) for g, rows in enumerate(groups) for i, r in enumerate(rows)}
-    extra: list[list[tuple[float, float]]] = [[] for _ in groups]
+    device = np.full(len(mem), -1, dtype=np.int64)
+    place = np.zeros(len(mem), dtype=np.int64)
+    for g, rows in enumerate(gpu_devices(mem)):
+        device[rows], place[rows] = g, np.arange(len(rows))
+    sizes = mem["bytes"].to_numpy()
+    extra: list[list[tuple[float, float]]] = [[] for _ in peaks.allocated]
     for row, after, nbytes in transients:
-        if row not in where:
+        g, i = int(device[row]), int(place[row])
+        if g < 0:
             continue
-        g, i = where[row]
         at = i if after else i - 1
-        base = (peaks.allocated[g][at], peaks.live[g][at]) if at >= 0 else (peaks.allocated[g][0], peaks.live[g][0])
+        base = (peaks.allocated[g][at], peaks.live[g][at]) if at >= 0 else (peaks.allocated[g][0] - sizes[row], 0.0)
         extra[g].append((base[0] + nbytes, base[1] + nbytes))
     allocated = tuple(np.concatenate([a, [x for x, _ in e]]) for a, e in zip(peaks.allocated, extra))
     live = tuple(np.concatenate([v, [y for _, y in e]]) for v, e in zip(peaks.live, extra))

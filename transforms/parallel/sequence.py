@@ -74,7 +74,6 @@ from whatif.tracer.memory import RecordEdit
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import add_edges, set_duration, splice_tasks
-from ..optimizations.batch_memory import backward_events
 from ..registry import register
 from ..sharing import priced_by_transform
 from .comm import (
@@ -223,13 +222,10 @@ class SequenceParallel(OnTopology, Transform):
         Ring, USP and Torus are not modelled (None)."""
         if self.mode != "ulysses" or self.degree == 1:
             return None
-        trace = self.recorded_trace(graph)
-        self._forward_only(graph, bool(backward_events(trace.events).any()))
-        return sequence_parallel_memory_edit(trace, self.degree)
+        return sequence_parallel_memory_edit(self.recorded_trace(graph), self.degree)
 
-    def _forward_only(self, graph: TaskGraph, backward_ops: bool = False) -> None:
-        """Refuse a trace with a backward pass: its GPU kernels, or (``backward_ops``) its CPU ops."""
-        if backward_ops or backward_mask(graph).any():
+    def _forward_only(self, graph: TaskGraph) -> None:
+        if backward_mask(graph).any():
             raise TransformError(f"{self.name}: models a forward pass (DiT or long-context inference); the trace has a "
                                  f"backward pass, whose sequence-parallel gradients are not modelled")
 

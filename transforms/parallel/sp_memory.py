@@ -39,20 +39,30 @@ and ops whose tensors only coincidentally have ``N`` in a non-last dimension.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
-from whatif.core.dtypes import element_bytes
-from whatif.core.kernels import KernelClass, attention_sequences, classify_kernel, is_attention
+from whatif.core.kernels import KernelClass, attention_sequences, classify_kernel, float_tensors, is_attention
 from whatif.depgraph.hierarchy import enclosing, record_steps
 from whatif.tracer.args import Arg
 from whatif.tracer.memory import BlockScaling, RecordEdit, RecordEditor, gpu_block_bytes, on_gpu, scale_blocks
 from whatif.tracer.trace import Trace
 
 from ..base import TransformError
-from ..optimizations.batch_memory import BatchPeaks, BlockRole, BlockRoles, batch_peaks, block_roles, with_transients
+from ..optimizations.batch_memory import (
+    BatchPeaks,
+    BlockRole,
+    BlockRoles,
+    backward_events,
+    batch_peaks,
+    block_roles,
+    with_transients,
+)
 from .forward_ops import ForwardOps, forward_ops
+from .memory import HeadSplit, attention_op_heads, head_split
 
 WHO = "sequence_parallel"
 STOPS = frozenset({KernelClass.GEMM.value, KernelClass.CONV.value, KernelClass.ATTENTION.value})
@@ -139,24 +149,29 @@ def _sharded(seq: np.ndarray, ops: ForwardOps, names: np.ndarray, dims: np.ndarr
     return sharded, last
 
 
-def ulysses_memory(trace: Trace, degree: int, roles: BlockRoles | None = None) -> UlyssesMemory:
-    """One rank's memory under Ulysses of ``degree`` (module docstring).
+def _attention_bytes(name: str, dims: object, types: object, degree: int) -> tuple[int, int, int, int] | None:
+    """Bytes on one rank of Q, K, V and the output an attention op's all-to-alls move: each over
+    ``degree``, K and V at least one whole KV head of every token (a KV head replicated when the
+    ranks outnumber them, as the transform prices it); None without its shapes."""
+    kinds = types if isinstance(types, (list, tuple)) else None
+    tensors = float_tensors(dims, kinds) if isinstance(dims, list) else []
+    heads = attention_op_heads(name, dims)
+    if len(tensors) < 3 or heads is None:
+        return None
+    (_, q, qt), (_, k, kt), (_, v, vt) = tensors[:3]
+    kv_heads = heads[1]
+    kv_share = math.ceil(kv_heads / degree) / kv_heads
+    q_dims, v_dims = dims[tensors[0][0]], dims[tensors[2][0]]   # type: ignore[index]
+    out = q // int(q_dims[-1]) * int(v_dims[-1])
+    return (q * qt.bytes // degree, int(k * kt.bytes * kv_share), int(v * vt.bytes * kv_share),
+            out * qt.bytes // degree)
 
-    Raises
-    ------
-    TransformError : the trace has no allocator records or no recorded shapes, or its forward has
-        no transformer block with a fused attention op.
-    """
-    if not len(trace.memory):
-        raise TransformError(f"{WHO}: {trace.source} has no allocator records (record with --memory)")
-    roles = block_roles(trace, WHO) if roles is None else roles
-    ops = forward_ops(trace)
-    ev = trace.events
-    rows = ops.hierarchy.rows
-    names = ev["name"].astype(str).to_numpy()[rows]
-    dims = trace.arg(Arg.INPUT_DIMS)[rows]
-    types = trace.arg(Arg.INPUT_TYPES)[rows]
-    sharded = np.zeros(len(rows), dtype=bool)
+
+def _split(trace: Trace, ops: ForwardOps, names: np.ndarray, dims: np.ndarray, degree: int) -> tuple[np.ndarray,
+                                                                                                      list[int]]:
+    """Per position of ``ops``' hierarchy: whether the op runs on the rank's tokens; and the work
+    ops after which the tokens are gathered."""
+    sharded = np.zeros(len(names), dtype=bool)
     ends: list[int] = []
     for seq in _sequences(trace, ops).values():
         lengths = [attention_sequences(str(names[p]), dims[p]) for p in seq.tolist() if is_attention(str(names[p]))]
@@ -167,37 +182,65 @@ def ulysses_memory(trace: Trace, degree: int, roles: BlockRoles | None = None) -
         mine, last = _sharded(seq, ops, names, dims, tokens)
         sharded[seq[mine]] = True
         ends += seq[last].tolist()
+    return sharded, ends
+
+
+def ulysses_memory(trace: Trace, degree: int, roles: BlockRoles | None = None,
+                   ops: ForwardOps | None = None) -> UlyssesMemory:
+    """One rank's memory under Ulysses of ``degree`` (module docstring).
+
+    Raises
+    ------
+    TransformError : the trace has no allocator records, has a backward pass, or its forward has
+        no transformer block whose attention op has recorded shapes and at least ``degree`` query
+        tokens; the ranks do not split its heads (:func:`~.memory.head_split`).
+    """
+    if not len(trace.memory):
+        raise TransformError(f"{WHO}: {trace.source} has no allocator records (record with --memory)")
+    ev = trace.events
+    if backward_events(ev).any():
+        raise TransformError(f"{WHO}: models a forward pass (DiT or long-context inference); {trace.source} has a "
+                             f"backward pass, whose sequence-parallel gradients are not modelled")
+    roles = block_roles(trace, WHO) if roles is None else roles
+    ops = forward_ops(trace) if ops is None else ops
+    rows = ops.hierarchy.rows
+    names = ev["name"].astype(str).to_numpy()[rows]
+    dims = trace.arg(Arg.INPUT_DIMS)[rows]
+    types = trace.arg(Arg.INPUT_TYPES)[rows]
+    sharded, ends = _split(trace, ops, names, dims, degree)
     if not sharded.any():
-        raise TransformError(f"{WHO}: found no transformer block with a fused attention op and recorded shapes in "
-                             f"the forward of {trace.source} (record with --record-shapes); its memory cannot be "
-                             f"sharded")
+        raise TransformError(f"{WHO}: found no transformer block whose attention op has recorded shapes and at least "
+                             f"{degree} query tokens in the forward of {trace.source} (record with --record-shapes); "
+                             f"its memory cannot be split {degree} ways")
     mem = trace.memory
     gpu = on_gpu(mem)
     model_device = gpu if gpu.any() else np.ones(len(mem), dtype=bool)   # not the host's records of a GPU run
     pos = enclosing(ops.hierarchy, ev, mem)
-    work = np.where(pos >= 0, ops.work[np.maximum(pos, 0)], -1)
+    work = np.where((pos >= 0) & model_device, ops.work[np.maximum(pos, 0)], -1)
     allocs = roles.rows
     made_in = work[allocs]
     scale = np.where(roles.mask(BlockRole.ACTIVATION) & (made_in >= 0) & sharded[np.maximum(made_in, 0)],
                      1 / degree, 1.0)
+    records_of = pd.Series(np.arange(len(mem))).groupby(work).indices
+    allocs_of = pd.Series(allocs).groupby(made_in).indices
     gathers = []
     for end in ends:
-        inside = allocs[(made_in == end) & model_device[allocs]]
-        if len(inside):
-            scale[np.searchsorted(allocs, inside[-1])] = 1.0
-            gathers.append((int(inside[-1]), int(mem["bytes"].to_numpy()[inside[-1]])))
+        if end in allocs_of:
+            last = int(allocs_of[end][-1])
+            scale[last] = 1.0
+            gathers.append((int(allocs[last]), int(mem["bytes"].to_numpy()[allocs[last]])))
     calls = []
     for p in np.flatnonzero(sharded).tolist():
-        if not is_attention(str(names[p])):
+        if p not in records_of or not is_attention(str(names[p])):
             continue
-        records = np.flatnonzero((work == p) & model_device)
-        tensors = _tensor_dims(dims[p])[:3]
-        kinds = types[p] if isinstance(types[p], (list, tuple)) else ()
-        if not len(records) or len(tensors) < 3:
-            continue
-        sizes = [int(np.prod(t)) * int(element_bytes(kinds[i] if i < len(kinds) else None) or 4) // degree
-                 for i, t in enumerate(tensors)]
-        calls.append(AttentionCall(int(records[0]), int(records[-1]), (sizes[0], sizes[1], sizes[2]), sizes[0]))
+        heads = attention_op_heads(str(names[p]), dims[p])
+        if heads is not None and head_split(heads[0], heads[1], degree) is not HeadSplit.OK:
+            raise TransformError(f"{WHO}: ulysses splits the {heads[0]} attention heads ({heads[1]} KV heads) over "
+                                 f"{degree} GPUs, which does not divide them")
+        moved = _attention_bytes(str(names[p]), dims[p], types[p], degree)
+        if moved is not None:
+            records = records_of[p]
+            calls.append(AttentionCall(int(records[0]), int(records[-1]), (moved[0], moved[1], moved[2]), moved[3]))
     return UlyssesMemory(degree, roles, scale, tuple(calls), tuple(gathers))
 
 
@@ -240,7 +283,8 @@ def _most_held(records: list[tuple[str | int, int]]) -> int:
     return most
 
 
-def ulysses_batch_peaks(trace: Trace, degree: int, roles: BlockRoles | None = None) -> BatchPeaks | None:
+def ulysses_batch_peaks(trace: Trace, degree: int, roles: BlockRoles | None = None,
+                        ops: ForwardOps | None = None) -> BatchPeaks | None:
     """One Ulysses rank's GPU memory at any batch (what the plan sweep reads for sp > 1): the
     per-token activations at 1/P (:func:`~whatif.transforms.optimizations.batch_memory.batch_peaks`
     with :meth:`UlyssesMemory.scaling`) and each burst of buffers at its most, growing with the
@@ -250,7 +294,7 @@ def ulysses_batch_peaks(trace: Trace, degree: int, roles: BlockRoles | None = No
     ------
     TransformError : as :func:`ulysses_memory`.
     """
-    um = ulysses_memory(trace, degree, roles)
+    um = ulysses_memory(trace, degree, roles, ops)
     peaks = batch_peaks(trace, um.roles, um.scaling())
     if peaks is None:
         return None

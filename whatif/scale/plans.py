@@ -440,8 +440,8 @@ def _shape(analysis: Analysis, ctx: TransformContext) -> tuple[ModelShape | None
 
 
 RecordedKey = tuple[int, int, int, int]
-"""(tp, pp, micro-batches (0 unpipelined), sp) of the plans that read one recorded timeline."""
-"""A plan's (tensor-parallel degree, pipeline stages, micro-batches: 0 without pipelining)."""
+"""A plan's (tensor-parallel degree, pipeline stages, micro-batches: 0 without pipelining,
+sequence-parallel degree): the plans that read one recorded timeline."""
 
 
 def _schedule(mode: Mode) -> Schedule:
@@ -486,7 +486,7 @@ def _recorded(analysis: Analysis, plans: Sequence[Plan]) -> tuple[dict[RecordedK
         if sp > 1:
             if not refused_sp:
                 try:
-                    found = ulysses_batch_peaks(trace, sp, roles)
+                    found = ulysses_batch_peaks(trace, sp, roles, ops)
                 except TransformError as exc:
                     refused_sp = str(exc)
                     continue
