@@ -495,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         Path(args.log).parent.mkdir(parents=True, exist_ok=True)
         Path(args.log).write_text(json.dumps(log, indent=1))
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return 0
 
 

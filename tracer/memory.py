@@ -373,6 +373,8 @@ class RecordEditor:
         """
         held: dict[object, tuple[int, int]] = {}
         for block, nbytes in records:
+            if nbytes < 0:
+                raise ValueError(f"a burst's block {block!r} has {nbytes} bytes: give a size, or 0 to free it")
             if nbytes > 0 and block not in held:
                 held[block] = (self._next_addr, int(nbytes))
                 self._added.append((at[0], at[1], int(nbytes), self._next_addr, op))
