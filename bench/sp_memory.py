@@ -10,8 +10,6 @@ Run: .venv/bin/python bench/sp_memory.py [--write-docs]   (the table goes into d
 from __future__ import annotations
 
 import argparse
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,46 +17,37 @@ import numpy as np
 from whatif.depgraph.build import build_graph
 from whatif.memory import memory
 from whatif.tracer.memory import BlockScaling, scaled_edit
-from whatif.tracer.trace import Trace, load_trace
+from whatif.tracer.trace import Trace
 from whatif.transforms.optimizations.batch_memory import BlockRole, block_roles
 from whatif.transforms.parallel.sequence import SequenceParallel
 
 try:
     from common.docs import replace_section
-    from common.memory_pair import predict_pair, span
-    from common.recording import record_cpu, record_cpu_ranks
+    from common.memory_pair import RanksSetup, predict_pair, rank_pairs, span
 except ImportError:  # run as a module from the repo root
     from bench.common.docs import replace_section
-    from bench.common.memory_pair import predict_pair, span
-    from bench.common.recording import record_cpu, record_cpu_ranks
+    from bench.common.memory_pair import RanksSetup, predict_pair, rank_pairs, span
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- bench/sp_memory.py begin -->", "<!-- bench/sp_memory.py end -->"
 MiB = 2**20
 
 
-@dataclass(frozen=True)
-class Setup:
-    label: str
-    args: tuple[str, ...]
-    degrees: tuple[int, ...]
-
-
 COMMON = ("--seed", "0", "--rate", "inf", "--warmup", "1")
 SETUPS = (
-    Setup("fp32, SDPA math, 4 layers, d 192, 4 heads, 2 requests × 2 steps with CFG, 256 tokens "
-          "(sample_traces/sp_memory)",
-          (*COMMON, "--num-requests", "2", "--batch", "2", "--steps", "2", "--resolution", "32", "--sdpa", "math"),
-          (2, 4)),
-    Setup("fp32, SDPA flash, 4 layers, d 256, 8 heads, 2 requests × 2 steps with CFG, 1,024 tokens",
-          (*COMMON, "--num-requests", "2", "--batch", "2", "--steps", "2", "--resolution", "64", "--d-model", "256",
-           "--heads", "8", "--sdpa", "flash"), (2, 4, 8)),
-    Setup("bf16, SDPA math, 2 layers, d 256, 8 heads, video 4 frames, 1 request × 2 steps, 1,024 tokens",
-          (*COMMON, "--num-requests", "1", "--batch", "1", "--steps", "2", "--resolution", "32", "--frames", "4",
-           "--layers", "2", "--d-model", "256", "--heads", "8", "--dtype", "bfloat16", "--sdpa", "math"), (2, 4)),
-    Setup("fp32, SDPA math, 6 layers, d 384, 6 heads, 4 requests × 2 steps without CFG, 144 tokens",
-          (*COMMON, "--num-requests", "4", "--batch", "4", "--steps", "2", "--resolution", "24", "--layers", "6",
-           "--d-model", "384", "--heads", "6", "--cfg-scale", "1", "--sdpa", "math"), (2, 3)),
+    RanksSetup("fp32, SDPA math, 4 layers, d 192, 4 heads, 2 requests × 2 steps with CFG, 256 tokens "
+               "(sample_traces/sp_memory)",
+               (*COMMON, "--num-requests", "2", "--batch", "2", "--steps", "2", "--resolution", "32", "--sdpa", "math"),
+               (2, 4)),
+    RanksSetup("fp32, SDPA flash, 4 layers, d 256, 8 heads, 2 requests × 2 steps with CFG, 1,024 tokens",
+               (*COMMON, "--num-requests", "2", "--batch", "2", "--steps", "2", "--resolution", "64",
+                "--d-model", "256", "--heads", "8", "--sdpa", "flash"), (2, 4, 8)),
+    RanksSetup("bf16, SDPA math, 2 layers, d 256, 8 heads, video 4 frames, 1 request × 2 steps, 1,024 tokens",
+               (*COMMON, "--num-requests", "1", "--batch", "1", "--steps", "2", "--resolution", "32", "--frames", "4",
+                "--layers", "2", "--d-model", "256", "--heads", "8", "--dtype", "bfloat16", "--sdpa", "math"), (2, 4)),
+    RanksSetup("fp32, SDPA math, 6 layers, d 384, 6 heads, 4 requests × 2 steps without CFG, 144 tokens",
+               (*COMMON, "--num-requests", "4", "--batch", "4", "--steps", "2", "--resolution", "24", "--layers", "6",
+                "--d-model", "384", "--heads", "6", "--cfg-scale", "1", "--sdpa", "math"), (2, 3)),
 )
 
 
@@ -69,7 +58,7 @@ def activations_scaled_peak(trace: Trace, degree: int) -> int:
     return memory(trace, build_graph(trace), edits=[edit]).devices[0].peak_allocated_bytes
 
 
-def row(setup: Setup, alone: Trace, ranks: Trace, degree: int) -> str:
+def row(setup: RanksSetup, alone: Trace, ranks: Trace, degree: int) -> str:
     docs = predict_pair(alone, ranks, SequenceParallel(mode="ulysses", degree=degree))
     (was,), (got,) = docs.recorded.devices, docs.predicted.devices
     w, p = was.peak_allocated_bytes, got.peak_allocated_bytes
@@ -95,13 +84,7 @@ def main() -> None:
             "measured, per rank | error (bytes) | step peaks, largest error | predicting no change | activations / P | "
             "op at the predicted peak (ranks peaking there) | what-if s |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for setup in SETUPS:
-        with tempfile.TemporaryDirectory() as tmp:
-            alone = load_trace(record_cpu("dit_serve.py", setup.args, Path(tmp) / "sp1"))
-            for p in setup.degrees:
-                run = record_cpu_ranks("dit_serve.py", (*setup.args, "--sp", str(p)), Path(tmp) / f"sp{p}", p)
-                ranks = load_trace(run)
-                rows.append(row(setup, alone, ranks, p))
+    rows += rank_pairs("dit_serve.py", "--sp", SETUPS, row)
     table = "\n".join(rows)
     print(table)
     if args.write_docs:
