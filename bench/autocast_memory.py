@@ -47,7 +47,7 @@ class Setup:
     args: tuple[str, ...]
     converted: bool = True   # also recorded converted to the dtype (--dtype)
     program: str = "train.py"
-    autocast: bool = True    # also recorded under --autocast (train.py only)
+    autocast: bool = True    # also recorded under --autocast (train.py, dit_serve.py)
 
 
 MODEL_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -75,7 +75,10 @@ SETUPS = (
            "--sdpa", "math"), program="llm_serve.py", autocast=False),
     Setup("DiT inference (dit_serve.py), 2 requests × 3 denoising steps with CFG, SDPA math", "bf16",
           ("--seed", "0", "--num-requests", "2", "--steps", "3", "--rate", "inf", "--resolution", "32", "--frames",
-           "2", "--sdpa", "math"), program="dit_serve.py", autocast=False),
+           "2", "--sdpa", "math"), program="dit_serve.py"),
+    Setup("DiT inference (dit_serve.py), 4 requests × 2 denoising steps with CFG, SDPA flash, d 384", "bf16",
+          ("--seed", "0", "--num-requests", "4", "--batch", "4", "--steps", "2", "--rate", "inf", "--resolution",
+           "32", "--d-model", "384", "--heads", "6", "--sdpa", "flash"), program="dit_serve.py"),
 )
 BASELINE = {"train.py": ()}
 """What records the fp32 program (train.py is fp32 by default; the servers pick by --dtype)."""

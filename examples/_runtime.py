@@ -22,6 +22,8 @@ import torch
 from whatif.predictors.serving.metrics import percentile, stats  # noqa: F401  (re-exported)
 
 SDPA_BACKENDS = ("auto", "math", "flash", "efficient", "cudnn")
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""``--autocast``'s choices besides ``off``."""
 
 
 def add_runtime_args(parser: argparse.ArgumentParser, dtype: bool = True) -> None:
@@ -134,6 +136,13 @@ class Collectives:
             dist.all_gather(parts, x, group=self.group)
         else:
             self._fenced(self.gloo.allgather([parts], [x]))
+
+
+def mixed_precision(name: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """``--autocast``: ``torch.autocast`` to the named 16-bit dtype on ``device`` (``off``: none)."""
+    if name == "off":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[name])
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -15,6 +15,10 @@ scale and a gate on each residual branch, self-attention over all tokens, GELU M
 modulated final layer; unpatchify back to the latent shape. Weights are random (not the
 zero init of training, which would make every block an identity).
 
+Precision: ``--dtype`` converts the model (bfloat16 on cuda, float32 on cpu by default);
+``--autocast bf16|fp16`` runs an fp32 model under ``torch.autocast`` instead (its GEMMs, convolutions
+and attention in 16 bits, the rest in fp32).
+
 Sampler: rectified-flow Euler (as SD3 / Flux / video DiTs): x starts as Gaussian noise at
 t = 1, ``--steps`` uniform steps to t = 0, ``x += (t_next - t) * v``. With
 ``--cfg-scale`` > 1 every model call runs the batch twice (conditional and null class,
@@ -76,11 +80,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from _runtime import (
+    AUTOCAST_DTYPES,
     Collectives,
     add_runtime_args,
     attention_backend,
     join_torchrun,
     json_safe,
+    mixed_precision,
     pick_device,
     pick_dtype,
     poisson_schedule,
@@ -437,6 +443,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     w.add_argument("--batch", type=int, default=4, help="max requests denoised together")
     w.add_argument("--warmup", type=int, default=1,
                    help="untimed warm-up passes before serving, each a model call at every batch size up to --batch")
+    g.add_argument("--autocast", default="off", choices=["off", *AUTOCAST_DTYPES],
+                   help="denoise an fp32 model under torch.autocast (mixed precision; not with a 16-bit --dtype)")
     w.add_argument("--sp", type=int, default=1,
                    help="Ulysses sequence-parallel degree (torchrun starts --sp processes; needs --rate inf)")
     p.add_argument("--log", default=None, help="write the JSON log here")
@@ -447,6 +455,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.sp < 1:
         p.error("--sp must be >= 1")
+    if args.autocast != "off" and args.dtype not in ("auto", "float32"):
+        p.error("--dtype converts the model; --autocast runs an fp32 one in mixed precision: choose one")
     if args.sp > 1 and math.isfinite(args.rate):
         p.error("--sp needs --rate inf: every rank must serve the same batches, which a wall-clock schedule "
                 "does not promise")
@@ -460,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and args.sp > 1:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     set_threads(args.threads, device)
-    dtype = pick_dtype(args.dtype, device)
+    dtype = torch.float32 if args.autocast != "off" and args.dtype == "auto" else pick_dtype(args.dtype, device)
     problem = join_torchrun(args.sp, f"--sp {args.sp}", device) if args.sp > 1 else None
     if problem:
         print(f"dit_serve: error: {problem}", file=sys.stderr)
@@ -473,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dit_serve: error: {e}", file=sys.stderr)
         return 2
     requests = make_requests(args)
-    with torch.inference_mode(), attention_backend(args.sdpa):
+    with torch.inference_mode(), attention_backend(args.sdpa), mixed_precision(args.autocast, device):
         for _ in range(args.warmup):
             warm_up(model, args, device, dtype)
         server = Server(model, requests, args, device, dtype)

@@ -54,7 +54,6 @@ for the first) to the end of this one, device synchronized: loading the batch is
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -69,18 +68,18 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from _runtime import (
+    AUTOCAST_DTYPES,
     Collectives,
     add_runtime_args,
     attention_backend,
     join_torchrun,
+    mixed_precision,
     pick_device,
     pick_dtype,
     set_threads,
 )
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 TENSOR_PARALLEL: Collectives | None = None
 """The all-reduces among this rank's tensor-parallel ranks (its pipeline stage's with ``--pp``), with ``--tp`` > 1."""
@@ -286,8 +285,7 @@ def train_step(model: TinyLM, opt: torch.optim.Optimizer, batch: torch.Tensor,
     """One optimizer step on next-token cross-entropy (``forward``: the model as it is called, e.g.
     compiled; default the model); returns the (detached) loss."""
     opt.zero_grad(set_to_none=True)
-    with (torch.autocast(batch.device.type, dtype=AUTOCAST_DTYPES[autocast]) if autocast != "off"
-          else contextlib.nullcontext()):
+    with mixed_precision(autocast, batch.device):
         logits = (forward or model)(batch[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
     loss.backward()
@@ -357,8 +355,7 @@ def pipeline_step(model: TinyLM, opt: torch.optim.Optimizer, batch: torch.Tensor
 
     def forward(i: int, x: torch.Tensor | None) -> torch.Tensor:
         nonlocal total
-        with (torch.autocast(batch.device.type, dtype=AUTOCAST_DTYPES[autocast]) if autocast != "off"
-              else contextlib.nullcontext()):
+        with mixed_precision(autocast, batch.device):
             y = model(tokens[i] if x is None else x)
             if model.last:
                 y = F.cross_entropy(y.flatten(0, 1).float(), targets[i].flatten()) / m

@@ -264,6 +264,21 @@ def test_dit_serves_and_logs_latency_per_request(dit, tmp_path, step_counter):
     assert log["summary"]["latency_ms"]["p50"] <= log["summary"]["latency_ms"]["p99"]
 
 
+def test_dit_autocast_denoises_an_fp32_model_in_mixed_precision(dit, tmp_path):
+    """``--autocast bf16``: the fp32 model's GEMMs and attention in bf16 (the latents move a little
+    from fp32's); with a 16-bit ``--dtype`` it is refused."""
+    sums = []
+    for extra in ((), ("--autocast", "bf16")):
+        log_path = tmp_path / f"dit{len(extra)}.json"
+        assert dit.main([*DIT_TINY, "--num-requests", "1", "--rate", "inf", *extra, "--log", str(log_path)]) == 0
+        log = json.loads(log_path.read_text())
+        assert log["config"]["dtype"] == "float32"
+        sums.append(log["batches"][0]["latent_sum"])
+    assert sums[0] != sums[1] and sums[1] == pytest.approx(sums[0], rel=0.1)
+    with pytest.raises(SystemExit):
+        dit.parse_args([*DIT_TINY, "--autocast", "bf16", "--dtype", "bfloat16"])
+
+
 def test_dit_denoise_phase_is_recorded(dit):
     model = dit.build_model(dit.parse_args(DIT_TINY), torch.device("cpu"), torch.float32)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

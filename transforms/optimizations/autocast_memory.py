@@ -520,8 +520,9 @@ def _conversion_copy(cx: _Context, w: int, tensors: list) -> AddedBlock | None:
 
 def _autocast_copies(cx: _Context, w: int, rule: Rule, anchor: int) -> list[AddedBlock]:
     """The copies autocast makes before lowered op ``w`` (its weight's, bias's and an fp32
-    activation's, each held as long as its holder keeps it: module docstring) or fp32-list op
-    ``w`` fed 16 bits (an fp32 copy over the op); ``anchor``: its first allocation."""
+    activation's, each held as long as its holder keeps it: module docstring; an op without an
+    autograd node, under ``torch.inference_mode``, holds its parameters' copies only while it runs)
+    or fp32-list op ``w`` fed 16 bits (an fp32 copy over the op); ``anchor``: its first allocation."""
     r = int(cx.ops.hierarchy.rows[w])
     name = str(cx.trace.events["name"].iat[r])
     dims, types = cx.trace.arg(Arg.INPUT_DIMS), cx.trace.arg(Arg.INPUT_TYPES)
@@ -536,6 +537,8 @@ def _autocast_copies(cx: _Context, w: int, rule: Rule, anchor: int) -> list[Adde
             continue
         if rule == Rule.UPCAST:
             free = op_end
+        elif saved is None and c.role in (CastRole.WEIGHT, CastRole.BIAS):
+            free = op_end   # inference_mode: no cast cache, no autograd holding the copy
         elif c.role is CastRole.BIAS:
             free = forward_end
         elif c.role is CastRole.WEIGHT:
@@ -690,7 +693,8 @@ def autocast_memory(trace: Trace, dtype: str = "bf16", converted: bool = False) 
     first = _first_allocations(cx)
     early = _early_frees(cx, first, factors, {r.i for r in recasts})
     at_early = np.asarray(sorted(early), dtype=np.int64)
-    added = _casts(cx, first) + _cpu_temporaries(cx, factors, recasts)
+    # a GEMM's temporaries first: at its last record they come before the frees of its inputs' copies
+    added = _cpu_temporaries(cx, factors, recasts) + _casts(cx, first)
     return AutocastMemory(roles, factors, tuple(recasts), tuple(added), at_early,
                           tuple(early[i] for i in at_early.tolist()), cx.low_ratio if converted else 1.0)
 
