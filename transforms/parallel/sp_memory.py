@@ -2,8 +2,8 @@
 degree ``P`` (Jacobs et al. 2023) holds the whole model and ``1/P`` of every per-token activation
 of the transformer blocks, plus the all-to-alls' buffers.
 
-Read from a forward-only recording (DiT or long-context inference; the transform refuses a
-backward) with its shapes (``--record-shapes``):
+Read from a forward-only recording (DiT or long-context inference; a backward is refused, as the
+transform refuses it) with its shapes (``--record-shapes``):
 
 * **Which ops run on the rank's tokens**: the trace's forward work ops and transformer blocks
   (:mod:`.forward_ops`: the heuristic ``tensor_parallel`` runs on kernels) with, for the first
@@ -27,7 +27,9 @@ backward) with its shapes (``--record-shapes``):
   ``P``) come and two go, then K's, then V's; the three reshaped copies stand for the QKV output
   (freed in the program, held in the recording's place). After the call the output's all-to-all
   makes the same three blocks of its bytes, the last standing for the copy the recording makes
-  when the output is flattened.
+  when the output is flattened. K and V hold at least one KV head of every token on a rank (a KV
+  head replicated when the ranks outnumber them, as the transform prices it), and a head split
+  the transform refuses is refused here too.
 * **The all-gather after the last block** (each rank's tokens gathered for the final layer, which
   runs whole): ``P`` receive blocks holding the whole hidden state are made and freed after the
   last per-token op, and that op's output is kept whole (the gathered tensor from then on).
