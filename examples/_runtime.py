@@ -82,7 +82,7 @@ def join_torchrun(ranks: int, flags: str, device: torch.device) -> str | None:
 
 
 class Collectives:
-    """All-reduce, all-to-all and all-gather among ``ranks`` (this rank one of them):
+    """All-reduce, all-to-all, all-gather and ring send/receive among ``ranks`` (this rank one of them):
     torch.distributed's (``group``: the group already made for them, None for every rank) on a
     GPU; on the CPU a gloo process group of its own with one communication thread, each collective
     followed by a one-element all-reduce of a tensor allocated once (the fence).
@@ -92,21 +92,26 @@ class Collectives:
     where the profiler records no allocator event, and the recording would hold the block to its
     end. With one thread running the works in order, the fence's return means the collective's
     work is released, and this thread frees its buffers, recorded. (A gloo group made by
-    ``dist.new_group`` ignores ``pg_options``: it always runs two threads.)"""
+    ``dist.new_group`` ignores ``pg_options``: it always runs two threads.) Sends and receives
+    need no fence: gloo runs them outside its threads, and their work objects, which hold the
+    tensors, are dropped here (:class:`Pending`)."""
 
     def __init__(self, ranks: list[int], device: torch.device, name: str, group: Any = None) -> None:
         import datetime
 
         import torch.distributed as dist
         self.group = group
+        self.ranks = ranks
+        self.index = ranks.index(dist.get_rank())
         self.gloo: Any = None
+        self._tag = 0
         if device.type == "cpu":
             options = dist.ProcessGroupGloo._Options()
             options._threads = 1
             options._devices = [dist.ProcessGroupGloo.create_default_device()]
             options._timeout = datetime.timedelta(minutes=10)
             store = dist.PrefixStore(name, dist.distributed_c10d._get_default_store())
-            self.gloo = dist.ProcessGroupGloo(store, ranks.index(dist.get_rank()), len(ranks), options)
+            self.gloo = dist.ProcessGroupGloo(store, self.index, len(ranks), options)
             self.fence = torch.zeros(1)
 
     def _fenced(self, work: Any) -> None:
@@ -136,6 +141,36 @@ class Collectives:
             dist.all_gather(parts, x, group=self.group)
         else:
             self._fenced(self.gloo.allgather([parts], [x]))
+
+    def send_recv(self, gots: list[torch.Tensor], sends: list[torch.Tensor]) -> Pending:
+        """Start sending each of ``sends`` to the next rank of the ring (the ranks in their order)
+        and receiving the previous rank's into the matching one of ``gots``; returns what to wait
+        for. The sent tensors must be contiguous."""
+        nxt, prev = (self.index + 1) % len(self.ranks), (self.index - 1) % len(self.ranks)
+        if self.gloo is None:
+            import torch.distributed as dist
+            ops = [dist.P2POp(dist.isend, s, self.ranks[nxt], self.group) for s in sends]
+            ops += [dist.P2POp(dist.irecv, g, self.ranks[prev], self.group) for g in gots]
+            return Pending(dist.batch_isend_irecv(ops))
+        works = []
+        for send, got in zip(sends, gots):
+            self._tag += 1
+            works += [self.gloo.send([send], nxt, self._tag), self.gloo.recv([got], prev, self._tag)]
+        return Pending(works)
+
+
+class Pending:
+    """Point-to-point transfers started and not yet waited for: :meth:`wait` waits for them and
+    drops them, so the tensors they hold are released here (as ring-flash-attention's
+    ``RingComm.wait`` does)."""
+
+    def __init__(self, works: list[Any]) -> None:
+        self.works = works
+
+    def wait(self) -> None:
+        for work in self.works:
+            work.wait()
+        self.works = []
 
 
 def mixed_precision(name: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:

@@ -39,10 +39,21 @@ turns each rank's chunk of Q, K and V (all heads) into all tokens of ``heads / P
 turns the attention output back (each all-to-all sends a contiguous copy of its input into a new
 buffer, whose reshape is copied once more); after the last block the chunks are all-gathered, so
 the final layer and the sampler run on every token, on every rank. Every rank serves the same
-requests, so ``--sp`` needs ``--rate inf`` (the batches do not depend on each rank's clock)::
+requests, so ``--sp`` needs ``--rate inf`` (the batches do not depend on each rank's clock).
+
+``--ring R`` runs Ring attention (Liu et al. 2023, as ring-flash-attention's
+``ring_flash_attn_forward`` does without a mask) over ``R`` of the ranks and Ulysses over the other
+factor ``U = P/R`` (USP, Fang & Zhao 2024, the default of xDiT; ``--ring P`` is Ring alone): the
+Ulysses all-to-all runs within each group of ``U`` neighbouring ranks, giving each rank ``tokens/R``
+tokens of ``heads/U`` heads; then each of ``R`` steps sends the K, V block the rank holds to the next
+rank of its ring while receiving the previous one's into new buffers, attends to the block it holds
+(the flash kernel, which also returns the log-sum-exp) and folds the result into a running fp32
+output (``out - sigmoid(lse_block - lse)·(out - out_block)``)::
 
     torchrun --nproc-per-node 2 -m whatif.cli record -o runs/sp2 --memory --record-shapes \
         examples/dit_serve.py -- --device cpu --rate inf --sp 2
+    torchrun --nproc-per-node 4 -m whatif.cli record -o runs/usp --memory --record-shapes \
+        examples/dit_serve.py -- --device cpu --rate inf --sp 4 --ring 2
 
 Log (``--log OUT.json``); every ``*_s`` is seconds since the server started, every
 ``*_ms`` a duration in milliseconds::
@@ -116,14 +127,41 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
     return x * (1 + scale[:, None]) + shift[:, None]
 
 
-SP_GROUP: Collectives | None = None
-"""The ``--sp`` ranks' collectives (None without ``--sp``)."""
+@dataclass
+class SpGroups:
+    """This rank's groups under ``--sp P --ring R`` (yunchang's layout with the Ulysses groups on
+    neighbouring ranks): every rank (the all-gather), its Ulysses group (ranks ``g·U…g·U+U-1``,
+    ``U = P/R``; None when ``U`` is 1) and its ring (ranks ``j, j+U, …``; None when ``R`` is 1)."""
+
+    every: Collectives
+    ulysses: Collectives | None
+    ring: Collectives | None
+
+
+SP: SpGroups | None = None
+"""The ``--sp`` ranks' groups (None without ``--sp``)."""
+
+
+def sp_groups(sp: int, ring: int, device: torch.device) -> SpGroups:
+    """Make the groups of :class:`SpGroups` (on a GPU every rank makes every group, as
+    ``dist.new_group`` asks)."""
+    u, rank = sp // ring, dist.get_rank()
+    sets = {"every": [list(range(sp))], "ulysses": [list(range(g * u, g * u + u)) for g in range(ring)],
+            "ring": [list(range(j, sp, u)) for j in range(u)]}
+    mine: dict[str, Collectives] = {}
+    for kind, groups in sets.items():
+        for i, ranks in enumerate(groups):
+            group = dist.new_group(ranks) if device.type == "cuda" and kind != "every" else None
+            if rank in ranks and len(ranks) > 1:
+                mine[kind] = (mine["every"] if len(ranks) == sp and "every" in mine
+                              else Collectives(ranks, device, f"{kind}{i}", group))
+    return SpGroups(mine["every"], mine.get("ulysses"), mine.get("ring"))
 
 
 def exchange(got: torch.Tensor, send: torch.Tensor) -> None:
-    """``all_to_all_single(got, send)`` over the ``--sp`` ranks."""
-    assert SP_GROUP is not None
-    SP_GROUP.all_to_all(got, send)
+    """``all_to_all_single(got, send)`` over this rank's Ulysses group."""
+    assert SP is not None and SP.ulysses is not None
+    SP.ulysses.all_to_all(got, send)
 
 
 def seq_to_heads(x: torch.Tensor, sp: int) -> torch.Tensor:
@@ -149,19 +187,70 @@ def heads_to_seq(x: torch.Tensor, sp: int) -> torch.Tensor:
 def gather_tokens(x: torch.Tensor, sp: int) -> torch.Tensor:
     """Every rank's ``[N, tokens/P, dim]`` chunk, all-gathered in rank order: ``[N, tokens, dim]``."""
     parts = [torch.empty_like(x) for _ in range(sp)]
-    assert SP_GROUP is not None
-    SP_GROUP.all_gather(parts, x.contiguous())
+    assert SP is not None
+    SP.every.all_gather(parts, x.contiguous())
     return torch.cat(parts, dim=1)
 
 
+def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bidirectional attention of ``[N, tokens, heads, d]`` tensors and its log-sum-exp
+    (``[N, heads, tokens]``, fp32), as flash-attention's ``_flash_attn_forward`` returns them: the
+    CPU's flash kernel, on a GPU the memory-efficient one (any dtype)."""
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    if q.device.type == "cuda":
+        out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True)
+        lse = lse[..., :q.shape[2]]
+    else:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False)
+    return out.transpose(1, 2), lse
+
+
+def merge_attention(out: torch.Tensor | None, lse: torch.Tensor | None, block_out: torch.Tensor,
+                    block_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fold one block of keys' attention into the running output (fp32) and log-sum-exp, as
+    ring-flash-attention's ``update_out_and_lse`` does (eager)."""
+    block_out = block_out.to(torch.float32)
+    block_lse = block_lse.transpose(-2, -1).unsqueeze(dim=-1)
+    if out is None or lse is None:
+        return block_out, block_lse
+    out = out - torch.sigmoid(block_lse - lse) * (out - block_out)
+    lse = lse - F.logsigmoid(lse - block_lse)
+    return out, lse
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Ring attention (Liu et al. 2023) over this rank's ring, as ring-flash-attention's
+    ``ring_flash_attn_forward`` runs it without a mask: ``[N, tokens/R, heads, d]`` each; every
+    step sends the K, V block it holds to the next rank while receiving the previous one's into new
+    buffers, attends to the block it holds and folds the result in (:func:`merge_attention`)."""
+    assert SP is not None and SP.ring is not None
+    k, v = k.contiguous(), v.contiguous()   # a fused QKV projection's are strided views
+    out: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
+    steps = len(SP.ring.ranks)
+    for step in range(steps):
+        if step + 1 != steps:
+            next_k, next_v = torch.empty_like(k), torch.empty_like(v)
+            pending = SP.ring.send_recv([next_k, next_v], [k, v])
+        block_out, block_lse = attention_with_lse(q, k, v)
+        out, lse = merge_attention(out, lse, block_out, block_lse)
+        if step + 1 != steps:
+            pending.wait()
+            k, v = next_k, next_v
+    assert out is not None
+    return out.to(q.dtype)
+
+
 class Attention(nn.Module):
-    def __init__(self, dim: int, heads: int, sp: int = 1) -> None:
+    def __init__(self, dim: int, heads: int, sp: int = 1, ring: int = 1) -> None:
         super().__init__()
         if dim % heads:
             raise ValueError(f"d_model {dim} is not a multiple of heads {heads}")
-        if heads % sp:
-            raise ValueError(f"heads {heads} is not a multiple of --sp {sp}")
-        self.heads, self.sp = heads, sp
+        if sp % ring:
+            raise ValueError(f"--ring {ring} does not divide --sp {sp}")
+        if heads % (sp // ring):
+            raise ValueError(f"heads {heads} is not a multiple of the Ulysses degree {sp // ring} (--sp / --ring)")
+        self.heads, self.sp, self.ulysses, self.ring = heads, sp, sp // ring, ring
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
@@ -172,20 +261,26 @@ class Attention(nn.Module):
             q, k, v = self.qkv(x).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)
             o = F.scaled_dot_product_attention(q, k, v)
             return self.proj(o.transpose(1, 2).flatten(2))
-        q, k, v = (seq_to_heads(t, self.sp).transpose(1, 2)
-                   for t in self.qkv(x).unflatten(-1, (3, self.heads, -1)).unbind(2))
-        o = F.scaled_dot_product_attention(q, k, v)
-        return self.proj(heads_to_seq(o.transpose(1, 2), self.sp).flatten(2))
+        q, k, v = self.qkv(x).unflatten(-1, (3, self.heads, -1)).unbind(2)
+        if self.ulysses > 1:
+            q, k, v = (seq_to_heads(t, self.ulysses) for t in (q, k, v))
+        if self.ring > 1:
+            o = ring_attention(q, k, v)
+        else:
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+        if self.ulysses > 1:
+            o = heads_to_seq(o, self.ulysses)
+        return self.proj(o.flatten(2))
 
 
 class DiTBlock(nn.Module):
     """adaLN-Zero block: modulated LayerNorm, gated attention and MLP residuals."""
 
-    def __init__(self, dim: int, heads: int, mlp_ratio: float = 4.0, sp: int = 1) -> None:
+    def __init__(self, dim: int, heads: int, mlp_ratio: float = 4.0, sp: int = 1, ring: int = 1) -> None:
         super().__init__()
         hidden = int(dim * mlp_ratio)
         self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
-        self.attn = Attention(dim, heads, sp)
+        self.attn = Attention(dim, heads, sp, ring)
         self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(approximate="tanh"),
                                  nn.Linear(hidden, dim))
@@ -202,7 +297,7 @@ class DiT(nn.Module):
     with ``sp`` > 1 the blocks run on this rank's ``tokens / sp`` (module docstring)."""
 
     def __init__(self, channels: int, resolution: int, frames: int, patch: int, dim: int,
-                 layers: int, heads: int, num_classes: int, sp: int = 1) -> None:
+                 layers: int, heads: int, num_classes: int, sp: int = 1, ring: int = 1) -> None:
         super().__init__()
         if resolution % patch:
             raise ValueError(f"--resolution {resolution} is not a multiple of --patch {patch}")
@@ -216,7 +311,7 @@ class DiT(nn.Module):
         self.pos = nn.Parameter(torch.randn(1, self.num_tokens, dim) * 0.02)
         self.t_mlp = nn.Sequential(nn.Linear(256, dim), nn.SiLU(), nn.Linear(dim, dim))
         self.y_embed = nn.Embedding(num_classes + 1, dim)
-        self.blocks = nn.ModuleList(DiTBlock(dim, heads, sp=sp) for _ in range(layers))
+        self.blocks = nn.ModuleList(DiTBlock(dim, heads, sp=sp, ring=ring) for _ in range(layers))
         self.final_norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.final_ada = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
         self.final = nn.Linear(dim, patch * patch * channels)
@@ -254,7 +349,7 @@ def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     """Random weights from ``--seed`` (drawn on the CPU, so identical on every device)."""
     torch.manual_seed(args.seed)
     model = DiT(args.channels, args.resolution, args.frames, args.patch, args.d_model,
-                args.layers, args.heads, args.num_classes, args.sp)
+                args.layers, args.heads, args.num_classes, args.sp, args.ring)
     return model.to(device=device, dtype=dtype).eval()
 
 
@@ -446,7 +541,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--autocast", default="off", choices=["off", *AUTOCAST_DTYPES],
                    help="denoise an fp32 model under torch.autocast (mixed precision; not with a 16-bit --dtype)")
     w.add_argument("--sp", type=int, default=1,
-                   help="Ulysses sequence-parallel degree (torchrun starts --sp processes; needs --rate inf)")
+                   help="sequence-parallel degree (torchrun starts --sp processes; needs --rate inf)")
+    w.add_argument("--ring", type=int, default=1,
+                   help="ring-attention degree within --sp: Ulysses over --sp / --ring ranks, a ring over --ring "
+                        "(--ring = --sp: Ring attention; between: USP)")
     p.add_argument("--log", default=None, help="write the JSON log here")
     args = p.parse_args(argv)
     for name in ("layers", "d_model", "heads", "patch", "channels", "num_classes", "resolution",
@@ -455,6 +553,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.sp < 1:
         p.error("--sp must be >= 1")
+    if args.ring < 1 or args.sp % args.ring:
+        p.error(f"--ring {args.ring} must divide --sp {args.sp}")
     if args.autocast != "off" and args.dtype not in ("auto", "float32"):
         p.error("--dtype converts the model; --autocast runs an fp32 one in mixed precision: choose one")
     if args.sp > 1 and math.isfinite(args.rate):
@@ -464,7 +564,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global SP_GROUP
+    global SP
     args = parse_args(argv)
     device = pick_device(args.device)
     if device.type == "cuda" and args.sp > 1:
@@ -476,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dit_serve: error: {problem}", file=sys.stderr)
         return 2
     if args.sp > 1:
-        SP_GROUP = Collectives(list(range(args.sp)), device, "sp")
+        SP = sp_groups(args.sp, args.ring, device)
     try:
         model = build_model(args, device, dtype)
     except ValueError as e:

@@ -40,6 +40,8 @@ SP_ARGS="--device cpu --seed 0 --rate inf --warmup 1 --num-requests 2 --batch 2 
   examples/dit_serve.py -- $SP_ARGS
 "$PY" -m torch.distributed.run --nproc-per-node 2 -m whatif.cli record -f -o sample_traces/sp_memory/sp2 --no-summary \
   --memory --record-shapes examples/dit_serve.py -- $SP_ARGS --sp 2
+"$PY" -m torch.distributed.run --nproc-per-node 2 -m whatif.cli record -f -o sample_traces/sp_memory/ring2 --no-summary \
+  --memory --record-shapes examples/dit_serve.py -- $SP_ARGS --sp 2 --ring 2
 
 du -sh sample_traces/llm_serve sample_traces/dit_serve sample_traces/sdpa_memory sample_traces/tp_memory \
   sample_traces/sp_memory

@@ -398,41 +398,58 @@ def test_train_tensor_parallel_ranks_train_the_same_model(tmp_path: Path) -> Non
     assert lone.stderr.strip() == "train: error: --tp 2 needs 2 processes started by torchrun (WORLD_SIZE is 1)"
 
 
-@pytest.mark.slow
-def test_dit_ulysses_ranks_serve_the_same_images(tmp_path: Path) -> None:
-    """``--sp 2`` as torchrun starts it: two gloo ranks, each running the blocks on half the
-    tokens with Ulysses' all-to-alls, denoise to the latents one process does; the batches are
-    logged once (rank 0). ``--sp`` needs torchrun and ``--rate inf``, and a head count it divides:
-    one line and exit 2 otherwise."""
+def _torchrun_env(rank: int, world: int, port: int) -> dict[str, str]:
     import os
+    return {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+
+
+def _serve_ranks(tmp_path: Path, args: list[str], sp: int, ring: int) -> list[float]:
+    """``dit_serve.py --sp sp --ring ring`` as torchrun starts it (gloo ranks); each batch's latent
+    sum from the log, which only rank 0 writes."""
     import socket
 
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    logs = [tmp_path / f"sp{sp}_ring{ring}_rank{r}.json" for r in range(sp)]
+    procs = [subprocess.Popen([sys.executable, str(EXAMPLES / "dit_serve.py"), *args, "--sp", str(sp), "--ring",
+                               str(ring), "--log", str(logs[r])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=_torchrun_env(r, sp, port))
+             for r in range(sp)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * sp, outs
+    assert logs[0].exists() and not any(log.exists() for log in logs[1:])
+    return [b["latent_sum"] for b in json.loads(logs[0].read_text())["batches"]]
+
+
+@pytest.mark.slow
+def test_dit_sequence_parallel_ranks_serve_the_same_images(tmp_path: Path) -> None:
+    """``--sp P`` as torchrun starts it: gloo ranks, each running the blocks on 1/P of the tokens,
+    with Ulysses' all-to-alls (``--sp 2``), Ring attention's K, V passed round (``--ring 2``) and
+    both (USP, ``--sp 4 --ring 2``), denoise to the latents one process does (the ring's running
+    softmax to float rounding); the batches are logged once (rank 0). ``--sp`` needs torchrun and
+    ``--rate inf``, a ``--ring`` that divides it and heads the Ulysses degree divides: one line and
+    exit 2 otherwise."""
     args = ["--device", "cpu", "--rate", "inf", "--num-requests", "2", "--batch", "2", "--steps", "2",
             "--layers", "2", "--d-model", "32", "--heads", "4", "--resolution", "8", "--warmup", "0"]
     alone = tmp_path / "alone.json"
     assert load("dit_serve").main([*args, "--log", str(alone)]) == 0
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    logs = [tmp_path / f"rank{r}.json" for r in range(2)]
-    procs = [subprocess.Popen([sys.executable, str(EXAMPLES / "dit_serve.py"), *args, "--sp", "2",
-                               "--log", str(logs[r])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
-                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-             for r in range(2)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
-    assert logs[0].exists() and not logs[1].exists()
-    sums = [[b["latent_sum"] for b in json.loads(log.read_text())["batches"]] for log in (alone, logs[0])]
-    assert sums[1] == pytest.approx(sums[0], rel=1e-5) and len(sums[0]) == 1
+    want = [b["latent_sum"] for b in json.loads(alone.read_text())["batches"]]
+    assert len(want) == 1
+    assert _serve_ranks(tmp_path, args, 2, 1) == pytest.approx(want, rel=1e-5)
+    assert _serve_ranks(tmp_path, args, 2, 2) == pytest.approx(want, rel=1e-4)
+    assert _serve_ranks(tmp_path, args, 4, 2) == pytest.approx(want, rel=1e-4)
     for extra, message in ((["--sp", "2"], "dit_serve: error: --sp 2 needs 2 processes started by torchrun "
                                            "(WORLD_SIZE is 1)"),
-                           (["--sp", "2", "--rate", "5"], "--sp needs --rate inf")):
+                           (["--sp", "2", "--rate", "5"], "--sp needs --rate inf"),
+                           (["--sp", "4", "--ring", "3"], "--ring 3 must divide --sp 4")):
         lone = subprocess.run([sys.executable, str(EXAMPLES / "dit_serve.py"), *args, *extra],
                               capture_output=True, text=True, timeout=120)
         assert lone.returncode == 2 and message in lone.stderr.strip().splitlines()[-1]
-    with pytest.raises(ValueError, match="heads 4 is not a multiple of --sp 3"):
+    with pytest.raises(ValueError, match=r"heads 4 is not a multiple of the Ulysses degree 3 \(--sp / --ring\)"):
         load("dit_serve").Attention(32, 4, sp=3)
+    assert load("dit_serve").Attention(32, 4, sp=6, ring=3).ulysses == 2
 
 
 @pytest.mark.slow

@@ -1,9 +1,14 @@
-"""``sequence_parallel``'s memory in Ulysses mode (``whatif memory -s``): which blocks one rank
-holds less of, the all-to-all and all-gather buffers it adds, checked op by op on our own CPU
-recording of examples/dit_serve.py, and the predicted peak against the same server run with
-Ulysses over two gloo ranks (sample_traces/sp_memory: ``sp1`` and ``sp2``)."""
+"""``sequence_parallel``'s memory in Ulysses, Ring and USP mode (``whatif memory -s``): which
+blocks one rank holds less of, the all-to-all, ring and all-gather buffers it adds, checked op by
+op on our own CPU recording of examples/dit_serve.py, and the predicted peak against the same
+server run with Ulysses and with Ring attention over two gloo ranks (sample_traces/sp_memory:
+``sp1``, ``sp2`` and ``ring2``), and with USP over four (recorded by the test)."""
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -25,14 +30,16 @@ from whatif.transforms.optimizations.batch_memory import (
 )
 from whatif.transforms.parallel.sequence import SequenceParallel
 from whatif.transforms.parallel.sp_memory import (
-    _attention_bytes,
+    attention_call,
+    ring_records,
+    sequence_memory,
     sequence_parallel_memory_edit,
-    ulysses_batch_peaks,
-    ulysses_memory,
+    sp_batch_peaks,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
 SP1, SP2 = ROOT / "sample_traces" / "sp_memory" / "sp1", ROOT / "sample_traces" / "sp_memory" / "sp2"
+RING2 = ROOT / "sample_traces" / "sp_memory" / "ring2"
 QWEN = "tracelens/hf_h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
 
 
@@ -42,7 +49,7 @@ def sp1() -> Trace:
 
 
 def test_per_token_activations_of_the_blocks_are_split(sp1: Trace) -> None:
-    um = ulysses_memory(sp1, 2)
+    um = sequence_memory(sp1, 2)
     ops = memory_table(sp1)["op"].to_numpy()[um.roles.rows]
     activation = um.roles.mask(BlockRole.ACTIVATION)
     by_op: dict[str, set[float]] = defaultdict(set)
@@ -82,9 +89,10 @@ def test_the_buffers_are_added_around_each_attention_call_and_gather(sp1: Trace)
     ops = added["op"].tolist()
     # Q, K, V: send, receive and reshaped copy each; the output's three; the gather's four parts
     assert ops.count("(Ulysses all-to-all: Q, K, V)") == 16 * 2 * 9
-    assert ops.count("(Ulysses all-to-all: output)") == 16 * 2 * 3 and ops.count("(Ulysses all-gather)") == 4 * 2 * 4
+    assert ops.count("(Ulysses all-to-all: output)") == 16 * 2 * 3
+    assert ops.count("(sequence-parallel all-gather)") == 4 * 2 * 4
     assert added["bytes"].sum() == 0   # every added block is freed where it is added
-    um = ulysses_memory(sp1, 4)
+    um = sequence_memory(sp1, 4)
     # Q's [B, H, N, d] fp32 over four ranks: B = 2 in the first warm-up call (one request, CFG), 4 later
     assert [c.qkv_bytes[0] for c in um.calls[::4]] == [2 * 4 * 256 * 48 * 4 // 4] + [4 * 4 * 256 * 48 * 4 // 4] * 3
     sizes = added.loc[added["op"] == "(Ulysses all-to-all: Q, K, V)", "bytes"].to_numpy()
@@ -109,7 +117,7 @@ def test_on_a_gpu_trace_the_buffers_are_gpu_blocks(shared_traces: Path) -> None:
     buffers = edit.added[edit.added["op"].astype(str).str.startswith("(Ulysses")]
     anchors = trace.memory.iloc[buffers["anchor"].to_numpy()]
     assert len(buffers) and (anchors["device_type"] == 1).all() and (buffers["bytes"].abs() % 512 == 0).all()
-    assert len(ulysses_memory(trace, 2).calls) == 24
+    assert len(sequence_memory(trace, 2).calls) == 24
     graph = build_graph(trace)
     peaks = [memory(trace, graph, edits=memory_edits(graph, [SequenceParallel(mode="ulysses", degree=p)])[0])
              .devices[0].peak_allocated_bytes for p in (1, 2, 4)]
@@ -126,10 +134,15 @@ def test_the_sweep_reads_a_ulysses_ranks_records(shared_traces: Path) -> None:
     edited = memory(trace, edits=[sequence_parallel_memory_edit(trace, 2)]).devices[0].peak_allocated_bytes
     assert rows[(1, 2, 1.0)].memory_source == "allocator records"
     assert rows[(1, 2, 1.0)].memory_per_gpu_bytes == edited < rows[(1, 1, 1.0)].memory_per_gpu_bytes
-    peaks = ulysses_batch_peaks(trace, 2)
+    peaks = sp_batch_peaks(trace, 2)
     assert peaks is not None and rows[(1, 2, 4.0)].memory_per_gpu_bytes == peaks.peak_bytes(4.0) > edited
     assert rows[(2, 2, 1.0)].memory_source == "weights + workspace"
-    assert "Ulysses plans with sp 2" in doc.memory_model
+    assert "ulysses plans with sp 2" in doc.memory_model
+    ring = sweep_plans(trace.source, PlanGrid(sp=(2,), sp_mode="ring"), Execution(jobs=1))
+    (row,) = ring.plans
+    assert row.memory_source == "allocator records" and "ring plans with sp 2" in ring.memory_model
+    assert row.memory_per_gpu_bytes == memory(trace, edits=[sequence_parallel_memory_edit(trace, 2, 1)]) \
+        .devices[0].peak_allocated_bytes
 
 
 def test_gqa_kv_heads_are_replicated_when_the_ranks_outnumber_them() -> None:
@@ -140,16 +153,23 @@ def test_gqa_kv_heads_are_replicated_when_the_ranks_outnumber_them() -> None:
     dims = [[2, 8, 256, 64], [2, 2, 256, 64], [2, 2, 256, 64]]
     kinds = ["c10::BFloat16"] * 3
     q, kv = 2 * 8 * 256 * 64 * 2, 2 * 2 * 256 * 64 * 2
-    assert _attention_bytes(sdpa, dims, kinds, 2) == (q // 2, kv // 2, kv // 2, q // 2)
-    assert _attention_bytes(sdpa, dims, kinds, 4) == (q // 4, kv // 2, kv // 2, q // 4)
-    assert _attention_bytes("aten::mm", [[4, 4], [4, 4]], ["float"] * 2, 2) is None
+    def moved(ulysses: int, ring: int = 1) -> tuple[int, int, int, int]:
+        call = attention_call(sdpa, dims, kinds, [], ulysses, ring)
+        assert call is not None
+        return (*call.qkv_bytes, call.out_bytes)
+
+    assert moved(2) == (q // 2, kv // 2, kv // 2, q // 2)
+    assert moved(4) == (q // 4, kv // 2, kv // 2, q // 4)
+    # a ring keeps every KV head and cuts the tokens: USP 2 x 2 holds a quarter of K
+    assert moved(1, 4) == (q // 4, kv // 4, kv // 4, q // 4) and moved(2, 2) == (q // 4, kv // 4, kv // 4, q // 4)
+    assert attention_call("aten::mm", [[4, 4], [4, 4]], ["float"] * 2, [], 2, 1) is None
 
 
 def test_a_split_the_heads_do_not_allow_is_refused(sp1: Trace) -> None:
     with pytest.raises(TransformError, match=r"splits the 4 attention heads .* over 8 GPUs"):
-        ulysses_memory(sp1, 8)
+        sequence_memory(sp1, 8)
     with pytest.raises(TransformError, match="at least 512 query tokens"):
-        ulysses_memory(sp1, 512)
+        sequence_memory(sp1, 512)
 
 
 def test_a_transient_is_a_point_beside_its_record(shared_traces: Path) -> None:
@@ -167,17 +187,15 @@ def test_a_transient_is_a_point_beside_its_record(shared_traces: Path) -> None:
     assert more.live[0][len(was):].tolist() == [1000, peaks.live[0][2] + 10, peaks.live[0][1] + 20]
 
 
-def test_ring_usp_and_torus_are_not_modelled(sp1: Trace) -> None:
-    graph = build_graph(sp1)
-    for mode in ("ring", "usp", "torus"):
-        edits, (line,) = memory_edits(graph, [SequenceParallel(mode=mode, degree=2)])
-        assert edits == [] and "memory not modelled" in line
+def test_torus_is_not_modelled(sp1: Trace) -> None:
+    edits, (line,) = memory_edits(build_graph(sp1), [SequenceParallel(mode="torus", degree=2)])
+    assert edits == [] and "memory not modelled" in line
 
 
 def test_refusals_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     no_records = load_trace(ROOT / "sample_traces" / "dit_serve")
     with pytest.raises(TransformError, match="has no allocator records"):
-        ulysses_memory(no_records, 2)
+        sequence_memory(no_records, 2)
     scenario = tmp_path / "sp.toml"
     scenario.write_text('[[transform]]\nname = "sequence_parallel"\nmode = "ulysses"\ndegree = 2\n')
     assert main(["memory", str(SP1), "-s", str(scenario)]) == 0
@@ -189,3 +207,89 @@ def test_refusals_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     training = build_graph(load_trace(ROOT / "sample_traces" / "tp_memory" / "tp1"))
     with pytest.raises(TransformError, match="backward pass"):
         memory_edits(training, [SequenceParallel(mode="ulysses", degree=2)])
+
+
+def test_a_ring_ranks_peak_is_predicted_to_the_byte(sp1: Trace) -> None:
+    """Ring attention over two gloo ranks (``--sp 2 --ring 2``): the predicted peak of the run and
+    of every step is each rank's, but for the one-element fence after each collective."""
+    graph = build_graph(sp1)
+    edits, (line,) = memory_edits(graph, [SequenceParallel(mode="ring", degree=2)])
+    assert line.startswith("sequence_parallel(ring, degree=2)") and "ring blocks of 16 attention calls" in line
+    predicted = memory(sp1, graph, edits=edits)
+    measured = memory(load_trace(RING2))
+    assert len(measured.devices) == 2
+    for rank in measured.devices:
+        assert predicted.devices[0].peak_allocated_bytes == pytest.approx(rank.peak_allocated_bytes, abs=64)
+    steps = {s.step: s.peak_allocated_bytes for s in predicted.steps}
+    for step in measured.steps:
+        assert steps[step.step] == pytest.approx(step.peak_allocated_bytes, abs=64)
+    # the Ulysses prediction is not the ring's: its all-to-alls and 1/P scores are not what a ring holds
+    ulysses = memory(sp1, graph, edits=memory_edits(graph, [SequenceParallel(mode="ulysses", degree=2)])[0])
+    assert abs(ulysses.devices[0].peak_allocated_bytes - measured.devices[0].peak_allocated_bytes) > 4096
+
+
+def test_a_ring_makes_its_own_attention(sp1: Trace) -> None:
+    """Under a ring the recorded call's scores (the math backend's, made and freed inside it) are
+    not made, its output is 1/P, and the fused QKV projection's K and V are copied to be sent
+    (Ring alone: they are strided views; USP: the all-to-all's copies are already whole)."""
+    ring, usp = sequence_memory(sp1, 2, 1), sequence_memory(sp1, 4, 2)
+    ops = memory_table(sp1)["op"].to_numpy()[ring.roles.rows]
+    softmax = (ops == "aten::_softmax") & ring.roles.mask(BlockRole.ACTIVATION)
+    assert softmax.any() and (ring.scale[softmax] == 0).all()
+    assert set(ring.scale[(ops == "aten::bmm")].tolist()) == {0.0, 0.5}   # Q·K^T not made; the output at 1/2
+    assert all(c.strided_kv for c in ring.calls) and len(ring.calls) == 16
+    assert sequence_parallel_memory_edit(sp1, 4, 2).added["op"].str.startswith("(Ulysses").any()
+    assert not sequence_parallel_memory_edit(sp1, 2, 1).added["op"].str.startswith("(Ulysses all-to-all").any()
+    assert usp.ring == 2 and usp.calls[0].qkv_bytes == tuple(b // 2 for b in ring.calls[0].qkv_bytes)
+    with pytest.raises(TransformError, match="Ulysses degree 3 does not divide the degree 4"):
+        sequence_memory(sp1, 4, 3)
+
+
+def test_ring_records_follow_the_tensors() -> None:
+    """One rank's ring burst (K, V blocks of 8 bytes, a 16-byte output, 4-byte log-sum-exp): each
+    step's received K, V are made before its attention and the block held before is freed once
+    they arrive; a 16-bit output adds its fp32 conversion and a conversion back; copies of strided K,
+    V live until the first blocks arrive; every block made is freed."""
+    def most(steps: int, out: int = 16, **kw: bool) -> int:
+        records = ring_records(steps, (8, 8), out, 16, 4, **{"copy_kv": False, "log_sigmoid_buffer": False, **kw})
+        made = [b for b, n in records if n]
+        assert sorted(made) == sorted(b for b, n in records if not n) and len(set(made)) == len(made)
+        from whatif.transforms.parallel.sp_memory import _most_held
+        return _most_held(records)
+
+    # two steps: received K, V (16), both steps' output and lse (40), the update's (4 + 16 + 16)
+    assert most(2) == 92
+    # more steps hold one more pair of K, V blocks (the next ones arrive while this one is used)
+    assert most(3) == most(4) == 92 + 16
+    assert most(2, copy_kv=True) == 92 and most(3, copy_kv=True) == 108   # the copies go when step 1's arrive
+    assert most(2, log_sigmoid_buffer=True) == 92   # the buffer comes after the output's temporaries are gone
+    assert most(2, out=8) == 92 - 8 + 16   # a 16-bit step output (8) is converted to fp32 (16) to be folded
+
+
+@pytest.mark.slow
+def test_a_usp_ranks_peak_is_predicted(tmp_path: Path) -> None:
+    """USP over four gloo ranks (``--sp 4 --ring 2``: Ulysses over pairs, a ring of two) against
+    the run alone: the predicted peak is each rank's but for the fences (three groups)."""
+    args = ["--device", "cpu", "--seed", "0", "--rate", "inf", "--warmup", "0", "--num-requests", "1", "--batch", "1",
+            "--steps", "1", "--resolution", "16", "--layers", "2", "--d-model", "64", "--heads", "4", "--sdpa", "math"]
+    record = [sys.executable, "-m", "whatif.cli", "record", "-f", "--no-summary", "--memory", "--record-shapes"]
+    done = subprocess.run([*record, "-o", str(tmp_path / "alone"), str(ROOT / "examples" / "dit_serve.py"), "--",
+                           *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port",
+                           str(port), "-m", "whatif.cli", "record", "-f", "--no-summary", "--memory", "--record-shapes",
+                           "-o", str(tmp_path / "usp"), str(ROOT / "examples" / "dit_serve.py"), "--", *args, "--sp",
+                           "4", "--ring", "2"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    alone = load_trace(tmp_path / "alone")
+    graph = build_graph(alone)
+    edits, _ = memory_edits(graph, [SequenceParallel(mode="usp", degree=4, ulysses_degree=2)])
+    (got,) = memory(alone, graph, edits=edits).devices
+    measured = memory(load_trace(tmp_path / "usp")).devices
+    assert len(measured) == 4
+    for rank in measured:
+        assert got.peak_allocated_bytes == pytest.approx(rank.peak_allocated_bytes, abs=64)

@@ -77,6 +77,7 @@ class Arg(Enum):
 
     INPUT_DIMS = ArgSpec("input_dims", ("Input Dims", "Input dims"), (list,))
     INPUT_TYPES = ArgSpec("input_types", ("Input type",), (list,), default=())
+    INPUT_STRIDES = ArgSpec("input_strides", ("Input Strides",), (list,), default=())
     CONCRETE_INPUTS = ArgSpec("concrete_inputs", ("Concrete Inputs",), (list,), default=())
     COLLECTIVE_NAME = ArgSpec("collective_name", ("Collective name",), (str,), default="")
     PROCESS_GROUP = ArgSpec("process_group", ("Process Group Name",), (str, int), default="")

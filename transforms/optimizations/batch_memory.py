@@ -124,7 +124,7 @@ def _numel(shape: tuple[int, ...]) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
 
-def _is_param(shape: tuple[int, ...], params: frozenset[tuple[int, ...]]) -> bool:
+def is_param_shape(shape: tuple[int, ...], params: frozenset[tuple[int, ...]]) -> bool:
     return shape in params or (len(shape) == 2 and shape[::-1] in params)
 
 
@@ -312,7 +312,7 @@ def block_roles(trace: Trace, who: str = "batch") -> BlockRoles:
             continue
         at = int(op_at[p]) if p >= 0 else -1
         made = _factory_shape(concrete[hierarchy.rows[p]]) if p >= 0 and at < 0 else None
-        if made is not None and _is_param(made, params):
+        if made is not None and is_param_shape(made, params):
             roles[i] = BlockRole.PARAMETER
             continue
         roles[i] = _op_role(at, hierarchy.rows, names, dims, types, params, backward, wgrad, int(sizes[row]))
@@ -340,7 +340,7 @@ def _weight_gradients(hierarchy: CpuHierarchy, node_at: np.ndarray, names: np.nd
         if not ops[r] or op_key(str(names[r])) not in GEMM_OPS:
             continue
         out, k = _gemm_facts(str(names[r]), dims[r])
-        if out is not None and _is_param(out, params):
+        if out is not None and is_param_shape(out, params):
             per_node.setdefault(int(node_at[p]), []).append((p, k in tokens))
     found = set()
     for gemms in per_node.values():
@@ -360,12 +360,12 @@ def _op_role(at: int, ev_rows: np.ndarray, names: np.ndarray, dims: np.ndarray, 
         return BlockRole.WEIGHT_GRADIENT if backward and at in wgrad else BlockRole.ACTIVATION
     tensors = _tensors(d, types[r])
     big = [(s, f) for s, f in tensors if _numel(s) > 1]
-    if big and all(f and _is_param(s, params) for s, f in big):
+    if big and all(f and is_param_shape(s, params) for s, f in big):
         return BlockRole.PARAMETER
     if backward:
         # a reduction's output the size of any parameter (a bias's gradient), or a block the size of
         # the op's own parameter input (a norm's or convolution's weight gradient)
-        own = [s for s, f in big if f and _is_param(s, params)]
+        own = [s for s, f in big if f and is_param_shape(s, params)]
         numels = {_numel(p) for p in params} if key in REDUCTIONS else {_numel(s) for s in own}
         if any(nbytes == n * e for n in numels for e in ELEMENT_BYTES):
             return BlockRole.WEIGHT_GRADIENT

@@ -218,11 +218,20 @@ class SequenceParallel(OnTopology, Transform):
         return self._attention(g, ctx, b, machines, per, kv_share)
 
     def memory_edit(self, graph: TaskGraph) -> RecordEdit | None:
-        """One Ulysses rank's allocator records (:func:`~.sp_memory.sequence_parallel_memory_edit`);
-        Ring, USP and Torus are not modelled (None)."""
-        if self.mode != "ulysses" or self.degree == 1:
+        """One rank's allocator records under Ulysses, Ring or USP
+        (:func:`~.sp_memory.sequence_parallel_memory_edit`); Torus is not modelled (None)."""
+        if self.mode not in ("ulysses", "ring", "usp") or self.degree == 1:
             return None
-        return sequence_parallel_memory_edit(self.recorded_trace(graph), self.degree)
+        return sequence_parallel_memory_edit(self.recorded_trace(graph), self.degree, self.ulysses_ranks())
+
+    def ulysses_ranks(self) -> int:
+        """The ranks each Ulysses all-to-all spans (:meth:`ulysses_group` on the topology's machines).
+
+        Raises
+        ------
+        TransformError : an unknown topology, or a degree that does not fill its machines.
+        """
+        return self.ulysses_group(self._layout()[1])
 
     def _forward_only(self, graph: TaskGraph) -> None:
         if backward_mask(graph).any():

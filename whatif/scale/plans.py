@@ -76,7 +76,8 @@ from whatif.transforms.parallel.forward_ops import forward_ops
 from whatif.transforms.parallel.layers import backward_mask
 from whatif.transforms.parallel.memory import WORKSPACE_FRACTION, ModelShape, model_shape, plan_memory
 from whatif.transforms.parallel.pp_memory import Schedule, default_micro_batches, pipeline_shares
-from whatif.transforms.parallel.sp_memory import ulysses_batch_peaks
+from whatif.transforms.parallel.sequence import SequenceParallel
+from whatif.transforms.parallel.sp_memory import sp_batch_peaks
 from whatif.transforms.parallel.tp_memory import tensor_parallel_shares
 from whatif.transforms.scenario import Scenario, ScenarioError, ScenarioStepError, scenario_from_dict
 
@@ -86,6 +87,8 @@ __all__ = ["Mode", "Plan", "PlanGrid", "PlanStatus", "expand", "pareto_front", "
            "sweep_plans"]
 
 SP_MODES = ("ulysses", "ring", "torus", "usp")
+SP_MEMORY_MODES = ("ulysses", "ring", "usp")
+"""The sequence-parallel modes whose plans read one rank's allocator records (torus keeps the model)."""
 
 
 class Mode(Enum):
@@ -439,9 +442,9 @@ def _shape(analysis: Analysis, ctx: TransformContext) -> tuple[ModelShape | None
                    f"optimizer state not counted")
 
 
-RecordedKey = tuple[int, int, int, int]
+RecordedKey = tuple[int, int, int, int, int]
 """A plan's (tensor-parallel degree, pipeline stages, micro-batches: 0 without pipelining,
-sequence-parallel degree): the plans that read one recorded timeline."""
+sequence-parallel degree, its Ulysses ranks): the plans that read one recorded timeline."""
 
 
 def _schedule(mode: Mode) -> Schedule:
@@ -450,13 +453,19 @@ def _schedule(mode: Mode) -> Schedule:
 
 
 def _recorded_key(plan: Plan) -> RecordedKey | None:
-    """The timeline ``plan`` reads; None for sequence parallelism other than Ulysses alone (no
-    tensor or pipeline parallelism), which keeps the memory model."""
+    """The timeline ``plan`` reads; None for sequence parallelism with tensor or pipeline
+    parallelism, or in torus mode, which keep the memory model."""
     if plan.sp > 1:
-        return (1, 1, 0, plan.sp) if plan.tp == plan.pp == 1 and plan.sp_mode == "ulysses" else None
+        if plan.tp > 1 or plan.pp > 1 or plan.sp_mode not in SP_MEMORY_MODES:
+            return None
+        try:
+            ulysses = SequenceParallel(mode=plan.sp_mode, degree=plan.sp, topology=plan.topology).ulysses_ranks()
+        except TransformError:
+            return None
+        return 1, 1, 0, plan.sp, ulysses
     if plan.pp == 1:
-        return plan.tp, 1, 0, 1
-    return plan.tp, plan.pp, plan.micro_batches or default_micro_batches(_schedule(plan.mode), plan.pp), 1
+        return plan.tp, 1, 0, 1, 1
+    return plan.tp, plan.pp, plan.micro_batches or default_micro_batches(_schedule(plan.mode), plan.pp), 1, 1
 
 
 def _composed(*scalings: BlockScaling | None) -> BlockScaling | None:
@@ -482,11 +491,11 @@ def _recorded(analysis: Analysis, plans: Sequence[Plan]) -> tuple[dict[RecordedK
     refused_tp = refused_pp = refused_sp = ""
     out: dict[RecordedKey, BatchPeaks] = {}
     for key in sorted({k for k in map(_recorded_key, plans) if k is not None}):
-        tp, pp, m, sp = key
+        tp, pp, m, sp, ulysses = key
         if sp > 1:
             if not refused_sp:
                 try:
-                    found = ulysses_batch_peaks(trace, sp, roles, ops)
+                    found = sp_batch_peaks(trace, sp, ulysses, roles, ops)
                 except TransformError as exc:
                     refused_sp = str(exc)
                     continue
@@ -520,16 +529,17 @@ def _recorded(analysis: Analysis, plans: Sequence[Plan]) -> tuple[dict[RecordedK
         return out, f"the allocator records are not used{why}"
     plain = [k for k in out if k[3] == 1]
     sps = ", ".join(str(k[3]) for k in sorted(out) if k[3] > 1)
-    ulysses = (f"; Ulysses plans with sp {sps} (tp = pp = 1): one rank's per-token activations of the blocks and "
-               f"its all-to-all buffers at the plan's batch (sequence_parallel's memory model)") if sps else ""
+    sequence = (f"; {plans[0].sp_mode} plans with sp {sps} (tp = pp = 1): one rank's per-token activations of the "
+                f"blocks, its all-to-all buffers and ring blocks at the plan's batch (sequence_parallel's memory "
+                f"model)") if sps else ""
     if not plain:
-        return out, f"{ulysses.removeprefix('; ')} (docs/memory.md){why}"
+        return out, f"{sequence.removeprefix('; ')} (docs/memory.md){why}"
     tps = ", ".join(str(tp) for tp in sorted({k[0] for k in plain}))
     pps = ", ".join(str(pp) for pp in sorted({k[1] for k in plain}))
     return out, (f"plans with sp = 1, tp {tps} and pp {pps}: the peak of the recorded allocator timeline with the "
                  f"activations at the plan's batch and, for tp > 1, one rank's share of each block, for pp > 1 the "
                  f"fullest stage's (its layers, the micro-batches its schedule keeps in flight) (batch's, "
-                 f"tensor_parallel's and pipeline_parallel's memory models{ulysses}, docs/memory.md; DDP's gradient "
+                 f"tensor_parallel's and pipeline_parallel's memory models{sequence}, docs/memory.md; DDP's gradient "
                  f"buckets not counted){why}")
 
 
