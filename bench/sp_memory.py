@@ -1,15 +1,18 @@
-"""The memory ``sequence_parallel`` (Ulysses) predicts for one rank (``whatif memory -s``) against
-the DiT server run with Ulysses: each setup of examples/dit_serve.py is recorded on this machine's
-CPU with ``whatif record --memory --record-shapes``, once alone and once as ``P`` gloo ranks
-started by torchrun (``--sp P``); the alone recording's timeline is edited to one rank's and its
-peak (and each denoising step's) compared with each rank's. Two bars to beat: predicting no change,
-and a rule of thumb (every activation at 1/P, nothing added).
+"""The memory ``sequence_parallel`` predicts for one rank (``whatif memory -s``) in Ulysses, Ring
+and USP mode against the DiT server run that way: each setup of examples/dit_serve.py is recorded
+on this machine's CPU with ``whatif record --memory --record-shapes``, once alone and once per
+layout as ``P`` gloo ranks started by torchrun (``--sp P --ring R``: Ulysses over ``P/R`` ranks, a
+ring over ``R``); the alone recording's timeline is edited to one rank's and its peak (and each
+denoising step's) compared with each rank's. Two bars to beat: predicting no change, and a rule of
+thumb (every activation at 1/P, nothing added).
 
 Run: .venv/bin/python bench/sp_memory.py [--write-docs]   (the table goes into docs/memory.md)
 """
 from __future__ import annotations
 
 import argparse
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,38 +20,63 @@ import numpy as np
 from whatif.depgraph.build import build_graph
 from whatif.memory import memory
 from whatif.tracer.memory import BlockScaling, scaled_edit
-from whatif.tracer.trace import Trace
+from whatif.tracer.trace import Trace, load_trace
 from whatif.transforms.optimizations.batch_memory import BlockRole, block_roles
 from whatif.transforms.parallel.sequence import SequenceParallel
 
 try:
     from common.docs import replace_section
-    from common.memory_pair import RanksSetup, predict_pair, rank_pairs, span
+    from common.memory_pair import predict_pair, span
+    from common.recording import record_cpu, record_cpu_ranks
 except ImportError:  # run as a module from the repo root
     from bench.common.docs import replace_section
-    from bench.common.memory_pair import RanksSetup, predict_pair, rank_pairs, span
+    from bench.common.memory_pair import predict_pair, span
+    from bench.common.recording import record_cpu, record_cpu_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- bench/sp_memory.py begin -->", "<!-- bench/sp_memory.py end -->"
 MiB = 2**20
 
 
+@dataclass(frozen=True)
+class Setup:
+    """One setup of examples/dit_serve.py and the layouts it is run with: ``(P, R)``, Ulysses over
+    ``P/R`` ranks and a ring over ``R``."""
+
+    label: str
+    args: tuple[str, ...]
+    layouts: tuple[tuple[int, int], ...]
+
+
 COMMON = ("--seed", "0", "--rate", "inf", "--warmup", "1")
 SETUPS = (
-    RanksSetup("fp32, SDPA math, 4 layers, d 192, 4 heads, 2 requests × 2 steps with CFG, 256 tokens "
-               "(sample_traces/sp_memory)",
-               (*COMMON, "--num-requests", "2", "--batch", "2", "--steps", "2", "--resolution", "32", "--sdpa", "math"),
-               (2, 4)),
-    RanksSetup("fp32, SDPA flash, 4 layers, d 256, 8 heads, 2 requests × 2 steps with CFG, 1,024 tokens",
-               (*COMMON, "--num-requests", "2", "--batch", "2", "--steps", "2", "--resolution", "64",
-                "--d-model", "256", "--heads", "8", "--sdpa", "flash"), (2, 4, 8)),
-    RanksSetup("bf16, SDPA math, 2 layers, d 256, 8 heads, video 4 frames, 1 request × 2 steps, 1,024 tokens",
-               (*COMMON, "--num-requests", "1", "--batch", "1", "--steps", "2", "--resolution", "32", "--frames", "4",
-                "--layers", "2", "--d-model", "256", "--heads", "8", "--dtype", "bfloat16", "--sdpa", "math"), (2, 4)),
-    RanksSetup("fp32, SDPA math, 6 layers, d 384, 6 heads, 4 requests × 2 steps without CFG, 144 tokens",
-               (*COMMON, "--num-requests", "4", "--batch", "4", "--steps", "2", "--resolution", "24", "--layers", "6",
-                "--d-model", "384", "--heads", "6", "--cfg-scale", "1", "--sdpa", "math"), (2, 3)),
+    Setup("fp32, SDPA math, 4 layers, d 192, 4 heads, 2 requests × 2 steps with CFG, 256 tokens "
+          "(sample_traces/sp_memory)",
+          (*COMMON, "--num-requests", "2", "--batch", "2", "--steps", "2", "--resolution", "32", "--sdpa", "math"),
+          ((2, 1), (4, 1), (2, 2), (4, 4), (4, 2))),
+    Setup("fp32, SDPA flash, 4 layers, d 256, 8 heads, 2 requests × 2 steps with CFG, 1,024 tokens",
+          (*COMMON, "--num-requests", "2", "--batch", "2", "--steps", "2", "--resolution", "64",
+           "--d-model", "256", "--heads", "8", "--sdpa", "flash"), ((2, 1), (4, 1), (8, 1), (2, 2), (4, 4), (4, 2))),
+    Setup("bf16, SDPA math, 2 layers, d 256, 8 heads, video 4 frames, 1 request × 2 steps, 1,024 tokens",
+          (*COMMON, "--num-requests", "1", "--batch", "1", "--steps", "2", "--resolution", "32", "--frames", "4",
+           "--layers", "2", "--d-model", "256", "--heads", "8", "--dtype", "bfloat16", "--sdpa", "math"),
+          ((2, 1), (4, 1), (2, 2), (4, 2))),
+    Setup("fp32, SDPA math, 6 layers, d 384, 6 heads, 4 requests × 2 steps without CFG, 144 tokens",
+          (*COMMON, "--num-requests", "4", "--batch", "4", "--steps", "2", "--resolution", "24", "--layers", "6",
+           "--d-model", "384", "--heads", "6", "--cfg-scale", "1", "--sdpa", "math"), ((2, 1), (3, 1), (3, 3), (6, 3))),
 )
+
+
+def transform(degree: int, ring: int) -> SequenceParallel:
+    if ring == 1:
+        return SequenceParallel(mode="ulysses", degree=degree)
+    if ring == degree:
+        return SequenceParallel(mode="ring", degree=degree)
+    return SequenceParallel(mode="usp", degree=degree, ulysses_degree=degree // ring)
+
+
+def layout(degree: int, ring: int) -> str:
+    return "Ulysses" if ring == 1 else "Ring" if ring == degree else f"USP {degree // ring}×{ring}"
 
 
 def activations_scaled_peak(trace: Trace, degree: int) -> int:
@@ -58,8 +86,8 @@ def activations_scaled_peak(trace: Trace, degree: int) -> int:
     return memory(trace, build_graph(trace), edits=[edit]).devices[0].peak_allocated_bytes
 
 
-def row(setup: RanksSetup, alone: Trace, ranks: Trace, degree: int) -> str:
-    docs = predict_pair(alone, ranks, SequenceParallel(mode="ulysses", degree=degree))
+def row(setup: Setup, alone: Trace, ranks: Trace, degree: int, ring: int) -> str:
+    docs = predict_pair(alone, ranks, transform(degree, ring))
     (was,), (got,) = docs.recorded.devices, docs.predicted.devices
     w, p = was.peak_allocated_bytes, got.peak_allocated_bytes
     measured = [d.peak_allocated_bytes for d in docs.measured.devices]
@@ -68,24 +96,34 @@ def row(setup: RanksSetup, alone: Trace, ranks: Trace, degree: int) -> str:
                 if s.excluded is None and s.step in predicted_steps)
     rule = activations_scaled_peak(alone, degree)
     same_op = sum(d.peak_op == got.peak_op for d in docs.measured.devices)
-    print(f"{setup.label} sp {degree}: {docs.line}", flush=True)
-    return (f"| {setup.label} | {degree} | {w / MiB:,.2f} | {p / MiB:,.2f} | "
+    print(f"{setup.label} {layout(degree, ring)} {degree}: {docs.line}", flush=True)
+    return (f"| {setup.label} | {layout(degree, ring)} | {degree} | {w / MiB:,.2f} | {p / MiB:,.2f} | "
             f"{span([m / MiB for m in measured], ',.2f')} | {span([p / m - 1 for m in measured], '+.2%')} "
             f"({span([p - m for m in measured], '+,')}) | {worst:.2%} | "
             f"{span([w / m - 1 for m in measured], '+.1%')} | {span([rule / m - 1 for m in measured], '+.1%')} | "
             f"{got.peak_op} ({same_op} of {len(measured)}) | {docs.what_if_s:.2f} |")
 
 
+def rows() -> list[str]:
+    out = []
+    for setup in SETUPS:
+        with tempfile.TemporaryDirectory() as tmp:
+            alone = load_trace(record_cpu("dit_serve.py", setup.args, Path(tmp) / "alone"))
+            for degree, ring in setup.layouts:
+                run = record_cpu_ranks("dit_serve.py", (*setup.args, "--sp", str(degree), "--ring", str(ring)),
+                                       Path(tmp) / f"sp{degree}_ring{ring}", degree)
+                out.append(row(setup, alone, load_trace(run), degree, ring))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write-docs", action="store_true", help="write the table into docs/memory.md")
     args = parser.parse_args()
-    rows = ["| setup (examples/dit_serve.py) | P | recorded alone, peak MiB | predicted, one rank | "
-            "measured, per rank | error (bytes) | step peaks, largest error | predicting no change | activations / P | "
-            "op at the predicted peak (ranks peaking there) | what-if s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    rows += rank_pairs("dit_serve.py", "--sp", SETUPS, row)
-    table = "\n".join(rows)
+    table = "\n".join(["| setup (examples/dit_serve.py) | layout | P | recorded alone, peak MiB | predicted, one "
+                       "rank | measured, per rank | error (bytes) | step peaks, largest error | predicting no change | "
+                       "activations / P | op at the predicted peak (ranks peaking there) | what-if s |",
+                       "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows()])
     print(table)
     if args.write_docs:
         replace_section(ROOT / "docs" / "memory.md", BEGIN, END, table)

@@ -380,6 +380,35 @@ def duration_shares(op_index: np.ndarray, dur_ns: np.ndarray, workers: np.ndarra
     return w / np.bincount(op_index, weights=w)[op_index]
 
 
+def tensor_shape(dims: object) -> tuple[int, ...] | None:
+    """One argument's recorded ``Input Dims`` as a shape: None for a scalar (``[]``), a tensor
+    list or anything else.
+
+    >>> tensor_shape([4, 256]), tensor_shape([]), tensor_shape([[2, 3], [2, 3]])
+    ((4, 256), None, None)
+    """
+    if isinstance(dims, (list, tuple)) and dims and all(isinstance(d, int) for d in dims):
+        return tuple(int(d) for d in dims)
+    return None
+
+
+def tensor_shapes(dims: object, members: bool = False) -> list[tuple[int, ...]]:
+    """The shapes of an op's tensor arguments from its recorded ``Input Dims`` (scalars left
+    out); ``members``: a tensor list's members too.
+
+    >>> tensor_shapes([[4, 256], [], [[2, 3], [2, 3]]]), tensor_shapes([[4, 256], [[2, 3], [2, 3]]], members=True)
+    ([(4, 256)], [(4, 256), (2, 3), (2, 3)])
+    """
+    out = []
+    for d in dims if isinstance(dims, (list, tuple)) else ():
+        shape = tensor_shape(d)
+        if shape is not None:
+            out.append(shape)
+        elif members and isinstance(d, (list, tuple)):
+            out.extend(x for x in map(tensor_shape, d) if x is not None)
+    return out
+
+
 def _tensors(dims: Sequence, types: Sequence | None) -> list[tuple[list[int], int] | None]:
     """(shape, bytes per element) of each argument that looks like a tensor, else None."""
     out: list[tuple[list[int], int] | None] = []

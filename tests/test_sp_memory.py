@@ -122,6 +122,14 @@ def test_on_a_gpu_trace_the_buffers_are_gpu_blocks(shared_traces: Path) -> None:
     peaks = [memory(trace, graph, edits=memory_edits(graph, [SequenceParallel(mode="ulysses", degree=p)])[0])
              .devices[0].peak_allocated_bytes for p in (1, 2, 4)]
     assert peaks[0] > peaks[1] > peaks[2]
+    # a ring's blocks too, and K, V made by their own projections (dense) are sent as they are
+    ring = sequence_parallel_memory_edit(trace, 2, 1)
+    blocks = ring.added[ring.added["op"].astype(str).str.startswith("(Ring")]
+    assert len(blocks) and (blocks["bytes"].abs() % 512 == 0).all()
+    assert not any(c.strided_kv for c in sequence_memory(trace, 2, 1).calls)
+    rings = [memory(trace, graph, edits=memory_edits(graph, [SequenceParallel(mode="ring", degree=p)])[0])
+             .devices[0].peak_allocated_bytes for p in (2, 4)]
+    assert peaks[0] > rings[0] > rings[1]
 
 
 def test_the_sweep_reads_a_ulysses_ranks_records(shared_traces: Path) -> None:

@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from whatif.core.dtypes import compute_dtype
-from whatif.core.kernels import GEMM_OPS, op_key, param_args
+from whatif.core.kernels import GEMM_OPS, op_key, param_args, tensor_shape, tensor_shapes
 from whatif.depgraph.hierarchy import (
     OUTSIDE_STEPS,
     CpuHierarchy,
@@ -114,12 +114,6 @@ class BlockRoles:
         return {r: int(sizes[self.of(r)].sum()) for r in BlockRole if len(self.of(r))}
 
 
-def _shape(dims: object) -> tuple[int, ...] | None:
-    if isinstance(dims, (list, tuple)) and dims and all(isinstance(d, int) for d in dims):
-        return tuple(int(d) for d in dims)
-    return None
-
-
 def _numel(shape: tuple[int, ...]) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
@@ -133,21 +127,9 @@ def _tensors(dims: object, types: object) -> list[tuple[tuple[int, ...], bool]]:
     out = []
     kinds = types if isinstance(types, (list, tuple)) else ()
     for i, d in enumerate(dims if isinstance(dims, (list, tuple)) else ()):
-        s = _shape(d)
+        s = tensor_shape(d)
         if s is not None:
             out.append((s, compute_dtype(kinds[i] if i < len(kinds) else None) is not None))
-    return out
-
-
-def _tensor_shapes(dims: object) -> list[tuple[int, ...]]:
-    """The shapes of an op's tensor arguments (a tensor list's members too)."""
-    out = []
-    for d in dims if isinstance(dims, (list, tuple)) else ():
-        s = _shape(d)
-        if s is not None:
-            out.append(s)
-        elif isinstance(d, (list, tuple)):
-            out.extend(x for x in (_shape(m) for m in d) if x is not None)
     return out
 
 
@@ -180,7 +162,7 @@ def gemm_output_shape(op: str, dims: object) -> tuple[int, ...] | None:
     pair = {"mm": (0, 1), "addmm": (1, 2)}.get(key)
     if pair is None or len(dims) <= pair[1]:
         return None
-    a, b = _shape(dims[pair[0]]), _shape(dims[pair[1]])
+    a, b = tensor_shape(dims[pair[0]]), tensor_shape(dims[pair[1]])
     if a is None or b is None or len(a) != 2 or len(b) != 2:
         return None
     return a[0], b[1]
@@ -219,7 +201,7 @@ def _param_shapes(names: np.ndarray, dims: np.ndarray, rows: np.ndarray) -> froz
     for r in rows.tolist():
         d = dims[r]
         for i in param_args(str(names[r]), d):
-            s = _shape(d[i])
+            s = tensor_shape(d[i])
             if s is not None and _numel(s) > 1:
                 out.add(s)
     return frozenset(out)
@@ -236,7 +218,7 @@ def _token_counts(names: np.ndarray, dims: np.ndarray, rows: np.ndarray) -> froz
         if not weights:
             continue
         for i, x in enumerate(d):
-            s = _shape(x)
+            s = tensor_shape(x)
             if i not in weights and s is not None and len(s) >= 2:
                 out.add(_numel(s[:-1]))
     return frozenset(out)
@@ -263,7 +245,7 @@ def block_roles(trace: Trace, who: str = "batch") -> BlockRoles:
     dims = trace.arg(Arg.INPUT_DIMS)
     kinds = ev["kind"].to_numpy()
     ops = kinds == int(EventKind.CPU_OP)
-    shaped = ops & np.array([bool(_tensor_shapes(d)) for d in dims], dtype=bool)
+    shaped = ops & np.array([bool(tensor_shapes(d, members=True)) for d in dims], dtype=bool)
     if not shaped.any():
         raise TransformError(f"{who}: {trace.source} has no recorded shapes (record with `whatif record "
                              f"--record-shapes`)")
@@ -325,7 +307,7 @@ def _gemm_facts(name: str, dims: object) -> tuple[tuple[int, ...] | None, int | 
     out = gemm_output_shape(name, dims)
     if out is None or not isinstance(dims, (list, tuple)):
         return out, None
-    a = _shape(dims[1 if op_key(name) == "addmm" else 0])
+    a = tensor_shape(dims[1 if op_key(name) == "addmm" else 0])
     return out, a[1] if a is not None else None
 
 

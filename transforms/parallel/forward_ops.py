@@ -68,7 +68,8 @@ class ForwardOps:
     block in its sequence, or the last block before it; -1 before the first), ``blocks`` (blocks
     in its work op's sequence; 0 none), ``before`` / ``after`` (of a work op: the work op before /
     after it in its sequence; -1 none) and ``made_by`` (of an op inside an autograd node: the
-    first forward op with the node's sequence number; -1)."""
+    first forward op with the node's sequence number; -1). ``sequences``: each rank's and step's
+    work ops in the order they ran, keyed ``(rank, step)``."""
 
     hierarchy: CpuHierarchy
     forward: np.ndarray
@@ -80,6 +81,7 @@ class ForwardOps:
     before: np.ndarray
     after: np.ndarray
     made_by: np.ndarray
+    sequences: dict[tuple[int, int], np.ndarray]
 
     def producer(self, pos: np.ndarray) -> np.ndarray:
         """Per position in ``pos``: the work op that made its input (-1 unknown): the work op
@@ -103,7 +105,7 @@ def forward_ops(trace: Trace) -> ForwardOps:
     if not n:
         empty = np.zeros(0, dtype=np.int64)
         return ForwardOps(hierarchy, np.zeros(0, dtype=bool), empty, np.zeros(0, dtype=bool), empty, empty, empty,
-                          empty, empty, empty)
+                          empty, empty, empty, {})
     steps = record_steps(ev, ev)
     backward = backward_events(ev, steps=steps)
     names = ev["name"].astype(str).to_numpy()
@@ -152,7 +154,7 @@ def forward_ops(trace: Trace) -> ForwardOps:
     block = np.where(work >= 0, block[inside], -1)
     blocks = np.where(work >= 0, blocks[inside], 0)
     return ForwardOps(hierarchy, forward, work, loose, role, block, blocks, before, after,
-                      _made_by(trace, hierarchy, backward, nodes))
+                      _made_by(trace, hierarchy, backward, nodes), sequences)
 
 
 def _made_by(trace: Trace, hierarchy: CpuHierarchy, backward: np.ndarray, nodes: np.ndarray) -> np.ndarray:

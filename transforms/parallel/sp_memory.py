@@ -66,8 +66,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from whatif.core.kernels import KernelClass, attention_sequences, classify_kernel, float_tensors, is_attention
-from whatif.depgraph.hierarchy import enclosing, record_steps
+from whatif.core.kernels import (
+    KernelClass,
+    attention_sequences,
+    classify_kernel,
+    float_tensors,
+    is_attention,
+    tensor_shapes,
+)
+from whatif.depgraph.hierarchy import enclosing
 from whatif.tracer.args import Arg
 from whatif.tracer.memory import BlockScaling, RecordEdit, RecordEditor, gpu_block_bytes, on_gpu, scale_blocks
 from whatif.tracer.trace import Trace
@@ -129,13 +136,6 @@ class SequenceMemory:
         return BlockScaling(self.roles.rows, self.scale)
 
 
-def _tensor_dims(dims: object) -> list[list[int]]:
-    if not isinstance(dims, list):
-        return []
-    return [[int(x) for x in d] for d in dims
-            if isinstance(d, list) and d and all(isinstance(x, (int, float)) for x in d)]
-
-
 def per_token(dims: object, tokens: frozenset[int], params: frozenset[tuple[int, ...]] = frozenset()) -> bool:
     """Whether an op given tensors of shapes ``dims`` works per token: a tensor of two or more
     dimensions, not of a parameter's shape (``params``; a matrix either way round), has one other
@@ -148,22 +148,8 @@ def per_token(dims: object, tokens: frozenset[int], params: frozenset[tuple[int,
     >>> per_token([[2, 64], [64, 128]], frozenset({64})), per_token([[2, 64], [64, 128]], frozenset({64}), {(128, 64)})
     (True, False)
     """
-    return any(len(d) >= 2 and any(x in tokens for x in d[:-1]) and not is_param_shape(tuple(d), params)
-               for d in _tensor_dims(dims))
-
-
-def _sequences(trace: Trace, ops: ForwardOps) -> dict[tuple[int, int], np.ndarray]:
-    """Each rank's and step's work ops in the order they ran."""
-    rows = ops.hierarchy.rows
-    own = np.flatnonzero((ops.work == np.arange(len(rows))) & ops.forward)
-    steps = record_steps(trace.events, trace.events)[rows]
-    ranks = trace.events["rank"].to_numpy()[rows]
-    ts = trace.events["ts_ns"].to_numpy()[rows]
-    out: dict[tuple[int, int], np.ndarray] = {}
-    for key in sorted({(int(ranks[p]), int(steps[p])) for p in own.tolist()}):
-        mine = own[(ranks[own] == key[0]) & (steps[own] == key[1])]
-        out[key] = mine[np.lexsort((mine, ts[mine]))]
-    return out
+    return any(len(d) >= 2 and any(x in tokens for x in d[:-1]) and not is_param_shape(d, params)
+               for d in tensor_shapes(dims))
 
 
 def _sharded(seq: np.ndarray, ops: ForwardOps, names: np.ndarray, dims: np.ndarray, tokens: frozenset[int],
@@ -229,14 +215,13 @@ def attention_call(name: str, dims: object, types: object, strides: object, ulys
                          out * qt.bytes // degree, out * 4 // degree, rows * 4 // degree, strided)
 
 
-def _split(trace: Trace, ops: ForwardOps, names: np.ndarray, dims: np.ndarray, degree: int,
-           params: frozenset[tuple[int, ...]]) -> tuple[np.ndarray,
-                                                                                                      list[int]]:
+def _split(ops: ForwardOps, names: np.ndarray, dims: np.ndarray, degree: int,
+           params: frozenset[tuple[int, ...]]) -> tuple[np.ndarray, list[int]]:
     """Per position of ``ops``' hierarchy: whether the op runs on the rank's tokens; and the work
     ops after which the tokens are gathered."""
     sharded = np.zeros(len(names), dtype=bool)
     ends: list[int] = []
-    for seq in _sequences(trace, ops).values():
+    for seq in ops.sequences.values():
         lengths = [attention_sequences(str(names[p]), dims[p]) for p in seq.tolist() if is_attention(str(names[p]))]
         tokens = frozenset(x for found in lengths if found and found[0][0] >= degree   # fewer: not split
                            for x in (found[0][0], found[0][0] * len(found)))
@@ -276,7 +261,7 @@ def sequence_memory(trace: Trace, degree: int, ulysses: int | None = None, roles
     dims = trace.arg(Arg.INPUT_DIMS)[rows]
     types = trace.arg(Arg.INPUT_TYPES)[rows]
     strides = trace.arg(Arg.INPUT_STRIDES)[rows]
-    sharded, ends = _split(trace, ops, names, dims, degree, roles.param_shapes)
+    sharded, ends = _split(ops, names, dims, degree, roles.param_shapes)
     if not sharded.any():
         raise TransformError(f"{WHO}: found no transformer block whose attention op has recorded shapes and at least "
                              f"{degree} query tokens in the forward of {trace.source} (record with --record-shapes); "

@@ -529,9 +529,10 @@ def _recorded(analysis: Analysis, plans: Sequence[Plan]) -> tuple[dict[RecordedK
         return out, f"the allocator records are not used{why}"
     plain = [k for k in out if k[3] == 1]
     sps = ", ".join(str(k[3]) for k in sorted(out) if k[3] > 1)
+    buffers = {"ulysses": "all-to-all buffers", "ring": "ring blocks"}.get(plans[0].sp_mode,
+                                                                          "all-to-all buffers and ring blocks")
     sequence = (f"; {plans[0].sp_mode} plans with sp {sps} (tp = pp = 1): one rank's per-token activations of the "
-                f"blocks, its all-to-all buffers and ring blocks at the plan's batch (sequence_parallel's memory "
-                f"model)") if sps else ""
+                f"blocks and its {buffers} at the plan's batch (sequence_parallel's memory model)") if sps else ""
     if not plain:
         return out, f"{sequence.removeprefix('; ')} (docs/memory.md){why}"
     tps = ", ".join(str(tp) for tp in sorted({k[0] for k in plain}))
