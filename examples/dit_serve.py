@@ -142,14 +142,23 @@ SP: SpGroups | None = None
 """The ``--sp`` ranks' groups (None without ``--sp``)."""
 
 
+def sp_rank_sets(sp: int, ring: int) -> dict[str, list[list[int]]]:
+    """The ranks of every group of each kind of :class:`SpGroups`.
+
+    >>> sp_rank_sets(4, 2)
+    {'every': [[0, 1, 2, 3]], 'ulysses': [[0, 1], [2, 3]], 'ring': [[0, 2], [1, 3]]}
+    """
+    u = sp // ring
+    return {"every": [list(range(sp))], "ulysses": [list(range(g * u, g * u + u)) for g in range(ring)],
+            "ring": [list(range(j, sp, u)) for j in range(u)]}
+
+
 def sp_groups(sp: int, ring: int, device: torch.device) -> SpGroups:
     """Make the groups of :class:`SpGroups` (on a GPU every rank makes every group, as
     ``dist.new_group`` asks)."""
-    u, rank = sp // ring, dist.get_rank()
-    sets = {"every": [list(range(sp))], "ulysses": [list(range(g * u, g * u + u)) for g in range(ring)],
-            "ring": [list(range(j, sp, u)) for j in range(u)]}
+    rank = dist.get_rank()
     mine: dict[str, Collectives] = {}
-    for kind, groups in sets.items():
+    for kind, groups in sp_rank_sets(sp, ring).items():
         for i, ranks in enumerate(groups):
             group = dist.new_group(ranks) if device.type == "cuda" and kind != "every" else None
             if rank in ranks and len(ranks) > 1:

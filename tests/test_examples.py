@@ -452,6 +452,17 @@ def test_dit_sequence_parallel_ranks_serve_the_same_images(tmp_path: Path) -> No
     assert load("dit_serve").Attention(32, 4, sp=6, ring=3).ulysses == 2
 
 
+def test_sequence_parallel_groups_put_ulysses_on_neighbours() -> None:
+    """yunchang's layout: a Ulysses group is neighbouring ranks (one machine's, where the
+    all-to-all is fast), a ring takes one rank of each Ulysses group; Ring alone is one ring of
+    every rank, Ulysses alone one group of every rank."""
+    sets = load("dit_serve").sp_rank_sets
+    assert sets(8, 2) == {"every": [list(range(8))], "ulysses": [[0, 1, 2, 3], [4, 5, 6, 7]],
+                          "ring": [[0, 4], [1, 5], [2, 6], [3, 7]]}
+    assert sets(4, 4)["ring"] == [[0, 1, 2, 3]] and sets(4, 4)["ulysses"] == [[0], [1], [2], [3]]
+    assert sets(4, 1)["ulysses"] == [[0, 1, 2, 3]] and sets(4, 1)["ring"] == [[0], [1], [2], [3]]
+
+
 @pytest.mark.slow
 def test_train_pipeline_stages_train_the_same_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--pp 2 --micro-batches 4`` as torchrun starts it: two gloo ranks, each holding its stage's

@@ -30,6 +30,7 @@ from whatif.transforms.optimizations.batch_memory import (
 )
 from whatif.transforms.parallel.sequence import SequenceParallel
 from whatif.transforms.parallel.sp_memory import (
+    _most_held,
     attention_call,
     ring_records,
     sequence_memory,
@@ -76,7 +77,7 @@ def test_the_predicted_peak_is_each_ulysses_ranks(sp1: Trace) -> None:
     assert len(measured.devices) == 2
     for rank in measured.devices:
         # to the byte but for the one-element fence the example all-reduces after each collective
-        assert got.peak_allocated_bytes == pytest.approx(rank.peak_allocated_bytes, abs=64)
+        assert got.peak_allocated_bytes == pytest.approx(rank.peak_allocated_bytes, abs=16)
         assert was.peak_allocated_bytes > 1.3 * rank.peak_allocated_bytes
     predicted = {s.step: s.peak_allocated_bytes for s in memory(sp1, graph, edits=edits).steps}
     for step in measured.steps:
@@ -227,10 +228,10 @@ def test_a_ring_ranks_peak_is_predicted_to_the_byte(sp1: Trace) -> None:
     measured = memory(load_trace(RING2))
     assert len(measured.devices) == 2
     for rank in measured.devices:
-        assert predicted.devices[0].peak_allocated_bytes == pytest.approx(rank.peak_allocated_bytes, abs=64)
+        assert predicted.devices[0].peak_allocated_bytes == pytest.approx(rank.peak_allocated_bytes, abs=16)
     steps = {s.step: s.peak_allocated_bytes for s in predicted.steps}
     for step in measured.steps:
-        assert steps[step.step] == pytest.approx(step.peak_allocated_bytes, abs=64)
+        assert steps[step.step] == pytest.approx(step.peak_allocated_bytes, abs=16)
     # the Ulysses prediction is not the ring's: its all-to-alls and 1/P scores are not what a ring holds
     ulysses = memory(sp1, graph, edits=memory_edits(graph, [SequenceParallel(mode="ulysses", degree=2)])[0])
     assert abs(ulysses.devices[0].peak_allocated_bytes - measured.devices[0].peak_allocated_bytes) > 4096
@@ -257,12 +258,13 @@ def test_ring_records_follow_the_tensors() -> None:
     """One rank's ring burst (K, V blocks of 8 bytes, a 16-byte output, 4-byte log-sum-exp): each
     step's received K, V are made before its attention and the block held before is freed once
     they arrive; a 16-bit output adds its fp32 conversion and a conversion back; copies of strided K,
-    V live until the first blocks arrive; every block made is freed."""
-    def most(steps: int, out: int = 16, **kw: bool) -> int:
-        records = ring_records(steps, (8, 8), out, 16, 4, **{"copy_kv": False, "log_sigmoid_buffer": False, **kw})
+    V live until the first blocks arrive; on the CPU ``log_sigmoid`` adds a buffer; every block made
+    is freed."""
+    def most(steps: int, out: int = 16, lse: int = 4, **kw: bool) -> int:
+        flags = {"converts": out != 16, "copy_kv": False, "log_sigmoid_buffer": False, **kw}
+        records = ring_records(steps, (8, 8), out, 16, lse, **flags)
         made = [b for b, n in records if n]
         assert sorted(made) == sorted(b for b, n in records if not n) and len(set(made)) == len(made)
-        from whatif.transforms.parallel.sp_memory import _most_held
         return _most_held(records)
 
     # two steps: received K, V (16), both steps' output and lse (40), the update's (4 + 16 + 16)
@@ -270,8 +272,11 @@ def test_ring_records_follow_the_tensors() -> None:
     # more steps hold one more pair of K, V blocks (the next ones arrive while this one is used)
     assert most(3) == most(4) == 92 + 16
     assert most(2, copy_kv=True) == 92 and most(3, copy_kv=True) == 108   # the copies go when step 1's arrive
-    assert most(2, log_sigmoid_buffer=True) == 92   # the buffer comes after the output's temporaries are gone
     assert most(2, out=8) == 92 - 8 + 16   # a 16-bit step output (8) is converted to fp32 (16) to be folded
+    # with a log-sum-exp larger than the output the lse update is the peak: K, V (16), two steps'
+    # outputs and lse (160), the new output (16), two temporaries (128), and on the CPU
+    # log_sigmoid's buffer (64)
+    assert most(2, lse=64) == 320 and most(2, lse=64, log_sigmoid_buffer=True) == 384
 
 
 @pytest.mark.slow
@@ -300,4 +305,4 @@ def test_a_usp_ranks_peak_is_predicted(tmp_path: Path) -> None:
     measured = memory(load_trace(tmp_path / "usp")).devices
     assert len(measured) == 4
     for rank in measured:
-        assert got.peak_allocated_bytes == pytest.approx(rank.peak_allocated_bytes, abs=64)
+        assert got.peak_allocated_bytes == pytest.approx(rank.peak_allocated_bytes, abs=16)

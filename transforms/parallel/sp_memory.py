@@ -340,22 +340,22 @@ class _Frame:
 
 
 def ring_records(steps: int, kv_bytes: tuple[int, int], out_bytes: int, out_fp32_bytes: int, lse_bytes: int, *,
-                 copy_kv: bool, log_sigmoid_buffer: bool) -> list[tuple[str | int, int]]:
+                 converts: bool, copy_kv: bool, log_sigmoid_buffer: bool) -> list[tuple[str | int, int]]:
     """The blocks one rank's ring attention makes and frees, in order (``(block, bytes)``; 0
     frees it), as ring-flash-attention's ``ring_flash_attn_forward`` and ``update_out_and_lse`` do
     (module docstring): ``steps`` ring steps with K, V blocks of ``kv_bytes``, each step's output
     of ``out_bytes`` and fp32 log-sum-exp of ``lse_bytes``, a running output of ``out_fp32_bytes``;
+    ``converts``: the output is 16-bit (converted to fp32 to be folded in, and back at the end);
     ``copy_kv``: K and V are copied contiguous first; ``log_sigmoid_buffer``: ``log_sigmoid``
     makes a buffer the size of its output (on the CPU). Every block is freed at the end: the
     returned output stands for the recorded call's.
 
-    >>> records = ring_records(2, (8, 8), 16, 16, 4, copy_kv=False, log_sigmoid_buffer=False)
+    >>> records = ring_records(2, (8, 8), 16, 16, 4, converts=False, copy_kv=False, log_sigmoid_buffer=False)
     >>> from whatif.transforms.parallel.sp_memory import _most_held
     >>> len(records), _most_held(records)   # K, V received (16), two steps' output and lse (40), the update's (36)
     (28, 92)
     """
     k_bytes, v_bytes = kv_bytes
-    same = out_bytes == out_fp32_bytes
     f = _Frame()
     f.bind("k", f.OUTSIDE)
     f.bind("v", f.OUTSIDE)
@@ -367,9 +367,10 @@ def ring_records(steps: int, kv_bytes: tuple[int, int], out_bytes: int, out_fp32
         if more:
             f.bind("next_k", f.new(k_bytes))
             f.bind("next_v", f.new(v_bytes))
-        f.bind("block_out", f.new(out_bytes))
-        f.bind("block_lse", f.new(lse_bytes))
-        f.bind("merge_out", f.refs["block_out"] if same else f.new(out_fp32_bytes))
+        block_out, block_lse = f.new(out_bytes), f.new(lse_bytes)   # both returned, then both bound
+        f.bind("block_out", block_out)
+        f.bind("block_lse", block_lse)
+        f.bind("merge_out", f.new(out_fp32_bytes) if converts else block_out)
         if step == 0:
             new_out, new_lse = f.refs["merge_out"], f.refs["block_lse"]
         else:
@@ -398,7 +399,7 @@ def ring_records(steps: int, kv_bytes: tuple[int, int], out_bytes: int, out_fp32
         if more:
             f.bind("k", f.refs["next_k"])
             f.bind("v", f.refs["next_v"])
-    if not same:
+    if converts:
         f.bind("result", f.new(out_bytes))
     f.drop("k", "v", "next_k", "next_v", "block_out", "block_lse", "out", "lse", "result")
     return f.records
@@ -424,10 +425,8 @@ def _bursts(sm: SequenceMemory, gpu: np.ndarray) -> list[tuple[tuple[int, bool],
             out.append(((call.first, False), qkv, "(Ulysses all-to-all: Q, K, V)"))
         if sm.ring > 1:
             o, o32, lse = (size(call.first, b) for b in (call.out_bytes, call.out_fp32_bytes, call.lse_bytes))
-            if call.out_bytes == call.out_fp32_bytes:
-                o32 = o
-            ring = ring_records(sm.ring, (k, v), o, o32, lse, copy_kv=sm.ulysses == 1 and call.strided_kv,
-                                log_sigmoid_buffer=not gpu[call.first])
+            ring = ring_records(sm.ring, (k, v), o, o32, lse, converts=call.out_bytes != call.out_fp32_bytes,
+                                copy_kv=sm.ulysses == 1 and call.strided_kv, log_sigmoid_buffer=not gpu[call.first])
             out.append(((call.first, False), ring, "(Ring attention: K, V blocks, output, log-sum-exp)"))
         if sm.ulysses > 1:
             o = size(call.last, call.out_bytes)

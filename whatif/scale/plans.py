@@ -15,7 +15,7 @@ step`` (samples when the samples one step of the traced job processes are given,
 batches), the bytes per GPU (on a trace with GPU allocator records and shapes, plans with
 sp = 1: the peak of the recorded timeline at the plan's batch, one tensor-parallel rank's share of
 each block and, pipelined, the fullest stage's (``batch_memory.py``, ``tp_memory.py``,
-``pp_memory.py``); Ulysses plans with tp = pp = 1: one sequence-parallel rank's
+``pp_memory.py``); Ulysses, Ring and USP plans with tp = pp = 1: one sequence-parallel rank's
 (``sp_memory.py``); other plans: the memory model of
 ``transforms/parallel/memory.py``, weights ``W/(tp·pp)`` and the workspace; a plan over the
 device's memory is not replayed), and the
@@ -386,7 +386,7 @@ def evaluate(worker: PlanWorker, plan: Plan) -> PlanOutcome:
             if not fits:
                 parts = ([f"one rank of tensor parallelism {plan.tp}"] if plan.tp > 1 else []) + \
                     ([f"the fullest of {plan.pp} pipeline stages"] if plan.pp > 1 else []) + \
-                    ([f"one rank of Ulysses sequence parallelism {plan.sp}"] if plan.sp > 1 else [])
+                    ([f"one rank of {plan.sp_mode} sequence parallelism {plan.sp}"] if plan.sp > 1 else [])
                 rank = "".join(f" on {part}" for part in parts)
                 return PlanOutcome(PlanStatus.NO_FIT, None, memory, False,
                                    f"the recorded allocator timeline at {plan.batch:g}x the batch{rank} peaks at "
@@ -493,14 +493,13 @@ def _recorded(analysis: Analysis, plans: Sequence[Plan]) -> tuple[dict[RecordedK
     for key in sorted({k for k in map(_recorded_key, plans) if k is not None}):
         tp, pp, m, sp, ulysses = key
         if sp > 1:
-            if not refused_sp:
-                try:
-                    found = sp_batch_peaks(trace, sp, ulysses, roles, ops)
-                except TransformError as exc:
-                    refused_sp = str(exc)
-                    continue
-                if found is not None:
-                    out[key] = found
+            try:
+                found = sp_batch_peaks(trace, sp, ulysses, roles, ops)
+            except TransformError as exc:
+                refused_sp = refused_sp or str(exc)
+                continue
+            if found is not None:
+                out[key] = found
             continue
         if tp > 1 and tp not in tensor and not refused_tp:
             try:
@@ -529,8 +528,9 @@ def _recorded(analysis: Analysis, plans: Sequence[Plan]) -> tuple[dict[RecordedK
         return out, f"the allocator records are not used{why}"
     plain = [k for k in out if k[3] == 1]
     sps = ", ".join(str(k[3]) for k in sorted(out) if k[3] > 1)
-    buffers = {"ulysses": "all-to-all buffers", "ring": "ring blocks"}.get(plans[0].sp_mode,
-                                                                          "all-to-all buffers and ring blocks")
+    layouts = [(k[4] > 1, k[4] < k[3]) for k in out if k[3] > 1]   # (an all-to-all, a ring)
+    buffers = " and ".join(x for x, on in (("all-to-all buffers", any(a for a, _ in layouts)),
+                                           ("ring blocks", any(r for _, r in layouts))) if on)
     sequence = (f"; {plans[0].sp_mode} plans with sp {sps} (tp = pp = 1): one rank's per-token activations of the "
                 f"blocks and its {buffers} at the plan's batch (sequence_parallel's memory model)") if sps else ""
     if not plain:
