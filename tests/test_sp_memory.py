@@ -154,6 +154,24 @@ def test_the_sweep_reads_a_ulysses_ranks_records(shared_traces: Path) -> None:
         .devices[0].peak_allocated_bytes
 
 
+def test_the_sweep_runs_each_usp_layout(shared_traces: Path) -> None:
+    """``--sp-mode usp --ulysses-degree 1,2,4`` sweeps each layout of sp 4 (a ring of 4, USP 2×2,
+    Ulysses over 4; 3 does not divide 4 and is left out): each plan's scenario names its Ulysses
+    degree, and its bytes per GPU are ``whatif memory -s``'s peak for that layout."""
+    trace = load_trace(shared_traces / QWEN)
+    grid = PlanGrid(sp=(4,), sp_mode="usp", ulysses_degree=(1, 2, 4, 3))
+    assert grid.size() == 3
+    doc = sweep_plans(trace.source, grid, Execution(jobs=1))
+    rows = {r.plan: r for r in doc.plans}
+    assert list(rows) == ["tp1·pp1·sp4u1·dp1", "tp1·pp1·sp4u2·dp1", "tp1·pp1·sp4u4·dp1"]
+    for u in (1, 2, 4):
+        want = memory(trace, edits=[sequence_parallel_memory_edit(trace, 4, u)]).devices[0].peak_allocated_bytes
+        assert rows[f"tp1·pp1·sp4u{u}·dp1"].memory_per_gpu_bytes == want
+    assert "usp plans with sp 4 (u 1), 4 (u 2), 4 (u 4)" in doc.memory_model
+    # the scenario carries the layout: a ring of four hops over every rank, Ulysses does not
+    assert rows["tp1·pp1·sp4u1·dp1"].step_ns != rows["tp1·pp1·sp4u4·dp1"].step_ns
+
+
 def test_gqa_kv_heads_are_replicated_when_the_ranks_outnumber_them() -> None:
     """Q, K, V and the output on one rank: each over P; K and V at least one KV head of every token
     (8 query heads, 2 KV heads over 4 ranks: half of K, not a quarter); a split of the heads the

@@ -123,6 +123,13 @@ def _degrees(text: str) -> tuple[int, ...]:
     return values
 
 
+def _ulysses_degrees(text: str) -> tuple[int, ...]:
+    values = _listed(text, int, "integers")
+    if not values or not all(0 <= v <= limits.MAX_GPUS for v in values):
+        raise ValueError(f"Ulysses degrees must be integers in 0..{limits.MAX_GPUS}, got {text!r}")
+    return values
+
+
 def _micro_batches(text: str) -> tuple[int, ...]:
     values = _degrees(text)
     if max(values) > limits.MAX_PARTS:
@@ -181,6 +188,10 @@ class PlanGrid:
     topology: str = field(default="dgx_h100", metadata={"help": "topology preset of every plan's collectives",
                                                         "choices": [t.value for t in TopologyName]})
     sp_mode: str = field(default="ulysses", metadata={"help": "sequence parallelism", "choices": SP_MODES})
+    ulysses_degree: tuple[int, ...] = field(default=(0,), metadata={
+        "help": "usp: Ulysses degrees u of each sequence-parallel plan (a ring over sp/u; 0: the GPUs of one "
+                "machine); a u that does not divide sp is left out of that sp's plans", "parse": _ulysses_degrees,
+        "metavar": "U1,U2,..."})
     mode: Mode | None = field(default=None, metadata={
         "help": "training or serving (default: training when the trace has backward kernels)",
         "choices": [m.value for m in Mode]})
@@ -193,11 +204,25 @@ class PlanGrid:
             object.__setattr__(self, "mode", Mode(self.mode))
 
     def size(self) -> int:
-        """Plans in the grid (micro-batches count for pipelined plans only)."""
+        """Plans in the grid (micro-batches count for pipelined plans only, Ulysses degrees for
+        usp plans only)."""
         pipelined = sum(p > 1 for p in self.pp)
         return (len(self.device) or 1) * len(self.tp) * (len(self.pp) - pipelined + pipelined
-                                                         * len(self.micro_batches)) * len(self.sp) * len(self.dp) \
-            * len(self.batch_factor)
+                                                         * len(self.micro_batches)) * len(self.sp_layouts()) \
+            * len(self.dp) * len(self.batch_factor)
+
+    def sp_layouts(self) -> list[tuple[int, int]]:
+        """Each sequence-parallel degree with each Ulysses degree it is swept with: ``(sp, u)``, u
+        0 (the transform's default) but for usp plans, where u must divide sp.
+
+        >>> PlanGrid(sp=(1, 4, 8), sp_mode="usp", ulysses_degree=(2, 8)).sp_layouts()
+        [(1, 0), (4, 2), (8, 2), (8, 8)]
+        """
+        out = []
+        for sp in self.sp:
+            us = self.ulysses_degree if self.sp_mode == "usp" and sp > 1 else (0,)
+            out += [(sp, u) for u in dict.fromkeys(us) if u == 0 or sp % u == 0]
+        return out
 
 
 @dataclass(frozen=True)
@@ -215,13 +240,15 @@ class Plan:
     topology: str = "dgx_h100"
     sp_mode: str = "ulysses"
     batch: float = 1.0
+    ulysses: int = 0
 
     @property
     def label(self) -> str:
         mb = f"·mb{self.micro_batches}" if self.pp > 1 and self.micro_batches else ""
+        u = f"u{self.ulysses}" if self.sp > 1 and self.ulysses else ""
         b = f"·b{self.batch:g}" if self.batch != 1 else ""
         on = f" on {self.device}" if self.device else ""
-        return f"tp{self.tp}·pp{self.pp}{mb}·sp{self.sp}·dp{self.dp}{b}{on}"
+        return f"tp{self.tp}·pp{self.pp}{mb}·sp{self.sp}{u}·dp{self.dp}{b}{on}"
 
     def transforms(self) -> list[dict[str, object]]:
         """The ``[[transform]]`` tables of the plan's scenario, in order."""
@@ -234,7 +261,7 @@ class Plan:
             out.append({"name": "tensor_parallel", "degree": self.tp, "topology": self.topology})
         if self.sp > 1:
             out.append({"name": "sequence_parallel", "mode": self.sp_mode, "degree": self.sp,
-                        "topology": self.topology})
+                        **({"ulysses_degree": self.ulysses} if self.ulysses else {}), "topology": self.topology})
         if self.pp > 1:
             out.append({"name": "pipeline_parallel", "degree": self.pp,
                         **({"micro_batches": self.micro_batches} if self.micro_batches else {}),
@@ -254,9 +281,9 @@ def expand(grid: PlanGrid, recorded_device: str | None, mode: Mode) -> list[Plan
     plans = []
     for device, tp, pp in itertools.product(devices, grid.tp, grid.pp):
         mbs = grid.micro_batches if pp > 1 else (0,)
-        for mb, sp, dp, b in itertools.product(mbs, grid.sp, grid.dp, grid.batch_factor):
+        for mb, (sp, u), dp, b in itertools.product(mbs, grid.sp_layouts(), grid.dp, grid.batch_factor):
             plans.append(Plan(tp=tp, pp=pp, dp=dp, sp=sp, micro_batches=mb, device=device, mode=mode,
-                              topology=grid.topology, sp_mode=grid.sp_mode, batch=b))
+                              topology=grid.topology, sp_mode=grid.sp_mode, batch=b, ulysses=u))
     return list(dict.fromkeys(plans))
 
 
@@ -459,7 +486,8 @@ def _recorded_key(plan: Plan) -> RecordedKey | None:
         if plan.tp > 1 or plan.pp > 1 or plan.sp_mode not in SP_MEMORY_MODES:
             return None
         try:
-            ulysses = SequenceParallel(mode=plan.sp_mode, degree=plan.sp, topology=plan.topology).ulysses_ranks()
+            ulysses = SequenceParallel(mode=plan.sp_mode, degree=plan.sp, topology=plan.topology,
+                                       ulysses_degree=plan.ulysses).ulysses_ranks()
         except TransformError:
             return None
         return 1, 1, 0, plan.sp, ulysses
@@ -527,7 +555,8 @@ def _recorded(analysis: Analysis, plans: Sequence[Plan]) -> tuple[dict[RecordedK
     if not out:
         return out, f"the allocator records are not used{why}"
     plain = [k for k in out if k[3] == 1]
-    sps = ", ".join(str(k[3]) for k in sorted(out) if k[3] > 1)
+    sps = ", ".join(dict.fromkeys(f"{k[3]}" + (f" (u {k[4]})" if plans[0].sp_mode == "usp" else "")
+                                  for k in sorted(out) if k[3] > 1))
     layouts = [(k[4] > 1, k[4] < k[3]) for k in out if k[3] > 1]   # (an all-to-all, a ring)
     buffers = " and ".join(x for x, on in (("all-to-all buffers", any(a for a, _ in layouts)),
                                            ("ring blocks", any(r for _, r in layouts))) if on)
