@@ -170,6 +170,10 @@ def test_the_sweep_runs_each_usp_layout(shared_traces: Path) -> None:
     assert "usp plans with sp 4 (u 1), 4 (u 2), 4 (u 4)" in doc.memory_model
     # the scenario carries the layout: a ring of four hops over every rank, Ulysses does not
     assert rows["tp1·pp1·sp4u1·dp1"].step_ns != rows["tp1·pp1·sp4u4·dp1"].step_ns
+    # the default (0: a DGX H100's GPUs, 4 here) is not swept twice; no layout of sp 2 is refused
+    assert PlanGrid(sp=(4,), sp_mode="usp", ulysses_degree=(0, 4)).sp_layouts() == [(4, 4)]
+    with pytest.raises(ValueError, match="no Ulysses degree of 4 divides the sequence-parallel degree 2"):
+        PlanGrid(sp=(2, 4), sp_mode="usp", ulysses_degree=(4,))
 
 
 def test_gqa_kv_heads_are_replicated_when_the_ranks_outnumber_them() -> None:

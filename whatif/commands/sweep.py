@@ -107,7 +107,10 @@ def run_plans(args: argparse.Namespace) -> int:
     if args.output:
         check_table_path(args.output)
         refuse_overwrite([args.output], args.force)
-    grid = from_args(PlanGrid, args)
+    try:
+        grid = from_args(PlanGrid, args)
+    except ValueError as exc:
+        raise WhatifError(f"sweep --plans: {exc}") from None
     where = execution(args)
     with working(f"whatif sweep: {grid.size()} plans of {args.path}", args.quiet) as status:
         doc = sweep_plans(args.path, grid, where, cost_model=from_args(CostConfig, args).cost_model.value,

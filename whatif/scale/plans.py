@@ -202,6 +202,11 @@ class PlanGrid:
     def __post_init__(self) -> None:
         if isinstance(self.mode, str):
             object.__setattr__(self, "mode", Mode(self.mode))
+        laid = {sp for sp, _ in self.sp_layouts()}
+        bare = [sp for sp in self.sp if sp not in laid]
+        if bare:
+            raise ValueError(f"no Ulysses degree of {', '.join(map(str, self.ulysses_degree))} divides the "
+                             f"sequence-parallel degree {', '.join(map(str, bare))} (0: the transform's default)")
 
     def size(self) -> int:
         """Plans in the grid (micro-batches count for pipelined plans only, Ulysses degrees for
@@ -217,12 +222,25 @@ class PlanGrid:
 
         >>> PlanGrid(sp=(1, 4, 8), sp_mode="usp", ulysses_degree=(2, 8)).sp_layouts()
         [(1, 0), (4, 2), (8, 2), (8, 8)]
+        >>> PlanGrid(sp=(4,), sp_mode="usp", ulysses_degree=(0, 4, 2)).sp_layouts()   # 0 is 4 on a DGX H100
+        [(4, 4), (4, 2)]
         """
         out = []
         for sp in self.sp:
-            us = self.ulysses_degree if self.sp_mode == "usp" and sp > 1 else (0,)
-            out += [(sp, u) for u in dict.fromkeys(us) if u == 0 or sp % u == 0]
+            us = [u for u in dict.fromkeys(self.ulysses_degree if self.sp_mode == "usp" and sp > 1 else (0,))
+                  if u == 0 or sp % u == 0]
+            if 0 in us and len(us) > 1 and self._default_ulysses(sp) in us:   # the same layout twice
+                us.remove(0)
+            out += [(sp, u) for u in us]
         return out
+
+    def _default_ulysses(self, sp: int) -> int:
+        """The Ulysses degree the transform takes for usp of ``sp`` when none is given (0 when it
+        cannot lay sp out on the topology)."""
+        try:
+            return SequenceParallel(mode="usp", degree=sp, topology=self.topology).ulysses_ranks()
+        except TransformError:
+            return 0
 
 
 @dataclass(frozen=True)
@@ -413,7 +431,8 @@ def evaluate(worker: PlanWorker, plan: Plan) -> PlanOutcome:
             if not fits:
                 parts = ([f"one rank of tensor parallelism {plan.tp}"] if plan.tp > 1 else []) + \
                     ([f"the fullest of {plan.pp} pipeline stages"] if plan.pp > 1 else []) + \
-                    ([f"one rank of {plan.sp_mode} sequence parallelism {plan.sp}"] if plan.sp > 1 else [])
+                    ([f"one rank of {plan.sp_mode} sequence parallelism {plan.sp}"
+                      + (f" (Ulysses over {plan.ulysses})" if plan.ulysses else "")] if plan.sp > 1 else [])
                 rank = "".join(f" on {part}" for part in parts)
                 return PlanOutcome(PlanStatus.NO_FIT, None, memory, False,
                                    f"the recorded allocator timeline at {plan.batch:g}x the batch{rank} peaks at "
