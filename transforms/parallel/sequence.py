@@ -87,7 +87,7 @@ from .comm import (
 from .layers import backward_mask, find_blocks, gemm_io_bytes
 from .memory import HeadSplit, block_heads_now, head_split
 from .sharding import record_split
-from .sp_memory import sequence_parallel_memory_edit
+from .sp_memory import MODELLED_MODES, sequence_parallel_memory_edit
 from .tensor import prev_on_resource
 
 MODES = ("ulysses", "ring", "torus", "usp")
@@ -220,7 +220,7 @@ class SequenceParallel(OnTopology, Transform):
     def memory_edit(self, graph: TaskGraph) -> RecordEdit | None:
         """One rank's allocator records under Ulysses, Ring or USP
         (:func:`~.sp_memory.sequence_parallel_memory_edit`); Torus is not modelled (None)."""
-        if self.mode not in ("ulysses", "ring", "usp") or self.degree == 1:
+        if self.mode not in MODELLED_MODES or self.degree == 1:
             return None
         return sequence_parallel_memory_edit(self.recorded_trace(graph), self.degree, self.ulysses_ranks())
 

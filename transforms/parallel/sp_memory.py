@@ -94,6 +94,8 @@ from .forward_ops import ForwardOps, forward_ops
 from .memory import HeadSplit, attention_op_heads, head_split
 
 WHO = "sequence_parallel"
+MODELLED_MODES = ("ulysses", "ring", "usp")
+"""The ``sequence_parallel`` modes whose memory this module models (torus is not)."""
 STOPS = frozenset({KernelClass.GEMM.value, KernelClass.CONV.value, KernelClass.ATTENTION.value})
 """Work-op classes a block's lead-in does not reach past."""
 
@@ -215,14 +217,14 @@ def attention_call(name: str, dims: object, types: object, strides: object, ulys
                          out * qt.bytes // degree, out * 4 // degree, rows * 4 // degree, strided)
 
 
-def _split(ops: ForwardOps, names: np.ndarray, dims: np.ndarray, degree: int,
+def _split(ops: ForwardOps, names: np.ndarray, dims: np.ndarray, attention: np.ndarray, degree: int,
            params: frozenset[tuple[int, ...]]) -> tuple[np.ndarray, list[int]]:
     """Per position of ``ops``' hierarchy: whether the op runs on the rank's tokens; and the work
     ops after which the tokens are gathered."""
     sharded = np.zeros(len(names), dtype=bool)
     ends: list[int] = []
     for seq in ops.sequences.values():
-        lengths = [attention_sequences(str(names[p]), dims[p]) for p in seq.tolist() if is_attention(str(names[p]))]
+        lengths = [attention_sequences(str(names[p]), dims[p]) for p in seq.tolist() if attention[p]]
         tokens = frozenset(x for found in lengths if found and found[0][0] >= degree   # fewer: not split
                            for x in (found[0][0], found[0][0] * len(found)))
         if not tokens:
@@ -261,7 +263,8 @@ def sequence_memory(trace: Trace, degree: int, ulysses: int | None = None, roles
     dims = trace.arg(Arg.INPUT_DIMS)[rows]
     types = trace.arg(Arg.INPUT_TYPES)[rows]
     strides = trace.arg(Arg.INPUT_STRIDES)[rows]
-    sharded, ends = _split(ops, names, dims, degree, roles.param_shapes)
+    attention = np.asarray([is_attention(str(n)) for n in names], dtype=bool)
+    sharded, ends = _split(ops, names, dims, attention, degree, roles.param_shapes)
     if not sharded.any():
         raise TransformError(f"{WHO}: found no transformer block whose attention op has recorded shapes and at least "
                              f"{degree} query tokens in the forward of {trace.source} (record with --record-shapes); "
@@ -276,7 +279,6 @@ def sequence_memory(trace: Trace, degree: int, ulysses: int | None = None, roles
     in_sharded = (made_in >= 0) & sharded[np.maximum(made_in, 0)]
     scale = np.where(roles.mask(BlockRole.ACTIVATION) & in_sharded, 1 / degree, 1.0)
     if degree > u:   # a ring's call replaces the recorded one: what it made and freed inside is not made
-        attention = np.asarray([is_attention(str(n)) for n in names], dtype=bool)
         freed_in = np.where(roles.frees >= 0, work[np.maximum(roles.frees, 0)], -2)
         scale[in_sharded & attention[np.maximum(made_in, 0)] & (freed_in == made_in)] = 0.0
     records_of = pd.Series(np.arange(len(mem))).groupby(work).indices
@@ -289,7 +291,7 @@ def sequence_memory(trace: Trace, degree: int, ulysses: int | None = None, roles
             gathers.append((int(allocs[last]), int(mem["bytes"].to_numpy()[allocs[last]])))
     calls = []
     for p in np.flatnonzero(sharded).tolist():
-        if p not in records_of or not is_attention(str(names[p])):
+        if p not in records_of or not attention[p]:
             continue
         heads = attention_op_heads(str(names[p]), dims[p])
         if u > 1 and heads is not None and head_split(heads[0], heads[1], u) is not HeadSplit.OK:

@@ -77,7 +77,7 @@ from whatif.transforms.parallel.layers import backward_mask
 from whatif.transforms.parallel.memory import WORKSPACE_FRACTION, ModelShape, model_shape, plan_memory
 from whatif.transforms.parallel.pp_memory import Schedule, default_micro_batches, pipeline_shares
 from whatif.transforms.parallel.sequence import SequenceParallel
-from whatif.transforms.parallel.sp_memory import sp_batch_peaks
+from whatif.transforms.parallel.sp_memory import MODELLED_MODES, sp_batch_peaks
 from whatif.transforms.parallel.tp_memory import tensor_parallel_shares
 from whatif.transforms.scenario import Scenario, ScenarioError, ScenarioStepError, scenario_from_dict
 
@@ -87,8 +87,6 @@ __all__ = ["Mode", "Plan", "PlanGrid", "PlanStatus", "expand", "pareto_front", "
            "sweep_plans"]
 
 SP_MODES = ("ulysses", "ring", "torus", "usp")
-SP_MEMORY_MODES = ("ulysses", "ring", "usp")
-"""The sequence-parallel modes whose plans read one rank's allocator records (torus keeps the model)."""
 
 
 class Mode(Enum):
@@ -502,7 +500,7 @@ def _recorded_key(plan: Plan) -> RecordedKey | None:
     """The timeline ``plan`` reads; None for sequence parallelism with tensor or pipeline
     parallelism, or in torus mode, which keep the memory model."""
     if plan.sp > 1:
-        if plan.tp > 1 or plan.pp > 1 or plan.sp_mode not in SP_MEMORY_MODES:
+        if plan.tp > 1 or plan.pp > 1 or plan.sp_mode not in MODELLED_MODES:
             return None
         try:
             ulysses = SequenceParallel(mode=plan.sp_mode, degree=plan.sp, topology=plan.topology,
