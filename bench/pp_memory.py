@@ -13,24 +13,21 @@ Run: .venv/bin/python bench/pp_memory.py [--write-docs]   (the table goes into d
 from __future__ import annotations
 
 import argparse
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from whatif.depgraph.build import build_graph
 from whatif.memory import memory
-from whatif.tracer.trace import Trace, load_trace
+from whatif.tracer.trace import Trace
 from whatif.transforms.parallel.pipeline import PipelineParallel
 from whatif.transforms.parallel.tensor import TensorParallel
 
 try:
     from common.docs import replace_section
-    from common.memory_pair import predict_pair, span
-    from common.recording import record_cpu, record_cpu_ranks
+    from common.memory_pair import RanksRun, alone_and_ranks, predict_pair, span
 except ImportError:  # run as a module from the repo root
     from bench.common.docs import replace_section
-    from bench.common.memory_pair import predict_pair, span
-    from bench.common.recording import record_cpu, record_cpu_ranks
+    from bench.common.memory_pair import RanksRun, alone_and_ranks, predict_pair, span
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- bench/pp_memory.py begin -->", "<!-- bench/pp_memory.py end -->"
@@ -85,12 +82,10 @@ def main() -> None:
              "op at the measured peak | what-if s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for setup in SETUPS:
-        with tempfile.TemporaryDirectory() as tmp:
-            alone = load_trace(record_cpu("train.py", setup.args, Path(tmp) / "alone"))
-            for t, p, m, schedule in setup.plans:
-                plan = ("--tp", str(t), "--pp", str(p), "--micro-batches", str(m), "--schedule", schedule)
-                run = record_cpu_ranks("train.py", (*setup.args, *plan), Path(tmp) / f"tp{t}pp{p}m{m}{schedule}", t * p)
-                table.extend(rows(setup, alone, load_trace(run), t, p, m, schedule))
+        runs = [RanksRun(("--tp", str(t), "--pp", str(p), "--micro-batches", str(m), "--schedule", schedule), t * p)
+                for t, p, m, schedule in setup.plans]
+        for plan, (_, alone, ranks) in zip(setup.plans, alone_and_ranks("train.py", setup.args, runs)):
+            table.extend(rows(setup, alone, ranks, *plan))
     text = "\n".join(table)
     print(text)
     if args.write_docs:

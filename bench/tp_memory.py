@@ -9,6 +9,7 @@ Run: .venv/bin/python bench/tp_memory.py [--write-docs]   (the table goes into d
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 from whatif.tracer.trace import Trace
@@ -16,31 +17,40 @@ from whatif.transforms.parallel.tensor import TensorParallel
 
 try:
     from common.docs import replace_section
-    from common.memory_pair import RanksSetup, predict_pair, rank_pairs, span
+    from common.memory_pair import RanksRun, alone_and_ranks, predict_pair, span
 except ImportError:  # run as a module from the repo root
     from bench.common.docs import replace_section
-    from bench.common.memory_pair import RanksSetup, predict_pair, rank_pairs, span
+    from bench.common.memory_pair import RanksRun, alone_and_ranks, predict_pair, span
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- bench/tp_memory.py begin -->", "<!-- bench/tp_memory.py end -->"
 MiB = 2**20
 
 
+@dataclass(frozen=True)
+class Setup:
+    """One setup of examples/train.py, recorded alone and as each tensor-parallel degree."""
+
+    label: str
+    args: tuple[str, ...]
+    degrees: tuple[int, ...]
+
+
 MODEL = ("--steps", "3", "--heads", "8", "--layers", "2")
 SETUPS = (
-    RanksSetup("fp32, SDPA math, 2 layers, d 256, 8 heads, 4 × 256 tokens (sample_traces/tp_memory)",
-               (*MODEL, "--batch-size", "4", "--seq-len", "256", "--d-model", "256", "--sdpa", "math"), (2, 4)),
-    RanksSetup("fp32, SDPA math, 2 layers, d 256, 8 heads, 2 × 512 tokens: attention's peak",
-               (*MODEL, "--batch-size", "2", "--seq-len", "512", "--d-model", "256", "--sdpa", "math"), (2,)),
-    RanksSetup("fp32, SDPA flash, 2 layers, d 512, 8 heads, 4 × 256 tokens: weights and optimizer state",
-               (*MODEL, "--batch-size", "4", "--seq-len", "256", "--d-model", "512", "--sdpa", "flash"), (2,)),
-    RanksSetup("bf16 autocast, SDPA math, 2 layers, d 256, 8 heads, 4 × 256 tokens",
-               (*MODEL, "--batch-size", "4", "--seq-len", "256", "--d-model", "256", "--sdpa", "math", "--autocast",
-                "bf16"), (2,)),
+    Setup("fp32, SDPA math, 2 layers, d 256, 8 heads, 4 × 256 tokens (sample_traces/tp_memory)",
+          (*MODEL, "--batch-size", "4", "--seq-len", "256", "--d-model", "256", "--sdpa", "math"), (2, 4)),
+    Setup("fp32, SDPA math, 2 layers, d 256, 8 heads, 2 × 512 tokens: attention's peak",
+          (*MODEL, "--batch-size", "2", "--seq-len", "512", "--d-model", "256", "--sdpa", "math"), (2,)),
+    Setup("fp32, SDPA flash, 2 layers, d 512, 8 heads, 4 × 256 tokens: weights and optimizer state",
+          (*MODEL, "--batch-size", "4", "--seq-len", "256", "--d-model", "512", "--sdpa", "flash"), (2,)),
+    Setup("bf16 autocast, SDPA math, 2 layers, d 256, 8 heads, 4 × 256 tokens",
+          (*MODEL, "--batch-size", "4", "--seq-len", "256", "--d-model", "256", "--sdpa", "math", "--autocast",
+           "bf16"), (2,)),
 )
 
 
-def row(setup: RanksSetup, alone: Trace, ranks: Trace, t: int) -> str:
+def row(setup: Setup, alone: Trace, ranks: Trace, t: int) -> str:
     docs = predict_pair(alone, ranks, TensorParallel(degree=t))
     (was,), (got,) = docs.recorded.devices, docs.predicted.devices
     w, p = was.peak_allocated_bytes, got.peak_allocated_bytes
@@ -63,7 +73,10 @@ def main() -> None:
             "error (bytes) | predicting no change | every allocation / t | op at the predicted peak (ranks peaking "
             "there) | what-if s |",
             "|---|---|---|---|---|---|---|---|---|---|"]
-    rows += rank_pairs("train.py", "--tp", SETUPS, row)
+    for setup in SETUPS:
+        runs = [RanksRun(("--tp", str(t)), t) for t in setup.degrees]
+        rows += [row(setup, alone, ranks, run.ranks) for run, alone, ranks in alone_and_ranks("train.py", setup.args,
+                                                                                             runs)]
     table = "\n".join(rows)
     print(table)
     if args.write_docs:

@@ -19,8 +19,10 @@ from whatif.depgraph.build import build_graph
 from whatif.memory import memory, memory_edits, memory_table
 from whatif.scale.executor import Execution
 from whatif.scale.plans import PlanGrid, sweep_plans
+from whatif.tracer.memory import Burst
 from whatif.tracer.trace import Trace, load_trace
-from whatif.transforms.base import TransformError
+from whatif.transforms.base import Transform, TransformError
+from whatif.transforms.optimizations.batch import Batch
 from whatif.transforms.optimizations.batch_memory import (
     BlockRole,
     batch_peaks,
@@ -30,7 +32,6 @@ from whatif.transforms.optimizations.batch_memory import (
 )
 from whatif.transforms.parallel.sequence import SequenceParallel
 from whatif.transforms.parallel.sp_memory import (
-    _most_held,
     attention_call,
     ring_records,
     sequence_memory,
@@ -152,6 +153,44 @@ def test_the_sweep_reads_a_ulysses_ranks_records(shared_traces: Path) -> None:
     assert row.memory_source == "allocator records" and "ring plans with sp 2" in ring.memory_model
     assert row.memory_per_gpu_bytes == memory(trace, edits=[sequence_parallel_memory_edit(trace, 2, 1)]) \
         .devices[0].peak_allocated_bytes
+
+
+def test_a_larger_batch_on_each_rank_composes_in_either_order(sp1: Trace) -> None:
+    """``batch`` and ``sequence_parallel`` in one scenario: each block at the product of their
+    factors and the buffers sequence parallelism adds at the batch's factor of the attention they
+    serve, whichever comes first; more than the ranks at the recorded batch, less than one GPU at
+    the larger batch."""
+    graph = build_graph(sp1)
+    for sp in (SequenceParallel(mode="ulysses", degree=2), SequenceParallel(mode="ring", degree=2)):
+        one, lines = memory_edits(graph, [Batch(factor=2), sp])
+        other, _ = memory_edits(graph, [sp, Batch(factor=2)])
+        assert len(one) == len(other) == 1 and len(lines) == 3
+        assert lines[2].startswith("batch(factor=2) and sequence_parallel(") and "grow with the blocks" in lines[2]
+        (alone,) = memory_edits(graph, [sp])[0]
+        buffers = [e.added.loc[(e.added["bytes"] > 0) & e.added["op"].isin({b.op for b in e.bursts}), "bytes"].sum()
+                   for e in (alone, one[0])]
+        assert buffers[0] > 0
+        assert buffers[1] == pytest.approx(2 * buffers[0], abs=len(alone.added))
+        peaks = [memory(sp1, graph, edits=e).devices[0].peak_allocated_bytes for e in (one, other)]
+        assert peaks[0] == peaks[1]
+        assert memory(sp1, graph, edits=[alone]).devices[0].peak_allocated_bytes < peaks[0]
+        batch_only, _ = memory_edits(graph, [Batch(factor=2)])
+        assert peaks[0] < memory(sp1, graph, edits=batch_only).devices[0].peak_allocated_bytes
+
+
+def test_on_a_gpu_trace_batch_and_sequence_parallel_compose_as_the_sweep_does(shared_traces: Path) -> None:
+    """Qwen on an H100 at 8× its batch on a rank of each layout: the timeline's peak is the plan
+    sweep's (:func:`sp_batch_peaks`) but for the 512-byte rounding of each block grown."""
+    trace = load_trace(shared_traces / QWEN)
+    graph = build_graph(trace)
+    for sp, ulysses in ((SequenceParallel(mode="ulysses", degree=2), None),
+                        (SequenceParallel(mode="ring", degree=2), 1),
+                        (SequenceParallel(mode="usp", degree=4, ulysses_degree=2), 2)):
+        edits, _ = memory_edits(graph, [Batch(factor=8), sp])
+        predicted = memory(trace, graph, edits=edits).devices[0].peak_allocated_bytes
+        expected = sp_batch_peaks(trace, sp.degree, ulysses)
+        assert expected is not None
+        assert abs(predicted / expected.peak_bytes(8.0) - 1) < 1e-3, sp.label()
 
 
 def test_the_sweep_runs_each_usp_layout(shared_traces: Path) -> None:
@@ -287,7 +326,7 @@ def test_ring_records_follow_the_tensors() -> None:
         records = ring_records(steps, (8, 8), out, 16, lse, **flags)
         made = [b for b, n in records if n]
         assert sorted(made) == sorted(b for b, n in records if not n) and len(set(made)) == len(made)
-        return _most_held(records)
+        return Burst((0, False), tuple(records), "ring", 0).most_held_bytes(gpu=False)
 
     # two steps: received K, V (16), both steps' output and lse (40), the update's (4 + 16 + 16)
     assert most(2) == 92
@@ -301,30 +340,54 @@ def test_ring_records_follow_the_tensors() -> None:
     assert most(2, lse=64) == 320 and most(2, lse=64, log_sigmoid_buffer=True) == 384
 
 
+TINY_DIT = ("--device", "cpu", "--seed", "0", "--rate", "inf", "--warmup", "0", "--steps", "1", "--resolution", "16",
+            "--layers", "2", "--d-model", "64", "--heads", "4", "--sdpa", "math")
+
+
+def record_dit(out: Path, args: tuple[str, ...], ranks: int = 1) -> Trace:
+    """examples/dit_serve.py recorded with allocator records and shapes, alone or as gloo ranks."""
+    record = ["-m", "whatif.cli", "record", "-f", "--no-summary", "--memory", "--record-shapes", "-o", str(out),
+              str(ROOT / "examples" / "dit_serve.py"), "--", *args]
+    if ranks > 1:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        record = ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port", str(port), *record]
+    done = subprocess.run([sys.executable, *record], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return load_trace(out)
+
+
+def assert_each_rank(alone: Trace, ranks: Trace, count: int, *transforms: Transform) -> None:
+    """The peak ``transforms`` predict from ``alone`` is each of the ``count`` ranks' to 16 bytes
+    (the example's gloo groups hold one-element fences the model leaves out)."""
+    graph = build_graph(alone)
+    edits, _ = memory_edits(graph, list(transforms))
+    (got,) = memory(alone, graph, edits=edits).devices
+    measured = memory(ranks).devices
+    assert len(measured) == count
+    for rank in measured:
+        assert got.peak_allocated_bytes == pytest.approx(rank.peak_allocated_bytes, abs=16)
+
+
 @pytest.mark.slow
 def test_a_usp_ranks_peak_is_predicted(tmp_path: Path) -> None:
     """USP over four gloo ranks (``--sp 4 --ring 2``: Ulysses over pairs, a ring of two) against
     the run alone: the predicted peak is each rank's but for the fences (three groups)."""
-    args = ["--device", "cpu", "--seed", "0", "--rate", "inf", "--warmup", "0", "--num-requests", "1", "--batch", "1",
-            "--steps", "1", "--resolution", "16", "--layers", "2", "--d-model", "64", "--heads", "4", "--sdpa", "math"]
-    record = [sys.executable, "-m", "whatif.cli", "record", "-f", "--no-summary", "--memory", "--record-shapes"]
-    done = subprocess.run([*record, "-o", str(tmp_path / "alone"), str(ROOT / "examples" / "dit_serve.py"), "--",
-                           *args], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port",
-                           str(port), "-m", "whatif.cli", "record", "-f", "--no-summary", "--memory", "--record-shapes",
-                           "-o", str(tmp_path / "usp"), str(ROOT / "examples" / "dit_serve.py"), "--", *args, "--sp",
-                           "4", "--ring", "2"], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    alone = load_trace(tmp_path / "alone")
-    graph = build_graph(alone)
-    edits, _ = memory_edits(graph, [SequenceParallel(mode="usp", degree=4, ulysses_degree=2)])
-    (got,) = memory(alone, graph, edits=edits).devices
-    measured = memory(load_trace(tmp_path / "usp")).devices
-    assert len(measured) == 4
-    for rank in measured:
-        assert got.peak_allocated_bytes == pytest.approx(rank.peak_allocated_bytes, abs=16)
+    args = (*TINY_DIT, "--num-requests", "1", "--batch", "1")
+    alone = record_dit(tmp_path / "alone", args)
+    usp = record_dit(tmp_path / "usp", (*args, "--sp", "4", "--ring", "2"), ranks=4)
+    assert_each_rank(alone, usp, 4, SequenceParallel(mode="usp", degree=4, ulysses_degree=2))
+
+
+@pytest.mark.slow
+def test_a_larger_batch_on_each_rank_is_predicted(tmp_path: Path) -> None:
+    """Two requests denoised one at a time, recorded alone, predict each rank of the two denoised
+    together over two gloo ranks (``batch`` and ``sequence_parallel`` in one scenario), with
+    Ulysses and with a ring."""
+    args = (*TINY_DIT, "--num-requests", "2")
+    alone = record_dit(tmp_path / "alone", (*args, "--batch", "1"))
+    for sp, ring in ((SequenceParallel(mode="ulysses", degree=2), "1"), (SequenceParallel(mode="ring", degree=2), "2")):
+        ranks = record_dit(tmp_path / f"ring{ring}", (*args, "--batch", "2", "--sp", "2", "--ring", ring), ranks=2)
+        assert_each_rank(alone, ranks, 2, Batch(factor=2), sp)

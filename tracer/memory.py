@@ -16,7 +16,7 @@ columns into ``Trace.memory`` (one row per record, every rank).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 import numpy as np
@@ -261,6 +261,16 @@ class BlockScaling:
     moved: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     to: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
+    def factor_at(self, row: int) -> float:
+        """The factor of the block allocated at ``row`` (1 when this scaling leaves it as recorded).
+
+        >>> s = BlockScaling(np.array([3, 5]), np.array([0.5, 0.0]))
+        >>> s.factor_at(5), s.factor_at(4)
+        (0.0, 1.0)
+        """
+        at = int(np.searchsorted(self.rows, row))
+        return float(self.factors[at]) if at < len(self.rows) and self.rows[at] == row else 1.0
+
     def then(self, other: BlockScaling) -> BlockScaling:
         rows = np.union1d(self.rows, other.rows)
         factors = np.ones(len(rows))
@@ -274,6 +284,55 @@ class BlockScaling:
                             np.asarray([moves[r] for r in moved.tolist()], dtype=np.int64))
 
 
+Record = tuple[object, int]
+"""One record of a :class:`Burst`: ``(block, bytes)`` allocates ``block`` (any key), ``(block, 0)`` frees it."""
+
+
+@dataclass(frozen=True)
+class Burst:
+    """Blocks a what-if allocates and frees at one place (``at``: a row of ``Trace.memory`` and
+    whether right after it), in the order of ``records`` (exact bytes; a GPU's rounded up to
+    :data:`GPU_BLOCK_BYTES` when placed, :meth:`placed`), made in ``op``. Its bytes follow the block
+    allocated at ``follows``: when another what-if scales that block (a larger batch, a pipeline
+    stage without its layer), the burst scales with it (:meth:`times`; :func:`scaled_edit`).
+
+    >>> b = Burst((4, False), (("send", 700), ("got", 700), ("send", 0), ("got", 0)), "all_to_all", 2)
+    >>> b.placed(gpu=True), b.times(2).placed(gpu=False)
+    ([('send', 1024), ('got', 1024), ('send', 0), ('got', 0)], [('send', 1400), ('got', 1400), ('send', 0), ('got', 0)])
+    >>> b.most_held_bytes(gpu=True), b.times(0).records
+    (2048, ())
+    """
+
+    at: tuple[int, bool]
+    records: tuple[Record, ...]
+    op: str
+    follows: int
+
+    def times(self, factor: float) -> Burst:
+        """The burst at ``factor`` × its bytes (none at all at 0)."""
+        if factor == 1:
+            return self
+        if factor <= 0:
+            return replace(self, records=())
+        return replace(self, records=tuple((b, max(1, int(round(n * factor))) if n else 0) for b, n in self.records))
+
+    def placed(self, gpu: bool) -> list[Record]:
+        """The records as the allocator gives them (a GPU's in whole blocks)."""
+        return [(b, gpu_block_bytes(n) if gpu and n else n) for b, n in self.records]
+
+    def most_held_bytes(self, gpu: bool) -> int:
+        """The most bytes the burst holds at once, as placed."""
+        held: dict[object, int] = {}
+        most = 0
+        for block, nbytes in self.placed(gpu):
+            if nbytes:
+                held[block] = nbytes
+            else:
+                held.pop(block, None)
+            most = max(most, sum(held.values()))
+        return most
+
+
 @dataclass(frozen=True)
 class RecordEdit:
     """What a what-if changes in a trace's allocator records (``Trace.memory``): the rows that no
@@ -283,13 +342,15 @@ class RecordEdit:
     the order they are listed; ``bytes`` negative for a free; ``addr`` pairing an allocation with
     its free, from :data:`FIRST_ADDED_ADDR` down; ``op`` the operator it is made in, None: its
     anchor's). ``what``:
-    one line for the reader; ``scaling``: the :class:`BlockScaling` it was made from, if it was
-    (:func:`scaled_edit`). Built with :class:`RecordEditor`."""
+    one line for the reader; ``scaling`` and ``bursts``: the :class:`BlockScaling` and the
+    :class:`Burst` s it was made from, if it was (:func:`scaled_edit`; such edits compose,
+    :func:`composed_edit`). Built with :class:`RecordEditor`."""
 
     what: str
     dropped: np.ndarray
     added: pd.DataFrame
     scaling: BlockScaling | None = None
+    bursts: tuple[Burst, ...] = ()
 
     @property
     def added_bytes(self) -> int:
@@ -357,7 +418,7 @@ class RecordEditor:
         if free_at is not None:
             self._added.append((free_at[0], free_at[1], -int(nbytes), addr, op))
 
-    def add_burst(self, at: tuple[int, bool], records: Sequence[tuple[object, int]], op: str | None) -> None:
+    def add_burst(self, at: tuple[int, bool], records: Sequence[Record], op: str | None) -> None:
         """Blocks allocated and freed at one place (``(anchor row, after)``), in the order of
         ``records``: ``(block, n)`` allocates block ``block`` (any key) of ``n`` bytes, ``(block,
         0)`` frees it; every block must be freed in the burst.
@@ -394,18 +455,48 @@ class RecordEditor:
         return RecordEdit(what, np.unique(np.asarray(self._dropped, dtype=np.int64)), added)
 
 
-def scaled_edit(memory: pd.DataFrame, scaling: BlockScaling, what: str) -> RecordEdit:
+def scaled_edit(memory: pd.DataFrame, scaling: BlockScaling, what: str, bursts: Sequence[Burst] = ()) -> RecordEdit:
     """The records of ``scaling`` on ``memory`` (``Trace.memory``): each block of its rows whose
     factor is not 1 allocated at the factor × its bytes (rounded up to :data:`GPU_BLOCK_BYTES` on a
     GPU) at its place (a moved one's right before its ``to`` row) and freed at its free; what each
     device held before its first record (its
     first ``Total Allocated`` less the record, when recorded) moved by ``before``, one record
     before the first: every GPU's on a trace with GPU records (the host's is not the model's),
-    else every device's."""
+    else every device's; then each of ``bursts`` at its place."""
     editor = RecordEditor(memory)
     scale_blocks(editor, scaling)
+    gpu = on_gpu(memory)
+    for burst in bursts:
+        if burst.records:
+            editor.add_burst(burst.at, burst.placed(bool(gpu[burst.at[0]])), burst.op)
     edit = editor.edit(what)
-    return RecordEdit(what, edit.dropped, edit.added, scaling)
+    return RecordEdit(what, edit.dropped, edit.added, scaling, tuple(bursts))
+
+
+def composed_edit(memory: pd.DataFrame, first: RecordEdit, second: RecordEdit) -> RecordEdit:
+    """Two what-ifs made of scaled blocks and bursts (:func:`scaled_edit`) at once: each block at
+    the product of their factors (:meth:`BlockScaling.then`), each burst of one at the other's
+    factor of the block it follows (a larger batch's all-to-all buffers grow with its attention);
+    ``first``'s line.
+
+    >>> mem = pd.DataFrame({"rank": [0] * 2, "ts_ns": [1, 2], "pid": [1] * 2, "tid": [1] * 2, "device_type": [0] * 2,
+    ...                     "device_id": [-1] * 2, "bytes": [512, -512], "total_allocated_bytes": [512, 0],
+    ...                     "total_reserved_bytes": [0] * 2, "addr": [7, 7]})
+    >>> half = scaled_edit(mem, BlockScaling(np.array([0]), np.array([0.5])), "half the tokens",
+    ...                    [Burst((0, True), (("buffer", 100), ("buffer", 0)), "all_to_all", 0)])
+    >>> c = composed_edit(mem, half, scaled_edit(mem, BlockScaling(np.array([0]), np.array([2.0])), "twice the batch"))
+    >>> c.dropped.tolist(), c.added["bytes"].tolist()   # the block as recorded, the buffer twice its bytes
+    ([], [200, -200])
+
+    Raises
+    ------
+    ValueError : an edit not made by :func:`scaled_edit`.
+    """
+    if first.scaling is None or second.scaling is None:
+        raise ValueError("only edits made of scaled blocks and bursts compose")
+    bursts = (*(b.times(second.scaling.factor_at(b.follows)) for b in first.bursts),
+              *(b.times(first.scaling.factor_at(b.follows)) for b in second.bursts))
+    return scaled_edit(memory, first.scaling.then(second.scaling), first.what, bursts)
 
 
 def scale_blocks(editor: RecordEditor, scaling: BlockScaling) -> None:

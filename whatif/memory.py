@@ -41,8 +41,8 @@ from whatif.tracer.memory import (
     UNSEEN_FREE_OP,
     RecordEdit,
     allocated_bytes,
+    composed_edit,
     device_label,
-    scaled_edit,
 )
 from whatif.tracer.trace import Trace
 from whatif.transforms.base import Transform, TransformError
@@ -322,9 +322,11 @@ def memory_edits(graph: TaskGraph, transforms: Sequence[Transform]) -> tuple[lis
     """What ``transforms`` change in the allocator records of ``graph``'s trace, and a line each
     for the reader (:meth:`~whatif.transforms.base.Transform.memory_edit`; a transform that does
     not model memory leaves its records as recorded and says so). Each transform's edit is read
-    on ``graph`` as recorded, not on what the ones before it made; edits that scale blocks
-    (:class:`~whatif.tracer.memory.BlockScaling`: ``batch``, ``tensor_parallel``,
-    ``pipeline_parallel``) compose into one, each block at the product of their factors.
+    on ``graph`` as recorded, not on what the ones before it made; edits that scale blocks and
+    add bursts of buffers (:func:`~whatif.tracer.memory.scaled_edit`: ``batch``,
+    ``tensor_parallel``, ``pipeline_parallel``, ``sequence_parallel``) compose into one, each block
+    at the product of their factors and each burst at the others' factor of the block it follows
+    (:func:`~whatif.tracer.memory.composed_edit`).
 
     Raises
     ------
@@ -344,10 +346,10 @@ def memory_edits(graph: TaskGraph, transforms: Sequence[Transform]) -> tuple[lis
         at, name = len(edits), t.label()
         if edit.scaling is not None and scaled and graph.trace is not None:
             at = scaled[0]
-            merged = edits[at].scaling.then(edit.scaling)   # type: ignore[union-attr]  # in scaled
-            edit, name = scaled_edit(graph.trace.memory, merged, edits[at].what), f"{names[at]} and {name}"
-            lines.append(f"{name}: each block at the product of their factors (a largest batch that fits, above, "
-                         f"is one GPU's without the others)")
+            edit, name = composed_edit(graph.trace.memory, edits[at], edit), f"{names[at]} and {name}"
+            grown = " (the buffers each adds grow with the blocks they follow)" if edit.bursts else ""
+            lines.append(f"{name}: each block at the product of their factors{grown} (a largest batch that fits, "
+                         f"above, is one GPU's without the others)")
         for i, (other, other_name) in enumerate(zip(edits, names)):
             both = np.intersect1d(other.dropped, edit.dropped)
             if i != at and len(both):

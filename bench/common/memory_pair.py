@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,24 +50,21 @@ def span(values: list[float], fmt: str) -> str:
 
 
 @dataclass(frozen=True)
-class RanksSetup:
-    """One setup of an example program: its arguments, recorded alone and as each of ``degrees``
-    ranks."""
+class RanksRun:
+    """One run of an example program as torchrun ranks: the flags added to its setup's arguments
+    and how many ranks."""
 
-    label: str
-    args: tuple[str, ...]
-    degrees: tuple[int, ...]
+    flags: tuple[str, ...]
+    ranks: int
 
 
-def rank_pairs(program: str, flag: str, setups: Sequence[RanksSetup],
-               row: Callable[[RanksSetup, Trace, Trace, int], str]) -> list[str]:
-    """``row(setup, alone, ranks, degree)`` for each setup of ``examples/<program>`` recorded alone
-    and with ``flag degree`` as that many torchrun ranks (this machine's CPU, gloo)."""
-    rows = []
-    for setup in setups:
-        with tempfile.TemporaryDirectory() as tmp:
-            alone = load_trace(record_cpu(program, setup.args, Path(tmp) / "alone"))
-            for degree in setup.degrees:
-                run = record_cpu_ranks(program, (*setup.args, flag, str(degree)), Path(tmp) / f"ranks{degree}", degree)
-                rows.append(row(setup, alone, load_trace(run), degree))
-    return rows
+def alone_and_ranks(program: str, args: tuple[str, ...], runs: Sequence[RanksRun],
+                    alone_flags: tuple[str, ...] = ()) -> Iterator[tuple[RanksRun, Trace, Trace]]:
+    """``examples/<program>`` recorded alone with ``args`` and ``alone_flags``, then as each of
+    ``runs`` (``args`` and its flags, that many gloo ranks on this machine's CPU): ``(run, the
+    trace alone, the ranks' trace)`` each, the recordings removed once the last is read."""
+    with tempfile.TemporaryDirectory() as tmp:
+        alone = load_trace(record_cpu(program, (*args, *alone_flags), Path(tmp) / "alone"))
+        for i, run in enumerate(runs):
+            ranks = record_cpu_ranks(program, (*args, *run.flags), Path(tmp) / f"run{i}", run.ranks)
+            yield run, alone, load_trace(ranks)

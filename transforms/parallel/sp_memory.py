@@ -76,7 +76,7 @@ from whatif.core.kernels import (
 )
 from whatif.depgraph.hierarchy import enclosing
 from whatif.tracer.args import Arg
-from whatif.tracer.memory import BlockScaling, RecordEdit, RecordEditor, gpu_block_bytes, on_gpu, scale_blocks
+from whatif.tracer.memory import BlockScaling, Burst, Record, RecordEdit, on_gpu, scaled_edit
 from whatif.tracer.trace import Trace
 
 from ..base import TransformError
@@ -105,7 +105,9 @@ class AttentionCall:
     """One attention op of the sharded blocks: the first and last allocator records inside it
     (rows of ``Trace.memory``), the bytes on one rank of Q, K and V and of the output (what the
     all-to-alls move; K and V also the ring's blocks), of the running fp32 output and the fp32
-    log-sum-exp a ring step makes, and whether K and V are strided views in the recording."""
+    log-sum-exp a ring step makes, whether K and V are strided views in the recording, and the
+    first allocation inside it (its buffers grow with that block when another what-if scales it:
+    :class:`~whatif.tracer.memory.Burst`)."""
 
     first: int
     last: int
@@ -114,6 +116,7 @@ class AttentionCall:
     out_fp32_bytes: int
     lse_bytes: int
     strided_kv: bool
+    follows: int = -1
 
 
 @dataclass(frozen=True)
@@ -187,9 +190,10 @@ def _dense(dims: object, strides: object) -> bool:
 
 
 def attention_call(name: str, dims: object, types: object, strides: object, ulysses: int, ring: int,
-                   records: tuple[int, int] = (-1, -1)) -> AttentionCall | None:
+                   records: tuple[int, int, int] = (-1, -1, -1)) -> AttentionCall | None:
     """An attention op's bytes on one rank of Ulysses over ``ulysses`` ranks and a ring over
-    ``ring`` (:class:`AttentionCall`; ``records``: its first and last allocator records): Q and the
+    ``ring`` (:class:`AttentionCall`; ``records``: its first and last allocator records and its
+    first allocation): Q and the
     output over ``P``, K and V ``⌈H_kv/U⌉`` KV heads of ``N/R`` tokens (a KV head replicated when
     the Ulysses ranks outnumber them, as the transform prices it); None without its shapes.
 
@@ -214,7 +218,7 @@ def attention_call(name: str, dims: object, types: object, strides: object, ulys
                   for i in (ki, vi))
     return AttentionCall(records[0], records[1],
                          (q * qt.bytes // degree, int(k * kt.bytes * kv_share), int(v * vt.bytes * kv_share)),
-                         out * qt.bytes // degree, out * 4 // degree, rows * 4 // degree, strided)
+                         out * qt.bytes // degree, out * 4 // degree, rows * 4 // degree, strided, records[2])
 
 
 def _split(ops: ForwardOps, names: np.ndarray, dims: np.ndarray, attention: np.ndarray, degree: int,
@@ -298,8 +302,9 @@ def sequence_memory(trace: Trace, degree: int, ulysses: int | None = None, roles
             raise TransformError(f"{WHO}: ulysses splits the {heads[0]} attention heads ({heads[1]} KV heads) over "
                                  f"{u} GPUs, which does not divide them")
         records = records_of[p]
+        made = records[mem["bytes"].to_numpy()[records] > 0]
         call = attention_call(str(names[p]), dims[p], types[p], strides[p], u, degree // u,
-                              (int(records[0]), int(records[-1])))
+                              (int(records[0]), int(records[-1]), int(made[0]) if len(made) else -1))
         if call is not None:
             calls.append(call)
     return SequenceMemory(degree, u, roles, scale, tuple(calls), tuple(gathers))
@@ -313,7 +318,7 @@ class _Frame:
     OUTSIDE = 0
 
     def __init__(self) -> None:
-        self.records: list[tuple[str | int, int]] = []
+        self.records: list[Record] = []
         self.refs: dict[str, int] = {}
         self._held: dict[int, int] = {}
 
@@ -342,7 +347,7 @@ class _Frame:
 
 
 def ring_records(steps: int, kv_bytes: tuple[int, int], out_bytes: int, out_fp32_bytes: int, lse_bytes: int, *,
-                 converts: bool, copy_kv: bool, log_sigmoid_buffer: bool) -> list[tuple[str | int, int]]:
+                 converts: bool, copy_kv: bool, log_sigmoid_buffer: bool) -> list[Record]:
     """The blocks one rank's ring attention makes and frees, in order (``(block, bytes)``; 0
     frees it), as ring-flash-attention's ``ring_flash_attn_forward`` and ``update_out_and_lse`` do
     (module docstring): ``steps`` ring steps with K, V blocks of ``kv_bytes``, each step's output
@@ -353,8 +358,8 @@ def ring_records(steps: int, kv_bytes: tuple[int, int], out_bytes: int, out_fp32
     returned output stands for the recorded call's.
 
     >>> records = ring_records(2, (8, 8), 16, 16, 4, converts=False, copy_kv=False, log_sigmoid_buffer=False)
-    >>> from whatif.transforms.parallel.sp_memory import _most_held
-    >>> len(records), _most_held(records)   # K, V received (16), two steps' output and lse (40), the update's (36)
+    >>> burst = Burst((0, False), tuple(records), "ring", 0)   # K, V received (16), both steps' output
+    >>> len(records), burst.most_held_bytes(gpu=False)       # and lse (40), the update's (36)
     (28, 92)
     """
     k_bytes, v_bytes = kv_bytes
@@ -407,50 +412,36 @@ def ring_records(steps: int, kv_bytes: tuple[int, int], out_bytes: int, out_fp32
     return f.records
 
 
-def _exchange(name: str, nbytes: int) -> list[tuple[str | int, int]]:
+def _exchange(name: str, nbytes: int) -> list[Record]:
     """One all-to-all's records: send and receive buffers, the reshaped copy, the two freed."""
     return [(f"{name} send", nbytes), (f"{name} receive", nbytes), (name, nbytes), (f"{name} send", 0),
             (f"{name} receive", 0)]
 
 
-def _bursts(sm: SequenceMemory, gpu: np.ndarray) -> list[tuple[tuple[int, bool], list[tuple[str | int, int]], str]]:
-    """Each burst of buffers one rank makes and frees at one place: ``((row, after), records, op)``."""
-    def size(row: int, nbytes: int) -> int:
-        return gpu_block_bytes(nbytes) if gpu[row] else nbytes
-
-    out: list[tuple[tuple[int, bool], list[tuple[str | int, int]], str]] = []
+def _bursts(sm: SequenceMemory, gpu: np.ndarray) -> list[Burst]:
+    """Each burst of buffers one rank makes and frees at one place (``gpu``: which records are a
+    GPU's): the all-to-alls' and the ring's before and after each attention call (following its
+    first allocation), the all-gathers' after the last per-token op (following its output)."""
+    out: list[Burst] = []
     for call in sm.calls:
-        q, k, v = (size(call.first, b) for b in call.qkv_bytes)
+        q, k, v = call.qkv_bytes
         if sm.ulysses > 1:
-            qkv: list[tuple[str | int, int]] = [*_exchange("q", q), *_exchange("k", k), *_exchange("v", v),
-                                                 ("q", 0), ("k", 0), ("v", 0)]
-            out.append(((call.first, False), qkv, "(Ulysses all-to-all: Q, K, V)"))
+            qkv = (*_exchange("q", q), *_exchange("k", k), *_exchange("v", v), ("q", 0), ("k", 0), ("v", 0))
+            out.append(Burst((call.first, False), qkv, "(Ulysses all-to-all: Q, K, V)", call.follows))
         if sm.ring > 1:
-            o, o32, lse = (size(call.first, b) for b in (call.out_bytes, call.out_fp32_bytes, call.lse_bytes))
-            ring = ring_records(sm.ring, (k, v), o, o32, lse, converts=call.out_bytes != call.out_fp32_bytes,
+            ring = ring_records(sm.ring, (k, v), call.out_bytes, call.out_fp32_bytes, call.lse_bytes,
+                                converts=call.out_bytes != call.out_fp32_bytes,
                                 copy_kv=sm.ulysses == 1 and call.strided_kv, log_sigmoid_buffer=not gpu[call.first])
-            out.append(((call.first, False), ring, "(Ring attention: K, V blocks, output, log-sum-exp)"))
+            out.append(Burst((call.first, False), tuple(ring), "(Ring attention: K, V blocks, output, log-sum-exp)",
+                             call.follows))
         if sm.ulysses > 1:
-            o = size(call.last, call.out_bytes)
-            out.append(((call.last, True), [*_exchange("o", o), ("o", 0)], "(Ulysses all-to-all: output)"))
+            out.append(Burst((call.last, True), (*_exchange("o", call.out_bytes), ("o", 0)),
+                             "(Ulysses all-to-all: output)", call.follows))
     for row, nbytes in sm.gathers:
-        part = size(row, nbytes // sm.degree)
-        parts: list[tuple[str | int, int]] = [(i, n) for n in (part, 0) for i in range(sm.degree)]
-        out.append(((row, True), parts, "(sequence-parallel all-gather)"))
+        part = nbytes // sm.degree
+        parts = tuple((i, n) for n in (part, 0) for i in range(sm.degree))
+        out.append(Burst((row, True), parts, "(sequence-parallel all-gather)", row))
     return out
-
-
-def _most_held(records: list[tuple[str | int, int]]) -> int:
-    """The most bytes a burst holds at once."""
-    held: dict[str | int, int] = {}
-    most = 0
-    for block, nbytes in records:
-        if nbytes:
-            held[block] = nbytes
-        else:
-            held.pop(block, None)
-        most = max(most, sum(held.values()))
-    return most
 
 
 def sp_batch_peaks(trace: Trace, degree: int, ulysses: int | None = None, roles: BlockRoles | None = None,
@@ -470,7 +461,7 @@ def sp_batch_peaks(trace: Trace, degree: int, ulysses: int | None = None, roles:
     if peaks is None:
         return None
     gpu = on_gpu(trace.memory)
-    return with_transients(trace, peaks, [(at[0], at[1], _most_held(records)) for at, records, _ in _bursts(sm, gpu)])
+    return with_transients(trace, peaks, [(*b.at, b.most_held_bytes(bool(gpu[b.at[0]]))) for b in _bursts(sm, gpu)])
 
 
 def sequence_parallel_memory_edit(trace: Trace, degree: int, ulysses: int | None = None) -> RecordEdit:
@@ -484,10 +475,6 @@ def sequence_parallel_memory_edit(trace: Trace, degree: int, ulysses: int | None
     TransformError : as :func:`sequence_memory`.
     """
     sm = sequence_memory(trace, degree, ulysses)
-    editor = RecordEditor(trace.memory)
-    scale_blocks(editor, sm.scaling())
-    for at, records, op in _bursts(sm, on_gpu(trace.memory)):
-        editor.add_burst(at, records, op)
     sizes = trace.memory["bytes"].to_numpy()[sm.roles.rows]
     less = float((sizes * (1 - sm.scale)).sum())
     mode = "ulysses" if sm.ring == 1 else "ring" if sm.ulysses == 1 else f"usp {sm.ulysses}x{sm.ring}"
@@ -496,4 +483,4 @@ def sequence_parallel_memory_edit(trace: Trace, degree: int, ulysses: int | None
     what = (f"sequence_parallel({mode}, degree={degree}): {int(((sm.scale < 1) & (sm.scale > 0)).sum()):,} activation "
             f"blocks at 1/{degree}{f', {dropped:,} not made' if dropped else ''} ({less / 2**20:,.1f} MiB fewer "
             f"allocated), the {added} of {len(sm.calls):,} attention calls and {len(sm.gathers):,} all-gathers added")
-    return editor.edit(what)
+    return scaled_edit(trace.memory, sm.scaling(), what, _bursts(sm, on_gpu(trace.memory)))
