@@ -167,7 +167,8 @@ def test_cli_writes_the_table_the_document_and_the_figure_and_refuses_to_overwri
     text = " ".join(capsys.readouterr().out.split())
     assert "Pareto front of 4 plans" in text and "4 plans predicted, 0 refused" in text
     lines = table.read_text().splitlines()
-    assert lines[0].startswith("plan,tp,pp,micro_batches,sp,dp,batch,device,gpus,status,step_ns") and len(lines) == 5
+    assert lines[0].startswith("plan,tp,pp,micro_batches,sp,ulysses,dp,batch,device,gpus,status,step_ns")
+    assert len(lines) == 5
     assert json.loads(doc.read_text())["schema"] == "whatif.plan-sweep/1"
     assert "Pareto front" in html.read_text()
     first = table.read_bytes()

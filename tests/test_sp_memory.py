@@ -206,6 +206,7 @@ def test_the_sweep_runs_each_usp_layout(shared_traces: Path) -> None:
     for u in (1, 2, 4):
         want = memory(trace, edits=[sequence_parallel_memory_edit(trace, 4, u)]).devices[0].peak_allocated_bytes
         assert rows[f"tp1·pp1·sp4u{u}·dp1"].memory_per_gpu_bytes == want
+        assert rows[f"tp1·pp1·sp4u{u}·dp1"].ulysses == u
     assert "usp plans with sp 4 (u 1), 4 (u 2), 4 (u 4)" in doc.memory_model
     # the scenario carries the layout: a ring of four hops over every rank, Ulysses does not
     assert rows["tp1·pp1·sp4u1·dp1"].step_ns != rows["tp1·pp1·sp4u4·dp1"].step_ns

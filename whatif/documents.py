@@ -1183,7 +1183,8 @@ class DitSweepDocument(Entry, frozen=True, kw_only=True):
 
 
 class PlanRow(Entry, frozen=True, kw_only=True):
-    """One plan of a plan sweep (docs/scale.md): its degrees and batch factor (multiples of the
+    """One plan of a plan sweep (docs/scale.md): its degrees (``ulysses``: the ranks each Ulysses
+    all-to-all spans, :func:`whatif.scale.plans.ulysses_ranks`) and batch factor (multiples of the
     traced batch per GPU), the GPUs it takes, what happened
     (``status``: ``ok``, ``refused`` by a transform, ``does not fit`` the device's memory, with
     the one-line ``reason``), the predicted mean step, the throughput (the document's
@@ -1197,6 +1198,7 @@ class PlanRow(Entry, frozen=True, kw_only=True):
     pp: int
     micro_batches: int
     sp: int
+    ulysses: int = 1
     dp: int
     batch: float
     device: str

@@ -496,16 +496,25 @@ def _schedule(mode: Mode) -> Schedule:
     return Schedule.ONE_F_ONE_B if mode is Mode.TRAINING else Schedule.SERVING
 
 
+def ulysses_ranks(plan: Plan) -> int:
+    """The ranks each of ``plan``'s Ulysses all-to-alls spans (``sp`` in Ulysses mode, 1 for a
+    ring or without sequence parallelism, the machine's share in USP and torus mode; 0 when its
+    topology cannot say: the plan is refused)."""
+    if plan.sp == 1:
+        return 1
+    try:
+        return SequenceParallel(mode=plan.sp_mode, degree=plan.sp, topology=plan.topology,
+                                ulysses_degree=plan.ulysses).ulysses_ranks()
+    except TransformError:
+        return 0
+
+
 def _recorded_key(plan: Plan) -> RecordedKey | None:
     """The timeline ``plan`` reads; None for sequence parallelism with tensor or pipeline
     parallelism, or in torus mode, which keep the memory model."""
     if plan.sp > 1:
-        if plan.tp > 1 or plan.pp > 1 or plan.sp_mode not in MODELLED_MODES:
-            return None
-        try:
-            ulysses = SequenceParallel(mode=plan.sp_mode, degree=plan.sp, topology=plan.topology,
-                                       ulysses_degree=plan.ulysses).ulysses_ranks()
-        except TransformError:
+        ulysses = ulysses_ranks(plan)
+        if plan.tp > 1 or plan.pp > 1 or plan.sp_mode not in MODELLED_MODES or not ulysses:
             return None
         return 1, 1, 0, plan.sp, ulysses
     if plan.pp == 1:
@@ -601,7 +610,8 @@ def plan_rows(plans: Sequence[Plan], outcomes: Sequence[PlanOutcome], ranks: int
     front = pareto_front([gpus[i] for i in ran], [float(outcomes[i].step_ns or 0) for i in ran],
                          [throughput[i] or 0.0 for i in ran])
     on_front = {i for i, f in zip(ran, front.tolist()) if f}
-    return [PlanRow(plan=p.label, tp=p.tp, pp=p.pp, micro_batches=p.micro_batches, sp=p.sp, dp=p.dp, batch=p.batch,
+    return [PlanRow(plan=p.label, tp=p.tp, pp=p.pp, micro_batches=p.micro_batches, sp=p.sp, ulysses=ulysses_ranks(p),
+                    dp=p.dp, batch=p.batch,
                     device=p.device or "", gpus=gpus[i], status=o.status.value, step_ns=o.step_ns,
                     throughput_per_s=throughput[i],
                     memory_per_gpu_bytes=o.memory_per_gpu_bytes, fits=o.fits,
