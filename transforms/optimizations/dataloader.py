@@ -58,6 +58,7 @@ import pandas as pd
 
 from whatif.core import limits
 from whatif.depgraph.graph import EdgeKind, ResourceKind, TaskGraph, TaskKind
+from whatif.tracer.trace import name_texts, per_name
 
 from ..base import Transform, TransformContext, TransformError
 from ..edit import (
@@ -98,8 +99,8 @@ def fold_loader_ranges(graph: TaskGraph, *, reason: str) -> TaskGraph:
     if trace is None or not len(graph.tasks):
         return graph
     ev = trace.events
-    names = ev["name"].astype(str).to_numpy()
-    cpu_ranges = np.flatnonzero((np.char.find(names.astype(str), "DataLoader") >= 0)
+    names = name_texts(ev["name"])
+    cpu_ranges = np.flatnonzero(per_name(ev["name"], lambda n: "DataLoader" in n)
                                 & (ev["device"].to_numpy() < 0) & (ev["dur_ns"].to_numpy() > 0))
     if not len(cpu_ranges):
         return graph
@@ -183,8 +184,8 @@ class DataLoaderWorkers(Transform):
         """The per-batch loading tasks (sorted ids); raises :class:`TransformError` when none."""
         sel = self.select or DEFAULT_SELECT
         ids = sel(graph)
-        names = graph.tasks["name"].astype(str).to_numpy()[ids]
-        multi = np.char.find(names.astype(str), MULTIPROCESS_MARK) >= 0 if len(ids) else np.zeros(0, bool)
+        names = name_texts(graph.tasks["name"], ids)
+        multi = per_name(graph.tasks["name"], lambda n: MULTIPROCESS_MARK in n)[ids]
         if multi.any():
             raise TransformError(f"dataloader: {int(multi.sum())} selected tasks are {names[multi][0]!r}: this "
                                  "trace's DataLoader already uses worker processes, so its load time is not in "
