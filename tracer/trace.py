@@ -53,14 +53,21 @@ them as ``whatif: warning: ...`` lines on stderr)."""
 LAUNCH_NAMES = ("LaunchKernel", "GraphLaunch", "LaunchCooperativeKernel", "ModuleLaunchKernel")
 
 
+def _categorical(names: pd.Series) -> pd.Series:
+    """A name column as categorical (the event table's is; a graph's tasks' may not be once a
+    transform has renamed some)."""
+    return names if isinstance(names.dtype, pd.CategoricalDtype) else names.astype("category")
+
+
 def per_name(names: pd.Series, predicate: Callable[[str], bool]) -> np.ndarray:
-    """``predicate`` of every event's name, evaluated once per distinct name (the table's ``name``
-    column is categorical).
+    """``predicate`` of every event's name, evaluated once per distinct name.
 
     >>> per_name(pd.Series(["a", "bb", "a"], dtype="category"), lambda n: len(n) > 1).tolist()
     [False, True, False]
+    >>> per_name(pd.Series(["a", "bb"]), lambda n: n == "a").tolist()
+    [True, False]
     """
-    cat = names.cat
+    cat = _categorical(names).cat
     per_category = np.fromiter((predicate(str(n)) for n in cat.categories), dtype=bool, count=len(cat.categories))
     return per_category[cat.codes.to_numpy()]
 
@@ -73,7 +80,7 @@ def name_texts(names: pd.Series, rows: np.ndarray | None = None) -> np.ndarray:
     >>> name_texts(pd.Series(["a", "bb", "a"], dtype="category"), np.array([2, 1])).tolist()
     ['a', 'bb']
     """
-    cat = names.cat
+    cat = _categorical(names).cat
     texts = np.asarray([str(c) for c in cat.categories], dtype=object)
     codes = cat.codes.to_numpy()
     return texts[codes if rows is None else codes[rows]]
