@@ -115,14 +115,19 @@ def test_bf16_gemm_by_peak_ratio_add_by_byte_ratio(fp32_a100: Analysis) -> None:
         < fp32_a100.steps["predicted_ns"].sum()
 
 
-def test_already_lower_is_unchanged_and_chains(tmp_path: Path) -> None:
+def test_a_16_bit_program_is_not_converted_again(tmp_path: Path) -> None:
+    """Converting a program whose GEMMs already run in 16 bits is refused (its fp32 kernels are
+    ones it computes in fp32 on purpose), as its memory is; so is converting twice. Chosen kernels
+    already at or below the target are unchanged."""
     a = analyze(ops_trace(types="c10::BFloat16").write(tmp_path / "bf16.json.gz"))
-    out = apply(a, Precision(dtype="fp16"))
+    with pytest.raises(TransformError, match=r"GEMM, convolution and attention kernels already run in 16 bits"):
+        apply(a, Precision(dtype="fp16"))
+    out = apply(a, Precision(dtype="fp16", select=Selector(kernel_class="gemm")))
     assert (out.tasks["dur_ns"].to_numpy() == a.graph.tasks["dur_ns"].to_numpy()).all()
-    # fp32 -> bf16 -> bf16 again: the second application changes nothing
     b = analyze(ops_trace().write(tmp_path / "fp32.json.gz"))
-    once, twice = apply(b, Precision(dtype="bf16")), apply(b, Precision(dtype="bf16"), Precision(dtype="bf16"))
-    assert (once.tasks["dur_ns"].to_numpy() == twice.tasks["dur_ns"].to_numpy()).all()
+    assert (apply(b, Precision(dtype="bf16")).tasks["dur_ns"].to_numpy() < b.graph.tasks["dur_ns"].to_numpy()).any()
+    with pytest.raises(TransformError, match="already run in 16 bits"):
+        apply(b, Precision(dtype="bf16"), Precision(dtype="bf16"))
 
 
 def test_int4_weight_only_shrinks_decode_gemv_by_weight_bytes(tmp_path: Path) -> None:

@@ -12,7 +12,10 @@ keeps its share of the roofline, as under every plan and a GPU move, so the orde
 compute-bound GEMM by the rate ratio, a decode GEMV by its weight-byte ratio (weight-only:
 activations and math stay 16-bit, only GEMM/conv weight bytes shrink, so a compute-bound GEMM
 does not change). fp8/int8 keep vector kernels (norms, activations, residuals) in 16-bit; a
-kernel already at or below the target is unchanged. The model and its sources:
+kernel already at or below the target is unchanged. bf16/fp16 on every kernel is an fp32 program
+converted, so a program whose GEMM, convolution or attention kernels already run in 16 bits (a
+converted model, or autocast) is refused, as its memory is: its fp32 kernels are ones it computes in
+fp32 on purpose (a norm after ``.float()``); ``select=`` prices chosen kernels. The model and its sources:
 :mod:`whatif.predictors.costs`. Reference point: Daydream's AMP (Zhu et al., ATC 2020) ×1/3
 compute-bound, ×1/2 memory-bound on V100 fp32→fp16 (compared in ``bench/whatif_precision.py``).
 
@@ -39,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from whatif.core.autocast import AUTOCAST_DTYPES
+from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph, kind_codes
 from whatif.depgraph.schema import PRECISION_COLUMN
 from whatif.tracer.memory import RecordEdit, RecordEditor
@@ -53,6 +57,8 @@ from .autocast_memory import autocast_memory_edit
 
 COLUMN = PRECISION_COLUMN   # read by whatif.predictors.costs
 DTYPES = ("tf32", "bf16", "fp16", "fp8", "int8", "int4_weight")
+LOW_PRECISION = frozenset({"bf16", "fp16", "fp8", "int8"})
+"""Compute dtypes of 16 bits or fewer (a kernel's, :meth:`~whatif.predictors.costs.CostModel.kernel_facts`)."""
 
 
 def record_spec(graph: TaskGraph, tasks: np.ndarray, spec: str) -> TaskGraph:
@@ -119,8 +125,28 @@ class Precision(Transform):
         ids = self.select(graph)
         if not len(ids):
             return ids
+        self._check_converts(graph, ids, ctx)
         factor = ctx.require_cost(self.name).precision_factor(graph, ids, self.spec())
         return ids[factor != 1.0]
+
+    def _check_converts(self, graph: TaskGraph, ids: np.ndarray, ctx: TransformContext) -> None:
+        """bf16/fp16 on every kernel is an fp32 model converted: refused, as its memory is, when the
+        program's GEMMs, convolutions or attention already run in 16 bits (a converted model, or
+        autocast): the fp32 kernels left are ones it computes in fp32 on purpose (a norm after
+        ``.float()``), which converting it again would not change."""
+        spec = self.spec()
+        if spec not in AUTOCAST_DTYPES or self.select != Selector(kind="kernel"):
+            return
+        facts = ctx.require_cost(self.name).kernel_facts(graph, ids)
+        matrix = np.isin(facts["kernel_class"], [c.value for c in KernelClass if c.compute_bound])
+        low = np.asarray([str(d) in LOW_PRECISION for d in facts["dtype"]], dtype=bool)
+        already = int((matrix & low).sum())
+        if already:
+            raise TransformError(f"precision: {already:,} of the {int(matrix.sum()):,} GEMM, convolution and attention "
+                                 f"kernels already run in 16 bits or fewer: the program is not an fp32 one, and "
+                                 f"converting it to {spec} is predicted from an fp32 program (its fp32 kernels are "
+                                 f"ones it computes in fp32 on purpose); pass select= to price chosen kernels "
+                                 f"in {spec}")
 
     def placement(self, placement: Placement, graph: TaskGraph, ctx: TransformContext) -> Placement:
         """The weights stored as the spec stores them: the model's GEMM/conv weight bytes after over
@@ -142,6 +168,7 @@ class Precision(Transform):
         ids = self.select(graph)
         if not len(ids):
             raise TransformError(f"precision: {self.select.why_empty(graph)}")
+        self._check_converts(graph, ids, ctx)
         factor = cost.precision_factor(graph, ids, spec)
         changed = factor != 1.0
         out = scale(record_spec(graph, ids, spec), ids[changed], factor[changed],
