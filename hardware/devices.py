@@ -627,6 +627,32 @@ def sixteen_bit(device: Device) -> DType:
     return DType.BF16 if device.peak.get(DType.BF16) else DType.FP16
 
 
+PROPERTIES_MEMORY_TOLERANCE = 0.05
+"""How far a trace's ``totalGlobalMem`` may sit from a catalog GPU's memory (the driver reports a
+little less than the card's, e.g. an H100 80GB's 79.6 GiB) for :func:`device_of_properties`."""
+
+
+def device_of_properties(props: Mapping[str, object]) -> Device | None:
+    """The catalog GPU an unnamed ``deviceProperties`` entry of a trace describes (ROCm traces
+    can leave ``name`` empty): the one built-in device of its vendor (``warpSize`` 64: AMD, 32:
+    NVIDIA) with its SM (compute unit) count and, within :data:`PROPERTIES_MEMORY_TOLERANCE`, its
+    memory; None when no device or several match (an A100 SXM and PCIe look alike).
+
+    >>> device_of_properties({"name": "", "warpSize": 64, "numSms": 304, "totalGlobalMem": 206141652992}).name
+    'MI300X'
+    >>> device_of_properties({"warpSize": 32, "numSms": 108, "totalGlobalMem": 85899345920}) is None
+    True
+    """
+    try:
+        warp, sms, mem = (int(props[k]) for k in ("warpSize", "numSms", "totalGlobalMem"))   # type: ignore[call-overload]
+    except (KeyError, TypeError, ValueError):
+        return None
+    vendor = {64: Vendor.AMD, 32: Vendor.NVIDIA}.get(warp)
+    found = [d for d in DEVICES.values() if d.vendor is vendor and d.sm_count == sms
+             and abs(mem / d.mem_bytes - 1) <= PROPERTIES_MEMORY_TOLERANCE]
+    return found[0] if len(found) == 1 else None
+
+
 def find_device(name_from_trace: str | None) -> Device | None:
     """Catalog entry for a trace's ``deviceProperties`` name, or None when unknown.
 

@@ -45,3 +45,24 @@ def test_a_trace_without_any_numeric_ts_says_so(tmp_path: Path, capsys) -> None:
     assert main(["analyze", str(tmp_path / "bad.json"), "--no-cache"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "none of its complete (ph 'X') events has a numeric ts and dur" in err[0]
+
+
+def test_an_unnamed_gpu_is_named_from_its_properties(tmp_path: Path, capsys) -> None:
+    """A ROCm trace whose ``deviceProperties`` leave the name empty (the shared vLLM MI300X
+    traces): the one catalog GPU of its vendor, compute units and memory names it, said in a
+    warning line, so GPU what-ifs can scale from it; properties two GPUs share name nothing."""
+    src = llm_trace(tmp_path / "t.json.gz", layers=1, steps=2)
+    doc = json.loads(gzip.open(src).read())
+    mi300x = {"id": 0, "name": "", "warpSize": 64, "numSms": 304, "totalGlobalMem": 206141652992}
+    for name, props, named in (("mi300x", mi300x, "MI300X"),
+                               ("a100", {**mi300x, "warpSize": 32, "numSms": 108, "totalGlobalMem": 85899345920}, None)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({**doc, "deviceProperties": [props]}))
+        assert main(["analyze", str(path), "--no-cache"]) == 0
+        captured = capsys.readouterr()
+        warnings = [x for x in captured.err.splitlines() if x.startswith("whatif: warning:")]
+        if named:
+            assert len(warnings) == 1 and f"taken as {named} from its properties (304 SMs" in warnings[0]
+            assert f"({named})" in captured.out
+        else:
+            assert not warnings

@@ -51,7 +51,7 @@ from .args import PACKED_SCHEMA, EventArgs, PackedTexts
 from .memory import MEMORY_COLUMNS
 from .readers import Flow, reader_for
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """What an entry holds and how the readers fill it: bump it whenever either changes."""
 
 CACHE_DIR_ENV = "WHATIF_CACHE_DIR"

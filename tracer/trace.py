@@ -192,11 +192,21 @@ def find_trace_files(path: Path) -> list[Path]:
     return files
 
 
-def _device_names(metadata: dict[str, Any]) -> list[str]:
+def _device_properties(metadata: dict[str, Any]) -> list[dict[str, Any]]:
     props = metadata.get("deviceProperties") or metadata.get("computeProperties") or []
-    if not isinstance(props, list):
-        return []
-    return [str(p.get("name", "")) for p in props if isinstance(p, dict)]
+    return [p for p in props if isinstance(p, dict)] if isinstance(props, list) else []
+
+
+def _device_names(metadata: dict[str, Any]) -> list[str]:
+    """Each listed device's name; an unnamed one's the catalog GPU its properties describe
+    (:func:`~whatif.hardware.devices.device_of_properties`), or empty."""
+    from whatif.hardware.devices import device_of_properties
+
+    out = []
+    for p in _device_properties(metadata):
+        found = None if str(p.get("name", "")) else device_of_properties(p)
+        out.append(found.name if found is not None else str(p.get("name", "")))
+    return out
 
 
 def check_usable(ft: FileTrace) -> None:
@@ -427,7 +437,8 @@ def load_trace(path: str | Path) -> Trace:
 
 def input_warnings(trace: Trace) -> list[str]:
     """One line per rank file whose events were dropped or changed at read time: complete events
-    whose ts or dur is not a number (dropped), negative durations (read as 0)."""
+    whose ts or dur is not a number (dropped), negative durations (read as 0), a GPU named from
+    its properties."""
     out = []
     for r in trace.ranks:
         bad, negative = r.skipped.get("malformed", 0), r.skipped.get("negative_dur", 0)
@@ -436,6 +447,11 @@ def input_warnings(trace: Trace) -> list[str]:
                        f"(or a flow or instant event without its time or id)")
         if negative:
             out.append(f"{r.path}: {negative:,} negative duration{'s' * (negative != 1)} read as 0")
+        unnamed = [p for p in _device_properties(r.metadata) if not str(p.get("name", ""))]
+        if unnamed and r.gpu_name:
+            p = unnamed[0]
+            out.append(f"{r.path}: the GPU is not named in the trace; taken as {r.gpu_name} from its properties "
+                       f"({p.get('numSms')} SMs or compute units, {int(p.get('totalGlobalMem', 0)) / 2**30:,.0f} GiB)")
     return out
 
 
