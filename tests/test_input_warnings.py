@@ -54,8 +54,8 @@ def test_an_unnamed_gpu_is_named_from_its_properties(tmp_path: Path, capsys) -> 
     src = llm_trace(tmp_path / "t.json.gz", layers=1, steps=2)
     doc = json.loads(gzip.open(src).read())
     mi300x = {"id": 0, "name": "", "warpSize": 64, "numSms": 304, "totalGlobalMem": 206141652992}
-    for name, props, named in (("mi300x", mi300x, "MI300X"),
-                               ("a100", {**mi300x, "warpSize": 32, "numSms": 108, "totalGlobalMem": 85899345920}, None)):
+    a100 = {**mi300x, "warpSize": 32, "numSms": 108, "totalGlobalMem": 85899345920}   # SXM or PCIe
+    for name, props, named in (("mi300x", mi300x, "MI300X"), ("a100", a100, None)):
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps({**doc, "deviceProperties": [props]}))
         assert main(["analyze", str(path), "--no-cache"]) == 0
