@@ -60,6 +60,23 @@ def test_export_is_a_readable_trace_whose_slices_nest(tmp_path: Path) -> None:
     assert main(["analyze", str(out), "-q"]) == 0
 
 
+def test_export_writes_the_timeline_a_scenario_predicts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``export -s``: the written trace, read again, runs each step in the time ``predict`` gives
+    the scenario (fuse + CUDA graphs on our own H200 recording), not the recorded time."""
+    from whatif.api import analyze, predict
+
+    sample = Path(__file__).resolve().parents[1] / "sample_traces" / "gpu" / "pairs" / "p2_cuda_graph-before-r1"
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "fuse_and_graph.toml"
+    out = tmp_path / "predicted.pt.trace.json.gz"
+    assert main(["export", str(sample), "-o", str(out), "-s", str(scenario)]) == 0
+    assert "the timeline 'fuse + CUDA graphs' predicts" in capsys.readouterr().out
+    predicted = predict(analyze(sample), [scenario]).scenarios[0].steps.set_index("step")["predicted_ns"]
+    written = analyze(out).steps.set_index("step")["measured_ns"]
+    assert written.index.equals(predicted.index)
+    assert (abs(written / predicted - 1) < 0.01).all()
+    assert written.sum() < 0.5 * analyze(sample).steps["measured_ns"].sum()
+
+
 BAD_INPUTS = {
     "empty.json": b"",
     "truncated.json.gz": gzip.compress(b'{"traceEvents": [' + b'{"ph": "X"},' * 200 + b"]}")[:60],
@@ -113,6 +130,16 @@ def test_analyze_text_is_compact_and_honours_top(capsys) -> None:
     assert main(["analyze", str(sample), "--steps"]) == 0
     full = capsys.readouterr().out
     assert "Steps: measured vs replayed" in full and len(full.splitlines()) > 161
+
+
+def test_top_kernels_have_no_cpu_column_ops_do(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A kernel is GPU work: its CPU time (always 0) is not a column; an op's CPU time (its call and
+    launches) is."""
+    assert main(["analyze", str(small_trace(tmp_path / "t.json.gz"))]) == 0
+    out = capsys.readouterr().out
+    kernels, ops = out.split("Top kernels")[1].split("Top ops")[0], out.split("Top ops")[1]
+    assert "gemm" in kernels and "GPU ms" in kernels and "CPU ms" not in kernels
+    assert "aten::mm" in ops and "CPU ms" in ops
 
 
 def test_a_scenario_that_matches_nothing_does_not_stop_the_others(tmp_path: Path, capsys) -> None:

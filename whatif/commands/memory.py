@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "whatif.memory")
     parser.add_argument("-s", "--scenario", type=Path, metavar="FILE",
                         help="the timeline this scenario's transforms predict (those that model memory: "
-                             "flash_attention, batch, tensor_parallel, pipeline_parallel), beside the recorded peak")
+                             "flash_attention, autocast, precision, batch, tensor_parallel, pipeline_parallel, "
+                             "sequence_parallel), beside the recorded peak")
     parser.add_argument("--steps", action="store_true", help="a row per step and device (default: per device)")
     parser.add_argument("--top", type=positive_int, default=10, help="operators per device (default 10)")
     add_dataclass_arguments(parser, MemoryOptions)
