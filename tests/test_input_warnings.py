@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from _llm_tracegen import llm_trace
+from tracegen import KinetoTrace
 
 from whatif.cli import main
 
@@ -66,3 +67,23 @@ def test_an_unnamed_gpu_is_named_from_its_properties(tmp_path: Path, capsys) -> 
             assert f"({named})" in captured.out
         else:
             assert not warnings
+
+
+def test_a_folder_of_files_that_name_no_rank_is_said_to_be_read_as_one_job(tmp_path: Path, capsys) -> None:
+    """Several files without ``distributedInfo`` (three unrelated HF runs in one folder) are read as
+    ranks 0..n-1 of one job: said in one line; files that name their ranks are not."""
+    for folder, ranked in (("loose", False), ("job", True)):
+        (tmp_path / folder).mkdir()
+        for rank in range(2):
+            tr = KinetoTrace(rank=rank, world_size=2) if ranked else KinetoTrace()
+            tr.op("aten::mm", 10, 50)
+            tr.runtime("cudaLaunchKernel", 20, 5, corr=1)
+            tr.gpu("gemm", 30, 20, corr=1)
+            tr.write(tmp_path / folder / f"rank{rank}.pt.trace.json.gz")
+        assert main(["analyze", str(tmp_path / folder), "--no-cache"]) == 0
+        warnings = [x for x in capsys.readouterr().err.splitlines() if x.startswith("whatif: warning:")]
+        if ranked:
+            assert not warnings
+        else:
+            assert len(warnings) == 1 and "2 files name no rank" in warnings[0]
+            assert "ranks 0-1 of one job" in warnings[0]

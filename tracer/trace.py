@@ -438,7 +438,8 @@ def load_trace(path: str | Path) -> Trace:
 def input_warnings(trace: Trace) -> list[str]:
     """One line per rank file whose events were dropped or changed at read time: complete events
     whose ts or dur is not a number (dropped), negative durations (read as 0), a GPU named from
-    its properties."""
+    its properties; and one line for a folder of several files none of which names its rank (read
+    as the ranks of one job in file order)."""
     out = []
     for r in trace.ranks:
         bad, negative = r.skipped.get("malformed", 0), r.skipped.get("negative_dur", 0)
@@ -452,6 +453,11 @@ def input_warnings(trace: Trace) -> list[str]:
             p = unnamed[0]
             out.append(f"{r.path}: the GPU is not named in the trace; taken as {r.gpu_name} from its properties "
                        f"({p.get('numSms')} SMs or compute units, {int(p.get('totalGlobalMem', 0)) / 2**30:,.0f} GiB)")
+    unranked = [r for r in trace.ranks if "distributedInfo" not in r.metadata]
+    if len(trace.ranks) > 1 and len(unranked) == len(trace.ranks):
+        out.append(f"{trace.ranks[0].path.parent}: {len(unranked)} files name no rank (no distributedInfo): read as "
+                   f"ranks 0-{len(unranked) - 1} of one job in file order; if they are separate runs, analyze each "
+                   f"file on its own")
     return out
 
 
