@@ -43,12 +43,13 @@ class Row:
     result: str
 
 
-def _gpu(names: list[str]) -> str:
+def _gpu(names: list[str], read_as: str | None = None) -> str:
+    """The GPU names a trace records; ``read_as``: the catalog GPU an empty one is read as."""
     named = sorted({n for n in names if n})
     if not names:
         return "not recorded"
     if not named:
-        return f"(empty name) x{len(names)}"
+        return f"(empty name) x{len(names)}" + (f", read as {read_as}" if read_as else "")
     return ", ".join(named) + (f" (x{len(names)} listed)" if len(names) > 1 else "")
 
 
@@ -80,8 +81,10 @@ def describe(path: Path) -> Row:
     streams = ev.loc[work, ["rank", "device", "stream"]].drop_duplicates()
     names = ev.loc[kind == EventKind.ANNOTATION, "name"].astype(str)
     steps = names[names.str.match(STEP)].nunique()
-    gpus = [n for info in trace.ranks for n in info.device_names]
-    return Row(rel, _gpu(gpus), _ranks(trace), len(ev), int((kind == EventKind.KERNEL).sum()),
+    recorded = [str(p.get("name", "")) for info in trace.ranks
+                for p in info.metadata.get("deviceProperties") or info.metadata.get("computeProperties") or []
+                if isinstance(p, dict)]
+    return Row(rel, _gpu(recorded, trace.gpu_name), _ranks(trace), len(ev), int((kind == EventKind.KERNEL).sum()),
                f"{int((kind == EventKind.MEMCPY).sum())}/{int((kind == EventKind.MEMSET).sum())}",
                len(streams), int(steps), "loaded")
 
