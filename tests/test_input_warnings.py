@@ -70,8 +70,9 @@ def test_an_unnamed_gpu_is_named_from_its_properties(tmp_path: Path, capsys) -> 
 
 
 def test_a_folder_of_files_that_name_no_rank_is_said_to_be_read_as_one_job(tmp_path: Path, capsys) -> None:
-    """Several files without ``distributedInfo`` (three unrelated HF runs in one folder) are read as
-    ranks 0..n-1 of one job: said in one line; files that name their ranks are not."""
+    """Several files that state no rank (no ``distributedInfo``, no ``rank<k>`` in the name: three
+    unrelated HF runs in one folder) are read as ranks 0..n-1 of one job: said in one line; files
+    that state their ranks are not."""
     for folder, ranked in (("loose", False), ("job", True)):
         (tmp_path / folder).mkdir()
         for rank in range(2):
@@ -79,7 +80,7 @@ def test_a_folder_of_files_that_name_no_rank_is_said_to_be_read_as_one_job(tmp_p
             tr.op("aten::mm", 10, 50)
             tr.runtime("cudaLaunchKernel", 20, 5, corr=1)
             tr.gpu("gemm", 30, 20, corr=1)
-            tr.write(tmp_path / folder / f"rank{rank}.pt.trace.json.gz")
+            tr.write(tmp_path / folder / f"model{'ab'[rank]}.json.gz")
         assert main(["analyze", str(tmp_path / folder), "--no-cache"]) == 0
         warnings = [x for x in capsys.readouterr().err.splitlines() if x.startswith("whatif: warning:")]
         if ranked:

@@ -49,6 +49,22 @@ NOT_TRACES = frozenset({OLD_RUN_META_NAME})  # a run folder's metadata, not a tr
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
+def stated_rank(metadata: dict[str, Any], path: Path) -> int | None:
+    """The rank a trace file states: its ``distributedInfo``'s, else a ``rank<k>`` in its name.
+
+    >>> stated_rank({}, Path("rank3.pt.trace.json")), stated_rank({"distributedInfo": {"rank": 1}}, Path("t.json"))
+    (3, 1)
+    >>> stated_rank({}, Path("Qwen.json.gz")) is None
+    True
+    """
+    info = metadata.get("distributedInfo")
+    rank = info.get("rank") if isinstance(info, dict) else None
+    if not (isinstance(rank, int) and rank >= 0):
+        match = _RANK_IN_NAME.search(path.name)
+        rank = int(match.group(1)) if match else None
+    return rank
+
+
 @dataclass
 class FileColumns:
     """The complete events of one file as parallel arrays, in file order.
@@ -148,11 +164,8 @@ class FileTrace:
         return info if isinstance(info, dict) else {}
 
     def rank_hint(self) -> int | None:
-        """Rank from ``distributedInfo``, else from a ``rank<k>`` in the file name."""
-        rank = self.distributed_info.get("rank")
-        if not (isinstance(rank, int) and rank >= 0):
-            match = _RANK_IN_NAME.search(self.path.name)
-            rank = int(match.group(1)) if match else None
+        """Rank from ``distributedInfo``, else from a ``rank<k>`` in the file name (:func:`stated_rank`)."""
+        rank = stated_rank(self.metadata, self.path)
         if rank is not None and rank > limits.MAX_RANK:
             raise TraceError(self.path, f"rank {rank} out of range (0..{limits.MAX_RANK})")
         return rank

@@ -44,7 +44,7 @@ from .args import Arg, EventArgs, arg_column
 from .kinds import GPU_ACTIVITY_KINDS, EventKind, codes
 from .kineto import gc_paused, step_number
 from .memory import memory_frame
-from .readers import FileTrace, Flow, accepted, is_trace_file, read_file, reader_for
+from .readers import FileTrace, Flow, accepted, is_trace_file, read_file, reader_for, stated_rank
 
 INPUT_LOG = logging.getLogger("whatif.input")
 """Where a loaded trace's data problems that do not stop the analysis are reported (the CLI prints
@@ -453,9 +453,10 @@ def input_warnings(trace: Trace) -> list[str]:
             p = unnamed[0]
             out.append(f"{r.path}: the GPU is not named in the trace; taken as {r.gpu_name} from its properties "
                        f"({p.get('numSms')} SMs or compute units, {int(p.get('totalGlobalMem', 0)) / 2**30:,.0f} GiB)")
-    unranked = [r for r in trace.ranks if "distributedInfo" not in r.metadata]
+    unranked = [r for r in trace.ranks if stated_rank(r.metadata, r.path) is None]
     if len(trace.ranks) > 1 and len(unranked) == len(trace.ranks):
-        out.append(f"{trace.ranks[0].path.parent}: {len(unranked)} files name no rank (no distributedInfo): read as "
+        out.append(f"{trace.ranks[0].path.parent}: {len(unranked)} files name no rank (neither distributedInfo nor "
+                   f"rank<k> in the file name): read as "
                    f"ranks 0-{len(unranked) - 1} of one job in file order; if they are separate runs, analyze each "
                    f"file on its own")
     return out
