@@ -22,6 +22,9 @@ from typing import Any
 from whatif.core.errors import WhatifError
 
 BOUND_KEYS = ("minimum", "exclusive_minimum", "maximum", "allow_inf")
+GUARD_MAXIMUM = 1e15
+"""A maximum at or above this is no real limit: it keeps sums inside int64 (a duration of 36 years
+in us, ``MAX_DURATION_NS // 1000``; an integer a float64 holds exactly). Listings leave it out."""
 
 
 @dataclass(frozen=True)
@@ -40,10 +43,17 @@ class Bounds:
         return cls(kind, metadata.get("minimum"), metadata.get("exclusive_minimum"), metadata.get("maximum"),
                    bool(metadata.get("allow_inf")))
 
-    def describe(self) -> str:
+    def describe(self, guards: bool = True) -> str:
+        """The values it allows, ``a finite number >= 0 and <= 4096``; ``guards=False`` (listings) leaves
+        out a maximum of at least :data:`GUARD_MAXIMUM`.
+
+        >>> Bounds(float, minimum=0, maximum=1 << 50).describe(guards=False)
+        'a finite number >= 0'
+        """
         parts = [f">= {_show(self.minimum)}"] if self.minimum is not None else []
         parts += [f"> {_show(self.exclusive_minimum)}"] if self.exclusive_minimum is not None else []
-        parts += [f"<= {_show(self.maximum)}"] if self.maximum is not None else []
+        shown = self.maximum is not None and (guards or self.maximum < GUARD_MAXIMUM)
+        parts += [f"<= {_show(self.maximum)}"] if shown and self.maximum is not None else []
         what = "an integer" if self.kind is int else ("a number" if self.allow_inf else "a finite number")
         return what + (" " + " and ".join(parts) if parts else "") + (" (or inf)" if self.allow_inf else "")
 

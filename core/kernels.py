@@ -56,11 +56,13 @@ _NAME_RULES: list[tuple[KernelClass, str]] = [
     (KernelClass.COLLECTIVE, r"nccl|rccl|multimem_all_reduce|cross_device_reduce|all_?reduce|"
                              r"all_?gather|reduce_?scatter|alltoall|all_to_all|\bmscclpp"),
     (KernelClass.MEMSET, r"^memset|\bmemset|fillfunctor|_combined_routing_memset|zero_kernel"),
+    # kv_indices: the page-table gathers an attention backend reads (SGLang's Triton
+    # create_flashinfer_kv_indices_triton), copies that run before attention, not attention
     (KernelClass.COPY, r"^memcpy|\bmemcpy|direct_copy_kernel|copy_kernel|catarraybatchedcopy|"
                        r"copy_device_to_device|batched_transpose|transpose_|nchwtonhwc|nhwctonchw|"
                        r"recat_copy|reshape_and_cache|store_kvcache|gather_kernel|index_select|"
                        r"indexselect|scatter_gather|_to_copy_\d+$|copy_page_indices|embedding_codegen_forward|"
-                       r"to_dense_representation"),
+                       r"to_dense_representation|kv_indices"),
     (KernelClass.ATTENTION, r"flash_fwd|flash_bwd|flash_attn|fmha|attn_fwd|attn_bwd|attention|"
                             r"_fwd_kernel_stage|paged_attention|mha_fwd|mha_bwd|sdpa|"
                             r"efficient_attention|cutlass_.*attention|unified_attention|"
@@ -249,6 +251,68 @@ def is_attention(name: str, op_name: str | None = None) -> bool:
     (True, True)
     """
     return classify_kernel(name, op_name) is KernelClass.ATTENTION
+
+
+_PAGED_LL4MI = re.compile(r"paged_attention_ll4mi_qkv_mfma\d+_kernel<", re.IGNORECASE)
+_TEMPLATE_INT = re.compile(r"\d+[ul]*")
+
+
+def _template_args(name: str, start: int) -> list[str]:
+    """The top-level template arguments of ``name`` from just after its ``<`` at ``start - 1``."""
+    args: list[str] = []
+    cur: list[str] = []
+    depth = 0
+    for ch in name[start:]:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            if depth == 0:
+                args.append("".join(cur).strip())
+                return args
+            depth -= 1
+        elif ch == "," and depth == 0:
+            args.append("".join(cur).strip())
+            cur = []
+            continue
+        cur.append(ch)
+    return []    # unclosed: a truncated name
+
+
+def paged_attention_kernel_heads(name: str) -> tuple[int, int] | None:
+    """(head size, query heads per KV head) from the template arguments of the ROCm paged-attention
+    decode kernel ``paged_attention_ll4mi_QKV_mfma{4,16}_kernel`` (vLLM ``csrc/rocm/attention.cu``,
+    AITER ``attention_v1``/``attention_ragged``, which SGLang and vLLM run on AMD GPUs), None for
+    any other kernel or a name that does not parse. Its variants all follow the KV cache's
+    ``Fp8KVCacheDataType`` with an optional output type, then ``BLOCK_SIZE, HEAD_SIZE,
+    NUM_THREADS``, one or two flags (ALiBi, logits soft cap) and ``GQA_RATIO``.
+
+    >>> paged_attention_kernel_heads("void paged_attention_ll4mi_QKV_mfma16_kernel<0, __hip_bfloat16, "
+    ...     "__hip_bfloat16, (vllm::Fp8KVCacheDataType)0, 1, 128, 256, false, 4, 1, "
+    ...     "ck_tile::ComposedAttention<0u, false> >(__hip_bfloat16 const*, float)")
+    (128, 4)
+    >>> paged_attention_kernel_heads("void paged_attention_ll4mi_QKV_mfma16_kernel<__hip_bfloat16, "
+    ...     "__hip_bfloat16, (vllm::Fp8KVCacheDataType)0, __hip_bfloat16, 16, 64, 256, false, true, 8>()")
+    (64, 8)
+    >>> paged_attention_kernel_heads("paged_attention_ll4mi_reduce_kernel<__hip_bfloat16, 128, 128>()")
+    """
+    m = _PAGED_LL4MI.search(name)
+    if m is None:
+        return None
+    args = _template_args(name, m.end())
+    at = next((i for i, a in enumerate(args) if "fp8kvcachedatatype" in a.lower()), None)
+    if at is None:
+        return None
+    rest = args[at + 1:]
+    k = next((i for i, a in enumerate(rest) if _TEMPLATE_INT.fullmatch(a)), len(rest))   # past the output type
+    sizes = rest[k:k + 3]
+    flags = k + 3
+    while flags < len(rest) and rest[flags] in ("true", "false"):
+        flags += 1
+    if len(sizes) < 3 or not all(_TEMPLATE_INT.fullmatch(a) for a in sizes) or flags == k + 3 \
+            or flags >= len(rest) or not _TEMPLATE_INT.fullmatch(rest[flags]):
+        return None
+    head, ratio = int(sizes[1].rstrip("ul")), int(rest[flags].rstrip("ul"))
+    return (head, ratio) if head > 0 and ratio > 0 else None
 
 
 _TOKEN_NORM = re.compile(r"rms_?norm|layer_?norm")

@@ -42,6 +42,8 @@ def test_doctests():
     ("triton_red_fused_add_mean_mul_pow_rsqrt_0", None, K.NORMALIZATION),
     ("triton_per_fused_sum_3", None, K.REDUCTION),
     ("triton_poi_fused__to_copy_1", None, K.COPY),
+    ("create_flashinfer_kv_indices_triton", None, K.COPY),   # SGLang's page-table gather before attention
+    ("void paged_attention_ll4mi_QKV_mfma16_kernel<0, __hip_bfloat16>", None, K.ATTENTION),
     ("triton__0d1d2d", "aten::mm", K.GEMM),
     ("some_unknown_kernel", "aten::addmm", K.GEMM),
     ("some_unknown_kernel", None, K.OTHER),

@@ -311,6 +311,43 @@ def test_model_shape_leaves_out_blocks_launched_before_the_trace(tmp_path: Path)
     assert not shape.assumptions
 
 
+def _opless(path: Path, out: Path, keep: set[int]) -> Path:
+    """``path`` with every kernel launched as before but without an op, except the kernels of the
+    correlations in ``keep``: as a CUDA/HIP graph replays its kernels (one launch, no op each), with
+    an eager kernel of another stream among them."""
+    import gzip
+    import json
+
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    for e in doc["traceEvents"]:
+        args = e.get("args", {})
+        if e.get("cat") in ("kernel", "cuda_runtime") and args.get("correlation") not in keep:
+            args.pop("External id", None)
+    out.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return out
+
+
+def test_model_shape_counts_launched_blocks_without_ops(tmp_path: Path) -> None:
+    """Kernels with a launch call but no op (a graph replay) are the model's layers: the blocks are
+    not narrowed to those with an op. The shared SGLang Qwen3-8B trace (36 layers replayed by one
+    hipGraphLaunch, one eager aten::neg kernel inside one layer) read as 1 layer from 2026-11-28
+    (commit 14b4555) until 2026-11-29."""
+    from whatif.transforms.parallel.memory import launched_blocks, model_shape
+
+    path = llm_trace(tmp_path / "t.json.gz", new_tokens=64, layers=5, heads=32, kv_heads=8, steps=1)
+    a = analyze(path)
+    blocks = find_blocks(a.graph)
+    attention = blocks.loc[(blocks["block"] == 2) & (blocks["part"] == "attention"), "task"].to_numpy()
+    rows = a.graph.tasks["event"].to_numpy()[attention]
+    b = analyze(_opless(path, tmp_path / "graph.json.gz",
+                        {int(c) for c in a.trace.events["correlation"].to_numpy()[rows]}))
+    blocks = find_blocks(b.graph)
+    assert blocks["block"].nunique() == 5
+    assert launched_blocks(b.graph, blocks)["block"].nunique() == 5
+    shape = model_shape(b.graph, make_context(b.trace))
+    assert (shape.layers, shape.heads, shape.kv_heads, shape.head_dim) == (5, 32, 8, 128)   # heads: block 2's op
+
+
 def test_model_shape_says_when_weights_are_estimated(tmp_path: Path) -> None:
     """Without any recorded GEMM shape the weights are the GEMMs' time-based estimates, and the
     shape says so."""
@@ -652,6 +689,23 @@ def test_model_shape_of_the_shared_qwen_traces(gpu: str) -> None:
     assert (shape.layers, shape.hidden, shape.heads, shape.kv_heads) == (24, 1024, 16, 16)
     assert shape.weight_bytes == pytest.approx(24 * (4 * 1024 ** 2 + 3 * 1024 * 2816) * 2, rel=0.03)
     assert shape.table_bytes == 151936 * 1024 * 2
+
+
+@pytest.mark.shared
+def test_model_shape_of_the_shared_sglang_qwen3_trace(shared_traces: Path) -> None:
+    """Qwen3-8B (36 layers, 32 query and 8 KV heads of 128, hidden 4096: 144 KiB of bf16 KV per
+    token) decoded by SGLang on an MI300X, its layers replayed by one hipGraphLaunch with no op or
+    shape: 36 layers (the iteration's 36 paged-attention cores), head size 128 and 4 query heads
+    per KV head from the paged-attention kernel's template; only the hidden size comes from the
+    output GEMMs' times (an estimate, 10 % high here: 36 heads, 9 KV heads). Read as 1 layer of 35
+    KV heads, the KV capacity 8x too large, from 2026-11-28 until 2026-11-29."""
+    from whatif.transforms.parallel.memory import model_shape
+
+    a = analyze(shared_traces / "tracelens" / "sglang_qwen3_8b_decode_mi300x.json.gz")
+    shape = model_shape(a.graph, make_context(a.trace))
+    assert shape.layers == 36 and shape.head_dim == 128 and shape.heads == 4 * shape.kv_heads
+    assert shape.kv_bytes_per_token == pytest.approx(2 * 36 * 8 * 128 * 2, rel=0.15)
+    assert [n for n in shape.assumptions if "4 query heads per KV head from the attention kernel's name" in n]
 
 
 def test_embedding_tables_are_held_not_read() -> None:

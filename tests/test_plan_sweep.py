@@ -4,15 +4,19 @@ backend (serial, local processes, Ray), and the one line without Ray."""
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 from _llm_tracegen import llm_trace
+from rich.console import Console
 
 from whatif.api import analyze
 from whatif.cli import main
+from whatif.commands.sweep import render_plans
 from whatif.documents import PlanRow, to_json
 from whatif.scale.executor import Execution, chunked, map_chunks
 from whatif.scale.plans import (
@@ -114,6 +118,14 @@ def test_refused_and_oversized_plans_are_rows_with_their_reason(training_analysi
     pp = _row(doc, "tp2·pp8·sp1·dp1 on RTX_2080_TI")
     assert pp.status == "refused" and "8 stages for 6 blocks" in pp.reason
     assert "weights" in doc.memory_model
+    # the front is of the plans that ran, and its header names the source whole, on one line
+    ran = sum(r.status == "ok" for r in doc.plans)
+    assert 0 < ran < len(doc.plans)
+    source = "/a/long/folder/" + "x" * 120 + ".json.gz"
+    text = io.StringIO()
+    render_plans(msgspec.structs.replace(doc, source=source), Console(file=text, width=80), top=10)
+    header = text.getvalue().splitlines()[0]
+    assert header.startswith(f"{source}: Pareto front of the {ran} plan") and " that ran (training, " in header
 
 
 def test_a_plan_row_equals_whatif_predict_of_its_scenario_file(training, training_analysis, tmp_path):
@@ -165,7 +177,7 @@ def test_cli_writes_the_table_the_document_and_the_figure_and_refuses_to_overwri
             "--json", str(doc), "--html", str(html)]
     assert main(args) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "Pareto front of 4 plans" in text and "4 plans predicted, 0 refused" in text
+    assert "Pareto front of the 4 plans that ran" in text and "4 plans predicted, 0 refused" in text
     lines = table.read_text().splitlines()
     assert lines[0].startswith("plan,tp,pp,micro_batches,sp,ulysses,dp,batch,device,gpus,status,step_ns")
     assert len(lines) == 5

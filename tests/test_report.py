@@ -110,6 +110,9 @@ def test_markdown_table_details_and_step_summary(prediction: Prediction, tmp_pat
     assert "TTFT" not in md  # no serving metrics: no serving columns
     assert "<details>" in md and "<summary><b>fuse</b>" in md and "`scale(name='gemm', factor=0.5)`" in md
     assert "❌ | `speedup(relu x0.5) < 2`" in md
+    # a kernel is GPU work: no CPU column (always 0) in its table, as an op has
+    kernels, ops = md.split("top kernels (measured)")[1].split("top ops (measured)")
+    assert "| name | count | GPU ms |\n" in kernels and "| name | count | GPU ms | CPU ms |" in ops
     assert summary.read_text() == "previous step\n" + md + "\n"
     assert not rep.passed and rep.failures[0].startswith("speedup(relu x0.5) < 2 (speedup(relu x0.5) = ")
 
@@ -335,9 +338,11 @@ def test_fail_if_accepts_a_scenario_files_stem(tmp_path: Path) -> None:
 def test_step_metrics_leave_out_the_steps_the_mean_leaves_out() -> None:
     """The bundled vLLM sample's first step is a 68.7 ms warm-up among ~2.7 ms steps: every step
     statistic of a gate (max, percentiles, measured) reads the steps the mean reads, so
-    ``max_step_ms`` is not the warm-up and ``measured_step_ms`` sits beside ``step_ms``."""
+    ``max_step_ms`` is not the warm-up and ``measured_step_ms`` sits beside ``step_ms``; the
+    baseline row's measured step is that same figure."""
     sample = Path(__file__).resolve().parents[1] / "sample_traces" / "llm_serve"
-    doc = build_report(predict(sample, [])).prediction
+    report = build_report(predict(sample, []))
+    doc = report.prediction
     steps = doc.baseline.steps
     counted = [s for s in steps if s.excluded is UNSET]
     assert 0 < len(counted) < len(steps)                                  # the sample has a warm-up step
@@ -351,3 +356,8 @@ def test_step_metrics_leave_out_the_steps_the_mean_leaves_out() -> None:
     # replay fidelity reads every step, the warm-up too (as the analysis document's fidelity)
     assert value["replay_error"] == pytest.approx(max(abs(s.predicted_ns / s.measured_ns - 1) for s in steps))
     assert abs(value["measured_step_ms"] / value["step_ms"] - 1) < 0.05
+    row = report.rows[0].measured_step_ns
+    assert row is not None and row / 1e6 == pytest.approx(value["measured_step_ms"], abs=1e-6)
+    every = float(np.mean([s.measured_ns for s in steps])) / 1e6
+    assert abs(every / value["measured_step_ms"] - 1) > 0.05                # the warm-up would move it
+    assert f"measured {row / 1e6:,.3f} ms" in render(report, "md")

@@ -266,6 +266,21 @@ def test_serve_without_a_log_is_one_line(tmp_path: Path, capsys: pytest.CaptureF
     assert err.startswith("whatif: ") and "--iterations-log" in err and err.count("\n") == 1
 
 
+def test_an_undefined_loo_error_says_why() -> None:
+    """A phase fitted as a constant (too few or identical iterations) has no leave-one-out error:
+    its line says why, not ``nan%``."""
+    from whatif.commands.serve import describe_phase_fit
+    from whatif.documents import PhaseFitEntry
+
+    def fit(n: int, loo: float) -> PhaseFitEntry:
+        return PhaseFitEntry(phase="prefill", features=[], intercept_ns=1e6, coef={}, n=n, r2=0.0, mape=0.1,
+                             loo_mape=loo, candidates={})
+    assert describe_phase_fit("prefill", fit(1, float("nan"))) == \
+        "prefill: constant (n=1, R²=0.00, MAPE 10.0%, LOO n/a (one iteration))"
+    assert describe_phase_fit("prefill", fit(3, float("nan"))).endswith("LOO n/a (too few distinct iterations to fit))")
+    assert describe_phase_fit("prefill", fit(3, 0.052)).endswith("LOO 5.2%)")
+
+
 def test_python_serve_on_the_sample_run_a_faster_scenario_lowers_ttft_and_tpot() -> None:
     from whatif.api import Workload, serve, sweep
     from whatif.documents import LlmServingDocument, ServingDocument, from_json, to_json

@@ -115,6 +115,14 @@ def test_dit_fit_inputs_fit_a_step_model_from_the_trace_alone(flux):
     assert model.step_ns(2, 256) > 1.9 * model.step_ns(1, 256)
 
 
+def test_serve_on_one_denoising_step_says_why_it_has_no_loo_error(capsys):
+    """One recorded step leaves nothing to leave out: the model line says so instead of ``LOO nan%``."""
+    from whatif.cli import main
+    assert main(["serve", str(need(BASELINE)), "--rate", "2", "--num-requests", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "(n=1, MAPE 0.0%, LOO n/a (one denoising step))" in out and "nan" not in out
+
+
 def test_sage_attention_kernels_are_attention():
     assert classify_kernel("sage_quant_kernel") is KernelClass.ATTENTION
     assert classify_kernel("sage_fwd") is KernelClass.ATTENTION

@@ -121,8 +121,8 @@ def test_the_cli_lists_the_choices_and_refuses_others(tmp_path: Path, toy: None,
     monkeypatch.setenv("COLUMNS", "250")  # one table row per line
     assert main(["transforms", "toy_choices"]) == 0
     out = capsys.readouterr().out
-    assert "how: one of half, quarter = 'half'" in out and "speed: one of fast, slow = 'fast'" in out
-    assert "level: one of 1, 2 or None = None" in out
+    assert "how: one of half, quarter; default: 'half'" in out and "speed: one of fast, slow; default: 'fast'" in out
+    assert "level: one of 1, 2 or None; default: None" in out
     bad = scenario(tmp_path, 'speed = "medium"')
     assert main(["predict", str(trace(tmp_path / "t.json.gz")), "-s", str(bad)]) == 2
     assert capsys.readouterr().err == \

@@ -243,10 +243,20 @@ def test_predict_cli_bad_scenario_exits_2(tmp_path: Path, launch_bound, capsys: 
     assert len(err) == 1 and "bad.toml:1: unknown transform 'nope'" in err[0]
 
 
-def test_transforms_cli_lists_parameters(capsys: pytest.CaptureFixture[str]) -> None:
+def test_transforms_cli_lists_parameters(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each parameter: its type and bounds, then its default (or ``required``); a maximum that only
+    guards against overflow is left out of the listing, not out of a refusal."""
+    from whatif.core.limits import MAX_DURATION_NS
+    monkeypatch.setenv("COLUMNS", "250")  # one table row per line
     assert main(["transforms"]) == 0
     out = capsys.readouterr().out
-    assert "scale" in out and "factor" in out
+    assert "factor: float, a finite number > 0 and <= 4096; default: 2.0" in out          # batch
+    assert "kernel_gap_us: float, a finite number >= 0; default: 1.0" in out              # cuda_graph
+    assert "workers: int, an integer >= 1 and <= 4096; required" in out                   # dataloader
+    guard = MAX_DURATION_NS // 1000                                                      # cuda_graph's us maximum
+    assert str(guard) not in out
+    with pytest.raises(TransformError, match=re.escape(f"must be a finite number >= 0 and <= {guard}")):
+        registry.get("cuda_graph")(kernel_gap_us=1e16)
 
 
 def test_entry_point_transforms_are_registered(monkeypatch: pytest.MonkeyPatch, transform_registry) -> None:

@@ -101,11 +101,13 @@ class Parameter:
 
     @property
     def type_name(self) -> str:
+        """The type and the values it allows, as listings show them (``float, a finite number > 0``;
+        a maximum that only guards against overflow left out)."""
         if self.choices is not None:
             shown = "one of " + ", ".join(map(str, self.choices))
             return shown + " or None" if _without_none(self.type) is not self.type else shown
         name = getattr(self.type, "__name__", None) or str(self.type).replace("typing.", "")
-        return f"{name}, {self.bounds.describe()}" if self.bounds is not None else name
+        return f"{name}, {self.bounds.describe(guards=False)}" if self.bounds is not None else name
 
     @property
     def default_value(self) -> Any:

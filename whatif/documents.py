@@ -1011,6 +1011,9 @@ class LlmIterationModel(Entry, frozen=True, kw_only=True):
 
 
 class DitIterationModel(Entry, frozen=True, kw_only=True):
+    """The denoising-step model of one scenario, fitted at ``tokens_ref`` latent tokens; ``ranges``:
+    ``{"denoise": {"tokens": …, "model_batch": …}}``, the drivers it saw (beyond them it extrapolates)."""
+
     tokens_ref: int
     attention_ns: list[float]
     rest_ns: list[float]
@@ -1023,6 +1026,7 @@ class DitIterationModel(Entry, frozen=True, kw_only=True):
     model_batches_seen: list[int]
     profiler_correction: float
     excluded_iterations: list[ExcludedIteration] = []
+    ranges: dict[str, dict[str, DriverRange]] = {}
 
 
 class LlmRequest(Entry, frozen=True, kw_only=True):
@@ -1069,6 +1073,7 @@ class LlmScenarioServing(Entry, frozen=True, kw_only=True):
     kv_capacity_source: str = ""
     extrapolated_iterations: int = 0        # simulated iterations whose batch left the model's range
     extrapolated_drivers: dict[str, int] = {}   # driver (tokens, seqs, context) -> iterations beyond its range
+    extrapolated_values: dict[str, DriverRange] = {}   # driver -> smallest and largest value it took beyond its range
     requests: list[LlmRequest] | UnsetType = UNSET
     capacity: CapacityEntry | UnsetType = UNSET
 
@@ -1088,6 +1093,10 @@ class DitScenarioServing(Entry, frozen=True, kw_only=True):
     busy_fraction: float | None
     iteration_model: DitIterationModel
     e2e_ms: LatencyStats
+    iterations: dict[str, int] = {}         # simulated denoising steps ({"denoise": n})
+    extrapolated_iterations: int = 0        # simulated steps whose tokens or model batch left the model's range
+    extrapolated_drivers: dict[str, int] = {}   # driver (tokens, model_batch) -> steps beyond its range
+    extrapolated_values: dict[str, DriverRange] = {}   # driver -> smallest and largest value it took beyond its range
     requests: list[DitRequest] | UnsetType = UNSET
 
 
@@ -1116,6 +1125,7 @@ class DitServingDocument(Entry, frozen=True, kw_only=True):
     profiler_correction: float | None
     scenarios: list[DitScenarioServing]
     notes: list[str] = []   # what the models could not know (denoising steps found in an engine trace)
+    recorded: DitSettings | UnsetType = UNSET   # the recording's request shape, next to ``scheduler``'s
 
 
 class LlmSweepPoint(Entry, frozen=True, kw_only=True):
@@ -1138,6 +1148,7 @@ class DitSweepPoint(Entry, frozen=True, kw_only=True):
     throughput_req_per_s: float | None
     busy_fraction: float | None
     e2e_ms: LatencyStats
+    extrapolated_iterations: int = 0
 
 
 class LlmSweepCurve(Entry, frozen=True, kw_only=True):

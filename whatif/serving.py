@@ -84,8 +84,11 @@ from whatif.predictors.serving.engines import FoundIterations, find_iterations
 from whatif.predictors.serving.engines.xdit import steps_per_request
 from whatif.predictors.serving.iteration_costs import (
     CostIterationModel,
+    Drivers,
     Range,
+    RangeTally,
     cpu_only_replay,
+    driver_value,
     fit_cost_model,
     weight_gemms_of_replay,
 )
@@ -125,18 +128,25 @@ LlmModel = IterationModel | CostIterationModel
 
 @dataclass
 class RangeWatch:
-    """Counts the simulated iterations whose batch leaves the range ``model`` was fitted on."""
+    """Counts the simulated iterations whose batch leaves the range ``model`` was fitted on
+    (:class:`RangeTally`: how many, per driver, and the values the drivers took there)."""
 
     model: LlmModel
-    iterations: int = 0
-    drivers: dict[str, int] = field(default_factory=dict)
+    tally: RangeTally = field(default_factory=RangeTally)
+
+    @property
+    def iterations(self) -> int:
+        return self.tally.iterations
+
+    @property
+    def drivers(self) -> dict[str, int]:
+        return self.tally.drivers
 
     def time_ns(self, batch: logs.LLMBatch) -> float:
         beyond = self.model.extrapolation(batch)
         if beyond:
-            self.iterations += 1
-            for name in beyond:
-                self.drivers[name] = self.drivers.get(name, 0) + 1
+            d = Drivers.of(batch)
+            self.tally.add({name: driver_value(d, name) for name in beyond})
         return self.model.time_ns(batch)
 
 
@@ -270,7 +280,9 @@ class DitOptions:
     steps: int | None = field(default=None, metadata={
         "minimum": 1, "maximum": MAX_STEP, "help": "denoising steps per request (default: as recorded)"})
     resolution: int | None = field(default=None, metadata={
-        "minimum": 1, "maximum": 1 << 20, "help": "latent side (default: as recorded)"})
+        "minimum": 1, "maximum": 1 << 20,
+        "help": "side of the latent grid, not pixels: latent tokens = frames x (side / patch)^2; serve prints the "
+                "recorded side next to it (default: as recorded)"})
     frames: int | None = field(default=None, metadata={
         "minimum": 1, "maximum": 1 << 20, "help": "video frames (default: as recorded)"})
     batch: int | None = field(default=None, metadata={"minimum": 1, "maximum": MAX_PARTS,
@@ -447,7 +459,7 @@ class ServingModels:
             watch = RangeWatch(model)  # type: ignore[arg-type]
             res = simulate_llm(workload.llm_requests(rate), watch.time_ns, scheduler, slo_ttft_ms, slo_tpot_ms,
                                capacity)
-            return replace(res, extrapolated_iterations=watch.iterations, extrapolated_drivers=dict(watch.drivers))
+            return res.with_tally(watch.tally)
         d = dit.settings(self.dit_config, scheduler.replicas)
         reqs = workload.dit_requests(rate)
         shapes = [(r.steps or d.steps, d.tokens if r.resolution is None else _dit_tokens(d, r)) for r in reqs]
@@ -622,6 +634,7 @@ def serve(path: str | Path | Analysis | ServingModels, scenarios: Sequence[Scena
     return DitServingDocument(
         source=fitted.source, log=str(fitted.log_path or ""), workload=workload_entry, notes=fitted.notes,
         scheduler=dit.settings(fitted.dit_config, scheduler.replicas), profiler_correction=fitted.factor,
+        recorded=DitOptions().settings(fitted.dit_config),
         scenarios=[_dit_serving(name, model, fitted.simulate(model, workload, scheduler, dit, None, slo_ttft_ms,  # type: ignore[arg-type]
                                                              slo_tpot_ms), requests)
                    for name, model in fitted.models])
@@ -716,6 +729,11 @@ def _ranges(ranges: Mapping[str, Mapping[str, Range]]) -> dict[str, dict[str, Dr
             for p, rs in ranges.items()}
 
 
+def _values(res: SimResult) -> dict[str, DriverRange]:
+    """The smallest and largest value each driver took beyond its range in a simulation."""
+    return {k: DriverRange(low=float(lo), high=float(hi)) for k, (lo, hi) in res.extrapolated_values.items()}
+
+
 def _llm_model(model: LlmModel) -> LlmIterationModel:
     correction = {p: ProfilerOffset(offset_ns=float(a), scale=float(b)) for p, (a, b) in model.correction.items()}
     if isinstance(model, CostIterationModel):
@@ -750,7 +768,8 @@ def _dit_model(model: DitStepModel) -> DitIterationModel:
                              n=int(model.n), mape=float(model.mape), loo_mape=float(model.loo_mape),
                              model_batches_seen=[int(b) for b in model.batches_seen],
                              profiler_correction=float(model.factor),
-                             excluded_iterations=_excluded_iterations(model.excluded))
+                             excluded_iterations=_excluded_iterations(model.excluded),
+                             ranges=_ranges({"denoise": model.ranges}))
 
 
 def _llm_serving(name: str, model: LlmModel, res: SimResult, requests: bool, cap: Capacity) -> LlmScenarioServing:
@@ -765,6 +784,7 @@ def _llm_serving(name: str, model: LlmModel, res: SimResult, requests: bool, cap
         slo=_slo(s["slo"]), preemptions=int(s["preemptions"]), busy_fraction=_opt(s["busy_fraction"]),
         iterations={k: int(v) for k, v in s["iterations"].items()}, iteration_model=_llm_model(model),
         extrapolated_iterations=res.extrapolated_iterations, extrapolated_drivers=dict(res.extrapolated_drivers),
+        extrapolated_values=_values(res),
         requests=[LlmRequest(id=int(r["id"]), replica=int(r["replica"]), arrival_s=float(r["arrival_s"]),
                              prompt_tokens=int(r["prompt_tokens"]), output_tokens=int(r["output_tokens"]),
                              queue_ms=float(r["queue_ms"]), ttft_ms=float(r["ttft_ms"]), tpot_ms=_opt(r["tpot_ms"]),
@@ -780,6 +800,9 @@ def _dit_serving(name: str, model: DitStepModel, res: SimResult, requests: bool)
         latency_ms=_stats(s["latency_ms"]), queue_ms=_stats(s["queue_ms"]), service_ms=_stats(s["service_ms"]),
         step_ms_at_full_batch=float(s["step_ms_at_full_batch"]), busy_fraction=_opt(s["busy_fraction"]),
         iteration_model=_dit_model(model), e2e_ms=_stats(s["latency_ms"]),
+        iterations={k: int(v) for k, v in res.iterations.items()},
+        extrapolated_iterations=res.extrapolated_iterations, extrapolated_drivers=dict(res.extrapolated_drivers),
+        extrapolated_values=_values(res),
         requests=[DitRequest(id=int(r["id"]), arrival_s=float(r["arrival_s"]), queue_ms=float(r["queue_ms"]),
                              service_ms=float(r["service_ms"]), latency_ms=float(r["latency_ms"]))
                   for r in res.requests] if requests else UNSET)
@@ -799,4 +822,5 @@ def _dit_point(rate: float, res: SimResult) -> DitSweepPoint:
     s = res.summary
     return DitSweepPoint(rate_req_per_s=float(rate), latency_ms=_stats(s["latency_ms"]),
                          queue_ms=_stats(s["queue_ms"]), throughput_req_per_s=_opt(s["throughput_req_per_s"]),
-                         busy_fraction=_opt(s["busy_fraction"]), e2e_ms=_stats(s["latency_ms"]))
+                         busy_fraction=_opt(s["busy_fraction"]), e2e_ms=_stats(s["latency_ms"]),
+                         extrapolated_iterations=res.extrapolated_iterations)

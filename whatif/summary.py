@@ -2,6 +2,7 @@
 ``docs/prediction-schema.md``) of an analysis or prediction, and their text form."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -154,10 +155,12 @@ def mib_text(nbytes: float) -> str:
     return f"{nbytes / 2**20:,.1f}"
 
 
-def render_text(doc: AnalysisDocument, console: Any, steps: bool = False) -> None:
+def render_text(doc: AnalysisDocument, console: Any, steps: bool = False, notes: Sequence[str] = ()) -> None:
     """Print the summary with rich tables on ``console`` (a :class:`rich.console.Console`):
     compact by default (step statistics, the mean critical path over the counted steps); with
-    ``steps`` one row per step in both tables."""
+    ``steps`` one row per step in both tables. ``notes`` (what the step times hold that a reader
+    would not guess, e.g. :func:`~whatif.predictors.serving.engines.xdit.capture_notes`) follow
+    the step times, one ``note:`` line each."""
     from rich.table import Table
 
     ranks = ", ".join(f"rank {r.rank} ({r.gpu or 'GPU unknown'})" for r in doc.ranks)
@@ -181,6 +184,8 @@ def render_text(doc: AnalysisDocument, console: Any, steps: bool = False) -> Non
     line = excluded_line(doc.steps)
     if line:
         console.print(line)
+    for note in notes:
+        console.print(f"note: {note}")
     fid = doc.fidelity
     if fid.median_abs_error is not None and fid.max_abs_error is not None:
         console.print(f"replay error: median {fid.median_abs_error * 100:.2f}%, worst {fid.max_abs_error * 100:.2f}%")
@@ -199,15 +204,18 @@ def render_text(doc: AnalysisDocument, console: Any, steps: bool = False) -> Non
         mean = mean_breakdown_ns(counted(doc.critical_path))
         cp.add_row(*(ms_text(mean.get(c, 0)) for c in cats))
     console.print(cp)
-    for rows, title in ((doc.top_kernels, "Top kernels"), (doc.top_ops, "Top ops"), (doc.top_layers, "Top layers")):
+    # a kernel is GPU work, so no CPU time (its launch's is its op's): no CPU column for kernels
+    for rows, title, cpu in ((doc.top_kernels, "Top kernels", False), (doc.top_ops, "Top ops", True),
+                             (doc.top_layers, "Top layers", True)):
         if not rows:
             continue
         tab = Table(title=title, title_justify="left")
         tab.add_column("name", overflow="ellipsis", no_wrap=True, max_width=44)
-        for col in ("tasks", "GPU ms", "CPU ms"):   # tasks: an op's CPU call, its launches and kernels each count
+        # tasks: an op's CPU call, its launches and kernels each count
+        for col in ("tasks", "GPU ms", *(["CPU ms"] if cpu else [])):
             tab.add_column(col, justify="right", no_wrap=True)
         for r in rows:   # the document holds the --top rows
-            tab.add_row(r.name, str(r.count), ms_text(r.gpu_ns), ms_text(r.cpu_ns))
+            tab.add_row(r.name, str(r.count), ms_text(r.gpu_ns), *([ms_text(r.cpu_ns)] if cpu else []))
         console.print(tab)
     notable = {k: v for k, v in doc.graph_report.items() if v and k not in ("roots_anchored",)}
     if notable:
@@ -310,8 +318,9 @@ def prediction_document(pred: Prediction, baseline: BaselinePrediction | None = 
     )
 
 
-def render_prediction(doc: PredictionDocument, console: Any) -> None:
-    """Print a prediction document: one table of scenarios, then what each changed."""
+def render_prediction(doc: PredictionDocument, console: Any, notes: Sequence[str] = ()) -> None:
+    """Print a prediction document: one table of scenarios, then what each changed; ``notes`` (as
+    :func:`render_text`'s) follow the baseline's step time."""
     from rich.table import Table
 
     base = doc.baseline
@@ -320,6 +329,8 @@ def render_prediction(doc: PredictionDocument, console: Any) -> None:
     line = excluded_line(base.steps)
     if line:
         console.print(line)
+    for note in notes:
+        console.print(f"note: {note}")
     table = Table(title="Predicted step time per scenario", title_justify="left")
     table.add_column("scenario", overflow="ellipsis", no_wrap=True, max_width=40)
     for col in ("mean step ms", "speedup"):

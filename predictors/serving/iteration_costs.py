@@ -331,6 +331,34 @@ class Range:
 
 
 @dataclass
+class RangeTally:
+    """The simulated iterations whose batch left the range their model was fitted on: how many,
+    how many per driver, and the smallest and largest value each driver took out there (what the
+    serving output's warning reports, for the LLM and the DiT models alike)."""
+
+    iterations: int = 0
+    drivers: dict[str, int] = field(default_factory=dict)
+    values: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def add(self, beyond: dict[str, float], iterations: int = 1) -> None:
+        """Count ``iterations`` iterations whose drivers ``beyond`` (name -> value) left the range
+        (nothing when ``beyond`` is empty).
+
+        >>> t = RangeTally()
+        >>> t.add({"tokens": 4096.0}, 28); t.add({}); t.add({"tokens": 1024.0})
+        >>> t.iterations, t.drivers, t.values
+        (29, {'tokens': 29}, {'tokens': (1024.0, 4096.0)})
+        """
+        if not beyond:
+            return
+        self.iterations += iterations
+        for name, value in beyond.items():
+            self.drivers[name] = self.drivers.get(name, 0) + iterations
+            low, high = self.values.get(name, (value, value))
+            self.values[name] = (min(low, value), max(high, value))
+
+
+@dataclass
 class PhaseCosts:
     """The anchors of one phase, their CPU time per sequence, residual and ranges."""
 

@@ -342,7 +342,9 @@ class DitStepModel:
     overtakes the CPU, and a GPU-bound one grows with its GPU work. Each of ``cpu``, ``attn`` and
     ``rest`` is a line (intercept_ns, slope_ns per model-batch element) over the model batches the
     recording saw; with one model batch the GPU lines go through zero (work per element) and the
-    CPU line is flat (one launch sequence per step whatever the batch).
+    CPU line is flat (one launch sequence per step whatever the batch). Beyond the tokens and model
+    batches it was fitted on (:attr:`ranges`) it extrapolates; :meth:`extrapolation` names the
+    drivers of a step out there, so the simulator can count them and the output warn.
     """
 
     tokens_ref: int
@@ -365,6 +367,27 @@ class DitStepModel:
     def step_ns(self, model_batch: int, tokens: int) -> float:
         cpu = self.cpu[0] + self.cpu[1] * model_batch
         return max(max(cpu, self.gpu_ns(model_batch, tokens)) + self.overlap_ns, 1.0) * self.factor
+
+    @property
+    def ranges(self) -> dict[str, Range]:
+        """The drivers the model was fitted on: its one latent-token count (``tokens``) and the
+        model batches the recording saw (``model_batch``, when it says)."""
+        out = {"tokens": Range(float(self.tokens_ref), float(self.tokens_ref))}
+        if self.batches_seen:
+            out["model_batch"] = Range(float(min(self.batches_seen)), float(max(self.batches_seen)))
+        return out
+
+    def extrapolation(self, model_batch: int, tokens: int) -> tuple[str, ...]:
+        """The drivers of a step (``tokens``, ``model_batch``) beyond the range the model was fitted
+        on, by the LLM models' rule (:meth:`Range.outside`); empty: within range.
+
+        >>> m = DitStepModel(tokens_ref=256, attn=(0.0, 1.0), rest=(0.0, 1.0), cpu=(0.0, 0.0), overlap_ns=0.0,
+        ...                  batch_overhead_ns=0.0, n=1, mape=0.0, loo_mape=0.0, batches_seen=[1])
+        >>> m.extrapolation(1, 300), m.extrapolation(1, 4096), m.extrapolation(2, 64)
+        ((), ('tokens',), ('tokens', 'model_batch'))
+        """
+        value = {"tokens": tokens, "model_batch": model_batch}
+        return tuple(name for name, r in self.ranges.items() if r.outside(value[name]))
 
     def to_dict(self) -> dict[str, Any]:
         return {"tokens_ref": self.tokens_ref, "attention_ns": list(self.attn), "rest_ns": list(self.rest),

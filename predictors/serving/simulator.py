@@ -21,6 +21,7 @@ from whatif.core.limits import MAX_DURATION_NS, MAX_GPUS, MAX_INT_PARAMETER, MAX
 from .arrivals import RequestSpec, WorkloadError
 from .capacity import Capacity, GpuMemory, engine_capacity
 from .engine_defaults import DEFAULT_MAX_MODEL_LEN, EngineName, EngineProfile, engine_key, engine_profile
+from .iteration_costs import RangeTally
 from .iteration_model import DitStepModel
 from .kvcache import KVCache
 from .logs import LLMBatch
@@ -127,13 +128,20 @@ class SchedulerConfig:
 @dataclass
 class SimResult:
     """Per-request rows (``RequestResult.to_dict``), the aggregate summary, iteration counts, and
-    the iterations whose batch left the iteration model's range (per driver)."""
+    the iterations whose batch left the iteration model's range (per driver, and the values the
+    drivers took there)."""
 
     requests: list[dict[str, Any]]
     summary: dict[str, Any]
     iterations: dict[str, int] = field(default_factory=dict)
     extrapolated_iterations: int = 0
     extrapolated_drivers: dict[str, int] = field(default_factory=dict)
+    extrapolated_values: dict[str, tuple[float, float]] = field(default_factory=dict)  # driver -> (min, max) beyond
+
+    def with_tally(self, tally: RangeTally) -> SimResult:
+        """This result with the iterations ``tally`` counted beyond the model's range."""
+        return replace(self, extrapolated_iterations=tally.iterations, extrapolated_drivers=dict(tally.drivers),
+                       extrapolated_values=dict(tally.values))
 
 
 def simulate_llm(requests: list[RequestSpec], time_ns: Callable[[LLMBatch], float], cfg: SchedulerConfig,
@@ -260,7 +268,9 @@ def simulate_dit(arrivals_s: list[float], model: DitStepModel, steps: int, token
     requests (FCFS) and runs ``steps`` denoising steps on them (model batch doubled with CFG); every
     request of a batch finishes when the batch does. ``shapes``: each request's ``(steps, latent
     tokens)``, in the order of ``arrivals_s`` (default: all ``(steps, tokens)``); a batch then takes
-    the waiting requests of the first one's shape (a batch shares one latent size and schedule)."""
+    the waiting requests of the first one's shape (a batch shares one latent size and schedule).
+    The denoising steps run at a model batch or token count beyond the range ``model`` was fitted
+    on are counted (:meth:`DitStepModel.extrapolation`, ``extrapolated_*`` of the result)."""
     if max_batch < 1 or steps < 1 or replicas < 1:
         raise WorkloadError("max_batch, steps and replicas must be >= 1")
     if shapes is not None and len(shapes) != len(arrivals_s):
@@ -278,6 +288,7 @@ def simulate_dit(arrivals_s: list[float], model: DitStepModel, steps: int, token
     end_ns: dict[int, float] = {}
     arrival = {i: a * 1e9 for i, a in enumerate(sorted(arrivals_s))}
     batches = steps_run = 0
+    tally = RangeTally()
 
     def launch(now: float) -> None:
         nonlocal batches, steps_run
@@ -288,6 +299,8 @@ def simulate_dit(arrivals_s: list[float], model: DitStepModel, steps: int, token
             waiting[:] = [i for i in waiting if i not in batch]
             mb = len(batch) * (2 if cfg_guidance else 1)
             dur = head[0] * model.step_ns(mb, head[1]) + model.batch_overhead_ns
+            value = {"tokens": head[1], "model_batch": mb}
+            tally.add({k: float(value[k]) for k in model.extrapolation(mb, head[1])}, head[0])
             busy[rep] += dur
             batches += 1
             steps_run += head[0]
@@ -315,4 +328,4 @@ def simulate_dit(arrivals_s: list[float], model: DitStepModel, steps: int, token
                **{k: stats([r[k] for r in rows]) for k in ("latency_ms", "queue_ms", "service_ms")},
                "step_ms_at_full_batch": model.step_ns(max_batch * (2 if cfg_guidance else 1), tokens) / 1e6,
                "busy_fraction": sum(busy) / 1e9 / (replicas * dur) if dur > 0 else None}
-    return SimResult(rows, summary, {"denoise": steps_run})
+    return SimResult(rows, summary, {"denoise": steps_run}).with_tally(tally)

@@ -3,16 +3,21 @@ whether a plan fits the device.
 
 **Shape** (:func:`model_shape`), from one step's detected blocks (:func:`~.layers.find_blocks`):
 
-* ``layers``: blocks per step that hold a kernel launched by a recorded op (:func:`launched_blocks`);
+* ``layers``: blocks per step that hold a kernel with a recorded launch — a launch call, graph
+  launches included, or a launching op (:func:`launched_blocks`);
   ``weight_bytes``: the step's forward GEMM weights on one rank from the GEMMs' recorded shapes
   (``CostModel.kernel_facts``; the backward's GEMMs and other ranks are not counted; the time-based
   estimates of GEMMs without shapes only when no GEMM has shapes, as an assumption);
 * ``heads``, ``kv_heads``, ``head_dim``: the attention op's recorded ``Input Dims`` — query and
   key shapes of ``scaled_dot_product_attention`` (``[b, H, s, d]``), of the flash-attention ops
   (``[b, s, H, d]``, varlen ``[tokens, H, d]``); a key with fewer heads than the query is GQA/MQA;
-* without recorded shapes: ``hidden = sqrt(W_o / e)`` from the attention-output GEMM's weight
-  ``W_o`` (``hidden × hidden`` of ``e``-byte elements), ``head_dim`` 128 and MHA — stated in
-  :attr:`ModelShape.assumptions`. Every field can be overridden (``replace``).
+* without recorded shapes: ``hidden = sqrt(W_o / e)`` from the attention-output GEMMs' weight
+  ``W_o`` (``hidden × hidden`` of ``e``-byte elements; the median over the layers, each a time-based
+  estimate when the GEMMs have no shapes either), ``head_dim`` 128 and MHA — or the head size and
+  query heads per KV head that a paged-attention kernel's template names
+  (:func:`~whatif.core.kernels.paged_attention_kernel_heads`), KV heads
+  ``round(hidden / head_dim / ratio)`` — stated in :attr:`ModelShape.assumptions`. Every field can
+  be overridden (``replace``).
 
 **Bytes per rank** for a plan of t-way tensor and p-way pipeline parallelism
 (:func:`plan_memory`): weights ``W/(t·p)``; KV cache ``tokens · 2·ceil(L/p)·ceil(H_kv/t)·d·e`` — each
@@ -40,9 +45,9 @@ import numpy as np
 import pandas as pd
 
 from whatif.core.dtypes import element_bytes
-from whatif.core.kernels import KernelClass, embedding_table, is_attention
+from whatif.core.kernels import KernelClass, embedding_table, is_attention, paged_attention_kernel_heads
 from whatif.core.work import WorkShare, current_shares
-from whatif.depgraph.graph import TaskGraph, TaskKind
+from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 from whatif.hardware.devices import find_device
 from whatif.tracer.args import Arg
 
@@ -183,13 +188,23 @@ def device_capacity_bytes(ctx: TransformContext, override_gb: float = 0.0, devic
 
 
 def launched_blocks(graph: TaskGraph, blocks: pd.DataFrame) -> pd.DataFrame:
-    """The rows of ``blocks`` whose block has a kernel launched by a recorded CPU op, when any has:
-    a step can hold kernels launched before the profiler started (the tail of an earlier forward,
-    with no launch to link them), which are not more layers of the model."""
-    linked = ~np.isnan(linked_op_rows(graph, blocks["task"].to_numpy()))
-    if not linked.any():
+    """The rows of ``blocks`` whose block has a kernel with a recorded launch, when any has: a step
+    can hold kernels launched before the profiler started (the tail of an earlier forward, with no
+    launch call to link them), which are not more layers of the model.
+
+    A launch is a launch call (a ``LAUNCH`` edge: a kernel launch, or a CUDA/HIP graph launch that
+    replays many kernels under one correlation) or a launching CPU op. Graph-replayed kernels have
+    no op (AMD's carry no ``External id``), so an op alone does not mark the launched blocks: on the
+    shared SGLang Qwen3-8B trace (36 layers replayed by one ``hipGraphLaunch``) one ``aten::neg``
+    kernel of another stream inside one layer was the only kernel with an op, and the model read
+    as 1 layer from 2026-11-28 (commit 14b4555) until 2026-11-29."""
+    tasks = blocks["task"].to_numpy()
+    e = graph.edges
+    launch_dst = e["dst"].to_numpy()[e["kind"].to_numpy() == int(EdgeKind.LAUNCH)]
+    launched = np.isin(tasks, launch_dst) | ~np.isnan(linked_op_rows(graph, tasks))
+    if not launched.any():
         return blocks
-    keep = np.unique(blocks["block"].to_numpy()[linked])
+    keep = np.unique(blocks["block"].to_numpy()[launched])
     return blocks[np.isin(blocks["block"].to_numpy(), keep)]
 
 
@@ -305,6 +320,29 @@ def attention_op_heads(op: str, dims: object) -> tuple[int, int, int] | None:
     return (h, hk, d) if h > 0 and hk > 0 and d > 0 and h % hk == 0 else None
 
 
+def _attn_out_hidden(facts: dict[str, np.ndarray]) -> int:
+    """``sqrt(W_o / e)`` of the attention-output GEMMs' facts: ``W_o`` the median weight over the
+    blocks (one per layer: a time-based estimate of one kernel, the first layer's often slower,
+    is noisier than their median), ``e`` its element size (2 when unknown); 0 without a weight."""
+    w = np.nan_to_num(np.asarray(facts["weight_bytes"], dtype=float))
+    has = np.flatnonzero(w > 0)
+    if not len(has):
+        return 0
+    elem = element_bytes(str(facts["weight_dtype"][has[0]])) if len(facts["weight_dtype"]) else None
+    return int(round(math.sqrt(float(np.median(w[has])) / (elem or 2))))
+
+
+def _kernel_heads(graph: TaskGraph, tasks: np.ndarray) -> tuple[int, int] | None:
+    """(head_dim, query heads per KV head) from the first attention kernel whose name carries them
+    (:func:`~whatif.core.kernels.paged_attention_kernel_heads`), None when none does."""
+    names = graph.tasks["name"].to_numpy()
+    for task in np.asarray(tasks, dtype=np.int64).tolist():
+        found = paged_attention_kernel_heads(str(names[task]))
+        if found is not None:
+            return found
+    return None
+
+
 def model_shape(graph: TaskGraph, ctx: TransformContext, who: str = "memory") -> ModelShape:
     """The :class:`ModelShape` of the first step with detected blocks; see the module docstring."""
     blocks = find_blocks(graph)
@@ -326,16 +364,20 @@ def model_shape(graph: TaskGraph, ctx: TransformContext, who: str = "memory") ->
         heads, kv_heads, head_dim = found
         hidden = heads * head_dim
     else:
-        fo = cost.kernel_facts(graph, b0.loc[b0["part"] == "attn_out", "task"].to_numpy()[:1])
-        elem = element_bytes(str(fo["weight_dtype"][0])) if len(fo["weight_dtype"]) else None
-        wo = float(np.nan_to_num(fo["weight_bytes"]).sum())
-        hidden = int(round(math.sqrt(wo / (elem or 2)))) if wo > 0 else 0
+        hidden = _attn_out_hidden(cost.kernel_facts(graph, b0.loc[b0["part"] == "attn_out", "task"].to_numpy()))
         if hidden <= 0:
             raise TransformError(f"{who}: no attention shapes recorded and no attention-output GEMM weight; "
                                  "give the model's hidden size, heads and kv_heads")
-        head_dim = DEFAULT_HEAD_DIM
-        heads = kv_heads = max(1, hidden // head_dim)
-        notes.append(f"no attention shapes recorded: hidden {hidden} from the attention-output weight, "
-                     f"head_dim {head_dim}, MHA ({heads} KV heads; GQA holds less)")
+        named = _kernel_heads(graph, b0.loc[b0["part"] == "attention", "task"].to_numpy())
+        head_dim, ratio = named or (DEFAULT_HEAD_DIM, 1)
+        kv_heads = max(1, int(round(hidden / head_dim / ratio)))
+        heads = kv_heads * ratio
+        if named is None:
+            notes.append(f"no attention shapes recorded: hidden {hidden} from the attention-output weight, "
+                         f"head_dim {head_dim}, MHA ({heads} KV heads; GQA holds less)")
+        else:
+            notes.append(f"no attention shapes recorded: hidden {hidden} from the attention-output weight, "
+                         f"head_dim {head_dim} and {ratio} query heads per KV head from the attention kernel's "
+                         f"name ({heads} heads, {kv_heads} KV heads)")
     return ModelShape(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                       weight_bytes=weights, table_bytes=embedding_bytes(graph, kern, hidden), assumptions=tuple(notes))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from whatif.api import analyze
 from whatif.documents import write_json
+from whatif.predictors.serving.engines.xdit import capture_notes
 from whatif.predictors.steps import StepOptions
 from whatif.summary import analysis_document, console, render_text
 from whatif.tracer.readers import accepted
@@ -29,11 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     with working(f"whatif analyze: reading, building and replaying {args.path}", args.quiet):
-        doc = analysis_document(analyze(args.path, from_args(StepOptions, args)), top=args.top)
+        analysis = analyze(args.path, from_args(StepOptions, args))
+        doc = analysis_document(analysis, top=args.top)
     if args.json:
         write_json(args.json, doc)
     if not args.quiet:
-        render_text(doc, console(), steps=args.steps)
+        render_text(doc, console(), steps=args.steps, notes=capture_notes(analysis.trace))
         if args.json:
             print(f"wrote {args.json}")
     return 0

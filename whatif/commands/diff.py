@@ -14,6 +14,7 @@ from rich.console import Console
 from whatif.api import analyze
 from whatif.core.output import write_output
 from whatif.core.steps import StepOptions
+from whatif.predictors.serving.engines.xdit import capture_notes
 from whatif.report.diff import diff_document
 from whatif.report.diff_text import render_diff
 from whatif.report.document import load_report
@@ -46,5 +47,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_output(args.json, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     if not args.quiet:
-        render_diff(doc, Console(width=140), top=args.top)
+        notes = [f"{side}: {note}" for side, a in (("before", before), ("after", after))
+                 for note in capture_notes(a.trace)]
+        render_diff(doc, Console(width=140), top=args.top, notes=notes)
     return 0

@@ -12,6 +12,7 @@ from pathlib import Path
 from whatif.api import Prediction, analyze, predict
 from whatif.documents import write_json
 from whatif.predictors.cost_models import CostConfig
+from whatif.predictors.serving.engines.xdit import capture_notes
 from whatif.predictors.steps import StepOptions
 from whatif.summary import console, prediction_document, render_prediction
 from whatif.transforms.base import TransformError
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, doc)
     if not args.quiet:
-        render_prediction(doc, console())
+        render_prediction(doc, console(), notes=capture_notes(base.trace))
     for line in refused:
         print(f"whatif: {line}", file=sys.stderr)
     return 2 if refused else 0

@@ -7,6 +7,7 @@ per scenario. DiT traces (phase:denoise) give request latency and throughput. Th
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,16 @@ from whatif.core.steps import INCLUDE_HINT, Exclusion, StepOptions
 from whatif.documents import (
     CapacityEntry,
     CostPhaseEntry,
+    DitIterationModel,
     DitScenarioServing,
     DitServingDocument,
+    DitSettings,
+    DriverRange,
     ExcludedIteration,
     LatencyStats,
     LlmScenarioServing,
     LlmServingDocument,
+    PhaseFitEntry,
     ServingDocument,
     Stat,
     write_json,
@@ -150,18 +155,87 @@ def describe_cost_phase(e: CostPhaseEntry) -> str:
             f"residual {e.residual:.2f}{loo}")
 
 
-def extrapolation_line(s: LlmScenarioServing) -> str:
-    """How many simulated iterations left the iteration model's range, by driver."""
+def loo_text(loo_mape: float, n: int, one: str) -> str:
+    """``LOO 5.2%``, or why the leave-one-out error is undefined (``n`` fitted on, ``one``: what one of
+    them is): ``LOO n/a (one denoising step)``, ``LOO n/a (too few distinct iterations to fit)``."""
+    if not math.isnan(loo_mape):
+        return f"LOO {loo_mape:.1%}"
+    return f"LOO n/a ({'one ' + one if n <= 1 else 'too few distinct iterations to fit'})"
+
+
+def describe_phase_fit(phase: str, f: PhaseFitEntry) -> str:
+    """``decode: seqs+padded (n=376, R²=0.67, MAPE 10.2%, LOO 11.9%)``."""
+    return (f"{phase}: {'+'.join(f.features) or 'constant'} (n={f.n}, R²={f.r2:.2f}, MAPE {f.mape:.1%}, "
+            f"{loo_text(f.loo_mape, f.n, 'iteration')})")
+
+
+def describe_dit_model(m: DitIterationModel) -> str:
+    """``denoise step at model batches [1, 2, 4] (n=6, MAPE 3.5%, LOO 3.7%)``."""
+    return (f"denoise step at model batches {m.model_batches_seen} (n={m.n}, MAPE {m.mape:.1%}, "
+            f"{loo_text(m.loo_mape, m.n, 'denoising step')})")
+
+
+def _number(v: float) -> str:
+    """``4,194,304``; ``0.5``."""
+    return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.3g}"
+
+
+def _times(ratio: float) -> str:
+    """``16,384x``; ``2.5x``."""
+    return f"{ratio:,.0f}x" if ratio >= 10 else f"{ratio:.2g}x"
+
+
+def _how_far(name: str, count: int, values: DriverRange | None, ranges: dict[str, dict[str, DriverRange]]) -> str:
+    """``tokens 28 at 4,194,304, 16,384x the largest seen``: a driver's iterations beyond the range,
+    the values they took and how far those are from what the model saw (any phase)."""
+    seen = [rs[name] for rs in ranges.values() if name in rs]
+    if values is None or not seen:
+        return f"{name} {count:,}"
+    at = _number(values.low) if values.low == values.high else f"{_number(values.low)}-{_number(values.high)}"
+    low, high = min(r.low for r in seen), max(r.high for r in seen)
+    far = ""
+    if 0 < high < values.high:
+        far += f", {_times(values.high / high)} the largest seen"
+    if 0 < values.low < low:
+        far += f", {_times(low / values.low)} below the smallest seen"
+    return f"{name} {count:,} at {at}{far}"
+
+
+def extrapolation_line(s: LlmScenarioServing | DitScenarioServing) -> str:
+    """How many simulated iterations (a DiT's denoising steps) left the iteration model's range: per
+    driver, the values they took and how far beyond what the model saw, what it saw, and how it
+    extrapolates (the LLM and DiT outputs' one wording)."""
+    m = s.iteration_model
     total = sum(s.iterations.values()) or s.extrapolated_iterations
-    by = ", ".join(f"{k} {v:,}" for k, v in sorted(s.extrapolated_drivers.items()))
-    how = ("extrapolated by the kernels' roofline laws" if s.iteration_model.kind == "operator costs"
-           else "extrapolated by a straight-line fit (the weight GEMMs by their law): treat with care, or record at "
-           "this load" if s.iteration_model.weight_gemms is not None
-           else "extrapolated by a straight-line fit: treat with care, or record at this load")
-    seen = "; ".join(f"{p} saw " + ", ".join(f"{k} {r.low:g}-{r.high:g}" for k, r in rs.items())
-                     for p, rs in s.iteration_model.ranges.items())
-    return (f"{s.extrapolated_iterations:,} of {total:,} simulated iterations left the recorded range ({by}; {seen}): "
+    by = "; ".join(_how_far(k, v, s.extrapolated_values.get(k), m.ranges)
+                   for k, v in sorted(s.extrapolated_drivers.items()))
+    if isinstance(s, DitScenarioServing):
+        unit = "denoising steps"
+        how = ("extrapolated by the step model (attention by the square of the tokens, the rest in proportion to "
+               "the tokens and the model batch): treat with care, or record at this resolution and batch")
+    else:
+        unit = "iterations"
+        how = ("extrapolated by the kernels' roofline laws" if s.iteration_model.kind == "operator costs"
+               else "extrapolated by a straight-line fit (the weight GEMMs by their law): treat with care, or record "
+               "at this load" if s.iteration_model.weight_gemms is not None
+               else "extrapolated by a straight-line fit: treat with care, or record at this load")
+    seen = "; ".join(f"{p} saw " + ", ".join(f"{k} {_number(r.low)}-{_number(r.high)}" for k, r in rs.items())
+                     for p, rs in m.ranges.items())
+    return (f"{s.extrapolated_iterations:,} of {total:,} simulated {unit} left the recorded range: {by} ({seen}); "
             f"{how}")
+
+
+def dit_shape(d: DitSettings) -> str:
+    """``resolution 16 (latent side, patch 1) = 256 latent tokens, 28 steps, batch 1``."""
+    frames = f" x {d.frames:,} frames" if d.frames != 1 else ""
+    return (f"resolution {d.resolution:,} (latent side, patch {d.patch}){frames} = {d.tokens:,} latent tokens, "
+            f"{d.steps} step{'s' if d.steps != 1 else ''}, batch {d.batch}{', CFG' if d.cfg else ''}")
+
+
+def dit_shapes_line(doc: DitServingDocument) -> str:
+    """The requests' shape next to the recording's, so a side given in pixels shows."""
+    recorded = f"; recorded: {dit_shape(doc.recorded)}" if isinstance(doc.recorded, DitSettings) else ""
+    return f"  requests: {dit_shape(doc.scheduler)}{recorded}"
 
 
 def render(doc: ServingDocument, console: Console) -> None:
@@ -172,6 +246,8 @@ def render(doc: ServingDocument, console: Console) -> None:
     console.print(f"[bold]{doc.source}[/bold] ({doc.kind}), workload: {where}")
     if doc.log:
         console.print(f"  iterations: the trace's phase-marked steps, composed from the serving log {doc.log}")
+    if isinstance(doc, DitServingDocument):
+        console.print(dit_shapes_line(doc))
     table = Table(title="Predicted serving metrics per scenario", title_justify="left")
     table.add_column("scenario", overflow="ellipsis", no_wrap=True, max_width=32)
     labels = (["TTFT mean", "TTFT p99", "TPOT mean", "TPOT p99", "e2e mean", "e2e p99"] if llm
@@ -192,22 +268,19 @@ def render(doc: ServingDocument, console: Console) -> None:
         elif isinstance(s, LlmScenarioServing):
             if s.iteration_model.adapter:
                 console.print(f"  {s.name} iterations found by the {s.iteration_model.adapter} adapter")
-            parts = [f"{p}: {'+'.join(f.features) or 'constant'} (n={f.n}, R²={f.r2:.2f}, "
-                     f"MAPE {f.mape:.1%}, LOO {f.loo_mape:.1%})" for p, f in s.iteration_model.phases.items()]
+            parts = [describe_phase_fit(p, f) for p, f in s.iteration_model.phases.items()]
             g = s.iteration_model.weight_gemms
             if g is not None:
                 parts.append(f"weight GEMMs priced by their law, not fitted ({g.params / 1e9:.2f} B weights on the "
                              f"{g.device}: {g.ns_at_1_token / 1e6:.3f} ms at 1-64 tokens, a step per 64 more)")
         else:
-            m = s.iteration_model
-            parts = [f"denoise step at model batches {m.model_batches_seen} (n={m.n}, MAPE {m.mape:.1%}, "
-                     f"LOO {m.loo_mape:.1%})"]
+            parts = [describe_dit_model(s.iteration_model)]
         console.print(f"  {s.name} iteration model: " + "; ".join(parts))
         if isinstance(s, LlmScenarioServing):
             for note in s.iteration_model.notes:
                 console.print(f"  {s.name} note: {note}")
-            if s.extrapolated_iterations:
-                console.print(f"  [yellow]warning[/yellow]: {s.name}: {extrapolation_line(s)}")
+        if s.extrapolated_iterations:
+            console.print(f"  [yellow]warning[/yellow]: {s.name}: {extrapolation_line(s)}")
         if s.iteration_model.excluded_iterations:
             console.print(f"  {s.name} fitted without: " + fitted_without(s.iteration_model.excluded_iterations))
     if isinstance(doc, LlmServingDocument):

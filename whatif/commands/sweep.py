@@ -130,10 +130,13 @@ def run_plans(args: argparse.Namespace) -> int:
 
 
 def render_plans(doc: PlanSweepDocument, out: Console, top: int) -> None:
-    """The Pareto front (fewest GPUs first, ``top`` rows) and one line of counts."""
+    """The Pareto front of the plans that ran (fewest GPUs first, ``top`` rows) and one line of counts."""
     front = sorted((r for r in doc.plans if r.pareto), key=lambda r: (r.gpus, r.step_ns or 0, r.plan))
-    table = Table(title=f"{doc.source}: Pareto front of {len(doc.plans)} plans ({doc.mode}, traced step "
-                        f"{ms_text(doc.baseline_step_ns)} ms)", title_justify="left")
+    ran = sum(r.status == PlanStatus.OK.value and bool(r.step_ns) for r in doc.plans)  # those plan_rows ranks
+    # a line of its own, not the table's title, which wraps at the table's width, inside the path
+    out.print(f"{doc.source}: Pareto front of the {ran} plan{'' if ran == 1 else 's'} that ran ({doc.mode}, "
+              f"traced step {ms_text(doc.baseline_step_ns)} ms)", markup=False, highlight=False, soft_wrap=True)
+    table = Table()
     for c in ("plan", "GPUs", "step ms", doc.throughput_unit, "GB per GPU"):
         table.add_column(c, justify="left" if c == "plan" else "right", no_wrap=True)
     for r in front[:top]:

@@ -23,7 +23,8 @@ def run(args: argparse.Namespace) -> int:
     table.add_column("parameters")
     for name in names:
         cls = registry.get(name)
-        params = "\n".join(f"{p.name}: {p.type_name}" + ("" if p.required else f" = {p.default_value!r}")
+        params = "\n".join(f"{p.name}: {p.type_name}; "
+                           + ("required" if p.required else f"default: {p.default_value!r}")
                            + (f"  ({p.help})" if p.help and args.name else "") for p in registry.parameters(name))
         table.add_row(name, cls.description, params)
     console.print(table)

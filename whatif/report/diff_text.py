@@ -122,9 +122,10 @@ def _render_ops(ops: dict[str, Any], console: Any, top: int) -> None:
         console.print(tab)
 
 
-def render_diff(doc: dict[str, Any], console: Any, top: int = 8) -> None:
+def render_diff(doc: dict[str, Any], console: Any, top: int = 8, notes: Sequence[str] = ()) -> None:
     """Print steps, the ops aligned by op tree, kernel changes by name, kernel classes, critical
-    path and the prediction check."""
+    path and the prediction check; ``notes`` (what the step times hold that a reader would not
+    guess, e.g. a CUDA/HIP graph capture pass) follow the measured speedup, one ``note:`` line each."""
     from rich.table import Table
 
     b, a = doc["before"], doc["after"]
@@ -134,6 +135,8 @@ def render_diff(doc: dict[str, Any], console: Any, top: int = 8) -> None:
                   f"mean {ms(a['mean_ns'])} ms, median {ms(a['median_ns'])} ms")
     console.print(f"measured speedup {doc['speedup']:.3f}x (median {doc['median_speedup']:.3f}x); GPU time per step "
                   f"{ms(doc['gpu_ns_per_step']['before'])} -> {ms(doc['gpu_ns_per_step']['after'])} ms")
+    for note in notes:
+        console.print(f"note: {note}")
     _render_ops(doc["ops"], console, top)
     k = doc["kernels"]
     console.print("kernels by name (GPU ms per step): " + ", ".join(

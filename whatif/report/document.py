@@ -33,6 +33,7 @@ from whatif.documents import (
     ScenarioPrediction,
     StepBreakdown,
     SuggestDocument,
+    counted,
     from_json,
     mean_breakdown_ns,
 )
@@ -82,7 +83,8 @@ def _serving_stats(entry: Row, metric: Literal["ttft_ms", "tpot_ms"]) -> Latency
 
 def _row(entry: Row, baseline: BaselinePrediction, old: PredictionDocument | None) -> ReportRow:
     is_base = isinstance(entry, BaselinePrediction)
-    measured = [s.measured_ns for s in entry.steps] if isinstance(entry, BaselinePrediction) else []
+    # over the steps that count, as the mean step and the measured_step_ms threshold
+    measured = [s.measured_ns for s in counted(entry.steps)] if isinstance(entry, BaselinePrediction) else []
     prev = old.row(entry.name) if old is not None else None
     return ReportRow(
         name=entry.name,

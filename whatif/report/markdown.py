@@ -173,10 +173,14 @@ def suggest_section(report: ReportDocument) -> list[str]:
 
 def top_details(report: ReportDocument) -> list[str]:
     out = []
-    for rows, title in ((report.top_kernels, "kernels"), (report.top_ops, "ops"), (report.top_layers, "layers")):
+    # a kernel is GPU work, so no CPU time (its launch's is its op's): no CPU column for kernels
+    for rows, title, cpu in ((report.top_kernels, "kernels", False), (report.top_ops, "ops", True),
+                             (report.top_layers, "layers", True)):
         if rows:
-            table = [[f"`{cell(r.name, 70)}`", f"{r.count:,}", ms(r.gpu_ns), ms(r.cpu_ns)] for r in rows]
-            out += _details(f"Baseline: top {title} (measured)", _table(["name", "count", "GPU ms", "CPU ms"], table))
+            table = [[f"`{cell(r.name, 70)}`", f"{r.count:,}", ms(r.gpu_ns), *([ms(r.cpu_ns)] if cpu else [])]
+                     for r in rows]
+            header = ["name", "count", "GPU ms", *(["CPU ms"] if cpu else [])]
+            out += _details(f"Baseline: top {title} (measured)", _table(header, table))
     return out
 
 

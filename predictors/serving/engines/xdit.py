@@ -182,6 +182,30 @@ def replay_window(trace: Trace, w: DenoiserCall) -> tuple[int, int] | None:
     return int(last["ts_ns"]), max(end, int(last["ts_ns"] + last["dur_ns"]))
 
 
+def capture_note(step: int, capture_ns: int, replay_ns: int) -> str:
+    """The one line saying that denoising step ``step`` is a CUDA/HIP graph capture pass (its
+    forward took ``capture_ns``) whose replay (``replay_ns``) is the steady-state step; printed by
+    ``whatif serve``, ``analyze``, ``predict`` and ``diff`` alike.
+
+    >>> capture_note(0, 323_910_000, 35_601_000)[:72]
+    'denoising step 0 recorded a CUDA/HIP graph: its 323.910 ms forward is a '
+    """
+    return (f"denoising step {step} recorded a CUDA/HIP graph: its {capture_ns / 1e6:.3f} ms forward is a one-off "
+            f"capture pass; the graph's replay ({replay_ns / 1e6:.3f} ms) is what later steps repeat and what "
+            "`whatif serve` times")
+
+
+def capture_notes(trace: Trace) -> list[str]:
+    """:func:`capture_note` of each DiT denoising step (xDiT, diffusers) of ``trace`` that recorded
+    a CUDA/HIP graph; empty when there is none (most traces)."""
+    notes = []
+    for i, w in enumerate(denoiser_calls(trace)):
+        replayed = replay_window(trace, w)
+        if replayed is not None:
+            notes.append(capture_note(i, w.end_ns - w.start_ns, replayed[1] - replayed[0]))
+    return notes
+
+
 def step_shapes(trace: Trace, w: DenoiserCall) -> tuple[list[Gemm], list[Attention]]:
     """The GEMMs and attention calls the step's thread recorded (``cpu_op`` with ``Input Dims``)."""
     ev = trace.events
@@ -250,9 +274,7 @@ class XditAdapter(EngineAdapter):
                 start, end = replayed
                 evidence += (f"; capture pass: window is the CUDA/HIP graph replay after its recording "
                              f"(recording [{w.start_ns}, {start}) left out)")
-                notes.append(f"step {i} recorded a CUDA/HIP graph: its window is the graph's replay "
-                             f"({(end - start) / 1e6:.3f} ms), not the {(w.end_ns - w.start_ns) / 1e6:.3f} ms "
-                             "capture pass")
+                notes.append(capture_note(i, w.end_ns - w.start_ns, end - start))
             found.append(FoundIteration(rank=w.rank, start_ns=start, end_ns=end, phase=IterationPhase.DENOISE,
                                         evidence=evidence, dit=read[0]))
         per_request = steps_per_request(trace, calls)
