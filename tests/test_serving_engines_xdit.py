@@ -115,12 +115,17 @@ def test_dit_fit_inputs_fit_a_step_model_from_the_trace_alone(flux):
     assert model.step_ns(2, 256) > 1.9 * model.step_ns(1, 256)
 
 
-def test_serve_on_one_denoising_step_says_why_it_has_no_loo_error(capsys):
-    """One recorded step leaves nothing to leave out: the model line says so instead of ``LOO nan%``."""
+def test_serve_on_one_denoising_step_says_why_it_has_no_loo_error(capsys, tmp_path):
+    """One recorded step leaves nothing to leave out: the model line says so instead of ``LOO nan%``,
+    and the JSON document says null there and reads back."""
     from whatif.cli import main
-    assert main(["serve", str(need(BASELINE)), "--rate", "2", "--num-requests", "3"]) == 0
+    from whatif.documents import ServingDocument, from_json
+    doc = tmp_path / "serve.json"
+    assert main(["serve", str(need(BASELINE)), "--rate", "2", "--num-requests", "3", "--json", str(doc)]) == 0
     out = capsys.readouterr().out
     assert "(n=1, MAPE 0.0%, LOO n/a (one denoising step))" in out and "nan" not in out
+    back = from_json(doc.read_bytes(), ServingDocument)
+    assert back.scenarios[0].iteration_model.loo_mape is None
 
 
 def test_sage_attention_kernels_are_attention():

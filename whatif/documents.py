@@ -940,7 +940,7 @@ class PhaseFitEntry(Entry, frozen=True, kw_only=True):
     n: int
     r2: float
     mape: float
-    loo_mape: float
+    loo_mape: float | None
     candidates: dict[str, float]
 
 
@@ -1022,7 +1022,7 @@ class DitIterationModel(Entry, frozen=True, kw_only=True):
     overlap_ns: float = 0.0
     n: int
     mape: float
-    loo_mape: float
+    loo_mape: float | None
     model_batches_seen: list[int]
     profiler_correction: float
     excluded_iterations: list[ExcludedIteration] = []

@@ -743,7 +743,7 @@ def _llm_model(model: LlmModel) -> LlmIterationModel:
             iterations_found=sum(len(pc.anchors) for pc in model.phases.values()),
             cost_phases={p: CostPhaseEntry(phase=p, anchors=len(pc.anchors), cpu_per_seq_ns=float(pc.cpu_per_seq_ns),
                                            residual=float(pc.residual),
-                                           loo_mape=None if np.isnan(pc.loo_mape) else float(pc.loo_mape),
+                                           loo_mape=_defined(pc.loo_mape),
                                            gpu_ns_by_law={law.name.lower(): float(v)
                                                           for law, v in pc.gpu_ns_by_law().items()})
                          for p, pc in model.phases.items()},
@@ -752,7 +752,7 @@ def _llm_model(model: LlmModel) -> LlmIterationModel:
         loop_overhead_ns=float(model.loop_overhead_ns), profiler_correction=correction,
         phases={p: PhaseFitEntry(phase=f.phase, features=list(f.features), intercept_ns=float(f.intercept_ns),
                                  coef={k: float(v) for k, v in f.coef.items()}, n=int(f.n), r2=float(f.r2),
-                                 mape=float(f.mape), loo_mape=float(f.loo_mape),
+                                 mape=float(f.mape), loo_mape=_defined(f.loo_mape),
                                  candidates={k: float(v) for k, v in f.candidates.items()})
                 for p, f in model.fits.items()},
         excluded_iterations=_excluded_iterations(model.excluded), ranges=_ranges(model.ranges),
@@ -761,11 +761,16 @@ def _llm_model(model: LlmModel) -> LlmIterationModel:
         weight_gemms=None if model.gemms is None else msgspec.convert(model.gemms.to_dict(), WeightGemmsEntry))
 
 
+def _defined(value: float) -> float | None:
+    """``value``, or None where it is undefined (NaN: JSON has no NaN, and a document reads back)."""
+    return None if np.isnan(value) else float(value)
+
+
 def _dit_model(model: DitStepModel) -> DitIterationModel:
     return DitIterationModel(tokens_ref=int(model.tokens_ref), attention_ns=[float(v) for v in model.attn],
                              rest_ns=[float(v) for v in model.rest], batch_overhead_ns=float(model.batch_overhead_ns),
                              cpu_ns=[float(v) for v in model.cpu], overlap_ns=float(model.overlap_ns),
-                             n=int(model.n), mape=float(model.mape), loo_mape=float(model.loo_mape),
+                             n=int(model.n), mape=float(model.mape), loo_mape=_defined(model.loo_mape),
                              model_batches_seen=[int(b) for b in model.batches_seen],
                              profiler_correction=float(model.factor),
                              excluded_iterations=_excluded_iterations(model.excluded),

@@ -155,10 +155,11 @@ def describe_cost_phase(e: CostPhaseEntry) -> str:
             f"residual {e.residual:.2f}{loo}")
 
 
-def loo_text(loo_mape: float, n: int, one: str) -> str:
-    """``LOO 5.2%``, or why the leave-one-out error is undefined (``n`` fitted on, ``one``: what one of
-    them is): ``LOO n/a (one denoising step)``, ``LOO n/a (too few distinct iterations to fit)``."""
-    if not math.isnan(loo_mape):
+def loo_text(loo_mape: float | None, n: int, one: str) -> str:
+    """``LOO 5.2%``, or why the leave-one-out error is undefined (None or NaN; ``n`` fitted on,
+    ``one``: what one of them is): ``LOO n/a (one denoising step)``, ``LOO n/a (too few distinct
+    iterations to fit)``."""
+    if loo_mape is not None and not math.isnan(loo_mape):
         return f"LOO {loo_mape:.1%}"
     return f"LOO n/a ({'one ' + one if n <= 1 else 'too few distinct iterations to fit'})"
 
