@@ -59,6 +59,18 @@ def test_an_llm_engine_trace_is_served_from_its_iterations_alone(trace: Path, ad
 
 
 @needs_shared
+def test_an_iteration_the_gpu_works_little_of_is_noted() -> None:
+    """SGLang's recorded decode holds a 463 ms blocking copy beside 9.8 ms of GPU work: the model
+    notes that every predicted iteration keeps that time; vLLM's HIP-graph decode gets no note."""
+    from whatif.serving import fit_serving
+
+    notes = {name: [n for n in fit_serving(trace).models[0][1].notes if "the GPU works" in n]
+             for name, trace in (("sglang", SGLANG), ("vllm", VLLM))}
+    assert len(notes["sglang"]) == 1 and "(2%)" in notes["sglang"][0] and "TPOT inherit it" in notes["sglang"][0]
+    assert notes["vllm"] == []
+
+
+@needs_shared
 def test_an_unknown_engine_is_one_line(capsys) -> None:
     from whatif.cli import main
 

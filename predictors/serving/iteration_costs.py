@@ -451,6 +451,31 @@ def _cpu_per_seq(anchors: list[Anchor]) -> float:
     return max(slope, 0.0)
 
 
+GPU_SHARE_NOTED = 0.1
+"""A phase whose recorded iterations keep the GPU busy less than this share of their time gets a
+note (:func:`gpu_share_note`)."""
+
+
+def gpu_share_note(phase: str, anchors: list[Anchor]) -> str:
+    """A line when the GPU works only a small share of the ``phase`` iterations' recorded time
+    (below :data:`GPU_SHARE_NOTED`): the rest is CPU time or waiting, which every predicted
+    iteration keeps; empty otherwise, and for iterations without GPU work.
+
+    >>> a = Anchor("decode", None, None, 473.8e6, 473.6e6, 9.8e6, 0.0, None)   # the SGLang MI300X trace
+    >>> gpu_share_note("decode", [a])[:78]
+    "the GPU works 9.8 ms of the decode iteration's 473.8 ms (2%): the rest is CPU "
+    """
+    cycle = float(sum(a.cycle_ns for a in anchors))
+    busy = float(sum(a.gpu_busy_ns for a in anchors))
+    if cycle <= 0 or busy <= 0 or busy / cycle >= GPU_SHARE_NOTED:
+        return ""
+    n = len(anchors)
+    whose = f"the {phase} iteration's" if n == 1 else f"the {n} {phase} iterations' mean"
+    return (f"the GPU works {busy / n / 1e6:,.1f} ms of {whose} {cycle / n / 1e6:,.1f} ms ({busy / cycle:.0%}): the "
+            f"rest is CPU time or waiting (a blocking call's wait counts as CPU time), which every predicted "
+            f"iteration keeps, so TTFT and TPOT inherit it")
+
+
 def _phase_costs(phase: str, anchors: list[Anchor], dev: DeviceLaw) -> PhaseCosts:
     c_seq = _cpu_per_seq(anchors)
     ratios = []
@@ -620,6 +645,7 @@ def fit_cost_model(replay: Replay, cpu_replay: Replay, found: FoundIterations, d
     recorded = ", ".join(sorted(phases))
     extra += [f"no {p} iteration recorded: {p} batches are priced from the {recorded} iterations' kernels"
               for p in ("prefill", "decode") if p not in phases]
+    extra += [line for p, a in sorted(phases.items()) if (line := gpu_share_note(p, a))]
     return CostIterationModel(phases={p: _phase_costs(p, a, law) for p, a in sorted(phases.items())},
                               device_law=law, loop_overhead_ns=loop, adapter=found.adapter, source=found.source,
                               notes=tuple(notes) + found.notes + tuple(extra))
