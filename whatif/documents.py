@@ -1241,6 +1241,12 @@ class PlanSweepDocument(Entry, frozen=True, kw_only=True):
     plans: list[PlanRow]
 
 
+def top_tables(doc: AnalysisDocument | ReportDocument) -> tuple[tuple[list[TopEntry], str, bool], ...]:
+    """The top tables of an analysis or a report: the rows, what they rank, and whether they have a
+    CPU time column (a kernel is GPU work: its launch's CPU time is its op's, so a kernel's is 0)."""
+    return (doc.top_kernels, "kernels", False), (doc.top_ops, "ops", True), (doc.top_layers, "layers", True)
+
+
 ServingDocument = Union[LlmServingDocument, DitServingDocument]  # noqa: UP007 - a runtime value for from_json
 SweepDocument = Union[LlmSweepDocument, DitSweepDocument]  # noqa: UP007
 Document = Union[AnalysisDocument, PredictionDocument, ReportDocument, LlmServingDocument,  # noqa: UP007

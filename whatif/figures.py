@@ -157,13 +157,13 @@ def waterfall_figure(baseline_ns: int, scenario: ScenarioPrediction | ScenarioHe
     return fig
 
 
-def top_table_figure(rows: list[TopEntry], title: str) -> go.Figure:
-    """A table of the top kernels / ops / layers (name, count, GPU ms, CPU ms)."""
+def top_table_figure(rows: list[TopEntry], title: str, cpu: bool = True) -> go.Figure:
+    """A table of the top kernels / ops / layers (name, count, GPU ms, and with ``cpu`` CPU ms:
+    :func:`~whatif.documents.top_tables` says which have it)."""
+    values = [[r.name for r in rows], [r.count for r in rows], [round(r.gpu_ns / 1e6, 3) for r in rows]]
     fig = go.Figure(go.Table(
-        header={"values": ["name", "count", "GPU ms", "CPU ms"], "align": "left"},
-        cells={"values": [[r.name for r in rows], [r.count for r in rows],
-                          [round(r.gpu_ns / 1e6, 3) for r in rows], [round(r.cpu_ns / 1e6, 3) for r in rows]],
-               "align": "left"}))
+        header={"values": ["name", "count", "GPU ms", *(["CPU ms"] if cpu else [])], "align": "left"},
+        cells={"values": values + ([[round(r.cpu_ns / 1e6, 3) for r in rows]] if cpu else []), "align": "left"}))
     fig.update_layout(title=title)
     return fig
 

@@ -33,6 +33,7 @@ from whatif.documents import (
     WaterfallEntry,
     counted,
     mean_breakdown_ns,
+    top_tables,
 )
 from whatif.predictors.bounds import speedup_cap, unchanged_parts, unexplained_wait_ns
 from whatif.predictors.steps import critical_path
@@ -204,9 +205,8 @@ def render_text(doc: AnalysisDocument, console: Any, steps: bool = False, notes:
         mean = mean_breakdown_ns(counted(doc.critical_path))
         cp.add_row(*(ms_text(mean.get(c, 0)) for c in cats))
     console.print(cp)
-    # a kernel is GPU work, so no CPU time (its launch's is its op's): no CPU column for kernels
-    for rows, title, cpu in ((doc.top_kernels, "Top kernels", False), (doc.top_ops, "Top ops", True),
-                             (doc.top_layers, "Top layers", True)):
+    for rows, what, cpu in top_tables(doc):
+        title = f"Top {what}"
         if not rows:
             continue
         tab = Table(title=title, title_justify="left")

@@ -10,7 +10,7 @@ from dash import Input, Output, dcc, html
 from msgspec import UNSET
 
 from whatif import figures
-from whatif.documents import TopEntry
+from whatif.documents import TopEntry, top_tables
 from whatif.ops import GroupBy
 from whatif.summary import excluded_line
 
@@ -31,8 +31,9 @@ def layout(**_: Any) -> html.Div:
                      poller("ov")])
 
 
-def _top(rows: list[TopEntry]) -> list[dict[str, Any]]:
-    return [{"count": r.count, "GPU ms": ms(r.gpu_ns), "CPU ms": ms(r.cpu_ns), "name": r.name} for r in rows]
+def _top(rows: list[TopEntry], cpu: bool) -> list[dict[str, Any]]:
+    return [{"count": r.count, "GPU ms": ms(r.gpu_ns), **({"CPU ms": ms(r.cpu_ns)} if cpu else {}), "name": r.name}
+            for r in rows]
 
 
 def body(run_id: str | None, count_all: list[str] | None = None) -> html.Div:
@@ -59,12 +60,10 @@ def body(run_id: str | None, count_all: list[str] | None = None) -> html.Div:
                  for s, cp in zip(steps, doc.critical_path)]
     phases = phase_rows(run.analysis.graph, doc.critical_path)
     excluded = excluded_line(steps)
-    top_panels = [html.Div([html.H4(title), table(f"ov-{key}", _top(rows), page_size=10, names=("name",)) if rows
-                            else html.P(f"No {title.lower().removeprefix('top ')} in this run.", className="note")],
-                           className="panel")
-                  for key, rows, title in (("top_kernels", doc.top_kernels, "Top kernels"),
-                                           ("top_ops", doc.top_ops, "Top ops"),
-                                           ("top_layers", doc.top_layers, "Top layers"))]
+    top_panels = [html.Div([html.H4(f"Top {what}"),
+                            table(f"ov-top_{what}", _top(rows, cpu), page_size=10, names=("name",)) if rows
+                            else html.P(f"No {what} in this run.", className="note")], className="panel")
+                  for rows, what, cpu in top_tables(doc)]
     ops = ops_document(run_id, GroupBy.OP.value)
     roofline = html.Div([
         html.H4("Ops with the most GPU time, on the roofline (the Ops page has them all)"),

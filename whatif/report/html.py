@@ -8,7 +8,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from whatif import figures
-from whatif.documents import LatencyStats, OpsDocument, ReportDocument, SuggestDocument, counted
+from whatif.documents import LatencyStats, OpsDocument, ReportDocument, SuggestDocument, counted, top_tables
 from whatif.summary import excluded_line
 
 from .markdown import ICON, OPS_HEADER, OPS_ROWS, SUGGEST_ROWS, ms, ops_caption, ops_cells
@@ -33,8 +33,9 @@ def report_figures(report: ReportDocument) -> list[tuple[str, go.Figure]]:
     for i, s in enumerate(pred.scenarios):
         out.append((f"fig-waterfall-{i}", figures.waterfall_figure(base.mean_step_ns, s)))
         out.append((f"fig-path-{i}", figures.breakdown_figure(s.critical_path, f"{s.name}: critical path per step")))
-    if report.top_kernels:
-        out.append(("fig-top-kernels", figures.top_table_figure(report.top_kernels, "Baseline: top kernels")))
+    rows, what, cpu = top_tables(report)[0]
+    if rows:
+        out.append(("fig-top-kernels", figures.top_table_figure(rows, f"Baseline: top {what}", cpu)))
     return out
 
 

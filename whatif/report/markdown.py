@@ -15,6 +15,7 @@ from whatif.documents import (
     SuggestDocument,
     counted,
     mean_breakdown_ns,
+    top_tables,
 )
 from whatif.summary import excluded_line
 
@@ -173,9 +174,7 @@ def suggest_section(report: ReportDocument) -> list[str]:
 
 def top_details(report: ReportDocument) -> list[str]:
     out = []
-    # a kernel is GPU work, so no CPU time (its launch's is its op's): no CPU column for kernels
-    for rows, title, cpu in ((report.top_kernels, "kernels", False), (report.top_ops, "ops", True),
-                             (report.top_layers, "layers", True)):
+    for rows, title, cpu in top_tables(report):
         if rows:
             table = [[f"`{cell(r.name, 70)}`", f"{r.count:,}", ms(r.gpu_ns), *([ms(r.cpu_ns)] if cpu else [])]
                      for r in rows]
