@@ -108,7 +108,9 @@ class SharedTrace:
 
 @functools.cache
 def shared_traces() -> tuple[SharedTrace, ...]:
-    """Every shared trace whose GPU is in the catalog, loaded and tabled once per run."""
+    """Every shared trace that names its GPU, one of the catalog's, loaded and tabled once per run
+    (a trace whose GPU the reader names from its properties is left out: the catalog's figures
+    were read from the named ones)."""
     out = []
     for path in sorted(TRACES.rglob("*.json*")):
         try:
@@ -117,7 +119,8 @@ def shared_traces() -> tuple[SharedTrace, ...]:
             print(f"  skipped {path.name}: {error}", file=sys.stderr)
             continue
         device = find_device(trace.ranks[0].gpu_name)
-        if device is None:
+        props = trace.ranks[0].metadata.get("deviceProperties") or []
+        if device is None or not any(isinstance(p, dict) and p.get("name") for p in props):
             continue
         ev = trace.events
         dur = ev.loc[(ev["kind"] == int(EventKind.KERNEL)) & (ev["dur_ns"] > 0), "dur_ns"].to_numpy()

@@ -530,7 +530,8 @@ _TOKEN_NORM_OPS = (*_RMS_NORMS, *_TOKEN_LAYER_NORMS)   # group norm normalizes c
 
 def op_flops_bytes(op_name: str, input_dims: Sequence | None,
                    input_types: Sequence | None = None,
-                   concrete_inputs: Sequence | None = None) -> tuple[int, int] | None:
+                   concrete_inputs: Sequence | None = None,
+                   conv_output: Sequence[int] | None = None) -> tuple[int, int] | None:
     """(FLOPs, DRAM bytes) of one aten op call from recorded shapes, or None when unknown.
 
     Bytes count each input once and the output once (ideal reuse, as a roofline wants). Without
@@ -538,8 +539,10 @@ def op_flops_bytes(op_name: str, input_dims: Sequence | None,
     Inputs``: the values of non-tensor arguments, as strings) gives attention its causal flag and
     varlen maximum lengths. Attention assumes a fused (flash) kernel: Q, K, V and O move once;
     FLOPs are 2·B·Hq·(D_qk + D_v)·P over the P unmasked (query, key) pairs: Sq·Sk, or the causal
-    triangle. Convolution stride/padding come from the recorded int lists when present (defaults
-    1/0 otherwise, as 2021 traces record them empty). Formulas and sources: docs/cost-models.md.
+    triangle. Convolution stride/padding come from the recorded int lists when present; 2021 traces
+    record them empty, and then the output's spatial size is ``conv_output`` when given (read from
+    the op that takes the output, :func:`conv_outputs_from_neighbours`), else stride 1 and padding
+    0. Formulas and sources: docs/cost-models.md.
 
     >>> op_flops_bytes("aten::addmm", [[512], [64, 256], [256, 512], [], []],
     ...                ["float", "float", "float", "Scalar", "Scalar"])
@@ -561,6 +564,8 @@ def op_flops_bytes(op_name: str, input_dims: Sequence | None,
         attention = _ATTENTION_OPS.get(op)
         if attention is not None:
             return _attention(attention, args, input_dims, list(concrete_inputs or ()))
+        if op in CONV_FORWARD_OPS:
+            return _conv(args, input_dims, list(concrete_inputs or ()), conv_output)
         return _dispatch(op, args, input_dims, input_types, list(concrete_inputs or ()))
     except (ValueError, TypeError, IndexError, ZeroDivisionError):
         return None
@@ -744,13 +749,55 @@ def _gemm_shape(op: str, args) -> GemmShape | None:
     return GemmShape(a[-2], b[-1], a[-1], max(_numel(a[:-2]), _numel(b[:-2])), ea)
 
 
+def _reachable(size: int, kernel: int, out: int, most_stride: int = 4) -> bool:
+    """Whether some stride (1 to ``most_stride``) and padding (0 to the kernel) take an input of
+    ``size`` to an output of ``out`` (dilation 1)."""
+    return any((size + 2 * p - kernel) // st + 1 == out for st in range(1, most_stride + 1) for p in range(kernel + 1))
+
+
+def conv_outputs_from_neighbours(names: Sequence[str] | np.ndarray, dims: Sequence | np.ndarray,
+                                 concrete: Sequence | np.ndarray, thread: np.ndarray, start_ns: np.ndarray,
+                                 end_ns: np.ndarray) -> dict[int, tuple[int, ...]]:
+    """The output spatial size of each forward convolution op whose stride and padding are not
+    recorded (2021 traces record them as empty lists), read from the op that takes its output:
+    the first op that starts after it ends on its thread (within :data:`CONV_OUTPUT_LOOKAHEAD`)
+    whose first input has its batch, its output channels and a spatial size some stride and
+    padding reach (a batch norm, an activation, a residual add). Arguments: CPU ops in time order
+    per thread (``thread`` a key per op); returns {position: spatial size}.
+
+    >>> names = ["aten::conv2d", "aten::cudnn_convolution", "aten::batch_norm"]
+    >>> dims = [[[32, 256, 56, 56], [512, 256, 1, 1], [], [], [], [], []]] * 2 + [[[32, 512, 28, 28], [512]]]
+    >>> conv_outputs_from_neighbours(names, dims, [()] * 3, np.zeros(3), np.array([0, 1, 9]), np.array([8, 7, 12]))
+    {0: (28, 28), 1: (28, 28)}
+    """
+    out: dict[int, tuple[int, ...]] = {}
+    for i, name in enumerate(names):
+        if op_key(name) not in CONV_FORWARD_OPS or not isinstance(dims[i], list) or len(dims[i]) < 2:
+            continue
+        x, w = dims[i][0], dims[i][1]
+        if not (isinstance(x, list) and isinstance(w, list) and len(x) == len(w) >= 3):
+            continue
+        nd = len(x) - 2
+        stride, padding, _ = _conv_geometry(dims[i], list(concrete[i] or ()), nd)
+        if stride is not None or padding is not None:
+            continue
+        for j in range(i + 1, min(i + 1 + CONV_OUTPUT_LOOKAHEAD, len(names))):
+            if thread[j] != thread[i]:
+                break
+            first = dims[j][0] if isinstance(dims[j], list) and dims[j] else None
+            if start_ns[j] < end_ns[i] or not (isinstance(first, list) and len(first) == len(x)):
+                continue
+            if first[0] == x[0] and first[1] == w[0] and all(
+                    _reachable(int(s), int(k), int(o)) for s, k, o in zip(x[2:], w[2:], first[2:])):
+                out[i] = tuple(int(o) for o in first[2:])
+                break
+    return out
+
+
 def _dispatch(op: str, args, dims, types, concrete: list) -> tuple[int, int] | None:
     if op in GEMM_OPS:
         shape = _gemm_shape(op, args)
         return shape.flops_bytes() if shape is not None else None
-    if op in ("conv1d", "conv2d", "conv3d", "convolution", "_convolution", "cudnn_convolution",
-              "miopen_convolution"):
-        return _conv(args, dims, concrete)
     if op in ("_grouped_mm", "_scaled_grouped_mm"):
         return _grouped_gemm(args)
     if op in ("embedding", "index_select"):
@@ -824,21 +871,33 @@ def _int_list(value: object, nd: int) -> list[int] | None:
     return None
 
 
-def _conv(args, dims, concrete: list) -> tuple[int, int] | None:
+CONV_FORWARD_OPS = frozenset({"conv1d", "conv2d", "conv3d", "convolution", "_convolution", "cudnn_convolution",
+                              "miopen_convolution"})
+"""Forward convolution ops (:func:`op_key`): input, weight, bias, stride, padding, dilation, ..."""
+CONV_OUTPUT_LOOKAHEAD = 64
+"""How many ops after a convolution on its thread :func:`conv_outputs_from_neighbours` reads."""
+
+
+def _conv_geometry(dims: Sequence, concrete: list, nd: int) -> tuple[list[int] | None, list[int] | None, list[int]]:
+    """A convolution's recorded stride and padding (None when not recorded) and its dilation (1)."""
+    def param(i: int) -> list[int] | None:
+        return _int_list(dims[i] if i < len(dims) else None, nd) or _int_list(_concrete(concrete, i), nd)
+    return param(3), param(4), param(5) or [1] * nd
+
+
+def _conv(args, dims, concrete: list, output: Sequence[int] | None = None) -> tuple[int, int] | None:
     (x, ex), (w, _ew) = args[0], args[1]
     nd = len(x) - 2
     if nd < 1 or len(w) != len(x):
         return None
     batch, spatial = x[0], x[2:]
     cout, cin_g, kernel = w[0], w[1], w[2:]
-
-    def param(i: int, default: int) -> list[int]:
-        return (_int_list(dims[i] if i < len(dims) else None, nd)
-                or _int_list(_concrete(concrete, i), nd) or [default] * nd)
-
-    stride, padding, dilation = param(3, 1), param(4, 0), param(5, 1)
-    out_sp = [(s + 2 * p - d * (k - 1) - 1) // st + 1
-              for s, p, d, k, st in zip(spatial, padding, dilation, kernel, stride)]
+    stride, padding, dilation = _conv_geometry(dims, concrete, nd)
+    if stride is None and padding is None and output is not None and len(output) == nd:
+        out_sp = [int(o) for o in output]
+    else:
+        out_sp = [(s + 2 * p - d * (k - 1) - 1) // st + 1
+                  for s, p, d, k, st in zip(spatial, padding or [0] * nd, dilation, kernel, stride or [1] * nd)]
     if any(o <= 0 for o in out_sp):
         return None
     out_numel = batch * cout * _numel(out_sp)

@@ -182,7 +182,7 @@ class TraceCostModel(CostModelBase):
         self._bw: float | None = None
         self._collective_calibrations: dict[tuple[str, int, int], CollectiveCalibration | None] = {}
         self._measured_collectives: list[tuple] = []
-        self._op_memo: dict[tuple[str, str, str, str], _OpFacts] = {}
+        self._op_memo: dict[tuple[str, str, str, str, tuple[int, ...] | None], _OpFacts] = {}
         self._retarget_fits: dict[tuple[str, str, tuple[tuple[str, str], ...]], RetargetFit] = {}
 
     # -- recorded facts, all tasks of a graph, cached ------------------------------------------
@@ -191,14 +191,16 @@ class TraceCostModel(CostModelBase):
         return graph.memo(f"{_FACTS_KEY}@{self.key.value}@{id(self.trace)}", lambda: self._compute_base(graph))
 
     def _op_facts(self, op_name: str, dims: list | None, types: Sequence[str],
-                  concrete: Sequence[str]) -> _OpFacts:
-        """The :class:`_OpFacts` of one recorded op; NaN/'' when unknown. Memoized by shape."""
-        key = (op_name, repr(dims), repr(types), repr(concrete))
+                  concrete: Sequence[str], conv_output: tuple[int, ...] | None = None) -> _OpFacts:
+        """The :class:`_OpFacts` of one recorded op (``conv_output``: a convolution's output size when
+        its stride is not recorded, :meth:`~whatif.tracer.trace.Trace.conv_outputs`); NaN/'' when
+        unknown. Memoized by shape."""
+        key = (op_name, repr(dims), repr(types), repr(concrete), conv_output)
         got = self._op_memo.get(key)
         if got is not None:
             return got
         flops = nbytes = wbytes = tiles = np.nan
-        fb = op_flops_bytes(op_name, dims, types, concrete) if dims is not None else None
+        fb = op_flops_bytes(op_name, dims, types, concrete, conv_output) if dims is not None else None
         if fb is not None:
             flops, nbytes = float(fb[0]), float(fb[1])
             wbytes = 0.0
@@ -245,7 +247,9 @@ class TraceCostModel(CostModelBase):
             dims, types = self.trace.arg(Arg.INPUT_DIMS), self.trace.arg(Arg.INPUT_TYPES)
             concrete = self.trace.arg(Arg.CONCRETE_INPUTS)
             op_names = ev["name"].astype(str).to_numpy()
-            per_op = [self._op_facts(op_names[r], dims[r], types[r], concrete[r]) for r in uniq_rows]
+            conv_outputs = self.trace.conv_outputs()
+            per_op = [self._op_facts(op_names[r], dims[r], types[r], concrete[r], conv_outputs.get(int(r)))
+                      for r in uniq_rows]
             if per_op:
                 of = np.array([o.flops for o in per_op])[inv]
                 ob = np.array([o.dram_bytes for o in per_op])[inv]

@@ -229,6 +229,19 @@ def test_the_table_of_a_shared_trace_sums_to_its_gpu_time():
     assert all(np.isfinite(r.roofline_pct) for r in doc.rows if r.flops is not None and r.flops > 0)
 
 
+def test_a_convolution_without_its_stride_takes_its_output_from_the_next_op(shared_traces: Path):
+    """ResNet-50 (2021, V100) records no stride or padding: a stride-2 1x1 convolution's output
+    is read from the batch norm that takes it (28x28, not 56x56), so it is not 4x its FLOPs and far
+    past the GPU's peak; a 3x3 stride-1 one keeps its 56x56 (padding 1)."""
+    trace = load_trace(shared_traces / "kineto" / "resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz")
+    rows = {(r.op, r.shapes): r for r in ops_table(trace).rows}
+    down = rows[("aten::cudnn_convolution", "[32,256,56,56] [512,256,1,1]")]
+    assert down.flops == down.count * 2 * 32 * 512 * 28 * 28 * 256
+    same = rows[("aten::cudnn_convolution", "[32,64,56,56] [64,64,3,3]")]
+    assert same.flops == same.count * 2 * 32 * 64 * 56 * 56 * 64 * 9
+    assert down.roofline_pct < 120
+
+
 def test_dashboard_page_shows_the_table_numbers_first(tmp_path: Path):
     from whatif.dashboard.app import create_app
     from whatif.dashboard.pages import ops as page

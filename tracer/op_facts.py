@@ -34,13 +34,15 @@ def op_facts(trace: Trace, op_rows: np.ndarray) -> list[OpFacts]:
     names = ev["name"].astype(str).to_numpy()
     dims, types = trace.arg(Arg.INPUT_DIMS), trace.arg(Arg.INPUT_TYPES)
     concrete = trace.arg(Arg.CONCRETE_INPUTS)
-    memo: dict[tuple[str, str, str, str], OpFacts] = {}
+    conv_outputs = trace.conv_outputs()
+    memo: dict[tuple[str, str, str, str, tuple[int, ...] | None], OpFacts] = {}
     out = []
     for r in np.asarray(op_rows, dtype=np.int64).tolist():
-        key = (names[r], repr(dims[r]), repr(types[r]), repr(concrete[r]))
+        conv = conv_outputs.get(r)
+        key = (names[r], repr(dims[r]), repr(types[r]), repr(concrete[r]), conv)
         got = memo.get(key)
         if got is None:
-            fb = op_flops_bytes(names[r], dims[r], types[r], concrete[r]) if dims[r] is not None else None
+            fb = op_flops_bytes(names[r], dims[r], types[r], concrete[r], conv) if dims[r] is not None else None
             got = memo[key] = OpFacts(names[r], "" if dims[r] is None else shapes_text(dims[r]), op_dtype(types[r]),
                                       float(fb[0]) if fb else np.nan, float(fb[1]) if fb else np.nan)
         out.append(got)

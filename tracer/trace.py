@@ -38,6 +38,7 @@ import pandas as pd
 
 from whatif.core.errors import TraceError
 from whatif.core.heap import release_freed_memory
+from whatif.core.kernels import CONV_FORWARD_OPS, conv_outputs_from_neighbours, op_key
 
 from . import cache
 from .args import Arg, EventArgs, arg_column
@@ -127,6 +128,7 @@ class Trace:
     """Each event's ``args`` (same rows as ``events``); left out, no event has any."""
     _arg_columns: dict[Arg, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
     _op_index: pd.Series | None = field(default=None, repr=False, compare=False)
+    _conv_outputs: dict[int, tuple[int, ...]] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.args) != len(self.events):
@@ -141,6 +143,27 @@ class Trace:
         if column is None:
             column = self._arg_columns[arg] = arg_column(self.args, arg)
         return column
+
+    def conv_outputs(self) -> dict[int, tuple[int, ...]]:
+        """Per event row of a forward convolution op whose stride and padding are not recorded:
+        its output's spatial size, read from the op that takes it
+        (:func:`~whatif.core.kernels.conv_outputs_from_neighbours`); computed once per trace."""
+        if self._conv_outputs is None:
+            ev = self.events
+            conv = per_name(ev["name"], lambda n: op_key(n) in CONV_FORWARD_OPS)
+            ops = np.flatnonzero(ev["kind"].to_numpy() == int(EventKind.CPU_OP))
+            found: dict[int, tuple[int, ...]] = {}
+            if conv[ops].any():
+                thread = ev[["rank", "pid", "tid"]].iloc[ops].groupby(["rank", "pid", "tid"], sort=False).ngroup()
+                order = np.lexsort((ev["ts_ns"].to_numpy()[ops], thread.to_numpy()))
+                rows = ops[order]
+                start = ev["ts_ns"].to_numpy()[rows]
+                hints = conv_outputs_from_neighbours(
+                    name_texts(ev["name"], rows), self.arg(Arg.INPUT_DIMS)[rows], self.arg(Arg.CONCRETE_INPUTS)[rows],
+                    thread.to_numpy()[order], start, start + ev["dur_ns"].to_numpy()[rows])
+                found = {int(rows[i]): v for i, v in hints.items()}
+            self._conv_outputs = found
+        return self._conv_outputs
 
     def raw_args(self, rows: np.ndarray | None = None) -> np.ndarray:
         """The ``args`` dict (or None) of every event, or of ``rows``, as an object array. For
