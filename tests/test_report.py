@@ -323,6 +323,23 @@ def test_cli_serving_file(trace: Path, tmp_path: Path) -> None:
     assert main([*args[:-1], str(sc)]) == 2
 
 
+def test_cli_serving_file_of_another_trace_is_refused(trace: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A serving document names the trace it was served from: one of another trace is one line,
+    exit 2 (it had been shown as this trace's TTFT); one of this trace (its file or folder) is read."""
+    stats = {"mean": 50.0, "p50": 45.0, "p90": 70.0, "p99": 90.0}
+    serving = tmp_path / "serve.json"
+    args = ["report", str(trace), "-o", str(tmp_path / "o"), "--format", "json", "-q", "--force",
+            "--serving", str(serving), "--fail-if", "ttft_ms > 40"]
+    for source, code in (("sample_traces/llm_serve", 2), (str(trace), 1), (str(trace.parent), 1)):
+        serving.write_bytes(orjson.dumps({"schema": "whatif.serving/1", "source": source, "scenarios": [
+            {"name": "baseline", "ttft_ms": stats, "tpot_ms": stats}]}))
+        assert main(args) == code, source
+        err = capsys.readouterr().err.strip().splitlines()
+        if code == 2:
+            assert len(err) == 1 and "serving metrics of sample_traces/llm_serve, not of the report's trace" in err[0]
+
+
 def test_fail_if_accepts_a_scenario_files_stem(tmp_path: Path) -> None:
     from whatif.documents import PredictionDocument, from_json
     from whatif.report.thresholds import evaluate as check

@@ -65,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.baseline:
         load_report(args.baseline)
-    serving = load_serving(args.serving) if args.serving else None
+    if args.serving:
+        load_serving(args.serving)   # a usage error before the slow part; its trace is checked with the report
     cost = from_args(CostConfig, args)
     scenarios = [load_scenario(p) for p in args.scenario]
     check_distinct_names(scenarios)
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
                               progress=lambda what: status(f"whatif report: suggest: {what}")) if args.suggest else None
         ops = ops_table(prediction.baseline.trace) if args.ops else None
     report = write_report(prediction, args.out, formats, thresholds, args.baseline, limit,
-                          step_summary=not args.no_step_summary, serving=serving, suggestions=suggestions, ops=ops)
+                          step_summary=not args.no_step_summary, serving=args.serving, suggestions=suggestions, ops=ops)
     if not args.quiet:
         for row in report.document.rows:
             print(f"{row.name}: {row.mean_step_ns / 1e6:,.3f} ms, {row.speedup:.3f}x")

@@ -101,7 +101,9 @@ def build_report(prediction: Prediction | PredictionDocument, fail_if: Sequence[
     of the same trace (:func:`whatif.ops.ops_table`), shown as the per-op roofline table."""
     thresholds = [parse(t) if isinstance(t, str) else t for t in fail_if]  # usage errors before any work
     limit = None if max_regression is None else parse_percent(max_regression)
-    rows = load_serving(serving) if isinstance(serving, (str, Path)) else serving_by_row(serving) if serving else None
+    files = [f for r in prediction.baseline.trace.ranks for f in r.files] if isinstance(prediction, Prediction) else []
+    rows = (load_serving(serving, files) if isinstance(serving, (str, Path))
+            else serving_by_row(serving) if serving else None)
     base_path = str(baseline) if isinstance(baseline, (str, Path)) else None
     base_doc = load_report(baseline) if isinstance(baseline, (str, Path)) else baseline
     if isinstance(prediction, Prediction):

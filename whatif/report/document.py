@@ -164,17 +164,38 @@ class _ServingRow(msgspec.Struct, frozen=True):
 
 
 class _ServingRows(msgspec.Struct, frozen=True):
+    source: str = ""
     scenarios: list[_ServingRow] = msgspec.field(default_factory=list)
 
 
-def load_serving(path: str | Path) -> dict[str, RowServing]:
+def load_serving(path: str | Path, trace_files: Sequence[Path] = ()) -> dict[str, RowServing]:
     """TTFT/TPOT per scenario name (``"baseline"`` included) from a ``whatif serve --json`` document
-    (only ``schema`` and the scenarios' ``name``, ``ttft_ms``, ``tpot_ms`` are read)."""
+    (only ``schema``, ``source`` and the scenarios' ``name``, ``ttft_ms``, ``tpot_ms`` are read).
+
+    Raises
+    ------
+    ReportError : not a serving document; or, given the report's ``trace_files``, one served from
+        another trace (its ``source`` neither one of them nor their folder).
+    """
     path = Path(path)
     if not _header(path, "serving", "whatif.serving").schema.startswith("whatif.serving"):
         raise ReportError(f"{path}: not a whatif.serving document (write one with whatif serve --json)")
     doc: _ServingRows = _read(path, "whatif.serving", _ServingRows)
+    if trace_files and doc.source and not _same_trace(Path(doc.source), trace_files):
+        raise ReportError(f"{path}: serving metrics of {doc.source}, not of the report's trace "
+                          f"{trace_files[0] if len(trace_files) == 1 else trace_files[0].parent} "
+                          f"(run whatif serve --json on the same trace)")
     return {s.name: RowServing(ttft_ms=s.ttft_ms, tpot_ms=s.tpot_ms) for s in doc.scenarios}
+
+
+def _same_trace(source: Path, trace_files: Sequence[Path]) -> bool:
+    """Whether a document's ``source`` names these trace files: one of them, or their folder."""
+    try:
+        named = source.resolve()
+        files = {f.resolve() for f in trace_files}
+    except OSError:
+        return True   # cannot tell: not refused
+    return named in files or all(f.parent == named for f in files)
 
 
 def prediction_of(doc: ReportDocument | PredictionDocument) -> PredictionDocument:

@@ -230,7 +230,8 @@ def evaluate(threshold: Threshold | str, doc: PredictionDocument) -> CheckResult
         v = METRICS[metric].get(entry)
         if v is None:
             what = "serving metrics (TTFT/TPOT)" if "serving" in METRICS[metric].help else "steps"
-            raise ThresholdError(f"{th.text!r}: {label} is not available: the prediction has no {what}")
+            whose = f"the row {entry.name!r} has" if scenario is not None else "the prediction has"
+            raise ThresholdError(f"{th.text!r}: {label} is not available: {whose} no {what}")
         values[label] = round(v, 6)
         return v
 
