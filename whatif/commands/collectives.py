@@ -86,7 +86,7 @@ def render_collectives(doc: CollectivesDocument, out: Console, top: int = 10) ->
         summary.append([kind, span, f"{len(calls):,}", ms_text(sum(c.transfer_ns for c in calls)),
                         ms_text(sum(c.waited_ns for c in calls)),
                         _opt(bus[len(bus) // 2] if bus else None), _opt(bus[-1] if bus else None),
-                        mib_text(sum(c.message_bytes or 0 for c in calls))])
+                        _mib_known(calls)])
     print_table(out, "collectives by kind (busbw: nccl-tests' bus bandwidth, GB/s)",
            ["kind", "span", "calls", "transfer ms", "waited ms", "median busbw", "max busbw", "MiB"], summary, {0, 1})
     worst = sorted(doc.calls, key=lambda c: (-c.waited_ns, -c.transfer_ns, c.first_arrival_ns))[:top]
@@ -101,3 +101,9 @@ def render_collectives(doc: CollectivesDocument, out: Console, top: int = 10) ->
            ["rank", "calls", "transfer ms", "waited ms", "straggler calls", "caused wait ms"],
            [[str(r.rank), f"{r.calls:,}", ms_text(r.transfer_ns), ms_text(r.waited_ns), f"{r.straggler_calls:,}",
              ms_text(r.caused_wait_ns)] for r in ranks], set())
+
+
+def _mib_known(calls: list) -> str:
+    """The MiB the calls move, "-" when no call's size is recorded."""
+    sizes = [c.message_bytes for c in calls if c.message_bytes is not None]
+    return mib_text(sum(sizes)) if sizes else "-"
