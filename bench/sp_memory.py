@@ -179,30 +179,22 @@ def main() -> None:
     parser.add_argument("--write-docs", action="store_true", help="write the tables into docs/memory.md")
     parser.add_argument("--only", choices=["layouts", "batch"], help="run one table")
     args = parser.parse_args()
-    if args.only != "batch":
-        layouts(args.write_docs)
-    if args.only != "layouts":
-        batches(args.write_docs)
+    tables = {"layouts": (LAYOUTS_HEADER, rows, (BEGIN, END)),
+              "batch": (BATCH_HEADER, batch_rows, (BATCH_BEGIN, BATCH_END))}
+    for name, (header, make, (begin, end)) in tables.items():
+        if args.only in (None, name):
+            table = "\n".join([header, "|" + "---|" * header.count(" | ") + "---|", *make()])
+            print(table)
+            if args.write_docs:
+                replace_section(ROOT / "docs" / "memory.md", begin, end, table)
 
 
-def batches(write_docs: bool) -> None:
-    table = "\n".join(["| setup (examples/dit_serve.py) | requests per batch, alone → ranks | layout | P | recorded "
-                       "alone, peak MiB | predicted, one rank | measured, per rank | error (bytes) | predicting no "
-                       "change | the layout at the recorded batch | the batch on one GPU | what-if s |",
-                       "|---|---|---|---|---|---|---|---|---|---|---|---|", *batch_rows()])
-    print(table)
-    if write_docs:
-        replace_section(ROOT / "docs" / "memory.md", BATCH_BEGIN, BATCH_END, table)
-
-
-def layouts(write_docs: bool) -> None:
-    table = "\n".join(["| setup (examples/dit_serve.py) | layout | P | recorded alone, peak MiB | predicted, one "
-                       "rank | measured, per rank | error (bytes) | step peaks, largest error | predicting no change | "
-                       "activations / P | op at the predicted peak (ranks peaking there) | what-if s |",
-                       "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows()])
-    print(table)
-    if write_docs:
-        replace_section(ROOT / "docs" / "memory.md", BEGIN, END, table)
+LAYOUTS_HEADER = ("| setup (examples/dit_serve.py) | layout | P | recorded alone, peak MiB | predicted, one rank "
+                  "| measured, per rank | error (bytes) | step peaks, largest error | predicting no change "
+                  "| activations / P | op at the predicted peak (ranks peaking there) | what-if s |")
+BATCH_HEADER = ("| setup (examples/dit_serve.py) | requests per batch, alone → ranks | layout | P | recorded alone, "
+                "peak MiB | predicted, one rank | measured, per rank | error (bytes) | predicting no change "
+                "| the layout at the recorded batch | the batch on one GPU | what-if s |")
 
 
 if __name__ == "__main__":
