@@ -6,11 +6,16 @@ milliseconds with a "working" message; a small callback polls the job (:func:`po
 :func:`watch`) and triggers the page's callback again once, when the result is there. The work
 runs in this process, where the runs, their analyses and caches live (Dash's background callbacks
 run in other processes, which would analyse each trace again per process and keep nothing), and
-each job runs once: its result or its error is kept for every later ask.
+each job runs once: its result or its error is kept for every later ask. A kept error is raised
+again with the frames of that ask only (its traceback in the job's thread is logged once): raised as
+kept, it gained the frames of every ask, and a page asking 4 times a second logged ever longer
+tracebacks.
 """
 from __future__ import annotations
 
+import logging
 import threading
+import traceback
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,6 +25,7 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 T = TypeVar("T")
+log = logging.getLogger("whatif.dashboard")
 
 POLL_MS = 250
 """How often a page asks again while its work runs."""
@@ -59,13 +65,14 @@ class Jobs:
         with self._lock:
             token = self.token(key)
             if token not in self._futures:
-                self._futures[token] = self._pool.submit(work)
+                self._futures[token] = future = self._pool.submit(work)
+                future.add_done_callback(lambda f: _log_failure(token, f))
             return self._futures[token]
 
     def result(self, key: Hashable, work: Callable[[], T]) -> T | Pending:
         """The result of ``key``'s job (raises its error), or :class:`Pending` while it runs."""
         future = self.start(key, work)
-        return future.result() if future.done() else Pending(self.token(key))
+        return _outcome(future) if future.done() else Pending(self.token(key))
 
     def done(self, token: str) -> bool:
         """Whether the job named ``token`` has finished (or there is none: nothing to wait for)."""
@@ -80,11 +87,29 @@ class Jobs:
         """Block until ``key``'s job is done (tests, notebooks); its result."""
         with self._lock:
             future = self._futures[self.token(key)]
-        return future.result(timeout=timeout_s)
+        future.exception(timeout=timeout_s)  # waits (TimeoutError past timeout_s), raises nothing else
+        return _outcome(future)
 
     def close(self) -> None:
         """Start no more jobs; the running ones finish in their threads."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _outcome(future: Future[Any]) -> Any:
+    """The result of a finished job, or its error raised afresh: the same exception, its traceback
+    emptied first, so it holds the frames of this raise only (``future.result()`` re-raises the
+    kept exception, whose traceback grows by the frames of each raise)."""
+    exc = future.exception()
+    if exc is not None:
+        raise exc.with_traceback(None)
+    return future.result()
+
+
+def _log_failure(token: str, future: Future[Any]) -> None:
+    """Log a failed job's error with the traceback of the thread it ran in, once."""
+    exc = None if future.cancelled() else future.exception()
+    if exc is not None:
+        log.warning("job %s failed:\n%s", token, "".join(traceback.format_exception(exc)).rstrip())
 
 
 def poller(prefix: str) -> html.Div:

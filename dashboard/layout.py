@@ -1,5 +1,5 @@
 """Layout helpers shared by the pages: the app shell, cards, sortable tables, error boxes, and
-``guarded``, which turns any exception of a callback into a readable message in the page."""
+``guarded``, which turns any exception of a callback into a readable one-line message in the page."""
 from __future__ import annotations
 
 import functools
@@ -151,10 +151,11 @@ def loading(*children: Any, id: str | None = None) -> dcc.Loading:
 
 def guarded(n_outputs: int, poll: int | None = None,
             clear: Mapping[int, Any] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate a callback whose last output is an error box: any exception becomes a message
-    there, so the app never dies on bad input. The other outputs are left as they were, except
-    output ``poll``, a poller's ``disabled``, set to stop polling, and the outputs ``clear`` maps
-    to the value that empties them (a result the error invalidates: ``{0: None}``)."""
+    """Decorate a callback whose last output is an error box: any exception becomes its message
+    there, one line without the exception's class (:func:`_message`), so the app never dies on bad
+    input. The other outputs are left as they were, except output ``poll``, a poller's
+    ``disabled``, set to stop polling, and the outputs ``clear`` maps to the value that empties
+    them (a result the error invalidates: ``{0: None}``)."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -165,7 +166,7 @@ def guarded(n_outputs: int, poll: int | None = None,
                 raise
             except Exception as exc:  # noqa: BLE001 - shown to the user, logged in full
                 log.warning("callback %s failed:\n%s", fn.__name__, traceback.format_exc())
-                box = error(f"{type(exc).__name__}: {_message(exc)}")
+                box = error(_message(exc))
                 return (*_left_on_error(n_outputs - 1, poll, clear), box) if n_outputs > 1 else box
             if n_outputs == 1:
                 return out
@@ -175,9 +176,16 @@ def guarded(n_outputs: int, poll: int | None = None,
 
 
 def _message(exc: Exception) -> str:
-    if isinstance(exc, KeyError) and exc.args:
-        return str(exc.args[0])
-    return str(exc) or type(exc).__name__
+    """What the page says of a callback's error: its message, in one line, without the exception's
+    class (the server log has that and the traceback).
+
+    >>> _message(ValueError("no scenario saved yet")), _message(KeyError("no run selected"))
+    ('no scenario saved yet', 'no run selected')
+    >>> _message(AssertionError())
+    'unexpected error (the server log has the details)'
+    """
+    text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    return " ".join(text.split()) or "unexpected error (the server log has the details)"
 
 
 def _left_on_error(n: int, poll: int | None, clear: Mapping[int, Any] | None) -> list[Any]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from whatif.analysis import scenario_cost_model
 from whatif.api import (
@@ -49,6 +50,7 @@ from whatif.predictors.cost_models import COST_MODELS, CostModelName
 from whatif.predictors.serving.logs import find_log
 from whatif.serving import Workload, fit_serving, serve, sweep
 from whatif.summary import analysis_document, baseline_document, prediction_document, scenario_headline
+from whatif.tracer.kinds import GPU_ACTIVITY_KINDS, codes
 from whatif.tracer.readers import accepted, is_trace_file, run_meta_path
 from whatif.transforms.base import TransformContext
 from whatif.transforms.scenario import Scenario, scenario_from_dict
@@ -64,10 +66,11 @@ ANALYSIS_SLOTS = threading.BoundedSemaphore(max(1, min(4, (os.cpu_count() or 2) 
 
 
 def discover(path: Path) -> list[Path]:
-    """The runs at ``path``: a trace file; a run folder (its metadata file or ``rank<k>`` files) or a
+    """The runs at ``path``: a trace file (by its name: :func:`~whatif.tracer.readers.is_trace_file`;
+    another file is none); a run folder (its metadata file or ``rank<k>`` files) or a
     folder of per-rank files; otherwise each trace file and each run folder inside it."""
     if path.is_file():
-        return [path]
+        return [path] if is_trace_file(path) else []
     if not path.is_dir():
         return []
     traces = sorted(p for p in path.iterdir() if is_trace_file(p))
@@ -110,7 +113,8 @@ class Run:
 
     @property
     def analysis(self) -> Analysis:
-        """The analysis, computed on first use (raises the reader's error, also kept in ``error``)."""
+        """The analysis, computed on first use (raises the reader's error, also kept, in one line, in
+        ``error``)."""
         with self.lock:
             if self._analysis is None:
                 if self.path is None:
@@ -119,7 +123,7 @@ class Run:
                     with ANALYSIS_SLOTS:
                         self._analysis = analyze(self.path)
                 except Exception as exc:
-                    self.error = str(exc)
+                    self.error = " ".join(str(exc).split())  # one line, for the Runs table's status
                     raise
                 self.error = None
             return self._analysis
@@ -149,9 +153,22 @@ class Run:
         if self.loaded:
             a = self._analysis
             assert a is not None
-            row.update(device=a.trace.gpu_name or "unknown",
-                       ranks=len(a.trace.ranks), steps=len(a.steps), tasks=a.graph.num_tasks)
+            row.update(device=self.device, ranks=len(a.trace.ranks), steps=len(a.steps), tasks=a.graph.num_tasks)
         return row
+
+    @property
+    def device(self) -> str:
+        """What ran the run (analysed first): its ranks' GPU names, "GPU unknown" for a rank whose
+        trace has GPU activity (kernels, copies, memsets) but names no GPU, "CPU only" for a rank
+        without any."""
+        with self.lock:
+            if "device" not in self.cache:
+                trace = self.analysis.trace
+                ev = trace.events
+                busy = set(ev["rank"].to_numpy()[np.isin(ev["kind"].to_numpy(), codes(GPU_ACTIVITY_KINDS))].tolist())
+                self.cache["device"] = ", ".join(sorted({r.gpu_name or ("GPU unknown" if r.rank in busy else "CPU only")
+                                                         for r in trace.ranks}))
+            return str(self.cache["device"])
 
     def context(self, cost_model: str | Enum = CostModelName.TRACE,
                 collective_points: tuple[tuple, ...] = ()) -> TransformContext:
@@ -266,10 +283,13 @@ class RunStore:
             self.add_path(p)
 
     def add_path(self, path: str | Path) -> list[Run]:
-        """Add the runs at ``path`` (must lie inside the allowed folders)."""
+        """Add the runs at ``path`` (must lie inside the allowed folders; a file must be named as a
+        trace: :func:`~whatif.tracer.readers.accepted`)."""
         resolved = self.guard.check(path)
         if not resolved.exists():
             raise FileNotFoundError(f"{path}: no such file or folder")
+        if resolved.is_file() and not is_trace_file(resolved):
+            raise ValueError(f"{path}: not a trace file (accepted: {accepted()})")
         found = discover(resolved)
         if not found:
             raise ValueError(f"{path}: no trace files ({accepted()}) or run folders here")
@@ -279,9 +299,21 @@ class RunStore:
         rid = hashlib.sha1(str(path).encode()).hexdigest()[:8]
         with self._lock:
             if rid not in self.runs:
-                label = path.name if path.parent.name in ("", "/") else f"{path.parent.name}/{path.name}"
-                self.runs[rid] = Run(id=rid, path=path, label=label)
+                self.runs[rid] = Run(id=rid, path=path, label=self._label(path))
             return self.runs[rid]
+
+    def _label(self, path: Path) -> str:
+        """The run menu's name of ``path``: its folder and name, an upload its name only (its folder
+        is a content hash), with " (2)", " (3)"… after a name another run has."""
+        if path.parent.parent == self.upload_dir or path.parent.name in ("", "/"):
+            name = path.name
+        else:
+            name = f"{path.parent.name}/{path.name}"
+        taken = {r.label for r in self.runs.values()}
+        label, k = name, 2
+        while label in taken:
+            label, k = f"{name} ({k})", k + 1
+        return label
 
     def add_analysis(self, label: str, analysis: Analysis) -> Run:
         """Add an analysis built in Python (benchmarks, notebooks): no file behind it."""
@@ -291,9 +323,15 @@ class RunStore:
             return self.runs[rid]
 
     def analysed(self, run: Run) -> Analysis | Pending:
-        """``run``'s analysis, or :data:`~whatif.dashboard.jobs.PENDING` while one of this store's
-        jobs parses and analyses its trace."""
+        """``run``'s analysis, or :class:`~whatif.dashboard.jobs.Pending` while one of this store's
+        jobs parses and analyses its trace (raises the reader's error once it failed)."""
         return run.analysis if run.loaded else self.jobs.result(("analysis", run.id), lambda: run.analysis)
+
+    def start_analysis(self, run: Run) -> None:
+        """Start analysing ``run`` in a job unless it is analysed or the job was started; raises
+        nothing: a failure is kept in ``run.error`` (the Runs table's status)."""
+        if not run.loaded:
+            self.jobs.start(("analysis", run.id), lambda: run.analysis)
 
     def get(self, run_id: str | None) -> Run:
         if not run_id or run_id not in self.runs:

@@ -68,6 +68,58 @@ def test_store_refuses_paths_outside(tmp_path: Path) -> None:
     assert [r.label for r in store.runs.values()] == ["sample_traces/llm_serve"]
 
 
+def test_a_file_that_is_not_a_trace_is_refused_when_added(tmp_path: Path) -> None:
+    """Add refuses a file whose name no trace reader takes (it became a run whose Overview said
+    "not a trace file" under a spinner): one line naming the accepted suffixes, no run added."""
+    notes = tmp_path / "notpy.txt"
+    notes.write_text("hello")
+    store = RunStore([SAMPLE], upload_dir=tmp_path)       # the upload folder: allowed
+    with pytest.raises(ValueError) as refused:
+        store.add_path(notes)
+    assert str(refused.value) == f"{notes}: not a trace file (accepted: *.json, *.json.gz)"
+    assert [r.label for r in store.runs.values()] == ["sample_traces/llm_serve"] and discover(notes) == []
+    store.close()
+
+
+def test_run_labels_name_the_file_and_stay_unique(tmp_path: Path) -> None:
+    """A run is labelled by its folder and name; an upload by its name (its folder is a content
+    hash); a name taken gets " (2)"."""
+    raw = json.dumps({"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "pid": 1, "tid": 1}]})
+    mine = tmp_path / "runs" / "Qwen.json"
+    mine.parent.mkdir()
+    mine.write_text(raw)
+    store = RunStore([mine], upload_dir=tmp_path / "up")
+    first = save_trace(store.upload_dir, "Qwen.json", _data_url(raw.encode()), 1 << 20)
+    second = save_trace(store.upload_dir, "Qwen.json", _data_url(raw.replace('"a"', '"b"').encode()), 1 << 20)
+    assert first.parent != second.parent                   # two uploads of one name: two hash folders
+    labels = [store.add_path(p)[0].label for p in (first, second, first)]
+    assert [r.label for r in store.runs.values()] == ["runs/Qwen.json", "Qwen.json", "Qwen.json (2)"]
+    assert labels == ["Qwen.json", "Qwen.json (2)", "Qwen.json"]  # added again: the same run
+    store.close()
+
+
+def test_the_device_of_a_run_says_cpu_only_without_gpu_activity(tmp_path: Path) -> None:
+    """The Runs row and the Overview card: the GPU's name; "GPU unknown" for GPU work whose trace
+    does not name the GPU; "CPU only" for a trace without GPU activity (the sample)."""
+    from _llm_tracegen import llm_trace
+    from plotly.utils import PlotlyJSONEncoder
+
+    from whatif.dashboard.pages import overview
+    from whatif.dashboard.state import set_store
+
+    named = llm_trace(tmp_path / "named.json", layers=1)
+    unnamed = llm_trace(tmp_path / "unnamed.json", layers=1, gpu_name="")
+    store = RunStore([SAMPLE, named, unnamed], upload_dir=tmp_path / "up")
+    set_store(store)
+    devices = {r.label: (r.device, r.summary()["device"]) for r in store.runs.values()}
+    assert devices == {"sample_traces/llm_serve": ("CPU only", "CPU only"),
+                       f"{tmp_path.name}/named.json": ("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"),
+                       f"{tmp_path.name}/unnamed.json": ("GPU unknown", "GPU unknown")}
+    page = json.dumps(overview.body(next(iter(store.runs))), cls=PlotlyJSONEncoder)
+    assert '{"children": "CPU only", "id": "ov-device"' in page and "GPU unknown" not in page
+    store.close()
+
+
 def test_discover_runs(tmp_path: Path) -> None:
     assert discover(SAMPLE) == [SAMPLE]
     assert discover(REPO / "sample_traces") == [REPO / "sample_traces" / "dit_serve", SAMPLE]
@@ -116,8 +168,9 @@ def test_upload_route_streams_to_disk_and_refuses_in_one_line(tmp_path: Path) ->
     good = gzip.compress(json.dumps({"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "pid": 1,
                                                       "tid": 1}]}).encode())
     r = client.post(f"{UPLOAD_ROUTE}?name=../x/t.json.gz", data=good)
-    assert r.status_code == 200 and r.json["run"] in store.runs and r.json["label"].endswith("t.json.gz")
+    assert r.status_code == 200 and r.json["run"] in store.runs and r.json["label"] == "t.json.gz"
     refusals = {"model.pkl": (b"\x80\x04", 400, "only trace files"),
+                "notpy.txt": (b"hello", 400, "only trace files"),
                 "t.json": (b"\x80pickle", 400, "not JSON"),
                 "big.json": (b"{" + b" " * (5 << 20) + b"}", 413, "limit of 4 MiB"),
                 "bomb.json.gz": (_bomb(64, member_mib=16), 413, "inflates to more than"),
@@ -302,8 +355,8 @@ def test_app_serves_no_file_outside(tmp_path: Path) -> None:
             "changedPropIds": ["runs-add.n_clicks"]}
     r = client.post("/_dash-update-component", json=body)
     assert r.status_code == 200
-    text = r.get_data(as_text=True)
-    assert "AccessDenied" in text and "outside the folders" in text
+    shown = r.json["response"]["runs-error"]["children"]["props"]["children"]
+    assert shown.startswith("/etc: outside the folders") and "AccessDenied" not in shown  # no exception class
     assert len(app.server.view_functions) > 0
     assert os.path.exists("/etc")  # the refusal was the guard's, not a missing folder
 

@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ pytest.importorskip("dash", reason="the dashboard needs the ui extra (pip instal
 pytest.importorskip("selenium", reason="browser tests need selenium (pip install -e '.[dev]')")
 
 from whatif.dashboard.browser import chrome, find_browser
+from whatif.dashboard.jobs import POLL_MS
 from whatif.dashboard.layout import NAME_WIDTH
 from whatif.report.diff_text import short_name
 
@@ -439,8 +441,18 @@ def test_upload_a_trace_and_a_bomb_from_the_runs_page(server: Any, browser: Any,
     choose(trace)
     _wait(browser, lambda b: "run=" in b.current_url)
     rid = browser.current_url.split("run=")[1]
-    assert server.store.runs[rid].label.endswith("uploaded.pt.trace.json.gz")
+    assert server.store.runs[rid].label == "uploaded.pt.trace.json.gz"     # its name, not its hash folder's
     _wait(browser, lambda b: "uploaded.pt.trace.json.gz" in _text(b, "runs-table"))
+    bad = tmp_path / "bad3.json"               # named a trace, not valid JSON: the reader fails on analysis
+    bad.write_text("{bad\n")
+    choose(bad)
+    _wait(browser, lambda b: "run=" in b.current_url and b.current_url.split("run=")[1] != rid)
+    assert server.store.runs[browser.current_url.split("run=")[1]].label == "bad3.json"
+    _wait(browser, lambda b: "not valid JSON" in _text(b, "runs-table") and _idle(b))
+    _no_error(browser)                          # said in the run's status, not in an error box
+    browser.execute_script(COUNT_CALLBACKS)
+    time.sleep(4 * POLL_MS / 1000)              # a poll still on would call the server 4 times meanwhile
+    assert browser.execute_script("return window.whatifCallbacks") == 0
     bomb = tmp_path / "bomb.json.gz"
     bomb.write_bytes(gzip.compress(b'{"traceEvents": [], "pad": "' + b" " * (64 << 20) + b'"}', mtime=0))
     choose(bomb)
@@ -624,6 +636,15 @@ def test_report_html_renders_offline(browser: Any, tmp_path: Path) -> None:
     assert "linear 2x faster" in browser.page_source
 
 
+COUNT_CALLBACKS = """
+window.whatifCallbacks = 0;
+const fetch0 = window.fetch;
+window.fetch = (url, ...rest) => {
+  if (String(url).includes("_dash-update-component")) { window.whatifCallbacks += 1; }
+  return fetch0(url, ...rest);
+};
+"""
+"""From now on, count the page's callback requests (``window.whatifCallbacks``)."""
 PAGE_ACTIONS = {"/suggest": ("sg-run", "sg-body")}
 """The button a page waits for before it shows its numbers, and where they appear (pressed by
 :func:`test_every_page`)."""

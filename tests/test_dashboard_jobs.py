@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,3 +126,23 @@ def test_a_failed_analysis_is_shown_and_stops_polling(gate: threading.Event, tmp
     after = _overview(client, run.id)
     assert after["ov-poll"]["disabled"] is True and "bad.json" in json.dumps(after["ov-error"])
     store.close()
+
+
+def test_a_kept_error_is_raised_again_without_growing() -> None:
+    """Each ask of a failed job raises its error again: the traceback is the ask's, not the sum
+    of every earlier one (the Runs page asked 4 times a second, logging 38 more lines each time)."""
+    jobs = Jobs(workers=1)
+
+    def fail() -> int:
+        raise ValueError("bad trace")
+
+    jobs.start("bad", fail)
+    with pytest.raises(ValueError):
+        jobs.wait("bad")
+    lengths = []
+    for _ in range(5):
+        with pytest.raises(ValueError, match="bad trace") as raised:
+            jobs.result("bad", fail)
+        lengths.append(len(traceback.extract_tb(raised.value.__traceback__)))
+    assert len(set(lengths)) == 1 and lengths[0] <= 3, lengths
+    jobs.close()

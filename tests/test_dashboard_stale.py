@@ -16,9 +16,11 @@ import pytest
 dash = pytest.importorskip("dash", reason="the dashboard needs the ui extra (pip install -e '.[ui]')")
 pytest.importorskip("dash_cytoscape", reason="the dashboard needs the ui extra (pip install -e '.[ui]')")
 
+from whatif.core.steps import COUNT_DEFAULT  # noqa: E402
 from whatif.dashboard.app import create_app  # noqa: E402
 from whatif.dashboard.pages import builder, suggest  # noqa: E402
-from whatif.dashboard.state import RunStore  # noqa: E402
+from whatif.dashboard.pages.compare import NO_SCENARIO  # noqa: E402
+from whatif.dashboard.state import RunStore, set_store  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "sample_traces" / "llm_serve"
@@ -28,13 +30,15 @@ NO_UPDATE = object()
 
 
 class App:
-    """The dashboard on two runs (the sample and a copy of its trace), called as the browser would."""
+    """The dashboard on a store's runs (the fixture's: the sample and a copy of its trace; ``a``, the
+    first, ``b``, the last), called as the browser would."""
 
     def __init__(self, store: RunStore) -> None:
         self.store = store
         self.dash = create_app(store=store)
         self.client = self.dash.server.test_client()
-        self.a, self.b = store.runs
+        ids = list(store.runs)
+        self.a, self.b = ids[0], ids[-1]  # one run: both the same
 
     def call(self, first_output: str, values: dict[str, Any], changed: str) -> dict[str, Any]:
         """The outputs (``"id.property"``: value) of the callback whose first output is
@@ -44,6 +48,7 @@ class App:
                  if k.strip(".").split("...")[0].split("@")[0] == first_output
                  and changed in (f"{d['id']}.{d['property']}" for d in v["inputs"])]
         assert found, f"no callback of {first_output} listens to {changed}"
+        set_store(self.store)  # the dashboard's store is one global: another test's App may have replaced it
         key, cb = found[0]
         outputs = [dict(zip(("id", "property"), o.split(".", 1))) for o in key.strip(".").split("...")]
         body = {"output": key, "outputs": outputs if key.startswith("..") else outputs[0],
@@ -130,7 +135,8 @@ def test_a_run_switch_empties_compare(app: App) -> None:
     assert app.call("cmp-body.children", switched, "run.value")["cmp-body.children"] is None
     assert app.call("cmp-serving-body.children", switched, "run.value")["cmp-serving-body.children"] is None
     menu = app.call("cmp-scenarios.options", switched, "run.value")
-    assert menu == {"cmp-scenarios.options": [], "cmp-scenarios.value": [], "cmp-run.n_clicks": None}
+    assert menu == {"cmp-scenarios.options": [], "cmp-scenarios.value": [], "cmp-run.n_clicks": None,
+                    "cmp-none.children": "no scenario saved yet: save one in the What-if builder"}
     rate = {**switched, "cmp-run.n_clicks": None, "cmp-rate.value": 10.0}  # serving_defaults' rate, after
     assert app.call("cmp-serving-body.children", rate, "cmp-rate.value")["cmp-serving-body.children"] is None
     missing = app.call("cmp-body.children", {**pressed, "cmp-scenarios.value": ["gone"]}, "cmp-run.n_clicks")
@@ -173,3 +179,68 @@ def test_runs_drops_analysing_every_run_once_nothing_is_pending(app: App) -> Non
     assert app.call("runs-table.data", tick, "runs-poll.n_intervals")["runs-message.children"] is None
     added = {**tick, "runs-message.children": "added other.pt.trace.json.gz"}
     assert app.call("runs-table.data", added, "runs-poll.n_intervals")["runs-message.children"] is NO_UPDATE
+
+
+def test_a_trace_that_fails_shows_its_error_once_and_stops_polling(tmp_path: Path) -> None:
+    """Add a file that is named a trace but is not valid JSON: the Runs table says so in the run's
+    status, in one line, and the poll stops (it failed 4 times a second, for ever, each failure
+    logging a longer traceback); the Overview shows the reader's line, no exception class."""
+    copy, bad = tmp_path / "other.pt.trace.json.gz", tmp_path / "bad3.json"
+    shutil.copy(SAMPLE / "rank0.pt.trace.json.gz", copy)
+    bad.write_text("{bad\n")
+    store = RunStore([SAMPLE, copy])
+    app = App(store)
+    added = app.call("runs-table.data", {"runs-add.n_clicks": 1, "runs-path.value": str(bad), "run.value": app.a},
+                     "runs-add.n_clicks")
+    run_id = added["run.value"]
+    assert added["runs-poll.disabled"] is False and added["runs-error.children"] is None
+    with pytest.raises(Exception, match="not valid JSON"):   # the reader's error, whatever its class
+        store.jobs.wait(("analysis", run_id))
+    tick = {"run.value": run_id, "runs-message.children": added["runs-message.children"]}
+    for _ in range(3):                                        # every tick answers; the first stops the poll
+        after = app.call("runs-table.data", tick, "runs-poll.n_intervals")
+        assert after["runs-poll.disabled"] is True
+    status = next(r["status"] for r in after["runs-table.data"] if r["id"] == run_id)
+    assert status.startswith(f"error: {bad}: not valid JSON") and "\n" not in status
+    assert after["runs-message.children"] is NO_UPDATE       # "added bad3.json" stays
+    again = app.call("runs-table.data", {"runs-analyze.n_clicks": 1, "run.value": run_id}, "runs-analyze.n_clicks")
+    assert again["runs-error.children"] is None              # Analyze all with a failed run: no error box
+    app.call("ov-body.children", {"run.value": run_id}, "run.value")           # starts the Overview's job
+    with pytest.raises(Exception, match="not valid JSON"):
+        store.jobs.wait(("document", run_id, COUNT_DEFAULT))
+    overview = app.call("ov-body.children", {"run.value": run_id}, "run.value")
+    shown = _text(overview["ov-error.children"])
+    assert f"{bad}: not valid JSON" in shown and "TraceError" not in shown and overview["ov-poll.disabled"] is True
+    store.close()
+
+
+def test_compare_without_a_scenario_says_so_and_shows_nothing(tmp_path: Path) -> None:
+    """Compare pressed on a run with a serving log and no scenario: one plain line (no exception
+    class), no tables and no serving numbers of the baseline alone; the empty list says why."""
+    store = RunStore([SAMPLE], upload_dir=tmp_path)
+    app = App(store)
+    menu = app.call("cmp-scenarios.options", {"run.value": app.a}, "run.value")
+    assert menu["cmp-scenarios.options"] == [] and menu["cmp-none.children"] == NO_SCENARIO
+    pressed = {"run.value": app.a, "cmp-run.n_clicks": 1, "cmp-scenarios.value": [], "cmp-rate.value": 10.0}
+    shown = app.call("cmp-body.children", pressed, "cmp-run.n_clicks")
+    assert shown["cmp-body.children"] is None
+    assert shown["cmp-error.children"]["props"]["children"] == NO_SCENARIO
+    assert app.call("cmp-serving-body.children", pressed, "cmp-run.n_clicks") == {
+        "cmp-serving-body.children": None, "cmp-serving-error.children": None}
+    store.runs[app.a].scenarios["half cpu"] = HALF_CPU   # one saved, none ticked
+    assert app.call("cmp-scenarios.options", {"run.value": app.a}, "run.value")["cmp-none.children"] is None
+    unticked = app.call("cmp-body.children", pressed, "cmp-run.n_clicks")["cmp-error.children"]
+    assert unticked["props"]["children"] == "no scenario selected: tick one above"
+    store.close()
+
+
+def test_add_refuses_a_file_that_is_not_a_trace(app: App) -> None:
+    notes = app.store.runs[app.b].path.parent / "notpy.txt"    # inside the allowed folders
+    notes.write_text("hello")
+    runs = dict(app.store.runs)
+    refused = app.call("runs-table.data", {"runs-add.n_clicks": 1, "runs-path.value": str(notes), "run.value": app.a},
+                       "runs-add.n_clicks")
+    assert refused["runs-error.children"]["props"]["children"] == \
+        f"{notes}: not a trace file (accepted: *.json, *.json.gz)"
+    assert refused["run.options"] is NO_UPDATE and refused["runs-message.children"] is NO_UPDATE
+    assert app.store.runs == runs

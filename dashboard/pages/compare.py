@@ -22,6 +22,8 @@ from . import Page
 
 NO_LOG = ("No serving log for this run: whatif serve looks for the --log file named in the run folder's meta.jsonc "
           "(or a file of that name inside the folder), so TTFT/TPOT are not predicted here.")
+NO_SCENARIO = "no scenario saved yet: save one in the What-if builder"
+NONE_TICKED = "no scenario selected: tick one above"
 DEFAULT_RATE = 10.0  # req/s, when the serving log names no rate
 SWEEP_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)  # latency-vs-throughput rates, relative to the workload's
 LLM_COLUMNS = [("TTFT mean ms", "ttft_ms", "mean"), ("TTFT p99 ms", "ttft_ms", "p99"),
@@ -38,6 +40,7 @@ def layout(**_: Any) -> html.Div:
             html.P("Scenarios saved or loaded in the What-if builder for the selected run:", className="note"),
             dcc.Checklist(id="cmp-scenarios", options=[], value=[], inline=True,
                           inputStyle={"marginRight": 4}, labelStyle={"marginRight": 14}),
+            html.P(id="cmp-none", className="note"),
             html.Button("Compare", id="cmp-run"),
         ], className="panel"),
         error_box("cmp-error"),
@@ -136,6 +139,15 @@ def body(run_id: str | None, names: list[str], count_all: list[str] | None = Non
     ])
 
 
+def chosen(run_id: str | None, names: list[str] | None) -> list[str]:
+    """The scenarios to compare: ``names``, or an error saying that the run has none saved or
+    none is ticked (Compare then shows only that line, neither table nor serving panel)."""
+    run = get_store().get(run_id)  # no run selected: its own error
+    if names:
+        return names
+    raise ValueError(NONE_TICKED if run.scenarios else NO_SCENARIO)
+
+
 def pressed(n_clicks: int | None) -> bool:
     """Whether Compare was pressed for the run shown: the run menu resets the button (``options``),
     and a change of run empties the results whatever the order the callbacks run in."""
@@ -144,12 +156,13 @@ def pressed(n_clicks: int | None) -> bool:
 
 def register(app: dash.Dash) -> None:
     @app.callback(Output("cmp-scenarios", "options"), Output("cmp-scenarios", "value"),
-                  Output("cmp-run", "n_clicks"), Input("run", "value"))
-    def options(run_id: str | None) -> tuple[list[str], list[str], None]:
-        """The run's scenarios, all ticked; Compare not pressed for this run yet."""
+                  Output("cmp-run", "n_clicks"), Output("cmp-none", "children"), Input("run", "value"))
+    def options(run_id: str | None) -> tuple[list[str], list[str], None, str | None]:
+        """The run's scenarios, all ticked, or a line saying it has none; Compare not pressed for
+        this run yet."""
         store = get_store()
         names = list(store.runs[run_id].scenarios) if run_id in store.runs else []
-        return names, names, None
+        return names, names, None, NO_SCENARIO if run_id in store.runs and not names else None
 
     @app.callback(Output("cmp-serving-note", "children"), Output("cmp-rate", "value"), Input("run", "value"))
     def serving_defaults(run_id: str | None) -> tuple[str, float | None]:
@@ -170,9 +183,9 @@ def register(app: dash.Dash) -> None:
     @guarded(2, clear={0: None})
     def serving(n: int | None, rate: float | None, count_all: list[str] | None, run_id: str | None,
                 names: list[str] | None) -> tuple[Any]:
-        if not pressed(n):
+        if not pressed(n) or not names:  # no scenario: Compare's error says so, no baseline alone
             return (None,)
-        return (serving_body(run_id, names or [], rate, count_all),)
+        return (serving_body(run_id, names, rate, count_all),)
 
     @app.callback(Output("cmp-body", "children"), Output("cmp-error", "children"), Input("cmp-run", "n_clicks"),
                   Input(COUNT_ALL, "value"), Input("run", "value"), State("cmp-scenarios", "value"),
@@ -182,9 +195,7 @@ def register(app: dash.Dash) -> None:
                 ) -> tuple[Any]:
         if not pressed(n):
             return (None,)
-        if not names:
-            raise ValueError("no scenario selected: save one in the What-if builder first")
-        return (body(run_id, names, count_all),)
+        return (body(run_id, chosen(run_id, names), count_all),)
 
 
 PAGE = Page(path="/compare", title="Compare", order=40, layout=layout, register_callbacks=register)

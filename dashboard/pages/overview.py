@@ -42,9 +42,8 @@ def body(run_id: str | None, count_all: list[str] | None = None) -> html.Div:
     doc = run.document(step_options(count_all))
     steps = doc.steps
     fid = doc.fidelity
-    device = ", ".join(sorted({r.gpu or "GPU unknown" for r in doc.ranks}))
     cards = html.Div([
-        card("run", run.label), card("device", device), card("ranks", len(doc.ranks)),
+        card("run", run.label), card("device", run.device, id="ov-device"), card("ranks", len(doc.ranks)),
         card("steps", len(steps), id="ov-steps-count"), card("tasks", f"{doc.tasks:,}", id="ov-tasks"),
         card("edges", f"{doc.edges:,}", id="ov-edges"),
         card("mean step measured (ms)", f"{doc.mean_measured_step_ns / 1e6:,.3f}", id="ov-measured"),

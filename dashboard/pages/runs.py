@@ -37,8 +37,8 @@ def layout(**_: Any) -> html.Div:
     store = get_store()
     return html.Div([
         html.H2("Runs"),
-        html.P("Traces and run folders this dashboard has loaded. Pick one in the run menu (top right); it is "
-               "analyzed on first use.", className="note"),
+        html.P("Traces and run folders this dashboard has loaded. Pick one in the run menu of the navigation bar; it "
+               "is analyzed on first use.", className="note"),
         html.Div([loading(table("runs-table", rows(), COLUMNS, names=NAMES, numbers=NUMBERS, row_selectable=False)),
                   html.Button("Analyze all", id="runs-analyze", className="secondary")], className="panel"),
         html.Div([
@@ -59,10 +59,10 @@ def layout(**_: Any) -> html.Div:
 
 
 def analyse(runs: list[Run]) -> None:
-    """Start analysing ``runs`` in the background (the table shows their progress)."""
+    """Start analysing ``runs`` in the background (the table shows their progress, and a failure in
+    the run's status: this raises nothing, so a failed run does not fail every poll)."""
     for run in runs:
-        if not run.loaded:
-            get_store().analysed(run)
+        get_store().start_analysis(run)
 
 
 def register(app: dash.Dash) -> None:
