@@ -67,7 +67,7 @@ CASES: dict[str, list[tuple[str, ...]]] = {
     "transforms": [("no_such_transform",)],
     "record": [("{missing}",), ("{script_dir}",), ("-o", "{blocker}/run", "{script}"), ("-o", "{blocker}", "{script}"),
                ("--duration", "-1", "{script}"), ("--active", "0", "{script}"), ("--backend", "nope", "{script}"),
-               ("-m", "no_such_module_whatif")],
+               ("-m", "no_such_module_whatif"), ("-o", "{tmp}/run"), ("{not_json}",), ("{pkl}",)],
     "dashboard": [("{missing}",), ("{empty}",), ("--port", "0"), ("--max-upload-mb", "x")],
     "devices": [("no_such_gpu_whatif",), ("--device-spec", "{missing}"), ("--device-spec", "{not_toml}"),
                 ("--device-spec", "{unknown}"), ("A100", "--toml")],

@@ -241,17 +241,24 @@ def test_two_gloo_ranks_write_two_traces(tmp_path: Path) -> None:
     (["--active", "0", "tiny.py"], "argument --active: must be an integer >= 1"),
     (["--step-on", "nosuchmodule:f", "tiny.py"], "cannot import module 'nosuchmodule'"),
     (["-m", "no_such_module_xyz"], "no_such_module_xyz: no such module"),
+    (["-o", "out"], "whatif: no script given (usage: whatif record [options] script.py"),
+    (["-o", "out", "notes.txt"], "notes.txt: not a Python script (SyntaxError: invalid syntax, line 2)"),
+    (["-o", "out", "blob.bin"], "blob.bin: not a Python script (a binary file: it holds null bytes)"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(tmp_path: Path, args: list[str], expected: str) -> None:
     write(tmp_path / "tiny.py", "print('should not run')\n")
+    write(tmp_path / "notes.txt", "# shopping\nmilk eggs and bread\n")
+    (tmp_path / "blob.bin").write_bytes(bytes(range(256)))
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "rank0.pt.trace.json.gz").write_bytes(b"old")
     proc = whatif("record", *args, cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.startswith("whatif: ") and expected in proc.stderr
+    assert "whatif: whatif" not in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "should not run" not in proc.stdout
     assert (tmp_path / "taken" / "rank0.pt.trace.json.gz").read_bytes() == b"old"
+    assert not (tmp_path / "out").exists()  # refused before the run folder is made
 
 
 @pytest.mark.slow
@@ -263,6 +270,104 @@ def test_cupti_backend_without_driver_exits_2(tmp_path: Path) -> None:
     assert proc.stderr.strip() == ("whatif: --backend cupti: no CUDA driver on this machine "
                                    "(libcuda.so.1 cannot be loaded); use --backend torch")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (b"hello this is not Python\n", "SyntaxError: invalid syntax, line 1"),
+    (b"x = 1\ndef f(:\n    pass\n", "SyntaxError: invalid syntax, line 2"),
+    (b"x = (1,\n", "SyntaxError: '(' was never closed, line 1"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "a binary file: it holds null bytes"),
+    (b"$;!\xd6\xe6S^ binary without a null byte", "not utf-8 text: byte 0xd6 at offset 3"),
+    (b"# -*- coding: latin-1 -*-\nname = '\xd6l'\nname(\n", "SyntaxError: '(' was never closed, line 3"),
+])
+def test_a_file_that_does_not_compile_is_not_a_script(tmp_path: Path, content: bytes, problem: str) -> None:
+    from whatif.tracer.record.errors import NotAScriptError
+    from whatif.tracer.record.target import resolve_target
+
+    path = tmp_path / "input.txt"
+    path.write_bytes(content)
+    with pytest.raises(NotAScriptError) as err:
+        resolve_target(str(path), None, [])
+    assert str(err.value) == f"{path}: not a Python script ({problem})"
+
+
+def test_what_runpy_runs_is_a_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Source that compiles (a runtime error is the program's own), compiled Python and a zip
+    archive with a ``__main__.py`` pass the check; so does a module given with -m."""
+    import py_compile
+    import zipfile
+
+    from whatif.tracer.record.errors import NotAScriptError
+    from whatif.tracer.record.target import resolve_target
+
+    fails = write(tmp_path / "fails.py", "raise RuntimeError('at run time, not at compile time')\n")
+    pyc = Path(py_compile.compile(str(fails), cfile=str(tmp_path / "fails.pyc")))
+    app = tmp_path / "app.zip"
+    with zipfile.ZipFile(app, "w") as z:
+        z.writestr("__main__.py", "print('hi')\n")
+    for path in (fails, pyc, app):
+        assert resolve_target(str(path), None, ["a"]).path == path
+    assert resolve_target(None, "json.tool", []).module == "json.tool"
+    with zipfile.ZipFile(tmp_path / "lib.zip", "w") as z:
+        z.writestr("helper.py", "x = 1\n")
+    with pytest.raises(NotAScriptError, match=r"lib\.zip: not a Python script \(a zip archive without __main__\.py\)"):
+        resolve_target(str(tmp_path / "lib.zip"), None, [])
+    broken = write(tmp_path / "broken_mod.py", "def f(:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(NotAScriptError, match=f"^{broken}: not a Python script"):
+        resolve_target(None, "broken_mod", [])
+
+
+def test_every_summary_line_of_a_rank_other_than_0_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Under torchrun the ranks share a terminal: rank 1's lines all say so (in-process, as rank 1
+    of two by torchrun's environment)."""
+    from whatif.cli import main
+
+    script = write(tmp_path / "serve.py", MARKED)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["record", "-o", str(tmp_path / "run"), str(script), str(tmp_path / "argv.txt"), "ok"]) == 0
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if not ln.startswith("USDT:")]
+    assert lines[0].startswith("[rank 1] whatif record: serve.py exited with status 0 after ")
+    assert any(ln.startswith("[rank 1] steps recorded: 4 ") for ln in lines)
+    assert lines[-1].startswith(f"[rank 1] trace: {tmp_path / 'run' / 'rank1.pt.trace.json.gz'} (")
+    assert all(ln.startswith("[rank 1] ") for ln in lines), lines
+    assert not any("next: whatif analyze" in ln for ln in lines)  # rank 0 says it, once
+
+
+@pytest.mark.parametrize("sample", ["llm_serve", "gpu/backends/train-torch", "gpu/backends/llm_serve-cupti"])
+def test_summary_step_times_are_those_whatif_analyze_measures(sample: str) -> None:
+    """The printed step times are analyze's measured times (completion to completion), without
+    building the graph: on a CPU recording and on two GPU recordings (kernels that end after
+    their step's annotation, launched from the autograd thread too)."""
+    import gzip
+
+    import orjson
+
+    from whatif.api import analyze
+    from whatif.core.steps import rank_exclusions
+    from whatif.tracer.record.summary import summarize
+
+    folder = Path(__file__).resolve().parents[1] / "sample_traces" / sample
+    summary = summarize(orjson.loads(gzip.open(folder / "rank0.pt.trace.json.gz").read()))
+    steps = analyze(folder).steps
+    assert summary.step_numbers == steps["step"].tolist()
+    assert summary.step_ms == pytest.approx((steps["measured_ns"] / 1e6).tolist(), abs=1e-5)  # ns rounding
+    assert rank_exclusions(summary.step_numbers, summary.step_events) == steps["excluded_reason"].tolist()
+
+
+def test_ctrl_c_while_whatif_starts_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C while the CLI imports its commands (about a second before `whatif record` runs
+    anything): exit 130, one line, no traceback of the half-done imports."""
+    from whatif import cli
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["record", "x.py"]) == 130
+    assert capsys.readouterr().err == "whatif: interrupted\n"
 
 
 def test_schedule_actions_follow_wait_warmup_active() -> None:

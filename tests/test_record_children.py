@@ -28,7 +28,7 @@ from whatif.core.errors import TraceError  # noqa: E402
 from whatif.depgraph.build import build_graph  # noqa: E402
 from whatif.depgraph.graph import EdgeKind, TaskKind  # noqa: E402
 from whatif.tracer import EventKind, load_trace  # noqa: E402
-from whatif.tracer.record import distributed, processes  # noqa: E402
+from whatif.tracer.record import distributed, processes, signals, summary  # noqa: E402
 from whatif.tracer.record.child_site import CHILD_ENV, TorchImportHook  # noqa: E402
 from whatif.tracer.record.children import ChildConfig, read_config  # noqa: E402
 from whatif.tracer.record.options import RecordOptions, Schedule  # noqa: E402
@@ -137,9 +137,33 @@ def test_child_config_round_trip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     assert read_config() is None
 
 
-@pytest.mark.parametrize("module", [processes, distributed])
+@pytest.mark.parametrize("module", [processes, distributed, summary, signals])
 def test_doctests(module: object) -> None:
     assert doctest.testmod(module).failed == 0  # type: ignore[arg-type]
+
+
+def test_rank_0_counts_its_own_children_not_the_other_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun meta.jsonc lists every rank's processes; rank 0's summary counts only the
+    processes below it (here: a child and its child, not rank 1 or rank 1's child)."""
+    from whatif.tracer.record import record, resolve_target
+    from whatif.tracer.record.processes import ProcessRecord, ProcessRole, add_process
+
+    run = tmp_path / "run"
+    run.mkdir()
+    me, launcher = os.getpid(), os.getppid()
+    for role, pid, parent, rank in [(ProcessRole.MAIN, 900001, launcher, 1), (ProcessRole.CHILD, 900002, 900001, 1),
+                                    (ProcessRole.CHILD, 900003, me, 0), (ProcessRole.CHILD, 900004, 900003, 0)]:
+        add_process(run, ProcessRecord(role=role, name="p", pid=pid, parent_pid=parent, rank=rank, file=None,
+                                       exit_status=0))
+    script = tmp_path / "prog.py"
+    script.write_text("import torch\nprint(torch.ones(2).sum())\n")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    result = record(resolve_target(str(script), None, []), RecordOptions(output=run, progress=False),
+                    ["whatif", "record"])
+    assert result.exit_status == 0 and len(result.meta["processes"]) == 5
+    assert [ln for ln in result.report_lines if ln.startswith("child processes")] == [
+        "child processes: 2 traced so far (meta.jsonc lists them)"]
 
 
 def test_a_signal_in_a_shielded_step_waits_for_its_end() -> None:

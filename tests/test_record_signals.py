@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("torch")
 
 from whatif.api import analyze
-from whatif.tracer.record import RecordOptions, record, resolve_target
+from whatif.tracer.record import RecordOptions, Schedule, record, resolve_target
 from whatif.tracer.record import recorder as recorder_module
 from whatif.tracer.record.signals import RecordingAborted, SignalGuard
 
@@ -76,6 +76,62 @@ def test_a_signal_during_the_program_still_writes_a_loadable_trace(tmp_path: Pat
 def test_no_signal_is_an_ordinary_end(tmp_path: Path) -> None:
     code, run = _record(tmp_path, "-1")
     assert code == 0 and _meta(run)["end"] == {"signal": None, "during": None}
+
+
+def test_ctrl_c_while_the_profiler_starts_still_writes_what_it_recorded(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.profiler's start() takes a second or two (it imports torch._dynamo): a Ctrl-C then
+    waits for it to return, so that the profiler, started, can be stopped and written."""
+    import torch.profiler
+
+    original = torch.profiler.profile.start
+
+    def start(self):   # noqa: ANN001, ANN202 - the patched method's own signature
+        original(self)   # Kineto is recording from here on
+        os.kill(os.getpid(), signal.SIGINT)   # its handler runs before the next line of Python
+    monkeypatch.setattr(torch.profiler.profile, "start", start)
+    code, run = _record(tmp_path, "-1")
+    assert code == 130
+    assert _meta(run)["end"] == {"signal": "SIGINT", "during": "program"}
+    assert _meta(run)["trace_files"] == ["rank0.pt.trace.json.gz"]
+    assert _steps(run) == 1   # ProfilerStep#0 only: the program never ran
+
+
+def test_ctrl_c_before_tracing_starts_says_so_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    original = recorder_module.FollowChildren.install
+
+    def install(self):   # noqa: ANN001, ANN202
+        original(self)
+        os.kill(os.getpid(), signal.SIGINT)
+    monkeypatch.setattr(recorder_module.FollowChildren, "install", install)
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(PROGRAM))
+    result = record(resolve_target(str(script), None, ["-1"]),
+                    RecordOptions(output=tmp_path / "run", progress=False), ["whatif", "record"])
+    assert result.exit_status == 130 and result.trace_path is None
+    assert result.report_lines == ["no trace written: SIGINT arrived before tracing started"]
+    assert _meta(tmp_path / "run")["trace_files"] == [] and "WHATIF_RECORD_CHILD" not in os.environ
+
+
+def test_a_program_that_is_interrupted_at_its_first_line_leaves_a_trace(tmp_path: Path) -> None:
+    script = tmp_path / "prog.py"
+    script.write_text("raise KeyboardInterrupt\n")
+    result = record(resolve_target(str(script), None, []), RecordOptions(output=tmp_path / "run", progress=False),
+                    ["whatif", "record"])
+    assert result.exit_status == 130 and result.trace_path is not None
+    assert _meta(tmp_path / "run")["trace_files"] == ["rank0.pt.trace.json.gz"]
+    assert _steps(tmp_path / "run") == 1
+
+
+def test_a_schedule_that_never_records_says_why(tmp_path: Path) -> None:
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(PROGRAM))
+    result = record(resolve_target(str(script), None, ["-1"]),
+                    RecordOptions(output=tmp_path / "run", progress=False, schedule=Schedule(wait=8, warmup=1)),
+                    ["whatif", "record"])
+    assert result.exit_status == 0 and result.trace_path is None
+    assert result.report_lines == ["no trace written: the program ended after 6 step boundaries, before step 9, "
+                                   "the first the schedule records (--wait 8 --warmup 1)"]
 
 
 def _signal_then_write(signums: list[int], where: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -107,13 +107,13 @@ def test_record_summary_applies_the_same_rule(sample) -> None:  # type: ignore[n
     summary = summarize(orjson.loads(gzip.open(SAMPLE / "rank0.pt.trace.json.gz").read()))
     s = sample.steps
     left_out = s[~s["included"]]["step"].tolist()
-    lines = format_summary(summary, rank=0, gpu_note=None)
+    lines = format_summary(summary, gpu_note=None)
     assert lines[1].startswith("excluded from the step time: ")
     assert [f"step {n} (" in lines[1] for n in left_out] == [True, True]
     assert "warm-up" in lines[1] and "partial" in lines[1] and "--include-warmup" in lines[1]
     assert "max 68.70 ms" not in lines[0]  # the warm-up step's time is not among the step times
-    both = format_summary(summary, rank=0, gpu_note=None, options=StepOptions(include_warmup=True,
-                                                                                include_partial=True))
+    both = format_summary(summary, gpu_note=None, options=StepOptions(include_warmup=True,
+                                                                        include_partial=True))
     assert "max 68.70 ms" in both[0] and not both[1].startswith("excluded")
 
 

@@ -71,12 +71,15 @@ _OUTPUT_ERRNOS = (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG)  # writing
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:  # building the parser lists the registries, which load plugins
+    try:  # building the parser imports every command and lists the registries, which load plugins
         parser = build_parser()
+        args = parser.parse_args(argv)
     except WhatifError as exc:
         print(f"whatif: {exc}", file=sys.stderr)
         return 2
-    args = parser.parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C during start-up: no traceback of half-done imports
+        print("whatif: interrupted", file=sys.stderr)
+        return 130
     _report_input_warnings()
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)

@@ -182,9 +182,13 @@ class ChildRecording:
         add_step_hook(self.detector.on_mark)
         self.watcher.install()
         self.guard.install()
+        atexit.register(self._at_exit)
+        # a signal while the profiler starts is raised once it has started (as in the main process)
+        self.guard.shielded(self._start_session)()
+
+    def _start_session(self) -> None:
         self.session.start(on_yield=self.detector.yield_to_program)
         _export(self.config.as_parent())
-        atexit.register(self._at_exit)
 
     def disown(self) -> None:
         """In a child forked from this process: forget this recording, stopping nothing."""
@@ -275,11 +279,10 @@ def start_child() -> None:
     config = read_config()
     if config is None or _current is not None:
         return
-    recording = ChildRecording(config)
-    recording.start()
-    _current = recording
+    recording = _current = ChildRecording(config)
     _register_fork_hook()
     _patch_multiprocessing()
+    recording.start()  # last: a signal held while it starts is raised when it returns
 
 
 def _after_fork_in_child() -> None:

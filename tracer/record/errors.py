@@ -17,6 +17,21 @@ class ScriptNotFoundError(RecordError):
         super().__init__(f"{path}: {problem}")
 
 
+class NoScriptError(RecordError):
+    """``whatif record`` was given neither a script nor ``-m module``."""
+
+    def __init__(self) -> None:
+        super().__init__("no script given (usage: whatif record [options] script.py [args...], "
+                         "or -m module [args...])")
+
+
+class NotAScriptError(RecordError):
+    """The script exists but Python cannot compile it (not Python source, a binary file)."""
+
+    def __init__(self, path: str | Path, problem: str) -> None:
+        super().__init__(f"{path}: not a Python script ({problem})")
+
+
 class OutputExistsError(RecordError):
     """The output folder already holds a recording and ``--force`` was not given."""
 

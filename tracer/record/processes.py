@@ -140,6 +140,28 @@ def add_process(folder: Path, record: ProcessRecord) -> None:
             write_output(folder / record_name(record.pid), msgspec.json.encode(record))
 
 
+def count_descendants(processes: list[dict[str, Any]], pid: int) -> int:
+    """How many of ``meta.jsonc``'s ``processes`` descend from process ``pid`` (its children, their
+    children...): under torchrun the list also holds the other ranks' processes, which do not.
+
+    >>> procs = [{"pid": 10, "parent_pid": 1}, {"pid": 11, "parent_pid": 1}, {"pid": 12, "parent_pid": 10},
+    ...          {"pid": 13, "parent_pid": 12}, {"pid": 14, "parent_pid": 11}]
+    >>> count_descendants(procs, 10), count_descendants(procs, 11), count_descendants(procs, 14)
+    (2, 1, 0)
+    """
+    children: dict[int, list[int]] = {}
+    for p in processes:
+        children.setdefault(int(p["parent_pid"]), []).append(int(p["pid"]))
+    seen: set[int] = set()
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        if child not in seen and child != pid:
+            seen.add(child)
+            todo.extend(children.get(child, []))
+    return len(seen)
+
+
 def write_meta(folder: Path, meta: dict[str, Any], main: ProcessRecord) -> dict[str, Any]:
     """Write ``meta.jsonc`` listing the main process and every child that has ended so far (their
     records are deleted); returns what was written."""

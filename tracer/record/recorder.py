@@ -22,7 +22,15 @@ from .distributed import DistributedWatcher, rank_from_env
 from .meta import build_meta
 from .options import RecordOptions
 from .output import prepare_output
-from .processes import ProcessEnd, ProcessRecord, ProcessRole, add_process, process_trace_name, write_meta
+from .processes import (
+    ProcessEnd,
+    ProcessRecord,
+    ProcessRole,
+    add_process,
+    count_descendants,
+    process_trace_name,
+    write_meta,
+)
 from .progress import ProgressLine
 from .session import Session, make_session, options_record, record_info, trace_document
 from .signals import ProgramTerminated, SignalGuard, exit_status
@@ -43,6 +51,7 @@ class RecordResult:
     meta: dict[str, Any]
     summary: RunSummary | None
     report_lines: list[str] = field(default_factory=list)
+    rank: int = 0
 
 
 class DurationAlarm:
@@ -101,6 +110,13 @@ def record(target: Target, options: RecordOptions, command: list[str]) -> Record
 
     follow = FollowChildren(options, forget_in_forked_child) if options.follow_children else None
     main_pid = os.getpid()
+    started = False
+
+    def start_tracing() -> None:
+        nonlocal started
+        session.start(on_yield=detector.yield_to_program)
+        started = True
+
     started_at_s = time.time()
     t0 = time.perf_counter()
     add_step_hook(detector.on_mark)
@@ -111,7 +127,9 @@ def record(target: Target, options: RecordOptions, command: list[str]) -> Record
         try:
             if follow is not None:
                 follow.install()
-            session.start(on_yield=detector.yield_to_program)
+            # shielded: a signal while the profiler starts (torch's start() takes a second or two) is
+            # raised once it has started, so that it can be stopped and its events written
+            guard.shielded(start_tracing)()
             alarm.arm()
             progress.start()
             status = run_target(target)
@@ -133,7 +151,7 @@ def record(target: Target, options: RecordOptions, command: list[str]) -> Record
         if os.getpid() != main_pid:  # a child the program forked left the program's code: it records itself
             raise SystemExit(status)
         return _write_run(target, options, command, session, detector, watcher, guard, status,
-                          started_at_s, time.perf_counter() - t0)
+                          started_at_s, time.perf_counter() - t0, started)
     finally:
         if os.getpid() == main_pid:
             guard.restore()
@@ -141,7 +159,7 @@ def record(target: Target, options: RecordOptions, command: list[str]) -> Record
 
 def _write_run(target: Target, options: RecordOptions, command: list[str], session: Session,
                detector: StepDetector, watcher: DistributedWatcher, guard: SignalGuard, status: int,
-               started_at_s: float, wall_time_s: float) -> RecordResult:
+               started_at_s: float, wall_time_s: float, started: bool) -> RecordResult:
     """Write the trace and (rank 0) meta.jsonc of a recording that has stopped."""
     out = options.output
     rank = watcher.current()
@@ -156,12 +174,10 @@ def _write_run(target: Target, options: RecordOptions, command: list[str], sessi
         summary = summarize(doc)
         gpu_note = None if session.gpu else \
             "GPU activity: not available (torch sees no CUDA device); the trace holds CPU activity only"
-        report = format_summary(summary, rank=rank.rank, gpu_note=gpu_note, options=options.summary_steps)
-    else:
-        report = [f"no trace written: recording never started or nothing was recorded "
-                  f"(steps seen: {detector.steps}; schedule {options.schedule})"]
-
+        report = format_summary(summary, gpu_note=gpu_note, options=options.summary_steps)
     end = guard.end()
+    if doc is None:
+        report = [_no_trace_line(started, end.signal, session, detector, options)]
     main = ProcessRecord(role=ProcessRole.MAIN, name=target.name, pid=os.getpid(), parent_pid=os.getppid(),
                          rank=rank.rank, file=trace_path.name if doc is not None else None, exit_status=status,
                          end=ProcessEnd(signal=end.signal, during=end.during))
@@ -173,11 +189,27 @@ def _write_run(target: Target, options: RecordOptions, command: list[str], sessi
                       options=options_record(options), end=end.as_meta())
     if rank.rank == 0:
         meta = write_meta(out, meta, main)
-        children = len(meta["processes"]) - 1
+        children = count_descendants(meta["processes"], main.pid)  # not the other ranks' processes
         if children:
             report.append(f"child processes: {children} traced so far (meta.jsonc lists them)")
     else:
         add_process(out, main)
     return RecordResult(exit_status=guard.status(status), run_dir=out,
                         trace_path=trace_path if doc is not None else None, trace_bytes=trace_bytes,
-                        meta=meta, summary=summary, report_lines=report)
+                        meta=meta, summary=summary, report_lines=report, rank=rank.rank)
+
+
+def _no_trace_line(started: bool, signal_name: str | None, session: Session, detector: StepDetector,
+                   options: RecordOptions) -> str:
+    """Why a recording that ended wrote no trace, in one line."""
+    if not started:
+        return f"no trace written: {signal_name} arrived before tracing started" if signal_name else \
+            "no trace written: tracing never started"
+    if session.program_profiler_used:
+        return "no trace written: the program's own torch.profiler finished no cycle before the program ended"
+    first = options.schedule.wait + options.schedule.warmup
+    if detector.steps >= first:
+        return "no trace written: the profiler recorded nothing"
+    seen = f"{detector.steps} step boundar{'y' if detector.steps == 1 else 'ies'}"
+    return (f"no trace written: the program ended after {seen}, before step {first}, the first the schedule "
+            f"records (--wait {options.schedule.wait} --warmup {options.schedule.warmup})")

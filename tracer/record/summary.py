@@ -1,5 +1,6 @@
-"""The short report printed after a recording: steps, step times (over the steps that count:
-:mod:`whatif.core.steps`, the rule ``whatif analyze`` applies), phases, top ops or kernels."""
+"""The short report printed after a recording: steps, step times (measured as ``whatif analyze``
+measures them, :func:`measured_step_ms`, over the steps that count by its rule,
+:mod:`whatif.core.steps`), phases, top ops or kernels."""
 from __future__ import annotations
 
 import bisect
@@ -11,6 +12,7 @@ from typing import Any
 
 from whatif.core.steps import COUNT_DEFAULT, INCLUDE_HINT, Exclusion, StepOptions, excluded_part, rank_exclusions
 
+from ..kinds import CATEGORY_KINDS, GPU_ACTIVITY_KINDS, EventKind
 from ..markers import PHASE_PREFIX
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
@@ -59,11 +61,55 @@ def _self_times_us(ops: list[dict[str, Any]]) -> dict[str, list[float]]:
     return totals
 
 
+# the categories of the events that become tasks of whatif analyze's graph (others neither join nor
+# end a step), those of them that run on a GPU, and the calls that launch them
+_LAUNCH_CATEGORIES = frozenset(c for c, k in CATEGORY_KINDS.items() if k in (EventKind.RUNTIME, EventKind.DRIVER))
+_GPU_TASK_CATEGORIES = frozenset(c for c, k in CATEGORY_KINDS.items() if k in GPU_ACTIVITY_KINDS)
+_TASK_CATEGORIES = _LAUNCH_CATEGORIES | _GPU_TASK_CATEGORIES | frozenset(
+    c for c, k in CATEGORY_KINDS.items() if k in (EventKind.CPU_OP, EventKind.ANNOTATION))
+
+
+def measured_step_ms(begins: list[float], ends: list[float], events: list[tuple[float, float]]
+                     ) -> tuple[list[float], list[int]]:
+    """Step times (ms) and event counts of one process's steps, by the rule of ``whatif analyze``
+    (:func:`whatif.predictors.steps.measured_step_ns`), on the trace's events instead of the graph.
+
+    ``begins``/``ends``: the ``ProfilerStep#N`` annotations in begin order (us); ``events``:
+    (anchor, end) of every other event, the anchor being where it belongs in time (its start; a
+    GPU activity's: its launch's start). An event belongs to the step whose window [begin, next
+    begin) holds its anchor (anchors after the last annotation's end belong to none); a step
+    *completes* when the last of its events or its annotation ends; its time runs from the previous
+    step's completion (the first step's: from its begin) to its own completion.
+
+    >>> measured_step_ms([0, 10, 20], [9, 19, 25], [(1, 12), (11, 18), (21, 24)])
+    ([0.012, 0.007, 0.006], [1, 1, 1])
+    """
+    completion = [float(e) for e in ends]
+    counts = [0] * len(begins)
+    last_end = max(ends, default=0.0)
+    for anchor, end in events:
+        i = bisect.bisect_right(begins, anchor) - 1
+        if i < 0 or anchor >= last_end:
+            continue
+        counts[i] += 1
+        if end > completion[i]:
+            completion[i] = end
+    out: list[float] = []
+    running = 0.0
+    for i, (begin, done) in enumerate(zip(begins, completion)):
+        floor = begin if i == 0 else running
+        out.append((done - floor) / 1000.0)
+        running = done if i == 0 else max(running, done)
+    return out, counts
+
+
 def summarize(doc: dict[str, Any]) -> RunSummary:
     """Summarize a Kineto document (the one whatif writes for one rank)."""
     out = RunSummary()
-    steps: list[tuple[float, int, float]] = []  # (begin us, number, ms)
-    starts: list[float] = []
+    steps: list[tuple[float, int, float]] = []  # (begin us, number, end us)
+    timed: list[tuple[float, float]] = []  # the other events of the graph's kinds: (anchor, end)
+    gpu_timed: list[tuple[float, float, Any]] = []  # those on a GPU: (start, end, correlation)
+    launch_ts: dict[Any, float] = {}  # correlation id -> start of the runtime/driver call that launched it
     phases: dict[str, list[float]] = defaultdict(list)
     cpu_ops: list[dict[str, Any]] = []
     gpu: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
@@ -73,7 +119,7 @@ def summarize(doc: dict[str, Any]) -> RunSummary:
         out.event_count += 1
         cat = str(ev.get("cat", "")).lower()
         name = str(ev.get("name", ""))
-        dur_us = float(ev.get("dur", 0))
+        ts, dur_us = float(ev["ts"]), float(ev.get("dur", 0))
         if cat in GPU_CATEGORIES:
             out.gpu_event_count += 1
             if cat == "kernel":
@@ -84,17 +130,26 @@ def summarize(doc: dict[str, Any]) -> RunSummary:
         elif cat == "user_annotation":
             match = _STEP_RE.match(name)
             if match:
-                steps.append((float(ev["ts"]), int(match.group(1)), dur_us / 1000.0))
+                steps.append((ts, int(match.group(1)), ts + dur_us))
                 continue
             if name.startswith(PHASE_PREFIX):
                 phases[name[len(PHASE_PREFIX):]].append(dur_us / 1000.0)
-        starts.append(float(ev["ts"]))
+        if cat not in _TASK_CATEGORIES:
+            continue
+        if cat in _GPU_TASK_CATEGORIES:
+            args = ev.get("args")
+            gpu_timed.append((ts, ts + dur_us, args.get("correlation") if isinstance(args, dict) else None))
+            continue
+        if cat in _LAUNCH_CATEGORIES:
+            args = ev.get("args")
+            corr = args.get("correlation") if isinstance(args, dict) else None
+            if corr is not None:
+                launch_ts.setdefault(corr, ts)
+        timed.append((ts, ts + dur_us))
     steps.sort()
-    starts.sort()
+    timed += [(launch_ts.get(corr, ts), end) for ts, end, corr in gpu_timed]
     out.step_numbers = [n for _, n, _ in steps]
-    out.step_ms = [ms for _, _, ms in steps]
-    out.step_events = [bisect.bisect_left(starts, ts + ms * 1000.0) - bisect.bisect_left(starts, ts)
-                       for ts, _, ms in steps]
+    out.step_ms, out.step_events = measured_step_ms([b for b, _, _ in steps], [e for _, _, e in steps], timed)
     out.phase_ms = dict(phases)
     totals = gpu if gpu else _self_times_us(cpu_ops)
     out.top_is_gpu = bool(gpu)
@@ -107,10 +162,10 @@ def _ms(value: float) -> str:
     return f"{value:.2f} ms" if value < 100 else f"{value:.0f} ms"
 
 
-def format_summary(s: RunSummary, *, rank: int, gpu_note: str | None,
-                   options: StepOptions = COUNT_DEFAULT) -> list[str]:
-    """Lines of the printed report for one rank; the step times are over the steps ``options``
-    counts (the ones left out are named, with why)."""
+def format_summary(s: RunSummary, *, gpu_note: str | None, options: StepOptions = COUNT_DEFAULT) -> list[str]:
+    """Lines of the printed report for one process; the step times are over the steps ``options``
+    counts (the ones left out are named, with why). :func:`rank_lines` prefixes them for the
+    ranks other than 0."""
     lines: list[str] = []
     if s.step_ms:
         first, last = min(s.step_numbers), max(s.step_numbers)
@@ -140,4 +195,14 @@ def format_summary(s: RunSummary, *, rank: int, gpu_note: str | None,
             lines.append(f"  {shown:<{width}}  {_ms(total_ms):>10}  {calls:>7} calls")
     if gpu_note:
         lines.append(gpu_note)
+    return lines
+
+
+def rank_lines(lines: list[str], rank: int) -> list[str]:
+    """``lines`` as a rank prints them: under ``[rank k]`` for k > 0, so that the ranks of a
+    torchrun job, which share one terminal, can be told apart.
+
+    >>> rank_lines(["trace: x"], 0), rank_lines(["trace: x"], 1)
+    (['trace: x'], ['[rank 1] trace: x'])
+    """
     return [f"[rank {rank}] {ln}" if rank else ln for ln in lines]

@@ -8,16 +8,20 @@ recorder's signal guard).
 from __future__ import annotations
 
 import importlib.util
+import io
 import os
+import pkgutil
 import runpy
 import sys
+import tokenize
 import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
-from .errors import ScriptNotFoundError
+from .errors import NoScriptError, NotAScriptError, ScriptNotFoundError
 from .signals import ProgramTerminated, exit_status
 
 EXIT_INTERRUPTED = 130
@@ -53,7 +57,8 @@ class Target:
 
 
 def resolve_target(script: str | None, module: str | None, args: list[str]) -> Target:
-    """Check that the script exists (or the module can be found) and build a :class:`Target`."""
+    """Check that the script exists and compiles (or the module can be found) and build a
+    :class:`Target`; raises a :class:`~.errors.RecordError` (one line) before anything runs."""
     if module is not None:
         try:
             spec = importlib.util.find_spec(module)
@@ -61,16 +66,55 @@ def resolve_target(script: str | None, module: str | None, args: list[str]) -> T
             raise ScriptNotFoundError(module, f"cannot find module ({exc})") from None
         if spec is None:
             raise ScriptNotFoundError(module, "no such module")
+        if spec.submodule_search_locations is None and spec.origin and spec.origin.endswith(".py"):
+            check_compiles(Path(spec.origin))  # a package runs its __main__: not imported here
         return Target(args=tuple(args), module=module)
     if script is None:
-        raise ScriptNotFoundError("whatif record",
-                                  "no script given (usage: whatif record [options] script.py [args...])")
+        raise NoScriptError()
     path = Path(script)
     if not path.exists():
         raise ScriptNotFoundError(path)
     if not path.is_file():
         raise ScriptNotFoundError(path, "is not a file")
+    archive = pkgutil.get_importer(str(path))  # a zip archive, which runpy runs as a folder, or None
+    if archive is None:
+        check_compiles(path)
+    elif archive.find_spec("__main__") is None:
+        raise NotAScriptError(path, "a zip archive without __main__.py")
     return Target(args=tuple(args), path=path)
+
+
+def check_compiles(path: Path) -> None:
+    """Raise :class:`NotAScriptError` when ``path`` is neither Python source that compiles nor
+    compiled Python (what ``runpy`` would run), so that a text or binary file is refused before
+    the profiler starts, not reported as the program's ``SyntaxError``."""
+    try:
+        with io.open_code(str(path)) as f:
+            if pkgutil.read_code(f) is not None:  # a .pyc file
+                return
+            f.seek(0)
+            source = f.read()
+    except OSError as exc:
+        raise ScriptNotFoundError(path, f"cannot be read ({exc.strerror or exc})") from None
+    if b"\0" in source:
+        raise NotAScriptError(path, "a binary file: it holds null bytes")
+    try:
+        encoding = tokenize.detect_encoding(io.BytesIO(source).readline)[0]
+    except SyntaxError:  # no valid coding declaration: what compile() says about it below
+        encoding = "utf-8"
+    try:
+        source.decode(encoding)
+    except UnicodeDecodeError as exc:
+        raise NotAScriptError(path, f"not {encoding} text: byte {source[exc.start]:#04x} at offset "
+                                    f"{exc.start}") from None
+    try:
+        with warnings.catch_warnings():  # SyntaxWarnings show once, when the program itself is compiled
+            warnings.simplefilter("ignore")
+            compile(source, str(path), "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        where = f", line {exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        problem = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+        raise NotAScriptError(path, f"{type(exc).__name__}: {problem}{where}") from None
 
 
 def _exit_status(code: object) -> int:

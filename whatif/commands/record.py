@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from whatif.tracer.record.distributed import rank_from_env
     from whatif.tracer.record.signals import RecordingAborted, exit_status
+    from whatif.tracer.record.summary import rank_lines
 
     script, prog_args = args.script, list(args.args)
     if args.module is not None and script is not None:
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         lines += result.report_lines
         if result.trace_path is not None:
             lines.append(f"trace: {result.trace_path} ({result.trace_bytes / 1e6:.2f} MB)")
-            if rank_from_env().rank == 0:
+            if result.rank == 0:
                 lines.append(f"next: whatif analyze {shlex.quote(str(result.run_dir))}")
-        print("\n".join(lines), file=sys.stderr)
+        print("\n".join(rank_lines(lines, result.rank)), file=sys.stderr)
     return result.exit_status
