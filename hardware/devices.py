@@ -648,7 +648,7 @@ def device_of_properties(props: Mapping[str, object]) -> Device | None:
     except (KeyError, TypeError, ValueError):
         return None
     vendor = {64: Vendor.AMD, 32: Vendor.NVIDIA}.get(warp)
-    found = [d for d in DEVICES.values() if d.vendor is vendor and d.sm_count == sms
+    found = [d for d in _CATALOG.values() if d.vendor is vendor and d.sm_count == sms
              and abs(mem / d.mem_bytes - 1) <= PROPERTIES_MEMORY_TOLERANCE]
     return found[0] if len(found) == 1 else None
 

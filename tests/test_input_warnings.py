@@ -56,9 +56,12 @@ def test_an_unnamed_gpu_is_named_from_its_properties(tmp_path: Path, capsys) -> 
     doc = json.loads(gzip.open(src).read())
     mi300x = {"id": 0, "name": "", "warpSize": 64, "numSms": 304, "totalGlobalMem": 206141652992}
     a100 = {**mi300x, "warpSize": 32, "numSms": 108, "totalGlobalMem": 85899345920}   # SXM or PCIe
-    for name, props, named in (("mi300x", mi300x, "MI300X"), ("a100", a100, None)):
+    h100 = {"id": 0, "name": "NVIDIA H100 80GB HBM3"}
+    broken = {**mi300x, "totalGlobalMem": None}
+    for name, props, named in (("mi300x", [mi300x], "MI300X"), ("a100", [a100], None),
+                               ("named_and_not", [h100, {**mi300x, "id": 1}], None), ("broken", [broken], None)):
         path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps({**doc, "deviceProperties": [props]}))
+        path.write_text(json.dumps({**doc, "deviceProperties": props}))
         assert main(["analyze", str(path), "--no-cache"]) == 0
         captured = capsys.readouterr()
         warnings = [x for x in captured.err.splitlines() if x.startswith("whatif: warning:")]

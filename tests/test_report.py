@@ -331,7 +331,9 @@ def test_cli_serving_file_of_another_trace_is_refused(trace: Path, tmp_path: Pat
     serving = tmp_path / "serve.json"
     args = ["report", str(trace), "-o", str(tmp_path / "o"), "--format", "json", "-q", "--force",
             "--serving", str(serving), "--fail-if", "ttft_ms > 40"]
-    for source, code in (("sample_traces/llm_serve", 2), (str(trace), 1), (str(trace.parent), 1)):
+    # the trace as given from another folder (relative: its name) is this trace too
+    for source, code in (("sample_traces/llm_serve", 2), (str(trace), 1), (str(trace.parent), 1),
+                         (f"elsewhere/{trace.name}", 1)):
         serving.write_bytes(orjson.dumps({"schema": "whatif.serving/1", "source": source, "scenarios": [
             {"name": "baseline", "ttft_ms": stats, "tpot_ms": stats}]}))
         assert main(args) == code, source

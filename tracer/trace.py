@@ -39,6 +39,7 @@ import pandas as pd
 from whatif.core.errors import TraceError
 from whatif.core.heap import release_freed_memory
 from whatif.core.kernels import CONV_FORWARD_OPS, conv_outputs_from_neighbours, op_key
+from whatif.hardware.devices import device_of_properties, get_device
 
 from . import cache
 from .args import Arg, EventArgs, arg_column
@@ -223,8 +224,6 @@ def _device_properties(metadata: dict[str, Any]) -> list[dict[str, Any]]:
 def _device_names(metadata: dict[str, Any]) -> list[str]:
     """Each listed device's name; an unnamed one's the catalog GPU its properties describe
     (:func:`~whatif.hardware.devices.device_of_properties`), or empty."""
-    from whatif.hardware.devices import device_of_properties
-
     out = []
     for p in _device_properties(metadata):
         found = None if str(p.get("name", "")) else device_of_properties(p)
@@ -471,11 +470,13 @@ def input_warnings(trace: Trace) -> list[str]:
                        f"(or a flow or instant event without its time or id)")
         if negative:
             out.append(f"{r.path}: {negative:,} negative duration{'s' * (negative != 1)} read as 0")
-        unnamed = [p for p in _device_properties(r.metadata) if not str(p.get("name", ""))]
-        if unnamed and r.gpu_name:
-            p = unnamed[0]
-            out.append(f"{r.path}: the GPU is not named in the trace; taken as {r.gpu_name} from its properties "
-                       f"({p.get('numSms')} SMs or compute units, {int(p.get('totalGlobalMem', 0)) / 2**30:,.0f} GiB)")
+        props = _device_properties(r.metadata)
+        named = [str(p.get("name", "")) for p in props]
+        inferred = [(p, n) for p, n in zip(props, r.device_names) if n and not str(p.get("name", ""))]
+        if inferred and not any(named):
+            p, name = inferred[0]
+            out.append(f"{r.path}: the GPU is not named in the trace; taken as {name} from its properties "
+                       f"({p.get('numSms')} SMs or compute units, {get_device(name).mem_bytes / 2**30:,.0f} GiB)")
     unranked = [r for r in trace.ranks if stated_rank(r.metadata, r.path) is None]
     if len(trace.ranks) > 1 and len(unranked) == len(trace.ranks):
         out.append(f"{trace.ranks[0].path.parent}: {len(unranked)} files name no rank (neither distributedInfo nor "

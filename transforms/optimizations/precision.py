@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from whatif.core.autocast import AUTOCAST_DTYPES
+from whatif.core.dtypes import DType
 from whatif.core.kernels import KernelClass
 from whatif.depgraph.graph import GPU_WORK_KINDS, TaskGraph, kind_codes
 from whatif.depgraph.schema import PRECISION_COLUMN
@@ -57,7 +58,7 @@ from .autocast_memory import autocast_memory_edit
 
 COLUMN = PRECISION_COLUMN   # read by whatif.predictors.costs
 DTYPES = ("tf32", "bf16", "fp16", "fp8", "int8", "int4_weight")
-LOW_PRECISION = frozenset({"bf16", "fp16", "fp8", "int8"})
+LOW_PRECISION = frozenset(d.value for d in DType if d.bytes <= 2)
 """Compute dtypes of 16 bits or fewer (a kernel's, :meth:`~whatif.predictors.costs.CostModel.kernel_facts`)."""
 
 
@@ -117,9 +118,13 @@ class Precision(Transform):
         if spec == "tf32":
             return RecordEditor(trace.memory).edit("precision(dtype=tf32): tf32 is stored as fp32; the allocations "
                                                    "stay as recorded")
-        if spec not in AUTOCAST_DTYPES or self.select != Selector(kind="kernel"):
+        if not self.converts_model():
             return None
         return autocast_memory_edit(trace, spec, converted=True)
+
+    def converts_model(self) -> bool:
+        """Whether this is a model converted to bf16/fp16: the dtype on every kernel."""
+        return self.spec() in AUTOCAST_DTYPES and self.select == Selector(kind="kernel")
 
     def match(self, graph: TaskGraph, ctx: TransformContext) -> np.ndarray:
         ids = self.select(graph)
@@ -135,7 +140,7 @@ class Precision(Transform):
         autocast): the fp32 kernels left are ones it computes in fp32 on purpose (a norm after
         ``.float()``), which converting it again would not change."""
         spec = self.spec()
-        if spec not in AUTOCAST_DTYPES or self.select != Selector(kind="kernel"):
+        if not self.converts_model():
             return
         facts = ctx.require_cost(self.name).kernel_facts(graph, ids)
         matrix = np.isin(facts["kernel_class"], [c.value for c in KernelClass if c.compute_bound])

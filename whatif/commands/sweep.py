@@ -18,7 +18,7 @@ from whatif.core.output import check_table_path, refuse_overwrite, write_output,
 from whatif.documents import LlmSweepDocument, LlmSweepPoint, PlanSweepDocument, SweepDocument, write_json
 from whatif.predictors.cost_models import CostConfig
 from whatif.predictors.steps import StepOptions
-from whatif.scale.plans import PlanGrid, PlanStatus, plans_table, sweep_plans
+from whatif.scale.plans import PlanGrid, PlanStatus, plans_table, ran, sweep_plans
 from whatif.serving import sweep
 from whatif.summary import console, ms_text
 
@@ -132,9 +132,9 @@ def run_plans(args: argparse.Namespace) -> int:
 def render_plans(doc: PlanSweepDocument, out: Console, top: int) -> None:
     """The Pareto front of the plans that ran (fewest GPUs first, ``top`` rows) and one line of counts."""
     front = sorted((r for r in doc.plans if r.pareto), key=lambda r: (r.gpus, r.step_ns or 0, r.plan))
-    ran = sum(r.status == PlanStatus.OK.value and bool(r.step_ns) for r in doc.plans)  # those plan_rows ranks
+    done = sum(ran(r.status, r.step_ns) for r in doc.plans)
     # a line of its own, not the table's title, which wraps at the table's width, inside the path
-    out.print(f"{doc.source}: Pareto front of the {ran} plan{'' if ran == 1 else 's'} that ran ({doc.mode}, "
+    out.print(f"{doc.source}: Pareto front of the {done} plan{'' if done == 1 else 's'} that ran ({doc.mode}, "
               f"traced step {ms_text(doc.baseline_step_ns)} ms)", markup=False, highlight=False, soft_wrap=True)
     table = Table()
     for c in ("plan", "GPUs", "step ms", doc.throughput_unit, "GB per GPU"):

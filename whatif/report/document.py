@@ -189,13 +189,17 @@ def load_serving(path: str | Path, trace_files: Sequence[Path] = ()) -> dict[str
 
 
 def _same_trace(source: Path, trace_files: Sequence[Path]) -> bool:
-    """Whether a document's ``source`` names these trace files: one of them, or their folder."""
+    """Whether a document's ``source`` names these trace files: one of them, or their folder; a
+    relative ``source`` (as its command was given it, from a folder this one may not be in) by its
+    last part alone."""
     try:
         named = source.resolve()
         files = {f.resolve() for f in trace_files}
     except OSError:
         return True   # cannot tell: not refused
-    return named in files or all(f.parent == named for f in files)
+    if named in files or all(f.parent == named for f in files):
+        return True
+    return not source.is_absolute() and source.name in {f.name for f in files} | {f.parent.name for f in files}
 
 
 def prediction_of(doc: ReportDocument | PredictionDocument) -> PredictionDocument:

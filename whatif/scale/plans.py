@@ -599,6 +599,11 @@ def _recorded(analysis: Analysis, plans: Sequence[Plan]) -> tuple[dict[RecordedK
                  f"buckets not counted){why}")
 
 
+def ran(status: str, step_ns: int | None) -> bool:
+    """Whether a plan ran: predicted (``ok``) with a step time; the Pareto front is of these."""
+    return status == PlanStatus.OK.value and bool(step_ns)
+
+
 def plan_rows(plans: Sequence[Plan], outcomes: Sequence[PlanOutcome], ranks: int,
               samples_per_step: int) -> list[PlanRow]:
     """The document's rows: GPUs, throughput and the Pareto front added to each plan's outcome."""
@@ -606,10 +611,10 @@ def plan_rows(plans: Sequence[Plan], outcomes: Sequence[PlanOutcome], ranks: int
     per_step = samples_per_step or 1
     throughput = [round(p.dp * p.batch * per_step / (o.step_ns / 1e9), 6) if o.step_ns else None
                   for p, o in zip(plans, outcomes)]
-    ran = [i for i, o in enumerate(outcomes) if o.status is PlanStatus.OK and o.step_ns]
-    front = pareto_front([gpus[i] for i in ran], [float(outcomes[i].step_ns or 0) for i in ran],
-                         [throughput[i] or 0.0 for i in ran])
-    on_front = {i for i, f in zip(ran, front.tolist()) if f}
+    done = [i for i, o in enumerate(outcomes) if ran(o.status.value, o.step_ns)]
+    front = pareto_front([gpus[i] for i in done], [float(outcomes[i].step_ns or 0) for i in done],
+                         [throughput[i] or 0.0 for i in done])
+    on_front = {i for i, f in zip(done, front.tolist()) if f}
     return [PlanRow(plan=p.label, tp=p.tp, pp=p.pp, micro_batches=p.micro_batches, sp=p.sp, ulysses=ulysses_ranks(p),
                     dp=p.dp, batch=p.batch,
                     device=p.device or "", gpus=gpus[i], status=o.status.value, step_ns=o.step_ns,
