@@ -136,3 +136,23 @@ def excluded_group(step: int, reason: Exclusion, step_ms: Sequence[float], ranks
 
 INCLUDE_HINT = "--include-warmup / --include-partial count them"
 """What brings left-out steps back, said after the list of them."""
+
+
+def completion_floor(ranks: np.ndarray, begin: np.ndarray, done: np.ndarray) -> np.ndarray:
+    """Per step row: where its time starts: the previous step's completion on the same rank
+    (running max, rows in begin order), or its own begin for a rank's first step (the rule of
+    ``whatif analyze``'s measured step, and of ``whatif record``'s summary).
+
+    >>> completion_floor(np.zeros(3, dtype=np.int64), np.array([0, 10, 20]), np.array([12, 18, 24])).tolist()
+    [0, 12, 18]
+    """
+    floor = np.array(begin, copy=True)
+    order = np.lexsort((begin, ranks))
+    prev_rank, running = None, 0
+    for i in order.tolist():
+        if ranks[i] != prev_rank:
+            prev_rank, running = ranks[i], done[i]
+            continue
+        floor[i] = running
+        running = max(running, done[i])
+    return floor

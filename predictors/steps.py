@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from whatif.core.steps import COUNT_DEFAULT, PARTIAL_SHARE, Exclusion, StepOptions, rank_exclusions
+from whatif.core.steps import COUNT_DEFAULT, PARTIAL_SHARE, Exclusion, StepOptions, completion_floor, rank_exclusions
 from whatif.depgraph.graph import EdgeKind, TaskGraph, TaskKind
 
 from .replay import RESOURCE_BOUND, Replay, replay
@@ -85,28 +85,13 @@ def counted_steps(graph: TaskGraph, options: StepOptions = COUNT_DEFAULT) -> np.
     return options.mask(step_exclusions(graph))
 
 
-def _completion_floor(ranks: np.ndarray, begin: np.ndarray, done: np.ndarray) -> np.ndarray:
-    """Per step row: where its time starts: the previous step's completion on the same rank
-    (running max, rows in begin order), or its own begin for a rank's first step."""
-    floor = begin.astype(np.int64).copy()
-    order = np.lexsort((begin, ranks))
-    prev_rank, running = None, 0
-    for i in order.tolist():
-        if ranks[i] != prev_rank:
-            prev_rank, running = ranks[i], int(done[i])
-            continue
-        floor[i] = running
-        running = max(running, int(done[i]))
-    return floor
-
-
 def measured_step_ns(graph: TaskGraph) -> np.ndarray:
     """Per row of ``graph.steps``: the measured step time, from the previous step's completion on
     the same rank (or the step's own begin for a rank's first step) to this step's completion."""
     steps = graph.steps
     m_begin = steps["measured_begin_ns"].to_numpy()
     m_done = steps["measured_end_ns"].to_numpy()
-    return m_done - _completion_floor(steps["rank"].to_numpy(), m_begin, m_done)
+    return m_done - completion_floor(steps["rank"].to_numpy(), m_begin, m_done)
 
 
 def step_end_tasks(replay: Replay, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -123,7 +108,7 @@ def step_end_tasks(replay: Replay, start: np.ndarray, end: np.ndarray) -> tuple[
     finisher = first.reindex(step_keys).fillna(-1).to_numpy().astype(np.int64)
     begin_task = steps["begin_task"].to_numpy()
     finisher = np.where(finisher >= 0, finisher, begin_task)
-    floor = _completion_floor(steps["rank"].to_numpy(), start[begin_task], end[finisher])
+    floor = completion_floor(steps["rank"].to_numpy(), start[begin_task], end[finisher])
     return floor, finisher
 
 

@@ -10,7 +10,17 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from whatif.core.steps import COUNT_DEFAULT, INCLUDE_HINT, Exclusion, StepOptions, excluded_part, rank_exclusions
+import numpy as np
+
+from whatif.core.steps import (
+    COUNT_DEFAULT,
+    INCLUDE_HINT,
+    Exclusion,
+    StepOptions,
+    completion_floor,
+    excluded_part,
+    rank_exclusions,
+)
 
 from ..kinds import CATEGORY_KINDS, GPU_ACTIVITY_KINDS, EventKind
 from ..markers import PHASE_PREFIX
@@ -94,13 +104,9 @@ def measured_step_ms(begins: list[float], ends: list[float], events: list[tuple[
         counts[i] += 1
         if end > completion[i]:
             completion[i] = end
-    out: list[float] = []
-    running = 0.0
-    for i, (begin, done) in enumerate(zip(begins, completion)):
-        floor = begin if i == 0 else running
-        out.append((done - floor) / 1000.0)
-        running = done if i == 0 else max(running, done)
-    return out, counts
+    done = np.asarray(completion, dtype=float)
+    floor = completion_floor(np.zeros(len(begins), dtype=np.int64), np.asarray(begins, dtype=float), done)
+    return ((done - floor) / 1000.0).tolist(), counts
 
 
 def summarize(doc: dict[str, Any]) -> RunSummary:
