@@ -119,8 +119,7 @@ def shared_traces() -> tuple[SharedTrace, ...]:
             print(f"  skipped {path.name}: {error}", file=sys.stderr)
             continue
         device = find_device(trace.ranks[0].gpu_name)
-        props = trace.ranks[0].metadata.get("deviceProperties") or []
-        if device is None or not any(isinstance(p, dict) and p.get("name") for p in props):
+        if device is None or not any(trace.ranks[0].recorded_device_names):
             continue
         ev = trace.events
         dur = ev.loc[(ev["kind"] == int(EventKind.KERNEL)) & (ev["dur_ns"] > 0), "dur_ns"].to_numpy()

@@ -81,9 +81,7 @@ def describe(path: Path) -> Row:
     streams = ev.loc[work, ["rank", "device", "stream"]].drop_duplicates()
     names = ev.loc[kind == EventKind.ANNOTATION, "name"].astype(str)
     steps = names[names.str.match(STEP)].nunique()
-    recorded = [str(p.get("name", "")) for info in trace.ranks
-                for p in info.metadata.get("deviceProperties") or info.metadata.get("computeProperties") or []
-                if isinstance(p, dict)]
+    recorded = [n for info in trace.ranks for n in info.recorded_device_names]
     return Row(rel, _gpu(recorded, trace.gpu_name), _ranks(trace), len(ev), int((kind == EventKind.KERNEL).sum()),
                f"{int((kind == EventKind.MEMCPY).sum())}/{int((kind == EventKind.MEMSET).sum())}",
                len(streams), int(steps), "loaded")

@@ -115,6 +115,12 @@ class RankInfo:
         """Name of the recorded GPU (first listed device with a name)."""
         return next((n for n in self.device_names if n), None)
 
+    @property
+    def recorded_device_names(self) -> list[str]:
+        """Each listed device's name as the trace records it ("" for an unnamed one, which
+        ``device_names`` may name from its properties)."""
+        return [str(p.get("name", "")) for p in _device_properties(self.metadata)]
+
 
 @dataclass
 class Trace:
@@ -470,10 +476,10 @@ def input_warnings(trace: Trace) -> list[str]:
                        f"(or a flow or instant event without its time or id)")
         if negative:
             out.append(f"{r.path}: {negative:,} negative duration{'s' * (negative != 1)} read as 0")
-        props = _device_properties(r.metadata)
-        named = [str(p.get("name", "")) for p in props]
-        inferred = [(p, n) for p, n in zip(props, r.device_names) if n and not str(p.get("name", ""))]
-        if inferred and not any(named):
+        recorded = r.recorded_device_names
+        inferred = [(p, n) for p, n, given in zip(_device_properties(r.metadata), r.device_names, recorded)
+                    if n and not given]
+        if inferred and not any(recorded):
             p, name = inferred[0]
             out.append(f"{r.path}: the GPU is not named in the trace; taken as {name} from its properties "
                        f"({p.get('numSms')} SMs or compute units, {get_device(name).mem_bytes / 2**30:,.0f} GiB)")
