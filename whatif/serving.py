@@ -134,14 +134,6 @@ class RangeWatch:
     model: LlmModel
     tally: RangeTally = field(default_factory=RangeTally)
 
-    @property
-    def iterations(self) -> int:
-        return self.tally.iterations
-
-    @property
-    def drivers(self) -> dict[str, int]:
-        return self.tally.drivers
-
     def time_ns(self, batch: logs.LLMBatch) -> float:
         beyond = self.model.extrapolation(batch)
         if beyond:

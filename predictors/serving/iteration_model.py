@@ -377,17 +377,17 @@ class DitStepModel:
             out["model_batch"] = Range(float(min(self.batches_seen)), float(max(self.batches_seen)))
         return out
 
-    def extrapolation(self, model_batch: int, tokens: int) -> tuple[str, ...]:
+    def extrapolation(self, model_batch: int, tokens: int) -> dict[str, float]:
         """The drivers of a step (``tokens``, ``model_batch``) beyond the range the model was fitted
-        on, by the LLM models' rule (:meth:`Range.outside`); empty: within range.
+        on, by the LLM models' rule (:meth:`Range.outside`), with their values; empty: within range.
 
         >>> m = DitStepModel(tokens_ref=256, attn=(0.0, 1.0), rest=(0.0, 1.0), cpu=(0.0, 0.0), overlap_ns=0.0,
         ...                  batch_overhead_ns=0.0, n=1, mape=0.0, loo_mape=0.0, batches_seen=[1])
         >>> m.extrapolation(1, 300), m.extrapolation(1, 4096), m.extrapolation(2, 64)
-        ((), ('tokens',), ('tokens', 'model_batch'))
+        ({}, {'tokens': 4096.0}, {'tokens': 64.0, 'model_batch': 2.0})
         """
-        value = {"tokens": tokens, "model_batch": model_batch}
-        return tuple(name for name, r in self.ranges.items() if r.outside(value[name]))
+        value = {"tokens": float(tokens), "model_batch": float(model_batch)}
+        return {name: value[name] for name, r in self.ranges.items() if r.outside(value[name])}
 
     def to_dict(self) -> dict[str, Any]:
         return {"tokens_ref": self.tokens_ref, "attention_ns": list(self.attn), "rest_ns": list(self.rest),

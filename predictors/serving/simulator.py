@@ -299,8 +299,7 @@ def simulate_dit(arrivals_s: list[float], model: DitStepModel, steps: int, token
             waiting[:] = [i for i in waiting if i not in batch]
             mb = len(batch) * (2 if cfg_guidance else 1)
             dur = head[0] * model.step_ns(mb, head[1]) + model.batch_overhead_ns
-            value = {"tokens": head[1], "model_batch": mb}
-            tally.add({k: float(value[k]) for k in model.extrapolation(mb, head[1])}, head[0])
+            tally.add(model.extrapolation(mb, head[1]), head[0])
             busy[rep] += dur
             batches += 1
             steps_run += head[0]
